@@ -1,0 +1,3 @@
+from labctl.cli.main import main
+
+raise SystemExit(main())

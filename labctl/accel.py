@@ -1,0 +1,112 @@
+"""Choose the accelerator: KVM when a real probe boot works, TCG otherwise.
+
+``/dev/kvm`` can exist and still be unusable (e.g. nested virtualisation
+where a guest hangs right after the real-mode setup, or ``-cpu host``
+aborting), so the probe boots the image's kernel under KVM with a short
+timeout and waits for its first console line. The verdict is cached per
+host boot and QEMU binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from labctl.errors import UsageError
+from labctl.image.store import Image
+from labctl.paths import cache_dir
+from labctl.proc import kill_group
+
+PROBE_TIMEOUT = 6.0
+QEMU = "qemu-system-x86_64"
+
+
+@dataclass(frozen=True)
+class AccelChoice:
+    accel: str  # "kvm" | "tcg"
+    warning: str | None  # set when KVM was wanted but is not usable
+
+
+def probe_kvm(kernel: Path, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str]:
+    """Boot ``kernel`` under KVM until its first console line; (usable, reason)."""
+    if not os.path.exists("/dev/kvm"):
+        return False, "/dev/kvm does not exist"
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False, "no read/write access to /dev/kvm"
+    with tempfile.TemporaryDirectory(prefix="labctl-kvm-") as tmp:
+        console = Path(tmp) / "console"
+        argv = [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+                "-machine", "pc", "-accel", "kvm", "-cpu", "host", "-m", "256",
+                "-kernel", str(kernel), "-append", "console=ttyS0 earlyprintk=ttyS0 panic=-1",
+                "-serial", f"file:{console}"]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if console.exists() and b"Linux version" in console.read_bytes():
+                    return True, "a probe guest booted under KVM"
+                if proc.poll() is not None:
+                    out = (proc.stdout.read() if proc.stdout else b"").decode(errors="replace")
+                    last = out.strip().splitlines()[-1] if out.strip() else f"exit status {proc.returncode}"
+                    return False, f"QEMU failed under KVM: {last}"
+                time.sleep(0.05)
+            return False, f"a probe guest printed nothing under KVM within {timeout:.0f} s"
+        finally:
+            kill_group(proc, grace=0.5)
+            if proc.stdout:
+                proc.stdout.close()
+
+
+def _probe_key(kernel: Path) -> str:
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = "?"
+    qemu = shutil.which(QEMU) or QEMU
+    try:
+        qemu_mtime = str(os.stat(qemu).st_mtime_ns)
+    except OSError:
+        qemu_mtime = "?"
+    return f"{boot_id}:{qemu}:{qemu_mtime}:{kernel}"
+
+
+def kvm_usable(kernel: Path) -> tuple[bool, str]:
+    """Cached :func:`probe_kvm` (cached per host boot, QEMU binary and kernel)."""
+    cache = cache_dir() / "accel-probe.json"
+    key = _probe_key(kernel)
+    try:
+        data = json.loads(cache.read_text())
+        if data.get("key") == key:
+            return bool(data["usable"]), str(data["reason"])
+    except (OSError, ValueError, KeyError):
+        pass
+    usable, reason = probe_kvm(kernel)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"key": key, "usable": usable, "reason": reason}))
+    return usable, reason
+
+
+def choose_accel(requested: str, image: Image) -> AccelChoice:
+    """Resolve ``auto``/``kvm``/``tcg`` into the accelerator to use.
+
+    :raise UsageError: for an unknown name. ``kvm`` is honoured as asked
+        (the user forces it); ``auto`` falls back to TCG with a warning.
+    """
+    if requested == "tcg":
+        return AccelChoice("tcg", None)
+    if requested == "kvm":
+        return AccelChoice("kvm", None)
+    if requested != "auto":
+        raise UsageError(f"unknown accelerator '{requested}'", hint="use auto, kvm or tcg")
+    usable, reason = kvm_usable(image.kernel)
+    if usable:
+        return AccelChoice("kvm", None)
+    return AccelChoice("tcg", f"KVM is not usable here ({reason}); using TCG, which is slower. "
+                              "Pass --accel tcg to skip this check.")

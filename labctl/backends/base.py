@@ -1,0 +1,127 @@
+"""The backend interface and the backend-independent guest plan.
+
+A :class:`GuestPlan` is everything needed to run one guest (resolved from
+the lab, the image and the run directory); a backend starts it and returns
+a :class:`GuestRecord`, a JSON-serialisable handle kept in the lab's state so
+that later commands (``down``, ``status``, ``gdb``) can find the guest again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from labctl.errors import UsageError
+from labctl.image.store import Image
+from labctl.lab.model import Guest
+from labctl.netplan import Port
+
+MGMT_NET = "10.0.2.0/24"
+MGMT_ADDR = "10.0.2.15/24"
+
+
+@dataclass(frozen=True)
+class GuestPlan:
+    """One guest, fully resolved: what to boot, with which NICs, where."""
+
+    lab: str
+    guest: Guest
+    dir: Path
+    image: Image
+    accel: str
+    ssh_port: int
+    mgmt_mac: str
+    ports: dict[str, Port]
+    kernel_args: tuple[str, ...]
+
+    @property
+    def overlay(self) -> Path:
+        return self.dir / "disk.qcow2"
+
+    @property
+    def console(self) -> Path:
+        return self.dir / "console.log"
+
+    @property
+    def qmp_socket(self) -> Path:
+        return self.dir / "qmp.sock"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.dir / "qemu.pid"
+
+    @property
+    def config(self) -> Path:
+        return self.dir / "guest.conf"
+
+    @property
+    def host_key(self) -> Path:
+        return self.dir / "ssh_host_ed25519_key"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.dir / "authorized_keys"
+
+
+@dataclass
+class GuestRecord:
+    """A started guest as the lab's state remembers it."""
+
+    name: str
+    backend: str
+    pid: int
+    dir: str
+    console: str
+    qmp: str
+    ssh_port: int
+    accel: str
+    argv: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GuestRecord:
+        return cls(**d)
+
+
+class Backend(Protocol):
+    """What every backend provides."""
+
+    name: str
+
+    def command(self, plan: GuestPlan) -> list[str]:
+        """The exact command (or description) that would start the guest."""
+
+    def start(self, plan: GuestPlan) -> GuestRecord:
+        """Start the guest; return as soon as it is launched (not booted).
+
+        :raise MachineError: when it cannot be started.
+        """
+
+    def alive(self, rec: GuestRecord) -> bool:
+        """True while the guest's machine exists."""
+
+    def stop(self, rec: GuestRecord, timeout: float) -> None:
+        """Power the guest off cleanly, hard-stop it after ``timeout`` seconds."""
+
+    def kill(self, rec: GuestRecord) -> None:
+        """Stop the guest at once (used on failure and Ctrl-C)."""
+
+    def exit_reason(self, rec: GuestRecord) -> str:
+        """Why a dead guest's machine stopped, as far as it is known."""
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``.
+
+    :raise UsageError: for an unknown or unavailable backend.
+    """
+    if name == "qemu":
+        from labctl.backends.qemu import QemuBackend
+
+        return QemuBackend()
+    raise UsageError(f"backend '{name}' is not available in this version",
+                     hint="use --backend qemu")

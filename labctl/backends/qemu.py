@@ -1,0 +1,99 @@
+"""The embedded backend: labctl starts ``qemu-system-x86_64`` itself.
+
+Each guest is one QEMU process in its own session (it outlives ``labctl
+up``), with its QMP monitor on a 0600 unix socket in the guest's run
+directory, its serial console in ``console.log`` and QEMU's own messages in
+``qemu.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from labctl.backends.base import GuestPlan, GuestRecord
+from labctl.backends.qemu_argv import build_argv
+from labctl.backends.qmp import qmp_execute
+from labctl.errors import MachineError
+from labctl.proc import pid_alive, pid_cmdline, spawn
+
+QEMU = "qemu-system-x86_64"
+
+
+class QemuBackend:
+    """Runs guests as local QEMU processes."""
+
+    name = "qemu"
+
+    def command(self, plan: GuestPlan) -> list[str]:
+        return build_argv(plan, QEMU)
+
+    def start(self, plan: GuestPlan) -> GuestRecord:
+        argv = self.command(plan)
+        old = os.umask(0o077)  # QMP socket, console and pidfile: owner only
+        try:
+            proc = spawn(argv, plan.dir / "qemu.log")
+        finally:
+            os.umask(old)
+        rec = GuestRecord(name=plan.guest.name, backend=self.name, pid=proc.pid, dir=str(plan.dir),
+                          console=str(plan.console), qmp=str(plan.qmp_socket),
+                          ssh_port=plan.ssh_port, accel=plan.accel, argv=argv)
+        # QEMU fails fast on bad options or a taken port: catch that here.
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise MachineError(f"QEMU for guest {plan.guest.name} exited at start: "
+                                   f"{self.exit_reason(rec)}")
+            if plan.qmp_socket.exists():
+                break
+            time.sleep(0.02)
+        return rec
+
+    def alive(self, rec: GuestRecord) -> bool:
+        return pid_alive(rec.pid) and self._is_ours(rec)
+
+    def _is_ours(self, rec: GuestRecord) -> bool:
+        """Guard against pid reuse: the process must be QEMU with our QMP socket."""
+        return any(rec.qmp in arg for arg in pid_cmdline(rec.pid))
+
+    def stop(self, rec: GuestRecord, timeout: float) -> None:
+        if not self.alive(rec):
+            return
+        try:
+            qmp_execute(rec.qmp, "system_powerdown", timeout=3.0)
+            if self._wait_gone(rec, timeout):
+                return
+            qmp_execute(rec.qmp, "quit", timeout=3.0)
+            if self._wait_gone(rec, 3.0):
+                return
+        except MachineError:
+            pass
+        self.kill(rec)
+
+    def kill(self, rec: GuestRecord) -> None:
+        if not self.alive(rec):
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(rec.pid, sig)
+            except ProcessLookupError:
+                return
+            if self._wait_gone(rec, 3.0):
+                return
+
+    def _wait_gone(self, rec: GuestRecord, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not pid_alive(rec.pid):
+                return True
+            time.sleep(0.05)
+        return not pid_alive(rec.pid)
+
+    def exit_reason(self, rec: GuestRecord) -> str:
+        try:
+            with open(os.path.join(rec.dir, "qemu.log"), errors="replace") as f:
+                lines = [ln.strip() for ln in f if ln.strip()]
+        except OSError:
+            lines = []
+        return lines[-1] if lines else "no message from QEMU"

@@ -1,0 +1,101 @@
+"""labctl's exception tree.
+
+::
+
+    LabctlError                 root: short message + optional hint (exit 1)
+     +-- LabFileError           problems in a lab file, collected (exit 2)
+     +-- UsageError             bad command-line use (exit 2)
+     +-- HostError              the host lacks something (binary, KVM, disk)
+     +-- ImageError             building or finding a guest image failed
+     +-- ProcessError           a host process failed or timed out
+     +-- MachineError           a guest's QEMU failed (start, QMP, died)
+     +-- GuestError             a guest misbehaved (never ready, SSH failed)
+     +-- LabStateError          lab already up / not up / state unreadable
+
+Dependencies' exceptions (paramiko, qemu.qmp, libvirt, pygdbmi) are mapped
+into this tree where labctl calls them; only the CLI prints errors and picks
+exit codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class LabctlError(Exception):
+    """Root of labctl's errors: short message + optional hint."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in a lab file, pointing at its line."""
+
+    file: str  # path as the user gave it
+    line: int  # 1-based
+    path: str  # data path e.g. "guests.b.nics[0].model" ('' for file-level)
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}: " if self.path else ""
+        return f"{self.file}:{self.line}: {where}{self.message}"
+
+
+class LabFileError(LabctlError):
+    """One or more problems in a lab file (exit status 2)."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+class UsageError(LabctlError):
+    """The command line asked for something impossible (exit status 2)."""
+
+    exit_code = 2
+
+
+class HostError(LabctlError):
+    """The host is missing a prerequisite (binary, KVM, permissions)."""
+
+    exit_code = 3
+
+
+class ImageError(LabctlError):
+    """A guest image could not be built or found."""
+
+    exit_code = 3
+
+
+class ProcessError(LabctlError):
+    """A host process failed or timed out."""
+
+    def __init__(self, message: str, hint: str | None = None, output: str = "") -> None:
+        super().__init__(message, hint)
+        self.output = output
+
+
+class MachineError(LabctlError):
+    """A guest's virtual machine failed (start, monitor, died)."""
+
+    exit_code = 4
+
+
+class GuestError(LabctlError):
+    """A guest misbehaved (never became ready, SSH failed, command failed)."""
+
+    exit_code = 4
+
+
+class LabStateError(LabctlError):
+    """A lab is already up, not up, or its state cannot be read."""
+
+    exit_code = 5

@@ -1,0 +1,19 @@
+"""The configuration a guest's init reads from fw_cfg (``guest/init``)."""
+
+from __future__ import annotations
+
+from labctl.backends.base import MGMT_ADDR
+from labctl.lab.model import MGMT_NIC, Guest
+
+
+def render(guest: Guest, mgmt_mac: str) -> str:
+    """One record per line; every token was validated (no spaces, no quoting needed)."""
+    lines = [f"hostname {guest.name}", f"nic {mgmt_mac} {MGMT_NIC} {MGMT_ADDR}"]
+    for nic in guest.nics:
+        opts = []
+        if nic.mtu:
+            opts.append(f"mtu={nic.mtu}")
+        if nic.queues > 1:
+            opts.append(f"queues={nic.queues}")
+        lines.append(" ".join(["nic", nic.mac, nic.name, str(nic.ip) if nic.ip else "-", *opts]))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,84 @@
+"""labctl's L2 switch for lab networks with three or more guests.
+
+Run as ``python -m labctl.hub SWITCH_SOCKET``. Every guest NIC is a QEMU
+``dgram`` netdev bound to its own unix socket and sending to the switch
+socket; the switch learns which socket each source MAC lives behind and
+forwards frames there, flooding broadcast, multicast and unknown
+destinations to every other known port. Ports are learnt from traffic, so
+the switch needs no list of members. It exits on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+MAX_FRAME = 65536 + 64
+
+
+class Switch:
+    """A learning switch over one unix datagram socket."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        old = os.umask(0o177)
+        try:
+            self.sock.bind(path)
+        finally:
+            os.umask(old)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.ports: set[str] = set()
+        self.fdb: dict[bytes, str] = {}
+
+    def handle(self, frame: bytes, sender: str) -> list[str]:
+        """Learn from one frame and return the ports it goes to."""
+        if not sender or len(frame) < 14:
+            return []
+        self.ports.add(sender)
+        dst, src = frame[0:6], frame[6:12]
+        if not src[0] & 1:
+            self.fdb[src] = sender
+        if not dst[0] & 1 and dst in self.fdb:
+            out = self.fdb[dst]
+            return [] if out == sender else [out]
+        return [p for p in self.ports if p != sender]
+
+    def serve(self) -> None:
+        while True:
+            frame, sender = self.sock.recvfrom(MAX_FRAME)
+            for port in self.handle(frame, sender):
+                try:
+                    self.sock.sendto(frame, port)
+                except (FileNotFoundError, ConnectionRefusedError):
+                    self._forget(port)
+                except (BlockingIOError, OSError):
+                    pass  # a full peer queue drops the frame, as a switch would
+
+    def _forget(self, port: str) -> None:
+        self.ports.discard(port)
+        for mac in [m for m, p in self.fdb.items() if p == port]:
+            del self.fdb[mac]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m labctl.hub SWITCH_SOCKET", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    sw = Switch(argv[0])
+    try:
+        sw.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        try:
+            os.unlink(argv[0])
+        except FileNotFoundError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,276 @@
+"""Build a guest image from its recipe.
+
+Stages (the downloads and the rootfs run side by side)::
+
+    kernel .deb  --> vmlinux (PVH ELF) + modules --+
+    -dbg .deb    --> vmlinux.debug + module debug  +--> rootfs.img + initrd.img + manifest.json
+    mmdebstrap   --> root file system -------------+
+
+Everything is written to a temporary directory beside the final one and
+renamed into place at the end, so a cached image is always complete.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+
+from labctl import __version__
+from labctl.errors import ImageError, LabctlError
+from labctl.image import initramfs
+from labctl.image.kernel import extract_vmlinux, module_load_order
+from labctl.image.recipe import Recipe
+from labctl.image.store import MANIFEST, Image, ImageStore
+from labctl.paths import cache_dir, resource_dir
+from labctl.proc import run, run_pipeline
+from labctl.progress import NullReporter, Reporter
+
+# Kernel command line every guest gets (the backend adds console and extras).
+BOOT_ARGS = [
+    "root=/dev/vda", "rw", "rootfstype=ext4", "quiet", "loglevel=4", "panic=-1",
+    "nokaslr", "mitigations=off", "i8042.noaux", "i8042.nokbd", "i8042.nopnp",
+    "noreplace-smp", "no_timer_check", "random.trust_cpu=on", "net.ifnames=0",
+    "tsc=reliable", "init=/sbin/labctl-init",
+]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def apt_download(package: str, downloads: Path) -> Path:
+    """The .deb of ``package`` (candidate version), downloaded once into ``downloads``.
+
+    :raise ImageError: when apt cannot find or fetch it.
+    """
+    downloads.mkdir(parents=True, exist_ok=True)
+    version = _apt_candidate(package)
+    name = f"{package}_{version.replace(':', '%3a')}_amd64.deb"
+    target = downloads / name
+    if target.is_file():
+        return target
+    tmp = downloads / f".tmp-{package}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        run(["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", f"{package}={version}"],
+            timeout=1800, cwd=tmp)
+        debs = list(tmp.glob("*.deb"))
+        if len(debs) != 1:
+            raise ImageError(f"apt-get download {package} gave no .deb")
+        debs[0].rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _apt_candidate(package: str) -> str:
+    out = run(["apt-cache", "policy", package], timeout=60).stdout.decode()
+    for line in out.splitlines():
+        if line.strip().startswith("Candidate:"):
+            cand = line.split(":", 1)[1].strip()
+            if cand and cand != "(none)":
+                return cand
+    raise ImageError(f"apt knows no package '{package}'",
+                     hint="run 'apt-get update' (the image pins this kernel ABI in its recipe)")
+
+
+class Builder:
+    """Builds one recipe into the store. Use :meth:`build`."""
+
+    def __init__(self, recipe: Recipe, store: ImageStore, reporter: Reporter | None = None) -> None:
+        self.recipe = recipe
+        self.store = store
+        self.r = reporter or NullReporter()
+        self.key = recipe.key()
+        self.final = store.path_for(recipe.name, self.key)
+        self.work = self.final.parent / f".build-{self.key}-{os.getpid()}"
+        self.root = self.work / "root"
+        self.downloads = cache_dir() / "downloads"
+        self.versions: dict[str, str] = {}
+
+    def build(self, force: bool = False) -> Image:
+        """Build (or find) the image. Idempotent: an up-to-date image is returned as is.
+
+        :raise ImageError: when any stage fails; nothing partial is left behind.
+        """
+        existing = self.store.get(self.recipe.name, self.key)
+        if existing and not force:
+            self.r.note(f"image {self.recipe.name} ({self.key}) is up to date")
+            return existing
+        if os.geteuid() != 0:
+            raise ImageError("building an image needs root (mmdebstrap, device nodes)",
+                             hint="run 'labctl image build' as root once; labs then run as any user")
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir(parents=True)
+        try:
+            self._build_all()
+            if self.final.exists():
+                shutil.rmtree(self.final)
+            self.work.rename(self.final)
+        except LabctlError:
+            raise
+        except OSError as exc:
+            raise ImageError(f"building image {self.recipe.name} failed: {exc}") from exc
+        finally:
+            shutil.rmtree(self.work, ignore_errors=True)
+        img = self.store.get(self.recipe.name, self.key)
+        assert img is not None
+        return img
+
+    def _build_all(self) -> None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            kernel = pool.submit(self._kernel_side)
+            with self.r.step("root file system (mmdebstrap)"):
+                self._mmdebstrap()
+            kernel.result()
+        with self.r.step("kernel modules"):
+            self._install_modules()
+        with self.r.step("guest init and initramfs"):
+            self._customize()
+            self._initramfs()
+        with self.r.step("root file system image"):
+            self._rootfs_image()
+        with self.r.step("manifest"):
+            self._manifest()
+
+    def _kernel_side(self) -> None:
+        rc = self.recipe
+        with self.r.step(f"download {rc.kernel_package}"):
+            deb = apt_download(rc.kernel_package, self.downloads)
+            self.versions[rc.kernel_package] = deb.name.split("_")[1]
+        with self.r.step("unpack kernel"):
+            kdir = self.work / "kernel"
+            run(["dpkg-deb", "-x", deb, kdir], timeout=600)
+            extract_vmlinux(kdir / "boot" / f"vmlinuz-{rc.kernel_release}", self.work / "vmlinux")
+            for name in ("System.map", "config"):
+                shutil.copy(kdir / "boot" / f"{name}-{rc.kernel_release}", self.work / name)
+        with self.r.step(f"download {rc.debug_package} (large)"):
+            dbg = apt_download(rc.debug_package, self.downloads)
+            self.versions[rc.debug_package] = dbg.name.split("_")[1]
+        with self.r.step("extract vmlinux with debug info"):
+            self._extract_debug(dbg)
+
+    def _extract_debug(self, deb: Path) -> None:
+        rc = self.recipe
+        out = self.work / "dbg"
+        out.mkdir()
+        base = f"./usr/lib/debug/lib/modules/{rc.kernel_release}"
+        patterns = [f"./usr/lib/debug/boot/vmlinux-{rc.kernel_release}"]
+        patterns += [f"{base}/{d}/*" for d in rc.debug_modules]
+        run_pipeline([["dpkg-deb", "--fsys-tarfile", deb],
+                      ["tar", "-x", "-C", out, "--wildcards", *patterns]], timeout=1800)
+        (out / patterns[0]).rename(self.work / "vmlinux.debug")
+        mods = out / base
+        if mods.is_dir():
+            mods.rename(self.work / "debug-modules")
+        shutil.rmtree(out)
+
+    def _mmdebstrap(self) -> None:
+        rc = self.recipe
+        argv = [
+            "mmdebstrap", "--quiet", "--mode=root", f"--variant={rc.variant}",
+            f"--include={','.join(rc.packages)}",
+            "--dpkgopt=path-exclude=/usr/share/doc/*",
+            "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+            "--dpkgopt=path-exclude=/usr/share/man/*",
+            "--dpkgopt=path-exclude=/usr/share/locale/*",
+            "--dpkgopt=path-exclude=/usr/share/info/*",
+            rc.suite, self.root, *rc.mirrors,
+        ]
+        run(argv, timeout=1800)
+
+    def _install_modules(self) -> None:
+        rc = self.recipe
+        src = self.work / "kernel" / "lib" / "modules" / rc.kernel_release
+        dst = self.root / "lib" / "modules" / rc.kernel_release
+        excluded = {str(src / d) for d in rc.exclude_modules}
+
+        def ignore(dirname: str, names: list[str]) -> list[str]:
+            return [n for n in names if os.path.join(dirname, n) in excluded]
+
+        shutil.copytree(src, dst, ignore=ignore, symlinks=True)
+        run(["chroot", self.root, "/sbin/depmod", "-a", rc.kernel_release], timeout=300)
+        shutil.rmtree(self.work / "kernel")
+
+    def _customize(self) -> None:
+        guest = resource_dir("guest")
+        init = self.root / "sbin" / "labctl-init"
+        shutil.copy(guest / "init", init)
+        init.chmod(0o755)
+        conf_d = self.root / "etc" / "ssh" / "sshd_config.d"
+        conf_d.mkdir(parents=True, exist_ok=True)
+        shutil.copy(guest / "sshd_config", conf_d / "labctl.conf")
+        for key in (self.root / "etc" / "ssh").glob("ssh_host_*"):
+            key.unlink()  # every lab brings its own host key
+        (self.root / "root" / ".ssh").mkdir(mode=0o700, exist_ok=True)
+        for cache in (self.root / "var" / "cache" / "apt").glob("*.bin"):
+            cache.unlink()
+        (self.root / "etc" / "labctl-image").write_text(f"{self.recipe.name} {self.key}\n")
+
+    def _initramfs(self) -> None:
+        rc = self.recipe
+        mods = self.root / "lib" / "modules" / rc.kernel_release
+        order = module_load_order((mods / "modules.dep").read_text(), list(rc.initramfs_modules))
+        entries = [initramfs.directory(d) for d in ("bin", "dev", "modules", "proc", "sys", "newroot")]
+        entries.append(initramfs.chardev("dev/console", 5, 1))
+        entries.append(initramfs.file("bin/busybox", (self.root / "bin" / "busybox").read_bytes(), 0o755))
+        entries.append(initramfs.file("init", (resource_dir("guest") / "initramfs-init").read_bytes(), 0o755))
+        for rel in order:
+            entries.append(initramfs.file(f"modules/{Path(rel).name}", (mods / rel).read_bytes()))
+        names = "".join(f"{Path(rel).name}\n" for rel in order)
+        entries.append(initramfs.file("modules/order", names.encode()))
+        initramfs.write_cpio(entries, self.work / "initrd.img")
+
+    def _rootfs_image(self) -> None:
+        used_kib = int(run(["du", "-sk", "--apparent-size", self.root], timeout=300).stdout.split()[0])
+        size_mib = int(used_kib / 1024 * 1.15) + self.recipe.free_mib
+        self.versions.update(self._package_versions())
+        run(["mke2fs", "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-L", "labroot",
+             "-E", "root_owner=0:0", "-d", self.root, self.work / "rootfs.img", f"{size_mib}M"],
+            timeout=900)
+        shutil.rmtree(self.root)
+
+    def _package_versions(self) -> dict[str, str]:
+        out = run(["dpkg-query", f"--admindir={self.root}/var/lib/dpkg", "-W",
+                   "-f", "${Package}\t${Version}\n"], timeout=120).stdout.decode()
+        return dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+
+    def _manifest(self) -> None:
+        rc = self.recipe
+        files = {}
+        for name in ("vmlinux", "initrd.img", "rootfs.img", "vmlinux.debug", "System.map", "config"):
+            p = self.work / name
+            files[name] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        manifest = {
+            "name": rc.name,
+            "key": self.key,
+            "description": rc.description,
+            "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "labctl_version": __version__,
+            "host": platform.node(),
+            "suite": rc.suite,
+            "kernel": {"release": rc.kernel_release, "package": rc.kernel_package,
+                       "version": self.versions.get(rc.kernel_package, ""),
+                       "debug_package": rc.debug_package},
+            "boot_args": BOOT_ARGS,
+            "files": files,
+            "packages": dict(sorted(self.versions.items())),
+        }
+        (self.work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def build_image(recipe: Recipe, store: ImageStore | None = None,
+                reporter: Reporter | None = None, force: bool = False) -> Image:
+    """Build ``recipe`` into ``store`` (default: the user's cache) and return the image."""
+    return Builder(recipe, store or ImageStore(), reporter).build(force=force)

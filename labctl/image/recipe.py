@@ -1,0 +1,88 @@
+"""Image recipes: ``images/<name>/recipe.toml`` and the cache key they give."""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from labctl.errors import ImageError
+from labctl.paths import resource_dir
+
+# Bump when the builder's output changes for the same recipe.
+BUILDER_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A parsed image recipe."""
+
+    name: str
+    path: Path
+    description: str
+    suite: str
+    mirrors: tuple[str, ...]
+    kernel_abi: str
+    kernel_flavour: str
+    initramfs_modules: tuple[str, ...]
+    exclude_modules: tuple[str, ...]
+    debug_modules: tuple[str, ...]
+    variant: str
+    packages: tuple[str, ...]
+    free_mib: int
+
+    @property
+    def kernel_release(self) -> str:
+        return f"{self.kernel_abi}-{self.kernel_flavour}"
+
+    @property
+    def kernel_package(self) -> str:
+        return f"linux-image-{self.kernel_release}-unsigned"
+
+    @property
+    def debug_package(self) -> str:
+        return f"linux-image-{self.kernel_release}-dbg"
+
+    def key(self) -> str:
+        """Content key: the recipe, labctl's guest files and the builder version."""
+        h = hashlib.sha256()
+        h.update(f"builder={BUILDER_VERSION}\n".encode())
+        h.update(self.path.read_bytes())
+        guest = resource_dir("guest")
+        for f in sorted(p for p in guest.rglob("*") if p.is_file()):
+            h.update(f"\0{f.relative_to(guest)}\0".encode())
+            h.update(f.read_bytes())
+        return h.hexdigest()[:16]
+
+
+def recipe_names() -> list[str]:
+    """Names of all recipes shipped with labctl."""
+    root = resource_dir("images")
+    return sorted(p.parent.name for p in root.glob("*/recipe.toml"))
+
+
+def load_recipe(name: str) -> Recipe:
+    """Load the recipe called ``name``.
+
+    :raise ImageError: when there is no such recipe or it is malformed.
+    """
+    path = resource_dir("images") / name / "recipe.toml"
+    if not path.is_file():
+        known = ", ".join(recipe_names()) or "none"
+        raise ImageError(f"no image recipe named '{name}'", hint=f"known images: {known}")
+    try:
+        data = tomllib.loads(path.read_text())
+        k, r = data["kernel"], data["rootfs"]
+        return Recipe(
+            name=data["name"], path=path, description=data.get("description", ""),
+            suite=data["suite"], mirrors=tuple(data["mirrors"]),
+            kernel_abi=k["abi"], kernel_flavour=k["flavour"],
+            initramfs_modules=tuple(k["initramfs_modules"]),
+            exclude_modules=tuple(k.get("exclude_modules", ())),
+            debug_modules=tuple(k.get("debug_modules", ())),
+            variant=r.get("variant", "essential"), packages=tuple(r["packages"]),
+            free_mib=int(r.get("free_mib", 1024)),
+        )
+    except (KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ImageError(f"{path}: malformed recipe ({exc})") from exc

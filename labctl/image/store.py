@@ -1,0 +1,105 @@
+"""The image cache: ``<cache>/images/<name>/<key>/`` with a manifest each."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from labctl.errors import ImageError
+from labctl.paths import cache_dir
+
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Image:
+    """A built image: its directory and manifest."""
+
+    name: str
+    key: str
+    dir: Path
+    manifest: dict[str, Any]
+
+    @property
+    def kernel(self) -> Path:
+        """Uncompressed ELF kernel, booted directly (PVH)."""
+        return self.dir / "vmlinux"
+
+    @property
+    def initrd(self) -> Path:
+        return self.dir / "initrd.img"
+
+    @property
+    def rootfs(self) -> Path:
+        """Raw ext4 root file system; guests boot from qcow2 overlays on it."""
+        return self.dir / "rootfs.img"
+
+    @property
+    def vmlinux_debug(self) -> Path:
+        """The -dbg package's vmlinux with DWARF (gdb, oops decoding)."""
+        return self.dir / "vmlinux.debug"
+
+    @property
+    def debug_modules(self) -> Path:
+        return self.dir / "debug-modules"
+
+    @property
+    def kernel_release(self) -> str:
+        return str(self.manifest["kernel"]["release"])
+
+    @property
+    def boot_args(self) -> list[str]:
+        return list(self.manifest.get("boot_args", []))
+
+
+class ImageStore:
+    """Finds, lists and removes built images under the cache directory."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or cache_dir() / "images"
+
+    def path_for(self, name: str, key: str) -> Path:
+        return self.root / name / key
+
+    def get(self, name: str, key: str) -> Image | None:
+        """The image built from recipe ``name`` with content ``key``, if complete."""
+        d = self.path_for(name, key)
+        try:
+            manifest = json.loads((d / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return None
+        return Image(name, key, d, manifest)
+
+    def latest(self, name: str) -> Image | None:
+        """The most recently built complete image of ``name``, whatever its key."""
+        images = [i for i in self.list() if i.name == name]
+        return max(images, key=lambda i: str(i.manifest.get("built_at", ""))) if images else None
+
+    def list(self) -> list[Image]:
+        """Every complete image in the cache."""
+        out: list[Image] = []
+        for m in sorted(self.root.glob(f"*/*/{MANIFEST}")):
+            img = self.get(m.parent.parent.name, m.parent.name)
+            if img:
+                out.append(img)
+        return out
+
+    def remove(self, image: Image) -> None:
+        shutil.rmtree(image.dir)
+
+    def require(self, name: str) -> Image:
+        """The current image for recipe ``name``.
+
+        :raise ImageError: when it has not been built.
+        """
+        from labctl.image.recipe import load_recipe
+
+        recipe = load_recipe(name)
+        img = self.get(name, recipe.key())
+        if img is None:
+            raise ImageError(f"image '{name}' is not built (or its recipe changed)",
+                             hint=f"run: labctl image build {name}")
+        return img

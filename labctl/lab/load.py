@@ -1,0 +1,65 @@
+"""Loading lab files: read, parse, validate, resolve.
+
+Both entry points return a fully resolved :class:`~labctl.lab.model.Lab` or
+raise one :class:`~labctl.errors.LabFileError` listing every problem found,
+sorted by line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from labctl.errors import LabFileError, Problem
+from labctl.lab.model import Lab
+from labctl.lab.validate import build_lab
+from labctl.lab.yamlpos import parse_yaml
+
+__all__ = ["load_lab", "load_lab_text"]
+
+
+def load_lab(path: str | Path) -> Lab:
+    """Load the lab file at ``path``.
+
+    Problems name the file as given (``str(path)``).  Raises LabFileError
+    (all problems, by line) if the file is missing, unreadable, not UTF-8,
+    not valid YAML or not a valid lab.  ``Lab.sha256`` is the digest of the
+    file's bytes.
+    """
+    source = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise LabFileError([Problem(source, 1, "", f"cannot read lab file: {reason}")]) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        message = f"lab file is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
+        raise LabFileError([Problem(source, line, "", message)]) from None
+    return _load(text, source, hashlib.sha256(data).hexdigest())
+
+
+def load_lab_text(text: str, filename: str) -> Lab:
+    """Load a lab from ``text``; ``filename`` is used in problems and as ``Lab.source``.
+
+    Raises LabFileError (all problems, by line) if it is not a valid lab.
+    ``Lab.sha256`` is the digest of the UTF-8 encoded text.
+    """
+    return _load(text, filename, hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+def _load(text: str, source: str, sha256: str) -> Lab:
+    """Parse and validate ``text``; raise LabFileError with every problem, by line."""
+    data, problems = parse_yaml(text, source)
+    if problems and data is None:
+        raise LabFileError(sorted(problems, key=lambda p: p.line))
+    lab, more = build_lab(data, source=source, text=text, sha256=sha256)
+    # A value YAML could not construct (bad tag) reads as null: don't report it twice.
+    reported = {(p.line, p.path) for p in problems if p.path}
+    more = [p for p in more if (p.line, p.path) not in reported]
+    problems = sorted(problems + more, key=lambda p: p.line)
+    if problems or lab is None:
+        raise LabFileError(problems)
+    return lab

@@ -1,0 +1,145 @@
+"""The resolved lab model: what the rest of labctl consumes.
+
+Instances are produced by :func:`labctl.lab.load.load_lab` after validation,
+so every value here is checked and every default filled in.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from labctl.lab.nics import NIC_MODELS, NicModel
+
+__all__ = ["Guest", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
+
+MGMT_NIC = "mgmt0"
+"""Interface name of labctl's own management NIC in every guest (reserved)."""
+
+MGMT_SUBNET = ipaddress.IPv4Network("10.0.2.0/24")
+"""Subnet of labctl's management network (lab NICs may not use it)."""
+
+
+@dataclass(frozen=True)
+class Nic:
+    """One lab NIC of a guest.
+
+    ``model`` is the canonical NIC model name; ``mac`` is lower-case
+    ``xx:xx:xx:xx:xx:xx``; ``mtu`` is the NIC's own MTU or else its
+    network's (None: leave the default); ``index`` is the 0-based position
+    in the guest's ``nics`` list; ``line`` is where the NIC starts in the file.
+    """
+
+    name: str
+    model: str
+    network: str
+    ip: ipaddress.IPv4Interface | None
+    mac: str
+    queues: int
+    mtu: int | None
+    index: int
+    line: int = 0
+
+    @property
+    def nic_model(self) -> NicModel:
+        """The registry entry for this NIC's model."""
+        return NIC_MODELS[self.model]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view (ip as ``"a.b.c.d/len"`` or None)."""
+        return {
+            "name": self.name,
+            "model": self.model,
+            "network": self.network,
+            "ip": str(self.ip) if self.ip is not None else None,
+            "mac": self.mac,
+            "queues": self.queues,
+            "mtu": self.mtu,
+            "index": self.index,
+        }
+
+
+@dataclass(frozen=True)
+class Network:
+    """One lab network (an isolated L2 segment).
+
+    ``members`` are the ``(guest, nic)`` names attached to it, in lab order.
+    """
+
+    name: str
+    mtu: int | None
+    members: tuple[tuple[str, str], ...]
+    description: str = ""
+    line: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view."""
+        return {
+            "name": self.name,
+            "mtu": self.mtu,
+            "description": self.description,
+            "members": [list(member) for member in self.members],
+        }
+
+
+@dataclass(frozen=True)
+class Guest:
+    """One guest VM: resources, lab NICs (in file order) and extra kernel args."""
+
+    name: str
+    memory: int
+    cpus: int
+    nics: tuple[Nic, ...]
+    kernel_args: tuple[str, ...]
+    line: int
+
+    def nic(self, name: str) -> Nic:
+        """The NIC called ``name``; raises KeyError if there is none."""
+        for nic in self.nics:
+            if nic.name == name:
+                return nic
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view."""
+        return {
+            "name": self.name,
+            "memory": self.memory,
+            "cpus": self.cpus,
+            "kernel_args": list(self.kernel_args),
+            "nics": [nic.to_dict() for nic in self.nics],
+        }
+
+
+@dataclass(frozen=True)
+class Lab:
+    """A validated, fully resolved lab.
+
+    ``source`` is the file path as given; ``sha256`` the hex digest of the
+    file's bytes; ``text`` its decoded content; ``networks`` and ``guests``
+    keep file order.
+    """
+
+    name: str
+    source: str
+    sha256: str
+    image: str
+    backend: str
+    description: str
+    networks: dict[str, Network]
+    guests: dict[str, Guest]
+    text: str = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable resolved view (no raw text; ips as strings)."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "sha256": self.sha256,
+            "image": self.image,
+            "backend": self.backend,
+            "description": self.description,
+            "networks": {name: net.to_dict() for name, net in self.networks.items()},
+            "guests": {name: guest.to_dict() for name, guest in self.guests.items()},
+        }

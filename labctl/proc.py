@@ -1,0 +1,145 @@
+"""The one way labctl runs host processes.
+
+Every child gets an argv list (never a shell string), a timeout, and its own
+process group; on timeout or Ctrl-C the whole group gets SIGTERM, a short
+grace period, then SIGKILL. Long-lived children (QEMU, the L2 hub) are
+started with :func:`spawn` and owned by whoever started them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from labctl.errors import HostError, ProcessError
+
+log = logging.getLogger(__name__)
+
+GRACE_SECONDS = 2.0
+
+
+def kill_group(proc: subprocess.Popen[bytes], grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM the child's process group, wait ``grace`` s, then SIGKILL it."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _popen(argv: Sequence[str | os.PathLike[str]], **kw: object) -> subprocess.Popen[bytes]:
+    args = [os.fspath(a) for a in argv]
+    log.debug("run: %s", shlex.join(args))
+    try:
+        return subprocess.Popen(args, start_new_session=True, **kw)  # type: ignore[call-overload, no-any-return]
+    except FileNotFoundError as exc:
+        raise HostError(f"'{args[0]}' is not installed", hint="run the README's setup command") from exc
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    timeout: float,
+    *,
+    input: bytes | None = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    capture: bool = True,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` to completion within ``timeout`` seconds.
+
+    :raise ProcessError: on timeout, or a non-zero exit when ``check``.
+    :raise HostError: when the program does not exist.
+    """
+    pipe = subprocess.PIPE if capture else None
+    proc = _popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                  stdout=pipe, stderr=pipe, cwd=cwd, env=env)
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        kill_group(proc)
+        raise ProcessError(f"{Path(os.fspath(argv[0])).name} timed out after {timeout:.0f} s") from exc
+    except BaseException:
+        kill_group(proc)
+        raise
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out or b"", err or b"")
+    if check and proc.returncode != 0:
+        tail = (err or out or b"").decode(errors="replace").strip().splitlines()[-15:]
+        raise ProcessError(
+            f"{shlex.join(str(a) for a in argv)[:200]} exited with status {proc.returncode}",
+            output="\n".join(tail),
+        )
+    return result
+
+
+def run_pipeline(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeout: float,
+                 *, cwd: Path | None = None) -> None:
+    """Run ``argv1 | argv2 | ...`` without a shell; every stage must succeed.
+
+    :raise ProcessError: on timeout or when any stage fails.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        prev = None
+        for i, argv in enumerate(argvs):
+            last = i == len(argvs) - 1
+            p = _popen(argv, stdin=prev.stdout if prev else subprocess.DEVNULL,
+                       stdout=None if last else subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
+            if prev and prev.stdout:
+                prev.stdout.close()
+            procs.append(p)
+            prev = p
+        for p, argv in zip(procs, argvs):
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                _, err = p.communicate(timeout=left)
+            except subprocess.TimeoutExpired as exc:
+                raise ProcessError(f"{argv[0]} timed out after {timeout:.0f} s") from exc
+            if p.returncode != 0:
+                raise ProcessError(f"{shlex.join(str(a) for a in argv)[:200]} exited with status {p.returncode}",
+                                   output=(err or b"").decode(errors="replace")[-2000:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill_group(p)
+
+
+def spawn(argv: Sequence[str | os.PathLike[str]], log_path: Path,
+          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a long-lived child in its own session, output appended to ``log_path``.
+
+    The caller owns the child and must stop it (see :func:`kill_group`).
+    """
+    with open(log_path, "ab") as logf:
+        return _popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists (zombies count as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state != b"Z"
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+
+
+def pid_cmdline(pid: int) -> list[str]:
+    """The argv of a running process, or [] when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]

@@ -1,0 +1,133 @@
+"""A lab's run directory and the state that lets later commands find it.
+
+::
+
+    <state_dir>/labs/<lab>/          mode 0700, exists while the lab is up
+        state.json                   LabState below
+        id_ed25519{,.pub}            the lab's client key
+        known_hosts                  every guest's pinned host key
+        net/                         unix sockets of the lab networks
+        switch-<n>.log/.pid          L2 switches (networks of 3+ guests)
+        guests/<guest>/              console.log, qemu.log, qmp.sock, qemu.pid,
+                                     disk.qcow2, guest.conf, host key
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl.backends.base import GuestRecord
+from labctl.errors import LabStateError
+from labctl.paths import ensure_private_dir, state_dir
+from labctl.ssh import Endpoint
+
+STATE = "state.json"
+
+
+def labs_root() -> Path:
+    return state_dir() / "labs"
+
+
+def run_dir(lab: str) -> Path:
+    return labs_root() / lab
+
+
+@contextlib.contextmanager
+def lab_lock(lab: str) -> Iterator[None]:
+    """Serialise ``up``/``down`` of one lab across processes."""
+    root = ensure_private_dir(labs_root())
+    fd = os.open(root / f".{lab}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise LabStateError(f"lab '{lab}' is busy: another labctl is bringing it up or down") from exc
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class SwitchRecord:
+    network: str
+    pid: int
+    socket: str
+
+
+@dataclass
+class LabState:
+    """What ``up`` leaves behind for ``status``, ``down``, ``exec``..."""
+
+    lab: str
+    source: str
+    dir: str
+    backend: str
+    accel: str
+    image: dict[str, Any]
+    started_at: str
+    guests: dict[str, GuestRecord] = field(default_factory=dict)
+    switches: list[SwitchRecord] = field(default_factory=list)
+    resolved: dict[str, Any] = field(default_factory=dict)
+    drivers: dict[str, dict[str, str]] = field(default_factory=dict)
+    ready_seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    def endpoint(self, guest: str) -> Endpoint:
+        """How to reach ``guest`` over SSH.
+
+        :raise LabStateError: when the lab has no such guest.
+        """
+        rec = self.guests.get(guest)
+        if rec is None:
+            known = ", ".join(self.guests) or "none"
+            raise LabStateError(f"lab '{self.lab}' has no guest '{guest}'", hint=f"guests: {known}")
+        return Endpoint(guest, rec.ssh_port, self.path / "id_ed25519", self.path / "known_hosts")
+
+    def save(self) -> None:
+        data = {k: v for k, v in self.__dict__.items() if k not in ("guests", "switches")}
+        data["guests"] = {n: g.to_dict() for n, g in self.guests.items()}
+        data["switches"] = [s.__dict__ for s in self.switches]
+        tmp = self.path / (STATE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(self.path / STATE)
+
+    @classmethod
+    def load(cls, lab: str) -> LabState:
+        """The state of a lab that is up.
+
+        :raise LabStateError: when the lab is not up.
+        """
+        path = run_dir(lab) / STATE
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise LabStateError(f"lab '{lab}' is not up", hint="see 'labctl status'") from exc
+        except (OSError, ValueError) as exc:
+            raise LabStateError(f"cannot read {path}: {exc}") from exc
+        data["guests"] = {n: GuestRecord.from_dict(g) for n, g in data.get("guests", {}).items()}
+        data["switches"] = [SwitchRecord(**s) for s in data.get("switches", [])]
+        return cls(**data)
+
+
+def up_labs() -> list[str]:
+    """Names of labs with a run directory."""
+    root = labs_root()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def remove_run_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
