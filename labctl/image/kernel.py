@@ -66,3 +66,30 @@ def module_load_order(modules_dep: str, wanted: list[str]) -> list[str]:
             raise ImageError(f"module '{name}' is not in modules.dep")
         visit(mods[key][0])
     return order
+
+
+def nic_driver_rules(modules_dep: str, modules_alias: str) -> tuple[str, list[str]]:
+    """Rules for the initramfs to load the drivers of present NICs.
+
+    Returns the text of ``/modules/nics`` (one ``GLOB MOD.ko...`` line per
+    PCI/virtio alias of every NIC model's drivers, dependencies first) and
+    the relative paths of all modules those lines name.
+    """
+    from labctl.lab.nics import NIC_MODELS
+
+    drivers = {d.replace("-", "_") for m in NIC_MODELS.values() for d in m.drivers}
+    lines: list[str] = []
+    paths: list[str] = []
+    orders: dict[str, list[str]] = {}
+    for line in modules_alias.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or parts[0] != "alias" or parts[2] not in drivers:
+            continue
+        if not parts[1].startswith(("pci:", "virtio:")):
+            continue
+        if parts[2] not in orders:
+            orders[parts[2]] = module_load_order(modules_dep, [parts[2]])
+        order = orders[parts[2]]
+        lines.append(" ".join([parts[1], *(Path(p).name for p in order)]))
+        paths.extend(order)
+    return "".join(f"{ln}\n" for ln in lines), list(dict.fromkeys(paths))

@@ -1,0 +1,71 @@
+"""``labctl image build|list``."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from labctl.cli.ui import StepsReporter, out, print_json
+from labctl.image.build import build_image
+from labctl.image.recipe import load_recipe, recipe_names
+from labctl.image.store import Image, ImageStore
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("image", help="build and list guest images")
+    isub = p.add_subparsers(dest="image_command", required=True, metavar="ACTION")
+    b = isub.add_parser("build", help="build an image from its recipe under images/ (cached)")
+    b.add_argument("name", nargs="?", default="debian-12")
+    b.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    b.set_defaults(func=build)
+    ls = isub.add_parser("list", help="list built images and known recipes")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=list_images)
+
+
+def ensure_image(name: str) -> Image:
+    """The current image for ``name``, built first (with progress) if needed."""
+    recipe = load_recipe(name)
+    store = ImageStore()
+    img = store.get(name, recipe.key())
+    if img is not None:
+        return img
+    rep = StepsReporter(f"building image {name} (first use; cached afterwards)")
+    with rep.running():
+        return build_image(recipe, store, rep)
+
+
+def build(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.name)
+    store = ImageStore()
+    if not args.force and store.get(args.name, recipe.key()):
+        out.print(f"image {args.name} ({recipe.key()}) is up to date")
+        return 0
+    rep = StepsReporter(f"building image {args.name}")
+    with rep.running():
+        img = build_image(recipe, store, rep, force=args.force)
+    out.print(f"built {img.name} ({img.key}) in {img.dir}")
+    return 0
+
+
+def list_images(args: argparse.Namespace) -> int:
+    store = ImageStore()
+    images = store.list()
+    current = {n: load_recipe(n).key() for n in recipe_names()}
+    rows = [{"name": i.name, "key": i.key, "current": current.get(i.name) == i.key,
+             "built_at": i.manifest.get("built_at"), "kernel": i.kernel_release,
+             "size_mib": round(sum(f["size"] for f in i.manifest.get("files", {}).values()) / 2**20),
+             "dir": str(i.dir)} for i in images]
+    if args.json:
+        print_json({"images": rows, "recipes": sorted(current)})
+        return 0
+    t = Table("image", "key", "current", "kernel", "built", "size")
+    for r in rows:
+        t.add_row(r["name"], r["key"], "yes" if r["current"] else "no (recipe changed)",
+                  r["kernel"], str(r["built_at"]), f"{r['size_mib']} MiB")
+    out.print(t)
+    missing = [n for n in current if not any(r["name"] == n and r["current"] for r in rows)]
+    for n in missing:
+        out.print(f"recipe {n}: not built (labctl image build {n})")
+    return 0

@@ -1,0 +1,116 @@
+"""``labctl up``, ``down`` and ``status``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from rich.table import Table
+
+from labctl.cli.images import ensure_image
+from labctl.cli.ui import UpDisplay, console, out, print_json
+from labctl.errors import LabStateError
+from labctl.lab import load_lab
+from labctl.lifecycle import UpOptions, down, guest_statuses, up
+from labctl.runstate import LabState, up_labs
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("up", help="boot a lab's guests and wait until they answer SSH")
+    p.add_argument("file")
+    p.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
+                   help="accelerator (auto: KVM if a probe boot works, else TCG)")
+    p.add_argument("--backend", choices=["qemu", "libvirt"], help="override the lab's backend")
+    p.add_argument("--boot-timeout", type=float, default=180.0, metavar="SECONDS")
+    p.add_argument("--show-command", action="store_true", help="print each guest's QEMU command")
+    p.add_argument("--json", action="store_true", help="print the lab's status as JSON when up")
+    p.set_defaults(func=cmd_up)
+
+    d = sub.add_parser("down", help="power a lab's guests off and remove its state")
+    d.add_argument("lab", nargs="?")
+    d.add_argument("--all", action="store_true", help="take every lab down")
+    d.add_argument("--timeout", type=float, default=10.0, help="seconds before a hard stop")
+    d.set_defaults(func=cmd_down)
+
+    s = sub.add_parser("status", help="show labs that are up")
+    s.add_argument("lab", nargs="?")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    lab = load_lab(args.file)
+    image = ensure_image(lab.image)
+    opts = UpOptions(accel=args.accel, backend=args.backend, boot_timeout=args.boot_timeout)
+    display = UpDisplay(lab.name, list(lab.guests))
+    with display.running():
+        state = up(lab, image, opts, display)
+    if args.show_command:
+        for rec in state.guests.values():
+            console.print(f"[bold]{rec.name}[/]: {shlex.join(rec.argv)}")
+    if args.json:
+        print_json(status_data(state))
+    else:
+        print_lab(state)
+        out.print(f"lab [bold]{lab.name}[/] is up ({state.accel}); "
+                  f"[cyan]labctl ssh {lab.name} GUEST[/], [cyan]labctl down {lab.name}[/]")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    if args.all:
+        names = up_labs()
+    elif args.lab:
+        names = [args.lab]
+    else:
+        raise LabStateError("say which lab to take down, or --all", hint=f"labs up: {', '.join(up_labs()) or 'none'}")
+    for name in names:
+        with console.status(f"taking {name} down"):
+            down(name, timeout=args.timeout)
+        out.print(f"lab {name} is down")
+    return 0
+
+
+def status_data(state: LabState) -> dict[str, Any]:
+    return {
+        "lab": state.lab, "source": state.source, "backend": state.backend, "accel": state.accel,
+        "image": state.image, "started_at": state.started_at, "run_dir": state.dir,
+        "warnings": state.warnings,
+        "guests": [{"name": g.name, "state": g.state, "ssh": g.ssh, "pid": g.pid, "accel": g.accel,
+                    "ready_seconds": state.ready_seconds.get(g.name), "nics": g.nics}
+                   for g in guest_statuses(state)],
+    }
+
+
+def print_lab(state: LabState) -> None:
+    t = Table(title=f"lab {state.lab}", title_justify="left")
+    for col in ("guest", "state", "ssh", "nic", "model", "driver", "address", "network"):
+        t.add_column(col)
+    for g in guest_statuses(state):
+        first = True
+        for n in g.nics or [{}]:
+            t.add_row(g.name if first else "", g.state if first else "", g.ssh if first else "",
+                      str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
+                      str(n.get("ip") or ""), str(n.get("network", "")))
+            first = False
+    out.print(t)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    names = [args.lab] if args.lab else up_labs()
+    states = []
+    for name in names:
+        try:
+            states.append(LabState.load(name))
+        except LabStateError:
+            if args.lab:
+                raise
+    if args.json:
+        print_json({"labs": [status_data(s) for s in states]})
+        return 0
+    if not states:
+        out.print("no labs are up")
+    for s in states:
+        print_lab(s)
+    return 0

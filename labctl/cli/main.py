@@ -1,0 +1,55 @@
+"""``labctl``: argument parsing, error printing, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from labctl import __version__
+from labctl.cli import access, images, lifecycle_cmds, validate_cmd
+from labctl.cli.ui import error
+from labctl.errors import LabctlError, LabFileError
+
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="labctl", description="Kernel-network debugging labs on QEMU guests.")
+    p.add_argument("--version", action="version", version=f"labctl {__version__}")
+    p.add_argument("--debug", action="store_true", help="log details and show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    validate_cmd.register(sub)
+    lifecycle_cmds.register(sub)
+    access.register(sub)
+    images.register(sub)
+    return p
+
+
+def _sigterm_as_interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        error("interrupted; everything this command started was stopped")
+        return EXIT_INTERRUPTED
+    except LabFileError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return exc.exit_code
+    except LabctlError as exc:
+        if args.debug:
+            raise
+        error(exc.message, exc.hint)
+        return exc.exit_code

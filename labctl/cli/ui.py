@@ -1,0 +1,117 @@
+"""The UI layer: one rich Console, progress displays, tables, JSON output."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def warn(message: str) -> None:
+    console.print(Text("warning: ", style="bold yellow") + Text(message))
+
+
+def error(message: str, hint: str | None = None) -> None:
+    console.print(Text("error: ", style="bold red") + Text(message))
+    if hint:
+        console.print(Text("hint: ", style="cyan") + Text(hint))
+
+
+class StepsReporter:
+    """A :class:`labctl.progress.Reporter` drawing steps (which may overlap) with rich."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.steps: dict[str, tuple[float, float | None]] = {}
+        self.lock = threading.Lock()
+        self.live: Live | None = None
+        self.warnings: list[str] = []
+
+    def __rich__(self) -> Group:
+        rows: list[Any] = [Text(self.title, style="bold")]
+        now = time.monotonic()
+        with self.lock:
+            for name, (t0, t1) in self.steps.items():
+                if t1 is None:
+                    rows.append(Spinner("dots", text=Text(f"{name}  {now - t0:4.0f} s")))
+                else:
+                    rows.append(Text(f"✓ {name}  {t1 - t0:.1f} s", style="green"))
+        return Group(*rows)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[StepsReporter]:
+        with Live(self, console=console, refresh_per_second=8, transient=False) as live:
+            self.live = live
+            yield self
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        with self.lock:
+            self.steps[name] = (time.monotonic(), None)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.steps[name] = (self.steps[name][0], time.monotonic())
+
+    def note(self, message: str) -> None:
+        console.print(message)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        warn(message)
+
+
+PHASE_STYLE = {"starting": "dim", "booting": "yellow", "ssh": "cyan", "ready": "green", "failed": "bold red"}
+
+
+class UpDisplay:
+    """Live per-guest phases during ``labctl up`` (implements UpEvents)."""
+
+    def __init__(self, lab: str, guests: list[str]) -> None:
+        self.lab = lab
+        self.t0 = time.monotonic()
+        self.phase = {g: ("waiting", self.t0) for g in guests}
+        self.lock = threading.Lock()
+
+    def __rich__(self) -> Table:
+        t = Table(title=f"bringing up {self.lab}", title_justify="left", box=None)
+        t.add_column("guest")
+        t.add_column("phase")
+        t.add_column("time", justify="right")
+        now = time.monotonic()
+        with self.lock:
+            for g, (ph, since) in self.phase.items():
+                end = since if ph in ("ready", "failed") else now
+                t.add_row(g, Text(ph, style=PHASE_STYLE.get(ph, "")), f"{end - self.t0:.1f} s")
+        return t
+
+    def guest_phase(self, guest: str, phase: str) -> None:
+        with self.lock:
+            self.phase[guest] = (phase, time.monotonic())
+
+    def warn(self, message: str) -> None:
+        warn(message)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[UpDisplay]:
+        with Live(self, console=console, refresh_per_second=8, transient=True):
+            yield self

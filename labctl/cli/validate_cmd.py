@@ -1,0 +1,26 @@
+"""``labctl validate FILE``: check a lab file, start nothing."""
+
+from __future__ import annotations
+
+import argparse
+
+from labctl.cli.ui import out, print_json
+from labctl.lab import load_lab
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("validate", help="check a lab file without starting anything")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="print the resolved lab as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    lab = load_lab(args.file)
+    if args.json:
+        print_json(lab.to_dict())
+    else:
+        nics = sum(len(g.nics) for g in lab.guests.values())
+        out.print(f"{args.file}: lab '{lab.name}' is valid "
+                  f"({len(lab.guests)} guests, {nics} lab NICs, {len(lab.networks)} networks)")
+    return 0

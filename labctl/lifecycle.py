@@ -1,0 +1,337 @@
+"""Bring a lab up and take it down: the pipeline's middle stages.
+
+``up``: lab model -> image -> accelerator -> run directory and keys ->
+network plan (+ L2 switches) -> guests started in parallel -> wait for each
+guest's READY line and SSH -> state saved. Any failure or Ctrl-C on the way
+stops everything that was started and removes the run directory.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import hashlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labctl import guestconf
+from labctl.accel import choose_accel
+from labctl.backends.base import Backend, GuestPlan, GuestRecord, get_backend
+from labctl.errors import GuestError, LabctlError, LabStateError, MachineError
+from labctl.image.store import Image
+from labctl.keys import known_hosts_line, new_keypair
+from labctl.lab.model import Guest, Lab
+from labctl.netplan import SWITCH, Segment, plan_networks
+from labctl.paths import ensure_private_dir
+from labctl.proc import pid_alive, pid_cmdline, run, spawn
+from labctl.runstate import LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
+from labctl.ssh import Session
+
+READY = b"LABCTL-READY"
+FAILED = b"LABCTL-FAILED"
+PANIC_MARKERS = (b"Kernel panic", b"BUG:", b"Oops:", b"general protection fault")
+DEFAULT_BOOT_TIMEOUT = 180.0
+
+
+class UpEvents:
+    """What ``up`` tells its caller as it goes (the CLI draws these)."""
+
+    def guest_phase(self, guest: str, phase: str) -> None:
+        """``guest`` entered ``phase``: starting, booting, ssh, ready, failed."""
+
+    def warn(self, message: str) -> None:
+        """A warning worth one line."""
+
+
+@dataclass
+class UpOptions:
+    accel: str = "auto"
+    backend: str | None = None
+    boot_timeout: float = DEFAULT_BOOT_TIMEOUT
+    extra_kernel_args: tuple[str, ...] = ()
+
+
+def mgmt_mac(lab: str, guest: str) -> str:
+    """Deterministic MAC of a guest's management NIC (52:55:00:..., apart from lab NICs)."""
+    d = hashlib.sha256(f"{lab}/{guest}/mgmt0".encode()).digest()
+    return "52:55:00:" + ":".join(f"{b:02x}" for b in d[:3])
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (QEMU binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def console_tail(path: Path | str, lines: int = 15) -> str:
+    """The last ``lines`` lines of a guest console log (empty if none)."""
+    try:
+        data = Path(path).read_bytes()[-16384:]
+    except OSError:
+        return ""
+    text = data.decode(errors="replace").replace("\r", "")
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class LabUp:
+    """One ``up`` of one lab; owns everything it starts until it succeeds."""
+
+    def __init__(self, lab: Lab, image: Image, opts: UpOptions, events: UpEvents) -> None:
+        self.lab = lab
+        self.image = image
+        self.opts = opts
+        self.events = events
+        self.backend: Backend = get_backend(opts.backend or lab.backend)
+        self.dir = run_dir(lab.name)
+        self.records: dict[str, GuestRecord] = {}
+        self.switches: list[SwitchRecord] = []
+        self.warnings: list[str] = []
+
+    def run(self) -> LabState:
+        """Bring the lab up and return its saved state.
+
+        :raise LabctlError: on any failure (everything started is stopped).
+        """
+        with lab_lock(self.lab.name):
+            self._refuse_if_up()
+            accel = choose_accel(self.opts.accel, self.image)
+            if accel.warning:
+                self._warn(accel.warning)
+            try:
+                state = self._up(accel.accel)
+            except BaseException:
+                self.teardown()
+                raise
+            return state
+
+    def _refuse_if_up(self) -> None:
+        if not self.dir.exists():
+            return
+        try:
+            state = LabState.load(self.lab.name)
+        except LabStateError:
+            state = None
+        backend = self.backend
+        if state and any(backend.alive(r) for r in state.guests.values()):
+            raise LabStateError(f"lab '{self.lab.name}' is already up",
+                                hint=f"take it down first: labctl down {self.lab.name}")
+        remove_run_dir(self.dir)  # stale: its guests are gone
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        self.events.warn(message)
+
+    def _up(self, accel: str) -> LabState:
+        ensure_private_dir(self.dir)
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
+        net_dir = ensure_private_dir(self.dir / "net")
+        segments = plan_networks(self.lab, net_dir)
+        for seg in segments.values():
+            if seg.mechanism == SWITCH:
+                self._start_switch(seg)
+        for g in self.lab.guests.values():
+            for nic in g.nics:
+                if nic.queues > 1:
+                    self._warn(f"{g.name}.{nic.name}: queues={nic.queues} needs a multi-queue link (tap); "
+                               "the unix dgram link gives the guest one queue pair")
+        plans = [self._plan(g, accel, segments, client.public_line) for g in self.lab.guests.values()]
+        (self.dir / "known_hosts").write_text(
+            "".join(known_hosts_line(p.ssh_port, (p.host_key.with_name(p.host_key.name + ".pub"))
+                                     .read_text().strip()) + "\n" for p in plans))
+        for p in plans:
+            self.events.guest_phase(p.guest.name, "starting")
+            self.records[p.guest.name] = self._start_guest(p)
+            self.events.guest_phase(p.guest.name, "booting")
+        state = LabState(lab=self.lab.name, source=str(Path(self.lab.source).resolve()), dir=str(self.dir),
+                         backend=self.backend.name, accel=accel,
+                         image={"name": self.image.name, "key": self.image.key, "dir": str(self.image.dir)},
+                         started_at=started, guests=self.records, switches=self.switches,
+                         resolved=self.lab.to_dict(), warnings=self.warnings)
+        state.save()
+        self._wait_all(state)
+        state.save()
+        return state
+
+    def _start_switch(self, seg: Segment) -> None:
+        assert seg.switch_socket is not None
+        idx = seg.switch_socket.name.split("-")[0]
+        log = self.dir / f"switch-{idx}.log"
+        proc = spawn([sys.executable, "-m", "labctl.hub", str(seg.switch_socket)], log)
+        self.switches.append(SwitchRecord(seg.network, proc.pid, str(seg.switch_socket)))
+        deadline = time.monotonic() + 10
+        while not seg.switch_socket.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise MachineError(f"the L2 switch for network {seg.network} did not start: "
+                                   f"{console_tail(log, 3)}")
+            time.sleep(0.02)
+
+    def _plan(self, g: Guest, accel: str, segments: dict[str, Segment], client_pub: str) -> GuestPlan:
+        gdir = ensure_private_dir(self.dir / "guests" / g.name)
+        ports = {nic.name: next(p for p in segments[nic.network].ports
+                                if p.guest == g.name and p.nic == nic.name) for nic in g.nics}
+        args = ("console=ttyS0", *self.image.boot_args, *g.kernel_args, *self.opts.extra_kernel_args)
+        plan = GuestPlan(lab=self.lab.name, guest=g, dir=gdir, image=self.image, accel=accel,
+                         ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
+                         ports=ports, kernel_args=args)
+        new_keypair(plan.host_key, f"{g.name}.{self.lab.name}")
+        plan.authorized_keys.write_text(client_pub + "\n")
+        plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
+        run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.rootfs), "-F", "raw",
+             str(plan.overlay)], timeout=60)
+        return plan
+
+    def _start_guest(self, plan: GuestPlan) -> GuestRecord:
+        """Start one guest, retrying with a new SSH port if QEMU lost a port race."""
+        for attempt in range(3):
+            try:
+                return self.backend.start(plan)
+            except MachineError as exc:
+                if "hostfwd" not in str(exc) and "forwarding" not in str(exc) or attempt == 2:
+                    raise
+                plan = GuestPlan(**{**plan.__dict__, "ssh_port": free_port()})
+        raise AssertionError("unreachable")
+
+    def _wait_all(self, state: LabState) -> None:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.records)) as pool:
+            futures = {pool.submit(self._wait_guest, state, name): name for name in self.records}
+            errors: list[LabctlError] = []
+            for fut in concurrent.futures.as_completed(futures):
+                try:
+                    fut.result()
+                except LabctlError as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+
+    def _wait_guest(self, state: LabState, name: str) -> None:
+        rec = self.records[name]
+        t0 = time.monotonic()
+        deadline = t0 + self.opts.boot_timeout
+        console = Path(rec.console)
+        while True:
+            data = console.read_bytes() if console.exists() else b""
+            if READY in data:
+                break
+            if FAILED in data or any(m in data for m in PANIC_MARKERS):
+                self.events.guest_phase(name, "failed")
+                raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
+            if not self.backend.alive(rec):
+                self.events.guest_phase(name, "failed")
+                raise MachineError(f"QEMU of guest {name} died while booting "
+                                   f"({self.backend.exit_reason(rec)}); last console lines:\n"
+                                   f"{console_tail(console)}")
+            if time.monotonic() > deadline:
+                self.events.guest_phase(name, "failed")
+                raise GuestError(f"guest {name} was not ready after {self.opts.boot_timeout:.0f} s; "
+                                 f"last console lines:\n{console_tail(console)}",
+                                 hint="raise --boot-timeout, or check the image with 'labctl image list'")
+            time.sleep(0.05)
+        self.events.guest_phase(name, "ssh")
+        ep = state.endpoint(name)
+        nics = self.lab.guests[name].nics
+        probe = "; ".join(f"printf '%s ' {n.name}; ethtool -i {n.name} | sed -n 's/^driver: //p'" for n in nics)
+        with _ssh_retry(ep, deadline) as s:
+            out = s.run(probe or "true", timeout=30).stdout.decode(errors="replace")
+        state.drivers[name] = dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
+        state.ready_seconds[name] = round(time.monotonic() - t0, 2)
+        self.events.guest_phase(name, "ready")
+
+    def teardown(self) -> None:
+        """Stop everything this ``up`` started and remove the run directory."""
+        for rec in self.records.values():
+            try:
+                self.backend.kill(rec)
+            except LabctlError:
+                pass
+        _stop_switches(self.switches)
+        remove_run_dir(self.dir)
+
+
+def _ssh_retry(ep: object, deadline: float) -> Session:
+    from labctl.ssh import Endpoint
+
+    assert isinstance(ep, Endpoint)
+    while True:
+        try:
+            return Session(ep, timeout=10)
+        except GuestError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _stop_switches(switches: list[SwitchRecord]) -> None:
+    import signal
+
+    for sw in switches:
+        if pid_alive(sw.pid) and any("labctl.hub" in a for a in pid_cmdline(sw.pid)):
+            try:
+                os.killpg(sw.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3
+        while pid_alive(sw.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def up(lab: Lab, image: Image, opts: UpOptions | None = None, events: UpEvents | None = None) -> LabState:
+    """Bring ``lab`` up on ``image``; see :class:`LabUp`."""
+    return LabUp(lab, image, opts or UpOptions(), events or UpEvents()).run()
+
+
+def down(lab_name: str, timeout: float = 10.0,
+         on_guest: Callable[[str], None] | None = None) -> None:
+    """Power every guest of the lab off (clean, then hard after ``timeout``) and remove its state.
+
+    :raise LabStateError: when the lab is not up.
+    """
+    with lab_lock(lab_name):
+        d = run_dir(lab_name)
+        try:
+            state = LabState.load(lab_name)
+        except LabStateError:
+            if d.exists():
+                remove_run_dir(d)  # half-written state from a killed up
+                return
+            raise
+        backend = get_backend(state.backend)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(state.guests))) as pool:
+            list(pool.map(lambda r: backend.stop(r, timeout), state.guests.values()))
+        for name in state.guests:
+            if on_guest:
+                on_guest(name)
+        _stop_switches(state.switches)
+        remove_run_dir(d)
+
+
+@dataclass
+class GuestStatus:
+    name: str
+    state: str  # running, stopped, crashed
+    ssh: str
+    accel: str
+    pid: int
+    nics: list[dict[str, object]] = field(default_factory=list)
+
+
+def guest_statuses(state: LabState) -> list[GuestStatus]:
+    """Live status of every guest of a lab that is up."""
+    backend = get_backend(state.backend)
+    out = []
+    for name, rec in state.guests.items():
+        alive = backend.alive(rec)
+        console = Path(rec.console).read_bytes()[-65536:] if Path(rec.console).exists() else b""
+        crashed = any(m in console for m in PANIC_MARKERS)
+        st = "crashed" if crashed else "running" if alive else "stopped"
+        nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], "")}
+                for n in state.resolved["guests"][name]["nics"]]
+        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", rec.accel, rec.pid, nics))
+    return out
