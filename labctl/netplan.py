@@ -54,8 +54,8 @@ def plan_networks(lab: Lab, net_dir: Path) -> dict[str, Segment]:
             hub = net_dir / f"n{idx}-switch.sock"
             ports = tuple(_port(m, name, local[m], hub) for m in members)
             segments[name] = Segment(name, SWITCH, ports, hub)
-        else:
-            ports = tuple(_port(m, name, local[m], None) for m in members)
+        else:  # one member: QEMU needs a peer address; nobody binds it
+            ports = tuple(_port(m, name, local[m], net_dir / f"n{idx}-nobody.sock") for m in members)
             segments[name] = Segment(name, ALONE, ports, None)
     return segments
 

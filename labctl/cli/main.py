@@ -38,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.debug:  # refused connections while sshd starts are expected
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         return int(args.func(args) or 0)

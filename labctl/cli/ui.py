@@ -17,7 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 console = Console(stderr=True, highlight=False)
-out = Console(highlight=False, soft_wrap=True)
+# Tables stay whole when stdout is a pipe or a file.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def print_json(data: Any) -> None:

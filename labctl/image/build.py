@@ -165,19 +165,35 @@ class Builder:
             self._extract_debug(dbg)
 
     def _extract_debug(self, deb: Path) -> None:
+        """vmlinux with DWARF (+ module debug files) from the -dbg package.
+
+        Extraction reads the whole 850 MB package (~1 min), so its result is
+        kept beside the downloads, keyed by the package file, and hard-linked
+        into each image that uses it.
+        """
         rc = self.recipe
-        out = self.work / "dbg"
-        out.mkdir()
-        base = f"./usr/lib/debug/lib/modules/{rc.kernel_release}"
-        patterns = [f"./usr/lib/debug/boot/vmlinux-{rc.kernel_release}"]
-        patterns += [f"{base}/{d}/*" for d in rc.debug_modules]
-        run_pipeline([["dpkg-deb", "--fsys-tarfile", deb],
-                      ["tar", "-x", "-C", out, "--wildcards", *patterns]], timeout=1800)
-        (out / patterns[0]).rename(self.work / "vmlinux.debug")
-        mods = out / base
-        if mods.is_dir():
-            mods.rename(self.work / "debug-modules")
-        shutil.rmtree(out)
+        kept = cache_dir() / "kernels" / deb.stem
+        if not (kept / "vmlinux.debug").is_file():
+            tmp = kept.with_name(f".{deb.stem}-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            try:
+                base = f"./usr/lib/debug/lib/modules/{rc.kernel_release}"
+                patterns = [f"./usr/lib/debug/boot/vmlinux-{rc.kernel_release}"]
+                patterns += [f"{base}/{d}/*" for d in rc.debug_modules]
+                run_pipeline([["dpkg-deb", "--fsys-tarfile", deb],
+                              ["tar", "-x", "-C", tmp, "--wildcards", *patterns]], timeout=1800)
+                (tmp / patterns[0]).rename(tmp / "vmlinux.debug")
+                if (tmp / base).is_dir():
+                    (tmp / base).rename(tmp / "debug-modules")
+                shutil.rmtree(tmp / "usr", ignore_errors=True)
+                shutil.rmtree(kept, ignore_errors=True)
+                tmp.rename(kept)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        os.link(kept / "vmlinux.debug", self.work / "vmlinux.debug")
+        if (kept / "debug-modules").is_dir():
+            shutil.copytree(kept / "debug-modules", self.work / "debug-modules", copy_function=os.link)
 
     def _mmdebstrap(self) -> None:
         rc = self.recipe

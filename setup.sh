@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# labctl setup for a Debian 12 host, as root. Idempotent: run it again at will.
+#   1. Debian packages (QEMU, mmdebstrap, ...)
+#   2. labctl in a virtualenv at .venv, linked as /usr/local/bin/labctl
+#   3. the default guest image (cached in ~/.cache/labctl; rebuilt only
+#      when its recipe changes)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup.sh installs Debian packages and builds the guest image: run it as root" >&2
+    exit 1
+fi
+
+PACKAGES=(
+    qemu-system-x86 qemu-utils          # the guests
+    mmdebstrap e2fsprogs dpkg xz-utils   # the image build
+    python3 python3-venv                 # labctl itself
+    openssh-client                       # labctl ssh
+    gdb                                  # labctl gdb, oops decoding
+    ca-certificates
+)
+missing=()
+for p in "${PACKAGES[@]%%#*}"; do
+    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+# apt-get download needs fresh package lists for the pinned kernel packages.
+say "apt-get update"
+apt-get update -qq
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    "$PY" -m venv .venv
+fi
+say "installing labctl into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+ln -sf "$PWD/.venv/bin/labctl" /usr/local/bin/labctl
+
+say "guest image"
+.venv/bin/labctl image build

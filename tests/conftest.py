@@ -1,0 +1,42 @@
+"""Shared test helpers: run the real ``labctl`` CLI in a child process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Cli:
+    """Runs ``python -m labctl`` with a private state directory."""
+
+    state_dir: Path
+    env: dict[str, str]
+
+    def __call__(self, *args: str, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "labctl", *args], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"labctl {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "labctl", *args], cwd=ROOT, env=self.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Cli:
+    # Short path: unix socket names must stay under 108 bytes.
+    state = Path(tmp_path_factory.mktemp("st", numbered=True))
+    env = dict(os.environ)
+    env["LABCTL_STATE_DIR"] = str(state)
+    env.pop("XDG_RUNTIME_DIR", None)
+    return Cli(state, env)

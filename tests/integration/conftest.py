@@ -1,0 +1,51 @@
+"""Integration tests boot real guests: they need QEMU and the built image."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from labctl.image.recipe import load_recipe
+from labctl.image.store import Image, ImageStore
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def image() -> Image:
+    """The default image; built by setup.sh (``labctl image build``) before the tests."""
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.fail("qemu-system-x86_64 is missing: run setup.sh")
+    img = ImageStore().get("debian-12", load_recipe("debian-12").key())
+    if img is None:
+        pytest.fail("the debian-12 image is not built: run 'labctl image build' (setup.sh does)")
+    return img
+
+
+def pids_matching(pattern: str) -> list[int]:
+    """PIDs of processes whose command line matches ``pattern`` (pgrep -f)."""
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def qemu_pids_under(path: Path) -> list[int]:
+    """PIDs of QEMU processes whose command line mentions ``path``."""
+    return pids_matching(f"qemu-system.*{path}")
+
+
+def wait_for(cond, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,63 @@
+"""Pure parts of the image build: module order, NIC rules, cpio, guest config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from labctl import guestconf
+from labctl.image import initramfs
+from labctl.image.kernel import module_load_order, nic_driver_rules
+from labctl.lab import load_lab
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DEP = """kernel/fs/ext4/ext4.ko: kernel/fs/jbd2/jbd2.ko kernel/fs/mbcache.ko kernel/lib/crc16.ko
+kernel/fs/jbd2/jbd2.ko:
+kernel/fs/mbcache.ko:
+kernel/lib/crc16.ko:
+kernel/drivers/net/ethernet/realtek/8139cp.ko: kernel/drivers/net/mii.ko
+kernel/drivers/net/mii.ko:
+kernel/drivers/net/virtio_net.ko: kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko
+kernel/drivers/net/net_failover.ko: kernel/net/core/failover.ko
+kernel/net/core/failover.ko:
+"""
+ALIAS = """alias pci:v000010ECd00008139sv*sd*bc*sc*i* 8139cp
+alias virtio:d00000001v* virtio_net
+alias usb:v0BDAp8150d*dc*dsc*dp*ic*isc*ip*in* rtl8150
+alias fs-ext4 ext4
+"""
+
+
+def test_dependencies_load_first() -> None:
+    order = module_load_order(DEP, ["ext4"])
+    assert order[-1] == "kernel/fs/ext4/ext4.ko"
+    assert set(order[:-1]) == {"kernel/fs/jbd2/jbd2.ko", "kernel/fs/mbcache.ko", "kernel/lib/crc16.ko"}
+
+
+def test_nic_rules_cover_pci_and_virtio_with_dependencies() -> None:
+    rules, paths = nic_driver_rules(DEP, ALIAS)
+    lines = rules.splitlines()
+    assert "pci:v000010ECd00008139sv*sd*bc*sc*i* mii.ko 8139cp.ko" in lines
+    assert "virtio:d00000001v* failover.ko net_failover.ko virtio_net.ko" in lines
+    assert not any("usb:" in ln for ln in lines)
+    assert "kernel/drivers/net/mii.ko" in paths
+
+
+def test_cpio_is_valid_newc(tmp_path: Path) -> None:
+    out = tmp_path / "x.cpio"
+    initramfs.write_cpio([initramfs.directory("bin"), initramfs.file("bin/x", b"hello", 0o755),
+                          initramfs.chardev("dev/console", 5, 1)], out)
+    data = out.read_bytes()
+    assert data.startswith(b"070701") and b"TRAILER!!!" in data
+    assert len(data) % 4 == 0
+    assert b"bin/x\0" in data and b"hello" in data
+
+
+def test_guest_config_lines() -> None:
+    lab = load_lab(ROOT / "tests" / "labs" / "valid" / "three-nics.yaml")
+    text = guestconf.render(lab.guests["c"], "52:55:00:00:00:01")
+    lines = text.splitlines()
+    assert lines[0] == "hostname c"
+    assert lines[1] == "nic 52:55:00:00:00:01 mgmt0 10.0.2.15/24"
+    assert lines[2].startswith("nic 52:54:00:") and " eth1 10.10.0.3/24" in lines[2]
+    assert "queues=2" in lines[2]

@@ -1,0 +1,80 @@
+"""The QEMU command line is data: built from the plan, checked here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from labctl.backends.base import GuestPlan
+from labctl.backends.qemu_argv import build_argv, opt
+from labctl.image.store import Image
+from labctl.lab import load_lab
+from labctl.lifecycle import mgmt_mac
+from labctl.netplan import ALONE, DIRECT, SWITCH, plan_networks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _plans(tmp_path: Path, lab_file: Path) -> dict[str, GuestPlan]:
+    lab = load_lab(lab_file)
+    img = Image("debian-12", "k", tmp_path / "img", {"boot_args": ["quiet"], "kernel": {"release": "6.1"}})
+    segs = plan_networks(lab, tmp_path / "net")
+    plans = {}
+    for i, g in enumerate(lab.guests.values()):
+        ports = {n.name: next(p for p in segs[n.network].ports if p.guest == g.name and p.nic == n.name)
+                 for n in g.nics}
+        plans[g.name] = GuestPlan(lab.name, g, tmp_path / g.name, img, "tcg", 40000 + i,
+                                  mgmt_mac(lab.name, g.name), ports, ("console=ttyS0", "quiet"))
+    return plans
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_three_nic_models_become_their_qemu_devices(tmp_path: Path) -> None:
+    plans = _plans(tmp_path, ROOT / "labs" / "quickstart.yaml")
+    devices = {g: _pairs(build_argv(p), "-device") for g, p in plans.items()}
+    assert any(d.startswith("rtl8139,netdev=lab0,mac=52:54:00:") for d in devices["a"])
+    assert any(d.startswith("e1000,netdev=lab0,") for d in devices["b"])
+    assert any(d.startswith("virtio-net-pci,netdev=lab0,") for d in devices["c"])
+
+
+def test_management_nic_is_restricted_slirp_on_loopback(tmp_path: Path) -> None:
+    plan = _plans(tmp_path, ROOT / "labs" / "quickstart.yaml")["a"]
+    argv = build_argv(plan)
+    (mgmt,) = [n for n in _pairs(argv, "-netdev") if n.startswith("user,")]
+    assert "restrict=on" in mgmt
+    assert "hostfwd=tcp:127.0.0.1:40000-:22" in mgmt
+    assert f"virtio-net-pci,netdev=mgmt,mac={plan.mgmt_mac}" in _pairs(argv, "-device")
+    assert plan.mgmt_mac.startswith("52:55:00:")
+    qmp = _pairs(argv, "-qmp")[0]
+    assert qmp.startswith("unix:") and qmp.endswith(",server=on,wait=off")
+    assert "-gdb" not in argv and "-s" not in argv  # no TCP listener but SSH
+    assert _pairs(argv, "-accel") == ["tcg"]
+
+
+def test_three_members_share_a_switch_two_link_directly(tmp_path: Path) -> None:
+    lab = load_lab(ROOT / "labs" / "quickstart.yaml")
+    seg = plan_networks(lab, tmp_path)["lan"]
+    assert seg.mechanism == SWITCH
+    assert {p.remote for p in seg.ports} == {seg.switch_socket}
+    assert len({p.local for p in seg.ports}) == 3
+    two = tmp_path / "two.yaml"
+    two.write_text("name: two\nnetworks: {l: {}, lone: {}}\nguests:\n"
+                   "  a: {nics: [{name: e0, model: e1000, network: l}, {name: e1, model: e1000, network: lone}]}\n"
+                   "  b: {nics: [{name: e0, model: e1000, network: l}]}\n")
+    segs = plan_networks(load_lab(two), tmp_path)
+    a, b = segs["l"].ports
+    assert segs["l"].mechanism == DIRECT and a.remote == b.local and b.remote == a.local
+    assert segs["lone"].mechanism == ALONE
+
+
+def test_commas_in_paths_are_escaped() -> None:
+    assert opt("/tmp/a,b") == "/tmp/a,,b"
+
+
+def test_macs_are_deterministic(tmp_path: Path) -> None:
+    a = _plans(tmp_path, ROOT / "labs" / "quickstart.yaml")
+    b = _plans(tmp_path, ROOT / "labs" / "quickstart.yaml")
+    assert build_argv(a["c"]) == build_argv(b["c"])
+    assert mgmt_mac("x", "a") != mgmt_mac("x", "b")
