@@ -71,13 +71,17 @@ def free_port() -> int:
 
 
 def console_tail(path: Path | str, lines: int = 15) -> str:
-    """The last ``lines`` lines of a guest console log (empty if none)."""
+    """What a person needs from a console log: from the first panic/oops
+    marker on (at most 25 lines), else the last ``lines`` lines."""
     try:
-        data = Path(path).read_bytes()[-16384:]
+        data = Path(path).read_bytes()[-65536:]
     except OSError:
         return ""
-    text = data.decode(errors="replace").replace("\r", "")
-    return "\n".join(text.strip().splitlines()[-lines:])
+    text = data.decode(errors="replace").replace("\r", "").strip().splitlines()
+    for i, line in enumerate(text):
+        if any(m.decode() in line for m in (FAILED, *PANIC_MARKERS)):
+            return "\n".join(text[i:i + 25])
+    return "\n".join(text[-lines:])
 
 
 class LabUp:
@@ -222,6 +226,7 @@ class LabUp:
                 break
             if FAILED in data or any(m in data for m in PANIC_MARKERS):
                 self.events.guest_phase(name, "failed")
+                time.sleep(0.5)  # let the rest of the oops reach the log
                 raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
             if not self.backend.alive(rec):
                 self.events.guest_phase(name, "failed")
