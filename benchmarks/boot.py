@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import sys
@@ -67,6 +68,8 @@ def main() -> int:
     ap.add_argument("--accel", default="auto")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # refused connections while sshd starts
     load_recipe("debian-12")
     results = []
     with tempfile.TemporaryDirectory(prefix="lb-") as state_dir:

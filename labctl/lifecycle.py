@@ -22,6 +22,7 @@ from pathlib import Path
 
 from labctl import guestconf
 from labctl.accel import choose_accel
+from labctl.bootargs import kernel_args
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, get_backend
 from labctl.errors import GuestError, LabctlError, LabStateError, MachineError
 from labctl.image.store import Image
@@ -31,7 +32,7 @@ from labctl.netplan import SWITCH, Segment, plan_networks
 from labctl.paths import ensure_private_dir
 from labctl.proc import pid_alive, pid_cmdline, run, spawn
 from labctl.runstate import LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
-from labctl.ssh import Session
+from labctl.ssh import Endpoint, Session
 
 READY = b"LABCTL-READY"
 FAILED = b"LABCTL-FAILED"
@@ -82,6 +83,15 @@ def console_tail(path: Path | str, lines: int = 15) -> str:
         if any(m.decode() in line for m in (FAILED, *PANIC_MARKERS)):
             return "\n".join(text[i:i + 25])
     return "\n".join(text[-lines:])
+
+
+def ready_drivers(console: bytes) -> dict[str, str]:
+    """NIC name -> driver from a console's ``LABCTL-READY host uptime nic=driver...`` line."""
+    for line in console.splitlines():
+        if line.startswith(READY):
+            words = line.decode(errors="replace").split()[3:]
+            return dict(w.split("=", 1) for w in words if "=" in w)
+    return {}
 
 
 class LabUp:
@@ -181,7 +191,7 @@ class LabUp:
         gdir = ensure_private_dir(self.dir / "guests" / g.name)
         ports = {nic.name: next(p for p in segments[nic.network].ports
                                 if p.guest == g.name and p.nic == nic.name) for nic in g.nics}
-        args = ("console=ttyS0", *self.image.boot_args, *g.kernel_args, *self.opts.extra_kernel_args)
+        args = kernel_args(self.image, g, self.opts.extra_kernel_args)
         plan = GuestPlan(lab=self.lab.name, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
                          ports=ports, kernel_args=args)
@@ -222,8 +232,8 @@ class LabUp:
         console = Path(rec.console)
         while True:
             data = console.read_bytes() if console.exists() else b""
-            if READY in data:
-                break
+            if READY in data and b"\n" in data[data.index(READY):]:
+                break  # the whole READY line is there
             if FAILED in data or any(m in data for m in PANIC_MARKERS):
                 self.events.guest_phase(name, "failed")
                 time.sleep(0.5)  # let the rest of the oops reach the log
@@ -240,12 +250,9 @@ class LabUp:
                                  hint="raise --boot-timeout, or check the image with 'labctl image list'")
             time.sleep(0.05)
         self.events.guest_phase(name, "ssh")
-        ep = state.endpoint(name)
-        nics = self.lab.guests[name].nics
-        probe = "; ".join(f"printf '%s ' {n.name}; ethtool -i {n.name} | sed -n 's/^driver: //p'" for n in nics)
-        with _ssh_retry(ep, deadline) as s:
-            out = s.run(probe or "true", timeout=30).stdout.decode(errors="replace")
-        state.drivers[name] = dict(line.split(None, 1) for line in out.splitlines() if len(line.split()) == 2)
+        state.drivers[name] = ready_drivers(data)
+        with _ssh_retry(state.endpoint(name), deadline):
+            pass  # the guest answers SSH with the lab's key and pinned host key
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
         self.events.guest_phase(name, "ready")
 
@@ -260,10 +267,7 @@ class LabUp:
         remove_run_dir(self.dir)
 
 
-def _ssh_retry(ep: object, deadline: float) -> Session:
-    from labctl.ssh import Endpoint
-
-    assert isinstance(ep, Endpoint)
+def _ssh_retry(ep: Endpoint, deadline: float) -> Session:
     while True:
         try:
             return Session(ep, timeout=10)

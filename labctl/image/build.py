@@ -31,16 +31,9 @@ from labctl.paths import cache_dir, resource_dir
 from labctl.proc import run, run_pipeline
 from labctl.progress import NullReporter, Reporter
 
-# Kernel command line every guest gets (the backend adds console and extras).
-BOOT_ARGS = [
-    "root=/dev/vda", "rw", "rootfstype=ext4", "quiet", "loglevel=4", "panic=-1",
-    # acpi=noirq: PCI interrupt routing from the BIOS table, not ACPI AML,
-    # which is slow to interpret under TCG (saves ~2 s of boot); no LSMs.
-    "acpi=noirq", "apparmor=0", "lsm=capability",
-    "nokaslr", "mitigations=off", "i8042.noaux", "i8042.nokbd", "i8042.nopnp",
-    "noreplace-smp", "no_timer_check", "random.trust_cpu=on", "net.ifnames=0",
-    "tsc=reliable", "init=/sbin/labctl-init",
-]
+# What the image itself needs on the kernel command line (labctl's boot
+# policy, console and speed flags are added by labctl.bootargs).
+BOOT_ARGS = ["root=/dev/vda", "rw", "rootfstype=ext4", "init=/sbin/labctl-init", "net.ifnames=0"]
 
 
 def sha256_file(path: Path) -> str:
