@@ -43,7 +43,9 @@ class QemuBackend:
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise MachineError(f"QEMU for guest {plan.guest.name} exited at start: "
+                how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
+                       else f"status {proc.returncode}")
+                raise MachineError(f"QEMU for guest {plan.guest.name} exited at start ({how}): "
                                    f"{self.exit_reason(rec)}")
             if plan.qmp_socket.exists():
                 break

@@ -64,6 +64,9 @@ def test_qemu_dying_while_booting_is_reported(cli: Cli, image: object, tmp_path:
     lab = tmp_path / "dies.yaml"
     lab.write_text("name: dies\nnetworks: {}\nguests:\n  d: {}\n")
     proc = cli.popen("up", str(lab), "--accel", "tcg")
+    qmp = cli.state_dir / "labs" / "dies" / "guests" / "d" / "qmp.sock"
+    wait_for(lambda: qmp.exists(), 60, "QEMU's monitor socket")
+    time.sleep(0.5)  # past the start check: the kernel is booting
     pids = wait_for(lambda: qemu_pids_under(cli.state_dir), 60, "QEMU to start")
     os.kill(pids[0], signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
