@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -25,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--boot-timeout", type=float, default=180.0, metavar="SECONDS")
     p.add_argument("--show-command", action="store_true", help="print each guest's QEMU command")
     p.add_argument("--json", action="store_true", help="print the lab's status as JSON when up")
+    p.add_argument("--no-steps", action="store_true", help="do not run the lab's steps")
+    p.add_argument("--out", default="runs", help="where the steps' report bundle goes (default: ./runs)")
     p.set_defaults(func=cmd_up)
 
     d = sub.add_parser("down", help="power a lab's guests off and remove its state")
@@ -49,12 +52,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.show_command:
         for rec in state.guests.values():
             console.print(f"[bold]{rec.name}[/]: {shlex.join(rec.argv)}")
-    if args.json:
+    if args.json and not lab.steps:
         print_json(status_data(state))
-    else:
+    elif not args.json:
         print_lab(state)
         out.print(f"lab [bold]{lab.name}[/] is up ({state.accel}); "
                   f"[cyan]labctl ssh {lab.name} GUEST[/], [cyan]labctl down {lab.name}[/]")
+    if lab.steps and not args.no_steps:
+        from labctl.cli.run_cmd import StepLines, report_outcome
+        from labctl.pipeline import run_steps
+
+        return report_outcome(run_steps(lab, state, Path(args.out), StepLines()), args.json)
     return 0
 
 

@@ -6,6 +6,7 @@ so every value here is checked and every default filled in.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +131,7 @@ class Lab:
     networks: dict[str, Network]
     guests: dict[str, Guest]
     text: str = field(repr=False)
+    steps: tuple[Any, ...] = ()  # tuple[labctl.lab.steps.Step, ...]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable resolved view (no raw text; ips as strings)."""
@@ -142,4 +144,5 @@ class Lab:
             "description": self.description,
             "networks": {name: net.to_dict() for name, net in self.networks.items()},
             "guests": {name: guest.to_dict() for name, guest in self.guests.items()},
+            "steps": [dataclasses.asdict(s) for s in self.steps],
         }

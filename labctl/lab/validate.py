@@ -19,6 +19,7 @@ from typing import Any
 
 from labctl.errors import Problem
 from labctl.lab.model import MGMT_NIC, MGMT_SUBNET, Guest, Lab, Network, Nic
+from labctl.lab.steps import StepParser
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
@@ -37,7 +38,7 @@ BACKENDS = ("qemu", "libvirt")
 DEFAULT_MEMORY = 512
 DEFAULT_CPUS = 1
 
-_TOP_KEYS = ("version", "name", "description", "image", "backend", "networks", "guests")
+_TOP_KEYS = ("version", "name", "description", "image", "backend", "networks", "guests", "steps")
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description")
 _GUEST_KEYS = ("memory", "cpus", "kernel_args", "nics")
@@ -207,13 +208,14 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
     nics = [nic for guest in guests.values() for nic in guest.nics]
     _check_ips(check, nics)
     _assign_macs(check, header["name"], nics)
+    steps = StepParser(check, guests).parse(data)
     if check.problems:
         return None, check.problems
     lab = Lab(
         name=header["name"], source=source, sha256=sha256, image=header["image"],
         backend=header["backend"], description=header["description"],
         networks=_resolve_networks(networks, guests), guests=_resolve_guests(guests, networks),
-        text=text,
+        text=text, steps=steps,
     )
     return lab, []
 

@@ -1,0 +1,74 @@
+"""``labctl run FILE``: up, steps, bundle, down; and the step display."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from labctl.cli.images import ensure_image
+from labctl.cli.ui import UpDisplay, console, out, print_json
+from labctl.errors import UsageError
+from labctl.lab import load_lab
+from labctl.lifecycle import UpOptions, down, up
+from labctl.pipeline import RunOutcome, run_steps
+from labctl.runner import StepEvents, StepResult
+
+EXIT_STEP_FAILED = 6
+
+
+class StepLines(StepEvents):
+    """One line per step as it starts and ends."""
+
+    def step_started(self, name: str, variant: str | None) -> None:
+        console.print(f"[bold]step[/] {name}" + (f" [cyan]{variant}[/]" if variant else "") + " ...")
+
+    def step_finished(self, r: StepResult) -> None:
+        style = "green" if r.status == "ok" else "bold red"
+        console.print(f"  [{style}]{r.status}[/] in {r.duration_s:.1f} s" + (f": {r.reason}" if r.reason else ""))
+        for w in r.warnings:
+            console.print(f"  [yellow]warning:[/] {w}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("run", help="bring a lab up, run its steps, write the report bundle, take it down")
+    p.add_argument("file")
+    p.add_argument("--out", default="runs", help="where bundles go (default: ./runs)")
+    p.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto")
+    p.add_argument("--backend", choices=["qemu", "libvirt"])
+    p.add_argument("--boot-timeout", type=float, default=180.0, metavar="SECONDS")
+    p.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=cmd_run)
+
+
+def report_outcome(o: RunOutcome, as_json: bool) -> int:
+    if as_json:
+        print_json({"bundle": str(o.bundle), "status": o.status, "reason": o.reason,
+                    "reports": [str(p) for p in o.reports],
+                    "steps": [{"name": r.name, "variant": r.variant, "status": r.status, "reason": r.reason}
+                              for r in o.results]})
+    else:
+        style = "green" if o.status == "ok" else "bold red"
+        out.print(f"run [{style}]{o.status}[/]" + (f": {o.reason}" if o.reason else ""))
+        out.print(f"bundle: {o.bundle}")
+        for p in o.reports:
+            out.print(f"report: {p}")
+    return 0 if o.status == "ok" else EXIT_STEP_FAILED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    lab = load_lab(args.file)
+    if not lab.steps:
+        raise UsageError(f"{args.file} has no steps to run", hint=f"use: labctl up {args.file}")
+    image = ensure_image(lab.image)
+    opts = UpOptions(accel=args.accel, backend=args.backend, boot_timeout=args.boot_timeout)
+    display = UpDisplay(lab.name, list(lab.guests))
+    with display.running():
+        state = up(lab, image, opts, display)
+    try:
+        outcome = run_steps(lab, state, Path(args.out), StepLines())
+    finally:
+        if not args.keep:
+            with console.status(f"taking {lab.name} down"):
+                down(lab.name)
+    return report_outcome(outcome, args.json)

@@ -1,0 +1,148 @@
+"""The report bundle of one run: its directory, manifest and summary.
+
+::
+
+    runs/<lab>-<YYYYmmdd-HHMMSS>/
+        manifest.json   lab file + sha256, resolved lab, image manifest, QEMU
+                        version and argv per guest, accelerator, host, labctl
+                        version, start/end, every command with status and duration
+        summary.json    figures per step and NIC (labctl.trace.analyze)
+        report.md, report.html (labctl.report.render)
+        lab.yaml        the lab file as run
+        guests/<guest>/console.log
+        steps/<step>/<variant>/<guest>/...   raw artifacts
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import platform
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from labctl import __version__
+from labctl.lab.model import Lab
+from labctl.proc import run
+from labctl.runstate import LabState
+
+log = logging.getLogger(__name__)
+
+
+def new_bundle_dir(root: Path, lab: str) -> Path:
+    """A fresh ``root/<lab>-<timestamp>`` directory (suffixed if it exists)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(100):
+        d = root / (f"{lab}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"cannot make a bundle directory under {root}")
+
+
+def qemu_version() -> str:
+    try:
+        out = run(["qemu-system-x86_64", "--version"], timeout=20).stdout.decode()
+        return out.splitlines()[0].strip()
+    except Exception:  # noqa: BLE001 - version is informative only
+        return "unknown"
+
+
+def host_info() -> dict[str, Any]:
+    return {"name": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+            "python": platform.python_version()}
+
+
+def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finished: str,
+                   commands: list[dict[str, Any]], status: str, reason: str | None) -> None:
+    image_manifest: dict[str, Any] = {}
+    try:
+        image_manifest = json.loads((Path(state.image["dir"]) / "manifest.json").read_text())
+    except (OSError, ValueError, KeyError):
+        pass
+    manifest = {
+        "labctl_version": __version__,
+        "lab": {"name": lab.name, "source": lab.source, "sha256": lab.sha256, "resolved": lab.to_dict()},
+        "image": image_manifest,
+        "accel": state.accel,
+        "backend": state.backend,
+        "host": host_info(),
+        "qemu": {"version": qemu_version(), "argv": {n: r.argv for n, r in state.guests.items()}},
+        "drivers": state.drivers,
+        "warnings": state.warnings,
+        "started_at": started,
+        "finished_at": finished,
+        "commands": commands,
+        "status": status,
+        "reason": reason,
+    }
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+
+
+def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> None:
+    """The lab file as run and each guest's console log so far."""
+    (bundle / "lab.yaml").write_text(lab.text)
+    for name, rec in state.guests.items():
+        d = bundle / "guests" / name
+        d.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copy(rec.console, d / "console.log")
+        except OSError:
+            pass
+
+
+def write_summary(bundle: Path, lab: Lab, state: LabState, results: list[Any], started: str,
+                  finished: str, status: str, reason: str | None) -> dict[str, Any]:
+    """summary.json from the results and the raw artifacts in the bundle."""
+    try:
+        from labctl.trace.analyze import guest_figures
+    except ImportError:  # analysis not installed: raw artifacts only
+        def guest_figures(gdir: Path, modules: list[str]) -> dict[str, Any]:
+            return {"warnings": ["figures unavailable: labctl.trace.analyze is missing"]}
+
+    steps = []
+    for r in results:
+        entry = asdict(r)
+        guests: dict[str, Any] = {}
+        modules = (r.nic or {}).get("modules") or []
+        for g in r.guests:
+            gdir = bundle / r.dir / g
+            if gdir.is_dir():
+                try:
+                    guests[g] = guest_figures(gdir, modules)
+                except Exception as exc:  # noqa: BLE001 - a figure must never lose the bundle
+                    log.warning("figures for %s/%s failed: %s", r.dir, g, exc)
+                    guests[g] = {"warnings": [f"analysis failed: {exc}"]}
+        entry["guests"] = guests
+        focus = (r.nic or {}).get("guest") or next(iter(guests), None)
+        fig = guests.get(focus, {}) if focus else {}
+        entry["figures"] = {k: fig.get(k) for k in ("throughput_mbit_s", "cpu_load_pct",
+                                                    "driver_share_pct", "driver_cpu_pct")}
+        steps.append(entry)
+    summary: dict[str, Any] = {"lab": lab.name, "status": status, "reason": reason,
+                               "started_at": started, "finished_at": finished, "accel": state.accel,
+                               "steps": steps}
+    try:
+        from labctl.report.render import comparison_sentence
+
+        summary["comparison"] = comparison_sentence(steps)
+    except ImportError:
+        summary["comparison"] = None
+    (bundle / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def render_report(bundle: Path) -> list[Path]:
+    """report.md and report.html, if the renderer is available."""
+    try:
+        from labctl.report.render import render_run
+    except ImportError:
+        return []
+    return list(render_run(bundle))

@@ -1,0 +1,361 @@
+"""The ``steps:`` section of a lab file: workloads wrapped in tracing.
+
+::
+
+    steps:
+      - name: transfer                  # [a-z0-9][a-z0-9_-]*
+        description: optional
+        matrix:                         # optional: run the step once per row
+          - {label: rtl8139, nic: eth1, server: 10.1.0.2}
+        nic: a.{{nic}}                  # optional: the NIC under test (driver share)
+        run:                            # commands, in order
+          - guest: b
+            command: iperf3 -s -1       # a shell command line, run as root
+            background: true            # keep it running during the step
+            timeout: 60                 # seconds (default 300)
+            ready_after: 1              # background only: wait before going on
+          - guest: a
+            command: iperf3 -c {{server}} -R -t 10 -J
+        trace:                          # per guest
+          a:
+            perf_record: {events: [cpu-clock], call_graph: false, frequency: 999, target: system}
+            perf_stat: {events: [cpu-clock, context-switches]}
+            ftrace: {events: [net:net_dev_queue], tracer: function_graph, functions: [ip_rcv], filter: "len > 100"}
+            kprobes: [ip_rcv]
+            mpstat: true
+            stats: true                 # statistics snapshots before/after (default true)
+
+``{{name}}`` in commands, ``nic`` and ftrace filters is replaced by the
+matrix row's value (shell-quoted in commands); ``{{GUEST.NIC.ip}}`` by that
+NIC's address. Unknown names are reported with their line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from labctl.lab.yamlpos import YamlMap, YamlSeq
+
+_STEP_KEYS = ("name", "description", "matrix", "nic", "run", "trace")
+_RUN_KEYS = ("guest", "command", "background", "timeout", "ready_after")
+_TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "stats")
+_PERF_RECORD_KEYS = ("events", "call_graph", "frequency", "target")
+_PERF_STAT_KEYS = ("events",)
+_FTRACE_KEYS = ("events", "tracer", "functions", "filter", "buffer_kb")
+_MPSTAT_KEYS = ("interval",)
+_STEP_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
+_VAR = re.compile(r"[a-z_][a-z0-9_]{0,31}")
+_EVENT = re.compile(r"[A-Za-z0-9_:.*/=,{}-]{1,128}")
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
+_TEMPLATE = re.compile(r"\{\{\s*([A-Za-z0-9_.-]+)\s*\}\}")
+TRACERS = ("function", "function_graph", "nop")
+TARGETS = ("system", "command")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    guest: str
+    command: str  # template
+    background: bool
+    timeout: float
+    ready_after: float
+    line: int
+
+
+@dataclass(frozen=True)
+class PerfRecord:
+    events: tuple[str, ...] = ("cpu-clock",)
+    call_graph: bool = False
+    frequency: int | None = None
+    target: str = "system"
+
+
+@dataclass(frozen=True)
+class Ftrace:
+    events: tuple[str, ...] = ()
+    tracer: str | None = None
+    functions: tuple[str, ...] = ()
+    filter: str | None = None
+    buffer_kb: int | None = None
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """What to trace on one guest during a step."""
+
+    perf_record: PerfRecord | None = None
+    perf_stat: tuple[str, ...] | None = None
+    ftrace: Ftrace | None = None
+    kprobes: tuple[str, ...] = ()
+    mpstat: float | None = None  # sampling interval in seconds
+    stats: bool = True
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    description: str
+    matrix: tuple[dict[str, str], ...]  # each row has a "label"
+    nic: str | None  # template "guest.nic"
+    run: tuple[RunSpec, ...]
+    trace: dict[str, TraceSpec]
+    line: int
+
+    def variants(self) -> list[dict[str, str]]:
+        """The matrix rows, or one empty row when the step has no matrix."""
+        return list(self.matrix) or [{}]
+
+
+def render(template: str, row: dict[str, str], addresses: dict[str, str], quote: bool) -> str:
+    """Replace ``{{var}}`` from the matrix row and ``{{g.nic.ip}}`` from addresses.
+
+    Unknown names are left as they are (validation reported them already).
+    Values are shell-quoted when ``quote`` (commands).
+    """
+
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        value = row.get(key, addresses.get(key))
+        if value is None:
+            return m.group(0)
+        return shlex.quote(value) if quote else value
+
+    return _TEMPLATE.sub(sub, template)
+
+
+@dataclass
+class StepParser:
+    """Validates ``steps`` with the lab checker (see validate._Checker)."""
+
+    check: Any  # validate._Checker (import cycle avoided)
+    guests: dict[str, Any]  # name -> _GuestSpec
+    steps: list[Step] = field(default_factory=list)
+
+    def parse(self, data: YamlMap) -> tuple[Step, ...]:
+        if "steps" not in data:
+            return ()
+        seq = self.check.sequence(data, "steps", "")
+        names: dict[str, int] = {}
+        for i, item in enumerate(seq):
+            path = f"steps[{i}]"
+            m = self.check.mapping(item, seq.item_line(i), path, allow_null=False)
+            if m is None:
+                continue
+            step = self._step(m, path)
+            if step is None:
+                continue
+            if step.name in names:
+                self.check.add(m.value_line("name"), f"{path}.name",
+                               f"duplicate step name '{step.name}' (first at line {names[step.name]})")
+            names[step.name] = step.line
+            self.steps.append(step)
+        return tuple(self.steps)
+
+    def _addresses(self) -> dict[str, str]:
+        out = {}
+        for g in self.guests.values():
+            for nic in g.nics:
+                if nic.name and nic.ip is not None:
+                    out[f"{g.name}.{nic.name}.ip"] = str(nic.ip.ip)
+        return out
+
+    def _step(self, m: YamlMap, path: str) -> Step | None:
+        c = self.check
+        c.keys(m, path, _STEP_KEYS, ("name", "run"))
+        name = c.matching(m, "name", path, _STEP_NAME, "step name", "use a-z, 0-9, '_', '-'", True)
+        matrix = self._matrix(m, path)
+        known = {k for row in matrix for k in row} | set(self._addresses())
+        nic = c.string(m, "nic", path)
+        if nic is not None:
+            self._templates(nic, known, m.value_line("nic"), f"{path}.nic")
+            self._check_nic(nic, matrix, m.value_line("nic"), f"{path}.nic")
+        run = self._runs(m, path, known)
+        trace = self._traces(m, path, known)
+        if name is None:
+            return None
+        return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line)
+
+    def _matrix(self, m: YamlMap, path: str) -> tuple[dict[str, str], ...]:
+        c = self.check
+        rows: list[dict[str, str]] = []
+        seq = c.sequence(m, "matrix", path)
+        labels: set[str] = set()
+        for i, item in enumerate(seq):
+            rpath = f"{path}.matrix[{i}]"
+            row = c.mapping(item, seq.item_line(i), rpath, allow_null=False)
+            if row is None:
+                continue
+            values: dict[str, str] = {}
+            for key, value in row.items():
+                if not _VAR.fullmatch(str(key)):
+                    c.add(row.key_line(key), f"{rpath}.{key}", f"invalid variable name '{key}' (use a-z, 0-9, '_')")
+                elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                    values[str(key)] = str(value)
+                else:
+                    c.add(row.value_line(key), f"{rpath}.{key}", "expected a string or number")
+            label = values.get("label")
+            if label is None:
+                c.add(row.line, rpath, "missing required key 'label'")
+            elif not _LABEL.fullmatch(label):
+                c.add(row.value_line("label"), f"{rpath}.label", f"invalid label '{label}'")
+            elif label in labels:
+                c.add(row.value_line("label"), f"{rpath}.label", f"duplicate label '{label}'")
+            else:
+                labels.add(label)
+            rows.append(values)
+        if rows and {tuple(sorted(r)) for r in rows} != {tuple(sorted(rows[0]))}:
+            c.add(seq.line, f"{path}.matrix", "every matrix row must set the same variables")
+        return tuple(rows)
+
+    def _templates(self, text: str, known: set[str], line: int, path: str) -> None:
+        for var in _TEMPLATE.findall(text):
+            if var not in known:
+                hint = ""
+                import difflib
+
+                close = difflib.get_close_matches(var, sorted(known), n=1)
+                if close:
+                    hint = f" (did you mean '{close[0]}'?)"
+                self.check.add(line, path, f"unknown variable '{{{{{var}}}}}'{hint}")
+
+    def _check_nic(self, nic: str, matrix: tuple[dict[str, str], ...], line: int, path: str) -> None:
+        for row in matrix or ({},):
+            value = render(nic, row, {}, quote=False)
+            guest, _, name = value.partition(".")
+            g = self.guests.get(guest)
+            if g is None or not any(n.name == name for n in g.nics):
+                self.check.add(line, path, f"'{value}' is not a lab NIC (write GUEST.NIC, e.g. a.eth1)")
+                return
+
+    def _runs(self, m: YamlMap, path: str, known: set[str]) -> tuple[RunSpec, ...]:
+        c = self.check
+        out = []
+        seq = c.sequence(m, "run", path)
+        if "run" in m and not seq:
+            c.add(m.value_line("run"), f"{path}.run", "a step needs at least one command")
+        for i, item in enumerate(seq):
+            rpath = f"{path}.run[{i}]"
+            r = c.mapping(item, seq.item_line(i), rpath, allow_null=False)
+            if r is None:
+                continue
+            c.keys(r, rpath, _RUN_KEYS, ("guest", "command"))
+            guest = self._guest(r, "guest", rpath)
+            command = c.string(r, "command", rpath, required=True)
+            if command is not None:
+                self._templates(command, known, r.value_line("command"), f"{rpath}.command")
+            background = self._bool(r, "background", rpath, False)
+            timeout = c.integer(r, "timeout", rpath, (1, 86400), " s")
+            ready = c.integer(r, "ready_after", rpath, (0, 600), " s")
+            if guest and command is not None:
+                out.append(RunSpec(guest, command, background, float(timeout or 300),
+                                   float(1 if ready is None else ready), r.line))
+        return tuple(out)
+
+    def _guest(self, m: YamlMap, key: str, path: str) -> str | None:
+        name = self.check.string(m, key, path, required=True)
+        if name is not None and name not in self.guests:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(self.guests), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            self.check.add(m.value_line(key), f"{path}.{key}", f"unknown guest '{name}'{hint}")
+            return None
+        return name
+
+    def _bool(self, m: YamlMap, key: str, path: str, default: bool) -> bool:
+        value = m.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self.check.add(m.value_line(key), f"{path}.{key}", "expected true or false")
+            return default
+        return value
+
+    def _strings(self, m: YamlMap, key: str, path: str, pattern: re.Pattern[str], what: str) -> tuple[str, ...]:
+        value = m.get(key)
+        items = [value] if isinstance(value, str) else value if isinstance(value, list) else None
+        if value is None:
+            return ()
+        if items is None or not all(isinstance(v, str) for v in items):
+            self.check.add(m.value_line(key), f"{path}.{key}", "expected a list of strings")
+            return ()
+        bad = [v for v in items if not pattern.fullmatch(v)]
+        for v in bad:
+            self.check.add(m.value_line(key), f"{path}.{key}", f"invalid {what} '{v}'")
+        return tuple(v for v in items if v not in bad)
+
+    def _traces(self, m: YamlMap, path: str, known: set[str]) -> dict[str, TraceSpec]:
+        c = self.check
+        if "trace" not in m:
+            return {}
+        tm = c.mapping(m["trace"], m.value_line("trace"), f"{path}.trace")
+        out: dict[str, TraceSpec] = {}
+        if tm is None:
+            return out
+        for guest in tm:
+            gpath = f"{path}.trace.{guest}"
+            if guest not in self.guests:
+                import difflib
+
+                close = difflib.get_close_matches(str(guest), list(self.guests), n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                c.add(tm.key_line(guest), gpath, f"unknown guest '{guest}'{hint}")
+                continue
+            body = c.mapping(tm[guest], tm.value_line(guest), gpath)
+            if body is not None:
+                out[str(guest)] = self._trace(body, gpath, known)
+        return out
+
+    def _section(self, body: YamlMap, key: str, path: str, keys: tuple[str, ...]) -> YamlMap | None:
+        """A tracer section: ``true``/``{}`` -> defaults, ``false``/absent -> None."""
+        value = body.get(key)
+        if value is None or value is False:
+            return None
+        if value is True:
+            return YamlMap(body.value_line(key))
+        sec = self.check.mapping(value, body.value_line(key), f"{path}.{key}")
+        if sec is not None:
+            self.check.keys(sec, f"{path}.{key}", keys)
+        return sec
+
+    def _trace(self, body: YamlMap, path: str, known: set[str]) -> TraceSpec:
+        c = self.check
+        c.keys(body, path, _TRACE_KEYS)
+        pr = self._section(body, "perf_record", path, _PERF_RECORD_KEYS)
+        perf_record = None
+        if pr is not None:
+            ppath = f"{path}.perf_record"
+            events = self._strings(pr, "events", ppath, _EVENT, "perf event") or ("cpu-clock",)
+            target = c.string(pr, "target", ppath) or "system"
+            if target not in TARGETS:
+                c.add(pr.value_line("target"), f"{ppath}.target", f"target must be one of {', '.join(TARGETS)}")
+            perf_record = PerfRecord(events, self._bool(pr, "call_graph", ppath, False),
+                                     c.integer(pr, "frequency", ppath, (1, 100000)), target)
+        ps = self._section(body, "perf_stat", path, _PERF_STAT_KEYS)
+        perf_stat = None
+        if ps is not None:
+            perf_stat = self._strings(ps, "events", f"{path}.perf_stat", _EVENT, "perf event") or (
+                "cpu-clock", "context-switches", "irq:softirq_entry")
+        ft = self._section(body, "ftrace", path, _FTRACE_KEYS)
+        ftrace = None
+        if ft is not None:
+            fpath = f"{path}.ftrace"
+            tracer = c.string(ft, "tracer", fpath)
+            if tracer is not None and tracer not in TRACERS:
+                c.add(ft.value_line("tracer"), f"{fpath}.tracer", f"tracer must be one of {', '.join(TRACERS)}")
+            filt = c.string(ft, "filter", fpath)
+            if filt is not None:
+                self._templates(filt, known, ft.value_line("filter"), f"{fpath}.filter")
+            ftrace = Ftrace(self._strings(ft, "events", fpath, _EVENT, "trace event"), tracer,
+                            self._strings(ft, "functions", fpath, _SYMBOL, "function"), filt,
+                            c.integer(ft, "buffer_kb", fpath, (64, 1048576)))
+            if not ftrace.events and not ftrace.tracer:
+                c.add(ft.line, fpath, "ftrace needs events or a tracer")
+        mp = self._section(body, "mpstat", path, _MPSTAT_KEYS)
+        mpstat = None if mp is None else float(c.integer(mp, "interval", f"{path}.mpstat", (1, 60)) or 1)
+        return TraceSpec(perf_record, perf_stat, ftrace, self._strings(body, "kprobes", path, _SYMBOL, "function"),
+                         mpstat, self._bool(body, "stats", path, True))

@@ -1,0 +1,67 @@
+"""The whole pipeline in one place::
+
+    lab file -> validated model -> image -> guests up -> steps (workloads,
+    traces) -> collect -> report bundle -> down
+
+:func:`run_steps` does the middle part on a lab that is up (``labctl up``
+with steps); :func:`run_lab` does all of it (``labctl run``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from labctl import collect
+from labctl.image.store import Image
+from labctl.lab.model import Lab
+from labctl.lifecycle import UpEvents, UpOptions, down, up
+from labctl.runner import Runner, StepEvents, StepResult, now
+from labctl.runstate import LabState
+
+
+@dataclass
+class RunOutcome:
+    bundle: Path
+    status: str  # ok | failed
+    reason: str | None
+    results: list[StepResult]
+    reports: list[Path]
+
+
+def run_steps(lab: Lab, state: LabState, out_root: Path, events: StepEvents | None = None) -> RunOutcome:
+    """Run the lab's steps and write the bundle, whatever happens (Ctrl-C re-raised after)."""
+    bundle = collect.new_bundle_dir(out_root, lab.name)
+    started = now()
+    runner = Runner(lab, state, bundle, events)
+    status, reason = "ok", None
+    interrupted: BaseException | None = None
+    try:
+        runner.run()
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+        status, reason = "failed", "interrupted (Ctrl-C)"
+    failed = [r for r in runner.results if r.status == "failed"]
+    if failed and status == "ok":
+        status, reason = "failed", f"step {failed[0].name}" + (
+            f" ({failed[0].variant})" if failed[0].variant else "") + f": {failed[0].reason}"
+    finished = now()
+    collect.copy_inputs(bundle, lab, state)
+    collect.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason)
+    collect.write_summary(bundle, lab, state, runner.results, started, finished, status, reason)
+    reports = collect.render_report(bundle)
+    outcome = RunOutcome(bundle, status, reason, runner.results, reports)
+    if interrupted is not None:
+        raise interrupted
+    return outcome
+
+
+def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: UpEvents | None = None,
+            step_events: StepEvents | None = None, keep: bool = False) -> RunOutcome:
+    """Bring the lab up, run its steps, write the bundle, take it down (unless ``keep``)."""
+    state = up(lab, image, opts, up_events)
+    try:
+        return run_steps(lab, state, out_root, step_events)
+    finally:
+        if not keep:
+            down(lab.name)

@@ -1,0 +1,108 @@
+"""Pack a run directory into one ``.tar.gz`` to hand to someone else.
+
+The archive is reproducible: members in sorted order, each under
+``<run dir name>/``, owner 0/0 with no user or group names, whole-second
+mtimes and a gzip header without a time stamp or file name. Packing the same
+directory twice gives the same bytes. Sockets and FIFOs are left out, and so
+are symbolic links that point outside the run directory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import tarfile
+from pathlib import Path
+
+from labctl.errors import LabctlError, UsageError
+from labctl.report.render import check_run_dir
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".tar.gz"
+
+
+def default_archive(run_dir: Path) -> Path:
+    """``<run_dir>.tar.gz`` next to the run directory."""
+    return run_dir.with_name(run_dir.name + SUFFIX)
+
+
+def archive_path(run_dir: Path, out: Path | None) -> Path:
+    """Where to write: ``out``, ``out/<name>.tar.gz`` if it is a directory, or the default."""
+    if out is None:
+        return default_archive(run_dir)
+    out = out.expanduser().absolute()
+    if out.is_dir():
+        return out / (run_dir.name + SUFFIX)
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent}: no such directory", hint="create it first or pick another -o path")
+    return out
+
+
+def entries(root: Path) -> list[Path]:
+    """Everything under ``root`` sorted by path (a directory before its contents); symlinks are not followed."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        found += [Path(dirpath, name) for name in dirnames + filenames]
+    return sorted(found, key=lambda p: p.relative_to(root).parts)
+
+
+def _symlink_inside(path: Path, root: Path) -> bool:
+    target = os.readlink(path)
+    return not os.path.isabs(target) and (path.parent / target).resolve().is_relative_to(root)
+
+
+def _tarinfo(tar: tarfile.TarFile, path: Path, root: Path) -> tarfile.TarInfo | None:
+    if path.is_symlink() and not _symlink_inside(path, root):
+        log.warning("left out %s: symbolic link out of the run directory", path)
+        return None
+    info = tar.gettarinfo(str(path), arcname=f"{root.name}/{path.relative_to(root).as_posix()}")
+    if not (info.isreg() or info.isdir() or info.issym()):
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = int(info.mtime)
+    return info
+
+
+def _write_tar(root: Path, dest: Path, skip: set[Path]) -> None:
+    with dest.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_root_info(tar, root))
+        for path in entries(root):
+            if path in skip:
+                continue
+            info = _tarinfo(tar, path, root)
+            if info is None:
+                continue
+            if info.isreg():
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+
+
+def _root_info(tar: tarfile.TarFile, root: Path) -> tarfile.TarInfo:
+    info = tar.gettarinfo(str(root), arcname=root.name)
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = int(info.mtime)
+    return info
+
+
+def pack(run_dir: Path, out: Path | None = None) -> Path:
+    """Pack ``run_dir`` into a ``.tar.gz`` (default ``<run_dir>.tar.gz`` beside it) and return its path.
+
+    Refuses (UsageError) a directory without manifest.json.
+    """
+    root = check_run_dir(run_dir)
+    dest = archive_path(root, out).resolve()
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        _write_tar(root, tmp, skip={dest, tmp})
+        os.replace(tmp, dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise LabctlError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+    return dest

@@ -1,0 +1,149 @@
+"""Inline SVG bar charts for the HTML report: no scripts, no fonts, no URLs.
+
+The output is deterministic (same input, same bytes) and well-formed XML. It
+has no ``xmlns`` attribute on purpose: inline SVG inside HTML needs none, and
+the report must not contain a single URL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+
+WIDTH = 560
+BAR_HEIGHT = 22
+BAR_GAP = 10
+TOP = 40  # room for the title
+BOTTOM = 46  # room for tick labels and the value axis label
+RIGHT = 64  # room for a value printed after a short bar
+CHAR_WIDTH = 6.8  # rough width of one 12 px sans-serif character
+MAX_LABEL_CHARS = 28
+BAR_COLOR = "#3b6ea8"
+GRID_COLOR = "#e3e7ee"
+INK = "#1f2933"
+MUTED = "#6b7785"
+
+
+def fmt_num(value: object) -> str:
+    """A figure as the report prints it: ints as is, floats to at most 2 decimals, None as ``n/a``."""
+    if value is None or isinstance(value, bool):
+        return "n/a" if value is None else str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "n/a"
+        text = f"{value:.2f}".rstrip("0")
+        return text + "0" if text.endswith(".") else text
+    return str(value)
+
+
+def usable(value: object) -> float | None:
+    """``value`` as a finite float, or None when it is missing or not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def nice_ticks(vmax: float, target: int = 4) -> list[float]:
+    """Round tick positions from 0 to at least ``vmax`` (steps of 1, 2, 2.5 or 5 x 10^k)."""
+    if vmax <= 0:
+        return [0.0, 1.0]
+    raw = vmax / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag * target >= vmax)
+    count = max(1, math.ceil(round(vmax / step, 9)))
+    return [round(i * step, 9) for i in range(count + 1)]
+
+
+def _fmt_tick(value: float) -> str:
+    return f"{value:g}"
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= MAX_LABEL_CHARS else label[: MAX_LABEL_CHARS - 1] + "…"
+
+
+def _text(x: float, y: float, text: str, *, anchor: str = "start", fill: str = INK,
+          extra: str = "") -> str:
+    attrs = f'x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{fill}"'
+    return f"<text {attrs}{extra}>{escape(text)}</text>"
+
+
+def _label_width(labels: Sequence[str]) -> float:
+    longest = max((len(_short(lbl)) for lbl in labels), default=4)
+    return min(max(longest * CHAR_WIDTH + 34, 90), MAX_LABEL_CHARS * CHAR_WIDTH + 34)
+
+
+def _grid(left: float, plot_w: float, top: float, bottom: float, ticks: list[float]) -> list[str]:
+    parts = []
+    for t in ticks:
+        x = left + plot_w * t / ticks[-1]
+        parts.append(f'<line x1="{x:.1f}" y1="{top:.1f}" x2="{x:.1f}" y2="{bottom:.1f}" '
+                     f'stroke="{GRID_COLOR}" stroke-width="1"/>')
+        parts.append(_text(x, bottom + 15, _fmt_tick(t), anchor="middle", fill=MUTED))
+    parts.append(f'<line x1="{left:.1f}" y1="{top:.1f}" x2="{left:.1f}" y2="{bottom:.1f}" '
+                 f'stroke="{MUTED}" stroke-width="1"/>')
+    parts.append(f'<line x1="{left:.1f}" y1="{bottom:.1f}" x2="{left + plot_w:.1f}" y2="{bottom:.1f}" '
+                 f'stroke="{MUTED}" stroke-width="1"/>')
+    return parts
+
+
+def _bar(left: float, y: float, plot_w: float, scale_max: float, label: str,
+         value: float | None, unit: str) -> list[str]:
+    mid = y + BAR_HEIGHT / 2 + 4
+    parts = [f"<g><title>{escape(label)}: {escape(_value_text(value, unit))}</title>",
+             _text(left - 8, mid, _short(label), anchor="end")]
+    if value is None:
+        parts.append(f'<rect x="{left + 1:.1f}" y="{y:.1f}" width="44" height="{BAR_HEIGHT}" fill="none" '
+                     f'stroke="{MUTED}" stroke-dasharray="3 3"/>')
+        parts.append(_text(left + 23, mid, "n/a", anchor="middle", fill=MUTED, extra=' font-style="italic"'))
+        return parts + ["</g>"]
+    width = plot_w * max(value, 0.0) / scale_max
+    shown = _value_text(value, unit)
+    parts.append(f'<rect x="{left:.1f}" y="{y:.1f}" width="{width:.1f}" height="{BAR_HEIGHT}" '
+                 f'rx="2" fill="{BAR_COLOR}"/>')
+    if width >= len(shown) * CHAR_WIDTH + 12:
+        parts.append(_text(left + width - 6, mid, shown, anchor="end", fill="#ffffff",
+                           extra=' font-weight="600"'))
+    else:
+        parts.append(_text(left + width + 5, mid, shown, fill=INK, extra=' font-weight="600"'))
+    return parts + ["</g>"]
+
+
+def _value_text(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    return f"{fmt_num(value)}%" if unit == "%" else f"{fmt_num(value)} {unit}"
+
+
+def bar_chart_svg(title: str, labels: Sequence[str], values: Sequence[float | int | None], unit: str,
+                  *, axis_label: str | None = None) -> str:
+    """A horizontal bar chart, one bar per label, as an inline ``<svg>`` element.
+
+    ``values`` may hold None (not measured): such a bar is drawn as a dashed
+    ``n/a`` box. Each bar has its value printed on it, the value axis has
+    ticks and is labelled with ``axis_label`` (default: ``unit``).
+    """
+    if len(labels) != len(values):
+        raise ValueError(f"{len(labels)} labels but {len(values)} values")
+    nums = [usable(v) for v in values]
+    left = _label_width(labels)
+    plot_w = WIDTH - left - RIGHT
+    rows = max(len(labels), 1)
+    bottom = TOP + rows * (BAR_HEIGHT + BAR_GAP) + BAR_GAP / 2
+    height = bottom + BOTTOM
+    ticks = nice_ticks(max((v for v in nums if v is not None), default=0.0))
+    parts = [f'<svg class="chart" width="{WIDTH}" height="{height:.0f}" viewBox="0 0 {WIDTH} {height:.0f}" '
+             f'role="img" aria-label="{escape(title)}" font-family="system-ui, sans-serif" font-size="12">',
+             f"<title>{escape(title)}</title>",
+             _text(0, 18, title, extra=' font-size="14" font-weight="600"')]
+    parts += _grid(left, plot_w, TOP - 4, bottom, ticks)
+    for i, (label, value) in enumerate(zip(labels, nums, strict=True)):
+        parts += _bar(left, TOP + BAR_GAP / 2 + i * (BAR_HEIGHT + BAR_GAP), plot_w, ticks[-1], label, value, unit)
+    if not labels:
+        parts.append(_text(left + plot_w / 2, TOP + 20, "no data", anchor="middle", fill=MUTED))
+    parts.append(_text(left + plot_w / 2, height - 8, axis_label or unit, anchor="middle", fill=MUTED))
+    parts.append("</svg>")
+    return "\n".join(parts)

@@ -1,0 +1,307 @@
+"""Run a lab's steps on a lab that is up, writing the report bundle.
+
+For every step (and matrix row): statistics snapshots before, tracers
+started, workload commands run (background ones kept running), tracers
+stopped and post-processed in the guest, snapshots after, everything copied
+into ``<bundle>/steps/<step>/<variant>/<guest>/``. A failure (a guest dies,
+SSH drops, a command fails, Ctrl-C) ends the run with what was collected so
+far and the reason; the bundle is always written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import shlex
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl.backends.base import get_backend
+from labctl.errors import GuestError, LabctlError
+from labctl.lab.model import Lab
+from labctl.lab.steps import RunSpec, Step, TraceSpec, render
+from labctl.runstate import LabState
+from labctl.ssh import Session
+from labctl.trace import tracers as tr
+
+log = logging.getLogger(__name__)
+q = shlex.quote
+GUEST_ROOT = "/tmp/labctl"
+NO_VARIANT = "_"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class StepResult:
+    name: str
+    variant: str | None
+    status: str = "ok"  # ok, failed, skipped
+    reason: str | None = None
+    duration_s: float = 0.0
+    dir: str = ""
+    nic: dict[str, Any] | None = None
+    guests: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def fail(self, reason: str) -> None:
+        if self.status != "failed":
+            self.status, self.reason = "failed", reason
+
+
+class StepEvents:
+    def step_started(self, name: str, variant: str | None) -> None: ...
+
+    def step_finished(self, result: StepResult) -> None: ...
+
+
+class Runner:
+    """Runs the steps of ``lab`` on its running guests into ``bundle_dir``."""
+
+    def __init__(self, lab: Lab, state: LabState, bundle_dir: Path, events: StepEvents | None = None) -> None:
+        self.lab = lab
+        self.state = state
+        self.dir = bundle_dir
+        self.events = events or StepEvents()
+        self.sessions: dict[str, Session] = {}
+        self.commands: list[dict[str, Any]] = []
+        self.results: list[StepResult] = []
+        self.backend = get_backend(state.backend)
+        self.addresses = {f"{g.name}.{n.name}.ip": str(n.ip.ip)
+                          for g in lab.guests.values() for n in g.nics if n.ip is not None}
+        self._tools: dict[str, set[str]] = {}
+
+    # -- sessions ---------------------------------------------------------
+    def ssh(self, guest: str) -> Session:
+        s = self.sessions.get(guest)
+        if s is None:
+            s = self.sessions[guest] = Session(self.state.endpoint(guest))
+        return s
+
+    def sh(self, guest: str, command: str, timeout: float = 120) -> int:
+        """Run a labctl-made command on ``guest``; its status."""
+        return self.ssh(guest).run(command, timeout=timeout).status
+
+    def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()
+        self.sessions.clear()
+
+    def _alive(self, guest: str) -> bool:
+        return self.backend.alive(self.state.guests[guest])
+
+    def tools(self, guest: str) -> set[str]:
+        if guest not in self._tools:
+            res = self.ssh(guest).run("for t in perf trace-cmd mpstat ethtool nstat ss netstat timeout; do "
+                                      "command -v $t >/dev/null 2>&1 && echo $t; done", timeout=60)
+            self._tools[guest] = set(res.stdout.decode().split())
+        return self._tools[guest]
+
+    # -- the run ------------------------------------------------------------
+    def run(self, on_interrupt_reason: Callable[[], str] | None = None) -> list[StepResult]:
+        """Run every step and variant in order; stops at the first failed one."""
+        failed = False
+        try:
+            for step in self.lab.steps:
+                for row in step.variants():
+                    label = row.get("label")
+                    if failed:
+                        self.results.append(StepResult(step.name, label, "skipped", "an earlier step failed"))
+                        continue
+                    result = self.run_variant(step, row)
+                    self.results.append(result)
+                    failed = result.status == "failed"
+        except KeyboardInterrupt:
+            if self.results and self.results[-1].status == "ok":
+                pass
+            raise
+        finally:
+            self.close()
+        return self.results
+
+    def run_variant(self, step: Step, row: dict[str, str]) -> StepResult:
+        label = row.get("label")
+        res = StepResult(step.name, label)
+        rel = Path("steps") / step.name / (label or NO_VARIANT)
+        res.dir = str(rel)
+        self.events.step_started(step.name, label)
+        t0 = time.monotonic()
+        nic_guest = self._nic(step, row, res)
+        involved = list(dict.fromkeys([*(r.guest for r in step.run), *step.trace, *([nic_guest] if nic_guest else [])]))
+        res.guests = involved
+        workdir = f"{GUEST_ROOT}/{step.name}-{label or NO_VARIANT}"
+        bg: list[tuple[str, str]] = []
+        try:
+            try:
+                self._prepare(involved, workdir, step, res)
+                self._run_commands(step, row, workdir, res, bg)
+            finally:
+                self._finish(step, involved, workdir, res, bg, nic_guest)
+        except KeyboardInterrupt:
+            res.fail("interrupted (Ctrl-C)")
+            self._collect(involved, workdir, rel, res)
+            res.duration_s = round(time.monotonic() - t0, 2)
+            self.results.append(res)
+            raise
+        except LabctlError as exc:
+            res.fail(self._explain(exc, involved))
+        self._collect(involved, workdir, rel, res)
+        res.duration_s = round(time.monotonic() - t0, 2)
+        self.events.step_finished(res)
+        return res
+
+    def _explain(self, exc: LabctlError, guests: list[str]) -> str:
+        dead = [g for g in guests if not self._alive(g)]
+        if dead:
+            return f"guest {', '.join(dead)} stopped during the step ({exc.message})"
+        return exc.message
+
+    def _nic(self, step: Step, row: dict[str, str], res: StepResult) -> str | None:
+        if step.nic is None:
+            return None
+        guest, _, name = render(step.nic, row, {}, quote=False).partition(".")
+        nic = self.lab.guests[guest].nic(name)
+        res.nic = {"guest": guest, "name": name, "model": nic.model,
+                   "driver": self.state.drivers.get(guest, {}).get(name),
+                   "modules": list(nic.nic_model.drivers)}
+        return guest
+
+    def _prepare(self, guests: list[str], workdir: str, step: Step, res: StepResult) -> None:
+        from labctl.trace.stats import snapshot_commands
+
+        for g in guests:
+            self.sh(g, f"rm -rf {q(workdir)} && mkdir -p {q(workdir)}")
+            spec = step.trace.get(g, TraceSpec())
+            if spec.stats:
+                nics = [n.name for n in self.lab.guests[g].nics]
+                self.sh(g, tr.snapshot(workdir, "before", snapshot_commands(nics)), timeout=120)
+            if g not in step.trace:
+                continue
+            have = self.tools(g)
+            if spec.kprobes and "perf" in have:
+                cmd = tr.add_kprobes(spec)
+                if cmd and self.sh(g, f"cd {q(workdir)} && ({cmd}) > kprobes.log 2>&1") != 0:
+                    res.warnings.append(f"{g}: some kprobes could not be added (see kprobes.log)")
+            for t in tr.tracers(spec):
+                if t.tool not in have:
+                    res.warnings.append(f"{g}: {t.tool} is not installed in the guest; {t.name} skipped")
+                    continue
+                self.sh(g, tr.start(workdir, t))
+        time.sleep(1.0)  # let the tracers attach before the workload starts
+
+    def _run_commands(self, step: Step, row: dict[str, str], workdir: str, res: StepResult,
+                      bg: list[tuple[str, str]]) -> None:
+        wrapped: set[str] = set()
+        for i, spec in enumerate(step.run):
+            command = render(spec.command, row, self.addresses, quote=True)
+            trace = step.trace.get(spec.guest)
+            if (not spec.background and trace and trace.perf_record and trace.perf_record.target == "command"
+                    and spec.guest not in wrapped and "perf" in self.tools(spec.guest)):
+                command = shlex.join(tr.perf_record_argv(trace, system=False)) + " -- sh -c " + q(command)
+                wrapped.add(spec.guest)
+            if spec.background:
+                self._start_background(i, spec, command, workdir, step, res)
+                bg.append((spec.guest, f"cmd-{i}"))
+                time.sleep(spec.ready_after)
+            else:
+                self._run_foreground(i, spec, command, workdir, step, res)
+
+    def _record(self, i: int, spec: RunSpec, command: str, step: Step, res: StepResult,
+                status: int | None, started: str, duration: float) -> None:
+        entry = {"guest": spec.guest, "step": step.name, "variant": res.variant, "index": i,
+                 "command": command, "background": spec.background, "status": status,
+                 "duration_s": round(duration, 3), "started_at": started}
+        self.commands.append(entry)
+
+    def _run_foreground(self, i: int, spec: RunSpec, command: str, workdir: str, step: Step,
+                        res: StepResult) -> None:
+        started, t0 = now(), time.monotonic()
+        limit = int(spec.timeout)
+        wrapped = f"cd {q(workdir)} && timeout -s INT -k 10 {limit} sh -c {q(command)} > cmd-{i}.out 2> cmd-{i}.err"
+        status = self.ssh(spec.guest).run(wrapped, timeout=spec.timeout + 60).status
+        self._record(i, spec, command, step, res, status, started, time.monotonic() - t0)
+        if status == 124:
+            res.fail(f"command {i} on {spec.guest} timed out after {limit} s: {command}")
+        elif status != 0:
+            res.fail(f"command {i} on {spec.guest} exited with status {status}: {command}")
+
+    def _start_background(self, i: int, spec: RunSpec, command: str, workdir: str, step: Step,
+                          res: StepResult) -> None:
+        inner = f"sh -c {q(command)}; echo $? > cmd-{i}.status"
+        start = (f"cd {q(workdir)} && (setsid timeout -s INT -k 10 {int(spec.timeout)} sh -c {q(inner)} "
+                 f"> cmd-{i}.out 2> cmd-{i}.err < /dev/null & echo $! > cmd-{i}.pid)")
+        self.sh(spec.guest, start)
+        self._record(i, spec, command, step, res, None, now(), 0.0)
+
+    def _finish(self, step: Step, guests: list[str], workdir: str, res: StepResult,
+                bg: list[tuple[str, str]], nic_guest: str | None) -> None:
+        """Stop background commands and tracers, post-process, snapshot after; best effort."""
+        from labctl.trace.stats import snapshot_commands
+
+        for g in guests:
+            if not self._alive(g):
+                res.fail(f"guest {g} stopped during the step")
+                continue
+            try:
+                mine = [name for guest, name in bg if guest == g]
+                if mine:  # give background workloads a moment to end by themselves
+                    self.sh(g, tr.stop(workdir, mine, timeout=10), timeout=60)
+                spec = step.trace.get(g)
+                if spec is not None:
+                    self.sh(g, tr.stop(workdir, [t.name for t in tr.tracers(spec)]), timeout=200)
+                    self.sh(g, tr.postprocess(workdir, spec), timeout=600)
+                    cmd = tr.remove_kprobes(spec)
+                    if cmd:
+                        self.sh(g, cmd)
+                if (spec or TraceSpec()).stats:
+                    nics = [n.name for n in self.lab.guests[g].nics]
+                    self.sh(g, tr.snapshot(workdir, "after", snapshot_commands(nics)), timeout=120)
+            except GuestError as exc:
+                res.fail(self._explain(exc, [g]))
+        for entry in self.commands:  # background exit statuses
+            if entry["background"] and entry["status"] is None and entry["step"] == step.name \
+                    and entry["variant"] == res.variant:
+                entry["status"] = self._bg_status(entry["guest"], workdir, entry["index"])
+
+    def _bg_status(self, guest: str, workdir: str, i: int) -> int | None:
+        try:
+            out = self.ssh(guest).run(f"cat {q(workdir)}/cmd-{i}.status 2>/dev/null", timeout=30).stdout
+            return int(out.decode().strip()) if out.strip() else None
+        except (GuestError, ValueError):
+            return None
+
+    def _collect(self, guests: list[str], workdir: str, rel: Path, res: StepResult) -> None:
+        """Copy the step's guest directory of every reachable guest into the bundle."""
+        for g in guests:
+            dest = self.dir / rel / g
+            dest.mkdir(parents=True, exist_ok=True)
+            if not self._alive(g):
+                continue
+            try:
+                sftp = self.ssh(g).client.open_sftp()
+                try:
+                    _get_tree(sftp, workdir, dest)
+                finally:
+                    sftp.close()
+            except (GuestError, OSError, EOFError) as exc:
+                res.warnings.append(f"{g}: could not copy the step's files: {exc}")
+                res.fail(self._explain(GuestError(str(exc)), [g]))
+
+
+def _get_tree(sftp: Any, remote: str, local: Path) -> None:
+    for entry in sftp.listdir_attr(remote):
+        r = f"{remote}/{entry.filename}"
+        target = local / entry.filename
+        if stat.S_ISDIR(entry.st_mode or 0):
+            target.mkdir(exist_ok=True)
+            _get_tree(sftp, r, target)
+        elif stat.S_ISREG(entry.st_mode or 0):
+            sftp.get(r, str(target))
+            os.chmod(target, 0o644)

@@ -1,0 +1,145 @@
+"""Shell commands that start, stop and post-process tracers inside a guest.
+
+Pure functions from a :class:`~labctl.lab.steps.TraceSpec` to command
+lines; every value is shell-quoted. A tracer runs in the background with its
+pid in ``NAME.pid`` and its messages in ``NAME.log`` in the step's guest
+directory, and is stopped with SIGINT (perf and trace-cmd then write their
+files out cleanly).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from labctl.lab.steps import TraceSpec
+
+q = shlex.quote
+
+
+@dataclass(frozen=True)
+class Tracer:
+    name: str  # perf-record, perf-stat, trace-cmd, mpstat
+    tool: str  # binary that must exist in the guest
+    argv: list[str]
+    stdout: str = ""  # file for its standard output (default NAME.log, with stderr)
+
+
+def kprobe_events(spec: TraceSpec) -> list[str]:
+    return [f"probe:{fn}" for fn in spec.kprobes]
+
+
+def tracers(spec: TraceSpec) -> list[Tracer]:
+    """The background tracers of one guest's trace spec (system-wide ones)."""
+    out: list[Tracer] = []
+    pr = spec.perf_record
+    if pr is not None and pr.target == "system":
+        out.append(Tracer("perf-record", "perf", perf_record_argv(spec, system=True)))
+    if spec.perf_stat is not None:
+        argv = ["perf", "stat", "-a", "-x,", "-o", "perf-stat.txt"]
+        for ev in spec.perf_stat:
+            argv += ["-e", ev]
+        out.append(Tracer("perf-stat", "perf", argv))
+    ft = spec.ftrace
+    if ft is not None:
+        argv = ["trace-cmd", "record", "-o", "trace.dat"]
+        if ft.buffer_kb:
+            argv += ["-b", str(ft.buffer_kb)]
+        if ft.tracer:
+            argv += ["-p", ft.tracer]
+            for fn in ft.functions:
+                argv += ["-g" if ft.tracer == "function_graph" else "-l", fn]
+        for ev in ft.events:
+            argv += ["-e", ev]
+            if ft.filter:
+                argv += ["-f", ft.filter]
+        for ev in kprobe_events(spec):
+            argv += ["-e", ev]
+        out.append(Tracer("trace-cmd", "trace-cmd", argv))
+    if spec.mpstat is not None:
+        out.append(Tracer("mpstat", "mpstat", ["mpstat", "-o", "JSON", str(int(spec.mpstat))], "mpstat.json"))
+    return out
+
+
+def perf_record_argv(spec: TraceSpec, system: bool) -> list[str]:
+    pr = spec.perf_record
+    assert pr is not None
+    argv = ["perf", "record", "-q", "-o", "perf.data"]
+    if system:
+        argv.append("-a")
+    if pr.call_graph:
+        argv.append("-g")
+    if pr.frequency:
+        argv += ["-F", str(pr.frequency)]
+    for ev in (*pr.events, *kprobe_events(spec)):
+        argv += ["-e", ev]
+    return argv
+
+
+def start(workdir: str, tracer: Tracer) -> str:
+    """Start ``tracer`` in the background in ``workdir``; its pid goes to NAME.pid."""
+    inner = "exec " + shlex.join(tracer.argv)
+    log = q(tracer.name + ".log")
+    redirect = f"> {q(tracer.stdout)} 2> {log}" if tracer.stdout else f"> {log} 2>&1"
+    return (f"cd {q(workdir)} && (setsid sh -c {q(inner)} {redirect} < /dev/null & "
+            f"echo $! > {q(tracer.name + '.pid')})")
+
+
+def stop(workdir: str, names: list[str], timeout: int = 120) -> str:
+    """SIGINT each named background process and wait (up to ``timeout`` s) for it to exit."""
+    parts = [f"cd {q(workdir)}"]
+    for name in names:
+        pidf = q(name + ".pid")
+        parts.append(
+            f"if [ -f {pidf} ]; then p=$(cat {pidf}); kill -INT $p 2>/dev/null; i=0; "
+            f"while kill -0 $p 2>/dev/null && [ $i -lt {timeout * 5} ]; do sleep 0.2; i=$((i+1)); done; "
+            f"kill -KILL $p 2>/dev/null; fi")
+    return "; ".join(parts) + "; true"
+
+
+def add_kprobes(spec: TraceSpec) -> str | None:
+    if not spec.kprobes:
+        return None
+    return "; ".join(f"perf probe -q -a {q(fn)}" for fn in spec.kprobes)
+
+
+def remove_kprobes(spec: TraceSpec) -> str | None:
+    if not spec.kprobes:
+        return None
+    return "perf probe -q -d 'probe:*' 2>/dev/null; true"
+
+
+def postprocess(workdir: str, spec: TraceSpec) -> str:
+    """Turn binary traces into text inside the guest (symbols resolve there)."""
+    w = q(workdir)
+    # Module symbols with their module: perf often files module samples under
+    # [kernel.kallsyms]; this map gives each symbol back its driver.
+    cmds = [f"cd {w}", "grep -F '[' /proc/kallsyms > kallsyms-modules.txt"]
+    if spec.perf_record is not None:
+        cmds += [
+            "[ -s perf.data ] && perf report -i perf.data --stdio --sort dso,sym --percent-limit 0.1 "
+            "> perf-report.txt 2> perf-report.err",
+            "[ -s perf.data ] && perf report -i perf.data --stdio --sort dso > perf-report-dso.txt 2>> perf-report.err",
+            "[ -s perf.data ] && perf report -i perf.data --header-only > perf-report-header.txt 2>> perf-report.err",
+        ]
+        if any(":" in ev for ev in (*spec.perf_record.events, *kprobe_events(spec))):
+            cmds += ["[ -s perf.data ] && perf report -i perf.data --stdio --sort event,comm > perf-report-events.txt "
+                     "2>> perf-report.err",
+                     "[ -s perf.data ] && perf script -i perf.data 2>> perf-report.err | head -n 20000 "
+                     "> perf-script.txt"]
+    if spec.ftrace is not None:
+        cmds += ["[ -s trace.dat ] && trace-cmd report -i trace.dat > trace-report.txt 2> trace-report.err",
+                 "[ -s trace.dat ] && trace-cmd report -i trace.dat --stat > trace-stat.txt 2>> trace-report.err"]
+    if spec.kprobes:
+        cmds.append("cat /sys/kernel/tracing/kprobe_profile > kprobe_profile.txt 2>/dev/null")
+    return "; ".join(cmds) + "; true"
+
+
+def snapshot(workdir: str, phase: str, commands: dict[str, str]) -> str:
+    """Run every statistics command, output to stats/PHASE/STEM.txt, exit codes to stats/PHASE/_status."""
+    d = f"stats/{phase}"
+    parts = [f"cd {q(workdir)}", f"mkdir -p {q(d)}"]
+    for stem, cmd in commands.items():
+        out = q(f"{d}/{stem}.txt")
+        parts.append(f"{{ {cmd} ; }} > {out} 2>&1; echo {q(stem)} $? >> {q(d + '/_status')}")
+    return "; ".join(parts) + "; true"
