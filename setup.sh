@@ -19,7 +19,8 @@ PACKAGES=(
     mmdebstrap e2fsprogs dpkg xz-utils   # the image build
     python3 python3-venv                 # labctl itself
     openssh-client                       # labctl ssh
-    gdb                                  # labctl gdb, oops decoding
+    gdb binutils                         # labctl gdb, oops decoding
+    chromium                             # tests: report.html in a headless browser
     ca-certificates
 )
 missing=()

@@ -97,6 +97,13 @@ class Runner:
     def _alive(self, guest: str) -> bool:
         return self.backend.alive(self.state.guests[guest])
 
+    def dead_guests(self) -> str | None:
+        """Why the lab is broken (a guest's machine is gone), or None."""
+        dead = [g for g in self.state.guests if not self._alive(g)]
+        if not dead:
+            return None
+        return f"guest {', '.join(dead)} stopped (its QEMU exited); see guests/{dead[0]}/console.log"
+
     def tools(self, guest: str) -> set[str]:
         if guest not in self._tools:
             res = self.ssh(guest).run("for t in perf trace-cmd mpstat ethtool nstat ss netstat timeout; do "
@@ -152,16 +159,16 @@ class Runner:
             raise
         except LabctlError as exc:
             res.fail(self._explain(exc, involved))
+        broken = self.dead_guests()
+        if broken:
+            res.fail(broken)
         self._collect(involved, workdir, rel, res)
         res.duration_s = round(time.monotonic() - t0, 2)
         self.events.step_finished(res)
         return res
 
     def _explain(self, exc: LabctlError, guests: list[str]) -> str:
-        dead = [g for g in guests if not self._alive(g)]
-        if dead:
-            return f"guest {', '.join(dead)} stopped during the step ({exc.message})"
-        return exc.message
+        return self.dead_guests() or exc.message
 
     def _nic(self, step: Step, row: dict[str, str], res: StepResult) -> str | None:
         if step.nic is None:
@@ -225,7 +232,7 @@ class Runner:
         started, t0 = now(), time.monotonic()
         limit = int(spec.timeout)
         wrapped = f"cd {q(workdir)} && timeout -s INT -k 10 {limit} sh -c {q(command)} > cmd-{i}.out 2> cmd-{i}.err"
-        status = self.ssh(spec.guest).run(wrapped, timeout=spec.timeout + 60).status
+        status = self.ssh(spec.guest).run(wrapped, timeout=spec.timeout + 60, abort=self.dead_guests).status
         self._record(i, spec, command, step, res, status, started, time.monotonic() - t0)
         if status == 124:
             res.fail(f"command {i} on {spec.guest} timed out after {limit} s: {command}")

@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -78,35 +78,52 @@ class Session:
         self.client.close()
 
     def run(self, command: str, timeout: float = 60.0, stream: bool = False,
-            stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> Result:
+            stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
+            abort: Callable[[], str | None] | None = None) -> Result:
         """Run ``command`` (a shell command line) and wait for its exit status.
 
         With ``stream`` the output is copied to ``stdout``/``stderr`` (default:
-        this process's) as it arrives, else collected.
+        this process's) as it arrives, else collected. ``abort`` is polled
+        about once a second; when it returns a reason the command is
+        abandoned with a GuestError carrying it.
 
-        :raise GuestError: when the connection fails or ``timeout`` passes.
+        :raise GuestError: when the connection fails, ``timeout`` passes or ``abort`` says so.
         """
         t0 = time.monotonic()
         try:
             chan = self.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
-            chan.settimeout(timeout)
+            chan.settimeout(1.0)
             chan.exec_command(command)
-            out, err = _pump(chan, stream, stdout or sys.stdout.buffer, stderr or sys.stderr.buffer, timeout)
+            out, err = _pump(chan, stream, stdout or sys.stdout.buffer, stderr or sys.stderr.buffer, timeout,
+                             abort)
             status = chan.recv_exit_status()
+        except Aborted as exc:
+            raise GuestError(str(exc)) from exc
         except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
             raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
         return Result(status, out, err, time.monotonic() - t0)
 
 
+class Aborted(Exception):
+    pass
+
+
 def _pump(chan: paramiko.Channel, stream: bool, out_f: BinaryIO, err_f: BinaryIO,
-          timeout: float) -> tuple[bytes, bytes]:
+          timeout: float, abort: Callable[[], str | None] | None = None) -> tuple[bytes, bytes]:
     out: list[bytes] = []
     err: list[bytes] = []
     deadline = time.monotonic() + timeout
 
     def drain_err() -> None:
         while True:
-            data = chan.recv_stderr(32768)
+            try:
+                data = chan.recv_stderr(32768)
+            except socket.timeout:
+                if chan.closed:
+                    return
+                continue
+            except (OSError, EOFError):
+                return
             if not data:
                 return
             if stream:
@@ -121,7 +138,14 @@ def _pump(chan: paramiko.Channel, stream: bool, out_f: BinaryIO, err_f: BinaryIO
         if time.monotonic() > deadline:
             chan.close()
             raise socket.timeout(f"no exit after {timeout:.0f} s")
-        data = chan.recv(32768)
+        try:
+            data = chan.recv(32768)
+        except socket.timeout:
+            reason = abort() if abort else None
+            if reason:
+                chan.close()
+                raise Aborted(reason) from None
+            continue
         if not data:
             break
         if stream:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from labctl import __version__
-from labctl.cli import access, images, lifecycle_cmds, run_cmd, validate_cmd
+from labctl.cli import access, images, lifecycle_cmds, report_cmds, run_cmd, validate_cmd
 from labctl.cli.ui import error
 from labctl.errors import LabctlError, LabFileError
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate_cmd.register(sub)
     lifecycle_cmds.register(sub)
     run_cmd.register(sub)
+    report_cmds.register(sub)
     access.register(sub)
     images.register(sub)
     return p

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 from urllib.parse import quote
 
 from labctl import __version__
@@ -104,7 +104,7 @@ class Section:
     anchor: str | None = None
 
 
-Block = Union[Heading, Para, Bullets, Meta, Table, Charts, Section]
+Block = Heading | Para | Bullets | Meta | Table | Charts | Section
 
 
 def txt(text: object, style: str = "") -> Inline:
@@ -154,8 +154,8 @@ def load_run(run_dir: Path) -> Run:
     root = check_run_dir(run_dir)
     manifest = _read_json(root / MANIFEST)
     if not (root / SUMMARY).is_file():
-        return Run(root, manifest, {}, (f"{SUMMARY} is missing: the run ended before it was written, "
-                                        "so there are no figures.",))
+        note = f"{SUMMARY} is missing: the run ended before it was written, so there are no figures."
+        return Run(root, manifest, {}, (note,))
     return Run(root, manifest, _read_json(root / SUMMARY))
 
 
@@ -217,13 +217,19 @@ def figure(step: Mapping[str, Any], key: str) -> Any:
     return primary[1].get(key) if primary else None
 
 
+def full_label(step: Mapping[str, Any]) -> str:
+    """``name / variant`` (or just the name)."""
+    model, name = nic_model(step), str(step.get("name") or "?")
+    return f"{name} / {model}" if model else name
+
+
 def step_labels(steps: Sequence[Mapping[str, Any]]) -> list[str]:
     """Short unique labels, one per step: the variant alone when all steps share a name."""
     one_name = len({s.get("name") for s in steps}) == 1
     labels: list[str] = []
     for s in steps:
-        model, name = nic_model(s), str(s.get("name") or "?")
-        label = model if (one_name and model) else (f"{name} / {model}" if model else name)
+        model = nic_model(s)
+        label = model if (one_name and model) else full_label(s)
         n = 2
         base = label
         while label in labels:
@@ -278,18 +284,31 @@ def fmt_duration(seconds: float | None) -> str:
         return "n/a"
     if seconds < 60:
         return f"{fmt_num(float(seconds))} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     if minutes < 60:
         return f"{minutes} min {secs:02d} s"
     return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def fmt_time(moment: datetime.datetime, date: bool = True) -> str:
+    """``2026-11-23 01:00:00 UTC`` (or just the time when ``date`` is False)."""
+    text = moment.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S")
+    return f"{text} {moment.tzname()}" if moment.tzinfo else text
 
 
 def _when(run: Run) -> Inline:
     started = run.summary.get("started_at") or run.manifest.get("started_at")
     finished = run.summary.get("finished_at") or run.manifest.get("finished_at")
     t0, t1 = _parse_time(started), _parse_time(finished)
-    took = f" ({fmt_duration((t1 - t0).total_seconds())})" if t0 and t1 else ""
-    return txt(f"{started or 'unknown'} → {finished or 'not finished'}{took}")
+    if t0 is None:
+        return txt(f"{started or 'unknown'} → {finished or 'not finished'}")
+    if t1 is None:
+        return txt(f"{fmt_time(t0)} → {finished or 'not finished'}")
+    try:
+        took = fmt_duration((t1 - t0).total_seconds())
+    except TypeError:  # one has a time zone, the other not
+        return txt(f"{fmt_time(t0)} → {fmt_time(t1)}")
+    return txt(f"{fmt_time(t0)} → {fmt_time(t1, t1.date() != t0.date())} ({took})")
 
 
 def _host(host: object) -> str:
@@ -353,11 +372,11 @@ def header_blocks(run: Run) -> list[Block]:
 
 
 def _failure_blocks(steps: Sequence[Mapping[str, Any]]) -> list[Block]:
-    failed = [(label, s) for label, s in zip(step_labels(steps), steps, strict=True) if is_failed(s.get("status"))]
+    failed = [s for s in steps if is_failed(s.get("status"))]
     if not failed:
         return []
-    items = tuple((Span(f"step {label} {s.get('status')}", "bad"), Span(f": {s.get('reason') or 'no reason given'}"))
-                  for label, s in failed)
+    items = tuple((Span(f"step {full_label(s)} {s.get('status')}", "bad"),
+                   Span(f": {s.get('reason') or 'no reason given'}")) for s in failed)
     return [Bullets(items, "alert")]
 
 
@@ -386,8 +405,9 @@ def results_table(steps: Sequence[Mapping[str, Any]]) -> Table:
 def charts(steps: Sequence[Mapping[str, Any]]) -> Charts:
     """One bar chart per figure, one bar per step."""
     labels = step_labels(steps)
+    failed = [is_failed(s.get("status")) for s in steps]
     return Charts(tuple(bar_chart_svg(title, labels, [usable(figure(s, key)) for s in steps], unit,
-                                      axis_label=f"{title} ({unit})")
+                                      axis_label=f"{title} ({unit})", failed=failed)
                         for key, title, unit, _ in FIGURES))
 
 
@@ -526,12 +546,12 @@ def artifact_links(root: Path, rel_dir: str) -> list[Block]:
     return blocks
 
 
-def step_section(root: Path, step: Mapping[str, Any], label: str, index: int) -> Section:
+def step_section(root: Path, step: Mapping[str, Any], index: int) -> Section:
     """Everything about one step."""
     failed = is_failed(step.get("status"))
     guests = step_guests(step)
     step_dir = _step_dir(step)
-    blocks: list[Block] = [Heading(3, f"{label}{' — ' + str(step.get('status')).upper() if failed else ''}"),
+    blocks: list[Block] = [Heading(3, f"{full_label(step)}{' — ' + str(step.get('status')).upper() if failed else ''}"),
                            _step_meta(step, step_dir)]
     if guests:
         blocks += [Heading(4, "Guests"), guests_table(guests)]
@@ -545,8 +565,7 @@ def steps_blocks(run: Run) -> list[Block]:
     steps = run_steps(run.summary)
     if not steps:
         return []
-    sections = [step_section(run.dir, s, label, i + 1)
-                for i, (s, label) in enumerate(zip(steps, step_labels(steps), strict=True))]
+    sections = [step_section(run.dir, s, i + 1) for i, s in enumerate(steps)]
     return [Heading(2, "Steps"), *sections]
 
 
@@ -583,7 +602,7 @@ def commands_blocks(run: Run) -> list[Block]:
 
 def run_artifact_blocks(run: Run) -> list[Block]:
     """Links to the run's own files: manifest, summary, lab file, console logs."""
-    items = [(Span(name, "code", name),) for name in (MANIFEST, SUMMARY, "lab.yaml") if (run.dir / name).is_file()]
+    items: list[Inline] = [(Span(name, "code", name),) for name in (MANIFEST, SUMMARY, "lab.yaml") if (run.dir / name).is_file()]
     guests = run.dir / "guests"
     if guests.is_dir():
         for p in sorted(q for q in guests.rglob("*") if q.is_file()):
@@ -791,8 +810,12 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
 
 def _write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise LabctlError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
 def render_run(run_dir: Path) -> tuple[Path, Path]:

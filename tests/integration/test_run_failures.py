@@ -1,0 +1,71 @@
+"""A guest killed in the middle of a step: the bundle keeps what was collected and says why."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from tests.conftest import Cli
+from tests.integration.conftest import qemu_pids_under, wait_for
+
+LAB = """\
+name: killed
+networks: {lan: {}}
+guests:
+  a:
+    nics: [{name: eth1, model: e1000, network: lan, ip: 10.40.0.1/24}]
+  b:
+    nics: [{name: eth1, model: virtio-net-pci, network: lan, ip: 10.40.0.2/24}]
+steps:
+  - name: first
+    nic: a.eth1
+    run:
+      - {guest: a, command: "ping -c 3 -i 0.2 {{b.eth1.ip}}"}
+    trace:
+      a: {mpstat: true}
+  - name: second
+    run:
+      - {guest: a, command: "ping -c 600 -i 0.1 {{b.eth1.ip}}", timeout: 120}
+    trace:
+      a: {perf_record: true}
+"""
+
+
+def test_killing_a_guest_mid_step_keeps_earlier_artifacts_and_the_reason(cli: Cli, image: object,
+                                                                         tmp_path: Path) -> None:
+    lab = tmp_path / "killed.yaml"
+    lab.write_text(LAB)
+    runs = tmp_path / "runs"
+    proc = cli.popen("run", str(lab), "--out", str(runs), "--accel", "tcg")
+    # Wait until the second step's ping runs on a, then kill b's QEMU.
+    b_pid = cli.state_dir / "labs" / "killed" / "guests" / "b" / "qemu.pid"
+    wait_for(lambda: b_pid.exists(), 120, "guest b to start")
+    wait_for(lambda: any(runs.glob("*/")) and _second_step_running(cli), 240, "the second step")
+    os.kill(int(b_pid.read_text()), signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 6, err
+    assert "Traceback" not in err
+    (bundle,) = list(runs.iterdir())
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert "second" in manifest["reason"]
+    summary = json.loads((bundle / "summary.json").read_text())
+    first, second = summary["steps"]
+    assert first["status"] == "ok"
+    assert second["status"] == "failed" and "b" in second["reason"]
+    # The first step's artifacts are all there.
+    a1 = bundle / "steps" / "first" / "_" / "a"
+    assert (a1 / "cmd-0.out").read_text().count("bytes from 10.40.0.2") == 3
+    assert (a1 / "mpstat.json").stat().st_size > 0
+    assert (a1 / "stats" / "before" / "softnet_stat.txt").exists()
+    assert (bundle / "guests" / "b" / "console.log").exists()
+    # And nothing is left running.
+    wait_for(lambda: not qemu_pids_under(cli.state_dir), 30, "QEMU to go")
+    assert not (cli.state_dir / "labs" / "killed").exists()
+
+
+def _second_step_running(cli: Cli) -> bool:
+    res = cli("exec", "killed", "a", "--", "pgrep -f 'ping -c 600'")
+    return res.returncode == 0

@@ -1,0 +1,45 @@
+"""Lab steps: templates are shell-quoted, matrices expand, the bundled labs resolve."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from labctl.lab import load_lab
+from labctl.lab.steps import render
+from labctl.trace import tracers as tr
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_template_values_are_shell_quoted_in_commands() -> None:
+    row = {"server": "10.0.0.1; rm -rf /", "label": "x"}
+    out = render("iperf3 -c {{server}} -J", row, {}, quote=True)
+    assert shlex.split(out) == ["iperf3", "-c", "10.0.0.1; rm -rf /", "-J"]
+    assert render("{{ a.eth1.ip }}", {}, {"a.eth1.ip": "10.1.0.1"}, quote=False) == "10.1.0.1"
+
+
+def test_driver_cost_lab_runs_three_variants_over_three_models() -> None:
+    lab = load_lab(ROOT / "labs" / "nic-driver-cost.yaml")
+    (step,) = lab.steps
+    assert [v["label"] for v in step.variants()] == ["rtl8139", "e1000", "virtio-net-pci"]
+    models = []
+    for row in step.variants():
+        guest, _, nic = render(step.nic, row, {}, quote=False).partition(".")
+        models.append(lab.guests[guest].nic(nic).model)
+    assert models == ["rtl8139", "e1000", "virtio-net-pci"]
+    assert step.trace["client"].perf_record is not None
+    assert step.trace["client"].mpstat == 1.0
+
+
+def test_tracer_commands_quote_everything() -> None:
+    lab = load_lab(ROOT / "labs" / "perf-net-events.yaml")
+    spec = lab.steps[0].trace["a"]
+    (perf, _mpstat) = tr.tracers(spec)
+    assert perf.argv[:4] == ["perf", "record", "-q", "-o"]
+    assert "-a" in perf.argv and "net:netif_receive_skb" in perf.argv
+    start = tr.start("/tmp/labctl/x y", perf)
+    assert "'/tmp/labctl/x y'" in start
+    one = lab.steps[1].trace["a"]
+    assert tr.tracers(one) == []  # per-process recording wraps the command instead
+    assert "-a" not in tr.perf_record_argv(one, system=False)

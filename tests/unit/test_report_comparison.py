@@ -1,0 +1,63 @@
+"""comparison_sentence: the NIC variants that spent the least and the most CPU in their driver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labctl.report import comparison_sentence
+
+
+def step(variant: str | None, cpu: float | None, mbit: float | None = None, status: str = "ok",
+         model: str | None = None) -> dict[str, Any]:
+    return {"name": "transfer", "variant": variant, "status": status,
+            "nic": {"guest": "a", "model": model or variant} if (model or variant) else None,
+            "figures": {"driver_cpu_pct": cpu, "throughput_mbit_s": mbit}}
+
+
+def test_the_example_sentence() -> None:
+    steps = [step("rtl8139", 4.9, 312.0), step("e1000", 2.2, 400.0), step("virtio-net-pci", 0.4, 488.0)]
+    assert comparison_sentence(steps) == ("virtio-net-pci used 12.2 times less CPU in its driver than rtl8139 "
+                                          "(0.4% vs 4.9% of the CPU), at 61 vs 39 MB/s.")
+
+
+def test_fixture_numbers_keep_two_decimals() -> None:
+    steps = [step("rtl8139", 17.53, 312.5), step("virtio-net-pci", 1.42, 488.0)]
+    assert comparison_sentence(steps) == ("virtio-net-pci used 12.3 times less CPU in its driver than rtl8139 "
+                                          "(1.42% vs 17.53% of the CPU), at 61 vs 39 MB/s.")
+
+
+def test_without_throughput_there_is_no_speed_clause() -> None:
+    assert comparison_sentence([step("e1000", 2.0), step("virtio", 1.0, 80.0)]) == (
+        "virtio used 2.0 times less CPU in its driver than e1000 (1.0% vs 2.0% of the CPU).")
+
+
+def test_slow_links_get_a_decimal() -> None:
+    sentence = comparison_sentence([step("ne2k_pci", 30.0, 9.6), step("e1000", 3.0, 72.0)])
+    assert sentence is not None and sentence.endswith("at 9.0 vs 1.2 MB/s.")
+
+
+def test_zero_cpu_does_not_divide() -> None:
+    assert comparison_sentence([step("rtl8139", 4.9, 312.0), step("virtio-net-pci", 0.0, 488.0)]) == (
+        "virtio-net-pci used no measurable CPU in its driver, rtl8139 used 4.9% of the CPU in its driver, "
+        "at 61 vs 39 MB/s.")
+
+
+def test_equal_cpu() -> None:
+    assert comparison_sentence([step("e1000", 2.0), step("e1000e", 2.02)]) == (
+        "e1000 used about as much CPU in its driver as e1000e (2.0% vs 2.02% of the CPU).")
+
+
+def test_nothing_to_compare() -> None:
+    assert comparison_sentence([]) is None
+    assert comparison_sentence([step("rtl8139", 4.9)]) is None
+    assert comparison_sentence([step("rtl8139", 4.9), step("e1000", None)]) is None
+    assert comparison_sentence([step("rtl8139", 4.9), step("e1000", 1.0, status="failed")]) is None
+    assert comparison_sentence([step(None, 4.9), step(None, 1.0)]) is None
+    assert comparison_sentence([step("rtl8139", 4.9), step("rtl8139", 1.0)]) is None  # one variant twice
+
+
+def test_variant_falls_back_to_the_nic_model_and_bad_values_are_ignored() -> None:
+    steps = [step(None, 3.0, model="pcnet"), step("virtio", 1.5), step("e1000", "high"),  # type: ignore[arg-type]
+             step("ne2k_pci", True)]
+    assert comparison_sentence(steps) == (
+        "virtio used 2.0 times less CPU in its driver than pcnet (1.5% vs 3.0% of the CPU).")
