@@ -194,7 +194,7 @@ class LabUp:
         args = kernel_args(self.image, g, self.opts.extra_kernel_args)
         plan = GuestPlan(lab=self.lab.name, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
-                         ports=ports, kernel_args=args)
+                         ports=ports, kernel_args=args, gdb_port=free_port())
         new_keypair(plan.host_key, f"{g.name}.{self.lab.name}")
         plan.authorized_keys.write_text(client_pub + "\n")
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
@@ -208,9 +208,10 @@ class LabUp:
             try:
                 return self.backend.start(plan)
             except MachineError as exc:
-                if "hostfwd" not in str(exc) and "forwarding" not in str(exc) or attempt == 2:
+                if not any(w in str(exc) for w in ("hostfwd", "forwarding", "gdbstub", "Address already in use")) \
+                        or attempt == 2:
                     raise
-                plan = GuestPlan(**{**plan.__dict__, "ssh_port": free_port()})
+                plan = GuestPlan(**{**plan.__dict__, "ssh_port": free_port(), "gdb_port": free_port()})
         raise AssertionError("unreachable")
 
     def _wait_all(self, state: LabState) -> None:
@@ -326,6 +327,7 @@ class GuestStatus:
     name: str
     state: str  # running, stopped, crashed
     ssh: str
+    gdb: str | None
     accel: str
     pid: int
     nics: list[dict[str, object]] = field(default_factory=list)
@@ -342,5 +344,6 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
         st = "crashed" if crashed else "running" if alive else "stopped"
         nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], "")}
                 for n in state.resolved["guests"][name]["nics"]]
-        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", rec.accel, rec.pid, nics))
+        gdb = f"127.0.0.1:{rec.gdb_port}" if rec.gdb_port else None
+        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics))
     return out

@@ -34,6 +34,7 @@ class GuestPlan:
     mgmt_mac: str
     ports: dict[str, Port]
     kernel_args: tuple[str, ...]
+    gdb_port: int | None = None  # QEMU gdbstub on 127.0.0.1
 
     @property
     def overlay(self) -> Path:
@@ -77,6 +78,7 @@ class GuestRecord:
     ssh_port: int
     accel: str
     argv: list[str] = field(default_factory=list)
+    gdb_port: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ class QemuBackend:
             os.umask(old)
         rec = GuestRecord(name=plan.guest.name, backend=self.name, pid=proc.pid, dir=str(plan.dir),
                           console=str(plan.console), qmp=str(plan.qmp_socket),
-                          ssh_port=plan.ssh_port, accel=plan.accel, argv=argv)
+                          ssh_port=plan.ssh_port, accel=plan.accel, argv=argv, gdb_port=plan.gdb_port)
         # QEMU fails fast on bad options or a taken port: catch that here.
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:

@@ -37,7 +37,8 @@ def boot_args(plan: GuestPlan) -> list[str]:
 
 
 def control_args(plan: GuestPlan) -> list[str]:
-    return [
+    gdb = ["-gdb", f"tcp:127.0.0.1:{plan.gdb_port}"] if plan.gdb_port else []
+    return [*gdb,
         "-serial", f"file:{plan.console}",
         "-qmp", f"unix:{opt(plan.qmp_socket)},server=on,wait=off",
         "-pidfile", str(plan.pidfile),

@@ -85,7 +85,7 @@ def status_data(state: LabState) -> dict[str, Any]:
         "lab": state.lab, "source": state.source, "backend": state.backend, "accel": state.accel,
         "image": state.image, "started_at": state.started_at, "run_dir": state.dir,
         "warnings": state.warnings,
-        "guests": [{"name": g.name, "state": g.state, "ssh": g.ssh, "pid": g.pid, "accel": g.accel,
+        "guests": [{"name": g.name, "state": g.state, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid, "accel": g.accel,
                     "ready_seconds": state.ready_seconds.get(g.name), "nics": g.nics}
                    for g in guest_statuses(state)],
     }
@@ -93,12 +93,13 @@ def status_data(state: LabState) -> dict[str, Any]:
 
 def print_lab(state: LabState) -> None:
     t = Table(title=f"lab {state.lab}", title_justify="left")
-    for col in ("guest", "state", "ssh", "nic", "model", "driver", "address", "network"):
+    for col in ("guest", "state", "ssh", "gdb", "nic", "model", "driver", "address", "network"):
         t.add_column(col)
     for g in guest_statuses(state):
         first = True
         for n in g.nics or [{}]:
             t.add_row(g.name if first else "", g.state if first else "", g.ssh if first else "",
+                      (g.gdb or "") if first else "",
                       str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
                       str(n.get("ip") or ""), str(n.get("network", "")))
             first = False

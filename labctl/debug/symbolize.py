@@ -1,0 +1,570 @@
+"""Turn parsed oops frames into ``file:line`` with inline chains, in batches.
+
+How a frame ``func+0xOFF/0xSIZE [module]`` becomes source lines:
+
+1. **Symbol -> address.** vmlinux symbols come from its ELF symbol table
+   (parsed here, cached per file under ``<cache>/oops/``), or from a real
+   ``System.map`` when one is given. Debian's image ships a placeholder
+   System.map, so the ELF table is the default. Several static functions
+   may share a name: the one whose *kallsyms size* (the distance to the next
+   symbol, which is what the kernel prints after ``/``; it includes padding,
+   so it is often larger than the ELF ``st_size``) equals ``SIZE`` wins.
+2. **Return addresses.** Call-trace frames hold return addresses, which point
+   at the instruction *after* the call; it may belong to the next source
+   line or, after a ``noreturn`` call, even to the next function. They are
+   looked up at ``address - 1``. The ``RIP:`` frame and saved-register IPs
+   inside a trace are exact and are looked up as they are.
+3. **Modules.** A module frame is resolved in the module's ``.ko`` (found by
+   name under the debug modules directory, ``-`` and ``_`` being equal): the
+   symbol's value in the relocatable ``.ko`` is an offset into its section
+   (``.text``, ``.text.unlikely`` for ``.cold`` parts, ...), and
+   ``addr2line -j SECTION`` takes section-relative addresses.
+4. **One process per object.** Every address for vmlinux goes to a single
+   ``addr2line -a -f -i -e vmlinux`` through stdin, and one more runs per
+   ``.ko`` section needed; they run in parallel. Results are cached per
+   object file (keyed by path, size and mtime), so a repeated decode starts
+   no process at all.
+5. **Paths.** DWARF names files as the build saw them
+   (``debian/build/build_amd64_none_amd64/drivers/tty/sysrq.c``, and
+   absolute ``/build/.../linux-6.1.192/arch/x86/entry/entry_64.S`` for
+   assembly); they are shown relative to the source tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import mmap
+import os
+import re
+import struct
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl import proc
+from labctl.debug.oops import Frame, Oops
+from labctl.errors import ImageError
+from labctl.paths import cache_dir
+
+CACHE_VERSION = 1
+ADDR2LINE_TIMEOUT = 300.0
+
+# -- ELF symbol tables ---------------------------------------------------------------
+
+_SHF_EXECINSTR = 0x4
+_STT_NOTYPE, _STT_FUNC = 0, 2
+_SHN_LORESERVE = 0xFF00
+
+
+@dataclass(frozen=True)
+class Section:
+    """An ELF section header: name, address, size, flags."""
+
+    name: str
+    addr: int
+    size: int
+    flags: int
+
+
+@dataclass(frozen=True)
+class ElfSymbol:
+    """A code symbol from an ELF symbol table."""
+
+    name: str
+    value: int  # address in vmlinux; offset into ``section`` in a relocatable .ko
+    size: int  # ELF st_size (without padding)
+    section: str
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    """What the decoder needs from an ELF file: code symbols and section headers."""
+
+    symbols: list[ElfSymbol]
+    sections: list[Section]
+
+    @property
+    def has_dwarf(self) -> bool:
+        return any(s.name in (".debug_info", ".zdebug_info") for s in self.sections)
+
+
+def _read_sections(m: mmap.mmap) -> list[tuple[Section, tuple[int, ...]]]:
+    """Section headers of an ELF64 little-endian file, with their raw fields."""
+    shoff, = struct.unpack_from("<Q", m, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", m, 0x3A)
+    raw = [struct.unpack_from("<IIQQQQIIQQ", m, shoff + i * shentsize) for i in range(shnum)]
+    names_off = raw[shstrndx][4]
+
+    def name(off: int) -> str:
+        return m[names_off + off:m.find(b"\0", names_off + off)].decode(errors="replace")
+
+    return [(Section(name(r[0]), r[3], r[5], r[2]), r) for r in raw]
+
+
+def read_elf(path: Path) -> ElfInfo:
+    """Code symbols (functions and asm labels in executable sections) and sections of ``path``.
+
+    :raise ImageError: when the file is missing or not a 64-bit little-endian ELF.
+    """
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
+                raise ImageError(f"{path} is not a 64-bit little-endian ELF file")
+            sections = _read_sections(m)
+            return ElfInfo(_code_symbols(m, sections), [s for s, _ in sections])
+    except (OSError, ValueError, struct.error) as exc:
+        raise ImageError(f"cannot read symbols from {path}: {exc}") from exc
+
+
+def _code_symbols(m: mmap.mmap, sections: list[tuple[Section, tuple[int, ...]]]) -> list[ElfSymbol]:
+    symtabs = [raw for _, raw in sections if raw[1] == 2]  # SHT_SYMTAB
+    if not symtabs:
+        return []
+    symtab = symtabs[0]
+    strtab = sections[symtab[6]][1]
+    strings = m[strtab[4]:strtab[4] + strtab[5]]
+    out: list[ElfSymbol] = []
+    for name, info, _other, shndx, value, size in struct.iter_unpack("<IBBHQQ", m[symtab[4]:symtab[4] + symtab[5]]):
+        if info & 0xF not in (_STT_NOTYPE, _STT_FUNC) or not 0 < shndx < _SHN_LORESERVE or not name:
+            continue
+        section = sections[shndx][0]
+        if not section.flags & _SHF_EXECINSTR:
+            continue
+        out.append(ElfSymbol(strings[name:strings.index(b"\0", name)].decode(errors="replace"),
+                             value, size, section.name))
+    return out
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A code symbol with its kallsyms-style size (distance to the next symbol)."""
+
+    name: str
+    address: int
+    size: int
+    section: str
+
+
+class SymbolTable:
+    """Code symbols by name; picks among same-named symbols by size."""
+
+    def __init__(self, symbols: Iterable[Symbol]) -> None:
+        self.by_name: dict[str, list[Symbol]] = defaultdict(list)
+        for s in symbols:
+            self.by_name[s.name].append(s)
+
+    @classmethod
+    def from_elf(cls, info: ElfInfo) -> SymbolTable:
+        """Kallsyms sizes: the gap to the next higher symbol in the same section, or to its end."""
+        ends = {s.name: s.addr + s.size for s in info.sections}
+        starts = {s.name: s.addr for s in info.sections}
+        by_section: dict[str, list[int]] = defaultdict(list)
+        for e in info.symbols:
+            by_section[e.section].append(e.value)
+        nexts: dict[tuple[str, int], int] = {}
+        for name, values in by_section.items():
+            uniq = sorted(set(values))
+            end = ends[name] - starts[name] if starts[name] == 0 else ends[name]
+            for v, nxt in zip(uniq, [*uniq[1:], end]):
+                nexts[(name, v)] = nxt
+        return cls(Symbol(e.name, e.value, max(nexts[(e.section, e.value)] - e.value, e.size), e.section)
+                   for e in info.symbols)
+
+    @classmethod
+    def from_system_map(cls, path: Path) -> SymbolTable:
+        """Text symbols (``t``/``T``/``w``/``W``) of a System.map, sized by the next address."""
+        entries: list[tuple[int, str]] = []
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] in ("t", "T", "w", "W"):
+                entries.append((int(parts[0], 16), parts[2]))
+        addrs = sorted({a for a, _ in entries})
+        nxt = dict(zip(addrs, [*addrs[1:], addrs[-1] if addrs else 0]))
+        return cls(Symbol(n, a, nxt[a] - a, "") for a, n in entries)
+
+    def candidates(self, name: str) -> list[Symbol]:
+        return self.by_name.get(name, [])
+
+    def lookup(self, name: str, size: int | None = None) -> Symbol | None:
+        """The symbol ``name``; with several, the one whose size is ``size`` (else the closest)."""
+        cands = self.candidates(name)
+        if len(cands) <= 1 or size is None:
+            return cands[0] if cands else None
+        return min(cands, key=lambda s: (abs(s.size - size), s.address))
+
+
+def is_real_system_map(path: Path) -> bool:
+    """Debian's linux-image packages ship a one-line placeholder instead of System.map."""
+    try:
+        return path.stat().st_size > 4096
+    except OSError:
+        return False
+
+
+# -- caches --------------------------------------------------------------------------
+
+def _file_key(path: Path, *extra: str) -> str:
+    st = path.stat()
+    ident = "|".join([str(path.resolve()), str(st.st_size), str(st.st_mtime_ns), *extra])
+    return hashlib.sha1(ident.encode()).hexdigest()[:20]
+
+
+def _write_atomic(path: Path, data: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(data)
+    os.replace(tmp, path)
+
+
+def load_vmlinux_symbols(vmlinux: Path, cache: Path | None) -> tuple[SymbolTable, bool]:
+    """vmlinux's symbol table and whether it has DWARF, from the cache when possible."""
+    cached = cache / f"{_file_key(vmlinux)}.syms" if cache else None
+    if cached and cached.exists():
+        lines = cached.read_text().splitlines()
+        has_dwarf = lines[0] == "dwarf"
+        return SymbolTable(_parse_sym_line(l) for l in lines[1:]), has_dwarf
+    info = read_elf(vmlinux)
+    table = SymbolTable.from_elf(info)
+    if cached:
+        body = (f"{s.address:x} {s.size:x} {s.section} {s.name}" for ss in table.by_name.values() for s in ss)
+        _write_atomic(cached, "\n".join(["dwarf" if info.has_dwarf else "nodwarf", *body]) + "\n")
+    return table, info.has_dwarf
+
+
+def _parse_sym_line(line: str) -> Symbol:
+    addr, size, section, name = line.split(" ", 3)
+    return Symbol(name, int(addr, 16), int(size, 16), section)
+
+
+class ResultCache:
+    """addr2line answers for one object file (and section), kept as JSON."""
+
+    def __init__(self, directory: Path | None, obj: Path, section: str | None) -> None:
+        self.path = directory / f"{_file_key(obj, section or '')}.a2l.json" if directory else None
+        self.entries: dict[int, tuple[SourceLocation, ...]] = {}
+        self.dirty = False
+        if self.path and self.path.exists():
+            try:
+                raw = json.loads(self.path.read_text())
+                if raw.get("version") == CACHE_VERSION:
+                    self.entries = {int(k, 16): tuple(SourceLocation(*loc) for loc in v)
+                                    for k, v in raw["entries"].items()}
+            except (OSError, ValueError, TypeError, KeyError):
+                self.entries = {}
+
+    def update(self, results: dict[int, tuple[SourceLocation, ...]]) -> None:
+        self.entries.update(results)
+        self.dirty = self.dirty or bool(results)
+
+    def save(self) -> None:
+        if not self.path or not self.dirty:
+            return
+        data = {"version": CACHE_VERSION,
+                "entries": {f"{a:#x}": [[l.func, l.file, l.line] for l in locs] for a, locs in self.entries.items()}}
+        try:
+            _write_atomic(self.path, json.dumps(data, separators=(",", ":")))
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+
+
+# -- addr2line -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """One entry of addr2line's inline chain: the function and where in the source."""
+
+    func: str | None
+    file: str | None
+    line: int | None
+
+
+_LOCATION = re.compile(r"^(?P<file>.*?):(?P<line>\d+|\?)(?: \(discriminator \d+\))?$")
+
+
+def parse_location(func: str, where: str) -> SourceLocation:
+    """``func`` and ``file:line (discriminator N)`` as addr2line prints them; ``??`` is unknown."""
+    m = _LOCATION.match(where.strip())
+    file = m.group("file") if m else where.strip()
+    line = int(m.group("line")) if m and m.group("line").isdigit() else None
+    return SourceLocation(None if func == "??" else func,
+                          None if file in ("??", "") else file,
+                          line or None)
+
+
+def parse_addr2line_output(text: str, count: int) -> list[tuple[SourceLocation, ...]]:
+    """Split ``addr2line -a -f -i`` output into one inline chain per input address, in order."""
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("0x"):
+            blocks.append([])
+        elif blocks:
+            blocks[-1].append(line)
+    if len(blocks) != count:
+        raise ImageError(f"addr2line answered {len(blocks)} addresses of {count}")
+    return [tuple(parse_location(b[i], b[i + 1]) for i in range(0, len(b) - 1, 2)) for b in blocks]
+
+
+def run_addr2line(obj: Path, addresses: Sequence[int], section: str | None = None,
+                  tool: str = "addr2line") -> dict[int, tuple[SourceLocation, ...]]:
+    """Symbolize all ``addresses`` in ``obj`` with one addr2line process fed through stdin."""
+    if not addresses:
+        return {}
+    argv: list[str | os.PathLike[str]] = [tool, "-a", "-f", "-i", "-e", obj]
+    if section:
+        argv += ["-j", section]
+    stdin = "".join(f"{a:#x}\n" for a in addresses).encode()
+    res = proc.run(argv, ADDR2LINE_TIMEOUT, input=stdin)
+    chains = parse_addr2line_output(res.stdout.decode(errors="replace"), len(addresses))
+    return dict(zip(addresses, chains))
+
+
+# -- source paths --------------------------------------------------------------------
+
+_TOPDIRS = frozenset({"arch", "block", "certs", "crypto", "drivers", "fs", "include", "init", "io_uring",
+                      "ipc", "kernel", "lib", "mm", "net", "rust", "samples", "scripts", "security",
+                      "sound", "virt"})
+
+
+def normalize_path(path: str, base: str | None = None) -> str:
+    """A DWARF file name relative to the kernel source tree.
+
+    ``base`` is the build directory prefix when known (learnt from where
+    ``kernel_init`` lives: ``<base>/init/main.c``); otherwise everything
+    before the first top-level kernel directory is dropped.
+    """
+    if base and path.startswith(base):
+        path = path[len(base):]
+    else:
+        parts = path.split("/")
+        if parts[0] not in _TOPDIRS:
+            for i, part in enumerate(parts[:-1]):
+                if part in _TOPDIRS:
+                    path = "/".join(parts[i:])
+                    break
+    return os.path.normpath(path)
+
+
+# -- decoded frames ------------------------------------------------------------------
+
+@dataclass
+class DecodedFrame:
+    """A parsed frame with its address and source locations (innermost first)."""
+
+    frame: Frame
+    address: int | None = None  # runtime address (vmlinux); offset into ``section`` of the .ko (modules)
+    section: str | None = None  # module frames: the .ko section the address is relative to
+    obj: Path | None = None  # the vmlinux or .ko the frame was looked up in
+    locations: tuple[SourceLocation, ...] = ()
+    note: str | None = None
+
+    @property
+    def lookup_address(self) -> int | None:
+        """The address given to addr2line: one byte back for return addresses."""
+        if self.address is None:
+            return None
+        return self.address - 1 if self.frame.is_return_address else self.address
+
+    @property
+    def file(self) -> str | None:
+        return self.locations[0].file if self.locations else None
+
+    @property
+    def line(self) -> int | None:
+        return self.locations[0].line if self.locations else None
+
+    @property
+    def source_func(self) -> str | None:
+        """The function the innermost location belongs to (an inlined one, or ``frame.func``)."""
+        return self.locations[0].func if self.locations else None
+
+    @property
+    def inlined(self) -> tuple[SourceLocation, ...]:
+        """The callers the innermost location was inlined into, innermost first."""
+        return self.locations[1:]
+
+    def to_json(self) -> dict[str, Any]:
+        f = self.frame
+        return {
+            "func": f.func, "offset": f.offset, "size": f.size, "module": f.module, "reliable": f.reliable,
+            "kind": f.kind, "context": f.context or None, "stack": f.stack or None,
+            "address": f"{self.address:#x}" if self.address is not None else None, "section": self.section,
+            "file": self.file, "line": self.line, "source_func": self.source_func,
+            "inlined": [{"func": l.func, "file": l.file, "line": l.line} for l in self.inlined],
+            "note": self.note,
+        }
+
+
+@dataclass
+class DecodedOops:
+    """An :class:`Oops` with every frame decoded."""
+
+    oops: Oops
+    rip: DecodedFrame | None
+    frames: list[DecodedFrame] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        o = self.oops
+        return {
+            "title": o.title, "kind": o.kind, "headline": o.headline, "line": o.line_no, "panic": o.panic,
+            "cpu": o.cpu, "pid": o.pid, "comm": o.comm,
+            "rip": self.rip.to_json() if self.rip else None,
+            "frames": [f.to_json() for f in self.frames],
+        }
+
+
+# -- the decoder ---------------------------------------------------------------------
+
+class ModuleIndex:
+    """Finds a module's ``.ko`` (``.ko.xz`` too) by name under a directory tree."""
+
+    def __init__(self, root: Path | None, cache: Path | None = None) -> None:
+        self.root = root
+        self.cache = cache
+        self._index: dict[str, Path] | None = None
+
+    @staticmethod
+    def _key(name: str) -> str:
+        return name.replace("-", "_")
+
+    def find(self, module: str) -> Path | None:
+        """The .ko file for ``module``, decompressed into the cache when it is ``.ko.xz``."""
+        if self.root is None or not self.root.is_dir():
+            return None
+        if self._index is None:
+            self._index = {}
+            for p in sorted(self.root.rglob("*.ko*")):
+                stem = p.name.split(".ko")[0]
+                if p.name.endswith((".ko", ".ko.xz")):
+                    self._index.setdefault(self._key(stem), p)
+        path = self._index.get(self._key(module))
+        return self._decompressed(path) if path and path.name.endswith(".xz") else path
+
+    def _decompressed(self, path: Path) -> Path | None:
+        if self.cache is None:
+            return None
+        out = self.cache / f"{_file_key(path)}-{path.name[:-3]}"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(lzma.decompress(path.read_bytes()))
+            os.replace(tmp, out)
+        return out
+
+
+class Symbolizer:
+    """Decodes :class:`Oops` reports against one vmlinux and its modules' ``.ko`` files.
+
+    :param vmlinux: the vmlinux with DWARF (Debian: the -dbg package's).
+    :param modules_dir: a tree holding the modules' ``.ko`` files with debug info.
+    :param system_map: a System.map to read symbols from instead of vmlinux's ELF table
+        (ignored when it is Debian's placeholder).
+    :param cache: where to keep symbol tables and addr2line answers; ``None`` for no cache.
+    :raise ImageError: when vmlinux is missing or has no symbols or no DWARF.
+    """
+
+    def __init__(self, vmlinux: Path, modules_dir: Path | None = None, *, system_map: Path | None = None,
+                 cache: Path | None = cache_dir() / "oops", addr2line: str = "addr2line") -> None:
+        if not vmlinux.is_file():
+            raise ImageError(f"vmlinux not found: {vmlinux}",
+                             hint="build the image (labctl image build) or pass --vmlinux PATH")
+        self.vmlinux = vmlinux
+        self.cache = cache
+        self.addr2line = addr2line
+        self.modules = ModuleIndex(modules_dir, cache)
+        self.table = self._vmlinux_table(system_map)
+        self._module_tables: dict[Path, SymbolTable] = {}
+        self.runs: list[tuple[Path, str | None, int]] = []  # (object, section, addresses) per addr2line run
+
+    def _vmlinux_table(self, system_map: Path | None) -> SymbolTable:
+        if system_map is not None and is_real_system_map(system_map):
+            table = SymbolTable.from_system_map(system_map)
+            has_dwarf = read_elf(self.vmlinux).has_dwarf if self.cache is None else True
+        else:
+            table, has_dwarf = load_vmlinux_symbols(self.vmlinux, self.cache)
+        if not table.by_name:
+            raise ImageError(f"{self.vmlinux} has no symbol table")
+        if not has_dwarf:
+            raise ImageError(f"{self.vmlinux} has no DWARF debug info",
+                             hint="use the vmlinux from the kernel's -dbg package (the image's vmlinux.debug)")
+        return table
+
+    def decode(self, oopses: Sequence[Oops]) -> list[DecodedOops]:
+        """Every report with its frames located; all addresses are symbolized in one batch."""
+        decoded = [DecodedOops(o, self._locate(o.rip) if o.rip else None, [self._locate(f) for f in o.frames])
+                   for o in oopses]
+        frames = [f for d in decoded for f in ([d.rip] if d.rip else []) + d.frames]
+        base = self._symbolize(frames)
+        for f in frames:
+            f.locations = tuple(SourceLocation(l.func, normalize_path(l.file, base) if l.file else None, l.line)
+                                for l in f.locations)
+            if f.address is not None and not f.locations and f.note is None:
+                f.note = "no line information for this address"
+        return decoded
+
+    def _locate(self, frame: Frame) -> DecodedFrame:
+        """The frame's address, from vmlinux's or its module's symbol table."""
+        if frame.module is None:
+            return self._place(DecodedFrame(frame, obj=self.vmlinux), self.table, "vmlinux", section=None)
+        ko = self.modules.find(frame.module)
+        if ko is None:
+            where = self.modules.root or "(no debug modules directory)"
+            return DecodedFrame(frame, note=f"module {frame.module}: no .ko with debug info under {where}")
+        return self._place(DecodedFrame(frame, obj=ko), self._module_table(ko), ko.name, section="")
+
+    @staticmethod
+    def _place(d: DecodedFrame, table: SymbolTable, what: str, section: str | None) -> DecodedFrame:
+        sym = table.lookup(d.frame.func, d.frame.size)
+        if sym is None:
+            d.obj, d.note = None, f"{d.frame.func} is not in {what}'s symbol table"
+            return d
+        d.address = sym.address + d.frame.offset
+        if section is not None:
+            d.section = sym.section
+        return d
+
+    def _module_table(self, ko: Path) -> SymbolTable:
+        if ko not in self._module_tables:
+            self._module_tables[ko] = SymbolTable.from_elf(read_elf(ko))
+        return self._module_tables[ko]
+
+    def _symbolize(self, frames: list[DecodedFrame]) -> str | None:
+        """Fill ``locations`` for every placed frame; returns the build directory prefix if known."""
+        groups: dict[tuple[Path, str | None], set[int]] = defaultdict(set)
+        for f in frames:
+            if f.obj is not None and f.lookup_address is not None:
+                groups[(f.obj, f.section)].add(f.lookup_address)
+        kernel_init = self.table.lookup("kernel_init")
+        if kernel_init is not None:
+            groups[(self.vmlinux, None)].add(kernel_init.address)
+        results = self._run_groups(groups)
+        for f in frames:
+            if f.obj is not None and f.lookup_address is not None:
+                f.locations = results[(f.obj, f.section)].get(f.lookup_address, ())
+        if kernel_init is not None:
+            chain = results[(self.vmlinux, None)].get(kernel_init.address, ())
+            file = chain[-1].file if chain else None
+            if file and file.endswith("init/main.c"):
+                return file[: -len("init/main.c")]
+        return None
+
+    def _run_groups(self, groups: dict[tuple[Path, str | None], set[int]]
+                    ) -> dict[tuple[Path, str | None], dict[int, tuple[SourceLocation, ...]]]:
+        """One addr2line per (object, section) for the addresses not cached yet, in parallel."""
+        caches = {key: ResultCache(self.cache, *key) for key in groups}
+        todo = {key: sorted(a for a in addrs if a not in caches[key].entries) for key, addrs in groups.items()}
+        todo = {k: v for k, v in todo.items() if v}
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(4, len(todo))) as pool:
+                futures = {k: pool.submit(run_addr2line, k[0], v, k[1] or None, self.addr2line)
+                           for k, v in todo.items()}
+                for key, fut in futures.items():
+                    caches[key].update(fut.result())
+                    self.runs.append((key[0], key[1], len(todo[key])))
+        for c in caches.values():
+            c.save()
+        return {key: c.entries for key, c in caches.items()}
