@@ -16,7 +16,6 @@ import os
 import shlex
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,8 +111,12 @@ class Runner:
         return self._tools[guest]
 
     # -- the run ------------------------------------------------------------
-    def run(self, on_interrupt_reason: Callable[[], str] | None = None) -> list[StepResult]:
-        """Run every step and variant in order; stops at the first failed one."""
+    def run(self) -> list[StepResult]:
+        """Run every step and variant in order; after a failure the rest are skipped.
+
+        Ctrl-C is re-raised once the interrupted step's files are collected
+        (its result is in ``results``, failed).
+        """
         failed = False
         try:
             for step in self.lab.steps:
@@ -125,10 +128,6 @@ class Runner:
                     result = self.run_variant(step, row)
                     self.results.append(result)
                     failed = result.status == "failed"
-        except KeyboardInterrupt:
-            if self.results and self.results[-1].status == "ok":
-                pass
-            raise
         finally:
             self.close()
         return self.results

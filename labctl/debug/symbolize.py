@@ -44,7 +44,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from labctl import proc
 from labctl.debug.oops import Frame, Oops
@@ -106,8 +106,10 @@ def _read_sections(m: mmap.mmap) -> list[tuple[Section, tuple[int, ...]]]:
     return [(Section(name(r[0]), r[3], r[5], r[2]), r) for r in raw]
 
 
-def read_elf(path: Path) -> ElfInfo:
+def read_elf(path: Path, symbols: bool = True) -> ElfInfo:
     """Code symbols (functions and asm labels in executable sections) and sections of ``path``.
+
+    With ``symbols=False`` only the section headers are read (cheap).
 
     :raise ImageError: when the file is missing or not a 64-bit little-endian ELF.
     """
@@ -116,7 +118,7 @@ def read_elf(path: Path) -> ElfInfo:
             if m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
                 raise ImageError(f"{path} is not a 64-bit little-endian ELF file")
             sections = _read_sections(m)
-            return ElfInfo(_code_symbols(m, sections), [s for s, _ in sections])
+            return ElfInfo(_code_symbols(m, sections) if symbols else [], [s for s, _ in sections])
     except (OSError, ValueError, struct.error) as exc:
         raise ImageError(f"cannot read symbols from {path}: {exc}") from exc
 
@@ -162,15 +164,13 @@ class SymbolTable:
     def from_elf(cls, info: ElfInfo) -> SymbolTable:
         """Kallsyms sizes: the gap to the next higher symbol in the same section, or to its end."""
         ends = {s.name: s.addr + s.size for s in info.sections}
-        starts = {s.name: s.addr for s in info.sections}
         by_section: dict[str, list[int]] = defaultdict(list)
         for e in info.symbols:
             by_section[e.section].append(e.value)
         nexts: dict[tuple[str, int], int] = {}
         for name, values in by_section.items():
             uniq = sorted(set(values))
-            end = ends[name] - starts[name] if starts[name] == 0 else ends[name]
-            for v, nxt in zip(uniq, [*uniq[1:], end]):
+            for v, nxt in zip(uniq, [*uniq[1:], ends[name]]):
                 nexts[(name, v)] = nxt
         return cls(Symbol(e.name, e.value, max(nexts[(e.section, e.value)] - e.value, e.size), e.section)
                    for e in info.symbols)
@@ -207,6 +207,11 @@ def is_real_system_map(path: Path) -> bool:
 
 
 # -- caches --------------------------------------------------------------------------
+
+def default_cache_dir() -> Path:
+    """``<labctl cache>/oops``: symbol tables and addr2line answers per object file."""
+    return cache_dir() / "oops"
+
 
 def _file_key(path: Path, *extra: str) -> str:
     st = path.stat()
@@ -463,12 +468,15 @@ class Symbolizer:
     :param modules_dir: a tree holding the modules' ``.ko`` files with debug info.
     :param system_map: a System.map to read symbols from instead of vmlinux's ELF table
         (ignored when it is Debian's placeholder).
-    :param cache: where to keep symbol tables and addr2line answers; ``None`` for no cache.
+    :param cache: where to keep symbol tables and addr2line answers (default:
+        :func:`default_cache_dir`); ``None`` for no cache.
     :raise ImageError: when vmlinux is missing or has no symbols or no DWARF.
     """
 
     def __init__(self, vmlinux: Path, modules_dir: Path | None = None, *, system_map: Path | None = None,
-                 cache: Path | None = cache_dir() / "oops", addr2line: str = "addr2line") -> None:
+                 cache: Path | None | Literal["default"] = "default", addr2line: str = "addr2line") -> None:
+        if cache == "default":
+            cache = default_cache_dir()
         if not vmlinux.is_file():
             raise ImageError(f"vmlinux not found: {vmlinux}",
                              hint="build the image (labctl image build) or pass --vmlinux PATH")
@@ -483,7 +491,7 @@ class Symbolizer:
     def _vmlinux_table(self, system_map: Path | None) -> SymbolTable:
         if system_map is not None and is_real_system_map(system_map):
             table = SymbolTable.from_system_map(system_map)
-            has_dwarf = read_elf(self.vmlinux).has_dwarf if self.cache is None else True
+            has_dwarf = read_elf(self.vmlinux, symbols=False).has_dwarf
         else:
             table, has_dwarf = load_vmlinux_symbols(self.vmlinux, self.cache)
         if not table.by_name:
