@@ -38,8 +38,8 @@ _TIMESTAMP = re.compile(r"\[\s*\d+\.\d+\](?:\[\s*[TC]\d+\])?")
 _KNOWN_PREFIXES = (
     re.compile(r"^<\d+>"),  # printk level (console with printk.time=0, /dev/kmsg dumps)
     re.compile(r"^\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"),  # dmesg -T
-    re.compile(r"^.*?\bkernel: "),  # syslog / journalctl -k
-    re.compile(r"^\w+\s*:\s*\w+\s*: "),  # dmesg -x: "kern  :warn  : "
+    re.compile(r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\S+) \S+ kernel: "),  # syslog, journal
+    re.compile(r"^(?:kern|user|daemon|syslog|local\d)\s*:(?:emerg|alert|crit|err|warn|notice|info|debug)\s*: "),  # dmesg -x
 )
 
 
@@ -321,7 +321,7 @@ _REPORTERS = frozenset({
     "__schedule_bug", "netdev_wait_allrefs_any", "netdev_run_todo",
 })
 _SUFFIX = re.compile(r"(?:\.(?:cold|isra|constprop|part|llvm|lto_priv)(?:\.\d+)?)+$")
-_WARN_AT = re.compile(r"CPU: \d+ PID: \d+ at (?:\S+:\d+ )?(?P<func>[A-Za-z_.$][\w.$]*)\+0x")
+_WARN_AT = re.compile(r"(?:CPU: \d+ (?:UID: \d+ )?PID: \d+ )?at (?:\S+:\d+ )?(?P<func>[A-Za-z_.$][\w.$]*)\+0x")
 _BUG_IN = re.compile(r"^(?P<what>.*?) in (?P<func>[A-Za-z_.$][\w.$]*)\+0x[0-9a-f]+/0x[0-9a-f]+")
 _BUG_CUTS = re.compile(r",\s| - | at | for address| on CPU| in process|: ")
 _DIE_CODE = re.compile(r"(?:^|:\s*)[0-9a-f]{4} \[#\d+\].*$")

@@ -32,23 +32,27 @@ How a frame ``func+0xOFF/0xSIZE [module]`` becomes source lines:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import lzma
 import mmap
 import os
+import pickle
 import re
 import struct
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from labctl import proc
 from labctl.debug.oops import Frame, Oops
-from labctl.errors import ImageError
+from labctl.errors import HostError, ImageError, ProcessError
 from labctl.paths import cache_dir
 
 CACHE_VERSION = 1
@@ -71,8 +75,7 @@ class Section:
     flags: int
 
 
-@dataclass(frozen=True)
-class ElfSymbol:
+class ElfSymbol(NamedTuple):
     """A code symbol from an ELF symbol table."""
 
     name: str
@@ -130,20 +133,16 @@ def _code_symbols(m: mmap.mmap, sections: list[tuple[Section, tuple[int, ...]]])
     symtab = symtabs[0]
     strtab = sections[symtab[6]][1]
     strings = m[strtab[4]:strtab[4] + strtab[5]]
+    code = {i: s.name for i, (s, _) in enumerate(sections) if s.flags & _SHF_EXECINSTR and 0 < i < _SHN_LORESERVE}
     out: list[ElfSymbol] = []
     for name, info, _other, shndx, value, size in struct.iter_unpack("<IBBHQQ", m[symtab[4]:symtab[4] + symtab[5]]):
-        if info & 0xF not in (_STT_NOTYPE, _STT_FUNC) or not 0 < shndx < _SHN_LORESERVE or not name:
-            continue
-        section = sections[shndx][0]
-        if not section.flags & _SHF_EXECINSTR:
-            continue
-        out.append(ElfSymbol(strings[name:strings.index(b"\0", name)].decode(errors="replace"),
-                             value, size, section.name))
+        if shndx in code and name and info & 0xF in (_STT_NOTYPE, _STT_FUNC):
+            out.append(ElfSymbol(strings[name:strings.index(b"\0", name)].decode(errors="replace"),
+                                 value, size, code[shndx]))
     return out
 
 
-@dataclass(frozen=True)
-class Symbol:
+class Symbol(NamedTuple):
     """A code symbol with its kallsyms-style size (distance to the next symbol)."""
 
     name: str
@@ -153,42 +152,54 @@ class Symbol:
 
 
 class SymbolTable:
-    """Code symbols by name; picks among same-named symbols by size."""
+    """Code symbols by name; picks among same-named symbols by size.
 
-    def __init__(self, symbols: Iterable[Symbol]) -> None:
-        self.by_name: dict[str, list[Symbol]] = defaultdict(list)
-        for s in symbols:
-            self.by_name[s.name].append(s)
+    Sizes are computed on demand, like kallsyms does: the distance to the
+    next higher symbol address in the same section (or to the section's end),
+    but at least the ELF size.
+    """
+
+    def __init__(self, by_name: dict[str, list[tuple[int, int, str]]], values: dict[str, list[int]],
+                 ends: dict[str, int]) -> None:
+        self.by_name = by_name  # name -> [(address, ELF size, section)]
+        self.values = values  # section -> sorted distinct symbol addresses
+        self.ends = ends  # section -> end address
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[tuple[str, int, int, str]], ends: dict[str, int]) -> SymbolTable:
+        """From ``(name, address, ELF size, section)`` tuples and section end addresses."""
+        by_name: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+        values: dict[str, set[int]] = defaultdict(set)
+        for name, value, size, section in entries:
+            by_name[name].append((value, size, section))
+            values[section].add(value)
+        return cls(dict(by_name), {k: sorted(v) for k, v in values.items()},
+                   {k: ends.get(k, max(v)) for k, v in values.items()})
 
     @classmethod
     def from_elf(cls, info: ElfInfo) -> SymbolTable:
-        """Kallsyms sizes: the gap to the next higher symbol in the same section, or to its end."""
-        ends = {s.name: s.addr + s.size for s in info.sections}
-        by_section: dict[str, list[int]] = defaultdict(list)
-        for e in info.symbols:
-            by_section[e.section].append(e.value)
-        nexts: dict[tuple[str, int], int] = {}
-        for name, values in by_section.items():
-            uniq = sorted(set(values))
-            for v, nxt in zip(uniq, [*uniq[1:], ends[name]]):
-                nexts[(name, v)] = nxt
-        return cls(Symbol(e.name, e.value, max(nexts[(e.section, e.value)] - e.value, e.size), e.section)
-                   for e in info.symbols)
+        """The code symbols of an ELF file (vmlinux or a .ko)."""
+        return cls.from_entries(info.symbols, {s.name: s.addr + s.size for s in info.sections})
 
     @classmethod
     def from_system_map(cls, path: Path) -> SymbolTable:
-        """Text symbols (``t``/``T``/``w``/``W``) of a System.map, sized by the next address."""
-        entries: list[tuple[int, str]] = []
+        """Text symbols (``t``/``T``/``w``/``W``) of a System.map."""
+        entries: list[tuple[str, int, int, str]] = []
         for line in path.read_text(errors="replace").splitlines():
             parts = line.split()
             if len(parts) >= 3 and parts[1] in ("t", "T", "w", "W"):
-                entries.append((int(parts[0], 16), parts[2]))
-        addrs = sorted({a for a, _ in entries})
-        nxt = dict(zip(addrs, [*addrs[1:], addrs[-1] if addrs else 0]))
-        return cls(Symbol(n, a, nxt[a] - a, "") for a, n in entries)
+                entries.append((parts[2], int(parts[0], 16), 0, ""))
+        return cls.from_entries(entries, {})
+
+    def _size(self, address: int, elf_size: int, section: str) -> int:
+        values = self.values[section]
+        i = bisect.bisect_right(values, address)
+        following = values[i] if i < len(values) else self.ends[section]
+        return max(following - address, elf_size)
 
     def candidates(self, name: str) -> list[Symbol]:
-        return self.by_name.get(name, [])
+        """Every symbol called ``name``, with its kallsyms size."""
+        return [Symbol(name, a, self._size(a, size, sec), sec) for a, size, sec in self.by_name.get(name, ())]
 
     def lookup(self, name: str, size: int | None = None) -> Symbol | None:
         """The symbol ``name``; with several, the one whose size is ``size`` (else the closest)."""
@@ -228,29 +239,35 @@ def _write_atomic(path: Path, data: str) -> None:
 
 def load_vmlinux_symbols(vmlinux: Path, cache: Path | None) -> tuple[SymbolTable, bool]:
     """vmlinux's symbol table and whether it has DWARF, from the cache when possible."""
-    cached = cache / f"{_file_key(vmlinux)}.syms" if cache else None
+    cached = cache / f"{_file_key(vmlinux, sys.version)}.syms.pickle" if cache else None
     if cached and cached.exists():
-        lines = cached.read_text().splitlines()
-        has_dwarf = lines[0] == "dwarf"
-        return SymbolTable(_parse_sym_line(l) for l in lines[1:]), has_dwarf
+        try:
+            with open(cached, "rb") as f:
+                version, has_dwarf, state = pickle.load(f)
+            if version == CACHE_VERSION:
+                return SymbolTable(*state), has_dwarf
+        except (OSError, ValueError, TypeError, EOFError, pickle.UnpicklingError):
+            pass
     info = read_elf(vmlinux)
     table = SymbolTable.from_elf(info)
     if cached:
-        body = (f"{s.address:x} {s.size:x} {s.section} {s.name}" for ss in table.by_name.values() for s in ss)
-        _write_atomic(cached, "\n".join(["dwarf" if info.has_dwarf else "nodwarf", *body]) + "\n")
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as f:
+                pickle.dump((CACHE_VERSION, info.has_dwarf, (table.by_name, table.values, table.ends)), f,
+                            protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, cached)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
     return table, info.has_dwarf
-
-
-def _parse_sym_line(line: str) -> Symbol:
-    addr, size, section, name = line.split(" ", 3)
-    return Symbol(name, int(addr, 16), int(size, 16), section)
 
 
 class ResultCache:
     """addr2line answers for one object file (and section), kept as JSON."""
 
     def __init__(self, directory: Path | None, obj: Path, section: str | None) -> None:
-        self.path = directory / f"{_file_key(obj, section or '')}.a2l.json" if directory else None
+        self.path = self.path_for(directory, obj, section)
         self.entries: dict[int, tuple[SourceLocation, ...]] = {}
         self.dirty = False
         if self.path and self.path.exists():
@@ -261,6 +278,11 @@ class ResultCache:
                                     for k, v in raw["entries"].items()}
             except (OSError, ValueError, TypeError, KeyError):
                 self.entries = {}
+
+    @staticmethod
+    def path_for(directory: Path | None, obj: Path, section: str | None) -> Path | None:
+        """The cache file for ``obj`` (and ``section``), or ``None`` without a cache directory."""
+        return directory / f"{_file_key(obj, section or '')}.a2l.json" if directory else None
 
     def update(self, results: dict[int, tuple[SourceLocation, ...]]) -> None:
         self.entries.update(results)
@@ -314,18 +336,46 @@ def parse_addr2line_output(text: str, count: int) -> list[tuple[SourceLocation, 
     return [tuple(parse_location(b[i], b[i + 1]) for i in range(0, len(b) - 1, 2)) for b in blocks]
 
 
+class Addr2line:
+    """One ``addr2line -a -f -i`` process for an object file, fed every address at once.
+
+    It starts at once, so that it loads the object's tables while the caller
+    is still working out which addresses to ask for.
+    """
+
+    def __init__(self, obj: Path, section: str | None = None, tool: str = "addr2line") -> None:
+        argv = [tool, "-a", "-f", "-i", "-e", os.fspath(obj), *(["-j", section] if section else [])]
+        self.obj, self.section = obj, section
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
+        except FileNotFoundError as exc:
+            raise HostError(f"'{tool}' is not installed", hint="install binutils: apt-get install binutils") from exc
+
+    def resolve(self, addresses: Sequence[int]) -> dict[int, tuple[SourceLocation, ...]]:
+        """The inline chain of every address; the process ends afterwards."""
+        stdin = "".join(f"{a:#x}\n" for a in addresses).encode()
+        try:
+            out, err = self.proc.communicate(stdin, timeout=ADDR2LINE_TIMEOUT)
+        except subprocess.TimeoutExpired as exc:
+            raise ProcessError(f"addr2line on {self.obj} timed out after {ADDR2LINE_TIMEOUT:.0f} s") from exc
+        finally:
+            self.close()
+        if self.proc.returncode != 0:
+            raise ProcessError(f"addr2line on {self.obj} exited with status {self.proc.returncode}",
+                               output=err.decode(errors="replace")[-2000:])
+        return dict(zip(addresses, parse_addr2line_output(out.decode(errors="replace"), len(addresses))))
+
+    def close(self) -> None:
+        """Stop the process if it still runs (unused, or on an error)."""
+        if self.proc.poll() is None:
+            proc.kill_group(self.proc, grace=0.5)  # type: ignore[arg-type]
+
+
 def run_addr2line(obj: Path, addresses: Sequence[int], section: str | None = None,
                   tool: str = "addr2line") -> dict[int, tuple[SourceLocation, ...]]:
     """Symbolize all ``addresses`` in ``obj`` with one addr2line process fed through stdin."""
-    if not addresses:
-        return {}
-    argv: list[str | os.PathLike[str]] = [tool, "-a", "-f", "-i", "-e", obj]
-    if section:
-        argv += ["-j", section]
-    stdin = "".join(f"{a:#x}\n" for a in addresses).encode()
-    res = proc.run(argv, ADDR2LINE_TIMEOUT, input=stdin)
-    chains = parse_addr2line_output(res.stdout.decode(errors="replace"), len(addresses))
-    return dict(zip(addresses, chains))
+    return Addr2line(obj, section, tool).resolve(addresses) if addresses else {}
 
 
 # -- source paths --------------------------------------------------------------------
@@ -461,6 +511,9 @@ class ModuleIndex:
         return out
 
 
+Key = tuple[Path, str | None]  # an object file and, for a .ko, the section addresses are relative to
+
+
 class Symbolizer:
     """Decodes :class:`Oops` reports against one vmlinux and its modules' ``.ko`` files.
 
@@ -470,7 +523,8 @@ class Symbolizer:
         (ignored when it is Debian's placeholder).
     :param cache: where to keep symbol tables and addr2line answers (default:
         :func:`default_cache_dir`); ``None`` for no cache.
-    :raise ImageError: when vmlinux is missing or has no symbols or no DWARF.
+    :raise ImageError: when vmlinux is missing; later, on first use, when it has no
+        symbols or no DWARF.
     """
 
     def __init__(self, vmlinux: Path, modules_dir: Path | None = None, *, system_map: Path | None = None,
@@ -481,16 +535,27 @@ class Symbolizer:
             raise ImageError(f"vmlinux not found: {vmlinux}",
                              hint="build the image (labctl image build) or pass --vmlinux PATH")
         self.vmlinux = vmlinux
+        self.system_map = system_map
         self.cache = cache
         self.addr2line = addr2line
         self.modules = ModuleIndex(modules_dir, cache)
-        self.table = self._vmlinux_table(system_map)
+        self._table: SymbolTable | None = None
         self._module_tables: dict[Path, SymbolTable] = {}
         self.runs: list[tuple[Path, str | None, int]] = []  # (object, section, addresses) per addr2line run
 
-    def _vmlinux_table(self, system_map: Path | None) -> SymbolTable:
-        if system_map is not None and is_real_system_map(system_map):
-            table = SymbolTable.from_system_map(system_map)
+    @property
+    def table(self) -> SymbolTable:
+        """vmlinux's symbol table (loaded on first use).
+
+        :raise ImageError: when vmlinux has no symbol table or no DWARF.
+        """
+        if self._table is None:
+            self._table = self._load_vmlinux_table()
+        return self._table
+
+    def _load_vmlinux_table(self) -> SymbolTable:
+        if self.system_map is not None and is_real_system_map(self.system_map):
+            table = SymbolTable.from_system_map(self.system_map)
             has_dwarf = read_elf(self.vmlinux, symbols=False).has_dwarf
         else:
             table, has_dwarf = load_vmlinux_symbols(self.vmlinux, self.cache)
@@ -503,16 +568,33 @@ class Symbolizer:
 
     def decode(self, oopses: Sequence[Oops]) -> list[DecodedOops]:
         """Every report with its frames located; all addresses are symbolized in one batch."""
-        decoded = [DecodedOops(o, self._locate(o.rip) if o.rip else None, [self._locate(f) for f in o.frames])
-                   for o in oopses]
-        frames = [f for d in decoded for f in ([d.rip] if d.rip else []) + d.frames]
-        base = self._symbolize(frames)
+        early = self._start_vmlinux_addr2line(oopses)
+        try:
+            decoded = [DecodedOops(o, self._locate(o.rip) if o.rip else None, [self._locate(f) for f in o.frames])
+                       for o in oopses]
+            frames = [f for d in decoded for f in ([d.rip] if d.rip else []) + d.frames]
+            base = self._symbolize(frames, early)
+        finally:
+            if early is not None:
+                early.close()
         for f in frames:
             f.locations = tuple(SourceLocation(l.func, normalize_path(l.file, base) if l.file else None, l.line)
                                 for l in f.locations)
             if f.address is not None and not f.locations and f.note is None:
                 f.note = "no line information for this address"
         return decoded
+
+    def _start_vmlinux_addr2line(self, oopses: Sequence[Oops]) -> Addr2line | None:
+        """addr2line for vmlinux, started before the symbol table is read when it will surely be needed.
+
+        It is needed when a frame is in vmlinux and no answers are cached
+        for this vmlinux yet (the first decode, or no cache at all).
+        """
+        in_vmlinux = any(f.module is None for o in oopses for f in ([o.rip] if o.rip else []) + o.frames)
+        cached = ResultCache.path_for(self.cache, self.vmlinux, None)
+        if not in_vmlinux or (cached is not None and cached.exists()):
+            return None
+        return Addr2line(self.vmlinux, None, self.addr2line)
 
     def _locate(self, frame: Frame) -> DecodedFrame:
         """The frame's address, from vmlinux's or its module's symbol table."""
@@ -533,6 +615,9 @@ class Symbolizer:
         d.address = sym.address + d.frame.offset
         if section is not None:
             d.section = sym.section
+        twins = [c for c in table.candidates(d.frame.func) if c.size == sym.size]
+        if len(twins) > 1:
+            d.note = f"ambiguous: {len(twins)} symbols {d.frame.func} of size {sym.size:#x}; using the first"
         return d
 
     def _module_table(self, ko: Path) -> SymbolTable:
@@ -540,16 +625,28 @@ class Symbolizer:
             self._module_tables[ko] = SymbolTable.from_elf(read_elf(ko))
         return self._module_tables[ko]
 
-    def _symbolize(self, frames: list[DecodedFrame]) -> str | None:
+    def symbols(self, module: str | None = None) -> SymbolTable | None:
+        """vmlinux's symbol table, or ``module``'s (``None`` when its .ko is not available)."""
+        if module is None:
+            return self.table
+        ko = self.modules.find(module)
+        return self._module_table(ko) if ko else None
+
+    def symbol_for(self, frame: Frame) -> Symbol | None:
+        """The symbol a frame is resolved against (picked by name and size)."""
+        table = self.symbols(frame.module)
+        return table.lookup(frame.func, frame.size) if table else None
+
+    def _symbolize(self, frames: list[DecodedFrame], early: Addr2line | None = None) -> str | None:
         """Fill ``locations`` for every placed frame; returns the build directory prefix if known."""
-        groups: dict[tuple[Path, str | None], set[int]] = defaultdict(set)
+        groups: dict[Key, set[int]] = defaultdict(set)
         for f in frames:
             if f.obj is not None and f.lookup_address is not None:
                 groups[(f.obj, f.section)].add(f.lookup_address)
         kernel_init = self.table.lookup("kernel_init")
         if kernel_init is not None:
             groups[(self.vmlinux, None)].add(kernel_init.address)
-        results = self._run_groups(groups)
+        results = self._run_groups(groups, {(self.vmlinux, None): early} if early else {})
         for f in frames:
             if f.obj is not None and f.lookup_address is not None:
                 f.locations = results[(f.obj, f.section)].get(f.lookup_address, ())
@@ -560,19 +657,23 @@ class Symbolizer:
                 return file[: -len("init/main.c")]
         return None
 
-    def _run_groups(self, groups: dict[tuple[Path, str | None], set[int]]
-                    ) -> dict[tuple[Path, str | None], dict[int, tuple[SourceLocation, ...]]]:
+    def _run_groups(self, groups: dict[Key, set[int]], started: dict[Key, Addr2line]
+                    ) -> dict[Key, dict[int, tuple[SourceLocation, ...]]]:
         """One addr2line per (object, section) for the addresses not cached yet, in parallel."""
         caches = {key: ResultCache(self.cache, *key) for key in groups}
         todo = {key: sorted(a for a in addrs if a not in caches[key].entries) for key, addrs in groups.items()}
         todo = {k: v for k, v in todo.items() if v}
         if todo:
-            with ThreadPoolExecutor(max_workers=min(4, len(todo))) as pool:
-                futures = {k: pool.submit(run_addr2line, k[0], v, k[1] or None, self.addr2line)
-                           for k, v in todo.items()}
-                for key, fut in futures.items():
-                    caches[key].update(fut.result())
-                    self.runs.append((key[0], key[1], len(todo[key])))
+            procs = {k: started.get(k) or Addr2line(k[0], k[1] or None, self.addr2line) for k in todo}
+            try:
+                with ThreadPoolExecutor(max_workers=len(procs)) as pool:
+                    futures = {k: pool.submit(p.resolve, todo[k]) for k, p in procs.items()}
+                    for key, fut in futures.items():
+                        caches[key].update(fut.result())
+                        self.runs.append((key[0], key[1], len(todo[key])))
+            finally:
+                for p in procs.values():
+                    p.close()
         for c in caches.values():
             c.save()
         return {key: c.entries for key, c in caches.items()}

@@ -203,8 +203,11 @@ def _softnet(g: _Guest) -> dict[str, int] | None:
 
 def _trace_loss(g: _Guest, lost_samples: int | None) -> dict[str, int | None]:
     """perf's lost samples, ftrace's lost events (overrun + commit overrun + dropped) and kprobe misses."""
-    stat = g.parsed("trace-stat.txt", lambda t: parse_trace_cmd_stat(t) if "CPU:" in t else None,
-                    "ring-buffer statistics")
+    stat = None
+    ftrace_files = ("trace.dat", "trace-stat.txt", "trace-report.txt", "trace-cmd.log")
+    if any((g.path / f).exists() for f in ftrace_files):  # only when ftrace ran in this step
+        stat = g.parsed("trace-stat.txt", lambda t: parse_trace_cmd_stat(t) if "CPU:" in t else None,
+                        "ring-buffer statistics")
     overruns = None if stat is None else stat["overrun"] + stat["commit_overrun"] + stat["dropped_events"]
     profile_text = g.text("kprobe_profile.txt", optional=True)
     profile = parse_kprobe_profile(profile_text) if profile_text is not None else None

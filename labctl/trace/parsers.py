@@ -17,6 +17,15 @@ from typing import Any
 # --------------------------------------------------------------------------- perf report
 
 
+def _float(text: str) -> float | None:
+    """``float(text)`` or None."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+
 @dataclass(frozen=True)
 class PerfRow:
     """One row of ``perf report --stdio``.
@@ -61,7 +70,7 @@ _MARKER = re.compile(r"(?:^|\s)\[([kK.gGuHs])\]\s+")
 
 
 def _perf_row(line: str) -> PerfRow | None:
-    """One data row, or None for anything else."""
+    """One data row split on whitespace (no column layout known), or None for anything else."""
     m = _ROW.fullmatch(line)
     if m is None:
         return None
@@ -74,15 +83,49 @@ def _perf_row(line: str) -> PerfRow | None:
     return PerfRow(pct, dso, rest[marker.end():].strip(), marker[1] == "k", children)
 
 
+_Columns = list[tuple[str, int, int | None]]
+
+
+def _columns(header: str, dots: str) -> _Columns:
+    """(name, start, end) per column from the ``# Overhead  Shared Object ...`` line and the dotted line under it."""
+    spans = [m.start() for m in re.finditer(r"\.+", dots)]
+    ends: list[int | None] = [*spans[1:], None]
+    return [(header[start:end].strip().lower(), start, end) for start, end in zip(spans, ends)]
+
+
+def _pct(text: str) -> float | None:
+    """``"43.07%"`` -> 43.07, or None."""
+    return _float(text.strip().rstrip("%")) if text.strip().endswith("%") else None
+
+
+def _column_row(line: str, columns: _Columns) -> PerfRow | None:
+    """One data row cut at the report's column positions, or None if it is not one."""
+    if _ROW.fullmatch(line) is None:
+        return None
+    cells = {name: line[start:end].strip() for name, start, end in columns}
+    pct = _pct(cells.get("self", cells.get("overhead", "")))
+    if pct is None:
+        return None
+    children = _pct(cells["children"]) if "children" in cells else None
+    symbol, kernel = cells.get("symbol"), False
+    if symbol is not None and (m := re.match(r"\[(.)\]\s*", symbol)) is not None:
+        symbol, kernel = symbol[m.end():], m[1] == "k"
+    return PerfRow(pct, cells.get("shared object") or None, symbol, kernel, children)
+
+
 def parse_perf_report(text: str) -> PerfReport:
     """Rows and header figures of ``perf report --stdio`` output.
 
-    Works for ``--sort dso``, ``--sort dso,sym`` and ``--sort sym`` and with
-    or without a Children column. With several events only the first
-    event's section is read. Text without any of it gives an empty report.
+    Rows are cut at the column positions of perf's dotted header line, so
+    any ``--sort`` works (``dso``, ``dso,sym``, ``comm,dso,sym`` ...), with
+    or without a Children column; without that line they are split on
+    whitespace. With several events only the first event's section is
+    read. Text without any of it gives an empty report.
     """
     rows: list[PerfRow] = []
     samples = event = count = lost = None
+    columns: _Columns | None = None
+    previous = ""
     for line in text.splitlines():
         if (m := _SAMPLES.match(line)) is not None:
             if samples is not None:
@@ -92,8 +135,12 @@ def parse_perf_report(text: str) -> PerfReport:
             count = count if count is not None else int(m[1])
         elif (m := _LOST.match(line)) is not None:
             lost = lost if lost is not None else int(m[1])
-        elif not line.startswith("#") and (row := _perf_row(line)) is not None:
-            rows.append(row)
+        elif re.fullmatch(r"#[ .]*\.[ .]*", line.rstrip()) and previous.startswith("#"):
+            columns = _columns(previous, line)
+        elif not line.startswith("#"):
+            row = _column_row(line, columns) if columns else _perf_row(line)
+            rows += [row] if row is not None else []
+        previous = line
     return PerfReport(tuple(rows), samples, event, count, lost)
 
 
@@ -129,14 +176,6 @@ def parse_perf_record_log(text: str) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- perf stat
-
-
-def _float(text: str) -> float | None:
-    """``float(text)`` or None."""
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def parse_perf_stat_csv(text: str) -> dict[str, float]:

@@ -61,15 +61,18 @@ Linux 5.10. Newer kernels may append columns; they are kept as ``colN``.
 SOFTNET_SUMMED: tuple[str, ...] = ("processed", "dropped", "time_squeeze")
 """Softnet counters whose deltas are also summed over all CPUs."""
 
-_NOT_COUNTERS = frozenset({"backlog_len", "cpu"})
+SOFTNET_COUNTERS: tuple[str, ...] = ("processed", "dropped", "time_squeeze", "received_rps", "flow_limit_count")
+"""Softnet columns that are live counters in 6.1 (the others are always 0, a gauge or the CPU index)."""
 
 
 def snapshot_commands(nics: list[str]) -> dict[str, str]:
     """File stem -> shell command for every snapshot, NIC names shell-quoted.
 
-    Each command ends in ``2>&1`` (see the module docstring). Stems are
-    unique and safe as file names as long as the NIC names are (the lab
-    model validates them). Raises nothing.
+    Each command ends in ``2>&1`` (see the module docstring), so store
+    what the command writes to stdout, e.g. the SSH channel's stdout, or
+    run ``( CMD ) > FILE``: appending ``> FILE`` to the command itself
+    would send stderr elsewhere. Stems are unique and safe as file names as
+    long as the NIC names are (the lab model validates them). Raises nothing.
     """
     cmds = {stem: f"{cmd} 2>&1" for stem, cmd in SNAPSHOTS.items()}
     for nic in nics:
@@ -119,7 +122,7 @@ def parse_snmp(text: str) -> dict[str, dict[str, int]]:
     header: tuple[str, list[str]] | None = None
     for line in text.splitlines():
         prefix, sep, rest = line.partition(":")
-        if not sep or " " in prefix.strip() or not prefix.strip():
+        if not sep or not prefix or prefix != prefix.strip() or " " in prefix:
             header = None
             continue
         fields = rest.split()
@@ -261,15 +264,15 @@ def softnet_delta(before: list[dict[str, int]], after: list[dict[str, int]]) -> 
     Returns ``{"per_cpu": {"0": {"processed": 5, ...}, ...}, "total":
     {"processed": .., "dropped": .., "time_squeeze": ..}}``. CPUs are matched
     by their ``cpu`` column; a CPU present on one side only is left out.
-    ``per_cpu`` lists every counter of each CPU, changed or not, so the
-    table has the same shape for every CPU.
+    ``per_cpu`` lists every :data:`SOFTNET_COUNTERS` counter of each CPU,
+    changed or not, so the table has the same shape for every CPU.
     """
     old = {row["cpu"]: row for row in before}
     per_cpu: dict[str, dict[str, int]] = {}
     for row in after:
         prev = old.get(row["cpu"])
         if prev is not None:
-            per_cpu[str(row["cpu"])] = {k: v - prev[k] for k, v in row.items() if k in prev and k not in _NOT_COUNTERS}
+            per_cpu[str(row["cpu"])] = {k: row[k] - prev[k] for k in SOFTNET_COUNTERS if k in row and k in prev}
     total = {k: sum(d.get(k, 0) for d in per_cpu.values()) for k in SOFTNET_SUMMED}
     return {"per_cpu": per_cpu, "total": total}
 

@@ -64,7 +64,7 @@ def tracers(spec: TraceSpec) -> list[Tracer]:
 def perf_record_argv(spec: TraceSpec, system: bool) -> list[str]:
     pr = spec.perf_record
     assert pr is not None
-    argv = ["perf", "record", "-q", "-o", "perf.data"]
+    argv = ["perf", "record", "-o", "perf.data"]  # its stderr (perf-record.log) has the exact counts
     if system:
         argv.append("-a")
     if pr.call_graph:
@@ -114,17 +114,21 @@ def postprocess(workdir: str, spec: TraceSpec) -> str:
     w = q(workdir)
     # Module symbols with their module: perf often files module samples under
     # [kernel.kallsyms]; this map gives each symbol back its driver.
-    cmds = [f"cd {w}", "grep -F '[' /proc/kallsyms > kallsyms-modules.txt"]
+    # Without vmlinux perf reads /proc/kcore and files every module's samples
+    # under [kernel.kallsyms]; a copy of kallsyms gives modules their own rows.
+    cmds = [f"cd {w}", "cat /proc/kallsyms > kallsyms.txt", "grep -F '[' kallsyms.txt > kallsyms-modules.txt"]
+    ks = "--kallsyms kallsyms.txt"
     if spec.perf_record is not None:
         cmds += [
-            "[ -s perf.data ] && perf report -i perf.data --stdio --sort dso,sym --percent-limit 0.1 "
+            f"[ -s perf.data ] && perf report -i perf.data {ks} --stdio --sort dso,sym --percent-limit 0.1 "
             "> perf-report.txt 2> perf-report.err",
-            "[ -s perf.data ] && perf report -i perf.data --stdio --sort dso > perf-report-dso.txt 2>> perf-report.err",
+            f"[ -s perf.data ] && perf report -i perf.data {ks} --stdio --sort dso > perf-report-dso.txt "
+            "2>> perf-report.err",
             "[ -s perf.data ] && perf report -i perf.data --header-only > perf-report-header.txt 2>> perf-report.err",
         ]
         if any(":" in ev for ev in (*spec.perf_record.events, *kprobe_events(spec))):
-            cmds += ["[ -s perf.data ] && perf report -i perf.data --stdio --sort event,comm > perf-report-events.txt "
-                     "2>> perf-report.err",
+            cmds += [f"[ -s perf.data ] && perf report -i perf.data {ks} --stdio --sort comm "
+                     "> perf-report-events.txt 2>> perf-report.err",
                      "[ -s perf.data ] && perf script -i perf.data 2>> perf-report.err | head -n 20000 "
                      "> perf-script.txt"]
     if spec.ftrace is not None:

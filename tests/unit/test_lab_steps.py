@@ -36,7 +36,7 @@ def test_tracer_commands_quote_everything() -> None:
     lab = load_lab(ROOT / "labs" / "perf-net-events.yaml")
     spec = lab.steps[0].trace["a"]
     (perf, _mpstat) = tr.tracers(spec)
-    assert perf.argv[:4] == ["perf", "record", "-q", "-o"]
+    assert perf.argv[:3] == ["perf", "record", "-o"]
     assert "-a" in perf.argv and "net:netif_receive_skb" in perf.argv
     start = tr.start("/tmp/labctl/x y", perf)
     assert "'/tmp/labctl/x y'" in start
