@@ -65,7 +65,8 @@ sys.exit(m.main(sys.argv[1:]))
 
 def spread_symbols(table: SymbolTable, count: int) -> list[tuple[str, int]]:
     """``count`` unambiguous .text functions of vmlinux, evenly spread by address: (name, size)."""
-    syms = sorted((s for ss in table.by_name.values() if len(ss) == 1 for s in ss
+    syms = sorted((s for name, entries in table.by_name.items() if len(entries) == 1
+                   for s in table.candidates(name)
                    if s.section == ".text" and s.size >= 0x80 and s.name.isidentifier()),
                   key=lambda s: s.address)
     step = len(syms) // count

@@ -103,6 +103,7 @@ def write_summary(bundle: Path, lab: Lab, state: LabState, results: list[Any], s
     """summary.json from the results and the raw artifacts in the bundle."""
     try:
         from labctl.trace.analyze import guest_figures
+        from labctl.trace.stats import write_delta
     except ImportError:  # analysis not installed: raw artifacts only
         def guest_figures(gdir: Path, modules: list[str]) -> dict[str, Any]:
             return {"warnings": ["figures unavailable: labctl.trace.analyze is missing"]}
@@ -116,6 +117,8 @@ def write_summary(bundle: Path, lab: Lab, state: LabState, results: list[Any], s
             gdir = bundle / r.dir / g
             if gdir.is_dir():
                 try:
+                    if (gdir / "stats" / "before").is_dir() and (gdir / "stats" / "after").is_dir():
+                        write_delta(gdir)
                     guests[g] = guest_figures(gdir, modules)
                 except Exception as exc:  # noqa: BLE001 - a figure must never lose the bundle
                     log.warning("figures for %s/%s failed: %s", r.dir, g, exc)

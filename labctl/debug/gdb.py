@@ -32,7 +32,6 @@ import os
 import queue
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -270,8 +269,11 @@ def format_stop(stop: StopRecord) -> list[str]:
 def format_transcript(t: Transcript) -> str:
     """The whole session as text (``gdb-transcript.txt``)."""
     bp = t.breakpoint
-    lines = [f"breakpoint {bp.get('number', '?')} ({bp.get('type', 'breakpoint')}) at {t.location}"
-             + (f" = {bp['where']}" if bp.get("where") else "")]
+    if bp:
+        lines = [f"breakpoint {bp.get('number', '?')} ({bp.get('type', 'breakpoint')}) at {t.location}"
+                 + (f" = {bp['where']}" if bp.get("where") else "")]
+    else:
+        lines = [f"no breakpoint set at {t.location}"]
     for stop in t.stops:
         lines.extend(format_stop(stop))
     if t.message:
@@ -625,24 +627,65 @@ def leave_running(mi: MiSession, connected: bool) -> bool:
         except DebugError:
             pass
     mi.close()
-    return detached or not connected
+    return detached
 
 
-def resume_via_qmp(qmp_socket: Path) -> bool:
-    """Last resort after a failed detach: QMP ``cont``. True when it worked."""
+def qmp_running(qmp_socket: Path | None) -> bool | None:
+    """Whether QEMU says the guest runs (None when QMP cannot tell)."""
+    from labctl.backends.qmp import qmp_execute
+    from labctl.errors import MachineError
+
+    if qmp_socket is None:
+        return None
+    try:
+        return bool(qmp_execute(qmp_socket, "query-status").get("running"))
+    except (MachineError, AttributeError):
+        return None
+
+
+def ensure_resumed(qmp_socket: Path | None, was_running: bool | None, detached: bool) -> bool:
+    """After gdb is gone: resume a guest that ran before we attached and is
+    paused now (QEMU pauses the guest on every gdb connection, even a failed
+    one, and does not resume it when gdb disconnects without detaching).
+    True when the guest is known to run (or gdb detached cleanly)."""
+    if qmp_socket is None or was_running is False:
+        return detached
+    if qmp_running(qmp_socket):
+        return True
     from labctl.backends.qmp import qmp_execute
     from labctl.errors import MachineError
 
     try:
         qmp_execute(qmp_socket, "cont")
-        return True
     except MachineError:
         return False
+    return bool(qmp_running(qmp_socket))
 
 
-def _attached(mi: MiSession, exc: BaseException | None) -> bool:
-    """Whether gdb may hold the gdbstub after :func:`attach` ended with ``exc``."""
-    return exc is None or isinstance(exc.__cause__, MiTimeout) or not isinstance(exc, DebugError)
+def gdbstub_clients(port: int, proc_net: Path = Path("/proc/net")) -> int:
+    """How many TCP connections to the gdbstub on ``127.0.0.1:port`` are established."""
+    count = 0
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (proc_net / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "01" and fields[1].rsplit(":", 1)[-1] == f"{port:04X}":
+                count += 1
+    return count
+
+
+def ensure_gdbstub_free(port: int) -> None:
+    """Refuse to connect while another gdb holds the gdbstub: QEMU would hand
+    the stub to the newcomer, breaking the other session and pausing the guest.
+
+    :raise DebugError: when a client is connected.
+    """
+    if gdbstub_clients(port):
+        raise DebugError(f"another debugger is attached to the gdbstub on 127.0.0.1:{port}",
+                         hint="detach or quit that gdb first")
 
 
 def run_breakpoint_session(port: int, vmlinux: Path, module_cmds: list[str], spec: GdbSpec, out_dir: Path,
@@ -658,22 +701,24 @@ def run_breakpoint_session(port: int, vmlinux: Path, module_cmds: list[str], spe
     same way with ``interrupted``.
 
     :param module_cmds: ``add-symbol-file`` commands (:func:`labctl.debug.modsyms.add_symbol_file_commands`).
-    :param qmp_socket: the guest's QMP socket, used to resume the guest if gdb cannot detach.
+    :param qmp_socket: the guest's QMP socket: if gdb cannot detach, the guest
+        is resumed through it (when it was running before).
     :raise DebugError: when gdb cannot load symbols, attach, or resolve the
         location (after leaving the guest running and writing the transcript).
     """
     t = Transcript(location=spec.location)
+    was_running = qmp_running(qmp_socket)
     mi = MiSession(gdb)
     connected = False
     try:
+        ensure_gdbstub_free(port)  # before the slow symbol loading; again just before connecting
         t0 = time.monotonic()
         load_symbols(mi, vmlinux, module_cmds)
         _timed(t.timings, "load_symbols", t0)
+        ensure_gdbstub_free(port)
         t1 = time.monotonic()
-        try:
-            attach(mi, port)
-        finally:  # connected, or maybe connected: the guest may be paused from here on
-            connected = _attached(mi, sys.exc_info()[1])
+        connected = True  # from the first connection attempt on, the guest may be paused
+        attach(mi, port)
         _timed(t.timings, "attach", t1)
         t1 = time.monotonic()
         t.breakpoint = insert_breakpoint(mi, spec)
@@ -683,11 +728,14 @@ def run_breakpoint_session(port: int, vmlinux: Path, module_cmds: list[str], spe
         t.error = exc.message
         t.message = t.message or exc.message
         raise
+    except KeyboardInterrupt:
+        t.interrupted = True
+        t.message = f"interrupted (Ctrl-C) after {t.hits} of {spec.hits} hits of breakpoint {spec.location}"
+        raise
     finally:
         t1 = time.monotonic()
-        t.guest_resumed = leave_running(mi, connected)
-        if not t.guest_resumed and qmp_socket is not None:
-            t.guest_resumed = resume_via_qmp(qmp_socket)
+        detached = leave_running(mi, connected)
+        t.guest_resumed = ensure_resumed(qmp_socket, was_running, detached) if connected else True
         _timed(t.timings, "detach", t1)
         write_transcript(t, out_dir)
     return t
@@ -810,8 +858,10 @@ def init_script(port: int, module_cmds: Sequence[str], source_cmds: Sequence[str
                 interactive: bool = True) -> str:
     """The gdb commands run before the prompt: settings, module symbols, source
     paths, then ``target remote`` (which pauses the guest)."""
+    quiet = ["set logging file /dev/null", "set logging redirect on", "set logging enabled on",
+             *module_cmds, "set logging enabled off", "set logging redirect off"] if module_cmds else []
     lines = ["# written by labctl gdb", "set pagination off", "set confirm off", "set print pretty on",
-             *NO_KILL_HOOK, *source_cmds, *module_cmds, f"target remote 127.0.0.1:{port}"]
+             *NO_KILL_HOOK, *source_cmds, *quiet, f"target remote 127.0.0.1:{port}"]
     if interactive:
         lines += ["set pagination on", "set confirm on",
                   "echo labctl: the guest is paused while gdb holds it; 'continue' resumes it, "

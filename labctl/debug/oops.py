@@ -82,7 +82,7 @@ _SYMBOL = r"(?P<func>[A-Za-z_.$][\w.$]*)\+0x(?P<off>[0-9a-fA-F]+)/0x(?P<size>[0-
 _FRAME = _Pattern(r"(?:\[<[0-9a-f]+>\]\s*)?(?P<q>\?\s+)?" + _SYMBOL + r"\s*$")
 _SYMBOL_ANYWHERE = re.compile(_SYMBOL)
 _RIP = _Pattern(r"RIP: (?P<seg>[0-9a-f]{4}):(?P<rest>.*)$")
-_CALL_TRACE = _Pattern(r"Call Trace:\s*$")
+_CALL_TRACE = _Pattern(r"Call [Tt]race:\s*$")
 _SECTION = _Pattern(r"<(?P<close>/?)(?P<name>TASK|IRQ|NMI|SOFTIRQ|EOI|#[A-Z]+)>\s*$")
 _STACK_LABEL = _Pattern(r"(?P<label>(?:Allocated|Freed) by task \d+"
                         r"|(?:Second to last|Last) potentially related work creation):\s*$")

@@ -369,7 +369,7 @@ class Addr2line:
     def close(self) -> None:
         """Stop the process if it still runs (unused, or on an error)."""
         if self.proc.poll() is None:
-            proc.kill_group(self.proc, grace=0.5)  # type: ignore[arg-type]
+            proc.kill_group(self.proc, grace=0.5)
 
 
 def run_addr2line(obj: Path, addresses: Sequence[int], section: str | None = None,

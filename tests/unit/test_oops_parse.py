@@ -65,7 +65,7 @@ def test_irq_and_task_sections_and_saved_registers_inside_the_trace() -> None:
     assert ("asm_sysvec_apic_timer_interrupt", "task", "call") in contexts
     # "RIP: 0010:native_safe_halt+0xb/0x10" after asm_sysvec_*: the interrupted IP, exact.
     assert ("native_safe_halt", "task", "regs") in contexts
-    assert not [f for f in warn.frames if f.kind == "regs"][0].is_return_address
+    assert not next(f for f in warn.frames if f.kind == "regs").is_return_address
     assert [f.module for f in warn.frames if f.module] == ["virtio_net", "virtio_ring", "virtio_net"]
     assert gpf.kind == "general_protection_fault" and gpf.title == "general protection fault in start_xmit"
     assert gpf.panic == "Kernel panic - not syncing: Fatal exception in interrupt"
@@ -104,8 +104,8 @@ def test_handmade_log_with_four_prefix_styles() -> None:
     ("Nov 23 01:20:00 host kernel: [  100.000731] RIP: 0010:f+0x1/0x2", " RIP: 0010:f+0x1/0x2", True),
     ("Nov 23 01:20:00 host kernel: BUG: x", "BUG: x", True),
     ("2026-11-23T01:20:00.123456+00:00 host kernel: [    5.000000] BUG: x", " BUG: x", True),
-    ("Kernel panic - not syncing: kernel: panic_on_warn set ...", "Kernel panic - not syncing: kernel: panic_on_warn "
-     "set ...", False),
+    ("Kernel panic - not syncing: kernel: panic_on_warn set", "Kernel panic - not syncing: kernel: panic_on_warn set",
+     False),
     ("[Sun Nov 23 01:21:05 2026]  dev_set_mac_address+0x81/0x120", "  dev_set_mac_address+0x81/0x120", True),
     ("kern  :warn  : [   12.0] WARNING: x", " WARNING: x", True),
     ("g| BUG: x\r\n", "g| BUG: x", False),

@@ -1,0 +1,100 @@
+"""``labctl gdb LAB GUEST [--batch CMD...]``: gdb attached to a guest's kernel.
+
+gdb starts with the image's ``vmlinux.debug``, the debug symbols of every
+module loaded in the guest, the kernel source (when the image has
+``source/``) and ``target remote`` to the guest's gdbstub. The guest is
+paused while gdb holds it; ``continue`` resumes it, ``detach`` or ``quit``
+leave it running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+
+from rich.text import Text
+
+from labctl.cli.ui import console, out
+from labctl.debug.gdb import (
+    DebugError,
+    GdbTarget,
+    ensure_gdbstub_free,
+    ensure_resumed,
+    gdb_target,
+    guest_module_commands,
+    init_script,
+    qmp_running,
+    source_commands,
+    write_init_script,
+)
+from labctl.errors import HostError
+from labctl.runstate import LabState
+
+SCRIPT_NAME = "gdb-init.gdb"
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("gdb", help="gdb attached to a guest's kernel (symbols, modules, source)",
+                       description="Start gdb attached to the guest's kernel through QEMU's gdbstub. "
+                                   "The guest is paused while gdb holds it; 'detach' or 'quit' leave it running.")
+    p.add_argument("lab")
+    p.add_argument("guest")
+    p.add_argument("--batch", metavar="CMD", nargs="+", action="extend",
+                   help="run these gdb commands non-interactively, print their output, detach")
+    p.add_argument("--no-modules", action="store_true",
+                   help="do not load module symbols (skips reading section addresses over SSH)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed for --batch (default 300)")
+    p.set_defaults(func=cmd_gdb)
+
+
+def prepare(state: LabState, guest: str, modules: bool, interactive: bool) -> tuple[GdbTarget, str]:
+    """Resolve the guest's gdb target and write its init script; returns (target, script path).
+
+    Module addresses are read over SSH *before* gdb attaches: the guest is paused afterwards.
+    """
+    if shutil.which("gdb") is None:
+        raise HostError("gdb is not installed", hint="run setup.sh (or apt-get install gdb)")
+    target = gdb_target(state, guest)
+    ensure_gdbstub_free(target.port)
+    module_cmds = guest_module_commands(state, guest, target.debug_modules) if modules else []
+    text = init_script(target.port, module_cmds, source_commands(target.source_dir, target.manifest),
+                       interactive=interactive)
+    return target, str(write_init_script(target.run_dir / SCRIPT_NAME, text))
+
+
+def cmd_gdb(args: argparse.Namespace) -> int:
+    state = LabState.load(args.lab)
+    target, script = prepare(state, args.guest, not args.no_modules, interactive=not args.batch)
+    if args.batch:
+        return run_batch(target, script, args.batch, args.timeout)
+    os.execvp("gdb", ["gdb", "-q", "-x", script, str(target.vmlinux)])
+    return 0  # not reached
+
+
+def run_batch(target: GdbTarget, script: str, commands: list[str], timeout: float) -> int:
+    """Run ``commands`` in gdb -batch after the init script, detach, print the output.
+
+    :raise DebugError: when gdb fails or runs out of time (the guest is resumed then).
+    """
+    argv = ["gdb", "-q", "-nx", "-batch", "-x", script]
+    for cmd in commands:
+        argv += ["-ex", cmd]
+    argv += ["-ex", "detach", str(target.vmlinux)]
+    was_running = qmp_running(target.qmp_socket)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        ensure_resumed(target.qmp_socket, was_running, False)
+        raise DebugError(f"gdb did not finish within {timeout:g} s", hint="raise --timeout") from exc
+    if proc.stdout:
+        out.print(Text(proc.stdout.rstrip("\n")), soft_wrap=True)
+    if proc.returncode != 0:
+        ensure_resumed(target.qmp_socket, was_running, False)
+        last = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.strip()), "")
+        raise DebugError(f"gdb failed (exit status {proc.returncode}): {last}",
+                         hint=f"init script: {script}")
+    if proc.stderr.strip():
+        console.print(Text(proc.stderr.rstrip("\n")), soft_wrap=True)
+    return 0

@@ -1,0 +1,92 @@
+"""The seed experiments as labs, run for real (shortened transfers)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from tests.conftest import ROOT, Cli
+from tests.integration.conftest import qemu_pids_under
+
+
+def _short(lab: str, tmp_path: Path, seconds: int) -> Path:
+    text = (ROOT / "labs" / lab).read_text()
+    text = re.sub(r" -t \d+", f" -t {seconds}", text)
+    path = tmp_path / lab
+    path.write_text(text)
+    return path
+
+
+def _run(cli: Cli, lab: Path, out: Path) -> Path:
+    res = cli("run", str(lab), "--out", str(out), "--accel", "tcg", "--json", timeout=1500)
+    assert res.returncode == 0, res.stdout + res.stderr
+    outcome = json.loads(res.stdout)
+    assert outcome["status"] == "ok", outcome
+    bundle = Path(outcome["bundle"])
+    assert bundle.parent == out
+    assert qemu_pids_under(cli.state_dir) == []  # run takes the lab down
+    return bundle
+
+
+def test_nic_driver_cost(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = _short("nic-driver-cost.yaml", tmp_path, 3)
+    bundle = _run(cli, lab, tmp_path / "runs")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["lab"]["sha256"] == hashlib.sha256(lab.read_bytes()).hexdigest()
+    assert set(manifest["qemu"]["argv"]) == {"client", "server"}
+    assert manifest["accel"] == "tcg" and manifest["qemu"]["version"].startswith("QEMU")
+    assert all(c["status"] == 0 for c in manifest["commands"]), manifest["commands"]
+    summary = json.loads((bundle / "summary.json").read_text())
+    steps = {s["variant"]: s for s in summary["steps"]}
+    assert list(steps) == ["rtl8139", "e1000", "virtio-net-pci"]
+    report = (bundle / "report.md").read_text()
+    drivers = {"rtl8139": ["8139cp", "8139too"], "e1000": ["e1000"], "virtio-net-pci": ["virtio_net"]}
+    for variant, step in steps.items():
+        assert step["status"] == "ok"
+        assert step["nic"]["model"] == variant
+        client = bundle / step["dir"] / "client"
+        for f in ("perf.data", "perf-report.txt", "perf-report-dso.txt", "mpstat.json",
+                  "stats/before/softnet_stat.txt", "stats/after/ethtool-S-eth1.txt", "stats/delta.json"):
+            assert (client / f).is_file(), f
+        fig = step["guests"]["client"]
+        # Throughput equals what iperf3 itself reported (receiver side, -R).
+        iperf = json.loads((client / "cmd-1.out").read_text())
+        mbit = iperf["end"]["sum_received"]["bits_per_second"] / 1e6
+        assert abs(fig["throughput_mbit_s"] - mbit) < 0.01
+        # The driver's share of all samples equals the perf report's module lines.
+        share = 0.0
+        for line in (client / "perf-report-dso.txt").read_text().splitlines():
+            m = re.match(r"\s*([\d.]+)%\s+\[(\S+)\]\s*$", line)
+            if m and m.group(2) in drivers[variant]:
+                share += float(m.group(1))
+        assert abs(fig["driver_share_all_pct"] - share) < 0.01
+        # CPU in the driver = its share of the busy samples x the CPU load.
+        assert fig["cpu_load_pct"] is not None and 0 < fig["cpu_load_pct"] <= 100
+        assert abs(fig["driver_cpu_pct"] - fig["driver_share_pct"] * fig["cpu_load_pct"] / 100) < 0.01
+        assert f"{fig['throughput_mbit_s']:.2f}".rstrip("0").rstrip(".") in report
+    assert summary["comparison"] and summary["comparison"] in report.replace("**", "")
+    html = (bundle / "report.html").read_text()
+    assert "<svg" in html and "http://" not in html and "https://" not in html
+
+
+def test_perf_net_events(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = _short("perf-net-events.yaml", tmp_path, 2)
+    bundle = _run(cli, lab, tmp_path / "runs")
+    a = bundle / "steps" / "system-wide" / "_" / "a"
+    events = (a / "perf-report-events.txt").read_text()
+    for ev in ("net:net_dev_queue", "net:netif_receive_skb", "net:net_dev_xmit", "napi:napi_poll"):
+        assert f"of event '{ev}'" in events, ev  # a count per tracepoint
+    assert "net:netif_receive_skb" in (a / "perf-script.txt").read_text()
+    assert (a / "trace.dat").stat().st_size > 0  # for KernelShark
+    assert "netif_receive_skb" in (a / "trace-report.txt").read_text()
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["steps"][0]["guests"]["a"]["trace_loss"]["ftrace_overruns"] is not None
+    # Per process: only the wrapped command's processes were sampled.
+    one = bundle / "steps" / "one-process" / "_" / "a"
+    comms = {line.split()[0] for line in (one / "perf-script.txt").read_text().splitlines() if line.strip()}
+    assert comms and comms <= {"sh", "iperf3", "perf-exec", "perf"}, comms
+    hot = bundle / "steps" / "hot-functions" / "_" / "a"
+    assert "[k]" in (hot / "perf-report.txt").read_text()
+    assert "cpu-clock" in (hot / "perf-stat.txt").read_text()
