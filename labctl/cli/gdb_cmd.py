@@ -84,7 +84,7 @@ def run_batch(target: GdbTarget, script: str, commands: list[str], timeout: floa
     argv += ["-ex", "detach", str(target.vmlinux)]
     was_running = qmp_running(target.qmp_socket)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+        proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         ensure_resumed(target.qmp_socket, was_running, False)
         raise DebugError(f"gdb did not finish within {timeout:g} s", hint="raise --timeout") from exc

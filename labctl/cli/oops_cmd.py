@@ -80,7 +80,8 @@ def render_oops(d: DecodedOops, number: int) -> list[Text]:
     """The lines showing one decoded oops: title, headline, RIP, then the trace by section."""
     o = d.oops
     lines = [Text(f"#{number} {o.title}", style="bold")]
-    lines.append(Text(f"{INDENT}line {o.line_no}: {o.headline}", style="dim"))
+    where = f"{INDENT}line {o.line_no}"
+    lines.append(Text(where if o.headline == o.title else f"{where}: {o.headline}", style="dim"))
     if o.panic:
         lines.append(Text(f"{INDENT}then: {o.panic}", style="dim"))
     if o.pid is not None:

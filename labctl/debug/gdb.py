@@ -38,13 +38,16 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pygdbmi import gdbmiparser
 
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.debug.symbolize import normalize_path
 from labctl.errors import LabctlError
+
+if TYPE_CHECKING:
+    from labctl.runstate import LabState
 
 CMD_TIMEOUT = 30.0  # one MI command; TCG makes gdbstub round trips slow
 LOAD_TIMEOUT = 120.0  # reading vmlinux.debug's symbols (~3 s normally)
@@ -765,7 +768,7 @@ class GdbTarget:
         return find_source_dir(self.image_dir)
 
 
-def gdb_target(state: Any, guest: str) -> GdbTarget:
+def gdb_target(state: LabState, guest: str) -> GdbTarget:
     """The gdb view of ``guest`` in a :class:`labctl.runstate.LabState`.
 
     :raise LabStateError: no such guest. :raise DebugError: no gdbstub or no debug kernel.
@@ -793,7 +796,7 @@ def _read_manifest(image_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def guest_module_commands(state: Any, guest: str, debug_modules: Path) -> list[str]:
+def guest_module_commands(state: LabState, guest: str, debug_modules: Path) -> list[str]:
     """``add-symbol-file`` commands for the modules loaded in ``guest`` (one SSH command)."""
     from labctl.ssh import Session
 
@@ -846,10 +849,21 @@ def source_commands(source: Path | None, manifest: Mapping[str, Any]) -> list[st
     return cmds
 
 
+# gdb's 'kill' sends QEMU the 'k' packet, which ends the QEMU process (the
+# guest dies). A hook that fails cancels the command; an error raised from a
+# gdb.Command prints just its message.
 NO_KILL_HOOK = [
+    "python",
+    "class LabctlRefuseKill(gdb.Command):",
+    "    def __init__(self):",
+    "        super().__init__('labctl-refuse-kill', gdb.COMMAND_RUNNING)",
+    "    def invoke(self, arg, from_tty):",
+    "        raise gdb.GdbError(\"labctl: 'kill' would terminate the guest's QEMU; \"",
+    "                           \"'detach' or 'quit' leave the guest running\")",
+    "LabctlRefuseKill()",
+    "end",
     "define hook-kill",
-    "python raise gdb.GdbError(\"labctl: 'kill' would terminate the guest's QEMU; "
-    "'detach' or 'quit' leave it running\")",
+    "labctl-refuse-kill",
     "end",
 ]
 
@@ -864,8 +878,8 @@ def init_script(port: int, module_cmds: Sequence[str], source_cmds: Sequence[str
              *NO_KILL_HOOK, *source_cmds, *quiet, f"target remote 127.0.0.1:{port}"]
     if interactive:
         lines += ["set pagination on", "set confirm on",
-                  "echo labctl: the guest is paused while gdb holds it; 'continue' resumes it, "
-                  "'detach' or 'quit' leave it running.\\n"]
+                  ("echo labctl: the guest is paused while gdb holds it; 'continue' resumes it, "
+                   "'detach' or 'quit' leave it running.\\n")]
     return "\n".join(lines) + "\n"
 
 

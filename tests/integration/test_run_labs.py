@@ -76,13 +76,16 @@ def test_perf_net_events(cli: Cli, image: object, tmp_path: Path) -> None:
     bundle = _run(cli, lab, tmp_path / "runs")
     a = bundle / "steps" / "system-wide" / "_" / "a"
     events = (a / "perf-report-events.txt").read_text()
-    for ev in ("net:net_dev_queue", "net:netif_receive_skb", "net:net_dev_xmit", "napi:napi_poll"):
+    for ev in ("net:net_dev_queue", "net:netif_receive_skb", "net:net_dev_xmit", "napi:napi_poll", "probe:tcp_v4_rcv"):
         assert f"of event '{ev}'" in events, ev  # a count per tracepoint
     assert "net:netif_receive_skb" in (a / "perf-script.txt").read_text()
     assert (a / "trace.dat").stat().st_size > 0  # for KernelShark
     assert "netif_receive_skb" in (a / "trace-report.txt").read_text()
     summary = json.loads((bundle / "summary.json").read_text())
-    assert summary["steps"][0]["guests"]["a"]["trace_loss"]["ftrace_overruns"] is not None
+    loss = summary["steps"][0]["guests"]["a"]["trace_loss"]
+    assert loss["ftrace_overruns"] is not None and loss["kprobe_misses"] is not None
+    profile = {ln.split()[0]: int(ln.split()[1]) for ln in (a / "kprobe_profile.txt").read_text().splitlines()}
+    assert profile["tcp_v4_rcv"] > 0 and set(profile) >= {"ip_rcv", "ip_list_rcv"}
     # Per process: only the wrapped command's processes were sampled.
     one = bundle / "steps" / "one-process" / "_" / "a"
     comms = {line.split()[0] for line in (one / "perf-script.txt").read_text().splitlines() if line.strip()}
