@@ -86,16 +86,26 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
     (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 
 
-def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> None:
-    """The lab file as run and each guest's console log so far."""
+def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> dict[str, list[str]]:
+    """The lab file as run and each guest's console log so far, oopses decoded.
+
+    Returns guest -> titles of the oopses found on its console.
+    """
+    from labctl.debug.crash import decode_console
+
     (bundle / "lab.yaml").write_text(lab.text)
+    crashes: dict[str, list[str]] = {}
     for name, rec in state.guests.items():
         d = bundle / "guests" / name
         d.mkdir(parents=True, exist_ok=True)
         try:
             shutil.copy(rec.console, d / "console.log")
         except OSError:
-            pass
+            continue
+        titles = decode_console(d / "console.log", Path(state.image["dir"]), d)
+        if titles:
+            crashes[name] = titles
+    return crashes
 
 
 def write_summary(bundle: Path, lab: Lab, state: LabState, results: list[Any], started: str,

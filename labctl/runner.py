@@ -96,11 +96,28 @@ class Runner:
     def _alive(self, guest: str) -> bool:
         return self.backend.alive(self.state.guests[guest])
 
+    def _panicked(self, guest: str) -> bool:
+        try:
+            with open(self.state.guests[guest].console, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 65536))
+                return b"Kernel panic - not syncing" in f.read()
+        except OSError:
+            return False
+
     def dead_guests(self) -> str | None:
-        """Why the lab is broken (a guest's machine is gone), or None."""
-        dead = [g for g in self.state.guests if not self._alive(g)]
+        """Why the lab is broken (a guest's machine is gone or its kernel panicked), or None."""
+        dead = [g for g in self.state.guests if not self._alive(g) or self._panicked(g)]
         if not dead:
             return None
+        from labctl.debug.crash import oops_titles
+
+        try:
+            titles = oops_titles(Path(self.state.guests[dead[0]].console).read_text(errors="replace"))
+        except OSError:
+            titles = []
+        if titles:
+            return f"guest {dead[0]} crashed: {titles[0]}; see guests/{dead[0]}/oops.txt"
         return f"guest {', '.join(dead)} stopped (its QEMU exited); see guests/{dead[0]}/console.log"
 
     def tools(self, guest: str) -> set[str]:
@@ -233,7 +250,12 @@ class Runner:
         wrapped = f"cd {q(workdir)} && timeout -s INT -k 10 {limit} sh -c {q(command)} > cmd-{i}.out 2> cmd-{i}.err"
         status = self.ssh(spec.guest).run(wrapped, timeout=spec.timeout + 60, abort=self.dead_guests).status
         self._record(i, spec, command, step, res, status, started, time.monotonic() - t0)
-        if status == 124:
+        if status < 0:  # no exit status: the connection went away; a crash shows up shortly
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not self.dead_guests():
+                time.sleep(0.5)
+            res.fail(self.dead_guests() or f"the SSH connection to {spec.guest} was lost during command {i}")
+        elif status == 124:
             res.fail(f"command {i} on {spec.guest} timed out after {limit} s: {command}")
         elif status != 0:
             res.fail(f"command {i} on {spec.guest} exited with status {status}: {command}")

@@ -1,0 +1,44 @@
+"""Crashed guests: find oopses in a console log and decode them into files."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from labctl.debug.oops import parse_oopses
+from labctl.debug.symbolize import Symbolizer
+
+log = logging.getLogger(__name__)
+
+
+def oops_titles(console_text: str) -> list[str]:
+    """Short titles of the oopses in a console log ("BUG: ... in cp_start_xmit")."""
+    return [o.title for o in parse_oopses(console_text)]
+
+
+def decode_console(console: Path, image_dir: Path, out_dir: Path) -> list[str]:
+    """Decode every oops of ``console`` against the image into ``out_dir``/oops.{txt,json}.
+
+    Returns the oops titles (empty when the log holds none). Never raises for
+    a missing vmlinux: the raw console is kept either way.
+    """
+    try:
+        text = console.read_text(errors="replace")
+    except OSError:
+        return []
+    oopses = parse_oopses(text)
+    if not oopses:
+        return []
+    titles = [o.title for o in oopses]
+    try:
+        from labctl.cli.oops_cmd import render_oops
+
+        decoded = Symbolizer(image_dir / "vmlinux.debug", image_dir / "debug-modules").decode(oopses)
+        (out_dir / "oops.json").write_text(json.dumps([d.to_json() for d in decoded], indent=2) + "\n")
+        lines = [t.plain for i, d in enumerate(decoded, 1) for t in [*render_oops(d, i)]]
+        (out_dir / "oops.txt").write_text("\n".join(lines) + "\n")
+    except Exception as exc:  # noqa: BLE001 - decoding is a bonus, the console is the record
+        log.warning("decoding the oops in %s failed: %s", console, exc)
+        (out_dir / "oops.txt").write_text("\n".join(titles) + f"\n(decoding failed: {exc})\n")
+    return titles
