@@ -14,12 +14,15 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
+# The kernel ABI the default image pins (its headers build guest/modules/).
+ABI=$(sed -n 's/^abi = "\(.*\)"/\1/p' images/debian-12/recipe.toml)
 PACKAGES=(
     qemu-system-x86 qemu-utils          # the guests
     mmdebstrap e2fsprogs dpkg xz-utils   # the image build
     python3 python3-venv                 # labctl itself
     openssh-client                       # labctl ssh
     gdb binutils                         # labctl gdb, oops decoding
+    make "linux-headers-${ABI}-amd64"    # out-of-tree lab modules (guest/modules/)
     chromium                             # tests: report.html in a headless browser
     ca-certificates
 )

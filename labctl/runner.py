@@ -275,7 +275,7 @@ class Runner:
 
         for g in guests:
             if not self._alive(g):
-                res.fail(f"guest {g} stopped during the step")
+                res.fail(self.dead_guests() or f"guest {g} stopped during the step")
                 continue
             try:
                 mine = [name for guest, name in bg if guest == g]

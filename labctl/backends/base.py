@@ -125,5 +125,9 @@ def get_backend(name: str) -> Backend:
         from labctl.backends.qemu import QemuBackend
 
         return QemuBackend()
+    if name == "libvirt":
+        from labctl.backends.libvirt import LibvirtBackend
+
+        return LibvirtBackend()
     raise UsageError(f"backend '{name}' is not available in this version",
-                     hint="use --backend qemu")
+                     hint="use --backend qemu or --backend libvirt")

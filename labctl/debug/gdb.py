@@ -44,7 +44,7 @@ from pygdbmi import gdbmiparser
 
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.debug.symbolize import normalize_path
-from labctl.errors import LabctlError
+from labctl.errors import LabctlError, UsageError
 
 if TYPE_CHECKING:
     from labctl.runstate import LabState
@@ -91,6 +91,23 @@ class GdbSpec:
     backtrace: int = 10
     timeout: float = 60.0
     hardware: bool = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.location.strip():
+            problems.append("an empty location")
+        if self.hits < 1:
+            problems.append(f"hits={self.hits} (at least 1)")
+        if self.step < 0:
+            problems.append(f"step={self.step} (0 or more)")
+        if self.step_mode not in ("line", "into", "instruction"):
+            problems.append(f"step_mode={self.step_mode!r} (line, into or instruction)")
+        if self.timeout <= 0:
+            problems.append(f"timeout={self.timeout} (more than 0)")
+        if self.backtrace < 0:
+            problems.append(f"backtrace={self.backtrace} (0 or more)")
+        if problems:
+            raise UsageError("bad gdb breakpoint spec: " + ", ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -587,11 +604,11 @@ def _collect_hits(mi: MiSession, spec: GdbSpec, bp: str, t: Transcript, stop: th
                 raise DebugError(f"the target went away ({stop_reason(stopped)})")
             continue
         t.hits += 1
-        if t.hits == 1:
-            _timed(t.timings, "first_hit", t0)
         t1 = time.monotonic()
         t.stops.append(rec.record("hit", t.hits, 0, stopped, True))
-        _timed(t.timings, "record_hit", t1)
+        if t.hits == 1:  # the first one is the slow one (gdb expands symbol tables)
+            _timed(t.timings, "first_hit", t0)
+            _timed(t.timings, "record_first_hit", t1)
         _steps(mi, spec, rec, t.hits, t, stop)
     t.message = f"breakpoint at {spec.location} hit {t.hits} time{'s' if t.hits != 1 else ''}"
 

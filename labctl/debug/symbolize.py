@@ -382,7 +382,8 @@ def run_addr2line(obj: Path, addresses: Sequence[int], section: str | None = Non
 
 _TOPDIRS = frozenset({"arch", "block", "certs", "crypto", "drivers", "fs", "include", "init", "io_uring",
                       "ipc", "kernel", "lib", "mm", "net", "rust", "samples", "scripts", "security",
-                      "sound", "virt"})
+                      "sound", "virt",
+                      "guest"})  # labctl's own out-of-tree modules: guest/modules/NAME/*.c
 
 
 def normalize_path(path: str, base: str | None = None) -> str:

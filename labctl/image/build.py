@@ -212,8 +212,35 @@ class Builder:
             return [n for n in names if os.path.join(dirname, n) in excluded]
 
         shutil.copytree(src, dst, ignore=ignore, symlinks=True)
+        self._extra_modules(dst)
         run(["chroot", self.root, "/sbin/depmod", "-a", rc.kernel_release], timeout=300)
         shutil.rmtree(self.work / "kernel")
+
+    def _extra_modules(self, moddir: Path) -> None:
+        """Build guest/modules/<name> against the host's headers for this kernel, into extra/."""
+        rc = self.recipe
+        if not rc.extra_modules:
+            return
+        headers = Path(f"/usr/src/linux-headers-{rc.kernel_release}")
+        if not (headers / "Makefile").is_file():
+            raise ImageError(f"kernel headers for {rc.kernel_release} are missing (needed for "
+                             f"{', '.join(rc.extra_modules)})",
+                             hint=f"apt-get install linux-headers-{rc.kernel_release} (setup.sh does)")
+        extra = moddir / "extra"
+        extra.mkdir(exist_ok=True)
+        for name in rc.extra_modules:
+            src = self.work / "modsrc" / name
+            shutil.copytree(resource_dir("guest") / "modules" / name, src)
+            # Source paths in the debug info read guest/modules/NAME/FILE.c, not the build dir.
+            run(["make", "-C", headers, f"M={src}", f"KCFLAGS=-fdebug-prefix-map={src}=guest/modules/{name}",
+                 "modules"], timeout=600)
+            for ko in src.glob("*.ko"):
+                shutil.copy(ko, extra / ko.name)
+                dbg = self.work / "debug-modules" / "extra"
+                dbg.mkdir(parents=True, exist_ok=True)
+                shutil.copy(ko, dbg / ko.name)  # built with -g: the oops decoder reads it
+            for c in src.glob("*.c"):  # the source, for gdb's list and readers of decoded oopses
+                shutil.copy(c, extra / c.name)
 
     def _customize(self) -> None:
         guest = resource_dir("guest")

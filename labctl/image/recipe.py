@@ -11,7 +11,7 @@ from labctl.errors import ImageError
 from labctl.paths import resource_dir
 
 # Bump when the builder's output changes for the same recipe.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Recipe:
     initramfs_modules: tuple[str, ...]
     exclude_modules: tuple[str, ...]
     debug_modules: tuple[str, ...]
+    extra_modules: tuple[str, ...]
     variant: str
     packages: tuple[str, ...]
     free_mib: int
@@ -81,6 +82,7 @@ def load_recipe(name: str) -> Recipe:
             initramfs_modules=tuple(k["initramfs_modules"]),
             exclude_modules=tuple(k.get("exclude_modules", ())),
             debug_modules=tuple(k.get("debug_modules", ())),
+            extra_modules=tuple(k.get("extra_modules", ())),
             variant=r.get("variant", "essential"), packages=tuple(r["packages"]),
             free_mib=int(r.get("free_mib", 1024)),
         )

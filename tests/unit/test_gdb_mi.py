@@ -213,8 +213,8 @@ def test_text_transcript() -> None:
 
 def test_stops_other_than_hits_and_steps_are_labelled() -> None:
     stop = StopRecord("interrupt", 0, 0, "signal-received SIGINT", parse_frame(payload(INTERRUPT)["frame"]), 5.0)
-    assert format_stop(stop) == ["interrupt stop (signal-received SIGINT) at "
-                                 "native_safe_halt (arch/x86/include/asm/irqflags.h:52)"]
+    assert format_stop(stop) == [("interrupt stop (signal-received SIGINT) at "
+                                  "native_safe_halt (arch/x86/include/asm/irqflags.h:52)")]
     odd = StopRecord("step", 1, 3, "step-timeout", FrameInfo("schedule", None, None, "0x1"), 1.0)
     assert format_stop(odd) == ["  step 3: schedule [step-timeout]"]
     failed = Transcript("nope", error="cannot set a breakpoint at nope", message="cannot set a breakpoint at nope")

@@ -35,7 +35,7 @@ def test_driver_cost_lab_runs_three_variants_over_three_models() -> None:
 def test_tracer_commands_quote_everything() -> None:
     lab = load_lab(ROOT / "labs" / "perf-net-events.yaml")
     spec = lab.steps[0].trace["a"]
-    (perf, _mpstat) = tr.tracers(spec)
+    perf = tr.tracers(spec)[0]
     assert perf.argv[:3] == ["perf", "record", "-o"]
     assert "-a" in perf.argv and "net:netif_receive_skb" in perf.argv
     start = tr.start("/tmp/labctl/x y", perf)

@@ -1,0 +1,160 @@
+"""libvirt domain XML for one guest, built by pure functions from its plan.
+
+The domain runs the same machine as the qemu backend's argv
+(:mod:`labctl.backends.qemu_argv`): direct kernel boot, the qcow2 overlay on
+virtio, the serial console in a file, pvpanic, the fw_cfg entries, and the
+same NICs. libvirt has no element for a unix ``dgram`` netdev nor for a
+``restrict=on`` slirp with host forwarding on 127.0.0.1, so the NICs (and the
+gdbstub) reach QEMU through ``<qemu:commandline>``, built by the very
+functions that build the qemu backend's argv.
+
+Nothing here touches the host: tests parse the XML directly and ``labctl up
+--show-command`` can print it.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+
+from labctl.backends.base import GuestPlan
+from labctl.backends.qemu_argv import lab_nic_args, mgmt_nic_args
+
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+EMULATOR = "/usr/bin/qemu-system-x86_64"
+FIRST_NIC_SLOT = 0x8  # libvirt's own devices take slots 0-2 (host bridge, PIIX3, disk)
+LAST_PCI_SLOT = 0x1F
+FW_CFG_NAMES = ("opt/labctl/guest", "opt/labctl/authorized_keys", "opt/labctl/host_key")
+
+ET.register_namespace("qemu", QEMU_NS)
+
+
+def domain_name(lab: str, guest: str) -> str:
+    """The libvirt domain name of a guest: ``labctl-<lab>-<guest>``."""
+    return f"labctl-{lab}-{guest}"
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    """Append a child element with attributes and optional text."""
+    el = ET.SubElement(parent, tag, attrs)
+    if text is not None:
+        el.text = text
+    return el
+
+
+def fw_cfg_files(plan: GuestPlan) -> dict[str, str]:
+    """fw_cfg name -> host file: the same entries as ``qemu_argv.control_args``."""
+    files = (plan.config, plan.authorized_keys, plan.host_key)
+    return {name: str(path) for name, path in zip(FW_CFG_NAMES, files, strict=True)}
+
+
+def pin_pci_slot(args: list[str], slot: int) -> list[str]:
+    """``args`` with its ``-device`` on PCI slot ``slot`` of ``pci.0``.
+
+    libvirt gives its own devices explicit addresses from slot 2 on, but QEMU
+    creates the raw ``-device``s first; unpinned, a NIC takes slot 2 and the
+    disk cannot start. Past the last slot the device is left to QEMU.
+    """
+    if slot > LAST_PCI_SLOT:
+        return list(args)
+    return [f"{a},bus=pci.0,addr={slot:#x}" if i and args[i - 1] == "-device" else a
+            for i, a in enumerate(args)]
+
+
+def qemu_extra_args(plan: GuestPlan) -> list[str]:
+    """What libvirt cannot express: the management NIC, the lab NICs and the gdbstub."""
+    args = pin_pci_slot(mgmt_nic_args(plan), FIRST_NIC_SLOT)
+    for i, nic in enumerate(plan.guest.nics, start=1):
+        args += pin_pci_slot(lab_nic_args(nic, plan.ports[nic.name]), FIRST_NIC_SLOT + i)
+    if plan.gdb_port:
+        args += ["-gdb", f"tcp:127.0.0.1:{plan.gdb_port}"]
+    return args
+
+
+def _os(dom: ET.Element, plan: GuestPlan) -> None:
+    """Direct kernel boot of the image's kernel and initramfs on a ``pc`` machine."""
+    os_el = _sub(dom, "os")
+    _sub(os_el, "type", "hvm", arch="x86_64", machine="pc")
+    _sub(os_el, "kernel", str(plan.image.kernel))
+    _sub(os_el, "initrd", str(plan.image.initrd))
+    _sub(os_el, "cmdline", " ".join(plan.kernel_args))
+
+
+def _cpu(dom: ET.Element, plan: GuestPlan) -> None:
+    """``-cpu host`` under KVM, ``-cpu max`` under TCG (libvirt >= 7.1: mode='maximum')."""
+    _sub(dom, "cpu", mode="host-passthrough" if plan.accel == "kvm" else "maximum")
+
+
+def _sysinfo(dom: ET.Element, plan: GuestPlan) -> None:
+    """The guest's configuration as fw_cfg files (libvirt >= 6.5)."""
+    sysinfo = _sub(dom, "sysinfo", type="fwcfg")
+    for name, path in fw_cfg_files(plan).items():
+        _sub(sysinfo, "entry", name=name, file=path)
+
+
+def _devices(dom: ET.Element, plan: GuestPlan) -> None:
+    """Disk, serial console, pvpanic; no USB, balloon, video or default NIC."""
+    devs = _sub(dom, "devices")
+    _sub(devs, "emulator", EMULATOR)
+    disk = _sub(devs, "disk", type="file", device="disk")
+    _sub(disk, "driver", name="qemu", type="qcow2", cache="unsafe", discard="unmap")
+    _sub(disk, "source", file=str(plan.overlay))
+    _sub(disk, "target", dev="vda", bus="virtio")
+    serial = _sub(devs, "serial", type="file")
+    _sub(serial, "source", path=str(plan.console))
+    _sub(serial, "target", port="0")
+    console = _sub(devs, "console", type="file")
+    _sub(console, "source", path=str(plan.console))
+    _sub(console, "target", type="serial", port="0")
+    _sub(devs, "controller", type="usb", model="none")
+    _sub(devs, "memballoon", model="none")
+    _sub(devs, "panic", model="isa")
+
+
+def _seclabels(dom: ET.Element, other_models: Iterable[str]) -> None:
+    """QEMU runs as root without relabelling: it must reach the root-owned 0700 run dir."""
+    dac = _sub(dom, "seclabel", type="static", model="dac", relabel="no")
+    _sub(dac, "label", "+0:+0")
+    for model in other_models:
+        if model not in ("dac", "none"):
+            _sub(dom, "seclabel", type="none", model=model)
+
+
+def _commandline(dom: ET.Element, args: list[str]) -> None:
+    """Raw QEMU arguments, one ``<qemu:arg value=.../>`` each (ElementTree escapes them)."""
+    cl = _sub(dom, f"{{{QEMU_NS}}}commandline")
+    for arg in args:
+        _sub(cl, f"{{{QEMU_NS}}}arg", value=arg)
+
+
+def build_domain(plan: GuestPlan, security_models: Iterable[str] = ()) -> ET.Element:
+    """The ``<domain>`` element for ``plan``.
+
+    ``security_models`` are the host's libvirt security drivers (from its
+    capabilities); every one but DAC is switched off for the domain.
+    """
+    dom = ET.Element("domain", type="kvm" if plan.accel == "kvm" else "qemu")
+    _sub(dom, "name", domain_name(plan.lab, plan.guest.name))
+    _sub(dom, "title", f"labctl lab {plan.lab}, guest {plan.guest.name}")
+    _sub(dom, "memory", str(plan.guest.memory), unit="MiB")
+    _sub(dom, "vcpu", str(plan.guest.cpus), placement="static")
+    _sysinfo(dom, plan)
+    _os(dom, plan)
+    features = _sub(dom, "features")
+    _sub(features, "acpi")  # the power button: 'stop' is an ACPI shutdown
+    _cpu(dom, plan)
+    _sub(dom, "clock", offset="utc")
+    _sub(dom, "on_poweroff", "destroy")
+    _sub(dom, "on_reboot", "destroy")  # -no-reboot, as the qemu backend
+    _sub(dom, "on_crash", "destroy")  # pvpanic: the machine stops, as the qemu backend's
+    _devices(dom, plan)
+    _seclabels(dom, security_models)
+    _commandline(dom, qemu_extra_args(plan))
+    return dom
+
+
+def domain_xml(plan: GuestPlan, security_models: Iterable[str] = ()) -> str:
+    """The domain XML document for ``plan`` (indented, one element a line)."""
+    dom = build_domain(plan, security_models)
+    ET.indent(dom)
+    return ET.tostring(dom, encoding="unicode") + "\n"
