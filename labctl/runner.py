@@ -15,6 +15,7 @@ import logging
 import os
 import shlex
 import stat
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,14 @@ def now() -> str:
 
 
 @dataclass
+class GdbRun:
+    stop: threading.Event
+    thread: threading.Thread | None = None
+    transcript: Any = None
+    error: str | None = None
+
+
+@dataclass
 class StepResult:
     name: str
     variant: str | None
@@ -49,6 +58,7 @@ class StepResult:
     nic: dict[str, Any] | None = None
     guests: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    gdb: dict[str, Any] | None = None
 
     def fail(self, reason: str) -> None:
         if self.status != "failed":
@@ -157,15 +167,20 @@ class Runner:
         self.events.step_started(step.name, label)
         t0 = time.monotonic()
         nic_guest = self._nic(step, row, res)
-        involved = list(dict.fromkeys([*(r.guest for r in step.run), *step.trace, *([nic_guest] if nic_guest else [])]))
+        gdb_guest = [step.gdb.guest] if step.gdb else []
+        involved = list(dict.fromkeys([*(r.guest for r in step.run), *step.trace,
+                                       *([nic_guest] if nic_guest else []), *gdb_guest]))
         res.guests = involved
         workdir = f"{GUEST_ROOT}/{step.name}-{label or NO_VARIANT}"
         bg: list[tuple[str, str]] = []
+        gdb = None
         try:
             try:
                 self._prepare(involved, workdir, step, res)
+                gdb = self._start_gdb(step, row, rel, res)
                 self._run_commands(step, row, workdir, res, bg)
             finally:
+                self._join_gdb(gdb, res)
                 self._finish(step, involved, workdir, res, bg, nic_guest)
         except KeyboardInterrupt:
             res.fail("interrupted (Ctrl-C)")
@@ -218,6 +233,54 @@ class Runner:
                     continue
                 self.sh(g, tr.start(workdir, t))
         time.sleep(1.0)  # let the tracers attach before the workload starts
+
+    def _start_gdb(self, step: Step, row: dict[str, str], rel: Path, res: StepResult) -> GdbRun | None:
+        """Start the step's scripted gdb session in a thread; it runs while the commands do."""
+        if step.gdb is None:
+            return None
+        from labctl.debug.gdb import GdbSpec, gdb_target, guest_module_commands
+
+        g = step.gdb
+        target = gdb_target(self.state, g.guest)
+        out = self.dir / rel / g.guest
+        out.mkdir(parents=True, exist_ok=True)
+        mods = guest_module_commands(self.state, g.guest, target.debug_modules)
+        spec = GdbSpec(render(g.location, row, self.addresses, quote=False), g.hits, g.step,
+                       g.step_mode, g.registers, True, g.backtrace, g.timeout)  # type: ignore[arg-type]
+        run = GdbRun(threading.Event())
+
+        def go() -> None:
+            from labctl.debug.gdb import run_breakpoint_session
+
+            try:
+                run.transcript = run_breakpoint_session(target.port, target.vmlinux, mods, spec, out, run.stop,
+                                                        qmp_socket=target.qmp_socket)
+            except LabctlError as exc:
+                run.error = exc.message
+            except Exception as exc:  # noqa: BLE001 - reported on the step, never lost
+                run.error = f"gdb session failed: {exc}"
+
+        run.thread = threading.Thread(target=go, name="gdb", daemon=True)
+        run.thread.start()
+        return run
+
+    def _join_gdb(self, run: GdbRun | None, res: StepResult) -> None:
+        if run is None or run.thread is None:
+            return
+        if res.status == "failed":
+            run.stop.set()
+        run.thread.join(timeout=600)
+        if run.thread.is_alive():
+            run.stop.set()
+            run.thread.join(timeout=60)
+        t = run.transcript
+        if run.error:
+            res.fail(run.error)
+        elif t is not None:
+            if t.timed_out:
+                res.warnings.append(t.message or "the gdb breakpoint was never hit")
+            res.gdb = {"breakpoint": t.breakpoint, "hits": t.hits, "timed_out": t.timed_out,
+                       "message": t.message, "transcript": "gdb-transcript.txt"}
 
     def _run_commands(self, step: Step, row: dict[str, str], workdir: str, res: StepResult,
                       bg: list[tuple[str, str]]) -> None:

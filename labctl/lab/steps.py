@@ -39,7 +39,11 @@ from typing import Any
 
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
-_STEP_KEYS = ("name", "description", "matrix", "nic", "run", "trace")
+_STEP_KEYS = ("name", "description", "matrix", "nic", "run", "trace", "gdb")
+_GDB_KEYS = ("guest", "break", "hits", "step", "step_mode", "registers", "backtrace", "timeout")
+STEP_MODES = ("line", "into", "instruction")
+_LOCATION = re.compile(r"[A-Za-z0-9_.:*+/-]{1,200}")
+_REGISTER = re.compile(r"[a-z0-9]{2,8}")
 _RUN_KEYS = ("guest", "command", "background", "timeout", "ready_after")
 _TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "stats")
 _PERF_RECORD_KEYS = ("events", "call_graph", "frequency", "target")
@@ -96,6 +100,20 @@ class TraceSpec:
 
 
 @dataclass(frozen=True)
+class GdbStep:
+    """A scripted gdb breakpoint session that runs alongside the step's commands."""
+
+    guest: str
+    location: str  # template
+    hits: int = 1
+    step: int = 0
+    step_mode: str = "line"
+    registers: tuple[str, ...] = ("rip", "rsp", "rdi", "rsi")
+    backtrace: int = 10
+    timeout: float = 60.0
+
+
+@dataclass(frozen=True)
 class Step:
     name: str
     description: str
@@ -104,6 +122,7 @@ class Step:
     run: tuple[RunSpec, ...]
     trace: dict[str, TraceSpec]
     line: int
+    gdb: GdbStep | None = None
 
     def variants(self) -> list[dict[str, str]]:
         """The matrix rows, or one empty row when the step has no matrix."""
@@ -175,9 +194,40 @@ class StepParser:
             self._check_nic(nic, matrix, m.value_line("nic"), f"{path}.nic")
         run = self._runs(m, path, known)
         trace = self._traces(m, path, known)
+        gdb = self._gdb(m, path, known)
         if name is None:
             return None
-        return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line)
+        return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb)
+
+    def _gdb(self, m: YamlMap, path: str, known: set[str]) -> GdbStep | None:
+        c = self.check
+        if m.get("gdb") is None:
+            return None
+        gpath = f"{path}.gdb"
+        g = c.mapping(m["gdb"], m.value_line("gdb"), gpath, allow_null=False)
+        if g is None:
+            return None
+        c.keys(g, gpath, _GDB_KEYS, ("guest", "break"))
+        guest = self._guest(g, "guest", gpath)
+        loc = c.string(g, "break", gpath, required=True)
+        if loc is not None:
+            self._templates(loc, known, g.value_line("break"), f"{gpath}.break")
+            if not _LOCATION.fullmatch(_TEMPLATE.sub("x", loc)):
+                c.add(g.value_line("break"), f"{gpath}.break",
+                      f"invalid breakpoint location '{loc}' (a function, FILE:LINE or *ADDR)")
+                loc = None
+        mode = c.string(g, "step_mode", gpath) or "line"
+        if mode not in STEP_MODES:
+            c.add(g.value_line("step_mode"), f"{gpath}.step_mode", f"step_mode must be one of {', '.join(STEP_MODES)}")
+        regs = self._strings(g, "registers", gpath, _REGISTER, "register") or ("rip", "rsp", "rdi", "rsi")
+        hits = c.integer(g, "hits", gpath, (1, 1000))
+        step = c.integer(g, "step", gpath, (0, 1000))
+        bt = c.integer(g, "backtrace", gpath, (0, 100))
+        timeout = c.integer(g, "timeout", gpath, (1, 3600), " s")
+        if guest is None or loc is None:
+            return None
+        return GdbStep(guest, loc, hits or 1, step or 0, mode, regs, 10 if bt is None else bt,
+                       float(timeout or 60))
 
     def _matrix(self, m: YamlMap, path: str) -> tuple[dict[str, str], ...]:
         c = self.check
