@@ -7,7 +7,7 @@ import argparse
 from rich.table import Table
 
 from labctl.cli.ui import StepsReporter, out, print_json
-from labctl.image.build import build_image
+from labctl.image.build import add_source, build_image
 from labctl.image.recipe import load_recipe, recipe_names
 from labctl.image.store import Image, ImageStore
 
@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b = isub.add_parser("build", help="build an image from its recipe under images/ (cached)")
     b.add_argument("name", nargs="?", default="debian-12")
     b.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    b.add_argument("--with-source", action="store_true",
+                   help="also unpack the matching kernel source (Debian linux-source) for gdb's list")
     b.set_defaults(func=build)
     ls = isub.add_parser("list", help="list built images and known recipes")
     ls.add_argument("--json", action="store_true")
@@ -39,13 +41,19 @@ def ensure_image(name: str) -> Image:
 def build(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.name)
     store = ImageStore()
-    if not args.force and store.get(args.name, recipe.key()):
+    img = store.get(args.name, recipe.key())
+    if img and not args.force:
         out.print(f"image {args.name} ({recipe.key()}) is up to date")
-        return 0
-    rep = StepsReporter(f"building image {args.name}")
-    with rep.running():
-        img = build_image(recipe, store, rep, force=args.force)
-    out.print(f"built {img.name} ({img.key}) in {img.dir}")
+    else:
+        rep = StepsReporter(f"building image {args.name}")
+        with rep.running():
+            img = build_image(recipe, store, rep, force=args.force)
+        out.print(f"built {img.name} ({img.key}) in {img.dir}")
+    if args.with_source:
+        rep = StepsReporter(f"kernel source for {args.name}")
+        with rep.running():
+            src = add_source(img, rep)
+        out.print(f"kernel source in {src}")
     return 0
 
 

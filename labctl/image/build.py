@@ -316,3 +316,44 @@ def build_image(recipe: Recipe, store: ImageStore | None = None,
                 reporter: Reporter | None = None, force: bool = False) -> Image:
     """Build ``recipe`` into ``store`` (default: the user's cache) and return the image."""
     return Builder(recipe, store or ImageStore(), reporter).build(force=force)
+
+
+def add_source(image: Image, reporter: Reporter | None = None) -> Path:
+    """Unpack the kernel source matching ``image`` into ``<image>/source`` (for gdb's list).
+
+    Uses Debian's ``linux-source-X.Y`` at the image kernel's version; idempotent.
+
+    :raise ImageError: when the package cannot be had.
+    """
+    r = reporter or NullReporter()
+    dest = image.dir / "source"
+    if dest.is_dir() and any(dest.iterdir()):
+        r.note(f"kernel source already in {dest}")
+        return dest
+    release = image.kernel_release  # 6.1.0-56-amd64
+    major_minor = ".".join(release.split(".")[:2])
+    package = f"linux-source-{major_minor}"
+    version = str(image.manifest.get("kernel", {}).get("version", ""))
+    with r.step(f"download {package}"):
+        deb = apt_download(package, cache_dir() / "downloads")
+    if version and f"_{version}_" not in deb.name:
+        raise ImageError(f"{deb.name} does not match the image kernel {version}",
+                         hint="run 'apt-get update', or rebuild the image")
+    tmp = image.dir / f".source-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with r.step("unpack kernel source"):
+            run_pipeline([["dpkg-deb", "--fsys-tarfile", deb],
+                          ["tar", "-x", "-C", tmp, "--wildcards", "./usr/src/linux-source-*.tar.xz"]], timeout=1800)
+            (tarball,) = list((tmp / "usr" / "src").glob("linux-source-*.tar.xz"))
+            out = tmp / "tree"
+            out.mkdir()
+            run(["tar", "-xJf", tarball, "-C", out], timeout=1800)
+        out.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    manifest = dict(image.manifest)
+    manifest["source"] = {"package": package, "file": deb.name, "dir": "source"}
+    (image.dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return dest
