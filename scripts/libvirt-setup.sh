@@ -28,6 +28,22 @@ if [ ${#missing[@]} -gt 0 ]; then
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# QEMU runs as root: the guests' files live in root's 0700 run directories,
+# and libvirt's capability probes must see the same /dev/kvm access every
+# time (root-only here): probing as libvirt-qemu flips "KVM usable" and makes
+# libvirtd re-probe every QEMU binary on each domain start (~1 min, or a hang).
+CONF=/etc/libvirt/qemu.conf
+MARK="# labctl: QEMU as root"
+if ! grep -qF "$MARK" "$CONF"; then
+    say "configuring $CONF: QEMU runs as root"
+    printf '\n%s (scripts/libvirt-setup.sh)\nuser = "+0"\ngroup = "+0"\n' "$MARK" >> "$CONF"
+    if [ -s /run/libvirtd.pid ] && kill -0 "$(cat /run/libvirtd.pid)" 2>/dev/null; then
+        say "restarting libvirtd for the new configuration"
+        kill "$(cat /run/libvirtd.pid)"
+        for _ in $(seq 1 50); do kill -0 "$(cat /run/libvirtd.pid 2>/dev/null)" 2>/dev/null || break; sleep 0.2; done
+    fi
+fi
+
 if ! virsh -c "$URI" version >/dev/null 2>&1; then
     if ! pgrep -x libvirtd >/dev/null; then
         say "starting libvirtd"

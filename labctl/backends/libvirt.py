@@ -110,11 +110,13 @@ def _is_running(dom: Any) -> bool:
 
 
 def _security_models(conn: Any) -> list[str]:
-    """The security drivers libvirtd uses (``dac``, ``apparmor``, ``selinux``, ``none``)."""
-    import xml.etree.ElementTree as ET
+    """libvirtd's primary security driver (``none``, ``apparmor``, ``selinux``).
 
-    caps = ET.fromstring(conn.getCapabilities())
-    return [m.text for m in caps.findall("./host/secmodel/model") if m.text]
+    Not ``getCapabilities()``: that re-validates every QEMU binary's probed
+    capabilities on each call, which is slow and has hung libvirtd here.
+    """
+    model = conn.getSecurityModel()[0]
+    return [model] if model else []
 
 
 def _console_path(xml: str) -> str | None:
@@ -159,7 +161,8 @@ def _log_reason(lines: list[str]) -> str:
     """The telling part of a libvirt QEMU log: QEMU's last error of the last run, and why it stopped."""
     starts = [i for i, ln in enumerate(lines) if ": starting up" in ln]
     run = lines[starts[-1]:] if starts else lines
-    errors = [ln for ln in run if "qemu-system" in ln and ": " in ln and not ln.startswith("LC_ALL")]
+    errors = [ln for ln in run if "qemu-system" in ln and ": " in ln
+              and not ln.startswith("LC_ALL") and "terminating on signal" not in ln]
     last = run[-1] if run else ""
     if errors and errors[-1] != last:
         return f"{errors[-1]} ({last})" if "shutting down" in last else errors[-1]

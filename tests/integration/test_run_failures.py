@@ -69,3 +69,24 @@ def test_killing_a_guest_mid_step_keeps_earlier_artifacts_and_the_reason(cli: Cl
 def _second_step_running(cli: Cli) -> bool:
     res = cli("exec", "killed", "a", "--", "pgrep -f 'ping -c 600'")
     return res.returncode == 0
+
+
+def test_ctrl_c_during_a_step_writes_the_bundle_and_stops_everything(cli: Cli, image: object,
+                                                                      tmp_path: Path) -> None:
+    lab = tmp_path / "killed.yaml"
+    lab.write_text(LAB)
+    runs = tmp_path / "runs"
+    proc = cli.popen("run", str(lab), "--out", str(runs), "--accel", "tcg")
+    wait_for(lambda: (cli.state_dir / "labs" / "killed" / "state.json").exists(), 120, "the lab")
+    wait_for(lambda: _second_step_running(cli), 240, "the second step")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    (bundle,) = list(runs.iterdir())
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "interrupted" in manifest["reason"]
+    assert (bundle / "report.md").exists()
+    assert (bundle / "steps" / "first" / "_" / "a" / "cmd-0.out").exists()
+    wait_for(lambda: not qemu_pids_under(cli.state_dir), 30, "QEMU to go")
+    assert not (cli.state_dir / "labs" / "killed").exists()

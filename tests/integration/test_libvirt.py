@@ -1,0 +1,66 @@
+"""The libvirt backend, end to end: the quickstart lab as transient libvirt domains."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import ROOT, Cli
+from tests.integration.conftest import qemu_pids_under
+
+LAB = ROOT / "labs" / "quickstart.yaml"
+ADDRS = {"a": "10.10.0.1", "b": "10.10.0.2", "c": "10.10.0.3"}
+DRIVERS = {"a": {"8139cp", "8139too"}, "b": {"e1000"}, "c": {"virtio_net"}}
+URI = os.environ.get("LABCTL_LIBVIRT_URI") or "qemu:///system"
+
+
+def _virsh(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["virsh", "-c", URI, *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+@pytest.fixture
+def libvirtd() -> None:
+    """Skip unless libvirtd answers on the URI (scripts/libvirt-setup.sh sets it up)."""
+    if shutil.which("virsh") is None:
+        pytest.skip("libvirt is not installed (virsh missing): run scripts/libvirt-setup.sh")
+    version = _virsh("version")
+    if version.returncode != 0:
+        pytest.skip(f"libvirtd is not reachable at {URI}: {version.stderr.strip()}")
+
+
+def _lab_domains() -> list[str]:
+    names = _virsh("list", "--all", "--name")
+    assert names.returncode == 0, names.stderr
+    return [n for n in names.stdout.split() if n.startswith("labctl-quickstart-")]
+
+
+def test_quickstart_on_libvirt(cli: Cli, image: object, libvirtd: None) -> None:
+    assert _lab_domains() == [], "a labctl-quickstart domain is already defined"
+    up = cli("up", str(LAB), "--backend", "libvirt", "--accel", "tcg")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        assert sorted(_lab_domains()) == [f"labctl-quickstart-{g}" for g in "abc"]
+        status = json.loads(cli("status", "--json", check=True).stdout)
+        (lab,) = status["labs"]
+        assert lab["backend"] == "libvirt"
+        assert {g["name"]: g["state"] for g in lab["guests"]} == {g: "running" for g in "abc"}
+
+        for name in ADDRS:
+            drv = cli("exec", "quickstart", name, "--", "ethtool", "-i", "eth1", check=True).stdout
+            driver = drv.splitlines()[0].split(": ", 1)[1]
+            assert driver in DRIVERS[name], drv
+            for other, ip in ADDRS.items():
+                if other != name:
+                    ping = cli("exec", "quickstart", name, "--", "ping", "-c", "2", "-W", "3", ip)
+                    assert ping.returncode == 0, f"{name} -> {other}: {ping.stdout}{ping.stderr}"
+    finally:
+        down = cli("down", "quickstart")
+    assert down.returncode == 0, down.stderr
+    assert _lab_domains() == []
+    assert qemu_pids_under(cli.state_dir) == []
+    assert not (cli.state_dir / "labs" / "quickstart").exists()

@@ -1,0 +1,164 @@
+"""The libvirt domain XML is data: built from the plan, checked here."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from labctl.backends.base import GuestPlan, get_backend
+from labctl.backends.libvirt import _log_reason
+from labctl.backends.libvirt_xml import FIRST_NIC_SLOT, QEMU_NS, build_domain, domain_name, domain_xml, pin_pci_slot
+from labctl.backends.qemu_argv import lab_nic_args, mgmt_nic_args
+from labctl.image.store import Image
+from labctl.lab import load_lab
+from labctl.lifecycle import mgmt_mac
+from labctl.netplan import plan_networks
+
+ROOT = Path(__file__).resolve().parents[2]
+Q = f"{{{QEMU_NS}}}"
+
+
+def _plans(tmp_path: Path, lab_file: Path = ROOT / "labs" / "quickstart.yaml", accel: str = "tcg",
+           gdb: int | None = 41000) -> dict[str, GuestPlan]:
+    lab = load_lab(lab_file)
+    img = Image("debian-12", "k", tmp_path / "img", {"boot_args": ["quiet"], "kernel": {"release": "6.1"}})
+    segs = plan_networks(lab, tmp_path / "net")
+    plans = {}
+    for i, g in enumerate(lab.guests.values()):
+        ports = {n.name: next(p for p in segs[n.network].ports if p.guest == g.name and p.nic == n.name)
+                 for n in g.nics}
+        plans[g.name] = GuestPlan(lab.name, g, tmp_path / g.name, img, accel, 40000 + i,
+                                  mgmt_mac(lab.name, g.name), ports, ("console=ttyS0", "quiet"),
+                                  gdb_port=gdb and gdb + i)
+    return plans
+
+
+def _find(el: ET.Element, path: str) -> ET.Element:
+    found = el.find(path)
+    assert found is not None, path
+    return found
+
+
+def _args(dom: ET.Element) -> list[str]:
+    return [a.get("value", "") for a in dom.findall(f"{Q}commandline/{Q}arg")]
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_xml_is_well_formed_and_names_the_domain(tmp_path: Path) -> None:
+    plan = _plans(tmp_path)["a"]
+    text = domain_xml(plan)
+    dom = ET.fromstring(text)  # parses: well formed
+    assert dom.tag == "domain" and dom.get("type") == "qemu"
+    assert dom.findtext("name") == domain_name("quickstart", "a") == "labctl-quickstart-a"
+    assert 'xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0"' in text
+    assert dom.findtext("memory") == str(plan.guest.memory) and _find(dom, "memory").get("unit") == "MiB"
+    assert dom.findtext("vcpu") == str(plan.guest.cpus)
+
+
+def test_direct_kernel_boot_disk_console_and_panic(tmp_path: Path) -> None:
+    plan = _plans(tmp_path)["b"]
+    dom = build_domain(plan)
+    assert _find(dom, "os/type").get("machine") == "pc"
+    assert dom.findtext("os/kernel") == str(plan.image.kernel)
+    assert dom.findtext("os/initrd") == str(plan.image.initrd)
+    assert dom.findtext("os/cmdline") == "console=ttyS0 quiet"
+    disk = _find(dom, "devices/disk")
+    assert _find(disk, "source").get("file") == str(plan.overlay)
+    assert _find(disk, "target").get("bus") == "virtio"
+    assert _find(disk, "driver").get("type") == "qcow2"
+    assert _find(dom, "devices/serial").get("type") == "file"
+    assert _find(dom, "devices/serial/source").get("path") == str(plan.console)
+    assert _find(dom, "devices/console/target").get("type") == "serial"
+    assert _find(dom, "devices/panic").get("model") == "isa"
+    assert dom.find("features/acpi") is not None  # the power button that 'down' presses
+    assert dom.findtext("on_reboot") == "destroy"
+
+
+def test_fw_cfg_entries_are_the_qemu_backends(tmp_path: Path) -> None:
+    plan = _plans(tmp_path)["c"]
+    sysinfo = build_domain(_find(plan), "sysinfo")
+    assert sysinfo.get("type") == "fwcfg"
+    entries = {e.get("name"): e.get("file") for e in sysinfo.findall("entry")}
+    assert entries == {"opt/labctl/guest": str(plan.config),
+                       "opt/labctl/authorized_keys": str(plan.authorized_keys),
+                       "opt/labctl/host_key": str(plan.host_key)}
+
+
+def test_every_nic_reaches_qemu_as_the_qemu_backend_builds_it(tmp_path: Path) -> None:
+    for plan in _plans(tmp_path).values():
+        args = _args(build_domain(plan))
+        mgmt = mgmt_nic_args(plan)
+        assert mgmt[1] in _pairs(args, "-netdev")
+        assert f"{mgmt[3]},bus=pci.0,addr={FIRST_NIC_SLOT:#x}" in _pairs(args, "-device")
+        for nic in plan.guest.nics:
+            lab = lab_nic_args(nic, plan.ports[nic.name])
+            assert lab[1] in _pairs(args, "-netdev")
+            assert any(d.startswith(lab[3] + ",bus=pci.0,addr=") for d in _pairs(args, "-device"))
+        (user,) = [n for n in _pairs(args, "-netdev") if n.startswith("user,")]
+        assert "restrict=on" in user and f"hostfwd=tcp:127.0.0.1:{plan.ssh_port}-:22" in user
+
+
+def test_nics_get_distinct_pci_slots_clear_of_libvirts(tmp_path: Path) -> None:
+    plan = _plans(tmp_path)["a"]
+    devices = _pairs(_args(build_domain(plan)), "-device")
+    slots = [int(d.rsplit("addr=", 1)[1], 16) for d in devices]
+    assert len(set(slots)) == len(slots) and min(slots) > 2
+    assert pin_pci_slot(["-device", "e1000,netdev=x"], 0x20) == ["-device", "e1000,netdev=x"]
+
+
+def test_gdbstub_only_on_loopback(tmp_path: Path) -> None:
+    for plan in _plans(tmp_path).values():
+        args = _args(build_domain(plan))
+        assert _pairs(args, "-gdb") == [f"tcp:127.0.0.1:{plan.gdb_port}"]
+        assert "-s" not in args
+    for plan in _plans(tmp_path, gdb=None).values():
+        assert "-gdb" not in _args(build_domain(plan))
+
+
+def test_qemu_runs_as_root_without_relabelling(tmp_path: Path) -> None:
+    dom = build_domain(_plans(tmp_path)["a"], security_models=["apparmor", "none"])
+    labels = {s.get("model"): s for s in dom.findall("seclabel")}
+    dac = labels["dac"]
+    assert (dac.get("type"), dac.get("relabel"), dac.findtext("label")) == ("static", "no", "+0:+0")
+    assert labels["apparmor"].get("type") == "none"
+    assert "none" not in labels
+
+
+def test_accelerator_and_cpu(tmp_path: Path) -> None:
+    tcg = build_domain(_plans(tmp_path)["a"])
+    assert tcg.get("type") == "qemu" and _find(tcg, "cpu").get("mode") == "maximum"
+    kvm = build_domain(_plans(tmp_path, accel="kvm")["a"])
+    assert kvm.get("type") == "kvm" and _find(kvm, "cpu").get("mode") == "host-passthrough"
+
+
+def test_awkward_paths_are_escaped_for_xml_and_qemu(tmp_path: Path) -> None:
+    odd = tmp_path / "a,b&c<d>'e\""
+    plan = _plans(odd)["c"]
+    dom = ET.fromstring(domain_xml(plan))  # still well formed
+    assert _find(dom, "devices/disk/source").get("file") == str(plan.overlay)
+    netdevs = _pairs(_args(dom), "-netdev")
+    assert any("a,,b&c<d>'e\"" in n for n in netdevs)  # QEMU's ',' -> ',,' survives the XML
+
+
+def test_backend_is_registered_and_shows_its_xml(tmp_path: Path) -> None:
+    backend = get_backend("libvirt")
+    assert backend.name == "libvirt"
+    lines = backend.command(_plans(tmp_path)["a"])
+    assert lines[0].startswith("<domain") and lines[-1] == "</domain>"
+
+
+@pytest.mark.parametrize(("lines", "expected"), [
+    (["x: starting up libvirt",
+      "2026-01-01T00:00:00Z qemu-system-x86_64: -netdev user: Could not set up host forwarding rule",
+      "2026-01-01 00:00:00: shutting down, reason=failed"],
+     "Could not set up host forwarding rule"),
+    (["x: starting up libvirt", "qemu-system-x86_64: terminating on signal 15 from pid 1 (libvirtd)",
+      "y: shutting down, reason=destroyed"], "y: shutting down, reason=destroyed"),
+])
+def test_exit_reason_from_libvirts_log(lines: list[str], expected: str) -> None:
+    assert expected in _log_reason(lines)
