@@ -21,6 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("--with-source", action="store_true",
                    help="also unpack the matching kernel source (Debian linux-source) for gdb's list")
     b.set_defaults(func=build)
+    pr = isub.add_parser("prune", help="remove older builds of an image (keep the newest)")
+    pr.add_argument("name", nargs="?", default="debian-12")
+    pr.add_argument("--keep", type=int, default=1, help="how many recent builds to keep (default 1)")
+    pr.set_defaults(func=prune)
     ls = isub.add_parser("list", help="list built images and known recipes")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=list_images)
@@ -54,6 +58,15 @@ def build(args: argparse.Namespace) -> int:
         with rep.running():
             src = add_source(img, rep)
         out.print(f"kernel source in {src}")
+    return 0
+
+
+def prune(args: argparse.Namespace) -> int:
+    removed = ImageStore().prune(args.name, keep=max(1, args.keep))
+    for img in removed:
+        out.print(f"removed {img.name} ({img.key}) built {img.manifest.get('built_at')}")
+    if not removed:
+        out.print("nothing to prune")
     return 0
 
 

@@ -122,6 +122,8 @@ class Builder:
             shutil.rmtree(self.work, ignore_errors=True)
         img = self.store.get(self.recipe.name, self.key)
         assert img is not None
+        for old in self.store.prune(self.recipe.name, keep=2):
+            self.r.note(f"removed an older build of {old.name} ({old.key})")
         return img
 
     def _build_all(self) -> None:

@@ -90,6 +90,22 @@ class ImageStore:
     def remove(self, image: Image) -> None:
         shutil.rmtree(image.dir)
 
+    def prune(self, name: str, keep: int = 2) -> list[Image]:
+        """Remove all but the ``keep`` most recent builds of recipe ``name``; the removed ones.
+
+        Each build is about 2 GB, and a recipe edit makes a new one. Labs that
+        are up keep working on a pruned image (QEMU holds its files open).
+        """
+        from labctl.image.recipe import load_recipe
+
+        current = load_recipe(name).key()
+        builds = sorted((i for i in self.list() if i.name == name),
+                        key=lambda i: (i.key == current, str(i.manifest.get("built_at", ""))), reverse=True)
+        old = builds[keep:]  # the current recipe's build sorts first: it is never removed
+        for image in old:
+            self.remove(image)
+        return old
+
     def require(self, name: str) -> Image:
         """The current image for recipe ``name``.
 

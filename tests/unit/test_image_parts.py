@@ -61,3 +61,20 @@ def test_guest_config_lines() -> None:
     assert lines[1] == "nic 52:55:00:00:00:01 mgmt0 10.0.2.15/24"
     assert lines[2].startswith("nic 52:54:00:") and " eth1 10.10.0.3/24" in lines[2]
     assert "queues=2" in lines[2]
+
+
+def test_prune_keeps_the_current_build(tmp_path: Path) -> None:
+    import json
+
+    from labctl.image.recipe import load_recipe
+    from labctl.image.store import ImageStore
+
+    store = ImageStore(tmp_path)
+    current = load_recipe("debian-12").key()
+    for key, when in ((current, "2026-01-01"), ("old1", "2026-02-01"), ("old2", "2026-03-01")):
+        d = store.path_for("debian-12", key)
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"built_at": when, "kernel": {"release": "x"}}))
+    removed = store.prune("debian-12", keep=2)
+    assert [i.key for i in removed] == ["old1"]
+    assert {i.key for i in store.list()} == {current, "old2"}

@@ -81,7 +81,7 @@ def test_direct_kernel_boot_disk_console_and_panic(tmp_path: Path) -> None:
 
 def test_fw_cfg_entries_are_the_qemu_backends(tmp_path: Path) -> None:
     plan = _plans(tmp_path)["c"]
-    sysinfo = build_domain(_find(plan), "sysinfo")
+    sysinfo = _find(build_domain(plan), "sysinfo")
     assert sysinfo.get("type") == "fwcfg"
     entries = {e.get("name"): e.get("file") for e in sysinfo.findall("entry")}
     assert entries == {"opt/labctl/guest": str(plan.config),
