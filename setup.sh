@@ -50,3 +50,10 @@ ln -sf "$PWD/.venv/bin/labctl" /usr/local/bin/labctl
 
 say "guest image"
 .venv/bin/labctl image build
+
+# The libvirt backend: libvirtd, libvirt-python, and QEMU run as root by
+# libvirt (it changes /etc/libvirt/qemu.conf), so only when asked; CI asks.
+if [ -n "${LABCTL_LIBVIRT:-}" ] || [ -n "${CI:-}" ]; then
+    say "libvirt"
+    PYTHON=.venv/bin/python bash scripts/libvirt-setup.sh
+fi

@@ -37,10 +37,11 @@ MARK="# labctl: QEMU as root"
 if ! grep -qF "$MARK" "$CONF"; then
     say "configuring $CONF: QEMU runs as root"
     printf '\n%s (scripts/libvirt-setup.sh)\nuser = "+0"\ngroup = "+0"\n' "$MARK" >> "$CONF"
-    if [ -s /run/libvirtd.pid ] && kill -0 "$(cat /run/libvirtd.pid)" 2>/dev/null; then
+    pid=$(cat /run/libvirtd.pid 2>/dev/null || true)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
         say "restarting libvirtd for the new configuration"
-        kill "$(cat /run/libvirtd.pid)"
-        for _ in $(seq 1 50); do kill -0 "$(cat /run/libvirtd.pid 2>/dev/null)" 2>/dev/null || break; sleep 0.2; done
+        kill "$pid"
+        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     fi
 fi
 

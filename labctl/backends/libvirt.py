@@ -208,7 +208,8 @@ class LibvirtBackend:
         if dom is None:
             return
         if _console_path(dom.XMLDesc(0)) != str(plan.console):
-            raise MachineError(f"libvirt ({uri}) already has a domain named {name}, not started by this labctl",
+            raise MachineError(f"libvirt ({uri}) already has a domain named {name}, "
+                               "run from another labctl state directory",
                                hint=f"take it down there, or: virsh -c {uri} destroy {name}")
         _destroy(dom)
 

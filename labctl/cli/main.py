@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from labctl import __version__
-from labctl.cli import access, gdb_cmd, images, lifecycle_cmds, oops_cmd, report_cmds, run_cmd, validate_cmd
+from labctl.cli import access, doctor, gdb_cmd, images, lifecycle_cmds, oops_cmd, report_cmds, run_cmd, validate_cmd
 from labctl.cli.ui import error
 from labctl.errors import LabctlError, LabFileError
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cmds.register(sub)
     oops_cmd.register(sub)
     gdb_cmd.register(sub)
+    doctor.register(sub)
     access.register(sub)
     images.register(sub)
     return p
