@@ -111,12 +111,8 @@ def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> dict[str, list[str]]
 def write_summary(bundle: Path, lab: Lab, state: LabState, results: list[Any], started: str,
                   finished: str, status: str, reason: str | None) -> dict[str, Any]:
     """summary.json from the results and the raw artifacts in the bundle."""
-    try:
-        from labctl.trace.analyze import guest_figures
-        from labctl.trace.stats import write_delta
-    except ImportError:  # analysis not installed: raw artifacts only
-        def guest_figures(gdir: Path, modules: list[str]) -> dict[str, Any]:
-            return {"warnings": ["figures unavailable: labctl.trace.analyze is missing"]}
+    from labctl.trace.analyze import guest_figures, step_figures
+    from labctl.trace.stats import write_delta
 
     steps = []
     for r in results:
@@ -134,10 +130,7 @@ def write_summary(bundle: Path, lab: Lab, state: LabState, results: list[Any], s
                     log.warning("figures for %s/%s failed: %s", r.dir, g, exc)
                     guests[g] = {"warnings": [f"analysis failed: {exc}"]}
         entry["guests"] = guests
-        focus = (r.nic or {}).get("guest") or next(iter(guests), None)
-        fig = guests.get(focus, {}) if focus else {}
-        entry["figures"] = {k: fig.get(k) for k in ("throughput_mbit_s", "cpu_load_pct",
-                                                    "driver_share_pct", "driver_cpu_pct")}
+        entry["figures"] = step_figures(guests, r.nic)
         steps.append(entry)
     summary: dict[str, Any] = {"lab": lab.name, "status": status, "reason": reason,
                                "started_at": started, "finished_at": finished, "accel": state.accel,

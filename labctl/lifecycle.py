@@ -16,7 +16,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 

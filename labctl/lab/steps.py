@@ -37,7 +37,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from labctl.lab.yamlpos import YamlMap, YamlSeq
+from labctl.lab.yamlpos import YamlMap
 
 _STEP_KEYS = ("name", "description", "matrix", "nic", "run", "trace", "gdb")
 _GDB_KEYS = ("guest", "break", "hits", "step", "step_mode", "registers", "backtrace", "timeout")

@@ -284,8 +284,12 @@ def recompute_summary(run_dir: Path) -> dict[str, Any]:
         for g in step.get("guests", {}):
             guests[g] = guest_figures(run_dir / step["dir"] / g, modules)
         step["guests"] = guests
-        focus = (step.get("nic") or {}).get("guest") or next(iter(guests), None)
-        fig = guests.get(focus, {}) if focus else {}
-        step["figures"] = {k: fig.get(k) for k in ("throughput_mbit_s", "cpu_load_pct",
-                                                   "driver_share_pct", "driver_cpu_pct")}
+        step["figures"] = step_figures(guests, step.get("nic"))
     return summary
+
+
+def step_figures(guests: dict[str, dict[str, Any]], nic: dict[str, Any] | None) -> dict[str, Any]:
+    """A step's headline figures: those of the NIC's guest (else the first guest)."""
+    focus = (nic or {}).get("guest") or next(iter(guests), None)
+    fig = guests.get(focus, {}) if focus else {}
+    return {k: fig.get(k) for k in ("throughput_mbit_s", "cpu_load_pct", "driver_share_pct", "driver_cpu_pct")}
