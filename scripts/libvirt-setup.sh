@@ -14,7 +14,9 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-PACKAGES=(libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc)
+# openssh-server: the multi-host test runs its own sshd on 127.0.0.1 as a
+# second "host" (qemu+ssh://); no ssh service is started or enabled here.
+PACKAGES=(libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc openssh-server)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

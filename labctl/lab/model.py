@@ -13,7 +13,10 @@ from typing import Any
 
 from labctl.lab.nics import NIC_MODELS, NicModel
 
-__all__ = ["Guest", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
+__all__ = ["DEFAULT_HOST", "Guest", "Host", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
+
+DEFAULT_HOST = "local"
+"""Host of guests that name none: the backend's own libvirt URI unless ``hosts`` defines it."""
 
 MGMT_NIC = "mgmt0"
 """Interface name of labctl's own management NIC in every guest (reserved)."""
@@ -94,6 +97,7 @@ class Guest:
     nics: tuple[Nic, ...]
     kernel_args: tuple[str, ...]
     line: int
+    host: str = DEFAULT_HOST
 
     def nic(self, name: str) -> Nic:
         """The NIC called ``name``; raises KeyError if there is none."""
@@ -109,8 +113,27 @@ class Guest:
             "memory": self.memory,
             "cpus": self.cpus,
             "kernel_args": list(self.kernel_args),
+            "host": self.host,
             "nics": [nic.to_dict() for nic in self.nics],
         }
+
+
+@dataclass(frozen=True)
+class Host:
+    """A libvirt host guests can be placed on.
+
+    ``uri`` is a checked libvirt URI; ``address`` is where UDP tunnels from
+    other hosts reach it (None: the URI's host name, 127.0.0.1 when local).
+    """
+
+    name: str
+    uri: str
+    address: str | None = None
+    line: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view."""
+        return {"name": self.name, "uri": self.uri, "address": self.address}
 
 
 @dataclass(frozen=True)
@@ -132,6 +155,12 @@ class Lab:
     guests: dict[str, Guest]
     text: str = field(repr=False)
     steps: tuple[Any, ...] = ()  # tuple[labctl.lab.steps.Step, ...]
+    hosts: dict[str, Host] = field(default_factory=dict)
+
+    @property
+    def uses_hosts(self) -> bool:
+        """True when the lab places guests on named libvirt hosts."""
+        return bool(self.hosts) or any(g.host != DEFAULT_HOST for g in self.guests.values())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable resolved view (no raw text; ips as strings)."""
@@ -143,6 +172,7 @@ class Lab:
             "backend": self.backend,
             "description": self.description,
             "networks": {name: net.to_dict() for name, net in self.networks.items()},
+            "hosts": {name: host.to_dict() for name, host in self.hosts.items()},
             "guests": {name: guest.to_dict() for name, guest in self.guests.items()},
             "steps": [dataclasses.asdict(s) for s in self.steps],
         }

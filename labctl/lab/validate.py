@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.errors import Problem
-from labctl.lab.model import MGMT_NIC, MGMT_SUBNET, Guest, Lab, Network, Nic
+from labctl.lab.model import DEFAULT_HOST, MGMT_NIC, MGMT_SUBNET, Guest, Host, Lab, Network, Nic
 from labctl.lab.steps import StepParser
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
+from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 __all__ = [
@@ -38,10 +39,13 @@ BACKENDS = ("qemu", "libvirt")
 DEFAULT_MEMORY = 512
 DEFAULT_CPUS = 1
 
-_TOP_KEYS = ("version", "name", "description", "image", "backend", "networks", "guests", "steps")
+_TOP_KEYS = ("version", "name", "description", "image", "backend", "hosts", "networks", "guests", "steps")
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description")
-_GUEST_KEYS = ("memory", "cpus", "kernel_args", "nics")
+_GUEST_KEYS = ("memory", "cpus", "kernel_args", "host", "nics")
+_HOST_KEYS = ("uri", "address")
+_HOST_REQUIRED = ("uri",)
+_HOSTS_BACKEND = "libvirt"
 _NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu")
 _NIC_REQUIRED = ("name", "model", "network")
 
@@ -93,6 +97,8 @@ class _GuestSpec:
     kernel_args: tuple[str, ...]
     nics: list[_NicSpec]
     line: int
+    host: str = DEFAULT_HOST
+    host_line: int = 0
 
 
 @dataclass
@@ -203,8 +209,10 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
         return None, check.problems
     check.keys(data, "", _TOP_KEYS, _TOP_REQUIRED)
     header = _parse_header(check, data)
+    hosts = _parse_hosts(check, data)
     networks = _parse_networks(check, data)
     guests = _parse_guests(check, data, networks)
+    _check_placement(check, data, header, hosts, guests)
     nics = [nic for guest in guests.values() for nic in guest.nics]
     _check_ips(check, nics)
     _assign_macs(check, header["name"], nics)
@@ -215,7 +223,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
         name=header["name"], source=source, sha256=sha256, image=header["image"],
         backend=header["backend"], description=header["description"],
         networks=_resolve_networks(networks, guests), guests=_resolve_guests(guests, networks),
-        text=text, steps=steps,
+        text=text, steps=steps, hosts=hosts,
     )
     return lab, []
 
@@ -238,7 +246,7 @@ def _parse_header(check: _Checker, data: YamlMap) -> dict[str, str]:
         elif version != SCHEMA_VERSION:
             message = f"unsupported version {version} (only version {SCHEMA_VERSION} is supported)"
             check.add(data.value_line("version"), "version", message)
-    backend = check.string(data, "backend", "") or BACKENDS[0]
+    backend = check.string(data, "backend", "") or (_HOSTS_BACKEND if _mentions_hosts(data) else BACKENDS[0])
     if backend not in BACKENDS:
         hint = _hint(backend, BACKENDS, "expected one of")
         check.add(data.value_line("backend"), "backend", f"unknown backend '{backend}'{hint}")
@@ -248,6 +256,72 @@ def _parse_header(check: _Checker, data: YamlMap) -> dict[str, str]:
         "image": check.matching(data, "image", "", _IMAGE, "image name", _IMAGE_RULE) or DEFAULT_IMAGE,
         "backend": backend,
     }
+
+
+def _mentions_hosts(data: YamlMap) -> bool:
+    """True when the file has ``hosts`` or a guest with ``host`` (they imply the libvirt backend)."""
+    guests = data.get("guests")
+    placed = isinstance(guests, YamlMap) and any(isinstance(g, YamlMap) and "host" in g for g in guests.values())
+    return "hosts" in data or placed
+
+
+def _parse_hosts(check: _Checker, data: YamlMap) -> dict[str, Host]:
+    """Check the ``hosts`` mapping: name -> {uri, address}."""
+    if "hosts" not in data:
+        return {}
+    hosts = check.mapping(data["hosts"], data.value_line("hosts"), "hosts")
+    result: dict[str, Host] = {}
+    if hosts is None:
+        return result
+    for name, value in hosts.items():
+        path, line = f"hosts.{name}", hosts.key_line(name)
+        if not _GUEST_NAME.fullmatch(name):
+            check.add(line, path, f"invalid host name '{name}' ({_GUEST_NAME_RULE})")
+        body = check.mapping(value, hosts.value_line(name), path, allow_null=False)
+        if body is None:
+            continue
+        check.keys(body, path, _HOST_KEYS, _HOST_REQUIRED, line)
+        uri = _host_uri(check, body, path)
+        address = check.string(body, "address", path)
+        if address is not None and not valid_address(address):
+            check.add(body.value_line("address"), f"{path}.address",
+                      f"invalid address '{address}' (an IPv4 address or a host name)")
+            address = None
+        if uri is not None:
+            result[name] = Host(name, uri, address, line)
+    return result
+
+
+def _host_uri(check: _Checker, body: YamlMap, path: str) -> str | None:
+    """The host's libvirt URI, if labctl can use it."""
+    uri = check.string(body, "uri", path, required=True)
+    if uri is None:
+        return None
+    try:
+        parse_uri(uri)
+    except ValueError as exc:
+        check.add(body.value_line("uri"), f"{path}.uri", str(exc))
+        return None
+    return uri
+
+
+def _check_placement(check: _Checker, data: YamlMap, header: dict[str, str], hosts: dict[str, Host],
+                     guests: dict[str, _GuestSpec]) -> None:
+    """Every guest's ``host`` is defined, and hosts are only used with the libvirt backend."""
+    for guest in guests.values():
+        if guest.host == DEFAULT_HOST or guest.host in hosts:
+            continue
+        where = f"guests.{guest.name}.host"
+        if hosts:
+            hint = _hint(guest.host, (*hosts, DEFAULT_HOST), "defined")
+        else:
+            hint = " (the lab defines no hosts; add them under 'hosts')"
+        check.add(guest.host_line, where, f"unknown host '{guest.host}'{hint}")
+    if header["backend"] != _HOSTS_BACKEND and _mentions_hosts(data):
+        line = data.key_line("hosts") if "hosts" in data else data.value_line("backend")
+        check.add(line, "hosts" if "hosts" in data else "backend",
+                  f"placing guests on hosts needs the libvirt backend (backend: {header['backend']}; "
+                  f"use backend: {_HOSTS_BACKEND})")
 
 
 def _parse_networks(check: _Checker, data: YamlMap) -> dict[str, _NetSpec]:
@@ -300,7 +374,9 @@ def _parse_guest(
     check.keys(body, path, _GUEST_KEYS, line=line)
     memory = check.integer(body, "memory", path, (128, 16384), " MiB")
     cpus = check.integer(body, "cpus", path, (1, 8))
+    host = check.string(body, "host", path) or DEFAULT_HOST
     return _GuestSpec(
+        host=host, host_line=body.value_line("host"),
         name=name,
         memory=DEFAULT_MEMORY if memory is None else memory,
         cpus=DEFAULT_CPUS if cpus is None else cpus,
@@ -611,7 +687,7 @@ def _resolve_guests(guests: dict[str, _GuestSpec], networks: dict[str, _NetSpec]
         name: Guest(
             name=name, memory=spec.memory, cpus=spec.cpus,
             nics=tuple(_resolve_nic(nic, networks) for nic in spec.nics),
-            kernel_args=spec.kernel_args, line=spec.line,
+            kernel_args=spec.kernel_args, line=spec.line, host=spec.host,
         )
         for name, spec in guests.items()
     }
