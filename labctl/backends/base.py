@@ -115,6 +115,12 @@ class Backend(Protocol):
     def exit_reason(self, rec: GuestRecord) -> str:
         """Why a dead guest's machine stopped, as far as it is known."""
 
+    def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
+        """Run one QMP command on the guest's QEMU; return its ``return`` value.
+
+        :raise MachineError: when the machine is gone or the command fails.
+        """
+
 
 def get_backend(name: str) -> Backend:
     """The backend called ``name``.

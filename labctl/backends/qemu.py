@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 from labctl.backends.base import GuestPlan, GuestRecord
 from labctl.backends.qemu_argv import build_argv
@@ -91,6 +92,13 @@ class QemuBackend:
                 return True
             time.sleep(0.05)
         return not pid_alive(rec.pid)
+
+    def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
+        """One QMP command on the guest's monitor socket.
+
+        :raise MachineError: when the monitor is unreachable or the command fails.
+        """
+        return qmp_execute(rec.qmp, command, args)
 
     def exit_reason(self, rec: GuestRecord) -> str:
         try:

@@ -82,16 +82,16 @@ def run_batch(target: GdbTarget, script: str, commands: list[str], timeout: floa
     for cmd in commands:
         argv += ["-ex", cmd]
     argv += ["-ex", "detach", str(target.vmlinux)]
-    was_running = qmp_running(target.qmp_socket)
+    was_running = qmp_running(target.monitor)
     try:
         proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, start_new_session=True)
     except subprocess.TimeoutExpired as exc:
-        ensure_resumed(target.qmp_socket, was_running, False)
+        ensure_resumed(target.monitor, was_running, False)
         raise DebugError(f"gdb did not finish within {timeout:g} s", hint="raise --timeout") from exc
     if proc.stdout:
         out.print(Text(proc.stdout.rstrip("\n")), soft_wrap=True)
     if proc.returncode != 0:
-        ensure_resumed(target.qmp_socket, was_running, False)
+        ensure_resumed(target.monitor, was_running, False)
         last = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.strip()), "")
         raise DebugError(f"gdb failed (exit status {proc.returncode}): {last}",
                          hint=f"init script: {script}")

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pygdbmi import gdbmiparser
 
@@ -47,6 +47,7 @@ from labctl.debug.symbolize import normalize_path
 from labctl.errors import LabctlError, UsageError
 
 if TYPE_CHECKING:
+    from labctl.backends.base import GuestRecord
     from labctl.runstate import LabState
 
 CMD_TIMEOUT = 30.0  # one MI command; TCG makes gdbstub round trips slow
@@ -650,36 +651,82 @@ def leave_running(mi: MiSession, connected: bool) -> bool:
     return detached
 
 
-def qmp_running(qmp_socket: Path | None) -> bool | None:
+# -- QMP to the guest, whatever runs it -------------------------------------------------
+
+class Monitor(Protocol):
+    """A guest's QMP monitor, as far as gdb sessions need it.
+
+    :meth:`execute` runs one command and returns its ``return`` value; it
+    raises :class:`labctl.errors.MachineError` when the monitor is
+    unreachable or the command fails.
+    """
+
+    def execute(self, command: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class BackendMonitor:
+    """QMP through the guest's backend (:meth:`Backend.qmp`): the qemu backend's
+    unix socket, or libvirt's monitor passthrough."""
+
+    backend: str
+    record: GuestRecord
+
+    def execute(self, command: str) -> Any:
+        from labctl.backends.base import get_backend
+
+        return get_backend(self.backend).qmp(self.record, command)
+
+
+@dataclass(frozen=True)
+class SocketMonitor:
+    """QMP on a QEMU monitor unix socket (a qemu-backend guest known only by its socket)."""
+
+    path: Path
+
+    def execute(self, command: str) -> Any:
+        from labctl.backends.qmp import qmp_execute
+
+        return qmp_execute(self.path, command)
+
+
+def as_monitor(monitor: Monitor | Path | str | None) -> Monitor | None:
+    """``monitor`` as a :class:`Monitor`: a path is a QMP unix socket, empty is none."""
+    if monitor is None or isinstance(monitor, (Path, str)):
+        return SocketMonitor(Path(monitor)) if monitor else None
+    return monitor
+
+
+def qmp_running(monitor: Monitor | Path | None) -> bool | None:
     """Whether QEMU says the guest runs (None when QMP cannot tell)."""
-    from labctl.backends.qmp import qmp_execute
     from labctl.errors import MachineError
 
-    if qmp_socket is None:
+    mon = as_monitor(monitor)
+    if mon is None:
         return None
     try:
-        return bool(qmp_execute(qmp_socket, "query-status").get("running"))
+        return bool(mon.execute("query-status").get("running"))
     except (MachineError, AttributeError):
         return None
 
 
-def ensure_resumed(qmp_socket: Path | None, was_running: bool | None, detached: bool) -> bool:
+def ensure_resumed(monitor: Monitor | Path | None, was_running: bool | None, detached: bool) -> bool:
     """After gdb is gone: resume a guest that ran before we attached and is
     paused now (QEMU pauses the guest on every gdb connection, even a failed
     one, and does not resume it when gdb disconnects without detaching).
     True when the guest is known to run (or gdb detached cleanly)."""
-    if qmp_socket is None or was_running is False:
-        return detached
-    if qmp_running(qmp_socket):
-        return True
-    from labctl.backends.qmp import qmp_execute
     from labctl.errors import MachineError
 
+    mon = as_monitor(monitor)
+    if mon is None or was_running is False:
+        return detached
+    if qmp_running(mon):
+        return True
     try:
-        qmp_execute(qmp_socket, "cont")
+        mon.execute("cont")
     except MachineError:
         return False
-    return bool(qmp_running(qmp_socket))
+    return bool(qmp_running(mon))
 
 
 def gdbstub_clients(port: int, proc_net: Path = Path("/proc/net")) -> int:
@@ -709,8 +756,8 @@ def ensure_gdbstub_free(port: int) -> None:
 
 
 def run_breakpoint_session(port: int, vmlinux: Path, module_cmds: list[str], spec: GdbSpec, out_dir: Path,
-                           stop: threading.Event | None = None, *, qmp_socket: Path | None = None,
-                           gdb: str = "gdb") -> Transcript:
+                           stop: threading.Event | None = None, *, monitor: Monitor | Path | None = None,
+                           qmp_socket: Monitor | Path | None = None, gdb: str = "gdb") -> Transcript:
     """Attach to the gdbstub on ``127.0.0.1:port``, break at ``spec.location``,
     record ``spec.hits`` hits with ``spec.step`` single-steps each, and leave
     the guest running.
@@ -721,13 +768,16 @@ def run_breakpoint_session(port: int, vmlinux: Path, module_cmds: list[str], spe
     same way with ``interrupted``.
 
     :param module_cmds: ``add-symbol-file`` commands (:func:`labctl.debug.modsyms.add_symbol_file_commands`).
-    :param qmp_socket: the guest's QMP socket: if gdb cannot detach, the guest
-        is resumed through it (when it was running before).
+    :param monitor: the guest's QMP (:attr:`GdbTarget.monitor`, or a QEMU
+        monitor socket path): if gdb cannot detach, the guest is resumed
+        through it (when it was running before).
+    :param qmp_socket: the same as ``monitor`` (its former name).
     :raise DebugError: when gdb cannot load symbols, attach, or resolve the
         location (after leaving the guest running and writing the transcript).
     """
     t = Transcript(location=spec.location)
-    was_running = qmp_running(qmp_socket)
+    mon = as_monitor(monitor if monitor is not None else qmp_socket)
+    was_running = qmp_running(mon)
     mi = MiSession(gdb)
     connected = False
     try:
@@ -755,7 +805,7 @@ def run_breakpoint_session(port: int, vmlinux: Path, module_cmds: list[str], spe
     finally:
         t1 = time.monotonic()
         detached = leave_running(mi, connected)
-        t.guest_resumed = ensure_resumed(qmp_socket, was_running, detached) if connected else True
+        t.guest_resumed = ensure_resumed(mon, was_running, detached) if connected else True
         _timed(t.timings, "detach", t1)
         write_transcript(t, out_dir)
     return t
@@ -773,8 +823,13 @@ class GdbTarget:
     vmlinux: Path
     image_dir: Path
     manifest: dict[str, Any]
-    qmp_socket: Path
+    monitor: Monitor
     run_dir: Path
+
+    @property
+    def qmp_socket(self) -> Monitor:
+        """The guest's QMP (:attr:`monitor`; whatever the backend, not necessarily a socket)."""
+        return self.monitor
 
     @property
     def debug_modules(self) -> Path:
@@ -801,8 +856,8 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
     if not vmlinux.is_file():
         raise DebugError(f"the image has no kernel with debug info ({vmlinux})",
                          hint="rebuild the image: labctl image build --force")
-    return GdbTarget(state.lab, guest, int(rec.gdb_port), vmlinux, image_dir, manifest, Path(rec.qmp),
-                     Path(rec.dir))
+    return GdbTarget(state.lab, guest, int(rec.gdb_port), vmlinux, image_dir, manifest,
+                     BackendMonitor(state.backend, rec), Path(rec.dir))
 
 
 def _read_manifest(image_dir: Path) -> dict[str, Any]:

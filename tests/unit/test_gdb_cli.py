@@ -13,6 +13,7 @@ import pytest
 from labctl.backends.base import GuestRecord
 from labctl.cli import gdb_cmd
 from labctl.debug.gdb import (
+    BackendMonitor,
     DebugError,
     build_paths,
     find_source_dir,
@@ -113,7 +114,8 @@ def test_gdb_target(tmp_path: Path) -> None:
     assert t.port == 4321
     assert t.vmlinux == tmp_path / "image" / "vmlinux.debug"
     assert t.debug_modules == tmp_path / "image" / "debug-modules"
-    assert t.qmp_socket == tmp_path / "run" / "guests" / "a" / "qmp.sock"
+    assert t.monitor == BackendMonitor("qemu", _state(tmp_path).guests["a"])
+    assert t.qmp_socket is t.monitor  # the name the step runner passes it by
     assert t.manifest["kernel"]["version"] == "6.1.192-2"
     assert t.source_dir is None
 

@@ -17,14 +17,18 @@ from typing import Any
 
 import pytest
 
+from labctl.backends.base import GuestRecord
 from labctl.debug.gdb import (
+    BackendMonitor,
     DebugError,
     GdbSpec,
     MiSession,
     MiTimeout,
+    as_monitor,
     ensure_gdbstub_free,
     ensure_resumed,
     gdbstub_clients,
+    qmp_running,
     run_breakpoint_session,
 )
 from labctl.errors import UsageError
@@ -302,3 +306,26 @@ def test_ensure_resumed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     assert ensure_resumed(sock, True, True) is True
     assert calls == ["query-status"]
 
+
+
+def test_ensure_resumed_goes_through_the_guest_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """libvirt guests have no QMP socket: query-status/cont go through Backend.qmp."""
+    calls: list[tuple[str, str]] = []
+    status = {"running": False}
+
+    class FakeBackend:
+        def qmp(self, rec: GuestRecord, command: str, args: Any = None) -> Any:
+            calls.append((rec.name, command))
+            if command == "cont":
+                status["running"] = True
+                return {}
+            return dict(status)
+
+    monkeypatch.setattr("labctl.backends.base.get_backend", lambda name: FakeBackend())
+    rec = GuestRecord(name="a", backend="libvirt", pid=0, dir="/x", console="/x/console.log", qmp="",
+                      ssh_port=2222, accel="tcg", gdb_port=1234, extra={"uri": "qemu:///system"})
+    mon = BackendMonitor("libvirt", rec)
+    assert as_monitor(mon) is mon and as_monitor("") is None and as_monitor(None) is None
+    assert qmp_running(mon) is False
+    assert ensure_resumed(mon, True, False) is True
+    assert calls == [("a", "query-status"), ("a", "query-status"), ("a", "cont"), ("a", "query-status")]
