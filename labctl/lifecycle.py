@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl import guestconf
+from labctl import guestconf, owned
 from labctl.accel import choose_accel
 from labctl.bootargs import kernel_args
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, get_backend
-from labctl.errors import GuestError, LabctlError, LabStateError, MachineError
+from labctl.errors import GuestError, LabctlError, LabStateError, MachineError, UsageError
+from labctl.hosts import HostPlace, place_guests
 from labctl.image.store import Image
 from labctl.keys import known_hosts_line, new_keypair
 from labctl.lab.model import Guest, Lab
@@ -101,7 +102,12 @@ class LabUp:
         self.image = image
         self.opts = opts
         self.events = events
-        self.backend: Backend = get_backend(opts.backend or lab.backend)
+        backend = opts.backend or lab.backend
+        if lab.uses_hosts and backend != "libvirt":
+            raise UsageError(f"lab {lab.name} places guests on hosts, which needs the libvirt backend "
+                             f"(not {backend})", hint="use --backend libvirt, or drop the lab's hosts")
+        self.backend: Backend = get_backend(backend)
+        self.hosts = self._place(backend)
         self.dir = run_dir(lab.name)
         self.records: dict[str, GuestRecord] = {}
         self.switches: list[SwitchRecord] = []
@@ -124,6 +130,20 @@ class LabUp:
                 raise
             return state
 
+    def _place(self, backend: str) -> dict[str, HostPlace] | None:
+        """guest -> libvirt host (None for the qemu backend: everything runs here).
+
+        :raise UsageError: when the backend's default URI cannot be used.
+        """
+        if backend != "libvirt":
+            return None
+        from labctl.backends.libvirt import libvirt_uri
+
+        try:
+            return place_guests(self.lab, libvirt_uri())
+        except ValueError as exc:
+            raise UsageError(str(exc), hint="fix $LABCTL_LIBVIRT_URI or the lab's hosts") from exc
+
     def _refuse_if_up(self) -> None:
         if not self.dir.exists():
             return
@@ -135,7 +155,10 @@ class LabUp:
         if state and any(backend.alive(r) for r in state.guests.values()):
             raise LabStateError(f"lab '{self.lab.name}' is already up",
                                 hint=f"take it down first: labctl down {self.lab.name}")
-        remove_run_dir(self.dir)  # stale: its guests are gone
+        failures = release_owned(self.dir)  # stale: its guests are gone
+        if failures:
+            raise failures[0]
+        remove_run_dir(self.dir)
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -146,7 +169,7 @@ class LabUp:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
         net_dir = ensure_private_dir(self.dir / "net")
-        segments = plan_networks(self.lab, net_dir)
+        segments = plan_networks(self.lab, net_dir, self.hosts)
         for seg in segments.values():
             if seg.mechanism == SWITCH:
                 self._start_switch(seg)
@@ -154,8 +177,9 @@ class LabUp:
             for nic in g.nics:
                 if nic.queues > 1:
                     self._warn(f"{g.name}.{nic.name}: queues={nic.queues} needs a multi-queue link (tap); "
-                               "the unix dgram link gives the guest one queue pair")
+                               "the dgram link gives the guest one queue pair")
         plans = [self._plan(g, accel, segments, client.public_line) for g in self.lab.guests.values()]
+        uploads = self.backend.prepare(plans)
         (self.dir / "known_hosts").write_text(
             "".join(known_hosts_line(p.ssh_port, (p.host_key.with_name(p.host_key.name + ".pub"))
                                      .read_text().strip()) + "\n" for p in plans))
@@ -167,7 +191,10 @@ class LabUp:
                          backend=self.backend.name, accel=accel,
                          image={"name": self.image.name, "key": self.image.key, "dir": str(self.image.dir)},
                          started_at=started, guests=self.records, switches=self.switches,
-                         resolved=self.lab.to_dict(), warnings=self.warnings)
+                         resolved=self.lab.to_dict(), warnings=self.warnings,
+                         hosts={g: h.to_dict() for g, h in (self.hosts or {}).items()},
+                         networks={n: seg.to_dict(self.hosts) for n, seg in segments.items()},
+                         uploads=uploads)
         state.save()
         self._wait_all(state)
         state.save()
@@ -191,14 +218,16 @@ class LabUp:
         ports = {nic.name: next(p for p in segments[nic.network].ports
                                 if p.guest == g.name and p.nic == nic.name) for nic in g.nics}
         args = kernel_args(self.image, g, self.opts.extra_kernel_args)
+        host = self.hosts[g.name] if self.hosts else None
         plan = GuestPlan(lab=self.lab.name, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
-                         ports=ports, kernel_args=args, gdb_port=free_port())
+                         ports=ports, kernel_args=args, gdb_port=free_port(), host=host)
         new_keypair(plan.host_key, f"{g.name}.{self.lab.name}")
         plan.authorized_keys.write_text(client_pub + "\n")
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
-        run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.rootfs), "-F", "raw",
-             str(plan.overlay)], timeout=60)
+        if host is None or not host.remote:  # a remote host gets an overlay volume in its pool
+            run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.rootfs), "-F", "raw",
+                 str(plan.overlay)], timeout=60)
         return plan
 
     def _start_guest(self, plan: GuestPlan) -> GuestRecord:
@@ -257,13 +286,21 @@ class LabUp:
         self.events.guest_phase(name, "ready")
 
     def teardown(self) -> None:
-        """Stop everything this ``up`` started and remove the run directory."""
+        """Stop everything this ``up`` started and remove the run directory.
+
+        When something on a host could not be removed (the host went away),
+        the run directory stays so that ``labctl down`` can finish the job.
+        """
         for rec in self.records.values():
             try:
                 self.backend.kill(rec)
             except LabctlError:
                 pass
         _stop_switches(self.switches)
+        failures = release_owned(self.dir)
+        if failures:
+            self._warn(f"{failures[0].message}; run 'labctl down {self.lab.name}' once it is reachable")
+            return
         remove_run_dir(self.dir)
 
 
@@ -275,6 +312,21 @@ def _ssh_retry(ep: Endpoint, deadline: float) -> Session:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def release_owned(directory: Path) -> list[LabctlError]:
+    """Remove what backends created on hosts for a lab's guests (their ownership journals).
+
+    Returns the failures (every journal is tried).
+    """
+    failures: list[LabctlError] = []
+    for backend, guest_dirs in owned.backends(directory).items():
+        for gdir in guest_dirs:
+            try:
+                get_backend(backend).cleanup(gdir)
+            except LabctlError as exc:
+                failures.append(exc)
+    return failures
 
 
 def _stop_switches(switches: list[SwitchRecord]) -> None:
@@ -308,17 +360,40 @@ def down(lab_name: str, timeout: float = 10.0,
             state = LabState.load(lab_name)
         except LabStateError:
             if d.exists():
-                remove_run_dir(d)  # half-written state from a killed up
+                _finish_down(lab_name, d)  # half-written state from a killed up
                 return
             raise
         backend = get_backend(state.backend)
+        errors: list[LabctlError] = []
+
+        def stop(rec: GuestRecord) -> None:
+            try:
+                backend.stop(rec, timeout)
+            except LabctlError as exc:
+                errors.append(exc)
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(state.guests))) as pool:
-            list(pool.map(lambda r: backend.stop(r, timeout), state.guests.values()))
+            list(pool.map(stop, state.guests.values()))
         for name in state.guests:
             if on_guest:
                 on_guest(name)
         _stop_switches(state.switches)
-        remove_run_dir(d)
+        _finish_down(lab_name, d, errors)
+
+
+def _finish_down(lab_name: str, directory: Path, errors: list[LabctlError] | None = None) -> None:
+    """Release what the lab owns on its hosts and remove its run directory.
+
+    :raise LabctlError: the first failure (a host that is unreachable...);
+        the run directory is then kept, so that ``down`` can be run again.
+    """
+    errors = list(errors or []) + release_owned(directory)
+    if errors:
+        first = errors[0]
+        first.hint = (f"the lab's state is kept; run 'labctl down {lab_name}' again once it is fixed"
+                      + (f" ({first.hint})" if first.hint else ""))
+        raise first
+    remove_run_dir(directory)
 
 
 @dataclass
@@ -330,6 +405,7 @@ class GuestStatus:
     accel: str
     pid: int
     nics: list[dict[str, object]] = field(default_factory=list)
+    host: str | None = None  # the libvirt host's name in the lab
 
 
 def guest_statuses(state: LabState) -> list[GuestStatus]:
@@ -337,12 +413,16 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
     backend = get_backend(state.backend)
     out = []
     for name, rec in state.guests.items():
-        alive = backend.alive(rec)
+        try:
+            alive: bool | None = backend.alive(rec)
+        except LabctlError:
+            alive = None  # its host is unreachable
         console = Path(rec.console).read_bytes()[-65536:] if Path(rec.console).exists() else b""
         crashed = any(m in console for m in PANIC_MARKERS)
-        st = "crashed" if crashed else "running" if alive else "stopped"
+        st = "crashed" if crashed else "unreachable" if alive is None else "running" if alive else "stopped"
         nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], "")}
                 for n in state.resolved["guests"][name]["nics"]]
         gdb = f"127.0.0.1:{rec.gdb_port}" if rec.gdb_port else None
-        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics))
+        host = state.hosts.get(name, {}).get("name")
+        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host))
     return out

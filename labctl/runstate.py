@@ -26,6 +26,7 @@ from typing import Any
 
 from labctl.backends.base import GuestRecord
 from labctl.errors import LabStateError
+from labctl.lab.uri import SshHop
 from labctl.paths import ensure_private_dir, state_dir
 from labctl.ssh import Endpoint
 
@@ -79,6 +80,9 @@ class LabState:
     drivers: dict[str, dict[str, str]] = field(default_factory=dict)
     ready_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # guest -> its host (libvirt)
+    networks: dict[str, dict[str, Any]] = field(default_factory=dict)  # network -> mechanism, endpoints
+    uploads: list[str] = field(default_factory=list)  # what up sent to hosts (images)
 
     @property
     def path(self) -> Path:
@@ -93,7 +97,9 @@ class LabState:
         if rec is None:
             known = ", ".join(self.guests) or "none"
             raise LabStateError(f"lab '{self.lab}' has no guest '{guest}'", hint=f"guests: {known}")
-        return Endpoint(guest, rec.ssh_port, self.path / "id_ed25519", self.path / "known_hosts")
+        via = rec.extra.get("ssh_via")
+        return Endpoint(guest, rec.ssh_port, self.path / "id_ed25519", self.path / "known_hosts",
+                        via=SshHop.from_dict(via) if via else None)
 
     def save(self) -> None:
         data = {k: v for k, v in self.__dict__.items() if k not in ("guests", "switches")}

@@ -1,5 +1,9 @@
 """SSH into guests with paramiko: per-lab key, pinned host keys, no passwords.
 
+A guest on a remote libvirt host forwards its SSH port to that host's
+127.0.0.1 only; it is reached through a ``direct-tcpip`` channel of an SSH
+connection to the host itself (the account of its ``qemu+ssh://`` URI).
+
 paramiko's exceptions are mapped to :class:`GuestError` here.
 """
 
@@ -18,6 +22,7 @@ from typing import BinaryIO
 import paramiko
 
 from labctl.errors import GuestError
+from labctl.lab.uri import SshHop
 
 
 @dataclass(frozen=True)
@@ -30,12 +35,25 @@ class Endpoint:
     known_hosts: Path
     host: str = "127.0.0.1"
     user: str = "root"
+    via: SshHop | None = None  # the libvirt host whose loopback the guest's port is on
 
     def openssh_argv(self, extra: Sequence[str] = ()) -> list[str]:
         """An ``ssh`` command line reaching this guest (for interactive use)."""
         return ["ssh", "-i", str(self.key), "-p", str(self.port),
                 "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-                "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", *extra, f"{self.user}@{self.host}"]
+                "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", *self._proxy_options(), *extra,
+                f"{self.user}@{self.host}"]
+
+    def _proxy_options(self) -> list[str]:
+        """``-o ProxyCommand=ssh ... -W`` through the libvirt host, for a remote guest."""
+        if self.via is None:
+            return []
+        hop = self.via
+        cmd = ["ssh", "-p", str(hop.port), "-l", hop.user, "-o", "BatchMode=yes",
+               *(["-i", hop.keyfile] if hop.keyfile else []),
+               *(["-o", "StrictHostKeyChecking=no"] if hop.no_verify else []),
+               "-W", f"{self.host}:{self.port}", hop.host]
+        return ["-o", f"ProxyCommand={shlex.join(cmd)}"]
 
 
 @dataclass(frozen=True)
@@ -57,16 +75,29 @@ class Session:
 
     def __init__(self, ep: Endpoint, timeout: float = 10.0) -> None:
         self.ep = ep
+        self.jump: paramiko.SSHClient | None = None
         self.client = paramiko.SSHClient()
         self.client.load_host_keys(str(ep.known_hosts))
         self.client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
+            sock = self._tunnel(timeout) if ep.via else None
             self.client.connect(ep.host, port=ep.port, username=ep.user, key_filename=str(ep.key),
                                 allow_agent=False, look_for_keys=False, timeout=timeout,
-                                banner_timeout=timeout, auth_timeout=timeout)
+                                banner_timeout=timeout, auth_timeout=timeout, sock=sock)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.client.close()
-            raise GuestError(f"cannot SSH to guest {ep.guest} on {ep.host}:{ep.port}: {exc}") from exc
+            self.close()
+            where = f" via {ep.via.user}@{ep.via.host}:{ep.via.port}" if ep.via else ""
+            raise GuestError(f"cannot SSH to guest {ep.guest} on {ep.host}:{ep.port}{where}: {exc}") from exc
+
+    def _tunnel(self, timeout: float) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel to the guest's port, through the libvirt host's sshd."""
+        hop = self.ep.via
+        assert hop is not None
+        self.jump = jump_client(hop, timeout)
+        transport = self.jump.get_transport()
+        assert transport is not None
+        return transport.open_channel("direct-tcpip", (self.ep.host, self.ep.port), ("127.0.0.1", 0),
+                                      timeout=timeout)
 
     def __enter__(self) -> Session:
         return self
@@ -76,6 +107,8 @@ class Session:
 
     def close(self) -> None:
         self.client.close()
+        if self.jump is not None:
+            self.jump.close()
 
     def run(self, command: str, timeout: float = 60.0, stream: bool = False,
             stdout: BinaryIO | None = None, stderr: BinaryIO | None = None,
@@ -155,3 +188,27 @@ def _pump(chan: paramiko.Channel, stream: bool, out_f: BinaryIO, err_f: BinaryIO
             out.append(data)
     t.join(timeout=max(0.1, deadline - time.monotonic()))
     return b"".join(out), b"".join(err)
+
+
+def jump_client(hop: SshHop, timeout: float = 10.0) -> paramiko.SSHClient:
+    """An SSH connection to a libvirt host as its ``qemu+ssh://`` URI logs in.
+
+    The host key is checked against the user's known_hosts unless the URI
+    says ``no_verify=1`` (as libvirt's own ssh does).
+
+    :raise paramiko.SSHException, OSError: when it cannot connect.
+    """
+    client = paramiko.SSHClient()
+    if hop.no_verify:
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    else:
+        client.load_system_host_keys()
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        client.connect(hop.host, port=hop.port, username=hop.user, key_filename=hop.keyfile,
+                       allow_agent=hop.keyfile is None, look_for_keys=hop.keyfile is None,
+                       timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+    except BaseException:
+        client.close()
+        raise
+    return client

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from labctl.errors import UsageError
+from labctl.hosts import HostPlace
 from labctl.image.store import Image
 from labctl.lab.model import Guest
 from labctl.netplan import Port
@@ -35,6 +36,7 @@ class GuestPlan:
     ports: dict[str, Port]
     kernel_args: tuple[str, ...]
     gdb_port: int | None = None  # QEMU gdbstub on 127.0.0.1
+    host: HostPlace | None = None  # the libvirt host (None: this machine, the qemu backend)
 
     @property
     def overlay(self) -> Path:
@@ -96,6 +98,18 @@ class Backend(Protocol):
 
     def command(self, plan: GuestPlan) -> list[str]:
         """The exact command (or description) that would start the guest."""
+
+    def prepare(self, plans: list[GuestPlan]) -> list[str]:
+        """Get the hosts ready for these guests (reachable, images in place) before any starts.
+
+        Returns one line per notable thing done (an image uploaded...).
+
+        :raise HostError: when a host is unreachable or lacks something.
+        """
+
+    def cleanup(self, guest_dir: Path) -> None:
+        """Remove what this backend created on its hosts for the guest of ``guest_dir``
+        (its ownership journal, :mod:`labctl.owned`): the guest must be stopped first."""
 
     def start(self, plan: GuestPlan) -> GuestRecord:
         """Start the guest; return as soon as it is launched (not booted).

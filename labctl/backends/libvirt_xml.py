@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from labctl.backends.base import GuestPlan
 from labctl.backends.qemu_argv import lab_nic_args, mgmt_nic_args
@@ -48,6 +49,28 @@ def fw_cfg_files(plan: GuestPlan) -> dict[str, str]:
     return {name: str(path) for name, path in zip(FW_CFG_NAMES, files, strict=True)}
 
 
+@dataclass(frozen=True)
+class DomainFiles:
+    """The files a domain uses, as paths on the host that runs it.
+
+    On labctl's machine they are the image's and the run directory's; on a
+    remote host they are volumes in its storage pool, and the console is a
+    pty read through libvirt's console stream (``console`` None).
+    """
+
+    kernel: str
+    initrd: str
+    disk: str
+    fw_cfg: dict[str, str]
+    console: str | None
+
+    @classmethod
+    def local(cls, plan: GuestPlan) -> DomainFiles:
+        """The files of a guest on labctl's own machine."""
+        return cls(str(plan.image.kernel), str(plan.image.initrd), str(plan.overlay), fw_cfg_files(plan),
+                   str(plan.console))
+
+
 def pin_pci_slot(args: list[str], slot: int) -> list[str]:
     """``args`` with its ``-device`` on PCI slot ``slot`` of ``pci.0``.
 
@@ -71,12 +94,12 @@ def qemu_extra_args(plan: GuestPlan) -> list[str]:
     return args
 
 
-def _os(dom: ET.Element, plan: GuestPlan) -> None:
+def _os(dom: ET.Element, plan: GuestPlan, files: DomainFiles) -> None:
     """Direct kernel boot of the image's kernel and initramfs on a ``pc`` machine."""
     os_el = _sub(dom, "os")
     _sub(os_el, "type", "hvm", arch="x86_64", machine="pc")
-    _sub(os_el, "kernel", str(plan.image.kernel))
-    _sub(os_el, "initrd", str(plan.image.initrd))
+    _sub(os_el, "kernel", files.kernel)
+    _sub(os_el, "initrd", files.initrd)
     _sub(os_el, "cmdline", " ".join(plan.kernel_args))
 
 
@@ -85,26 +108,29 @@ def _cpu(dom: ET.Element, plan: GuestPlan) -> None:
     _sub(dom, "cpu", mode="host-passthrough" if plan.accel == "kvm" else "maximum")
 
 
-def _sysinfo(dom: ET.Element, plan: GuestPlan) -> None:
+def _sysinfo(dom: ET.Element, files: DomainFiles) -> None:
     """The guest's configuration as fw_cfg files (libvirt >= 6.5)."""
     sysinfo = _sub(dom, "sysinfo", type="fwcfg")
-    for name, path in fw_cfg_files(plan).items():
+    for name, path in files.fw_cfg.items():
         _sub(sysinfo, "entry", name=name, file=path)
 
 
-def _devices(dom: ET.Element, plan: GuestPlan) -> None:
+def _devices(dom: ET.Element, files: DomainFiles) -> None:
     """Disk, serial console, pvpanic; no USB, balloon, video or default NIC."""
     devs = _sub(dom, "devices")
     _sub(devs, "emulator", EMULATOR)
     disk = _sub(devs, "disk", type="file", device="disk")
     _sub(disk, "driver", name="qemu", type="qcow2", cache="unsafe", discard="unmap")
-    _sub(disk, "source", file=str(plan.overlay))
+    _sub(disk, "source", file=files.disk)
     _sub(disk, "target", dev="vda", bus="virtio")
-    serial = _sub(devs, "serial", type="file")
-    _sub(serial, "source", path=str(plan.console))
+    kind = "file" if files.console else "pty"  # a pty is what virDomainOpenConsole reads
+    serial = _sub(devs, "serial", type=kind)
+    if files.console:
+        _sub(serial, "source", path=files.console)
     _sub(serial, "target", port="0")
-    console = _sub(devs, "console", type="file")
-    _sub(console, "source", path=str(plan.console))
+    console = _sub(devs, "console", type=kind)
+    if files.console:
+        _sub(console, "source", path=files.console)
     _sub(console, "target", type="serial", port="0")
     _sub(devs, "controller", type="usb", model="none")
     _sub(devs, "memballoon", model="none")
@@ -127,19 +153,23 @@ def _commandline(dom: ET.Element, args: list[str]) -> None:
         _sub(cl, f"{{{QEMU_NS}}}arg", value=arg)
 
 
-def build_domain(plan: GuestPlan, security_models: Iterable[str] = ()) -> ET.Element:
+def build_domain(plan: GuestPlan, security_models: Iterable[str] = (),
+                 files: DomainFiles | None = None) -> ET.Element:
     """The ``<domain>`` element for ``plan``.
 
     ``security_models`` are the host's libvirt security drivers (from its
     capabilities); every one but DAC is switched off for the domain.
+    ``files`` are the paths on the host that runs it (default: this machine's).
     """
+    files = files or DomainFiles.local(plan)
     dom = ET.Element("domain", type="kvm" if plan.accel == "kvm" else "qemu")
     _sub(dom, "name", domain_name(plan.lab, plan.guest.name))
     _sub(dom, "title", f"labctl lab {plan.lab}, guest {plan.guest.name}")
+    _sub(dom, "description", f"labctl run directory {plan.dir}")
     _sub(dom, "memory", str(plan.guest.memory), unit="MiB")
     _sub(dom, "vcpu", str(plan.guest.cpus), placement="static")
-    _sysinfo(dom, plan)
-    _os(dom, plan)
+    _sysinfo(dom, files)
+    _os(dom, plan, files)
     features = _sub(dom, "features")
     _sub(features, "acpi")  # the power button: 'stop' is an ACPI shutdown
     _cpu(dom, plan)
@@ -147,14 +177,14 @@ def build_domain(plan: GuestPlan, security_models: Iterable[str] = ()) -> ET.Ele
     _sub(dom, "on_poweroff", "destroy")
     _sub(dom, "on_reboot", "destroy")  # -no-reboot, as the qemu backend
     _sub(dom, "on_crash", "destroy")  # pvpanic: the machine stops, as the qemu backend's
-    _devices(dom, plan)
+    _devices(dom, files)
     _seclabels(dom, security_models)
     _commandline(dom, qemu_extra_args(plan))
     return dom
 
 
-def domain_xml(plan: GuestPlan, security_models: Iterable[str] = ()) -> str:
+def domain_xml(plan: GuestPlan, security_models: Iterable[str] = (), files: DomainFiles | None = None) -> str:
     """The domain XML document for ``plan`` (indented, one element a line)."""
-    dom = build_domain(plan, security_models)
+    dom = build_domain(plan, security_models, files)
     ET.indent(dom)
     return ET.tostring(dom, encoding="unicode") + "\n"

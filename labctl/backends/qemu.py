@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from labctl.backends.base import GuestPlan, GuestRecord
@@ -29,6 +30,13 @@ class QemuBackend:
 
     def command(self, plan: GuestPlan) -> list[str]:
         return build_argv(plan, QEMU)
+
+    def prepare(self, plans: list[GuestPlan]) -> list[str]:
+        """Nothing to prepare: QEMU runs here, on the image's own files."""
+        return []
+
+    def cleanup(self, guest_dir: Path) -> None:
+        """Nothing outside the run directory to remove."""
 
     def start(self, plan: GuestPlan) -> GuestRecord:
         argv = self.command(plan)

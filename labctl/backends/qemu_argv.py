@@ -10,7 +10,7 @@ import os
 
 from labctl.backends.base import MGMT_NET, GuestPlan
 from labctl.lab.model import Nic
-from labctl.netplan import Port
+from labctl.netplan import Port, UdpAddr
 
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
@@ -68,10 +68,17 @@ def mgmt_nic_args(plan: GuestPlan) -> list[str]:
     ]
 
 
+def _dgram_addr(side: str, addr: object) -> str:
+    """One end of a ``dgram`` netdev: a unix socket path or a UDP address."""
+    if isinstance(addr, UdpAddr):
+        return f"{side}.type=inet,{side}.host={opt(addr.host)},{side}.port={addr.port}"
+    return f"{side}.type=unix,{side}.path={opt(addr)}"
+
+
 def lab_nic_args(nic: Nic, port: Port) -> list[str]:
-    netdev = f"dgram,id=lab{nic.index},local.type=unix,local.path={opt(port.local)}"
+    netdev = f"dgram,id=lab{nic.index},{_dgram_addr('local', port.local)}"
     if port.remote is not None:
-        netdev += f",remote.type=unix,remote.path={opt(port.remote)}"
+        netdev += f",{_dgram_addr('remote', port.remote)}"
     model = nic.nic_model
     device = f"{model.qemu_device},netdev=lab{nic.index},mac={nic.mac}"
     # ``queues`` > 1 needs a multi-queue netdev (tap); a dgram link has one

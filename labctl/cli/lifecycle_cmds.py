@@ -51,7 +51,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         state = up(lab, image, opts, display)
     if args.show_command:
         for rec in state.guests.values():
-            console.print(f"[bold]{rec.name}[/]: {shlex.join(rec.argv)}")
+            console.print(f"[bold]{rec.name}[/]: {shlex.join(rec.argv)}", highlight=False)
+        for line in network_lines(state):
+            console.print(line, highlight=False, markup=False)
     if args.json and not lab.steps:
         print_json(status_data(state))
     elif not args.json:
@@ -84,21 +86,35 @@ def status_data(state: LabState) -> dict[str, Any]:
     return {
         "lab": state.lab, "source": state.source, "backend": state.backend, "accel": state.accel,
         "image": state.image, "started_at": state.started_at, "run_dir": state.dir,
-        "warnings": state.warnings,
-        "guests": [{"name": g.name, "state": g.state, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid, "accel": g.accel,
-                    "ready_seconds": state.ready_seconds.get(g.name), "nics": g.nics}
+        "warnings": state.warnings, "networks": state.networks, "uploads": state.uploads,
+        "hosts": {h["name"]: {k: v for k, v in h.items() if k != "name"} for h in state.hosts.values()},
+        "guests": [{"name": g.name, "state": g.state, "host": g.host, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid,
+                    "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name), "nics": g.nics}
                    for g in guest_statuses(state)],
     }
 
 
+def network_lines(state: LabState) -> list[str]:
+    """One line per lab network: its mechanism and each member's endpoint."""
+    lines = []
+    for name, seg in state.networks.items():
+        ends = [f"{p['guest']}.{p['nic']}" + (f"@{p['host']}" if p.get("host") else "") + f" {p['local']}"
+                for p in seg.get("ports", [])]
+        lines.append(f"network {name}: {seg.get('mechanism')} ({' <-> '.join(ends)})")
+    return lines
+
+
 def print_lab(state: LabState) -> None:
     t = Table(title=f"lab {state.lab}", title_justify="left")
-    for col in ("guest", "state", "ssh", "gdb", "nic", "model", "driver", "address", "network"):
+    placed = any(h.get("name") != "local" for h in state.hosts.values())
+    for col in ("guest", *(["host"] if placed else []), "state", "ssh", "gdb", "nic", "model", "driver",
+                "address", "network"):
         t.add_column(col)
     for g in guest_statuses(state):
         first = True
         for n in g.nics or [{}]:
-            t.add_row(g.name if first else "", g.state if first else "", g.ssh if first else "",
+            host = [(g.host or "") if first else ""] if placed else []
+            t.add_row(g.name if first else "", *host, g.state if first else "", g.ssh if first else "",
                       (g.gdb or "") if first else "",
                       str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
                       str(n.get("ip") or ""), str(n.get("network", "")))

@@ -1,0 +1,305 @@
+"""Images and per-run disks in a libvirt storage pool (for remote hosts).
+
+A remote host cannot see labctl's image cache, so its guests boot from
+volumes in the ``labctl`` directory pool on that host (created when missing):
+
+* the image's kernel, initramfs and root file system, uploaded once through
+  the libvirt stream API (sparse, so the 1.5 GB root file system sends only
+  its data), named after the image and the file's sha256. After an upload
+  the volume is downloaded back and hashed; only when the sum matches the
+  image manifest's is a ``<volume>.sha256`` marker volume written. A volume
+  without its marker (an interrupted upload) is replaced;
+* per guest, a qcow2 overlay with the root file system as backing store and
+  the three fw_cfg files (mode 0600), named ``labctl-<lab>-<guest>-...``:
+  these belong to the lab and go at ``down``.
+
+Every call takes an open ``virConnect``; libvirt errors are mapped by the
+caller's :func:`labctl.backends.libvirt.connection`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from labctl.errors import ImageError
+from labctl.image.store import Image
+
+log = logging.getLogger(__name__)
+
+POOL = "labctl"
+POOL_DIR = "/var/lib/libvirt/labctl"
+IMAGE_FILES = {"kernel": "vmlinux", "initrd": "initrd.img", "rootfs": "rootfs.img"}
+MARKER = ".sha256"
+_ZEROS = bytes(1 << 20)
+
+
+@dataclass(frozen=True)
+class RemoteImage:
+    """Paths of an image's boot files on a host, and whether this run uploaded them."""
+
+    kernel: str
+    initrd: str
+    rootfs: str
+    rootfs_size: int
+    uploaded: tuple[str, ...]  # volume names sent by this run
+
+
+def pool_xml(name: str = POOL, path: str = POOL_DIR) -> str:
+    """A directory pool whose files only root can read."""
+    pool = ET.Element("pool", type="dir")
+    ET.SubElement(pool, "name").text = name
+    target = ET.SubElement(pool, "target")
+    ET.SubElement(target, "path").text = path
+    perms = ET.SubElement(target, "permissions")
+    ET.SubElement(perms, "mode").text = "0700"
+    return ET.tostring(pool, encoding="unicode")
+
+
+def volume_xml(name: str, capacity: int, fmt: str = "raw", backing: str | None = None,
+               backing_format: str = "raw", mode: str = "0600") -> str:
+    """A volume; with ``backing`` a copy-on-write overlay on that path."""
+    vol = ET.Element("volume")
+    ET.SubElement(vol, "name").text = name
+    ET.SubElement(vol, "capacity", unit="bytes").text = str(capacity)
+    ET.SubElement(vol, "allocation", unit="bytes").text = "0"
+    target = ET.SubElement(vol, "target")
+    ET.SubElement(target, "format", type=fmt)
+    perms = ET.SubElement(target, "permissions")
+    ET.SubElement(perms, "mode").text = mode
+    if backing is not None:
+        store = ET.SubElement(vol, "backingStore")
+        ET.SubElement(store, "path").text = backing
+        ET.SubElement(store, "format", type=backing_format)
+    return ET.tostring(vol, encoding="unicode")
+
+
+def image_volume_name(image: Image, file: str, sha256: str) -> str:
+    """``<image>-<file>-<sha256 prefix>``: a new build never reuses an old volume."""
+    return f"{image.name}-{file}-{sha256[:16]}"
+
+
+def ensure_pool(conn: Any) -> Any:
+    """The ``labctl`` pool on this host, defined, built and started when needed."""
+    lv = _lv()
+    try:
+        pool = conn.storagePoolLookupByName(POOL)
+    except lv.libvirtError as exc:
+        if exc.get_error_code() != lv.VIR_ERR_NO_STORAGE_POOL:
+            raise
+        log.info("defining storage pool %s at %s", POOL, POOL_DIR)
+        pool = conn.storagePoolDefineXML(pool_xml(), 0)
+        pool.build(0)
+        pool.setAutostart(1)
+    if not pool.isActive():
+        pool.create(0)
+    pool.refresh(0)
+    return pool
+
+
+def lookup_volume(pool: Any, name: str) -> Any | None:
+    """The volume called ``name`` in ``pool``, or None."""
+    lv = _lv()
+    try:
+        return pool.storageVolLookupByName(name)
+    except lv.libvirtError as exc:
+        if exc.get_error_code() == lv.VIR_ERR_NO_STORAGE_VOL:
+            return None
+        raise
+
+
+def delete_volume(pool: Any, name: str) -> bool:
+    """Delete a volume; True if it existed."""
+    vol = lookup_volume(pool, name)
+    if vol is None:
+        return False
+    vol.delete(0)
+    return True
+
+
+def ensure_image(conn: Any, image: Image) -> RemoteImage:
+    """The image's boot files in the host's pool, uploaded and verified when missing.
+
+    :raise ImageError: when the manifest lacks a file's sum, or an upload
+        does not read back with that sum.
+    """
+    pool = ensure_pool(conn)
+    paths: dict[str, str] = {}
+    uploaded: list[str] = []
+    for role, file in IMAGE_FILES.items():
+        sha256, size = _manifest_sum(image, file)
+        name = image_volume_name(image, file, sha256)
+        if not _verified(conn, pool, name, sha256):
+            upload_file(conn, pool, name, image.dir / file, size, mode="0644")
+            _verify(conn, pool, name, sha256, image.dir / file)
+            uploaded.append(name)
+        paths[role] = pool.storageVolLookupByName(name).path()
+    _, rootfs_size = _manifest_sum(image, IMAGE_FILES["rootfs"])
+    return RemoteImage(paths["kernel"], paths["initrd"], paths["rootfs"], rootfs_size, tuple(uploaded))
+
+
+def _manifest_sum(image: Image, file: str) -> tuple[str, int]:
+    """(sha256, size) of an image file, from its manifest."""
+    entry = image.manifest.get("files", {}).get(file)
+    if not entry or "sha256" not in entry:
+        raise ImageError(f"image {image.name} ({image.key}) has no sha256 for {file} in its manifest",
+                         hint=f"rebuild it: labctl image build {image.name} --force")
+    return str(entry["sha256"]), int(entry["size"])
+
+
+def _verified(conn: Any, pool: Any, name: str, sha256: str) -> bool:
+    """True when the volume and its marker exist and the marker holds ``sha256``.
+
+    A volume without a matching marker is a leftover of an interrupted
+    upload: it is deleted.
+    """
+    marker = lookup_volume(pool, name + MARKER)
+    if lookup_volume(pool, name) is not None and marker is not None:
+        if read_volume(conn, marker).decode(errors="replace").split()[:1] == [sha256]:
+            log.info("volume %s is in pool %s with sha256 %s", name, POOL, sha256)
+            return True
+    for stale in (name, name + MARKER):
+        delete_volume(pool, stale)
+    return False
+
+
+def _verify(conn: Any, pool: Any, name: str, sha256: str, source: Path) -> None:
+    """Download the uploaded volume back, hash it, and record the sum in its marker.
+
+    :raise ImageError: when the sums differ (the volume is deleted).
+    """
+    got = hash_volume(conn, pool.storageVolLookupByName(name))
+    if got != sha256:
+        delete_volume(pool, name)
+        raise ImageError(f"upload of {source} to volume {name} read back with sha256 {got}, "
+                         f"not the manifest's {sha256}",
+                         hint="check the host's disk; rebuild the image if the local file changed")
+    upload_bytes(conn, pool, name + MARKER, f"{sha256}  {source.name}\n".encode(), mode="0644")
+    log.info("uploaded %s as volume %s, sha256 %s verified", source, name, sha256)
+
+
+def upload_file(conn: Any, pool: Any, name: str, path: Path, size: int, mode: str = "0600") -> Any:
+    """A new raw volume with the contents of ``path``, sent as a sparse stream."""
+    lv = _lv()
+    vol = pool.createXML(volume_xml(name, size, mode=mode), 0)
+    stream = conn.newStream(0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        vol.upload(stream, 0, 0, lv.VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM)
+        stream.sparseSendAll(_read, _hole, _skip, fd)
+        stream.finish()
+    except BaseException:
+        _abort(stream)
+        raise
+    finally:
+        os.close(fd)
+    return vol
+
+
+def upload_bytes(conn: Any, pool: Any, name: str, data: bytes, mode: str = "0600") -> Any:
+    """A new raw volume holding ``data`` (a small file: fw_cfg entries, markers)."""
+    vol = pool.createXML(volume_xml(name, len(data), mode=mode), 0)
+    stream = conn.newStream(0)
+    try:
+        vol.upload(stream, 0, len(data), 0)
+        sent = 0
+        while sent < len(data):
+            sent += stream.send(data[sent:])
+        stream.finish()
+    except BaseException:
+        _abort(stream)
+        raise
+    return vol
+
+
+def read_volume(conn: Any, vol: Any, limit: int = 1 << 16) -> bytes:
+    """The first ``limit`` bytes of a small volume."""
+    stream = conn.newStream(0)
+    vol.download(stream, 0, limit, 0)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            data = stream.recv(65536)
+            if not data or isinstance(data, int):
+                break
+            chunks.append(data)
+        stream.finish()
+    except BaseException:
+        _abort(stream)
+        raise
+    return b"".join(chunks)
+
+
+def hash_volume(conn: Any, vol: Any) -> str:
+    """sha256 of a volume's whole contents, downloaded as a sparse stream (holes hash as zeros)."""
+    lv = _lv()
+    digest = hashlib.sha256()
+
+    def data(_st: Any, buf: bytes, _opaque: Any) -> int:
+        digest.update(buf)
+        return len(buf)
+
+    def hole(_st: Any, length: int, _opaque: Any) -> int:
+        while length > 0:
+            n = min(length, len(_ZEROS))
+            digest.update(_ZEROS[:n])
+            length -= n
+        return 0
+
+    stream = conn.newStream(0)
+    try:
+        vol.download(stream, 0, 0, lv.VIR_STORAGE_VOL_DOWNLOAD_SPARSE_STREAM)
+        stream.sparseRecvAll(data, hole, None)
+        stream.finish()
+    except BaseException:
+        _abort(stream)
+        raise
+    return digest.hexdigest()
+
+
+def create_overlay(pool: Any, name: str, backing: str, capacity: int) -> Any:
+    """A qcow2 volume backed by the raw root file system at ``backing``."""
+    return pool.createXML(volume_xml(name, capacity, fmt="qcow2", backing=backing), 0)
+
+
+def _read(_st: Any, nbytes: int, fd: int) -> bytes:
+    return os.read(fd, nbytes)
+
+
+def _skip(_st: Any, length: int, fd: int) -> int:
+    return os.lseek(fd, length, os.SEEK_CUR)
+
+
+def _hole(_st: Any, fd: int) -> list[Any]:
+    """[in_data, length] of the section at the file offset (SEEK_DATA/SEEK_HOLE)."""
+    cur = os.lseek(fd, 0, os.SEEK_CUR)
+    try:
+        data = os.lseek(fd, cur, os.SEEK_DATA)
+    except OSError:  # ENXIO: only a hole until the end
+        data = -1
+    if data < 0:
+        section = [False, os.lseek(fd, 0, os.SEEK_END) - cur]
+    elif data > cur:
+        section = [False, data - cur]
+    else:
+        section = [True, os.lseek(fd, data, os.SEEK_HOLE) - data]
+    os.lseek(fd, cur, os.SEEK_SET)
+    return section
+
+
+def _abort(stream: Any) -> None:
+    try:
+        stream.abort()
+    except Exception:  # noqa: BLE001 - already failing; keep the first error
+        pass
+
+
+def _lv() -> Any:
+    from labctl.backends.libvirt import _libvirt
+
+    return _libvirt()

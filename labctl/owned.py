@@ -1,0 +1,44 @@
+"""What a backend created on its hosts for one guest: the ownership journal.
+
+``guests/<guest>/owned.json`` in the lab's run directory lists every domain,
+volume and helper process created for the guest, each written *before* it
+is created. ``down``, and the clean-up of a failed or interrupted ``up``,
+remove exactly these and nothing else, even when ``up`` died before the
+lab's state was saved.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+JOURNAL = "owned.json"
+
+
+def record(guest_dir: Path, entry: dict[str, Any]) -> None:
+    """Add ``entry`` (a JSON object with at least ``backend`` and ``kind``) to the journal."""
+    items = entries(guest_dir)
+    if entry not in items:
+        items.append(entry)
+    tmp = guest_dir / (JOURNAL + ".tmp")
+    tmp.write_text(json.dumps(items, indent=1) + "\n")
+    tmp.replace(guest_dir / JOURNAL)
+
+
+def entries(guest_dir: Path) -> list[dict[str, Any]]:
+    """The journal's entries, oldest first ([] when there is none)."""
+    try:
+        data = json.loads((guest_dir / JOURNAL).read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+
+
+def backends(run_dir: Path) -> dict[str, list[Path]]:
+    """backend name -> the guest directories under ``run_dir`` whose journal names it."""
+    out: dict[str, list[Path]] = {}
+    for gdir in sorted((run_dir / "guests").glob("*")):
+        for name in sorted({str(e.get("backend")) for e in entries(gdir)}):
+            out.setdefault(name, []).append(gdir)
+    return out
