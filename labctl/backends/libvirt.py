@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 URI_ENV = "LABCTL_LIBVIRT_URI"
 DEFAULT_URI = "qemu:///system"
 SETUP_HINT = "run scripts/libvirt-setup.sh as root (installs libvirt, starts libvirtd, installs libvirt-python)"
-REMOTE_HINT = ("check that 'virsh -c URI version' works from here: the host needs sshd, libvirtd, and "
+REMOTE_HINT = ("check that 'virsh -c {uri} version' works from here: the host needs sshd, libvirtd, and "
                "virt-ssh-helper or nc; the URI's user, port and keyfile must log in without a password")
 RELAY = "labctl.backends.libvirt_console"
 CONSOLE_ATTACH_TIMEOUT = 60.0
@@ -100,7 +100,7 @@ def connection(uri: str, host: str | None = None) -> Iterator[Any]:
         remote = "+ssh" in uri.split(":", 1)[0]
         what = f"host {host} ({uri}) is unreachable" if host else f"cannot connect to libvirt at {uri}"
         raise HostError(f"{what}: {_message(exc)}",
-                        hint=REMOTE_HINT.replace("URI", uri) if remote else SETUP_HINT) from exc
+                        hint=REMOTE_HINT.format(uri=uri) if remote else SETUP_HINT) from exc
     try:
         yield conn
     except lv.libvirtError as exc:

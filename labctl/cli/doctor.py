@@ -66,23 +66,56 @@ def check_libvirt_python() -> Check:
     return Check("libvirt-python", True, f"imports (libvirt library {v // 1000000}.{v // 1000 % 1000}.{v % 1000})")
 
 
-def check_libvirtd() -> Check:
+def check_libvirtd(uri: str | None = None, host: str | None = None) -> Check:
     """libvirtd answers on the URI, with a new enough libvirt."""
     from labctl.backends.libvirt import connection, libvirt_uri
     from labctl.errors import LabctlError
 
-    uri = libvirt_uri()
+    uri = uri or libvirt_uri()
+    label = f"host {host}: libvirtd ({uri})" if host else f"libvirtd ({uri})"
     try:
-        with connection(uri) as conn:
+        with connection(uri, host) as conn:
             v = conn.getLibVersion()
             model = conn.getSecurityModel()[0] or "none"
     except LabctlError as exc:
-        return Check(f"libvirtd ({uri})", False, exc.message)
+        return Check(label, False, f"{exc.message}; fix: {exc.hint}" if exc.hint else exc.message)
     version = (v // 1000000, v // 1000 % 1000, v % 1000)
     text = ".".join(map(str, version))
     if version < MIN_LIBVIRT:
-        return Check(f"libvirtd ({uri})", False, f"libvirt {text} is older than 9.0")
-    return Check(f"libvirtd ({uri})", True, f"libvirt {text}, security driver {model}")
+        return Check(label, False, f"libvirt {text} is older than 9.0; fix: upgrade libvirt on that host")
+    return Check(label, True, f"libvirt {text}, security driver {model}")
+
+
+def check_ssh_hop(host: str, uri: str) -> Check:
+    """labctl itself logs in to a remote host (guests' SSH goes through it), with the URI's account."""
+    from labctl.lab.uri import parse_uri
+    from labctl.ssh import jump_client
+
+    hop = parse_uri(uri).ssh_hop()
+    assert hop is not None
+    label = f"host {host}: ssh {hop.user}@{hop.host}:{hop.port}"
+    try:
+        jump_client(hop, timeout=15).close()
+    except Exception as exc:  # noqa: BLE001 - paramiko/socket errors: reported, not raised
+        return Check(label, False, f"{type(exc).__name__}: {exc}; fix: the URI's user, port and keyfile "
+                     "must log in without a password, with the host key known or no_verify=1")
+    return Check(label, True, "logs in (guests' SSH is tunnelled through it)")
+
+
+def lab_host_checks(path: str) -> list[Check]:
+    """One libvirtd check per host of a lab file, and an SSH login check per remote host."""
+    from labctl.backends.libvirt import libvirt_uri
+    from labctl.hosts import place_guests
+    from labctl.lab import load_lab
+
+    lab = load_lab(path)
+    hosts = {h.name: h.uri for h in place_guests(lab, libvirt_uri()).values()}
+    checks = []
+    for name, uri in hosts.items():
+        checks.append(check_libvirtd(uri, name))
+        if "+ssh" in uri.split(":", 1)[0]:
+            checks.append(check_ssh_hop(name, uri))
+    return checks
 
 
 CHECKS: dict[str, list[Callable[[], Check]]] = {
@@ -93,6 +126,8 @@ CHECKS: dict[str, list[Callable[[], Check]]] = {
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("doctor", help="check the host for what the backends need")
+    p.add_argument("lab", nargs="?", metavar="LAB_FILE",
+                   help="also check every libvirt host this lab file names (reachable, SSH login)")
     p.add_argument("--backend", choices=sorted(CHECKS), help="check only this backend (default: all)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -102,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     """Exit status 0 when every check passed, 3 (a host problem) otherwise."""
     backends = [args.backend] if args.backend else list(CHECKS)
     results = [(b, c()) for b in backends for c in CHECKS[b]]
+    if args.lab:
+        results += [("libvirt", c) for c in lab_host_checks(args.lab)]
     if args.json:
         print_json([{"backend": b, "check": c.name, "ok": c.ok, "detail": c.detail} for b, c in results])
     else:

@@ -53,7 +53,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         for rec in state.guests.values():
             console.print(f"[bold]{rec.name}[/]: {shlex.join(rec.argv)}", highlight=False)
         for line in network_lines(state):
-            console.print(line, highlight=False, markup=False)
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
     if args.json and not lab.steps:
         print_json(status_data(state))
     elif not args.json:

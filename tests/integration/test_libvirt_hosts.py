@@ -1,0 +1,270 @@
+"""One lab on two libvirt hosts: this machine's qemu:///system and a "remote"
+qemu+ssh:// host that is the same libvirtd reached through an sshd the test
+starts on 127.0.0.1 with throwaway keys. The remote guest's image goes
+through the upload path (storage pool, stream API, sha256), its console
+through libvirt's console stream, its SSH through the host's sshd, and the
+two guests are linked by a UDP tunnel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from labctl.image.store import Image
+from tests.conftest import Cli
+from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
+
+LOCAL = "qemu:///system"
+POOL = "labctl"
+POOL_DIR = Path("/var/lib/libvirt/labctl")
+KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
+
+
+def _virsh(*args: str, uri: str = LOCAL) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["virsh", "-c", uri, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture
+def libvirtd() -> None:
+    """Skip unless libvirtd answers on qemu:///system (scripts/libvirt-setup.sh sets it up)."""
+    if shutil.which("virsh") is None:
+        pytest.skip("libvirt is not installed (virsh missing): run scripts/libvirt-setup.sh")
+    version = _virsh("version")
+    if version.returncode != 0:
+        pytest.skip(f"libvirtd is not reachable at {LOCAL}: {version.stderr.strip()}")
+    if os.geteuid() != 0:
+        pytest.skip("the two-host test runs sshd and libvirt's qemu:///system as root")
+
+
+@dataclass
+class Sshd:
+    port: int
+    key: Path
+
+    @property
+    def uri(self) -> str:
+        return f"qemu+ssh://root@127.0.0.1:{self.port}/system?keyfile={self.key}&no_verify=1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sshd(libvirtd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """An sshd on 127.0.0.1 with a throwaway host key and client key; root logs in by key only."""
+    if not Path("/usr/sbin/sshd").exists():
+        pytest.fail("/usr/sbin/sshd is missing: run scripts/libvirt-setup.sh (it installs openssh-server)")
+    d = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
+    port = _free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\n"
+        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+        "PidFile none\nAllowTcpForwarding yes\n")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    had_known_hosts = KNOWN_HOSTS.exists()
+    log = open(d / "sshd.log", "wb")
+    proc = subprocess.Popen(["/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-D", "-e"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: _accepts(port) or proc.poll() is not None, 30, "sshd to listen")
+        assert proc.poll() is None, (d / "sshd.log").read_text()
+        yield Sshd(port, d / "client_key")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        # libvirt's ssh (no_verify=1) recorded the throwaway host key: take it out again
+        subprocess.run(["ssh-keygen", "-R", f"[127.0.0.1]:{port}"], capture_output=True, check=False)
+        if not had_known_hosts:
+            for p in (KNOWN_HOSTS, KNOWN_HOSTS.with_name("known_hosts.old")):
+                p.unlink(missing_ok=True)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _lab(path: Path, name: str, remote_uri: str) -> Path:
+    path.write_text(f"""\
+name: {name}
+hosts:
+  h1: {{uri: "{LOCAL}"}}
+  h2: {{uri: "{remote_uri}"}}
+networks:
+  link: {{}}
+guests:
+  a:
+    host: h1
+    memory: 384
+    nics: [{{name: eth1, model: e1000, network: link, ip: 10.20.0.1/24}}]
+  b:
+    host: h2
+    memory: 384
+    nics: [{{name: eth1, model: virtio-net-pci, network: link, ip: 10.20.0.2/24}}]
+""")
+    return path
+
+
+def _image_volumes(image: Image) -> dict[str, str]:
+    """volume name -> manifest sha256 of the image's boot files in the pool."""
+    files = image.manifest["files"]
+    return {f"{image.name}-{f}-{files[f]['sha256'][:16]}": files[f]["sha256"]
+            for f in ("vmlinux", "initrd.img", "rootfs.img")}
+
+
+def _pool_volumes() -> list[str]:
+    out = _virsh("vol-list", POOL)
+    if out.returncode != 0:
+        return []  # no pool yet
+    return [line.split()[0] for line in out.stdout.splitlines()[2:] if line.strip()]
+
+
+def _leftovers(lab: str) -> dict[str, list[str]]:
+    """Everything of the lab that libvirt still lists: domains, volumes, networks."""
+    prefix = f"labctl-{lab}-"
+    domains = _virsh("list", "--all", "--name").stdout.split()
+    networks = _virsh("net-list", "--all", "--name").stdout.split()
+    return {"domains": [d for d in domains if d.startswith(prefix)],
+            "volumes": [v for v in _pool_volumes() if v.startswith(prefix)],
+            "networks": [n for n in networks if lab in n]}
+
+
+NOTHING = {"domains": [], "volumes": [], "networks": []}
+
+
+def _one_line(text: str) -> str:
+    """CLI output with the terminal's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path) -> None:
+    lab = _lab(tmp_path / "hosts2.yaml", "hosts2", sshd.uri)
+    assert _leftovers("hosts2") == NOTHING
+    for vol in _image_volumes(image):  # make this run take the upload path
+        for name in (vol, vol + ".sha256"):
+            if name in _pool_volumes():
+                assert _virsh("vol-delete", name, "--pool", POOL).returncode == 0
+
+    up = cli("up", str(lab), "--accel", "tcg", "--show-command")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        assert "network link: udp-tunnel (a.eth1@h1 127.0.0.1:" in up.stderr
+        (st,) = json.loads(cli("status", "--json", check=True).stdout)["labs"]
+        assert st["backend"] == "libvirt"
+        assert {g["name"]: (g["host"], g["state"]) for g in st["guests"]} == \
+            {"a": ("h1", "running"), "b": ("h2", "running")}
+        assert st["hosts"]["h2"]["remote"] is True and st["hosts"]["h1"]["remote"] is False
+        assert st["networks"]["link"]["mechanism"] == "udp-tunnel"
+
+        # the image reached h2 through the upload path, verified against the manifest's sums
+        uploaded = " ".join(st["uploads"])
+        for vol, sha in _image_volumes(image).items():
+            assert f"uploaded {vol} to pool {POOL} on host h2" in uploaded, st["uploads"]
+            assert vol in _pool_volumes() and vol + ".sha256" in _pool_volumes()
+            assert (POOL_DIR / (vol + ".sha256")).read_text().split()[0] == sha
+        assert "labctl-hosts2-b-disk.qcow2" in _pool_volumes()
+        backing = _virsh("vol-dumpxml", "labctl-hosts2-b-disk.qcow2", "--pool", POOL).stdout
+        assert "<backingStore>" in backing and "rootfs.img" in backing
+
+        # the remote guest's console came home through the console stream
+        console = (cli.state_dir / "labs" / "hosts2" / "guests" / "b" / "console.log").read_bytes()
+        assert b"LABCTL-READY b" in console
+
+        drv = cli("exec", "hosts2", "b", "--", "ethtool", "-i", "eth1", check=True).stdout
+        assert drv.splitlines()[0] == "driver: virtio_net"
+        for guest, peer in (("a", "10.20.0.2"), ("b", "10.20.0.1")):
+            ping = cli("exec", "hosts2", guest, "--", "ping", "-c", "3", "-W", "5", peer)
+            assert ping.returncode == 0, f"{guest} -> {peer}: {ping.stdout}{ping.stderr}"
+    finally:
+        down = cli("down", "hosts2")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert _leftovers("hosts2") == NOTHING
+    assert pids_matching("labctl.backends.libvirt_console") == []
+    assert qemu_pids_under(cli.state_dir) == []
+    assert not (cli.state_dir / "labs" / "hosts2").exists()
+    assert all(v in _pool_volumes() for v in _image_volumes(image))  # the image stays for later runs
+
+
+def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path) -> None:
+    lab = _lab(tmp_path / "hosts2i.yaml", "hosts2i", sshd.uri)
+    assert _leftovers("hosts2i") == NOTHING
+    proc = cli.popen("up", str(lab), "--accel", "tcg")
+    console = cli.state_dir / "labs" / "hosts2i" / "guests" / "b" / "console.log"
+    try:
+        wait_for(lambda: console.exists() and console.stat().st_size > 0 or proc.poll() is not None,
+                 600, "guest b to boot on h2")
+        assert proc.poll() is None, proc.communicate()
+        assert sorted(_leftovers("hosts2i")["domains"]) == ["labctl-hosts2i-a", "labctl-hosts2i-b"]
+        assert "labctl-hosts2i-b-disk.qcow2" in _pool_volumes()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert _leftovers("hosts2i") == NOTHING
+    assert pids_matching("labctl.backends.libvirt_console") == []
+    assert qemu_pids_under(cli.state_dir) == []
+    assert not (cli.state_dir / "labs" / "hosts2i").exists()
+
+
+def test_unreachable_host_is_named(cli: Cli, image: Image, libvirtd: None, tmp_path: Path) -> None:
+    uri = f"qemu+ssh://root@127.0.0.1:{_free_port()}/system?no_verify=1"
+    lab = _lab(tmp_path / "hosts2u.yaml", "hosts2u", uri)
+    up = cli("up", str(lab), "--accel", "tcg", timeout=300)
+    assert up.returncode == 3, up.stdout + up.stderr
+    assert f"host h2 ({uri}) is unreachable" in _one_line(up.stderr)
+    assert _leftovers("hosts2u") == NOTHING
+    assert not (cli.state_dir / "labs" / "hosts2u").exists()
+    doctor = cli("doctor", str(lab), "--backend", "libvirt", "--json")
+    assert doctor.returncode == 3
+    checks = {c["check"]: c for c in json.loads(doctor.stdout)}
+    assert checks[f"host h1: libvirtd ({LOCAL})"]["ok"] is True
+    bad = checks[f"host h2: libvirtd ({uri})"]
+    assert bad["ok"] is False and "fix:" in bad["detail"]
+
+
+def test_three_guests_across_hosts_are_refused(cli: Cli, image: Image, tmp_path: Path) -> None:
+    lab = tmp_path / "span3.yaml"
+    lab.write_text("""\
+name: span3
+hosts:
+  h1: {uri: "qemu:///system"}
+  h2: {uri: "qemu+ssh://root@127.0.0.1:1/system"}
+networks:
+  lan: {}
+guests:
+  a: {host: h1, nics: [{name: eth1, model: e1000, network: lan}]}
+  b: {host: h2, nics: [{name: eth1, model: e1000, network: lan}]}
+  c: {host: h2, nics: [{name: eth1, model: e1000, network: lan}]}
+""")
+    up = cli("up", str(lab), "--accel", "tcg", timeout=300)
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert "network lan has 3 guests and spans hosts h1, h2" in _one_line(up.stderr)
+    assert not (cli.state_dir / "labs" / "span3").exists()
+    qemu = cli("up", str(lab), "--backend", "qemu", "--accel", "tcg", timeout=300)
+    assert qemu.returncode == 2 and "needs the libvirt backend" in _one_line(qemu.stderr)
