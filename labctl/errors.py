@@ -11,6 +11,7 @@
      +-- MachineError           a guest's QEMU failed (start, QMP, died)
      +-- GuestError             a guest misbehaved (never ready, SSH failed)
      +-- LabStateError          lab already up / not up / state unreadable
+     +-- TraceError             a tracer could not be set up (kernel facts, probes)
 
 Dependencies' exceptions (paramiko, qemu.qmp, libvirt, pygdbmi) are mapped
 into this tree where labctl calls them; only the CLI prints errors and picks
@@ -99,3 +100,7 @@ class LabStateError(LabctlError):
     """A lab is already up, not up, or its state cannot be read."""
 
     exit_code = 5
+
+
+class TraceError(LabctlError):
+    """A tracer could not be set up (missing kernel facts, probes refused)."""

@@ -227,12 +227,42 @@ class Runner:
                 cmd = tr.add_kprobes(spec)
                 if cmd and self.sh(g, f"cd {q(workdir)} && ({cmd}) > kprobes.log 2>&1") != 0:
                     res.warnings.append(f"{g}: some kprobes could not be added (see kprobes.log)")
+            skip = set() if spec.skb_latency is None else self._skb_probes(g, workdir, res)
             for t in tr.tracers(spec):
                 if t.tool not in have:
                     res.warnings.append(f"{g}: {t.tool} is not installed in the guest; {t.name} skipped")
                     continue
-                self.sh(g, tr.start(workdir, t))
+                if t.name not in skip:
+                    self.sh(g, tr.start(workdir, t))
         time.sleep(1.0)  # let the tracers attach before the workload starts
+
+    def _skb_probes(self, guest: str, workdir: str, res: StepResult) -> set[str]:
+        """Define the skb_latency kprobes in ``guest``; the tracers to skip when that fails."""
+        from labctl.errors import TraceError
+        from labctl.trace import skbprobes
+
+        try:
+            offsets = skbprobes.kernel_offsets(Path(self.state.image["dir"]), self._cache_dir())
+        except (TraceError, LabctlError) as exc:
+            res.warnings.append(f"{guest}: skb_latency skipped: {exc.message}")
+            return {"skb-latency"}
+        cmd = skbprobes.add_command(offsets)
+        if self.sh(guest, f"cd {q(workdir)} && ({cmd}) > skb-kprobes.log 2>&1") != 0:
+            res.warnings.append(f"{guest}: skb_latency skipped: the kernel refused its kprobes "
+                                "(see skb-kprobes.log)")
+            return {"skb-latency"}
+        return set()
+
+    def _cache_dir(self) -> Path | None:
+        """Where kernel facts go when the image directory is read-only (one per image)."""
+        from labctl import paths
+
+        try:
+            d = paths.cache_dir() / "struct-offsets" / Path(self.state.image["dir"]).name
+            d.mkdir(parents=True, exist_ok=True)
+            return d
+        except (OSError, AttributeError):
+            return None
 
     def _start_gdb(self, step: Step, row: dict[str, str], rel: Path, res: StepResult) -> GdbRun | None:
         """Start the step's scripted gdb session in a thread; it runs while the commands do."""

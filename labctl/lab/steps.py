@@ -23,6 +23,7 @@
             ftrace: {events: [net:net_dev_queue], tracer: function_graph, functions: [ip_rcv], filter: "len > 100"}
             kprobes: [ip_rcv]
             mpstat: true
+            skb_latency: true           # per-packet stage latency (or {buffer_kb: 16384}); not with ftrace
             stats: true                 # statistics snapshots before/after (default true)
 
 ``{{name}}`` in commands, ``nic`` and ftrace filters is replaced by the
@@ -45,7 +46,8 @@ STEP_MODES = ("line", "into", "instruction")
 _LOCATION = re.compile(r"[A-Za-z0-9_.:*+/-]{1,200}")
 _REGISTER = re.compile(r"[a-z0-9]{2,8}")
 _RUN_KEYS = ("guest", "command", "background", "timeout", "ready_after")
-_TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "stats")
+_TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "skb_latency", "stats")
+_SKB_LATENCY_KEYS = ("buffer_kb",)
 _PERF_RECORD_KEYS = ("events", "call_graph", "frequency", "target")
 _PERF_STAT_KEYS = ("events",)
 _FTRACE_KEYS = ("events", "tracer", "functions", "filter", "buffer_kb")
@@ -88,6 +90,11 @@ class Ftrace:
 
 
 @dataclass(frozen=True)
+class SkbLatency:
+    buffer_kb: int | None = None  # trace-cmd's per-CPU buffer (default skbprobes.DEFAULT_BUFFER_KB)
+
+
+@dataclass(frozen=True)
 class TraceSpec:
     """What to trace on one guest during a step."""
 
@@ -97,6 +104,7 @@ class TraceSpec:
     kprobes: tuple[str, ...] = ()
     mpstat: float | None = None  # sampling interval in seconds
     stats: bool = True
+    skb_latency: SkbLatency | None = None
 
 
 @dataclass(frozen=True)
@@ -407,5 +415,12 @@ class StepParser:
                 c.add(ft.line, fpath, "ftrace needs events or a tracer")
         mp = self._section(body, "mpstat", path, _MPSTAT_KEYS)
         mpstat = None if mp is None else float(c.integer(mp, "interval", f"{path}.mpstat", (1, 60)) or 1)
+        sl = self._section(body, "skb_latency", path, _SKB_LATENCY_KEYS)
+        skb = None
+        if sl is not None:
+            skb = SkbLatency(c.integer(sl, "buffer_kb", f"{path}.skb_latency", (64, 1048576)))
+            if ftrace is not None:
+                c.add(body.key_line("skb_latency"), f"{path}.skb_latency",
+                      "skb_latency records with ftrace itself: trace ftrace events in another step")
         return TraceSpec(perf_record, perf_stat, ftrace, self._strings(body, "kprobes", path, _SYMBOL, "function"),
-                         mpstat, self._bool(body, "stats", path, True))
+                         mpstat, self._bool(body, "stats", path, True), skb)

@@ -613,8 +613,10 @@ def run_artifact_blocks(run: Run) -> list[Block]:
 
 def build_document(run: Run) -> list[Block]:
     """The whole report as blocks."""
-    return (header_blocks(run) + results_blocks(run) + steps_blocks(run) + commands_blocks(run)
-            + run_artifact_blocks(run))
+    from labctl.report.skb import latency_blocks
+
+    return (header_blocks(run) + results_blocks(run) + latency_blocks(run) + steps_blocks(run)
+            + commands_blocks(run) + run_artifact_blocks(run))
 
 
 # --------------------------------------------------------------------------- Markdown

@@ -215,6 +215,21 @@ def _trace_loss(g: _Guest, lost_samples: int | None) -> dict[str, int | None]:
     return {"perf_lost": lost_samples, "ftrace_overruns": overruns, "kprobe_misses": misses}
 
 
+def _skb_latency(g: _Guest) -> dict[str, Any] | None:
+    """Per-packet stage latency (labctl.trace.skblatency) when the step traced it; writes its CSV files."""
+    from labctl.trace.skblatency import REPORT, analyze_dir
+
+    if not (g.path / REPORT).is_file():
+        if (g.path / "skb-latency.pid").exists():
+            g.warnings.append(f"skb_latency: {REPORT} is missing (see skb-latency.log, skb-report.err)")
+        return None
+    try:
+        return analyze_dir(g.path)
+    except (OSError, ValueError) as exc:
+        g.warnings.append(f"skb_latency: analysis failed: {exc}")
+        return None
+
+
 def _mbit(bps: float | None) -> float | None:
     """Bits per second in Mbit/s, rounded to 0.001."""
     return None if bps is None else round(bps / 1e6, 3)
@@ -242,7 +257,8 @@ def guest_figures(guest_dir: Path, driver_modules: list[str]) -> dict[str, Any]:
     ``driver_share_all_pct``, ``idle_pct``, ``samples``, ``lost_samples``,
     ``top_symbols`` (list of {symbol, dso, pct}), ``softnet`` ({processed,
     dropped, time_squeeze} deltas), ``trace_loss`` ({perf_lost,
-    ftrace_overruns, kprobe_misses}) and ``warnings``. ``driver_modules`` are
+    ftrace_overruns, kprobe_misses}), ``skb_latency`` (only when the step
+    traced it: see :func:`labctl.trace.skblatency.summarize`) and ``warnings``. ``driver_modules`` are
     module names as in lsmod (``8139cp``, ``virtio_net``). Optional inputs
     (``perf-record.log`` for an exact sample count, ``kprobe_profile.txt``)
     cause no warning when absent. Raises nothing for missing or odd files.
@@ -265,6 +281,9 @@ def guest_figures(guest_dir: Path, driver_modules: list[str]) -> dict[str, Any]:
         "softnet": _softnet(g),
         "trace_loss": _trace_loss(g, lost),
     }
+    skb = _skb_latency(g)
+    if skb is not None:
+        figures["skb_latency"] = skb
     figures["warnings"] = g.warnings
     return figures
 

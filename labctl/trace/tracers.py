@@ -56,6 +56,10 @@ def tracers(spec: TraceSpec) -> list[Tracer]:
         for ev in kprobe_events(spec):
             argv += ["-e", ev]
         out.append(Tracer("trace-cmd", "trace-cmd", argv))
+    if spec.skb_latency is not None:
+        from labctl.trace.skbprobes import record_argv
+
+        out.append(Tracer("skb-latency", "trace-cmd", record_argv(spec.skb_latency.buffer_kb)))
     if spec.mpstat is not None:
         out.append(Tracer("mpstat", "mpstat", ["mpstat", "-o", "JSON", str(int(spec.mpstat))], "mpstat.json"))
     return out
@@ -104,9 +108,14 @@ def add_kprobes(spec: TraceSpec) -> str | None:
 
 
 def remove_kprobes(spec: TraceSpec) -> str | None:
-    if not spec.kprobes:
-        return None
-    return "perf probe -q -d 'probe:*' 2>/dev/null; true"
+    cmds = []
+    if spec.kprobes:
+        cmds.append("perf probe -q -d 'probe:*' 2>/dev/null; true")
+    if spec.skb_latency is not None:
+        from labctl.trace.skbprobes import remove_command
+
+        cmds.append(remove_command())
+    return "; ".join(cmds) or None
 
 
 def postprocess(workdir: str, spec: TraceSpec) -> str:
@@ -136,6 +145,10 @@ def postprocess(workdir: str, spec: TraceSpec) -> str:
                  "[ -s trace.dat ] && trace-cmd report -i trace.dat --stat > trace-stat.txt 2>> trace-report.err"]
     if spec.kprobes:
         cmds.append("cat /sys/kernel/tracing/kprobe_profile > kprobe_profile.txt 2>/dev/null")
+    if spec.skb_latency is not None:
+        from labctl.trace.skbprobes import postprocess_command
+
+        cmds.append(postprocess_command())
     return "; ".join(cmds) + "; true"
 
 

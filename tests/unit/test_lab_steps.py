@@ -43,3 +43,16 @@ def test_tracer_commands_quote_everything() -> None:
     one = lab.steps[1].trace["a"]
     assert tr.tracers(one) == []  # per-process recording wraps the command instead
     assert "-a" not in tr.perf_record_argv(one, system=False)
+
+
+def test_skb_latency_lab_traces_both_ends_of_each_nic_model() -> None:
+    lab = load_lab(ROOT / "labs" / "skb-latency.yaml")
+    (step,) = lab.steps
+    assert [v["label"] for v in step.variants()] == ["rtl8139", "e1000", "virtio-net-pci"]
+    for guest in ("client", "server"):
+        spec = step.trace[guest]
+        assert spec.skb_latency is not None and spec.ftrace is None
+        (t,) = tr.tracers(spec)
+        assert t.name == "skb-latency" and t.argv[:2] == ["trace-cmd", "record"]
+        assert "skb-report.txt" in tr.postprocess("/tmp/w", spec)
+        assert "-:labctl_skb/tcp_v4_rcv" in (tr.remove_kprobes(spec) or "")
