@@ -27,6 +27,7 @@ behave under KVM, up to four at a time).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import queue
@@ -845,11 +846,16 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
 
     :raise LabStateError: no such guest. :raise DebugError: no gdbstub or no debug kernel.
     """
-    state.endpoint(guest)  # raises for an unknown guest
+    hop = state.endpoint(guest).via  # raises for an unknown guest
     rec = state.guests[guest]
     if not rec.gdb_port:
         raise DebugError(f"guest {guest} of lab {state.lab} has no gdbstub",
                          hint="it was started by an older labctl: labctl down, then up again")
+    if hop is not None and not _is_loopback(hop.host):
+        raise DebugError(f"guest {guest} runs on {hop.host}: its gdbstub listens on that host's "
+                         f"127.0.0.1:{rec.gdb_port}, which labctl gdb cannot reach from here",
+                         hint=f"tunnel it yourself (ssh -L {rec.gdb_port}:127.0.0.1:{rec.gdb_port} "
+                              f"{hop.user}@{hop.host}) and run gdb against 127.0.0.1:{rec.gdb_port}")
     image_dir = Path(state.image["dir"])
     manifest = _read_manifest(image_dir)
     vmlinux = image_dir / "vmlinux.debug"
@@ -858,6 +864,16 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
                          hint="rebuild the image: labctl image build --force")
     return GdbTarget(state.lab, guest, int(rec.gdb_port), vmlinux, image_dir, manifest,
                      BackendMonitor(state.backend, rec), Path(rec.dir))
+
+
+def _is_loopback(host: str) -> bool:
+    """True for a name or address of this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _read_manifest(image_dir: Path) -> dict[str, Any]:

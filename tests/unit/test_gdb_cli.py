@@ -130,6 +130,21 @@ def test_gdb_target_errors(tmp_path: Path) -> None:
     assert exc.value.exit_code == 4
 
 
+def test_gdb_target_on_a_libvirt_host(tmp_path: Path) -> None:
+    """A guest on a remote libvirt host has its gdbstub on that host's loopback: refused clearly.
+    One on a qemu+ssh host that is this machine (127.0.0.1) is reachable as usual."""
+    state = _state(tmp_path)
+    state.backend = "libvirt"
+    rec = state.guests["a"]
+    hop = {"host": "lab2", "port": 22, "user": "root", "keyfile": None, "no_verify": False}
+    rec.extra = {"uri": "qemu+ssh://root@lab2/system", "ssh_via": hop}
+    with pytest.raises(DebugError, match="runs on lab2: its gdbstub listens on that host's 127.0.0.1:4321") as exc:
+        gdb_target(state, "a")
+    assert exc.value.hint and "ssh -L 4321:127.0.0.1:4321 root@lab2" in exc.value.hint
+    rec.extra = {"uri": "qemu+ssh://root@127.0.0.1/system", "ssh_via": {**hop, "host": "127.0.0.1"}}
+    assert gdb_target(state, "a").monitor == BackendMonitor("libvirt", rec)
+
+
 FAKE_GDB = """#!{python}
 import sys
 open({log!r}, "w").write("\\n".join(sys.argv[1:]))
