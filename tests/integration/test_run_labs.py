@@ -93,3 +93,41 @@ def test_perf_net_events(cli: Cli, image: object, tmp_path: Path) -> None:
     hot = bundle / "steps" / "hot-functions" / "_" / "a"
     assert "[k]" in (hot / "perf-report.txt").read_text()
     assert "cpu-clock" in (hot / "perf-stat.txt").read_text()
+
+
+def test_skb_latency(cli: Cli, image: object, tmp_path: Path) -> None:
+    """Per-packet latency for two NIC models (2 s streams), checked against the bundle's own CSV."""
+    import csv
+
+    text = (ROOT / "labs" / "skb-latency.yaml").read_text()
+    text = re.sub(r" -t \d+", " -t 2", text).replace(
+        "      - {label: e1000, nic: eth2, server: 10.42.0.2}\n", "")
+    lab = tmp_path / "skb-latency.yaml"
+    lab.write_text(text)
+    bundle = _run(cli, lab, tmp_path / "runs")
+    summary = json.loads((bundle / "summary.json").read_text())
+    steps = {s["variant"]: s for s in summary["steps"]}
+    assert list(steps) == ["rtl8139", "virtio-net-pci"]
+    for variant, step in steps.items():
+        nic = step["nic"]["name"]
+        rx = step["guests"]["client"]["skb_latency"]["rx"]["by_nic"][nic]
+        tx = step["guests"]["server"]["skb_latency"]["tx"]["by_nic"][nic]
+        assert rx["data_segments"] > 100, (variant, rx)
+        assert rx["followed_pct"] >= 90, (variant, rx["not_followed"])
+        assert tx["followed"] > 0, (variant, tx)
+        for stage in ("driver_netif", "netif_ip", "ip_tcp", "tcp_app"):
+            assert rx["stages"][stage]["count"] == rx["followed"]
+        client = bundle / step["dir"] / "client"
+        rows = [r for r in csv.DictReader((client / "skb-latency-rx.csv").open()) if r["nic"] == nic]
+        yes = [r for r in rows if r["followed"] == "yes" and r["kind"] == "data"]
+        assert len(yes) == rx["followed"]
+        for r in yes:  # every stage >= 0 and the stages add up to the end-to-end time
+            stages = [float(r[k]) for k in ("driver_netif_us", "netif_ip_us", "ip_tcp_us", "tcp_app_us")]
+            assert min(stages) >= 0
+            assert abs(sum(stages) - float(r["end_to_end_us"])) < 0.002
+        # the reader of the copied data is the iperf3 client
+        assert any(p.startswith("iperf3-") for p in
+                   step["guests"]["client"]["skb_latency"]["rx"]["by_process"])
+        assert "skb_copy_datagram_iovec" in (client / "skb-timeline.txt").read_text()
+    report = (bundle / "report.md").read_text()
+    assert "## Per-packet latency" in report and "followed %" in report
