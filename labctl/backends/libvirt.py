@@ -271,12 +271,10 @@ class LibvirtBackend:
             with connection(uri, host.name) as conn:
                 conn.getLibVersion()
                 if host.remote and uri not in self._images:
-                    t0 = time.monotonic()
                     img = storage.ensure_image(conn, image)
                     self._images[uri] = img
-                    for vol in img.uploaded:
-                        notes.append(f"uploaded {vol} to pool {storage.POOL} on host {host.name} "
-                                     f"in {time.monotonic() - t0:.1f} s (sha256 verified)")
+                    notes += [f"uploaded {vol} to pool {storage.POOL} on host {host.name} in {secs:.1f} s "
+                              "(read back, sha256 matches the image manifest)" for vol, secs in img.uploaded]
         return notes
 
     def start(self, plan: GuestPlan) -> GuestRecord:

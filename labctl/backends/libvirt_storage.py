@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ class RemoteImage:
     initrd: str
     rootfs: str
     rootfs_size: int
-    uploaded: tuple[str, ...]  # volume names sent by this run
+    uploaded: tuple[tuple[str, float], ...]  # (volume, seconds to upload and verify) sent by this run
 
 
 def pool_xml(name: str = POOL, path: str = POOL_DIR) -> str:
@@ -130,14 +131,15 @@ def ensure_image(conn: Any, image: Image) -> RemoteImage:
     """
     pool = ensure_pool(conn)
     paths: dict[str, str] = {}
-    uploaded: list[str] = []
+    uploaded: list[tuple[str, float]] = []
     for role, file in IMAGE_FILES.items():
         sha256, size = _manifest_sum(image, file)
         name = image_volume_name(image, file, sha256)
         if not _verified(conn, pool, name, sha256):
+            t0 = time.monotonic()
             upload_file(conn, pool, name, image.dir / file, size, mode="0644")
             _verify(conn, pool, name, sha256, image.dir / file)
-            uploaded.append(name)
+            uploaded.append((name, time.monotonic() - t0))
         paths[role] = pool.storageVolLookupByName(name).path()
     _, rootfs_size = _manifest_sum(image, IMAGE_FILES["rootfs"])
     return RemoteImage(paths["kernel"], paths["initrd"], paths["rootfs"], rootfs_size, tuple(uploaded))
