@@ -6,7 +6,11 @@ lab state). Connecting *pauses the whole guest*; it runs again only when gdb
 resumes or detaches. A gdb that dies without detaching leaves the guest
 paused (QEMU does not resume on disconnect), which is why
 :func:`run_breakpoint_session` always detaches and, as a last resort, resumes
-the guest through QMP.
+the guest through QMP. QMP goes through the guest's backend
+(:class:`BackendMonitor`: the qemu backend's monitor socket, libvirt's
+monitor passthrough), so libvirt guests are handled the same way. A guest on
+a remote libvirt host has its gdbstub on that host's loopback, out of reach:
+:func:`gdb_target` refuses it with a hint.
 
 Interactive (``labctl gdb``)::
 
@@ -16,7 +20,7 @@ Interactive (``labctl gdb``)::
 Scripted (lab steps, tests)::
 
     spec = GdbSpec("e1000_xmit_frame", hits=2, step=3)
-    t = run_breakpoint_session(port, vmlinux, module_cmds, spec, out_dir)
+    t = run_breakpoint_session(port, vmlinux, module_cmds, spec, out_dir, monitor=target.monitor)
     t.hits, t.timed_out, t.message, t.stops        # + gdb-transcript.{json,txt}
 
 Under TCG both software (``Z0``) and hardware (``Z1``) breakpoints are
