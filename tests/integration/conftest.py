@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -49,3 +50,21 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.1):  # type: i
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+LIBVIRT_URI = os.environ.get("LABCTL_LIBVIRT_URI") or "qemu:///system"
+
+
+def virsh(*args: str, uri: str = LIBVIRT_URI, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``virsh -c URI ARGS...``, output captured as text, never raising on failure."""
+    return subprocess.run(["virsh", "-c", uri, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def require_libvirtd(uri: str = LIBVIRT_URI) -> None:
+    """Skip the test unless libvirtd answers at ``uri`` (scripts/libvirt-setup.sh sets it up)."""
+    if shutil.which("virsh") is None:
+        pytest.skip("libvirt is not installed (virsh missing): run scripts/libvirt-setup.sh")
+    version = virsh("version", uri=uri)
+    if version.returncode != 0:
+        pytest.skip(f"libvirtd is not reachable at {uri}: {version.stderr.strip()}")

@@ -3,34 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 
 import pytest
 
 from tests.conftest import ROOT, Cli
-from tests.integration.conftest import qemu_pids_under
+from tests.integration.conftest import qemu_pids_under, require_libvirtd, virsh
 
 LAB = ROOT / "labs" / "quickstart.yaml"
 ADDRS = {"a": "10.10.0.1", "b": "10.10.0.2", "c": "10.10.0.3"}
 DRIVERS = {"a": {"8139cp", "8139too"}, "b": {"e1000"}, "c": {"virtio_net"}}
-URI = os.environ.get("LABCTL_LIBVIRT_URI") or "qemu:///system"
-
-
-def _virsh(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["virsh", "-c", URI, *args], capture_output=True, text=True, timeout=60,
-                          check=False)
+_virsh = virsh
 
 
 @pytest.fixture
 def libvirtd() -> None:
-    """Skip unless libvirtd answers on the URI (scripts/libvirt-setup.sh sets it up)."""
-    if shutil.which("virsh") is None:
-        pytest.skip("libvirt is not installed (virsh missing): run scripts/libvirt-setup.sh")
-    version = _virsh("version")
-    if version.returncode != 0:
-        pytest.skip(f"libvirtd is not reachable at {URI}: {version.stderr.strip()}")
+    require_libvirtd()
 
 
 def _lab_domains() -> list[str]:

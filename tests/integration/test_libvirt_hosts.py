@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ import pytest
 
 from labctl.image.store import Image
 from tests.conftest import Cli
-from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
+from tests.integration.conftest import pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
 
 LOCAL = "qemu:///system"
 POOL = "labctl"
@@ -32,17 +30,13 @@ KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
 
 
 def _virsh(*args: str, uri: str = LOCAL) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["virsh", "-c", uri, *args], capture_output=True, text=True, timeout=120, check=False)
+    return virsh(*args, uri=uri)
 
 
 @pytest.fixture
 def libvirtd() -> None:
-    """Skip unless libvirtd answers on qemu:///system (scripts/libvirt-setup.sh sets it up)."""
-    if shutil.which("virsh") is None:
-        pytest.skip("libvirt is not installed (virsh missing): run scripts/libvirt-setup.sh")
-    version = _virsh("version")
-    if version.returncode != 0:
-        pytest.skip(f"libvirtd is not reachable at {LOCAL}: {version.stderr.strip()}")
+    """Skip unless libvirtd answers on qemu:///system and the test runs as root."""
+    require_libvirtd(LOCAL)
     if os.geteuid() != 0:
         pytest.skip("the two-host test runs sshd and libvirt's qemu:///system as root")
 

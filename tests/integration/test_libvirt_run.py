@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,15 +27,13 @@ import pytest
 from labctl.backends.base import get_backend
 from labctl.runstate import LabState
 from tests.conftest import ROOT, Cli
-from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
+from tests.integration.conftest import LIBVIRT_URI, pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
 
-URI = os.environ.get("LABCTL_LIBVIRT_URI") or "qemu:///system"
+URI = LIBVIRT_URI
 TAG = f"lv{os.getpid() % 100000}"
 
 
-def _virsh(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["virsh", "-c", URI, *args], capture_output=True, text=True, timeout=60,
-                          check=False)
+_virsh = virsh
 
 
 @pytest.fixture
@@ -46,11 +42,7 @@ def libvirtd() -> Iterator[None]:
 
     Afterwards, destroys any domain of this module's labs that a failed test left.
     """
-    if shutil.which("virsh") is None:
-        pytest.skip("libvirt is not installed (virsh missing): run scripts/libvirt-setup.sh")
-    version = _virsh("version")
-    if version.returncode != 0:
-        pytest.skip(f"libvirtd is not reachable at {URI}: {version.stderr.strip()}")
+    require_libvirtd()
     yield
     for dom in _domains(TAG):
         _virsh("destroy", dom)
