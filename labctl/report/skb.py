@@ -22,6 +22,7 @@ from labctl.report.render import (
     Row,
     Span,
     Table,
+    _dict,
     full_label,
     num,
     run_steps,
@@ -31,10 +32,6 @@ from labctl.report.render import (
 )
 
 DIRECTIONS = (("rx", "Receive: driver → app"), ("tx", "Transmit: app → driver"))
-
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _focus(step: Mapping[str, Any], direction: str) -> list[tuple[str, str, dict[str, Any]]]:

@@ -75,9 +75,7 @@ def probe_names() -> list[str]:
 def add_command(off: dict[str, int]) -> str:
     """Shell: define the kprobes (removing stale ones of ours first); non-zero exit if one fails."""
     k = "/sys/kernel/tracing/kprobe_events"
-    parts = [remove_command().removesuffix("; true")]
-    parts += [f"echo {q(d)} >> {k}" for d in kprobe_definitions(off)]
-    return "; ".join(parts[:1]) + "; " + " && ".join(parts[1:])
+    return remove_command() + "; " + " && ".join(f"echo {q(d)} >> {k}" for d in kprobe_definitions(off))
 
 
 def remove_command() -> str:
