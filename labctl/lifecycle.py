@@ -64,11 +64,20 @@ def mgmt_mac(lab: str, guest: str) -> str:
     return "52:55:00:" + ":".join(f"{b:02x}" for b in d[:3])
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (QEMU binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on 127.0.0.1 right now (QEMU binds it moments later),
+    never one this process handed out before: two ports picked for one lab
+    must differ even though none is bound yet."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def console_tail(path: Path | str, lines: int = 15) -> str:
@@ -180,13 +189,15 @@ class LabUp:
                                "the dgram link gives the guest one queue pair")
         plans = [self._plan(g, accel, segments, client.public_line) for g in self.lab.guests.values()]
         uploads = self.backend.prepare(plans)
-        (self.dir / "known_hosts").write_text(
-            "".join(known_hosts_line(p.ssh_port, (p.host_key.with_name(p.host_key.name + ".pub"))
-                                     .read_text().strip()) + "\n" for p in plans))
         for p in plans:
             self.events.guest_phase(p.guest.name, "starting")
             self.records[p.guest.name] = self._start_guest(p)
             self.events.guest_phase(p.guest.name, "booting")
+        # After the starts: a retried start moves the guest to new ports.
+        (self.dir / "known_hosts").write_text(
+            "".join(known_hosts_line(self.records[p.guest.name].ssh_port,
+                                     (p.host_key.with_name(p.host_key.name + ".pub")).read_text().strip()) + "\n"
+                    for p in plans))
         state = LabState(lab=self.lab.name, source=str(Path(self.lab.source).resolve()), dir=str(self.dir),
                          backend=self.backend.name, accel=accel,
                          image={"name": self.image.name, "key": self.image.key, "dir": str(self.image.dir)},

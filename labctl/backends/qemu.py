@@ -49,7 +49,10 @@ class QemuBackend:
                           console=str(plan.console), qmp=str(plan.qmp_socket),
                           ssh_port=plan.ssh_port, accel=plan.accel, argv=argv, gdb_port=plan.gdb_port)
         # QEMU fails fast on bad options or a taken port: catch that here.
-        deadline = time.monotonic() + 3.0
+        # The QMP socket listens early, but QEMU answers on it only from its
+        # main loop, after every port (hostfwd, -gdb) is bound; one answer
+        # means the start got past them.
+        deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
@@ -57,7 +60,11 @@ class QemuBackend:
                 raise MachineError(f"QEMU for guest {plan.guest.name} exited at start ({how}): "
                                    f"{self.exit_reason(rec)}")
             if plan.qmp_socket.exists():
-                break
+                try:
+                    qmp_execute(plan.qmp_socket, "query-status", timeout=max(0.1, deadline - time.monotonic()))
+                    break
+                except MachineError:
+                    pass  # died meanwhile (seen above on the next turn) or not answering yet
             time.sleep(0.02)
         return rec
 

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
+import pytest
+
+from labctl import lifecycle
+from labctl.image import Image
+from labctl.lab import load_lab
+from labctl.ssh import Session
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
 
@@ -73,3 +80,35 @@ def test_qemu_dying_while_booting_is_reported(cli: Cli, image: object, tmp_path:
     assert proc.returncode == 4, err
     assert "QEMU of guest d died while booting" in err
     _nothing_left(cli, "dies")
+
+
+def test_a_port_taken_before_qemu_binds_it_is_retried_on_new_ports(
+        cli: Cli, image: Image, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another program takes the gdbstub port labctl picked before QEMU binds
+    # it: QEMU dies at start, and up must start the guest on new ports (and
+    # pin its host key under the new SSH port) instead of failing.
+    monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    real_free_port = lifecycle.free_port
+    calls = iter(range(1000))
+
+    def free_port() -> int:
+        return taken_port if next(calls) == 1 else real_free_port()  # call 1: the gdb port of the guest
+
+    monkeypatch.setattr(lifecycle, "free_port", free_port)
+    lab_file = tmp_path / "race.yaml"
+    lab_file.write_text("name: race\nnetworks: {}\nguests:\n  r: {}\n")
+    try:
+        state = lifecycle.up(load_lab(lab_file), image, lifecycle.UpOptions(accel="tcg"))
+        rec = state.guests["r"]
+        assert rec.gdb_port != taken_port
+        with Session(state.endpoint("r")) as s:  # SSH with the pinned host key on the new port
+            assert s.run("echo up").stdout.strip() == b"up"
+    finally:
+        taken.close()
+        if (cli.state_dir / "labs" / "race").exists():
+            lifecycle.down("race")
+    _nothing_left(cli, "race")

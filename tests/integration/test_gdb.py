@@ -32,8 +32,8 @@ def lab_up(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     lab_file = tmp_path / "lab.yaml"
     lab_file.write_text(LAB_YAML)
     up = cli("up", str(lab_file))
+    assert up.returncode == 0, up.stderr  # a failed up leaves nothing to take down
     try:
-        assert up.returncode == 0, up.stderr
         yield LabState.load(LAB)
     finally:
         down = cli("down", LAB)
