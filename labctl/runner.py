@@ -283,8 +283,8 @@ class Runner:
             from labctl.debug.gdb import run_breakpoint_session
 
             try:
-                run.transcript = run_breakpoint_session(target.port, target.vmlinux, mods, spec, out, run.stop,
-                                                        qmp_socket=target.qmp_socket)
+                run.transcript = run_breakpoint_session(target.stub, target.vmlinux, mods, spec, out, run.stop,
+                                                        monitor=target.monitor)
             except LabctlError as exc:
                 run.error = exc.message
             except Exception as exc:  # noqa: BLE001 - reported on the step, never lost

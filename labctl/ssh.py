@@ -48,12 +48,16 @@ class Endpoint:
         """``-o ProxyCommand=ssh ... -W`` through the libvirt host, for a remote guest."""
         if self.via is None:
             return []
-        hop = self.via
-        cmd = ["ssh", "-p", str(hop.port), "-l", hop.user, "-o", "BatchMode=yes",
-               *(["-i", hop.keyfile] if hop.keyfile else []),
-               *(["-o", "StrictHostKeyChecking=no"] if hop.no_verify else []),
-               "-W", f"{self.host}:{self.port}", hop.host]
-        return ["-o", f"ProxyCommand={shlex.join(cmd)}"]
+        return ["-o", f"ProxyCommand={shlex.join(hop_stdio_argv(self.via, self.host, self.port))}"]
+
+
+def hop_stdio_argv(hop: SshHop, host: str, port: int) -> list[str]:
+    """An OpenSSH command line that logs in to the libvirt host ``hop`` (as its
+    URI does) and connects its stdin/stdout to ``host:port`` as seen from there."""
+    return ["ssh", "-p", str(hop.port), "-l", hop.user, "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+            *(["-i", hop.keyfile] if hop.keyfile else []),
+            *(["-o", "StrictHostKeyChecking=no"] if hop.no_verify else []),
+            "-W", f"{host}:{port}", "--", hop.host]
 
 
 @dataclass(frozen=True)

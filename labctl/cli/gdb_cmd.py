@@ -57,9 +57,9 @@ def prepare(state: LabState, guest: str, modules: bool, interactive: bool) -> tu
     if shutil.which("gdb") is None:
         raise HostError("gdb is not installed", hint="run setup.sh (or apt-get install gdb)")
     target = gdb_target(state, guest)
-    ensure_gdbstub_free(target.port)
+    ensure_gdbstub_free(target.stub)
     module_cmds = guest_module_commands(state, guest, target.debug_modules) if modules else []
-    text = init_script(target.port, module_cmds, source_commands(target.source_dir, target.manifest),
+    text = init_script(target.stub, module_cmds, source_commands(target.source_dir, target.manifest),
                        interactive=interactive)
     return target, str(write_init_script(target.run_dir / SCRIPT_NAME, text))
 

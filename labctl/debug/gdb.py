@@ -2,15 +2,16 @@
 scripted breakpoint sessions over gdb/MI for lab steps.
 
 Every guest's QEMU listens for gdb on ``127.0.0.1:PORT`` (``gdb_port`` in the
-lab state). Connecting *pauses the whole guest*; it runs again only when gdb
+lab state) of the machine that runs it (:class:`GdbStub`). Connecting *pauses the whole guest*; it runs again only when gdb
 resumes or detaches. A gdb that dies without detaching leaves the guest
 paused (QEMU does not resume on disconnect), which is why
 :func:`run_breakpoint_session` always detaches and, as a last resort, resumes
 the guest through QMP. QMP goes through the guest's backend
 (:class:`BackendMonitor`: the qemu backend's monitor socket, libvirt's
 monitor passthrough), so libvirt guests are handled the same way. A guest on
-a remote libvirt host has its gdbstub on that host's loopback, out of reach:
-:func:`gdb_target` refuses it with a hint.
+a remote libvirt host has its gdbstub on that host's loopback: gdb reaches it
+through ``target remote | ssh -W 127.0.0.1:PORT host``, logged in as the
+host's ``qemu+ssh://`` URI is, so nothing listens anywhere for it.
 
 Interactive (``labctl gdb``)::
 
@@ -20,7 +21,7 @@ Interactive (``labctl gdb``)::
 Scripted (lab steps, tests)::
 
     spec = GdbSpec("e1000_xmit_frame", hits=2, step=3)
-    t = run_breakpoint_session(port, vmlinux, module_cmds, spec, out_dir, monitor=target.monitor)
+    t = run_breakpoint_session(target.stub, vmlinux, module_cmds, spec, out_dir, monitor=target.monitor)
     t.hits, t.timed_out, t.message, t.stops        # + gdb-transcript.{json,txt}
 
 Under TCG both software (``Z0``) and hardware (``Z1``) breakpoints are
@@ -31,11 +32,11 @@ behave under KVM, up to four at a time).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import queue
 import re
+import shlex
 import subprocess
 import threading
 import time
@@ -50,6 +51,7 @@ from pygdbmi import gdbmiparser
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.debug.symbolize import normalize_path
 from labctl.errors import LabctlError, UsageError
+from labctl.lab.uri import SshHop
 
 if TYPE_CHECKING:
     from labctl.backends.base import GuestRecord
@@ -485,12 +487,12 @@ def load_symbols(mi: MiSession, vmlinux: Path, module_cmds: Iterable[str]) -> No
         mi.console(cmd, timeout=LOAD_TIMEOUT)
 
 
-def attach(mi: MiSession, port: int, timeout: float = CMD_TIMEOUT) -> None:
+def attach(mi: MiSession, stub: GdbStub, timeout: float = CMD_TIMEOUT) -> None:
     """Connect to the gdbstub; the guest is paused from here on."""
     try:
-        mi.command(f"-target-select remote 127.0.0.1:{port}", timeout=timeout)
+        mi.command(f"-target-select remote {mi_quote(stub.target)}", timeout=timeout)
     except DebugError as exc:
-        raise DebugError(f"cannot attach to the gdbstub on 127.0.0.1:{port}: {exc.message}",
+        raise DebugError(f"cannot attach to the gdbstub on {stub.where}: {exc.message}",
                          hint="is the guest up, and no other gdb attached to it?") from exc
     mi.take_stop()  # the stop that attaching reports
 
@@ -734,36 +736,93 @@ def ensure_resumed(monitor: Monitor | Path | None, was_running: bool | None, det
     return bool(qmp_running(mon))
 
 
-def gdbstub_clients(port: int, proc_net: Path = Path("/proc/net")) -> int:
-    """How many TCP connections to the gdbstub on ``127.0.0.1:port`` are established."""
+@dataclass(frozen=True)
+class GdbStub:
+    """Where a guest's gdbstub listens: ``127.0.0.1:port`` on this machine, or
+    on the loopback of the libvirt host ``via``."""
+
+    port: int
+    via: SshHop | None = None
+
+    @classmethod
+    def of(cls, stub: GdbStub | int) -> GdbStub:
+        """``stub`` itself, or a port on this machine."""
+        return stub if isinstance(stub, GdbStub) else cls(int(stub))
+
+    @property
+    def where(self) -> str:
+        """The stub's address for messages."""
+        return f"127.0.0.1:{self.port}" + (f" of host {self.via.host}" if self.via else "")
+
+    @property
+    def target(self) -> str:
+        """What follows gdb's ``target remote``: the address, or for a remote
+        host a pipe through ``ssh -W`` (gdb runs it with ``/bin/sh -c``; every
+        word is shell-quoted)."""
+        if self.via is None:
+            return f"127.0.0.1:{self.port}"
+        from labctl.ssh import hop_stdio_argv
+
+        return "| " + shlex.join(hop_stdio_argv(self.via, "127.0.0.1", self.port))
+
+
+def gdbstub_clients(port: int, proc_net: Path = Path("/proc/net"), tables: Sequence[str] | None = None) -> int:
+    """How many TCP connections to the gdbstub on ``127.0.0.1:port`` are
+    established, from ``/proc/net/tcp{,6}`` (or their text in ``tables``)."""
+    if tables is None:
+        tables = []
+        for name in ("tcp", "tcp6"):
+            try:
+                tables.append((proc_net / name).read_text())
+            except OSError:
+                continue
     count = 0
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = (proc_net / name).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
+    for text in tables:
+        for line in text.splitlines():
             fields = line.split()
             if len(fields) > 3 and fields[3] == "01" and fields[1].rsplit(":", 1)[-1] == f"{port:04X}":
                 count += 1
     return count
 
 
-def ensure_gdbstub_free(port: int) -> None:
+def _remote_tcp_tables(hop: SshHop) -> list[str] | None:
+    """``/proc/net/tcp`` and ``tcp6`` of the libvirt host ``hop``; None when unreadable."""
+    from labctl.ssh import jump_client
+
+    try:
+        client = jump_client(hop)
+    except Exception:  # noqa: BLE001 - attaching reports an unreachable host itself
+        return None
+    try:
+        _in, out, _err = client.exec_command("cat /proc/net/tcp /proc/net/tcp6", timeout=10)
+        return [out.read().decode(errors="replace")]
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        client.close()
+
+
+def ensure_gdbstub_free(stub: GdbStub | int) -> None:
     """Refuse to connect while another gdb holds the gdbstub: QEMU would hand
     the stub to the newcomer, breaking the other session and pausing the guest.
+    A remote host's connections are read over SSH (not checked when that fails).
 
     :raise DebugError: when a client is connected.
     """
-    if gdbstub_clients(port):
-        raise DebugError(f"another debugger is attached to the gdbstub on 127.0.0.1:{port}",
+    stub = GdbStub.of(stub)
+    tables = None if stub.via is None else _remote_tcp_tables(stub.via)
+    if stub.via is not None and tables is None:
+        return
+    if gdbstub_clients(stub.port, tables=tables):
+        raise DebugError(f"another debugger is attached to the gdbstub on {stub.where}",
                          hint="detach or quit that gdb first")
 
 
-def run_breakpoint_session(port: int, vmlinux: Path, module_cmds: list[str], spec: GdbSpec, out_dir: Path,
+def run_breakpoint_session(stub: GdbStub | int, vmlinux: Path, module_cmds: list[str], spec: GdbSpec, out_dir: Path,
                            stop: threading.Event | None = None, *, monitor: Monitor | Path | None = None,
-                           qmp_socket: Monitor | Path | None = None, gdb: str = "gdb") -> Transcript:
-    """Attach to the gdbstub on ``127.0.0.1:port``, break at ``spec.location``,
+                           gdb: str = "gdb") -> Transcript:
+    """Attach to the gdbstub ``stub`` (a :class:`GdbStub`, or a port on this
+    machine), break at ``spec.location``,
     record ``spec.hits`` hits with ``spec.step`` single-steps each, and leave
     the guest running.
 
@@ -776,24 +835,24 @@ def run_breakpoint_session(port: int, vmlinux: Path, module_cmds: list[str], spe
     :param monitor: the guest's QMP (:attr:`GdbTarget.monitor`, or a QEMU
         monitor socket path): if gdb cannot detach, the guest is resumed
         through it (when it was running before).
-    :param qmp_socket: the same as ``monitor`` (its former name).
     :raise DebugError: when gdb cannot load symbols, attach, or resolve the
         location (after leaving the guest running and writing the transcript).
     """
     t = Transcript(location=spec.location)
-    mon = as_monitor(monitor if monitor is not None else qmp_socket)
+    stub = GdbStub.of(stub)
+    mon = as_monitor(monitor)
     was_running = qmp_running(mon)
     mi = MiSession(gdb)
     connected = False
     try:
-        ensure_gdbstub_free(port)  # before the slow symbol loading; again just before connecting
+        ensure_gdbstub_free(stub)  # before the slow symbol loading; again just before connecting
         t0 = time.monotonic()
         load_symbols(mi, vmlinux, module_cmds)
         _timed(t.timings, "load_symbols", t0)
-        ensure_gdbstub_free(port)
+        ensure_gdbstub_free(stub)
         t1 = time.monotonic()
         connected = True  # from the first connection attempt on, the guest may be paused
-        attach(mi, port)
+        attach(mi, stub)
         _timed(t.timings, "attach", t1)
         t1 = time.monotonic()
         t.breakpoint = insert_breakpoint(mi, spec)
@@ -830,11 +889,11 @@ class GdbTarget:
     manifest: dict[str, Any]
     monitor: Monitor
     run_dir: Path
+    via: SshHop | None = None  # the libvirt host whose loopback the gdbstub is on
 
     @property
-    def qmp_socket(self) -> Monitor:
-        """The guest's QMP (:attr:`monitor`; whatever the backend, not necessarily a socket)."""
-        return self.monitor
+    def stub(self) -> GdbStub:
+        return GdbStub(self.port, self.via)
 
     @property
     def debug_modules(self) -> Path:
@@ -855,11 +914,6 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
     if not rec.gdb_port:
         raise DebugError(f"guest {guest} of lab {state.lab} has no gdbstub",
                          hint="it was started by an older labctl: labctl down, then up again")
-    if hop is not None and not _is_loopback(hop.host):
-        raise DebugError(f"guest {guest} runs on {hop.host}: its gdbstub listens on that host's "
-                         f"127.0.0.1:{rec.gdb_port}, which labctl gdb cannot reach from here",
-                         hint=f"tunnel it yourself (ssh -L {rec.gdb_port}:127.0.0.1:{rec.gdb_port} "
-                              f"{hop.user}@{hop.host}) and run gdb against 127.0.0.1:{rec.gdb_port}")
     image_dir = Path(state.image["dir"])
     manifest = _read_manifest(image_dir)
     vmlinux = image_dir / "vmlinux.debug"
@@ -867,17 +921,7 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
         raise DebugError(f"the image has no kernel with debug info ({vmlinux})",
                          hint="rebuild the image: labctl image build --force")
     return GdbTarget(state.lab, guest, int(rec.gdb_port), vmlinux, image_dir, manifest,
-                     BackendMonitor(state.backend, rec), Path(rec.dir))
-
-
-def _is_loopback(host: str) -> bool:
-    """True for a name or address of this machine's loopback."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+                     BackendMonitor(state.backend, rec), Path(rec.dir), hop)
 
 
 def _read_manifest(image_dir: Path) -> dict[str, Any]:
@@ -960,14 +1004,14 @@ NO_KILL_HOOK = [
 ]
 
 
-def init_script(port: int, module_cmds: Sequence[str], source_cmds: Sequence[str] = (),
+def init_script(stub: GdbStub | int, module_cmds: Sequence[str], source_cmds: Sequence[str] = (),
                 interactive: bool = True) -> str:
     """The gdb commands run before the prompt: settings, module symbols, source
     paths, then ``target remote`` (which pauses the guest)."""
     quiet = ["set logging file /dev/null", "set logging redirect on", "set logging enabled on",
              *module_cmds, "set logging enabled off", "set logging redirect off"] if module_cmds else []
     lines = ["# written by labctl gdb", "set pagination off", "set confirm off", "set print pretty on",
-             *NO_KILL_HOOK, *source_cmds, *quiet, f"target remote 127.0.0.1:{port}"]
+             *NO_KILL_HOOK, *source_cmds, *quiet, f"target remote {GdbStub.of(stub).target}"]
     if interactive:
         lines += ["set pagination on", "set confirm on",
                   ("echo labctl: the guest is paused while gdb holds it; 'continue' resumes it, "

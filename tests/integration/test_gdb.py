@@ -63,7 +63,7 @@ def test_breakpoint_in_the_e1000_module_while_pinging(cli: Cli, image: object, t
         out = tmp_path / "gdb"
         t0 = time.monotonic()
         t = run_breakpoint_session(target.port, target.vmlinux, module_cmds, spec, out,
-                                   qmp_socket=target.qmp_socket)
+                                   monitor=target.monitor)
         elapsed = time.monotonic() - t0
 
         assert (t.hits, t.timed_out, t.error) == (2, False, None), t.to_text()
@@ -99,7 +99,7 @@ def test_a_breakpoint_never_hit_times_out_and_the_guest_runs_on(cli: Cli, image:
         target = gdb_target(state, "a")
         t0 = time.monotonic()
         t = run_breakpoint_session(target.port, target.vmlinux, [], GdbSpec("sysrq_handle_crash", timeout=5),
-                                   tmp_path / "gdb", qmp_socket=target.qmp_socket)
+                                   tmp_path / "gdb", monitor=target.monitor)
         elapsed = time.monotonic() - t0
         assert t.timed_out and t.hits == 0
         assert t.message == "breakpoint sysrq_handle_crash was never hit within 5 s"

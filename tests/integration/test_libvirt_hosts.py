@@ -191,6 +191,16 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
         for guest, peer in (("a", "10.20.0.2"), ("b", "10.20.0.1")):
             ping = cli("exec", "hosts2", guest, "--", "ping", "-c", "3", "-W", "5", peer)
             assert ping.returncode == 0, f"{guest} -> {peer}: {ping.stdout}{ping.stderr}"
+
+        # gdb reaches the remote guest's gdbstub (on h2's loopback) through ssh -W to h2
+        gdb = cli("gdb", "hosts2", "b", "--batch", "bt 1", "info symbol virtnet_poll", timeout=300)
+        assert gdb.returncode == 0, gdb.stdout + gdb.stderr
+        assert "#0  " in gdb.stdout and "virtnet_poll in section .text of " in gdb.stdout, gdb.stdout
+        assert "detached" in gdb.stdout.lower()
+        script = (cli.state_dir / "labs" / "hosts2" / "guests" / "b" / "gdb-init.gdb").read_text()
+        assert f"target remote | ssh -p {sshd.port} -l root" in script and "-W 127.0.0.1:" in script
+        ping = cli("exec", "hosts2", "b", "--", "ping", "-c", "1", "-W", "5", "10.20.0.1")
+        assert ping.returncode == 0, "b no longer runs after gdb detached: " + ping.stdout + ping.stderr
     finally:
         down = cli("down", "hosts2")
     assert down.returncode == 0, down.stdout + down.stderr

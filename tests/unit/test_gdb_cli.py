@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import stat
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from labctl.cli import gdb_cmd
 from labctl.debug.gdb import (
     BackendMonitor,
     DebugError,
+    GdbStub,
     build_paths,
     find_source_dir,
     gdb_target,
@@ -23,6 +25,7 @@ from labctl.debug.gdb import (
     write_init_script,
 )
 from labctl.errors import LabStateError
+from labctl.lab.uri import SshHop
 from labctl.runstate import LabState
 
 MANIFEST = {"kernel": {"release": "6.1.0-56-amd64", "version": "6.1.192-2"}}
@@ -115,7 +118,6 @@ def test_gdb_target(tmp_path: Path) -> None:
     assert t.vmlinux == tmp_path / "image" / "vmlinux.debug"
     assert t.debug_modules == tmp_path / "image" / "debug-modules"
     assert t.monitor == BackendMonitor("qemu", _state(tmp_path).guests["a"])
-    assert t.qmp_socket is t.monitor  # the name the step runner passes it by
     assert t.manifest["kernel"]["version"] == "6.1.192-2"
     assert t.source_dir is None
 
@@ -131,18 +133,26 @@ def test_gdb_target_errors(tmp_path: Path) -> None:
 
 
 def test_gdb_target_on_a_libvirt_host(tmp_path: Path) -> None:
-    """A guest on a remote libvirt host has its gdbstub on that host's loopback: refused clearly.
-    One on a qemu+ssh host that is this machine (127.0.0.1) is reachable as usual."""
+    """A guest on a qemu+ssh host has its gdbstub on that host's loopback: gdb
+    reaches it through ``ssh -W`` with the URI's account, every word quoted."""
     state = _state(tmp_path)
     state.backend = "libvirt"
     rec = state.guests["a"]
-    hop = {"host": "lab2", "port": 22, "user": "root", "keyfile": None, "no_verify": False}
-    rec.extra = {"uri": "qemu+ssh://root@lab2/system", "ssh_via": hop}
-    with pytest.raises(DebugError, match="runs on lab2: its gdbstub listens on that host's 127.0.0.1:4321") as exc:
-        gdb_target(state, "a")
-    assert exc.value.hint and "ssh -L 4321:127.0.0.1:4321 root@lab2" in exc.value.hint
-    rec.extra = {"uri": "qemu+ssh://root@127.0.0.1/system", "ssh_via": {**hop, "host": "127.0.0.1"}}
-    assert gdb_target(state, "a").monitor == BackendMonitor("libvirt", rec)
+    hop = {"host": "lab2", "port": 2200, "user": "tr ainer;x", "keyfile": "/k/id", "no_verify": True}
+    rec.extra = {"uri": "qemu+ssh://lab2/system", "ssh_via": hop}
+    t = gdb_target(state, "a")
+    assert t.monitor == BackendMonitor("libvirt", rec)
+    assert t.stub == GdbStub(4321, SshHop("lab2", 2200, "tr ainer;x", "/k/id", True))
+    assert t.stub.where == "127.0.0.1:4321 of host lab2"
+    pipe = t.stub.target
+    assert pipe.startswith("| ssh ")
+    assert shlex.split(pipe[2:]) == ["ssh", "-p", "2200", "-l", "tr ainer;x", "-o", "BatchMode=yes",
+                                     "-o", "LogLevel=ERROR", "-i", "/k/id", "-o", "StrictHostKeyChecking=no",
+                                     "-W", "127.0.0.1:4321", "--", "lab2"]
+    assert f"target remote {pipe}" in init_script(t.stub, []).splitlines()
+    # a guest on this machine: the port itself
+    assert GdbStub.of(4321).target == "127.0.0.1:4321"
+    assert "target remote 127.0.0.1:4321\n" in init_script(4321, [], interactive=False)
 
 
 FAKE_GDB = """#!{python}

@@ -221,7 +221,7 @@ def test_remote_guests_ssh_goes_through_the_host(tmp_path: Path) -> None:
     argv = ep.openssh_argv()
     (proxy,) = [a for a in argv if a.startswith("ProxyCommand=")]
     cmd = shlex.split(proxy.split("=", 1)[1])
-    assert cmd[:1] == ["ssh"] and cmd[-3:] == ["-W", "127.0.0.1:40001", "127.0.0.1"]
+    assert cmd[:1] == ["ssh"] and cmd[-4:] == ["-W", "127.0.0.1:40001", "--", "127.0.0.1"]
     assert ["-p", "2222"] == cmd[1:3] and "/k/id" in cmd and "StrictHostKeyChecking=no" in cmd
     assert not any(a.startswith("ProxyCommand") for a in Endpoint("a", 1, Path("k"), Path("h")).openssh_argv())
 
