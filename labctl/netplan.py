@@ -83,11 +83,19 @@ class Segment:
 def free_udp_port() -> int:
     """A UDP port free on 127.0.0.1 right now (QEMU binds it moments later).
 
-    On a remote host it is only a guess; a clash makes that guest fail to start.
+    On a remote host it is only a guess; a clash makes that guest fail to
+    start. Never one this process handed out before: the ports of one lab differ.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _UDP_HANDED_OUT:
+            _UDP_HANDED_OUT.add(port)
+            return port
+
+
+_UDP_HANDED_OUT: set[int] = set()
 
 
 def plan_networks(lab: Lab, net_dir: Path, hosts: dict[str, HostPlace] | None = None,
