@@ -7,8 +7,10 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Cli
-from tests.integration.conftest import qemu_pids_under, wait_for
+from tests.integration.conftest import qemu_pids_under, require_libvirtd, virsh, wait_for
 
 LAB = """\
 name: killed
@@ -66,27 +68,40 @@ def test_killing_a_guest_mid_step_keeps_earlier_artifacts_and_the_reason(cli: Cl
     assert not (cli.state_dir / "labs" / "killed").exists()
 
 
-def _second_step_running(cli: Cli) -> bool:
-    res = cli("exec", "killed", "a", "--", "pgrep -f 'ping -c 600'")
+def _second_step_running(cli: Cli, lab: str = "killed") -> bool:
+    res = cli("exec", lab, "a", "--", "pgrep -f 'ping -c 600'")
     return res.returncode == 0
 
 
-def test_ctrl_c_during_a_step_writes_the_bundle_and_stops_everything(cli: Cli, image: object,
-                                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["qemu", "libvirt"])
+def test_ctrl_c_during_a_step_writes_the_bundle_and_stops_everything(cli: Cli, image: object, tmp_path: Path,
+                                                                      backend: str) -> None:
+    if backend == "libvirt":
+        require_libvirtd()
+    name = "killed" if backend == "qemu" else f"killedlv{os.getpid() % 100000}"  # libvirt names are global
     lab = tmp_path / "killed.yaml"
-    lab.write_text(LAB)
+    lab.write_text(LAB.replace("name: killed", f"name: {name}"))
     runs = tmp_path / "runs"
-    proc = cli.popen("run", str(lab), "--out", str(runs), "--accel", "tcg")
-    wait_for(lambda: (cli.state_dir / "labs" / "killed" / "state.json").exists(), 120, "the lab")
-    wait_for(lambda: _second_step_running(cli), 240, "the second step")
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    proc = cli.popen("run", str(lab), "--out", str(runs), "--accel", "tcg", "--backend", backend)
+    try:
+        wait_for(lambda: (cli.state_dir / "labs" / name / "state.json").exists(), 180, "the lab")
+        wait_for(lambda: _second_step_running(cli, name), 240, "the second step")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     (bundle,) = list(runs.iterdir())
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "interrupted" in manifest["reason"]
+    assert manifest["backend"] == backend
     assert (bundle / "report.md").exists()
     assert (bundle / "steps" / "first" / "_" / "a" / "cmd-0.out").exists()
     wait_for(lambda: not qemu_pids_under(cli.state_dir), 30, "QEMU to go")
-    assert not (cli.state_dir / "labs" / "killed").exists()
+    assert not (cli.state_dir / "labs" / name).exists()
+    if backend == "libvirt":
+        listed = virsh("list", "--all", "--name")
+        assert listed.returncode == 0 and not [d for d in listed.stdout.split() if d.startswith(f"labctl-{name}-")]
