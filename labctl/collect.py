@@ -27,6 +27,7 @@ from typing import Any
 
 from labctl import __version__
 from labctl.lab.model import Lab
+from labctl.errors import LabctlError
 from labctl.proc import run
 from labctl.runstate import LabState
 
@@ -55,6 +56,25 @@ def qemu_version() -> str:
         return "unknown"
 
 
+def running_qemu_versions(state: LabState) -> dict[str, str]:
+    """guest -> the version of the QEMU that runs it, asked over its QMP
+    (``query-version``), so a guest on a remote libvirt host reports that
+    host's QEMU. ``unknown`` for a guest that no longer answers."""
+    from labctl.backends.base import get_backend
+
+    backend = get_backend(state.backend)
+    versions = {}
+    for name, rec in state.guests.items():
+        try:
+            v = backend.qmp(rec, "query-version")
+            q = v["qemu"]
+            package = str(v.get("package") or "").strip()
+            versions[name] = f"{q['major']}.{q['minor']}.{q['micro']}" + (f" ({package})" if package else "")
+        except (LabctlError, KeyError, TypeError):
+            versions[name] = "unknown"
+    return versions
+
+
 def host_info() -> dict[str, Any]:
     return {"name": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
             "python": platform.python_version()}
@@ -74,7 +94,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "accel": state.accel,
         "backend": state.backend,
         "host": host_info(),
-        "qemu": {"version": qemu_version(), "argv": {n: r.argv for n, r in state.guests.items()}},
+        "qemu": _qemu_section(state),
         "drivers": state.drivers,
         "warnings": state.warnings,
         "started_at": started,
@@ -84,6 +104,15 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "reason": reason,
     }
     (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+
+
+def _qemu_section(state: LabState) -> dict[str, Any]:
+    """The QEMU each guest ran on, and how: ``version`` is the one version
+    all guests ran (the local binary's when none answered), ``guests`` each one's."""
+    versions = running_qemu_versions(state)
+    known = {v for v in versions.values() if v != "unknown"}
+    version = known.pop() if len(known) == 1 else ("mixed" if known else qemu_version())
+    return {"version": version, "guests": versions, "argv": {n: r.argv for n, r in state.guests.items()}}
 
 
 def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> dict[str, list[str]]:

@@ -12,7 +12,6 @@ import concurrent.futures
 import datetime
 import hashlib
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from labctl.keys import known_hosts_line, new_keypair
 from labctl.lab.model import Guest, Lab
 from labctl.netplan import SWITCH, Segment, plan_networks
 from labctl.paths import ensure_private_dir
+from labctl.ports import free_port
 from labctl.proc import pid_alive, pid_cmdline, run, spawn
 from labctl.runstate import LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 from labctl.ssh import Endpoint, Session
@@ -62,22 +62,6 @@ def mgmt_mac(lab: str, guest: str) -> str:
     """Deterministic MAC of a guest's management NIC (52:55:00:..., apart from lab NICs)."""
     d = hashlib.sha256(f"{lab}/{guest}/mgmt0".encode()).digest()
     return "52:55:00:" + ":".join(f"{b:02x}" for b in d[:3])
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (QEMU binds it moments later),
-    never one this process handed out before: two ports picked for one lab
-    must differ even though none is bound yet."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 def console_tail(path: Path | str, lines: int = 15) -> str:

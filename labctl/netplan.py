@@ -32,6 +32,7 @@ from pathlib import Path
 from labctl.errors import UsageError
 from labctl.hosts import HostPlace
 from labctl.lab.model import Lab
+from labctl.ports import free_port
 
 DIRECT = "unix-dgram"
 SWITCH = "switch"
@@ -83,19 +84,9 @@ class Segment:
 def free_udp_port() -> int:
     """A UDP port free on 127.0.0.1 right now (QEMU binds it moments later).
 
-    On a remote host it is only a guess; a clash makes that guest fail to
-    start. Never one this process handed out before: the ports of one lab differ.
+    On a remote host it is only a guess; a clash makes that guest fail to start.
     """
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _UDP_HANDED_OUT:
-            _UDP_HANDED_OUT.add(port)
-            return port
-
-
-_UDP_HANDED_OUT: set[int] = set()
+    return free_port(socket.SOCK_DGRAM)
 
 
 def plan_networks(lab: Lab, net_dir: Path, hosts: dict[str, HostPlace] | None = None,

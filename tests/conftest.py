@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,24 @@ class Cli:
     def popen(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "labctl", *args], cwd=ROOT, env=self.env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    @contextlib.contextmanager
+    def running(self, *args: str) -> Iterator[subprocess.Popen[str]]:
+        """``labctl ARGS`` in the background for the block; killed if it is
+        still running when the block ends (a failed wait, an assertion)."""
+        proc = self.popen(*args)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def interrupt(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """Ctrl-C: SIGINT to ``proc``; its stdout and stderr once it has exited."""
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=timeout)
 
 
 @pytest.fixture

@@ -490,7 +490,9 @@ def load_symbols(mi: MiSession, vmlinux: Path, module_cmds: Iterable[str]) -> No
 def attach(mi: MiSession, stub: GdbStub, timeout: float = CMD_TIMEOUT) -> None:
     """Connect to the gdbstub; the guest is paused from here on."""
     try:
-        mi.command(f"-target-select remote {mi_quote(stub.target)}", timeout=timeout)
+        # The CLI command: MI's -target-select takes its words as they are
+        # (no c-string unquoting), which a pipe through ssh may not survive.
+        mi.console(f"target remote {stub.target}", timeout=timeout)
     except DebugError as exc:
         raise DebugError(f"cannot attach to the gdbstub on {stub.where}: {exc.message}",
                          hint="is the guest up, and no other gdb attached to it?") from exc

@@ -14,7 +14,7 @@ from labctl import lifecycle
 from labctl.image import Image
 from labctl.lab import load_lab
 from labctl.ssh import Session
-from tests.conftest import ROOT, Cli
+from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
 
 LAB = ROOT / "labs" / "quickstart.yaml"
@@ -28,14 +28,13 @@ def _nothing_left(cli: Cli, lab: str) -> None:
 
 
 def test_sigint_while_booting_leaves_nothing_behind(cli: Cli, image: object) -> None:
-    proc = cli.popen("up", str(LAB), "--accel", "tcg")
     guests = cli.state_dir / "labs" / "quickstart" / "guests"
-    # Wait until all three QEMUs run and the kernels are booting.
-    wait_for(lambda: len(qemu_pids_under(cli.state_dir)) == 3, 60, "three QEMU processes")
-    wait_for(lambda: all((guests / g / "console.log").exists() and (guests / g / "console.log").stat().st_size
-                         for g in "abc"), 60, "console output")
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    with cli.running("up", str(LAB), "--accel", "tcg") as proc:
+        # Wait until all three QEMUs run and the kernels are booting.
+        wait_for(lambda: len(qemu_pids_under(cli.state_dir)) == 3, 60, "three QEMU processes")
+        wait_for(lambda: all((guests / g / "console.log").exists() and (guests / g / "console.log").stat().st_size
+                             for g in "abc"), 60, "console output")
+        _out, err = interrupt(proc, 60)
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert "Traceback" not in err
@@ -59,11 +58,9 @@ def test_guest_that_never_gets_ready_is_reported_with_its_console(cli: Cli, imag
 def test_boot_timeout_is_reported(cli: Cli, image: object, tmp_path: Path) -> None:
     lab = tmp_path / "slow.yaml"
     lab.write_text("name: slow\nnetworks: {}\nguests:\n  s: {}\n")
-    t0 = time.monotonic()
-    res = cli("up", str(lab), "--accel", "tcg", "--boot-timeout", "1")
+    res = cli("up", str(lab), "--accel", "tcg", "--boot-timeout", "1", timeout=300)
     assert res.returncode == 4, res.stderr
     assert "was not ready after 1 s" in res.stderr
-    assert time.monotonic() - t0 < 120
     _nothing_left(cli, "slow")
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,14 +60,11 @@ def test_breakpoint_in_the_e1000_module_while_pinging(cli: Cli, image: object, t
 
         spec = GdbSpec("e1000_xmit_frame", hits=2, step=3, timeout=120)
         out = tmp_path / "gdb"
-        t0 = time.monotonic()
         t = run_breakpoint_session(target.port, target.vmlinux, module_cmds, spec, out,
                                    monitor=target.monitor)
-        elapsed = time.monotonic() - t0
 
         assert (t.hits, t.timed_out, t.error) == (2, False, None), t.to_text()
         assert t.guest_resumed
-        assert elapsed < 120, t.timings
         for n, hit in enumerate(t.hit_stops, 1):
             assert hit.hit == n
             assert hit.reason == "breakpoint-hit"
@@ -97,14 +93,11 @@ def test_a_breakpoint_never_hit_times_out_and_the_guest_runs_on(cli: Cli, image:
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     with lab_up(cli, tmp_path, monkeypatch) as state:
         target = gdb_target(state, "a")
-        t0 = time.monotonic()
         t = run_breakpoint_session(target.port, target.vmlinux, [], GdbSpec("sysrq_handle_crash", timeout=5),
                                    tmp_path / "gdb", monitor=target.monitor)
-        elapsed = time.monotonic() - t0
         assert t.timed_out and t.hits == 0
         assert t.message == "breakpoint sysrq_handle_crash was never hit within 5 s"
         assert t.breakpoint["func"] == "sysrq_handle_crash"
-        assert 5 <= elapsed < 60, t.timings
         assert "was never hit within 5 s" in (tmp_path / "gdb" / "gdb-transcript.txt").read_text()
         assert_guest_runs(cli, state)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -19,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
-from tests.conftest import Cli
+from labctl.runstate import LabState
+from tests.conftest import Cli, interrupt
 from tests.integration.conftest import pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
 
 LOCAL = "qemu:///system"
@@ -153,7 +154,8 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path) -> None:
+def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     lab = _lab(tmp_path / "hosts2.yaml", "hosts2", sshd.uri)
     assert _leftovers("hosts2") == NOTHING
     for vol in _image_volumes(image):  # make this run take the upload path
@@ -199,6 +201,15 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
         assert "detached" in gdb.stdout.lower()
         script = (cli.state_dir / "labs" / "hosts2" / "guests" / "b" / "gdb-init.gdb").read_text()
         assert f"target remote | ssh -p {sshd.port} -l root" in script and "-W 127.0.0.1:" in script
+        # and a scripted (MI) session, as a step's gdb: runs it: break, step, leave the guest running
+        monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
+        target = gdb_target(LabState.load("hosts2"), "b")
+        assert target.stub.via is not None and target.stub.via.port == sshd.port
+        t = run_breakpoint_session(target.stub, target.vmlinux, [], GdbSpec("run_timer_softirq", hits=1, step=1,
+                                                                            timeout=120),
+                                   tmp_path / "gdb", monitor=target.monitor)
+        assert (t.hits, t.timed_out, t.error) == (1, False, None), t.to_text()
+        assert t.hit_stops[0].frame.func == "run_timer_softirq" and t.guest_resumed
         ping = cli("exec", "hosts2", "b", "--", "ping", "-c", "1", "-W", "5", "10.20.0.1")
         assert ping.returncode == 0, "b no longer runs after gdb detached: " + ping.stdout + ping.stderr
     finally:
@@ -216,9 +227,8 @@ def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, sshd
     assert _leftovers("hosts2i") == NOTHING
     rootfs = next(POOL_DIR / v for v in _image_volumes(image) if "rootfs" in v)
     before = rootfs.stat() if (POOL_DIR / (rootfs.name + ".sha256")).exists() else None
-    proc = cli.popen("up", str(lab), "--accel", "tcg")
     console = cli.state_dir / "labs" / "hosts2i" / "guests" / "b" / "console.log"
-    try:
+    with cli.running("up", str(lab), "--accel", "tcg") as proc:
         wait_for(lambda: console.exists() and console.stat().st_size > 0 or proc.poll() is not None,
                  600, "guest b to boot on h2")
         assert proc.poll() is None, proc.communicate()
@@ -227,12 +237,7 @@ def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, sshd
         if before is not None:  # already uploaded and verified: the marker made this run skip it
             after = rootfs.stat()
             assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _out, err = interrupt(proc, 180)
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert _leftovers("hosts2i") == NOTHING

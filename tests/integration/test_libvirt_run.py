@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import pytest
 
 from labctl.backends.base import get_backend
 from labctl.runstate import LabState
-from tests.conftest import ROOT, Cli
+from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import LIBVIRT_URI, pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
 
 URI = LIBVIRT_URI
@@ -142,7 +141,10 @@ def test_run_on_libvirt_gives_the_qemu_backend_bundle(cli: Cli, image: object, l
     assert m["drivers"] == manifests["qemu"]["drivers"]
     assert [(c["guest"], c["index"], c["status"]) for c in m["commands"]] == \
         [(c["guest"], c["index"], c["status"]) for c in manifests["qemu"]["commands"]]
-    # The QEMU that libvirt ran, as it ran: its real argv with the same NICs.
+    # The QEMU that libvirt ran, as it ran: its version (asked over QMP) and real argv with the same NICs.
+    assert m["qemu"]["guests"] == manifests["qemu"]["qemu"]["guests"]  # one libvirtd on this machine's QEMU
+    assert set(m["qemu"]["guests"]) == {"client", "server"}
+    assert re.match(r"\d+\.\d+\.\d+", m["qemu"]["version"]), m["qemu"]
     for guest, argv in m["qemu"]["argv"].items():
         assert argv[0].endswith("qemu-system-x86_64") and f"guest=labctl-{name}-{guest}" in " ".join(argv)
         assert sum("virtio-net-pci" in a for a in argv) == 2  # mgmt0 and eth3
@@ -220,19 +222,13 @@ def test_sigint_while_booting_on_libvirt_leaves_nothing_behind(cli: Cli, image: 
     lab = tmp_path / "int.yaml"
     lab.write_text(f"name: {name}\nnetworks: {{lan: {{}}}}\nguests:\n"
                    "  a: {nics: [{name: eth1, model: e1000, network: lan, ip: 10.71.0.1/24}]}\n")
-    proc = cli.popen("up", str(lab), "--backend", "libvirt", "--accel", "tcg")
     console = cli.state_dir / "labs" / name / "guests" / "a" / "console.log"
-    try:
+    with cli.running("up", str(lab), "--backend", "libvirt", "--accel", "tcg") as proc:
         # The domain runs and its kernel is booting.
         wait_for(lambda: _domains(name) == [f"labctl-{name}-a"], 120, "the domain")
         wait_for(lambda: console.exists() and console.stat().st_size, 120, "console output")
         assert len(qemu_pids_under(cli.state_dir)) == 1
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _, err = interrupt(proc, 120)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     _nothing_left(cli, name)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Cli
+from tests.conftest import Cli, interrupt
 from tests.integration.conftest import qemu_pids_under, require_libvirtd, virsh, wait_for
 
 LAB = """\
@@ -82,16 +82,10 @@ def test_ctrl_c_during_a_step_writes_the_bundle_and_stops_everything(cli: Cli, i
     lab = tmp_path / "killed.yaml"
     lab.write_text(LAB.replace("name: killed", f"name: {name}"))
     runs = tmp_path / "runs"
-    proc = cli.popen("run", str(lab), "--out", str(runs), "--accel", "tcg", "--backend", backend)
-    try:
+    with cli.running("run", str(lab), "--out", str(runs), "--accel", "tcg", "--backend", backend) as proc:
         wait_for(lambda: (cli.state_dir / "labs" / name / "state.json").exists(), 180, "the lab")
         wait_for(lambda: _second_step_running(cli, name), 240, "the second step")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _out, err = interrupt(proc, 300)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     (bundle,) = list(runs.iterdir())
