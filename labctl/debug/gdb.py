@@ -2,8 +2,8 @@
 scripted breakpoint sessions over gdb/MI for lab steps.
 
 Every guest's QEMU listens for gdb on ``127.0.0.1:PORT`` (``gdb_port`` in the
-lab state) of the machine that runs it (:class:`GdbStub`). Connecting *pauses the whole guest*; it runs again only when gdb
-resumes or detaches. A gdb that dies without detaching leaves the guest
+lab state) of the machine that runs it (:class:`GdbStub`). Connecting
+*pauses the whole guest*; it runs again only when gdb resumes or detaches. A gdb that dies without detaching leaves the guest
 paused (QEMU does not resume on disconnect), which is why
 :func:`run_breakpoint_session` always detaches and, as a last resort, resumes
 the guest through QMP. QMP goes through the guest's backend
