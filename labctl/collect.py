@@ -69,7 +69,8 @@ def running_qemu_versions(state: LabState) -> dict[str, str]:
             v = backend.qmp(rec, "query-version")
             q = v["qemu"]
             package = str(v.get("package") or "").strip()
-            versions[name] = f"{q['major']}.{q['minor']}.{q['micro']}" + (f" ({package})" if package else "")
+            versions[name] = (f"QEMU emulator version {q['major']}.{q['minor']}.{q['micro']}"  # as --version says
+                              + (f" ({package})" if package else ""))
         except (LabctlError, KeyError, TypeError):
             versions[name] = "unknown"
     return versions

@@ -144,7 +144,7 @@ def test_run_on_libvirt_gives_the_qemu_backend_bundle(cli: Cli, image: object, l
     # The QEMU that libvirt ran, as it ran: its version (asked over QMP) and real argv with the same NICs.
     assert m["qemu"]["guests"] == manifests["qemu"]["qemu"]["guests"]  # one libvirtd on this machine's QEMU
     assert set(m["qemu"]["guests"]) == {"client", "server"}
-    assert re.match(r"\d+\.\d+\.\d+", m["qemu"]["version"]), m["qemu"]
+    assert re.match(r"QEMU emulator version \d+\.\d+\.\d+", m["qemu"]["version"]), m["qemu"]
     for guest, argv in m["qemu"]["argv"].items():
         assert argv[0].endswith("qemu-system-x86_64") and f"guest=labctl-{name}-{guest}" in " ".join(argv)
         assert sum("virtio-net-pci" in a for a in argv) == 2  # mgmt0 and eth3

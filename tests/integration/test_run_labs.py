@@ -36,7 +36,8 @@ def test_nic_driver_cost(cli: Cli, image: object, tmp_path: Path) -> None:
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["lab"]["sha256"] == hashlib.sha256(lab.read_bytes()).hexdigest()
     assert set(manifest["qemu"]["argv"]) == {"client", "server"}
-    assert manifest["accel"] == "tcg" and manifest["qemu"]["version"].startswith("QEMU")
+    assert manifest["accel"] == "tcg" and manifest["qemu"]["version"].startswith("QEMU emulator version ")
+    assert manifest["qemu"]["guests"] == {g: manifest["qemu"]["version"] for g in ("client", "server")}
     assert all(c["status"] == 0 for c in manifest["commands"]), manifest["commands"]
     summary = json.loads((bundle / "summary.json").read_text())
     steps = {s["variant"]: s for s in summary["steps"]}
