@@ -214,6 +214,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
     guests = _parse_guests(check, data, networks)
     _check_placement(check, data, header, hosts, guests)
     nics = [nic for guest in guests.values() for nic in guest.nics]
+    _check_spans(check, hosts, guests, networks, nics)
     _check_ips(check, nics)
     _assign_macs(check, header["name"], nics)
     steps = StepParser(check, guests).parse(data)
@@ -322,6 +323,28 @@ def _check_placement(check: _Checker, data: YamlMap, header: dict[str, str], hos
         check.add(line, "hosts" if "hosts" in data else "backend",
                   f"placing guests on hosts needs the libvirt backend (backend: {header['backend']}; "
                   f"use backend: {_HOSTS_BACKEND})")
+
+
+def _check_spans(check: _Checker, hosts: dict[str, Host], guests: dict[str, _GuestSpec],
+                 networks: dict[str, _NetSpec], nics: list[_NicSpec]) -> None:
+    """A network of three or more guests must sit on labctl's own machine:
+    across hosts (or on a remote one) guests are linked only in pairs.
+
+    Only what the file decides is checked here: a guest on the default host
+    runs where ``$LABCTL_LIBVIRT_URI`` says, which ``up`` checks again.
+    """
+    for net in networks.values():
+        members = [n for n in nics if n.network == net.name]
+        if len(members) < 3:
+            continue
+        uris = {hosts[guests[n.guest].host].uri for n in members if guests[n.guest].host in hosts}
+        on = sorted({guests[n.guest].host for n in members})
+        if len(uris) > 1 or any(parse_uri(u).remote for u in uris):
+            where = f"spans hosts {', '.join(on)}" if len(on) > 1 else f"is on remote host {on[0]}"
+            check.add(net.line, f"networks.{net.name}",
+                      f"network {net.name} has {len(members)} guests and {where}: labctl links guests on "
+                      "remote hosts or across hosts only in pairs (UDP tunnels); split it into two-guest "
+                      "links, or place its guests on this machine")
 
 
 def _parse_networks(check: _Checker, data: YamlMap) -> dict[str, _NetSpec]:

@@ -278,7 +278,10 @@ guests:
 """)
     up = cli("up", str(lab), "--accel", "tcg", timeout=300)
     assert up.returncode == 2, up.stdout + up.stderr
-    assert "network lan has 3 guests and spans hosts h1, h2" in _one_line(up.stderr)
+    assert "span3.yaml:6: networks.lan: network lan has 3 guests and spans hosts h1, h2" in _one_line(up.stderr)
+    assert "Traceback" not in up.stderr
     assert not (cli.state_dir / "labs" / "span3").exists()
-    qemu = cli("up", str(lab), "--backend", "qemu", "--accel", "tcg", timeout=300)
-    assert qemu.returncode == 2 and "needs the libvirt backend" in _one_line(qemu.stderr)
+    pair = tmp_path / "span2.yaml"
+    pair.write_text(lab.read_text().replace("name: span3", "name: span2").split("  c:")[0])
+    qemu = cli("up", str(pair), "--backend", "qemu", "--accel", "tcg", timeout=300)
+    assert qemu.returncode == 2 and "needs the libvirt backend" in _one_line(qemu.stderr), qemu.stderr

@@ -15,7 +15,7 @@ from labctl.backends import libvirt_storage as storage
 from labctl.backends.base import GuestPlan
 from labctl.backends.libvirt_xml import FW_CFG_NAMES, QEMU_NS, DomainFiles, build_domain
 from labctl.backends.qemu_argv import lab_nic_args
-from labctl.errors import UsageError
+from labctl.errors import LabFileError, UsageError
 from labctl.hosts import host_place, place_guests
 from labctl.image.store import Image
 from labctl.lab import load_lab_text
@@ -122,9 +122,13 @@ def test_two_guests_on_one_remote_host_use_its_loopback() -> None:
 
 
 def test_three_guests_across_hosts_are_refused() -> None:
-    lab = _lab(f'{{h2: {{uri: "{REMOTE}"}}}}', {"a": (None, ["l"]), "b": ("h2", ["l"]), "c": ("h2", ["l"])})
-    with pytest.raises(UsageError, match="network l has 3 guests and spans hosts h2, local"):
-        plan_networks(lab, Path("/n"), place_guests(lab, "qemu:///system"), _ports())
+    # what the file decides is refused when it is loaded, with the network's line
+    with pytest.raises(LabFileError, match="t.yaml:5: networks.l: network l has 3 guests and spans hosts h2, local"):
+        _lab(f'{{h2: {{uri: "{REMOTE}"}}}}', {"a": (None, ["l"]), "b": ("h2", ["l"]), "c": ("h2", ["l"])})
+    # the default host's URI comes from the environment: up checks the plan again
+    lab = _lab("{}", {"a": (None, ["l"]), "b": (None, ["l"]), "c": (None, ["l"])})
+    with pytest.raises(UsageError, match="network l has 3 guests and is on remote host local"):
+        plan_networks(lab, Path("/n"), place_guests(lab, REMOTE), _ports())
 
 
 def test_a_loopback_end_cannot_reach_a_routable_host() -> None:
