@@ -214,6 +214,7 @@ class Runner:
     def _prepare(self, guests: list[str], workdir: str, step: Step, res: StepResult) -> None:
         from labctl.trace.stats import snapshot_commands
 
+        started: list[tuple[str, tr.Tracer]] = []
         for g in guests:
             self.sh(g, f"rm -rf {q(workdir)} && mkdir -p {q(workdir)}")
             spec = step.trace.get(g, TraceSpec())
@@ -234,7 +235,14 @@ class Runner:
                     continue
                 if t.name not in skip:
                     self.sh(g, tr.start(workdir, t))
-        time.sleep(1.0)  # let the tracers attach before the workload starts
+                    started.append((g, t))
+        # The workload starts only once every tracer records (they start up in parallel).
+        for g, t in started:
+            wait = tr.ready(workdir, t)
+            if wait and self.sh(g, wait, timeout=tr.READY_TIMEOUT + 30) != 0:
+                res.warnings.append(f"{g}: {t.name} did not start recording within {tr.READY_TIMEOUT} s "
+                                    f"(see {t.name}.log); the step ran without it")
+        time.sleep(1.0)  # mpstat's first interval, and tracers that give no signal
 
     def _skb_probes(self, guest: str, workdir: str, res: StepResult) -> set[str]:
         """Define the skb_latency kprobes in ``guest``; the tracers to skip when that fails."""

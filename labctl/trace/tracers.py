@@ -17,12 +17,26 @@ from labctl.lab.steps import TraceSpec
 q = shlex.quote
 
 
+# How long a tracer may take to start recording. perf record -a takes about
+# 4 s under TCG on an idle guest (it reads every process's maps first).
+READY_TIMEOUT = 120
+
+
 @dataclass(frozen=True)
 class Tracer:
-    name: str  # perf-record, perf-stat, trace-cmd, mpstat
+    """One background tracer of a step.
+
+    ``signal`` is how :func:`ready` tells that it records: ``control`` (perf,
+    started with its events disabled and enabled through its control FIFO,
+    which acknowledges once they are on), ``banner`` (trace-cmd, which prints
+    "Hit Ctrl^C to stop recording" once tracing is on), or "" (starts at once).
+    """
+
+    name: str  # perf-record, perf-stat, trace-cmd, skb-latency, mpstat
     tool: str  # binary that must exist in the guest
     argv: list[str]
     stdout: str = ""  # file for its standard output (default NAME.log, with stderr)
+    signal: str = ""  # control | banner | ""
 
 
 def kprobe_events(spec: TraceSpec) -> list[str]:
@@ -34,12 +48,13 @@ def tracers(spec: TraceSpec) -> list[Tracer]:
     out: list[Tracer] = []
     pr = spec.perf_record
     if pr is not None and pr.target == "system":
-        out.append(Tracer("perf-record", "perf", perf_record_argv(spec, system=True)))
+        out.append(Tracer("perf-record", "perf", perf_record_argv(spec, system=True) + _perf_control("perf-record"),
+                          signal="control"))
     if spec.perf_stat is not None:
         argv = ["perf", "stat", "-a", "-x,", "-o", "perf-stat.txt"]
         for ev in spec.perf_stat:
             argv += ["-e", ev]
-        out.append(Tracer("perf-stat", "perf", argv))
+        out.append(Tracer("perf-stat", "perf", argv + _perf_control("perf-stat"), signal="control"))
     ft = spec.ftrace
     if ft is not None:
         argv = ["trace-cmd", "record", "-o", "trace.dat"]
@@ -55,11 +70,11 @@ def tracers(spec: TraceSpec) -> list[Tracer]:
                 argv += ["-f", ft.filter]
         for ev in kprobe_events(spec):
             argv += ["-e", ev]
-        out.append(Tracer("trace-cmd", "trace-cmd", argv))
+        out.append(Tracer("trace-cmd", "trace-cmd", argv, signal="banner"))
     if spec.skb_latency is not None:
         from labctl.trace.skbprobes import record_argv
 
-        out.append(Tracer("skb-latency", "trace-cmd", record_argv(spec.skb_latency.buffer_kb)))
+        out.append(Tracer("skb-latency", "trace-cmd", record_argv(spec.skb_latency.buffer_kb), signal="banner"))
     if spec.mpstat is not None:
         out.append(Tracer("mpstat", "mpstat", ["mpstat", "-o", "JSON", str(int(spec.mpstat))], "mpstat.json"))
     return out
@@ -80,13 +95,47 @@ def perf_record_argv(spec: TraceSpec, system: bool) -> list[str]:
     return argv
 
 
+def _perf_control(name: str) -> list[str]:
+    """perf options: start with the events off, take commands on NAME.ctl, answer on NAME.ack."""
+    return ["-D", "-1", "--control", f"fifo:{name}.ctl,{name}.ack"]
+
+
+def _fifos(tracer: Tracer) -> list[str]:
+    return [tracer.name + ".ctl", tracer.name + ".ack"] if tracer.signal == "control" else []
+
+
 def start(workdir: str, tracer: Tracer) -> str:
     """Start ``tracer`` in the background in ``workdir``; its pid goes to NAME.pid."""
-    inner = "exec " + shlex.join(tracer.argv)
+    # trace-cmd's banner goes to stdout: line-buffered, so it is there as soon as printed
+    inner = "exec " + shlex.join((["stdbuf", "-oL"] if tracer.signal == "banner" else []) + tracer.argv)
     log = q(tracer.name + ".log")
     redirect = f"> {q(tracer.stdout)} 2> {log}" if tracer.stdout else f"> {log} 2>&1"
-    return (f"cd {q(workdir)} && (setsid sh -c {q(inner)} {redirect} < /dev/null & "
+    fifos = _fifos(tracer)
+    mkfifo = f"rm -f {shlex.join(fifos)} && mkfifo -m 600 {shlex.join(fifos)} && " if fifos else ""
+    return (f"cd {q(workdir)} && {mkfifo}(setsid sh -c {q(inner)} {redirect} < /dev/null & "
             f"echo $! > {q(tracer.name + '.pid')})")
+
+
+def ready(workdir: str, tracer: Tracer, timeout: int = READY_TIMEOUT) -> str | None:
+    """A command that returns (status 0) once ``tracer`` records, or fails
+    after ``timeout`` s; None for a tracer that records from its start."""
+    alive = f"kill -0 \"$(cat {q(tracer.name + '.pid')})\" 2>/dev/null"
+    if tracer.signal == "control":
+        ctl, ack = _fifos(tracer)
+        # Hold the ack FIFO open read-write (perf's write-only open of it then
+        # returns), wait until perf has it open (it opened ctl just before),
+        # say "enable", and read the ack perf writes once its events are on.
+        wait = (f"exec 3<> {q(ack)}; "
+                f"until find /proc/$(cat {q(tracer.name + '.pid')})/fd -lname {q('*/' + ack)} 2>/dev/null | grep -q .; do "
+                f"{alive} || exit 1; sleep 0.1; done; "
+                f"echo enable > {q(ctl)}; "
+                f"while {alive}; do read -r -t 1 answer <&3 && {{ [ \"$answer\" = ack ]; exit; }}; done; exit 1")
+    elif tracer.signal == "banner":
+        wait = (f"until grep -q '^Hit Ctrl^C' {q(tracer.name + '.log')}; do "
+                f"{alive} || exit 1; sleep 0.1; done")
+    else:
+        return None
+    return f"cd {q(workdir)} && timeout {int(timeout)} bash -c {q(wait)}"
 
 
 def stop(workdir: str, names: list[str], timeout: int = 120) -> str:
@@ -97,7 +146,7 @@ def stop(workdir: str, names: list[str], timeout: int = 120) -> str:
         parts.append(
             f"if [ -f {pidf} ]; then p=$(cat {pidf}); kill -INT $p 2>/dev/null; i=0; "
             f"while kill -0 $p 2>/dev/null && [ $i -lt {timeout * 5} ]; do sleep 0.2; i=$((i+1)); done; "
-            f"kill -KILL $p 2>/dev/null; fi")
+            f"kill -KILL $p 2>/dev/null; fi; rm -f {q(name + '.ctl')} {q(name + '.ack')}")
     return "; ".join(parts) + "; true"
 
 

@@ -82,6 +82,12 @@ def test_perf_net_events(cli: Cli, image: object, tmp_path: Path) -> None:
     assert "net:netif_receive_skb" in (a / "perf-script.txt").read_text()
     assert (a / "trace.dat").stat().st_size > 0  # for KernelShark
     assert "netif_receive_skb" in (a / "trace-report.txt").read_text()
+    # The first command (20 pings in about 1 s) runs only once both tracers
+    # record: every echo request is queued in ping's own context.
+    script = (a / "perf-script.txt").read_text().splitlines()
+    assert sum(ln.split()[:1] == ["ping"] and "net:net_dev_queue:" in ln for ln in script) >= 20
+    report = (a / "trace-report.txt").read_text().splitlines()
+    assert sum(ln.lstrip().startswith("ping-") and "net_dev_queue:" in ln for ln in report) >= 20
     summary = json.loads((bundle / "summary.json").read_text())
     loss = summary["steps"][0]["guests"]["a"]["trace_loss"]
     assert loss["ftrace_overruns"] is not None and loss["kprobe_misses"] is not None
@@ -132,3 +138,37 @@ def test_skb_latency(cli: Cli, image: object, tmp_path: Path) -> None:
         assert "skb_copy_datagram_iovec" in (client / "skb-timeline.txt").read_text()
     report = (bundle / "report.md").read_text()
     assert "## Per-packet latency" in report and "followed %" in report
+
+
+SHORT_WORKLOAD = """\
+name: shortwork
+networks: {}
+guests:
+  a: {}
+steps:
+  - name: exec
+    run:
+      - {guest: a, command: "dd if=/dev/zero of=/dev/null bs=1M count=10"}
+    trace:
+      a:
+        perf_record: {events: ["sched:sched_process_exec"]}
+        ftrace: {events: ["sched:sched_process_exec"]}
+"""
+
+
+def test_a_workload_that_starts_at_once_is_traced_from_its_first_instant(cli: Cli, image: object,
+                                                                           tmp_path: Path) -> None:
+    # perf record -a takes seconds to start under TCG, and trace-cmd too: the
+    # step's command runs only once both record, so even its exec is seen.
+    lab = tmp_path / "shortwork.yaml"
+    lab.write_text(SHORT_WORKLOAD)
+    bundle = _run(cli, lab, tmp_path / "runs")
+    a = bundle / "steps" / "exec" / "_" / "a"
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["steps"][0]["warnings"] == [], summary["steps"][0]["warnings"]
+    perf = [ln for ln in (a / "perf-script.txt").read_text().splitlines() if "sched:sched_process_exec" in ln]
+    assert any("/dd " in ln for ln in perf), perf
+    ftrace = [ln for ln in (a / "trace-report.txt").read_text().splitlines() if "sched_process_exec" in ln]
+    assert any("/dd " in ln for ln in ftrace), ftrace
+    for fifo in ("perf-record.ctl", "perf-record.ack"):
+        assert not (a / fifo).exists()

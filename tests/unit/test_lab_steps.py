@@ -45,6 +45,23 @@ def test_tracer_commands_quote_everything() -> None:
     assert "-a" not in tr.perf_record_argv(one, system=False)
 
 
+def test_tracers_say_when_they_record() -> None:
+    spec = load_lab(ROOT / "labs" / "perf-net-events.yaml").steps[0].trace["a"]
+    perf, ftrace, mpstat = tr.tracers(spec)
+    # perf starts with its events off and turns them on when told through its FIFO
+    assert perf.signal == "control" and perf.argv[-4:] == ["-D", "-1", "--control",
+                                                           "fifo:perf-record.ctl,perf-record.ack"]
+    assert "mkfifo -m 600 perf-record.ctl perf-record.ack" in tr.start("/w", perf)
+    wait = tr.ready("/w x", perf, timeout=7) or ""
+    assert wait.startswith("cd '/w x' && timeout 7 bash -c ")
+    assert "echo enable > perf-record.ctl" in wait and "= ack" in wait
+    # trace-cmd prints its banner once tracing is on; line-buffered so it shows at once
+    assert "exec stdbuf -oL trace-cmd record" in tr.start("/w", ftrace)
+    assert "Hit Ctrl^C" in (tr.ready("/w", ftrace) or "")
+    assert mpstat.signal == "" and tr.ready("/w", mpstat) is None
+    assert "rm -f perf-record.ctl perf-record.ack" in tr.stop("/w", ["perf-record"])
+
+
 def test_skb_latency_lab_traces_both_ends_of_each_nic_model() -> None:
     lab = load_lab(ROOT / "labs" / "skb-latency.yaml")
     (step,) = lab.steps
