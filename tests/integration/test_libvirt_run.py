@@ -150,11 +150,11 @@ def test_run_on_libvirt_gives_the_qemu_backend_bundle(cli: Cli, image: object, l
         assert sum("virtio-net-pci" in a for a in argv) == 2  # mgmt0 and eth3
     fig = summaries["libvirt"]["steps"][0]["figures"]
     assert fig["throughput_mbit_s"] > 0 and 0 < fig["cpu_load_pct"] <= 100
-    assert fig["driver_share_pct"] >= 0 and fig["driver_cpu_pct"] >= 0
-    # perf sampled the guest's kernel. Whether the driver module itself got
-    # samples in a 2 s transfer is chance under TCG (CI once saw 0 of 2K), so
-    # the driver's figures are checked against the report in test_run_labs.
-    assert "[kernel.kallsyms]" in (lv / client / "perf-report-dso.txt").read_text()
+    assert fig["driver_share_pct"] > 0 and fig["driver_cpu_pct"] > 0
+    # perf records from before the transfer starts (the runner waits for it),
+    # so the driver module has samples even in a 2 s transfer (about 50 of 5K;
+    # none of 2K when perf started late, as CI once saw).
+    assert "[virtio_net]" in (lv / client / "perf-report-dso.txt").read_text()
 
 
 # -- gdb on libvirt guests, then down ----------------------------------------------------
