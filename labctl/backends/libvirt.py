@@ -208,17 +208,6 @@ def _is_ours(xml: str, run_dir: Path, console: Path) -> bool:
     return desc == f"labctl run directory {run_dir}" or _console_path(xml) == str(console)
 
 
-def _pool(conn: Any, name: str) -> Any | None:
-    """The storage pool ``name``, or None when it does not exist."""
-    lv = _libvirt()
-    try:
-        return conn.storagePoolLookupByName(name)
-    except lv.libvirtError as exc:
-        if exc.get_error_code() == lv.VIR_ERR_NO_STORAGE_POOL:
-            return None
-        raise
-
-
 def _stop_relay(pid: int, marker: str) -> None:
     """SIGTERM a console relay (if that pid still is one) and wait for it."""
     if not pid_alive(pid) or not any(marker in a for a in pid_cmdline(pid)):
@@ -435,7 +424,7 @@ class LibvirtBackend:
                 if dom is not None and _is_ours(dom.XMLDesc(0), guest_dir, guest_dir / "console.log"):
                     _destroy(dom)
             elif kind == "volume":
-                pool = _pool(conn, entry["pool"])
+                pool = storage.lookup_pool(conn, entry["pool"])
                 if pool is not None and storage.delete_volume(pool, entry["name"]):
                     log.info("deleted volume %s on %s", entry["name"], _where(entry["uri"], entry.get("host")))
 

@@ -85,14 +85,21 @@ def image_volume_name(image: Image, file: str, sha256: str) -> str:
     return f"{image.name}-{file}-{sha256[:16]}"
 
 
-def ensure_pool(conn: Any) -> Any:
-    """The ``labctl`` pool on this host, defined, built and started when needed."""
+def lookup_pool(conn: Any, name: str = POOL) -> Any | None:
+    """The storage pool ``name``, or None when it does not exist."""
     lv = _lv()
     try:
-        pool = conn.storagePoolLookupByName(POOL)
+        return conn.storagePoolLookupByName(name)
     except lv.libvirtError as exc:
-        if exc.get_error_code() != lv.VIR_ERR_NO_STORAGE_POOL:
-            raise
+        if exc.get_error_code() == lv.VIR_ERR_NO_STORAGE_POOL:
+            return None
+        raise
+
+
+def ensure_pool(conn: Any) -> Any:
+    """The ``labctl`` pool on this host, defined, built and started when needed."""
+    pool = lookup_pool(conn)
+    if pool is None:
         log.info("defining storage pool %s at %s", POOL, POOL_DIR)
         pool = conn.storagePoolDefineXML(pool_xml(), 0)
         pool.build(0)

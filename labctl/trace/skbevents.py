@@ -39,16 +39,16 @@ class Event:
 
     def addr(self, key: str) -> int | None:
         """A hexadecimal address field (``skbaddr=0xffff...``) as an int."""
-        value = self.fields.get(key)
-        try:
-            return int(value, 16) if value else None
-        except ValueError:
-            return None
+        return self._number(key, 16)
 
     def int(self, key: str) -> int | None:
+        """A number field (decimal, or hexadecimal with ``0x``) as an int."""
+        return self._number(key, 0)
+
+    def _number(self, key: str, base: int) -> int | None:
         value = self.fields.get(key)
         try:
-            return int(value, 0) if value else None
+            return int(value, base) if value else None
         except ValueError:
             return None
 
