@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -21,9 +20,10 @@ from pathlib import Path
 from labctl.errors import UsageError
 from labctl.image.store import Image
 from labctl.paths import cache_dir
-from labctl.proc import kill_group
+from labctl.proc import kill_group, spawn_tied
 
 PROBE_TIMEOUT = 6.0
+PROBE_CPU_LIMIT = 60  # seconds of CPU time, enforced by the kernel
 QEMU = "qemu-system-x86_64"
 
 
@@ -45,23 +45,22 @@ def probe_kvm(kernel: Path, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str]:
                 "-machine", "pc", "-accel", "kvm", "-cpu", "host", "-m", "256",
                 "-kernel", str(kernel), "-append", "console=ttyS0 earlyprintk=ttyS0 panic=-1",
                 "-serial", f"file:{console}"]
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        # Where KVM is broken the probe hangs for good: it dies with labctl and
+        # has a CPU-time limit of its own, besides the timeout below.
+        proc = spawn_tied(argv, Path(tmp) / "qemu.log", cpu_seconds=PROBE_CPU_LIMIT)
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 if console.exists() and b"Linux version" in console.read_bytes():
                     return True, "a probe guest booted under KVM"
                 if proc.poll() is not None:
-                    out = (proc.stdout.read() if proc.stdout else b"").decode(errors="replace")
+                    out = (Path(tmp) / "qemu.log").read_text(errors="replace")
                     last = out.strip().splitlines()[-1] if out.strip() else f"exit status {proc.returncode}"
                     return False, f"QEMU failed under KVM: {last}"
                 time.sleep(0.05)
             return False, f"a probe guest printed nothing under KVM within {timeout:.0f} s"
         finally:
             kill_group(proc, grace=0.5)
-            if proc.stdout:
-                proc.stdout.close()
 
 
 def _probe_key(kernel: Path) -> str:

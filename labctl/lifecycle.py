@@ -216,7 +216,7 @@ class LabUp:
         host = self.hosts[g.name] if self.hosts else None
         plan = GuestPlan(lab=self.lab.name, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
-                         ports=ports, kernel_args=args, gdb_port=free_port(), host=host)
+                         ports=ports, kernel_args=args, host=host)
         new_keypair(plan.host_key, f"{g.name}.{self.lab.name}")
         plan.authorized_keys.write_text(client_pub + "\n")
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
@@ -231,10 +231,10 @@ class LabUp:
             try:
                 return self.backend.start(plan)
             except MachineError as exc:
-                if not any(w in str(exc) for w in ("hostfwd", "forwarding", "gdbstub", "Address already in use")) \
+                if not any(w in str(exc) for w in ("hostfwd", "forwarding", "Address already in use")) \
                         or attempt == 2:
                     raise
-                plan = GuestPlan(**{**plan.__dict__, "ssh_port": free_port(), "gdb_port": free_port()})
+                plan = GuestPlan(**{**plan.__dict__, "ssh_port": free_port()})
         raise AssertionError("unreachable")
 
     def _wait_all(self, state: LabState) -> None:
@@ -417,7 +417,7 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
         st = "crashed" if crashed else "unreachable" if alive is None else "running" if alive else "stopped"
         nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], "")}
                 for n in state.resolved["guests"][name]["nics"]]
-        gdb = f"127.0.0.1:{rec.gdb_port}" if rec.gdb_port else None
+        gdb = rec.gdb
         host = state.hosts.get(name, {}).get("name")
         out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host))
     return out

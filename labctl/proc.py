@@ -8,13 +8,15 @@ started with :func:`spawn` and owned by whoever started them.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import resource
 import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from labctl.errors import HostError, ProcessError
@@ -124,6 +126,37 @@ def spawn(argv: Sequence[str | os.PathLike[str]], log_path: Path,
     """
     with open(log_path, "ab") as logf:
         return _popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _tie_to(parent: int, cpu_seconds: int | None) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGKILL when labctl dies (``PR_SET_PDEATHSIG``),
+    even by SIGKILL or the OOM killer, and optionally a hard CPU-time limit."""
+    def tie() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # labctl died before the prctl took effect
+            os._exit(1)
+        if cpu_seconds is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+    return tie
+
+
+def spawn_tied(argv: Sequence[str | os.PathLike[str]], log_path: Path, *, cpu_seconds: int | None = None,
+               stdout: int | None = None) -> subprocess.Popen[bytes]:
+    """Start a helper that must never outlive labctl (a KVM probe, an SSH
+    forward, a capture): in its own process group, killed by the kernel when
+    this process dies, and with ``cpu_seconds`` as a hard CPU-time limit of its own.
+
+    The parent-death signal follows the *thread* that started the child, so
+    call this from a thread that lives as long as the helper should.
+    Its output is appended to ``log_path`` (or stdout goes to ``stdout``).
+    """
+    with open(log_path, "ab") as logf:
+        return _popen(argv, stdin=subprocess.DEVNULL, stdout=logf if stdout is None else stdout,
+                      stderr=logf, preexec_fn=_tie_to(os.getpid(), cpu_seconds))
 
 
 def pid_alive(pid: int) -> bool:

@@ -40,7 +40,7 @@ class Endpoint:
     def openssh_argv(self, extra: Sequence[str] = ()) -> list[str]:
         """An ``ssh`` command line reaching this guest (for interactive use)."""
         return ["ssh", "-i", str(self.key), "-p", str(self.port),
-                "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"UserKnownHostsFile={config_quote(str(self.known_hosts))}", "-o", "StrictHostKeyChecking=yes",
                 "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", *self._proxy_options(), *extra,
                 f"{self.user}@{self.host}"]
 
@@ -51,13 +51,34 @@ class Endpoint:
         return ["-o", f"ProxyCommand={shlex.join(hop_stdio_argv(self.via, self.host, self.port))}"]
 
 
+def config_quote(value: str) -> str:
+    """A value for an OpenSSH ``-o KEY=VALUE`` option: double-quoted, so a path with spaces stays one word.
+
+    :raise GuestError: for a value OpenSSH cannot quote (a double quote or a newline in it).
+    """
+    if '"' in value or "\n" in value:
+        raise GuestError(f"OpenSSH cannot be given the path {value!r}")
+    return f'"{value}"'
+
+
+def _hop_login(hop: SshHop) -> list[str]:
+    """``ssh`` options that log in to the libvirt host ``hop`` as its URI does."""
+    return ["ssh", "-p", str(hop.port), "-l", hop.user, "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+            *(["-i", hop.keyfile] if hop.keyfile else []),
+            *(["-o", "StrictHostKeyChecking=no"] if hop.no_verify else [])]
+
+
 def hop_stdio_argv(hop: SshHop, host: str, port: int) -> list[str]:
     """An OpenSSH command line that logs in to the libvirt host ``hop`` (as its
     URI does) and connects its stdin/stdout to ``host:port`` as seen from there."""
-    return ["ssh", "-p", str(hop.port), "-l", hop.user, "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-            *(["-i", hop.keyfile] if hop.keyfile else []),
-            *(["-o", "StrictHostKeyChecking=no"] if hop.no_verify else []),
-            "-W", f"{host}:{port}", "--", hop.host]
+    return [*_hop_login(hop), "-W", f"{host}:{port}", "--", hop.host]
+
+
+def hop_forward_argv(hop: SshHop, local_socket: str, remote_socket: str) -> list[str]:
+    """An OpenSSH command line forwarding the unix socket ``local_socket`` here
+    (made 0600 by ssh) to ``remote_socket`` on the libvirt host ``hop``, until killed."""
+    return [*_hop_login(hop), "-N", "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
+            "-L", f"{local_socket}:{remote_socket}", "--", hop.host]
 
 
 @dataclass(frozen=True)
@@ -216,3 +237,48 @@ def jump_client(hop: SshHop, timeout: float = 10.0) -> paramiko.SSHClient:
         client.close()
         raise
     return client
+
+
+def run_on_host(hop: SshHop, argv: Sequence[str], timeout: float = 30.0) -> tuple[int, str]:
+    """Run ``argv`` (quoted word by word) on the libvirt host ``hop``; (exit status, stderr).
+
+    Every wait is bounded by ``timeout``; an unreachable host or a timeout is status 255.
+    """
+    try:
+        client = jump_client(hop, timeout)
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        return 255, f"cannot log in to {hop.user}@{hop.host}:{hop.port}: {exc}"
+    try:
+        chan = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+        chan.settimeout(timeout)
+        chan.exec_command(shlex.join(argv))
+        deadline = time.monotonic() + timeout
+        while not chan.exit_status_ready():
+            if time.monotonic() > deadline:
+                return 255, f"no answer within {timeout:.0f} s"
+            time.sleep(0.05)
+        err = chan.recv_stderr(65536).decode(errors="replace").strip() if chan.recv_stderr_ready() else ""
+        return chan.recv_exit_status(), err
+    except (paramiko.SSHException, OSError, EOFError, socket.timeout) as exc:
+        return 255, str(exc)
+    finally:
+        client.close()
+
+
+def read_on_host(hop: SshHop, argv: Sequence[str], timeout: float = 10.0, limit: int = 1 << 22) -> str | None:
+    """The standard output of ``argv`` run on the libvirt host ``hop`` (at most
+    ``limit`` bytes, every wait bounded); None when that fails."""
+    try:
+        client = jump_client(hop, timeout)
+    except (paramiko.SSHException, OSError, EOFError):
+        return None
+    try:
+        chan = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+        chan.settimeout(timeout)
+        chan.exec_command(shlex.join(argv))
+        out, _err = _pump(chan, False, sys.stdout.buffer, sys.stderr.buffer, timeout)
+        return out[:limit].decode(errors="replace")
+    except (paramiko.SSHException, OSError, EOFError, socket.timeout):
+        return None
+    finally:
+        client.close()

@@ -35,7 +35,6 @@ class GuestPlan:
     mgmt_mac: str
     ports: dict[str, Port]
     kernel_args: tuple[str, ...]
-    gdb_port: int | None = None  # QEMU gdbstub on 127.0.0.1
     host: HostPlace | None = None  # the libvirt host (None: this machine, the qemu backend)
 
     @property
@@ -49,6 +48,11 @@ class GuestPlan:
     @property
     def qmp_socket(self) -> Path:
         return self.dir / "qmp.sock"
+
+    @property
+    def gdb_socket(self) -> Path:
+        """QEMU's gdbstub: a unix socket in the guest's 0700 directory (never a TCP port)."""
+        return self.dir / "gdb.sock"
 
     @property
     def pidfile(self) -> Path:
@@ -80,7 +84,7 @@ class GuestRecord:
     ssh_port: int
     accel: str
     argv: list[str] = field(default_factory=list)
-    gdb_port: int | None = None
+    gdb: str | None = None  # the gdbstub's unix socket, on the machine that runs the guest
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from labctl.backends.base import GuestPlan, GuestRecord
 from labctl.backends.libvirt_xml import FW_CFG_NAMES, DomainFiles, domain_name, domain_xml
 from labctl.errors import HostError, LabctlError, MachineError
 from labctl.hosts import HostPlace, host_place
+from labctl.lab.uri import SshHop
 from labctl.proc import pid_alive, pid_cmdline, spawn
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,26 @@ RELAY = "labctl.backends.libvirt_console"
 CONSOLE_ATTACH_TIMEOUT = 60.0
 RUN_DIR = Path("/run/libvirt/qemu")  # qemu:///system's pidfiles
 LOG_DIR = Path("/var/log/libvirt/qemu")  # qemu:///system's per-domain QEMU logs
+# A remote guest's private directory on its host (the gdbstub's socket): 0700,
+# made over SSH, journaled, removed by cleanup.
+REMOTE_RUN_DIR = "/var/lib/libvirt/labctl-run"
+
+
+def remote_gdb_socket(lab: str, guest: str) -> str:
+    """Where a remote guest's gdbstub listens on its host: a socket in the guest's 0700 directory."""
+    return f"{REMOTE_RUN_DIR}/{domain_name(lab, guest)}/gdb.sock"
+
+
+def host_command(hop: SshHop, argv: list[str], what: str, timeout: float = 30.0) -> None:
+    """Run ``argv`` on a remote host through its SSH login (as its URI logs in).
+
+    :raise HostError: when the host cannot be reached or the command fails.
+    """
+    from labctl.ssh import run_on_host
+
+    status, err = run_on_host(hop, argv, timeout)
+    if status != 0:
+        raise HostError(f"could not {what}: {err or f'exit status {status}'}")
 
 
 def libvirt_uri() -> str:
@@ -245,7 +266,8 @@ class LibvirtBackend:
         img = self._images.get(self._host(plan).uri)
         return DomainFiles(img.kernel if img else f"{storage.POOL_DIR}/{plan.image.name}-vmlinux-...",
                            img.initrd if img else f"{storage.POOL_DIR}/{plan.image.name}-initrd.img-...",
-                           f"{vol}-disk.qcow2", {n: f"{vol}-{n.rsplit('/', 1)[1]}" for n in FW_CFG_NAMES}, None)
+                           f"{vol}-disk.qcow2", {n: f"{vol}-{n.rsplit('/', 1)[1]}" for n in FW_CFG_NAMES}, None,
+                           remote_gdb_socket(plan.lab, plan.guest.name))
 
     def prepare(self, plans: list[GuestPlan]) -> list[str]:
         """Connect to every host once (an unreachable one is named) and upload the image
@@ -281,7 +303,7 @@ class LibvirtBackend:
         argv = pid_cmdline(pid) if pid else []
         return GuestRecord(name=plan.guest.name, backend=self.name, pid=pid, dir=str(plan.dir),
                            console=str(plan.console), qmp="", ssh_port=plan.ssh_port, accel=plan.accel,
-                           argv=argv or xml.splitlines(), gdb_port=plan.gdb_port,
+                           argv=argv or xml.splitlines(), gdb=str(plan.gdb_socket),
                            extra={"uri": host.uri, "host": host.name, "domain": name, "uuid": uuid})
 
     def _create(self, conn: Any, plan: GuestPlan, host: HostPlace, name: str, xml: str, flags: int) -> Any:
@@ -313,7 +335,7 @@ class LibvirtBackend:
         hop = host.ssh_hop
         return GuestRecord(name=plan.guest.name, backend=self.name, pid=0, dir=str(plan.dir),
                            console=str(plan.console), qmp="", ssh_port=plan.ssh_port, accel=plan.accel,
-                           argv=xml.splitlines(), gdb_port=plan.gdb_port,
+                           argv=xml.splitlines(), gdb=files.gdb_socket,
                            extra={"uri": host.uri, "host": host.name, "domain": name, "uuid": uuid,
                                   "remote": True, "relay_pid": relay,
                                   "ssh_via": hop.to_dict() if hop else None,
@@ -334,7 +356,21 @@ class LibvirtBackend:
         fw_cfg = {entry: make(f"{name}-{entry.rsplit('/', 1)[1]}",
                               lambda v, p=path: storage.upload_bytes(conn, pool, v, p.read_bytes()))
                   for entry, path in local.items()}
-        return DomainFiles(img.kernel, img.initrd, disk, fw_cfg, None)
+        gdb = remote_gdb_socket(plan.lab, plan.guest.name)
+        self._remote_dir(plan, host, str(Path(gdb).parent))
+        return DomainFiles(img.kernel, img.initrd, disk, fw_cfg, None, gdb)
+
+    def _remote_dir(self, plan: GuestPlan, host: HostPlace, path: str) -> None:
+        """The guest's 0700 directory on its host (journaled first, emptied if left over).
+
+        :raise HostError: when the host's SSH login fails.
+        """
+        hop = host.ssh_hop
+        assert hop is not None
+        owned.record(plan.dir, {"backend": self.name, "kind": "remote-dir", "uri": host.uri,
+                                "host": host.name, "path": path})
+        host_command(hop, ["sh", "-c", 'rm -rf -- "$1" && mkdir -p -m 0700 -- "$1"', "sh", path],
+                     f"make the guest's directory {path} on host {host.name}")
 
     def _attach_console(self, plan: GuestPlan, host: HostPlace, uuid: str) -> int:
         """Start the console relay and wait until it is attached (it then creates ``console.log``).
@@ -417,6 +453,14 @@ class LibvirtBackend:
         kind = entry.get("kind")
         if kind == "process":
             _stop_relay(int(entry["pid"]), str(entry.get("marker", RELAY)))
+            return
+        if kind == "remote-dir":
+            path = str(entry.get("path", ""))
+            if path.startswith(REMOTE_RUN_DIR + "/") and "/.." not in path:  # never anything else
+                host = host_place(str(entry.get("host") or "remote"), str(entry["uri"]))
+                if host.ssh_hop is not None:
+                    host_command(host.ssh_hop, ["rm", "-rf", "--", path],
+                                 f"remove the guest's directory {path} on host {host.name}")
             return
         with connection(entry["uri"], entry.get("host")) as conn:
             if kind == "domain":

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from labctl.backends.base import GuestPlan
-from labctl.backends.qemu_argv import lab_nic_args, mgmt_nic_args
+from labctl.backends.qemu_argv import gdb_args, lab_nic_args, mgmt_nic_args
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 EMULATOR = "/usr/bin/qemu-system-x86_64"
@@ -63,12 +63,13 @@ class DomainFiles:
     disk: str
     fw_cfg: dict[str, str]
     console: str | None
+    gdb_socket: str  # in a 0700 directory of the host that runs the guest
 
     @classmethod
     def local(cls, plan: GuestPlan) -> DomainFiles:
         """The files of a guest on labctl's own machine."""
         return cls(str(plan.image.kernel), str(plan.image.initrd), str(plan.overlay), fw_cfg_files(plan),
-                   str(plan.console))
+                   str(plan.console), str(plan.gdb_socket))
 
 
 def pin_pci_slot(args: list[str], slot: int) -> list[str]:
@@ -84,14 +85,13 @@ def pin_pci_slot(args: list[str], slot: int) -> list[str]:
             for i, a in enumerate(args)]
 
 
-def qemu_extra_args(plan: GuestPlan) -> list[str]:
-    """What libvirt cannot express: the management NIC, the lab NICs and the gdbstub."""
+def qemu_extra_args(plan: GuestPlan, files: DomainFiles) -> list[str]:
+    """What libvirt cannot express: the management NIC, the lab NICs and the gdbstub
+    (a unix socket, as with the qemu backend)."""
     args = pin_pci_slot(mgmt_nic_args(plan), FIRST_NIC_SLOT)
     for i, nic in enumerate(plan.guest.nics, start=1):
         args += pin_pci_slot(lab_nic_args(nic, plan.ports[nic.name]), FIRST_NIC_SLOT + i)
-    if plan.gdb_port:
-        args += ["-gdb", f"tcp:127.0.0.1:{plan.gdb_port}"]
-    return args
+    return args + gdb_args(files.gdb_socket)
 
 
 def _os(dom: ET.Element, plan: GuestPlan, files: DomainFiles) -> None:
@@ -179,7 +179,7 @@ def build_domain(plan: GuestPlan, security_models: Iterable[str] = (),
     _sub(dom, "on_crash", "destroy")  # pvpanic: the machine stops, as the qemu backend's
     _devices(dom, files)
     _seclabels(dom, security_models)
-    _commandline(dom, qemu_extra_args(plan))
+    _commandline(dom, qemu_extra_args(plan, files))
     return dom
 
 

@@ -47,7 +47,7 @@ class QemuBackend:
             os.umask(old)
         rec = GuestRecord(name=plan.guest.name, backend=self.name, pid=proc.pid, dir=str(plan.dir),
                           console=str(plan.console), qmp=str(plan.qmp_socket),
-                          ssh_port=plan.ssh_port, accel=plan.accel, argv=argv, gdb_port=plan.gdb_port)
+                          ssh_port=plan.ssh_port, accel=plan.accel, argv=argv, gdb=str(plan.gdb_socket))
         # QEMU fails fast on bad options or a taken port: catch that here.
         # The QMP socket listens early, but QEMU answers on it only from its
         # main loop, after every port (hostfwd, -gdb) is bound; one answer

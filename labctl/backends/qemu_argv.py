@@ -48,8 +48,7 @@ def boot_args(plan: GuestPlan) -> list[str]:
 
 
 def control_args(plan: GuestPlan) -> list[str]:
-    gdb = ["-gdb", f"tcp:127.0.0.1:{plan.gdb_port}"] if plan.gdb_port else []
-    return [*gdb,
+    return [*gdb_args(str(plan.gdb_socket)),
         "-serial", f"file:{plan.console}",
         "-qmp", f"unix:{opt(plan.qmp_socket)},server=on,wait=off",
         "-pidfile", str(plan.pidfile),
@@ -58,6 +57,13 @@ def control_args(plan: GuestPlan) -> list[str]:
         "-fw_cfg", f"name=opt/labctl/authorized_keys,file={opt(plan.authorized_keys)}",
         "-fw_cfg", f"name=opt/labctl/host_key,file={opt(plan.host_key)}",
     ]
+
+
+def gdb_args(socket: str) -> list[str]:
+    """QEMU's gdbstub on a unix socket (in a 0700 directory): the gdb protocol's
+    ``qRcmd`` reaches QEMU's monitor, so it must never be a TCP port another
+    local user can connect to."""
+    return ["-chardev", f"socket,id=gdb0,path={opt(socket)},server=on,wait=off", "-gdb", "chardev:gdb0"]
 
 
 def mgmt_nic_args(plan: GuestPlan) -> list[str]:

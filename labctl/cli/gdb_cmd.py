@@ -10,8 +10,8 @@ leave it running.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
+import signal
 import subprocess
 
 from rich.text import Text
@@ -49,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_gdb)
 
 
-def prepare(state: LabState, guest: str, modules: bool, interactive: bool) -> tuple[GdbTarget, str]:
-    """Resolve the guest's gdb target and write its init script; returns (target, script path).
+def prepare(state: LabState, guest: str, modules: bool) -> tuple[GdbTarget, list[str]]:
+    """Resolve the guest's gdb target and its module commands.
 
     Module addresses are read over SSH *before* gdb attaches: the guest is paused afterwards.
     """
@@ -59,18 +59,28 @@ def prepare(state: LabState, guest: str, modules: bool, interactive: bool) -> tu
     target = gdb_target(state, guest)
     ensure_gdbstub_free(target.stub)
     module_cmds = guest_module_commands(state, guest, target.debug_modules) if modules else []
-    text = init_script(target.stub, module_cmds, source_commands(target.source_dir, target.manifest),
-                       interactive=interactive)
-    return target, str(write_init_script(target.run_dir / SCRIPT_NAME, text))
+    return target, module_cmds
 
 
 def cmd_gdb(args: argparse.Namespace) -> int:
     state = LabState.load(args.lab)
-    target, script = prepare(state, args.guest, not args.no_modules, interactive=not args.batch)
-    if args.batch:
-        return run_batch(target, script, args.batch, args.timeout)
-    os.execvp("gdb", ["gdb", "-q", "-x", script, str(target.vmlinux)])
-    return 0  # not reached
+    target, module_cmds = prepare(state, args.guest, not args.no_modules)
+    with target.stub.local(target.run_dir) as local:  # a remote stub: an SSH forward for as long as gdb runs
+        text = init_script(local, module_cmds, source_commands(target.source_dir, target.manifest),
+                           interactive=not args.batch)
+        script = str(write_init_script(target.run_dir / SCRIPT_NAME, text))
+        if args.batch:
+            return run_batch(target, script, args.batch, args.timeout)
+        return run_interactive(target, script)
+
+
+def run_interactive(target: GdbTarget, script: str) -> int:
+    """gdb on this terminal until the user quits; Ctrl-C belongs to gdb (it stops the guest)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return subprocess.run(["gdb", "-q", "-x", script, str(target.vmlinux)], check=False).returncode
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_batch(target: GdbTarget, script: str, commands: list[str], timeout: float) -> int:

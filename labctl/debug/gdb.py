@@ -1,22 +1,25 @@
 """gdb against a guest's QEMU gdbstub: an init script for interactive use, and
 scripted breakpoint sessions over gdb/MI for lab steps.
 
-Every guest's QEMU listens for gdb on ``127.0.0.1:PORT`` (``gdb_port`` in the
-lab state) of the machine that runs it (:class:`GdbStub`). Connecting
+Every guest's QEMU listens for gdb on a unix socket in the guest's 0700
+directory (``gdb`` in the lab state) of the machine that runs it
+(:class:`GdbStub`), never on a TCP port. Connecting
 *pauses the whole guest*; it runs again only when gdb resumes or detaches. A gdb that dies without detaching leaves the guest
 paused (QEMU does not resume on disconnect), which is why
 :func:`run_breakpoint_session` always detaches and, as a last resort, resumes
 the guest through QMP. QMP goes through the guest's backend
 (:class:`BackendMonitor`: the qemu backend's monitor socket, libvirt's
 monitor passthrough), so libvirt guests are handled the same way. A guest on
-a remote libvirt host has its gdbstub on that host's loopback: gdb reaches it
-through ``target remote | ssh -W 127.0.0.1:PORT host``, logged in as the
-host's ``qemu+ssh://`` URI is, so nothing listens anywhere for it.
+a remote libvirt host has its gdbstub's socket on that host: gdb reaches it
+through an OpenSSH stream-local forward to a 0600 socket in the guest's
+directory here, logged in as the host's ``qemu+ssh://`` URI is, so nothing
+listens on any TCP port for it.
 
 Interactive (``labctl gdb``)::
 
-    target = gdb_target(state, "a")             # port, vmlinux, module commands...
-    script = write_init_script(target, path)    # 0600 gdb script
+    target = gdb_target(state, "a")             # socket, vmlinux, module commands...
+    with target.stub.local(scratch) as sock:    # the socket here (an SSH forward if remote)
+        text = init_script(sock, module_cmds)   # written 0600 by write_init_script
 
 Scripted (lab steps, tests)::
 
@@ -32,6 +35,7 @@ behave under KVM, up to four at a time).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -41,7 +45,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
     from labctl.runstate import LabState
 
 CMD_TIMEOUT = 30.0  # one MI command; TCG makes gdbstub round trips slow
+FORWARD_TIMEOUT = 30.0  # a remote gdbstub's SSH forward to come up
 LOAD_TIMEOUT = 120.0  # reading vmlinux.debug's symbols (~3 s normally)
 STEP_TIMEOUT = 30.0  # one -exec-next/-exec-step
 EXIT_TIMEOUT = 5.0
@@ -487,12 +492,10 @@ def load_symbols(mi: MiSession, vmlinux: Path, module_cmds: Iterable[str]) -> No
         mi.console(cmd, timeout=LOAD_TIMEOUT)
 
 
-def attach(mi: MiSession, stub: GdbStub, timeout: float = CMD_TIMEOUT) -> None:
-    """Connect to the gdbstub; the guest is paused from here on."""
+def attach(mi: MiSession, stub: GdbStub, local: str, timeout: float = CMD_TIMEOUT) -> None:
+    """Connect to the gdbstub through its local socket ``local``; the guest is paused from here on."""
     try:
-        # The CLI command: MI's -target-select takes its words as they are
-        # (no c-string unquoting), which a pipe through ssh may not survive.
-        mi.console(f"target remote {stub.target}", timeout=timeout)
+        mi.console(target_remote(local), timeout=timeout)
     except DebugError as exc:
         raise DebugError(f"cannot attach to the gdbstub on {stub.where}: {exc.message}",
                          hint="is the guest up, and no other gdb attached to it?") from exc
@@ -740,91 +743,120 @@ def ensure_resumed(monitor: Monitor | Path | None, was_running: bool | None, det
 
 @dataclass(frozen=True)
 class GdbStub:
-    """Where a guest's gdbstub listens: ``127.0.0.1:port`` on this machine, or
-    on the loopback of the libvirt host ``via``."""
+    """Where a guest's gdbstub listens: QEMU's unix socket ``path`` (in a 0700
+    directory) on the machine that runs the guest, or on the libvirt host ``via``.
 
-    port: int
+    It is never a TCP port: the gdb protocol's ``qRcmd`` reaches QEMU's monitor,
+    and with it host commands, so only the lab's owner may connect.
+    """
+
+    path: str
     via: SshHop | None = None
 
     @classmethod
-    def of(cls, stub: GdbStub | int) -> GdbStub:
-        """``stub`` itself, or a port on this machine."""
-        return stub if isinstance(stub, GdbStub) else cls(int(stub))
+    def of(cls, stub: GdbStub | str | Path) -> GdbStub:
+        """``stub`` itself, or a socket path on this machine."""
+        return stub if isinstance(stub, GdbStub) else cls(str(stub))
 
     @property
     def where(self) -> str:
         """The stub's address for messages."""
-        return f"127.0.0.1:{self.port}" + (f" of host {self.via.host}" if self.via else "")
+        return self.path + (f" on host {self.via.host}" if self.via else "")
 
-    @property
-    def target(self) -> str:
-        """What follows gdb's ``target remote``: the address, or for a remote
-        host a pipe through ``ssh -W`` (gdb runs it with ``/bin/sh -c``; every
-        word is shell-quoted)."""
+    @contextlib.contextmanager
+    def local(self, scratch: Path) -> Iterator[str]:
+        """A unix socket on this machine that reaches the stub, for the block.
+
+        A local stub is its own socket. A remote one is reached through an
+        OpenSSH stream-local forward (``ssh -N -L SCRATCH/gdb-fwd.sock:PATH``,
+        logged in as the host's URI is), whose socket ssh makes 0600 in
+        ``scratch`` (the guest's 0700 directory); the forward ends with the block.
+
+        :raise DebugError: when the forward cannot be set up.
+        """
         if self.via is None:
-            return f"127.0.0.1:{self.port}"
-        from labctl.ssh import hop_stdio_argv
+            yield self.path
+            return
+        from labctl.proc import kill_group, spawn_tied
+        from labctl.ssh import hop_forward_argv
 
-        return "| " + shlex.join(hop_stdio_argv(self.via, "127.0.0.1", self.port))
+        sock = scratch / "gdb-fwd.sock"
+        sock.unlink(missing_ok=True)
+        log_path = scratch / "gdb-fwd.log"
+        proc = spawn_tied(hop_forward_argv(self.via, str(sock), self.path), log_path)
+        try:
+            deadline = time.monotonic() + FORWARD_TIMEOUT
+            while not sock.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    why = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
+                    raise DebugError(f"cannot reach the gdbstub on {self.where} through SSH: "
+                                     f"{why or 'the forward did not start'}")
+                time.sleep(0.05)
+            yield str(sock)
+        finally:
+            kill_group(proc, grace=1.0)
+            sock.unlink(missing_ok=True)
 
 
-def gdbstub_clients(port: int, proc_net: Path = Path("/proc/net"), tables: Sequence[str] | None = None) -> int:
-    """How many TCP connections to the gdbstub on ``127.0.0.1:port`` are
-    established, from ``/proc/net/tcp{,6}`` (or their text in ``tables``)."""
-    if tables is None:
-        tables = []
-        for name in ("tcp", "tcp6"):
-            try:
-                tables.append((proc_net / name).read_text())
-            except OSError:
-                continue
+def gdbstub_clients(path: str, table: str | None = None) -> int:
+    """How many connections to the gdbstub's unix socket ``path`` are established,
+    from ``/proc/net/unix`` (or its text in ``table``): an accepted connection
+    shows the listener's path with state 03 (connected)."""
+    if table is None:
+        try:
+            table = Path("/proc/net/unix").read_text()
+        except OSError:
+            return 0
     count = 0
-    for text in tables:
-        for line in text.splitlines():
-            fields = line.split()
-            if len(fields) > 3 and fields[3] == "01" and fields[1].rsplit(":", 1)[-1] == f"{port:04X}":
-                count += 1
+    for line in table.splitlines():
+        fields = line.split(None, 7)
+        if len(fields) == 8 and fields[5] == "03" and fields[7] == path:
+            count += 1
     return count
 
 
-def _remote_tcp_tables(hop: SshHop) -> list[str] | None:
-    """``/proc/net/tcp`` and ``tcp6`` of the libvirt host ``hop``; None when unreadable."""
-    from labctl.ssh import jump_client
+def _remote_unix_table(hop: SshHop) -> str | None:
+    """``/proc/net/unix`` of the libvirt host ``hop``; None when unreadable."""
+    from labctl.ssh import read_on_host
 
-    try:
-        client = jump_client(hop)
-    except Exception:  # noqa: BLE001 - attaching reports an unreachable host itself
-        return None
-    try:
-        _in, out, _err = client.exec_command("cat /proc/net/tcp /proc/net/tcp6", timeout=10)
-        return [out.read().decode(errors="replace")]
-    except Exception:  # noqa: BLE001
-        return None
-    finally:
-        client.close()
+    return read_on_host(hop, ["cat", "/proc/net/unix"])
 
 
-def ensure_gdbstub_free(stub: GdbStub | int) -> None:
-    """Refuse to connect while another gdb holds the gdbstub: QEMU would hand
-    the stub to the newcomer, breaking the other session and pausing the guest.
+def ensure_gdbstub_free(stub: GdbStub | str | Path) -> None:
+    """Refuse to connect while another gdb holds the gdbstub: QEMU serves one
+    client at a time, and a second one would hang with the guest paused.
     A remote host's connections are read over SSH (not checked when that fails).
 
     :raise DebugError: when a client is connected.
     """
     stub = GdbStub.of(stub)
-    tables = None if stub.via is None else _remote_tcp_tables(stub.via)
-    if stub.via is not None and tables is None:
+    table = None if stub.via is None else _remote_unix_table(stub.via)
+    if stub.via is not None and table is None:
         return
-    if gdbstub_clients(stub.port, tables=tables):
-        raise DebugError(f"another debugger is attached to the gdbstub on {stub.where}",
+    if gdbstub_clients(stub.path, table=table):
+        raise DebugError(f"another debugger is attached to the gdbstub {stub.where}",
                          hint="detach or quit that gdb first")
 
 
-def run_breakpoint_session(stub: GdbStub | int, vmlinux: Path, module_cmds: list[str], spec: GdbSpec, out_dir: Path,
+def target_remote(local: str) -> str:
+    """gdb's command connecting to the unix socket ``local`` on this machine.
+
+    gdb recognises a socket by its absolute path (gdb 13 has no ``unix::``
+    prefix); a ``:`` would read as ``host:port`` and spaces end the word.
+
+    :raise DebugError: for a path gdb cannot take.
+    """
+    if not local.startswith("/") or ":" in local or any(c.isspace() for c in local):
+        raise DebugError(f"gdb cannot connect to a socket path with spaces or ':' in it: {local}",
+                         hint="use a state directory without them ($LABCTL_STATE_DIR)")
+    return f"target remote {local}"
+
+
+def run_breakpoint_session(stub: GdbStub | str | Path, vmlinux: Path, module_cmds: list[str], spec: GdbSpec, out_dir: Path,
                            stop: threading.Event | None = None, *, monitor: Monitor | Path | None = None,
                            gdb: str = "gdb") -> Transcript:
-    """Attach to the gdbstub ``stub`` (a :class:`GdbStub`, or a port on this
-    machine), break at ``spec.location``,
+    """Attach to the gdbstub ``stub`` (a :class:`GdbStub`, or a socket path on
+    this machine), break at ``spec.location``,
     record ``spec.hits`` hits with ``spec.step`` single-steps each, and leave
     the guest running.
 
@@ -846,34 +878,36 @@ def run_breakpoint_session(stub: GdbStub | int, vmlinux: Path, module_cmds: list
     was_running = qmp_running(mon)
     mi = MiSession(gdb)
     connected = False
-    try:
-        ensure_gdbstub_free(stub)  # before the slow symbol loading; again just before connecting
-        t0 = time.monotonic()
-        load_symbols(mi, vmlinux, module_cmds)
-        _timed(t.timings, "load_symbols", t0)
-        ensure_gdbstub_free(stub)
-        t1 = time.monotonic()
-        connected = True  # from the first connection attempt on, the guest may be paused
-        attach(mi, stub)
-        _timed(t.timings, "attach", t1)
-        t1 = time.monotonic()
-        t.breakpoint = insert_breakpoint(mi, spec)
-        _timed(t.timings, "break_insert", t1)
-        _collect_hits(mi, spec, str(t.breakpoint.get("number", "1")), t, stop)
-    except DebugError as exc:
-        t.error = exc.message
-        t.message = t.message or exc.message
-        raise
-    except KeyboardInterrupt:
-        t.interrupted = True
-        t.message = f"interrupted (Ctrl-C) after {t.hits} of {spec.hits} hits of breakpoint {spec.location}"
-        raise
-    finally:
-        t1 = time.monotonic()
-        detached = leave_running(mi, connected)
-        t.guest_resumed = ensure_resumed(mon, was_running, detached) if connected else True
-        _timed(t.timings, "detach", t1)
-        write_transcript(t, out_dir)
+    with contextlib.ExitStack() as forward:  # a remote stub's SSH forward outlives the detach below
+        try:
+            ensure_gdbstub_free(stub)  # before the slow symbol loading; again just before connecting
+            t0 = time.monotonic()
+            load_symbols(mi, vmlinux, module_cmds)
+            _timed(t.timings, "load_symbols", t0)
+            ensure_gdbstub_free(stub)
+            local = forward.enter_context(stub.local(out_dir))
+            t1 = time.monotonic()
+            connected = True  # from the first connection attempt on, the guest may be paused
+            attach(mi, stub, local)
+            _timed(t.timings, "attach", t1)
+            t1 = time.monotonic()
+            t.breakpoint = insert_breakpoint(mi, spec)
+            _timed(t.timings, "break_insert", t1)
+            _collect_hits(mi, spec, str(t.breakpoint.get("number", "1")), t, stop)
+        except DebugError as exc:
+            t.error = exc.message
+            t.message = t.message or exc.message
+            raise
+        except KeyboardInterrupt:
+            t.interrupted = True
+            t.message = f"interrupted (Ctrl-C) after {t.hits} of {spec.hits} hits of breakpoint {spec.location}"
+            raise
+        finally:
+            t1 = time.monotonic()
+            detached = leave_running(mi, connected)
+            t.guest_resumed = ensure_resumed(mon, was_running, detached) if connected else True
+            _timed(t.timings, "detach", t1)
+            write_transcript(t, out_dir)
     return t
 
 
@@ -885,17 +919,17 @@ class GdbTarget:
 
     lab: str
     guest: str
-    port: int
+    socket: str  # the gdbstub's unix socket, on the machine that runs the guest
     vmlinux: Path
     image_dir: Path
     manifest: dict[str, Any]
     monitor: Monitor
     run_dir: Path
-    via: SshHop | None = None  # the libvirt host whose loopback the gdbstub is on
+    via: SshHop | None = None  # the libvirt host the gdbstub's socket is on
 
     @property
     def stub(self) -> GdbStub:
-        return GdbStub(self.port, self.via)
+        return GdbStub(self.socket, self.via)
 
     @property
     def debug_modules(self) -> Path:
@@ -913,7 +947,7 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
     """
     hop = state.endpoint(guest).via  # raises for an unknown guest
     rec = state.guests[guest]
-    if not rec.gdb_port:
+    if not rec.gdb:
         raise DebugError(f"guest {guest} of lab {state.lab} has no gdbstub",
                          hint="it was started by an older labctl: labctl down, then up again")
     image_dir = Path(state.image["dir"])
@@ -922,7 +956,7 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
     if not vmlinux.is_file():
         raise DebugError(f"the image has no kernel with debug info ({vmlinux})",
                          hint="rebuild the image: labctl image build --force")
-    return GdbTarget(state.lab, guest, int(rec.gdb_port), vmlinux, image_dir, manifest,
+    return GdbTarget(state.lab, guest, rec.gdb, vmlinux, image_dir, manifest,
                      BackendMonitor(state.backend, rec), Path(rec.dir), hop)
 
 
@@ -1006,14 +1040,15 @@ NO_KILL_HOOK = [
 ]
 
 
-def init_script(stub: GdbStub | int, module_cmds: Sequence[str], source_cmds: Sequence[str] = (),
+def init_script(local: str, module_cmds: Sequence[str], source_cmds: Sequence[str] = (),
                 interactive: bool = True) -> str:
     """The gdb commands run before the prompt: settings, module symbols, source
-    paths, then ``target remote`` (which pauses the guest)."""
+    paths, then ``target remote`` to the stub's socket ``local`` on this machine
+    (which pauses the guest)."""
     quiet = ["set logging file /dev/null", "set logging redirect on", "set logging enabled on",
              *module_cmds, "set logging enabled off", "set logging redirect off"] if module_cmds else []
     lines = ["# written by labctl gdb", "set pagination off", "set confirm off", "set print pretty on",
-             *NO_KILL_HOOK, *source_cmds, *quiet, f"target remote {GdbStub.of(stub).target}"]
+             *NO_KILL_HOOK, *source_cmds, *quiet, target_remote(local)]
     if interactive:
         lines += ["set pagination on", "set confirm on",
                   ("echo labctl: the guest is paused while gdb holds it; 'continue' resumes it, "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import stat
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from labctl.debug.gdb import (
 from labctl.errors import LabStateError
 from labctl.lab.uri import SshHop
 from labctl.runstate import LabState
+from labctl.ssh import hop_forward_argv
 
 MANIFEST = {"kernel": {"release": "6.1.0-56-amd64", "version": "6.1.192-2"}}
 
@@ -47,16 +47,22 @@ def test_arguments() -> None:
 
 
 def test_init_script_loads_modules_quietly_then_attaches() -> None:
-    lines = init_script(1234, ["add-symbol-file /m/e1000.ko 0x1"], ["directory /src"]).splitlines()
+    lines = init_script("/run/g/gdb.sock", ["add-symbol-file /m/e1000.ko 0x1"], ["directory /src"]).splitlines()
     assert lines.index("set confirm off") < lines.index("add-symbol-file /m/e1000.ko 0x1")
     assert lines.index("set logging redirect on") < lines.index("add-symbol-file /m/e1000.ko 0x1") \
-        < lines.index("set logging enabled off") < lines.index("target remote 127.0.0.1:1234")
-    assert lines.index("directory /src") < lines.index("target remote 127.0.0.1:1234")
+        < lines.index("set logging enabled off") < lines.index("target remote /run/g/gdb.sock")
+    assert lines.index("directory /src") < lines.index("target remote /run/g/gdb.sock")
     assert "define hook-kill" in lines  # 'kill' would end QEMU
     assert lines[-3:-1] == ["set pagination on", "set confirm on"]  # interactive: gdb's usual prompts
-    batch = init_script(1234, [], interactive=False).splitlines()
-    assert batch[-1] == "target remote 127.0.0.1:1234"
+    batch = init_script("/run/g/gdb.sock", [], interactive=False).splitlines()
+    assert batch[-1] == "target remote /run/g/gdb.sock"
     assert "set logging redirect on" not in batch
+
+
+@pytest.mark.parametrize("path", ["relative.sock", "/a b/gdb.sock", "/host:1234"])
+def test_init_script_refuses_a_socket_path_gdb_would_misread(path: str) -> None:
+    with pytest.raises(DebugError, match="spaces or ':'"):
+        init_script(path, [])
 
 
 def test_debian_build_paths_longest_first() -> None:
@@ -98,7 +104,7 @@ def test_init_script_is_private(tmp_path: Path) -> None:
     assert path.read_text() == "target remote 127.0.0.1:1\n"
 
 
-def _state(tmp_path: Path, gdb_port: int | None = 4321, vmlinux: bool = True) -> LabState:
+def _state(tmp_path: Path, gdb: str | None = "/run/g/gdb.sock", vmlinux: bool = True) -> LabState:
     image = tmp_path / "image"
     image.mkdir(parents=True, exist_ok=True)
     (image / "manifest.json").write_text('{"kernel": {"release": "6.1.0-56-amd64", "version": "6.1.192-2"}}')
@@ -107,14 +113,15 @@ def _state(tmp_path: Path, gdb_port: int | None = 4321, vmlinux: bool = True) ->
     gdir = tmp_path / "run" / "guests" / "a"
     gdir.mkdir(parents=True, exist_ok=True)
     rec = GuestRecord(name="a", backend="qemu", pid=1, dir=str(gdir), console=str(gdir / "console.log"),
-                      qmp=str(gdir / "qmp.sock"), ssh_port=2222, accel="tcg", gdb_port=gdb_port)
+                      qmp=str(gdir / "qmp.sock"), ssh_port=2222, accel="tcg", gdb=gdb)
     return LabState(lab="lab", source="lab.yaml", dir=str(tmp_path / "run"), backend="qemu", accel="tcg",
                     image={"name": "debian-12", "dir": str(image)}, started_at="now", guests={"a": rec})
 
 
 def test_gdb_target(tmp_path: Path) -> None:
     t = gdb_target(_state(tmp_path), "a")
-    assert t.port == 4321
+    assert t.socket == "/run/g/gdb.sock"
+    assert t.stub == GdbStub("/run/g/gdb.sock")
     assert t.vmlinux == tmp_path / "image" / "vmlinux.debug"
     assert t.debug_modules == tmp_path / "image" / "debug-modules"
     assert t.monitor == BackendMonitor("qemu", _state(tmp_path).guests["a"])
@@ -126,33 +133,32 @@ def test_gdb_target_errors(tmp_path: Path) -> None:
     with pytest.raises(LabStateError, match="has no guest 'b'"):
         gdb_target(_state(tmp_path), "b")
     with pytest.raises(DebugError, match="has no gdbstub"):
-        gdb_target(_state(tmp_path, gdb_port=None), "a")
+        gdb_target(_state(tmp_path, gdb=None), "a")
     with pytest.raises(DebugError, match="no kernel with debug info") as exc:
         gdb_target(_state(tmp_path / "x", vmlinux=False), "a")
     assert exc.value.exit_code == 4
 
 
 def test_gdb_target_on_a_libvirt_host(tmp_path: Path) -> None:
-    """A guest on a qemu+ssh host has its gdbstub on that host's loopback: gdb
-    reaches it through ``ssh -W`` with the URI's account, every word quoted."""
-    state = _state(tmp_path)
+    """A guest on a qemu+ssh host has its gdbstub's socket on that host: gdb
+    reaches it through an OpenSSH stream-local forward with the URI's account."""
+    state = _state(tmp_path, gdb="/var/lib/libvirt/labctl-run/labctl-lab-a/gdb.sock")
     state.backend = "libvirt"
     rec = state.guests["a"]
     hop = {"host": "lab2", "port": 2200, "user": "tr ainer;x", "keyfile": "/k/id", "no_verify": True}
     rec.extra = {"uri": "qemu+ssh://lab2/system", "ssh_via": hop}
     t = gdb_target(state, "a")
     assert t.monitor == BackendMonitor("libvirt", rec)
-    assert t.stub == GdbStub(4321, SshHop("lab2", 2200, "tr ainer;x", "/k/id", True))
-    assert t.stub.where == "127.0.0.1:4321 of host lab2"
-    pipe = t.stub.target
-    assert pipe.startswith("| ssh ")
-    assert shlex.split(pipe[2:]) == ["ssh", "-p", "2200", "-l", "tr ainer;x", "-o", "BatchMode=yes",
-                                     "-o", "LogLevel=ERROR", "-i", "/k/id", "-o", "StrictHostKeyChecking=no",
-                                     "-W", "127.0.0.1:4321", "--", "lab2"]
-    assert f"target remote {pipe}" in init_script(t.stub, []).splitlines()
-    # a guest on this machine: the port itself
-    assert GdbStub.of(4321).target == "127.0.0.1:4321"
-    assert "target remote 127.0.0.1:4321\n" in init_script(4321, [], interactive=False)
+    assert t.stub == GdbStub("/var/lib/libvirt/labctl-run/labctl-lab-a/gdb.sock",
+                             SshHop("lab2", 2200, "tr ainer;x", "/k/id", True))
+    assert t.stub.where == "/var/lib/libvirt/labctl-run/labctl-lab-a/gdb.sock on host lab2"
+    assert hop_forward_argv(t.stub.via, "/here/gdb-fwd.sock", t.stub.path) == [  # type: ignore[arg-type]
+        "ssh", "-p", "2200", "-l", "tr ainer;x", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-i", "/k/id",
+        "-o", "StrictHostKeyChecking=no", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
+        "-L", "/here/gdb-fwd.sock:/var/lib/libvirt/labctl-run/labctl-lab-a/gdb.sock", "--", "lab2"]
+    # a guest on this machine: its socket itself, no forward
+    with GdbStub.of("/run/g/gdb.sock").local(tmp_path) as local:
+        assert local == "/run/g/gdb.sock"
 
 
 FAKE_GDB = """#!{python}

@@ -54,7 +54,7 @@ for raw in sys.stdin:
         continue
     if cmd == "-interpreter-exec" and "target remote" in rest:
         if mode == "refused":
-            out(tok + '^error,msg="127.0.0.1:1: Connection refused."')
+            out(tok + '^error,msg="/x/gdb.sock: Connection refused."')
             continue
         out("*stopped," + IDLE + ',thread-id="1",stopped-threads="all"')
         out(tok + "^done")
@@ -115,10 +115,9 @@ def _vmlinux(tmp_path: Path) -> Path:
     return v
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _stub(tmp_path: Path) -> str:
+    """A gdbstub socket path nobody listens on (the fake gdb never connects)."""
+    return str(tmp_path / "gdb.sock")
 
 
 def _commands(log: Path) -> list[str]:
@@ -134,7 +133,7 @@ def _assert_left_running(log: Path) -> None:
 def test_hits_with_steps(fake_gdb: tuple[str, Path], tmp_path: Path) -> None:
     gdb, log = fake_gdb
     spec = GdbSpec("e1000_xmit_frame", hits=2, step=3)
-    t = run_breakpoint_session(_free_port(), _vmlinux(tmp_path), ["add-symbol-file /m/e1000.ko 0x1"], spec,
+    t = run_breakpoint_session(_stub(tmp_path), _vmlinux(tmp_path), ["add-symbol-file /m/e1000.ko 0x1"], spec,
                                tmp_path / "out", gdb=gdb)
     assert (t.hits, t.timed_out, t.interrupted, t.error) == (2, False, False, None)
     assert [s.kind for s in t.stops] == ["hit", "step", "step", "step"] * 2
@@ -161,7 +160,7 @@ def test_instruction_steps_and_no_details(fake_gdb: tuple[str, Path], tmp_path: 
     gdb, log = fake_gdb
     spec = GdbSpec("e1000_xmit_frame", step=1, step_mode="instruction", registers=(), args=False, backtrace=0,
                    hardware=False)
-    t = run_breakpoint_session(_free_port(), _vmlinux(tmp_path), [], spec, tmp_path / "out", gdb=gdb)
+    t = run_breakpoint_session(_stub(tmp_path), _vmlinux(tmp_path), [], spec, tmp_path / "out", gdb=gdb)
     hit = t.hit_stops[0]
     assert hit.args == [] and hit.registers == {} and hit.backtrace == []
     cmds = _commands(log)
@@ -174,7 +173,7 @@ def test_never_hit_times_out_with_a_clear_message(fake_gdb: tuple[str, Path], tm
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     gdb, log = fake_gdb
     monkeypatch.setenv("FAKE_GDB_MODE", "nohit")
-    t = run_breakpoint_session(_free_port(), _vmlinux(tmp_path), [], GdbSpec("sysrq_handle_crash", timeout=1),
+    t = run_breakpoint_session(_stub(tmp_path), _vmlinux(tmp_path), [], GdbSpec("sysrq_handle_crash", timeout=1),
                                tmp_path / "out", gdb=gdb)
     assert t.timed_out and t.hits == 0
     assert t.message == "breakpoint sysrq_handle_crash was never hit within 1 s"
@@ -190,7 +189,7 @@ def test_stop_event_interrupts(fake_gdb: tuple[str, Path], tmp_path: Path, monke
     stop = threading.Event()
     timer = threading.Timer(0.5, stop.set)
     timer.start()
-    t = run_breakpoint_session(_free_port(), _vmlinux(tmp_path), [], GdbSpec("f", hits=3, timeout=60),
+    t = run_breakpoint_session(_stub(tmp_path), _vmlinux(tmp_path), [], GdbSpec("f", hits=3, timeout=60),
                                tmp_path / "out", stop, gdb=gdb)
     assert t.interrupted and not t.timed_out
     assert t.message == "interrupted after 0 of 3 hits of breakpoint f"
@@ -200,7 +199,7 @@ def test_stop_event_interrupts(fake_gdb: tuple[str, Path], tmp_path: Path, monke
 def test_unknown_location_raises_after_cleaning_up(fake_gdb: tuple[str, Path], tmp_path: Path) -> None:
     gdb, log = fake_gdb
     with pytest.raises(DebugError, match='cannot set a breakpoint at nope: gdb: Function "nope" not defined'):
-        run_breakpoint_session(_free_port(), _vmlinux(tmp_path), [], GdbSpec("nope"), tmp_path / "out", gdb=gdb)
+        run_breakpoint_session(_stub(tmp_path), _vmlinux(tmp_path), [], GdbSpec("nope"), tmp_path / "out", gdb=gdb)
     assert _commands(log)[-2:] == ["-target-detach", "-gdb-exit"]
     assert "cannot set a breakpoint at nope" in (tmp_path / "out" / "gdb-transcript.json").read_text()
 
@@ -208,14 +207,14 @@ def test_unknown_location_raises_after_cleaning_up(fake_gdb: tuple[str, Path], t
 def test_refused_connection(fake_gdb: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gdb, _ = fake_gdb
     monkeypatch.setenv("FAKE_GDB_MODE", "refused")
-    with pytest.raises(DebugError, match="cannot attach to the gdbstub on 127.0.0.1:.*Connection refused"):
-        run_breakpoint_session(_free_port(), _vmlinux(tmp_path), [], GdbSpec("f"), tmp_path / "out", gdb=gdb)
+    with pytest.raises(DebugError, match="cannot attach to the gdbstub on .*gdb.sock: .*Connection refused"):
+        run_breakpoint_session(_stub(tmp_path), _vmlinux(tmp_path), [], GdbSpec("f"), tmp_path / "out", gdb=gdb)
 
 
 def test_missing_vmlinux(fake_gdb: tuple[str, Path], tmp_path: Path) -> None:
     gdb, log = fake_gdb
     with pytest.raises(DebugError, match="no kernel with debug info"):
-        run_breakpoint_session(_free_port(), tmp_path / "nope", [], GdbSpec("f"), tmp_path / "out", gdb=gdb)
+        run_breakpoint_session(_stub(tmp_path), tmp_path / "nope", [], GdbSpec("f"), tmp_path / "out", gdb=gdb)
     assert not [c for c in _commands(log) if "target remote" in c]  # never attached, nothing to undo
 
 
@@ -256,27 +255,28 @@ def test_no_gdb_binary() -> None:
         MiSession("/nonexistent/gdb")
 
 
-def test_gdbstub_clients_counts_established_connections(tmp_path: Path) -> None:
-    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-    (tmp_path / "tcp").write_text(header
-                                  + "   0: 0100007F:E0E1 00000000:0000 0A 0:0 00:0 0 0 0 1 1\n"  # listening
-                                  + "   1: 0100007F:E0E1 0100007F:A000 01 0:0 00:0 0 0 0 1 1\n"  # established
-                                  + "   2: 0100007F:A000 0100007F:E0E1 01 0:0 00:0 0 0 0 1 1\n")  # gdb's end
-    assert gdbstub_clients(0xE0E1, tmp_path) == 1
-    assert gdbstub_clients(0x1234, tmp_path) == 0
+def test_gdbstub_clients_counts_established_connections() -> None:
+    table = ("Num       RefCount Protocol Flags    Type St Inode Path\n"
+             "0000000000000000: 00000002 00000000 00010000 0001 01 28918 /run/g/gdb.sock\n"  # listening
+             "0000000000000000: 00000003 00000000 00000000 0001 03 28920 /run/g/gdb.sock\n"  # accepted
+             "0000000000000000: 00000003 00000000 00000000 0001 03 28921 /run/h/gdb.sock\n"  # another guest's
+             "0000000000000000: 00000003 00000000 00000000 0001 03 28922\n")  # gdb's end: no path
+    assert gdbstub_clients("/run/g/gdb.sock", table) == 1
+    assert gdbstub_clients("/run/x/gdb.sock", table) == 0
 
 
-def test_a_held_gdbstub_is_refused() -> None:
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
+def test_a_held_gdbstub_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "gdb.sock")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
         server.listen()
-        port = server.getsockname()[1]
-        assert gdbstub_clients(port) == 0
-        ensure_gdbstub_free(port)
-        with socket.create_connection(("127.0.0.1", port)):
+        assert gdbstub_clients(path) == 0
+        ensure_gdbstub_free(path)
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(path)
             conn, _ = server.accept()
             with conn, pytest.raises(DebugError, match="another debugger is attached"):
-                ensure_gdbstub_free(port)
+                ensure_gdbstub_free(path)
 
 
 def test_ensure_resumed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -318,7 +318,7 @@ def test_ensure_resumed_goes_through_the_guest_backend(monkeypatch: pytest.Monke
 
     monkeypatch.setattr("labctl.backends.base.get_backend", lambda name: FakeBackend())
     rec = GuestRecord(name="a", backend="libvirt", pid=0, dir="/x", console="/x/console.log", qmp="",
-                      ssh_port=2222, accel="tcg", gdb_port=1234, extra={"uri": "qemu:///system"})
+                      ssh_port=2222, accel="tcg", gdb="/x/gdb.sock", extra={"uri": "qemu:///system"})
     mon = BackendMonitor("libvirt", rec)
     assert as_monitor(mon) is mon and as_monitor("") is None and as_monitor(None) is None
     assert qmp_running(mon) is False

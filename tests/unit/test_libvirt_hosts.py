@@ -193,13 +193,13 @@ def _plan(tmp_path: Path) -> GuestPlan:
     seg = plan_networks(lab, tmp_path, hosts, _ports())["l"]
     img = Image("debian-12", "k", tmp_path / "img", {"boot_args": [], "kernel": {"release": "6.1"}})
     return GuestPlan("t", lab.guests["a"], tmp_path / "a", img, "tcg", 40000, mgmt_mac("t", "a"),
-                     {"eth1": seg.ports[0]}, ("console=ttyS0",), gdb_port=41000, host=hosts["a"])
+                     {"eth1": seg.ports[0]}, ("console=ttyS0",), host=hosts["a"])
 
 
 def test_remote_domain_uses_pool_volumes_and_a_pty_console(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     fw = {n: f"/pool/v-{i}" for i, n in enumerate(FW_CFG_NAMES)}
-    files = DomainFiles("/pool/vmlinux", "/pool/initrd", "/pool/disk.qcow2", fw, None)
+    files = DomainFiles("/pool/vmlinux", "/pool/initrd", "/pool/disk.qcow2", fw, None, "/run/x/gdb.sock")
     dom = build_domain(plan, files=files)
     assert dom.findtext("os/kernel") == "/pool/vmlinux" and dom.findtext("os/initrd") == "/pool/initrd"
     assert dom.find("devices/disk/source").get("file") == "/pool/disk.qcow2"  # type: ignore[union-attr]
@@ -209,6 +209,7 @@ def test_remote_domain_uses_pool_volumes_and_a_pty_console(tmp_path: Path) -> No
     assert dom.findtext("description") == f"labctl run directory {plan.dir}"
     args = [a.get("value") for a in dom.findall(f"{{{QEMU_NS}}}commandline/{{{QEMU_NS}}}arg")]
     assert any(a and a.startswith("dgram,id=lab0,local.type=inet") for a in args)
+    assert "socket,id=gdb0,path=/run/x/gdb.sock,server=on,wait=off" in args  # on the host, in its 0700 dir
     assert str(tmp_path) not in ET.tostring(dom, encoding="unicode").replace(str(plan.dir), "")
 
 

@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 Q = f"{{{QEMU_NS}}}"
 
 
-def _plans(tmp_path: Path, lab_file: Path = ROOT / "labs" / "quickstart.yaml", accel: str = "tcg",
-           gdb: int | None = 41000) -> dict[str, GuestPlan]:
+def _plans(tmp_path: Path, lab_file: Path = ROOT / "labs" / "quickstart.yaml", accel: str = "tcg") -> dict[str, GuestPlan]:
     lab = load_lab(lab_file)
     img = Image("debian-12", "k", tmp_path / "img", {"boot_args": ["quiet"], "kernel": {"release": "6.1"}})
     segs = plan_networks(lab, tmp_path / "net")
@@ -30,8 +29,7 @@ def _plans(tmp_path: Path, lab_file: Path = ROOT / "labs" / "quickstart.yaml", a
         ports = {n.name: next(p for p in segs[n.network].ports if p.guest == g.name and p.nic == n.name)
                  for n in g.nics}
         plans[g.name] = GuestPlan(lab.name, g, tmp_path / g.name, img, accel, 40000 + i,
-                                  mgmt_mac(lab.name, g.name), ports, ("console=ttyS0", "quiet"),
-                                  gdb_port=gdb and gdb + i)
+                                  mgmt_mac(lab.name, g.name), ports, ("console=ttyS0", "quiet"))
     return plans
 
 
@@ -111,13 +109,13 @@ def test_nics_get_distinct_pci_slots_clear_of_libvirts(tmp_path: Path) -> None:
     assert pin_pci_slot(["-device", "e1000,netdev=x"], 0x20) == ["-device", "e1000,netdev=x"]
 
 
-def test_gdbstub_only_on_loopback(tmp_path: Path) -> None:
+def test_gdbstub_is_a_unix_socket(tmp_path: Path) -> None:
     for plan in _plans(tmp_path).values():
         args = _args(build_domain(plan))
-        assert _pairs(args, "-gdb") == [f"tcp:127.0.0.1:{plan.gdb_port}"]
+        assert _pairs(args, "-gdb") == ["chardev:gdb0"]
+        assert f"socket,id=gdb0,path={plan.dir / 'gdb.sock'},server=on,wait=off" in _pairs(args, "-chardev")
         assert "-s" not in args
-    for plan in _plans(tmp_path, gdb=None).values():
-        assert "-gdb" not in _args(build_domain(plan))
+        assert [a for a in args if "tcp:" in a] == [n for n in _pairs(args, "-netdev") if n.startswith("user,")]
 
 
 def test_qemu_runs_as_root_without_relabelling(tmp_path: Path) -> None:

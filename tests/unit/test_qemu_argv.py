@@ -49,10 +49,18 @@ def test_management_nic_is_restricted_slirp_on_loopback(tmp_path: Path) -> None:
     assert plan.mgmt_mac.startswith("52:55:00:")
     qmp = _pairs(argv, "-qmp")[0]
     assert qmp.startswith("unix:") and qmp.endswith(",server=on,wait=off")
-    assert "-s" not in argv  # never QEMU's default gdbstub on every address
-    gdb = _pairs(argv, "-gdb")
-    assert gdb == [] or all(g.startswith("tcp:127.0.0.1:") for g in gdb)
     assert _pairs(argv, "-accel") == ["tcg"]
+
+
+def test_gdbstub_is_a_unix_socket_in_the_guest_directory(tmp_path: Path) -> None:
+    """The gdb protocol reaches QEMU's monitor (qRcmd): never a TCP port."""
+    for plan in _plans(tmp_path, ROOT / "labs" / "quickstart.yaml").values():
+        argv = build_argv(plan)
+        assert "-s" not in argv  # QEMU's default gdbstub on tcp::1234
+        assert _pairs(argv, "-gdb") == ["chardev:gdb0"]
+        assert f"socket,id=gdb0,path={plan.dir / 'gdb.sock'},server=on,wait=off" in _pairs(argv, "-chardev")
+        # the only TCP anywhere is SSH's forward on 127.0.0.1
+        assert [a for a in argv if "tcp:" in a] == [n for n in _pairs(argv, "-netdev") if n.startswith("user,")]
 
 
 def test_three_members_share_a_switch_two_link_directly(tmp_path: Path) -> None:
