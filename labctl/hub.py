@@ -49,12 +49,18 @@ class Switch:
         while True:
             frame, sender = self.sock.recvfrom(MAX_FRAME)
             for port in self.handle(frame, sender):
-                try:
-                    self.sock.sendto(frame, port)
-                except (FileNotFoundError, ConnectionRefusedError):
-                    self._forget(port)
-                except (BlockingIOError, OSError):
-                    pass  # a full peer queue drops the frame, as a switch would
+                self.send(frame, port)
+
+    def send(self, frame: bytes, port: str) -> None:
+        """Forward one frame without ever waiting: a guest that stops reading
+        (paused in gdb, stopped) fills its socket's queue, and its frames are
+        dropped, as a switch port's would be, while the others flow on."""
+        try:
+            self.sock.sendto(frame, socket.MSG_DONTWAIT, port)
+        except (FileNotFoundError, ConnectionRefusedError):
+            self._forget(port)
+        except OSError:
+            pass  # BlockingIOError (a full queue) and the like: the frame is dropped
 
     def _forget(self, port: str) -> None:
         self.ports.discard(port)

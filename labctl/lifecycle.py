@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,8 +31,8 @@ from labctl.lab.model import Guest, Lab
 from labctl.netplan import SWITCH, Segment, plan_networks
 from labctl.paths import ensure_private_dir
 from labctl.ports import free_port
-from labctl.proc import pid_alive, pid_cmdline, run, spawn
-from labctl.runstate import LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
+from labctl.proc import kill_pids, pid_alive, pid_cmdline, pids_referencing, run, spawn
+from labctl.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 from labctl.ssh import Endpoint, Session
 
 READY = b"LABCTL-READY"
@@ -105,6 +106,7 @@ class LabUp:
         self.records: dict[str, GuestRecord] = {}
         self.switches: list[SwitchRecord] = []
         self.warnings: list[str] = []
+        self._stop_waits = threading.Event()
 
     def run(self) -> LabState:
         """Bring the lab up and return its saved state.
@@ -145,9 +147,15 @@ class LabUp:
         except LabStateError:
             state = None
         backend = self.backend
+        if state and state.incomplete:
+            raise LabStateError(f"lab '{self.lab.name}' is incomplete: the labctl that brought it up was killed",
+                                hint=f"remove what it left: labctl down {self.lab.name}")
         if state and any(backend.alive(r) for r in state.guests.values()):
             raise LabStateError(f"lab '{self.lab.name}' is already up",
                                 hint=f"take it down first: labctl down {self.lab.name}")
+        if pids_referencing(self.dir):
+            raise LabStateError(f"lab '{self.lab.name}' still has processes running from its run directory",
+                                hint=f"labctl down {self.lab.name}")
         failures = release_owned(self.dir)  # stale: its guests are gone
         if failures:
             raise failures[0]
@@ -160,47 +168,54 @@ class LabUp:
     def _up(self, accel: str) -> LabState:
         ensure_private_dir(self.dir)
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
-        net_dir = ensure_private_dir(self.dir / "net")
-        segments = plan_networks(self.lab, net_dir, self.hosts)
-        for seg in segments.values():
-            if seg.mechanism == SWITCH:
-                self._start_switch(seg)
-        for g in self.lab.guests.values():
-            for nic in g.nics:
-                if nic.queues > 1:
-                    self._warn(f"{g.name}.{nic.name}: queues={nic.queues} needs a multi-queue link (tap); "
-                               "the dgram link gives the guest one queue pair")
-        plans = [self._plan(g, accel, segments, client.public_line) for g in self.lab.guests.values()]
-        uploads = self.backend.prepare(plans)
-        for p in plans:
-            self.events.guest_phase(p.guest.name, "starting")
-            self.records[p.guest.name] = self._start_guest(p)
-            self.events.guest_phase(p.guest.name, "booting")
-        # After the starts: a retried start moves the guest to new ports.
-        (self.dir / "known_hosts").write_text(
-            "".join(known_hosts_line(self.records[p.guest.name].ssh_port,
-                                     (p.host_key.with_name(p.host_key.name + ".pub")).read_text().strip()) + "\n"
-                    for p in plans))
+        # The state exists before anything is started, and is saved again after
+        # every start: a labctl killed at any point leaves a lab that status
+        # calls incomplete and down removes.
         state = LabState(lab=self.lab.name, source=str(Path(self.lab.source).resolve()), dir=str(self.dir),
                          backend=self.backend.name, accel=accel,
                          image={"name": self.image.name, "key": self.image.key, "dir": str(self.image.dir)},
                          started_at=started, guests=self.records, switches=self.switches,
                          resolved=self.lab.to_dict(), warnings=self.warnings,
                          hosts={g: h.to_dict() for g, h in (self.hosts or {}).items()},
-                         networks={n: seg.to_dict(self.hosts) for n, seg in segments.items()},
-                         uploads=uploads)
+                         phase=STARTING, owner_pid=os.getpid())
         state.save()
+        client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
+        net_dir = ensure_private_dir(self.dir / "net")
+        segments = plan_networks(self.lab, net_dir, self.hosts)
+        state.networks = {n: seg.to_dict(self.hosts) for n, seg in segments.items()}
+        for seg in segments.values():
+            if seg.mechanism == SWITCH:
+                self._start_switch(seg, state)
+        for g in self.lab.guests.values():
+            for nic in g.nics:
+                if nic.queues > 1:
+                    self._warn(f"{g.name}.{nic.name}: queues={nic.queues} needs a multi-queue link (tap); "
+                               "the dgram link gives the guest one queue pair")
+        plans = [self._plan(g, accel, segments, client.public_line) for g in self.lab.guests.values()]
+        state.uploads = self.backend.prepare(plans)
+        state.save()
+        for p in plans:
+            self.events.guest_phase(p.guest.name, "starting")
+            self.records[p.guest.name] = self._start_guest(p)
+            state.save()
+            self.events.guest_phase(p.guest.name, "booting")
+        # After the starts: a retried start moves the guest to new ports.
+        (self.dir / "known_hosts").write_text(
+            "".join(known_hosts_line(self.records[p.guest.name].ssh_port,
+                                     (p.host_key.with_name(p.host_key.name + ".pub")).read_text().strip()) + "\n"
+                    for p in plans))
         self._wait_all(state)
+        state.phase = UP
         state.save()
         return state
 
-    def _start_switch(self, seg: Segment) -> None:
+    def _start_switch(self, seg: Segment, state: LabState) -> None:
         assert seg.switch_socket is not None
         idx = seg.switch_socket.name.split("-")[0]
         log = self.dir / f"switch-{idx}.log"
         proc = spawn([sys.executable, "-m", "labctl.hub", str(seg.switch_socket)], log)
         self.switches.append(SwitchRecord(seg.network, proc.pid, str(seg.switch_socket)))
+        state.save()
         deadline = time.monotonic() + 10
         while not seg.switch_socket.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -238,7 +253,9 @@ class LabUp:
         raise AssertionError("unreachable")
 
     def _wait_all(self, state: LabState) -> None:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.records)) as pool:
+        """Wait for every guest in parallel; Ctrl-C or SIGTERM stops the waits at once."""
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.records))
+        try:
             futures = {pool.submit(self._wait_guest, state, name): name for name in self.records}
             errors: list[LabctlError] = []
             for fut in concurrent.futures.as_completed(futures):
@@ -246,8 +263,12 @@ class LabUp:
                     fut.result()
                 except LabctlError as exc:
                     errors.append(exc)
+                    self._stop_waits.set()  # one failure fails the up: no need to wait for the others
             if errors:
                 raise errors[0]
+        finally:
+            self._stop_waits.set()
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _wait_guest(self, state: LabState, name: str) -> None:
         rec = self.records[name]
@@ -255,6 +276,8 @@ class LabUp:
         deadline = t0 + self.opts.boot_timeout
         console = Path(rec.console)
         while True:
+            if self._stop_waits.is_set():
+                return
             data = console.read_bytes() if console.exists() else b""
             if READY in data and b"\n" in data[data.index(READY):]:
                 break  # the whole READY line is there
@@ -275,7 +298,7 @@ class LabUp:
             time.sleep(0.05)
         self.events.guest_phase(name, "ssh")
         state.drivers[name] = ready_drivers(data)
-        with _ssh_retry(state.endpoint(name), deadline):
+        with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
             pass  # the guest answers SSH with the lab's key and pinned host key
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
         self.events.guest_phase(name, "ready")
@@ -286,12 +309,14 @@ class LabUp:
         When something on a host could not be removed (the host went away),
         the run directory stays so that ``labctl down`` can finish the job.
         """
+        self._stop_waits.set()
         for rec in self.records.values():
             try:
                 self.backend.kill(rec)
             except LabctlError:
                 pass
         _stop_switches(self.switches)
+        kill_pids(pids_referencing(self.dir))  # a QEMU or switch started but not yet recorded
         failures = release_owned(self.dir)
         if failures:
             self._warn(f"{failures[0].message}; run 'labctl down {self.lab.name}' once it is reachable")
@@ -299,12 +324,12 @@ class LabUp:
         remove_run_dir(self.dir)
 
 
-def _ssh_retry(ep: Endpoint, deadline: float) -> Session:
+def _ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:
     while True:
         try:
-            return Session(ep, timeout=10)
+            return Session(ep, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
         except GuestError:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or stop.is_set():
                 raise
             time.sleep(0.2)
 
@@ -347,7 +372,11 @@ def down(lab_name: str, timeout: float = 10.0,
          on_guest: Callable[[str], None] | None = None) -> None:
     """Power every guest of the lab off (clean, then hard after ``timeout``) and remove its state.
 
-    :raise LabStateError: when the lab is not up.
+    A lab whose ``up`` was killed, or whose state cannot be read, is removed
+    by its run directory: every process that names a file in it (QEMUs,
+    switches) is killed and every ownership journal released.
+
+    :raise UsageError: for an invalid lab name. :raise LabStateError: when the lab is not up.
     """
     with lab_lock(lab_name):
         d = run_dir(lab_name)
@@ -355,7 +384,8 @@ def down(lab_name: str, timeout: float = 10.0,
             state = LabState.load(lab_name)
         except LabStateError:
             if d.exists():
-                _finish_down(lab_name, d)  # half-written state from a killed up
+                kill_pids(pids_referencing(d))
+                _finish_down(lab_name, d)
                 return
             raise
         backend = get_backend(state.backend)
@@ -373,6 +403,7 @@ def down(lab_name: str, timeout: float = 10.0,
             if on_guest:
                 on_guest(name)
         _stop_switches(state.switches)
+        kill_pids(pids_referencing(d))  # anything started but never recorded (a killed up)
         _finish_down(lab_name, d, errors)
 
 
@@ -415,6 +446,8 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
         console = Path(rec.console).read_bytes()[-65536:] if Path(rec.console).exists() else b""
         crashed = any(m in console for m in PANIC_MARKERS)
         st = "crashed" if crashed else "unreachable" if alive is None else "running" if alive else "stopped"
+        if state.phase != UP:
+            st = "incomplete" if state.incomplete else "starting"
         nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], "")}
                 for n in state.resolved["guests"][name]["nics"]]
         gdb = rec.gdb

@@ -176,3 +176,41 @@ def pid_cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def pids_referencing(path: Path) -> list[int]:
+    """Processes (other than this one) whose command line names ``path`` or a file under it.
+
+    A lab's QEMUs and switches all name files in its run directory, so this
+    finds them even when labctl was killed before it could record their pids.
+    """
+    prefix = str(path).rstrip("/")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        args = pid_cmdline(int(entry.name))
+        if any(a == prefix or prefix + "/" in a for a in args):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill_pids(pids: Sequence[int], grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM each process (its whole group when it leads one), wait ``grace`` s, then SIGKILL."""
+    def signal_all(sig: signal.Signals) -> None:
+        for pid in pids:
+            try:
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        signal_all(sig)
+        deadline = time.monotonic() + wait
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not any(pid_alive(p) for p in pids):
+            return

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import shlex
-import stat
+import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labctl import copyback
 from labctl.backends.base import get_backend
 from labctl.errors import GuestError, LabctlError
 from labctl.lab.model import Lab
@@ -32,6 +32,7 @@ from labctl.trace import tracers as tr
 log = logging.getLogger(__name__)
 q = shlex.quote
 GUEST_ROOT = "/tmp/labctl"
+COPY_TIMEOUT = 600.0  # copying one guest's step directory back (perf.data can be large)
 NO_VARIANT = "_"
 
 
@@ -407,30 +408,23 @@ class Runner:
             return None
 
     def _collect(self, guests: list[str], workdir: str, rel: Path, res: StepResult) -> None:
-        """Copy the step's guest directory of every reachable guest into the bundle."""
+        """Copy the step's guest directory of every reachable guest into the bundle.
+
+        The guest sends a tar stream; :mod:`labctl.copyback` keeps every file
+        inside the bundle (no links followed, no names outside, a byte budget).
+        """
         for g in guests:
             dest = self.dir / rel / g
             dest.mkdir(parents=True, exist_ok=True)
             if not self._alive(g):
                 continue
             try:
-                sftp = self.ssh(g).client.open_sftp()
-                try:
-                    _get_tree(sftp, workdir, dest)
-                finally:
-                    sftp.close()
-            except (GuestError, OSError, EOFError) as exc:
-                res.warnings.append(f"{g}: could not copy the step's files: {exc}")
-                res.fail(self._explain(GuestError(str(exc)), [g]))
-
-
-def _get_tree(sftp: Any, remote: str, local: Path) -> None:
-    for entry in sftp.listdir_attr(remote):
-        r = f"{remote}/{entry.filename}"
-        target = local / entry.filename
-        if stat.S_ISDIR(entry.st_mode or 0):
-            target.mkdir(exist_ok=True)
-            _get_tree(sftp, r, target)
-        elif stat.S_ISREG(entry.st_mode or 0):
-            sftp.get(r, str(target))
-            os.chmod(target, 0o644)
+                with self.ssh(g).stream(f"cd {q(workdir)} && tar -cf - .", timeout=COPY_TIMEOUT) as f:
+                    got = copyback.extract(f, dest)
+            except (GuestError, OSError, EOFError, tarfile.TarError) as exc:
+                message = exc.message if isinstance(exc, GuestError) else str(exc)
+                res.warnings.append(f"{g}: could not copy the step's files: {message}")
+                res.fail(self._explain(GuestError(message), [g]))
+                continue
+            for why in got.skipped:
+                res.warnings.append(f"{g}: not copied: {why}")

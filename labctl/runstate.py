@@ -20,30 +20,52 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from labctl.backends.base import GuestRecord
-from labctl.errors import LabStateError
+from labctl.errors import LabStateError, UsageError
+from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
 from labctl.lab.uri import SshHop
 from labctl.paths import ensure_private_dir, state_dir
+from labctl.proc import pid_alive
 from labctl.ssh import Endpoint
 
 STATE = "state.json"
+STARTING = "starting"
+UP = "up"
 
 
 def labs_root() -> Path:
     return state_dir() / "labs"
 
 
+def check_lab_name(lab: str) -> str:
+    """``lab`` when it is a valid lab name (the lab file rule): it names a directory under the labs root.
+
+    :raise UsageError: for anything else (``/tmp``, ``..``, ``.``, ``a/b``...), exit status 2.
+    """
+    if not isinstance(lab, str) or not LAB_NAME.fullmatch(lab):
+        raise UsageError(f"invalid lab name {lab!r} ({LAB_NAME_RULE})", hint="see 'labctl status' for the labs that are up")
+    return lab
+
+
 def run_dir(lab: str) -> Path:
-    return labs_root() / lab
+    """The run directory of lab ``lab`` (the name is checked first).
+
+    :raise UsageError: for an invalid lab name.
+    """
+    return labs_root() / check_lab_name(lab)
 
 
 @contextlib.contextmanager
 def lab_lock(lab: str) -> Iterator[None]:
-    """Serialise ``up``/``down`` of one lab across processes."""
+    """Serialise ``up``/``down``/``run`` of one lab across processes.
+
+    :raise UsageError: for an invalid lab name. :raise LabStateError: when another labctl holds it.
+    """
+    check_lab_name(lab)
     root = ensure_private_dir(labs_root())
     fd = os.open(root / f".{lab}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -83,6 +105,13 @@ class LabState:
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # guest -> its host (libvirt)
     networks: dict[str, dict[str, Any]] = field(default_factory=dict)  # network -> mechanism, endpoints
     uploads: list[str] = field(default_factory=list)  # what up sent to hosts (images)
+    phase: str = UP  # STARTING while ``up`` runs; UP once every guest answered
+    owner_pid: int = 0  # the ``labctl up`` that is bringing the lab up (while STARTING)
+
+    @property
+    def incomplete(self) -> bool:
+        """True when the ``up`` that started this lab died before it finished (SIGKILL, OOM)."""
+        return self.phase != UP and not pid_alive(self.owner_pid)
 
     @property
     def path(self) -> Path:
@@ -102,6 +131,7 @@ class LabState:
                         via=SshHop.from_dict(via) if via else None)
 
     def save(self) -> None:
+        """Write ``state.json`` atomically (called after every guest or switch ``up`` starts)."""
         data = {k: v for k, v in self.__dict__.items() if k not in ("guests", "switches")}
         data["guests"] = {n: g.to_dict() for n, g in self.guests.items()}
         data["switches"] = [s.__dict__ for s in self.switches]
@@ -111,9 +141,12 @@ class LabState:
 
     @classmethod
     def load(cls, lab: str) -> LabState:
-        """The state of a lab that is up.
+        """The state of a lab that is up (or was being brought up).
 
-        :raise LabStateError: when the lab is not up.
+        Keys this version does not know are ignored; a file that is not a
+        state at all is an error (``down`` then removes the lab by its run directory).
+
+        :raise LabStateError: when the lab is not up or its state cannot be read.
         """
         path = run_dir(lab) / STATE
         try:
@@ -122,9 +155,15 @@ class LabState:
             raise LabStateError(f"lab '{lab}' is not up", hint="see 'labctl status'") from exc
         except (OSError, ValueError) as exc:
             raise LabStateError(f"cannot read {path}: {exc}") from exc
-        data["guests"] = {n: GuestRecord.from_dict(g) for n, g in data.get("guests", {}).items()}
-        data["switches"] = [SwitchRecord(**s) for s in data.get("switches", [])]
-        return cls(**data)
+        try:
+            known = {f.name for f in fields(cls)}
+            data = {k: v for k, v in data.items() if k in known}
+            data["guests"] = {n: GuestRecord.from_dict(g) for n, g in data.get("guests", {}).items()}
+            data["switches"] = [SwitchRecord(**s) for s in data.get("switches", [])]
+            return cls(**data)
+        except (TypeError, AttributeError, ValueError) as exc:
+            raise LabStateError(f"{path} is not a labctl lab state ({exc})",
+                                hint=f"'labctl down {lab}' still removes the lab") from exc
 
 
 def up_labs() -> list[str]:
@@ -132,8 +171,21 @@ def up_labs() -> list[str]:
     root = labs_root()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and LAB_NAME.fullmatch(p.name))
 
 
 def remove_run_dir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a lab's run directory, and nothing else: ``path`` must be a real
+    directory directly under the labs root, named as a lab.
+
+    :raise LabStateError: for any other path (nothing is removed).
+    """
+    root = labs_root().resolve()
+    if path.is_symlink() or not path.exists():
+        if path.is_symlink():
+            raise LabStateError(f"refusing to remove {path}: it is a symbolic link")
+        return
+    real = path.resolve()
+    if real.parent != root or not LAB_NAME.fullmatch(real.name):
+        raise LabStateError(f"refusing to remove {path}: it is not a lab's run directory under {root}")
+    shutil.rmtree(real, ignore_errors=True)

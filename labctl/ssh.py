@@ -9,12 +9,13 @@ paramiko's exceptions are mapped to :class:`GuestError` here.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -152,14 +153,84 @@ class Session:
             chan = self.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
             chan.settimeout(1.0)
             chan.exec_command(command)
+            deadline = t0 + timeout
             out, err = _pump(chan, stream, stdout or sys.stdout.buffer, stderr or sys.stderr.buffer, timeout,
                              abort)
-            status = chan.recv_exit_status()
+            status = _exit_status(chan, deadline)
+            if status < 0 and time.monotonic() > deadline:
+                chan.close()
+                raise socket.timeout(f"no exit status after {timeout:.0f} s")
         except Aborted as exc:
             raise GuestError(str(exc)) from exc
         except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
             raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
         return Result(status, out, err, time.monotonic() - t0)
+
+
+    @contextlib.contextmanager
+    def stream(self, command: str, timeout: float) -> Iterator[BinaryIO]:
+        """Run ``command`` and read its standard output as a file, for the block.
+
+        Every read is bounded, and so is the whole exchange (``timeout``):
+        a guest that stops sending fails the read with a GuestError instead
+        of hanging. Its exit status is checked when the block ends.
+
+        :raise GuestError: on a timeout, a lost connection or a non-zero exit status.
+        """
+        try:
+            chan = self.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+            chan.settimeout(min(timeout, READ_TIMEOUT))
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
+            raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
+        reader = _BoundedReader(chan, time.monotonic() + timeout, self.ep.guest)
+        try:
+            yield reader  # type: ignore[misc]
+            status = _exit_status(chan, reader.deadline)
+            if status != 0:
+                err = chan.recv_stderr(4096).decode(errors="replace").strip() if chan.recv_stderr_ready() else ""
+                raise GuestError(f"command on guest {self.ep.guest} exited with status {status}: {err}")
+        finally:
+            chan.close()
+
+
+READ_TIMEOUT = 30.0  # one read from a guest's stream
+
+
+class _BoundedReader:
+    """A channel's stdout as a binary file whose reads are bounded by a deadline."""
+
+    def __init__(self, chan: paramiko.Channel, deadline: float, guest: str) -> None:
+        self.chan, self.deadline, self.guest = chan, deadline, guest
+
+    def read(self, size: int = -1) -> bytes:
+        parts: list[bytes] = []
+        want = size if size >= 0 else 1 << 62
+        while want > 0:
+            if time.monotonic() > self.deadline:
+                raise GuestError(f"guest {self.guest} sent its files too slowly (time limit reached)")
+            try:
+                data = self.chan.recv(min(want, 1 << 16))
+            except socket.timeout as exc:
+                raise GuestError(f"guest {self.guest} stopped sending for {READ_TIMEOUT:.0f} s") from exc
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise GuestError(f"the connection to guest {self.guest} was lost: {exc}") from exc
+            if not data:
+                break
+            parts.append(data)
+            want -= len(data)
+            if size < 0:
+                continue
+        return b"".join(parts)
+
+
+def _exit_status(chan: paramiko.Channel, deadline: float) -> int:
+    """The channel's exit status, waiting at most until ``deadline`` (-1 when it never comes)."""
+    while not chan.exit_status_ready():
+        if time.monotonic() > deadline or chan.closed:
+            return -1 if not chan.exit_status_ready() else chan.recv_exit_status()
+        time.sleep(0.02)
+    return chan.recv_exit_status()
 
 
 class Aborted(Exception):

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from labctl.cli.images import ensure_image
 from labctl.cli.ui import UpDisplay, console, out, print_json
 from labctl.errors import LabStateError
 from labctl.lab import load_lab
 from labctl.lifecycle import UpOptions, down, guest_statuses, up
-from labctl.runstate import LabState, up_labs
+from labctl.runstate import LabState, check_lab_name, run_dir, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -51,15 +52,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         state = up(lab, image, opts, display)
     if args.show_command:
         for rec in state.guests.values():
-            console.print(f"[bold]{rec.name}[/]: {shlex.join(rec.argv)}", highlight=False)
+            console.print(Text(rec.name, style="bold") + Text(f": {shlex.join(rec.argv)}"), soft_wrap=True)
         for line in network_lines(state):
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+            console.print(Text(line), soft_wrap=True)
     if args.json and not lab.steps:
         print_json(status_data(state))
     elif not args.json:
         print_lab(state)
-        out.print(f"lab [bold]{lab.name}[/] is up ({state.accel}); "
-                  f"[cyan]labctl ssh {lab.name} GUEST[/], [cyan]labctl down {lab.name}[/]")
+        out.print(Text.assemble("lab ", (lab.name, "bold"), f" is up ({state.accel}); ",
+                                (f"labctl ssh {lab.name} GUEST", "cyan"), ", ", (f"labctl down {lab.name}", "cyan")))
     if lab.steps and not args.no_steps:
         from labctl.cli.run_cmd import StepLines, report_outcome
         from labctl.pipeline import run_steps
@@ -76,15 +77,16 @@ def cmd_down(args: argparse.Namespace) -> int:
     else:
         raise LabStateError("say which lab to take down, or --all", hint=f"labs up: {', '.join(up_labs()) or 'none'}")
     for name in names:
-        with console.status(f"taking {name} down"):
+        check_lab_name(name)
+        with console.status(Text(f"taking {name} down")):
             down(name, timeout=args.timeout)
-        out.print(f"lab {name} is down")
+        out.print(Text(f"lab {name} is down"))
     return 0
 
 
 def status_data(state: LabState) -> dict[str, Any]:
     return {
-        "lab": state.lab, "source": state.source, "backend": state.backend, "accel": state.accel,
+        "lab": state.lab, "state": state.phase if not state.incomplete else "incomplete", "source": state.source, "backend": state.backend, "accel": state.accel,
         "image": state.image, "started_at": state.started_at, "run_dir": state.dir,
         "warnings": state.warnings, "networks": state.networks, "uploads": state.uploads,
         "hosts": {h["name"]: {k: v for k, v in h.items() if k != "name"} for h in state.hosts.values()},
@@ -105,7 +107,7 @@ def network_lines(state: LabState) -> list[str]:
 
 
 def print_lab(state: LabState) -> None:
-    t = Table(title=f"lab {state.lab}", title_justify="left")
+    t = Table(title=Text(f"lab {state.lab}"), title_justify="left")
     placed = any(h.get("name") != "local" for h in state.hosts.values())
     for col in ("guest", *(["host"] if placed else []), "state", "ssh", "gdb", "nic", "model", "driver",
                 "address", "network"):
@@ -114,28 +116,34 @@ def print_lab(state: LabState) -> None:
         first = True
         for n in g.nics or [{}]:
             host = [(g.host or "") if first else ""] if placed else []
-            t.add_row(g.name if first else "", *host, g.state if first else "", g.ssh if first else "",
-                      (g.gdb or "") if first else "",
-                      str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
-                      str(n.get("ip") or ""), str(n.get("network", "")))
+            cells = [g.name if first else "", *host, g.state if first else "", g.ssh if first else "",
+                     (g.gdb or "") if first else "",
+                     str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
+                     str(n.get("ip") or ""), str(n.get("network", ""))]
+            t.add_row(*(Text(c) for c in cells))  # guest text (drivers from READY) is never markup
             first = False
     out.print(t)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    names = [args.lab] if args.lab else up_labs()
+    names = [check_lab_name(args.lab)] if args.lab else up_labs()
     states = []
+    broken: dict[str, str] = {}  # lab -> why its state cannot be read (down still removes it)
     for name in names:
         try:
             states.append(LabState.load(name))
-        except LabStateError:
-            if args.lab:
+        except LabStateError as exc:
+            if not run_dir(name).exists():
                 raise
+            broken[name] = exc.message
     if args.json:
-        print_json({"labs": [status_data(s) for s in states]})
+        print_json({"labs": [status_data(s) for s in states]
+                    + [{"lab": n, "state": "incomplete", "reason": why} for n, why in broken.items()]})
         return 0
-    if not states:
+    if not states and not broken:
         out.print("no labs are up")
     for s in states:
         print_lab(s)
+    for name, why in broken.items():
+        out.print(Text(f"lab {name}: incomplete ({why}); 'labctl down {name}' removes it"))
     return 0

@@ -16,6 +16,8 @@ under the debug modules directory (those outside ``kernel/drivers/net`` and
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -40,11 +42,18 @@ class _Runner(Protocol):
     def run(self, command: str, timeout: float = ...) -> object: ...
 
 
+# The guest writes these names; only plain ones reach gdb's command line.
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_SECTION_NAME = re.compile(r"\.?[A-Za-z0-9_.$]{1,64}")
+
+
 def parse_sections(text: str) -> dict[str, dict[str, int]]:
     """Parse ``grep -r -H . /sys/module/*/sections`` output.
 
     Lines look like ``/sys/module/e1000/sections/.text:0xffffffffc035e000``.
-    Returns ``{module: {section: address}}``; malformed lines are skipped.
+    Returns ``{module: {section: address}}``; malformed lines are skipped,
+    and so are module or section names that are not plain (the text comes
+    from the guest and the names go into gdb commands).
     """
     result: dict[str, dict[str, int]] = {}
     for line in text.splitlines():
@@ -52,9 +61,13 @@ def parse_sections(text: str) -> dict[str, dict[str, int]]:
         parts = path.split("/")
         if not sep or len(parts) != 6 or parts[1:3] != ["sys", "module"] or parts[4] != "sections":
             continue
+        if not _MODULE_NAME.fullmatch(parts[3]) or not _SECTION_NAME.fullmatch(parts[5]):
+            continue
         try:
             addr = int(value.strip(), 16)
         except ValueError:
+            continue
+        if not 0 <= addr < 1 << 64:
             continue
         result.setdefault(parts[3], {})[parts[5]] = addr
     return result

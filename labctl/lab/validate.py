@@ -18,7 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.errors import Problem
-from labctl.lab.model import DEFAULT_HOST, MGMT_NIC, MGMT_SUBNET, Guest, Host, Lab, Network, Nic
+from labctl.lab.model import (
+    DEFAULT_HOST,
+    LAB_NAME,
+    LAB_NAME_RULE,
+    MGMT_NIC,
+    MGMT_SUBNET,
+    Guest,
+    Host,
+    Lab,
+    Network,
+    Nic,
+)
 from labctl.lab.steps import StepParser
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.uri import parse_uri, valid_address
@@ -49,8 +60,8 @@ _HOSTS_BACKEND = "libvirt"
 _NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu")
 _NIC_REQUIRED = ("name", "model", "network")
 
-_LAB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
-_LAB_NAME_RULE = "use 1-32 of a-z, 0-9, '_', '-', starting with a letter or digit"
+_LAB_NAME = LAB_NAME
+_LAB_NAME_RULE = LAB_NAME_RULE
 _IMAGE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _IMAGE_RULE = "use a-z, 0-9, '.', '_', '-', starting with a letter or digit"
 _GUEST_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")

@@ -66,3 +66,25 @@ def test_switch_process_forwards_real_datagrams(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(5)
     assert not hub.exists()
+
+
+def test_a_port_that_stops_reading_never_stalls_the_others(tmp_path: Path) -> None:
+    """A guest paused in gdb stops reading its socket: its queue fills, and the
+    switch must keep forwarding between the other ports (frames to it are dropped)."""
+    sw = Switch(str(tmp_path / "sw.sock"))
+    socks = {}
+    for name in "abc":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.bind(str(tmp_path / f"{name}.sock"))
+        socks[name] = s
+    for name, mac in zip("abc", (A, B, C)):
+        sw.handle(frame(BCAST, mac), str(tmp_path / f"{name}.sock"))
+    stalled = str(tmp_path / "b.sock")  # b never reads
+    t0 = time.monotonic()
+    for _ in range(2000):  # far more than b's queue holds; a blocking send would hang here
+        sw.send(frame(B, A), stalled)
+    assert time.monotonic() - t0 < 30  # a generous bound: the hang is what this catches
+    sw.send(frame(C, A), str(tmp_path / "c.sock"))
+    socks["c"].settimeout(3)
+    assert socks["c"].recv(2048) == frame(C, A)
