@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labctl.backends.qemu_argv import SANDBOX
 from labctl.errors import UsageError
 from labctl.image.store import Image
 from labctl.paths import cache_dir
@@ -41,7 +42,7 @@ def probe_kvm(kernel: Path, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str]:
         return False, "no read/write access to /dev/kvm"
     with tempfile.TemporaryDirectory(prefix="labctl-kvm-") as tmp:
         console = Path(tmp) / "console"
-        argv = [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        argv = [QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-sandbox", SANDBOX,
                 "-machine", "pc", "-accel", "kvm", "-cpu", "host", "-m", "256",
                 "-kernel", str(kernel), "-append", "console=ttyS0 earlyprintk=ttyS0 panic=-1",
                 "-serial", f"file:{console}"]

@@ -27,7 +27,7 @@ from typing import Any
 
 from labctl import __version__
 from labctl.lab.model import Lab
-from labctl.errors import LabctlError
+from labctl.errors import LabctlError, UsageError
 from labctl.proc import run
 from labctl.runstate import LabState
 
@@ -35,17 +35,27 @@ log = logging.getLogger(__name__)
 
 
 def new_bundle_dir(root: Path, lab: str) -> Path:
-    """A fresh ``root/<lab>-<timestamp>`` directory (suffixed if it exists)."""
+    """A fresh ``root/<lab>-<timestamp>`` directory (suffixed if it exists).
+
+    Made before any guest boots, so a bad ``--out`` fails at once.
+
+    :raise UsageError: when it cannot be made (not a directory, not writable...).
+    """
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    root.mkdir(parents=True, exist_ok=True)
-    for n in range(100):
-        d = root / (f"{lab}-{stamp}" + (f"-{n}" if n else ""))
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"cannot make a bundle directory under {root}")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for n in range(100):
+            d = root / (f"{lab}-{stamp}" + (f"-{n}" if n else ""))
+            try:
+                d.mkdir()
+                return d
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise UsageError(f"cannot make a bundle directory under {root}: {exc.strerror or exc}",
+                         hint="pick another --out") from exc
+    raise UsageError(f"cannot make a bundle directory under {root}: 100 bundles of this second exist",
+                     hint="pick another --out")
 
 
 def qemu_version() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labctl.lab.model import DEFAULT_HOST, Lab
-from labctl.lab.uri import SshHop, parse_uri
+from labctl.lab.uri import SshHop, parse_uri, with_no_verify
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,16 @@ def host_place(name: str, uri: str, address: str | None = None) -> HostPlace:
     return HostPlace(name, uri, address or parsed.default_address, parsed.remote)
 
 
-def place_guests(lab: Lab, default_uri: str) -> dict[str, HostPlace]:
+def place_guests(lab: Lab, default_uri: str, no_verify: bool = False) -> dict[str, HostPlace]:
     """guest name -> the host it runs on.
+
+    ``no_verify`` (``--no-verify-host-keys``) switches off host key checks for
+    the lab's remote hosts; a lab file never can.
 
     :raise ValueError: when ``default_uri`` is needed and labctl cannot use it.
     """
-    places = {name: host_place(name, h.uri, h.address) for name, h in lab.hosts.items()}
+    places = {name: host_place(name, with_no_verify(h.uri) if no_verify else h.uri, h.address)
+              for name, h in lab.hosts.items()}
     if DEFAULT_HOST not in places and any(g.host == DEFAULT_HOST for g in lab.guests.values()):
         places[DEFAULT_HOST] = host_place(DEFAULT_HOST, default_uri)
     return {g.name: places[g.host] for g in lab.guests.values()}

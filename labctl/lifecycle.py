@@ -23,12 +23,12 @@ from labctl import guestconf, owned
 from labctl.accel import choose_accel
 from labctl.bootargs import kernel_args
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, get_backend
-from labctl.errors import GuestError, LabctlError, LabStateError, MachineError, UsageError
+from labctl.errors import GuestError, LabctlError, LabFileError, LabStateError, MachineError, Problem, UsageError
 from labctl.hosts import HostPlace, place_guests
 from labctl.image.store import Image
 from labctl.keys import known_hosts_line, new_keypair
 from labctl.lab.model import Guest, Lab
-from labctl.netplan import SWITCH, Segment, plan_networks
+from labctl.netplan import SWITCH, UDP, Segment, plan_networks
 from labctl.paths import ensure_private_dir
 from labctl.ports import free_port
 from labctl.proc import kill_pids, pid_alive, pid_cmdline, pids_referencing, run, spawn
@@ -57,6 +57,8 @@ class UpOptions:
     backend: str | None = None
     boot_timeout: float = DEFAULT_BOOT_TIMEOUT
     extra_kernel_args: tuple[str, ...] = ()
+    no_verify_host_keys: bool = False  # --no-verify-host-keys: remote hosts' SSH keys are not checked
+    unencrypted_links: bool = False  # --unencrypted-links: UDP tunnels across hosts are accepted
 
 
 def mgmt_mac(lab: str, guest: str) -> str:
@@ -135,7 +137,7 @@ class LabUp:
         from labctl.backends.libvirt import libvirt_uri
 
         try:
-            return place_guests(self.lab, libvirt_uri())
+            return place_guests(self.lab, libvirt_uri(), self.opts.no_verify_host_keys)
         except ValueError as exc:
             raise UsageError(str(exc), hint="fix $LABCTL_LIBVIRT_URI or the lab's hosts") from exc
 
@@ -182,6 +184,7 @@ class LabUp:
         client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
         net_dir = ensure_private_dir(self.dir / "net")
         segments = plan_networks(self.lab, net_dir, self.hosts)
+        self._refuse_unencrypted(segments)
         state.networks = {n: seg.to_dict(self.hosts) for n, seg in segments.items()}
         for seg in segments.values():
             if seg.mechanism == SWITCH:
@@ -208,6 +211,22 @@ class LabUp:
         state.phase = UP
         state.save()
         return state
+
+    def _refuse_unencrypted(self, segments: dict[str, Segment]) -> None:
+        """Links across hosts are plain UDP: anyone who reaches the port can read
+        and inject frames. Refused (with the network's line) unless the user said so.
+
+        :raise LabFileError: for a UDP tunnel without ``--unencrypted-links``.
+        """
+        if self.opts.unencrypted_links:
+            return
+        problems = [Problem(self.lab.source, self.lab.networks[n].line, f"networks.{n}",
+                            f"network {n} would be a UDP tunnel between hosts: neither encrypted nor "
+                            "authenticated, anyone who reaches its ports can read and inject frames; "
+                            "pass --unencrypted-links to accept that")
+                    for n, seg in segments.items() if seg.mechanism == UDP]
+        if problems:
+            raise LabFileError(problems)
 
     def _start_switch(self, seg: Segment, state: LabState) -> None:
         assert seg.switch_socket is not None

@@ -29,9 +29,9 @@ class RunOutcome:
     reports: list[Path]
 
 
-def run_steps(lab: Lab, state: LabState, out_root: Path, events: StepEvents | None = None) -> RunOutcome:
-    """Run the lab's steps and write the bundle, whatever happens (Ctrl-C re-raised after)."""
-    bundle = collect.new_bundle_dir(out_root, lab.name)
+def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None = None) -> RunOutcome:
+    """Run the lab's steps and write the bundle into ``bundle`` (made by
+    :func:`labctl.collect.new_bundle_dir`), whatever happens (Ctrl-C re-raised after)."""
     started = now()
     runner = Runner(lab, state, bundle, events)
     status, reason = "ok", None
@@ -59,9 +59,10 @@ def run_steps(lab: Lab, state: LabState, out_root: Path, events: StepEvents | No
 def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: UpEvents | None = None,
             step_events: StepEvents | None = None, keep: bool = False) -> RunOutcome:
     """Bring the lab up, run its steps, write the bundle, take it down (unless ``keep``)."""
+    bundle = collect.new_bundle_dir(out_root, lab.name)
     state = up(lab, image, opts, up_events)
     try:
-        return run_steps(lab, state, out_root, step_events)
+        return run_steps(lab, state, bundle, step_events)
     finally:
         if not keep:
             down(lab.name)

@@ -10,6 +10,7 @@ far and the reason; the bundle is always written.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import shlex
@@ -22,9 +23,9 @@ from typing import Any
 
 from labctl import copyback
 from labctl.backends.base import get_backend
-from labctl.errors import GuestError, LabctlError
+from labctl.errors import GuestError, LabctlError, UsageError
 from labctl.lab.model import Lab
-from labctl.lab.steps import RunSpec, Step, TraceSpec, render
+from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, render_trace
 from labctl.runstate import LabState
 from labctl.ssh import Session
 from labctl.trace import tracers as tr
@@ -163,6 +164,13 @@ class Runner:
     def run_variant(self, step: Step, row: dict[str, str]) -> StepResult:
         label = row.get("label")
         res = StepResult(step.name, label)
+        try:  # the row's values, checked again where they are used
+            step = dataclasses.replace(step, trace={g: render_trace(t, row, self.addresses)
+                                                    for g, t in step.trace.items()})
+        except ValueError as exc:
+            res.fail(str(exc))
+            self.events.step_finished(res)
+            return res
         rel = Path("steps") / step.name / (label or NO_VARIANT)
         res.dir = str(rel)
         self.events.step_started(step.name, label)
@@ -283,8 +291,12 @@ class Runner:
         target = gdb_target(self.state, g.guest)
         out = self.dir / rel / g.guest
         out.mkdir(parents=True, exist_ok=True)
+        try:
+            location = check_location(render(g.location, row, self.addresses, quote=False))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
         mods = guest_module_commands(self.state, g.guest, target.debug_modules)
-        spec = GdbSpec(render(g.location, row, self.addresses, quote=False), g.hits, g.step,
+        spec = GdbSpec(location, g.hits, g.step,
                        g.step_mode, g.registers, True, g.backtrace, g.timeout)  # type: ignore[arg-type]
         run = GdbRun(threading.Event())
 

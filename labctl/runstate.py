@@ -59,21 +59,39 @@ def run_dir(lab: str) -> Path:
     return labs_root() / check_lab_name(lab)
 
 
+_HELD: dict[str, int] = {}  # labs whose lock this process holds, and how deep
+
+
 @contextlib.contextmanager
 def lab_lock(lab: str) -> Iterator[None]:
     """Serialise ``up``/``down``/``run`` of one lab across processes.
 
+    Re-entrant within a process: ``labctl run`` holds the lock from ``up``
+    through its steps to ``down``, and ``up`` inside it takes it again.
+
     :raise UsageError: for an invalid lab name. :raise LabStateError: when another labctl holds it.
     """
     check_lab_name(lab)
+    if _HELD.get(lab):
+        _HELD[lab] += 1
+        try:
+            yield
+        finally:
+            _HELD[lab] -= 1
+        return
     root = ensure_private_dir(labs_root())
     fd = os.open(root / f".{lab}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            raise LabStateError(f"lab '{lab}' is busy: another labctl is bringing it up or down") from exc
-        yield
+            raise LabStateError(f"lab '{lab}' is busy: another labctl is bringing it up, running it "
+                                "or taking it down") from exc
+        _HELD[lab] = 1
+        try:
+            yield
+        finally:
+            _HELD.pop(lab, None)
     finally:
         os.close(fd)
 

@@ -21,6 +21,14 @@ from labctl.netplan import Port, UdpAddr
 QBOOT = "/usr/share/qemu/qboot.rom"
 
 
+# QEMU's seccomp filter with every class labctl's features allow denied:
+# obsolete system calls, privilege changes (setuid...), spawning processes
+# (fork/exec: no "exec:" migration, no helper scripts; snapshots go through
+# a file descriptor) and resource control (scheduler, mlock). A guest that
+# escapes into QEMU cannot start a host program from there.
+SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+
 def opt(value: object) -> str:
     """Escape a value for a QEMU ``key=value,...`` option (``,`` -> ``,,``)."""
     return str(value).replace(",", ",,")
@@ -32,7 +40,7 @@ def machine_args(plan: GuestPlan) -> list[str]:
     bios = ["-bios", QBOOT] if os.path.exists(QBOOT) and os.environ.get("LABCTL_BIOS") == "qboot" else []
     return [*bios,
         "-name", f"guest={opt(plan.guest.name)},process=labctl-{plan.lab}-{plan.guest.name}",
-        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-sandbox", SANDBOX,
         "-machine", "pc", "-accel", accel, "-cpu", cpu,
         "-m", str(plan.guest.memory), "-smp", str(plan.guest.cpus),
     ]

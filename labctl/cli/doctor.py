@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.table import Table
+from rich.text import Text
 
 from labctl.cli.ui import out, print_json
 
@@ -144,6 +145,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         table = Table("backend", "check", "ok", "detail")
         for b, c in results:
-            table.add_row(b, c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail)
+            table.add_row(b, c.name, Text("yes", style="green") if c.ok else Text("no", style="red"), c.detail)
         out.print(table)
     return 0 if all(c.ok for _, c in results) else 3

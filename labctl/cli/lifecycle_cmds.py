@@ -13,18 +13,16 @@ from rich.text import Text
 from labctl.cli.images import ensure_image
 from labctl.cli.ui import UpDisplay, console, out, print_json
 from labctl.errors import LabStateError
-from labctl.lab import load_lab
+from labctl.collect import new_bundle_dir
+from labctl.lab import Lab, load_lab
 from labctl.lifecycle import UpOptions, down, guest_statuses, up
-from labctl.runstate import LabState, check_lab_name, run_dir, up_labs
+from labctl.runstate import LabState, check_lab_name, lab_lock, run_dir, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("up", help="boot a lab's guests and wait until they answer SSH")
     p.add_argument("file")
-    p.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
-                   help="accelerator (auto: KVM if a probe boot works, else TCG)")
-    p.add_argument("--backend", choices=["qemu", "libvirt"], help="override the lab's backend")
-    p.add_argument("--boot-timeout", type=float, default=180.0, metavar="SECONDS")
+    add_up_arguments(p)
     p.add_argument("--show-command", action="store_true", help="print each guest's QEMU command")
     p.add_argument("--json", action="store_true", help="print the lab's status as JSON when up")
     p.add_argument("--no-steps", action="store_true", help="do not run the lab's steps")
@@ -43,13 +41,36 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.set_defaults(func=cmd_status)
 
 
+def add_up_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``up`` that ``run`` shares."""
+    p.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
+                   help="accelerator (auto: KVM if a probe boot works, else TCG)")
+    p.add_argument("--backend", choices=["qemu", "libvirt"], help="override the lab's backend")
+    p.add_argument("--boot-timeout", type=float, default=180.0, metavar="SECONDS")
+    p.add_argument("--no-verify-host-keys", action="store_true",
+                   help="do not check the SSH host keys of the lab's remote libvirt hosts")
+    p.add_argument("--unencrypted-links", action="store_true",
+                   help="accept links across hosts as plain UDP tunnels (neither encrypted nor authenticated)")
+
+
+def up_options(args: argparse.Namespace) -> UpOptions:
+    return UpOptions(accel=args.accel, backend=args.backend, boot_timeout=args.boot_timeout,
+                     no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     lab = load_lab(args.file)
+    with lab_lock(lab.name):  # one labctl at a time, through the steps too
+        return _up_and_steps(lab, args)
+
+
+def _up_and_steps(lab: Lab, args: argparse.Namespace) -> int:
     image = ensure_image(lab.image)
-    opts = UpOptions(accel=args.accel, backend=args.backend, boot_timeout=args.boot_timeout)
+    run_steps_too = bool(lab.steps) and not args.no_steps
+    bundle = new_bundle_dir(Path(args.out), lab.name) if run_steps_too else None
     display = UpDisplay(lab.name, list(lab.guests))
     with display.running():
-        state = up(lab, image, opts, display)
+        state = up(lab, image, up_options(args), display)
     if args.show_command:
         for rec in state.guests.values():
             console.print(Text(rec.name, style="bold") + Text(f": {shlex.join(rec.argv)}"), soft_wrap=True)
@@ -61,11 +82,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         print_lab(state)
         out.print(Text.assemble("lab ", (lab.name, "bold"), f" is up ({state.accel}); ",
                                 (f"labctl ssh {lab.name} GUEST", "cyan"), ", ", (f"labctl down {lab.name}", "cyan")))
-    if lab.steps and not args.no_steps:
+    if bundle is not None:
         from labctl.cli.run_cmd import StepLines, report_outcome
         from labctl.pipeline import run_steps
 
-        return report_outcome(run_steps(lab, state, Path(args.out), StepLines()), args.json)
+        return report_outcome(run_steps(lab, state, bundle, StepLines()), args.json)
     return 0
 
 

@@ -16,9 +16,11 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-console = Console(stderr=True, highlight=False)
+# Markup is off: user and guest text (file names, command output, READY lines,
+# oops titles) is always printed literally; styles come from Text objects.
+console = Console(stderr=True, highlight=False, markup=False)
 # Tables stay whole when stdout is a pipe or a file.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+out = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 160)
 
 
 def print_json(data: Any) -> None:
@@ -74,7 +76,7 @@ class StepsReporter:
                 self.steps[name] = (self.steps[name][0], time.monotonic())
 
     def note(self, message: str) -> None:
-        console.print(message)
+        console.print(Text(message))
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -94,7 +96,7 @@ class UpDisplay:
         self.lock = threading.Lock()
 
     def __rich__(self) -> Table:
-        t = Table(title=f"bringing up {self.lab}", title_justify="left", box=None)
+        t = Table(title=Text(f"bringing up {self.lab}"), title_justify="left", box=None)
         t.add_column("guest")
         t.add_column("phase")
         t.add_column("time", justify="right")

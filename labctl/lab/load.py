@@ -8,6 +8,8 @@ sorted by line.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from pathlib import Path
 
 from labctl.errors import LabFileError, Problem
@@ -15,23 +17,29 @@ from labctl.lab.model import Lab
 from labctl.lab.validate import build_lab
 from labctl.lab.yamlpos import parse_yaml
 
-__all__ = ["load_lab", "load_lab_text"]
+__all__ = ["MAX_BYTES", "load_lab", "load_lab_text"]
+
+MAX_BYTES = 1 << 20
+"""The largest lab file labctl reads (the bundled ones are a few KiB)."""
 
 
 def load_lab(path: str | Path) -> Lab:
     """Load the lab file at ``path``.
 
     Problems name the file as given (``str(path)``).  Raises LabFileError
-    (all problems, by line) if the file is missing, unreadable, not UTF-8,
-    not valid YAML or not a valid lab.  ``Lab.sha256`` is the digest of the
+    (all problems, by line) if the file is missing, unreadable, not a
+    regular file, over :data:`MAX_BYTES`, not UTF-8, not valid YAML or not a
+    valid lab.  ``Lab.sha256`` is the digest of the
     file's bytes.
     """
     source = str(path)
     try:
-        data = Path(path).read_bytes()
+        data = _read_limited(Path(path))
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise LabFileError([Problem(source, 1, "", f"cannot read lab file: {reason}")]) from None
+    except ValueError as exc:
+        raise LabFileError([Problem(source, 1, "", str(exc))]) from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -39,6 +47,25 @@ def load_lab(path: str | Path) -> Lab:
         message = f"lab file is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
         raise LabFileError([Problem(source, line, "", message)]) from None
     return _load(text, source, hashlib.sha256(data).hexdigest())
+
+
+def _read_limited(path: Path) -> bytes:
+    """The bytes of a lab file: a regular file of at most MAX_BYTES.
+
+    Opened without blocking (a FIFO would hang) and checked before reading.
+
+    :raise ValueError: for a FIFO, a device, a directory or a file too large.
+    :raise OSError: when it cannot be read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("cannot read lab file: not a regular file")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"lab file is larger than {MAX_BYTES // 1024} KiB")
+    return data
 
 
 def load_lab_text(text: str, filename: str) -> Lab:

@@ -33,6 +33,7 @@ NIC's address. Unknown names are reported with their line.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ _VAR = re.compile(r"[a-z_][a-z0-9_]{0,31}")
 _EVENT = re.compile(r"[A-Za-z0-9_:.*/=,{}-]{1,128}")
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
 _TEMPLATE = re.compile(r"\{\{\s*([A-Za-z0-9_.-]+)\s*\}\}")
+# An ftrace filter expression (trace-cmd -f): fields, numbers, strings, comparisons, && || ( ).
+_FILTER = re.compile(r"[A-Za-z0-9_ .:<>=!&|()'\"*~/-]{1,512}")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 TRACERS = ("function", "function_graph", "nop")
 TARGETS = ("system", "command")
 
@@ -137,6 +141,37 @@ class Step:
         return list(self.matrix) or [{}]
 
 
+def check_location(value: str) -> str:
+    """A gdb breakpoint location (a function, FILE:LINE or *ADDR) as filled in, checked.
+
+    :raise ValueError: for anything else (it would be gdb syntax of its own).
+    """
+    if not _LOCATION.fullmatch(value):
+        raise ValueError(f"invalid breakpoint location '{value}' (a function, FILE:LINE or *ADDR)")
+    return value
+
+
+def check_filter(value: str) -> str:
+    """An ftrace filter expression as filled in, checked.
+
+    :raise ValueError: for characters a filter never needs (control characters, ``;``, ``$``, backquotes...).
+    """
+    if not _FILTER.fullmatch(value):
+        raise ValueError(f"invalid ftrace filter '{value}' (fields, values, comparisons, && || and parentheses)")
+    return value
+
+
+def render_trace(spec: TraceSpec, row: dict[str, str], addresses: dict[str, str]) -> TraceSpec:
+    """``spec`` with its templates (the ftrace filter) filled in from ``row``, checked again.
+
+    :raise ValueError: when a filled-in value is not allowed.
+    """
+    if spec.ftrace is None or spec.ftrace.filter is None:
+        return spec
+    filt = check_filter(render(spec.ftrace.filter, row, addresses, quote=False))
+    return dataclasses.replace(spec, ftrace=dataclasses.replace(spec.ftrace, filter=filt))
+
+
 def render(template: str, row: dict[str, str], addresses: dict[str, str], quote: bool) -> str:
     """Replace ``{{var}}`` from the matrix row and ``{{g.nic.ip}}`` from addresses.
 
@@ -201,13 +236,29 @@ class StepParser:
             self._templates(nic, known, m.value_line("nic"), f"{path}.nic")
             self._check_nic(nic, matrix, m.value_line("nic"), f"{path}.nic")
         run = self._runs(m, path, known)
-        trace = self._traces(m, path, known)
-        gdb = self._gdb(m, path, known)
+        trace = self._traces(m, path, known, matrix)
+        gdb = self._gdb(m, path, known, matrix)
         if name is None:
             return None
         return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb)
 
-    def _gdb(self, m: YamlMap, path: str, known: set[str]) -> GdbStep | None:
+    def _each_row(self, template: str, matrix: tuple[dict[str, str], ...], check: Any, line: int,
+                  path: str) -> bool:
+        """Check ``template`` as every matrix row fills it in; report the first bad row. True when all pass."""
+        addresses = self._addresses()
+        for row in matrix or ({},):
+            value = render(template, row, addresses, quote=False)
+            if _TEMPLATE.search(value):
+                continue  # an unknown variable: reported by _templates
+            try:
+                check(value)
+            except ValueError as exc:
+                where = f" (matrix row '{row['label']}')" if row.get("label") and value != template else ""
+                self.check.add(line, path, f"{exc}{where}")
+                return False
+        return True
+
+    def _gdb(self, m: YamlMap, path: str, known: set[str], matrix: tuple[dict[str, str], ...]) -> GdbStep | None:
         c = self.check
         if m.get("gdb") is None:
             return None
@@ -220,9 +271,7 @@ class StepParser:
         loc = c.string(g, "break", gpath, required=True)
         if loc is not None:
             self._templates(loc, known, g.value_line("break"), f"{gpath}.break")
-            if not _LOCATION.fullmatch(_TEMPLATE.sub("x", loc)):
-                c.add(g.value_line("break"), f"{gpath}.break",
-                      f"invalid breakpoint location '{loc}' (a function, FILE:LINE or *ADDR)")
+            if not self._each_row(loc, matrix, check_location, g.value_line("break"), f"{gpath}.break"):
                 loc = None
         mode = c.string(g, "step_mode", gpath) or "line"
         if mode not in STEP_MODES:
@@ -252,6 +301,9 @@ class StepParser:
                 if not _VAR.fullmatch(str(key)):
                     c.add(row.key_line(key), f"{rpath}.{key}", f"invalid variable name '{key}' (use a-z, 0-9, '_')")
                 elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                    if _CONTROL.search(str(value)):
+                        c.add(row.value_line(key), f"{rpath}.{key}", "control characters are not allowed")
+                        continue
                     values[str(key)] = str(value)
                 else:
                     c.add(row.value_line(key), f"{rpath}.{key}", "expected a string or number")
@@ -346,7 +398,7 @@ class StepParser:
             self.check.add(m.value_line(key), f"{path}.{key}", f"invalid {what} '{v}'")
         return tuple(v for v in items if v not in bad)
 
-    def _traces(self, m: YamlMap, path: str, known: set[str]) -> dict[str, TraceSpec]:
+    def _traces(self, m: YamlMap, path: str, known: set[str], matrix: tuple[dict[str, str], ...]) -> dict[str, TraceSpec]:
         c = self.check
         if "trace" not in m:
             return {}
@@ -365,7 +417,7 @@ class StepParser:
                 continue
             body = c.mapping(tm[guest], tm.value_line(guest), gpath)
             if body is not None:
-                out[str(guest)] = self._trace(body, gpath, known)
+                out[str(guest)] = self._trace(body, gpath, known, matrix)
         return out
 
     def _section(self, body: YamlMap, key: str, path: str, keys: tuple[str, ...]) -> YamlMap | None:
@@ -380,7 +432,7 @@ class StepParser:
             self.check.keys(sec, f"{path}.{key}", keys)
         return sec
 
-    def _trace(self, body: YamlMap, path: str, known: set[str]) -> TraceSpec:
+    def _trace(self, body: YamlMap, path: str, known: set[str], matrix: tuple[dict[str, str], ...]) -> TraceSpec:
         c = self.check
         c.keys(body, path, _TRACE_KEYS)
         pr = self._section(body, "perf_record", path, _PERF_RECORD_KEYS)
@@ -408,6 +460,8 @@ class StepParser:
             filt = c.string(ft, "filter", fpath)
             if filt is not None:
                 self._templates(filt, known, ft.value_line("filter"), f"{fpath}.filter")
+                if not self._each_row(filt, matrix, check_filter, ft.value_line("filter"), f"{fpath}.filter"):
+                    filt = None
             ftrace = Ftrace(self._strings(ft, "events", fpath, _EVENT, "trace event"), tracer,
                             self._strings(ft, "functions", fpath, _SYMBOL, "function"), filt,
                             c.integer(ft, "buffer_kb", fpath, (64, 1048576)))

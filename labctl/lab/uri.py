@@ -18,12 +18,16 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 
-__all__ = ["LibvirtUri", "SshHop", "parse_uri", "valid_address"]
+__all__ = ["PARAMS", "LibvirtUri", "SshHop", "parse_uri", "valid_address", "with_no_verify"]
 
 LOCAL_SCHEMES = ("qemu", "qemu+unix")
 REMOTE_SCHEMES = ("qemu+ssh",)
 _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 _TRUE = ("1", "yes", "true")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
+PARAMS = ("keyfile", "no_verify")
+"""The only URI parameters labctl accepts; a lab file may use ``keyfile`` alone
+(``no_verify`` comes from ``--no-verify-host-keys`` or the user's own $LABCTL_LIBVIRT_URI)."""
 
 
 @dataclass(frozen=True)
@@ -95,16 +99,46 @@ def parse_uri(text: str) -> LibvirtUri:
                          "(use qemu+ssh://[user@]host/system for a remote host)")
     if scheme in REMOTE_SCHEMES and not parts.hostname:
         raise ValueError(f"libvirt URI '{text}' needs a host name (qemu+ssh://[user@]host/system)")
+    if parts.hostname and not (_HOSTNAME.fullmatch(parts.hostname) or _is_ip(parts.hostname)):
+        raise ValueError(f"libvirt URI '{text}' has an invalid host name '{parts.hostname}'")
     if parts.path not in ("/system", "/session"):
         raise ValueError(f"libvirt URI '{text}' must end in /system or /session")
-    params = dict(urllib.parse.parse_qsl(parts.query))
+    params = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    unsafe = sorted(set(params) - set(PARAMS))
+    if unsafe:
+        # libvirt obeys command=, socket=, netcat=... (a local program run as its ssh): never from a lab.
+        raise ValueError(f"libvirt URI '{text}' has parameters labctl does not pass on: {', '.join(unsafe)} "
+                         f"(allowed: {', '.join(PARAMS)})")
+    if parts.username is not None and not _USER.fullmatch(parts.username):
+        raise ValueError(f"libvirt URI '{text}' has an invalid user name '{parts.username}'")
+    if any(ord(c) < 0x20 for c in params.get("keyfile", "")):
+        raise ValueError(f"libvirt URI '{text}' has control characters in its keyfile")
     return LibvirtUri(text, scheme, parts.hostname, port, parts.username, parts.path, params)
 
 
-def valid_address(text: str) -> bool:
-    """True for an IPv4 address or a DNS host name (a UDP tunnel endpoint)."""
+def with_no_verify(text: str) -> str:
+    """``text`` (a checked ``qemu+ssh://`` URI) with ``no_verify=1``: the user's
+    command-line choice not to check the host's key, never a lab file's."""
+    parsed = parse_uri(text)
+    if not parsed.remote or parsed.params.get("no_verify", "").lower() in _TRUE:
+        return text
+    return text + ("&" if "?" in text else "?") + "no_verify=1"
+
+
+def _is_ip(text: str) -> bool:
     try:
-        ipaddress.IPv4Address(text)
+        ipaddress.ip_address(text)
         return True
+    except ValueError:
+        return False
+
+
+def valid_address(text: str) -> bool:
+    """True for a unicast IPv4 address or a DNS host name (a UDP tunnel endpoint);
+    never a wildcard (0.0.0.0 would listen on every address), broadcast or multicast."""
+    try:
+        ip = ipaddress.IPv4Address(text)
+        return not (ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255")
+                    or ip in ipaddress.IPv4Network("0.0.0.0/8"))
     except ValueError:
         return bool(_HOSTNAME.fullmatch(text)) and not text.replace(".", "").isdigit()

@@ -49,6 +49,9 @@ DEFAULT_IMAGE = "debian-12"
 BACKENDS = ("qemu", "libvirt")
 DEFAULT_MEMORY = 512
 DEFAULT_CPUS = 1
+MAX_GUESTS = 64
+MAX_NICS = 16  # lab NICs per guest: PCI slots, and what a lab can use
+MAX_NETWORKS = 64
 
 _TOP_KEYS = ("version", "name", "description", "image", "backend", "hosts", "networks", "guests", "steps")
 _TOP_REQUIRED = ("name", "networks", "guests")
@@ -297,7 +300,7 @@ def _parse_hosts(check: _Checker, data: YamlMap) -> dict[str, Host]:
         address = check.string(body, "address", path)
         if address is not None and not valid_address(address):
             check.add(body.value_line("address"), f"{path}.address",
-                      f"invalid address '{address}' (an IPv4 address or a host name)")
+                      f"invalid address '{address}' (a unicast IPv4 address or a host name, never a wildcard)")
             address = None
         if uri is not None:
             result[name] = Host(name, uri, address, line)
@@ -310,9 +313,14 @@ def _host_uri(check: _Checker, body: YamlMap, path: str) -> str | None:
     if uri is None:
         return None
     try:
-        parse_uri(uri)
+        parsed = parse_uri(uri)
     except ValueError as exc:
         check.add(body.value_line("uri"), f"{path}.uri", str(exc))
+        return None
+    if "no_verify" in parsed.params:
+        check.add(body.value_line("uri"), f"{path}.uri",
+                  "a lab file cannot switch off host key checks (no_verify); "
+                  "pass --no-verify-host-keys to labctl up/run if you mean it")
         return None
     return uri
 
@@ -344,8 +352,11 @@ def _check_spans(check: _Checker, hosts: dict[str, Host], guests: dict[str, _Gue
     Only what the file decides is checked here: a guest on the default host
     runs where ``$LABCTL_LIBVIRT_URI`` says, which ``up`` checks again.
     """
+    by_network: dict[str | None, list[_NicSpec]] = {}
+    for nic in nics:
+        by_network.setdefault(nic.network, []).append(nic)
     for net in networks.values():
-        members = [n for n in nics if n.network == net.name]
+        members = by_network.get(net.name, [])
         if len(members) < 3:
             continue
         uris = {hosts[guests[n.guest].host].uri for n in members if guests[n.guest].host in hosts}
@@ -365,6 +376,9 @@ def _parse_networks(check: _Checker, data: YamlMap) -> dict[str, _NetSpec]:
     nets = check.mapping(data["networks"], data.value_line("networks"), "networks")
     result: dict[str, _NetSpec] = {}
     if nets is None:
+        return result
+    if len(nets) > MAX_NETWORKS:
+        check.add(data.value_line("networks"), "networks", f"{len(nets)} networks: a lab has at most {MAX_NETWORKS}")
         return result
     for name, value in nets.items():
         path, line = f"networks.{name}", nets.key_line(name)
@@ -387,6 +401,9 @@ def _parse_guests(check: _Checker, data: YamlMap, networks: dict[str, _NetSpec])
         return {}
     if not guests:
         check.add(data.value_line("guests"), "guests", "at least one guest is required")
+    if len(guests) > MAX_GUESTS:
+        check.add(data.value_line("guests"), "guests", f"{len(guests)} guests: a lab has at most {MAX_GUESTS}")
+        return {}
     result: dict[str, _GuestSpec] = {}
     for name in guests:
         spec = _parse_guest(check, guests, name, networks)
@@ -445,6 +462,10 @@ def _parse_nics(
 ) -> list[_NicSpec]:
     """Check a guest's ``nics`` list, including duplicate NIC names."""
     items = check.sequence(body, "nics", path)
+    if len(items) > MAX_NICS:
+        check.add(body.value_line("nics"), f"{path}.nics",
+                  f"{len(items)} NICs: a guest has at most {MAX_NICS} lab NICs")
+        return []
     first_line: dict[str, int] = {}
     result: list[_NicSpec] = []
     for index in range(len(items)):

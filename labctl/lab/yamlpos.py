@@ -15,6 +15,7 @@ str/int/float/bool/null/map/seq ones are reported as problems.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -23,7 +24,11 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from labctl.errors import Problem
 
-__all__ = ["YamlMap", "YamlSeq", "parse_yaml"]
+__all__ = ["MAX_DEPTH", "YamlMap", "YamlSeq", "parse_yaml"]
+
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists a lab file may have (a real one needs about 8)."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # tab and newline are text
 
 _TAG = "tag:yaml.org,2002:"
 _MERGE_TAG = _TAG + "merge"
@@ -82,6 +87,9 @@ def parse_yaml(text: str, filename: str) -> tuple[Any, list[Problem]]:
     empty document gives ``None``.
     """
     try:
+        too_deep = _too_deep(text)
+        if too_deep is not None:
+            return None, [Problem(filename, too_deep, "", f"nested more than {MAX_DEPTH} levels deep")]
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         return None, [_syntax_problem(exc, text, filename)]
@@ -89,6 +97,23 @@ def parse_yaml(text: str, filename: str) -> tuple[Any, list[Problem]]:
         return None, []
     builder = _Builder(filename)
     return builder.convert(root, ""), builder.problems
+
+
+def _too_deep(text: str) -> int | None:
+    """The line where the document nests deeper than MAX_DEPTH, else None.
+
+    PyYAML composes (and labctl walks) recursively; its event stream is flat,
+    so the depth is counted there first.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return event.start_mark.line + 1 if event.start_mark else 1
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return None
 
 
 def _syntax_problem(exc: yaml.YAMLError, text: str, filename: str) -> Problem:
@@ -152,7 +177,10 @@ class _Builder:
         return None
 
     def _scalar(self, node: ScalarNode, path: str) -> Any:
-        """Resolve a scalar the way SafeLoader would."""
+        """Resolve a scalar the way SafeLoader would; control characters are refused."""
+        if _CONTROL.search(node.value):
+            self._problem(node, path, "control characters are not allowed")
+            return None
         if node.tag in _TEXT_TAGS:
             return node.value
         if node.tag not in _CONSTRUCTED_TAGS:
@@ -192,6 +220,9 @@ class _Builder:
             self._problem(key_node, path, "mapping keys must be plain strings")
             return
         key = str(key_node.value)
+        if _CONTROL.search(key):
+            self._problem(key_node, path, "control characters are not allowed in keys")
+            return
         if key in result.key_lines:
             first = result.key_lines[key]
             self._problem(key_node, path, f"duplicate key '{key}' (first at line {first})")

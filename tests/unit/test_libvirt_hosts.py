@@ -19,12 +19,12 @@ from labctl.errors import LabFileError, UsageError
 from labctl.hosts import host_place, place_guests
 from labctl.image.store import Image
 from labctl.lab import load_lab_text
-from labctl.lab.uri import parse_uri
+from labctl.lab.uri import parse_uri, with_no_verify
 from labctl.lifecycle import mgmt_mac
 from labctl.netplan import ALONE, DIRECT, SWITCH, UDP, UdpAddr, plan_networks
 from labctl.ssh import Endpoint
 
-REMOTE = "qemu+ssh://root@127.0.0.1:2222/system?keyfile=/k/id&no_verify=1"
+REMOTE = "qemu+ssh://root@127.0.0.1:2222/system?keyfile=/k/id"
 
 
 def _lab(hosts: str, guests: dict[str, tuple[str | None, list[str]]], nets: tuple[str, ...] = ("l",)) -> Any:
@@ -46,11 +46,12 @@ def _ports() -> Any:
 # --- URIs -----------------------------------------------------------------------------------------
 
 def test_remote_uri_gives_the_ssh_account() -> None:
-    uri = parse_uri(REMOTE)
+    uri = parse_uri(with_no_verify(REMOTE))  # what --no-verify-host-keys makes of it
     assert uri.remote and uri.default_address == "127.0.0.1"
     hop = uri.ssh_hop()
     assert hop is not None
     assert (hop.user, hop.host, hop.port, hop.keyfile, hop.no_verify) == ("root", "127.0.0.1", 2222, "/k/id", True)
+    assert not parse_uri(REMOTE).ssh_hop().no_verify  # type: ignore[union-attr]
     plain = parse_uri("qemu+ssh://lab2/system").ssh_hop()
     assert plain is not None and plain.port == 22 and plain.keyfile is None and not plain.no_verify
 
@@ -65,6 +66,10 @@ def test_local_uri_has_no_ssh_and_a_loopback_address() -> None:
     ("qemu+tls://lab2/system", "unsupported libvirt URI"),
     ("qemu+ssh:///system", "needs a host name"),
     ("qemu:///nowhere", "must end in /system or /session"),
+    ("qemu+ssh://lab2/system?command=./prog", "parameters labctl does not pass on: command"),
+    ("qemu+ssh://lab2/system?socket=/tmp/x&netcat=nc", "parameters labctl does not pass on: netcat, socket"),
+    ("qemu+ssh://-oProxyCommand=x/system", "needs a host name|invalid"),
+    ("qemu+ssh://a;b@lab2/system", "invalid user name"),
 ])
 def test_unusable_uris_are_explained(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -221,7 +226,7 @@ def test_local_domain_keeps_the_run_directory_files(tmp_path: Path) -> None:
 
 
 def test_remote_guests_ssh_goes_through_the_host(tmp_path: Path) -> None:
-    hop = host_place("h2", REMOTE).ssh_hop
+    hop = host_place("h2", with_no_verify(REMOTE)).ssh_hop
     ep = Endpoint("b", 40001, tmp_path / "id", tmp_path / "kh", via=hop)
     argv = ep.openssh_argv()
     (proxy,) = [a for a in argv if a.startswith("ProxyCommand=")]

@@ -88,3 +88,10 @@ def test_macs_are_deterministic(tmp_path: Path) -> None:
     b = _plans(tmp_path, ROOT / "labs" / "quickstart.yaml")
     assert build_argv(a["c"]) == build_argv(b["c"])
     assert mgmt_mac("x", "a") != mgmt_mac("x", "b")
+
+
+def test_qemu_runs_under_its_strictest_sandbox(tmp_path: Path) -> None:
+    for plan in _plans(tmp_path, ROOT / "labs" / "quickstart.yaml").values():
+        (sandbox,) = _pairs(build_argv(plan), "-sandbox")
+        assert sandbox.split(",") == ["on", "obsolete=deny", "elevateprivileges=deny", "spawn=deny",
+                                      "resourcecontrol=deny"]
