@@ -117,6 +117,7 @@ class LabUp:
         """
         with lab_lock(self.lab.name):
             self._refuse_if_up()
+            self._preflight()
             accel = choose_accel(self.opts.accel, self.image)
             if accel.warning:
                 self._warn(accel.warning)
@@ -163,6 +164,33 @@ class LabUp:
             raise failures[0]
         remove_run_dir(self.dir)
 
+    def _preflight(self) -> None:
+        """What only the environment decides, checked before anything is made or started:
+        every unix socket fits in ``sun_path`` (107 bytes), and no link would be
+        an unencrypted tunnel unless the user accepted that.
+
+        :raise LabFileError: naming the guest or network at fault, with its line.
+        """
+        segments = plan_networks(self.lab, self.dir / "net", self.hosts, udp_port=lambda: 0)
+        problems = self._socket_path_problems(segments) + self._unencrypted_problems(segments)
+        if problems:
+            raise LabFileError(sorted(problems, key=lambda p: p.line))
+
+    def _socket_path_problems(self, segments: dict[str, Segment]) -> list[Problem]:
+        problems = []
+        for g in self.lab.guests.values():
+            gdir = self.dir / "guests" / g.name
+            longest = max((gdir / n for n in ("qmp.sock", "gdb.sock", "gdb-fwd.sock")), key=lambda p: len(bytes(p)))
+            if len(bytes(longest)) > MAX_SOCKET_PATH:
+                problems.append(Problem(self.lab.source, g.line, f"guests.{g.name}", _too_long(longest)))
+        for name, seg in segments.items():
+            paths = [p for port in seg.ports for p in (port.local, port.remote) if isinstance(p, Path)]
+            long = [p for p in [*paths, seg.switch_socket] if p is not None and len(bytes(p)) > MAX_SOCKET_PATH]
+            if long:
+                problems.append(Problem(self.lab.source, self.lab.networks[name].line, f"networks.{name}",
+                                        _too_long(long[0])))
+        return problems
+
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
         self.events.warn(message)
@@ -184,7 +212,6 @@ class LabUp:
         client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
         net_dir = ensure_private_dir(self.dir / "net")
         segments = plan_networks(self.lab, net_dir, self.hosts)
-        self._refuse_unencrypted(segments)
         state.networks = {n: seg.to_dict(self.hosts) for n, seg in segments.items()}
         for seg in segments.values():
             if seg.mechanism == SWITCH:
@@ -212,21 +239,16 @@ class LabUp:
         state.save()
         return state
 
-    def _refuse_unencrypted(self, segments: dict[str, Segment]) -> None:
+    def _unencrypted_problems(self, segments: dict[str, Segment]) -> list[Problem]:
         """Links across hosts are plain UDP: anyone who reaches the port can read
-        and inject frames. Refused (with the network's line) unless the user said so.
-
-        :raise LabFileError: for a UDP tunnel without ``--unencrypted-links``.
-        """
+        and inject frames. Refused (with the network's line) unless ``--unencrypted-links``."""
         if self.opts.unencrypted_links:
-            return
-        problems = [Problem(self.lab.source, self.lab.networks[n].line, f"networks.{n}",
+            return []
+        return [Problem(self.lab.source, self.lab.networks[n].line, f"networks.{n}",
                             f"network {n} would be a UDP tunnel between hosts: neither encrypted nor "
                             "authenticated, anyone who reaches its ports can read and inject frames; "
                             "pass --unencrypted-links to accept that")
-                    for n, seg in segments.items() if seg.mechanism == UDP]
-        if problems:
-            raise LabFileError(problems)
+                for n, seg in segments.items() if seg.mechanism == UDP]
 
     def _start_switch(self, seg: Segment, state: LabState) -> None:
         assert seg.switch_socket is not None
@@ -341,6 +363,14 @@ class LabUp:
             self._warn(f"{failures[0].message}; run 'labctl down {self.lab.name}' once it is reachable")
             return
         remove_run_dir(self.dir)
+
+
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
+def _too_long(path: Path) -> str:
+    return (f"its unix socket {path} would be {len(bytes(path))} bytes long, over the limit of "
+            f"{MAX_SOCKET_PATH}; use a shorter state directory ($LABCTL_STATE_DIR), lab or guest name")
 
 
 def _ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:

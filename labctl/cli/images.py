@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.table import Table
 
@@ -61,8 +62,22 @@ def build(args: argparse.Namespace) -> int:
     return 0
 
 
+def images_in_use() -> list[Path]:
+    """The image directories of the labs that are up (never pruned)."""
+    from labctl.errors import LabStateError
+    from labctl.runstate import LabState, up_labs
+
+    used = []
+    for lab in up_labs():
+        try:
+            used.append(Path(LabState.load(lab).image["dir"]))
+        except (LabStateError, KeyError, TypeError):
+            continue
+    return used
+
+
 def prune(args: argparse.Namespace) -> int:
-    removed = ImageStore().prune(args.name, keep=max(1, args.keep))
+    removed = ImageStore().prune(args.name, keep=max(1, args.keep), in_use=images_in_use())
     for img in removed:
         out.print(f"removed {img.name} ({img.key}) built {img.manifest.get('built_at')}")
     if not removed:

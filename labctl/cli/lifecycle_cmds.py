@@ -16,7 +16,7 @@ from labctl.errors import LabStateError
 from labctl.collect import new_bundle_dir
 from labctl.lab import Lab, load_lab
 from labctl.lifecycle import UpOptions, down, guest_statuses, up
-from labctl.runstate import LabState, check_lab_name, lab_lock, run_dir, up_labs
+from labctl.runstate import UP, LabState, check_lab_name, lab_lock, run_dir, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -128,7 +128,12 @@ def network_lines(state: LabState) -> list[str]:
 
 
 def print_lab(state: LabState) -> None:
-    t = Table(title=Text(f"lab {state.lab}"), title_justify="left")
+    title = f"lab {state.lab}"
+    if state.incomplete:
+        title += f" (incomplete: the labctl that brought it up was killed; 'labctl down {state.lab}' removes it)"
+    elif state.phase != UP:
+        title += " (starting)"
+    t = Table(title=Text(title), title_justify="left")
     placed = any(h.get("name") != "local" for h in state.hosts.values())
     for col in ("guest", *(["host"] if placed else []), "state", "ssh", "gdb", "nic", "model", "driver",
                 "address", "network"):

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("--image", default="debian-12", help="image whose kernel produced the log (default debian-12)")
     d.add_argument("--vmlinux", type=Path, help="vmlinux with DWARF to use instead of the image's vmlinux.debug")
     d.add_argument("--modules", type=Path, metavar="DIR",
-                   help="tree of module .ko files with debug info (default: the image's debug-modules)")
+                   help="tree of module .ko files with debug info, searched before the image's debug-modules")
     d.add_argument("--json", action="store_true", help="print a JSON list of oopses")
     d.set_defaults(func=decode)
 
@@ -54,7 +54,9 @@ def make_symbolizer(args: argparse.Namespace) -> Symbolizer:
     if not img.vmlinux_debug.is_file():
         raise ImageError(f"image {args.image} has no vmlinux.debug ({img.vmlinux_debug})",
                          hint=f"rebuild it: labctl image build {args.image} --force")
-    return Symbolizer(img.vmlinux_debug, args.modules or img.debug_modules, system_map=img.dir / "System.map")
+    # --modules DIR first, then the image's own debug modules (in-tree drivers such as 8139cp).
+    modules = [args.modules, img.debug_modules] if args.modules else [img.debug_modules]
+    return Symbolizer(img.vmlinux_debug, modules, system_map=img.dir / "System.map")
 
 
 def decode(args: argparse.Namespace) -> int:

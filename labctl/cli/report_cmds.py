@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run directory (holds manifest.json)")
     b.add_argument("-o", "--output", metavar="FILE", type=Path, default=None,
                    help="archive to write (default: RUN_DIR.tar.gz next to RUN_DIR)")
+    b.add_argument("--force", action="store_true", help="replace the -o file if it exists")
     b.set_defaults(func=bundle)
 
 
@@ -68,6 +69,6 @@ def report(args: argparse.Namespace) -> int:
 
 
 def bundle(args: argparse.Namespace) -> int:
-    archive = pack(args.run_dir, args.output)
+    archive = pack(args.run_dir, args.output, args.force)
     out.print(str(archive), markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -476,10 +476,11 @@ class DecodedOops:
 # -- the decoder ---------------------------------------------------------------------
 
 class ModuleIndex:
-    """Finds a module's ``.ko`` (``.ko.xz`` too) by name under a directory tree."""
+    """Finds a module's ``.ko`` (``.ko.xz`` too) by name under one or more
+    directory trees, searched in order (the first tree that has it wins)."""
 
-    def __init__(self, root: Path | None, cache: Path | None = None) -> None:
-        self.root = root
+    def __init__(self, root: Path | Sequence[Path] | None, cache: Path | None = None) -> None:
+        self.roots = [root] if isinstance(root, Path) else list(root or [])
         self.cache = cache
         self._index: dict[str, Path] | None = None
 
@@ -489,14 +490,15 @@ class ModuleIndex:
 
     def find(self, module: str) -> Path | None:
         """The .ko file for ``module``, decompressed into the cache when it is ``.ko.xz``."""
-        if self.root is None or not self.root.is_dir():
-            return None
         if self._index is None:
             self._index = {}
-            for p in sorted(self.root.rglob("*.ko*")):
-                stem = p.name.split(".ko")[0]
-                if p.name.endswith((".ko", ".ko.xz")):
-                    self._index.setdefault(self._key(stem), p)
+            for root in self.roots:
+                if not root.is_dir():
+                    continue
+                for p in sorted(root.rglob("*.ko*")):
+                    stem = p.name.split(".ko")[0]
+                    if p.name.endswith((".ko", ".ko.xz")):
+                        self._index.setdefault(self._key(stem), p)
         path = self._index.get(self._key(module))
         return self._decompressed(path) if path and path.name.endswith(".xz") else path
 
@@ -519,7 +521,8 @@ class Symbolizer:
     """Decodes :class:`Oops` reports against one vmlinux and its modules' ``.ko`` files.
 
     :param vmlinux: the vmlinux with DWARF (Debian: the -dbg package's).
-    :param modules_dir: a tree holding the modules' ``.ko`` files with debug info.
+    :param modules_dir: a tree holding the modules' ``.ko`` files with debug info, or
+        several, searched in order.
     :param system_map: a System.map to read symbols from instead of vmlinux's ELF table
         (ignored when it is Debian's placeholder).
     :param cache: where to keep symbol tables and addr2line answers (default:
@@ -528,7 +531,8 @@ class Symbolizer:
         symbols or no DWARF.
     """
 
-    def __init__(self, vmlinux: Path, modules_dir: Path | None = None, *, system_map: Path | None = None,
+    def __init__(self, vmlinux: Path, modules_dir: Path | Sequence[Path] | None = None, *,
+                 system_map: Path | None = None,
                  cache: Path | None | Literal["default"] = "default", addr2line: str = "addr2line") -> None:
         if cache == "default":
             cache = default_cache_dir()
@@ -603,7 +607,7 @@ class Symbolizer:
             return self._place(DecodedFrame(frame, obj=self.vmlinux), self.table, "vmlinux", section=None)
         ko = self.modules.find(frame.module)
         if ko is None:
-            where = self.modules.root or "(no debug modules directory)"
+            where = ", ".join(map(str, self.modules.roots)) or "(no debug modules directory)"
             return DecodedFrame(frame, note=f"module {frame.module}: no .ko with debug info under {where}")
         return self._place(DecodedFrame(frame, obj=ko), self._module_table(ko), ko.name, section="")
 

@@ -13,12 +13,15 @@ renamed into place at the end, so a cached image is always complete.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import datetime
 import hashlib
 import json
 import os
 import platform
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from labctl import __version__
@@ -28,7 +31,7 @@ from labctl.image.kernel import extract_vmlinux, module_load_order, nic_driver_r
 from labctl.image.recipe import Recipe
 from labctl.image.store import MANIFEST, Image, ImageStore
 from labctl.paths import cache_dir, resource_dir
-from labctl.proc import run, run_pipeline
+from labctl.proc import pid_alive, run, run_pipeline
 from labctl.progress import NullReporter, Reporter
 
 # What the image itself needs on the kernel command line (labctl's boot
@@ -81,6 +84,52 @@ def _apt_candidate(package: str) -> str:
                      hint="run 'apt-get update' (the image pins this kernel ABI in its recipe)")
 
 
+@contextlib.contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """One build of a recipe at a time (two would fight over the same work directory).
+
+    :raise ImageError: when another labctl is building it.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / ".build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise ImageError(f"another labctl is building an image in {directory}",
+                             hint="wait for it to finish, then run the command again") from exc
+        yield
+    finally:
+        os.close(fd)
+
+
+def _mounted_under(path: Path) -> list[str]:
+    """Mount points at or under ``path`` (a killed mmdebstrap can leave /proc, /dev... mounted)."""
+    prefix = str(path.resolve())
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return [prefix]  # cannot tell: treat it as mounted
+    points = [ln.split()[4].replace("\\040", " ") for ln in lines if len(ln.split()) > 4]
+    return [m for m in points if m == prefix or m.startswith(prefix + "/")]
+
+
+def remove_stale_work(directory: Path) -> list[Path]:
+    """Remove the work directories (``.build-KEY-PID``) of builds whose process is gone.
+
+    A directory with anything still mounted under it is left alone (removing
+    it could reach into the host's /dev or /proc). Returns what was removed.
+    """
+    removed = []
+    for work in sorted(directory.glob(".build-*-*")):
+        pid = work.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)) or _mounted_under(work):
+            continue
+        shutil.rmtree(work, ignore_errors=True)
+        removed.append(work)
+    return removed
+
+
 class Builder:
     """Builds one recipe into the store. Use :meth:`build`."""
 
@@ -107,6 +156,15 @@ class Builder:
         if os.geteuid() != 0:
             raise ImageError("building an image needs root (mmdebstrap, device nodes)",
                              hint="run 'labctl image build' as root once; labs then run as any user")
+        with build_lock(self.final.parent):
+            existing = self.store.get(self.recipe.name, self.key)  # built meanwhile by the lock's holder
+            if existing and not force:
+                return existing
+            for stale in remove_stale_work(self.final.parent):
+                self.r.note(f"removed {stale}, left by a build that was killed")
+            return self._build_locked()
+
+    def _build_locked(self) -> Image:
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,18 +91,20 @@ class ImageStore:
     def remove(self, image: Image) -> None:
         shutil.rmtree(image.dir)
 
-    def prune(self, name: str, keep: int = 2) -> list[Image]:
+    def prune(self, name: str, keep: int = 2, in_use: Collection[Path] = ()) -> list[Image]:
         """Remove all but the ``keep`` most recent builds of recipe ``name``; the removed ones.
 
-        Each build is about 2 GB, and a recipe edit makes a new one. Labs that
-        are up keep working on a pruned image (QEMU holds its files open).
+        Each build is about 2 GB, and a recipe edit makes a new one. A build
+        that a lab which is up uses (its directory in ``in_use``) is never removed:
+        gdb, oops decoding and new overlays still need its files.
         """
         from labctl.image.recipe import load_recipe
 
         current = load_recipe(name).key()
         builds = sorted((i for i in self.list() if i.name == name),
                         key=lambda i: (i.key == current, str(i.manifest.get("built_at", ""))), reverse=True)
-        old = builds[keep:]  # the current recipe's build sorts first: it is never removed
+        used = {Path(p).resolve() for p in in_use}
+        old = [i for i in builds[keep:] if i.dir.resolve() not in used]  # the current build sorts first
         for image in old:
             self.remove(image)
         return old

@@ -28,8 +28,11 @@ def default_archive(run_dir: Path) -> Path:
     return run_dir.with_name(run_dir.name + SUFFIX)
 
 
-def archive_path(run_dir: Path, out: Path | None) -> Path:
-    """Where to write: ``out``, ``out/<name>.tar.gz`` if it is a directory, or the default."""
+def archive_path(run_dir: Path, out: Path | None, force: bool = False) -> Path:
+    """Where to write: ``out``, ``out/<name>.tar.gz`` if it is a directory, or the default.
+
+    :raise UsageError: when ``out`` names a file that exists (unless ``force``) or is in no directory.
+    """
     if out is None:
         return default_archive(run_dir)
     out = out.expanduser().absolute()
@@ -37,6 +40,8 @@ def archive_path(run_dir: Path, out: Path | None) -> Path:
         return out / (run_dir.name + SUFFIX)
     if not out.parent.is_dir():
         raise UsageError(f"{out.parent}: no such directory", hint="create it first or pick another -o path")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise UsageError(f"{out} exists", hint="pick another -o path, or pass --force to replace it")
     return out
 
 
@@ -91,13 +96,14 @@ def _root_info(tar: tarfile.TarFile, root: Path) -> tarfile.TarInfo:
     return info
 
 
-def pack(run_dir: Path, out: Path | None = None) -> Path:
+def pack(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
     """Pack ``run_dir`` into a ``.tar.gz`` (default ``<run_dir>.tar.gz`` beside it) and return its path.
 
-    Refuses (UsageError) a directory without manifest.json.
+    Refuses (UsageError) a directory without manifest.json, and an ``out``
+    file that exists unless ``force``.
     """
     root = check_run_dir(run_dir)
-    dest = archive_path(root, out).resolve()
+    dest = archive_path(root, out, force).resolve()
     tmp = dest.with_name(f".{dest.name}.part")
     try:
         _write_tar(root, tmp, skip={dest, tmp})

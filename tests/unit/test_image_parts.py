@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from labctl import guestconf
 from labctl.image import initramfs
@@ -78,3 +81,28 @@ def test_prune_keeps_the_current_build(tmp_path: Path) -> None:
     removed = store.prune("debian-12", keep=2)
     assert [i.key for i in removed] == ["old1"]
     assert {i.key for i in store.list()} == {current, "old2"}
+
+
+def test_a_killed_builds_work_directory_is_removed_unless_something_is_mounted(tmp_path: Path) -> None:
+    from labctl.image.build import remove_stale_work
+
+    dead = tmp_path / ".build-0123456789abcdef-999999999"  # no such pid
+    (dead / "root" / "usr").mkdir(parents=True)
+    mine = tmp_path / f".build-0123456789abcdef-{os.getpid()}"
+    mine.mkdir()
+    keep = tmp_path / "0123456789abcdef"  # a finished image
+    keep.mkdir()
+    assert remove_stale_work(tmp_path) == [dead]
+    assert not dead.exists() and mine.exists() and keep.exists()
+
+
+def test_one_build_at_a_time(tmp_path: Path) -> None:
+    from labctl.errors import ImageError
+    from labctl.image.build import build_lock
+
+    with build_lock(tmp_path):
+        with pytest.raises(ImageError, match="another labctl is building"):
+            with build_lock(tmp_path):
+                pass
+    with build_lock(tmp_path):  # released
+        pass

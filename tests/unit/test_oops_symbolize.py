@@ -346,3 +346,18 @@ def test_symbol_for_frame(fake: FakeKernel) -> None:
     assert s.symbol_for(Frame("dup", 0x1, 0x40)).address == 0xFFFFFFFF81000220  # type: ignore[union-attr]
     assert s.symbol_for(Frame("fn_xmit", 0x1, 0x480, "fake_nic")).section == ".text"  # type: ignore[union-attr]
     assert s.symbol_for(Frame("x", 0x1, 0x10, "not_here")) is None
+
+
+def test_module_trees_are_searched_in_order(tmp_path: Path) -> None:
+    """``oops decode --modules DIR``: DIR first, then the image's debug modules
+    (an in-tree driver such as 8139cp is only in the latter)."""
+    mine, image = tmp_path / "mine", tmp_path / "image"
+    (mine / "extra").mkdir(parents=True)
+    (image / "kernel" / "drivers").mkdir(parents=True)
+    (mine / "extra" / "buggy_nf.ko").write_bytes(b"mine")
+    (image / "kernel" / "drivers" / "buggy_nf.ko").write_bytes(b"image's")
+    (image / "kernel" / "drivers" / "8139cp.ko").write_bytes(b"in-tree")
+    idx = ModuleIndex([mine, image])
+    assert idx.find("buggy_nf") == mine / "extra" / "buggy_nf.ko"
+    assert idx.find("8139cp") == image / "kernel" / "drivers" / "8139cp.ko"
+    assert ModuleIndex(mine).find("8139cp") is None
