@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from labctl.paths import atomic_write
+
 JOURNAL = "owned.json"
 
 
@@ -21,9 +23,7 @@ def record(guest_dir: Path, entry: dict[str, Any]) -> None:
     items = entries(guest_dir)
     if entry not in items:
         items.append(entry)
-    tmp = guest_dir / (JOURNAL + ".tmp")
-    tmp.write_text(json.dumps(items, indent=1) + "\n")
-    tmp.replace(guest_dir / JOURNAL)
+    atomic_write(guest_dir / JOURNAL, json.dumps(items, indent=1) + "\n", 0o600)
 
 
 def entries(guest_dir: Path) -> list[dict[str, Any]]:

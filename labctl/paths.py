@@ -52,3 +52,23 @@ def ensure_private_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)
     return path
+
+
+def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of it.
+
+    The temporary file (``.NAME.PID.tmp`` beside it) is removed on failure.
+
+    :raise OSError: when it cannot be written.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

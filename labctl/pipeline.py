@@ -9,10 +9,12 @@ with steps); :func:`run_lab` does all of it (``labctl run``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from labctl import collect
+from labctl.bundle import write
+from labctl.bundle.summary import summarize, write_summary
+from labctl.report import render_run
 from labctl.image.store import Image
 from labctl.lab.model import Lab
 from labctl.lifecycle import UpEvents, UpOptions, down, up
@@ -46,10 +48,12 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
         status, reason = "failed", f"step {failed[0].name}" + (
             f" ({failed[0].variant})" if failed[0].variant else "") + f": {failed[0].reason}"
     finished = now()
-    collect.copy_inputs(bundle, lab, state)
-    collect.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason)
-    collect.write_summary(bundle, lab, state, runner.results, started, finished, status, reason)
-    reports = collect.render_report(bundle)
+    write.copy_inputs(bundle, lab, state)
+    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason)
+    header = {"lab": lab.name, "status": status, "reason": reason, "started_at": started, "finished_at": finished,
+              "accel": state.accel}
+    write_summary(bundle, summarize(bundle, header, (asdict(r) for r in runner.results)))
+    reports = list(render_run(bundle))
     outcome = RunOutcome(bundle, status, reason, runner.results, reports)
     if interrupted is not None:
         raise interrupted
@@ -59,7 +63,7 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
 def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: UpEvents | None = None,
             step_events: StepEvents | None = None, keep: bool = False) -> RunOutcome:
     """Bring the lab up, run its steps, write the bundle, take it down (unless ``keep``)."""
-    bundle = collect.new_bundle_dir(out_root, lab.name)
+    bundle = write.new_bundle_dir(out_root, lab.name)
     state = up(lab, image, opts, up_events)
     try:
         return run_steps(lab, state, bundle, step_events)

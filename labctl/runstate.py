@@ -28,7 +28,7 @@ from labctl.backends.base import GuestRecord
 from labctl.errors import LabStateError, UsageError
 from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
 from labctl.lab.uri import SshHop
-from labctl.paths import ensure_private_dir, state_dir
+from labctl.paths import atomic_write, ensure_private_dir, state_dir
 from labctl.proc import pid_alive
 from labctl.ssh import Endpoint
 
@@ -153,9 +153,7 @@ class LabState:
         data = {k: v for k, v in self.__dict__.items() if k not in ("guests", "switches")}
         data["guests"] = {n: g.to_dict() for n, g in self.guests.items()}
         data["switches"] = [s.__dict__ for s in self.switches]
-        tmp = self.path / (STATE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(self.path / STATE)
+        atomic_write(self.path / STATE, json.dumps(data, indent=2) + "\n", 0o600)
 
     @classmethod
     def load(cls, lab: str) -> LabState:

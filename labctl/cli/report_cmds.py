@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
-import os
 from pathlib import Path
-from typing import Any
 
-from labctl.cli.ui import console, out, warn
-from labctl.errors import LabctlError
-from labctl.report.bundle import pack
-from labctl.report.render import SUMMARY, check_run_dir, render_run
+from rich.text import Text
 
-ANALYZER = "labctl.trace.analyze"
+from labctl.bundle.archive import pack
+from labctl.bundle.layout import SUMMARY, check_bundle_dir
+from labctl.bundle.summary import resummarize
+from labctl.cli.ui import console, out
+from labctl.report import render_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    r = sub.add_parser("report", help="(re)write report.md and report.html of a run directory")
+    r = sub.add_parser("report", help="recompute summary.json and (re)write report.md and report.html of a bundle")
     r.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="the run directory (holds manifest.json)")
     r.set_defaults(func=report)
     b = sub.add_parser("bundle", help="pack a run directory into one .tar.gz")
@@ -29,46 +26,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.set_defaults(func=bundle)
 
 
-def _analyzer() -> Any | None:
-    """``recompute_summary`` of labctl.trace.analyze, or None while that module does not exist."""
-    try:
-        module = importlib.import_module(ANALYZER)
-    except ModuleNotFoundError as exc:
-        if exc.name not in (None, "labctl.trace", ANALYZER):
-            warn(f"summary.json not refreshed: {ANALYZER} needs {exc.name}, which is missing")
-        return None
-    except ImportError as exc:
-        warn(f"summary.json not refreshed: {ANALYZER} failed to import: {exc}")
-        return None
-    return getattr(module, "recompute_summary", None)
-
-
-def refresh_summary(run_dir: Path) -> bool:
-    """Recompute summary.json from the raw artifacts when labctl can; True if it did."""
-    recompute = _analyzer()
-    if recompute is None:
-        return False
-    summary = recompute(run_dir)
-    if isinstance(summary, dict):
-        tmp = run_dir / f".{SUMMARY}.tmp"
-        try:
-            tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-            os.replace(tmp, run_dir / SUMMARY)
-        except OSError as exc:
-            raise LabctlError(f"cannot write {run_dir / SUMMARY}: {exc.strerror or exc}") from exc
-    return True
-
-
 def report(args: argparse.Namespace) -> int:
-    run_dir = check_run_dir(args.run_dir)
-    if refresh_summary(run_dir):
-        console.print(f"refreshed {SUMMARY} from the raw artifacts", markup=False, highlight=False)
+    run_dir = check_bundle_dir(args.run_dir)
+    if (run_dir / SUMMARY).is_file():
+        resummarize(run_dir)
+        console.print(Text(f"refreshed {SUMMARY} from the raw artifacts"))
     for path in render_run(run_dir):
-        out.print(str(path), markup=False, highlight=False, soft_wrap=True)
+        out.print(Text(str(path)), soft_wrap=True)
     return 0
 
 
 def bundle(args: argparse.Namespace) -> int:
     archive = pack(args.run_dir, args.output, args.force)
-    out.print(str(archive), markup=False, highlight=False, soft_wrap=True)
+    out.print(Text(str(archive)), soft_wrap=True)
     return 0

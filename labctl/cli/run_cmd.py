@@ -10,7 +10,7 @@ from rich.text import Text
 from labctl.cli.images import ensure_image
 from labctl.cli.lifecycle_cmds import add_up_arguments, up_options
 from labctl.cli.ui import UpDisplay, console, out, print_json
-from labctl.collect import new_bundle_dir
+from labctl.bundle.write import new_bundle_dir
 from labctl.errors import UsageError
 from labctl.lab import load_lab
 from labctl.lifecycle import down, up

@@ -53,7 +53,7 @@ from typing import Any, Literal, NamedTuple
 from labctl import proc
 from labctl.debug.oops import Frame, Oops
 from labctl.errors import HostError, ImageError, ProcessError
-from labctl.paths import cache_dir
+from labctl.paths import atomic_write, cache_dir
 
 CACHE_VERSION = 1
 ADDR2LINE_TIMEOUT = 300.0
@@ -232,9 +232,7 @@ def _file_key(path: Path, *extra: str) -> str:
 
 def _write_atomic(path: Path, data: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(data)
-    os.replace(tmp, path)
+    atomic_write(path, data)
 
 
 def load_vmlinux_symbols(vmlinux: Path, cache: Path | None) -> tuple[SymbolTable, bool]:
@@ -253,11 +251,9 @@ def load_vmlinux_symbols(vmlinux: Path, cache: Path | None) -> tuple[SymbolTable
     if cached:
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-            with open(tmp, "wb") as f:
-                pickle.dump((CACHE_VERSION, info.has_dwarf, (table.by_name, table.values, table.ends)), f,
-                            protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, cached)
+            atomic_write(cached, pickle.dumps((CACHE_VERSION, info.has_dwarf,
+                                               (table.by_name, table.values, table.ends)),
+                                              protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             pass  # a cache that cannot be written only costs time
     return table, info.has_dwarf
@@ -508,9 +504,7 @@ class ModuleIndex:
         out = self.cache / f"{_file_key(path)}-{path.name[:-3]}"
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(lzma.decompress(path.read_bytes()))
-            os.replace(tmp, out)
+            atomic_write(out, lzma.decompress(path.read_bytes()))
         return out
 
 

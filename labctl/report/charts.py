@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from html import escape
 
+from labctl.bundle.figures import fmt_num, usable
+
 WIDTH = 560
 BAR_HEIGHT = 22
 BAR_GAP = 10
@@ -24,27 +26,6 @@ FAILED_COLOR = "#b42318"
 GRID_COLOR = "#e3e7ee"
 INK = "#1f2933"
 MUTED = "#6b7785"
-
-
-def fmt_num(value: object) -> str:
-    """A figure as the report prints it: ints as is, floats to at most 2 decimals, None as ``n/a``."""
-    if value is None or isinstance(value, bool):
-        return "n/a" if value is None else str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "n/a"
-        text = f"{value:.2f}".rstrip("0")
-        return text + "0" if text.endswith(".") else text
-    return str(value)
-
-
-def usable(value: object) -> float | None:
-    """``value`` as a finite float, or None when it is missing or not a number."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def nice_ticks(vmax: float, target: int = 4) -> list[float]:

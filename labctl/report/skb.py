@@ -13,23 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.report.charts import bar_chart_svg, fmt_num
-from labctl.report.render import (
-    Block,
-    Charts,
-    Heading,
-    Para,
-    Row,
-    Span,
-    Table,
-    _dict,
-    full_label,
-    num,
-    run_steps,
-    step_guests,
-    txt,
-    Run,
-)
+from labctl.bundle.figures import as_dict, fmt_num, full_label, run_steps, step_guests
+from labctl.bundle.read import Run
+from labctl.report.charts import bar_chart_svg
+from labctl.report.document import Block, Charts, Heading, Para, Row, Span, Table, num, txt
 
 DIRECTIONS = (("rx", "Receive: driver → app"), ("tx", "Transmit: app → driver"))
 
@@ -37,11 +24,11 @@ DIRECTIONS = (("rx", "Receive: driver → app"), ("tx", "Transmit: app → drive
 def _focus(step: Mapping[str, Any], direction: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(column label, guest, figures) of the step's guest with the most data segments in ``direction``
     (the receiver for rx, the sender for tx); figures of the NIC under test when it has any."""
-    nic = _dict(step.get("nic")).get("name")
+    nic = as_dict(step.get("nic")).get("name")
     best: tuple[int, str, str, dict[str, Any]] | None = None
     for guest, figs in step_guests(step):
-        skb = _dict(_dict(figs.get("skb_latency")).get(direction))
-        part = _dict(_dict(skb.get("by_nic")).get(nic)) if nic else {}
+        skb = as_dict(as_dict(figs.get("skb_latency")).get(direction))
+        part = as_dict(as_dict(skb.get("by_nic")).get(nic)) if nic else {}
         chosen = part if part.get("data_segments") else skb
         count = chosen.get("data_segments") or 0
         if count and (best is None or count > best[0]):
@@ -63,30 +50,30 @@ def _cell(stats: Mapping[str, Any]) -> tuple[Span, ...]:
 
 def stage_table(columns: list[tuple[str, str, dict[str, Any]]], titles: Mapping[str, str]) -> Table:
     """Rows: stages and end to end; columns: variants; cells p50 / p90 / p99 / max in µs."""
-    stages = list(_dict(columns[0][2].get("stages")))
+    stages = list(as_dict(columns[0][2].get("stages")))
     rows = []
     for stage in [*stages, "end_to_end"]:
         title = "end to end" if stage == "end_to_end" else titles.get(stage, stage)
         cells = [txt(title, "b" if stage == "end_to_end" else "")]
         for _, _, figs in columns:
-            stats = figs.get("end_to_end") if stage == "end_to_end" else _dict(figs.get("stages")).get(stage)
-            cells.append(_cell(_dict(stats)))
+            stats = figs.get("end_to_end") if stage == "end_to_end" else as_dict(figs.get("stages")).get(stage)
+            cells.append(_cell(as_dict(stats)))
         rows.append(Row(tuple(cells)))
     headers = ("stage (µs: p50 / p90 / p99 / max)", *(label for label, _, _ in columns))
     return Table(headers, tuple(rows), frozenset(range(1, len(columns) + 1)), "skb-stages")
 
 
 def _reasons(figs: Mapping[str, Any]) -> str:
-    reasons = _dict(figs.get("not_followed"))
+    reasons = as_dict(figs.get("not_followed"))
     return "; ".join(f"{n} {why}" for why, n in list(reasons.items())[:3]) or "–"
 
 
 def coverage_table(columns: list[tuple[str, str, dict[str, Any]]], lost: Mapping[str, dict[str, Any]]) -> Table:
     rows = []
     for label, guest, figs in columns:
-        totals = _dict(figs.get("totals"))
-        g_lost = _dict(lost.get(label))
-        misses = sum(v for v in _dict(g_lost.get("kprobe_misses")).values() if isinstance(v, int))
+        totals = as_dict(figs.get("totals"))
+        g_lost = as_dict(lost.get(label))
+        misses = sum(v for v in as_dict(g_lost.get("kprobe_misses")).values() if isinstance(v, int))
         pct = figs.get("followed_pct")
         rows.append(Row((txt(label), num(figs.get("data_segments")), num(figs.get("followed")),
                          txt(f"{fmt_num(pct)}%" if pct is not None else "n/a", "" if (pct or 0) >= 90 else "bad"),
@@ -99,12 +86,12 @@ def coverage_table(columns: list[tuple[str, str, dict[str, Any]]], lost: Mapping
 
 def _charts(columns: list[tuple[str, str, dict[str, Any]]], titles: Mapping[str, str], direction: str) -> Charts:
     labels = [label for label, _, _ in columns]
-    stages = list(_dict(columns[0][2].get("stages")))
+    stages = list(as_dict(columns[0][2].get("stages")))
     svgs = [bar_chart_svg(f"{direction.upper()} median: {titles.get(s, s)}", labels,
-                          [_dict(_dict(f.get("stages")).get(s)).get("p50_us") for _, _, f in columns], "µs")
+                          [as_dict(as_dict(f.get("stages")).get(s)).get("p50_us") for _, _, f in columns], "µs")
             for s in stages]
     for label, _, figs in columns:
-        hist = _dict(_dict(figs.get("totals")).get("histograms")).get("end_to_end") or []
+        hist = as_dict(as_dict(figs.get("totals")).get("histograms")).get("end_to_end") or []
         bins = [h for h in hist if isinstance(h, dict)]
         if bins:
             names = [f"{fmt_num(h.get('from_us'))}–{fmt_num(h.get('to_us'))} µs" if h.get("to_us") is not None
@@ -121,12 +108,12 @@ def latency_blocks(run: Run) -> list[Block]:
     lost: dict[str, dict[str, Any]] = {}
     for s in steps:
         for guest, figs in step_guests(s):
-            skb = _dict(figs.get("skb_latency"))
-            titles.update({k: str(v) for k, v in _dict(skb.get("stage_titles")).items()})
+            skb = as_dict(figs.get("skb_latency"))
+            titles.update({k: str(v) for k, v in as_dict(skb.get("stage_titles")).items()})
             for direction, _ in DIRECTIONS:
                 for label, g, _ in _focus(s, direction):
                     if g == guest:
-                        lost[label] = _dict(skb.get("lost"))
+                        lost[label] = as_dict(skb.get("lost"))
     blocks: list[Block] = []
     for direction, heading in DIRECTIONS:
         columns = _columns(steps, direction)

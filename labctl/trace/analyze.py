@@ -288,25 +288,6 @@ def guest_figures(guest_dir: Path, driver_modules: list[str]) -> dict[str, Any]:
     return figures
 
 
-def recompute_summary(run_dir: Path) -> dict[str, Any]:
-    """summary.json of a bundle with every guest's figures recomputed from its raw files.
-
-    Used by ``labctl report`` so that a bundle can be re-analysed after the
-    analysis improves; step results (status, reason, NIC) are kept as recorded.
-    """
-    import json
-
-    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
-    for step in summary.get("steps", []):
-        modules = (step.get("nic") or {}).get("modules") or []
-        guests = {}
-        for g in step.get("guests", {}):
-            guests[g] = guest_figures(run_dir / step["dir"] / g, modules)
-        step["guests"] = guests
-        step["figures"] = step_figures(guests, step.get("nic"))
-    return summary
-
-
 def step_figures(guests: dict[str, dict[str, Any]], nic: dict[str, Any] | None) -> dict[str, Any]:
     """A step's headline figures: those of the NIC's guest (else the first guest)."""
     focus = (nic or {}).get("guest") or next(iter(guests), None)

@@ -16,7 +16,8 @@ import pytest
 from labctl.errors import LabctlError, UsageError
 from labctl.report import render_run
 from labctl.report.charts import fmt_num
-from labctl.report.render import FIGURES, MANIFEST, SUMMARY
+from labctl.bundle.layout import MANIFEST, SUMMARY
+from labctl.report.content import FIGURES
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "report"

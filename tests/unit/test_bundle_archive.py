@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import UsageError
-from labctl.report import pack
+from labctl.bundle.archive import pack
 from tests.conftest import ROOT
 
 FIXTURE = ROOT / "tests" / "fixtures" / "report" / "nic-driver-cost-ok"

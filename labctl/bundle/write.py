@@ -1,16 +1,8 @@
-"""The report bundle of one run: its directory, manifest and summary.
+"""Writing a run's bundle: its directory, the manifest, the lab file and the guests' consoles.
 
-::
-
-    runs/<lab>-<YYYYmmdd-HHMMSS>/
-        manifest.json   lab file + sha256, resolved lab, image manifest, QEMU
-                        version and argv per guest, accelerator, host, labctl
-                        version, start/end, every command with status and duration
-        summary.json    figures per step and NIC (labctl.trace.analyze)
-        report.md, report.html (labctl.report.render)
-        lab.yaml        the lab file as run
-        guests/<guest>/console.log
-        steps/<step>/<variant>/<guest>/...   raw artifacts
+Where each file goes is :mod:`labctl.bundle.layout`'s; the figures are
+:mod:`labctl.bundle.summary`'s; the steps' raw files are copied in by the
+runner (:mod:`labctl.steps`).
 """
 
 from __future__ import annotations
@@ -21,13 +13,15 @@ import logging
 import os
 import platform
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from labctl import __version__
-from labctl.lab.model import Lab
+from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, guest_dir
 from labctl.errors import LabctlError, UsageError
+from labctl.image.store import MANIFEST as IMAGE_MANIFEST
+from labctl.lab.model import Lab
+from labctl.paths import atomic_write
 from labctl.proc import run
 from labctl.runstate import LabState
 
@@ -95,7 +89,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
                    commands: list[dict[str, Any]], status: str, reason: str | None) -> None:
     image_manifest: dict[str, Any] = {}
     try:
-        image_manifest = json.loads((Path(state.image["dir"]) / "manifest.json").read_text())
+        image_manifest = json.loads((Path(state.image["dir"]) / IMAGE_MANIFEST).read_text())
     except (OSError, ValueError, KeyError):
         pass
     manifest = {
@@ -114,7 +108,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "status": status,
         "reason": reason,
     }
-    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
 
 
 def _qemu_section(state: LabState) -> dict[str, Any]:
@@ -133,62 +127,16 @@ def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> dict[str, list[str]]
     """
     from labctl.debug.crash import decode_console
 
-    (bundle / "lab.yaml").write_text(lab.text)
+    (bundle / LAB_FILE).write_text(lab.text)
     crashes: dict[str, list[str]] = {}
     for name, rec in state.guests.items():
-        d = bundle / "guests" / name
+        d = bundle / guest_dir(name)
         d.mkdir(parents=True, exist_ok=True)
         try:
-            shutil.copy(rec.console, d / "console.log")
+            shutil.copy(rec.console, d / CONSOLE)
         except OSError:
             continue
-        titles = decode_console(d / "console.log", Path(state.image["dir"]), d)
+        titles = decode_console(d / CONSOLE, Path(state.image["dir"]), d)
         if titles:
             crashes[name] = titles
     return crashes
-
-
-def write_summary(bundle: Path, lab: Lab, state: LabState, results: list[Any], started: str,
-                  finished: str, status: str, reason: str | None) -> dict[str, Any]:
-    """summary.json from the results and the raw artifacts in the bundle."""
-    from labctl.trace.analyze import guest_figures, step_figures
-    from labctl.trace.stats import write_delta
-
-    steps = []
-    for r in results:
-        entry = asdict(r)
-        guests: dict[str, Any] = {}
-        modules = (r.nic or {}).get("modules") or []
-        for g in r.guests:
-            gdir = bundle / r.dir / g
-            if gdir.is_dir():
-                try:
-                    if (gdir / "stats" / "before").is_dir() and (gdir / "stats" / "after").is_dir():
-                        write_delta(gdir)
-                    guests[g] = guest_figures(gdir, modules)
-                except Exception as exc:  # noqa: BLE001 - a figure must never lose the bundle
-                    log.warning("figures for %s/%s failed: %s", r.dir, g, exc)
-                    guests[g] = {"warnings": [f"analysis failed: {exc}"]}
-        entry["guests"] = guests
-        entry["figures"] = step_figures(guests, r.nic)
-        steps.append(entry)
-    summary: dict[str, Any] = {"lab": lab.name, "status": status, "reason": reason,
-                               "started_at": started, "finished_at": finished, "accel": state.accel,
-                               "steps": steps}
-    try:
-        from labctl.report.render import comparison_sentence
-
-        summary["comparison"] = comparison_sentence(steps)
-    except ImportError:
-        summary["comparison"] = None
-    (bundle / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    return summary
-
-
-def render_report(bundle: Path) -> list[Path]:
-    """report.md and report.html, if the renderer is available."""
-    try:
-        from labctl.report.render import render_run
-    except ImportError:
-        return []
-    return list(render_run(bundle))

@@ -15,8 +15,8 @@ import os
 import tarfile
 from pathlib import Path
 
+from labctl.bundle.layout import check_bundle_dir
 from labctl.errors import LabctlError, UsageError
-from labctl.report.render import check_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def pack(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
     Refuses (UsageError) a directory without manifest.json, and an ``out``
     file that exists unless ``force``.
     """
-    root = check_run_dir(run_dir)
+    root = check_bundle_dir(run_dir)
     dest = archive_path(root, out, force).resolve()
     tmp = dest.with_name(f".{dest.name}.part")
     try:

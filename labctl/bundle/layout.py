@@ -1,0 +1,55 @@
+"""Where everything is in a report bundle: every file name, once.
+
+::
+
+    runs/<lab>-<YYYYmmdd-HHMMSS>/
+        manifest.json   lab file + sha256, resolved lab, image manifest, QEMU
+                        version and argv per guest, accelerator, host, labctl
+                        version, start/end, every command with status and duration
+        summary.json    figures per step and NIC (labctl.bundle.summary)
+        report.md, report.html (labctl.report)
+        lab.yaml        the lab file as run
+        guests/<guest>/console.log, oops.txt, oops.json
+        steps/<step>/<variant>/<guest>/...   raw artifacts (``_`` for a step without a matrix)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from labctl.errors import UsageError
+
+MANIFEST = "manifest.json"
+SUMMARY = "summary.json"
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+LAB_FILE = "lab.yaml"
+GUESTS = "guests"
+STEPS = "steps"
+CONSOLE = "console.log"
+OOPS_TXT = "oops.txt"
+OOPS_JSON = "oops.json"
+NO_VARIANT = "_"
+
+
+def step_dir(step: str, variant: str | None) -> Path:
+    """A step variant's directory, relative to the bundle (``steps/<step>/<variant>``)."""
+    return Path(STEPS) / step / (variant or NO_VARIANT)
+
+
+def guest_dir(guest: str) -> Path:
+    """A guest's directory, relative to the bundle (``guests/<guest>``)."""
+    return Path(GUESTS) / guest
+
+
+def check_bundle_dir(path: Path) -> Path:
+    """``path`` resolved when it is a bundle (it holds manifest.json).
+
+    :raise UsageError: for anything else.
+    """
+    if not path.is_dir():
+        raise UsageError(f"{path}: not a directory", hint="pass the run directory of a lab run")
+    if not (path / MANIFEST).is_file():
+        raise UsageError(f"{path} is not a report bundle (no {MANIFEST})",
+                         hint="pass the run directory of a lab run: it holds manifest.json and summary.json")
+    return path.resolve()

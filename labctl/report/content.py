@@ -1,0 +1,408 @@
+"""What the report says: a bundle's manifest and summary turned into document blocks.
+
+Numbers come straight from summary.json, formatted by
+:func:`labctl.report.charts.fmt_num`: the report never recomputes a figure.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from labctl.bundle.layout import MANIFEST, SUMMARY
+from labctl.bundle.read import Run
+from labctl.bundle.figures import (
+    as_dict,
+    as_list,
+    comparison_sentence,
+    figure,
+    fmt_num,
+    full_label,
+    is_failed,
+    primary_guest,
+    run_steps,
+    step_guests,
+    step_labels,
+    usable,
+    variant_text,
+)
+from labctl.report.charts import bar_chart_svg
+from labctl.report.skb import latency_blocks
+from labctl.report.document import (
+    Block,
+    Bullets,
+    Charts,
+    Heading,
+    Inline,
+    Meta,
+    Para,
+    Row,
+    Section,
+    Span,
+    Table,
+    num,
+    txt,
+)
+
+MAX_ARTIFACTS = 200
+
+# (summary key, chart title, unit, results-table header)
+FIGURES: tuple[tuple[str, str, str, str], ...] = (
+    ("throughput_mbit_s", "Throughput", "Mbit/s", "throughput Mbit/s"),
+    ("cpu_load_pct", "CPU load", "%", "CPU load %"),
+    ("driver_share_pct", "Driver share of CPU samples", "%", "driver share %"),
+    ("driver_cpu_pct", "CPU in the NIC driver", "%", "CPU in driver %"),
+)
+
+
+# --------------------------------------------------------------------------- header
+
+def _parse_time(value: object) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``21.3 s``, ``3 min 05 s`` or ``1 h 02 min``; ``n/a`` when unknown."""
+    if seconds is None or seconds < 0:
+        return "n/a"
+    if seconds < 60:
+        return f"{fmt_num(float(seconds))} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def fmt_time(moment: datetime.datetime, date: bool = True) -> str:
+    """``2026-11-23 01:00:00 UTC`` (or just the time when ``date`` is False)."""
+    text = moment.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S")
+    return f"{text} {moment.tzname()}" if moment.tzinfo else text
+
+
+def _when(run: Run) -> Inline:
+    started = run.summary.get("started_at") or run.manifest.get("started_at")
+    finished = run.summary.get("finished_at") or run.manifest.get("finished_at")
+    t0, t1 = _parse_time(started), _parse_time(finished)
+    if t0 is None:
+        return txt(f"{started or 'unknown'} → {finished or 'not finished'}")
+    if t1 is None:
+        return txt(f"{fmt_time(t0)} → {finished or 'not finished'}")
+    try:
+        took = fmt_duration((t1 - t0).total_seconds())
+    except TypeError:  # one has a time zone, the other not
+        return txt(f"{fmt_time(t0)} → {fmt_time(t1)}")
+    return txt(f"{fmt_time(t0)} → {fmt_time(t1, t1.date() != t0.date())} ({took})")
+
+
+def _host(host: object) -> str:
+    if isinstance(host, dict):
+        return ", ".join(f"{k}: {v}" for k, v in host.items() if not isinstance(v, dict | list)) or "–"
+    return str(host) if host else "–"
+
+
+def _kernel(image: Mapping[str, Any]) -> str:
+    kernel = as_dict(image.get("kernel"))
+    release, version = kernel.get("release"), kernel.get("version")
+    if not release:
+        return "unknown"
+    return f"{release} ({version})" if version else str(release)
+
+
+def _lab_file(lab: Mapping[str, Any]) -> Inline:
+    source, sha = lab.get("source"), lab.get("sha256")
+    spans = [Span(str(source or "lab.yaml"), "code")]
+    if sha:
+        spans.append(Span(f" sha256 {str(sha)[:16]}…", "muted"))
+    return tuple(spans)
+
+
+def lab_name(run: Run) -> str:
+    """The lab's name from summary.json, else from the manifest."""
+    return str(run.summary.get("lab") or as_dict(run.manifest.get("lab")).get("name") or "unknown lab")
+
+
+def run_status(run: Run) -> tuple[str, str | None]:
+    """The run's status and reason (summary first, then manifest)."""
+    status = run.summary.get("status") or run.manifest.get("status") or "unknown"
+    reason = run.summary.get("reason") or run.manifest.get("reason")
+    return str(status), (str(reason) if reason else None)
+
+
+def _status_para(run: Run) -> Para:
+    status, reason = run_status(run)
+    if is_failed(status):
+        return Para((Span(f"Run {status.upper()}", "bad"),) + ((Span(f": {reason}"),) if reason else ()), "alert")
+    spans = (Span("Run status: "), Span(status, "good" if status == "ok" else "muted"))
+    return Para(spans + ((Span(f" ({reason})"),) if reason else ()), "ok")
+
+
+def header_blocks(run: Run) -> list[Block]:
+    """Title, status, when, where and with which versions."""
+    image, qemu = as_dict(run.manifest.get("image")), as_dict(run.manifest.get("qemu"))
+    rows: tuple[tuple[str, Inline], ...] = (
+        ("when", _when(run)),
+        ("accelerator", txt(run.summary.get("accel") or run.manifest.get("accel") or "unknown")),
+        ("lab file", _lab_file(as_dict(run.manifest.get("lab")))),
+        ("labctl", txt(run.manifest.get("labctl_version") or "unknown")),
+        ("QEMU", txt(qemu.get("version") or "unknown")),
+        ("guest kernel", txt(_kernel(image))),
+        ("image", txt(" ".join(str(image[k]) for k in ("name", "key") if image.get(k)) or "unknown")),
+        ("host", txt(_host(run.manifest.get("host")))),
+    )
+    blocks: list[Block] = [Heading(1, f"labctl report: {lab_name(run)}"), _status_para(run), Meta(rows)]
+    blocks += [Para(txt(note), "alert") for note in run.notes]
+    return blocks + _failure_blocks(run_steps(run.summary))
+
+
+def _failure_blocks(steps: Sequence[Mapping[str, Any]]) -> list[Block]:
+    failed = [s for s in steps if is_failed(s.get("status"))]
+    if not failed:
+        return []
+    items = tuple((Span(f"step {full_label(s)} {s.get('status')}", "bad"),
+                   Span(f": {s.get('reason') or 'no reason given'}")) for s in failed)
+    return [Bullets(items, "alert")]
+
+
+# --------------------------------------------------------------------------- results
+
+def _status_cell(status: object) -> Inline:
+    text = str(status or "unknown")
+    return txt(text.upper() if is_failed(status) else text, "bad" if is_failed(status) else "")
+
+
+def results_table(steps: Sequence[Mapping[str, Any]]) -> Table:
+    """One row per step: the figures summary.json holds for it."""
+    headers = ("step", "variant / NIC model", "driver", "status", *(f[3] for f in FIGURES), "samples", "lost")
+    rows = []
+    for s in steps:
+        primary = primary_guest(s)
+        guest = primary[1] if primary else {}
+        cells = (txt(s.get("name") or "?"), txt(variant_text(s)),
+                 txt(as_dict(s.get("nic")).get("driver") or "–", "code" if as_dict(s.get("nic")).get("driver") else ""),
+                 _status_cell(s.get("status")), *(num(figure(s, f[0])) for f in FIGURES),
+                 num(guest.get("samples")), num(guest.get("lost_samples")))
+        rows.append(Row(cells, "failed" if is_failed(s.get("status")) else ""))
+    return Table(headers, tuple(rows), frozenset(range(4, 10)), "results")
+
+
+def charts(steps: Sequence[Mapping[str, Any]]) -> Charts:
+    """One bar chart per figure, one bar per step."""
+    labels = step_labels(steps)
+    failed = [is_failed(s.get("status")) for s in steps]
+    return Charts(tuple(bar_chart_svg(title, labels, [usable(figure(s, key)) for s in steps], unit,
+                                      axis_label=f"{title} ({unit})", failed=failed)
+                        for key, title, unit, _ in FIGURES))
+
+
+def results_blocks(run: Run) -> list[Block]:
+    """The results table, the comparison sentence and the charts."""
+    steps = run_steps(run.summary)
+    if not steps:
+        return [Heading(2, "Results"), Para(txt("No step produced results."), "muted")]
+    sentence = run.summary.get("comparison") or comparison_sentence(steps)
+    blocks: list[Block] = [Heading(2, "Results"), results_table(steps)]
+    if sentence:
+        blocks.append(Para(txt(sentence, "b"), "callout"))
+    return blocks + [charts(steps)]
+
+
+# --------------------------------------------------------------------------- one step
+
+def _nic_line(nic: Mapping[str, Any]) -> Inline:
+    if not nic:
+        return txt("none recorded", "muted")
+    where = f"{nic.get('guest') or '?'} {nic.get('name') or '?'}"
+    mods = ", ".join(str(m) for m in as_list(nic.get("modules")))
+    spans = [Span(where, "code"), Span(f": {nic.get('model') or '?'}, driver "),
+             Span(str(nic.get("driver") or "unknown"), "code")]
+    if mods:
+        spans.append(Span(f" (modules: {mods})"))
+    return tuple(spans)
+
+
+def _step_meta(step: Mapping[str, Any], step_dir: str) -> Meta:
+    rows: list[tuple[str, Inline]] = [("status", _status_cell(step.get("status")))]
+    if step.get("reason"):
+        rows.append(("reason", txt(step["reason"], "bad" if is_failed(step.get("status")) else "")))
+    rows += [("duration", txt(fmt_duration(usable(step.get("duration_s"))))),
+             ("NIC", _nic_line(as_dict(step.get("nic")))), ("directory", txt(step_dir, "code"))]
+    return Meta(tuple(rows))
+
+
+def guests_table(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> Table:
+    """Per-guest figures of one step."""
+    rows = tuple(Row((txt(name),) + tuple(num(g.get(f[0])) for f in FIGURES)
+                     + (num(g.get("samples")), num(g.get("lost_samples")))) for name, g in guests)
+    headers = ("guest", *(f[3] for f in FIGURES), "samples", "lost samples")
+    return Table(headers, rows, frozenset(range(1, 7)))
+
+
+def symbols_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+    """Top symbols of every guest, or a note when there are none."""
+    rows = tuple(Row((txt(name), txt(sym.get("symbol") or "?", "code"), txt(sym.get("dso") or "?", "code"),
+                      num(sym.get("pct"))))
+                 for name, g in guests for sym in as_list(g.get("top_symbols")) if isinstance(sym, dict))
+    if not rows:
+        return [Heading(4, "Top symbols"), Para(txt("no samples recorded"), "muted")]
+    return [Heading(4, "Top symbols"), Table(("guest", "symbol", "dso", "% of samples"), rows, frozenset({3}))]
+
+
+def softnet_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+    """softnet_stat deltas of every guest."""
+    rows = []
+    for name, g in guests:
+        sn = g.get("softnet")
+        if isinstance(sn, dict):
+            dropped = sn.get("dropped")
+            rows.append(Row((txt(name), num(sn.get("processed")),
+                             txt(fmt_num(dropped), "bad") if usable(dropped) else num(dropped),
+                             num(sn.get("time_squeeze")))))
+    if not rows:
+        return [Heading(4, "Softnet"), Para(txt("not measured"), "muted")]
+    return [Heading(4, "Softnet"), Table(("guest", "processed", "dropped", "time_squeeze"), tuple(rows),
+                                         frozenset({1, 2, 3}))]
+
+
+LOSS_FIELDS = (("perf_lost", "perf lost events"), ("ftrace_overruns", "ftrace overruns"),
+               ("kprobe_misses", "kprobe misses"))
+
+
+def _loss_item(name: str, guest: Mapping[str, Any]) -> Inline:
+    loss = guest.get("trace_loss")
+    lost_samples = usable(guest.get("lost_samples"))
+    if not isinstance(loss, dict) and lost_samples is None:
+        return (Span(f"{name}: "), Span("not measured", "muted"))
+    counts = [(label, as_dict(loss).get(key)) for key, label in LOSS_FIELDS]
+    if lost_samples != usable(as_dict(loss).get("perf_lost")):
+        counts.append(("lost samples", guest.get("lost_samples")))
+    lossy = [(label, v) for label, v in counts if usable(v)]
+    if not lossy:
+        return (Span(f"{name}: "), Span("none", "good"))
+    return (Span(f"{name}: "), Span(", ".join(f"{label} {fmt_num(v)}" for label, v in lossy), "bad"))
+
+
+def loss_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+    """Trace loss per guest: always present, 'none' when nothing was lost."""
+    if not guests:
+        return [Heading(4, "Trace loss"), Para(txt("not measured (no guest data)"), "muted")]
+    return [Heading(4, "Trace loss"), Bullets(tuple(_loss_item(n, g) for n, g in guests))]
+
+
+def warning_blocks(step: Mapping[str, Any], guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+    """Warnings of the step and of its guests."""
+    items = [txt(str(w)) for w in as_list(step.get("warnings"))]
+    items += [(Span(f"{name}: ", "b"), Span(str(w))) for name, g in guests for w in as_list(g.get("warnings"))]
+    if not items:
+        return [Heading(4, "Warnings"), Para(txt("none"), "muted")]
+    return [Heading(4, "Warnings"), Bullets(tuple(items), "warnings")]
+
+
+def _step_dir(step: Mapping[str, Any]) -> str:
+    given = step.get("dir")
+    if isinstance(given, str) and given:
+        return given.strip("/")
+    return f"steps/{step.get('name') or '_'}/{step.get('variant') or '_'}"
+
+
+def _human_size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{value:.1f} {unit}"
+
+
+def artifact_links(root: Path, rel_dir: str) -> list[Block]:
+    """Links (relative to the run directory) to every file under ``rel_dir``."""
+    base = (root / rel_dir).resolve()
+    if not base.is_relative_to(root) or not base.is_dir():
+        return [Para(txt(f"no artifacts in {rel_dir}/"), "muted")]
+    files = sorted(p for p in base.rglob("*") if p.is_file() and p.resolve().is_relative_to(root))
+    items = tuple((Span(p.relative_to(base).as_posix(), "code", p.relative_to(root).as_posix()),
+                   Span(f" {_human_size(p.stat().st_size)}", "muted")) for p in files[:MAX_ARTIFACTS])
+    blocks: list[Block] = [Bullets(items, "artifacts")] if items else [Para(txt(f"no files in {rel_dir}/"), "muted")]
+    if len(files) > MAX_ARTIFACTS:
+        blocks.append(Para(txt(f"… and {len(files) - MAX_ARTIFACTS} more files in {rel_dir}/"), "muted"))
+    return blocks
+
+
+def step_section(root: Path, step: Mapping[str, Any], index: int) -> Section:
+    """Everything about one step."""
+    failed = is_failed(step.get("status"))
+    guests = step_guests(step)
+    step_dir = _step_dir(step)
+    blocks: list[Block] = [Heading(3, f"{full_label(step)}{' — ' + str(step.get('status')).upper() if failed else ''}"),
+                           _step_meta(step, step_dir)]
+    if guests:
+        blocks += [Heading(4, "Guests"), guests_table(guests)]
+    blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests)
+    blocks += warning_blocks(step, guests) + [Heading(4, "Raw artifacts")] + artifact_links(root, step_dir)
+    return Section(tuple(blocks), "step failed" if failed else "step", f"step-{index}")
+
+
+def steps_blocks(run: Run) -> list[Block]:
+    """One section per step."""
+    steps = run_steps(run.summary)
+    if not steps:
+        return []
+    sections = [step_section(run.dir, s, i + 1) for i, s in enumerate(steps)]
+    return [Heading(2, "Steps"), *sections]
+
+
+# --------------------------------------------------------------------------- commands, artifacts
+
+def _command_text(command: object) -> str:
+    if isinstance(command, list):
+        return shlex.join(str(c) for c in command)
+    return str(command) if command is not None else "?"
+
+
+def _exit_cell(status: object) -> Inline:
+    if status is None:
+        return txt("n/a", "muted")
+    return txt(status, "" if status == 0 or status == "ok" else "bad")
+
+
+def commands_blocks(run: Run) -> list[Block]:
+    """The commands the run executed, from the manifest."""
+    commands = [c for c in as_list(run.manifest.get("commands")) if isinstance(c, dict)]
+    if not commands:
+        return [Heading(2, "Commands"), Para(txt("no commands recorded"), "muted")]
+    rows = []
+    for c in commands:
+        step = str(c.get("step") or "–") + (f" / {c['variant']}" if c.get("variant") else "")
+        status = c.get("status")
+        rows.append(Row((txt(c.get("guest") or "–"), txt(step), txt(_command_text(c.get("command")), "code"),
+                         _exit_cell(status), num(c.get("duration_s"))),
+                        "" if status in (0, "ok", None) else "failed"))
+    return [Heading(2, "Commands"),
+            Table(("guest", "step", "command", "exit status", "duration s"), tuple(rows), frozenset({3, 4}),
+                  "commands")]
+
+
+def run_artifact_blocks(run: Run) -> list[Block]:
+    """Links to the run's own files: manifest, summary, lab file, console logs."""
+    items: list[Inline] = [(Span(name, "code", name),) for name in (MANIFEST, SUMMARY, "lab.yaml") if (run.dir / name).is_file()]
+    guests = run.dir / "guests"
+    if guests.is_dir():
+        for p in sorted(q for q in guests.rglob("*") if q.is_file()):
+            rel = p.relative_to(run.dir).as_posix()
+            items.append((Span(rel, "code", rel), Span(f" {_human_size(p.stat().st_size)}", "muted")))
+    return [Heading(2, "Run files"), Bullets(tuple(items), "artifacts")]
+
+
+def build_document(run: Run) -> list[Block]:
+    """The whole report as blocks."""
+    return (header_blocks(run) + results_blocks(run) + latency_blocks(run) + steps_blocks(run)
+            + commands_blocks(run) + run_artifact_blocks(run))
+
+
