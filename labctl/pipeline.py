@@ -14,10 +14,10 @@ from pathlib import Path
 
 from labctl.bundle import write
 from labctl.bundle.summary import summarize, write_summary
-from labctl.report import render_run
 from labctl.image.store import Image
 from labctl.lab.model import Lab
 from labctl.lifecycle import UpEvents, UpOptions, down, up
+from labctl.report import render_run
 from labctl.runner import Runner, StepEvents, StepResult, now
 from labctl.runstate import LabState
 

@@ -10,10 +10,10 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from labctl.bundle.write import new_bundle_dir
 from labctl.cli.images import ensure_image
 from labctl.cli.ui import UpDisplay, console, out, print_json
 from labctl.errors import LabStateError
-from labctl.bundle.write import new_bundle_dir
 from labctl.lab import Lab, load_lab
 from labctl.lifecycle import UpOptions, down, guest_statuses, up
 from labctl.runstate import UP, LabState, check_lab_name, lab_lock, run_dir, up_labs

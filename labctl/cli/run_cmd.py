@@ -7,16 +7,16 @@ from pathlib import Path
 
 from rich.text import Text
 
+from labctl.bundle.write import new_bundle_dir
 from labctl.cli.images import ensure_image
 from labctl.cli.lifecycle_cmds import add_up_arguments, up_options
 from labctl.cli.ui import UpDisplay, console, out, print_json
-from labctl.bundle.write import new_bundle_dir
 from labctl.errors import UsageError
 from labctl.lab import load_lab
 from labctl.lifecycle import down, up
-from labctl.runstate import lab_lock
 from labctl.pipeline import RunOutcome, run_steps
 from labctl.runner import StepEvents, StepResult
+from labctl.runstate import lab_lock
 
 EXIT_STEP_FAILED = 6
 

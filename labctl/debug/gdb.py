@@ -40,7 +40,6 @@ import json
 import os
 import queue
 import re
-import shlex
 import subprocess
 import threading
 import time

@@ -17,7 +17,6 @@ under the debug modules directory (those outside ``kernel/drivers/net`` and
 from __future__ import annotations
 
 import re
-
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol

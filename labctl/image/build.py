@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import fcntl
 import datetime
+import fcntl
 import hashlib
 import json
 import os

@@ -30,8 +30,8 @@ from labctl.lab.model import (
     Network,
     Nic,
 )
-from labctl.lab.steps import StepParser
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
+from labctl.lab.steps import StepParser
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 

@@ -12,8 +12,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle.layout import MANIFEST, SUMMARY
-from labctl.bundle.read import Run
 from labctl.bundle.figures import (
     as_dict,
     as_list,
@@ -29,8 +27,9 @@ from labctl.bundle.figures import (
     usable,
     variant_text,
 )
+from labctl.bundle.layout import MANIFEST, SUMMARY
+from labctl.bundle.read import Run
 from labctl.report.charts import bar_chart_svg
-from labctl.report.skb import latency_blocks
 from labctl.report.document import (
     Block,
     Bullets,
@@ -46,6 +45,7 @@ from labctl.report.document import (
     num,
     txt,
 )
+from labctl.report.skb import latency_blocks
 
 MAX_ARTIFACTS = 200
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from labctl.report.charts import fmt_num
 
+
 @dataclass(frozen=True)
 class Span:
     """A run of inline text; ``style`` is '', 'b', 'code', 'bad', 'good' or 'muted'."""

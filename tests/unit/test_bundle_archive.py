@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import UsageError
 from labctl.bundle.archive import pack
+from labctl.errors import UsageError
 from tests.conftest import ROOT
 
 FIXTURE = ROOT / "tests" / "fixtures" / "report" / "nic-driver-cost-ok"

@@ -7,7 +7,11 @@ import dataclasses
 import pytest
 
 from labctl.lab.nics import (
-    NIC_MODELS, NicModel, canonical_nic_model, get_nic_model, suggest_nic_model,
+    NIC_MODELS,
+    NicModel,
+    canonical_nic_model,
+    get_nic_model,
+    suggest_nic_model,
 )
 
 

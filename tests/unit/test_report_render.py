@@ -13,10 +13,10 @@ from urllib.parse import unquote
 
 import pytest
 
+from labctl.bundle.layout import MANIFEST, SUMMARY
 from labctl.errors import LabctlError, UsageError
 from labctl.report import render_run
 from labctl.report.charts import fmt_num
-from labctl.bundle.layout import MANIFEST, SUMMARY
 from labctl.report.content import FIGURES
 from tests.conftest import ROOT
 
