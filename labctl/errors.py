@@ -12,6 +12,8 @@
      +-- GuestError             a guest misbehaved (never ready, SSH failed)
      +-- LabStateError          lab already up / not up / state unreadable
      +-- TraceError             a tracer could not be set up (kernel facts, probes)
+     +-- DebugError             gdb could not attach, load symbols or drive the guest
+          +-- MiTimeout         gdb did not answer an MI command in time
 
 Dependencies' exceptions (paramiko, qemu.qmp, libvirt, pygdbmi) are mapped
 into this tree where labctl calls them; only the CLI prints errors and picks
@@ -104,3 +106,13 @@ class LabStateError(LabctlError):
 
 class TraceError(LabctlError):
     """A tracer could not be set up (missing kernel facts, probes refused)."""
+
+
+class DebugError(LabctlError):
+    """gdb could not attach, load symbols or drive the guest."""
+
+    exit_code = 4
+
+
+class MiTimeout(DebugError):
+    """gdb did not answer an MI command in time (its state is unknown)."""
