@@ -46,21 +46,6 @@ MODULE_FRAMES = [("8139cp", "cp_rx_poll"), ("8139cp", "cp_interrupt"), ("e1000",
                  ("e1000", "e1000_clean_rx_irq"), ("e1000", "e1000_xmit_frame"), ("virtio_net", "virtnet_poll"),
                  ("virtio_net", "receive_buf"), ("virtio_net", "start_xmit")]
 
-# Runs the oops command the way `labctl oops decode` does, whether or not
-# labctl's main parser has it wired in yet.
-CLI_RUNNER = """
-import argparse, sys
-from labctl.cli import main as m, oops_cmd
-build = m.build_parser
-def parser():
-    p = build()
-    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    if "oops" not in sub.choices:
-        oops_cmd.register(sub)
-    return p
-m.build_parser = parser
-sys.exit(m.main(sys.argv[1:]))
-"""
 
 
 def spread_symbols(table: SymbolTable, count: int) -> list[tuple[str, int]]:
@@ -114,7 +99,7 @@ def decode_once(img: Image, cache: Path) -> tuple[float, Symbolizer, int]:
 
 def cli_once(img: Image, cache_root: Path) -> float:
     env = dict(os.environ, LABCTL_CACHE_DIR=str(cache_root), PYTHONPATH=str(ROOT))
-    argv = [sys.executable, "-c", CLI_RUNNER, "oops", "decode", str(FIXTURE), "--vmlinux", str(img.vmlinux_debug),
+    argv = [sys.executable, "-m", "labctl", "oops", "decode", str(FIXTURE), "--vmlinux", str(img.vmlinux_debug),
             "--modules", str(img.debug_modules)]
     t0 = time.perf_counter()
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from labctl.bundle.write import new_bundle_dir
 from labctl.cli.images import ensure_image
-from labctl.cli.ui import UpDisplay, console, out, print_json
+from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome
 from labctl.errors import LabStateError
 from labctl.lab import Lab, load_lab
 from labctl.lifecycle import UpOptions, down, guest_statuses, up
@@ -83,7 +83,6 @@ def _up_and_steps(lab: Lab, args: argparse.Namespace) -> int:
         out.print(Text.assemble("lab ", (lab.name, "bold"), f" is up ({state.accel}); ",
                                 (f"labctl ssh {lab.name} GUEST", "cyan"), ", ", (f"labctl down {lab.name}", "cyan")))
     if bundle is not None:
-        from labctl.cli.run_cmd import StepLines, report_outcome
         from labctl.pipeline import run_steps
 
         return report_outcome(run_steps(lab, state, bundle, StepLines()), args.json)

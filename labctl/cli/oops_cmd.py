@@ -6,11 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.text import Text
-
 from labctl.cli.ui import out, print_json
-from labctl.debug.oops import Oops, clean_func, parse_oopses
-from labctl.debug.symbolize import DecodedFrame, DecodedOops, Symbolizer
+from labctl.debug.oops import parse_oopses
+from labctl.debug.oops_text import render_oops
+from labctl.debug.symbolize import Symbolizer
 from labctl.errors import ImageError, UsageError
 from labctl.image.store import ImageStore
 
@@ -74,60 +73,3 @@ def decode(args: argparse.Namespace) -> int:
         for line in render_oops(d, i):
             out.print(line, soft_wrap=True)
     return 0
-
-
-# -- text rendering ------------------------------------------------------------------
-
-def render_oops(d: DecodedOops, number: int) -> list[Text]:
-    """The lines showing one decoded oops: title, headline, RIP, then the trace by section."""
-    o = d.oops
-    lines = [Text(f"#{number} {o.title}", style="bold")]
-    where = f"{INDENT}line {o.line_no}"
-    lines.append(Text(where if o.headline == o.title else f"{where}: {o.headline}", style="dim"))
-    if o.panic:
-        lines.append(Text(f"{INDENT}then: {o.panic}", style="dim"))
-    if o.pid is not None:
-        lines.append(Text(f"{INDENT}CPU {o.cpu}, PID {o.pid} ({o.comm})", style="dim"))
-    if d.rip:
-        lines += render_frame(d.rip, INDENT, label="RIP: ")
-    lines += _render_trace(d, o)
-    return lines
-
-
-def _render_trace(d: DecodedOops, o: Oops) -> list[Text]:
-    lines: list[Text] = []
-    if d.frames:
-        lines.append(Text(f"{INDENT}Call Trace:"))
-    section: tuple[str, str] | None = None
-    for f in d.frames:
-        here = (f.frame.stack, f.frame.context)
-        if here != section:
-            if f.frame.stack and (section is None or section[0] != f.frame.stack):
-                lines.append(Text(f"{INDENT}{f.frame.stack}:"))
-            if f.frame.context:
-                lines.append(Text(f"{INDENT}<{f.frame.context.upper()}>", style="cyan"))
-            section = here
-        lines += render_frame(f, INDENT * 2)
-    return lines
-
-
-def render_frame(f: DecodedFrame, indent: str, label: str = "") -> list[Text]:
-    """``func+off/size [mod]  file:line (inlined fn)`` plus one ``(inlined by)`` line per caller."""
-    fr = f.frame
-    head = Text(indent + label)
-    if not fr.reliable:
-        head.append("? ", style="yellow")
-    head.append(fr.symbol, style="bold" if fr.reliable else "dim")
-    if fr.module:
-        head.append(f" [{fr.module}]", style="magenta")
-    if f.file:
-        head.append(f"  {f.file}:{f.line if f.line is not None else '?'}", style="green")
-        if f.source_func and f.source_func != clean_func(fr.func) and f.source_func != fr.func:
-            head.append(f" ({f.source_func})")
-    if f.note:
-        head.append(f"  [{f.note}]", style="yellow")
-    lines = [head]
-    for loc in f.inlined:
-        where = f"{loc.file}:{loc.line if loc.line is not None else '?'}" if loc.file else "??"
-        lines.append(Text(f"{indent}    (inlined by) {loc.func or '??'} {where}", style="dim"))
-    return lines

@@ -16,6 +16,9 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from labctl.pipeline import RunOutcome
+from labctl.runner import StepEvents, StepResult
+
 # Markup is off: user and guest text (file names, command output, READY lines,
 # oops titles) is always printed literally; styles come from Text objects.
 console = Console(stderr=True, highlight=False, markup=False)
@@ -118,3 +121,36 @@ class UpDisplay:
     def running(self) -> Iterator[UpDisplay]:
         with Live(self, console=console, refresh_per_second=8, transient=True):
             yield self
+
+
+EXIT_STEP_FAILED = 6
+
+
+class StepLines(StepEvents):
+    """One line per step as it starts and ends."""
+
+    def step_started(self, name: str, variant: str | None) -> None:
+        console.print(Text.assemble(("step", "bold"), f" {name}", (f" {variant}" if variant else "", "cyan"), " ..."))
+
+    def step_finished(self, r: StepResult) -> None:
+        style = "green" if r.status == "ok" else "bold red"
+        console.print(Text.assemble("  ", (r.status, style), f" in {r.duration_s:.1f} s",
+                                    f": {r.reason}" if r.reason else ""))
+        for w in r.warnings:  # guest and user text: printed literally, never as markup
+            console.print(Text.assemble("  ", ("warning:", "yellow"), f" {w}"))
+
+
+
+def report_outcome(o: RunOutcome, as_json: bool) -> int:
+    if as_json:
+        print_json({"bundle": str(o.bundle), "status": o.status, "reason": o.reason,
+                    "reports": [str(p) for p in o.reports],
+                    "steps": [{"name": r.name, "variant": r.variant, "status": r.status, "reason": r.reason}
+                              for r in o.results]})
+    else:
+        style = "green" if o.status == "ok" else "bold red"
+        out.print(Text.assemble("run ", (o.status, style), f": {o.reason}" if o.reason else ""))
+        out.print(Text(f"bundle: {o.bundle}"), soft_wrap=True)
+        for p in o.reports:
+            out.print(Text(f"report: {p}"), soft_wrap=True)
+    return 0 if o.status == "ok" else EXIT_STEP_FAILED

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from labctl.debug.oops import parse_oopses
+from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,6 @@ def decode_console(console: Path, image_dir: Path, out_dir: Path) -> list[str]:
         return []
     titles = [o.title for o in oopses]
     try:
-        from labctl.cli.oops_cmd import render_oops
-
         decoded = Symbolizer(image_dir / "vmlinux.debug", image_dir / "debug-modules").decode(oopses)
         (out_dir / "oops.json").write_text(json.dumps([d.to_json() for d in decoded], indent=2) + "\n")
         lines = [t.plain for i, d in enumerate(decoded, 1) for t in [*render_oops(d, i)]]

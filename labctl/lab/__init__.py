@@ -8,10 +8,10 @@ Typical use::
         for nic in guest.nics: ...
 """
 
+from labctl.lab.addresses import default_mac
 from labctl.lab.load import load_lab, load_lab_text
 from labctl.lab.model import MGMT_NIC, MGMT_SUBNET, Guest, Lab, Network, Nic
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
-from labctl.lab.validate import default_mac
 
 __all__ = [
     "Guest",

@@ -39,6 +39,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from labctl.lab.checker import Checker, close_match
+from labctl.lab.specs import GuestSpec
 from labctl.lab.yamlpos import YamlMap
 
 _STEP_KEYS = ("name", "description", "matrix", "nic", "run", "trace", "gdb")
@@ -191,10 +193,10 @@ def render(template: str, row: dict[str, str], addresses: dict[str, str], quote:
 
 @dataclass
 class StepParser:
-    """Validates ``steps`` with the lab checker (see validate._Checker)."""
+    """Validates ``steps`` with the lab checker."""
 
-    check: Any  # validate._Checker (import cycle avoided)
-    guests: dict[str, Any]  # name -> _GuestSpec
+    check: Checker
+    guests: dict[str, GuestSpec]
     steps: list[Step] = field(default_factory=list)
 
     def parse(self, data: YamlMap) -> tuple[Step, ...]:
@@ -324,13 +326,7 @@ class StepParser:
     def _templates(self, text: str, known: set[str], line: int, path: str) -> None:
         for var in _TEMPLATE.findall(text):
             if var not in known:
-                hint = ""
-                import difflib
-
-                close = difflib.get_close_matches(var, sorted(known), n=1)
-                if close:
-                    hint = f" (did you mean '{close[0]}'?)"
-                self.check.add(line, path, f"unknown variable '{{{{{var}}}}}'{hint}")
+                self.check.add(line, path, f"unknown variable '{{{{{var}}}}}'{close_match(var, known)}")
 
     def _check_nic(self, nic: str, matrix: tuple[dict[str, str], ...], line: int, path: str) -> None:
         for row in matrix or ({},):
@@ -368,11 +364,7 @@ class StepParser:
     def _guest(self, m: YamlMap, key: str, path: str) -> str | None:
         name = self.check.string(m, key, path, required=True)
         if name is not None and name not in self.guests:
-            import difflib
-
-            close = difflib.get_close_matches(name, list(self.guests), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            self.check.add(m.value_line(key), f"{path}.{key}", f"unknown guest '{name}'{hint}")
+            self.check.add(m.value_line(key), f"{path}.{key}", f"unknown guest '{name}'{close_match(name, self.guests)}")
             return None
         return name
 
@@ -409,11 +401,7 @@ class StepParser:
         for guest in tm:
             gpath = f"{path}.trace.{guest}"
             if guest not in self.guests:
-                import difflib
-
-                close = difflib.get_close_matches(str(guest), list(self.guests), n=1)
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
-                c.add(tm.key_line(guest), gpath, f"unknown guest '{guest}'{hint}")
+                c.add(tm.key_line(guest), gpath, f"unknown guest '{guest}'{close_match(str(guest), self.guests)}")
                 continue
             body = c.mapping(tm[guest], tm.value_line(guest), gpath)
             if body is not None:

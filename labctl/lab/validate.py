@@ -8,22 +8,18 @@ or the full list of problems found (never just the first one).
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import ipaddress
-import itertools
 import re
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.errors import Problem
+from labctl.lab.addresses import assign_macs, check_ips, default_mac, parse_ip
+from labctl.lab.checker import Checker, describe, did_you_mean, join
 from labctl.lab.model import (
     DEFAULT_HOST,
     LAB_NAME,
     LAB_NAME_RULE,
     MGMT_NIC,
-    MGMT_SUBNET,
     Guest,
     Host,
     Lab,
@@ -31,6 +27,7 @@ from labctl.lab.model import (
     Nic,
 )
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
+from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
@@ -76,140 +73,6 @@ _THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 _MGMT_WHY = "reserved for labctl's management network"
 
 
-@dataclass
-class _NicSpec:
-    """A NIC as read from the file; fields are None where invalid."""
-
-    guest: str
-    index: int
-    path: str
-    line: int
-    name: str | None
-    name_line: int
-    model: str | None
-    network: str | None
-    ip: ipaddress.IPv4Interface | None
-    ip_line: int
-    mac: str | None
-    mac_line: int
-    queues: int
-    mtu: int | None
-
-    @property
-    def label(self) -> str:
-        """``guest.nic`` for messages (``guest.nics[i]`` if the name is bad)."""
-        return f"{self.guest}.{self.name or f'nics[{self.index}]'}"
-
-
-@dataclass
-class _GuestSpec:
-    """A guest as read from the file."""
-
-    name: str
-    memory: int
-    cpus: int
-    kernel_args: tuple[str, ...]
-    nics: list[_NicSpec]
-    line: int
-    host: str = DEFAULT_HOST
-    host_line: int = 0
-
-
-@dataclass
-class _NetSpec:
-    """A network as read from the file."""
-
-    name: str
-    mtu: int | None
-    description: str
-    line: int
-
-
-@dataclass
-class _Checker:
-    """Collects problems for one file; small typed accessors for YamlMaps."""
-
-    file: str
-    problems: list[Problem] = field(default_factory=list)
-
-    def add(self, line: int, path: str, message: str) -> None:
-        """Record one problem."""
-        self.problems.append(Problem(self.file, line, path, message))
-
-    def keys(
-        self, m: YamlMap, path: str, allowed: tuple[str, ...],
-        required: tuple[str, ...] = (), line: int | None = None,
-    ) -> None:
-        """Report keys of ``m`` not in ``allowed`` and missing ``required`` ones.
-
-        Missing keys are reported at ``line`` (default: the mapping's line).
-        """
-        for key in m:
-            if key not in allowed:
-                hint = _hint(key, allowed, "expected one of")
-                self.add(m.key_line(key), _join(path, key), f"unknown key '{key}'{hint}")
-        for key in required:
-            if key not in m:
-                self.add(m.line if line is None else line, path, f"missing required key '{key}'")
-
-    def string(self, m: YamlMap, key: str, path: str, required: bool = False) -> str | None:
-        """``m[key]`` if it is a string; None if absent/null or wrong type (reported).
-
-        With ``required``, a null value is reported too (absence is left to ``keys``).
-        """
-        value = m.get(key)
-        if isinstance(value, str) or (value is None and not (required and key in m)):
-            return value
-        self.add(m.value_line(key), _join(path, key), f"expected a string, got {_describe(value)}")
-        return None
-
-    def matching(
-        self, m: YamlMap, key: str, path: str, pattern: re.Pattern[str], what: str, rule: str,
-        required: bool = False,
-    ) -> str | None:
-        """``m[key]`` if it is a string matching ``pattern``; else None (reported)."""
-        value = self.string(m, key, path, required)
-        if value is not None and not pattern.fullmatch(value):
-            self.add(m.value_line(key), _join(path, key), f"invalid {what} '{value}' ({rule})")
-            return None
-        return value
-
-    def integer(
-        self, m: YamlMap, key: str, path: str, bounds: tuple[int, int], unit: str = "",
-    ) -> int | None:
-        """``m[key]`` if it is an int within ``bounds``; None if absent/null or bad (reported)."""
-        if m.get(key) is None:
-            return None
-        value = m[key]
-        line, where = m.value_line(key), _join(path, key)
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.add(line, where, f"expected an integer, got {_describe(value)}")
-            return None
-        low, high = bounds
-        if not low <= value <= high:
-            self.add(line, where, f"{key} {value}{unit} is out of range ({low}..{high})")
-            return None
-        return value
-
-    def mapping(self, value: Any, line: int, path: str, allow_null: bool = True) -> YamlMap | None:
-        """``value`` as a YamlMap (null gives an empty one); None if wrong type (reported)."""
-        if isinstance(value, YamlMap):
-            return value
-        if value is None and allow_null:
-            return YamlMap(line)
-        self.add(line, path, f"expected a mapping, got {_describe(value)}")
-        return None
-
-    def sequence(self, m: YamlMap, key: str, path: str) -> YamlSeq:
-        """``m[key]`` as a YamlSeq (absent/null gives an empty one; wrong type reported)."""
-        value = m.get(key)
-        if isinstance(value, YamlSeq):
-            return value
-        if value is not None:
-            self.add(m.value_line(key), _join(path, key), f"expected a list, got {_describe(value)}")
-        return YamlSeq(m.value_line(key))
-
-
 def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | None, list[Problem]]:
     """Validate parsed lab data and resolve it.
 
@@ -217,7 +80,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
     with every problem found, in the order they were found.  Never raises
     for bad data.
     """
-    check = _Checker(source)
+    check = Checker(source)
     if not isinstance(data, YamlMap):
         _report_not_a_map(check, data)
         return None, check.problems
@@ -229,8 +92,8 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
     _check_placement(check, data, header, hosts, guests)
     nics = [nic for guest in guests.values() for nic in guest.nics]
     _check_spans(check, hosts, guests, networks, nics)
-    _check_ips(check, nics)
-    _assign_macs(check, header["name"], nics)
+    check_ips(check, nics)
+    assign_macs(check, header["name"], nics)
     steps = StepParser(check, guests).parse(data)
     if check.problems:
         return None, check.problems
@@ -243,27 +106,27 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
     return lab, []
 
 
-def _report_not_a_map(check: _Checker, data: Any) -> None:
+def _report_not_a_map(check: Checker, data: Any) -> None:
     """Report a document that is empty or not a mapping."""
     if data is None:
         check.add(1, "", "the lab file is empty")
     else:
         line = data.line if isinstance(data, YamlSeq) else 1
-        check.add(line, "", f"expected a mapping at the top level, got {_describe(data)}")
+        check.add(line, "", f"expected a mapping at the top level, got {describe(data)}")
 
 
-def _parse_header(check: _Checker, data: YamlMap) -> dict[str, str]:
+def _parse_header(check: Checker, data: YamlMap) -> dict[str, str]:
     """Check version, name, description, image and backend; defaults filled in."""
     if "version" in data:
         version = data["version"]
         if isinstance(version, bool) or not isinstance(version, int):
-            check.add(data.value_line("version"), "version", f"expected an integer, got {_describe(version)}")
+            check.add(data.value_line("version"), "version", f"expected an integer, got {describe(version)}")
         elif version != SCHEMA_VERSION:
             message = f"unsupported version {version} (only version {SCHEMA_VERSION} is supported)"
             check.add(data.value_line("version"), "version", message)
     backend = check.string(data, "backend", "") or (_HOSTS_BACKEND if _mentions_hosts(data) else BACKENDS[0])
     if backend not in BACKENDS:
-        hint = _hint(backend, BACKENDS, "expected one of")
+        hint = did_you_mean(backend, BACKENDS, "expected one of")
         check.add(data.value_line("backend"), "backend", f"unknown backend '{backend}'{hint}")
     return {
         "name": check.matching(data, "name", "", _LAB_NAME, "lab name", _LAB_NAME_RULE, True) or "",
@@ -280,7 +143,7 @@ def _mentions_hosts(data: YamlMap) -> bool:
     return "hosts" in data or placed
 
 
-def _parse_hosts(check: _Checker, data: YamlMap) -> dict[str, Host]:
+def _parse_hosts(check: Checker, data: YamlMap) -> dict[str, Host]:
     """Check the ``hosts`` mapping: name -> {uri, address}."""
     if "hosts" not in data:
         return {}
@@ -307,7 +170,7 @@ def _parse_hosts(check: _Checker, data: YamlMap) -> dict[str, Host]:
     return result
 
 
-def _host_uri(check: _Checker, body: YamlMap, path: str) -> str | None:
+def _host_uri(check: Checker, body: YamlMap, path: str) -> str | None:
     """The host's libvirt URI, if labctl can use it."""
     uri = check.string(body, "uri", path, required=True)
     if uri is None:
@@ -325,15 +188,15 @@ def _host_uri(check: _Checker, body: YamlMap, path: str) -> str | None:
     return uri
 
 
-def _check_placement(check: _Checker, data: YamlMap, header: dict[str, str], hosts: dict[str, Host],
-                     guests: dict[str, _GuestSpec]) -> None:
+def _check_placement(check: Checker, data: YamlMap, header: dict[str, str], hosts: dict[str, Host],
+                     guests: dict[str, GuestSpec]) -> None:
     """Every guest's ``host`` is defined, and hosts are only used with the libvirt backend."""
     for guest in guests.values():
         if guest.host == DEFAULT_HOST or guest.host in hosts:
             continue
         where = f"guests.{guest.name}.host"
         if hosts:
-            hint = _hint(guest.host, (*hosts, DEFAULT_HOST), "defined")
+            hint = did_you_mean(guest.host, (*hosts, DEFAULT_HOST), "defined")
         else:
             hint = " (the lab defines no hosts; add them under 'hosts')"
         check.add(guest.host_line, where, f"unknown host '{guest.host}'{hint}")
@@ -344,15 +207,15 @@ def _check_placement(check: _Checker, data: YamlMap, header: dict[str, str], hos
                   f"use backend: {_HOSTS_BACKEND})")
 
 
-def _check_spans(check: _Checker, hosts: dict[str, Host], guests: dict[str, _GuestSpec],
-                 networks: dict[str, _NetSpec], nics: list[_NicSpec]) -> None:
+def _check_spans(check: Checker, hosts: dict[str, Host], guests: dict[str, GuestSpec],
+                 networks: dict[str, NetSpec], nics: list[NicSpec]) -> None:
     """A network of three or more guests must sit on labctl's own machine:
     across hosts (or on a remote one) guests are linked only in pairs.
 
     Only what the file decides is checked here: a guest on the default host
     runs where ``$LABCTL_LIBVIRT_URI`` says, which ``up`` checks again.
     """
-    by_network: dict[str | None, list[_NicSpec]] = {}
+    by_network: dict[str | None, list[NicSpec]] = {}
     for nic in nics:
         by_network.setdefault(nic.network, []).append(nic)
     for net in networks.values():
@@ -369,12 +232,12 @@ def _check_spans(check: _Checker, hosts: dict[str, Host], guests: dict[str, _Gue
                       "links, or place its guests on this machine")
 
 
-def _parse_networks(check: _Checker, data: YamlMap) -> dict[str, _NetSpec]:
+def _parse_networks(check: Checker, data: YamlMap) -> dict[str, NetSpec]:
     """Check the ``networks`` mapping; every network is kept, even a badly named one."""
     if "networks" not in data:
         return {}
     nets = check.mapping(data["networks"], data.value_line("networks"), "networks")
-    result: dict[str, _NetSpec] = {}
+    result: dict[str, NetSpec] = {}
     if nets is None:
         return result
     if len(nets) > MAX_NETWORKS:
@@ -388,11 +251,11 @@ def _parse_networks(check: _Checker, data: YamlMap) -> dict[str, _NetSpec]:
         check.keys(body, path, _NETWORK_KEYS)
         mtu = check.integer(body, "mtu", path, (68, 65535))
         description = check.string(body, "description", path) or ""
-        result[name] = _NetSpec(name, mtu, description, line)
+        result[name] = NetSpec(name, mtu, description, line)
     return result
 
 
-def _parse_guests(check: _Checker, data: YamlMap, networks: dict[str, _NetSpec]) -> dict[str, _GuestSpec]:
+def _parse_guests(check: Checker, data: YamlMap, networks: dict[str, NetSpec]) -> dict[str, GuestSpec]:
     """Check the ``guests`` mapping (at least one guest) and each guest in it."""
     if "guests" not in data:
         return {}
@@ -404,7 +267,7 @@ def _parse_guests(check: _Checker, data: YamlMap, networks: dict[str, _NetSpec])
     if len(guests) > MAX_GUESTS:
         check.add(data.value_line("guests"), "guests", f"{len(guests)} guests: a lab has at most {MAX_GUESTS}")
         return {}
-    result: dict[str, _GuestSpec] = {}
+    result: dict[str, GuestSpec] = {}
     for name in guests:
         spec = _parse_guest(check, guests, name, networks)
         if spec is not None:
@@ -413,8 +276,8 @@ def _parse_guests(check: _Checker, data: YamlMap, networks: dict[str, _NetSpec])
 
 
 def _parse_guest(
-    check: _Checker, guests: YamlMap, name: str, networks: dict[str, _NetSpec],
-) -> _GuestSpec | None:
+    check: Checker, guests: YamlMap, name: str, networks: dict[str, NetSpec],
+) -> GuestSpec | None:
     """Check one guest; None if its value is not a mapping."""
     path, line = f"guests.{name}", guests.key_line(name)
     if not _GUEST_NAME.fullmatch(name):
@@ -426,7 +289,7 @@ def _parse_guest(
     memory = check.integer(body, "memory", path, (128, 16384), " MiB")
     cpus = check.integer(body, "cpus", path, (1, 8))
     host = check.string(body, "host", path) or DEFAULT_HOST
-    return _GuestSpec(
+    return GuestSpec(
         host=host, host_line=body.value_line("host"),
         name=name,
         memory=DEFAULT_MEMORY if memory is None else memory,
@@ -437,20 +300,20 @@ def _parse_guest(
     )
 
 
-def _parse_kernel_args(check: _Checker, body: YamlMap, path: str) -> tuple[str, ...]:
+def _parse_kernel_args(check: Checker, body: YamlMap, path: str) -> tuple[str, ...]:
     """``kernel_args`` as a tuple: a string is split on whitespace, a list kept."""
-    value, where = body.get("kernel_args"), _join(path, "kernel_args")
+    value, where = body.get("kernel_args"), join(path, "kernel_args")
     if value is None:
         return ()
     if isinstance(value, str):
         return tuple(value.split())
     if not isinstance(value, YamlSeq):
-        message = f"expected a string or a list of strings, got {_describe(value)}"
+        message = f"expected a string or a list of strings, got {describe(value)}"
         check.add(body.value_line("kernel_args"), where, message)
         return ()
     for index, item in enumerate(value):
         if not isinstance(item, str):
-            message = f"expected a string, got {_describe(item)}"
+            message = f"expected a string, got {describe(item)}"
             check.add(value.item_line(index), f"{where}[{index}]", message)
         elif not item.strip():
             check.add(value.item_line(index), f"{where}[{index}]", "empty kernel argument")
@@ -458,8 +321,8 @@ def _parse_kernel_args(check: _Checker, body: YamlMap, path: str) -> tuple[str, 
 
 
 def _parse_nics(
-    check: _Checker, body: YamlMap, path: str, guest: str, networks: dict[str, _NetSpec],
-) -> list[_NicSpec]:
+    check: Checker, body: YamlMap, path: str, guest: str, networks: dict[str, NetSpec],
+) -> list[NicSpec]:
     """Check a guest's ``nics`` list, including duplicate NIC names."""
     items = check.sequence(body, "nics", path)
     if len(items) > MAX_NICS:
@@ -467,7 +330,7 @@ def _parse_nics(
                   f"{len(items)} NICs: a guest has at most {MAX_NICS} lab NICs")
         return []
     first_line: dict[str, int] = {}
-    result: list[_NicSpec] = []
+    result: list[NicSpec] = []
     for index in range(len(items)):
         nic = _parse_nic(check, items, index, f"{path}.nics[{index}]", guest, networks)
         if nic is None:
@@ -482,9 +345,9 @@ def _parse_nics(
 
 
 def _parse_nic(
-    check: _Checker, items: YamlSeq, index: int, path: str, guest: str,
-    networks: dict[str, _NetSpec],
-) -> _NicSpec | None:
+    check: Checker, items: YamlSeq, index: int, path: str, guest: str,
+    networks: dict[str, NetSpec],
+) -> NicSpec | None:
     """Check one NIC mapping; None if it is not a mapping."""
     line = items.item_line(index)
     m = check.mapping(items[index], line, path, allow_null=False)
@@ -493,7 +356,7 @@ def _parse_nic(
     check.keys(m, path, _NIC_KEYS, _NIC_REQUIRED, line)
     name = _nic_name(check, m, path)
     model = _nic_model(check, m, path)
-    return _NicSpec(
+    return NicSpec(
         guest=guest, index=index, path=path, line=line,
         name=name, name_line=m.value_line("name"), model=model,
         network=_nic_network(check, m, path, networks),
@@ -504,7 +367,7 @@ def _parse_nic(
     )
 
 
-def _nic_queues(check: _Checker, m: YamlMap, path: str, model: str | None) -> int:
+def _nic_queues(check: Checker, m: YamlMap, path: str, model: str | None) -> int:
     """The NIC's queue count (default 1); more than 1 needs a multiqueue model."""
     queues = check.integer(m, "queues", path, (1, 8))
     if queues is None:
@@ -515,7 +378,7 @@ def _nic_queues(check: _Checker, m: YamlMap, path: str, model: str | None) -> in
     return queues
 
 
-def _nic_name(check: _Checker, m: YamlMap, path: str) -> str | None:
+def _nic_name(check: Checker, m: YamlMap, path: str) -> str | None:
     """The NIC's interface name, if valid (Linux ifname rules, not lo/mgmt0)."""
     name = check.string(m, "name", path, required=True)
     if name is None:
@@ -532,7 +395,7 @@ def _nic_name(check: _Checker, m: YamlMap, path: str) -> str | None:
     return None
 
 
-def _nic_model(check: _Checker, m: YamlMap, path: str) -> str | None:
+def _nic_model(check: Checker, m: YamlMap, path: str) -> str | None:
     """The canonical NIC model name, if known (aliases resolved)."""
     model = check.string(m, "model", path, required=True)
     if model is None:
@@ -545,20 +408,20 @@ def _nic_model(check: _Checker, m: YamlMap, path: str) -> str | None:
     return canonical
 
 
-def _nic_network(check: _Checker, m: YamlMap, path: str, networks: dict[str, _NetSpec]) -> str | None:
+def _nic_network(check: Checker, m: YamlMap, path: str, networks: dict[str, NetSpec]) -> str | None:
     """The NIC's network name, if it is defined under ``networks``."""
     network = check.string(m, "network", path, required=True)
     if network is None or network in networks:
         return network
     if networks:
-        hint = _hint(network, tuple(networks), "defined")
+        hint = did_you_mean(network, tuple(networks), "defined")
     else:
         hint = " (the lab defines no networks)"
     check.add(m.value_line("network"), f"{path}.network", f"unknown network '{network}'{hint}")
     return None
 
 
-def _nic_ip(check: _Checker, m: YamlMap, path: str) -> ipaddress.IPv4Interface | None:
+def _nic_ip(check: Checker, m: YamlMap, path: str) -> ipaddress.IPv4Interface | None:
     """The NIC's address with prefix, if given and usable."""
     text = check.string(m, "ip", path)
     if text is None:
@@ -570,52 +433,7 @@ def _nic_ip(check: _Checker, m: YamlMap, path: str) -> ipaddress.IPv4Interface |
         return None
 
 
-def parse_ip(text: str) -> ipaddress.IPv4Interface:
-    """Parse a lab NIC address ``a.b.c.d/len``.
-
-    Raises ValueError with a user-facing message if it is malformed, lacks
-    the prefix length, is IPv6, is not a usable host address (network,
-    broadcast, loopback, multicast...) or lies in labctl's management subnet.
-    """
-    address, slash, _prefix = text.partition("/")
-    if ":" in text:
-        raise ValueError(f"only IPv4 is supported, got '{text}'")
-    try:
-        ipaddress.IPv4Address(address)
-    except ValueError:
-        raise ValueError(f"invalid IPv4 address '{text}'") from None
-    if not slash:
-        raise ValueError(f"missing prefix length in '{text}' (e.g. {text}/24)")
-    try:
-        iface = ipaddress.IPv4Interface(text)
-    except ValueError:
-        raise ValueError(f"invalid prefix length in '{text}' (expected 0..32)") from None
-    problem = _unusable(iface)
-    if problem:
-        raise ValueError(problem)
-    return iface
-
-
-def _unusable(iface: ipaddress.IPv4Interface) -> str | None:
-    """Why ``iface`` cannot be a lab host address, or None if it can."""
-    ip, net = iface.ip, iface.network
-    if ip.is_loopback or ip.is_multicast:
-        kind = "loopback" if ip.is_loopback else "multicast"
-        return f"{ip} is a {kind} address"
-    if ip in _THIS_NETWORK or ip.is_reserved:
-        return f"{ip} is not a usable host address"
-    if net.prefixlen <= 30 and ip == net.network_address:
-        return f"{iface} is the network address of {net}"
-    if net.prefixlen <= 30 and ip == net.broadcast_address:
-        return f"{iface} is the broadcast address of {net}"
-    if ip in MGMT_SUBNET:
-        return f"{ip} is in {MGMT_SUBNET}, {_MGMT_WHY}"
-    if net.overlaps(MGMT_SUBNET):
-        return f"{iface} overlaps {MGMT_SUBNET}, {_MGMT_WHY}"
-    return None
-
-
-def _nic_mac(check: _Checker, m: YamlMap, path: str) -> str | None:
+def _nic_mac(check: Checker, m: YamlMap, path: str) -> str | None:
     """The NIC's explicit MAC (lower case), if given and a valid unicast address.
 
     Uses the source text, so an unquoted MAC that YAML 1.1 read as a
@@ -626,7 +444,7 @@ def _nic_mac(check: _Checker, m: YamlMap, path: str) -> str | None:
     line, where = m.value_line("mac"), f"{path}.mac"
     text = m.raw.get("mac")
     if text is None:
-        check.add(line, where, f"expected a string, got {_describe(m['mac'])}")
+        check.add(line, where, f"expected a string, got {describe(m['mac'])}")
         return None
     if not _MAC.fullmatch(text):
         check.add(line, where, f"invalid MAC address '{text}' (expected xx:xx:xx:xx:xx:xx)")
@@ -641,90 +459,7 @@ def _nic_mac(check: _Checker, m: YamlMap, path: str) -> str | None:
     return None
 
 
-def _check_ips(check: _Checker, nics: list[_NicSpec]) -> None:
-    """Lab-wide address rules: unique IPs, one subnet per network, no overlaps in a guest.
-
-    A NIC already reported for a duplicate IP or an unknown network is not
-    checked further, to avoid follow-on noise.
-    """
-    owner: dict[ipaddress.IPv4Address, _NicSpec] = {}
-    subnet_of: dict[str, _NicSpec] = {}
-    checked: list[_NicSpec] = []
-    for nic in nics:
-        if nic.ip is None:
-            continue
-        first = owner.setdefault(nic.ip.ip, nic)
-        if first is not nic:
-            message = f"{nic.ip.ip} is already used by {first.label} (line {first.ip_line})"
-            check.add(nic.ip_line, f"{nic.path}.ip", message)
-        elif nic.network is not None:
-            _check_subnet(check, nic, subnet_of.setdefault(nic.network, nic))
-            checked.append(nic)
-    for _guest, group in itertools.groupby(checked, key=lambda nic: nic.guest):
-        _check_overlaps(check, list(group))
-
-
-def _check_subnet(check: _Checker, nic: _NicSpec, first: _NicSpec) -> None:
-    """Report ``nic`` if its subnet differs from the one ``first`` set for the network."""
-    assert nic.ip is not None and first.ip is not None
-    subnet = first.ip.network
-    if nic is first or nic.ip.network == subnet:
-        return
-    why = "has a different prefix length than" if nic.ip.ip in subnet else "is not in"
-    message = (
-        f"{nic.ip} {why} {nic.network}'s subnet {subnet} "
-        f"(set by {first.label}, line {first.ip_line})"
-    )
-    check.add(nic.ip_line, f"{nic.path}.ip", message)
-
-
-def _check_overlaps(check: _Checker, nics: list[_NicSpec]) -> None:
-    """Report NICs of one guest whose subnets overlap an earlier NIC's on another network."""
-    for later_index, nic in enumerate(nics):
-        for earlier in nics[:later_index]:
-            assert nic.ip is not None and earlier.ip is not None
-            if nic.network != earlier.network and nic.ip.network.overlaps(earlier.ip.network):
-                message = (
-                    f"{nic.ip} overlaps {earlier.label}'s subnet {earlier.ip.network} "
-                    f"on network {earlier.network} (line {earlier.ip_line})"
-                )
-                check.add(nic.ip_line, f"{nic.path}.ip", message)
-                break
-
-
-def _assign_macs(check: _Checker, lab: str, nics: list[_NicSpec]) -> None:
-    """Reject duplicate explicit MACs, then give every other NIC its default MAC."""
-    owner: dict[str, _NicSpec] = {}
-    for nic in nics:
-        if nic.mac is None:
-            continue
-        first = owner.setdefault(nic.mac, nic)
-        if first is not nic:
-            message = f"{nic.mac} is already used by {first.label} (line {first.mac_line})"
-            check.add(nic.mac_line, f"{nic.path}.mac", message)
-    for nic in nics:
-        if nic.mac is None:
-            nic.mac = default_mac(lab, nic.guest, nic.name or f"nics[{nic.index}]", owner)
-            owner[nic.mac] = nic
-
-
-def default_mac(lab: str, guest: str, nic: str, taken: Collection[str] = ()) -> str:
-    """Deterministic MAC for a NIC: ``52:54:00:`` + 3 bytes of a SHA-256.
-
-    The hash is of ``"{lab}/{guest}/{nic}"``; while the result is in
-    ``taken``, ``"#1"``, ``"#2"``... are appended to that string.
-    """
-    seed = f"{lab}/{guest}/{nic}"
-    for attempt in itertools.count():
-        key = seed if attempt == 0 else f"{seed}#{attempt}"
-        digest = hashlib.sha256(key.encode("utf-8")).digest()
-        mac = "52:54:00:" + ":".join(f"{byte:02x}" for byte in digest[:3])
-        if mac not in taken:
-            return mac
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _resolve_networks(networks: dict[str, _NetSpec], guests: dict[str, _GuestSpec]) -> dict[str, Network]:
+def _resolve_networks(networks: dict[str, NetSpec], guests: dict[str, GuestSpec]) -> dict[str, Network]:
     """Final Network objects, with their (guest, nic) members in lab order."""
     members: dict[str, list[tuple[str, str]]] = {name: [] for name in networks}
     for guest in guests.values():
@@ -736,7 +471,7 @@ def _resolve_networks(networks: dict[str, _NetSpec], guests: dict[str, _GuestSpe
     }
 
 
-def _resolve_guests(guests: dict[str, _GuestSpec], networks: dict[str, _NetSpec]) -> dict[str, Guest]:
+def _resolve_guests(guests: dict[str, GuestSpec], networks: dict[str, NetSpec]) -> dict[str, Guest]:
     """Final Guest objects; a NIC without its own MTU takes its network's."""
     return {
         name: Guest(
@@ -748,7 +483,7 @@ def _resolve_guests(guests: dict[str, _GuestSpec], networks: dict[str, _NetSpec]
     }
 
 
-def _resolve_nic(nic: _NicSpec, networks: dict[str, _NetSpec]) -> Nic:
+def _resolve_nic(nic: NicSpec, networks: dict[str, NetSpec]) -> Nic:
     """Final Nic object from a NIC that passed validation."""
     network = _req(nic.network)
     mtu = nic.mtu if nic.mtu is not None else networks[network].mtu
@@ -764,30 +499,3 @@ def _req(value: str | None) -> str:
     return value
 
 
-def _hint(word: str, choices: Iterable[str], label: str) -> str:
-    """`` (did you mean 'x'?)`` if ``word`` is close to a choice, else `` (label: a, b)``."""
-    choices = list(choices)
-    close = difflib.get_close_matches(word, choices, n=1)
-    if close:
-        return f" (did you mean '{close[0]}'?)"
-    return f" ({label}: {', '.join(choices)})"
-
-
-def _join(path: str, key: str) -> str:
-    """Data path of ``key`` inside ``path``."""
-    return f"{path}.{key}" if path else key
-
-
-def _describe(value: Any) -> str:
-    """Short user-facing rendering of a YAML value for 'got ...' messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return str(value)

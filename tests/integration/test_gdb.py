@@ -102,25 +102,8 @@ def test_a_breakpoint_never_hit_times_out_and_the_guest_runs_on(cli: Cli, image:
         assert_guest_runs(cli, state)
 
 
-# Runs ``labctl gdb`` through labctl's real entry point, registering the
-# command first if labctl/cli/main.py does not (yet) do so itself.
-_MAIN_WITH_GDB = """
-import argparse, sys
-from labctl.cli import gdb_cmd, main as m
-build = m.build_parser
-def build_parser():
-    p = build()
-    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    if "gdb" not in sub.choices:
-        gdb_cmd.register(sub)
-    return p
-m.build_parser = build_parser
-sys.exit(m.main(sys.argv[1:]))
-"""
-
-
 def labctl_gdb(cli: Cli, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", _MAIN_WITH_GDB, "gdb", *args], check=False, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "labctl", "gdb", *args], check=False, cwd=ROOT,
                           env=cli.env, capture_output=True, text=True, timeout=300)
 
 

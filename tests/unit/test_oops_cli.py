@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -10,8 +9,8 @@ import pytest
 from test_oops_symbolize import LOG, FakeKernel, fake  # noqa: F401  (fixture)
 
 from labctl.cli import main as cli_main
-from labctl.cli import oops_cmd
 from labctl.debug.oops import Frame
+from labctl.debug.oops_text import render_frame
 from labctl.debug.symbolize import DecodedFrame, SourceLocation
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oops"
@@ -19,17 +18,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oops"
 
 @pytest.fixture
 def labctl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
-    """Run labctl's real main() in-process (with ``oops`` registered if main.py does not yet)."""
-    build = cli_main.build_parser
-
-    def parser() -> argparse.ArgumentParser:
-        p = build()
-        sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-        if "oops" not in sub.choices:
-            oops_cmd.register(sub)
-        return p
-
-    monkeypatch.setattr(cli_main, "build_parser", parser)
+    """Run labctl's real main() in-process, with its own parser (a dropped command fails here)."""
     monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path / "labctl-cache"))
 
     def run(*argv: str) -> tuple[int, str, str]:
@@ -117,10 +106,10 @@ def test_render_frame_keeps_brackets_literal() -> None:
     d = DecodedFrame(Frame("start_xmit", 0x19, 0x5A0, "virtio_net", kind="rip"), address=0x3639, section=".text",
                      locations=(SourceLocation("skb_get_queue_mapping", "include/linux/skbuff.h", 4907),
                                 SourceLocation("start_xmit", "drivers/net/virtio_net.c", 1896)))
-    lines = [t.plain for t in oops_cmd.render_frame(d, "  ", label="RIP: ")]
+    lines = [t.plain for t in render_frame(d, "  ", label="RIP: ")]
     assert lines == ["  RIP: start_xmit+0x19/0x5a0 [virtio_net]  include/linux/skbuff.h:4907 (skb_get_queue_mapping)",
                      "      (inlined by) start_xmit drivers/net/virtio_net.c:1896"]
     cold = DecodedFrame(Frame("__handle_sysrq.cold", 0x41, 0x11C, reliable=False), address=1,
                         locations=(SourceLocation("__handle_sysrq", "drivers/tty/sysrq.c", 603),))
-    assert [t.plain for t in oops_cmd.render_frame(cold, "")] == [
+    assert [t.plain for t in render_frame(cold, "")] == [
         "? __handle_sysrq.cold+0x41/0x11c  drivers/tty/sysrq.c:603"]
