@@ -18,7 +18,7 @@ from labctl.image.store import Image
 from labctl.lab.model import Lab
 from labctl.lifecycle import UpEvents, UpOptions, down, up
 from labctl.report import render_run
-from labctl.runner import Runner, StepEvents, StepResult, now
+from labctl.steps.runner import Runner, StepEvents, StepResult, now
 from labctl.runstate import LabState
 
 

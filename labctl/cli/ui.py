@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.pipeline import RunOutcome
-from labctl.runner import StepEvents, StepResult
+from labctl.steps.runner import StepEvents, StepResult
 
 # Markup is off: user and guest text (file names, command output, READY lines,
 # oops titles) is always printed literally; styles come from Text objects.

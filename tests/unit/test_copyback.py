@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.copyback import extract, safe_parts
+from labctl.steps.copyback import extract, safe_parts
 
 
 def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> io.BytesIO:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from labctl.lab import load_lab
 from labctl.lab.steps import render
-from labctl.trace import tracers as tr
+from labctl.steps import tracers as tr
 
 ROOT = Path(__file__).resolve().parents[2]
 

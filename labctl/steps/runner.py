@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl import copyback
+from labctl.steps import copyback
 from labctl.backends.base import get_backend
 from labctl.errors import GuestError, LabctlError, UsageError
 from labctl.lab.model import Lab
 from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, render_trace
 from labctl.runstate import LabState
 from labctl.ssh import Session
-from labctl.trace import tracers as tr
+from labctl.steps import tracers as tr
 
 log = logging.getLogger(__name__)
 q = shlex.quote
@@ -256,7 +256,7 @@ class Runner:
     def _skb_probes(self, guest: str, workdir: str, res: StepResult) -> set[str]:
         """Define the skb_latency kprobes in ``guest``; the tracers to skip when that fails."""
         from labctl.errors import TraceError
-        from labctl.trace import skbprobes
+        from labctl.steps import skbprobes
 
         try:
             offsets = skbprobes.kernel_offsets(Path(self.state.image["dir"]), self._cache_dir())
@@ -422,7 +422,7 @@ class Runner:
     def _collect(self, guests: list[str], workdir: str, rel: Path, res: StepResult) -> None:
         """Copy the step's guest directory of every reachable guest into the bundle.
 
-        The guest sends a tar stream; :mod:`labctl.copyback` keeps every file
+        The guest sends a tar stream; :mod:`labctl.steps.copyback` keeps every file
         inside the bundle (no links followed, no names outside, a byte budget).
         """
         for g in guests:

@@ -72,7 +72,7 @@ def tracers(spec: TraceSpec) -> list[Tracer]:
             argv += ["-e", ev]
         out.append(Tracer("trace-cmd", "trace-cmd", argv, signal="banner"))
     if spec.skb_latency is not None:
-        from labctl.trace.skbprobes import record_argv
+        from labctl.steps.skbprobes import record_argv
 
         out.append(Tracer("skb-latency", "trace-cmd", record_argv(spec.skb_latency.buffer_kb), signal="banner"))
     if spec.mpstat is not None:
@@ -161,7 +161,7 @@ def remove_kprobes(spec: TraceSpec) -> str | None:
     if spec.kprobes:
         cmds.append("perf probe -q -d 'probe:*' 2>/dev/null; true")
     if spec.skb_latency is not None:
-        from labctl.trace.skbprobes import remove_command
+        from labctl.steps.skbprobes import remove_command
 
         cmds.append(remove_command())
     return "; ".join(cmds) or None
@@ -195,7 +195,7 @@ def postprocess(workdir: str, spec: TraceSpec) -> str:
     if spec.kprobes:
         cmds.append("cat /sys/kernel/tracing/kprobe_profile > kprobe_profile.txt 2>/dev/null")
     if spec.skb_latency is not None:
-        from labctl.trace.skbprobes import postprocess_command
+        from labctl.steps.skbprobes import postprocess_command
 
         cmds.append(postprocess_command())
     return "; ".join(cmds) + "; true"
