@@ -1,6 +1,9 @@
 """labctl's L2 switch for lab networks with three or more guests.
 
-Run as ``python -m labctl.hub SWITCH_SOCKET``. Every guest NIC is a QEMU
+Run as ``python -m labctl.hub SWITCH_SOCKET [--user UID:GID]``. With
+``--user`` (labctl runs as root, the guests' QEMUs as libvirt's QEMU user)
+it becomes that user before binding, so its socket is that user's (0600)
+and the switch holds no root privilege. Every guest NIC is a QEMU
 ``dgram`` netdev bound to its own unix socket and sending to the switch
 socket; the switch learns which socket each source MAC lives behind and
 forwards frames there, flooding broadcast, multicast and unknown
@@ -62,10 +65,22 @@ class Switch:
             del self.fdb[mac]
 
 
+def become(user: str) -> None:
+    """Drop to ``UID:GID`` (no supplementary groups); nothing to do when already that user."""
+    uid, gid = (int(x) for x in user.split(":"))
+    if (os.geteuid(), os.getegid()) == (uid, gid):
+        return
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m labctl.hub SWITCH_SOCKET", file=sys.stderr)
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--user"):
+        print("usage: python -m labctl.hub SWITCH_SOCKET [--user UID:GID]", file=sys.stderr)
         return 2
+    if len(argv) == 3:
+        become(argv[2])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     sw = Switch(argv[0])
     try:

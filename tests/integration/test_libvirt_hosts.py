@@ -22,11 +22,12 @@ from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
 from labctl.runstate import LabState
 from tests.conftest import Cli, interrupt
-from tests.integration.conftest import pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
+from tests.integration.conftest import pids_matching, require_libvirtd, virsh, wait_for
 
 LOCAL = "qemu:///system"
 POOL = "labctl"
 POOL_DIR = Path("/var/lib/libvirt/labctl")
+RUN_ROOT = Path("/var/lib/libvirt/labctl-run")
 KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
 
 
@@ -137,16 +138,18 @@ def _pool_volumes() -> list[str]:
 
 
 def _leftovers(lab: str) -> dict[str, list[str]]:
-    """Everything of the lab that libvirt still lists: domains, volumes, networks."""
+    """Everything of the lab still on the host: domains, volumes, networks, its directories, QEMUs."""
     prefix = f"labctl-{lab}-"
     domains = _virsh("list", "--all", "--name").stdout.split()
     networks = _virsh("net-list", "--all", "--name").stdout.split()
     return {"domains": [d for d in domains if d.startswith(prefix)],
             "volumes": [v for v in _pool_volumes() if v.startswith(prefix)],
-            "networks": [n for n in networks if lab in n]}
+            "networks": [n for n in networks if lab in n],
+            "dirs": sorted(p.name for p in RUN_ROOT.glob("*") if p.name.startswith((prefix, f"{lab}."))),
+            "qemu": [str(p) for p in pids_matching(f"qemu-system.*guest={prefix}")]}
 
 
-NOTHING = {"domains": [], "volumes": [], "networks": []}
+NOTHING: dict[str, list[str]] = {"domains": [], "volumes": [], "networks": [], "dirs": [], "qemu": []}
 
 
 def _one_line(text: str) -> str:
@@ -199,12 +202,18 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
         assert gdb.returncode == 0, gdb.stdout + gdb.stderr
         assert "#0  " in gdb.stdout and "virtnet_poll in section .text of " in gdb.stdout, gdb.stdout
         assert "detached" in gdb.stdout.lower()
-        script = (cli.state_dir / "labs" / "hosts2" / "guests" / "b" / "gdb-init.gdb").read_text()
-        assert f"target remote | ssh -p {sshd.port} -l root" in script and "-W 127.0.0.1:" in script
+        bdir = cli.state_dir / "labs" / "hosts2" / "guests" / "b"
+        script = (bdir / "gdb-init.gdb").read_text()  # through an SSH forward of the socket on h2
+        assert f"target remote {bdir / 'gdb-fwd.sock'}" in script
         # and a scripted (MI) session, as a step's gdb: runs it: break, step, leave the guest running
         monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
+        # both QEMUs run as libvirt's QEMU user, as each host's capabilities say (h2 is
+        # the same libvirtd, reached over SSH)
+        labels = {g: LabState.load("hosts2").guests[g].extra["qemu_user"] for g in "ab"}
+        assert labels["a"] == labels["b"] and labels["a"] != "+0:+0", labels
         target = gdb_target(LabState.load("hosts2"), "b")
         assert target.stub.via is not None and target.stub.via.port == sshd.port
+        (tmp_path / "gdb").mkdir()  # a step's output directory exists before its gdb session starts
         t = run_breakpoint_session(target.stub, target.vmlinux, [], GdbSpec("run_timer_softirq", hits=1, step=1,
                                                                             timeout=120),
                                    tmp_path / "gdb", monitor=target.monitor)
@@ -217,7 +226,6 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
     assert down.returncode == 0, down.stdout + down.stderr
     assert _leftovers("hosts2") == NOTHING
     assert pids_matching("labctl.backends.libvirt_console") == []
-    assert qemu_pids_under(cli.state_dir) == []
     assert not (cli.state_dir / "labs" / "hosts2").exists()
     assert all(v in _pool_volumes() for v in _image_volumes(image))  # the image stays for later runs
 
@@ -242,7 +250,6 @@ def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, sshd
     assert "interrupted" in err
     assert _leftovers("hosts2i") == NOTHING
     assert pids_matching("labctl.backends.libvirt_console") == []
-    assert qemu_pids_under(cli.state_dir) == []
     assert not (cli.state_dir / "labs" / "hosts2i").exists()
 
 
