@@ -1,6 +1,9 @@
 """labctl's L2 switch for lab networks with three or more guests.
 
-Run as ``python -m labctl.hub SWITCH_SOCKET``. Every guest NIC is a QEMU
+Run as ``python -m labctl.hub SWITCH_SOCKET [--user UID:GID]``. With
+``--user`` (labctl runs as root, the guests' QEMUs as libvirt's QEMU user)
+it becomes that user before binding, so its socket is that user's (0600)
+and the switch holds no root privilege. Every guest NIC is a QEMU
 ``dgram`` netdev bound to its own unix socket and sending to the switch
 socket; the switch learns which socket each source MAC lives behind and
 forwards frames there, flooding broadcast, multicast and unknown
@@ -10,6 +13,7 @@ the switch needs no list of members. It exits on SIGTERM.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -68,19 +72,36 @@ class Switch:
             del self.fdb[mac]
 
 
+def become(user: str) -> None:
+    """Drop to ``UID:GID`` (no supplementary groups); nothing to do when already that user."""
+    uid, gid = (int(x) for x in user.split(":"))
+    if (os.geteuid(), os.getegid()) == (uid, gid):
+        return
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m labctl.hub SWITCH_SOCKET", file=sys.stderr)
-        return 2
+    """``SWITCH_SOCKET [--user UID:GID] [--lab RUN_DIR]``: ``--user`` drops root before
+    binding; ``--lab`` only names the lab's run directory, so that ``down`` finds
+    the switch by it even when its pid was never recorded."""
+    parser = argparse.ArgumentParser(prog="python -m labctl.hub")
+    parser.add_argument("socket")
+    parser.add_argument("--user", metavar="UID:GID")
+    parser.add_argument("--lab", metavar="RUN_DIR")
+    args = parser.parse_args(argv)
+    if args.user:
+        become(args.user)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    sw = Switch(argv[0])
+    sw = Switch(args.socket)
     try:
         sw.serve()
     except KeyboardInterrupt:
         pass
     finally:
         try:
-            os.unlink(argv[0])
+            os.unlink(args.socket)
         except FileNotFoundError:
             pass
     return 0

@@ -210,12 +210,12 @@ class LabUp:
                          phase=STARTING, owner_pid=os.getpid())
         state.save()
         client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
-        net_dir = ensure_private_dir(self.dir / "net")
-        segments = plan_networks(self.lab, net_dir, self.hosts)
+        net = self.backend.network_dir(self.dir, self.lab.name, self.hosts)
+        segments = plan_networks(self.lab, net.path, self.hosts)
         state.networks = {n: seg.to_dict(self.hosts) for n, seg in segments.items()}
         for seg in segments.values():
             if seg.mechanism == SWITCH:
-                self._start_switch(seg, state)
+                self._start_switch(seg, state, net.owner)
         for g in self.lab.guests.values():
             for nic in g.nics:
                 if nic.queues > 1:
@@ -250,11 +250,14 @@ class LabUp:
                             "pass --unencrypted-links to accept that")
                 for n, seg in segments.items() if seg.mechanism == UDP]
 
-    def _start_switch(self, seg: Segment, state: LabState) -> None:
+    def _start_switch(self, seg: Segment, state: LabState, owner: tuple[int, int] | None = None) -> None:
+        """Start the network's switch; with ``owner`` it runs as that user (the guests' QEMUs')."""
         assert seg.switch_socket is not None
         idx = seg.switch_socket.name.split("-")[0]
         log = self.dir / f"switch-{idx}.log"
-        proc = spawn([sys.executable, "-m", "labctl.hub", str(seg.switch_socket)], log)
+        user = ["--user", f"{owner[0]}:{owner[1]}"] if owner else []
+        # --lab names the run directory: a switch whose pid was never recorded (up killed) is still found by it
+        proc = spawn([sys.executable, "-m", "labctl.hub", str(seg.switch_socket), *user, "--lab", str(self.dir)], log)
         self.switches.append(SwitchRecord(seg.network, proc.pid, str(seg.switch_socket)))
         state.save()
         deadline = time.monotonic() + 10
@@ -276,7 +279,7 @@ class LabUp:
         new_keypair(plan.host_key, f"{g.name}.{self.lab.name}")
         plan.authorized_keys.write_text(client_pub + "\n")
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
-        if host is None or not host.remote:  # a remote host gets an overlay volume in its pool
+        if host is None:  # the qemu backend; a libvirt host gets an overlay volume in its pool
             run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.rootfs), "-F", "raw",
                  str(plan.overlay)], timeout=60)
         return plan

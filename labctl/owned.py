@@ -2,9 +2,11 @@
 
 ``guests/<guest>/owned.json`` in the lab's run directory lists every domain,
 volume and helper process created for the guest, each written *before* it
-is created. ``down``, and the clean-up of a failed or interrupted ``up``,
-remove exactly these and nothing else, even when ``up`` died before the
-lab's state was saved.
+is created; ``owned.json`` in the run directory itself lists what belongs
+to the whole lab (a libvirt host's directory of the lab's sockets).
+``down``, and the clean-up of a failed or interrupted ``up``, remove
+exactly these and nothing else, even when ``up`` died before the lab's
+state was saved.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ def record(guest_dir: Path, entry: dict[str, Any]) -> None:
     atomic_write(guest_dir / JOURNAL, json.dumps(items, indent=1) + "\n", 0o600)
 
 
+def forget(guest_dir: Path, entry: dict[str, Any]) -> None:
+    """Take ``entry`` out of the journal: its creation was refused because the thing
+    already existed, so it is someone else's and must not be removed."""
+    items = [e for e in entries(guest_dir) if e != entry]
+    tmp = guest_dir / (JOURNAL + ".tmp")
+    tmp.write_text(json.dumps(items, indent=1) + "\n")
+    tmp.replace(guest_dir / JOURNAL)
+
+
 def entries(guest_dir: Path) -> list[dict[str, Any]]:
     """The journal's entries, oldest first ([] when there is none)."""
     try:
@@ -36,9 +47,11 @@ def entries(guest_dir: Path) -> list[dict[str, Any]]:
 
 
 def backends(run_dir: Path) -> dict[str, list[Path]]:
-    """backend name -> the guest directories under ``run_dir`` whose journal names it."""
+    """backend name -> the guest directories under ``run_dir`` whose journal names it,
+    then ``run_dir`` itself if its own journal does (after the guests: their
+    domains go before the lab's directories)."""
     out: dict[str, list[Path]] = {}
-    for gdir in sorted((run_dir / "guests").glob("*")):
+    for gdir in [*sorted((run_dir / "guests").glob("*")), run_dir]:
         for name in sorted({str(e.get("backend")) for e in entries(gdir)}):
             out.setdefault(name, []).append(gdir)
     return out

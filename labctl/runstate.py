@@ -6,10 +6,11 @@
         state.json                   LabState below
         id_ed25519{,.pub}            the lab's client key
         known_hosts                  every guest's pinned host key
-        net/                         unix sockets of the lab networks
-        switch-<n>.log/.pid          L2 switches (networks of 3+ guests)
-        guests/<guest>/              console.log, qemu.log, qmp.sock, qemu.pid,
-                                     disk.qcow2, guest.conf, host key
+        net/                         unix sockets of the lab networks (qemu backend; the
+                                     libvirt backend's are in /var/lib/libvirt/labctl-run/<lab>.net)
+        switch-<n>.log               L2 switches (networks of 3+ guests)
+        guests/<guest>/              console.log, qemu.log, qmp.sock, gdb.sock, qemu.pid,
+                                     disk.qcow2, guest.conf, host key, owned.json (libvirt)
 """
 
 from __future__ import annotations

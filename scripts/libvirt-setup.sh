@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # libvirt for labctl's libvirt backend on a Debian 12 host, as root.
-# Idempotent: installs what is missing, starts libvirtd if it is not
-# running (there may be no systemd), checks qemu:///system answers, and
-# installs the libvirt Python binding into ${PYTHON:-python3}.
+# Idempotent: installs what is missing, lets QEMU run as libvirt's
+# unprivileged user (undoing an older labctl's "QEMU as root"), gives group
+# kvm access to /dev/kvm, starts libvirtd if it is not running (there may be
+# no systemd), checks qemu:///system answers, and installs the libvirt
+# Python binding into ${PYTHON:-python3}.
 set -euo pipefail
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
@@ -30,21 +32,65 @@ if [ ${#missing[@]} -gt 0 ]; then
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# QEMU runs as root: the guests' files live in root's 0700 run directories,
-# and libvirt's capability probes must see the same /dev/kvm access every
-# time (root-only here): probing as libvirt-qemu flips "KVM usable" and makes
-# libvirtd re-probe every QEMU binary on each domain start (~1 min, or a hang).
-CONF=/etc/libvirt/qemu.conf
-MARK="# labctl: QEMU as root"
-if ! grep -qF "$MARK" "$CONF"; then
-    say "configuring $CONF: QEMU runs as root"
-    printf '\n%s (scripts/libvirt-setup.sh)\nuser = "+0"\ngroup = "+0"\n' "$MARK" >> "$CONF"
+restart_libvirtd() {
+    local pid
     pid=$(cat /run/libvirtd.pid 2>/dev/null || true)
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
         say "restarting libvirtd for the new configuration"
         kill "$pid"
         for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     fi
+}
+
+# QEMU runs as libvirt's own unprivileged user (libvirt-qemu on Debian), not
+# root: labctl gives each guest volumes in libvirt's "labctl" pool and 0700
+# directories in /var/lib/libvirt/labctl-run made for that user, so QEMU
+# needs nothing of root's. An earlier version of this script made QEMU root
+# (the guests' files were in root's 0700 run directories); take that out.
+CONF=/etc/libvirt/qemu.conf
+MARK="# labctl: QEMU as root"
+restart=no
+if grep -qF "$MARK" "$CONF"; then
+    say "configuring $CONF: QEMU no longer runs as root (removing labctl's old setting)"
+    # Exactly the block an older version appended: the blank line before the
+    # marker, the marker, and its user/group = "+0" lines; nothing else.
+    awk -v mark="$MARK" '
+        skip > 0 && ($0 == "user = \"+0\"" || $0 == "group = \"+0\"") { skip--; next }
+        { skip = 0 }
+        index($0, mark) == 1 { skip = 2; held = 0; next }
+        held { print ""; held = 0 }
+        $0 == "" { held = 1; next }
+        { print }
+        END { if (held) print "" }
+    ' "$CONF" > "$CONF.labctl-new"
+    cat "$CONF.labctl-new" > "$CONF"  # keeps the file's owner and mode
+    rm -f "$CONF.labctl-new"
+    restart=yes
+fi
+if grep -Eq '^[[:space:]]*user[[:space:]]*=[[:space:]]*"(\+0|root)"' "$CONF"; then
+    echo "note: $CONF still sets user = root (not labctl's setting): QEMU runs as root;" \
+         "'labctl doctor' says why that is weaker" >&2
+fi
+
+# /dev/kvm: group kvm read-write, as udev's default rule makes it on a normal
+# Debian host (there is no udev here, so it is crw------- root). libvirt-qemu
+# is in group kvm, so QEMU as that user can use KVM, and root and libvirt-qemu
+# see the same access. That matters beyond speed: libvirtd caches each QEMU
+# binary's probed capabilities and checks on every domain start that "KVM
+# usable" (/dev/kvm accessible to QEMU's user) still matches the probe; when
+# it flips, libvirtd re-probes every QEMU binary (~1 min, or a hang). Equal
+# access for every user libvirt may probe as keeps that verdict stable (the
+# change itself makes libvirtd re-probe once, at its next use). The device
+# node is made again at boot, so this runs every time.
+if [ -c /dev/kvm ] && getent group kvm >/dev/null; then
+    if [ "$(stat -c '%G %a' /dev/kvm)" != "kvm 660" ]; then
+        say "giving group kvm read-write access to /dev/kvm (as udev does)"
+        chgrp kvm /dev/kvm
+        chmod 0660 /dev/kvm
+    fi
+fi
+if [ "$restart" = yes ]; then
+    restart_libvirtd
 fi
 
 if ! virsh -c "$URI" version >/dev/null 2>&1; then
@@ -76,3 +122,6 @@ if ! "$PY" -c 'import libvirt' 2>/dev/null; then
 fi
 "$PY" -c 'import libvirt, libvirt_qemu' || { echo "the libvirt Python binding does not import in $PY" >&2; exit 1; }
 say "libvirt ready: $(virsh -c "$URI" version | grep -i 'running hypervisor' || true)"
+label=$(virsh -c "$URI" capabilities | sed -n "s|.*<baselabel type='qemu'>\(.*\)</baselabel>.*|\1|p" | head -n1)
+uid=${label%%:*}; uid=${uid#+}
+say "QEMU runs as: $(getent passwd "$uid" | cut -d: -f1 || true) ($label)"

@@ -71,6 +71,15 @@ class GuestPlan:
         return self.dir / "authorized_keys"
 
 
+@dataclass(frozen=True)
+class NetDir:
+    """Where a lab's unix sockets go (links, switches), and whom its switches run as:
+    ``owner`` (uid, gid) is the user of the QEMUs that use them, None for labctl's own user."""
+
+    path: Path
+    owner: tuple[int, int] | None = None
+
+
 @dataclass
 class GuestRecord:
     """A started guest as the lab's state remembers it."""
@@ -102,6 +111,13 @@ class Backend(Protocol):
 
     def command(self, plan: GuestPlan) -> list[str]:
         """The exact command (or description) that would start the guest."""
+
+    def network_dir(self, run_dir: Path, lab: str, hosts: dict[str, HostPlace] | None) -> NetDir:
+        """The directory for the lab's unix sockets, which every guest's QEMU can use
+        (made, and journaled if it is outside ``run_dir``).
+
+        :raise HostError: when it cannot be made.
+        """
 
     def prepare(self, plans: list[GuestPlan]) -> list[str]:
         """Get the hosts ready for these guests (reachable, images in place) before any starts.

@@ -6,14 +6,20 @@ backend, on the libvirt URI in ``$LABCTL_LIBVIRT_URI`` (default
 ``qemu:///system``). Transient domains vanish when they stop, so ``down``
 leaves nothing behind in ``virsh list --all``.
 
-A guest may run on another host (``qemu+ssh://``, see :mod:`labctl.hosts`):
-its image is uploaded to that host's storage pool and its disk and fw_cfg
-files are volumes there (:mod:`labctl.backends.libvirt_storage`), its
-console is copied home by a relay process
-(:mod:`labctl.backends.libvirt_console`), and SSH reaches it through the
-host's own sshd. Everything created on a host is written to the guest's
-ownership journal (:mod:`labctl.owned`) first, and :meth:`LibvirtBackend.cleanup`
-removes exactly that.
+QEMU runs as the host's unprivileged QEMU user (libvirt's DAC base label,
+``libvirt-qemu`` on Debian) wherever the host's libvirt is set up that way,
+and labctl treats every host alike, this machine included
+(:mod:`labctl.backends.libvirt_host`): the image and the guest's disk and
+fw_cfg files are volumes in the host's ``labctl`` pool
+(:mod:`labctl.backends.libvirt_storage`; uploaded to a remote host, hard
+linked here), the gdbstub's socket is in the guest's 0700 directory on its
+host, and the lab's unix sockets are in the lab's 0700 directory, all owned
+by QEMU's user. The console is a pty that a relay process copies into the
+run directory (:mod:`labctl.backends.libvirt_console`), so labctl never
+reads a file QEMU could have replaced. A remote guest's SSH goes through
+its host's own sshd. Everything created on a host is written to an
+ownership journal (:mod:`labctl.owned`) first, and
+:meth:`LibvirtBackend.cleanup` removes exactly that.
 
 Every :class:`libvirt.libvirtError` is mapped to a labctl error in one place,
 :func:`connection`: failing to connect is a :class:`HostError`, anything
@@ -30,17 +36,30 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from labctl import owned
+from labctl.backends import libvirt_host as hostfs
 from labctl.backends import libvirt_storage as storage
-from labctl.backends.base import GuestPlan, GuestRecord
-from labctl.backends.libvirt_xml import FW_CFG_NAMES, DomainFiles, domain_name, domain_xml
-from labctl.errors import HostError, LabctlError, MachineError
+from labctl.backends.base import GuestPlan, GuestRecord, NetDir
+from labctl.backends.libvirt_host import QemuUser
+from labctl.backends.libvirt_xml import (
+    FW_CFG_NAMES,
+    DomainFiles,
+    disk_volume,
+    domain_name,
+    domain_xml,
+    fw_cfg_volumes,
+    gdb_socket,
+    planned_files,
+)
+from labctl.errors import HostError, LabctlError, MachineError, ProcessError
 from labctl.hosts import HostPlace, host_place
-from labctl.lab.uri import SshHop
-from labctl.proc import pid_alive, pid_cmdline, spawn
+from labctl.netplan import UdpAddr
+from labctl.paths import ensure_private_dir
+from labctl.proc import pid_alive, pid_cmdline, run, spawn
 
 log = logging.getLogger(__name__)
 
@@ -53,26 +72,60 @@ RELAY = "labctl.backends.libvirt_console"
 CONSOLE_ATTACH_TIMEOUT = 60.0
 RUN_DIR = Path("/run/libvirt/qemu")  # qemu:///system's pidfiles
 LOG_DIR = Path("/var/log/libvirt/qemu")  # qemu:///system's per-domain QEMU logs
-# A remote guest's private directory on its host (the gdbstub's socket): 0700,
-# made over SSH, journaled, removed by cleanup.
-REMOTE_RUN_DIR = "/var/lib/libvirt/labctl-run"
+ROOT_WHY = ("a guest that escapes QEMU (a bug in an emulated device) owns the host as root; as an "
+            "unprivileged user it reaches only what that user may")
+ROOT_FIX = ("drop user/group \"+0\" (or \"root\") from /etc/libvirt/qemu.conf and restart libvirtd "
+            "(scripts/libvirt-setup.sh does)")
 
 
-def remote_gdb_socket(lab: str, guest: str) -> str:
-    """Where a remote guest's gdbstub listens on its host: a socket in the guest's 0700 directory."""
-    return f"{REMOTE_RUN_DIR}/{domain_name(lab, guest)}/gdb.sock"
+def host_run(host: HostPlace, argv: list[str], timeout: float = 30.0) -> tuple[int, str]:
+    """Run ``argv`` on ``host``: here for a local URI, else through the host's SSH login
+    (as its URI logs in). Returns (exit status, error text); 255 when the host cannot be reached."""
+    hop = host.ssh_hop
+    if hop is None:
+        try:
+            res = run(argv, timeout=timeout, check=False)
+        except ProcessError as exc:
+            return 255, exc.message
+        return res.returncode, res.stderr.decode(errors="replace").strip()
+    from labctl.ssh import run_on_host
+
+    return run_on_host(hop, argv, timeout)
 
 
-def host_command(hop: SshHop, argv: list[str], what: str, timeout: float = 30.0) -> None:
-    """Run ``argv`` on a remote host through its SSH login (as its URI logs in).
+def host_command(host: HostPlace, argv: list[str], what: str, timeout: float = 30.0) -> None:
+    """:func:`host_run`, failing loudly.
 
     :raise HostError: when the host cannot be reached or the command fails.
     """
-    from labctl.ssh import run_on_host
-
-    status, err = run_on_host(hop, argv, timeout)
+    status, err = host_run(host, argv, timeout)
     if status != 0:
-        raise HostError(f"could not {what}: {err or f'exit status {status}'}")
+        raise HostError(f"could not {what} on {_where(host.uri, host.name)}: {err or f'exit status {status}'}")
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What labctl learns once from a host's capabilities."""
+
+    user: QemuUser  # whom QEMU runs as
+    models: tuple[str, ...]  # security drivers (none, dac, apparmor...)
+
+
+def host_facts(conn: Any, where: str) -> HostFacts:
+    """QEMU's user (the DAC model's base label) and the security drivers of a host.
+
+    :raise HostError: when the host has no DAC model or an unreadable label.
+    """
+    caps = conn.getCapabilities()
+    try:
+        users = hostfs.dac_users(caps)
+    except ValueError as exc:
+        raise HostError(f"libvirt at {where}: {exc}") from exc
+    user = users.get("kvm") or users.get("qemu") or next(iter(users.values()), None)
+    if user is None:
+        raise HostError(f"libvirt at {where} has no DAC security model, so labctl cannot tell which "
+                        "user QEMU runs as", hint="check security_driver in /etc/libvirt/qemu.conf there")
+    return HostFacts(user, tuple(hostfs.security_models(caps)))
 
 
 def libvirt_uri() -> str:
@@ -161,16 +214,6 @@ def _is_running(dom: Any) -> bool:
     return state not in (lv.VIR_DOMAIN_SHUTOFF, lv.VIR_DOMAIN_CRASHED, lv.VIR_DOMAIN_NOSTATE)
 
 
-def _security_models(conn: Any) -> list[str]:
-    """libvirtd's primary security driver (``none``, ``apparmor``, ``selinux``).
-
-    Not ``getCapabilities()``: that re-validates every QEMU binary's probed
-    capabilities on each call, which is slow and has hung libvirtd here.
-    """
-    model = conn.getSecurityModel()[0]
-    return [model] if model else []
-
-
 def _console_path(xml: str) -> str | None:
     """The serial console file of a domain's XML."""
     import xml.etree.ElementTree as ET
@@ -241,6 +284,18 @@ def _stop_relay(pid: int, marker: str) -> None:
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
 
+def _check_socket_paths(plan: GuestPlan) -> None:
+    """Refuse a guest whose unix socket paths (gdbstub, lab links) do not fit in ``sun_path``.
+
+    :raise MachineError: naming the longest one.
+    """
+    paths = [gdb_socket(plan)] + [str(a) for p in plan.ports.values() for a in (p.local, p.remote)
+                                  if a is not None and not isinstance(a, UdpAddr)]
+    long = hostfs.too_long(paths)
+    if long:
+        raise MachineError(f"guest {plan.guest.name}: the socket path {long[0]} is longer than "
+                           f"{hostfs.SUN_PATH_MAX} bytes", hint="use a shorter lab or guest name")
+
 
 class LibvirtBackend:
     """Runs guests as transient libvirt domains, on this machine or on remote hosts."""
@@ -248,63 +303,128 @@ class LibvirtBackend:
     name = "libvirt"
 
     def __init__(self) -> None:
-        self._images: dict[str, storage.RemoteImage] = {}  # host URI -> image volumes there
+        self._images: dict[str, storage.HostImage] = {}  # host URI -> image volumes there
+        self._facts: dict[str, HostFacts] = {}  # host URI -> QEMU's user and security drivers
 
     def command(self, plan: GuestPlan) -> list[str]:
-        """The domain XML, one line per element."""
-        return domain_xml(plan, files=self._files_preview(plan)).splitlines()
+        """The domain XML, one line per element (QEMU's user is asked from the host once)."""
+        facts = self._host_facts(self._host(plan))
+        return domain_xml(plan, facts.user, facts.models, self._files_preview(plan)).splitlines()
 
     @staticmethod
     def _host(plan: GuestPlan) -> HostPlace:
         return plan.host or host_place("local", libvirt_uri())
 
-    def _files_preview(self, plan: GuestPlan) -> DomainFiles | None:
-        """The volume paths a remote guest will use (the pool's directory), for printing."""
-        if not self._host(plan).remote:
-            return None
-        vol = f"{storage.POOL_DIR}/{domain_name(plan.lab, plan.guest.name)}"
+    def _host_facts(self, host: HostPlace, conn: Any = None) -> HostFacts:
+        """The host's :class:`HostFacts`, read once per backend.
+
+        :raise HostError: when the host is unreachable or has no DAC model.
+        """
+        if host.uri not in self._facts:
+            if conn is None:
+                with connection(host.uri, host.name) as c:
+                    self._facts[host.uri] = host_facts(c, _where(host.uri, host.name))
+            else:
+                self._facts[host.uri] = host_facts(conn, _where(host.uri, host.name))
+        return self._facts[host.uri]
+
+    def _files_preview(self, plan: GuestPlan) -> DomainFiles:
+        """The paths the guest will use on its host (this run's image volumes when known)."""
+        files = planned_files(plan)
         img = self._images.get(self._host(plan).uri)
-        return DomainFiles(img.kernel if img else f"{storage.POOL_DIR}/{plan.image.name}-vmlinux-...",
-                           img.initrd if img else f"{storage.POOL_DIR}/{plan.image.name}-initrd.img-...",
-                           f"{vol}-disk.qcow2", {n: f"{vol}-{n.rsplit('/', 1)[1]}" for n in FW_CFG_NAMES}, None,
-                           remote_gdb_socket(plan.lab, plan.guest.name))
+        if img is None:
+            return files
+        return DomainFiles(img.kernel, img.initrd, files.disk, files.fw_cfg, files.gdb_socket)
+
+    def network_dir(self, run_dir: Path, lab: str, hosts: dict[str, HostPlace] | None) -> NetDir:
+        """The lab's directory on this machine for its unix sockets, owned by QEMU's user (0700).
+
+        Only guests on a local URI use unix sockets; a lab without any gets
+        the run directory's ``net/``, which nothing uses. The directory is
+        journaled in the lab's run directory before it is made, and refused
+        when it exists: it belongs to a lab of that name from another labctl
+        state directory (or was left behind).
+
+        :raise HostError: when it exists, or cannot be made.
+        """
+        local = next((h for h in (hosts or {}).values() if not h.remote), None)
+        if local is None:
+            return NetDir(ensure_private_dir(run_dir / "net"))
+        user = self._host_facts(local).user
+        path = hostfs.lab_net_dir(lab)
+        self._host_dir(run_dir, local, path, user, replace=False)
+        return NetDir(Path(path), (user.uid, user.gid))
 
     def prepare(self, plans: list[GuestPlan]) -> list[str]:
-        """Connect to every host once (an unreachable one is named) and upload the image
-        to each remote host's pool when it is not there yet.
+        """Connect to every host once (an unreachable one is named), learn whom QEMU runs
+        as there, and put the image in its pool when it is not there yet.
 
-        :raise HostError: when a host is unreachable.
+        Remote hosts come first: a host that cannot be reached is named before
+        anything else is done, and their uploads are the slow part.
+
+        :raise HostError: when a host is unreachable or lacks something.
         :raise ImageError: when an upload does not verify.
         """
         notes: list[str] = []
         hosts = {self._host(p).uri: (self._host(p), p.image) for p in plans}
-        for uri, (host, image) in hosts.items():
+        for uri, (host, image) in sorted(hosts.items(), key=lambda kv: not kv[1][0].remote):
             with connection(uri, host.name) as conn:
-                conn.getLibVersion()
-                if host.remote and uri not in self._images:
-                    img = storage.ensure_image(conn, image)
+                self._host_facts(host, conn)
+                self._passable_pool(conn, host)
+                if uri not in self._images:
+                    img = storage.ensure_image(conn, image, local=not host.remote)
                     self._images[uri] = img
                     notes += [f"uploaded {vol} to pool {storage.POOL} on host {host.name} in {secs:.1f} s "
                               "(read back, sha256 matches the image manifest)" for vol, secs in img.uploaded]
         return notes
 
+    def _passable_pool(self, conn: Any, host: HostPlace) -> None:
+        """The pool, with a directory QEMU's user may pass through (an older labctl made it 0700).
+
+        :raise HostError: when its mode cannot be changed.
+        """
+        pool = storage.ensure_pool(conn)
+        path, mode = storage.pool_target(pool)
+        if not storage.pool_is_passable(mode):
+            host_command(host, ["chmod", f"{storage.POOL_MODE:04o}", "--", path],
+                         f"let QEMU's user reach the volumes of pool {storage.POOL} ({path})")
+            pool.refresh(0)
+
     def start(self, plan: GuestPlan) -> GuestRecord:
+        """Volumes and the guest's directory on its host, the domain started paused,
+        the console relay attached, resume.
+
+        :raise MachineError: when libvirt refuses the domain or the console.
+        :raise HostError: when the host lacks something.
+        """
         host = self._host(plan)
         name = domain_name(plan.lab, plan.guest.name)
+        _check_socket_paths(plan)
+        lv = _libvirt()
         with connection(host.uri, host.name) as conn:
+            facts = self._host_facts(host, conn)
             self._clear_stale(conn, host.uri, name, plan)
-            if host.remote:
-                return self._start_remote(conn, plan, host, name)
-            xml = domain_xml(plan, _security_models(conn))
+            img = self._images.get(host.uri) or storage.ensure_image(conn, plan.image, local=not host.remote)
+            self._images[host.uri] = img
+            pool = storage.ensure_pool(conn)
+            files = self._volumes(conn, pool, plan, host, img, facts.user)
+            self._host_dir(plan.dir, host, hostfs.guest_run_dir(name), facts.user, replace=True)
+            xml = domain_xml(plan, facts.user, facts.models, files)
             (plan.dir / "domain.xml").write_text(xml)
-            dom = self._create(conn, plan, host, name, xml, 0)
+            dom = self._create(conn, plan, host, name, xml, lv.VIR_DOMAIN_START_PAUSED)
             uuid = dom.UUIDString()
-        pid = qemu_pid(name)
+            relay = self._attach_console(plan, host, uuid)
+            dom.resume()
+        pid = 0 if host.remote else qemu_pid(name)
         argv = pid_cmdline(pid) if pid else []
+        hop = host.ssh_hop
         return GuestRecord(name=plan.guest.name, backend=self.name, pid=pid, dir=str(plan.dir),
                            console=str(plan.console), qmp="", ssh_port=plan.ssh_port, accel=plan.accel,
-                           argv=argv or xml.splitlines(), gdb=str(plan.gdb_socket),
-                           extra={"uri": host.uri, "host": host.name, "domain": name, "uuid": uuid})
+                           argv=argv or xml.splitlines(), gdb=files.gdb_socket,
+                           extra={"uri": host.uri, "host": host.name, "domain": name, "uuid": uuid,
+                                  "remote": host.remote, "relay_pid": relay, "qemu_user": facts.user.label,
+                                  "ssh_via": hop.to_dict() if hop else None,
+                                  "volumes": [files.disk, *files.fw_cfg.values()]})
 
     def _create(self, conn: Any, plan: GuestPlan, host: HostPlace, name: str, xml: str, flags: int) -> Any:
         """Create the transient domain, journaled first.
@@ -319,58 +439,44 @@ class LibvirtBackend:
             raise MachineError(f"libvirt ({_where(host.uri, host.name)}) could not start guest "
                                f"{plan.guest.name} as domain {name}: {_message(exc)}") from exc
 
-    def _start_remote(self, conn: Any, plan: GuestPlan, host: HostPlace, name: str) -> GuestRecord:
-        """Volumes in the host's pool, the domain started paused, the console relay attached, resume."""
-        lv = _libvirt()
-        img = self._images.get(host.uri) or storage.ensure_image(conn, plan.image)
-        self._images[host.uri] = img
-        pool = storage.ensure_pool(conn)
-        files = self._volumes(conn, pool, plan, host, name, img)
-        xml = domain_xml(plan, _security_models(conn), files)
-        (plan.dir / "domain.xml").write_text(xml)
-        dom = self._create(conn, plan, host, name, xml, lv.VIR_DOMAIN_START_PAUSED)
-        uuid = dom.UUIDString()
-        relay = self._attach_console(plan, host, uuid)
-        dom.resume()
-        hop = host.ssh_hop
-        return GuestRecord(name=plan.guest.name, backend=self.name, pid=0, dir=str(plan.dir),
-                           console=str(plan.console), qmp="", ssh_port=plan.ssh_port, accel=plan.accel,
-                           argv=xml.splitlines(), gdb=files.gdb_socket,
-                           extra={"uri": host.uri, "host": host.name, "domain": name, "uuid": uuid,
-                                  "remote": True, "relay_pid": relay,
-                                  "ssh_via": hop.to_dict() if hop else None,
-                                  "volumes": [files.disk, *files.fw_cfg.values()]})
+    def _volumes(self, conn: Any, pool: Any, plan: GuestPlan, host: HostPlace, img: storage.HostImage,
+                 user: QemuUser) -> DomainFiles:
+        """The guest's overlay and fw_cfg volumes, owned by QEMU's user (0600), each journaled
+        before it is created."""
+        owner = (user.uid, user.gid)
 
-    def _volumes(self, conn: Any, pool: Any, plan: GuestPlan, host: HostPlace, name: str,
-                 img: storage.RemoteImage) -> DomainFiles:
-        """The guest's overlay and fw_cfg volumes, each journaled before it is created."""
         def make(vol: str, create: Any) -> str:
             owned.record(plan.dir, {"backend": self.name, "kind": "volume", "uri": host.uri,
                                     "host": host.name, "pool": storage.POOL, "name": vol})
             storage.delete_volume(pool, vol)  # a leftover of this very guest (its domain is gone)
             return str(create(vol).path())
 
-        disk = make(f"{name}-disk.qcow2",
-                    lambda v: storage.create_overlay(pool, v, img.rootfs, img.rootfs_size))
+        disk = make(disk_volume(plan),
+                    lambda v: storage.create_overlay(pool, v, img.rootfs, img.rootfs_size, owner))
         local = dict(zip(FW_CFG_NAMES, (plan.config, plan.authorized_keys, plan.host_key), strict=True))
-        fw_cfg = {entry: make(f"{name}-{entry.rsplit('/', 1)[1]}",
-                              lambda v, p=path: storage.upload_bytes(conn, pool, v, p.read_bytes()))
-                  for entry, path in local.items()}
-        gdb = remote_gdb_socket(plan.lab, plan.guest.name)
-        self._remote_dir(plan, host, str(Path(gdb).parent))
-        return DomainFiles(img.kernel, img.initrd, disk, fw_cfg, None, gdb)
+        fw_cfg = {entry: make(vol, lambda v, p=local[entry]: storage.upload_bytes(conn, pool, v, p.read_bytes(),
+                                                                                 owner=owner))
+                  for entry, vol in fw_cfg_volumes(plan).items()}
+        return DomainFiles(img.kernel, img.initrd, disk, fw_cfg, gdb_socket(plan))
 
-    def _remote_dir(self, plan: GuestPlan, host: HostPlace, path: str) -> None:
-        """The guest's 0700 directory on its host (journaled first, emptied if left over).
+    def _host_dir(self, journal_dir: Path, host: HostPlace, path: str, user: QemuUser, replace: bool) -> None:
+        """A 0700 directory below ``RUN_ROOT`` on ``host``, owned by QEMU's user, journaled in
+        ``journal_dir`` first. ``replace`` empties a leftover; otherwise one is refused (and
+        taken out of the journal again: it is not ours).
 
-        :raise HostError: when the host's SSH login fails.
+        :raise HostError: when the host cannot make it, or it exists and may not be replaced.
         """
-        hop = host.ssh_hop
-        assert hop is not None
-        owned.record(plan.dir, {"backend": self.name, "kind": "remote-dir", "uri": host.uri,
-                                "host": host.name, "path": path})
-        host_command(hop, ["sh", "-c", 'rm -rf -- "$1" && mkdir -p -m 0700 -- "$1"', "sh", path],
-                     f"make the guest's directory {path} on host {host.name}")
+        entry = {"backend": self.name, "kind": "host-dir", "uri": host.uri, "host": host.name, "path": path}
+        owned.record(journal_dir, entry)
+        status, err = host_run(host, hostfs.mkdir_argv(path, user, replace))
+        if status == hostfs.EXISTS_STATUS and not replace:
+            owned.forget(journal_dir, entry)
+            raise HostError(f"{path} already exists on {_where(host.uri, host.name)}: a lab of that name "
+                            "runs there from another labctl state directory, or one was left behind",
+                            hint=f"take that lab down where it was started, or remove {path} if nothing uses it")
+        if status != 0:
+            raise HostError(f"could not make {path} for QEMU's user ({user.describe(not host.remote)}) on "
+                            f"{_where(host.uri, host.name)}: {err or f'exit status {status}'}")
 
     def _attach_console(self, plan: GuestPlan, host: HostPlace, uuid: str) -> int:
         """Start the console relay and wait until it is attached (it then creates ``console.log``).
@@ -432,7 +538,9 @@ class LibvirtBackend:
                 _wait_gone(conn, rec, 5.0)
 
     def cleanup(self, guest_dir: Path) -> None:
-        """Destroy the journal's domains, stop its relays, delete its volumes (newest first).
+        """Destroy the journal's domains, stop its relays, delete its volumes and
+        directories (newest first). ``guest_dir`` may also be a lab's run directory
+        (its journal holds the lab's socket directory).
 
         Things already gone are fine. Every host is tried; the first failure
         is raised at the end.
@@ -454,13 +562,11 @@ class LibvirtBackend:
         if kind == "process":
             _stop_relay(int(entry["pid"]), str(entry.get("marker", RELAY)))
             return
-        if kind == "remote-dir":
+        if kind in ("host-dir", "remote-dir"):  # remote-dir: journals of an older labctl
             path = str(entry.get("path", ""))
-            if path.startswith(REMOTE_RUN_DIR + "/") and "/.." not in path:  # never anything else
-                host = host_place(str(entry.get("host") or "remote"), str(entry["uri"]))
-                if host.ssh_hop is not None:
-                    host_command(host.ssh_hop, ["rm", "-rf", "--", path],
-                                 f"remove the guest's directory {path} on host {host.name}")
+            if hostfs.is_run_dir(path):  # never anything else
+                host = host_place(str(entry.get("host") or "host"), str(entry["uri"]))
+                host_command(host, hostfs.rmdir_argv(path), f"remove {path}")
             return
         with connection(entry["uri"], entry.get("host")) as conn:
             if kind == "domain":

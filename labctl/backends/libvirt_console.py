@@ -1,4 +1,4 @@
-"""Copies a remote guest's serial console into its local ``console.log``.
+"""Copies a libvirt guest's serial console into ``console.log`` in its run directory.
 
 Run as ``python -m labctl.backends.libvirt_console URI UUID LOG``. It opens
 the domain's console through libvirt (``virDomainOpenConsole``, a
@@ -7,6 +7,10 @@ the domain's console through libvirt (``virDomainOpenConsole``, a
 until the domain goes away (the stream ends) or it gets SIGTERM. ``up``
 starts the domain paused and resumes it only once ``LOG`` exists, so no
 boot line is lost. The backend owns this process and stops it at ``down``.
+
+Every guest's console goes this way, on a remote host or on this machine:
+QEMU runs as its own unprivileged user and writes nothing into labctl's run
+directory, and labctl reads no file from a directory QEMU could write to.
 """
 
 from __future__ import annotations

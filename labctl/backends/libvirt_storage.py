@@ -1,17 +1,23 @@
-"""Images and per-run disks in a libvirt storage pool (for remote hosts).
+"""Images and per-run disks in a libvirt storage pool.
 
-A remote host cannot see labctl's image cache, so its guests boot from
-volumes in the ``labctl`` directory pool on that host (created when missing):
+Guests boot from volumes in the ``labctl`` directory pool of their host
+(created when missing, mode 0711: QEMU's user may pass through it but not
+list it): a remote host cannot see labctl's image cache, and on labctl's own
+machine QEMU's unprivileged user cannot either (it is root's, 0700).
 
-* the image's kernel, initramfs and root file system, uploaded once through
-  the libvirt stream API (sparse, so the 1.5 GB root file system sends only
-  its data), named after the image and the file's sha256. After an upload
-  the volume is downloaded back and hashed; only when the sum matches the
-  image manifest's is a ``<volume>.sha256`` marker volume written. A volume
-  without its marker (an interrupted upload) is replaced;
+* the image's kernel, initramfs and root file system, root's, mode 0644
+  (read-only to QEMU), named after the image and the file's sha256. On a
+  remote host they are uploaded once through the libvirt stream API
+  (sparse, so the 1.5 GB root file system sends only its data); after an
+  upload the volume is downloaded back and hashed, and only when the sum
+  matches the image manifest's is a ``<volume>.sha256`` marker volume
+  written. On labctl's own machine the volume is a hard link to the cached
+  file (the same bytes, nothing to send or verify), or an upload when the
+  pool is on another file system. A volume without its marker (an
+  interrupted upload) is replaced;
 * per guest, a qcow2 overlay with the root file system as backing store and
-  the three fw_cfg files (mode 0600), named ``labctl-<lab>-<guest>-...``:
-  these belong to the lab and go at ``down``.
+  the three fw_cfg files, owned by QEMU's user with mode 0600, named
+  ``labctl-<lab>-<guest>-...``: these belong to the lab and go at ``down``.
 
 Every call takes an open ``virConnect``; libvirt errors are mapped by the
 caller's :func:`labctl.backends.libvirt.connection`.
@@ -19,9 +25,11 @@ caller's :func:`labctl.backends.libvirt.connection`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
+import stat
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -41,7 +49,7 @@ _ZEROS = bytes(1 << 20)
 
 
 @dataclass(frozen=True)
-class RemoteImage:
+class HostImage:
     """Paths of an image's boot files on a host, and whether this run uploaded them."""
 
     kernel: str
@@ -51,20 +59,36 @@ class RemoteImage:
     uploaded: tuple[tuple[str, float], ...]  # (volume, seconds to upload and verify) sent by this run
 
 
+POOL_MODE = 0o711  # QEMU's user passes through to its volumes; nobody lists the pool
+
+
 def pool_xml(name: str = POOL, path: str = POOL_DIR) -> str:
-    """A directory pool whose files only root can read."""
+    """A directory pool, root's, that QEMU's user may pass through but not list."""
     pool = ET.Element("pool", type="dir")
     ET.SubElement(pool, "name").text = name
     target = ET.SubElement(pool, "target")
     ET.SubElement(target, "path").text = path
     perms = ET.SubElement(target, "permissions")
-    ET.SubElement(perms, "mode").text = "0700"
+    ET.SubElement(perms, "mode").text = f"{POOL_MODE:04o}"
     return ET.tostring(pool, encoding="unicode")
 
 
+def pool_target(pool: Any) -> tuple[str, int]:
+    """(directory, mode) of a directory pool, as libvirt last saw it (after a refresh)."""
+    target = ET.fromstring(pool.XMLDesc(0)).find("target")
+    path = target.findtext("path") if target is not None else None
+    mode = target.findtext("permissions/mode") if target is not None else None
+    return path or POOL_DIR, int(mode, 8) if mode else 0
+
+
+def pool_is_passable(mode: int) -> bool:
+    """True when a pool directory with ``mode`` lets QEMU's user reach its volumes."""
+    return bool(mode & stat.S_IXOTH)
+
+
 def volume_xml(name: str, capacity: int, fmt: str = "raw", backing: str | None = None,
-               backing_format: str = "raw", mode: str = "0600") -> str:
-    """A volume; with ``backing`` a copy-on-write overlay on that path."""
+               backing_format: str = "raw", mode: str = "0600", owner: tuple[int, int] | None = None) -> str:
+    """A volume; with ``backing`` a copy-on-write overlay on that path; ``owner`` is (uid, gid)."""
     vol = ET.Element("volume")
     ET.SubElement(vol, "name").text = name
     ET.SubElement(vol, "capacity", unit="bytes").text = str(capacity)
@@ -73,6 +97,9 @@ def volume_xml(name: str, capacity: int, fmt: str = "raw", backing: str | None =
     ET.SubElement(target, "format", type=fmt)
     perms = ET.SubElement(target, "permissions")
     ET.SubElement(perms, "mode").text = mode
+    if owner is not None:
+        ET.SubElement(perms, "owner").text = str(owner[0])
+        ET.SubElement(perms, "group").text = str(owner[1])
     if backing is not None:
         store = ET.SubElement(vol, "backingStore")
         ET.SubElement(store, "path").text = backing
@@ -130,8 +157,11 @@ def delete_volume(pool: Any, name: str) -> bool:
     return True
 
 
-def ensure_image(conn: Any, image: Image) -> RemoteImage:
-    """The image's boot files in the host's pool, uploaded and verified when missing.
+def ensure_image(conn: Any, image: Image, local: bool = False) -> HostImage:
+    """The image's boot files in the host's pool, placed and verified when missing.
+
+    ``local``: the host is labctl's own machine, where a volume can be a hard
+    link to the cached file instead of an upload.
 
     :raise ImageError: when the manifest lacks a file's sum, or an upload
         does not read back with that sum.
@@ -144,12 +174,13 @@ def ensure_image(conn: Any, image: Image) -> RemoteImage:
         name = image_volume_name(image, file, sha256)
         if not _verified(conn, pool, name, sha256):
             t0 = time.monotonic()
-            upload_file(conn, pool, name, image.dir / file, size, mode="0644")
-            _verify(conn, pool, name, sha256, image.dir / file)
-            uploaded.append((name, time.monotonic() - t0))
+            if not (local and link_file(conn, pool, name, image.dir / file, sha256)):
+                upload_file(conn, pool, name, image.dir / file, size, mode="0644")
+                _verify(conn, pool, name, sha256, image.dir / file)
+                uploaded.append((name, time.monotonic() - t0))
         paths[role] = pool.storageVolLookupByName(name).path()
     _, rootfs_size = _manifest_sum(image, IMAGE_FILES["rootfs"])
-    return RemoteImage(paths["kernel"], paths["initrd"], paths["rootfs"], rootfs_size, tuple(uploaded))
+    return HostImage(paths["kernel"], paths["initrd"], paths["rootfs"], rootfs_size, tuple(uploaded))
 
 
 def _manifest_sum(image: Image, file: str) -> tuple[str, int]:
@@ -192,6 +223,31 @@ def _verify(conn: Any, pool: Any, name: str, sha256: str, source: Path) -> None:
     log.info("uploaded %s as volume %s, sha256 %s verified", source, name, sha256)
 
 
+def link_file(conn: Any, pool: Any, name: str, path: Path, sha256: str) -> bool:
+    """Make volume ``name`` a hard link to ``path`` (on labctl's machine) and mark it verified.
+
+    The cached file is the manifest's (labctl built it), so there is nothing
+    to send or read back. Only a root-owned file that everyone may read, but
+    only root write, is linked: the volume keeps the file's owner and mode,
+    and QEMU must read it and never write it. False when it cannot be linked
+    (another file system, other owner or mode): the caller uploads instead.
+    """
+    st = os.stat(path)
+    if st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o022 or not st.st_mode & stat.S_IROTH:
+        return False
+    target = Path(pool_target(pool)[0]) / name
+    try:
+        os.link(path, target)
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            return False
+        raise
+    pool.refresh(0)
+    upload_bytes(conn, pool, name + MARKER, f"{sha256}  {path.name} (hard link)\n".encode(), mode="0644")
+    log.info("linked %s as volume %s (sha256 %s, from the image manifest)", path, name, sha256)
+    return True
+
+
 def upload_file(conn: Any, pool: Any, name: str, path: Path, size: int, mode: str = "0600") -> Any:
     """A new raw volume with the contents of ``path``, sent as a sparse stream."""
     lv = _lv()
@@ -210,9 +266,11 @@ def upload_file(conn: Any, pool: Any, name: str, path: Path, size: int, mode: st
     return vol
 
 
-def upload_bytes(conn: Any, pool: Any, name: str, data: bytes, mode: str = "0600") -> Any:
-    """A new raw volume holding ``data`` (a small file: fw_cfg entries, markers)."""
-    vol = pool.createXML(volume_xml(name, len(data), mode=mode), 0)
+def upload_bytes(conn: Any, pool: Any, name: str, data: bytes, mode: str = "0600",
+                 owner: tuple[int, int] | None = None) -> Any:
+    """A new raw volume holding ``data`` (a small file: fw_cfg entries, markers),
+    owned by ``owner`` (uid, gid) when given."""
+    vol = pool.createXML(volume_xml(name, len(data), mode=mode, owner=owner), 0)
     stream = conn.newStream(0)
     try:
         vol.upload(stream, 0, len(data), 0)
@@ -271,9 +329,9 @@ def hash_volume(conn: Any, vol: Any) -> str:
     return digest.hexdigest()
 
 
-def create_overlay(pool: Any, name: str, backing: str, capacity: int) -> Any:
-    """A qcow2 volume backed by the raw root file system at ``backing``."""
-    return pool.createXML(volume_xml(name, capacity, fmt="qcow2", backing=backing), 0)
+def create_overlay(pool: Any, name: str, backing: str, capacity: int, owner: tuple[int, int] | None = None) -> Any:
+    """A qcow2 volume backed by the raw root file system at ``backing``, owned by ``owner``."""
+    return pool.createXML(volume_xml(name, capacity, fmt="qcow2", backing=backing, owner=owner), 0)
 
 
 def _read(_st: Any, nbytes: int, fd: int) -> bytes:

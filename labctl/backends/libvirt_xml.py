@@ -2,11 +2,18 @@
 
 The domain runs the same machine as the qemu backend's argv
 (:mod:`labctl.backends.qemu_argv`): direct kernel boot, the qcow2 overlay on
-virtio, the serial console in a file, pvpanic, the fw_cfg entries, and the
-same NICs. libvirt has no element for a unix ``dgram`` netdev nor for a
+virtio, the serial console (a pty, which labctl's relay reads through
+libvirt), pvpanic, the fw_cfg entries, and the same NICs. libvirt has no element for a unix ``dgram`` netdev nor for a
 ``restrict=on`` slirp with host forwarding on 127.0.0.1, so the NICs (and the
 gdbstub) reach QEMU through ``<qemu:commandline>``, built by the very
 functions that build the qemu backend's argv.
+
+Every file the domain names is on the host that runs it, where QEMU's user
+can reach it (:mod:`labctl.backends.libvirt_host`): volumes of the
+``labctl`` pool and the guest's directory below ``RUN_ROOT``. QEMU runs as
+that user with a static DAC label and ``relabel='no'``: libvirt changes the
+owner of no file, so the image stays root's and read-only to QEMU, and only
+the guest's own volumes (made for QEMU's user) are writable by it.
 
 Nothing here touches the host: tests parse the XML directly and ``labctl up
 --show-command`` can print it.
@@ -19,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from labctl.backends.base import GuestPlan
+from labctl.backends.libvirt_host import QemuUser, guest_run_dir
+from labctl.backends.libvirt_storage import IMAGE_FILES, POOL_DIR, image_volume_name
 from labctl.backends.qemu_argv import gdb_args, lab_nic_args, mgmt_nic_args
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
@@ -43,33 +52,53 @@ def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) ->
     return el
 
 
-def fw_cfg_files(plan: GuestPlan) -> dict[str, str]:
-    """fw_cfg name -> host file: the same entries as ``qemu_argv.control_args``."""
-    files = (plan.config, plan.authorized_keys, plan.host_key)
-    return {name: str(path) for name, path in zip(FW_CFG_NAMES, files, strict=True)}
-
-
 @dataclass(frozen=True)
 class DomainFiles:
-    """The files a domain uses, as paths on the host that runs it.
-
-    On labctl's machine they are the image's and the run directory's; on a
-    remote host they are volumes in its storage pool, and the console is a
-    pty read through libvirt's console stream (``console`` None).
-    """
+    """The files a domain uses, as paths on the host that runs it: volumes of
+    the ``labctl`` pool, and the gdbstub's socket in the guest's 0700 directory."""
 
     kernel: str
     initrd: str
     disk: str
-    fw_cfg: dict[str, str]
-    console: str | None
-    gdb_socket: str  # in a 0700 directory of the host that runs the guest
+    fw_cfg: dict[str, str]  # fw_cfg name -> volume
+    gdb_socket: str
 
-    @classmethod
-    def local(cls, plan: GuestPlan) -> DomainFiles:
-        """The files of a guest on labctl's own machine."""
-        return cls(str(plan.image.kernel), str(plan.image.initrd), str(plan.overlay), fw_cfg_files(plan),
-                   str(plan.console), str(plan.gdb_socket))
+
+def volume_prefix(plan: GuestPlan) -> str:
+    """The start of every per-guest volume's name: ``labctl-<lab>-<guest>-``."""
+    return domain_name(plan.lab, plan.guest.name) + "-"
+
+
+def disk_volume(plan: GuestPlan) -> str:
+    """The name of the guest's qcow2 overlay volume."""
+    return volume_prefix(plan) + "disk.qcow2"
+
+
+def fw_cfg_volumes(plan: GuestPlan) -> dict[str, str]:
+    """fw_cfg name -> the name of its volume."""
+    return {name: volume_prefix(plan) + name.rsplit("/", 1)[1] for name in FW_CFG_NAMES}
+
+
+def gdb_socket(plan: GuestPlan) -> str:
+    """The gdbstub's socket on the guest's host, in the guest's 0700 directory."""
+    return guest_run_dir(domain_name(plan.lab, plan.guest.name)) + "/gdb.sock"
+
+
+def planned_files(plan: GuestPlan, pool_dir: str = POOL_DIR) -> DomainFiles:
+    """The files the backend will give the domain, in a pool at ``pool_dir``.
+
+    The image's volume names carry the manifest's sums; without a sum the
+    name ends in ``...`` (it is only shown, never used).
+    """
+    files = plan.image.manifest.get("files", {})
+
+    def image(role: str) -> str:
+        file = IMAGE_FILES[role]
+        sha = files.get(file, {}).get("sha256")
+        return f"{pool_dir}/" + (image_volume_name(plan.image, file, sha) if sha else f"{plan.image.name}-{file}-...")
+
+    return DomainFiles(image("kernel"), image("initrd"), f"{pool_dir}/{disk_volume(plan)}",
+                       {n: f"{pool_dir}/{v}" for n, v in fw_cfg_volumes(plan).items()}, gdb_socket(plan))
 
 
 def pin_pci_slot(args: list[str], slot: int) -> list[str]:
@@ -116,31 +145,29 @@ def _sysinfo(dom: ET.Element, files: DomainFiles) -> None:
 
 
 def _devices(dom: ET.Element, files: DomainFiles) -> None:
-    """Disk, serial console, pvpanic; no USB, balloon, video or default NIC."""
+    """Disk, serial console (a pty: what ``virDomainOpenConsole`` reads), pvpanic;
+    no USB, balloon, video or default NIC."""
     devs = _sub(dom, "devices")
     _sub(devs, "emulator", EMULATOR)
     disk = _sub(devs, "disk", type="file", device="disk")
     _sub(disk, "driver", name="qemu", type="qcow2", cache="unsafe", discard="unmap")
     _sub(disk, "source", file=files.disk)
     _sub(disk, "target", dev="vda", bus="virtio")
-    kind = "file" if files.console else "pty"  # a pty is what virDomainOpenConsole reads
-    serial = _sub(devs, "serial", type=kind)
-    if files.console:
-        _sub(serial, "source", path=files.console)
+    serial = _sub(devs, "serial", type="pty")
     _sub(serial, "target", port="0")
-    console = _sub(devs, "console", type=kind)
-    if files.console:
-        _sub(console, "source", path=files.console)
+    console = _sub(devs, "console", type="pty")
     _sub(console, "target", type="serial", port="0")
     _sub(devs, "controller", type="usb", model="none")
     _sub(devs, "memballoon", model="none")
     _sub(devs, "panic", model="isa")
 
 
-def _seclabels(dom: ET.Element, other_models: Iterable[str]) -> None:
-    """QEMU runs as root without relabelling: it must reach the root-owned 0700 run dir."""
+def _seclabels(dom: ET.Element, user: QemuUser, other_models: Iterable[str]) -> None:
+    """QEMU runs as the host's QEMU user (``user``, from libvirt's DAC base
+    label), and libvirt relabels nothing: labctl made every file the domain
+    writes for that user, and the shared image stays root's."""
     dac = _sub(dom, "seclabel", type="static", model="dac", relabel="no")
-    _sub(dac, "label", "+0:+0")
+    _sub(dac, "label", user.label)
     for model in other_models:
         if model not in ("dac", "none"):
             _sub(dom, "seclabel", type="none", model=model)
@@ -153,15 +180,15 @@ def _commandline(dom: ET.Element, args: list[str]) -> None:
         _sub(cl, f"{{{QEMU_NS}}}arg", value=arg)
 
 
-def build_domain(plan: GuestPlan, security_models: Iterable[str] = (),
+def build_domain(plan: GuestPlan, user: QemuUser, security_models: Iterable[str] = (),
                  files: DomainFiles | None = None) -> ET.Element:
-    """The ``<domain>`` element for ``plan``.
+    """The ``<domain>`` element for ``plan``, its QEMU running as ``user``.
 
     ``security_models`` are the host's libvirt security drivers (from its
     capabilities); every one but DAC is switched off for the domain.
-    ``files`` are the paths on the host that runs it (default: this machine's).
+    ``files`` are the paths on the host that runs it (default: :func:`planned_files`).
     """
-    files = files or DomainFiles.local(plan)
+    files = files or planned_files(plan)
     dom = ET.Element("domain", type="kvm" if plan.accel == "kvm" else "qemu")
     _sub(dom, "name", domain_name(plan.lab, plan.guest.name))
     _sub(dom, "title", f"labctl lab {plan.lab}, guest {plan.guest.name}")
@@ -178,13 +205,14 @@ def build_domain(plan: GuestPlan, security_models: Iterable[str] = (),
     _sub(dom, "on_reboot", "destroy")  # -no-reboot, as the qemu backend
     _sub(dom, "on_crash", "destroy")  # pvpanic: the machine stops, as the qemu backend's
     _devices(dom, files)
-    _seclabels(dom, security_models)
+    _seclabels(dom, user, security_models)
     _commandline(dom, qemu_extra_args(plan, files))
     return dom
 
 
-def domain_xml(plan: GuestPlan, security_models: Iterable[str] = (), files: DomainFiles | None = None) -> str:
+def domain_xml(plan: GuestPlan, user: QemuUser, security_models: Iterable[str] = (),
+               files: DomainFiles | None = None) -> str:
     """The domain XML document for ``plan`` (indented, one element a line)."""
-    dom = build_domain(plan, security_models, files)
+    dom = build_domain(plan, user, security_models, files)
     ET.indent(dom)
     return ET.tostring(dom, encoding="unicode") + "\n"

@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labctl.backends.base import GuestPlan, GuestRecord
+from labctl.backends.base import GuestPlan, GuestRecord, NetDir
 from labctl.backends.qemu_argv import build_argv
 from labctl.backends.qmp import qmp_execute
 from labctl.errors import MachineError
+from labctl.hosts import HostPlace
+from labctl.paths import ensure_private_dir
 from labctl.proc import pid_alive, pid_cmdline, spawn
 
 QEMU = "qemu-system-x86_64"
@@ -30,6 +32,10 @@ class QemuBackend:
 
     def command(self, plan: GuestPlan) -> list[str]:
         return build_argv(plan, QEMU)
+
+    def network_dir(self, run_dir: Path, lab: str, hosts: dict[str, HostPlace] | None) -> NetDir:
+        """``net/`` in the run directory: QEMU runs as labctl's own user."""
+        return NetDir(ensure_private_dir(run_dir / "net"))
 
     def prepare(self, plans: list[GuestPlan]) -> list[str]:
         """Nothing to prepare: QEMU runs here, on the image's own files."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
+from labctl.backends.libvirt_host import QemuUser
 from labctl.cli.ui import out, print_json
 
 MIN_LIBVIRT = (9, 0, 0)  # fw_cfg sysinfo (6.5), <cpu mode='maximum'> (7.1); tested on 9.0
@@ -18,11 +19,15 @@ MIN_LIBVIRT = (9, 0, 0)  # fw_cfg sysinfo (6.5), <cpu mode='maximum'> (7.1); tes
 
 @dataclass
 class Check:
-    """One host check: its name, whether it passed, and what was found (or what to do)."""
+    """One host check: its name, whether it passed, and what was found (or what to do).
+
+    ``warn``: it works, but less safely than it could (shown, exit status unchanged).
+    """
 
     name: str
     ok: bool
     detail: str
+    warn: bool = False
 
 
 def _binary(name: str) -> Callable[[], Check]:
@@ -87,6 +92,54 @@ def check_libvirtd(uri: str | None = None, host: str | None = None) -> Check:
     return Check(label, True, f"libvirt {text}, security driver {model}")
 
 
+def kvm_access(user: QemuUser, path: str = "/dev/kvm") -> bool | None:
+    """Whether ``user`` may open ``path`` read-write on this machine (None: no such device)."""
+    import pwd
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if user.uid == 0:
+        return True
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid == user.uid:
+        return mode & 0o600 == 0o600
+    try:  # as libvirt sets them: the label's group and the user's groups (getgrouplist)
+        pw = pwd.getpwuid(user.uid)
+        groups = {user.gid, *os.getgrouplist(pw.pw_name, pw.pw_gid)}
+    except KeyError:
+        groups = {user.gid}
+    if st.st_gid in groups:
+        return mode & 0o060 == 0o060
+    return mode & 0o006 == 0o006
+
+
+def check_qemu_user(uri: str | None = None, host: str | None = None) -> Check:
+    """Whom libvirt runs QEMU as on the host: its unprivileged user, or root (a warning)."""
+    from labctl.backends.libvirt import ROOT_FIX, ROOT_WHY, connection, host_facts, libvirt_uri
+    from labctl.errors import LabctlError
+    from labctl.lab.uri import parse_uri
+
+    uri = uri or libvirt_uri()
+    label = f"host {host}: QEMU's user" if host else f"QEMU's user ({uri})"
+    try:
+        with connection(uri, host) as conn:
+            user = host_facts(conn, uri).user
+    except LabctlError as exc:
+        return Check(label, False, f"{exc.message}; fix: {exc.hint}" if exc.hint else exc.message)
+    local = not parse_uri(uri).remote
+    who = user.describe(local)
+    if user.is_root:
+        return Check(label, True, f"root ({who}): weaker, because {ROOT_WHY}; fix: {ROOT_FIX}", warn=True)
+    detail = f"{who}, not root: guests' files and sockets are made for it, mode 0600/0700"
+    if local and kvm_access(user) is False:
+        detail += ("; it cannot open /dev/kvm, so libvirt guests run under TCG (scripts/libvirt-setup.sh "
+                   "gives group kvm read-write on it, as udev does)")
+    return Check(label, True, detail)
+
+
 def check_ssh_hop(host: str, uri: str) -> Check:
     """labctl itself logs in to a remote host (guests' SSH goes through it), with the URI's account."""
     from labctl.lab.uri import parse_uri
@@ -114,6 +167,7 @@ def lab_host_checks(path: str) -> list[Check]:
     checks = []
     for name, uri in hosts.items():
         checks.append(check_libvirtd(uri, name))
+        checks.append(check_qemu_user(uri, name))
         if "+ssh" in uri.split(":", 1)[0]:
             checks.append(check_ssh_hop(name, uri))
     return checks
@@ -121,7 +175,7 @@ def lab_host_checks(path: str) -> list[Check]:
 
 CHECKS: dict[str, list[Callable[[], Check]]] = {
     "qemu": [_binary("qemu-system-x86_64"), _binary("qemu-img"), check_kvm, check_image],
-    "libvirt": [check_libvirt_python, check_libvirtd],
+    "libvirt": [check_libvirt_python, check_libvirtd, check_qemu_user],
 }
 
 
@@ -135,16 +189,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit status 0 when every check passed, 3 (a host problem) otherwise."""
+    """Exit status 0 when every check passed (warnings included), 3 (a host problem) otherwise."""
     backends = [args.backend] if args.backend else list(CHECKS)
     results = [(b, c()) for b in backends for c in CHECKS[b]]
     if args.lab:
         results += [("libvirt", c) for c in lab_host_checks(args.lab)]
     if args.json:
-        print_json([{"backend": b, "check": c.name, "ok": c.ok, "detail": c.detail} for b, c in results])
+        print_json([{"backend": b, "check": c.name, "ok": c.ok, "warning": c.warn, "detail": c.detail}
+                    for b, c in results])
     else:
         table = Table("backend", "check", "ok", "detail")
         for b, c in results:
-            table.add_row(b, c.name, Text("yes", style="green") if c.ok else Text("no", style="red"), c.detail)
+            ok = (Text("no", style="red") if not c.ok else Text("warn", style="yellow") if c.warn
+                  else Text("yes", style="green"))
+            table.add_row(b, c.name, ok, c.detail)
         out.print(table)
     return 0 if all(c.ok for _, c in results) else 3

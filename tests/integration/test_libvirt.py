@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, Cli
-from tests.integration.conftest import qemu_pids_under, require_libvirtd, virsh
+from tests.integration.conftest import pids_matching, require_libvirtd, virsh
 
 LAB = ROOT / "labs" / "quickstart.yaml"
 ADDRS = {"a": "10.10.0.1", "b": "10.10.0.2", "c": "10.10.0.3"}
@@ -49,5 +50,8 @@ def test_quickstart_on_libvirt(cli: Cli, image: object, libvirtd: None) -> None:
         down = cli("down", "quickstart")
     assert down.returncode == 0, down.stderr
     assert _lab_domains() == []
-    assert qemu_pids_under(cli.state_dir) == []
+    assert pids_matching("qemu-system.*guest=labctl-quickstart-") == []
+    assert not [p for p in Path("/var/lib/libvirt/labctl-run").glob("*") if p.name.startswith(
+        ("labctl-quickstart-", "quickstart."))]  # the guests' and the lab's directories on the host
+    assert not list(Path("/var/lib/libvirt/labctl").glob("labctl-quickstart-*"))  # its volumes
     assert not (cli.state_dir / "labs" / "quickstart").exists()

@@ -22,11 +22,12 @@ from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
 from labctl.runstate import LabState
 from tests.conftest import Cli, interrupt
-from tests.integration.conftest import pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
+from tests.integration.conftest import pids_matching, require_libvirtd, virsh, wait_for
 
 LOCAL = "qemu:///system"
 POOL = "labctl"
 POOL_DIR = Path("/var/lib/libvirt/labctl")
+RUN_ROOT = Path("/var/lib/libvirt/labctl-run")
 KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
 
 
@@ -49,7 +50,7 @@ class Sshd:
 
     @property
     def uri(self) -> str:
-        return f"qemu+ssh://root@127.0.0.1:{self.port}/system?keyfile={self.key}&no_verify=1"
+        return f"qemu+ssh://root@127.0.0.1:{self.port}/system?keyfile={self.key}"
 
 
 def _free_port() -> int:
@@ -86,7 +87,7 @@ def sshd(libvirtd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
-        # libvirt's ssh (no_verify=1) recorded the throwaway host key: take it out again
+        # libvirt's ssh (--no-verify-host-keys: no_verify=1) recorded the throwaway host key: take it out again
         subprocess.run(["ssh-keygen", "-R", f"[127.0.0.1]:{port}"], capture_output=True, check=False)
         if not had_known_hosts:
             for p in (KNOWN_HOSTS, KNOWN_HOSTS.with_name("known_hosts.old")):
@@ -99,6 +100,11 @@ def _accepts(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+# The test's sshd has a throwaway host key, and the link crosses hosts as a UDP tunnel:
+# both need the user's explicit say-so on the command line (a lab file cannot give it).
+INSECURE = ("--no-verify-host-keys", "--unencrypted-links")
 
 
 def _lab(path: Path, name: str, remote_uri: str) -> Path:
@@ -137,16 +143,18 @@ def _pool_volumes() -> list[str]:
 
 
 def _leftovers(lab: str) -> dict[str, list[str]]:
-    """Everything of the lab that libvirt still lists: domains, volumes, networks."""
+    """Everything of the lab still on the host: domains, volumes, networks, its directories, QEMUs."""
     prefix = f"labctl-{lab}-"
     domains = _virsh("list", "--all", "--name").stdout.split()
     networks = _virsh("net-list", "--all", "--name").stdout.split()
     return {"domains": [d for d in domains if d.startswith(prefix)],
             "volumes": [v for v in _pool_volumes() if v.startswith(prefix)],
-            "networks": [n for n in networks if lab in n]}
+            "networks": [n for n in networks if lab in n],
+            "dirs": sorted(p.name for p in RUN_ROOT.glob("*") if p.name.startswith((prefix, f"{lab}."))),
+            "qemu": [str(p) for p in pids_matching(f"qemu-system.*guest={prefix}")]}
 
 
-NOTHING = {"domains": [], "volumes": [], "networks": []}
+NOTHING: dict[str, list[str]] = {"domains": [], "volumes": [], "networks": [], "dirs": [], "qemu": []}
 
 
 def _one_line(text: str) -> str:
@@ -163,7 +171,11 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
             if name in _pool_volumes():
                 assert _virsh("vol-delete", name, "--pool", POOL).returncode == 0
 
-    up = cli("up", str(lab), "--accel", "tcg", "--show-command")
+    refused = cli("up", str(lab), "--accel", "tcg", "--no-verify-host-keys", timeout=300)
+    assert refused.returncode == 2, refused.stdout + refused.stderr  # the link would be a plain UDP tunnel
+    assert "hosts2.yaml:6: networks.link: network link would be a UDP tunnel" in _one_line(refused.stderr)
+    assert _leftovers("hosts2") == NOTHING and not (cli.state_dir / "labs" / "hosts2").exists()
+    up = cli("up", str(lab), "--accel", "tcg", "--show-command", *INSECURE)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         assert "network link: udp-tunnel (a.eth1@h1 127.0.0.1:" in up.stderr
@@ -199,12 +211,18 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
         assert gdb.returncode == 0, gdb.stdout + gdb.stderr
         assert "#0  " in gdb.stdout and "virtnet_poll in section .text of " in gdb.stdout, gdb.stdout
         assert "detached" in gdb.stdout.lower()
-        script = (cli.state_dir / "labs" / "hosts2" / "guests" / "b" / "gdb-init.gdb").read_text()
-        assert f"target remote | ssh -p {sshd.port} -l root" in script and "-W 127.0.0.1:" in script
+        bdir = cli.state_dir / "labs" / "hosts2" / "guests" / "b"
+        script = (bdir / "gdb-init.gdb").read_text()  # through an SSH forward of the socket on h2
+        assert f"target remote {bdir / 'gdb-fwd.sock'}" in script
         # and a scripted (MI) session, as a step's gdb: runs it: break, step, leave the guest running
         monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
+        # both QEMUs run as libvirt's QEMU user, as each host's capabilities say (h2 is
+        # the same libvirtd, reached over SSH)
+        labels = {g: LabState.load("hosts2").guests[g].extra["qemu_user"] for g in "ab"}
+        assert labels["a"] == labels["b"] and labels["a"] != "+0:+0", labels
         target = gdb_target(LabState.load("hosts2"), "b")
         assert target.stub.via is not None and target.stub.via.port == sshd.port
+        (tmp_path / "gdb").mkdir()  # a step's output directory exists before its gdb session starts
         t = run_breakpoint_session(target.stub, target.vmlinux, [], GdbSpec("run_timer_softirq", hits=1, step=1,
                                                                             timeout=120),
                                    tmp_path / "gdb", monitor=target.monitor)
@@ -217,7 +235,6 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
     assert down.returncode == 0, down.stdout + down.stderr
     assert _leftovers("hosts2") == NOTHING
     assert pids_matching("labctl.backends.libvirt_console") == []
-    assert qemu_pids_under(cli.state_dir) == []
     assert not (cli.state_dir / "labs" / "hosts2").exists()
     assert all(v in _pool_volumes() for v in _image_volumes(image))  # the image stays for later runs
 
@@ -228,7 +245,7 @@ def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, sshd
     rootfs = next(POOL_DIR / v for v in _image_volumes(image) if "rootfs" in v)
     before = rootfs.stat() if (POOL_DIR / (rootfs.name + ".sha256")).exists() else None
     console = cli.state_dir / "labs" / "hosts2i" / "guests" / "b" / "console.log"
-    with cli.running("up", str(lab), "--accel", "tcg") as proc:
+    with cli.running("up", str(lab), "--accel", "tcg", *INSECURE) as proc:
         wait_for(lambda: console.exists() and console.stat().st_size > 0 or proc.poll() is not None,
                  600, "guest b to boot on h2")
         assert proc.poll() is None, proc.communicate()
@@ -242,16 +259,15 @@ def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, sshd
     assert "interrupted" in err
     assert _leftovers("hosts2i") == NOTHING
     assert pids_matching("labctl.backends.libvirt_console") == []
-    assert qemu_pids_under(cli.state_dir) == []
     assert not (cli.state_dir / "labs" / "hosts2i").exists()
 
 
 def test_unreachable_host_is_named(cli: Cli, image: Image, libvirtd: None, tmp_path: Path) -> None:
-    uri = f"qemu+ssh://root@127.0.0.1:{_free_port()}/system?no_verify=1"
+    uri = f"qemu+ssh://root@127.0.0.1:{_free_port()}/system"
     lab = _lab(tmp_path / "hosts2u.yaml", "hosts2u", uri)
-    up = cli("up", str(lab), "--accel", "tcg", timeout=300)
+    up = cli("up", str(lab), "--accel", "tcg", *INSECURE, timeout=300)
     assert up.returncode == 3, up.stdout + up.stderr
-    assert f"host h2 ({uri}) is unreachable" in _one_line(up.stderr)
+    assert f"host h2 ({uri}?no_verify=1) is unreachable" in _one_line(up.stderr)
     assert _leftovers("hosts2u") == NOTHING
     assert not (cli.state_dir / "labs" / "hosts2u").exists()
     doctor = cli("doctor", str(lab), "--backend", "libvirt", "--json")

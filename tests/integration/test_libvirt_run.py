@@ -26,7 +26,7 @@ import pytest
 from labctl.backends.base import get_backend
 from labctl.runstate import LabState
 from tests.conftest import ROOT, Cli, interrupt
-from tests.integration.conftest import LIBVIRT_URI, pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
+from tests.integration.conftest import LIBVIRT_URI, pids_matching, require_libvirtd, virsh, wait_for
 
 URI = LIBVIRT_URI
 TAG = f"lv{os.getpid() % 100000}"
@@ -57,8 +57,9 @@ def _domains(lab: str) -> list[str]:
 def _nothing_left(cli: Cli, lab: str) -> None:
     """libvirt knows no domain of the lab, no QEMU of it runs, its state is gone."""
     assert _domains(lab) == []
-    wait_for(lambda: not qemu_pids_under(cli.state_dir), 30, "QEMU processes to go")
-    assert pids_matching(f"qemu-system.*guest=labctl-{lab}-") == []
+    wait_for(lambda: not pids_matching(f"qemu-system.*guest=labctl-{lab}-"), 30, "QEMU processes to go")
+    assert not [p for p in Path("/var/lib/libvirt/labctl-run").glob("*")
+                if p.name.startswith((f"labctl-{lab}-", f"{lab}."))]  # its directories on the host
     assert not (cli.state_dir / "labs" / lab).exists()
 
 
@@ -230,7 +231,7 @@ def test_sigint_while_booting_on_libvirt_leaves_nothing_behind(cli: Cli, image: 
         # The domain runs and its kernel is booting.
         wait_for(lambda: _domains(name) == [f"labctl-{name}-a"], 120, "the domain")
         wait_for(lambda: console.exists() and console.stat().st_size, 120, "console output")
-        assert len(qemu_pids_under(cli.state_dir)) == 1
+        assert len(pids_matching(f"qemu-system.*guest=labctl-{name}-")) == 1
         _, err = interrupt(proc, 120)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Cli, interrupt
-from tests.integration.conftest import qemu_pids_under, require_libvirtd, virsh, wait_for
+from tests.integration.conftest import pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
 
 LAB = """\
 name: killed
@@ -94,7 +94,8 @@ def test_ctrl_c_during_a_step_writes_the_bundle_and_stops_everything(cli: Cli, i
     assert manifest["backend"] == backend
     assert (bundle / "report.md").exists()
     assert (bundle / "steps" / "first" / "_" / "a" / "cmd-0.out").exists()
-    wait_for(lambda: not qemu_pids_under(cli.state_dir), 30, "QEMU to go")
+    # Both backends' QEMUs carry labctl-<lab>-<guest> in their -name (libvirt's argv names no state directory).
+    wait_for(lambda: not pids_matching(f"qemu-system.*labctl-{name}-"), 30, "QEMU to go")
     assert not (cli.state_dir / "labs" / name).exists()
     if backend == "libvirt":
         listed = virsh("list", "--all", "--name")

@@ -13,7 +13,8 @@ import pytest
 from labctl import owned
 from labctl.backends import libvirt_storage as storage
 from labctl.backends.base import GuestPlan
-from labctl.backends.libvirt_xml import FW_CFG_NAMES, QEMU_NS, DomainFiles, build_domain
+from labctl.backends.libvirt_host import QemuUser
+from labctl.backends.libvirt_xml import FW_CFG_NAMES, QEMU_NS, DomainFiles, build_domain, planned_files
 from labctl.backends.qemu_argv import lab_nic_args
 from labctl.errors import LabFileError, UsageError
 from labctl.hosts import host_place, place_guests
@@ -157,6 +158,7 @@ def test_overlay_volume_is_qcow2_backed_by_the_raw_rootfs() -> None:
     assert vol.findtext("name") == "d.qcow2" and vol.findtext("capacity") == str(1 << 30)
     assert vol.find("target/format").get("type") == "qcow2"  # type: ignore[union-attr]
     assert vol.findtext("target/permissions/mode") == "0600"
+    assert vol.find("target/permissions/owner") is None  # libvirtd's own user unless told
     assert vol.findtext("backingStore/path") == "/p/rootfs"
     assert vol.find("backingStore/format").get("type") == "raw"  # type: ignore[union-attr]
     pool = ET.fromstring(storage.pool_xml())
@@ -204,8 +206,8 @@ def _plan(tmp_path: Path) -> GuestPlan:
 def test_remote_domain_uses_pool_volumes_and_a_pty_console(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     fw = {n: f"/pool/v-{i}" for i, n in enumerate(FW_CFG_NAMES)}
-    files = DomainFiles("/pool/vmlinux", "/pool/initrd", "/pool/disk.qcow2", fw, None, "/run/x/gdb.sock")
-    dom = build_domain(plan, files=files)
+    files = DomainFiles("/pool/vmlinux", "/pool/initrd", "/pool/disk.qcow2", fw, "/run/x/gdb.sock")
+    dom = build_domain(plan, QemuUser(64055, 107), files=files)
     assert dom.findtext("os/kernel") == "/pool/vmlinux" and dom.findtext("os/initrd") == "/pool/initrd"
     assert dom.find("devices/disk/source").get("file") == "/pool/disk.qcow2"  # type: ignore[union-attr]
     assert dom.find("devices/serial").get("type") == "pty"  # type: ignore[union-attr]
@@ -218,11 +220,13 @@ def test_remote_domain_uses_pool_volumes_and_a_pty_console(tmp_path: Path) -> No
     assert str(tmp_path) not in ET.tostring(dom, encoding="unicode").replace(str(plan.dir), "")
 
 
-def test_local_domain_keeps_the_run_directory_files(tmp_path: Path) -> None:
+def test_a_local_guest_uses_its_hosts_pool_and_directory_too(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
-    dom = build_domain(plan)
-    assert dom.find("devices/serial").get("type") == "file"  # type: ignore[union-attr]
-    assert dom.find("devices/disk/source").get("file") == str(plan.overlay)  # type: ignore[union-attr]
+    files = planned_files(plan)
+    assert files.disk == f"{storage.POOL_DIR}/labctl-t-a-disk.qcow2"
+    assert files.gdb_socket == "/var/lib/libvirt/labctl-run/labctl-t-a/gdb.sock"
+    text = ET.tostring(build_domain(plan, QemuUser(64055, 107)), encoding="unicode")
+    assert str(tmp_path) not in text.replace(str(plan.dir), "")  # nothing of root's run directory
 
 
 def test_remote_guests_ssh_goes_through_the_host(tmp_path: Path) -> None:

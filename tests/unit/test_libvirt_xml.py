@@ -8,8 +8,17 @@ from pathlib import Path
 import pytest
 
 from labctl.backends.base import GuestPlan, get_backend
-from labctl.backends.libvirt import _log_reason
-from labctl.backends.libvirt_xml import FIRST_NIC_SLOT, QEMU_NS, build_domain, domain_name, domain_xml, pin_pci_slot
+from labctl.backends.libvirt import HostFacts, _log_reason, libvirt_uri
+from labctl.backends.libvirt_host import RUN_ROOT, QemuUser
+from labctl.backends.libvirt_storage import POOL_DIR
+from labctl.backends.libvirt_xml import (
+    FIRST_NIC_SLOT,
+    QEMU_NS,
+    domain_name,
+    pin_pci_slot,
+)
+from labctl.backends.libvirt_xml import build_domain as _build_domain
+from labctl.backends.libvirt_xml import domain_xml as _domain_xml
 from labctl.backends.qemu_argv import lab_nic_args, mgmt_nic_args
 from labctl.image.store import Image
 from labctl.lab import load_lab
@@ -18,11 +27,22 @@ from labctl.netplan import plan_networks
 
 ROOT = Path(__file__).resolve().parents[2]
 Q = f"{{{QEMU_NS}}}"
+QEMU_USER = QemuUser(64055, 107)  # Debian's libvirt-qemu:kvm
+SUMS = {f: {"sha256": c * 64} for f, c in (("vmlinux", "a"), ("initrd.img", "b"), ("rootfs.img", "c"))}
+
+
+def build_domain(plan: GuestPlan, user: QemuUser = QEMU_USER, **kw: object) -> ET.Element:
+    return _build_domain(plan, user, **kw)  # type: ignore[arg-type]
+
+
+def domain_xml(plan: GuestPlan, user: QemuUser = QEMU_USER) -> str:
+    return _domain_xml(plan, user)
 
 
 def _plans(tmp_path: Path, lab_file: Path = ROOT / "labs" / "quickstart.yaml", accel: str = "tcg") -> dict[str, GuestPlan]:
     lab = load_lab(lab_file)
-    img = Image("debian-12", "k", tmp_path / "img", {"boot_args": ["quiet"], "kernel": {"release": "6.1"}})
+    img = Image("debian-12", "k", tmp_path / "img", {"boot_args": ["quiet"], "kernel": {"release": "6.1"},
+                                                     "files": SUMS})
     segs = plan_networks(lab, tmp_path / "net")
     plans = {}
     for i, g in enumerate(lab.guests.values()):
@@ -62,15 +82,17 @@ def test_direct_kernel_boot_disk_console_and_panic(tmp_path: Path) -> None:
     plan = _plans(tmp_path)["b"]
     dom = build_domain(plan)
     assert _find(dom, "os/type").get("machine") == "pc"
-    assert dom.findtext("os/kernel") == str(plan.image.kernel)
-    assert dom.findtext("os/initrd") == str(plan.image.initrd)
+    # the image's volumes in the host's pool, named with the manifest's sums (never the root-only cache)
+    assert dom.findtext("os/kernel") == f"{POOL_DIR}/debian-12-vmlinux-{'a' * 16}"
+    assert dom.findtext("os/initrd") == f"{POOL_DIR}/debian-12-initrd.img-{'b' * 16}"
     assert dom.findtext("os/cmdline") == "console=ttyS0 quiet"
     disk = _find(dom, "devices/disk")
-    assert _find(disk, "source").get("file") == str(plan.overlay)
+    assert _find(disk, "source").get("file") == f"{POOL_DIR}/labctl-quickstart-b-disk.qcow2"
     assert _find(disk, "target").get("bus") == "virtio"
     assert _find(disk, "driver").get("type") == "qcow2"
-    assert _find(dom, "devices/serial").get("type") == "file"
-    assert _find(dom, "devices/serial/source").get("path") == str(plan.console)
+    # a pty, read by labctl's relay through libvirt: no console file in a directory QEMU can write
+    assert _find(dom, "devices/serial").get("type") == "pty"
+    assert dom.find("devices/serial/source") is None
     assert _find(dom, "devices/console/target").get("type") == "serial"
     assert _find(dom, "devices/panic").get("model") == "isa"
     assert dom.find("features/acpi") is not None  # the power button that 'down' presses
@@ -82,9 +104,9 @@ def test_fw_cfg_entries_are_the_qemu_backends(tmp_path: Path) -> None:
     sysinfo = _find(build_domain(plan), "sysinfo")
     assert sysinfo.get("type") == "fwcfg"
     entries = {e.get("name"): e.get("file") for e in sysinfo.findall("entry")}
-    assert entries == {"opt/labctl/guest": str(plan.config),
-                       "opt/labctl/authorized_keys": str(plan.authorized_keys),
-                       "opt/labctl/host_key": str(plan.host_key)}
+    assert entries == {"opt/labctl/guest": f"{POOL_DIR}/labctl-quickstart-c-guest",
+                       "opt/labctl/authorized_keys": f"{POOL_DIR}/labctl-quickstart-c-authorized_keys",
+                       "opt/labctl/host_key": f"{POOL_DIR}/labctl-quickstart-c-host_key"}
 
 
 def test_every_nic_reaches_qemu_as_the_qemu_backend_builds_it(tmp_path: Path) -> None:
@@ -113,18 +135,23 @@ def test_gdbstub_is_a_unix_socket(tmp_path: Path) -> None:
     for plan in _plans(tmp_path).values():
         args = _args(build_domain(plan))
         assert _pairs(args, "-gdb") == ["chardev:gdb0"]
-        assert f"socket,id=gdb0,path={plan.dir / 'gdb.sock'},server=on,wait=off" in _pairs(args, "-chardev")
+        sock = f"{RUN_ROOT}/labctl-quickstart-{plan.guest.name}/gdb.sock"  # the guest's 0700 directory
+        assert f"socket,id=gdb0,path={sock},server=on,wait=off" in _pairs(args, "-chardev")
         assert "-s" not in args
         assert [a for a in args if "tcp:" in a] == [n for n in _pairs(args, "-netdev") if n.startswith("user,")]
 
 
-def test_qemu_runs_as_root_without_relabelling(tmp_path: Path) -> None:
-    dom = build_domain(_plans(tmp_path)["a"], security_models=["apparmor", "none"])
+def test_qemu_runs_as_the_hosts_qemu_user_without_relabelling(tmp_path: Path) -> None:
+    dom = build_domain(_plans(tmp_path)["a"], security_models=["apparmor", "none", "dac"])
     labels = {s.get("model"): s for s in dom.findall("seclabel")}
     dac = labels["dac"]
-    assert (dac.get("type"), dac.get("relabel"), dac.findtext("label")) == ("static", "no", "+0:+0")
+    assert (dac.get("type"), dac.get("relabel"), dac.findtext("label")) == ("static", "no", "+64055:+107")
+    assert len(dom.findall("seclabel[@model='dac']")) == 1
     assert labels["apparmor"].get("type") == "none"
     assert "none" not in labels
+    # a host whose libvirt runs QEMU as root gets root, as it says
+    root = build_domain(_plans(tmp_path)["a"], QemuUser(0, 0))
+    assert _find(root, "seclabel").findtext("label") == "+0:+0"
 
 
 def test_accelerator_and_cpu(tmp_path: Path) -> None:
@@ -138,7 +165,7 @@ def test_awkward_paths_are_escaped_for_xml_and_qemu(tmp_path: Path) -> None:
     odd = tmp_path / "a,b&c<d>'e\""
     plan = _plans(odd)["c"]
     dom = ET.fromstring(domain_xml(plan))  # still well formed
-    assert _find(dom, "devices/disk/source").get("file") == str(plan.overlay)
+    assert dom.findtext("description") == f"labctl run directory {plan.dir}"
     netdevs = _pairs(_args(dom), "-netdev")
     assert any("a,,b&c<d>'e\"" in n for n in netdevs)  # QEMU's ',' -> ',,' survives the XML
 
@@ -146,7 +173,9 @@ def test_awkward_paths_are_escaped_for_xml_and_qemu(tmp_path: Path) -> None:
 def test_backend_is_registered_and_shows_its_xml(tmp_path: Path) -> None:
     backend = get_backend("libvirt")
     assert backend.name == "libvirt"
+    backend._facts[libvirt_uri()] = HostFacts(QEMU_USER, ("none", "dac"))  # type: ignore[attr-defined]
     lines = backend.command(_plans(tmp_path)["a"])
+    assert "<label>+64055:+107</label>" in "".join(lines)
     assert lines[0].startswith("<domain") and lines[-1] == "</domain>"
 
 
