@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from labctl.image.recipe import load_recipe  # noqa: E402
 from labctl.image.store import ImageStore  # noqa: E402
 from labctl.lab import load_lab_text  # noqa: E402
-from labctl.lifecycle import UpOptions, down, up  # noqa: E402
-from labctl.runstate import LabState  # noqa: E402
 from labctl.ssh import Session  # noqa: E402
+from labctl.up.lifecycle import UpOptions, down, up  # noqa: E402
+from labctl.up.runstate import LabState  # noqa: E402
 
 
 def lab_text(n: int) -> str:

@@ -16,10 +16,10 @@ from labctl.bundle import write
 from labctl.bundle.summary import summarize, write_summary
 from labctl.image.store import Image
 from labctl.lab.model import Lab
-from labctl.lifecycle import UpEvents, UpOptions, down, up
 from labctl.report import render_run
 from labctl.steps.runner import Runner, StepEvents, StepResult, now
-from labctl.runstate import LabState
+from labctl.up.lifecycle import UpEvents, UpOptions, down, up
+from labctl.up.runstate import LabState
 
 
 @dataclass

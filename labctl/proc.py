@@ -1,9 +1,20 @@
-"""The one way labctl runs host processes.
+"""The one way labctl runs and stops host processes.
 
 Every child gets an argv list (never a shell string), a timeout, and its own
 process group; on timeout or Ctrl-C the whole group gets SIGTERM, a short
-grace period, then SIGKILL. Long-lived children (QEMU, the L2 hub) are
-started with :func:`spawn` and owned by whoever started them.
+grace period, then SIGKILL. Kinds of children:
+
+* :func:`run` / :func:`run_pipeline`: to completion, with a timeout;
+* :func:`spawn`: long-lived (QEMU, the L2 switch, relays), output to a log,
+  owned by whoever started it;
+* :func:`spawn_tied`: a helper that must never outlive labctl (dies with it);
+* :func:`start_piped`: a long-lived child labctl talks to over pipes (gdb/MI, addr2line);
+* :func:`foreground`: an interactive program on the user's terminal (gdb).
+
+Stopping: :func:`kill_group` for a child this process started,
+:func:`stop_pid` for one known only by pid (and a marker in its command
+line, against pid reuse), :func:`kill_pids` for several. Nothing else in
+labctl imports ``subprocess``.
 """
 
 from __future__ import annotations
@@ -157,6 +168,46 @@ def spawn_tied(argv: Sequence[str | os.PathLike[str]], log_path: Path, *, cpu_se
     with open(log_path, "ab") as logf:
         return _popen(argv, stdin=subprocess.DEVNULL, stdout=logf if stdout is None else stdout,
                       stderr=logf, preexec_fn=_tie_to(os.getpid(), cpu_seconds))
+
+
+Process = subprocess.Popen
+TimeoutExpired = subprocess.TimeoutExpired
+
+
+def start_piped(argv: Sequence[str | os.PathLike[str]]) -> subprocess.Popen[bytes]:
+    """A long-lived child with stdin, stdout and stderr on pipes, in its own
+    session (a Ctrl-C meant for labctl does not reach it). The caller owns it.
+
+    :raise HostError: when the program does not exist.
+    """
+    return _popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def foreground(argv: Sequence[str | os.PathLike[str]]) -> int:
+    """Run an interactive program on this terminal, in labctl's own session (so
+    it gets the keyboard's Ctrl-C), and return its exit status.
+
+    :raise HostError: when the program does not exist.
+    """
+    args = [os.fspath(a) for a in argv]
+    log.debug("foreground: %s", shlex.join(args))
+    try:
+        return subprocess.run(args, check=False).returncode
+    except FileNotFoundError as exc:
+        raise HostError(f"'{args[0]}' is not installed", hint="run the README's setup command") from exc
+
+
+def stop_pid(pid: int, marker: str | None = None, grace: float = GRACE_SECONDS) -> None:
+    """Stop the process ``pid`` (its group when it leads one): SIGTERM, ``grace`` s, SIGKILL.
+
+    With ``marker``, only when its command line still contains it (the pid may
+    have been reused by another program since it was recorded).
+    """
+    if not pid or not pid_alive(pid):
+        return
+    if marker is not None and not any(marker in a for a in pid_cmdline(pid)):
+        return
+    kill_pids([pid], grace)
 
 
 def pid_alive(pid: int) -> bool:

@@ -12,11 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from labctl.errors import UsageError
-from labctl.hosts import HostPlace
 from labctl.image.store import Image
+from labctl.lab.hosts import HostPlace
 from labctl.lab.model import Guest
-from labctl.netplan import Port
+from labctl.net.plan import Port
 
 MGMT_NET = "10.0.2.0/24"
 MGMT_ADDR = "10.0.2.15/24"
@@ -129,7 +128,7 @@ class Backend(Protocol):
 
     def cleanup(self, guest_dir: Path) -> None:
         """Remove what this backend created on its hosts for the guest of ``guest_dir``
-        (its ownership journal, :mod:`labctl.owned`): the guest must be stopped first."""
+        (its ownership journal, :mod:`labctl.backends.owned`): the guest must be stopped first."""
 
     def start(self, plan: GuestPlan) -> GuestRecord:
         """Start the guest; return as soon as it is launched (not booted).
@@ -154,20 +153,3 @@ class Backend(Protocol):
 
         :raise MachineError: when the machine is gone or the command fails.
         """
-
-
-def get_backend(name: str) -> Backend:
-    """The backend called ``name``.
-
-    :raise UsageError: for an unknown or unavailable backend.
-    """
-    if name == "qemu":
-        from labctl.backends.qemu import QemuBackend
-
-        return QemuBackend()
-    if name == "libvirt":
-        from labctl.backends.libvirt import LibvirtBackend
-
-        return LibvirtBackend()
-    raise UsageError(f"backend '{name}' is not available in this version",
-                     hint="use --backend qemu or --backend libvirt")

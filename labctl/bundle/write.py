@@ -23,7 +23,7 @@ from labctl.image.store import MANIFEST as IMAGE_MANIFEST
 from labctl.lab.model import Lab
 from labctl.paths import atomic_write
 from labctl.proc import run
-from labctl.runstate import LabState
+from labctl.up.runstate import LabState
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def running_qemu_versions(state: LabState) -> dict[str, str]:
     """guest -> the version of the QEMU that runs it, asked over its QMP
     (``query-version``), so a guest on a remote libvirt host reports that
     host's QEMU. ``unknown`` for a guest that no longer answers."""
-    from labctl.backends.base import get_backend
+    from labctl.backends import get_backend
 
     backend = get_backend(state.backend)
     versions = {}

@@ -6,8 +6,8 @@ import argparse
 import os
 
 from labctl.errors import UsageError
-from labctl.runstate import LabState
 from labctl.ssh import Session, command_line
+from labctl.up.runstate import LabState
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

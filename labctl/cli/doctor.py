@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from rich.table import Table
 from rich.text import Text
 
-from labctl.backends.libvirt_host import QemuUser
+from labctl.backends.libvirt.host import QemuUser
 from labctl.cli.ui import out, print_json
 
 MIN_LIBVIRT = (9, 0, 0)  # fw_cfg sysinfo (6.5), <cpu mode='maximum'> (7.1); tested on 9.0
@@ -41,9 +41,9 @@ def check_kvm() -> Check:
     """KVM is optional: without a usable one guests run under TCG. Decided by the real probe boot."""
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return Check("KVM", True, "no usable /dev/kvm: guests run under TCG (slower)")
-    from labctl.accel import kvm_usable
     from labctl.image.recipe import load_recipe
     from labctl.image.store import ImageStore
+    from labctl.up.accel import kvm_usable
 
     img = ImageStore().get("debian-12", load_recipe("debian-12").key())
     if img is None:
@@ -74,7 +74,7 @@ def check_libvirt_python() -> Check:
 
 def check_libvirtd(uri: str | None = None, host: str | None = None) -> Check:
     """libvirtd answers on the URI, with a new enough libvirt."""
-    from labctl.backends.libvirt import connection, libvirt_uri
+    from labctl.backends.libvirt.api import connection, libvirt_uri
     from labctl.errors import LabctlError
 
     uri = uri or libvirt_uri()
@@ -118,7 +118,7 @@ def kvm_access(user: QemuUser, path: str = "/dev/kvm") -> bool | None:
 
 def check_qemu_user(uri: str | None = None, host: str | None = None) -> Check:
     """Whom libvirt runs QEMU as on the host: its unprivileged user, or root (a warning)."""
-    from labctl.backends.libvirt import ROOT_FIX, ROOT_WHY, connection, host_facts, libvirt_uri
+    from labctl.backends.libvirt.api import ROOT_FIX, ROOT_WHY, connection, host_facts, libvirt_uri
     from labctl.errors import LabctlError
     from labctl.lab.uri import parse_uri
 
@@ -158,9 +158,9 @@ def check_ssh_hop(host: str, uri: str) -> Check:
 
 def lab_host_checks(path: str) -> list[Check]:
     """One libvirtd check per host of a lab file, and an SSH login check per remote host."""
-    from labctl.backends.libvirt import libvirt_uri
-    from labctl.hosts import place_guests
+    from labctl.backends.libvirt.api import libvirt_uri
     from labctl.lab import load_lab
+    from labctl.lab.hosts import place_guests
 
     lab = load_lab(path)
     hosts = {h.name: h.uri for h in place_guests(lab, libvirt_uri()).values()}

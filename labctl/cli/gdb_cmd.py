@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
-import subprocess
 
 from rich.text import Text
 
@@ -29,8 +28,9 @@ from labctl.debug.gdb import (
     source_commands,
     write_init_script,
 )
-from labctl.errors import HostError
-from labctl.runstate import LabState
+from labctl.errors import HostError, ProcessError
+from labctl.proc import foreground, run
+from labctl.up.runstate import LabState
 
 SCRIPT_NAME = "gdb-init.gdb"
 
@@ -78,7 +78,7 @@ def run_interactive(target: GdbTarget, script: str) -> int:
     """gdb on this terminal until the user quits; Ctrl-C belongs to gdb (it stops the guest)."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        return subprocess.run(["gdb", "-q", "-x", script, str(target.vmlinux)], check=False).returncode
+        return foreground(["gdb", "-q", "-x", script, str(target.vmlinux)])
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -94,17 +94,18 @@ def run_batch(target: GdbTarget, script: str, commands: list[str], timeout: floa
     argv += ["-ex", "detach", str(target.vmlinux)]
     was_running = qmp_running(target.monitor)
     try:
-        proc = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
+        done = run(argv, timeout, check=False)
+    except ProcessError as exc:  # the timeout (gdb's group was killed)
         ensure_resumed(target.monitor, was_running, False)
         raise DebugError(f"gdb did not finish within {timeout:g} s", hint="raise --timeout") from exc
-    if proc.stdout:
-        out.print(Text(proc.stdout.rstrip("\n")), soft_wrap=True)
-    if proc.returncode != 0:
+    stdout, stderr = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+    if stdout:
+        out.print(Text(stdout.rstrip("\n")), soft_wrap=True)
+    if done.returncode != 0:
         ensure_resumed(target.monitor, was_running, False)
-        last = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.strip()), "")
-        raise DebugError(f"gdb failed (exit status {proc.returncode}): {last}",
+        last = next((ln for ln in reversed(stderr.splitlines()) if ln.strip()), "")
+        raise DebugError(f"gdb failed (exit status {done.returncode}): {last}",
                          hint=f"init script: {script}")
-    if proc.stderr.strip():
-        console.print(Text(proc.stderr.rstrip("\n")), soft_wrap=True)
+    if stderr.strip():
+        console.print(Text(stderr.rstrip("\n")), soft_wrap=True)
     return 0

@@ -65,7 +65,7 @@ def build(args: argparse.Namespace) -> int:
 def images_in_use() -> list[Path]:
     """The image directories of the labs that are up (never pruned)."""
     from labctl.errors import LabStateError
-    from labctl.runstate import LabState, up_labs
+    from labctl.up.runstate import LabState, up_labs
 
     used = []
     for lab in up_labs():

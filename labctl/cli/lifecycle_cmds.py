@@ -15,8 +15,8 @@ from labctl.cli.images import ensure_image
 from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome
 from labctl.errors import LabStateError
 from labctl.lab import Lab, load_lab
-from labctl.lifecycle import UpOptions, down, guest_statuses, up
-from labctl.runstate import UP, LabState, check_lab_name, lab_lock, run_dir, up_labs
+from labctl.up.lifecycle import UpOptions, down, guest_statuses, up
+from labctl.up.runstate import UP, LabState, check_lab_name, lab_lock, run_dir, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -13,9 +13,9 @@ from labctl.cli.lifecycle_cmds import add_up_arguments, up_options
 from labctl.cli.ui import StepLines, UpDisplay, console, report_outcome
 from labctl.errors import UsageError
 from labctl.lab import load_lab
-from labctl.lifecycle import down, up
 from labctl.pipeline import run_steps
-from labctl.runstate import lab_lock
+from labctl.up.lifecycle import down, up
+from labctl.up.runstate import lab_lock
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

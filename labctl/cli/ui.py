@@ -42,7 +42,7 @@ def error(message: str, hint: str | None = None) -> None:
 
 
 class StepsReporter:
-    """A :class:`labctl.progress.Reporter` drawing steps (which may overlap) with rich."""
+    """A :class:`labctl.events.Reporter` drawing steps (which may overlap) with rich."""
 
     def __init__(self, title: str) -> None:
         self.title = title

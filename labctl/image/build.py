@@ -26,16 +26,16 @@ from pathlib import Path
 
 from labctl import __version__
 from labctl.errors import ImageError, LabctlError
+from labctl.events import NullReporter, Reporter
 from labctl.image import initramfs
 from labctl.image.kernel import extract_vmlinux, module_load_order, nic_driver_rules
 from labctl.image.recipe import Recipe
 from labctl.image.store import MANIFEST, Image, ImageStore
 from labctl.paths import cache_dir, resource_dir
 from labctl.proc import pid_alive, run, run_pipeline
-from labctl.progress import NullReporter, Reporter
 
 # What the image itself needs on the kernel command line (labctl's boot
-# policy, console and speed flags are added by labctl.bootargs).
+# policy, console and speed flags are added by labctl.up.bootargs).
 BOOT_ARGS = ["root=/dev/vda", "rw", "rootfstype=ext4", "init=/sbin/labctl-init", "net.ifnames=0"]
 
 

@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.steps import copyback
-from labctl.backends.base import get_backend
+from labctl.backends import get_backend
 from labctl.errors import GuestError, LabctlError, UsageError
 from labctl.lab.model import Lab
 from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, render_trace
-from labctl.runstate import LabState
 from labctl.ssh import Session
+from labctl.steps import copyback
 from labctl.steps import tracers as tr
+from labctl.up.runstate import LabState
 
 log = logging.getLogger(__name__)
 q = shlex.quote

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from labctl.accel import choose_accel, probe_kvm
 from labctl.image.store import Image
+from labctl.up.accel import choose_accel, probe_kvm
 from tests.integration.conftest import pids_matching
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl import lifecycle
 from labctl.image import Image
 from labctl.lab import load_lab
 from labctl.ssh import Session
+from labctl.up import lifecycle
 from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
 
@@ -24,7 +24,7 @@ def _nothing_left(cli: Cli, lab: str) -> None:
     wait_for(lambda: not qemu_pids_under(cli.state_dir), 15, "QEMU processes to go")
     assert not (cli.state_dir / "labs" / lab).exists()
     assert not list(cli.state_dir.rglob("*.sock"))
-    assert pids_matching(f"labctl.hub.*{cli.state_dir}") == []
+    assert pids_matching(f"labctl.net.switch.*{cli.state_dir}") == []
 
 
 def test_sigint_while_booting_leaves_nothing_behind(cli: Cli, image: object) -> None:

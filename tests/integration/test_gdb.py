@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.backends.qmp import qmp_execute
+from labctl.backends.monitor import qmp_execute
 from labctl.debug.gdb import GdbSpec, gdb_target, guest_module_commands, run_breakpoint_session
-from labctl.runstate import LabState
+from labctl.up.runstate import LabState
 from tests.conftest import ROOT, Cli
 
 LAB = "gdblab"

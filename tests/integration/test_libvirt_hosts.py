@@ -20,7 +20,7 @@ import pytest
 
 from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
-from labctl.runstate import LabState
+from labctl.up.runstate import LabState
 from tests.conftest import Cli, interrupt
 from tests.integration.conftest import pids_matching, require_libvirtd, virsh, wait_for
 
@@ -234,7 +234,7 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
         down = cli("down", "hosts2")
     assert down.returncode == 0, down.stdout + down.stderr
     assert _leftovers("hosts2") == NOTHING
-    assert pids_matching("labctl.backends.libvirt_console") == []
+    assert pids_matching("labctl.backends.libvirt.console") == []
     assert not (cli.state_dir / "labs" / "hosts2").exists()
     assert all(v in _pool_volumes() for v in _image_volumes(image))  # the image stays for later runs
 
@@ -258,7 +258,7 @@ def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, sshd
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert _leftovers("hosts2i") == NOTHING
-    assert pids_matching("labctl.backends.libvirt_console") == []
+    assert pids_matching("labctl.backends.libvirt.console") == []
     assert not (cli.state_dir / "labs" / "hosts2i").exists()
 
 

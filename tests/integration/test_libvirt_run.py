@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from labctl.backends.base import get_backend
-from labctl.runstate import LabState
+from labctl.backends import get_backend
+from labctl.up.runstate import LabState
 from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import LIBVIRT_URI, pids_matching, require_libvirtd, virsh, wait_for
 

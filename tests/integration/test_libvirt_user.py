@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from labctl.image.store import Image
-from labctl.runstate import LabState
+from labctl.up.runstate import LabState
 from tests.conftest import Cli
 from tests.integration.conftest import pids_matching, require_libvirtd, virsh
 
@@ -81,7 +81,7 @@ def _leftovers() -> dict[str, list[str]]:
             "volumes": sorted(p.name for p in POOL_DIR.glob(prefix + "*")),
             "dirs": sorted(p.name for p in RUN_ROOT.glob(f"*{NAME}*")),
             "qemu": [str(p) for p in pids_matching(f"qemu-system.*guest={prefix}")],
-            "switch": [str(p) for p in pids_matching(f"labctl.hub {RUN_ROOT}/{NAME}.net/")]}
+            "switch": [str(p) for p in pids_matching(f"labctl.net.switch {RUN_ROOT}/{NAME}.net/")]}
 
 
 NOTHING: dict[str, list[str]] = {"domains": [], "volumes": [], "dirs": [], "qemu": [], "switch": []}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.backends.qmp import qmp_execute
+from labctl.backends.monitor import qmp_execute
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
 
@@ -247,7 +247,7 @@ def test_sigkill_of_up_leaves_an_incomplete_lab_that_down_removes(cli: Cli, imag
     assert down.returncode == 0, down.stderr
     assert not lab_dir.exists()
     wait_for(lambda: not qemu_pids_under(cli.state_dir), 30, "QEMU processes to go")
-    assert pids_matching(f"labctl.hub.*{cli.state_dir}") == []
+    assert pids_matching(f"labctl.net.switch.*{cli.state_dir}") == []
 
 
 def test_a_socket_path_too_long_is_refused_before_anything_starts(image: object, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from labctl.backends import get_backend
 from labctl.backends.base import GuestRecord
 from labctl.cli import gdb_cmd
 from labctl.debug.gdb import (
@@ -25,8 +26,8 @@ from labctl.debug.gdb import (
 )
 from labctl.errors import LabStateError
 from labctl.lab.uri import SshHop
-from labctl.runstate import LabState
 from labctl.ssh import hop_forward_argv
+from labctl.up.runstate import LabState
 
 MANIFEST = {"kernel": {"release": "6.1.0-56-amd64", "version": "6.1.192-2"}}
 
@@ -124,7 +125,7 @@ def test_gdb_target(tmp_path: Path) -> None:
     assert t.stub == GdbStub("/run/g/gdb.sock")
     assert t.vmlinux == tmp_path / "image" / "vmlinux.debug"
     assert t.debug_modules == tmp_path / "image" / "debug-modules"
-    assert t.monitor == BackendMonitor("qemu", _state(tmp_path).guests["a"])
+    assert t.monitor == BackendMonitor(get_backend("qemu"), _state(tmp_path).guests["a"])
     assert t.manifest["kernel"]["version"] == "6.1.192-2"
     assert t.source_dir is None
 
@@ -148,7 +149,7 @@ def test_gdb_target_on_a_libvirt_host(tmp_path: Path) -> None:
     hop = {"host": "lab2", "port": 2200, "user": "tr ainer;x", "keyfile": "/k/id", "no_verify": True}
     rec.extra = {"uri": "qemu+ssh://lab2/system", "ssh_via": hop}
     t = gdb_target(state, "a")
-    assert t.monitor == BackendMonitor("libvirt", rec)
+    assert t.monitor == BackendMonitor(get_backend("libvirt"), rec)
     assert t.stub == GdbStub("/var/lib/libvirt/labctl-run/labctl-lab-a/gdb.sock",
                              SshHop("lab2", 2200, "tr ainer;x", "/k/id", True))
     assert t.stub.where == "/var/lib/libvirt/labctl-run/labctl-lab-a/gdb.sock on host lab2"

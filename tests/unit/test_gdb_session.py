@@ -290,7 +290,7 @@ def test_ensure_resumed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
             return {}
         return dict(status)
 
-    monkeypatch.setattr("labctl.backends.qmp.qmp_execute", qmp_execute)
+    monkeypatch.setattr("labctl.backends.monitor.qmp_execute", qmp_execute)
     sock = tmp_path / "qmp.sock"
     assert ensure_resumed(None, None, True) is True  # no QMP: trust the detach
     assert ensure_resumed(sock, False, False) is False  # paused before we came: left alone
@@ -309,6 +309,8 @@ def test_ensure_resumed_goes_through_the_guest_backend(monkeypatch: pytest.Monke
     status = {"running": False}
 
     class FakeBackend:
+        name = "libvirt"
+
         def qmp(self, rec: GuestRecord, command: str, args: Any = None) -> Any:
             calls.append((rec.name, command))
             if command == "cont":
@@ -316,10 +318,9 @@ def test_ensure_resumed_goes_through_the_guest_backend(monkeypatch: pytest.Monke
                 return {}
             return dict(status)
 
-    monkeypatch.setattr("labctl.backends.base.get_backend", lambda name: FakeBackend())
     rec = GuestRecord(name="a", backend="libvirt", pid=0, dir="/x", console="/x/console.log", qmp="",
                       ssh_port=2222, accel="tcg", gdb="/x/gdb.sock", extra={"uri": "qemu:///system"})
-    mon = BackendMonitor("libvirt", rec)
+    mon = BackendMonitor(FakeBackend(), rec)  # type: ignore[arg-type]
     assert as_monitor(mon) is mon and as_monitor("") is None and as_monitor(None) is None
     assert qmp_running(mon) is False
     assert ensure_resumed(mon, True, False) is True

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl import guestconf
 from labctl.image import initramfs
 from labctl.image.kernel import module_load_order, nic_driver_rules
 from labctl.lab import load_lab
+from labctl.up import guestconf
 
 ROOT = Path(__file__).resolve().parents[2]
 

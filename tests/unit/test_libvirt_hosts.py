@@ -10,20 +10,20 @@ from typing import Any
 
 import pytest
 
-from labctl import owned
-from labctl.backends import libvirt_storage as storage
+from labctl.backends import owned
 from labctl.backends.base import GuestPlan
-from labctl.backends.libvirt_host import QemuUser
-from labctl.backends.libvirt_xml import FW_CFG_NAMES, QEMU_NS, DomainFiles, build_domain, planned_files
-from labctl.backends.qemu_argv import lab_nic_args
+from labctl.backends.libvirt import storage
+from labctl.backends.libvirt.host import QemuUser
+from labctl.backends.libvirt.xml import FW_CFG_NAMES, QEMU_NS, DomainFiles, build_domain, planned_files
+from labctl.backends.qemu.argv import lab_nic_args
 from labctl.errors import LabFileError, UsageError
-from labctl.hosts import host_place, place_guests
 from labctl.image.store import Image
 from labctl.lab import load_lab_text
+from labctl.lab.hosts import host_place, place_guests
 from labctl.lab.uri import parse_uri, with_no_verify
-from labctl.lifecycle import mgmt_mac
-from labctl.netplan import ALONE, DIRECT, SWITCH, UDP, UdpAddr, plan_networks
+from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP, UdpAddr, plan_networks
 from labctl.ssh import Endpoint
+from labctl.up.lifecycle import mgmt_mac
 
 REMOTE = "qemu+ssh://root@127.0.0.1:2222/system?keyfile=/k/id"
 

@@ -21,19 +21,20 @@ from typing import Any
 
 import pytest
 
-from labctl import owned
-from labctl.backends import libvirt as lvb
-from labctl.backends import libvirt_host as hostfs
-from labctl.backends import libvirt_storage as storage
+from labctl.backends import owned
 from labctl.backends.base import GuestPlan
-from labctl.backends.libvirt_host import QemuUser
+from labctl.backends.libvirt import api as lvapi
+from labctl.backends.libvirt import backend as lvb
+from labctl.backends.libvirt import host as hostfs
+from labctl.backends.libvirt import storage
+from labctl.backends.libvirt.host import QemuUser
 from labctl.cli.doctor import kvm_access
 from labctl.errors import HostError, MachineError
-from labctl.hosts import host_place
 from labctl.image.store import Image
 from labctl.lab import load_lab_text
-from labctl.lifecycle import mgmt_mac
-from labctl.netplan import plan_networks
+from labctl.lab.hosts import host_place
+from labctl.net.plan import plan_networks
+from labctl.up.lifecycle import mgmt_mac
 
 # `virsh capabilities` of this Debian 12 host (libvirt 9.0), the <secmodel> part,
 # before and after scripts/libvirt-setup.sh stopped forcing root.
@@ -177,9 +178,9 @@ def _lab_plan(tmp_path: Path, lab: str = "q", guest: str = "a") -> GuestPlan:
 
 
 def test_socket_paths_that_do_not_fit_are_refused(tmp_path: Path) -> None:
-    lvb._check_socket_paths(_lab_plan(tmp_path))
+    lvb.check_socket_paths(_lab_plan(tmp_path))
     with pytest.raises(MachineError, match="longer than 107 bytes"):
-        lvb._check_socket_paths(_lab_plan(tmp_path, lab="l" * 32, guest="g" * 31))
+        lvb.check_socket_paths(_lab_plan(tmp_path, lab="l" * 32, guest="g" * 31))
 
 
 def _backend(monkeypatch: pytest.MonkeyPatch, status: int) -> tuple[lvb.LibvirtBackend, list[Any]]:
@@ -192,6 +193,7 @@ def _backend(monkeypatch: pytest.MonkeyPatch, status: int) -> tuple[lvb.LibvirtB
 
     journal: list[Path] = []
     monkeypatch.setattr(lvb, "host_run", fake_run)
+    monkeypatch.setattr(lvapi, "host_run", fake_run)  # host_command reaches it there
     backend = lvb.LibvirtBackend()
     backend._facts["qemu:///system"] = lvb.HostFacts(USER, ("none", "dac"))
     return backend, [calls, journal]
@@ -274,7 +276,7 @@ def test_the_switch_gives_up_root_before_it_binds() -> None:
     os.chown(net, nobody.uid, nobody.gid)
     sock = net / "n0-switch.sock"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen([sys.executable, "-m", "labctl.hub", str(sock), "--user", nobody.owner], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "labctl.net.switch", str(sock), "--user", nobody.owner], env=env,
                             stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20
@@ -308,7 +310,7 @@ def test_doctor_says_whom_qemu_runs_as_and_why_root_is_weaker(monkeypatch: pytes
     def fake_connection(_uri: str, _host: str | None = None) -> Any:
         yield _Conn(caps[0])
 
-    monkeypatch.setattr(lvb, "connection", fake_connection)
+    monkeypatch.setattr(lvapi, "connection", fake_connection)
     root = check_qemu_user("qemu+ssh://root@lab2/system", "h2")
     assert (root.name, root.ok, root.warn) == ("host h2: QEMU's user", True, True)
     assert root.detail.startswith("root (uid 0, gid 0): weaker, because a guest that escapes QEMU")

@@ -7,23 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from labctl.backends.base import GuestPlan, get_backend
-from labctl.backends.libvirt import HostFacts, _log_reason, libvirt_uri
-from labctl.backends.libvirt_host import RUN_ROOT, QemuUser
-from labctl.backends.libvirt_storage import POOL_DIR
-from labctl.backends.libvirt_xml import (
+from labctl.backends import get_backend
+from labctl.backends.base import GuestPlan
+from labctl.backends.libvirt.api import HostFacts, libvirt_uri
+from labctl.backends.libvirt.api import log_reason as _log_reason
+from labctl.backends.libvirt.host import RUN_ROOT, QemuUser
+from labctl.backends.libvirt.storage import POOL_DIR
+from labctl.backends.libvirt.xml import (
     FIRST_NIC_SLOT,
     QEMU_NS,
     domain_name,
     pin_pci_slot,
 )
-from labctl.backends.libvirt_xml import build_domain as _build_domain
-from labctl.backends.libvirt_xml import domain_xml as _domain_xml
-from labctl.backends.qemu_argv import lab_nic_args, mgmt_nic_args
+from labctl.backends.libvirt.xml import build_domain as _build_domain
+from labctl.backends.libvirt.xml import domain_xml as _domain_xml
+from labctl.backends.qemu.argv import lab_nic_args, mgmt_nic_args
 from labctl.image.store import Image
 from labctl.lab import load_lab
-from labctl.lifecycle import mgmt_mac
-from labctl.netplan import plan_networks
+from labctl.net.plan import plan_networks
+from labctl.up.lifecycle import mgmt_mac
 
 ROOT = Path(__file__).resolve().parents[2]
 Q = f"{{{QEMU_NS}}}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from labctl.ports import free_port
+from labctl.net.ports import free_port
 
 
 def test_ports_handed_out_never_repeat_and_are_free() -> None:

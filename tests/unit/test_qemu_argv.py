@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from labctl.backends.base import GuestPlan
-from labctl.backends.qemu_argv import build_argv, opt
+from labctl.backends.qemu.argv import build_argv, opt
 from labctl.image.store import Image
 from labctl.lab import load_lab
-from labctl.lifecycle import mgmt_mac
-from labctl.netplan import ALONE, DIRECT, SWITCH, plan_networks
+from labctl.net.plan import ALONE, DIRECT, SWITCH, plan_networks
+from labctl.up.lifecycle import mgmt_mac
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from labctl.steps.skbprobes import kprobe_definitions, probe_names, record_argv
 from labctl.trace.skbevents import parse_line, parse_report
 from labctl.trace.skblatency import analyze_dir, analyze_text, end_to_end, stage_times, why_not_followed
 from labctl.trace.skbpath import Packet, follow
-from labctl.steps.skbprobes import kprobe_definitions, probe_names, record_argv
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "skb"
 

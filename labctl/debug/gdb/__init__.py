@@ -41,20 +41,10 @@ Must not import the CLI or the steps runner.
 
 from __future__ import annotations
 
+from labctl.backends.monitor import BackendMonitor, Monitor, SocketMonitor, as_monitor, ensure_resumed, qmp_running
 from labctl.debug.gdb.mi import MiResult, MiSession
 from labctl.debug.gdb.session import attach, insert_breakpoint, leave_running, load_symbols, run_breakpoint_session
-from labctl.debug.gdb.stub import (
-    BackendMonitor,
-    GdbStub,
-    Monitor,
-    SocketMonitor,
-    as_monitor,
-    ensure_gdbstub_free,
-    ensure_resumed,
-    gdbstub_clients,
-    qmp_running,
-    target_remote,
-)
+from labctl.debug.gdb.stub import GdbStub, ensure_gdbstub_free, gdbstub_clients, target_remote
 from labctl.debug.gdb.target import (
     NO_KILL_HOOK,
     GdbTarget,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-import subprocess
 import threading
 import time
 from collections import deque
@@ -12,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from pygdbmi import gdbmiparser
 
+from labctl import proc
 from labctl.debug.gdb.transcript import mi_quote
-from labctl.errors import DebugError, MiTimeout
+from labctl.errors import DebugError, LabctlError, MiTimeout
 
 if TYPE_CHECKING:
     pass
@@ -42,10 +42,10 @@ class MiSession:
 
     def __init__(self, gdb: str = "gdb", log: list[dict[str, Any]] | None = None) -> None:
         try:
-            self.proc = subprocess.Popen([gdb, "--nx", "-q", "--interpreter=mi3"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            raise DebugError(f"cannot start {gdb}: {exc}", hint="install gdb (setup.sh does)") from exc
+            self.proc = proc.start_piped([gdb, "--nx", "-q", "--interpreter=mi3"])
+        except (OSError, LabctlError) as exc:
+            raise DebugError(f"cannot start {gdb}: {getattr(exc, 'message', exc)}",
+                             hint="install gdb (setup.sh does)") from exc
         self.log = log if log is not None else []
         self.t0 = time.monotonic()
         self.running = False
@@ -162,7 +162,7 @@ class MiSession:
             try:
                 self.proc.wait(timeout=EXIT_TIMEOUT)
                 break
-            except subprocess.TimeoutExpired:
+            except proc.TimeoutExpired:
                 continue
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f is not None:

@@ -9,16 +9,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from labctl.backends.monitor import Monitor, as_monitor, ensure_resumed, qmp_running
 from labctl.debug.gdb.mi import CMD_TIMEOUT, MiSession
-from labctl.debug.gdb.stub import (
-    GdbStub,
-    Monitor,
-    as_monitor,
-    ensure_gdbstub_free,
-    ensure_resumed,
-    qmp_running,
-    target_remote,
-)
+from labctl.debug.gdb.stub import GdbStub, ensure_gdbstub_free, target_remote
 from labctl.debug.gdb.transcript import (
     ArgValue,
     FrameInfo,

@@ -7,94 +7,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from labctl.errors import DebugError
 from labctl.lab.uri import SshHop
 
 if TYPE_CHECKING:
-    from labctl.backends.base import GuestRecord
+    pass
 
 FORWARD_TIMEOUT = 30.0  # a remote gdbstub's SSH forward to come up
 
 
 # -- QMP to the guest, whatever runs it -------------------------------------------------
-
-class Monitor(Protocol):
-    """A guest's QMP monitor, as far as gdb sessions need it.
-
-    :meth:`execute` runs one command and returns its ``return`` value; it
-    raises :class:`labctl.errors.MachineError` when the monitor is
-    unreachable or the command fails.
-    """
-
-    def execute(self, command: str) -> Any: ...
-
-
-@dataclass(frozen=True)
-class BackendMonitor:
-    """QMP through the guest's backend (:meth:`Backend.qmp`): the qemu backend's
-    unix socket, or libvirt's monitor passthrough."""
-
-    backend: str
-    record: GuestRecord
-
-    def execute(self, command: str) -> Any:
-        from labctl.backends.base import get_backend
-
-        return get_backend(self.backend).qmp(self.record, command)
-
-
-@dataclass(frozen=True)
-class SocketMonitor:
-    """QMP on a QEMU monitor unix socket (a qemu-backend guest known only by its socket)."""
-
-    path: Path
-
-    def execute(self, command: str) -> Any:
-        from labctl.backends.qmp import qmp_execute
-
-        return qmp_execute(self.path, command)
-
-
-def as_monitor(monitor: Monitor | Path | str | None) -> Monitor | None:
-    """``monitor`` as a :class:`Monitor`: a path is a QMP unix socket, empty is none."""
-    if monitor is None or isinstance(monitor, (Path, str)):
-        return SocketMonitor(Path(monitor)) if monitor else None
-    return monitor
-
-
-def qmp_running(monitor: Monitor | Path | None) -> bool | None:
-    """Whether QEMU says the guest runs (None when QMP cannot tell)."""
-    from labctl.errors import MachineError
-
-    mon = as_monitor(monitor)
-    if mon is None:
-        return None
-    try:
-        return bool(mon.execute("query-status").get("running"))
-    except (MachineError, AttributeError):
-        return None
-
-
-def ensure_resumed(monitor: Monitor | Path | None, was_running: bool | None, detached: bool) -> bool:
-    """After gdb is gone: resume a guest that ran before we attached and is
-    paused now (QEMU pauses the guest on every gdb connection, even a failed
-    one, and does not resume it when gdb disconnects without detaching).
-    True when the guest is known to run (or gdb detached cleanly)."""
-    from labctl.errors import MachineError
-
-    mon = as_monitor(monitor)
-    if mon is None or was_running is False:
-        return detached
-    if qmp_running(mon):
-        return True
-    try:
-        mon.execute("cont")
-    except MachineError:
-        return False
-    return bool(qmp_running(mon))
-
 
 @dataclass(frozen=True)
 class GdbStub:

@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.debug.gdb.stub import BackendMonitor, GdbStub, Monitor, target_remote
+from labctl.backends import get_backend
+from labctl.backends.monitor import BackendMonitor, Monitor
+from labctl.debug.gdb.stub import GdbStub, target_remote
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.errors import DebugError
 from labctl.lab.uri import SshHop
 
 if TYPE_CHECKING:
-    from labctl.runstate import LabState
+    from labctl.up.runstate import LabState
 
 
 # -- labs: finding a guest's gdbstub and symbols, the interactive init script --------
@@ -49,7 +51,7 @@ class GdbTarget:
 
 
 def gdb_target(state: LabState, guest: str) -> GdbTarget:
-    """The gdb view of ``guest`` in a :class:`labctl.runstate.LabState`.
+    """The gdb view of ``guest`` in a :class:`labctl.up.runstate.LabState`.
 
     :raise LabStateError: no such guest. :raise DebugError: no gdbstub or no debug kernel.
     """
@@ -65,7 +67,7 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
         raise DebugError(f"the image has no kernel with debug info ({vmlinux})",
                          hint="rebuild the image: labctl image build --force")
     return GdbTarget(state.lab, guest, rec.gdb, vmlinux, image_dir, manifest,
-                     BackendMonitor(state.backend, rec), Path(rec.dir), hop)
+                     BackendMonitor(get_backend(state.backend), rec), Path(rec.dir), hop)
 
 
 def _read_manifest(image_dir: Path) -> dict[str, Any]:

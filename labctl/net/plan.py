@@ -6,7 +6,7 @@ unix datagram socket in the run directory:
 * ``unix-dgram``: a network with two members links them directly (each
   socket sends to the other);
 * ``switch``: a network with three or more gets labctl's L2 switch
-  (:mod:`labctl.hub`) and every member sends to the switch;
+  (:mod:`labctl.net.switch`) and every member sends to the switch;
 * ``alone``: a single member sends to a socket nobody binds.
 
 Guests on a remote libvirt host have no run directory there, and guests on
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.errors import UsageError
-from labctl.hosts import HostPlace
+from labctl.lab.hosts import HostPlace
 from labctl.lab.model import Lab
-from labctl.ports import free_port
+from labctl.net.ports import free_port
 
 DIRECT = "unix-dgram"
 SWITCH = "switch"

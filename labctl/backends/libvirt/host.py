@@ -6,7 +6,7 @@ run directory (root's, 0700), not the image cache. What a guest's QEMU uses
 lives on its host, in places labctl creates for it:
 
 * the image and the per-guest disk and fw_cfg files: volumes in the
-  ``labctl`` storage pool (:mod:`labctl.backends.libvirt_storage`);
+  ``labctl`` storage pool (:mod:`labctl.backends.libvirt.storage`);
 * the gdbstub's socket: in the guest's directory ``RUN_ROOT/<domain>/``;
 * the unix sockets of the lab's links and switches (guests on labctl's own
   machine): in the lab's directory ``RUN_ROOT/<lab>.net/``.

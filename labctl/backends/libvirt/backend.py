@@ -1,7 +1,7 @@
 """The libvirt backend: each guest is a transient libvirt domain.
 
 The domain (``labctl-<lab>-<guest>``, XML from
-:mod:`labctl.backends.libvirt_xml`) runs the same machine as the qemu
+:mod:`labctl.backends.libvirt.xml`) runs the same machine as the qemu
 backend, on the libvirt URI in ``$LABCTL_LIBVIRT_URI`` (default
 ``qemu:///system``). Transient domains vanish when they stop, so ``down``
 leaves nothing behind in ``virsh list --all``.
@@ -9,16 +9,16 @@ leaves nothing behind in ``virsh list --all``.
 QEMU runs as the host's unprivileged QEMU user (libvirt's DAC base label,
 ``libvirt-qemu`` on Debian) wherever the host's libvirt is set up that way,
 and labctl treats every host alike, this machine included
-(:mod:`labctl.backends.libvirt_host`): the image and the guest's disk and
+(:mod:`labctl.backends.libvirt.host`): the image and the guest's disk and
 fw_cfg files are volumes in the host's ``labctl`` pool
-(:mod:`labctl.backends.libvirt_storage`; uploaded to a remote host, hard
+(:mod:`labctl.backends.libvirt.storage`; uploaded to a remote host, hard
 linked here), the gdbstub's socket is in the guest's 0700 directory on its
 host, and the lab's unix sockets are in the lab's 0700 directory, all owned
 by QEMU's user. The console is a pty that a relay process copies into the
-run directory (:mod:`labctl.backends.libvirt_console`), so labctl never
+run directory (:mod:`labctl.backends.libvirt.console`), so labctl never
 reads a file QEMU could have replaced. A remote guest's SSH goes through
 its host's own sshd. Everything created on a host is written to an
-ownership journal (:mod:`labctl.owned`) first, and
+ownership journal (:mod:`labctl.backends.owned`) first, and
 :meth:`LibvirtBackend.cleanup` removes exactly that.
 
 Every :class:`libvirt.libvirtError` is mapped to a labctl error in one place,
@@ -30,22 +30,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl import owned
-from labctl.backends import libvirt_host as hostfs
-from labctl.backends import libvirt_storage as storage
+import labctl.backends.owned as owned
 from labctl.backends.base import GuestPlan, GuestRecord, NetDir
-from labctl.backends.libvirt_host import QemuUser
-from labctl.backends.libvirt_xml import (
+import labctl.backends.libvirt.host as hostfs
+import labctl.backends.libvirt.storage as storage
+from labctl.backends.libvirt.host import QemuUser
+from labctl.backends.libvirt.xml import (
     FW_CFG_NAMES,
     DomainFiles,
     disk_volume,
@@ -55,246 +50,36 @@ from labctl.backends.libvirt_xml import (
     gdb_socket,
     planned_files,
 )
-from labctl.errors import HostError, LabctlError, MachineError, ProcessError
-from labctl.hosts import HostPlace, host_place
-from labctl.netplan import UdpAddr
+from labctl.errors import HostError, LabctlError, MachineError
+from labctl.lab.hosts import HostPlace, host_place
 from labctl.paths import ensure_private_dir
-from labctl.proc import pid_alive, pid_cmdline, run, spawn
+from labctl.proc import pid_cmdline, spawn
 
 log = logging.getLogger(__name__)
 
-URI_ENV = "LABCTL_LIBVIRT_URI"
-DEFAULT_URI = "qemu:///system"
-SETUP_HINT = "run scripts/libvirt-setup.sh as root (installs libvirt, starts libvirtd, installs libvirt-python)"
-REMOTE_HINT = ("check that 'virsh -c {uri} version' works from here: the host needs sshd, libvirtd, and "
-               "virt-ssh-helper or nc; the URI's user, port and keyfile must log in without a password")
-RELAY = "labctl.backends.libvirt_console"
-CONSOLE_ATTACH_TIMEOUT = 60.0
-RUN_DIR = Path("/run/libvirt/qemu")  # qemu:///system's pidfiles
-LOG_DIR = Path("/var/log/libvirt/qemu")  # qemu:///system's per-domain QEMU logs
-ROOT_WHY = ("a guest that escapes QEMU (a bug in an emulated device) owns the host as root; as an "
-            "unprivileged user it reaches only what that user may")
-ROOT_FIX = ("drop user/group \"+0\" (or \"root\") from /etc/libvirt/qemu.conf and restart libvirtd "
-            "(scripts/libvirt-setup.sh does)")
-
-
-def host_run(host: HostPlace, argv: list[str], timeout: float = 30.0) -> tuple[int, str]:
-    """Run ``argv`` on ``host``: here for a local URI, else through the host's SSH login
-    (as its URI logs in). Returns (exit status, error text); 255 when the host cannot be reached."""
-    hop = host.ssh_hop
-    if hop is None:
-        try:
-            res = run(argv, timeout=timeout, check=False)
-        except ProcessError as exc:
-            return 255, exc.message
-        return res.returncode, res.stderr.decode(errors="replace").strip()
-    from labctl.ssh import run_on_host
-
-    return run_on_host(hop, argv, timeout)
-
-
-def host_command(host: HostPlace, argv: list[str], what: str, timeout: float = 30.0) -> None:
-    """:func:`host_run`, failing loudly.
-
-    :raise HostError: when the host cannot be reached or the command fails.
-    """
-    status, err = host_run(host, argv, timeout)
-    if status != 0:
-        raise HostError(f"could not {what} on {_where(host.uri, host.name)}: {err or f'exit status {status}'}")
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    """What labctl learns once from a host's capabilities."""
-
-    user: QemuUser  # whom QEMU runs as
-    models: tuple[str, ...]  # security drivers (none, dac, apparmor...)
-
-
-def host_facts(conn: Any, where: str) -> HostFacts:
-    """QEMU's user (the DAC model's base label) and the security drivers of a host.
-
-    :raise HostError: when the host has no DAC model or an unreadable label.
-    """
-    caps = conn.getCapabilities()
-    try:
-        users = hostfs.dac_users(caps)
-    except ValueError as exc:
-        raise HostError(f"libvirt at {where}: {exc}") from exc
-    user = users.get("kvm") or users.get("qemu") or next(iter(users.values()), None)
-    if user is None:
-        raise HostError(f"libvirt at {where} has no DAC security model, so labctl cannot tell which "
-                        "user QEMU runs as", hint="check security_driver in /etc/libvirt/qemu.conf there")
-    return HostFacts(user, tuple(hostfs.security_models(caps)))
-
-
-def libvirt_uri() -> str:
-    """The libvirt URI labctl uses: ``$LABCTL_LIBVIRT_URI`` or ``qemu:///system``."""
-    return os.environ.get(URI_ENV) or DEFAULT_URI
-
-
-def _libvirt() -> Any:
-    """The ``libvirt`` module, with its default error printing to stderr silenced.
-
-    :raise HostError: when libvirt-python is not installed.
-    """
-    try:
-        import libvirt
-    except ImportError as exc:
-        raise HostError("the libvirt backend needs libvirt-python, which is not installed",
-                        hint=SETUP_HINT) from exc
-    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-    return libvirt
-
-
-def _message(exc: Exception) -> str:
-    """libvirt's own message of an error, on one line."""
-    text = exc.get_error_message() if hasattr(exc, "get_error_message") else None
-    return " ".join(str(text or exc).split())
-
-
-def _where(uri: str, host: str | None) -> str:
-    """``host h2 (qemu+ssh://...)``, or just the URI when the host has no name."""
-    return f"host {host} ({uri})" if host else uri
-
-
-@contextmanager
-def connection(uri: str, host: str | None = None) -> Iterator[Any]:
-    """An open ``virConnect`` to ``uri``: the boundary where libvirt errors become labctl's.
-
-    ``host`` is the lab's name for that host, used in messages.
-
-    :raise HostError: when libvirtd cannot be reached at ``uri``.
-    :raise MachineError: for any libvirt error while connected.
-    """
-    lv = _libvirt()
-    try:
-        conn = lv.open(uri)
-    except lv.libvirtError as exc:
-        remote = "+ssh" in uri.split(":", 1)[0]
-        what = f"host {host} ({uri}) is unreachable" if host else f"cannot connect to libvirt at {uri}"
-        raise HostError(f"{what}: {_message(exc)}",
-                        hint=REMOTE_HINT.format(uri=uri) if remote else SETUP_HINT) from exc
-    try:
-        yield conn
-    except lv.libvirtError as exc:
-        raise MachineError(f"libvirt ({_where(uri, host)}): {_message(exc)}") from exc
-    finally:
-        try:
-            conn.close()
-        except lv.libvirtError:
-            pass
-
-
-def _lookup(conn: Any, rec_or_name: GuestRecord | str) -> Any | None:
-    """The domain of a record (by UUID if known, else by name), or None if it is gone."""
-    lv = _libvirt()
-    try:
-        if isinstance(rec_or_name, str):
-            return conn.lookupByName(rec_or_name)
-        uuid = rec_or_name.extra.get("uuid")
-        if uuid:
-            return conn.lookupByUUIDString(uuid)
-        return conn.lookupByName(rec_or_name.extra["domain"])
-    except lv.libvirtError as exc:
-        if exc.get_error_code() == lv.VIR_ERR_NO_DOMAIN:
-            return None
-        raise
-
-
-def _is_running(dom: Any) -> bool:
-    """True while the domain's machine exists (running, paused, shutting down...)."""
-    lv = _libvirt()
-    try:
-        state = dom.state()[0]
-    except lv.libvirtError as exc:
-        if exc.get_error_code() == lv.VIR_ERR_NO_DOMAIN:
-            return False
-        raise
-    return state not in (lv.VIR_DOMAIN_SHUTOFF, lv.VIR_DOMAIN_CRASHED, lv.VIR_DOMAIN_NOSTATE)
-
-
-def _console_path(xml: str) -> str | None:
-    """The serial console file of a domain's XML."""
-    import xml.etree.ElementTree as ET
-
-    src = ET.fromstring(xml).find("./devices/serial/source")
-    return src.get("path") if src is not None else None
-
-
-def qemu_pid(name: str) -> int:
-    """QEMU's pid for a running domain of ``qemu:///system`` (0 when unknown)."""
-    try:
-        return int((RUN_DIR / f"{name}.pid").read_text().strip())
-    except (OSError, ValueError):
-        return 0
-
-
-def _wait_gone(conn: Any, rec: GuestRecord, timeout: float) -> bool:
-    """Wait up to ``timeout`` s for the domain to stop; True if it did."""
-    deadline = time.monotonic() + timeout
-    while True:
-        dom = _lookup(conn, rec)
-        if dom is None or not _is_running(dom):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
-def _destroy(dom: Any) -> None:
-    """Hard-stop a domain; one that is already gone is fine."""
-    lv = _libvirt()
-    try:
-        dom.destroy()
-    except lv.libvirtError as exc:
-        if exc.get_error_code() not in (lv.VIR_ERR_NO_DOMAIN, lv.VIR_ERR_OPERATION_INVALID):
-            raise
-
-
-def _log_reason(lines: list[str]) -> str:
-    """The telling part of a libvirt QEMU log: QEMU's last error of the last run, and why it stopped."""
-    starts = [i for i, ln in enumerate(lines) if ": starting up" in ln]
-    run = lines[starts[-1]:] if starts else lines
-    errors = [ln for ln in run if "qemu-system" in ln and ": " in ln
-              and not ln.startswith("LC_ALL") and "terminating on signal" not in ln]
-    last = run[-1] if run else ""
-    if errors and errors[-1] != last:
-        return f"{errors[-1]} ({last})" if "shutting down" in last else errors[-1]
-    return last
-
-
-def _is_ours(xml: str, run_dir: Path, console: Path) -> bool:
-    """True when a domain's XML says it was started from ``run_dir`` (or logs to its console file)."""
-    import xml.etree.ElementTree as ET
-
-    desc = ET.fromstring(xml).findtext("description") or ""
-    return desc == f"labctl run directory {run_dir}" or _console_path(xml) == str(console)
-
-
-def _stop_relay(pid: int, marker: str) -> None:
-    """SIGTERM a console relay (if that pid still is one) and wait for it."""
-    if not pid_alive(pid) or not any(marker in a for a in pid_cmdline(pid)):
-        return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 3
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-def _check_socket_paths(plan: GuestPlan) -> None:
-    """Refuse a guest whose unix socket paths (gdbstub, lab links) do not fit in ``sun_path``.
-
-    :raise MachineError: naming the longest one.
-    """
-    paths = [gdb_socket(plan)] + [str(a) for p in plan.ports.values() for a in (p.local, p.remote)
-                                  if a is not None and not isinstance(a, UdpAddr)]
-    long = hostfs.too_long(paths)
-    if long:
-        raise MachineError(f"guest {plan.guest.name}: the socket path {long[0]} is longer than "
-                           f"{hostfs.SUN_PATH_MAX} bytes", hint="use a shorter lab or guest name")
+from labctl.backends.libvirt.api import (
+    CONSOLE_ATTACH_TIMEOUT,
+    LOG_DIR,
+    RELAY,
+    HostFacts,
+    binding,
+    check_socket_paths,
+    connection,
+    destroy,
+    host_command,
+    host_facts,
+    host_run,
+    is_ours,
+    is_running,
+    libvirt_uri,
+    log_reason,
+    lookup,
+    message,
+    qemu_pid,
+    wait_gone,
+    where,
+)
+from labctl.proc import stop_pid
 
 
 class LibvirtBackend:
@@ -323,9 +108,9 @@ class LibvirtBackend:
         if host.uri not in self._facts:
             if conn is None:
                 with connection(host.uri, host.name) as c:
-                    self._facts[host.uri] = host_facts(c, _where(host.uri, host.name))
+                    self._facts[host.uri] = host_facts(c, where(host.uri, host.name))
             else:
-                self._facts[host.uri] = host_facts(conn, _where(host.uri, host.name))
+                self._facts[host.uri] = host_facts(conn, where(host.uri, host.name))
         return self._facts[host.uri]
 
     def _files_preview(self, plan: GuestPlan) -> DomainFiles:
@@ -399,8 +184,8 @@ class LibvirtBackend:
         """
         host = self._host(plan)
         name = domain_name(plan.lab, plan.guest.name)
-        _check_socket_paths(plan)
-        lv = _libvirt()
+        check_socket_paths(plan)
+        lv = binding()
         with connection(host.uri, host.name) as conn:
             facts = self._host_facts(host, conn)
             self._clear_stale(conn, host.uri, name, plan)
@@ -435,9 +220,9 @@ class LibvirtBackend:
                                 "name": name, "run_dir": str(plan.dir)})
         try:
             return conn.createXML(xml, flags)
-        except _libvirt().libvirtError as exc:
-            raise MachineError(f"libvirt ({_where(host.uri, host.name)}) could not start guest "
-                               f"{plan.guest.name} as domain {name}: {_message(exc)}") from exc
+        except binding().libvirtError as exc:
+            raise MachineError(f"libvirt ({where(host.uri, host.name)}) could not start guest "
+                               f"{plan.guest.name} as domain {name}: {message(exc)}") from exc
 
     def _volumes(self, conn: Any, pool: Any, plan: GuestPlan, host: HostPlace, img: storage.HostImage,
                  user: QemuUser) -> DomainFiles:
@@ -471,12 +256,12 @@ class LibvirtBackend:
         status, err = host_run(host, hostfs.mkdir_argv(path, user, replace))
         if status == hostfs.EXISTS_STATUS and not replace:
             owned.forget(journal_dir, entry)
-            raise HostError(f"{path} already exists on {_where(host.uri, host.name)}: a lab of that name "
+            raise HostError(f"{path} already exists on {where(host.uri, host.name)}: a lab of that name "
                             "runs there from another labctl state directory, or one was left behind",
                             hint=f"take that lab down where it was started, or remove {path} if nothing uses it")
         if status != 0:
             raise HostError(f"could not make {path} for QEMU's user ({user.describe(not host.remote)}) on "
-                            f"{_where(host.uri, host.name)}: {err or f'exit status {status}'}")
+                            f"{where(host.uri, host.name)}: {err or f'exit status {status}'}")
 
     def _attach_console(self, plan: GuestPlan, host: HostPlace, uuid: str) -> int:
         """Start the console relay and wait until it is attached (it then creates ``console.log``).
@@ -492,7 +277,7 @@ class LibvirtBackend:
             if proc.poll() is not None or time.monotonic() > deadline:
                 text = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
                 raise MachineError(f"could not read the console of guest {plan.guest.name} on "
-                                   f"{_where(host.uri, host.name)}: {text or 'the console relay did not attach'}")
+                                   f"{where(host.uri, host.name)}: {text or 'the console relay did not attach'}")
             time.sleep(0.05)
         return proc.pid
 
@@ -501,41 +286,41 @@ class LibvirtBackend:
 
         :raise MachineError: when a domain of that name runs from another run directory.
         """
-        dom = _lookup(conn, name)
+        dom = lookup(conn, name)
         if dom is None:
             return
-        if not _is_ours(dom.XMLDesc(0), plan.dir, plan.console):
+        if not is_ours(dom.XMLDesc(0), plan.dir, plan.console):
             raise MachineError(f"libvirt ({uri}) already has a domain named {name}, "
                                "run from another labctl state directory",
                                hint=f"take it down there, or: virsh -c {uri} destroy {name}")
-        _destroy(dom)
+        destroy(dom)
 
     def alive(self, rec: GuestRecord) -> bool:
         with connection(rec.extra["uri"], rec.extra.get("host")) as conn:
-            dom = _lookup(conn, rec)
-            return dom is not None and _is_running(dom)
+            dom = lookup(conn, rec)
+            return dom is not None and is_running(dom)
 
     def stop(self, rec: GuestRecord, timeout: float) -> None:
         """ACPI power button, wait up to ``timeout`` s, then destroy."""
-        lv = _libvirt()
+        lv = binding()
         with connection(rec.extra["uri"], rec.extra.get("host")) as conn:
-            dom = _lookup(conn, rec)
-            if dom is None or not _is_running(dom):
+            dom = lookup(conn, rec)
+            if dom is None or not is_running(dom):
                 return
             try:
                 dom.shutdown()
             except lv.libvirtError:
                 pass  # not running any more, or no ACPI: destroy below
-            if not _wait_gone(conn, rec, timeout):
-                _destroy(dom)
-                _wait_gone(conn, rec, 5.0)
+            if not wait_gone(conn, rec, timeout):
+                destroy(dom)
+                wait_gone(conn, rec, 5.0)
 
     def kill(self, rec: GuestRecord) -> None:
         with connection(rec.extra["uri"], rec.extra.get("host")) as conn:
-            dom = _lookup(conn, rec)
+            dom = lookup(conn, rec)
             if dom is not None:
-                _destroy(dom)
-                _wait_gone(conn, rec, 5.0)
+                destroy(dom)
+                wait_gone(conn, rec, 5.0)
 
     def cleanup(self, guest_dir: Path) -> None:
         """Destroy the journal's domains, stop its relays, delete its volumes and
@@ -560,7 +345,7 @@ class LibvirtBackend:
         """Remove one journaled thing."""
         kind = entry.get("kind")
         if kind == "process":
-            _stop_relay(int(entry["pid"]), str(entry.get("marker", RELAY)))
+            stop_pid(int(entry["pid"]), str(entry.get("marker", RELAY)))
             return
         if kind in ("host-dir", "remote-dir"):  # remote-dir: journals of an older labctl
             path = str(entry.get("path", ""))
@@ -570,26 +355,26 @@ class LibvirtBackend:
             return
         with connection(entry["uri"], entry.get("host")) as conn:
             if kind == "domain":
-                dom = _lookup(conn, entry["name"])
-                if dom is not None and _is_ours(dom.XMLDesc(0), guest_dir, guest_dir / "console.log"):
-                    _destroy(dom)
+                dom = lookup(conn, entry["name"])
+                if dom is not None and is_ours(dom.XMLDesc(0), guest_dir, guest_dir / "console.log"):
+                    destroy(dom)
             elif kind == "volume":
                 pool = storage.lookup_pool(conn, entry["pool"])
                 if pool is not None and storage.delete_volume(pool, entry["name"]):
-                    log.info("deleted volume %s on %s", entry["name"], _where(entry["uri"], entry.get("host")))
+                    log.info("deleted volume %s on %s", entry["name"], where(entry["uri"], entry.get("host")))
 
     def exit_reason(self, rec: GuestRecord) -> str:
         """From libvirt's log of the domain (``/var/log/libvirt/qemu/<name>.log``)."""
         path = LOG_DIR / f"{rec.extra['domain']}.log"
         if rec.extra.get("remote"):
-            return (f"domain {rec.extra['domain']} stopped on {_where(rec.extra['uri'], rec.extra.get('host'))}; "
+            return (f"domain {rec.extra['domain']} stopped on {where(rec.extra['uri'], rec.extra.get('host'))}; "
                     f"QEMU's log is {path} there")
         try:
             with open(path, errors="replace") as f:
                 lines = [ln.strip() for ln in f.readlines()[-200:] if ln.strip()]
         except OSError:
             return f"no log from libvirt ({path} is not readable)"
-        return _log_reason(lines) or "no message from QEMU"
+        return log_reason(lines) or "no message from QEMU"
 
     def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
         """Run one QMP command through libvirt's monitor passthrough; return its ``return``.
@@ -600,7 +385,7 @@ class LibvirtBackend:
 
         request = json.dumps({"execute": command, **({"arguments": args} if args else {})})
         with connection(rec.extra["uri"], rec.extra.get("host")) as conn:
-            dom = _lookup(conn, rec)
+            dom = lookup(conn, rec)
             if dom is None:
                 raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} is not running "
                                    f"on {rec.extra['uri']}")

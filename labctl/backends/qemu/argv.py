@@ -10,8 +10,7 @@ import os
 
 from labctl.backends.base import MGMT_NET, GuestPlan
 from labctl.lab.model import Nic
-from labctl.netplan import Port, UdpAddr
-
+from labctl.net.plan import Port, UdpAddr
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
 # (7.1 s vs 8.6 s to SSH-ready), but with acpi=noirq its MP table makes PCI

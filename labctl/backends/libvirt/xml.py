@@ -1,7 +1,7 @@
 """libvirt domain XML for one guest, built by pure functions from its plan.
 
 The domain runs the same machine as the qemu backend's argv
-(:mod:`labctl.backends.qemu_argv`): direct kernel boot, the qcow2 overlay on
+(:mod:`labctl.backends.qemu.argv`): direct kernel boot, the qcow2 overlay on
 virtio, the serial console (a pty, which labctl's relay reads through
 libvirt), pvpanic, the fw_cfg entries, and the same NICs. libvirt has no element for a unix ``dgram`` netdev nor for a
 ``restrict=on`` slirp with host forwarding on 127.0.0.1, so the NICs (and the
@@ -9,7 +9,7 @@ gdbstub) reach QEMU through ``<qemu:commandline>``, built by the very
 functions that build the qemu backend's argv.
 
 Every file the domain names is on the host that runs it, where QEMU's user
-can reach it (:mod:`labctl.backends.libvirt_host`): volumes of the
+can reach it (:mod:`labctl.backends.libvirt.host`): volumes of the
 ``labctl`` pool and the guest's directory below ``RUN_ROOT``. QEMU runs as
 that user with a static DAC label and ``relabel='no'``: libvirt changes the
 owner of no file, so the image stays root's and read-only to QEMU, and only
@@ -26,9 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from labctl.backends.base import GuestPlan
-from labctl.backends.libvirt_host import QemuUser, guest_run_dir
-from labctl.backends.libvirt_storage import IMAGE_FILES, POOL_DIR, image_volume_name
-from labctl.backends.qemu_argv import gdb_args, lab_nic_args, mgmt_nic_args
+from labctl.backends.libvirt.host import QemuUser, guest_run_dir
+from labctl.backends.libvirt.storage import IMAGE_FILES, POOL_DIR, image_volume_name
+from labctl.backends.qemu.argv import gdb_args, lab_nic_args, mgmt_nic_args
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 EMULATOR = "/usr/bin/qemu-system-x86_64"

@@ -1,6 +1,6 @@
 """labctl's L2 switch for lab networks with three or more guests.
 
-Run as ``python -m labctl.hub SWITCH_SOCKET [--user UID:GID]``. With
+Run as ``python -m labctl.net.switch SWITCH_SOCKET [--user UID:GID]``. With
 ``--user`` (labctl runs as root, the guests' QEMUs as libvirt's QEMU user)
 it becomes that user before binding, so its socket is that user's (0600)
 and the switch holds no root privilege. Every guest NIC is a QEMU
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     """``SWITCH_SOCKET [--user UID:GID] [--lab RUN_DIR]``: ``--user`` drops root before
     binding; ``--lab`` only names the lab's run directory, so that ``down`` finds
     the switch by it even when its pid was never recorded."""
-    parser = argparse.ArgumentParser(prog="python -m labctl.hub")
+    parser = argparse.ArgumentParser(prog="python -m labctl.net.switch")
     parser.add_argument("socket")
     parser.add_argument("--user", metavar="UID:GID")
     parser.add_argument("--lab", metavar="RUN_DIR")

@@ -367,6 +367,6 @@ def _abort(stream: Any) -> None:
 
 
 def _lv() -> Any:
-    from labctl.backends.libvirt import _libvirt
+    from labctl.backends.libvirt.binding import binding as _libvirt
 
     return _libvirt()

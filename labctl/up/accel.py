@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labctl.backends.qemu_argv import SANDBOX
+from labctl.backends.qemu.argv import SANDBOX
 from labctl.errors import UsageError
 from labctl.image.store import Image
 from labctl.paths import cache_dir

@@ -19,21 +19,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl import guestconf, owned
-from labctl.accel import choose_accel
-from labctl.bootargs import kernel_args
-from labctl.backends.base import Backend, GuestPlan, GuestRecord, get_backend
+from labctl.backends import get_backend, owned
+from labctl.backends.base import Backend, GuestPlan, GuestRecord
 from labctl.errors import GuestError, LabctlError, LabFileError, LabStateError, MachineError, Problem, UsageError
-from labctl.hosts import HostPlace, place_guests
 from labctl.image.store import Image
-from labctl.keys import known_hosts_line, new_keypair
+from labctl.lab.hosts import HostPlace, place_guests
 from labctl.lab.model import Guest, Lab
-from labctl.netplan import SWITCH, UDP, Segment, plan_networks
+from labctl.net.plan import SWITCH, UDP, Segment, plan_networks
+from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
-from labctl.ports import free_port
 from labctl.proc import kill_pids, pid_alive, pid_cmdline, pids_referencing, run, spawn
-from labctl.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 from labctl.ssh import Endpoint, Session
+from labctl.up import guestconf
+from labctl.up.accel import choose_accel
+from labctl.up.bootargs import kernel_args
+from labctl.up.keys import known_hosts_line, new_keypair
+from labctl.up.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 
 READY = b"LABCTL-READY"
 FAILED = b"LABCTL-FAILED"
@@ -135,7 +136,7 @@ class LabUp:
         """
         if backend != "libvirt":
             return None
-        from labctl.backends.libvirt import libvirt_uri
+        from labctl.backends.libvirt.api import libvirt_uri
 
         try:
             return place_guests(self.lab, libvirt_uri(), self.opts.no_verify_host_keys)
@@ -257,7 +258,7 @@ class LabUp:
         log = self.dir / f"switch-{idx}.log"
         user = ["--user", f"{owner[0]}:{owner[1]}"] if owner else []
         # --lab names the run directory: a switch whose pid was never recorded (up killed) is still found by it
-        proc = spawn([sys.executable, "-m", "labctl.hub", str(seg.switch_socket), *user, "--lab", str(self.dir)], log)
+        proc = spawn([sys.executable, "-m", "labctl.net.switch", str(seg.switch_socket), *user, "--lab", str(self.dir)], log)
         self.switches.append(SwitchRecord(seg.network, proc.pid, str(seg.switch_socket)))
         state.save()
         deadline = time.monotonic() + 10
@@ -405,7 +406,7 @@ def _stop_switches(switches: list[SwitchRecord]) -> None:
     import signal
 
     for sw in switches:
-        if pid_alive(sw.pid) and any("labctl.hub" in a for a in pid_cmdline(sw.pid)):
+        if pid_alive(sw.pid) and any("labctl.net.switch" in a for a in pid_cmdline(sw.pid)):
             try:
                 os.killpg(sw.pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from labctl.backends.base import GuestPlan, GuestRecord, NetDir
-from labctl.backends.qemu_argv import build_argv
-from labctl.backends.qmp import qmp_execute
+from labctl.backends.monitor import qmp_execute
+from labctl.backends.qemu.argv import build_argv
 from labctl.errors import MachineError
-from labctl.hosts import HostPlace
+from labctl.lab.hosts import HostPlace
 from labctl.paths import ensure_private_dir
 from labctl.proc import pid_alive, pid_cmdline, spawn
 

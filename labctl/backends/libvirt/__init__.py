@@ -1,0 +1,9 @@
+"""The libvirt backend: transient domains on any libvirt URI, on this machine or remote ``qemu+ssh://`` hosts.
+
+:mod:`.backend` (the Backend), :mod:`.api` (connections and the mapping of
+libvirt's errors, hosts' facts, commands on hosts), :mod:`.binding` (the
+Python binding, imported on first use), :mod:`.xml` (domain XML, pure
+functions), :mod:`.storage` (the ``labctl`` pool: images, overlays, fw_cfg
+volumes), :mod:`.host` (QEMU's user and directories on a host),
+:mod:`.console` (the console relay process).
+"""
