@@ -1,7 +1,10 @@
-"""How slow library work reports progress without printing anything itself.
+"""How the library tells its caller what happens, without printing anything itself.
 
-The library calls a :class:`Reporter`; the CLI passes one that draws with
-rich, tests and scripts pass :class:`NullReporter` (which only logs).
+Three kinds of news, one module: slow work's progress (:class:`Reporter`,
+e.g. an image build), guests coming up (:class:`UpEvents`) and steps
+running (:class:`StepEvents`). The CLI passes implementations that draw
+with rich; tests and scripts pass the defaults here, which only log or do
+nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from labctl.steps.result import StepResult
 
 log = logging.getLogger("labctl")
 
@@ -49,3 +55,23 @@ class NullReporter:
     def warn(self, message: str) -> None:
         self.warnings.append(message)
         log.warning("%s", message)
+
+
+class UpEvents:
+    """What ``up`` tells its caller as it goes (the CLI draws these)."""
+
+    def guest_phase(self, guest: str, phase: str) -> None:
+        """``guest`` entered ``phase``: starting, booting, ssh, ready, failed."""
+
+    def warn(self, message: str) -> None:
+        """A warning worth one line."""
+
+
+class StepEvents:
+    """What the steps runner tells its caller as steps start and end (the CLI prints a line each)."""
+
+    def step_started(self, name: str, variant: str | None) -> None:
+        """Step ``name`` (matrix row ``variant``) starts."""
+
+    def step_finished(self, result: StepResult) -> None:
+        """A step variant ended (ok, failed or skipped), with its result."""

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from labctl.bundle import write
 from labctl.bundle.summary import summarize, write_summary
+from labctl.events import StepEvents, UpEvents
 from labctl.image.store import Image
 from labctl.lab.model import Lab
 from labctl.report import render_run
-from labctl.steps.runner import Runner, StepEvents, StepResult, now
-from labctl.up.lifecycle import UpEvents, UpOptions, down, up
+from labctl.steps.result import StepResult
+from labctl.steps.runner import Runner, now
+from labctl.up.lifecycle import UpOptions, down, up
 from labctl.up.runstate import LabState
 
 

@@ -16,8 +16,9 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from labctl.events import StepEvents
 from labctl.pipeline import RunOutcome
-from labctl.steps.runner import StepEvents, StepResult
+from labctl.steps.result import StepResult
 
 # Markup is off: user and guest text (file names, command output, READY lines,
 # oops titles) is always printed literally; styles come from Text objects.

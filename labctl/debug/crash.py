@@ -1,4 +1,11 @@
-"""Crashed guests: find oopses in a console log and decode them into files."""
+"""Crashed guests, the one detector: is there an oops on a console, did the kernel
+panic, what are the oopses' titles, and their decoding into files.
+
+``up`` fails a boot on any oops (:func:`crashed`), ``status`` calls such a
+guest crashed, and the steps runner gives up on a guest whose kernel
+panicked (:func:`panicked`): an oops in a process's context leaves the
+rest of the kernel running.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,31 @@ from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
 
 log = logging.getLogger(__name__)
+
+CRASH_MARKERS = (b"Kernel panic", b"BUG:", b"Oops:", b"general protection fault")
+PANIC = b"Kernel panic - not syncing"
+TAIL_BYTES = 65536
+
+
+def console_end(path: Path, size: int = TAIL_BYTES) -> bytes:
+    """The last ``size`` bytes of a console log (b'' when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - size))
+            return f.read()
+    except OSError:
+        return b""
+
+
+def crashed(console: bytes) -> bool:
+    """True when console text shows an oops, BUG, general protection fault or panic."""
+    return any(m in console for m in CRASH_MARKERS)
+
+
+def panicked(console: bytes) -> bool:
+    """True when the kernel panicked (the guest is dead, whatever else runs)."""
+    return PANIC in console
 
 
 def oops_titles(console_text: str) -> list[str]:

@@ -17,17 +17,20 @@ import shlex
 import tarfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from labctl.backends import get_backend
+from labctl.debug.crash import console_end, panicked
 from labctl.errors import GuestError, LabctlError, UsageError
+from labctl.events import StepEvents
 from labctl.lab.model import Lab
 from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, render_trace
 from labctl.ssh import Session
 from labctl.steps import copyback
 from labctl.steps import tracers as tr
+from labctl.steps.result import StepResult
 from labctl.up.runstate import LabState
 
 log = logging.getLogger(__name__)
@@ -47,30 +50,6 @@ class GdbRun:
     thread: threading.Thread | None = None
     transcript: Any = None
     error: str | None = None
-
-
-@dataclass
-class StepResult:
-    name: str
-    variant: str | None
-    status: str = "ok"  # ok, failed, skipped
-    reason: str | None = None
-    duration_s: float = 0.0
-    dir: str = ""
-    nic: dict[str, Any] | None = None
-    guests: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    gdb: dict[str, Any] | None = None
-
-    def fail(self, reason: str) -> None:
-        if self.status != "failed":
-            self.status, self.reason = "failed", reason
-
-
-class StepEvents:
-    def step_started(self, name: str, variant: str | None) -> None: ...
-
-    def step_finished(self, result: StepResult) -> None: ...
 
 
 class Runner:
@@ -109,13 +88,7 @@ class Runner:
         return self.backend.alive(self.state.guests[guest])
 
     def _panicked(self, guest: str) -> bool:
-        try:
-            with open(self.state.guests[guest].console, "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 65536))
-                return b"Kernel panic - not syncing" in f.read()
-        except OSError:
-            return False
+        return panicked(console_end(Path(self.state.guests[guest].console)))
 
     def dead_guests(self) -> str | None:
         """Why the lab is broken (a guest's machine is gone or its kernel panicked), or None."""

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from labctl.backends import get_backend, owned
 from labctl.backends.base import Backend, GuestPlan, GuestRecord
+from labctl.debug.crash import crashed
 from labctl.errors import GuestError, LabctlError, LabFileError, LabStateError, MachineError, Problem, UsageError
+from labctl.events import UpEvents
 from labctl.image.store import Image
 from labctl.lab.hosts import HostPlace, place_guests
 from labctl.lab.model import Guest, Lab
@@ -33,23 +35,11 @@ from labctl.ssh import Endpoint, Session
 from labctl.up import guestconf
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
+from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 
-READY = b"LABCTL-READY"
-FAILED = b"LABCTL-FAILED"
-PANIC_MARKERS = (b"Kernel panic", b"BUG:", b"Oops:", b"general protection fault")
 DEFAULT_BOOT_TIMEOUT = 180.0
-
-
-class UpEvents:
-    """What ``up`` tells its caller as it goes (the CLI draws these)."""
-
-    def guest_phase(self, guest: str, phase: str) -> None:
-        """``guest`` entered ``phase``: starting, booting, ssh, ready, failed."""
-
-    def warn(self, message: str) -> None:
-        """A warning worth one line."""
 
 
 @dataclass
@@ -66,29 +56,6 @@ def mgmt_mac(lab: str, guest: str) -> str:
     """Deterministic MAC of a guest's management NIC (52:55:00:..., apart from lab NICs)."""
     d = hashlib.sha256(f"{lab}/{guest}/mgmt0".encode()).digest()
     return "52:55:00:" + ":".join(f"{b:02x}" for b in d[:3])
-
-
-def console_tail(path: Path | str, lines: int = 15) -> str:
-    """What a person needs from a console log: from the first panic/oops
-    marker on (at most 25 lines), else the last ``lines`` lines."""
-    try:
-        data = Path(path).read_bytes()[-65536:]
-    except OSError:
-        return ""
-    text = data.decode(errors="replace").replace("\r", "").strip().splitlines()
-    for i, line in enumerate(text):
-        if any(m.decode() in line for m in (FAILED, *PANIC_MARKERS)):
-            return "\n".join(text[i:i + 25])
-    return "\n".join(text[-lines:])
-
-
-def ready_drivers(console: bytes) -> dict[str, str]:
-    """NIC name -> driver from a console's ``LABCTL-READY host uptime nic=driver...`` line."""
-    for line in console.splitlines():
-        if line.startswith(READY):
-            words = line.decode(errors="replace").split()[3:]
-            return dict(w.split("=", 1) for w in words if "=" in w)
-    return {}
 
 
 class LabUp:
@@ -326,7 +293,7 @@ class LabUp:
             data = console.read_bytes() if console.exists() else b""
             if READY in data and b"\n" in data[data.index(READY):]:
                 break  # the whole READY line is there
-            if FAILED in data or any(m in data for m in PANIC_MARKERS):
+            if FAILED in data or crashed(data):
                 self.events.guest_phase(name, "failed")
                 time.sleep(0.5)  # let the rest of the oops reach the log
                 raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
@@ -497,8 +464,7 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
         except LabctlError:
             alive = None  # its host is unreachable
         console = Path(rec.console).read_bytes()[-65536:] if Path(rec.console).exists() else b""
-        crashed = any(m in console for m in PANIC_MARKERS)
-        st = "crashed" if crashed else "unreachable" if alive is None else "running" if alive else "stopped"
+        st = "crashed" if crashed(console) else "unreachable" if alive is None else "running" if alive else "stopped"
         if state.phase != UP:
             st = "incomplete" if state.incomplete else "starting"
         nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], "")}

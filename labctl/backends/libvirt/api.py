@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl.backends.base import GuestPlan, GuestRecord
 import labctl.backends.libvirt.host as hostfs
+from labctl.backends.base import GuestPlan, GuestRecord
 from labctl.backends.libvirt.binding import SETUP_HINT, binding
 from labctl.backends.libvirt.host import QemuUser
 from labctl.backends.libvirt.xml import (

@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import labctl.backends.owned as owned
-from labctl.backends.base import GuestPlan, GuestRecord, NetDir
 import labctl.backends.libvirt.host as hostfs
 import labctl.backends.libvirt.storage as storage
+import labctl.backends.owned as owned
+from labctl.backends.base import GuestPlan, GuestRecord, NetDir
 from labctl.backends.libvirt.host import QemuUser
 from labctl.backends.libvirt.xml import (
     FW_CFG_NAMES,

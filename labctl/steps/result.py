@@ -1,0 +1,26 @@
+"""What one step variant gave: its status, why it failed, where its files are, what it measured on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepResult:
+    """One step variant's result, as summary.json keeps it (``guests``: the guests involved)."""
+
+    name: str
+    variant: str | None
+    status: str = "ok"  # ok, failed, skipped
+    reason: str | None = None
+    duration_s: float = 0.0
+    dir: str = ""
+    nic: dict[str, Any] | None = None
+    guests: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    gdb: dict[str, Any] | None = None
+
+    def fail(self, reason: str) -> None:
+        if self.status != "failed":
+            self.status, self.reason = "failed", reason
