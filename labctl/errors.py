@@ -9,6 +9,7 @@
      +-- ImageError             building or finding a guest image failed
      +-- ProcessError           a host process failed or timed out
      +-- MachineError           a guest's QEMU failed (start, QMP, died)
+     |    +-- PortTaken         a port labctl picked was taken before QEMU bound it
      +-- GuestError             a guest misbehaved (never ready, SSH failed)
      +-- LabStateError          lab already up / not up / state unreadable
      +-- TraceError             a tracer could not be set up (kernel facts, probes)
@@ -90,6 +91,10 @@ class MachineError(LabctlError):
     """A guest's virtual machine failed (start, monitor, died)."""
 
     exit_code = 4
+
+
+class PortTaken(MachineError):
+    """A guest's QEMU could not bind a port labctl picked: another program took it first (``up`` retries)."""
 
 
 class GuestError(LabctlError):

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from labctl.backends.libvirt.host import QemuUser
 from labctl.cli.ui import out, print_json
+from labctl.lab.model import DEFAULT_IMAGE
 
 MIN_LIBVIRT = (9, 0, 0)  # fw_cfg sysinfo (6.5), <cpu mode='maximum'> (7.1); tested on 9.0
 
@@ -45,7 +46,7 @@ def check_kvm() -> Check:
     from labctl.image.store import ImageStore
     from labctl.up.accel import kvm_usable
 
-    img = ImageStore().get("debian-12", load_recipe("debian-12").key())
+    img = ImageStore().get(DEFAULT_IMAGE, load_recipe(DEFAULT_IMAGE).key())
     if img is None:
         return Check("KVM", True, "/dev/kvm is accessible; build the image to probe it (labctl image build)")
     usable, reason = kvm_usable(img.kernel)
@@ -56,8 +57,8 @@ def check_image() -> Check:
     from labctl.image.recipe import load_recipe
     from labctl.image.store import ImageStore
 
-    key = load_recipe("debian-12").key()
-    img = ImageStore().get("debian-12", key)
+    key = load_recipe(DEFAULT_IMAGE).key()
+    img = ImageStore().get(DEFAULT_IMAGE, key)
     if img is None:
         return Check("image debian-12", False, "not built (or its recipe changed): run labctl image build")
     return Check("image debian-12", True, f"{key} in {img.dir}")

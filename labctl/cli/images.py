@@ -11,19 +11,20 @@ from labctl.cli.ui import StepsReporter, out, print_json
 from labctl.image.build import add_source, build_image
 from labctl.image.recipe import load_recipe, recipe_names
 from labctl.image.store import Image, ImageStore
+from labctl.lab.model import DEFAULT_IMAGE
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("image", help="build and list guest images")
     isub = p.add_subparsers(dest="image_command", required=True, metavar="ACTION")
     b = isub.add_parser("build", help="build an image from its recipe under images/ (cached)")
-    b.add_argument("name", nargs="?", default="debian-12")
+    b.add_argument("name", nargs="?", default=DEFAULT_IMAGE)
     b.add_argument("--force", action="store_true", help="rebuild even if up to date")
     b.add_argument("--with-source", action="store_true",
                    help="also unpack the matching kernel source (Debian linux-source) for gdb's list")
     b.set_defaults(func=build)
     pr = isub.add_parser("prune", help="remove older builds of an image (keep the newest)")
-    pr.add_argument("name", nargs="?", default="debian-12")
+    pr.add_argument("name", nargs="?", default=DEFAULT_IMAGE)
     pr.add_argument("--keep", type=int, default=1, help="how many recent builds to keep (default 1)")
     pr.set_defaults(func=prune)
     ls = isub.add_parser("list", help="list built images and known recipes")

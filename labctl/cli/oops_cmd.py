@@ -12,6 +12,7 @@ from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
 from labctl.errors import ImageError, UsageError
 from labctl.image.store import ImageStore
+from labctl.lab.model import DEFAULT_IMAGE
 
 INDENT = "  "
 
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     osub = p.add_subparsers(dest="oops_command", required=True, metavar="ACTION")
     d = osub.add_parser("decode", help="show every oops in a console log with file:line for each frame")
     d.add_argument("file", help="console text, e.g. a guest's console.log ('-' reads stdin)")
-    d.add_argument("--image", default="debian-12", help="image whose kernel produced the log (default debian-12)")
+    d.add_argument("--image", default=DEFAULT_IMAGE, help=f"image whose kernel produced the log (default {DEFAULT_IMAGE})")
     d.add_argument("--vmlinux", type=Path, help="vmlinux with DWARF to use instead of the image's vmlinux.debug")
     d.add_argument("--modules", type=Path, metavar="DIR",
                    help="tree of module .ko files with debug info, searched before the image's debug-modules")
@@ -55,7 +56,7 @@ def make_symbolizer(args: argparse.Namespace) -> Symbolizer:
                          hint=f"rebuild it: labctl image build {args.image} --force")
     # --modules DIR first, then the image's own debug modules (in-tree drivers such as 8139cp).
     modules = [args.modules, img.debug_modules] if args.modules else [img.debug_modules]
-    return Symbolizer(img.vmlinux_debug, modules, system_map=img.dir / "System.map")
+    return Symbolizer(img.vmlinux_debug, modules, system_map=img.system_map)
 
 
 def decode(args: argparse.Namespace) -> int:

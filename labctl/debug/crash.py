@@ -16,6 +16,7 @@ from pathlib import Path
 from labctl.debug.oops import parse_oopses
 from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
+from labctl.image.store import Image
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,8 @@ def decode_console(console: Path, image_dir: Path, out_dir: Path) -> list[str]:
         return []
     titles = [o.title for o in oopses]
     try:
-        decoded = Symbolizer(image_dir / "vmlinux.debug", image_dir / "debug-modules").decode(oopses)
+        img = Image.at(image_dir)
+        decoded = Symbolizer(img.vmlinux_debug, img.debug_modules).decode(oopses)
         (out_dir / "oops.json").write_text(json.dumps([d.to_json() for d in decoded], indent=2) + "\n")
         lines = [t.plain for i, d in enumerate(decoded, 1) for t in [*render_oops(d, i)]]
         (out_dir / "oops.txt").write_text("\n".join(lines) + "\n")

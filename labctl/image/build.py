@@ -30,7 +30,18 @@ from labctl.events import NullReporter, Reporter
 from labctl.image import initramfs
 from labctl.image.kernel import extract_vmlinux, module_load_order, nic_driver_rules
 from labctl.image.recipe import Recipe
-from labctl.image.store import MANIFEST, Image, ImageStore
+from labctl.image.store import (
+    CONFIG,
+    DEBUG_MODULES,
+    INITRD,
+    MANIFEST,
+    ROOTFS,
+    SYSTEM_MAP,
+    VMLINUX,
+    VMLINUX_DEBUG,
+    Image,
+    ImageStore,
+)
 from labctl.paths import cache_dir, resource_dir
 from labctl.proc import pid_alive, run, run_pipeline
 
@@ -209,7 +220,7 @@ class Builder:
             kdir = self.work / "kernel"
             run(["dpkg-deb", "-x", deb, kdir], timeout=600)
             extract_vmlinux(kdir / "boot" / f"vmlinuz-{rc.kernel_release}", self.work / "vmlinux")
-            for name in ("System.map", "config"):
+            for name in (SYSTEM_MAP, CONFIG):
                 shutil.copy(kdir / "boot" / f"{name}-{rc.kernel_release}", self.work / name)
         with self.r.step(f"download {rc.debug_package} (large)"):
             dbg = apt_download(rc.debug_package, self.downloads)
@@ -226,7 +237,7 @@ class Builder:
         """
         rc = self.recipe
         kept = cache_dir() / "kernels" / deb.stem
-        if not (kept / "vmlinux.debug").is_file():
+        if not (kept / VMLINUX_DEBUG).is_file():
             tmp = kept.with_name(f".{deb.stem}-{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -236,17 +247,17 @@ class Builder:
                 patterns += [f"{base}/{d}/*" for d in rc.debug_modules]
                 run_pipeline([["dpkg-deb", "--fsys-tarfile", deb],
                               ["tar", "-x", "-C", tmp, "--wildcards", *patterns]], timeout=1800)
-                (tmp / patterns[0]).rename(tmp / "vmlinux.debug")
+                (tmp / patterns[0]).rename(tmp / VMLINUX_DEBUG)
                 if (tmp / base).is_dir():
-                    (tmp / base).rename(tmp / "debug-modules")
+                    (tmp / base).rename(tmp / DEBUG_MODULES)
                 shutil.rmtree(tmp / "usr", ignore_errors=True)
                 shutil.rmtree(kept, ignore_errors=True)
                 tmp.rename(kept)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-        os.link(kept / "vmlinux.debug", self.work / "vmlinux.debug")
-        if (kept / "debug-modules").is_dir():
-            shutil.copytree(kept / "debug-modules", self.work / "debug-modules", copy_function=os.link)
+        os.link(kept / VMLINUX_DEBUG, self.work / VMLINUX_DEBUG)
+        if (kept / DEBUG_MODULES).is_dir():
+            shutil.copytree(kept / DEBUG_MODULES, self.work / DEBUG_MODULES, copy_function=os.link)
 
     def _mmdebstrap(self) -> None:
         rc = self.recipe
@@ -296,7 +307,7 @@ class Builder:
                  "modules"], timeout=600)
             for ko in src.glob("*.ko"):
                 shutil.copy(ko, extra / ko.name)
-                dbg = self.work / "debug-modules" / "extra"
+                dbg = self.work / DEBUG_MODULES / "extra"
                 dbg.mkdir(parents=True, exist_ok=True)
                 shutil.copy(ko, dbg / ko.name)  # built with -g: the oops decoder reads it
             for c in src.glob("*.c"):  # the source, for gdb's list and readers of decoded oopses
@@ -351,7 +362,7 @@ class Builder:
     def _manifest(self) -> None:
         rc = self.recipe
         files = {}
-        for name in ("vmlinux", "initrd.img", "rootfs.img", "vmlinux.debug", "System.map", "config"):
+        for name in (VMLINUX, INITRD, ROOTFS, VMLINUX_DEBUG, SYSTEM_MAP, CONFIG):
             p = self.work / name
             files[name] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
         manifest = {

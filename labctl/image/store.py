@@ -12,7 +12,15 @@ from typing import Any
 from labctl.errors import ImageError
 from labctl.paths import cache_dir
 
+# An image directory's files: every name once.
 MANIFEST = "manifest.json"
+VMLINUX = "vmlinux"  # the uncompressed ELF kernel, booted directly (PVH)
+VMLINUX_DEBUG = "vmlinux.debug"  # the same kernel with DWARF (gdb, oops decoding, struct offsets)
+DEBUG_MODULES = "debug-modules"  # modules' .ko files with debug info
+INITRD = "initrd.img"
+ROOTFS = "rootfs.img"
+SYSTEM_MAP = "System.map"
+CONFIG = "config"
 
 
 @dataclass(frozen=True)
@@ -27,25 +35,40 @@ class Image:
     @property
     def kernel(self) -> Path:
         """Uncompressed ELF kernel, booted directly (PVH)."""
-        return self.dir / "vmlinux"
+        return self.dir / VMLINUX
 
     @property
     def initrd(self) -> Path:
-        return self.dir / "initrd.img"
+        return self.dir / INITRD
 
     @property
     def rootfs(self) -> Path:
         """Raw ext4 root file system; guests boot from qcow2 overlays on it."""
-        return self.dir / "rootfs.img"
+        return self.dir / ROOTFS
 
     @property
     def vmlinux_debug(self) -> Path:
         """The -dbg package's vmlinux with DWARF (gdb, oops decoding)."""
-        return self.dir / "vmlinux.debug"
+        return self.dir / VMLINUX_DEBUG
 
     @property
     def debug_modules(self) -> Path:
-        return self.dir / "debug-modules"
+        return self.dir / DEBUG_MODULES
+
+    @property
+    def system_map(self) -> Path:
+        return self.dir / SYSTEM_MAP
+
+    @classmethod
+    def at(cls, directory: Path) -> Image:
+        """The image in ``directory`` (a lab state names it), with its manifest ({} when unreadable)."""
+        try:
+            manifest = json.loads((directory / MANIFEST).read_text())
+        except (OSError, ValueError):
+            manifest = {}
+        if not isinstance(manifest, dict):
+            manifest = {}
+        return cls(str(manifest.get("name", directory.parent.name)), directory.name, directory, manifest)
 
     @property
     def kernel_release(self) -> str:

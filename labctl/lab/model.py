@@ -14,12 +14,15 @@ from typing import Any
 
 from labctl.lab.nics import NIC_MODELS, NicModel
 
-__all__ = ["DEFAULT_HOST", "LAB_NAME", "LAB_NAME_RULE", "Guest", "Host", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_IMAGE", "LAB_NAME", "LAB_NAME_RULE", "Guest", "Host", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
 
 LAB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 """A lab's name: also its run directory's name, so nothing else may pass (no ``/``, ``.``, ``..``)."""
 
 LAB_NAME_RULE = "use 1-32 of a-z, 0-9, '_', '-', starting with a letter or digit"
+
+DEFAULT_IMAGE = "debian-12"
+"""The image a lab runs on when it names none (``images/debian-12/recipe.toml``)."""
 
 DEFAULT_HOST = "local"
 """Host of guests that name none: the backend's own libvirt URI unless ``hosts`` defines it."""

@@ -17,6 +17,7 @@ from labctl.lab.addresses import assign_macs, check_ips, default_mac, parse_ip
 from labctl.lab.checker import Checker, describe, did_you_mean, join
 from labctl.lab.model import (
     DEFAULT_HOST,
+    DEFAULT_IMAGE,
     LAB_NAME,
     LAB_NAME_RULE,
     MGMT_NIC,
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-DEFAULT_IMAGE = "debian-12"
 BACKENDS = ("qemu", "libvirt")
 DEFAULT_MEMORY = 512
 DEFAULT_CPUS = 1

@@ -28,6 +28,7 @@ import shlex
 from pathlib import Path
 
 from labctl.errors import TraceError
+from labctl.image.store import Image
 
 log = logging.getLogger(__name__)
 q = shlex.quote
@@ -113,7 +114,7 @@ def kernel_offsets(image_dir: Path, cache_dir: Path | None = None) -> dict[str, 
         _read_cache(cache_dir / OFFSETS_FILE) if cache_dir else None)
     if cached is not None:
         return cached
-    vmlinux = image_dir / "vmlinux.debug"
+    vmlinux = Image.at(image_dir).vmlinux_debug
     if not vmlinux.is_file():
         raise TraceError(f"{vmlinux} is missing: skb_latency needs the kernel's debug info for field offsets",
                          hint="rebuild the image with 'labctl image build'")

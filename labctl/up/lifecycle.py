@@ -22,7 +22,16 @@ from pathlib import Path
 from labctl.backends import get_backend, owned
 from labctl.backends.base import Backend, GuestPlan, GuestRecord
 from labctl.debug.crash import crashed
-from labctl.errors import GuestError, LabctlError, LabFileError, LabStateError, MachineError, Problem, UsageError
+from labctl.errors import (
+    GuestError,
+    LabctlError,
+    LabFileError,
+    LabStateError,
+    MachineError,
+    PortTaken,
+    Problem,
+    UsageError,
+)
 from labctl.events import UpEvents
 from labctl.image.store import Image
 from labctl.lab.hosts import HostPlace, place_guests
@@ -30,7 +39,7 @@ from labctl.lab.model import Guest, Lab
 from labctl.net.plan import SWITCH, UDP, Segment, plan_networks
 from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
-from labctl.proc import kill_pids, pid_alive, pid_cmdline, pids_referencing, run, spawn
+from labctl.proc import kill_pids, pids_referencing, run, spawn, stop_pid
 from labctl.ssh import Endpoint, Session
 from labctl.up import guestconf
 from labctl.up.accel import choose_accel
@@ -257,9 +266,8 @@ class LabUp:
         for attempt in range(3):
             try:
                 return self.backend.start(plan)
-            except MachineError as exc:
-                if not any(w in str(exc) for w in ("hostfwd", "forwarding", "Address already in use")) \
-                        or attempt == 2:
+            except PortTaken:
+                if attempt == 2:
                     raise
                 plan = GuestPlan(**{**plan.__dict__, "ssh_port": free_port()})
         raise AssertionError("unreachable")
@@ -370,17 +378,8 @@ def release_owned(directory: Path) -> list[LabctlError]:
 
 
 def _stop_switches(switches: list[SwitchRecord]) -> None:
-    import signal
-
     for sw in switches:
-        if pid_alive(sw.pid) and any("labctl.net.switch" in a for a in pid_cmdline(sw.pid)):
-            try:
-                os.killpg(sw.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 3
-        while pid_alive(sw.pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        stop_pid(sw.pid, marker=sw.socket, grace=3.0)  # its socket path: still that switch, not a reused pid
 
 
 def up(lab: Lab, image: Image, opts: UpOptions | None = None, events: UpEvents | None = None) -> LabState:

@@ -81,9 +81,9 @@ def test_qemu_dying_while_booting_is_reported(cli: Cli, image: object, tmp_path:
 
 def test_a_port_taken_before_qemu_binds_it_is_retried_on_new_ports(
         cli: Cli, image: Image, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Another program takes the gdbstub port labctl picked before QEMU binds
-    # it: QEMU dies at start, and up must start the guest on new ports (and
-    # pin its host key under the new SSH port) instead of failing.
+    # Another program takes the SSH port labctl picked before QEMU binds it
+    # (its hostfwd): QEMU dies at start, and up must start the guest on a new
+    # port (and pin its host key under that port) instead of failing.
     monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
     taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     taken.bind(("127.0.0.1", 0))
@@ -93,7 +93,7 @@ def test_a_port_taken_before_qemu_binds_it_is_retried_on_new_ports(
     calls = iter(range(1000))
 
     def free_port() -> int:
-        return taken_port if next(calls) == 1 else real_free_port()  # call 1: the gdb port of the guest
+        return taken_port if next(calls) == 0 else real_free_port()  # call 0: the guest's SSH port
 
     monkeypatch.setattr(lifecycle, "free_port", free_port)
     lab_file = tmp_path / "race.yaml"
@@ -101,7 +101,7 @@ def test_a_port_taken_before_qemu_binds_it_is_retried_on_new_ports(
     try:
         state = lifecycle.up(load_lab(lab_file), image, lifecycle.UpOptions(accel="tcg"))
         rec = state.guests["r"]
-        assert rec.gdb_port != taken_port
+        assert rec.ssh_port != taken_port
         with Session(state.endpoint("r")) as s:  # SSH with the pinned host key on the new port
             assert s.run("echo up").stdout.strip() == b"up"
     finally:

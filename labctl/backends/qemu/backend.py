@@ -9,7 +9,6 @@ directory, its serial console in ``console.log`` and QEMU's own messages in
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,14 @@ from typing import Any
 from labctl.backends.base import GuestPlan, GuestRecord, NetDir
 from labctl.backends.monitor import qmp_execute
 from labctl.backends.qemu.argv import build_argv
-from labctl.errors import MachineError
+from labctl.errors import MachineError, PortTaken
 from labctl.lab.hosts import HostPlace
 from labctl.paths import ensure_private_dir
-from labctl.proc import pid_alive, pid_cmdline, spawn
+from labctl.proc import pid_alive, pid_cmdline, spawn, stop_pid
 
 QEMU = "qemu-system-x86_64"
+# What QEMU 7.2 says when a port it was told to bind (SSH's hostfwd) is taken meanwhile.
+PORT_MESSAGES = ("hostfwd", "forwarding", "Address already in use")
 
 
 class QemuBackend:
@@ -63,8 +64,9 @@ class QemuBackend:
             if proc.poll() is not None:
                 how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
                        else f"status {proc.returncode}")
-                raise MachineError(f"QEMU for guest {plan.guest.name} exited at start ({how}): "
-                                   f"{self.exit_reason(rec)}")
+                why = self.exit_reason(rec)
+                error = PortTaken if any(w in why for w in PORT_MESSAGES) else MachineError
+                raise error(f"QEMU for guest {plan.guest.name} exited at start ({how}): {why}")
             if plan.qmp_socket.exists():
                 try:
                     qmp_execute(plan.qmp_socket, "query-status", timeout=max(0.1, deadline - time.monotonic()))
@@ -96,15 +98,7 @@ class QemuBackend:
         self.kill(rec)
 
     def kill(self, rec: GuestRecord) -> None:
-        if not self.alive(rec):
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(rec.pid, sig)
-            except ProcessLookupError:
-                return
-            if self._wait_gone(rec, 3.0):
-                return
+        stop_pid(rec.pid, marker=rec.qmp, grace=3.0)  # the QMP socket path: still our QEMU, not a reused pid
 
     def _wait_gone(self, rec: GuestRecord, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -15,6 +14,7 @@ from labctl.backends.monitor import BackendMonitor, Monitor
 from labctl.debug.gdb.stub import GdbStub, target_remote
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.errors import DebugError
+from labctl.image.store import Image
 from labctl.lab.uri import SshHop
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class GdbTarget:
 
     @property
     def debug_modules(self) -> Path:
-        return self.image_dir / "debug-modules"
+        return Image.at(self.image_dir).debug_modules
 
     @property
     def source_dir(self) -> Path | None:
@@ -60,22 +60,13 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
     if not rec.gdb:
         raise DebugError(f"guest {guest} of lab {state.lab} has no gdbstub",
                          hint="it was started by an older labctl: labctl down, then up again")
-    image_dir = Path(state.image["dir"])
-    manifest = _read_manifest(image_dir)
-    vmlinux = image_dir / "vmlinux.debug"
+    image = Image.at(Path(state.image["dir"]))
+    image_dir, manifest, vmlinux = image.dir, image.manifest, image.vmlinux_debug
     if not vmlinux.is_file():
         raise DebugError(f"the image has no kernel with debug info ({vmlinux})",
                          hint="rebuild the image: labctl image build --force")
     return GdbTarget(state.lab, guest, rec.gdb, vmlinux, image_dir, manifest,
                      BackendMonitor(get_backend(state.backend), rec), Path(rec.dir), hop)
-
-
-def _read_manifest(image_dir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((image_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def guest_module_commands(state: LabState, guest: str, debug_modules: Path) -> list[str]:
