@@ -60,6 +60,12 @@ class NullReporter:
 class UpEvents:
     """What ``up`` tells its caller as it goes (the CLI draws these)."""
 
+    def started(self) -> None:
+        """``up`` begins starting guests (a display may open)."""
+
+    def finished(self) -> None:
+        """``up`` is done, whether the lab came up or not (a display closes)."""
+
     def guest_phase(self, guest: str, phase: str) -> None:
         """``guest`` entered ``phase``: starting, booting, ssh, ready, failed."""
 

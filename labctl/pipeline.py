@@ -1,14 +1,18 @@
 """The whole pipeline in one place::
 
-    lab file -> validated model -> image -> guests up -> steps (workloads,
-    traces) -> collect -> report bundle -> down
+    lab file (labctl.lab) -> model -> image (labctl.image) -> accelerator and
+    network plan (labctl.up, labctl.net) -> backend (labctl.backends) -> up
+    -> steps (labctl.steps: tracers, gdb) -> bundle (labctl.bundle) -> report
+    (labctl.report) -> down
 
-:func:`run_steps` does the middle part on a lab that is up (``labctl up``
-with steps); :func:`run_lab` does all of it (``labctl run``).
+:func:`run_lab` does all of it (``labctl run``, and ``labctl up`` of a lab
+with steps, which keeps the lab up); :func:`run_steps` the part from steps
+to report, on a lab that is up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,7 +25,7 @@ from labctl.report import render_run
 from labctl.steps.result import StepResult
 from labctl.steps.runner import Runner, now
 from labctl.up.lifecycle import UpOptions, down, up
-from labctl.up.runstate import LabState
+from labctl.up.runstate import LabState, lab_lock
 
 
 @dataclass
@@ -33,11 +37,14 @@ class RunOutcome:
     reports: list[Path]
 
 
-def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None = None) -> RunOutcome:
+def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None = None, *,
+              runner: Runner | None = None) -> RunOutcome:
     """Run the lab's steps and write the bundle into ``bundle`` (made by
-    :func:`labctl.collect.new_bundle_dir`), whatever happens (Ctrl-C re-raised after)."""
+    :func:`labctl.bundle.write.new_bundle_dir`), whatever happens (Ctrl-C
+    re-raised after). ``runner`` is the lab's :class:`Runner` (tests inject one
+    with their own sessions and backend)."""
     started = now()
-    runner = Runner(lab, state, bundle, events)
+    runner = runner or Runner(lab, state, bundle, events)
     status, reason = "ok", None
     interrupted: BaseException | None = None
     try:
@@ -51,7 +58,7 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
             f" ({failed[0].variant})" if failed[0].variant else "") + f": {failed[0].reason}"
     finished = now()
     write.copy_inputs(bundle, lab, state)
-    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason)
+    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason, runner.backend)
     header = {"lab": lab.name, "status": status, "reason": reason, "started_at": started, "finished_at": finished,
               "accel": state.accel}
     write_summary(bundle, summarize(bundle, header, (asdict(r) for r in runner.results)))
@@ -63,12 +70,20 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
 
 
 def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: UpEvents | None = None,
-            step_events: StepEvents | None = None, keep: bool = False) -> RunOutcome:
-    """Bring the lab up, run its steps, write the bundle, take it down (unless ``keep``)."""
-    bundle = write.new_bundle_dir(out_root, lab.name)
-    state = up(lab, image, opts, up_events)
-    try:
-        return run_steps(lab, state, bundle, step_events)
-    finally:
-        if not keep:
-            down(lab.name)
+            step_events: StepEvents | None = None, keep: bool = False,
+            on_up: Callable[[LabState], None] | None = None) -> RunOutcome:
+    """The whole chain, for ``labctl run`` and ``labctl up`` of a lab with steps:
+    bundle directory (a bad ``out_root`` fails before anything boots), up,
+    ``on_up(state)``, steps, bundle, report, and down unless ``keep``. The lab's
+    lock is held throughout: no other labctl takes the lab meanwhile.
+    """
+    with lab_lock(lab.name):
+        bundle = write.new_bundle_dir(out_root, lab.name)
+        state = up(lab, image, opts, up_events)
+        try:
+            if on_up is not None:
+                on_up(state)
+            return run_steps(lab, state, bundle, step_events)
+        finally:
+            if not keep:
+                down(lab.name)

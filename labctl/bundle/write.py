@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from labctl import __version__
+from labctl.backends import get_backend
+from labctl.backends.base import Backend
 from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, guest_dir
 from labctl.errors import LabctlError, UsageError
 from labctl.image.store import MANIFEST as IMAGE_MANIFEST
@@ -60,13 +62,10 @@ def qemu_version() -> str:
         return "unknown"
 
 
-def running_qemu_versions(state: LabState) -> dict[str, str]:
+def running_qemu_versions(state: LabState, backend: Backend) -> dict[str, str]:
     """guest -> the version of the QEMU that runs it, asked over its QMP
     (``query-version``), so a guest on a remote libvirt host reports that
     host's QEMU. ``unknown`` for a guest that no longer answers."""
-    from labctl.backends import get_backend
-
-    backend = get_backend(state.backend)
     versions = {}
     for name, rec in state.guests.items():
         try:
@@ -86,7 +85,10 @@ def host_info() -> dict[str, Any]:
 
 
 def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finished: str,
-                   commands: list[dict[str, Any]], status: str, reason: str | None) -> None:
+                   commands: list[dict[str, Any]], status: str, reason: str | None,
+                   backend: Backend | None = None) -> None:
+    """manifest.json: what ran, on what, how it ended (``backend``: the state's, unless given)."""
+    backend = backend or get_backend(state.backend)
     image_manifest: dict[str, Any] = {}
     try:
         image_manifest = json.loads((Path(state.image["dir"]) / IMAGE_MANIFEST).read_text())
@@ -99,7 +101,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "accel": state.accel,
         "backend": state.backend,
         "host": host_info(),
-        "qemu": _qemu_section(state),
+        "qemu": _qemu_section(state, backend),
         "drivers": state.drivers,
         "warnings": state.warnings,
         "started_at": started,
@@ -111,10 +113,10 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
     atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
 
 
-def _qemu_section(state: LabState) -> dict[str, Any]:
+def _qemu_section(state: LabState, backend: Backend) -> dict[str, Any]:
     """The QEMU each guest ran on, and how: ``version`` is the one version
     all guests ran (the local binary's when none answered), ``guests`` each one's."""
-    versions = running_qemu_versions(state)
+    versions = running_qemu_versions(state, backend)
     known = {v for v in versions.values() if v != "unknown"}
     version = known.pop() if len(known) == 1 else ("mixed" if known else qemu_version())
     return {"version": version, "guests": versions, "argv": {n: r.argv for n, r in state.guests.items()}}

@@ -10,13 +10,13 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from labctl.bundle.write import new_bundle_dir
 from labctl.cli.images import ensure_image
 from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome
 from labctl.errors import LabStateError
-from labctl.lab import Lab, load_lab
+from labctl.lab import load_lab
+from labctl.pipeline import run_lab
 from labctl.up.lifecycle import UpOptions, down, guest_statuses, up
-from labctl.up.runstate import UP, LabState, check_lab_name, lab_lock, run_dir, up_labs
+from labctl.up.runstate import UP, LabState, check_lab_name, run_dir, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,32 +60,27 @@ def up_options(args: argparse.Namespace) -> UpOptions:
 
 def cmd_up(args: argparse.Namespace) -> int:
     lab = load_lab(args.file)
-    with lab_lock(lab.name):  # one labctl at a time, through the steps too
-        return _up_and_steps(lab, args)
-
-
-def _up_and_steps(lab: Lab, args: argparse.Namespace) -> int:
     image = ensure_image(lab.image)
-    run_steps_too = bool(lab.steps) and not args.no_steps
-    bundle = new_bundle_dir(Path(args.out), lab.name) if run_steps_too else None
     display = UpDisplay(lab.name, list(lab.guests))
-    with display.running():
-        state = up(lab, image, up_options(args), display)
-    if args.show_command:
-        for rec in state.guests.values():
-            console.print(Text(rec.name, style="bold") + Text(f": {shlex.join(rec.argv)}"), soft_wrap=True)
-        for line in network_lines(state):
-            console.print(Text(line), soft_wrap=True)
-    if args.json and not lab.steps:
-        print_json(status_data(state))
-    elif not args.json:
-        print_lab(state)
-        out.print(Text.assemble("lab ", (lab.name, "bold"), f" is up ({state.accel}); ",
-                                (f"labctl ssh {lab.name} GUEST", "cyan"), ", ", (f"labctl down {lab.name}", "cyan")))
-    if bundle is not None:
-        from labctl.pipeline import run_steps
 
-        return report_outcome(run_steps(lab, state, bundle, StepLines()), args.json)
+    def show(state: LabState) -> None:
+        if args.show_command:
+            for rec in state.guests.values():
+                console.print(Text(rec.name, style="bold") + Text(f": {shlex.join(rec.argv)}"), soft_wrap=True)
+            for line in network_lines(state):
+                console.print(Text(line), soft_wrap=True)
+        if args.json and not lab.steps:
+            print_json(status_data(state))
+        elif not args.json:
+            print_lab(state)
+            out.print(Text.assemble("lab ", (lab.name, "bold"), f" is up ({state.accel}); ",
+                                    (f"labctl ssh {lab.name} GUEST", "cyan"), ", ",
+                                    (f"labctl down {lab.name}", "cyan")))
+
+    if lab.steps and not args.no_steps:  # the whole pipeline; the lab stays up afterwards
+        outcome = run_lab(lab, image, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show)
+        return report_outcome(outcome, args.json)
+    show(up(lab, image, up_options(args), display))
     return 0
 
 

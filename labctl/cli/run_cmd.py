@@ -5,17 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.text import Text
-
-from labctl.bundle.write import new_bundle_dir
 from labctl.cli.images import ensure_image
 from labctl.cli.lifecycle_cmds import add_up_arguments, up_options
-from labctl.cli.ui import StepLines, UpDisplay, console, report_outcome
+from labctl.cli.ui import StepLines, UpDisplay, report_outcome
 from labctl.errors import UsageError
 from labctl.lab import load_lab
-from labctl.pipeline import run_steps
-from labctl.up.lifecycle import down, up
-from labctl.up.runstate import lab_lock
+from labctl.pipeline import run_lab
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,16 +27,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     lab = load_lab(args.file)
     if not lab.steps:
         raise UsageError(f"{args.file} has no steps to run", hint=f"use: labctl up {args.file}")
-    with lab_lock(lab.name):  # held through the steps to down: no other labctl takes the lab meanwhile
-        image = ensure_image(lab.image)
-        bundle = new_bundle_dir(Path(args.out), lab.name)  # a bad --out fails before anything boots
-        display = UpDisplay(lab.name, list(lab.guests))
-        with display.running():
-            state = up(lab, image, up_options(args), display)
-        try:
-            outcome = run_steps(lab, state, bundle, StepLines())
-        finally:
-            if not args.keep:
-                with console.status(Text(f"taking {lab.name} down")):
-                    down(lab.name)
+    image = ensure_image(lab.image)
+    outcome = run_lab(lab, image, up_options(args), Path(args.out), UpDisplay(lab.name, list(lab.guests)),
+                      StepLines(), keep=args.keep)
     return report_outcome(outcome, args.json)

@@ -98,6 +98,7 @@ class UpDisplay:
         self.t0 = time.monotonic()
         self.phase = {g: ("waiting", self.t0) for g in guests}
         self.lock = threading.Lock()
+        self.live: Live | None = None
 
     def __rich__(self) -> Table:
         t = Table(title=Text(f"bringing up {self.lab}"), title_justify="left", box=None)
@@ -118,10 +119,14 @@ class UpDisplay:
     def warn(self, message: str) -> None:
         warn(message)
 
-    @contextlib.contextmanager
-    def running(self) -> Iterator[UpDisplay]:
-        with Live(self, console=console, refresh_per_second=8, transient=True):
-            yield self
+    def started(self) -> None:
+        self.live = Live(self, console=console, refresh_per_second=8, transient=True)
+        self.live.start()
+
+    def finished(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
 
 
 EXIT_STEP_FAILED = 6

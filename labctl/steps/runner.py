@@ -17,11 +17,13 @@ import shlex
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from labctl.backends import get_backend
+from labctl.backends.base import Backend
 from labctl.debug.crash import console_end, panicked
 from labctl.errors import GuestError, LabctlError, UsageError
 from labctl.events import StepEvents
@@ -53,17 +55,24 @@ class GdbRun:
 
 
 class Runner:
-    """Runs the steps of ``lab`` on its running guests into ``bundle_dir``."""
+    """Runs the steps of ``lab`` on its running guests into ``bundle_dir``.
 
-    def __init__(self, lab: Lab, state: LabState, bundle_dir: Path, events: StepEvents | None = None) -> None:
+    ``connect`` opens a guest's SSH session (default: :class:`~labctl.ssh.Session`
+    on the state's endpoint) and ``backend`` answers whether a guest's machine
+    still runs (default: the state's backend); tests inject their own.
+    """
+
+    def __init__(self, lab: Lab, state: LabState, bundle_dir: Path, events: StepEvents | None = None, *,
+                 connect: Callable[[str], Session] | None = None, backend: Backend | None = None) -> None:
         self.lab = lab
         self.state = state
         self.dir = bundle_dir
         self.events = events or StepEvents()
+        self.connect = connect or (lambda guest: Session(state.endpoint(guest)))
         self.sessions: dict[str, Session] = {}
         self.commands: list[dict[str, Any]] = []
         self.results: list[StepResult] = []
-        self.backend = get_backend(state.backend)
+        self.backend = backend or get_backend(state.backend)
         self.addresses = {f"{g.name}.{n.name}.ip": str(n.ip.ip)
                           for g in lab.guests.values() for n in g.nics if n.ip is not None}
         self._tools: dict[str, set[str]] = {}
@@ -72,7 +81,7 @@ class Runner:
     def ssh(self, guest: str) -> Session:
         s = self.sessions.get(guest)
         if s is None:
-            s = self.sessions[guest] = Session(self.state.endpoint(guest))
+            s = self.sessions[guest] = self.connect(guest)
         return s
 
     def sh(self, guest: str, command: str, timeout: float = 120) -> int:

@@ -55,7 +55,10 @@ def probe_kvm(kernel: Path, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str]:
                 if console.exists() and b"Linux version" in console.read_bytes():
                     return True, "a probe guest booted under KVM"
                 if proc.poll() is not None:
-                    out = (Path(tmp) / "qemu.log").read_text(errors="replace")
+                    try:
+                        out = (Path(tmp) / "qemu.log").read_text(errors="replace")
+                    except OSError:
+                        out = ""
                     last = out.strip().splitlines()[-1] if out.strip() else f"exit status {proc.returncode}"
                     return False, f"QEMU failed under KVM: {last}"
                 time.sleep(0.05)

@@ -384,7 +384,12 @@ def _stop_switches(switches: list[SwitchRecord]) -> None:
 
 def up(lab: Lab, image: Image, opts: UpOptions | None = None, events: UpEvents | None = None) -> LabState:
     """Bring ``lab`` up on ``image``; see :class:`LabUp`."""
-    return LabUp(lab, image, opts or UpOptions(), events or UpEvents()).run()
+    events = events or UpEvents()
+    events.started()
+    try:
+        return LabUp(lab, image, opts or UpOptions(), events).run()
+    finally:
+        events.finished()
 
 
 def down(lab_name: str, timeout: float = 10.0,

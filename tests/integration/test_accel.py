@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from labctl.image.store import Image
+from labctl.up import accel
 from labctl.up.accel import choose_accel, probe_kvm
 from tests.integration.conftest import pids_matching
 
@@ -25,9 +27,35 @@ def test_probe_gives_a_verdict_and_cleans_up(image: Image, tmp_path: object) -> 
         assert choice.warning and "KVM is not usable" in choice.warning and "--accel tcg" in choice.warning
 
 
-def test_forced_accelerators_skip_the_probe(image: Image) -> None:
-    assert choose_accel("tcg", image).accel == "tcg"
-    assert choose_accel("kvm", image).accel == "kvm"
+def test_forced_accelerators_skip_the_probe(image: Image, monkeypatch: pytest.MonkeyPatch,
+                                           tmp_path: Path) -> None:
+    """--accel tcg/kvm is taken as asked: no probe QEMU is started, and no cached verdict is read."""
+    started: list[object] = []
+    monkeypatch.setattr(accel, "spawn_tied", lambda *a, **kw: started.append(a) or pytest.fail("probe started"))
+    monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path))  # an empty cache: no verdict to fall back on
+    assert choose_accel("tcg", image) == accel.AccelChoice("tcg", None)
+    assert choose_accel("kvm", image) == accel.AccelChoice("kvm", None)
+    assert started == [] and not (tmp_path / "accel-probe.json").exists()
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return  # auto decides without a probe here
+    # ... while auto does probe (and caches its verdict), through the very function patched above
+    monkeypatch.setattr(accel, "spawn_tied", lambda *a, **kw: started.append(a) or _exited())
+    choose_accel("auto", image)
+    assert len(started) == 1 and (tmp_path / "accel-probe.json").exists()
+
+
+def _exited() -> object:
+    class Exited:
+        returncode = 1
+        pid = 1 << 30  # no such process: stopping it is a no-op
+
+        def poll(self) -> int:
+            return 1
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 1
+
+    return Exited()
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/kvm"), reason="no /dev/kvm on this host")

@@ -1,0 +1,205 @@
+"""The steps runner, the bundle writer and the pipeline, with injected guest sessions and backend.
+
+Real guests run these in tests/integration; here every guest command is
+answered by a fake session, so that what the runner sends, records, copies
+and concludes can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labctl.backends.base import GuestRecord
+from labctl.lab import load_lab_text
+from labctl.pipeline import run_steps
+from labctl.ssh import Result
+from labctl.steps.runner import Runner
+from labctl.up.runstate import LabState
+
+LAB = """\
+name: unit
+networks: {lan: {}}
+guests:
+  a: {nics: [{name: eth1, model: e1000, network: lan, ip: 10.5.0.1/24}]}
+  b: {nics: [{name: eth1, model: virtio, network: lan, ip: 10.5.0.2/24}]}
+steps:
+  - name: ping
+    matrix:
+      - {label: small, size: "56"}
+      - {label: big, size: "1400"}
+    run:
+      - {guest: b, command: "sleep 30", background: true, ready_after: 0}
+      - {guest: a, command: "ping -c 1 -s {{size}} {{b.eth1.ip}}"}
+  - name: after
+    run:
+      - {guest: a, command: "true"}
+"""
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class FakeSession:
+    """A guest's SSH session: every command is logged and answered by ``answer``."""
+
+    def __init__(self, guest: str, log: list[tuple[str, str]], answer: Callable[[str, str], int]) -> None:
+        self.guest, self.log, self.answer = guest, log, answer
+
+    def run(self, command: str, timeout: float = 60.0, **_kw: Any) -> Result:
+        self.log.append((self.guest, command))
+        status = self.answer(self.guest, command)
+        out = b"perf\ntrace-cmd\nmpstat\nethtool\nnstat\ntimeout\n" if "command -v" in command else b""
+        return Result(status, out, b"", 0.01)
+
+    @contextlib.contextmanager
+    def stream(self, command: str, timeout: float) -> Iterator[io.BytesIO]:
+        self.log.append((self.guest, command))
+        step = re.search(r"/tmp/labctl/([\w-]+)", command)
+        yield io.BytesIO(_tar({"cmd-0.out": f"{self.guest} {step.group(1) if step else '?'}\n".encode()}))
+
+    def close(self) -> None:
+        pass
+
+
+class FakeBackend:
+    name = "qemu"
+
+    def __init__(self) -> None:
+        self.dead: set[str] = set()
+
+    def alive(self, rec: GuestRecord) -> bool:
+        return rec.name not in self.dead
+
+    def qmp(self, rec: GuestRecord, command: str, args: Any = None) -> Any:
+        assert command == "query-version"
+        return {"qemu": {"major": 7, "minor": 2, "micro": 22}, "package": "Debian"}
+
+
+@pytest.fixture
+def lab_state(tmp_path: Path) -> tuple[Any, LabState]:
+    lab = load_lab_text(LAB, "unit.yaml")
+    guests = {}
+    for g in lab.guests:
+        gdir = tmp_path / "run" / "guests" / g
+        gdir.mkdir(parents=True)
+        (gdir / "console.log").write_text(f"LABCTL-READY {g} 5.0 eth1=e1000\n")
+        guests[g] = GuestRecord(name=g, backend="qemu", pid=1, dir=str(gdir), console=str(gdir / "console.log"),
+                                qmp=str(gdir / "qmp.sock"), ssh_port=2200, accel="tcg", argv=["qemu-system-x86_64"])
+    image = tmp_path / "image"
+    image.mkdir()
+    state = LabState(lab="unit", source="unit.yaml", dir=str(tmp_path / "run"), backend="qemu", accel="tcg",
+                     image={"name": "debian-12", "key": "k", "dir": str(image)}, started_at="now", guests=guests)
+    return lab, state
+
+
+def _runner(lab: Any, state: LabState, bundle: Path, answer: Callable[[str, str], int],
+            backend: FakeBackend | None = None) -> tuple[Runner, list[tuple[str, str]]]:
+    log: list[tuple[str, str]] = []
+    runner = Runner(lab, state, bundle, connect=lambda g: FakeSession(g, log, answer),  # type: ignore[arg-type, return-value]
+                    backend=backend or FakeBackend())  # type: ignore[arg-type]
+    return runner, log
+
+
+def test_every_variant_runs_its_commands_and_brings_its_files_home(lab_state: Any, tmp_path: Path) -> None:
+    lab, state = lab_state
+    runner, log = _runner(lab, state, tmp_path / "bundle", lambda g, c: 0)
+    results = runner.run()
+    assert [(r.name, r.variant, r.status) for r in results] == [("ping", "small", "ok"), ("ping", "big", "ok"),
+                                                                ("after", None, "ok")]
+    sent = [c for g, c in log if g == "a"]
+    # matrix values and addresses are filled in (shell-quoted), each variant in its own directory
+    assert any("ping -c 1 -s 56 10.5.0.2" in c and "/tmp/labctl/ping-small" in c for c in sent)
+    assert any("ping -c 1 -s 1400 10.5.0.2" in c and "/tmp/labctl/ping-big" in c for c in sent)
+    # the background command runs detached, its status collected at the end of the step
+    assert any("setsid timeout" in c and "sleep 30" in c for g, c in log if g == "b")
+    # statistics before and after every step, on every guest involved
+    assert sum("stats/before" in c for _g, c in log) == sum("stats/after" in c for _g, c in log) == 5
+    for variant in ("small", "big"):
+        for g in "ab":
+            assert (tmp_path / "bundle" / "steps" / "ping" / variant / g / "cmd-0.out").read_text() == \
+                f"{g} ping-{variant}\n"
+    recorded = [(c["step"], c["variant"], c["guest"], c["status"]) for c in runner.commands]
+    assert ("ping", "big", "a", 0) in recorded and ("after", None, "a", 0) in recorded
+
+
+def test_a_failed_command_fails_its_step_and_skips_the_rest(lab_state: Any, tmp_path: Path) -> None:
+    lab, state = lab_state
+    runner, _log = _runner(lab, state, tmp_path / "bundle", lambda g, c: 3 if "-s 1400" in c else 0)
+    results = runner.run()
+    assert [(r.variant or r.name, r.status) for r in results] == [("small", "ok"), ("big", "failed"),
+                                                                  ("after", "skipped")]
+    assert "exited with status 3" in (results[1].reason or "") and "ping -c 1 -s 1400" in (results[1].reason or "")
+    assert results[2].reason == "an earlier step failed"
+
+
+def test_a_guest_whose_machine_is_gone_is_named(lab_state: Any, tmp_path: Path) -> None:
+    lab, state = lab_state
+    backend = FakeBackend()
+
+    def answer(guest: str, command: str) -> int:
+        if "-s 56" in command:
+            backend.dead.add("b")  # b's QEMU exits during the first variant
+        return 0
+
+    runner, _log = _runner(lab, state, tmp_path / "bundle", answer, backend)
+    first = runner.run()[0]
+    assert first.status == "failed"
+    assert first.reason == "guest b stopped (its QEMU exited); see guests/b/console.log"
+
+
+def test_the_pipeline_writes_manifest_summary_and_reports(lab_state: Any, tmp_path: Path) -> None:
+    lab, state = lab_state
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    runner, _log = _runner(lab, state, bundle, lambda g, c: 3 if "-s 1400" in c else 0)
+    outcome = run_steps(lab, state, bundle, runner=runner)
+    assert outcome.status == "failed" and outcome.reason and outcome.reason.startswith("step ping (big): ")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["lab"]["name"] == "unit"
+    assert manifest["qemu"]["version"] == "QEMU emulator version 7.2.22 (Debian)"  # asked through the backend
+    assert {(c["variant"], c["status"]) for c in manifest["commands"] if c["guest"] == "a"} >= {("big", 3)}
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert [(s["name"], s["variant"], s["status"]) for s in summary["steps"]] == [
+        ("ping", "small", "ok"), ("ping", "big", "failed"), ("after", None, "skipped")]
+    assert set(summary["steps"][0]["guests"]) == {"a", "b"}  # figures computed from the copied files
+    assert (bundle / "lab.yaml").read_text() == LAB
+    assert (bundle / "guests" / "a" / "console.log").is_file()
+    assert [p.name for p in outcome.reports] == ["report.md", "report.html"]
+    assert "exited with status 3" in (bundle / "report.md").read_text()
+
+
+def test_ctrl_c_still_writes_the_bundle_then_is_raised(lab_state: Any, tmp_path: Path) -> None:
+    lab, state = lab_state
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+
+    def answer(guest: str, command: str) -> int:
+        if "-s 1400" in command:
+            raise KeyboardInterrupt
+        return 0
+
+    runner, _log = _runner(lab, state, bundle, answer)
+    with pytest.raises(KeyboardInterrupt):
+        run_steps(lab, state, bundle, runner=runner)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["reason"] == "interrupted (Ctrl-C)"
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert [s["status"] for s in summary["steps"]] == ["ok", "failed"]
+    assert (bundle / "steps" / "ping" / "big" / "a" / "cmd-0.out").is_file()  # the interrupted step's files
+    assert (bundle / "report.html").is_file()
