@@ -1,4 +1,10 @@
-"""Kernel debugging helpers: oops parsing (:mod:`.oops`) and symbolization (:mod:`.symbolize`).
+"""Kernel debugging: oopses found in console text (:mod:`.oops`), decoded to
+source lines (:mod:`.symbolize`, :mod:`.elf`), shown as text
+(:mod:`.oops_text`), crash detection for a lab (:mod:`.crash`), module
+symbols from a running guest (:mod:`.modsyms`) and gdb against a guest's
+gdbstub (:mod:`.gdb`).
+
+Must not import steps, bundles, reports or the CLI.
 
 Typical use::
 

@@ -1,9 +1,16 @@
-"""Lab files: loading, validation and the resolved lab model.
+"""Lab files, the pipeline's first stage: a YAML file with line numbers
+(:mod:`.yamlpos`, :mod:`.load`) checked section by section (:mod:`.checker`,
+:mod:`.validate`, :mod:`.addresses`, :mod:`.steps`, :mod:`.uri`) into the
+resolved model (:mod:`.model`, :mod:`.nics`), and where each guest runs
+(:mod:`.hosts`).
+
+Owns every rule of the lab file and every problem's line. Pure: reads the
+file and nothing else, starts nothing; must not import any other stage.
 
 Typical use::
 
     from labctl.lab import load_lab
-    lab = load_lab("labs/three-nics.yaml")   # raises LabFileError
+    lab = load_lab("labs/quickstart.yaml")   # raises LabFileError with every problem, by line
     for guest in lab.guests.values():
         for nic in guest.nics: ...
 """

@@ -1,9 +1,12 @@
-"""Tracing artifacts of a lab step: snapshot commands, parsers and per-guest figures.
+"""Analysis of what tracers leave in a step's guest directory: pure functions of files.
 
-* :mod:`labctl.trace.stats`: network statistics snapshot commands, their
-  parsers and before/after deltas (``stats/delta.json``);
-* :mod:`labctl.trace.parsers`: perf, trace-cmd, mpstat, iperf3 and wget output;
-* :mod:`labctl.trace.analyze`: :func:`~labctl.trace.analyze.guest_figures`.
+* :mod:`.parsers`: perf, trace-cmd, mpstat, iperf3 and wget output;
+* :mod:`.stats`: network statistics snapshots, their parsers and before/after deltas;
+* :mod:`.analyze`: one guest's figures for one step (:func:`~.analyze.guest_figures`);
+* :mod:`.skbevents`, :mod:`.skbpath`, :mod:`.skblatency`: per-packet latency.
 
-Only the standard library is used; nothing here raises on odd input.
+The guest commands that produce these files are :mod:`labctl.steps`'.
+Standard library only; functions return what they could compute and say
+why in warnings rather than raise on odd input. Must not import steps,
+bundles, reports, backends or the CLI.
 """
