@@ -25,16 +25,17 @@ def record(guest_dir: Path, entry: dict[str, Any]) -> None:
     items = entries(guest_dir)
     if entry not in items:
         items.append(entry)
+    _write(guest_dir, items)
+
+
+def _write(guest_dir: Path, items: list[dict[str, Any]]) -> None:
     atomic_write(guest_dir / JOURNAL, json.dumps(items, indent=1) + "\n", 0o600)
 
 
 def forget(guest_dir: Path, entry: dict[str, Any]) -> None:
     """Take ``entry`` out of the journal: its creation was refused because the thing
     already existed, so it is someone else's and must not be removed."""
-    items = [e for e in entries(guest_dir) if e != entry]
-    tmp = guest_dir / (JOURNAL + ".tmp")
-    tmp.write_text(json.dumps(items, indent=1) + "\n")
-    tmp.replace(guest_dir / JOURNAL)
+    _write(guest_dir, [e for e in entries(guest_dir) if e != entry])
 
 
 def entries(guest_dir: Path) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ from labctl.image.store import (
     Image,
     ImageStore,
 )
-from labctl.paths import cache_dir, resource_dir
+from labctl.paths import atomic_write, cache_dir, resource_dir
 from labctl.proc import pid_alive, run, run_pipeline
 
 # What the image itself needs on the kernel command line (labctl's boot
@@ -426,5 +426,5 @@ def add_source(image: Image, reporter: Reporter | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     manifest = dict(image.manifest)
     manifest["source"] = {"package": package, "file": deb.name, "dir": "source"}
-    (image.dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write(image.dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return dest

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from labctl.errors import TraceError
 from labctl.image.store import Image
+from labctl.paths import atomic_write
 
 log = logging.getLogger(__name__)
 q = shlex.quote
@@ -133,7 +134,7 @@ def kernel_offsets(image_dir: Path, cache_dir: Path | None = None) -> dict[str, 
         if target is None:
             continue
         try:
-            (target / OFFSETS_FILE).write_text(json.dumps(off) + "\n")
+            atomic_write(target / OFFSETS_FILE, json.dumps(off) + "\n")
             break
         except OSError:
             continue

@@ -20,7 +20,7 @@ from pathlib import Path
 from labctl.backends.qemu.argv import SANDBOX
 from labctl.errors import UsageError
 from labctl.image.store import Image
-from labctl.paths import cache_dir
+from labctl.paths import atomic_write, cache_dir
 from labctl.proc import kill_group, spawn_tied
 
 PROBE_TIMEOUT = 6.0
@@ -92,7 +92,7 @@ def kvm_usable(kernel: Path) -> tuple[bool, str]:
         pass
     usable, reason = probe_kvm(kernel)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"key": key, "usable": usable, "reason": reason}))
+    atomic_write(cache, json.dumps({"key": key, "usable": usable, "reason": reason}))
     return usable, reason
 
 
