@@ -105,6 +105,8 @@ def extract(stream: BinaryIO, dest: Path, budget: int = DEFAULT_BUDGET) -> Extra
     result = Extracted()
     with tarfile.open(fileobj=stream, mode="r|") as tar:
         for member in tar:
+            if member.isdir() and member.name.strip("/") in ("", "."):
+                continue  # the step directory itself ("." of ``tar -cf - .``)
             parts = safe_parts(member.name)
             if parts is None:
                 result.skipped.append(f"{member.name!r}: a name outside the step directory")

@@ -60,7 +60,7 @@ def test_breakpoint_in_the_e1000_module_while_pinging(cli: Cli, image: object, t
 
         spec = GdbSpec("e1000_xmit_frame", hits=2, step=3, timeout=120)
         out = tmp_path / "gdb"
-        t = run_breakpoint_session(target.port, target.vmlinux, module_cmds, spec, out,
+        t = run_breakpoint_session(target.stub, target.vmlinux, module_cmds, spec, out,
                                    monitor=target.monitor)
 
         assert (t.hits, t.timed_out, t.error) == (2, False, None), t.to_text()
@@ -93,7 +93,7 @@ def test_a_breakpoint_never_hit_times_out_and_the_guest_runs_on(cli: Cli, image:
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     with lab_up(cli, tmp_path, monkeypatch) as state:
         target = gdb_target(state, "a")
-        t = run_breakpoint_session(target.port, target.vmlinux, [], GdbSpec("sysrq_handle_crash", timeout=5),
+        t = run_breakpoint_session(target.stub, target.vmlinux, [], GdbSpec("sysrq_handle_crash", timeout=5),
                                    tmp_path / "gdb", monitor=target.monitor)
         assert t.timed_out and t.hits == 0
         assert t.message == "breakpoint sysrq_handle_crash was never hit within 5 s"
@@ -117,7 +117,7 @@ def test_labctl_gdb_batch_prints_a_backtrace(cli: Cli, image: object, tmp_path: 
         assert "detached" in res.stdout
         script = Path(state.guests["a"].dir) / "gdb-init.gdb"
         assert script.stat().st_mode & 0o777 == 0o600
-        assert f"target remote 127.0.0.1:{state.guests['a'].gdb_port}" in script.read_text()
+        assert f"target remote {state.guests['a'].gdb}" in script.read_text()  # its unix socket, no port
         assert_guest_runs(cli, state)
 
         bad = labctl_gdb(cli, LAB, "nope", "--batch", "bt 1")

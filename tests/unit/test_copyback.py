@@ -53,7 +53,10 @@ def test_a_hostile_stream_leaves_the_host_untouched(tmp_path: Path) -> None:
     (outside / "victim").write_text("original")
     dest = tmp_path / "bundle" / "steps" / "s" / "_" / "a"
     dest.mkdir(parents=True)
+    here = tarfile.TarInfo(".")
+    here.type = tarfile.DIRTYPE
     stream = _tar([
+        (here, None),                                               # the step directory itself: no warning
         _file("perf.data", b"PERFDATA"),
         _file("stats/before/nstat.txt", b"IpInReceives 1\n"),
         _file(f"{outside}/abs", b"x"),                              # absolute name
@@ -79,6 +82,7 @@ def test_a_hostile_stream_leaves_the_host_untouched(tmp_path: Path) -> None:
     assert (dest / "link" / "through").read_bytes() == b"x"  # the link was never made: a plain directory
     assert got.files == 4
     reasons = "\n".join(got.skipped)
+    assert not any(r.startswith("'.'") for r in got.skipped)
     for bit in ("a name outside", "symbolic link", "hard link", "device file", "FIFO", "sent twice"):
         assert bit in reasons
 
