@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_IMAGE", "LAB_NAME", "LAB_NAME_RULE", "Guest", "Host", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
@@ -107,6 +108,7 @@ class Guest:
     kernel_args: tuple[str, ...]
     line: int
     host: str = DEFAULT_HOST
+    kernel: KernelSpec | None = None  # the guest's own kernel (else the lab's, else the image's)
 
     def nic(self, name: str) -> Nic:
         """The NIC called ``name``; raises KeyError if there is none."""
@@ -123,6 +125,7 @@ class Guest:
             "cpus": self.cpus,
             "kernel_args": list(self.kernel_args),
             "host": self.host,
+            "kernel": self.kernel.to_dict() if self.kernel else None,
             "nics": [nic.to_dict() for nic in self.nics],
         }
 
@@ -165,6 +168,16 @@ class Lab:
     text: str = field(repr=False)
     steps: tuple[Any, ...] = ()  # tuple[labctl.lab.steps.Step, ...]
     hosts: dict[str, Host] = field(default_factory=dict)
+    kernel: KernelSpec | None = None  # every guest's kernel, unless a guest names its own (None: the image's)
+
+    def kernel_of(self, guest: str) -> KernelSpec | None:
+        """The kernel ``guest`` boots: its own, else the lab's; None for the image's default kernel."""
+        return self.guests[guest].kernel or self.kernel
+
+    def with_kernel(self, spec: KernelSpec) -> Lab:
+        """This lab with every guest on ``spec`` (``--kernel``)."""
+        guests = {n: dataclasses.replace(g, kernel=None) for n, g in self.guests.items()}
+        return dataclasses.replace(self, kernel=spec, guests=guests)
 
     @property
     def uses_hosts(self) -> bool:
@@ -178,6 +191,7 @@ class Lab:
             "source": self.source,
             "sha256": self.sha256,
             "image": self.image,
+            "kernel": self.kernel.to_dict() if self.kernel else None,
             "backend": self.backend,
             "description": self.description,
             "networks": {name: net.to_dict() for name, net in self.networks.items()},

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
 
 
@@ -48,6 +49,7 @@ class GuestSpec:
     line: int
     host: str = DEFAULT_HOST
     host_line: int = 0
+    kernel: KernelSpec | None = None
 
 
 @dataclass

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
 from typing import Any
 
 from labctl.errors import Problem
+from labctl.lab import kernels
 from labctl.lab.addresses import assign_macs, check_ips, default_mac, parse_ip
 from labctl.lab.checker import Checker, describe, did_you_mean, join
+from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import (
     DEFAULT_HOST,
     DEFAULT_IMAGE,
@@ -50,10 +53,10 @@ MAX_GUESTS = 64
 MAX_NICS = 16  # lab NICs per guest: PCI slots, and what a lab can use
 MAX_NETWORKS = 64
 
-_TOP_KEYS = ("version", "name", "description", "image", "backend", "hosts", "networks", "guests", "steps")
+_TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "hosts", "networks", "guests", "steps")
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description")
-_GUEST_KEYS = ("memory", "cpus", "kernel_args", "host", "nics")
+_GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics")
 _HOST_KEYS = ("uri", "address")
 _HOST_REQUIRED = ("uri",)
 _HOSTS_BACKEND = "libvirt"
@@ -86,6 +89,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
         return None, check.problems
     check.keys(data, "", _TOP_KEYS, _TOP_REQUIRED)
     header = _parse_header(check, data)
+    kernel = parse_kernel(check, data, "", Path(source).parent)
     hosts = _parse_hosts(check, data)
     networks = _parse_networks(check, data)
     guests = _parse_guests(check, data, networks)
@@ -101,7 +105,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
         name=header["name"], source=source, sha256=sha256, image=header["image"],
         backend=header["backend"], description=header["description"],
         networks=_resolve_networks(networks, guests), guests=_resolve_guests(guests, networks),
-        text=text, steps=steps, hosts=hosts,
+        text=text, steps=steps, hosts=hosts, kernel=kernel,
     )
     return lab, []
 
@@ -291,6 +295,7 @@ def _parse_guest(
     host = check.string(body, "host", path) or DEFAULT_HOST
     return GuestSpec(
         host=host, host_line=body.value_line("host"),
+        kernel=parse_kernel(check, body, path, check_dir(check)),
         name=name,
         memory=DEFAULT_MEMORY if memory is None else memory,
         cpus=DEFAULT_CPUS if cpus is None else cpus,
@@ -298,6 +303,38 @@ def _parse_guest(
         nics=_parse_nics(check, body, path, name, networks),
         line=line,
     )
+
+
+def check_dir(check: Checker) -> Path:
+    """The lab file's directory: relative kernel paths start there."""
+    return Path(check.file).parent
+
+
+def parse_kernel(check: Checker, body: YamlMap, path: str, base: Path) -> KernelSpec | None:
+    """``kernel`` of the lab (``path`` '') or of a guest: its form only (see :mod:`labctl.lab.kernels`)."""
+    if body.get("kernel") is None:
+        return None
+    value, line, where = body["kernel"], body.value_line("kernel"), join(path, "kernel")
+    if isinstance(value, str):
+        try:
+            return kernels.debian(value, line, where)
+        except ValueError as exc:
+            check.add(line, where, str(exc))
+            return None
+    m = check.mapping(value, line, where, allow_null=False)
+    if m is None:
+        return None
+    if "tree" in m:
+        check.keys(m, where, ("tree",))
+        tree = check.string(m, "tree", where, required=True)
+        return kernels.KernelSpec(kernels.TREE, tree=(base / tree).resolve(), line=line, path=where) if tree else None
+    check.keys(m, where, kernels.FILE_KEYS, ("image",))
+    files = {k: check.string(m, k, where, required=(k == "image")) for k in kernels.FILE_KEYS}
+    if not files["image"]:
+        return None
+    paths = {k: (base / v).resolve() if v else None for k, v in files.items()}
+    return kernels.KernelSpec(kernels.FILES, image=paths["image"], modules=paths["modules"], debug=paths["debug"],
+                              line=line, path=where)
 
 
 def _parse_kernel_args(check: Checker, body: YamlMap, path: str) -> tuple[str, ...]:
@@ -477,7 +514,7 @@ def _resolve_guests(guests: dict[str, GuestSpec], networks: dict[str, NetSpec]) 
         name: Guest(
             name=name, memory=spec.memory, cpus=spec.cpus,
             nics=tuple(_resolve_nic(nic, networks) for nic in spec.nics),
-            kernel_args=spec.kernel_args, line=spec.line, host=spec.host,
+            kernel_args=spec.kernel_args, line=spec.line, host=spec.host, kernel=spec.kernel,
         )
         for name, spec in guests.items()
     }
