@@ -20,6 +20,7 @@ from labctl.bundle import write
 from labctl.bundle.summary import summarize, write_summary
 from labctl.events import StepEvents, UpEvents
 from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.lab.model import Lab
 from labctl.report import render_run
 from labctl.steps.result import StepResult
@@ -71,7 +72,7 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
 
 def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: UpEvents | None = None,
             step_events: StepEvents | None = None, keep: bool = False,
-            on_up: Callable[[LabState], None] | None = None) -> RunOutcome:
+            on_up: Callable[[LabState], None] | None = None, kernels: dict[str, Kernel] | None = None) -> RunOutcome:
     """The whole chain, for ``labctl run`` and ``labctl up`` of a lab with steps:
     bundle directory (a bad ``out_root`` fails before anything boots), up,
     ``on_up(state)``, steps, bundle, report, and down unless ``keep``. The lab's
@@ -79,7 +80,7 @@ def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: 
     """
     with lab_lock(lab.name):
         bundle = write.new_bundle_dir(out_root, lab.name)
-        state = up(lab, image, opts, up_events)
+        state = up(lab, image, opts, up_events, kernels)
         try:
             if on_up is not None:
                 on_up(state)

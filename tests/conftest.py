@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,17 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Cli:
     env["LABCTL_STATE_DIR"] = str(state)
     env.pop("XDG_RUNTIME_DIR", None)
     return Cli(state, env)
+
+
+def fake_kernel(directory: Path, modules: bool = True) -> Any:
+    """A prepared kernel's directory with stand-in files (for tests that build command lines)."""
+    from labctl.kernel.store import Kernel
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "manifest.json").write_text(
+        '{"release": "6.1.0-56-amd64", "source": {"kind": "debian", "release": "6.1.0-56-amd64"}, '
+        '"files": {"boot": {"sha256": "' + "a" * 64 + '"}, "modules.img": {"sha256": "' + "c" * 64 + '"}}}')
+    (directory / "boot").write_bytes(b"\x7fELF")
+    if modules:
+        (directory / "modules.img").write_bytes(b"")
+    return Kernel.at(directory)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.lab.hosts import HostPlace
 from labctl.lab.model import Guest
 from labctl.net.plan import Port
@@ -34,6 +35,8 @@ class GuestPlan:
     mgmt_mac: str
     ports: dict[str, Port]
     kernel_args: tuple[str, ...]
+    kernel: Kernel  # the prepared kernel this guest boots (labctl.kernel)
+    initrd: Path  # its initramfs for the image's root file system
     host: HostPlace | None = None  # the libvirt host (None: this machine, the qemu backend)
 
     @property

@@ -103,6 +103,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "host": host_info(),
         "qemu": _qemu_section(state, backend),
         "drivers": state.drivers,
+        "kernels": {g: state.kernel(g).summary() for g in state.guests if g in state.kernels},
         "warnings": state.warnings,
         "started_at": started,
         "finished_at": finished,
@@ -138,7 +139,7 @@ def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> dict[str, list[str]]
             shutil.copy(rec.console, d / CONSOLE)
         except OSError:
             continue
-        titles = decode_console(d / CONSOLE, Path(state.image["dir"]), d)
+        titles = decode_console(d / CONSOLE, state.kernel(name), d)
         if titles:
             crashes[name] = titles
     return crashes

@@ -1,4 +1,4 @@
-"""``labctl image build|list``."""
+"""``labctl image build|list|prune`` (``build`` also prepares the image's default kernel)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,17 @@ import argparse
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
-from labctl.cli.ui import StepsReporter, out, print_json
-from labctl.image.build import add_source, build_image
+from labctl.cli.ui import StepsReporter, out, print_json, warn
+from labctl.image.build import build_image
 from labctl.image.recipe import load_recipe, recipe_names
 from labctl.image.store import Image, ImageStore
-from labctl.lab.model import DEFAULT_IMAGE
+from labctl.kernel import lab as kernel_lab
+from labctl.kernel.prepare import add_source
+from labctl.kernel.store import Kernel
+from labctl.lab import load_lab_text
+from labctl.lab.model import DEFAULT_IMAGE, Lab
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -44,6 +49,27 @@ def ensure_image(name: str) -> Image:
         return build_image(recipe, store, rep)
 
 
+def ensure_kernels(lab: Lab, image: Image) -> dict[str, Kernel]:
+    """Every guest's kernel, prepared first (with progress) when the cache has it not, then
+    checked against the lab (preflight): refusals are lab-file errors, warnings are printed.
+
+    :raise LabFileError: a kernel cannot be had, or cannot run the lab (exit 2; nothing started).
+    """
+    kernel_lab.check(lab, image)
+    recipe = load_recipe(image.name)
+    rep = StepsReporter(f"preparing kernels for {lab.name} (first use of each; cached afterwards)")
+    if kernel_lab.all_prepared(lab, image, recipe):
+        kernels = kernel_lab.prepare(lab, image, recipe)
+    else:
+        with rep.running():
+            kernels = kernel_lab.prepare(lab, image, recipe, rep)
+    report = kernel_lab.preflight(lab, kernels)
+    kernel_lab.refuse(report)
+    for line in kernel_lab.warning_lines(report):
+        warn(line)
+    return kernels
+
+
 def build(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.name)
     store = ImageStore()
@@ -55,12 +81,21 @@ def build(args: argparse.Namespace) -> int:
         with rep.running():
             img = build_image(recipe, store, rep, force=args.force)
         out.print(f"built {img.name} ({img.key}) in {img.dir}")
+    # The image's default kernel is prepared too (a lab on it then starts at once).
+    lab = default_lab()
+    kernel = ensure_kernels(lab, img)["g"]
+    out.print(Text(f"kernel {kernel.name} ready in {kernel.dir}"))
     if args.with_source:
-        rep = StepsReporter(f"kernel source for {args.name}")
+        rep = StepsReporter(f"kernel source for {kernel.name}")
         with rep.running():
-            src = add_source(img, rep)
-        out.print(f"kernel source in {src}")
+            src = add_source(kernel, rep)
+        out.print(Text(f"kernel source in {src}"))
     return 0
+
+
+def default_lab() -> Lab:
+    """A one-guest lab on the image's default kernel (to prepare it, or decode against it)."""
+    return load_lab_text("name: default\nnetworks: {}\nguests: {g: {}}\n", "default")
 
 
 def images_in_use() -> list[Path]:
@@ -91,7 +126,7 @@ def list_images(args: argparse.Namespace) -> int:
     images = store.list()
     current = {n: load_recipe(n).key() for n in recipe_names()}
     rows = [{"name": i.name, "key": i.key, "current": current.get(i.name) == i.key,
-             "built_at": i.manifest.get("built_at"), "kernel": i.kernel_release,
+             "built_at": i.manifest.get("built_at"), "kernel": i.default_kernel,
              "size_mib": round(sum(f["size"] for f in i.manifest.get("files", {}).values()) / 2**20),
              "dir": str(i.dir)} for i in images]
     if args.json:

@@ -10,10 +10,11 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from labctl.cli.images import ensure_image
+import labctl.lab.kernels as kernels
+from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome
-from labctl.errors import LabStateError
-from labctl.lab import load_lab
+from labctl.errors import LabStateError, UsageError
+from labctl.lab import Lab, load_lab
 from labctl.pipeline import run_lab
 from labctl.up.lifecycle import UpOptions, down, guest_statuses, up
 from labctl.up.runstate import UP, LabState, check_lab_name, run_dir, up_labs
@@ -51,6 +52,22 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not check the SSH host keys of the lab's remote libvirt hosts")
     p.add_argument("--unencrypted-links", action="store_true",
                    help="accept links across hosts as plain UDP tunnels (neither encrypted nor authenticated)")
+    p.add_argument("--kernel", metavar="SPEC",
+                   help="boot every guest on this kernel: debian:ABI-FLAVOUR, tree:PATH, image:PATH (or a path)")
+
+
+def load_for_up(args: argparse.Namespace) -> Lab:
+    """The lab file, with ``--kernel`` for every guest when given.
+
+    :raise LabFileError: for a bad lab file. :raise UsageError: for a bad ``--kernel``.
+    """
+    lab = load_lab(args.file)
+    if args.kernel:
+        try:
+            lab = lab.with_kernel(kernels.from_command_line(args.kernel, Path.cwd()))
+        except ValueError as exc:
+            raise UsageError(f"--kernel: {exc}") from exc
+    return lab
 
 
 def up_options(args: argparse.Namespace) -> UpOptions:
@@ -59,8 +76,9 @@ def up_options(args: argparse.Namespace) -> UpOptions:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    lab = load_lab(args.file)
+    lab = load_for_up(args)
     image = ensure_image(lab.image)
+    kernels = ensure_kernels(lab, image)
     display = UpDisplay(lab.name, list(lab.guests))
 
     def show(state: LabState) -> None:
@@ -78,9 +96,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                                     (f"labctl down {lab.name}", "cyan")))
 
     if lab.steps and not args.no_steps:  # the whole pipeline; the lab stays up afterwards
-        outcome = run_lab(lab, image, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show)
+        outcome = run_lab(lab, image, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show,
+                          kernels=kernels)
         return report_outcome(outcome, args.json)
-    show(up(lab, image, up_options(args), display))
+    show(up(lab, image, up_options(args), display, kernels))
     return 0
 
 

@@ -10,7 +10,18 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from labctl import __version__
-from labctl.cli import access, doctor, gdb_cmd, images, lifecycle_cmds, oops_cmd, report_cmds, run_cmd, validate_cmd
+from labctl.cli import (
+    access,
+    doctor,
+    gdb_cmd,
+    images,
+    kernel_cmd,
+    lifecycle_cmds,
+    oops_cmd,
+    report_cmds,
+    run_cmd,
+    validate_cmd,
+)
 from labctl.cli.ui import error
 from labctl.errors import LabctlError, LabFileError
 
@@ -31,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.register(sub)
     access.register(sub)
     images.register(sub)
+    kernel_cmd.register(sub)
     return p
 
 

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+import labctl.lab.kernels as kernels
+from labctl.bundle.layout import MANIFEST
 from labctl.cli.ui import out, print_json
 from labctl.debug.oops import parse_oopses
 from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
 from labctl.errors import ImageError, UsageError
+from labctl.image.recipe import load_recipe
 from labctl.image.store import ImageStore
+from labctl.kernel import lab as kernel_lab
+from labctl.kernel.store import Kernel
+from labctl.lab import load_lab_text
 from labctl.lab.model import DEFAULT_IMAGE
 
 INDENT = "  "
@@ -22,10 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     osub = p.add_subparsers(dest="oops_command", required=True, metavar="ACTION")
     d = osub.add_parser("decode", help="show every oops in a console log with file:line for each frame")
     d.add_argument("file", help="console text, e.g. a guest's console.log ('-' reads stdin)")
-    d.add_argument("--image", default=DEFAULT_IMAGE, help=f"image whose kernel produced the log (default {DEFAULT_IMAGE})")
-    d.add_argument("--vmlinux", type=Path, help="vmlinux with DWARF to use instead of the image's vmlinux.debug")
+    d.add_argument("--kernel", metavar="SPEC",
+                   help="the kernel that produced the log (debian:ABI-FLAVOUR, tree:PATH, image:PATH); "
+                        "default: for a bundle's console, the kernel that guest ran, else the image's")
+    d.add_argument("--image", default=DEFAULT_IMAGE, help=f"image whose default kernel to use (default {DEFAULT_IMAGE})")
+    d.add_argument("--vmlinux", type=Path, help="vmlinux with DWARF to use instead of the kernel's")
     d.add_argument("--modules", type=Path, metavar="DIR",
-                   help="tree of module .ko files with debug info, searched before the image's debug-modules")
+                   help="tree of module .ko files with debug info, searched before the kernel's debug modules")
     d.add_argument("--json", action="store_true", help="print a JSON list of oopses")
     d.set_defaults(func=decode)
 
@@ -44,19 +54,49 @@ def read_console(path: str) -> str:
 
 
 def make_symbolizer(args: argparse.Namespace) -> Symbolizer:
-    """A symbolizer for ``--vmlinux``/``--modules``, else for the image's debug files.
+    """A symbolizer for ``--vmlinux``/``--modules``, else for the log's kernel (:func:`log_kernel`).
 
-    :raise ImageError: when the image is not built or lacks its vmlinux.debug.
+    :raise ImageError: when that kernel has no debug info.
     """
     if args.vmlinux is not None:
         return Symbolizer(args.vmlinux, args.modules)
-    img = ImageStore().require(args.image)
-    if not img.vmlinux_debug.is_file():
-        raise ImageError(f"image {args.image} has no vmlinux.debug ({img.vmlinux_debug})",
-                         hint=f"rebuild it: labctl image build {args.image} --force")
-    # --modules DIR first, then the image's own debug modules (in-tree drivers such as 8139cp).
-    modules = [args.modules, img.debug_modules] if args.modules else [img.debug_modules]
-    return Symbolizer(img.vmlinux_debug, modules, system_map=img.system_map)
+    kernel = log_kernel(args)
+    if not kernel.vmlinux_debug.is_file():
+        raise ImageError(f"kernel {kernel.name} has no vmlinux with debug info ({kernel.vmlinux_debug})",
+                         hint="pass --vmlinux PATH")
+    # --modules DIR first, then the kernel's own debug modules (in-tree drivers such as 8139cp).
+    modules = [args.modules, kernel.debug_modules] if args.modules else [kernel.debug_modules]
+    return Symbolizer(kernel.vmlinux_debug, modules, system_map=kernel.system_map)
+
+
+def log_kernel(args: argparse.Namespace) -> Kernel:
+    """The kernel that printed the log: ``--kernel``; else, for a console in a bundle
+    (``guests/<guest>/console.log``), the kernel its manifest says that guest ran; else
+    the image's default kernel (prepared from the cache)."""
+    image = ImageStore().require(args.image)
+    if args.kernel:
+        spec = kernels.from_command_line(args.kernel, Path.cwd())
+        lab = load_lab_text("name: decode\nnetworks: {}\nguests: {g: {}}\n", "decode").with_kernel(spec)
+    else:
+        recorded = bundle_kernel(Path(args.file)) if args.file != "-" else None
+        if recorded is not None:
+            return recorded
+        lab = load_lab_text("name: decode\nnetworks: {}\nguests: {g: {}}\n", "decode")
+    kernel_lab.check(lab, image)
+    return kernel_lab.prepare(lab, image, load_recipe(image.name))["g"]
+
+
+def bundle_kernel(console: Path) -> Kernel | None:
+    """The kernel a bundle's manifest records for the guest whose console this is, if it is one."""
+    guest_dir = console.resolve().parent
+    bundle = guest_dir.parent.parent
+    try:
+        manifest = json.loads((bundle / MANIFEST).read_text())
+        recorded = manifest["kernels"][guest_dir.name]["dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    kernel = Kernel.at(recorded)
+    return kernel if kernel.manifest else None
 
 
 def decode(args: argparse.Namespace) -> int:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from labctl.cli.images import ensure_image
-from labctl.cli.lifecycle_cmds import add_up_arguments, up_options
+from labctl.cli.images import ensure_image, ensure_kernels
+from labctl.cli.lifecycle_cmds import add_up_arguments, load_for_up, up_options
 from labctl.cli.ui import StepLines, UpDisplay, report_outcome
 from labctl.errors import UsageError
-from labctl.lab import load_lab
 from labctl.pipeline import run_lab
 
 
@@ -24,10 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    lab = load_lab(args.file)
+    lab = load_for_up(args)
     if not lab.steps:
         raise UsageError(f"{args.file} has no steps to run", hint=f"use: labctl up {args.file}")
     image = ensure_image(lab.image)
+    kernels = ensure_kernels(lab, image)
     outcome = run_lab(lab, image, up_options(args), Path(args.out), UpDisplay(lab.name, list(lab.guests)),
-                      StepLines(), keep=args.keep)
+                      StepLines(), keep=args.keep, kernels=kernels)
     return report_outcome(outcome, args.json)

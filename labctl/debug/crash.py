@@ -16,7 +16,7 @@ from pathlib import Path
 from labctl.debug.oops import parse_oopses
 from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
-from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def oops_titles(console_text: str) -> list[str]:
     return [o.title for o in parse_oopses(console_text)]
 
 
-def decode_console(console: Path, image_dir: Path, out_dir: Path) -> list[str]:
-    """Decode every oops of ``console`` against the image into ``out_dir``/oops.{txt,json}.
+def decode_console(console: Path, kernel: Kernel, out_dir: Path) -> list[str]:
+    """Decode every oops of ``console`` against the guest's ``kernel`` into ``out_dir``/oops.{txt,json}.
 
     Returns the oops titles (empty when the log holds none). Never raises for
     a missing vmlinux: the raw console is kept either way.
@@ -66,8 +66,7 @@ def decode_console(console: Path, image_dir: Path, out_dir: Path) -> list[str]:
         return []
     titles = [o.title for o in oopses]
     try:
-        img = Image.at(image_dir)
-        decoded = Symbolizer(img.vmlinux_debug, img.debug_modules).decode(oopses)
+        decoded = Symbolizer(kernel.vmlinux_debug, kernel.debug_modules).decode(oopses)
         (out_dir / "oops.json").write_text(json.dumps([d.to_json() for d in decoded], indent=2) + "\n")
         lines = [t.plain for i, d in enumerate(decoded, 1) for t in [*render_oops(d, i)]]
         (out_dir / "oops.txt").write_text("\n".join(lines) + "\n")

@@ -11,7 +11,7 @@ from labctl.errors import ImageError
 from labctl.paths import resource_dir
 
 # Bump when the builder's output changes for the same recipe.
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"  # 3: the kernel is prepared on its own (labctl.kernel)
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,8 @@ from labctl.paths import cache_dir
 
 # An image directory's files: every name once.
 MANIFEST = "manifest.json"
-VMLINUX = "vmlinux"  # the uncompressed ELF kernel, booted directly (PVH)
-VMLINUX_DEBUG = "vmlinux.debug"  # the same kernel with DWARF (gdb, oops decoding, struct offsets)
-DEBUG_MODULES = "debug-modules"  # modules' .ko files with debug info
-INITRD = "initrd.img"
-ROOTFS = "rootfs.img"
-SYSTEM_MAP = "System.map"
-CONFIG = "config"
+ROOTFS = "rootfs.img"  # raw ext4 root file system; guests boot from qcow2 overlays on it
+INITRAMFS_CPIO = "initramfs.cpio"  # the image's share of every initramfs (busybox, labctl's early init)
 
 
 @dataclass(frozen=True)
@@ -33,31 +28,18 @@ class Image:
     manifest: dict[str, Any]
 
     @property
-    def kernel(self) -> Path:
-        """Uncompressed ELF kernel, booted directly (PVH)."""
-        return self.dir / VMLINUX
-
-    @property
-    def initrd(self) -> Path:
-        return self.dir / INITRD
-
-    @property
     def rootfs(self) -> Path:
         """Raw ext4 root file system; guests boot from qcow2 overlays on it."""
         return self.dir / ROOTFS
 
     @property
-    def vmlinux_debug(self) -> Path:
-        """The -dbg package's vmlinux with DWARF (gdb, oops decoding)."""
-        return self.dir / VMLINUX_DEBUG
+    def initramfs_cpio(self) -> Path:
+        return self.dir / INITRAMFS_CPIO
 
     @property
-    def debug_modules(self) -> Path:
-        return self.dir / DEBUG_MODULES
-
-    @property
-    def system_map(self) -> Path:
-        return self.dir / SYSTEM_MAP
+    def default_kernel(self) -> str:
+        """The recipe's Debian kernel (``debian:6.1.0-56-amd64``): a lab's unless it names another."""
+        return str(self.manifest.get("default_kernel", ""))
 
     @classmethod
     def at(cls, directory: Path) -> Image:
@@ -69,10 +51,6 @@ class Image:
         if not isinstance(manifest, dict):
             manifest = {}
         return cls(str(manifest.get("name", directory.parent.name)), directory.name, directory, manifest)
-
-    @property
-    def kernel_release(self) -> str:
-        return str(self.manifest["kernel"]["release"])
 
     @property
     def boot_args(self) -> list[str]:

@@ -1,33 +1,16 @@
-"""The guest kernel: what it is, preparing it, checking it.
+"""The guest kernel: which kernel a guest boots, preparing it, checking it.
 
-A lab runs on the image's Debian kernel or on a kernel the user built. This
-package owns everything labctl knows about that kernel. Its parts:
+A lab runs on the image's Debian kernel, another Debian ABI or flavour, or
+a kernel the user built. Owns everything labctl knows about that kernel:
 
-* :mod:`labctl.kernel.kconfig` -- reading a kernel's configuration (a
-  ``.config`` or the one embedded with ``CONFIG_IKCONFIG``), deciding before
-  any QEMU starts whether a lab can run on it (:func:`preflight`), and the
-  config fragment a kernel developer merges so that the lab works
-  (:func:`config_fragment`).
+* :mod:`.prepare` -- a kernel prepared once, keyed by its content: boot
+  file, modules disk, its share of the initramfs, debug info, config
+  (:mod:`.vmlinux`, :mod:`.modules`, :mod:`.initramfs`);
+* :mod:`.store` -- prepared kernels in the cache;
+* :mod:`.kconfig` -- reading a kernel's configuration;
+* :mod:`.requirements` -- what a lab needs from it: preflight before any
+  QEMU starts, and the config fragment a kernel developer merges;
+* :mod:`.lab` -- the kernels of one lab, end to end.
+
+Must not import the ``up`` stage, backends, steps, bundles, reports or the CLI.
 """
-
-from labctl.kernel.kconfig import (
-    KConfig,
-    Preflight,
-    Requirement,
-    config_fragment,
-    extract_ikconfig,
-    lab_requirements,
-    parse_config,
-    preflight,
-)
-
-__all__ = [
-    "KConfig",
-    "Preflight",
-    "Requirement",
-    "config_fragment",
-    "extract_ikconfig",
-    "lab_requirements",
-    "parse_config",
-    "preflight",
-]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from labctl import paths
 from labctl.backends import get_backend
 from labctl.backends.base import Backend
 from labctl.debug.crash import console_end, panicked
@@ -241,7 +242,7 @@ class Runner:
         from labctl.steps import skbprobes
 
         try:
-            offsets = skbprobes.kernel_offsets(Path(self.state.image["dir"]), self._cache_dir())
+            offsets = skbprobes.kernel_offsets(self.state.kernel(guest), self._cache_dir(guest))
         except (TraceError, LabctlError) as exc:
             res.warnings.append(f"{guest}: skb_latency skipped: {exc.message}")
             return {"skb-latency"}
@@ -252,15 +253,13 @@ class Runner:
             return {"skb-latency"}
         return set()
 
-    def _cache_dir(self) -> Path | None:
-        """Where kernel facts go when the image directory is read-only (one per image)."""
-        from labctl import paths
-
+    def _cache_dir(self, guest: str) -> Path | None:
+        """Where kernel facts go when the kernel's directory is read-only (one per kernel)."""
         try:
-            d = paths.cache_dir() / "struct-offsets" / Path(self.state.image["dir"]).name
+            d = paths.cache_dir() / "struct-offsets" / self.state.kernel(guest).key
             d.mkdir(parents=True, exist_ok=True)
             return d
-        except (OSError, AttributeError):
+        except OSError:
             return None
 
     def _start_gdb(self, step: Step, row: dict[str, str], rel: Path, res: StepResult) -> GdbRun | None:

@@ -28,7 +28,7 @@ import shlex
 from pathlib import Path
 
 from labctl.errors import TraceError
-from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.paths import atomic_write
 
 log = logging.getLogger(__name__)
@@ -106,19 +106,20 @@ def postprocess_command() -> str:
 _GDB_VALUE = re.compile(r"^\$\d+ = (\d+)$", re.M)
 
 
-def kernel_offsets(image_dir: Path, cache_dir: Path | None = None) -> dict[str, int]:
-    """Byte offsets of :data:`FIELDS` in the image's kernel, from ``vmlinux.debug`` (cached as JSON).
+def kernel_offsets(kernel: Kernel, cache_dir: Path | None = None) -> dict[str, int]:
+    """Byte offsets of :data:`FIELDS` in the guest's kernel, from its ``vmlinux.debug`` (cached as JSON
+    beside the kernel, or in ``cache_dir`` when the kernel's directory is read-only).
 
-    :raise TraceError: no ``vmlinux.debug`` in the image, or gdb cannot read a field.
+    :raise TraceError: the kernel has no debug info, or gdb cannot read a field.
     """
-    cached = _read_cache(image_dir / OFFSETS_FILE) or (
+    cached = _read_cache(kernel.dir / OFFSETS_FILE) or (
         _read_cache(cache_dir / OFFSETS_FILE) if cache_dir else None)
     if cached is not None:
         return cached
-    vmlinux = Image.at(image_dir).vmlinux_debug
+    vmlinux = kernel.vmlinux_debug
     if not vmlinux.is_file():
-        raise TraceError(f"{vmlinux} is missing: skb_latency needs the kernel's debug info for field offsets",
-                         hint="rebuild the image with 'labctl image build'")
+        raise TraceError(f"kernel {kernel.name} has no vmlinux with debug info: skb_latency needs it for "
+                         "field offsets", hint="give the lab's kernel its debug file")
     from labctl.proc import run
 
     argv = ["gdb", "-batch", "-nx"]
@@ -130,7 +131,7 @@ def kernel_offsets(image_dir: Path, cache_dir: Path | None = None) -> dict[str, 
         err = res.stderr.decode(errors="replace").strip()[-300:]
         raise TraceError(f"gdb could not read struct offsets from {vmlinux}: {err}")
     off = dict(zip(FIELDS, values))
-    for target in (image_dir, cache_dir):
+    for target in (kernel.dir, cache_dir):
         if target is None:
             continue
         try:

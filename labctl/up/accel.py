@@ -19,7 +19,6 @@ from pathlib import Path
 
 from labctl.backends.qemu.argv import SANDBOX
 from labctl.errors import UsageError
-from labctl.image.store import Image
 from labctl.paths import atomic_write, cache_dir
 from labctl.proc import kill_group, spawn_tied
 
@@ -96,7 +95,7 @@ def kvm_usable(kernel: Path) -> tuple[bool, str]:
     return usable, reason
 
 
-def choose_accel(requested: str, image: Image) -> AccelChoice:
+def choose_accel(requested: str, kernel: Path) -> AccelChoice:
     """Resolve ``auto``/``kvm``/``tcg`` into the accelerator to use.
 
     :raise UsageError: for an unknown name. ``kvm`` is honoured as asked
@@ -108,7 +107,7 @@ def choose_accel(requested: str, image: Image) -> AccelChoice:
         return AccelChoice("kvm", None)
     if requested != "auto":
         raise UsageError(f"unknown accelerator '{requested}'", hint="use auto, kvm or tcg")
-    usable, reason = kvm_usable(image.kernel)
+    usable, reason = kvm_usable(kernel)
     if usable:
         return AccelChoice("kvm", None)
     return AccelChoice("tcg", f"KVM is not usable here ({reason}); using TCG, which is slower. "

@@ -7,6 +7,7 @@ benchmarks/boot.py); together they take a guest from ~11 s to ~6 s.
 from __future__ import annotations
 
 from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.lab.model import Guest
 
 CONSOLE = ["console=ttyS0"]
@@ -29,6 +30,10 @@ SPEED = [
 ]
 
 
-def kernel_args(image: Image, guest: Guest, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The full command line; the lab's and the user's arguments come last and win."""
-    return (*CONSOLE, *image.boot_args, *POLICY, *SPEED, *guest.kernel_args, *extra)
+def kernel_args(image: Image, guest: Guest, kernel: Kernel, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The full command line; the lab's and the user's arguments come last and win.
+
+    ``labctl.modules=vdb`` tells labctl's initramfs where the kernel's modules disk is.
+    """
+    mods = ["labctl.modules=vdb"] if kernel.modules_img else []
+    return (*CONSOLE, *image.boot_args, *mods, *POLICY, *SPEED, *guest.kernel_args, *extra)

@@ -33,7 +33,11 @@ from labctl.errors import (
     UsageError,
 )
 from labctl.events import UpEvents
+from labctl.image.recipe import load_recipe
 from labctl.image.store import Image
+from labctl.kernel import lab as kernel_lab
+from labctl.kernel import prepare as kernel_prep
+from labctl.kernel.store import Kernel
 from labctl.lab.hosts import HostPlace, place_guests
 from labctl.lab.model import Guest, Lab
 from labctl.net.plan import SWITCH, UDP, Segment, plan_networks
@@ -70,11 +74,14 @@ def mgmt_mac(lab: str, guest: str) -> str:
 class LabUp:
     """One ``up`` of one lab; owns everything it starts until it succeeds."""
 
-    def __init__(self, lab: Lab, image: Image, opts: UpOptions, events: UpEvents) -> None:
+    def __init__(self, lab: Lab, image: Image, opts: UpOptions, events: UpEvents,
+                 kernels: dict[str, Kernel] | None = None) -> None:
         self.lab = lab
         self.image = image
         self.opts = opts
         self.events = events
+        # guest -> its prepared kernel (labctl.kernel.lab.prepare); the image's default when not given
+        self.kernels = kernels if kernels is not None else kernel_lab.prepare(lab, image, load_recipe(image.name))
         backend = opts.backend or lab.backend
         if lab.uses_hosts and backend != "libvirt":
             raise UsageError(f"lab {lab.name} places guests on hosts, which needs the libvirt backend "
@@ -95,7 +102,7 @@ class LabUp:
         with lab_lock(self.lab.name):
             self._refuse_if_up()
             self._preflight()
-            accel = choose_accel(self.opts.accel, self.image)
+            accel = choose_accel(self.opts.accel, next(iter(self.kernels.values())).boot)
             if accel.warning:
                 self._warn(accel.warning)
             try:
@@ -184,6 +191,7 @@ class LabUp:
                          started_at=started, guests=self.records, switches=self.switches,
                          resolved=self.lab.to_dict(), warnings=self.warnings,
                          hosts={g: h.to_dict() for g, h in (self.hosts or {}).items()},
+                         kernels={g: str(k.dir) for g, k in self.kernels.items()},
                          phase=STARTING, owner_pid=os.getpid())
         state.save()
         client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
@@ -248,11 +256,13 @@ class LabUp:
         gdir = ensure_private_dir(self.dir / "guests" / g.name)
         ports = {nic.name: next(p for p in segments[nic.network].ports
                                 if p.guest == g.name and p.nic == nic.name) for nic in g.nics}
-        args = kernel_args(self.image, g, self.opts.extra_kernel_args)
+        kernel = self.kernels[g.name]
+        args = kernel_args(self.image, g, kernel, self.opts.extra_kernel_args)
         host = self.hosts[g.name] if self.hosts else None
+        initrd = kernel_prep.initrd(kernel, self.image.initramfs_cpio, self.image.key)
         plan = GuestPlan(lab=self.lab.name, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
-                         ports=ports, kernel_args=args, host=host)
+                         ports=ports, kernel_args=args, kernel=kernel, initrd=initrd, host=host)
         new_keypair(plan.host_key, f"{g.name}.{self.lab.name}")
         plan.authorized_keys.write_text(client_pub + "\n")
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
@@ -382,12 +392,14 @@ def _stop_switches(switches: list[SwitchRecord]) -> None:
         stop_pid(sw.pid, marker=sw.socket, grace=3.0)  # its socket path: still that switch, not a reused pid
 
 
-def up(lab: Lab, image: Image, opts: UpOptions | None = None, events: UpEvents | None = None) -> LabState:
-    """Bring ``lab`` up on ``image``; see :class:`LabUp`."""
+def up(lab: Lab, image: Image, opts: UpOptions | None = None, events: UpEvents | None = None,
+       kernels: dict[str, Kernel] | None = None) -> LabState:
+    """Bring ``lab`` up on ``image``, each guest on its kernel in ``kernels`` (default:
+    :func:`labctl.kernel.lab.prepare`); see :class:`LabUp`."""
     events = events or UpEvents()
     events.started()
     try:
-        return LabUp(lab, image, opts or UpOptions(), events).run()
+        return LabUp(lab, image, opts or UpOptions(), events, kernels).run()
     finally:
         events.finished()
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from labctl.backends.base import GuestRecord
 from labctl.errors import LabStateError, UsageError
+from labctl.kernel.store import Kernel
 from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
 from labctl.lab.uri import SshHop
 from labctl.paths import atomic_write, ensure_private_dir, state_dir
@@ -124,6 +125,7 @@ class LabState:
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # guest -> its host (libvirt)
     networks: dict[str, dict[str, Any]] = field(default_factory=dict)  # network -> mechanism, endpoints
     uploads: list[str] = field(default_factory=list)  # what up sent to hosts (images)
+    kernels: dict[str, str] = field(default_factory=dict)  # guest -> its prepared kernel's directory
     phase: str = UP  # STARTING while ``up`` runs; UP once every guest answered
     owner_pid: int = 0  # the ``labctl up`` that is bringing the lab up (while STARTING)
 
@@ -135,6 +137,16 @@ class LabState:
     @property
     def path(self) -> Path:
         return Path(self.dir)
+
+    def kernel(self, guest: str) -> Kernel:
+        """The prepared kernel ``guest`` runs (gdb, oops decoding and struct offsets read it).
+
+        :raise LabStateError: when the lab has no such guest or no record of its kernel.
+        """
+        if guest not in self.kernels:
+            raise LabStateError(f"lab '{self.lab}' has no kernel recorded for guest '{guest}'",
+                                hint="it was brought up by an older labctl: take it down and up again")
+        return Kernel.at(self.kernels[guest])
 
     def endpoint(self, guest: str) -> Endpoint:
         """How to reach ``guest`` over SSH.

@@ -108,15 +108,20 @@ def test_init_script_is_private(tmp_path: Path) -> None:
 def _state(tmp_path: Path, gdb: str | None = "/run/g/gdb.sock", vmlinux: bool = True) -> LabState:
     image = tmp_path / "image"
     image.mkdir(parents=True, exist_ok=True)
-    (image / "manifest.json").write_text('{"kernel": {"release": "6.1.0-56-amd64", "version": "6.1.192-2"}}')
+    (image / "vmlinux.debug").write_bytes(b"\x7fELF")
     if vmlinux:
         (image / "vmlinux.debug").write_bytes(b"\x7fELF")
+    else:
+        (image / "vmlinux.debug").unlink()
+    (image / "manifest.json").write_text('{"release": "6.1.0-56-amd64", "debian": {"version": "6.1.192-2"}, '
+                                         '"source": {"kind": "debian", "release": "6.1.0-56-amd64"}}')
     gdir = tmp_path / "run" / "guests" / "a"
     gdir.mkdir(parents=True, exist_ok=True)
     rec = GuestRecord(name="a", backend="qemu", pid=1, dir=str(gdir), console=str(gdir / "console.log"),
                       qmp=str(gdir / "qmp.sock"), ssh_port=2222, accel="tcg", gdb=gdb)
     return LabState(lab="lab", source="lab.yaml", dir=str(tmp_path / "run"), backend="qemu", accel="tcg",
-                    image={"name": "debian-12", "dir": str(image)}, started_at="now", guests={"a": rec})
+                    image={"name": "debian-12", "dir": str(image)}, started_at="now", guests={"a": rec},
+                    kernels={"a": str(image)})  # the guest's prepared kernel (here: the same directory)
 
 
 def test_gdb_target(tmp_path: Path) -> None:
@@ -126,7 +131,7 @@ def test_gdb_target(tmp_path: Path) -> None:
     assert t.vmlinux == tmp_path / "image" / "vmlinux.debug"
     assert t.debug_modules == tmp_path / "image" / "debug-modules"
     assert t.monitor == BackendMonitor(get_backend("qemu"), _state(tmp_path).guests["a"])
-    assert t.manifest["kernel"]["version"] == "6.1.192-2"
+    assert t.manifest["debian"]["version"] == "6.1.192-2" and t.kernel.release == "6.1.0-56-amd64"
     assert t.source_dir is None
 
 
@@ -135,7 +140,7 @@ def test_gdb_target_errors(tmp_path: Path) -> None:
         gdb_target(_state(tmp_path), "b")
     with pytest.raises(DebugError, match="has no gdbstub"):
         gdb_target(_state(tmp_path, gdb=None), "a")
-    with pytest.raises(DebugError, match="no kernel with debug info") as exc:
+    with pytest.raises(DebugError, match="kernel 6.1.0-56-amd64 has no vmlinux with debug info") as exc:
         gdb_target(_state(tmp_path / "x", vmlinux=False), "a")
     assert exc.value.exit_code == 4
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.image import initramfs
-from labctl.image.kernel import module_load_order, nic_driver_rules
+from labctl.kernel import initramfs
+from labctl.kernel.modules import module_load_order, nic_driver_rules
 from labctl.lab import load_lab
 from labctl.up import guestconf
 

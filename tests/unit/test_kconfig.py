@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import Problem
-from labctl.kernel import KConfig, config_fragment, extract_ikconfig, lab_requirements, parse_config, preflight
-from labctl.kernel.kconfig import DRIVER_OPTIONS, RULES, Preflight
+from labctl.kernel.kconfig import KConfig, extract_ikconfig, parse_config
+from labctl.kernel.requirements import DRIVER_OPTIONS, RULES, Preflight, config_fragment, lab_requirements, preflight
 from labctl.lab import NIC_MODELS, load_lab, load_lab_text
 from labctl.lab.model import Lab
 
@@ -428,7 +428,7 @@ def test_fragment_shape_is_safe_for_merge_config() -> None:
 
 def test_fragment_covers_every_option_preflight_checks() -> None:
     """Every checked option is in the fragment with a value that passes, or is set through its prompts."""
-    from labctl.kernel.kconfig import _HIDDEN  # the options without a prompt
+    from labctl.kernel.requirements import _HIDDEN  # the options without a prompt
 
     lab = all_features()
     fragment = parse_config(config_fragment(lab))

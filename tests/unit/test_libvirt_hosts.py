@@ -24,6 +24,7 @@ from labctl.lab.uri import parse_uri, with_no_verify
 from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP, UdpAddr, plan_networks
 from labctl.ssh import Endpoint
 from labctl.up.lifecycle import mgmt_mac
+from tests.conftest import fake_kernel
 
 REMOTE = "qemu+ssh://root@127.0.0.1:2222/system?keyfile=/k/id"
 
@@ -200,7 +201,8 @@ def _plan(tmp_path: Path) -> GuestPlan:
     seg = plan_networks(lab, tmp_path, hosts, _ports())["l"]
     img = Image("debian-12", "k", tmp_path / "img", {"boot_args": [], "kernel": {"release": "6.1"}})
     return GuestPlan("t", lab.guests["a"], tmp_path / "a", img, "tcg", 40000, mgmt_mac("t", "a"),
-                     {"eth1": seg.ports[0]}, ("console=ttyS0",), host=hosts["a"])
+                     {"eth1": seg.ports[0]}, ("console=ttyS0",), fake_kernel(tmp_path / "kernel"),
+                     tmp_path / "initrd.img", host=hosts["a"])
 
 
 def test_remote_domain_uses_pool_volumes_and_a_pty_console(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from labctl.lab import load_lab_text
 from labctl.lab.hosts import host_place
 from labctl.net.plan import plan_networks
 from labctl.up.lifecycle import mgmt_mac
+from tests.conftest import fake_kernel
 
 # `virsh capabilities` of this Debian 12 host (libvirt 9.0), the <secmodel> part,
 # before and after scripts/libvirt-setup.sh stopped forcing root.
@@ -174,7 +175,8 @@ def _lab_plan(tmp_path: Path, lab: str = "q", guest: str = "a") -> GuestPlan:
     img = Image("debian-12", "k", tmp_path / "img", {"boot_args": [], "kernel": {"release": "6.1"}})
     host = host_place("local", "qemu:///system")
     return GuestPlan(lab, lab_.guests[guest], tmp_path / "guests" / guest, img, "tcg", 40000,
-                     mgmt_mac(lab, guest), {"eth1": seg.ports[0]}, ("console=ttyS0",), host=host)
+                     mgmt_mac(lab, guest), {"eth1": seg.ports[0]}, ("console=ttyS0",),
+                     fake_kernel(tmp_path / "kernel"), tmp_path / "initrd.img", host=host)
 
 
 def test_socket_paths_that_do_not_fit_are_refused(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from labctl.image.store import Image
 from labctl.lab import load_lab
 from labctl.net.plan import plan_networks
 from labctl.up.lifecycle import mgmt_mac
+from tests.conftest import fake_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 Q = f"{{{QEMU_NS}}}"
@@ -51,7 +52,8 @@ def _plans(tmp_path: Path, lab_file: Path = ROOT / "labs" / "quickstart.yaml", a
         ports = {n.name: next(p for p in segs[n.network].ports if p.guest == g.name and p.nic == n.name)
                  for n in g.nics}
         plans[g.name] = GuestPlan(lab.name, g, tmp_path / g.name, img, accel, 40000 + i,
-                                  mgmt_mac(lab.name, g.name), ports, ("console=ttyS0", "quiet"))
+                                  mgmt_mac(lab.name, g.name), ports, ("console=ttyS0", "quiet"),
+                                  fake_kernel(tmp_path / "kernel"), tmp_path / "initrd.img")
     return plans
 
 
@@ -84,14 +86,17 @@ def test_direct_kernel_boot_disk_console_and_panic(tmp_path: Path) -> None:
     plan = _plans(tmp_path)["b"]
     dom = build_domain(plan)
     assert _find(dom, "os/type").get("machine") == "pc"
-    # the image's volumes in the host's pool, named with the manifest's sums (never the root-only cache)
-    assert dom.findtext("os/kernel") == f"{POOL_DIR}/debian-12-vmlinux-{'a' * 16}"
-    assert dom.findtext("os/initrd") == f"{POOL_DIR}/debian-12-initrd.img-{'b' * 16}"
+    # the kernel's volumes in the host's pool, named with its manifest's sums (never the root-only cache)
+    assert dom.findtext("os/kernel") == f"{POOL_DIR}/kernel-boot-{'a' * 16}"
+    assert dom.findtext("os/initrd") == f"{POOL_DIR}/kernel-initrd-..."  # named by its sum once it is placed
     assert dom.findtext("os/cmdline") == "console=ttyS0 quiet"
-    disk = _find(dom, "devices/disk")
+    disk, mods = dom.findall("devices/disk")
     assert _find(disk, "source").get("file") == f"{POOL_DIR}/labctl-quickstart-b-disk.qcow2"
-    assert _find(disk, "target").get("bus") == "virtio"
+    assert _find(disk, "target").get("bus") == "virtio" and _find(disk, "target").get("dev") == "vda"
     assert _find(disk, "driver").get("type") == "qcow2"
+    # the kernel's modules: a second, read-only disk
+    assert _find(mods, "source").get("file") == f"{POOL_DIR}/kernel-modules-{'c' * 16}"
+    assert _find(mods, "target").get("dev") == "vdb" and mods.find("readonly") is not None
     # a pty, read by labctl's relay through libvirt: no console file in a directory QEMU can write
     assert _find(dom, "devices/serial").get("type") == "pty"
     assert dom.find("devices/serial/source") is None

@@ -10,6 +10,7 @@ from labctl.image.store import Image
 from labctl.lab import load_lab
 from labctl.net.plan import ALONE, DIRECT, SWITCH, plan_networks
 from labctl.up.lifecycle import mgmt_mac
+from tests.conftest import fake_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,8 @@ def _plans(tmp_path: Path, lab_file: Path) -> dict[str, GuestPlan]:
         ports = {n.name: next(p for p in segs[n.network].ports if p.guest == g.name and p.nic == n.name)
                  for n in g.nics}
         plans[g.name] = GuestPlan(lab.name, g, tmp_path / g.name, img, "tcg", 40000 + i,
-                                  mgmt_mac(lab.name, g.name), ports, ("console=ttyS0", "quiet"))
+                                  mgmt_mac(lab.name, g.name), ports, ("console=ttyS0", "quiet"),
+                                  fake_kernel(tmp_path / "kernel"), tmp_path / "initrd.img")
     return plans
 
 

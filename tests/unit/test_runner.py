@@ -24,6 +24,7 @@ from labctl.pipeline import run_steps
 from labctl.ssh import Result
 from labctl.steps.runner import Runner
 from labctl.up.runstate import LabState
+from tests.conftest import fake_kernel
 
 LAB = """\
 name: unit
@@ -103,8 +104,10 @@ def lab_state(tmp_path: Path) -> tuple[Any, LabState]:
                                 qmp=str(gdir / "qmp.sock"), ssh_port=2200, accel="tcg", argv=["qemu-system-x86_64"])
     image = tmp_path / "image"
     image.mkdir()
+    kernel = fake_kernel(tmp_path / "kernel")
     state = LabState(lab="unit", source="unit.yaml", dir=str(tmp_path / "run"), backend="qemu", accel="tcg",
-                     image={"name": "debian-12", "key": "k", "dir": str(image)}, started_at="now", guests=guests)
+                     image={"name": "debian-12", "key": "k", "dir": str(image)}, started_at="now", guests=guests,
+                     kernels={g: str(kernel.dir) for g in guests})
     return lab, state
 
 

@@ -89,6 +89,7 @@ class LibvirtBackend:
 
     def __init__(self) -> None:
         self._images: dict[str, storage.HostImage] = {}  # host URI -> image volumes there
+        self._kernels: dict[tuple[str, Path], storage.HostKernel] = {}  # (host URI, initrd) -> kernel volumes
         self._facts: dict[str, HostFacts] = {}  # host URI -> QEMU's user and security drivers
 
     def command(self, plan: GuestPlan) -> list[str]:
@@ -116,10 +117,10 @@ class LibvirtBackend:
     def _files_preview(self, plan: GuestPlan) -> DomainFiles:
         """The paths the guest will use on its host (this run's image volumes when known)."""
         files = planned_files(plan)
-        img = self._images.get(self._host(plan).uri)
-        if img is None:
+        k = self._kernels.get((self._host(plan).uri, plan.initrd))
+        if k is None:
             return files
-        return DomainFiles(img.kernel, img.initrd, files.disk, files.fw_cfg, files.gdb_socket)
+        return DomainFiles(k.boot, k.initrd, files.disk, files.fw_cfg, files.gdb_socket, k.modules)
 
     def network_dir(self, run_dir: Path, lab: str, hosts: dict[str, HostPlace] | None) -> NetDir:
         """The lab's directory on this machine for its unix sockets, owned by QEMU's user (0700).
@@ -156,12 +157,24 @@ class LibvirtBackend:
             with connection(uri, host.name) as conn:
                 self._host_facts(host, conn)
                 self._passable_pool(conn, host)
+                uploaded: list[tuple[str, float]] = []
                 if uri not in self._images:
                     img = storage.ensure_image(conn, image, local=not host.remote)
                     self._images[uri] = img
-                    notes += [f"uploaded {vol} to pool {storage.POOL} on host {host.name} in {secs:.1f} s "
-                              "(read back, sha256 matches the image manifest)" for vol, secs in img.uploaded]
+                    uploaded += img.uploaded
+                for p in plans:
+                    if self._host(p).uri == uri:
+                        uploaded += self._kernel_files(conn, p, host).uploaded
+                notes += [f"uploaded {vol} to pool {storage.POOL} on host {host.name} in {secs:.1f} s "
+                          "(read back, sha256 matches)" for vol, secs in uploaded]
         return notes
+
+    def _kernel_files(self, conn: Any, plan: GuestPlan, host: HostPlace) -> storage.HostKernel:
+        """The guest's kernel files in the host's pool (placed once per host and initramfs)."""
+        key = (host.uri, plan.initrd)
+        if key not in self._kernels:
+            self._kernels[key] = storage.ensure_kernel(conn, plan.kernel, plan.initrd, local=not host.remote)
+        return self._kernels[key]
 
     def _passable_pool(self, conn: Any, host: HostPlace) -> None:
         """The pool, with a directory QEMU's user may pass through (an older labctl made it 0700).
@@ -242,7 +255,8 @@ class LibvirtBackend:
         fw_cfg = {entry: make(vol, lambda v, p=local[entry]: storage.upload_bytes(conn, pool, v, p.read_bytes(),
                                                                                  owner=owner))
                   for entry, vol in fw_cfg_volumes(plan).items()}
-        return DomainFiles(img.kernel, img.initrd, disk, fw_cfg, gdb_socket(plan))
+        k = self._kernel_files(conn, plan, host)
+        return DomainFiles(k.boot, k.initrd, disk, fw_cfg, gdb_socket(plan), k.modules)
 
     def _host_dir(self, journal_dir: Path, host: HostPlace, path: str, user: QemuUser, replace: bool) -> None:
         """A 0700 directory below ``RUN_ROOT`` on ``host``, owned by QEMU's user, journaled in

@@ -37,26 +37,36 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import ImageError
+from labctl.image.apt import sha256_file
 from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 
 log = logging.getLogger(__name__)
 
 POOL = "labctl"
 POOL_DIR = "/var/lib/libvirt/labctl"
-IMAGE_FILES = {"kernel": "vmlinux", "initrd": "initrd.img", "rootfs": "rootfs.img"}
+IMAGE_FILES = {"rootfs": "rootfs.img"}
 MARKER = ".sha256"
 _ZEROS = bytes(1 << 20)
 
 
 @dataclass(frozen=True)
 class HostImage:
-    """Paths of an image's boot files on a host, and whether this run uploaded them."""
+    """The image's root file system on a host, and whether this run uploaded it."""
 
-    kernel: str
-    initrd: str
     rootfs: str
     rootfs_size: int
     uploaded: tuple[tuple[str, float], ...]  # (volume, seconds to upload and verify) sent by this run
+
+
+@dataclass(frozen=True)
+class HostKernel:
+    """A guest's kernel files on a host: what it boots, its initramfs and modules disk."""
+
+    boot: str
+    initrd: str
+    modules: str | None
+    uploaded: tuple[tuple[str, float], ...]
 
 
 POOL_MODE = 0o711  # QEMU's user passes through to its volumes; nobody lists the pool
@@ -158,29 +168,61 @@ def delete_volume(pool: Any, name: str) -> bool:
 
 
 def ensure_image(conn: Any, image: Image, local: bool = False) -> HostImage:
-    """The image's boot files in the host's pool, placed and verified when missing.
+    """The image's root file system in the host's pool, placed and verified when missing.
 
     ``local``: the host is labctl's own machine, where a volume can be a hard
     link to the cached file instead of an upload.
 
-    :raise ImageError: when the manifest lacks a file's sum, or an upload
+    :raise ImageError: when the manifest lacks the file's sum, or an upload
         does not read back with that sum.
     """
     pool = ensure_pool(conn)
-    paths: dict[str, str] = {}
+    sha256, size = _manifest_sum(image, IMAGE_FILES["rootfs"])
+    name = image_volume_name(image, IMAGE_FILES["rootfs"], sha256)
+    path, secs = ensure_file(conn, pool, name, image.rootfs, sha256, size, local)
+    return HostImage(path, size, ((name, secs),) if secs is not None else ())
+
+
+def ensure_kernel(conn: Any, kernel: Kernel, initrd: Path, local: bool = False) -> HostKernel:
+    """A guest's kernel files in the host's pool (boot file, initramfs, modules disk), each
+    named by its sha256, placed and verified when missing.
+
+    :raise ImageError: when an upload does not read back with its sum.
+    """
+    pool = ensure_pool(conn)
+    sums = {name: entry.get("sha256") for name, entry in (kernel.manifest.get("files") or {}).items()}
     uploaded: list[tuple[str, float]] = []
-    for role, file in IMAGE_FILES.items():
-        sha256, size = _manifest_sum(image, file)
-        name = image_volume_name(image, file, sha256)
-        if not _verified(conn, pool, name, sha256):
-            t0 = time.monotonic()
-            if not (local and link_file(conn, pool, name, image.dir / file, sha256)):
-                upload_file(conn, pool, name, image.dir / file, size, mode="0644")
-                _verify(conn, pool, name, sha256, image.dir / file)
-                uploaded.append((name, time.monotonic() - t0))
-        paths[role] = pool.storageVolLookupByName(name).path()
-    _, rootfs_size = _manifest_sum(image, IMAGE_FILES["rootfs"])
-    return HostImage(paths["kernel"], paths["initrd"], paths["rootfs"], rootfs_size, tuple(uploaded))
+
+    def place(path: Path, label: str, sha256: str | None) -> str:
+        sha = sha256 or sha256_file(path)
+        name = f"kernel-{label}-{sha[:16]}"
+        vol, secs = ensure_file(conn, pool, name, path, sha, path.stat().st_size, local)
+        if secs is not None:
+            uploaded.append((name, secs))
+        return vol
+
+    boot = place(kernel.boot, "boot", sums.get("boot"))
+    initrd_vol = place(initrd, "initrd", None)
+    mods = kernel.modules_img
+    modules = place(mods, "modules", sums.get("modules.img")) if mods else None
+    return HostKernel(boot, initrd_vol, modules, tuple(uploaded))
+
+
+def ensure_file(conn: Any, pool: Any, name: str, path: Path, sha256: str, size: int,
+                local: bool) -> tuple[str, float | None]:
+    """Volume ``name`` holding ``path`` (read-only 0644, verified by ``sha256``): its path on the
+    host, and how long placing it took (None when it was there already).
+
+    :raise ImageError: when an upload does not read back with that sum.
+    """
+    secs = None
+    if not _verified(conn, pool, name, sha256):
+        t0 = time.monotonic()
+        if not (local and link_file(conn, pool, name, path, sha256)):
+            upload_file(conn, pool, name, path, size, mode="0644")
+            _verify(conn, pool, name, sha256, path)
+        secs = time.monotonic() - t0
+    return str(pool.storageVolLookupByName(name).path()), secs
 
 
 def _manifest_sum(image: Image, file: str) -> tuple[str, int]:

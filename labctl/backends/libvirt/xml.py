@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from labctl.backends.base import GuestPlan
 from labctl.backends.libvirt.host import QemuUser, guest_run_dir
-from labctl.backends.libvirt.storage import IMAGE_FILES, POOL_DIR, image_volume_name
+from labctl.backends.libvirt.storage import POOL_DIR
 from labctl.backends.qemu.argv import gdb_args, lab_nic_args, mgmt_nic_args
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
@@ -62,6 +62,7 @@ class DomainFiles:
     disk: str
     fw_cfg: dict[str, str]  # fw_cfg name -> volume
     gdb_socket: str
+    modules: str | None = None  # the kernel's modules disk (read-only vdb)
 
 
 def volume_prefix(plan: GuestPlan) -> str:
@@ -90,15 +91,15 @@ def planned_files(plan: GuestPlan, pool_dir: str = POOL_DIR) -> DomainFiles:
     The image's volume names carry the manifest's sums; without a sum the
     name ends in ``...`` (it is only shown, never used).
     """
-    files = plan.image.manifest.get("files", {})
+    sums = plan.kernel.manifest.get("files") or {}
 
-    def image(role: str) -> str:
-        file = IMAGE_FILES[role]
-        sha = files.get(file, {}).get("sha256")
-        return f"{pool_dir}/" + (image_volume_name(plan.image, file, sha) if sha else f"{plan.image.name}-{file}-...")
+    def kernel(label: str, file: str) -> str:
+        sha = (sums.get(file) or {}).get("sha256")
+        return f"{pool_dir}/kernel-{label}-" + (sha[:16] if sha else "...")
 
-    return DomainFiles(image("kernel"), image("initrd"), f"{pool_dir}/{disk_volume(plan)}",
-                       {n: f"{pool_dir}/{v}" for n, v in fw_cfg_volumes(plan).items()}, gdb_socket(plan))
+    return DomainFiles(kernel("boot", "boot"), f"{pool_dir}/kernel-initrd-...", f"{pool_dir}/{disk_volume(plan)}",
+                       {n: f"{pool_dir}/{v}" for n, v in fw_cfg_volumes(plan).items()}, gdb_socket(plan),
+                       kernel("modules", "modules.img") if plan.kernel.modules_img else None)
 
 
 def pin_pci_slot(args: list[str], slot: int) -> list[str]:
@@ -153,6 +154,12 @@ def _devices(dom: ET.Element, files: DomainFiles) -> None:
     _sub(disk, "driver", name="qemu", type="qcow2", cache="unsafe", discard="unmap")
     _sub(disk, "source", file=files.disk)
     _sub(disk, "target", dev="vda", bus="virtio")
+    if files.modules:  # the kernel's modules, read-only (labctl.modules=vdb)
+        mods = _sub(devs, "disk", type="file", device="disk")
+        _sub(mods, "driver", name="qemu", type="raw")
+        _sub(mods, "source", file=files.modules)
+        _sub(mods, "target", dev="vdb", bus="virtio")
+        _sub(mods, "readonly")
     serial = _sub(devs, "serial", type="pty")
     _sub(serial, "target", port="0")
     console = _sub(devs, "console", type="pty")

@@ -46,11 +46,15 @@ def machine_args(plan: GuestPlan) -> list[str]:
 
 
 def boot_args(plan: GuestPlan) -> list[str]:
+    """The guest's kernel and initramfs, its overlay as the root disk (vda) and,
+    read-only, its kernel's modules disk (vdb; see ``labctl.modules=`` in the kernel args)."""
+    mods = plan.kernel.modules_img
     return [
-        "-kernel", str(plan.image.kernel),
-        "-initrd", str(plan.image.initrd),
+        "-kernel", str(plan.kernel.boot),
+        "-initrd", str(plan.initrd),
         "-append", " ".join(plan.kernel_args),
         "-drive", f"file={opt(plan.overlay)},if=virtio,format=qcow2,cache=unsafe,discard=unmap",
+        *(["-drive", f"file={opt(mods)},if=virtio,format=raw,readonly=on"] if mods else []),
     ]
 
 

@@ -14,7 +14,7 @@ from labctl.backends.monitor import BackendMonitor, Monitor
 from labctl.debug.gdb.stub import GdbStub, target_remote
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.errors import DebugError
-from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.lab.uri import SshHop
 
 if TYPE_CHECKING:
@@ -31,8 +31,7 @@ class GdbTarget:
     guest: str
     socket: str  # the gdbstub's unix socket, on the machine that runs the guest
     vmlinux: Path
-    image_dir: Path
-    manifest: dict[str, Any]
+    kernel: Kernel  # the prepared kernel the guest runs: symbols, module debug files, source
     monitor: Monitor
     run_dir: Path
     via: SshHop | None = None  # the libvirt host the gdbstub's socket is on
@@ -43,11 +42,15 @@ class GdbTarget:
 
     @property
     def debug_modules(self) -> Path:
-        return Image.at(self.image_dir).debug_modules
+        return self.kernel.debug_modules
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.kernel.manifest
 
     @property
     def source_dir(self) -> Path | None:
-        return find_source_dir(self.image_dir)
+        return find_source_dir(self.kernel.dir)
 
 
 def gdb_target(state: LabState, guest: str) -> GdbTarget:
@@ -60,12 +63,12 @@ def gdb_target(state: LabState, guest: str) -> GdbTarget:
     if not rec.gdb:
         raise DebugError(f"guest {guest} of lab {state.lab} has no gdbstub",
                          hint="it was started by an older labctl: labctl down, then up again")
-    image = Image.at(Path(state.image["dir"]))
-    image_dir, manifest, vmlinux = image.dir, image.manifest, image.vmlinux_debug
+    kernel = state.kernel(guest)
+    vmlinux = kernel.vmlinux_debug
     if not vmlinux.is_file():
-        raise DebugError(f"the image has no kernel with debug info ({vmlinux})",
-                         hint="rebuild the image: labctl image build --force")
-    return GdbTarget(state.lab, guest, rec.gdb, vmlinux, image_dir, manifest,
+        raise DebugError(f"guest {guest}'s kernel {kernel.name} has no vmlinux with debug info ({vmlinux})",
+                         hint="give the lab's kernel: its debug file (kernel: {image: ..., debug: VMLINUX})")
+    return GdbTarget(state.lab, guest, rec.gdb, vmlinux, kernel,
                      BackendMonitor(get_backend(state.backend), rec), Path(rec.dir), hop)
 
 
@@ -100,11 +103,12 @@ def build_paths(manifest: Mapping[str, Any]) -> list[str]:
     assembly files are absolute under ``/build/reproducible-path/linux-X.Y.Z``.
     Longest first, as gdb's substitute-path takes the first matching rule.
     """
-    kernel = manifest.get("kernel") or {}
-    release = str(kernel.get("release", ""))
-    flavour = release.rsplit("-", 1)[-1] if "-" in release else "amd64"
-    build = f"debian/build/build_{flavour}_none_{flavour}"
-    m = _UPSTREAM.match(str(kernel.get("version", "")))
+    release = str(manifest.get("release") or (manifest.get("kernel") or {}).get("release", ""))
+    version = str((manifest.get("debian") or {}).get("version") or (manifest.get("kernel") or {}).get("version", ""))
+    featureset = "rt" if "-rt-" in release else "none"
+    flavour = "cloud-amd64" if release.endswith("-cloud-amd64") else "amd64"
+    build = f"debian/build/build_amd64_{featureset}_{flavour}"
+    m = _UPSTREAM.match(version)
     paths = []
     if m:
         root = f"/build/reproducible-path/linux-{m.group(1)}"

@@ -1,34 +1,15 @@
-"""Kernel artifacts: the bootable vmlinux and module dependency order."""
+"""A kernel's modules as the guest's boot needs them: dependency order, and which NIC drivers to load.
+
+Works on a kernel's ``modules.dep``, ``modules.alias`` and
+``modules.builtin``: a module built into the kernel (a user's tree often
+has virtio and ext4 built in) needs no loading and is skipped.
+"""
 
 from __future__ import annotations
 
-import lzma
 from pathlib import Path
 
 from labctl.errors import ImageError
-
-_XZ_MAGIC = b"\xfd7zXZ\x00"
-
-
-def extract_vmlinux(bzimage: Path, out: Path) -> None:
-    """Write the uncompressed ELF kernel held in an xz-compressed bzImage.
-
-    Booting the ELF directly (PVH) skips decompression, which is slow under TCG.
-
-    :raise ImageError: when no xz payload yielding an ELF is found.
-    """
-    data = bzimage.read_bytes()
-    start = data.find(_XZ_MAGIC)
-    while start != -1:
-        try:
-            elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(data[start:])
-        except lzma.LZMAError:
-            elf = b""
-        if elf.startswith(b"\x7fELF"):
-            out.write_bytes(elf)
-            return
-        start = data.find(_XZ_MAGIC, start + 1)
-    raise ImageError(f"{bzimage}: no xz-compressed ELF kernel found")
 
 
 def parse_modules_dep(text: str) -> dict[str, tuple[str, list[str]]]:
@@ -43,13 +24,21 @@ def parse_modules_dep(text: str) -> dict[str, tuple[str, list[str]]]:
     return mods
 
 
-def module_load_order(modules_dep: str, wanted: list[str]) -> list[str]:
+def builtin_names(modules_builtin: str) -> set[str]:
+    """Module names built into the kernel, from ``modules.builtin`` (``kernel/fs/ext4/ext4.ko`` lines)."""
+    return {Path(line.strip()).name.split(".ko")[0].replace("-", "_")
+            for line in modules_builtin.splitlines() if line.strip()}
+
+
+def module_load_order(modules_dep: str, wanted: list[str], builtin: set[str] | None = None) -> list[str]:
     """Relative paths of ``wanted`` modules and their dependencies, dependencies first.
 
-    :raise ImageError: when a wanted module is not in modules.dep (built in
-        modules are silently skipped by passing ``builtin``).
+    Modules in ``builtin`` (:func:`builtin_names`) are part of the kernel and skipped.
+
+    :raise ImageError: when a wanted module is neither in modules.dep nor built in.
     """
     mods = parse_modules_dep(modules_dep)
+    builtin = builtin or set()
     by_path = {p: name for name, (p, _) in mods.items()}
     order: list[str] = []
 
@@ -62,8 +51,10 @@ def module_load_order(modules_dep: str, wanted: list[str]) -> list[str]:
 
     for name in wanted:
         key = name.replace("-", "_")
+        if key in builtin and key not in mods:
+            continue
         if key not in mods:
-            raise ImageError(f"module '{name}' is not in modules.dep")
+            raise ImageError(f"module '{name}' is neither built into the kernel nor in its modules.dep")
         visit(mods[key][0])
     return order
 

@@ -1,0 +1,73 @@
+"""Debian's archive, as labctl uses it: which version of a package it has, and its .deb, downloaded once.
+
+Packages are downloaded with ``apt-get download`` into ``<cache>/downloads``
+(kept: a rebuild or another kernel preparation reuses them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from labctl.errors import ImageError
+from labctl.paths import cache_dir
+from labctl.proc import run
+
+
+def downloads_dir() -> Path:
+    return cache_dir() / "downloads"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def apt_download(package: str, into: Path | None = None) -> Path:
+    """The .deb of ``package`` (candidate version), downloaded once into ``into`` (default: :func:`downloads_dir`).
+
+    :raise ImageError: when apt cannot find or fetch it.
+    """
+    downloads = into or downloads_dir()
+    downloads.mkdir(parents=True, exist_ok=True)
+    version = _apt_candidate(package)
+    name = f"{package}_{version.replace(':', '%3a')}_amd64.deb"
+    target = downloads / name
+    if target.is_file():
+        return target
+    tmp = downloads / f".tmp-{package}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        run(["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", f"{package}={version}"],
+            timeout=1800, cwd=tmp)
+        debs = list(tmp.glob("*.deb"))
+        if len(debs) != 1:
+            raise ImageError(f"apt-get download {package} gave no .deb")
+        debs[0].rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def candidate(package: str) -> str | None:
+    """The version apt would install of ``package``, or None when the archive has no such package."""
+    out = run(["apt-cache", "policy", package], timeout=60, check=False).stdout.decode()
+    for line in out.splitlines():
+        if line.strip().startswith("Candidate:"):
+            cand = line.split(":", 1)[1].strip()
+            if cand and cand != "(none)":
+                return cand
+    return None
+
+
+def _apt_candidate(package: str) -> str:
+    version = candidate(package)
+    if version is None:
+        raise ImageError(f"apt knows no package '{package}'", hint="run 'apt-get update'")
+    return version

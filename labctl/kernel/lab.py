@@ -1,0 +1,118 @@
+"""The kernels of a lab: which one each guest boots, whether they can be had, preparing them, preflight.
+
+A guest boots its own ``kernel:``, else the lab's, else ``--kernel`` for
+every guest, else the image's default Debian kernel. Before anything is
+started, :func:`check` reports kernels that cannot be had (a missing tree,
+one that was not built, an unknown Debian ABI) at the lab file's line (exit
+2), :func:`prepare` prepares each distinct kernel once (cached), and
+:func:`preflight` refuses a kernel the lab cannot run on, from its
+configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import labctl.lab.kernels as kernels
+from labctl.errors import LabFileError, Problem, UsageError
+from labctl.events import NullReporter, Reporter
+from labctl.image.recipe import Recipe
+from labctl.image.store import Image
+from labctl.kernel import prepare as prep
+from labctl.kernel.kconfig import KConfig, parse_config
+from labctl.kernel.requirements import Preflight
+from labctl.kernel.requirements import preflight as check_requirements
+from labctl.kernel.store import Kernel, kernels_root
+from labctl.lab.kernels import KernelSpec
+from labctl.lab.model import Lab
+
+
+def options(recipe: Recipe) -> prep.Options:
+    """How the image's recipe wants every kernel prepared."""
+    return prep.Options(recipe.initramfs_modules, recipe.exclude_modules, recipe.debug_modules,
+                        recipe.extra_modules)
+
+
+def default_spec(image: Image) -> KernelSpec:
+    """The image's default kernel (its recipe's Debian ABI and flavour)."""
+    return kernels.debian(image.default_kernel, path="image")
+
+
+def specs(lab: Lab, image: Image) -> dict[str, KernelSpec]:
+    """guest -> the kernel it boots."""
+    default = default_spec(image)
+    return {g: lab.kernel_of(g) or default for g in lab.guests}
+
+
+def _distinct(specs_by_guest: dict[str, KernelSpec]) -> list[KernelSpec]:
+    seen: dict[tuple[Any, ...], KernelSpec] = {}
+    for spec in specs_by_guest.values():
+        seen.setdefault(_identity(spec), spec)
+    return list(seen.values())
+
+
+def _identity(spec: KernelSpec) -> tuple[Any, ...]:
+    return (spec.kind, spec.abi, spec.flavour, spec.tree, spec.image, spec.modules, spec.debug)
+
+
+def check(lab: Lab, image: Image) -> None:
+    """Refuse kernels that cannot be had, each at the line that names it.
+
+    :raise LabFileError: for kernels named in the lab file (exit 2).
+    :raise UsageError: for ``--kernel`` (exit 2).
+    """
+    problems: list[Problem] = []
+    for spec in _distinct(specs(lab, image)):
+        why = prep.check(spec)
+        if why is None:
+            continue
+        if spec.path == "--kernel":
+            raise UsageError(f"--kernel: {why}")
+        problems.append(Problem(lab.source, max(spec.line, 1), spec.path if spec.path != "image" else "image", why))
+    if problems:
+        raise LabFileError(sorted(problems, key=lambda p: p.line))
+
+
+def prepare(lab: Lab, image: Image, recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Kernel]:
+    """guest -> its prepared kernel (each distinct kernel prepared once, from the cache when it can).
+
+    :raise ImageError: when preparing one fails.
+    """
+    r = reporter or NullReporter()
+    by_spec = {_identity(s): prep.prepare(s, options(recipe), r) for s in _distinct(specs(lab, image))}
+    return {g: by_spec[_identity(s)] for g, s in specs(lab, image).items()}
+
+
+def all_prepared(lab: Lab, image: Image, recipe: Recipe) -> bool:
+    """True when every kernel the lab needs is in the cache (nothing to download or build)."""
+    return all((kernels_root() / prep.content_key(s, options(recipe)) / "manifest.json").is_file()
+               for s in _distinct(specs(lab, image)))
+
+
+def config_of(kernel: Kernel) -> KConfig | None:
+    """The configuration of a prepared kernel, None when it is not known (loose files without IKCONFIG)."""
+    try:
+        return parse_config(kernel.config.read_text())
+    except OSError:
+        return None
+
+
+def preflight(lab: Lab, kernels_by_guest: dict[str, Kernel]) -> Preflight:
+    """What the lab needs, checked against each guest's kernel configuration (nothing started yet)."""
+    configs = {g: config_of(k) for g, k in kernels_by_guest.items()}
+    return check_requirements(lab, lambda g: configs.get(g), lambda g: kernels_by_guest[g].name)
+
+
+def refuse(report: Preflight) -> None:
+    """Raise the preflight's refusals as a lab-file error (exit 2), else nothing.
+
+    :raise LabFileError: when a guest's kernel cannot run the lab.
+    """
+    if report.refusals:
+        raise LabFileError(list(report.refusals))
+
+
+def warning_lines(report: Preflight) -> Sequence[str]:
+    """The preflight's warnings and notes, one line each (file:line: path: message)."""
+    return [str(p) for p in (*report.warnings, *report.notes)]

@@ -1,0 +1,454 @@
+"""Preparing a kernel once, keyed by its content: Debian packages, a built tree, or loose files.
+
+What depends on the kernel is made here and cached (:mod:`labctl.kernel.store`):
+the boot file, its modules as a read-only disk, the kernel's share of the
+initramfs, debug info, config and System.map. The root file system is the
+image's and is never rebuilt for a kernel. The key hashes what the kernel
+is made of (the Debian packages' versions; a tree's vmlinux, .config and
+modules; loose files' bytes) with the image recipe's module options, so
+rebuilding a tree gives a new key and an unchanged tree finds its kernel
+at once.
+
+:func:`check` says why a kernel cannot be used (missing tree, a tree that
+was not built, an unknown Debian ABI) before anything is prepared;
+:func:`prepare` does the work, under a lock per key, in a temporary
+directory renamed into place at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from labctl import __version__
+from labctl.errors import ImageError, LabctlError
+from labctl.events import NullReporter, Reporter
+from labctl.image.apt import apt_download, candidate, sha256_file
+from labctl.kernel import initramfs
+from labctl.kernel.kconfig import extract_ikconfig
+from labctl.kernel.modules import builtin_names, module_load_order, nic_driver_rules
+from labctl.kernel.store import (
+    BOOT,
+    CONFIG,
+    DEBUG_MODULES,
+    MANIFEST,
+    MODULES_IMG,
+    SYSTEM_MAP,
+    VMLINUX_DEBUG,
+    Kernel,
+    kernels_root,
+)
+from labctl.kernel.vmlinux import banner, boot_image, build_id, is_elf
+from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
+from labctl.paths import atomic_write, resource_dir
+from labctl.proc import run, run_pipeline
+
+PREPARE_VERSION = "1"  # bump when what is prepared changes for the same inputs
+KERNEL_CPIO = "initramfs-modules.cpio"  # the kernel's share of the initramfs (its disk and NIC drivers)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How every kernel is prepared for an image (its recipe's ``[kernel]`` section, but ABI and flavour)."""
+
+    initramfs_modules: tuple[str, ...]  # loaded by the initramfs, dependencies first (virtio, ext4, fw_cfg)
+    exclude_modules: tuple[str, ...] = ()  # module directories left out of the modules disk
+    debug_modules: tuple[str, ...] = ()  # module directories whose debug files are kept (Debian -dbg)
+    extra_modules: tuple[str, ...] = ()  # guest/modules/<name> built against the kernel when possible
+
+    def key_text(self) -> str:
+        return json.dumps([self.initramfs_modules, self.exclude_modules, self.debug_modules,
+                           self.extra_modules, _extra_sources(self.extra_modules)])
+
+
+def _extra_sources(names: tuple[str, ...]) -> list[str]:
+    """A digest of every out-of-tree module's source (a change rebuilds it)."""
+    out = []
+    for name in names:
+        h = hashlib.sha256()
+        for f in sorted((resource_dir("guest") / "modules" / name).glob("*")):
+            if f.is_file():
+                h.update(f.name.encode() + b"\0" + f.read_bytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def debian_packages(spec: KernelSpec) -> tuple[str, str]:
+    """The kernel and debug packages of a Debian kernel."""
+    return f"linux-image-{spec.release}-unsigned", f"linux-image-{spec.release}-dbg"
+
+
+def _tree_kernel(tree: Path) -> Path | None:
+    """A built tree's kernel: ``vmlinux`` (ELF, boots directly), else ``arch/x86/boot/bzImage``."""
+    for candidate_path in (tree / "vmlinux", tree / "arch" / "x86" / "boot" / "bzImage"):
+        if candidate_path.is_file():
+            return candidate_path
+    return None
+
+
+def check(spec: KernelSpec) -> str | None:
+    """Why ``spec`` cannot be prepared here (cheap checks only), or None."""
+    if spec.kind == DEBIAN:
+        package, _dbg = debian_packages(spec)
+        if candidate(package) is None:
+            return (f"Debian has no kernel {spec.release} ({package} is not in the archive; "
+                    "run 'apt-get update', or see 'apt-cache search linux-image-6.1')")
+        return None
+    if spec.kind == TREE:
+        tree = spec.tree
+        assert tree is not None
+        if not tree.is_dir():
+            return f"no kernel tree at {tree}"
+        if _tree_kernel(tree) is None:
+            return f"{tree} was not built (no vmlinux or arch/x86/boot/bzImage): run make there first"
+        if not (tree / ".config").is_file():
+            return f"{tree} has no .config"
+        if not (tree / "include" / "config" / "kernel.release").is_file():
+            return f"{tree} has no include/config/kernel.release: run make there first"
+        return None
+    for what, path in (("image", spec.image), ("modules", spec.modules), ("debug", spec.debug)):
+        if path is not None and not path.exists():
+            return f"the kernel's {what} {path} does not exist"
+    return None
+
+
+# -- content keys -----------------------------------------------------------------------------------
+
+def content_key(spec: KernelSpec, opts: Options) -> str:
+    """What the prepared kernel is made of, hashed (16 hex digits)."""
+    h = hashlib.sha256(f"labctl-kernel {PREPARE_VERSION}\n{opts.key_text()}\n".encode())
+    if spec.kind == DEBIAN:
+        package, dbg = debian_packages(spec)
+        h.update(f"debian {package}={candidate(package)} {dbg}={candidate(dbg)}".encode())
+    elif spec.kind == TREE:
+        assert spec.tree is not None
+        kernel = _tree_kernel(spec.tree)
+        assert kernel is not None
+        h.update(f"tree {kernel.name} {sha256_file(kernel)} {sha256_file(spec.tree / '.config')}".encode())
+        for ko in _tree_modules(spec.tree):
+            h.update(f" {ko.relative_to(spec.tree)} {sha256_file(ko)}".encode())
+    else:
+        for path in (spec.image, spec.debug):
+            h.update(f" {sha256_file(path) if path else '-'}".encode())
+        if spec.modules is not None:
+            for f in sorted(p for p in spec.modules.rglob("*") if p.is_file()):
+                h.update(f" {f.relative_to(spec.modules)} {f.stat().st_size} {f.stat().st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def _tree_modules(tree: Path) -> list[Path]:
+    """The modules a tree built (``modules.order``), as files in the tree."""
+    order = tree / "modules.order"
+    if not order.is_file():
+        return []
+    out = []
+    for line in order.read_text().split():
+        rel = line.removeprefix("kernel/")
+        ko = tree / (rel if rel.endswith(".ko") else rel.removesuffix(".o") + ".ko")
+        if ko.is_file():
+            out.append(ko)
+    return out
+
+
+# -- preparing ----------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _lock(key: str) -> Iterator[None]:
+    """One preparation of a kernel at a time (another labctl waits for it, then finds it done)."""
+    root = kernels_root()
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / f".{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def prepare(spec: KernelSpec, opts: Options, reporter: Reporter | None = None) -> Kernel:
+    """The prepared kernel of ``spec``: found in the cache, or made now.
+
+    :raise ImageError: when a download, an extraction or the modules disk fails.
+    """
+    r = reporter or NullReporter()
+    key = content_key(spec, opts)
+    final = kernels_root() / key
+    with _lock(key):
+        if (final / MANIFEST).is_file():
+            return Kernel.at(final)
+        work = final.with_name(f".prep-{key}-{os.getpid()}")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        try:
+            _Preparer(spec, opts, work, r).run()
+            shutil.rmtree(final, ignore_errors=True)
+            work.rename(final)
+        except OSError as exc:
+            raise ImageError(f"preparing kernel {spec.describe()} failed: {exc}") from exc
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return Kernel.at(final)
+
+
+class _Preparer:
+    """Makes one kernel directory (see :mod:`labctl.kernel.store`) in ``work``."""
+
+    def __init__(self, spec: KernelSpec, opts: Options, work: Path, reporter: Reporter) -> None:
+        self.spec, self.opts, self.work, self.r = spec, opts, work, reporter
+        self.stage = work / "stage"  # lib/modules/<release> is assembled here
+        self.notes: list[str] = []
+        self.manifest: dict[str, Any] = {"source": spec.to_dict()}
+
+    def run(self) -> None:
+        if self.spec.kind == DEBIAN:
+            release = self._debian()
+        elif self.spec.kind == TREE:
+            release = self._tree()
+        else:
+            release = self._files()
+        self.manifest["release"] = release
+        mods = self.stage / "lib" / "modules" / release
+        if mods.is_dir():
+            with self.r.step("extra modules"):
+                self._extra_modules(release, mods)
+            with self.r.step("modules disk"):
+                self._modules_disk(release, mods)
+                self._kernel_cpio(mods)
+        shutil.rmtree(self.stage, ignore_errors=True)
+        self._write_manifest()
+
+    # -- sources ----------------------------------------------------------------------------
+    def _debian(self) -> str:
+        spec = self.spec
+        release = str(spec.release)
+        package, dbg = debian_packages(spec)
+        with self.r.step(f"download {package}"):
+            deb = apt_download(package)
+        with self.r.step("unpack the kernel"):
+            unpacked = self.work / "deb"
+            run(["dpkg-deb", "-x", deb, unpacked], timeout=600)
+            self.manifest["boot"] = boot_image(unpacked / "boot" / f"vmlinuz-{release}", self.work / BOOT)
+            shutil.copy(unpacked / "boot" / f"config-{release}", self.work / CONFIG)
+            shutil.copy(unpacked / "boot" / f"System.map-{release}", self.work / SYSTEM_MAP)
+            self._stage_modules(unpacked / "lib" / "modules" / release, release)
+            shutil.rmtree(unpacked)
+        self.manifest["debian"] = {"package": package, "version": deb.name.split("_")[1], "debug_package": dbg}
+        with self.r.step(f"download {dbg} (large)"):
+            dbg_deb = apt_download(dbg)
+            self.manifest["debian"]["debug_version"] = dbg_deb.name.split("_")[1]
+        with self.r.step("extract vmlinux with debug info"):
+            base = f"./usr/lib/debug/lib/modules/{release}"
+            patterns = [f"./usr/lib/debug/boot/vmlinux-{release}", *(f"{base}/{d}/*" for d in self.opts.debug_modules)]
+            out = self.work / "dbg"
+            out.mkdir()
+            run_pipeline([["dpkg-deb", "--fsys-tarfile", dbg_deb],
+                          ["tar", "-x", "-C", out, "--wildcards", *patterns]], timeout=1800)
+            (out / patterns[0]).rename(self.work / VMLINUX_DEBUG)
+            if (out / base).is_dir():
+                (out / base).rename(self.work / DEBUG_MODULES)
+            shutil.rmtree(out)
+        return release
+
+    def _tree(self) -> str:
+        tree = self.spec.tree
+        assert tree is not None
+        release = (tree / "include" / "config" / "kernel.release").read_text().strip()
+        kernel = _tree_kernel(tree)
+        assert kernel is not None
+        with self.r.step(f"kernel {release} from {tree}"):
+            self.manifest["boot"] = boot_image(kernel, self.work / BOOT)
+            if is_elf(kernel):  # the tree's vmlinux has whatever debug info the build gave it: one file serves both
+                os.link(self.work / BOOT, self.work / VMLINUX_DEBUG)
+            shutil.copy(tree / ".config", self.work / CONFIG)
+            if (tree / "System.map").is_file():
+                shutil.copy(tree / "System.map", self.work / SYSTEM_MAP)
+            mods = self.stage / "lib" / "modules" / release
+            for ko in _tree_modules(tree):
+                rel = ko.relative_to(tree)
+                for dest in (mods / "kernel" / rel, self.work / DEBUG_MODULES / rel):
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(ko, dest)
+            if mods.is_dir():
+                for name in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
+                    if (tree / name).is_file():
+                        shutil.copyfile(tree / name, mods / name)
+        self.manifest["tree"] = str(tree)
+        return release
+
+    def _files(self) -> str:
+        spec = self.spec
+        assert spec.image is not None
+        with self.r.step(f"kernel from {spec.image}"):
+            self.manifest["boot"] = boot_image(spec.image, self.work / BOOT)
+            config = extract_ikconfig(spec.image.read_bytes())
+            if config:
+                (self.work / CONFIG).write_text(config)
+            if spec.debug is not None:
+                shutil.copyfile(spec.debug, self.work / VMLINUX_DEBUG)
+            release = self._files_release()
+            if spec.modules is not None:
+                src = spec.modules / "lib" / "modules" / release
+                self._stage_modules(src if src.is_dir() else spec.modules, release)
+        return release
+
+    def _files_release(self) -> str:
+        """A loose kernel's release: its modules directory's name, else its banner."""
+        spec = self.spec
+        if spec.modules is not None:
+            under = spec.modules / "lib" / "modules"
+            names = [d.name for d in under.iterdir() if d.is_dir()] if under.is_dir() else []
+            if len(names) == 1:
+                return names[0]
+            if (spec.modules / "modules.dep").is_file() or (spec.modules / "modules.order").is_file():
+                return spec.modules.name
+        for path in (self.work / VMLINUX_DEBUG, self.work / BOOT):
+            if path.is_file() and is_elf(path):
+                text = banner(path)
+                if text:
+                    return text.split()[2]
+        raise ImageError(f"cannot tell the release of kernel {spec.image}",
+                         hint="give its modules (kernel: {image: ..., modules: DIR}) or a vmlinux (debug: ...)")
+
+    def _stage_modules(self, src: Path, release: str) -> None:
+        """Copy a kernel's ``lib/modules/<release>`` into the stage, minus the recipe's excluded directories."""
+        dst = self.stage / "lib" / "modules" / release
+        excluded = {str(src / d) for d in self.opts.exclude_modules}
+
+        def ignore(dirname: str, names: list[str]) -> list[str]:
+            return [n for n in names if os.path.join(dirname, n) in excluded or n in ("build", "source")]
+
+        shutil.copytree(src, dst, ignore=ignore, symlinks=True)
+
+    # -- what every kernel gets -------------------------------------------------------------
+    def _extra_modules(self, release: str, mods: Path) -> None:
+        """guest/modules/<name> built against the kernel (its tree, or Debian's headers when installed)."""
+        build = self.spec.tree if self.spec.kind == TREE else Path(f"/usr/src/linux-headers-{release}")
+        if not self.opts.extra_modules:
+            return
+        if build is None or not (build / "Makefile").is_file():
+            self.notes.append(f"out-of-tree modules {', '.join(self.opts.extra_modules)} not built: "
+                              f"no headers for {release} ({build})")
+            return
+        extra = mods / "extra"
+        extra.mkdir(parents=True, exist_ok=True)
+        for name in self.opts.extra_modules:
+            src = self.work / "modsrc" / name
+            shutil.copytree(resource_dir("guest") / "modules" / name, src)
+            try:
+                # Source paths in the debug info read guest/modules/NAME/FILE.c, not the build dir.
+                run(["make", "-C", build, f"M={src}", f"KCFLAGS=-fdebug-prefix-map={src}=guest/modules/{name}",
+                     "modules"], timeout=600)
+            except LabctlError as exc:
+                self.notes.append(f"out-of-tree module {name} did not build against {release}: {exc.message}")
+                continue
+            for ko in src.glob("*.ko"):
+                shutil.copy(ko, extra / ko.name)
+                dbg = self.work / DEBUG_MODULES / "extra"
+                dbg.mkdir(parents=True, exist_ok=True)
+                shutil.copy(ko, dbg / ko.name)  # built with -g: the oops decoder reads it
+            for c in src.glob("*.c"):  # the source, for gdb's list and readers of decoded oopses
+                shutil.copy(c, extra / c.name)
+        shutil.rmtree(self.work / "modsrc", ignore_errors=True)
+
+    def _modules_disk(self, release: str, mods: Path) -> None:
+        run(["depmod", "-b", self.stage, release], timeout=300)
+        used_kib = int(run(["du", "-sk", "--apparent-size", self.stage], timeout=300).stdout.split()[0])
+        size_mib = int(used_kib / 1024 * 1.3) + 16
+        run(["mke2fs", "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-L", "labmods", "-E", "root_owner=0:0",
+             "-d", self.stage / "lib" / "modules", self.work / MODULES_IMG, f"{size_mib}M"], timeout=600)
+
+    def _kernel_cpio(self, mods: Path) -> None:
+        """The kernel's share of the initramfs: its disk drivers in load order and its NIC drivers by alias."""
+        dep = (mods / "modules.dep").read_text()
+        builtin = builtin_names((mods / "modules.builtin").read_text()) if (mods / "modules.builtin").is_file() \
+            else set()
+        order = module_load_order(dep, list(self.opts.initramfs_modules), builtin)
+        alias = (mods / "modules.alias").read_text() if (mods / "modules.alias").is_file() else ""
+        nic_rules, nic_mods = nic_driver_rules(dep, alias)
+        entries = [initramfs.directory("modules")]
+        for rel in dict.fromkeys([*order, *nic_mods]):
+            entries.append(initramfs.file(f"modules/{Path(rel).name}", (mods / rel).read_bytes()))
+        entries.append(initramfs.file("modules/order", "".join(f"{Path(r).name}\n" for r in order).encode()))
+        entries.append(initramfs.file("modules/nics", nic_rules.encode()))
+        initramfs.write_cpio(entries, self.work / KERNEL_CPIO)
+
+    def _write_manifest(self) -> None:
+        debug = self.work / VMLINUX_DEBUG
+        ident = self.work / BOOT if is_elf(self.work / BOOT) else debug if debug.is_file() else None
+        files = {name: {"size": (self.work / name).stat().st_size, "sha256": sha256_file(self.work / name)}
+                 for name in (BOOT, VMLINUX_DEBUG, CONFIG, SYSTEM_MAP, MODULES_IMG) if (self.work / name).is_file()}
+        self.manifest.update({
+            "prepared_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "labctl_version": __version__,
+            "banner": banner(ident) if ident else None,
+            "build_id": build_id(ident) if ident else None,
+            "files": files,
+            "notes": self.notes,
+        })
+        atomic_write(self.work / MANIFEST, json.dumps(self.manifest, indent=2) + "\n")
+
+
+def initrd(kernel: Kernel, image_cpio: Path, image_key: str) -> Path:
+    """The initramfs of ``kernel`` for one root file system: the image's share (busybox, its
+    init) and the kernel's (its disk and NIC drivers), two cpio archives one after the other,
+    which the kernel unpacks in turn. Made on first use, then kept beside the kernel."""
+    out = kernel.initrd(image_key)
+    if not out.is_file():
+        parts = [image_cpio.read_bytes()]
+        if (kernel.dir / KERNEL_CPIO).is_file():
+            parts.append((kernel.dir / KERNEL_CPIO).read_bytes())
+        atomic_write(out, b"".join(parts))
+    return out
+
+
+def add_source(kernel: Kernel, reporter: Reporter | None = None) -> Path:
+    """Unpack the source of a Debian kernel into ``<kernel>/source`` (for gdb's ``list``).
+
+    Uses Debian's ``linux-source-X.Y`` at the kernel's version; idempotent.
+    A tree's kernel needs none: its debug info names the tree's own files.
+
+    :raise ImageError: when the kernel is not a Debian one or the package cannot be had.
+    """
+    r = reporter or NullReporter()
+    dest = kernel.dir / "source"
+    if dest.is_dir() and any(dest.iterdir()):
+        r.note(f"kernel source already in {dest}")
+        return dest
+    debian = kernel.manifest.get("debian") or {}
+    if not debian:
+        raise ImageError(f"kernel {kernel.name} is not a Debian kernel: its source is where it was built")
+    major_minor = ".".join(kernel.release.split(".")[:2])
+    package = f"linux-source-{major_minor}"
+    version = str(debian.get("version", ""))
+    with r.step(f"download {package}"):
+        deb = apt_download(package)
+    if version and f"_{version}_" not in deb.name:
+        raise ImageError(f"{deb.name} does not match the kernel's version {version}",
+                         hint="run 'apt-get update'")
+    tmp = kernel.dir / f".source-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with r.step("unpack kernel source"):
+            run_pipeline([["dpkg-deb", "--fsys-tarfile", deb],
+                          ["tar", "-x", "-C", tmp, "--wildcards", "./usr/src/linux-source-*.tar.xz"]], timeout=1800)
+            (tarball,) = list((tmp / "usr" / "src").glob("linux-source-*.tar.xz"))
+            out = tmp / "tree"
+            out.mkdir()
+            run(["tar", "-xJf", tarball, "-C", out], timeout=1800)
+        out.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    manifest = dict(kernel.manifest)
+    manifest["kernel_source"] = {"package": package, "file": deb.name, "dir": "source"}
+    atomic_write(kernel.dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return dest
