@@ -39,7 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from labctl.debug import Symbolizer, parse_oopses  # noqa: E402
 from labctl.debug.symbolize import SymbolTable  # noqa: E402
-from labctl.image.store import Image, ImageStore  # noqa: E402
+from labctl.image.recipe import load_recipe  # noqa: E402
+from labctl.image.store import ImageStore  # noqa: E402
+from labctl.kernel import lab as kernel_lab  # noqa: E402
+from labctl.kernel.store import Kernel  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "oops" / "synthetic-50.console.log"
 MODULE_FRAMES = [("8139cp", "cp_rx_poll"), ("8139cp", "cp_interrupt"), ("e1000", "e1000_clean"),
@@ -89,7 +92,7 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def decode_once(img: Image, cache: Path) -> tuple[float, Symbolizer, int]:
+def decode_once(img: Kernel, cache: Path) -> tuple[float, Symbolizer, int]:
     """Seconds for Symbolizer + parse + decode, the symbolizer, and the frame count."""
     t0 = time.perf_counter()
     sym = Symbolizer(img.vmlinux_debug, img.debug_modules, cache=cache)
@@ -97,7 +100,7 @@ def decode_once(img: Image, cache: Path) -> tuple[float, Symbolizer, int]:
     return time.perf_counter() - t0, sym, sum(len(d.frames) for d in decoded)
 
 
-def cli_once(img: Image, cache_root: Path) -> float:
+def cli_once(img: Kernel, cache_root: Path) -> float:
     env = dict(os.environ, LABCTL_CACHE_DIR=str(cache_root), PYTHONPATH=str(ROOT))
     argv = [sys.executable, "-m", "labctl", "oops", "decode", str(FIXTURE), "--vmlinux", str(img.vmlinux_debug),
             "--modules", str(img.debug_modules)]
@@ -106,7 +109,7 @@ def cli_once(img: Image, cache_root: Path) -> float:
     return time.perf_counter() - t0
 
 
-def measure(img: Image, runs: int, drop: bool) -> dict[str, object]:
+def measure(img: Kernel, runs: int, drop: bool) -> dict[str, object]:
     cold, warm, cli_cold, cli_warm = [], [], [], []
     frames, processes = 0, []
     for _ in range(runs):
@@ -136,7 +139,8 @@ def main() -> int:
     ap.add_argument("--regenerate", action="store_true", help=f"rewrite {FIXTURE.name} from the image")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    img = ImageStore().require("debian-12")
+    image = ImageStore().require("debian-12")
+    img = kernel_lab.default_kernel(image, load_recipe(image.name))  # the kernel whose debug files decode
     if args.regenerate or not FIXTURE.exists():
         FIXTURE.write_text(synthetic_oops(Symbolizer(img.vmlinux_debug, img.debug_modules)))
     r = measure(img, args.runs, args.drop_page_cache)

@@ -26,9 +26,11 @@ import resource
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from labctl.errors import HostError, ProcessError
 
@@ -97,7 +99,7 @@ def run(
 
 
 def run_pipeline(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeout: float,
-                 *, cwd: Path | None = None) -> None:
+                 *, cwd: Path | None = None, stdout: Any = None) -> None:
     """Run ``argv1 | argv2 | ...`` without a shell; every stage must succeed.
 
     :raise ProcessError: on timeout or when any stage fails.
@@ -109,7 +111,7 @@ def run_pipeline(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeout: flo
         for i, argv in enumerate(argvs):
             last = i == len(argvs) - 1
             p = _popen(argv, stdin=prev.stdout if prev else subprocess.DEVNULL,
-                       stdout=None if last else subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
+                       stdout=stdout if last else subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
             if prev and prev.stdout:
                 prev.stdout.close()
             procs.append(p)
@@ -127,6 +129,17 @@ def run_pipeline(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeout: flo
         for p in procs:
             if p.poll() is None:
                 kill_group(p)
+
+
+def run_pipeline_output(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeout: float) -> bytes:
+    """``argv1 | argv2 | ...`` without a shell; the last stage's standard output.
+
+    :raise ProcessError: on timeout or when any stage fails.
+    """
+    with tempfile.TemporaryFile() as out:
+        run_pipeline(argvs, timeout, stdout=out)
+        out.seek(0)
+        return out.read()
 
 
 def spawn(argv: Sequence[str | os.PathLike[str]], log_path: Path,

@@ -56,18 +56,16 @@ def ensure_kernels(lab: Lab, image: Image) -> dict[str, Kernel]:
     :raise LabFileError: a kernel cannot be had, or cannot run the lab (exit 2; nothing started).
     """
     kernel_lab.check(lab, image)
-    recipe = load_recipe(image.name)
-    rep = StepsReporter(f"preparing kernels for {lab.name} (first use of each; cached afterwards)")
-    if kernel_lab.all_prepared(lab, image, recipe):
-        kernels = kernel_lab.prepare(lab, image, recipe)
-    else:
-        with rep.running():
-            kernels = kernel_lab.prepare(lab, image, recipe, rep)
-    report = kernel_lab.preflight(lab, kernels)
+    report = kernel_lab.preflight(lab, image)  # from the kernels' configs, before the heavy preparation
     kernel_lab.refuse(report)
     for line in kernel_lab.warning_lines(report):
         warn(line)
-    return kernels
+    recipe = load_recipe(image.name)
+    if kernel_lab.all_prepared(lab, image, recipe):
+        return kernel_lab.prepare(lab, image, recipe)
+    rep = StepsReporter(f"preparing kernels for {lab.name} (first use of each; cached afterwards)")
+    with rep.running():
+        return kernel_lab.prepare(lab, image, recipe, rep)
 
 
 def build(args: argparse.Namespace) -> int:

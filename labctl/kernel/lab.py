@@ -20,7 +20,7 @@ from labctl.events import NullReporter, Reporter
 from labctl.image.recipe import Recipe
 from labctl.image.store import Image
 from labctl.kernel import prepare as prep
-from labctl.kernel.kconfig import KConfig, parse_config
+from labctl.kernel.kconfig import parse_config
 from labctl.kernel.requirements import Preflight
 from labctl.kernel.requirements import preflight as check_requirements
 from labctl.kernel.store import Kernel, kernels_root
@@ -37,6 +37,14 @@ def options(recipe: Recipe) -> prep.Options:
 def default_spec(image: Image) -> KernelSpec:
     """The image's default kernel (its recipe's Debian ABI and flavour)."""
     return kernels.debian(image.default_kernel, path="image")
+
+
+def default_kernel(image: Image, recipe: Recipe, reporter: Reporter | None = None) -> Kernel:
+    """The image's default kernel, prepared (from the cache when ``labctl image build`` did it).
+
+    :raise ImageError: when preparing it fails.
+    """
+    return prep.prepare(default_spec(image), options(recipe), reporter)
 
 
 def specs(lab: Lab, image: Image) -> dict[str, KernelSpec]:
@@ -90,18 +98,21 @@ def all_prepared(lab: Lab, image: Image, recipe: Recipe) -> bool:
                for s in _distinct(specs(lab, image)))
 
 
-def config_of(kernel: Kernel) -> KConfig | None:
-    """The configuration of a prepared kernel, None when it is not known (loose files without IKCONFIG)."""
-    try:
-        return parse_config(kernel.config.read_text())
-    except OSError:
-        return None
+def preflight(lab: Lab, image: Image) -> Preflight:
+    """What the lab needs, checked against each guest's kernel configuration, before any
+    kernel is prepared (a Debian kernel's package is downloaded for its config) or any QEMU starts.
+
+    :raise ImageError: when a Debian kernel's package cannot be downloaded.
+    """
+    by_guest = specs(lab, image)
+    configs = {_identity(s): prep.config_text(s) for s in _distinct(by_guest)}
+    parsed = {k: parse_config(v) if v else None for k, v in configs.items()}
+    return check_requirements(lab, lambda g: parsed[_identity(by_guest[g])], lambda g: _name(by_guest[g]))
 
 
-def preflight(lab: Lab, kernels_by_guest: dict[str, Kernel]) -> Preflight:
-    """What the lab needs, checked against each guest's kernel configuration (nothing started yet)."""
-    configs = {g: config_of(k) for g, k in kernels_by_guest.items()}
-    return check_requirements(lab, lambda g: configs.get(g), lambda g: kernels_by_guest[g].name)
+def _name(spec: KernelSpec) -> str:
+    """A kernel's name in preflight messages: its Debian release, or its tree or image."""
+    return str(spec.release) if spec.kind == kernels.DEBIAN else str(spec.tree or spec.image)
 
 
 def refuse(report: Preflight) -> None:

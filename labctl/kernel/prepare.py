@@ -50,7 +50,7 @@ from labctl.kernel.store import (
 from labctl.kernel.vmlinux import banner, boot_image, build_id, is_elf
 from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
 from labctl.paths import atomic_write, resource_dir
-from labctl.proc import run, run_pipeline
+from labctl.proc import run, run_pipeline, run_pipeline_output
 
 PREPARE_VERSION = "1"  # bump when what is prepared changes for the same inputs
 KERNEL_CPIO = "initramfs-modules.cpio"  # the kernel's share of the initramfs (its disk and NIC drivers)
@@ -119,6 +119,26 @@ def check(spec: KernelSpec) -> str | None:
         if path is not None and not path.exists():
             return f"the kernel's {what} {path} does not exist"
     return None
+
+
+def config_text(spec: KernelSpec) -> str | None:
+    """The kernel's configuration, read before anything is prepared (preflight): a Debian
+    kernel's from its package (downloaded, kept), a tree's ``.config``, or the one embedded in
+    loose files' image (``CONFIG_IKCONFIG``). None when it cannot be known.
+
+    :raise ImageError: when a Debian package cannot be downloaded.
+    """
+    if spec.kind == DEBIAN:
+        package, _dbg = debian_packages(spec)
+        deb = apt_download(package)
+        out = run_pipeline_output([["dpkg-deb", "--fsys-tarfile", str(deb)],
+                                   ["tar", "-xO", f"./boot/config-{spec.release}"]], timeout=300)
+        return out.decode(errors="replace") or None
+    if spec.kind == TREE:
+        assert spec.tree is not None
+        return (spec.tree / ".config").read_text(errors="replace")
+    assert spec.image is not None
+    return extract_ikconfig(spec.image.read_bytes())
 
 
 # -- content keys -----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 from labctl.image.recipe import load_recipe
 from labctl.image.store import Image, ImageStore
+from labctl.kernel.store import Kernel
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -29,6 +30,14 @@ def image() -> Image:
     if img is None:
         pytest.fail("the debian-12 image is not built: run 'labctl image build' (setup.sh does)")
     return img
+
+
+@pytest.fixture(scope="session")
+def kernel(image: Image) -> Kernel:
+    """The image's default kernel, prepared by setup.sh (``labctl image build``)."""
+    from labctl.kernel import lab as kernel_lab
+
+    return kernel_lab.default_kernel(image, load_recipe(image.name))
 
 
 def pids_matching(pattern: str) -> list[int]:

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.up import accel
 from labctl.up.accel import choose_accel, probe_kvm
 from tests.integration.conftest import pids_matching
 
 
-def test_probe_gives_a_verdict_and_cleans_up(image: Image, tmp_path: object) -> None:
-    usable, reason = probe_kvm(image.kernel, timeout=6)
+def test_probe_gives_a_verdict_and_cleans_up(kernel: Kernel, tmp_path: object) -> None:
+    usable, reason = probe_kvm(kernel.boot, timeout=6)
     assert reason
     # the probe QEMU is gone (matched by its temporary directory: other labs' guests
     # booting the same kernel may be running meanwhile)
     assert pids_matching("qemu-system.*labctl-kvm-") == []
-    choice = choose_accel("auto", image)
+    choice = choose_accel("auto", kernel.boot)
     if usable:
         assert choice.accel == "kvm" and choice.warning is None
     else:
@@ -27,20 +27,20 @@ def test_probe_gives_a_verdict_and_cleans_up(image: Image, tmp_path: object) -> 
         assert choice.warning and "KVM is not usable" in choice.warning and "--accel tcg" in choice.warning
 
 
-def test_forced_accelerators_skip_the_probe(image: Image, monkeypatch: pytest.MonkeyPatch,
+def test_forced_accelerators_skip_the_probe(kernel: Kernel, monkeypatch: pytest.MonkeyPatch,
                                            tmp_path: Path) -> None:
     """--accel tcg/kvm is taken as asked: no probe QEMU is started, and no cached verdict is read."""
     started: list[object] = []
     monkeypatch.setattr(accel, "spawn_tied", lambda *a, **kw: started.append(a) or pytest.fail("probe started"))
     monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path))  # an empty cache: no verdict to fall back on
-    assert choose_accel("tcg", image) == accel.AccelChoice("tcg", None)
-    assert choose_accel("kvm", image) == accel.AccelChoice("kvm", None)
+    assert choose_accel("tcg", kernel.boot) == accel.AccelChoice("tcg", None)
+    assert choose_accel("kvm", kernel.boot) == accel.AccelChoice("kvm", None)
     assert started == [] and not (tmp_path / "accel-probe.json").exists()
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return  # auto decides without a probe here
     # ... while auto does probe (and caches its verdict), through the very function patched above
     monkeypatch.setattr(accel, "spawn_tied", lambda *a, **kw: started.append(a) or _exited())
-    choose_accel("auto", image)
+    choose_accel("auto", kernel.boot)
     assert len(started) == 1 and (tmp_path / "accel-probe.json").exists()
 
 
@@ -59,6 +59,6 @@ def _exited() -> object:
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/kvm"), reason="no /dev/kvm on this host")
-def test_auto_on_this_host_matches_the_probe(image: Image) -> None:
-    usable, _ = probe_kvm(image.kernel, timeout=6)
-    assert (choose_accel("auto", image).accel == "kvm") == usable
+def test_auto_on_this_host_matches_the_probe(kernel: Kernel) -> None:
+    usable, _ = probe_kvm(kernel.boot, timeout=6)
+    assert (choose_accel("auto", kernel.boot).accel == "kvm") == usable

@@ -235,15 +235,17 @@ def test_sigkill_of_up_leaves_an_incomplete_lab_that_down_removes(cli: Cli, imag
     finally:
         if proc.poll() is None:
             proc.kill()
-    status = cli("status", "--json")
-    assert status.returncode == 0, status.stderr
-    (entry,) = json.loads(status.stdout)["labs"]
-    assert entry["state"] == "incomplete"
-    plain = cli("status")
-    assert "incomplete" in plain.stdout, plain.stdout
-    again = cli("up", str(QUICKSTART), "--accel", "tcg")
-    assert again.returncode == 5 and "incomplete" in again.stderr  # nothing is started over it
-    down = cli("down", "quickstart")
+    try:
+        status = cli("status", "--json")
+        assert status.returncode == 0, status.stderr
+        (entry,) = json.loads(status.stdout)["labs"]
+        assert entry["state"] == "incomplete"
+        plain = cli("status")
+        assert "incomplete" in plain.stdout, plain.stdout
+        again = cli("up", str(QUICKSTART), "--accel", "tcg")
+        assert again.returncode == 5 and "incomplete" in again.stderr  # nothing is started over it
+    finally:
+        down = cli("down", "quickstart")  # also when an assertion above failed: never leave guests behind
     assert down.returncode == 0, down.stderr
     assert not lab_dir.exists()
     wait_for(lambda: not qemu_pids_under(cli.state_dir), 30, "QEMU processes to go")
