@@ -19,6 +19,7 @@ ABI=$(sed -n 's/^abi = "\(.*\)"/\1/p' images/debian-12/recipe.toml)
 PACKAGES=(
     qemu-system-x86 qemu-utils          # the guests
     mmdebstrap e2fsprogs dpkg xz-utils   # the image build
+    lz4 kmod                             # kernels: cloud kernels are lz4; depmod
     python3 python3-venv                 # labctl itself
     openssh-client                       # labctl ssh
     gdb binutils                         # labctl gdb, oops decoding
@@ -51,8 +52,7 @@ ln -sf "$PWD/.venv/bin/labctl" /usr/local/bin/labctl
 say "guest image"
 .venv/bin/labctl image build
 
-# The libvirt backend: libvirtd, libvirt-python, and QEMU run as root by
-# libvirt (it changes /etc/libvirt/qemu.conf), so only when asked; CI asks.
+# The libvirt backend (libvirtd and libvirt-python), only when asked; CI asks.
 if [ -n "${LABCTL_LIBVIRT:-}" ] || [ -n "${CI:-}" ]; then
     say "libvirt"
     PYTHON=.venv/bin/python bash scripts/libvirt-setup.sh

@@ -7,11 +7,12 @@
 #
 # On these 2-core machines the build takes about 10 minutes (debug info
 # included): a fresh machine pays it once, later runs find the tree.
-# Run as root (installs the build's Debian packages). LABCTL=path/to/labctl.
+# Run as root (installs the build's Debian packages). PYTHON=the python that
+# has labctl (default .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LABCTL="${LABCTL:-.venv/bin/labctl}"
+PYTHON="${PYTHON:-.venv/bin/python}"
 LAB=tests/labs/valid/tree-kernel.yaml
 CACHE="${LABCTL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/labctl}/test-kernel"
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -26,7 +27,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-fragment=$("$LABCTL" kernel config "$LAB")
+fragment=$("$PYTHON" -m labctl kernel config "$LAB")
 version=$(dpkg-query -W -f '${Version}' linux-source-6.1)
 key=$( { echo "$version"; echo "$fragment"; cat "$0"; } | sha256sum | cut -c1-16)
 tree="$CACHE/$key/linux"

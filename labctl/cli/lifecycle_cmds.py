@@ -10,11 +10,10 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-import labctl.lab.kernels as kernels
 from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome
 from labctl.errors import LabStateError, UsageError
-from labctl.lab import Lab, load_lab
+from labctl.lab import Lab, kernels, load_lab
 from labctl.pipeline import run_lab
 from labctl.up.lifecycle import UpOptions, down, guest_statuses, up
 from labctl.up.runstate import UP, LabState, check_lab_name, run_dir, up_labs
@@ -125,9 +124,19 @@ def status_data(state: LabState) -> dict[str, Any]:
         "warnings": state.warnings, "networks": state.networks, "uploads": state.uploads,
         "hosts": {h["name"]: {k: v for k, v in h.items() if k != "name"} for h in state.hosts.values()},
         "guests": [{"name": g.name, "state": g.state, "host": g.host, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid,
-                    "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name), "nics": g.nics}
+                    "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name),
+                    "kernel": _kernel_of(state, g.name), "nics": g.nics}
                    for g in guest_statuses(state)],
     }
+
+
+def _kernel_of(state: LabState, guest: str) -> dict[str, Any] | None:
+    """The release and source of the kernel ``guest`` runs (None when unrecorded or gone from the cache)."""
+    try:
+        k = state.kernel(guest)
+        return {"release": k.release, "source": k.source, "dir": str(k.dir)}
+    except (LabStateError, OSError, ValueError):
+        return None
 
 
 def network_lines(state: LabState) -> list[str]:
@@ -146,16 +155,21 @@ def print_lab(state: LabState) -> None:
         title += f" (incomplete: the labctl that brought it up was killed; 'labctl down {state.lab}' removes it)"
     elif state.phase != UP:
         title += " (starting)"
+    releases = {g: (k or {}).get("release") or "" for g in state.guests for k in [_kernel_of(state, g)]}
+    several = len(set(releases.values())) > 1
+    if not several and releases:
+        title += f" · kernel {next(iter(releases.values())) or '?'}"
     t = Table(title=Text(title), title_justify="left")
     placed = any(h.get("name") != "local" for h in state.hosts.values())
-    for col in ("guest", *(["host"] if placed else []), "state", "ssh", "gdb", "nic", "model", "driver",
-                "address", "network"):
+    for col in ("guest", *(["host"] if placed else []), *(["kernel"] if several else []), "state", "ssh", "gdb",
+                "nic", "model", "driver", "address", "network"):
         t.add_column(col)
     for g in guest_statuses(state):
         first = True
         for n in g.nics or [{}]:
             host = [(g.host or "") if first else ""] if placed else []
-            cells = [g.name if first else "", *host, g.state if first else "", g.ssh if first else "",
+            kernel = [releases.get(g.name, "") if first else ""] if several else []
+            cells = [g.name if first else "", *host, *kernel, g.state if first else "", g.ssh if first else "",
                      (g.gdb or "") if first else "",
                      str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
                      str(n.get("ip") or ""), str(n.get("network", ""))]

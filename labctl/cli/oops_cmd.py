@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import labctl.lab.kernels as kernels
 from labctl.bundle.layout import MANIFEST
 from labctl.cli.ui import out, print_json
 from labctl.debug.oops import parse_oopses
@@ -18,7 +17,7 @@ from labctl.image.recipe import load_recipe
 from labctl.image.store import ImageStore
 from labctl.kernel import lab as kernel_lab
 from labctl.kernel.store import Kernel
-from labctl.lab import load_lab_text
+from labctl.lab import kernels, load_lab_text
 from labctl.lab.model import DEFAULT_IMAGE
 
 INDENT = "  "

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import labctl.lab.kernels as kernels
 from labctl.errors import LabFileError, Problem, UsageError
 from labctl.events import NullReporter, Reporter
 from labctl.image.recipe import Recipe
@@ -24,6 +23,7 @@ from labctl.kernel.kconfig import parse_config
 from labctl.kernel.requirements import Preflight
 from labctl.kernel.requirements import preflight as check_requirements
 from labctl.kernel.store import Kernel, kernels_root
+from labctl.lab import kernels
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import Lab
 

@@ -42,9 +42,9 @@ The rules (checked against Linux 6.1's Kconfig files)::
                                                 netem / rps_cpus
 
 A module (``m``) counts as present: labctl's initramfs loads the disk,
-fw_cfg and NIC drivers, the guest's init modprobes the power-button ones and
-the kernel auto-loads the rest. Where nothing in the guest would load a
-module (pvpanic_mmio), :func:`preflight` adds a note. ``form`` says where a
+fw_cfg and NIC drivers, the guest's init modprobes the power-button and
+pvpanic ones and the kernel auto-loads the rest. A rule may carry a
+``module_note`` that :func:`preflight` adds when its option is a module. ``form`` says where a
 module is not enough (a console must be built in) or where only a module
 will do (the driver share counts samples of the driver's module).
 
@@ -180,9 +180,7 @@ RULES: dict[str, Rule] = {r.key: r for r in (
           "labctl's SSH reaches the guest through a virtio-net-pci NIC", "refuse"),
     # Lab features every guest has.
     _rule("pvpanic", "PVPANIC PVPANIC_MMIO ACPI", "driver for QEMU's ISA pvpanic device",
-          "QEMU learns of a panic through it; without it only the panic=-1 reboot stops the guest", "warn",
-          module_note="nothing in labctl's guest loads pvpanic_mmio (there is no udev), so QEMU's pvpanic "
-                      "device goes unused"),
+          "QEMU learns of a panic through it; without it only the panic=-1 reboot stops the guest", "warn"),
     _rule("kallsyms", "KALLSYMS", "kallsyms", "oops backtraces and perf name kernel functions through it", "warn"),
     _rule("power_button", "ACPI ACPI_BUTTON INPUT_EVDEV MAGIC_SYSRQ", "ACPI power button and sysrq",
           "labctl down presses the power button, init powers off through sysrq; else a hard stop after the timeout",

@@ -41,8 +41,6 @@ def extract_vmlinux(bzimage: Path, out: Path) -> None:
     raise ImageError(f"{bzimage}: no xz-compressed ELF kernel found")
 
 
-
-
 _LZ4_MAGIC = b"\x02\x21\x4c\x18"  # the legacy lz4 frame the kernel's boot uses
 
 

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import labctl.lab.kernels as kernels
 from labctl.errors import Problem
+from labctl.lab import kernels
 from labctl.lab.addresses import assign_macs, check_ips, default_mac, parse_ip
 from labctl.lab.checker import Checker, describe, did_you_mean, join
 from labctl.lab.kernels import KernelSpec

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
-import labctl.backends.libvirt.storage as storage
-import labctl.backends.owned as owned
+from labctl.backends import owned
 from labctl.backends.base import GuestPlan, GuestRecord, NetDir
+from labctl.backends.libvirt import storage
 from labctl.backends.libvirt.host import QemuUser
 from labctl.backends.libvirt.xml import (
     FW_CFG_NAMES,
