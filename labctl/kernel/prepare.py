@@ -52,7 +52,7 @@ from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
 from labctl.paths import atomic_write, resource_dir
 from labctl.proc import run, run_pipeline, run_pipeline_output
 
-PREPARE_VERSION = "1"  # bump when what is prepared changes for the same inputs
+PREPARE_VERSION = "2"  # bump when what is prepared changes for the same inputs
 KERNEL_CPIO = "initramfs-modules.cpio"  # the kernel's share of the initramfs (its disk and NIC drivers)
 
 
@@ -376,6 +376,8 @@ class _Preparer:
                 dbg.mkdir(parents=True, exist_ok=True)
                 shutil.copy(ko, dbg / ko.name)  # built with -g: the oops decoder reads it
             for c in src.glob("*.c"):  # the source, for gdb's list and readers of decoded oopses
+                if c.name.endswith(".mod.c"):  # kbuild's generated module info, not the module's source
+                    continue
                 shutil.copy(c, extra / c.name)
         shutil.rmtree(self.work / "modsrc", ignore_errors=True)
 

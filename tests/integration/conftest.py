@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +39,22 @@ def kernel(image: Image) -> Kernel:
     from labctl.kernel import lab as kernel_lab
 
     return kernel_lab.default_kernel(image, load_recipe(image.name))
+
+
+@pytest.fixture(scope="session")
+def tree_kernel() -> Path:
+    """A kernel tree built from Debian's linux-source-6.1 with the fragment of
+    tests/labs/valid/tree-kernel.yaml (scripts/test-kernel.sh): about 10 minutes
+    the first time on a 2-core machine, then found in ~/.cache/labctl/test-kernel."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHON": sys.executable}
+    res = subprocess.run(["bash", str(root / "scripts" / "test-kernel.sh")], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=3 * 3600)
+    if res.returncode != 0:
+        pytest.fail(f"scripts/test-kernel.sh failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    tree = Path(res.stdout.strip().splitlines()[-1])
+    assert (tree / "vmlinux").is_file(), res.stdout
+    return tree
 
 
 def pids_matching(pattern: str) -> list[int]:

@@ -1,0 +1,181 @@
+"""Bring your own kernel, for real: Debian kernels side by side, a full run on the RT kernel,
+the cloud kernel refused before boot, and a kernel built from source (scripts/test-kernel.sh)
+with gdb, module symbols, tracing and oops decoding following it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, Cli
+from tests.integration.conftest import qemu_pids_under
+
+PREFLIGHT = ROOT / "tests" / "labs" / "preflight"
+
+
+def _gdb(cli: Cli, lab: str, guest: str, *commands: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "labctl", "gdb", lab, guest, "--batch", *commands], cwd=ROOT,
+                         env=cli.env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def _status(cli: Cli, lab: str) -> dict[str, dict]:  # type: ignore[type-arg]
+    data = json.loads(cli("status", lab, "--json", check=True).stdout)
+    return {g["name"]: g for g in data["labs"][0]["guests"]}
+
+
+def test_cloud_kernel_is_refused_before_anything_starts(cli: Cli, image: object) -> None:
+    lab = PREFLIGHT / "cloud-kernel.yaml"
+    res = cli("up", str(lab.relative_to(ROOT)), "--accel", "tcg", timeout=600)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr == (PREFLIGHT / "cloud-kernel.expected").read_text()
+    assert "Traceback" not in res.stderr
+    assert not (cli.state_dir / "labs" / "cloud-kernel").exists()  # nothing started, no state
+    assert qemu_pids_under(cli.state_dir) == []
+    # The same lab on the generic flavour passes preflight (the refusal is about the kernel).
+    res = cli("up", str(lab), "--kernel", "debian:6.1.0-56-amd64", "--accel", "tcg", "--json", timeout=900)
+    try:
+        assert res.returncode == 0, res.stdout + res.stderr
+        drivers = {(g, n["name"]): n["driver"] for g, s in _status(cli, "cloud-kernel").items() for n in s["nics"]}
+        assert drivers[("a", "eth1")] == "e1000" and drivers[("b", "eth1")] in ("8139cp", "8139too")
+    finally:
+        cli("down", "cloud-kernel")
+
+
+SIDE_BY_SIDE = """\
+name: two-kernels
+networks: {lan: {}}
+guests:
+  old:
+    kernel: debian:6.1.0-53-amd64
+    nics: [{name: eth1, model: e1000, network: lan, ip: 10.71.0.1/24}]
+  new:
+    nics: [{name: eth1, model: rtl8139, network: lan, ip: 10.71.0.2/24}]
+"""
+
+
+def test_a_debian_kernel_next_to_the_images_kernel(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = tmp_path / "two.yaml"
+    lab.write_text(SIDE_BY_SIDE)
+    res = cli("up", str(lab), "--accel", "tcg", timeout=1800)  # the first use downloads 6.1.0-53 (~1 GB with -dbg)
+    try:
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "6.1.0-53-amd64" in res.stdout  # the table has a kernel column when guests differ
+        release = {g: cli("exec", "two-kernels", g, "--", "uname -r", check=True).stdout.strip()
+                   for g in ("old", "new")}
+        assert release == {"old": "6.1.0-53-amd64", "new": "6.1.0-56-amd64"}
+        status = _status(cli, "two-kernels")
+        assert {g: s["kernel"]["release"] for g, s in status.items()} == release
+        assert status["old"]["nics"][0]["driver"] == "e1000"
+        assert status["new"]["nics"][0]["driver"] in ("8139cp", "8139too")
+        cli("exec", "two-kernels", "old", "--", "ping -c 2 -W 5 10.71.0.2", check=True)
+        # gdb reads each guest's own vmlinux: the release string at init_uts_ns's address.
+        for g in ("old", "new"):
+            out = _gdb(cli, "two-kernels", g, "p init_uts_ns.name.release", "info symbol e1000_xmit_frame")
+            assert f'"{release[g]}"' in out, out
+            assert re.search(rf"/kernels/\w+/debug-modules/.*e1000\.ko", out), out  # module symbols too
+        listed = json.loads(cli("kernel", "list", "--json", check=True).stdout)["kernels"]
+        users = {k["release"]: k["used_by"] for k in listed}
+        assert users["6.1.0-53-amd64"] == ["two-kernels"] and users["6.1.0-56-amd64"] == ["two-kernels"]
+    finally:
+        down = cli("down", "two-kernels")
+    assert down.returncode == 0, down.stderr
+    assert qemu_pids_under(cli.state_dir) == []
+
+
+def test_nic_driver_cost_runs_on_the_rt_kernel(cli: Cli, image: object, tmp_path: Path) -> None:
+    text = re.sub(r" -t \d+", " -t 3", (ROOT / "labs" / "nic-driver-cost.yaml").read_text())
+    lab = tmp_path / "nic-driver-cost.yaml"
+    lab.write_text(text)
+    res = cli("run", str(lab), "--kernel", "debian:6.1.0-56-rt-amd64", "--accel", "tcg",
+              "--out", str(tmp_path / "runs"), "--json", timeout=2400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    outcome = json.loads(res.stdout)
+    assert outcome["status"] == "ok", outcome
+    bundle = Path(outcome["bundle"])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    for guest in ("client", "server"):
+        k = manifest["kernels"][guest]
+        assert k["release"] == "6.1.0-56-rt-amd64" and k["source"]["kind"] == "debian"
+        assert k["build_id"] and re.fullmatch(r"[0-9a-f]{64}", k["sha256"]["boot"])
+        assert re.fullmatch(r"[0-9a-f]{64}", k["sha256"]["vmlinux.debug"])
+        assert "PREEMPT_RT" in k["banner"]
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert [s["variant"] for s in summary["steps"]] == ["rtl8139", "e1000", "virtio-net-pci"]
+    for step in summary["steps"]:
+        assert step["status"] == "ok"
+        client = bundle / step["dir"] / "client"
+        assert (client / "perf.data").is_file() and (client / "perf-report-dso.txt").is_file()
+        assert step["guests"]["client"]["throughput_mbit_s"] > 0
+    for f in ("report.md", "report.html", "summary.json"):
+        assert (bundle / f).is_file()
+    assert "6.1.0-56-rt-amd64" in (bundle / "report.md").read_text()
+    assert qemu_pids_under(cli.state_dir) == []
+
+
+# -- a kernel built from source ---------------------------------------------------------------------
+
+def _tree_lab(tmp_path: Path, tree: Path) -> Path:
+    """tests/labs/valid/tree-kernel.yaml on the built tree (a path relative to the lab file), plus a crash."""
+    text = (ROOT / "tests" / "labs" / "valid" / "tree-kernel.yaml").read_text()
+    rel = os.path.relpath(tree, tmp_path)
+    text = text.replace("name: tree-kernel\n", f"name: tree-kernel\nkernel: {{tree: {rel}}}\n")
+    text += ("  - name: crash\n"
+             "    run:\n"
+             "      - {guest: b, command: \"echo c > /proc/sysrq-trigger\", timeout: 120}\n")
+    lab = tmp_path / "tree.yaml"
+    lab.write_text(text)
+    return lab
+
+
+def test_a_kernel_built_from_source(cli: Cli, image: object, tree_kernel: Path, tmp_path: Path) -> None:
+    release = (tree_kernel / "include" / "config" / "kernel.release").read_text().strip()
+    assert release.endswith("-labctl-test")
+    lab = _tree_lab(tmp_path, tree_kernel)
+    res = cli("up", str(lab), "--accel", "tcg", "--out", str(tmp_path / "runs"), "--json", timeout=1800)
+    try:
+        assert res.returncode == 6, res.stdout + res.stderr  # the crash step fails: that is the lab
+        outcome = json.loads(res.stdout)
+        assert [s["status"] for s in outcome["steps"]] == ["ok", "failed"]
+        bundle = Path(outcome["bundle"])
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        k = manifest["kernels"]["a"]
+        assert k["release"] == release and k["source"] == {"kind": "tree", "tree": str(tree_kernel)}
+        # Every guest runs the build, and the lab's NIC drivers bind (e1000 from the tree's module).
+        for g in ("a", "c"):
+            assert cli("exec", "tree-kernel", g, "--", "uname -r", check=True).stdout.strip() == release
+        status = _status(cli, "tree-kernel")
+        assert status["a"]["nics"][0]["driver"] == "e1000" and status["c"]["nics"][0]["driver"] == "virtio_net"
+        assert status["b"]["nics"][0]["driver"] == "8139cp" and status["b"]["state"] == "crashed"
+        lsmod = cli("exec", "tree-kernel", "a", "--", "cat /proc/modules", check=True).stdout
+        assert lsmod.startswith("e1000 ") or "\ne1000 " in lsmod
+        # The step's gdb breakpoint in the tree's e1000 module was hit; perf and ftrace recorded.
+        ping = json.loads((bundle / "summary.json").read_text())["steps"][0]
+        a = bundle / ping["dir"] / "a"
+        transcript = (a / "gdb-transcript.txt").read_text()
+        assert "e1000_xmit_frame" in transcript and "e1000_main.c" in transcript
+        assert "net_dev_queue" in (a / "trace-report.txt").read_text()
+        assert (a / "perf.data").is_file()
+        # labctl gdb resolves the build's symbols and reads its memory.
+        out = _gdb(cli, "tree-kernel", "a", "bt 3", "p init_uts_ns.name.release", "info symbol e1000_xmit_frame")
+        assert f'"{release}"' in out and "#0  " in out and " at " in out, out
+        assert "e1000_xmit_frame in section .text of " in out and "e1000.ko" in out, out
+        # The oops decodes to the tree's own file:line.
+        decoded = json.loads((bundle / "guests" / "b" / "oops.json").read_text())
+        frames = [f for f in [decoded[0]["rip"], *decoded[0]["frames"]] if f]
+        crash = next(f for f in frames if f["func"] == "sysrq_handle_crash")
+        assert crash["file"].endswith("drivers/tty/sysrq.c") and crash["line"]
+        source = (tree_kernel / "drivers" / "tty" / "sysrq.c").read_text().splitlines()
+        start = next(i for i, line in enumerate(source) if line.startswith("static void sysrq_handle_crash("))
+        assert start < crash["line"] <= start + 20  # a line of that function, in that tree
+    finally:
+        down = cli("down", "tree-kernel")
+    assert down.returncode == 0, down.stderr
+    assert qemu_pids_under(cli.state_dir) == []
