@@ -138,4 +138,10 @@ def list_images(args: argparse.Namespace) -> int:
     missing = [n for n in current if not any(r["name"] == n and r["current"] for r in rows)]
     for n in missing:
         out.print(f"recipe {n}: not built (labctl image build {n})")
+    from labctl.kernel.store import KernelStore
+
+    prepared = KernelStore().list()
+    if prepared:
+        out.print(Text(f"kernels prepared for any image: {', '.join(sorted({k.name for k in prepared}))} "
+                       "(labctl kernel list)"))
     return 0

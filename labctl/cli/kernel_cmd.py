@@ -95,7 +95,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         keep.add(default.resolve())
     gone = KernelStore().prune(keep)
     for k in gone:
-        out.print(Text(f"removed kernel {k.name} ({k.key})"))
+        out.print(Text(f"removed kernel {k.name} ({k.key})" if k.manifest else f"removed leftover {k.dir}"))
     if not gone:
         out.print("nothing to prune")
     return 0

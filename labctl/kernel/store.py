@@ -134,9 +134,14 @@ class KernelStore:
         return [Kernel.at(m.parent) for m in sorted(self.root.glob(f"*/{MANIFEST}"))]
 
     def prune(self, keep: set[Path]) -> list[Kernel]:
-        """Remove every prepared kernel whose directory is not in ``keep``; the removed ones."""
+        """Remove every prepared kernel whose directory is not in ``keep``, and leftovers (directories
+        without a manifest: a kernel is renamed into place whole, so those are older labctls'); the
+        removed ones."""
         wanted = {p.resolve() for p in keep}
         gone = [k for k in self.list() if k.dir.resolve() not in wanted]
+        if self.root.is_dir():
+            gone += [Kernel.at(d) for d in sorted(self.root.iterdir())
+                     if d.is_dir() and not d.name.startswith(".") and not (d / MANIFEST).is_file()]
         for k in gone:
             shutil.rmtree(k.dir, ignore_errors=True)
         return gone
