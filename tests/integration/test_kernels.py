@@ -168,9 +168,10 @@ def test_a_kernel_built_from_source(cli: Cli, image: object, tree_kernel: Path, 
         assert "net_dev_queue" in (a / "trace-report.txt").read_text()
         assert (a / "perf.data").is_file()
         # labctl gdb resolves the build's symbols and reads its memory.
-        out = _gdb(cli, "tree-kernel", "a", "bt 3", "p init_uts_ns.name.release", "info symbol e1000_xmit_frame")
+        # (e1000_clean is the e1000 module's alone: the built-in e1000e has its own e1000_xmit_frame)
+        out = _gdb(cli, "tree-kernel", "a", "bt 3", "p init_uts_ns.name.release", "info symbol e1000_clean")
         assert f'"{release}"' in out and "#0  " in out and " at " in out, out
-        assert "e1000_xmit_frame in section .text of " in out and "e1000.ko" in out, out
+        assert re.search(r"e1000_clean in section \.text of \S+/debug-modules/\S+/e1000\.ko", out), out
         # The oops decodes to the tree's own file:line.
         decoded = json.loads((bundle / "guests" / "b" / "oops.json").read_text())
         frames = [f for f in [decoded[0]["rip"], *decoded[0]["frames"]] if f]
