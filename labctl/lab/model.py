@@ -15,12 +15,18 @@ from typing import Any
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_IMAGE", "LAB_NAME", "LAB_NAME_RULE", "Guest", "Host", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_IMAGE", "LAB_IDENT", "LAB_IDENT_RULE", "LAB_NAME", "LAB_NAME_RULE", "Check", "Guest",
+           "Host", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
 
 LAB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 """A lab's name: also its run directory's name, so nothing else may pass (no ``/``, ``.``, ``..``)."""
 
 LAB_NAME_RULE = "use 1-32 of a-z, 0-9, '_', '-', starting with a letter or digit"
+
+LAB_IDENT = re.compile(rf"{LAB_NAME.pattern}(?:@{LAB_NAME.pattern})?")
+"""A lab that is up: its name, or ``NAME@INSTANCE`` for one of several copies of it (``up --instance``)."""
+
+LAB_IDENT_RULE = f"a lab's name or NAME@INSTANCE; each part: {LAB_NAME_RULE}"
 
 DEFAULT_IMAGE = "debian-12"
 """The image a lab runs on when it names none (``images/debian-12/recipe.toml``)."""
@@ -109,6 +115,7 @@ class Guest:
     line: int
     host: str = DEFAULT_HOST
     kernel: KernelSpec | None = None  # the guest's own kernel (else the lab's, else the image's)
+    setup: tuple[str, ...] = ()  # shell commands run once it is up, before its post-boot snapshot
 
     def nic(self, name: str) -> Nic:
         """The NIC called ``name``; raises KeyError if there is none."""
@@ -126,6 +133,7 @@ class Guest:
             "kernel_args": list(self.kernel_args),
             "host": self.host,
             "kernel": self.kernel.to_dict() if self.kernel else None,
+            "setup": list(self.setup),
             "nics": [nic.to_dict() for nic in self.nics],
         }
 
@@ -149,6 +157,22 @@ class Host:
 
 
 @dataclass(frozen=True)
+class Check:
+    """A graded check: ``command`` on ``guest`` exits 0 when the exercise is done."""
+
+    name: str
+    guest: str
+    command: str
+    hint: str = ""
+    timeout: float = 30.0
+    line: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "guest": self.guest, "command": self.command, "hint": self.hint,
+                "timeout": self.timeout}
+
+
+@dataclass(frozen=True)
 class Lab:
     """A validated, fully resolved lab.
 
@@ -169,6 +193,22 @@ class Lab:
     steps: tuple[Any, ...] = ()  # tuple[labctl.lab.steps.Step, ...]
     hosts: dict[str, Host] = field(default_factory=dict)
     kernel: KernelSpec | None = None  # every guest's kernel, unless a guest names its own (None: the image's)
+    checks: tuple[Check, ...] = ()
+    instance: str | None = None  # one of several copies of the lab on this host (``up --instance``)
+
+    @property
+    def ident(self) -> str:
+        """What names this copy of the lab while it is up: ``NAME`` or ``NAME@INSTANCE``."""
+        return f"{self.name}@{self.instance}" if self.instance else self.name
+
+    def with_instance(self, instance: str | None) -> Lab:
+        """This lab as instance ``instance`` (None: the lab itself).
+
+        :raise ValueError: when ``instance`` breaks the lab-name rule.
+        """
+        if instance is not None and not LAB_NAME.fullmatch(instance):
+            raise ValueError(f"invalid instance name {instance!r} ({LAB_NAME_RULE})")
+        return dataclasses.replace(self, instance=instance)
 
     def kernel_of(self, guest: str) -> KernelSpec | None:
         """The kernel ``guest`` boots: its own, else the lab's; None for the image's default kernel."""
@@ -198,4 +238,6 @@ class Lab:
             "hosts": {name: host.to_dict() for name, host in self.hosts.items()},
             "guests": {name: guest.to_dict() for name, guest in self.guests.items()},
             "steps": [dataclasses.asdict(s) for s in self.steps],
+            "checks": [c.to_dict() for c in self.checks],
+            "instance": self.instance,
         }

@@ -50,6 +50,7 @@ class GuestSpec:
     host: str = DEFAULT_HOST
     host_line: int = 0
     kernel: KernelSpec | None = None
+    setup: tuple[str, ...] = ()
 
 
 @dataclass

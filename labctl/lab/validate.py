@@ -17,6 +17,7 @@ from labctl.errors import Problem
 from labctl.lab import kernels
 from labctl.lab.addresses import assign_macs, check_ips, default_mac, parse_ip
 from labctl.lab.checker import Checker, describe, did_you_mean, join
+from labctl.lab.checks import parse_checks, parse_setup
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import (
     DEFAULT_HOST,
@@ -53,10 +54,11 @@ MAX_GUESTS = 64
 MAX_NICS = 16  # lab NICs per guest: PCI slots, and what a lab can use
 MAX_NETWORKS = 64
 
-_TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "hosts", "networks", "guests", "steps")
+_TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "hosts", "networks", "guests", "steps",
+             "checks")
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description")
-_GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics")
+_GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup")
 _HOST_KEYS = ("uri", "address")
 _HOST_REQUIRED = ("uri",)
 _HOSTS_BACKEND = "libvirt"
@@ -99,13 +101,14 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
     check_ips(check, nics)
     assign_macs(check, header["name"], nics)
     steps = StepParser(check, guests).parse(data)
+    checks = parse_checks(check, data, set(guests))
     if check.problems:
         return None, check.problems
     lab = Lab(
         name=header["name"], source=source, sha256=sha256, image=header["image"],
         backend=header["backend"], description=header["description"],
         networks=_resolve_networks(networks, guests), guests=_resolve_guests(guests, networks),
-        text=text, steps=steps, hosts=hosts, kernel=kernel,
+        text=text, steps=steps, hosts=hosts, kernel=kernel, checks=checks,
     )
     return lab, []
 
@@ -302,6 +305,7 @@ def _parse_guest(
         kernel_args=_parse_kernel_args(check, body, path),
         nics=_parse_nics(check, body, path, name, networks),
         line=line,
+        setup=parse_setup(check, body, path),
     )
 
 
@@ -514,7 +518,7 @@ def _resolve_guests(guests: dict[str, GuestSpec], networks: dict[str, NetSpec]) 
         name: Guest(
             name=name, memory=spec.memory, cpus=spec.cpus,
             nics=tuple(_resolve_nic(nic, networks) for nic in spec.nics),
-            kernel_args=spec.kernel_args, line=spec.line, host=spec.host, kernel=spec.kernel,
+            kernel_args=spec.kernel_args, line=spec.line, host=spec.host, kernel=spec.kernel, setup=spec.setup,
         )
         for name, spec in guests.items()
     }
