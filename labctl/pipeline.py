@@ -78,8 +78,8 @@ def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: 
     ``on_up(state)``, steps, bundle, report, and down unless ``keep``. The lab's
     lock is held throughout: no other labctl takes the lab meanwhile.
     """
-    with lab_lock(lab.name):
-        bundle = write.new_bundle_dir(out_root, lab.name)
+    with lab_lock(lab.ident):
+        bundle = write.new_bundle_dir(out_root, lab.ident)
         state = up(lab, image, opts, up_events, kernels)
         try:
             if on_up is not None:
@@ -87,4 +87,4 @@ def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: 
             return run_steps(lab, state, bundle, step_events)
         finally:
             if not keep:
-                down(lab.name)
+                down(lab.ident)

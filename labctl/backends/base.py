@@ -38,6 +38,7 @@ class GuestPlan:
     kernel: Kernel  # the prepared kernel this guest boots (labctl.kernel)
     initrd: Path  # its initramfs for the image's root file system
     host: HostPlace | None = None  # the libvirt host (None: this machine, the qemu backend)
+    warm: bool = False  # started to load a post-boot snapshot (``-incoming defer``), not to boot
 
     @property
     def overlay(self) -> Path:
@@ -55,6 +56,11 @@ class GuestPlan:
     def gdb_socket(self) -> Path:
         """QEMU's gdbstub: a unix socket in the guest's 0700 directory (never a TCP port)."""
         return self.dir / "gdb.sock"
+
+    @property
+    def agent_socket(self) -> Path:
+        """labctl's channel to the guest's agent (virtio-serial; see guest/init), owner only."""
+        return self.dir / "agent.sock"
 
     @property
     def pidfile(self) -> Path:

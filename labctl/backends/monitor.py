@@ -8,6 +8,8 @@ Every qemu.qmp exception is mapped to :class:`MachineError` here.
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -40,6 +42,88 @@ def qmp_execute(socket_path: Path | str, command: str, args: dict[str, Any] | No
         return asyncio.run(go())
     except (QMPError, OSError, asyncio.TimeoutError, EOFError) as exc:
         raise MachineError(f"QMP {command} on {socket_path} failed: {exc or type(exc).__name__}") from exc
+
+
+MIGRATION_FD = "labctl-state"
+_DONE = "completed"
+_FAILED = ("failed", "cancelled")
+
+
+def save_state(socket_path: Path | str, dest: Path, timeout: float = 300.0) -> dict[str, Any]:
+    """Write the guest's RAM and device state to ``dest`` (a QMP ``migrate`` to a file
+    descriptor passed over the monitor socket: QEMU's sandbox forbids ``exec:``, and
+    QEMU 7.2 has no ``file:``). The guest is paused first and stays paused; the
+    caller resumes it (``cont``) once it has copied the disk. Returns QEMU's
+    final ``query-migrate``.
+
+    :raise MachineError: when QEMU cannot save it, or not within ``timeout``.
+    """
+
+    async def go(client: QMPClient) -> dict[str, Any]:
+        await client.execute("stop")
+        await client.execute("migrate-set-parameters", {"max-bandwidth": 1 << 40})
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            client.send_fd_scm(fd)
+            await client.execute("getfd", {"fdname": MIGRATION_FD})
+        finally:
+            os.close(fd)  # QEMU holds its own copy
+        await client.execute("migrate", {"uri": f"fd:{MIGRATION_FD}"})
+        return await _migration_done(client, timeout, "saving")
+
+    return _session(socket_path, go, timeout + 10, "migrate")
+
+
+def load_state(socket_path: Path | str, src: Path, timeout: float = 300.0) -> dict[str, Any]:
+    """Load RAM and device state saved by :func:`save_state` into a QEMU started with
+    ``-incoming defer`` (``migrate-incoming`` from a descriptor of ``src``). The guest
+    runs afterwards unless QEMU was started with ``-S``.
+
+    :raise MachineError: when QEMU cannot load it, or not within ``timeout``.
+    """
+
+    async def go(client: QMPClient) -> dict[str, Any]:
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            client.send_fd_scm(fd)
+            await client.execute("getfd", {"fdname": MIGRATION_FD})
+        finally:
+            os.close(fd)
+        await client.execute("migrate-incoming", {"uri": f"fd:{MIGRATION_FD}"})
+        return await _migration_done(client, timeout, "loading")
+
+    return _session(socket_path, go, timeout + 10, "migrate-incoming")
+
+
+async def _migration_done(client: QMPClient, timeout: float, doing: str) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        info: dict[str, Any] = await client.execute("query-migrate")
+        status = info.get("status")
+        if status == _DONE:
+            return info
+        if status in _FAILED:
+            raise MachineError(f"QEMU failed {doing} the guest's state: {info.get('error-desc') or status}")
+        if time.monotonic() > deadline:
+            raise MachineError(f"QEMU was still {doing} the guest's state after {timeout:.0f} s ({status})")
+        await asyncio.sleep(0.01)
+
+
+def _session(socket_path: Path | str, work: Any, timeout: float, what: str) -> Any:
+    """Run ``await work(client)`` on one monitor connection, mapping every failure to MachineError."""
+
+    async def go() -> Any:
+        client = QMPClient("labctl")
+        try:
+            await asyncio.wait_for(client.connect(str(socket_path)), 5.0)
+            return await asyncio.wait_for(work(client), timeout)
+        finally:
+            await client.disconnect()
+
+    try:
+        return asyncio.run(go())
+    except (QMPError, OSError, asyncio.TimeoutError, EOFError) as exc:
+        raise MachineError(f"QMP {what} on {socket_path} failed: {exc or type(exc).__name__}") from exc
 
 
 class Monitor(Protocol):

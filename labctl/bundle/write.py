@@ -19,12 +19,12 @@ from typing import Any
 from labctl import __version__
 from labctl.backends import get_backend
 from labctl.backends.base import Backend
+from labctl.backends.qemu.backend import qemu_version
 from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, guest_dir
 from labctl.errors import LabctlError, UsageError
 from labctl.image.store import MANIFEST as IMAGE_MANIFEST
 from labctl.lab.model import Lab
 from labctl.paths import atomic_write
-from labctl.proc import run
 from labctl.up.runstate import LabState
 
 log = logging.getLogger(__name__)
@@ -53,13 +53,6 @@ def new_bundle_dir(root: Path, lab: str) -> Path:
     raise UsageError(f"cannot make a bundle directory under {root}: 100 bundles of this second exist",
                      hint="pick another --out")
 
-
-def qemu_version() -> str:
-    try:
-        out = run(["qemu-system-x86_64", "--version"], timeout=20).stdout.decode()
-        return out.splitlines()[0].strip()
-    except Exception:  # noqa: BLE001 - version is informative only
-        return "unknown"
 
 
 def running_qemu_versions(state: LabState, backend: Backend) -> dict[str, str]:
@@ -96,7 +89,8 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         pass
     manifest = {
         "labctl_version": __version__,
-        "lab": {"name": lab.name, "source": lab.source, "sha256": lab.sha256, "resolved": lab.to_dict()},
+        "lab": {"name": lab.name, "instance": lab.instance, "source": lab.source, "sha256": lab.sha256,
+                "resolved": lab.to_dict()},
         "image": image_manifest,
         "accel": state.accel,
         "backend": state.backend,

@@ -13,8 +13,11 @@ from rich.text import Text
 from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome
 from labctl.errors import LabStateError, UsageError
+from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.lab import Lab, kernels, load_lab
 from labctl.pipeline import run_lab
+from labctl.up.capacity import check_capacity
 from labctl.up.lifecycle import UpOptions, down, guest_statuses, up
 from labctl.up.runstate import UP, LabState, check_lab_name, run_dir, up_labs
 
@@ -27,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the lab's status as JSON when up")
     p.add_argument("--no-steps", action="store_true", help="do not run the lab's steps")
     p.add_argument("--out", default="runs", help="where the steps' report bundle goes (default: ./runs)")
+    p.add_argument("--instances", type=int, metavar="N",
+                   help="bring up N copies of the lab side by side, LAB@1 ... LAB@N")
     p.set_defaults(func=cmd_up)
 
     d = sub.add_parser("down", help="power a lab's guests off and remove its state")
@@ -53,6 +58,12 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="accept links across hosts as plain UDP tunnels (neither encrypted nor authenticated)")
     p.add_argument("--kernel", metavar="SPEC",
                    help="boot every guest on this kernel: debian:ABI-FLAVOUR, tree:PATH, image:PATH (or a path)")
+    p.add_argument("--instance", metavar="NAME",
+                   help="one of several copies of the lab on this host, addressed as LAB@NAME")
+    p.add_argument("--cold", action="store_true",
+                   help="boot every guest, even where a post-boot snapshot would restore it (warm start)")
+    p.add_argument("--overcommit", action="store_true",
+                   help="start even when the guests may need more memory than the host has available")
 
 
 def load_for_up(args: argparse.Namespace) -> Lab:
@@ -66,19 +77,58 @@ def load_for_up(args: argparse.Namespace) -> Lab:
             lab = lab.with_kernel(kernels.from_command_line(args.kernel, Path.cwd()))
         except ValueError as exc:
             raise UsageError(f"--kernel: {exc}") from exc
-    return lab
+    try:
+        return lab.with_instance(args.instance)
+    except ValueError as exc:
+        raise UsageError(f"--instance: {exc}") from exc
 
 
 def up_options(args: argparse.Namespace) -> UpOptions:
     return UpOptions(accel=args.accel, backend=args.backend, boot_timeout=args.boot_timeout,
-                     no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links)
+                     no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links,
+                     cold=args.cold)
+
+
+def instances(args: argparse.Namespace, lab: Lab) -> list[Lab]:
+    """The copies of the lab to bring up: ``--instances N`` gives LAB@1 ... LAB@N.
+
+    :raise UsageError: for a bad count, or both options.
+    """
+    n = getattr(args, "instances", None)
+    if n is None:
+        return [lab]
+    if args.instance:
+        raise UsageError("--instance and --instances cannot be combined")
+    if not 1 <= n <= MAX_INSTANCES:
+        raise UsageError(f"--instances {n}: give 1 to {MAX_INSTANCES}")
+    return [lab.with_instance(str(i)) for i in range(1, n + 1)]
+
+
+MAX_INSTANCES = 64
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     lab = load_for_up(args)
     image = ensure_image(lab.image)
     kernels = ensure_kernels(lab, image)
-    display = UpDisplay(lab.name, list(lab.guests))
+    copies = instances(args, lab)
+    check_capacity(copies, overcommit=args.overcommit)
+    if len(copies) == 1:
+        return _up_one(args, copies[0], image, kernels)
+    statuses = []
+    for copy in copies:
+        rc = _up_one(args, copy, image, kernels, quiet_json=True)
+        if rc:
+            return rc
+        statuses.append(status_data(LabState.load(copy.ident)))
+    if args.json:
+        print_json({"labs": statuses})
+    return 0
+
+
+def _up_one(args: argparse.Namespace, lab: Lab, image: Image, kernels: dict[str, Kernel],
+            quiet_json: bool = False) -> int:
+    display = UpDisplay(lab.ident, list(lab.guests))
 
     def show(state: LabState) -> None:
         if args.show_command:
@@ -86,13 +136,13 @@ def cmd_up(args: argparse.Namespace) -> int:
                 console.print(Text(rec.name, style="bold") + Text(f": {shlex.join(rec.argv)}"), soft_wrap=True)
             for line in network_lines(state):
                 console.print(Text(line), soft_wrap=True)
-        if args.json and not lab.steps:
+        if args.json and not lab.steps and not quiet_json:
             print_json(status_data(state))
         elif not args.json:
             print_lab(state)
-            out.print(Text.assemble("lab ", (lab.name, "bold"), f" is up ({state.accel}); ",
-                                    (f"labctl ssh {lab.name} GUEST", "cyan"), ", ",
-                                    (f"labctl down {lab.name}", "cyan")))
+            out.print(Text.assemble("lab ", (lab.ident, "bold"), f" is up ({state.accel}); ",
+                                    (f"labctl ssh {lab.ident} GUEST", "cyan"), ", ",
+                                    (f"labctl down {lab.ident}", "cyan")))
 
     if lab.steps and not args.no_steps:  # the whole pipeline; the lab stays up afterwards
         outcome = run_lab(lab, image, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show,

@@ -10,6 +10,7 @@ from labctl.cli.lifecycle_cmds import add_up_arguments, load_for_up, up_options
 from labctl.cli.ui import StepLines, UpDisplay, report_outcome
 from labctl.errors import UsageError
 from labctl.pipeline import run_lab
+from labctl.up.capacity import check_capacity
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -28,6 +29,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file} has no steps to run", hint=f"use: labctl up {args.file}")
     image = ensure_image(lab.image)
     kernels = ensure_kernels(lab, image)
-    outcome = run_lab(lab, image, up_options(args), Path(args.out), UpDisplay(lab.name, list(lab.guests)),
+    check_capacity([lab], overcommit=args.overcommit)
+    outcome = run_lab(lab, image, up_options(args), Path(args.out), UpDisplay(lab.ident, list(lab.guests)),
                       StepLines(), keep=args.keep, kernels=kernels)
     return report_outcome(outcome, args.json)

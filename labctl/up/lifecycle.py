@@ -9,6 +9,7 @@ stops everything that was started and removes the run directory.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import datetime
 import hashlib
 import os
@@ -43,9 +44,9 @@ from labctl.lab.model import Guest, Lab
 from labctl.net.plan import SWITCH, UDP, Segment, plan_networks
 from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
-from labctl.proc import kill_pids, pids_referencing, run, spawn, stop_pid
+from labctl.proc import kill_pids, pids_referencing, spawn, stop_pid
 from labctl.ssh import Endpoint, Session
-from labctl.up import guestconf
+from labctl.up import guestconf, snapshots, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
@@ -63,6 +64,8 @@ class UpOptions:
     extra_kernel_args: tuple[str, ...] = ()
     no_verify_host_keys: bool = False  # --no-verify-host-keys: remote hosts' SSH keys are not checked
     unencrypted_links: bool = False  # --unencrypted-links: UDP tunnels across hosts are accepted
+    cold: bool = False  # --cold: boot every guest, even where a post-boot snapshot exists
+    snapshots: bool = True  # take post-boot snapshots of cold-booted guests (qemu backend)
 
 
 def mgmt_mac(lab: str, guest: str) -> str:
@@ -84,13 +87,15 @@ class LabUp:
         self.kernels = kernels if kernels is not None else kernel_lab.prepare(lab, image, load_recipe(image.name))
         backend = opts.backend or lab.backend
         if lab.uses_hosts and backend != "libvirt":
-            raise UsageError(f"lab {lab.name} places guests on hosts, which needs the libvirt backend "
+            raise UsageError(f"lab {lab.ident} places guests on hosts, which needs the libvirt backend "
                              f"(not {backend})", hint="use --backend libvirt, or drop the lab's hosts")
         self.backend: Backend = get_backend(backend)
         self.hosts = self._place(backend)
-        self.dir = run_dir(lab.name)
+        self.dir = run_dir(lab.ident)
         self.records: dict[str, GuestRecord] = {}
         self.switches: list[SwitchRecord] = []
+        self.snaps: dict[str, str] = {}  # guest -> its snapshot key (qemu backend)
+        self.warm: dict[str, snapshots.Snapshot] = {}  # guests restored instead of booted
         self.warnings: list[str] = []
         self._stop_waits = threading.Event()
 
@@ -99,7 +104,7 @@ class LabUp:
 
         :raise LabctlError: on any failure (everything started is stopped).
         """
-        with lab_lock(self.lab.name):
+        with lab_lock(self.lab.ident):
             self._refuse_if_up()
             self._preflight()
             accel = choose_accel(self.opts.accel, next(iter(self.kernels.values())).boot)
@@ -130,19 +135,19 @@ class LabUp:
         if not self.dir.exists():
             return
         try:
-            state = LabState.load(self.lab.name)
+            state = LabState.load(self.lab.ident)
         except LabStateError:
             state = None
         backend = self.backend
         if state and state.incomplete:
-            raise LabStateError(f"lab '{self.lab.name}' is incomplete: the labctl that brought it up was killed",
-                                hint=f"remove what it left: labctl down {self.lab.name}")
+            raise LabStateError(f"lab '{self.lab.ident}' is incomplete: the labctl that brought it up was killed",
+                                hint=f"remove what it left: labctl down {self.lab.ident}")
         if state and any(backend.alive(r) for r in state.guests.values()):
-            raise LabStateError(f"lab '{self.lab.name}' is already up",
-                                hint=f"take it down first: labctl down {self.lab.name}")
+            raise LabStateError(f"lab '{self.lab.ident}' is already up",
+                                hint=f"take it down first: labctl down {self.lab.ident}")
         if pids_referencing(self.dir):
-            raise LabStateError(f"lab '{self.lab.name}' still has processes running from its run directory",
-                                hint=f"labctl down {self.lab.name}")
+            raise LabStateError(f"lab '{self.lab.ident}' still has processes running from its run directory",
+                                hint=f"labctl down {self.lab.ident}")
         failures = release_owned(self.dir)  # stale: its guests are gone
         if failures:
             raise failures[0]
@@ -185,17 +190,17 @@ class LabUp:
         # The state exists before anything is started, and is saved again after
         # every start: a labctl killed at any point leaves a lab that status
         # calls incomplete and down removes.
-        state = LabState(lab=self.lab.name, source=str(Path(self.lab.source).resolve()), dir=str(self.dir),
+        state = LabState(lab=self.lab.ident, source=str(Path(self.lab.source).resolve()), dir=str(self.dir),
                          backend=self.backend.name, accel=accel,
                          image={"name": self.image.name, "key": self.image.key, "dir": str(self.image.dir)},
                          started_at=started, guests=self.records, switches=self.switches,
                          resolved=self.lab.to_dict(), warnings=self.warnings,
                          hosts={g: h.to_dict() for g, h in (self.hosts or {}).items()},
                          kernels={g: str(k.dir) for g, k in self.kernels.items()},
-                         phase=STARTING, owner_pid=os.getpid())
+                         snapshots=self.snaps, phase=STARTING, owner_pid=os.getpid())
         state.save()
-        client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.name}")
-        net = self.backend.network_dir(self.dir, self.lab.name, self.hosts)
+        client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.ident}")
+        net = self.backend.network_dir(self.dir, self.lab.ident, self.hosts)
         segments = plan_networks(self.lab, net.path, self.hosts)
         state.networks = {n: seg.to_dict(self.hosts) for n, seg in segments.items()}
         for seg in segments.values():
@@ -207,6 +212,7 @@ class LabUp:
                     self._warn(f"{g.name}.{nic.name}: queues={nic.queues} needs a multi-queue link (tap); "
                                "the dgram link gives the guest one queue pair")
         plans = [self._plan(g, accel, segments, client.public_line) for g in self.lab.guests.values()]
+        state.warm = sorted(self.warm)
         state.uploads = self.backend.prepare(plans)
         state.save()
         for p in plans:
@@ -260,16 +266,30 @@ class LabUp:
         args = kernel_args(self.image, g, kernel, self.opts.extra_kernel_args)
         host = self.hosts[g.name] if self.hosts else None
         initrd = kernel_prep.initrd(kernel, self.image.initramfs_cpio, self.image.key)
-        plan = GuestPlan(lab=self.lab.name, guest=g, dir=gdir, image=self.image, accel=accel,
+        plan = GuestPlan(lab=self.lab.ident, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
                          ports=ports, kernel_args=args, kernel=kernel, initrd=initrd, host=host)
-        new_keypair(plan.host_key, f"{g.name}.{self.lab.name}")
+        new_keypair(plan.host_key, f"{g.name}.{self.lab.ident}")
         plan.authorized_keys.write_text(client_pub + "\n")
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
         if host is None:  # the qemu backend; a libvirt host gets an overlay volume in its pool
-            run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.rootfs), "-F", "raw",
-                 str(plan.overlay)], timeout=60)
+            snap = self._snapshot_of(plan)
+            if snap is not None:
+                plan = dataclasses.replace(plan, warm=True)
+                warm.restore_disk(snap, plan.overlay)
+            else:
+                snapshots.new_overlay(self.image.rootfs, plan.overlay, "raw")
         return plan
+
+    def _snapshot_of(self, plan: GuestPlan) -> snapshots.Snapshot | None:
+        """The guest's post-boot snapshot to restore (None: it boots), noting its key."""
+        if self.backend.name != "qemu" or not self.opts.snapshots:
+            return None
+        key = self.snaps[plan.guest.name] = snapshots.key(plan)
+        snap = None if self.opts.cold else snapshots.find(key)
+        if snap is not None:
+            self.warm[plan.guest.name] = snap
+        return snap
 
     def _start_guest(self, plan: GuestPlan) -> GuestRecord:
         """Start one guest, retrying with a new SSH port if QEMU lost a port race."""
@@ -304,6 +324,9 @@ class LabUp:
         rec = self.records[name]
         t0 = time.monotonic()
         deadline = t0 + self.opts.boot_timeout
+        if name in self.warm:
+            self._resume(state, name, t0, deadline)
+            return
         console = Path(rec.console)
         while True:
             if self._stop_waits.is_set():
@@ -331,6 +354,25 @@ class LabUp:
         with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
             pass  # the guest answers SSH with the lab's key and pinned host key
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
+        warm.run_setup(state.endpoint(name), self.lab.guests[name].setup)
+        if name in self.snaps and snapshots.find(self.snaps[name]) is None:
+            got = warm.snapshot_after_boot(Path(rec.qmp), Path(rec.dir) / "disk.qcow2", Path(rec.dir) / "agent.sock",
+                                           self.snaps[name], name, state.drivers[name])
+            if isinstance(got, str):
+                self._warn(got)
+        self.events.guest_phase(name, "ready")
+
+    def _resume(self, state: LabState, name: str, t0: float, deadline: float) -> None:
+        """A guest restored from its snapshot: load it, make it this lab's, check SSH."""
+        rec, snap = self.records[name], self.warm[name]
+        gdir = Path(rec.dir)
+        warm.load(Path(rec.qmp), snap.state)
+        self.events.guest_phase(name, "ssh")
+        warm.adopt(gdir / "agent.sock", gdir / "authorized_keys", gdir / "ssh_host_ed25519_key")
+        state.drivers[name] = snap.drivers
+        with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
+            pass
+        state.ready_seconds[name] = round(time.monotonic() - t0, 2)
         self.events.guest_phase(name, "ready")
 
     def teardown(self) -> None:
@@ -349,7 +391,7 @@ class LabUp:
         kill_pids(pids_referencing(self.dir))  # a QEMU or switch started but not yet recorded
         failures = release_owned(self.dir)
         if failures:
-            self._warn(f"{failures[0].message}; run 'labctl down {self.lab.name}' once it is reachable")
+            self._warn(f"{failures[0].message}; run 'labctl down {self.lab.ident}' once it is reachable")
             return
         remove_run_dir(self.dir)
 

@@ -28,7 +28,7 @@ from typing import Any
 from labctl.backends.base import GuestRecord
 from labctl.errors import LabStateError, UsageError
 from labctl.kernel.store import Kernel
-from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
+from labctl.lab.model import LAB_IDENT, LAB_IDENT_RULE
 from labctl.lab.uri import SshHop
 from labctl.paths import atomic_write, ensure_private_dir, state_dir
 from labctl.proc import pid_alive
@@ -48,8 +48,8 @@ def check_lab_name(lab: str) -> str:
 
     :raise UsageError: for anything else (``/tmp``, ``..``, ``.``, ``a/b``...), exit status 2.
     """
-    if not isinstance(lab, str) or not LAB_NAME.fullmatch(lab):
-        raise UsageError(f"invalid lab name {lab!r} ({LAB_NAME_RULE})", hint="see 'labctl status' for the labs that are up")
+    if not isinstance(lab, str) or not LAB_IDENT.fullmatch(lab):
+        raise UsageError(f"invalid lab name {lab!r} ({LAB_IDENT_RULE})", hint="see 'labctl status' for the labs that are up")
     return lab
 
 
@@ -126,6 +126,8 @@ class LabState:
     networks: dict[str, dict[str, Any]] = field(default_factory=dict)  # network -> mechanism, endpoints
     uploads: list[str] = field(default_factory=list)  # what up sent to hosts (images)
     kernels: dict[str, str] = field(default_factory=dict)  # guest -> its prepared kernel's directory
+    snapshots: dict[str, str] = field(default_factory=dict)  # guest -> its post-boot snapshot's key (qemu)
+    warm: list[str] = field(default_factory=list)  # guests restored from their snapshot instead of booted
     phase: str = UP  # STARTING while ``up`` runs; UP once every guest answered
     owner_pid: int = 0  # the ``labctl up`` that is bringing the lab up (while STARTING)
 
@@ -200,7 +202,7 @@ def up_labs() -> list[str]:
     root = labs_root()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and LAB_NAME.fullmatch(p.name))
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and LAB_IDENT.fullmatch(p.name))
 
 
 def remove_run_dir(path: Path) -> None:
@@ -215,6 +217,6 @@ def remove_run_dir(path: Path) -> None:
             raise LabStateError(f"refusing to remove {path}: it is a symbolic link")
         return
     real = path.resolve()
-    if real.parent != root or not LAB_NAME.fullmatch(real.name):
+    if real.parent != root or not LAB_IDENT.fullmatch(real.name):
         raise LabStateError(f"refusing to remove {path}: it is not a lab's run directory under {root}")
     shutil.rmtree(real, ignore_errors=True)

@@ -59,7 +59,7 @@ def boot_args(plan: GuestPlan) -> list[str]:
 
 
 def control_args(plan: GuestPlan) -> list[str]:
-    return [*gdb_args(str(plan.gdb_socket)),
+    return [*gdb_args(str(plan.gdb_socket)), *agent_args(str(plan.agent_socket)),
         "-serial", f"file:{plan.console}",
         "-qmp", f"unix:{opt(plan.qmp_socket)},server=on,wait=off",
         "-pidfile", str(plan.pidfile),
@@ -68,6 +68,19 @@ def control_args(plan: GuestPlan) -> list[str]:
         "-fw_cfg", f"name=opt/labctl/authorized_keys,file={opt(plan.authorized_keys)}",
         "-fw_cfg", f"name=opt/labctl/host_key,file={opt(plan.host_key)}",
     ]
+
+
+def agent_args(socket: str) -> list[str]:
+    """The guest agent's virtio-serial port, on a unix socket in the guest's 0700 directory:
+    after a snapshot is restored, labctl gives the guest its lab's keys and the time through it."""
+    return ["-chardev", f"socket,id=agent0,path={opt(socket)},server=on,wait=off",
+            "-device", "virtio-serial-pci,id=vser0",
+            "-device", "virtserialport,bus=vser0.0,chardev=agent0,name=org.labctl.agent.0"]
+
+
+def incoming_args(plan: GuestPlan) -> list[str]:
+    """A guest restored from a snapshot waits for its state (loaded through QMP, paused)."""
+    return ["-incoming", "defer"] if plan.warm else []
 
 
 def gdb_args(socket: str) -> list[str]:
@@ -108,4 +121,4 @@ def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64") -> list[str]
     argv = [binary, *machine_args(plan), *boot_args(plan), *control_args(plan), *mgmt_nic_args(plan)]
     for nic in plan.guest.nics:
         argv += lab_nic_args(nic, plan.ports[nic.name])
-    return argv
+    return argv + incoming_args(plan)

@@ -8,6 +8,7 @@ directory, its serial console in ``console.log`` and QEMU's own messages in
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -19,11 +20,21 @@ from labctl.backends.qemu.argv import build_argv
 from labctl.errors import MachineError, PortTaken
 from labctl.lab.hosts import HostPlace
 from labctl.paths import ensure_private_dir
-from labctl.proc import pid_alive, pid_cmdline, spawn, stop_pid
+from labctl.proc import pid_alive, pid_cmdline, run, spawn, stop_pid
 
 QEMU = "qemu-system-x86_64"
 # What QEMU 7.2 says when a port it was told to bind (SSH's hostfwd) is taken meanwhile.
 PORT_MESSAGES = ("hostfwd", "forwarding", "Address already in use")
+
+
+@functools.lru_cache(maxsize=1)
+def qemu_version() -> str:
+    """The first line of ``qemu-system-x86_64 --version`` ("unknown" when it cannot be run)."""
+    try:
+        out = run([QEMU, "--version"], timeout=20).stdout.decode()
+        return out.splitlines()[0].strip()
+    except Exception:  # noqa: BLE001 - the version is informative (and part of snapshot keys)
+        return "unknown"
 
 
 class QemuBackend:

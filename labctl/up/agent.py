@@ -1,0 +1,81 @@
+"""labctl's side of the guest agent (``guest/init``): a line protocol on the guest's
+virtio-serial port, reached through a unix socket in the guest's 0700 run directory.
+
+A guest restored from a snapshot still has the keys and the clock of the lab
+that made the snapshot; :func:`adopt` gives it this lab's keys and the host's
+time. The guest's replies are only compared with the expected ``ok`` line.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import time
+from pathlib import Path
+
+from labctl.errors import GuestError
+
+MAX_REPLY = 4096
+
+
+def call(sock_path: Path, command: str, timeout: float = 10.0) -> None:
+    """Send one command line and wait for its ``ok <command>`` reply.
+
+    Lines left from an earlier, abandoned exchange are skipped.
+
+    :raise GuestError: on ``err``, no reply within ``timeout``, or no agent.
+    """
+    verb = command.split(" ", 1)[0]
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            s.connect(str(sock_path))
+            s.sendall(command.encode() + b"\n")
+            buf = b""
+            while time.monotonic() < deadline:
+                s.settimeout(max(0.05, deadline - time.monotonic()))
+                chunk = s.recv(512)
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > MAX_REPLY:
+                    break
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    reply = line.decode(errors="replace").strip()
+                    if reply == f"ok {verb}":
+                        return
+                    if reply == f"err {verb}":
+                        raise GuestError(f"the guest's agent refused '{verb}'")
+    except OSError as exc:
+        raise GuestError(f"the guest's agent on {sock_path} did not answer '{verb}': {exc}") from exc
+    raise GuestError(f"the guest's agent on {sock_path} did not answer '{verb}' within {timeout:.0f} s")
+
+
+def wait_ready(sock_path: Path, timeout: float) -> bool:
+    """True once the agent answers ``ping`` (it starts in the background at boot)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            call(sock_path, "ping", timeout=min(2.0, max(0.2, deadline - time.monotonic())))
+            return True
+        except GuestError:
+            time.sleep(0.1)
+    return False
+
+
+def adopt(sock_path: Path, authorized_keys: bytes, host_key: bytes, timeout: float = 20.0) -> None:
+    """Give a restored guest this lab's keys and set its clock to the host's.
+
+    :raise GuestError: when the agent does not do it.
+    """
+    b64 = base64.b64encode
+    call(sock_path, f"keys {b64(authorized_keys).decode()} {b64(host_key).decode()}", timeout)
+    set_clock(sock_path, timeout)
+
+
+def set_clock(sock_path: Path, timeout: float = 20.0) -> None:
+    """The guest's wall clock to the host's (a restored guest's clock stopped when it was saved)."""
+    now = time.time_ns()
+    call(sock_path, f"clock {now // 10**9}.{now % 10**9:09d}", timeout)

@@ -1,0 +1,176 @@
+"""Post-boot snapshots: a guest right after its first boot (and its ``setup``), kept so that a
+later ``up`` restores it instead of booting (warm start) and ``labctl reset`` puts it back.
+
+::
+
+    <cache>/snapshots/<key>/
+        state          QEMU's migration stream: RAM and device state (read by every restore)
+        disk.qcow2     the guest's disk overlay at that instant (backing: the image's root file
+                       system); each restored guest gets its own overlay on top of it
+        meta.json      guest, READY-line drivers, when, sizes
+
+The key hashes everything that shapes the guest: its resolved definition
+(NICs, MACs, addresses, memory, setup), the QEMU command line with the run's
+paths and ports taken out, the image, the kernel, the QEMU and labctl
+versions. Instances of one lab share its snapshots (read-only); a changed
+lab has other keys, so its old snapshots are simply not found (``labctl
+snapshot prune`` removes them).
+
+Only the qemu backend has snapshots: QEMU saves state to a file descriptor
+passed over its QMP socket (its sandbox forbids ``exec:`` migration, and
+QEMU 7.2 has no ``file:``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from labctl import __version__
+from labctl.backends.base import GuestPlan
+from labctl.backends.monitor import qmp_execute, save_state
+from labctl.backends.qemu.argv import build_argv
+from labctl.backends.qemu.backend import qemu_version
+from labctl.errors import LabctlError, MachineError
+from labctl.paths import atomic_write, cache_dir
+from labctl.proc import run
+
+FORMAT = "1"  # bump when what a snapshot holds changes
+STATE, DISK, META = "state", "disk.qcow2", "meta.json"
+
+
+def snapshots_root() -> Path:
+    return cache_dir() / "snapshots"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A guest's post-boot snapshot (complete once ``meta.json`` exists)."""
+
+    dir: Path
+
+    @property
+    def key(self) -> str:
+        return self.dir.name
+
+    @property
+    def state(self) -> Path:
+        return self.dir / STATE
+
+    @property
+    def disk(self) -> Path:
+        return self.dir / DISK
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.dir / META).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @property
+    def drivers(self) -> dict[str, str]:
+        """NIC -> driver, as the guest's READY line said at its boot."""
+        d = self.meta.get("drivers")
+        return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}
+
+    def complete(self) -> bool:
+        return (self.dir / META).is_file() and self.state.is_file() and self.disk.is_file()
+
+
+def key(plan: GuestPlan) -> str:
+    """The snapshot key of a guest (see the module's docstring)."""
+    run_dir = str(plan.dir.parent.parent)
+    argv = [a.replace(run_dir, "@RUN") for a in build_argv(dataclasses.replace(plan, warm=False, ssh_port=0))]
+    data = [FORMAT, __version__, qemu_version(), plan.image.key, plan.kernel.key, plan.accel,
+            plan.guest.to_dict(), argv]
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def find(snapshot_key: str | None) -> Snapshot | None:
+    """The complete snapshot of that key, or None."""
+    if not snapshot_key:
+        return None
+    snap = Snapshot(snapshots_root() / snapshot_key)
+    return snap if snap.complete() else None
+
+
+@contextlib.contextmanager
+def _lock(snapshot_key: str) -> Iterator[None]:
+    root = snapshots_root()
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / f".{snapshot_key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any]) -> Snapshot:
+    """Snapshot a running guest (paused for the moment it takes, then resumed).
+
+    Another labctl taking the same snapshot meanwhile makes this one a no-op.
+
+    :raise MachineError: when QEMU cannot save the state (the guest runs on).
+    """
+    final = snapshots_root() / snapshot_key
+    with _lock(snapshot_key):
+        if Snapshot(final).complete():
+            return Snapshot(final)
+        work = final.with_name(f".tmp-{snapshot_key}-{os.getpid()}")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True, mode=0o700)
+        try:
+            info = save_state(qmp, work / STATE)
+            # Paused: the overlay is what the saved RAM (its page cache) expects on disk.
+            shutil.copyfile(overlay, work / DISK)
+            os.chmod(work / DISK, 0o400)
+            os.chmod(work / STATE, 0o400)
+            atomic_write(work / META, json.dumps({
+                **meta, "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "labctl_version": __version__, "qemu": qemu_version(),
+                "state_bytes": (work / STATE).stat().st_size, "disk_bytes": (work / DISK).stat().st_size,
+                "save_ms": info.get("total-time"),
+            }, indent=2) + "\n")
+            shutil.rmtree(final, ignore_errors=True)
+            work.rename(final)
+        except OSError as exc:
+            raise MachineError(f"saving the snapshot {snapshot_key} failed: {exc}") from exc
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            with contextlib.suppress(LabctlError):
+                qmp_execute(qmp, "cont")
+    return Snapshot(final)
+
+
+def new_overlay(backing: Path, overlay: Path, backing_format: str = "qcow2") -> None:
+    """A fresh copy-on-write overlay on ``backing`` (a snapshot's disk, or the image's root file system)."""
+    overlay.unlink(missing_ok=True)
+    run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(backing), "-F", backing_format, str(overlay)],
+        timeout=60)
+
+
+def list_all() -> list[Snapshot]:
+    root = snapshots_root()
+    return sorted((Snapshot(d) for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")),
+                  key=lambda s: s.dir.name) if root.is_dir() else []
+
+
+def prune(keep: set[str]) -> list[Snapshot]:
+    """Remove every snapshot whose key is not in ``keep`` (and unfinished ones); the removed ones."""
+    gone = [s for s in list_all() if s.key not in keep]
+    for s in gone:
+        shutil.rmtree(s.dir, ignore_errors=True)
+    return gone
