@@ -19,6 +19,7 @@ from labctl.cli import (
     lifecycle_cmds,
     oops_cmd,
     report_cmds,
+    restore_cmds,
     run_cmd,
     validate_cmd,
 )
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     access.register(sub)
     images.register(sub)
     kernel_cmd.register(sub)
+    restore_cmds.register(sub)
     return p
 
 

@@ -6,13 +6,15 @@ Packages are downloaded with ``apt-get download`` into ``<cache>/downloads``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
 
 from labctl.errors import ImageError
-from labctl.paths import cache_dir
+from labctl.paths import atomic_write, cache_dir
 from labctl.proc import run
 
 
@@ -55,8 +57,47 @@ def apt_download(package: str, into: Path | None = None) -> Path:
     return target
 
 
+# apt's package cache: what it says changes only when these files do (an apt-get update, an install).
+APT_STATE = (Path("/var/cache/apt/pkgcache.bin"), Path("/var/lib/apt/lists"), Path("/var/lib/dpkg/status"),
+             Path("/etc/apt/preferences.d"), Path("/etc/apt/sources.list.d"))
+
+
+def _apt_state() -> str:
+    parts = []
+    for path in APT_STATE:
+        try:
+            st = path.stat()
+            parts.append(f"{path}:{st.st_mtime_ns}:{st.st_size}")
+        except OSError:
+            parts.append(f"{path}:-")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
 def candidate(package: str) -> str | None:
-    """The version apt would install of ``package``, or None when the archive has no such package."""
+    """The version apt would install of ``package``, or None when the archive has no such package.
+
+    Remembered (``<cache>/downloads/candidates.json``) until apt's own state changes: asking
+    apt costs most of a second, and every ``up`` asks for its kernels.
+    """
+    memo_file = downloads_dir() / "candidates.json"
+    state = _apt_state()
+    try:
+        memo = json.loads(memo_file.read_text())
+        if memo.get("apt") == state and package in memo.get("packages", {}):
+            return memo["packages"][package]
+    except (OSError, ValueError, AttributeError):
+        memo = {}
+    version = _ask_apt(package)
+    if not isinstance(memo, dict) or memo.get("apt") != state:
+        memo = {"apt": state, "packages": {}}
+    memo["packages"][package] = version
+    with contextlib.suppress(OSError):
+        downloads_dir().mkdir(parents=True, exist_ok=True)
+        atomic_write(memo_file, json.dumps(memo, indent=1) + "\n")
+    return version
+
+
+def _ask_apt(package: str) -> str | None:
     out = run(["apt-cache", "policy", package], timeout=60, check=False).stdout.decode()
     for line in out.splitlines():
         if line.strip().startswith("Candidate:"):

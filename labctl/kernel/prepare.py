@@ -131,8 +131,13 @@ def config_text(spec: KernelSpec) -> str | None:
     if spec.kind == DEBIAN:
         package, _dbg = debian_packages(spec)
         deb = apt_download(package)
+        kept = deb.with_name(deb.name + ".config")  # extracted once: reading the .deb takes seconds
+        if kept.is_file():
+            return kept.read_text(errors="replace") or None
         out = run_pipeline_output([["dpkg-deb", "--fsys-tarfile", str(deb)],
                                    ["tar", "-xO", f"./boot/config-{spec.release}"]], timeout=300)
+        if out:
+            atomic_write(kept, out.decode(errors="replace"))
         return out.decode(errors="replace") or None
     if spec.kind == TREE:
         assert spec.tree is not None
@@ -409,7 +414,7 @@ class _Preparer:
         files = {name: {"size": (self.work / name).stat().st_size, "sha256": sha256_file(self.work / name)}
                  for name in (BOOT, VMLINUX_DEBUG, CONFIG, SYSTEM_MAP, MODULES_IMG) if (self.work / name).is_file()}
         self.manifest.update({
-            "prepared_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "prepared_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "labctl_version": __version__,
             "banner": banner(ident) if ident else None,
             "build_id": build_id(ident) if ident else None,

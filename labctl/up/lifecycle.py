@@ -186,7 +186,7 @@ class LabUp:
 
     def _up(self, accel: str) -> LabState:
         ensure_private_dir(self.dir)
-        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         # The state exists before anything is started, and is saved again after
         # every start: a labctl killed at any point leaves a lab that status
         # calls incomplete and down removes.
@@ -357,7 +357,7 @@ class LabUp:
         warm.run_setup(state.endpoint(name), self.lab.guests[name].setup)
         if name in self.snaps and snapshots.find(self.snaps[name]) is None:
             got = warm.snapshot_after_boot(Path(rec.qmp), Path(rec.dir) / "disk.qcow2", Path(rec.dir) / "agent.sock",
-                                           self.snaps[name], name, state.drivers[name])
+                                           self.snaps[name], name, state.drivers[name], self.lab.name)
             if isinstance(got, str):
                 self._warn(got)
         self.events.guest_phase(name, "ready")

@@ -1,14 +1,148 @@
-"""``labctl reset``: guests of a lab that is up put back to their post-boot state, the others
-left running (qemu backend; a guest without a snapshot is booted again)."""
+"""``labctl reset`` and checkpoint restores: guests of a lab that is up started again from a saved
+instant, while the lab's other guests keep running.
+
+A guest is put back by stopping its QEMU, giving it a new disk overlay (on
+the post-boot snapshot's disk, or a copy of a checkpoint's), and starting
+QEMU again with the command line it had, waiting for the saved state
+(``-incoming defer``). Its sockets, ports and files keep their paths, so its
+neighbours' links, its SSH endpoint and its pinned host key are unchanged.
+A guest without a snapshot (taken at its first cold boot; a kernel without
+virtio-console has none) is booted again instead.
+
+Only the qemu backend restarts guests this way.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from labctl.backends import get_backend
+from labctl.backends.base import GuestRecord
+from labctl.backends.qemu.backend import QemuBackend
+from labctl.errors import GuestError, LabStateError, UsageError
+from labctl.image.store import Image
+from labctl.ssh import Endpoint, Session
+from labctl.up import agent, snapshots, warm
+from labctl.up.runstate import LabState, lab_lock
+
+BOOT_TIMEOUT = 180.0
 
 
-def reset(lab: str, guests: Sequence[str] | None = None) -> dict[str, float]:
-    """Reset ``guests`` (all when None) of the lab ``lab`` (NAME or NAME@INSTANCE); seconds each took.
+def reset(lab: str, guests: Sequence[str] | None = None,
+          on_guest: Callable[[str, float, str], None] | None = None) -> dict[str, float]:
+    """Reset ``guests`` (all when None or empty) of the lab ``lab`` (NAME or NAME@INSTANCE) to their
+    post-boot state; seconds each took. ``on_guest(guest, seconds, how)`` is told as each is back
+    (how: ``snapshot`` or ``boot``).
 
-    :raise LabStateError: when the lab is not up. :raise UsageError: for an unknown guest.
+    :raise LabStateError: when the lab is not up. :raise UsageError: for an unknown guest or a
+        backend that cannot do it. :raise GuestError: when a guest does not come back.
     """
-    raise NotImplementedError
+    with lab_lock(lab):
+        state = LabState.load(lab)
+        names = _guests(state, guests)
+        backend = need_qemu(state, "reset")
+        took: dict[str, float] = {}
+        errors: list[BaseException] = []
+
+        def one(name: str) -> None:
+            t0 = time.monotonic()
+            try:
+                snap = snapshots.find(state.snapshots.get(name))
+                rec = state.guests[name]
+                disk = Path(rec.dir) / "disk.qcow2"
+                if snap is not None:
+                    rec = restart(backend, rec, lambda: warm.restore_disk(snap, disk))
+                    warm.load(Path(rec.qmp), snap.state)
+                    gdir = Path(rec.dir)
+                    warm.adopt(gdir / "agent.sock", gdir / "authorized_keys", gdir / "ssh_host_ed25519_key")
+                    how = "snapshot"
+                else:
+                    image = Image.at(Path(str(state.image["dir"])))
+                    rec = restart(backend, rec, lambda: snapshots.new_overlay(image.rootfs, disk, "raw"),
+                                  incoming=False)
+                    how = "boot"
+                state.guests[name] = rec
+                wait_ssh(state.endpoint(name), BOOT_TIMEOUT if how == "boot" else 30.0)
+                took[name] = round(time.monotonic() - t0, 2)
+                if on_guest:
+                    on_guest(name, took[name], how)
+            except BaseException as exc:  # noqa: BLE001 - reported after the others are back
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        state.save()
+        if errors:
+            raise errors[0]
+        return took
+
+
+def _guests(state: LabState, guests: Sequence[str] | None) -> list[str]:
+    names = list(guests or state.guests)
+    unknown = [g for g in names if g not in state.guests]
+    if unknown:
+        raise UsageError(f"lab {state.lab} has no guest {unknown[0]!r}", hint=f"its guests: {', '.join(state.guests)}")
+    return names
+
+
+def need_qemu(state: LabState, what: str) -> QemuBackend:
+    backend = get_backend(state.backend)
+    if not isinstance(backend, QemuBackend):
+        raise UsageError(f"{what} needs the qemu backend; lab {state.lab} runs on {state.backend}",
+                         hint=f"labctl down {state.lab} and up it again")
+    if state.incomplete:
+        raise LabStateError(f"lab '{state.lab}' is incomplete: the labctl that brought it up was killed",
+                            hint=f"labctl down {state.lab}")
+    return backend
+
+
+def restart(backend: QemuBackend, rec: GuestRecord, new_disk: Callable[[], None],
+            incoming: bool = True) -> GuestRecord:
+    """Stop the guest's QEMU, keep its console as ``console.prev.log``, give it a new disk
+    (``new_disk``) and start it again (waiting for a saved state when ``incoming``)."""
+    backend.kill(rec)
+    gdir = Path(rec.dir)
+    console = Path(rec.console)
+    if console.exists():
+        console.replace(gdir / "console.prev.log")
+    for sock in (rec.qmp, rec.gdb, str(gdir / "agent.sock")):
+        if sock:
+            Path(sock).unlink(missing_ok=True)
+    new_disk()
+    return backend.restart(rec, incoming)
+
+
+def copy_disk(src: Path, dest: Path) -> None:
+    """``dest`` a copy of the overlay ``src`` (its backing file stays the same)."""
+    dest.unlink(missing_ok=True)
+    shutil.copyfile(src, dest)
+    dest.chmod(0o600)
+
+
+def wait_ssh(ep: Endpoint, timeout: float) -> None:
+    """Until the guest answers SSH with the lab's key and pinned host key.
+
+    :raise GuestError: when it does not within ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with Session(ep, timeout=min(10.0, max(1.0, deadline - time.monotonic()))):
+                return
+        except GuestError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def set_clocks(state: LabState, names: Sequence[str]) -> None:
+    """Every named guest's wall clock to the host's (after a restore)."""
+    for name in names:
+        agent.set_clock(Path(state.guests[name].dir) / "agent.sock")

@@ -139,7 +139,7 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any]) -> S
             os.chmod(work / DISK, 0o400)
             os.chmod(work / STATE, 0o400)
             atomic_write(work / META, json.dumps({
-                **meta, "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                **meta, "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "labctl_version": __version__, "qemu": qemu_version(),
                 "state_bytes": (work / STATE).stat().st_size, "disk_bytes": (work / DISK).stat().st_size,
                 "save_ms": info.get("total-time"),

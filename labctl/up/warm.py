@@ -40,13 +40,13 @@ def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -
 
 
 def snapshot_after_boot(qmp: Path, overlay: Path, agent_socket: Path, snapshot_key: str, guest: str,
-                        drivers: dict[str, str]) -> Snapshot | str:
+                        drivers: dict[str, str], lab: str = "") -> Snapshot | str:
     """Take the guest's post-boot snapshot; the snapshot, or why there is none (a warning)."""
     if not agent.wait_ready(agent_socket, AGENT_WAIT):
         return (f"guest {guest}: no post-boot snapshot (its agent did not answer: the kernel needs "
                 "CONFIG_VIRTIO_CONSOLE); later ups boot it cold")
     try:
-        return snapshots.take(qmp, overlay, snapshot_key, {"guest": guest, "drivers": drivers})
+        return snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers})
     except LabctlError as exc:
         return f"guest {guest}: no post-boot snapshot: {exc.message}"
     except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation: never fail the up for it

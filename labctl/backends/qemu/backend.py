@@ -8,6 +8,7 @@ directory, its serial console in ``console.log`` and QEMU's own messages in
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -57,15 +58,38 @@ class QemuBackend:
         """Nothing outside the run directory to remove."""
 
     def start(self, plan: GuestPlan) -> GuestRecord:
-        argv = self.command(plan)
+        rec = GuestRecord(name=plan.guest.name, backend=self.name, pid=0, dir=str(plan.dir),
+                          console=str(plan.console), qmp=str(plan.qmp_socket),
+                          ssh_port=plan.ssh_port, accel=plan.accel, argv=self.command(plan),
+                          gdb=str(plan.gdb_socket))
+        return self._launch(rec)
+
+    def restart(self, rec: GuestRecord, incoming: bool) -> GuestRecord:
+        """Start a stopped guest again with the command line it was started with, waiting for a
+        saved state (``-incoming defer``) when ``incoming``; its new record.
+
+        Its sockets, ports and files keep their paths, so its neighbours' links and its SSH
+        endpoint are unchanged.
+
+        :raise MachineError: when QEMU exits at start.
+        """
+        argv = list(rec.argv)
+        while "-incoming" in argv:
+            i = argv.index("-incoming")
+            del argv[i:i + 2]
+        if incoming:
+            argv += ["-incoming", "defer"]
+        return self._launch(dataclasses.replace(rec, argv=argv, pid=0))
+
+    def _launch(self, rec: GuestRecord) -> GuestRecord:
+        """Spawn QEMU for ``rec`` and wait until its monitor answers; the record with its pid."""
+        qmp_socket = Path(rec.qmp)
         old = os.umask(0o077)  # QMP socket, console and pidfile: owner only
         try:
-            proc = spawn(argv, plan.dir / "qemu.log")
+            proc = spawn(rec.argv, Path(rec.dir) / "qemu.log")
         finally:
             os.umask(old)
-        rec = GuestRecord(name=plan.guest.name, backend=self.name, pid=proc.pid, dir=str(plan.dir),
-                          console=str(plan.console), qmp=str(plan.qmp_socket),
-                          ssh_port=plan.ssh_port, accel=plan.accel, argv=argv, gdb=str(plan.gdb_socket))
+        rec = dataclasses.replace(rec, pid=proc.pid)
         # QEMU fails fast on bad options or a taken port: catch that here.
         # The QMP socket listens early, but QEMU answers on it only from its
         # main loop, after every port (hostfwd, -gdb) is bound; one answer
@@ -77,10 +101,10 @@ class QemuBackend:
                        else f"status {proc.returncode}")
                 why = self.exit_reason(rec)
                 error = PortTaken if any(w in why for w in PORT_MESSAGES) else MachineError
-                raise error(f"QEMU for guest {plan.guest.name} exited at start ({how}): {why}")
-            if plan.qmp_socket.exists():
+                raise error(f"QEMU for guest {rec.name} exited at start ({how}): {why}")
+            if qmp_socket.exists():
                 try:
-                    qmp_execute(plan.qmp_socket, "query-status", timeout=max(0.1, deadline - time.monotonic()))
+                    qmp_execute(qmp_socket, "query-status", timeout=max(0.1, deadline - time.monotonic()))
                     break
                 except MachineError:
                     pass  # died meanwhile (seen above on the next turn) or not answering yet

@@ -1,0 +1,141 @@
+"""``labctl reset``, ``labctl checkpoint save|restore|list|delete`` and ``labctl snapshot list|prune``:
+putting guests of a lab that is up back to a saved instant."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from labctl.cli.ui import console, out, print_json
+from labctl.errors import LabctlError
+from labctl.up import checkpoints, snapshots
+from labctl.up.reset import reset
+from labctl.up.runstate import LabState, check_lab_name, up_labs
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    r = sub.add_parser("reset", help="put guests of a lab that is up back to their post-boot state")
+    r.add_argument("lab", help="LAB or LAB@INSTANCE")
+    r.add_argument("guests", nargs="*", metavar="GUEST", help="the guests to reset (default: all)")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_reset)
+
+    c = sub.add_parser("checkpoint", help="save or restore the whole lab at one instant")
+    csub = c.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, helptext in (("save", "pause every guest, save them, resume"),
+                             ("restore", "bring every guest back to a checkpoint"),
+                             ("delete", "remove a checkpoint")):
+        p = csub.add_parser(action, help=helptext)
+        p.add_argument("lab", help="LAB or LAB@INSTANCE")
+        p.add_argument("name")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=cmd_checkpoint)
+    ls = csub.add_parser("list", help="a lab's checkpoints")
+    ls.add_argument("lab", help="LAB or LAB@INSTANCE")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_checkpoint, name=None)
+
+    s = sub.add_parser("snapshot", help="post-boot snapshots (warm start, reset)")
+    ssub = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sl = ssub.add_parser("list", help="the post-boot snapshots kept")
+    sl.add_argument("--json", action="store_true")
+    sl.set_defaults(func=cmd_snapshot)
+    sp = ssub.add_parser("prune", help="remove the snapshots no lab that is up uses")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_snapshot)
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    lab = check_lab_name(args.lab)
+    results: list[dict[str, Any]] = []
+
+    def told(guest: str, seconds: float, how: str) -> None:
+        results.append({"guest": guest, "seconds": seconds, "from": how})
+        if not args.json:
+            out.print(Text(f"{guest}: back in {seconds:.2f} s (from its {'post-boot snapshot' if how == 'snapshot' else 'boot'})"))
+
+    with console.status(Text(f"resetting {', '.join(args.guests) or 'every guest'} of {lab}")):
+        reset(lab, args.guests, told)
+    if args.json:
+        print_json({"lab": lab, "guests": results})
+    return 0
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    lab = check_lab_name(args.lab)
+    if args.action == "save":
+        with console.status(Text(f"saving checkpoint {args.name} of {lab}")):
+            ckpt = checkpoints.save(lab, args.name)
+        data = ckpt.to_dict()
+        if args.json:
+            print_json({"lab": lab, **data})
+        else:
+            out.print(Text(f"checkpoint {args.name} of {lab}: {len(data['guests'])} guests saved in "
+                           f"{data['save_seconds']} s ({data['bytes'] / 2**20:.0f} MiB)"))
+    elif args.action == "restore":
+        with console.status(Text(f"restoring checkpoint {args.name} of {lab}")):
+            seconds = checkpoints.restore(lab, args.name)
+        if args.json:
+            print_json({"lab": lab, "name": args.name, "seconds": seconds})
+        else:
+            out.print(Text(f"lab {lab} is back at checkpoint {args.name} ({seconds:.2f} s)"))
+    elif args.action == "delete":
+        checkpoints.delete(lab, args.name)
+        if not args.json:
+            out.print(Text(f"checkpoint {args.name} of {lab} removed"))
+    else:
+        items = [c.to_dict() for c in checkpoints.list_all(LabState.load(lab))]
+        if args.json:
+            print_json({"lab": lab, "checkpoints": items})
+        elif not items:
+            out.print(Text(f"lab {lab} has no checkpoints"))
+        else:
+            t = Table(title=Text(f"checkpoints of {lab}"), title_justify="left")
+            for col in ("name", "created", "guests", "size"):
+                t.add_column(col)
+            for c in items:
+                t.add_row(Text(c["name"]), Text(str(c["created_at"])), Text(", ".join(c["guests"])),
+                          Text(f"{c['bytes'] / 2**20:.0f} MiB"))
+            out.print(t)
+    return 0
+
+
+def _in_use() -> set[str]:
+    keys: set[str] = set()
+    for name in up_labs():
+        with contextlib.suppress(LabctlError, OSError, ValueError):  # an unreadable lab keeps nothing
+            keys.update(LabState.load(name).snapshots.values())
+    return keys
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    if args.action == "prune":
+        gone = snapshots.prune(_in_use())
+        if args.json:
+            print_json({"removed": [s.key for s in gone]})
+        else:
+            out.print(Text(f"removed {len(gone)} snapshot{'s' if len(gone) != 1 else ''}" if gone
+                           else "nothing to prune"))
+        return 0
+    used = _in_use()
+    rows = [{"key": s.key, "lab": s.meta.get("lab"), "guest": s.meta.get("guest"), "created_at": s.meta.get("created_at"),
+             "bytes": sum(f.stat().st_size for f in s.dir.iterdir() if f.is_file()), "in_use": s.key in used}
+            for s in snapshots.list_all() if s.complete()]
+    if args.json:
+        print_json({"snapshots": rows})
+        return 0
+    if not rows:
+        out.print("no post-boot snapshots")
+        return 0
+    t = Table(title=Text(f"post-boot snapshots in {snapshots.snapshots_root()}"), title_justify="left")
+    for col in ("key", "lab", "guest", "created", "size", "in use"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(Text(r["key"]), Text(str(r["lab"] or "")), Text(str(r["guest"])), Text(str(r["created_at"])),
+                  Text(f"{r['bytes'] / 2**20:.0f} MiB"), Text("yes" if r["in_use"] else ""))
+    out.print(t)
+    return 0

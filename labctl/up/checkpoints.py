@@ -1,0 +1,168 @@
+"""Checkpoints of a lab that is up: every guest paused at one instant, its RAM, device state and
+disk saved, then resumed; a restore brings every guest back to that instant.
+
+::
+
+    <run dir>/checkpoints/<name>/
+        <guest>.state      QEMU's migration stream (RAM and device state)
+        <guest>.qcow2      the guest's disk overlay at that instant
+        meta.json          when, which guests, sizes
+
+Checkpoints live in the lab's run directory: ``down`` removes them. Only the
+qemu backend has them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import datetime
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from labctl.backends.monitor import qmp_execute, save_state
+from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
+from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
+from labctl.paths import atomic_write, ensure_private_dir
+from labctl.up import warm
+from labctl.up.reset import copy_disk, need_qemu, restart, set_clocks, wait_ssh
+from labctl.up.runstate import LabState, lab_lock
+
+META = "meta.json"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str
+    dir: Path
+    meta: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "created_at": self.meta.get("created_at"), "guests": self.meta.get("guests", []),
+                "bytes": sum(f.stat().st_size for f in self.dir.iterdir() if f.is_file()),
+                "save_seconds": self.meta.get("save_seconds")}
+
+
+def _check_name(name: str) -> str:
+    if not LAB_NAME.fullmatch(name):
+        raise UsageError(f"invalid checkpoint name {name!r} ({LAB_NAME_RULE})")
+    return name
+
+
+def _root(state: LabState) -> Path:
+    return state.path / "checkpoints"
+
+
+def _map(fn: Callable[[str], Any], names: list[str]) -> list[Any]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        return list(pool.map(fn, names))
+
+
+def save(lab: str, name: str) -> Checkpoint:
+    """Pause every guest, save each, resume them all; the checkpoint (an older one of that name
+    is replaced).
+
+    :raise LabStateError: lab not up. :raise UsageError: bad name or backend.
+    :raise MachineError: when a guest's state cannot be saved (every guest runs on).
+    """
+    _check_name(name)
+    with lab_lock(lab):
+        state = LabState.load(lab)
+        need_qemu(state, "a checkpoint")
+        root = ensure_private_dir(_root(state))
+        final = root / name
+        work = ensure_private_dir(root / f".new-{name}")
+        names = list(state.guests)
+        t0 = time.monotonic()
+        try:
+            _map(lambda g: qmp_execute(state.guests[g].qmp, "stop"), names)  # one instant for all
+
+            def one(g: str) -> None:
+                rec = state.guests[g]
+                save_state(rec.qmp, work / f"{g}.state")
+                shutil.copyfile(Path(rec.dir) / "disk.qcow2", work / f"{g}.qcow2")
+
+            _map(one, names)
+            atomic_write(work / META, json.dumps({
+                "lab": state.lab, "name": name, "guests": names,
+                "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "save_seconds": round(time.monotonic() - t0, 2)}, indent=2) + "\n")
+            shutil.rmtree(final, ignore_errors=True)
+            work.rename(final)
+        except OSError as exc:
+            raise MachineError(f"saving checkpoint {name} of lab {state.lab} failed: {exc}") from exc
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            for g in names:
+                with contextlib.suppress(LabctlError):
+                    qmp_execute(state.guests[g].qmp, "cont")
+        return _load(final)
+
+
+def restore(lab: str, name: str) -> float:
+    """Every guest back to the checkpoint's instant (restarted, loaded paused, then resumed
+    together and their clocks set); seconds taken.
+
+    :raise LabStateError: lab not up, or no such checkpoint. :raise GuestError: a guest not back.
+    """
+    _check_name(name)
+    with lab_lock(lab):
+        state = LabState.load(lab)
+        backend = need_qemu(state, "a checkpoint")
+        ckpt = find(state, name)
+        missing = [g for g in state.guests if not (ckpt.dir / f"{g}.state").is_file()]
+        if missing:
+            raise LabStateError(f"checkpoint {name} of lab {state.lab} has no guest {missing[0]}")
+        names = list(state.guests)
+        t0 = time.monotonic()
+
+        def one(g: str) -> None:
+            rec = state.guests[g]
+            disk = Path(rec.dir) / "disk.qcow2"
+            rec = state.guests[g] = restart(backend, rec, lambda: copy_disk(ckpt.dir / f"{g}.qcow2", disk))
+            warm.load(Path(rec.qmp), ckpt.dir / f"{g}.state", paused=True)
+
+        try:
+            _map(one, names)
+        finally:
+            state.save()
+        _map(lambda g: qmp_execute(state.guests[g].qmp, "cont"), names)  # together, as they were saved
+        set_clocks(state, names)
+        _map(lambda g: wait_ssh(state.endpoint(g), 30.0), names)
+        return round(time.monotonic() - t0, 2)
+
+
+def _load(d: Path) -> Checkpoint:
+    try:
+        meta = json.loads((d / META).read_text())
+    except (OSError, ValueError):
+        meta = {}
+    return Checkpoint(d.name, d, meta if isinstance(meta, dict) else {})
+
+
+def find(state: LabState, name: str) -> Checkpoint:
+    d = _root(state) / name
+    if not (d / META).is_file():
+        have = ", ".join(c.name for c in list_all(state)) or "none"
+        raise LabStateError(f"lab {state.lab} has no checkpoint {name!r}", hint=f"its checkpoints: {have}")
+    return _load(d)
+
+
+def list_all(state: LabState) -> list[Checkpoint]:
+    root = _root(state)
+    if not root.is_dir():
+        return []
+    return sorted((_load(d) for d in root.iterdir() if (d / META).is_file()),
+                  key=lambda c: str(c.meta.get("created_at", "")))
+
+
+def delete(lab: str, name: str) -> None:
+    _check_name(name)
+    with lab_lock(lab):
+        state = LabState.load(lab)
+        shutil.rmtree(find(state, name).dir)
