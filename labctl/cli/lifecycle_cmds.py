@@ -175,6 +175,7 @@ def status_data(state: LabState) -> dict[str, Any]:
         "hosts": {h["name"]: {k: v for k, v in h.items() if k != "name"} for h in state.hosts.values()},
         "guests": [{"name": g.name, "state": g.state, "host": g.host, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid,
                     "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name),
+                    "started_from": "snapshot" if g.name in state.warm else "boot",
                     "kernel": _kernel_of(state, g.name), "nics": g.nics}
                    for g in guest_statuses(state)],
     }

@@ -181,6 +181,9 @@ RULES: dict[str, Rule] = {r.key: r for r in (
     # Lab features every guest has.
     _rule("pvpanic", "PVPANIC PVPANIC_MMIO ACPI", "driver for QEMU's ISA pvpanic device",
           "QEMU learns of a panic through it; without it only the panic=-1 reboot stops the guest", "warn"),
+    _rule("virtio_console", "VIRTIO_CONSOLE", "virtio console (virtio-serial ports)",
+          "labctl's guest agent uses one: without it no post-boot snapshot is kept, so no warm start and "
+          "'labctl reset' boots the guest again", "warn"),
     _rule("kallsyms", "KALLSYMS", "kallsyms", "oops backtraces and perf name kernel functions through it", "warn"),
     _rule("power_button", "ACPI ACPI_BUTTON INPUT_EVDEV MAGIC_SYSRQ", "ACPI power button and sysrq",
           "labctl down presses the power button, init powers off through sysrq; else a hard stop after the timeout",
@@ -209,7 +212,7 @@ RULES: dict[str, Rule] = {r.key: r for r in (
 
 _BOOT_RULES = ("pvh", "serial_console", "initramfs", "devtmpfs", "virtio_disk", "ext4", "fw_cfg", "unix", "inet",
                "mgmt_nic")
-_GUEST_RULES = ("pvpanic", "kallsyms", "power_button")
+_GUEST_RULES = ("pvpanic", "virtio_console", "kallsyms", "power_button")
 
 DRIVER_OPTIONS: dict[str, str] = {
     "8139cp": "8139CP",

@@ -124,7 +124,10 @@ def restore(lab: str, name: str) -> float:
         def one(g: str) -> None:
             rec = state.guests[g]
             disk = Path(rec.dir) / "disk.qcow2"
-            rec = state.guests[g] = restart(backend, rec, lambda: copy_disk(ckpt.dir / f"{g}.qcow2", disk))
+            rec = state.guests[g] = restart(backend, rec, lambda: copy_disk(ckpt.dir / f"{g}.qcow2", disk),
+                                            new_console=False)
+            with open(rec.console, "a") as f:
+                f.write(f"labctl: restored checkpoint {name}\n")
             warm.load(Path(rec.qmp), ckpt.dir / f"{g}.state", paused=True)
 
         try:

@@ -276,7 +276,7 @@ class LabUp:
             snap = self._snapshot_of(plan)
             if snap is not None:
                 plan = dataclasses.replace(plan, warm=True)
-                warm.restore_disk(snap, plan.overlay)
+                warm.restore_disk(snap, plan.overlay, plan.console)
             else:
                 snapshots.new_overlay(self.image.rootfs, plan.overlay, "raw")
         return plan

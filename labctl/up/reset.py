@@ -46,6 +46,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
         names = _guests(state, guests)
         backend = need_qemu(state, "reset")
         took: dict[str, float] = {}
+        hows: dict[str, str] = {}
         errors: list[BaseException] = []
 
         def one(name: str) -> None:
@@ -55,7 +56,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                 rec = state.guests[name]
                 disk = Path(rec.dir) / "disk.qcow2"
                 if snap is not None:
-                    rec = restart(backend, rec, lambda: warm.restore_disk(snap, disk))
+                    rec = restart(backend, rec, lambda: warm.restore_disk(snap, disk, Path(rec.console)))
                     warm.load(Path(rec.qmp), snap.state)
                     gdir = Path(rec.dir)
                     warm.adopt(gdir / "agent.sock", gdir / "authorized_keys", gdir / "ssh_host_ed25519_key")
@@ -66,6 +67,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                                   incoming=False)
                     how = "boot"
                 state.guests[name] = rec
+                hows[name] = how
                 wait_ssh(state.endpoint(name), BOOT_TIMEOUT if how == "boot" else 30.0)
                 took[name] = round(time.monotonic() - t0, 2)
                 if on_guest:
@@ -78,6 +80,8 @@ def reset(lab: str, guests: Sequence[str] | None = None,
             t.start()
         for t in threads:
             t.join()
+        state.warm = sorted((set(state.warm) | {n for n, h in hows.items() if h == "snapshot"})
+                            - {n for n, h in hows.items() if h == "boot"})
         state.save()
         if errors:
             raise errors[0]
@@ -104,13 +108,14 @@ def need_qemu(state: LabState, what: str) -> QemuBackend:
 
 
 def restart(backend: QemuBackend, rec: GuestRecord, new_disk: Callable[[], None],
-            incoming: bool = True) -> GuestRecord:
-    """Stop the guest's QEMU, keep its console as ``console.prev.log``, give it a new disk
-    (``new_disk``) and start it again (waiting for a saved state when ``incoming``)."""
+            incoming: bool = True, new_console: bool = True) -> GuestRecord:
+    """Stop the guest's QEMU, keep its console as ``console.prev.log`` (when ``new_console``;
+    else it goes on), give it a new disk (``new_disk``) and start it again (waiting for a saved
+    state when ``incoming``)."""
     backend.kill(rec)
     gdir = Path(rec.dir)
     console = Path(rec.console)
-    if console.exists():
+    if new_console and console.exists():
         console.replace(gdir / "console.prev.log")
     for sock in (rec.qmp, rec.gdb, str(gdir / "agent.sock")):
         if sock:

@@ -5,6 +5,7 @@ later ``up`` restores it instead of booting (warm start) and ``labctl reset`` pu
 
     <cache>/snapshots/<key>/
         state          QEMU's migration stream: RAM and device state (read by every restore)
+        console.log    the guest's console up to that instant (its boot), the start of a restored one's
         disk.qcow2     the guest's disk overlay at that instant (backing: the image's root file
                        system); each restored guest gets its own overlay on top of it
         meta.json      guest, READY-line drivers, when, sizes
@@ -46,7 +47,7 @@ from labctl.paths import atomic_write, cache_dir
 from labctl.proc import run
 
 FORMAT = "1"  # bump when what a snapshot holds changes
-STATE, DISK, META = "state", "disk.qcow2", "meta.json"
+STATE, DISK, META, CONSOLE = "state", "disk.qcow2", "meta.json", "console.log"
 
 
 def snapshots_root() -> Path:
@@ -70,6 +71,10 @@ class Snapshot:
     @property
     def disk(self) -> Path:
         return self.dir / DISK
+
+    @property
+    def console(self) -> Path:
+        return self.dir / CONSOLE
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -118,7 +123,7 @@ def _lock(snapshot_key: str) -> Iterator[None]:
         os.close(fd)
 
 
-def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any]) -> Snapshot:
+def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], console: Path | None = None) -> Snapshot:
     """Snapshot a running guest (paused for the moment it takes, then resumed).
 
     Another labctl taking the same snapshot meanwhile makes this one a no-op.
@@ -137,6 +142,8 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any]) -> S
             # Paused: the overlay is what the saved RAM (its page cache) expects on disk.
             shutil.copyfile(overlay, work / DISK)
             os.chmod(work / DISK, 0o400)
+            if console is not None and console.is_file():
+                shutil.copyfile(console, work / CONSOLE)
             os.chmod(work / STATE, 0o400)
             atomic_write(work / META, json.dumps({
                 **meta, "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

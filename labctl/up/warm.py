@@ -46,7 +46,8 @@ def snapshot_after_boot(qmp: Path, overlay: Path, agent_socket: Path, snapshot_k
         return (f"guest {guest}: no post-boot snapshot (its agent did not answer: the kernel needs "
                 "CONFIG_VIRTIO_CONSOLE); later ups boot it cold")
     try:
-        return snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers})
+        return snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers},
+                              console=overlay.parent / "console.log")
     except LabctlError as exc:
         return f"guest {guest}: no post-boot snapshot: {exc.message}"
     except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation: never fail the up for it
@@ -71,6 +72,17 @@ def adopt(agent_socket: Path, authorized_keys: Path, host_key: Path) -> None:
     agent.adopt(agent_socket, authorized_keys.read_bytes(), host_key.read_bytes())
 
 
-def restore_disk(snap: Snapshot, overlay: Path) -> None:
-    """The guest's disk as it was at the snapshot: a new overlay on the snapshot's."""
+def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> None:
+    """The guest's disk as it was at the snapshot: a new overlay on the snapshot's; and its
+    console starting with the boot the snapshot was taken after (QEMU appends to it)."""
     snapshots.new_overlay(snap.disk, overlay)
+    if console is not None:
+        try:
+            boot = snap.console.read_bytes()
+        except OSError:
+            boot = b""
+        when = snap.meta.get("created_at", "?")
+        with open(console, "ab") as f:
+            f.write(boot + (b"" if not boot or boot.endswith(b"\n") else b"\n"))
+            f.write(f"labctl: restored from the post-boot snapshot {snap.key} (taken {when}); "
+                    "the boot above is that one\n".encode())

@@ -97,3 +97,32 @@ def test_qemu_runs_under_its_strictest_sandbox(tmp_path: Path) -> None:
         (sandbox,) = _pairs(build_argv(plan), "-sandbox")
         assert sandbox.split(",") == ["on", "obsolete=deny", "elevateprivileges=deny", "spawn=deny",
                                       "resourcecontrol=deny"]
+
+
+def test_control_channels_for_warm_start_are_unix_sockets_and_the_console_appends(tmp_path: Path) -> None:
+    import dataclasses
+
+    plan = _plans(tmp_path, ROOT / "labs" / "quickstart.yaml")["a"]
+    argv = build_argv(plan)
+    chardevs = _pairs(argv, "-chardev")
+    assert f"socket,id=agent0,path={plan.dir / 'agent.sock'},server=on,wait=off" in chardevs
+    assert "virtserialport,bus=vser0.0,chardev=agent0,name=org.labctl.agent.0" in _pairs(argv, "-device")
+    # a restored guest's console begins with the boot its snapshot was taken after: QEMU appends
+    assert f"file,id=serial0,path={plan.console},append=on" in chardevs
+    assert _pairs(argv, "-serial") == ["chardev:serial0"]
+    assert "-incoming" not in argv
+    warm = build_argv(dataclasses.replace(plan, warm=True))
+    assert _pairs(warm, "-incoming") == ["defer"]
+    assert warm[:len(argv)] == argv  # the same machine, waiting for its state
+
+
+def test_a_restart_keeps_the_command_line_and_toggles_incoming(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from labctl.backends.base import GuestRecord
+    from labctl.backends.qemu.backend import QemuBackend
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(QemuBackend, "_launch", lambda self, rec: launched.append(rec.argv) or rec)
+    rec = GuestRecord("a", "qemu", 1, str(tmp_path), "c", "q", 1, "tcg", argv=["qemu", "-m", "512", "-incoming", "defer"])
+    QemuBackend().restart(rec, incoming=False)
+    QemuBackend().restart(rec, incoming=True)
+    assert launched == [["qemu", "-m", "512"], ["qemu", "-m", "512", "-incoming", "defer"]]

@@ -60,7 +60,8 @@ def boot_args(plan: GuestPlan) -> list[str]:
 
 def control_args(plan: GuestPlan) -> list[str]:
     return [*gdb_args(str(plan.gdb_socket)), *agent_args(str(plan.agent_socket)),
-        "-serial", f"file:{plan.console}",
+        # append: a guest restored from a snapshot starts its console with the boot it was saved after
+        "-chardev", f"file,id=serial0,path={opt(plan.console)},append=on", "-serial", "chardev:serial0",
         "-qmp", f"unix:{opt(plan.qmp_socket)},server=on,wait=off",
         "-pidfile", str(plan.pidfile),
         "-device", "pvpanic",

@@ -1,0 +1,212 @@
+"""Training courses, end to end: warm start from post-boot snapshots, reset of a crashed guest
+while its neighbours run, checkpoints, instances side by side, the capacity refusal."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cli
+from tests.integration.conftest import qemu_pids_under, wait_for
+
+LAB = """\
+name: {name}
+networks:
+  lan: {{}}
+  wire: {{}}
+guests:
+  a:
+    nics:
+      - {{name: eth1, model: e1000, network: lan, ip: 10.61.0.1/24}}
+      - {{name: eth2, model: virtio-net-pci, network: wire, ip: 10.62.0.1/24}}
+  b:
+    nics:
+      - {{name: eth1, model: rtl8139, network: lan, ip: 10.61.0.2/24}}
+      - {{name: eth2, model: virtio-net-pci, network: wire, ip: 10.62.0.2/24}}
+  c:
+    nics:
+      - {{name: eth1, model: virtio-net-pci, network: lan, ip: 10.61.0.3/24}}
+"""
+LINKS = {"a": ["10.61.0.2", "10.61.0.3", "10.62.0.2"], "b": ["10.61.0.1", "10.61.0.3", "10.62.0.1"],
+         "c": ["10.61.0.1", "10.61.0.2"]}
+DRIVERS = {"a": {"eth1": "e1000", "eth2": "virtio_net"}, "b": {"eth1": {"8139cp", "8139too"}, "eth2": "virtio_net"},
+           "c": {"eth1": "virtio_net"}}
+
+
+def _lab(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(LAB.format(name=name))
+    return path
+
+
+@contextlib.contextmanager
+def _down_after(cli: Cli, *labs: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for lab in labs:
+            cli("down", lab)
+
+
+def _status(cli: Cli, lab: str) -> dict:
+    (data,) = json.loads(cli("status", lab, "--json", check=True).stdout)["labs"]
+    return data
+
+
+def _same_lab_checks(cli: Cli, lab: str) -> dict:
+    """Pings on every link, drivers, SSH, clock; the status table as a comparable dict."""
+    for guest, addrs in LINKS.items():
+        for ip in addrs:
+            ping = cli("exec", lab, guest, "--", "ping", "-c", "1", "-W", "3", ip)
+            assert ping.returncode == 0, f"{lab}: {guest} -> {ip}: {ping.stdout}{ping.stderr}"
+        for nic, want in DRIVERS[guest].items():
+            line = cli("exec", lab, guest, "--", "ethtool", "-i", nic, check=True).stdout.splitlines()[0]
+            driver = line.split(": ", 1)[1]
+            assert driver in (want if isinstance(want, set) else {want}), (guest, nic, line)
+        # The guest clock is the host's (a restored guest's stopped when it was saved).
+        before = time.time()
+        guest_now = float(cli("exec", lab, guest, "--", "date", "+%s.%N", check=True).stdout)
+        after = time.time()
+        assert before - 1.0 <= guest_now <= after + 1.0, (guest, before, guest_now, after)
+    status = _status(cli, lab)
+    return {g["name"]: {"state": g["state"], "nics": g["nics"], "kernel": g["kernel"]["release"]}
+            for g in status["guests"]}
+
+
+def test_a_warm_up_is_indistinguishable_from_a_cold_one(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = _lab(tmp_path, "warm")
+    up = cli("up", str(lab), "--accel", "tcg", "--cold")
+    assert up.returncode == 0, up.stderr
+    with _down_after(cli, "warm"):
+        assert {g["started_from"] for g in _status(cli, "warm")["guests"]} == {"boot"}
+        cold = _same_lab_checks(cli, "warm")
+        cli("exec", "warm", "a", "--", "touch", "/root/cold-only", check=True)
+    assert cli("down", "warm").returncode == 0
+
+    up = cli("up", str(lab), "--accel", "tcg")
+    assert up.returncode == 0, up.stderr
+    with _down_after(cli, "warm"):
+        status = _status(cli, "warm")
+        assert {g["started_from"] for g in status["guests"]} == {"snapshot"}, status
+        assert _same_lab_checks(cli, "warm") == cold
+        # SSH answers with this lab's keys (a new pair each up) and the pinned host key.
+        assert cli("exec", "warm", "a", "--", "test", "!", "-e", "/root/cold-only").returncode == 0
+        console = (cli.state_dir / "labs" / "warm" / "guests" / "a" / "console.log").read_text()
+        assert "restored from the post-boot snapshot" in console and "LABCTL-READY" in console
+        # gdb follows a restored guest too.
+        gdb = cli("gdb", "warm", "a", "--batch", "p init_uts_ns.name.release")
+        assert gdb.returncode == 0 and "6.1.0" in gdb.stdout, gdb.stdout + gdb.stderr
+
+    # --cold boots even with snapshots there.
+    up = cli("up", str(lab), "--accel", "tcg", "--cold", "--json")
+    assert up.returncode == 0, up.stderr
+    with _down_after(cli, "warm"):
+        assert {g["started_from"] for g in json.loads(up.stdout)["guests"]} == {"boot"}
+
+
+def test_a_crashed_guest_is_reset_while_its_neighbours_keep_pinging(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = _lab(tmp_path, "rst")
+    assert cli("up", str(lab), "--accel", "tcg").returncode == 0
+    with _down_after(cli, "rst"):
+        cli("exec", "rst", "a", "--", "ip route add 10.99.0.0/24 via 10.61.0.2 && dd if=/dev/zero of=/root/fill "
+            "bs=1M count=64 status=none", check=True)
+        cli("exec", "rst", "a", "--", "echo c > /proc/sysrq-trigger")  # the session dies with the kernel
+        wait_for(lambda: {g["name"]: g["state"] for g in _status(cli, "rst")["guests"]}["a"] == "crashed",
+                 60, "guest a to be seen crashed")
+        # b and c ping each other all through a's reset.
+        result: dict[str, object] = {}
+        pinger = threading.Thread(target=lambda: result.update(
+            p=cli("exec", "rst", "b", "--", "ping", "-c", "25", "-i", "0.2", "-W", "2", "10.61.0.3")))
+        pinger.start()
+        time.sleep(1.0)
+        reset = cli("reset", "rst", "a", "--json")
+        pinger.join()
+        assert reset.returncode == 0, reset.stderr
+        (back,) = json.loads(reset.stdout)["guests"]
+        assert back["guest"] == "a" and back["from"] == "snapshot"
+        ping = result["p"]
+        assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout  # type: ignore[attr-defined]
+        # a is back at its post-boot state: no route, no file, links working, right clock.
+        assert "10.99.0.0" not in cli("exec", "rst", "a", "--", "ip", "route", check=True).stdout
+        assert cli("exec", "rst", "a", "--", "test", "-e", "/root/fill").returncode == 1
+        statuses = {g["name"]: g["state"] for g in _status(cli, "rst")["guests"]}
+        assert statuses == {"a": "running", "b": "running", "c": "running"}
+        _same_lab_checks(cli, "rst")
+        gdir = cli.state_dir / "labs" / "rst" / "guests" / "a"
+        assert "sysrq" in (gdir / "console.prev.log").read_text().lower()  # the crash is kept
+        # An unknown guest is a usage error.
+        bad = cli("reset", "rst", "zz")
+        assert bad.returncode == 2 and "no guest 'zz'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_checkpoint_brings_files_and_routes_back(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = _lab(tmp_path, "ckpt")
+    assert cli("up", str(lab), "--accel", "tcg").returncode == 0
+    with _down_after(cli, "ckpt"):
+        cli("exec", "ckpt", "a", "--", "echo step3 > /root/notes && ip route add 10.98.0.0/24 via 10.62.0.2",
+            check=True)
+        cli("exec", "ckpt", "b", "--", "ip link set eth2 mtu 1400", check=True)
+        save = cli("checkpoint", "save", "ckpt", "step3", "--json")
+        assert save.returncode == 0, save.stderr
+        assert json.loads(save.stdout)["guests"] == ["a", "b", "c"]
+        # Later changes, on every guest...
+        cli("exec", "ckpt", "a", "--", "rm /root/notes && ip route del 10.98.0.0/24 && touch /root/later", check=True)
+        cli("exec", "ckpt", "b", "--", "ip link set eth2 mtu 1500", check=True)
+        cli("exec", "ckpt", "c", "--", "ip link set eth1 down", check=True)
+        restore = cli("checkpoint", "restore", "ckpt", "step3")
+        assert restore.returncode == 0, restore.stderr
+        # ...are gone.
+        assert cli("exec", "ckpt", "a", "--", "cat", "/root/notes", check=True).stdout == "step3\n"
+        assert cli("exec", "ckpt", "a", "--", "test", "-e", "/root/later").returncode == 1
+        assert "10.98.0.0/24 via 10.62.0.2" in cli("exec", "ckpt", "a", "--", "ip", "route", check=True).stdout
+        assert "mtu 1400" in cli("exec", "ckpt", "b", "--", "ip", "link", "show", "eth2", check=True).stdout
+        _same_lab_checks(cli, "ckpt")
+        listing = json.loads(cli("checkpoint", "list", "ckpt", "--json", check=True).stdout)
+        assert [c["name"] for c in listing["checkpoints"]] == ["step3"]
+        missing = cli("checkpoint", "restore", "ckpt", "nope")
+        assert missing.returncode != 0 and "no checkpoint 'nope'" in missing.stderr
+        assert cli("checkpoint", "delete", "ckpt", "step3").returncode == 0
+        assert json.loads(cli("checkpoint", "list", "ckpt", "--json", check=True).stdout)["checkpoints"] == []
+
+
+def test_two_instances_are_isolated_and_go_down_alone(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = _lab(tmp_path, "twin")
+    for inst in ("alice", "bob"):
+        up = cli("up", str(lab), "--accel", "tcg", "--instance", inst)
+        assert up.returncode == 0, up.stderr
+    with _down_after(cli, "twin@alice", "twin@bob"):
+        labs = {s["lab"]: s for s in json.loads(cli("status", "--json", check=True).stdout)["labs"]}
+        assert set(labs) == {"twin@alice", "twin@bob"}
+        ports = [g["ssh"] for s in labs.values() for g in s["guests"]]
+        assert len(set(ports)) == 6
+        # The same addresses in both; a marker address on bob's b is reachable from bob's a only.
+        cli("exec", "twin@bob", "b", "--", "ip", "addr", "add", "10.61.0.50/24", "dev", "eth1", check=True)
+        assert cli("exec", "twin@bob", "a", "--", "ping", "-c", "1", "-W", "3", "10.61.0.50").returncode == 0
+        assert cli("exec", "twin@alice", "a", "--", "ping", "-c", "1", "-W", "2", "10.61.0.50").returncode != 0
+        assert cli("exec", "twin@alice", "a", "--", "ping", "-c", "1", "-W", "3", "10.61.0.2").returncode == 0
+        alice_dir = cli.state_dir / "labs" / "twin@alice"
+        assert cli("down", "twin@alice").returncode == 0
+        assert not alice_dir.exists() and qemu_pids_under(alice_dir) == []
+        assert [s["lab"] for s in json.loads(cli("status", "--json", check=True).stdout)["labs"]] == ["twin@bob"]
+        _same_lab_checks(cli, "twin@bob")
+
+
+def test_the_capacity_refusal_starts_nothing(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = _lab(tmp_path, "cap")
+    refused = cli("up", str(lab), "--accel", "tcg", "--instances", "64")
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "MiB" in refused.stderr and "Traceback" not in refused.stderr
+    assert json.loads(cli("status", "--json", check=True).stdout)["labs"] == []
+    assert qemu_pids_under(cli.state_dir) == []
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left(cli: Cli) -> Iterator[None]:
+    yield
+    assert qemu_pids_under(cli.state_dir) == []
