@@ -30,10 +30,14 @@ SPEED = [
 ]
 
 
-def kernel_args(image: Image, guest: Guest, kernel: Kernel, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+def kernel_args(image: Image, guest: Guest, kernel: Kernel, extra: tuple[str, ...] = (),
+                tsc_khz: int | None = None) -> tuple[str, ...]:
     """The full command line; the lab's and the user's arguments come last and win.
 
-    ``labctl.modules=vdb`` tells labctl's initramfs where the kernel's modules disk is.
+    ``labctl.modules=vdb`` tells labctl's initramfs where the kernel's modules disk is;
+    ``tsc_khz`` (TCG on this host, see :mod:`labctl.up.tsc`) spares the guest a calibration
+    that a busy host spoils.
     """
     mods = ["labctl.modules=vdb"] if kernel.modules_img else []
-    return (*CONSOLE, *image.boot_args, *mods, *POLICY, *SPEED, *guest.kernel_args, *extra)
+    tsc = [f"tsc_early_khz={tsc_khz}"] if tsc_khz else []
+    return (*CONSOLE, *image.boot_args, *mods, *POLICY, *SPEED, *tsc, *guest.kernel_args, *extra)

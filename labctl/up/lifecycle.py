@@ -49,6 +49,7 @@ from labctl.ssh import Endpoint, Session
 from labctl.up import guestconf, snapshots, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
+from labctl.up.tsc import host_tsc_khz
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
@@ -263,8 +264,9 @@ class LabUp:
         ports = {nic.name: next(p for p in segments[nic.network].ports
                                 if p.guest == g.name and p.nic == nic.name) for nic in g.nics}
         kernel = self.kernels[g.name]
-        args = kernel_args(self.image, g, kernel, self.opts.extra_kernel_args)
         host = self.hosts[g.name] if self.hosts else None
+        tsc_khz = host_tsc_khz() if accel == "tcg" and self.backend.name == "qemu" else None
+        args = kernel_args(self.image, g, kernel, self.opts.extra_kernel_args, tsc_khz)
         initrd = kernel_prep.initrd(kernel, self.image.initramfs_cpio, self.image.key)
         plan = GuestPlan(lab=self.lab.ident, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
