@@ -29,6 +29,8 @@ MAX_STUDENTS = 64
 SSH_PROBE_TIMEOUT = 5.0
 UP, CRASHED, DOWN = "up", "crashed", "down"
 T = TypeVar("T")
+REASONS = {"crashed": "kernel crash on its console", "stopped": "its QEMU is gone",
+           "unreachable": "its host does not answer", "incomplete": "the up that started it was killed"}
 
 
 def parse_roster(text: str, file: str) -> list[str]:
@@ -195,7 +197,7 @@ def student_status(record: ClassRecord, student: str) -> dict[str, Any]:
     for g in guest_statuses(state):
         if g.state != "running":
             row["guests"][g.name] = CRASHED if g.state != "starting" else "starting"
-            row["reasons"][g.name] = f"QEMU {g.state}" if g.state in ("stopped", "unreachable") else g.state
+            row["reasons"][g.name] = REASONS.get(g.state, g.state)
             continue
         why = _probe_ssh(state, g.name)
         row["guests"][g.name] = UP if why is None else CRASHED
