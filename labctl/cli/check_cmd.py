@@ -12,7 +12,7 @@ from rich.text import Text
 from labctl.cli.ui import out, print_json
 from labctl.errors import EXIT_CHECKS_FAILED, UsageError
 from labctl.up.grading import PASS, CheckResult, checks_of, run_checks, summary
-from labctl.up.handout import ssh_config
+from labctl.up.handout import check_alias_prefix, ssh_config
 from labctl.up.runstate import LabState, check_lab_name
 
 
@@ -58,6 +58,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_ssh_config(args: argparse.Namespace) -> int:
+    check_alias_prefix(args.alias_prefix)
     state = LabState.load(check_lab_name(args.lab))
     sys.stdout.write(ssh_config(state, args.alias_prefix))
     sys.stdout.flush()
