@@ -16,6 +16,9 @@
      +-- DebugError             gdb could not attach, load symbols or drive the guest
           +-- MiTimeout         gdb did not answer an MI command in time
 
+Exit status 6 is not an error: a run whose steps failed, or graded checks
+that did not all pass (``EXIT_CHECKS_FAILED``); the table says which.
+
 Dependencies' exceptions (paramiko, qemu.qmp, libvirt, pygdbmi) are mapped
 into this tree where labctl calls them; only the CLI prints errors and picks
 exit codes.
@@ -24,6 +27,9 @@ exit codes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+EXIT_CHECKS_FAILED = 6
+"""``labctl check`` / ``labctl class check``: some check did not pass (the same status as a failed step)."""
 
 
 class LabctlError(Exception):

@@ -12,6 +12,8 @@ from typing import NoReturn
 from labctl import __version__
 from labctl.cli import (
     access,
+    check_cmd,
+    class_cmd,
     doctor,
     gdb_cmd,
     images,
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     gdb_cmd.register(sub)
     doctor.register(sub)
     access.register(sub)
+    check_cmd.register(sub)
+    class_cmd.register(sub)
     images.register(sub)
     kernel_cmd.register(sub)
     restore_cmds.register(sub)

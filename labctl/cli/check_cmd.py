@@ -1,0 +1,65 @@
+"""``labctl check LAB[@INSTANCE]`` (graded checks) and ``labctl ssh-config LAB[@INSTANCE]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from labctl.cli.ui import out, print_json
+from labctl.errors import EXIT_CHECKS_FAILED, UsageError
+from labctl.up.grading import PASS, CheckResult, checks_of, run_checks, summary
+from labctl.up.handout import check_alias_prefix, ssh_config
+from labctl.up.runstate import LabState, check_lab_name
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    c = sub.add_parser("check", help="run a lab's graded checks on its guests; exit 6 unless all pass")
+    c.add_argument("lab", metavar="LAB[@INSTANCE]")
+    c.add_argument("--json", action="store_true", help="print the results as JSON")
+    c.set_defaults(func=cmd_check)
+    s = sub.add_parser("ssh-config", help="print an OpenSSH config for a lab's guests (ssh -F FILE GUEST)")
+    s.add_argument("lab", metavar="LAB[@INSTANCE]")
+    s.add_argument("--alias-prefix", default="", metavar="P", help="name the hosts P<guest> (default: the guest's name)")
+    s.set_defaults(func=cmd_ssh_config)
+
+
+def results_table(title: str, results: Sequence[CheckResult]) -> Table:
+    """check / guest / result / hint; the hint only for checks that did not pass. Never markup."""
+    t = Table(title=Text(title), title_justify="left")
+    for col in ("check", "guest", "result", "hint"):
+        t.add_column(col)
+    for r in results:
+        style = "green" if r.status == PASS else "bold red"
+        t.add_row(Text(r.name), Text(r.guest), Text(r.summary(), style=style),
+                  Text("" if r.passed else r.hint))
+    return t
+
+
+def results_json(lab: str, results: Sequence[CheckResult]) -> dict[str, object]:
+    return {"lab": lab, **summary(results), "checks": [r.to_dict() for r in results]}
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    state = LabState.load(check_lab_name(args.lab))
+    checks = checks_of(state)
+    if not checks:
+        raise UsageError(f"lab '{state.lab}' declares no checks", hint="add a 'checks:' section to its lab file")
+    results = run_checks(state, checks)
+    s = summary(results)
+    if args.json:
+        print_json(results_json(state.lab, results))
+    else:
+        out.print(results_table(f"lab {state.lab}: {s['passed']}/{s['total']} checks pass", results))
+    return 0 if s["passed"] == s["total"] else EXIT_CHECKS_FAILED
+
+
+def cmd_ssh_config(args: argparse.Namespace) -> int:
+    check_alias_prefix(args.alias_prefix)
+    state = LabState.load(check_lab_name(args.lab))
+    sys.stdout.write(ssh_config(state, args.alias_prefix))
+    sys.stdout.flush()
+    return 0
