@@ -154,10 +154,8 @@ def _styled(state: str) -> Text:
 def cmd_reset(args: argparse.Namespace) -> int:
     record = find_class(args.lab)
     ident = record.ident(check_student(record, args.student))
-    try:
+    with console.status(Text(f"resetting {', '.join(args.guests) or 'every guest'} of {ident}")):
         took = reset(ident, args.guests or None)
-    except NotImplementedError as exc:
-        raise LabctlError("reset is not available in this build of labctl") from exc
     for guest, seconds in took.items():
         out.print(Text(f"{ident} {guest}: reset in {seconds:.1f} s"))
     return 0

@@ -60,7 +60,7 @@ def _measure() -> int | None:
             rates.append((c1 - c0) / ((t1 - t0) / 1e6))  # ticks per ms = kHz
         del rdtsc
         khz = statistics.median(rates)
-        return int(round(khz / 1000.0)) * 1000 if khz > 100_000 else None
+        return round(khz / 1000.0) * 1000 if khz > 100_000 else None
     except Exception:  # noqa: BLE001 - no rate: the guest calibrates itself, as without this module
         return None
     finally:
