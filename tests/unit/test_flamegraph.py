@@ -10,20 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.report.flamegraph import (
-    SCRIPT,
-    Frame,
-    Stack,
-    fold_perf_script,
-    frame_colour,
-    kallsyms_modules,
-    module_hue,
-    read_folded,
-    render_diff_svg,
-    render_svg,
-    script_csp_source,
-    write_folded,
-)
+from labctl.report.flamegraph import frame_colour, module_hue, render_diff_svg, render_svg
+from labctl.report.flamescript import SCRIPT, script_csp_source
+from labctl.trace.flamefold import Frame, Stack, fold_perf_script, kallsyms_modules, read_folded, write_folded
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 FLAME = FIXTURES / "flame"

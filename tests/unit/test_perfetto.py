@@ -21,9 +21,8 @@ from labctl.trace.perfetto import (
     TID_BASE,
     ftrace_trace,
     skb_trace,
-    validate_trace,
-    write_trace,
 )
+from labctl.trace.tef import validate_trace, write_trace
 from labctl.trace.skbevents import parse_report
 from labctl.trace.skblatency import stage_times, why_not_followed
 from labctl.trace.skbpath import Packet, follow
