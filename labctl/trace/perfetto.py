@@ -75,6 +75,7 @@ whose :func:`~labctl.trace.tef.validate_trace` checks them.
 from __future__ import annotations
 
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 from labctl.trace.skbevents import parse_report
@@ -96,7 +97,7 @@ from labctl.trace.tracks import (
 )
 
 __all__ = ["FLOW_CAT", "FLOW_NAME", "FTRACE_REPORT", "PID", "POINT_MAX_NS", "TID_BASE", "TRACE_JSON",
-           "ftrace_trace", "skb_trace"]
+           "ftrace_trace", "guest_trace", "skb_trace", "trace_summary"]
 
 FTRACE_REPORT = "trace-report.txt"
 TRACE_JSON = "trace.json"
@@ -295,3 +296,25 @@ def ftrace_trace(text: str, *, guest: str, source: str = FTRACE_REPORT, clock: s
     b.drop_markers()
     b.nest()
     return b.document(guest, b.other_data(text, source, guest, clock))
+
+
+def guest_trace(guest_dir: Path, nic: str | None = None) -> dict[str, Any] | None:
+    """The Trace Event Format document of a guest's step directory: its skb_latency recording, else its
+    ftrace report; None when it has neither (the summary writes it to :data:`TRACE_JSON`).
+
+    :raise OSError: when the report cannot be read.
+    """
+    skb, ftrace = guest_dir / REPORT, guest_dir / FTRACE_REPORT
+    if skb.is_file():
+        return skb_trace(skb.read_text(errors="replace"), guest=guest_dir.name, nic=nic)
+    if ftrace.is_file():
+        return ftrace_trace(ftrace.read_text(errors="replace"), guest=guest_dir.name)
+    return None
+
+
+def trace_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the summary keeps of a trace document: the file, its source and counts from ``otherData``."""
+    other = doc.get("otherData") or {}
+    keep = ("source", "clock", "cpus", "events", "slices", "instants", "flows", "dropped_events",
+            "packets", "followed", "flows_not_drawn")
+    return {"file": TRACE_JSON, **{k: other[k] for k in keep if k in other}}

@@ -115,7 +115,7 @@ def _runner(lab: Any, state: LabState, bundle: Path, answer: Callable[[str, str]
             backend: FakeBackend | None = None) -> tuple[Runner, list[tuple[str, str]]]:
     log: list[tuple[str, str]] = []
     runner = Runner(lab, state, bundle, connect=lambda g: FakeSession(g, log, answer),  # type: ignore[arg-type, return-value]
-                    backend=backend or FakeBackend())  # type: ignore[arg-type]
+                    backend=backend or FakeBackend(), watch_host=False)  # type: ignore[arg-type]
     return runner, log
 
 
