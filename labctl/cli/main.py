@@ -12,6 +12,7 @@ from typing import NoReturn
 from labctl import __version__
 from labctl.cli import (
     access,
+    compare_cmd,
     doctor,
     gdb_cmd,
     images,
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle_cmds.register(sub)
     run_cmd.register(sub)
     report_cmds.register(sub)
+    compare_cmd.register(sub)
     oops_cmd.register(sub)
     gdb_cmd.register(sub)
     doctor.register(sub)

@@ -214,7 +214,7 @@ def _render(root: _Node, *, fill: Mapping[int, str], tooltip: Mapping[int, str],
              _text(width / 2, 20, title, extra=' text-anchor="middle" font-size="14" font-weight="bold"'),
              _text(width / 2, 38, subtitle, extra=f' text-anchor="middle" fill="{MUTED}"'),
              _button(PAD, "Reset zoom", "lfg-reset", f"{prefix}reset", hidden=True)]
-    if with_script:
+    if with_script or inline:  # an inline graph is searched by its page's one script
         parts += [_button(width - PAD - 6 * CHAR_W - 12, "Search", "lfg-search", f"{prefix}search"),
                   _button(width - PAD - 13 * CHAR_W - 30, "Clear", "lfg-clear", f"{prefix}clear", hidden=True)]
     parts.append(_text(width - PAD, 42, "", extra=f' class="lfg-matched" id="{prefix}matched" text-anchor="end"'))

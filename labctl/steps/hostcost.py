@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import select
+import signal
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -139,7 +140,8 @@ class _Profiler:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             status = interrupt_group(self.proc, 60)
-            if status not in (0, None) and self.error is None:
+            # perf ends by raising the SIGINT it got once its file is written: -SIGINT is a clean end
+            if status not in (0, -signal.SIGINT, 128 + signal.SIGINT) and self.error is None:
                 self.error = f"the host's perf exited with status {status}; see {PERF_LOG}"
         for fifo in self.fifos:
             fifo.unlink(missing_ok=True)
