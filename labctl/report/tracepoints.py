@@ -35,18 +35,20 @@ def _columns(events: Mapping[str, Any]) -> list[str]:
 def events_table(events: Mapping[str, Any]) -> Table:
     """Rows: events; columns: the busiest commands, the rest, the total and the rate per second."""
     comms = _columns(events)
+
+    def rest(e: Mapping[str, Any]) -> int:
+        return sum(n for c, n in as_dict(e.get("by_comm")).items() if c not in comms and isinstance(n, int))
+
+    others = any(rest(as_dict(e)) for e in events.values())
     rows = []
     for event, e in events.items():
         e = as_dict(e)
         by_comm = as_dict(e.get("by_comm"))
-        shown = [by_comm.get(c, 0) for c in comms]
-        rest = sum(n for c, n in by_comm.items() if c not in comms and isinstance(n, int))
-        cells = [txt(event, "code"), *(num(n) for n in shown)]
-        if by_comm:
-            cells.append(num(rest))
+        cells = [txt(event, "code"), *(num(by_comm.get(c, 0)) for c in comms)]
+        if others:
+            cells.append(num(rest(e)))
         rows.append(Row((*cells, txt(fmt_num(e.get("total")), "b"), num(e.get("rate_per_s")))))
-    has_comms = any(as_dict(as_dict(e).get("by_comm")) for e in events.values())
-    headers = ("event", *comms, *(("other",) if has_comms else ()), "total", "per second")
+    headers = ("event", *comms, *(("other commands",) if others else ()), "total", "per second")
     return Table(headers, tuple(rows), frozenset(range(1, len(headers))), "tracepoints")
 
 

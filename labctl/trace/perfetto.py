@@ -100,7 +100,7 @@ __all__ = ["FLOW_CAT", "FLOW_NAME", "FTRACE_REPORT", "PID", "POINT_MAX_NS", "TID
            "ftrace_trace", "guest_trace", "skb_trace", "trace_summary"]
 
 FTRACE_REPORT = "trace-report.txt"
-TRACE_JSON = "trace.json"
+TRACE_JSON = "trace.json.gz"  # gzipped: ui.perfetto.dev opens it as it is
 SKB_CLOCK = "mono"  # skb_latency records with trace-cmd -C mono (labctl.trace.skbprobes)
 FTRACE_CLOCK = "local"  # trace-cmd's default clock: per CPU, not comparable across CPUs
 

@@ -44,6 +44,7 @@ processor):
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -89,6 +90,11 @@ def read_ns(value: Any) -> int | None:
 def write_trace(doc: dict[str, Any], path: Path) -> Path:
     """Write ``doc`` as compact JSON to ``path`` atomically (temporary file + rename); returns ``path``.
 
+    A path ending in ``.gz`` is gzipped (ui.perfetto.dev and chrome://tracing
+    open such files as they are; a trace of a few seconds of packets is tens
+    of MB of JSON, a tenth of that gzipped). The gzip header has no time
+    stamp, so one document always gives the same bytes.
+
     :raise LabctlError: the document is not JSON-serialisable or the file cannot be written.
     """
     try:
@@ -97,7 +103,10 @@ def write_trace(doc: dict[str, Any], path: Path) -> Path:
         raise LabctlError(f"cannot write {path}: the trace is not JSON: {exc}") from exc
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        data = text.encode("utf-8")
+        if path.suffix == ".gz":
+            data = gzip.compress(data, compresslevel=6, mtime=0)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -436,3 +436,12 @@ def test_write_trace_writes_compact_json_atomically(tmp_path: Path) -> None:
     with pytest.raises(LabctlError, match="cannot write"):
         write_trace(doc, tmp_path / "missing" / "trace.json")
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+
+
+def test_write_trace_gzips_a_gz_path_reproducibly(tmp_path: Path) -> None:
+    doc = export("tx-virtio-gso.txt.gz")
+    out = write_trace(doc, tmp_path / "trace.json.gz")
+    data = out.read_bytes()
+    assert data[:2] == b"\x1f\x8b" and json.loads(gzip.decompress(data)) == doc
+    assert len(data) < len(json.dumps(doc)) / 4
+    assert write_trace(doc, tmp_path / "again.json.gz").read_bytes() == data  # no time stamp in the header
