@@ -327,6 +327,25 @@ def loss_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
     return [Heading(4, "Trace loss"), Bullets(tuple(_loss_item(n, g) for n, g in guests))]
 
 
+def timeline_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]], step_dir: str) -> list[Block]:
+    """Links to each guest's Perfetto trace (its skb_latency or ftrace recording as a timeline)."""
+    items = []
+    for name, g in guests:
+        tj = as_dict(g.get("trace_json"))
+        if tj.get("file"):
+            slices = sum(v for v in as_dict(tj.get("slices")).values() if isinstance(v, int))
+            href = f"{step_dir}/{name}/{tj['file']}"
+            items.append((Span(f"{name}: "), Span(href, "code", href),
+                          Span(f" ({tj.get('source')}: {fmt_num(slices)} slices, {fmt_num(tj.get('flows'))} packet "
+                               f"flows, {tj.get('clock')} clock)", "muted")))
+    if not items:
+        return []
+    return [Heading(4, "Timeline (Perfetto)"),
+            Para(txt("One track per CPU: IRQ, softirq and NAPI slices, events, packets as flows. Open the file "
+                     "at ui.perfetto.dev or chrome://tracing, as it is."), "muted"),
+            Bullets(tuple(items))]
+
+
 def warning_blocks(step: Mapping[str, Any], guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
     """Warnings of the step and of its guests."""
     items = [txt(str(w)) for w in as_list(step.get("warnings"))]
@@ -377,7 +396,7 @@ def step_section(root: Path, step: Mapping[str, Any], index: int) -> Section:
                            _step_meta(step, step_dir)]
     if guests:
         blocks += [Heading(4, "Guests"), guests_table(guests)]
-    blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests)
+    blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests) + timeline_blocks(guests, step_dir)
     blocks += warning_blocks(step, guests) + [Heading(4, "Raw artifacts")] + artifact_links(root, step_dir)
     return Section(tuple(blocks), "step failed" if failed else "step", f"step-{index}")
 
