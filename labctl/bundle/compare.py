@@ -161,11 +161,13 @@ def compare_runs(a: Run, b: Run) -> dict[str, Any]:
     """
     check_same_lab(a, b)
     ga, gb = _groups(a), _groups(b)
-    pairs = []
+    pairs: list[dict[str, Any]] = []
+    flagged = 0
     for key in [k for k in ga if k in gb]:
+        metrics = _metric_rows(ga[key], gb[key])
+        flagged += sum(1 for m in metrics if m["verdict"] == BEYOND)
         pairs.append({"step": key[0], "variant": key[1], "runs": {"a": len(ga[key]), "b": len(gb[key])},
-                      "metrics": _metric_rows(ga[key], gb[key])})
-    flagged = sum(1 for p in pairs for m in p["metrics"] if m["verdict"] == BEYOND)
+                      "metrics": metrics})
 
     def side(r: Run) -> dict[str, Any]:
         return {"dir": str(r.dir), "status": r.summary.get("status") or r.manifest.get("status"),

@@ -4,8 +4,11 @@
 variant, status, reason, directory, NIC, guests, warnings...) and computes
 from the raw files in the bundle: the statistics deltas
 (``stats/delta.json``), every guest's figures
-(:func:`labctl.trace.analyze.guest_figures`), each step's headline figures
-and the comparison sentence. ``labctl run`` calls it with the runner's
+(:func:`labctl.trace.analyze.guest_figures`), the files derived from a
+guest's raw ones (``flamegraph.folded``, ``trace.json.gz``), each step's
+whole cost (:mod:`labctl.trace.hostcost`, from the host's ``_host/`` record),
+each step's headline figures, the spread of repeated runs and the
+comparison sentence. ``labctl run`` calls it with the runner's
 results; ``labctl report`` calls it with the steps of the summary already in
 the bundle, so a re-analysis never drops anything a run wrote.
 """
@@ -71,9 +74,9 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> dict[str, Any]:
             log.warning("figures for %s/%s failed: %s", step.get("dir"), g, exc)
             guests[g] = {"warnings": [f"analysis failed: {exc}"]}
     entry["guests"] = guests
-    entry["cost"] = _cost(sdir, step, guests, costs, window)
-    entry["figures"] = {**step_figures(guests, step.get("nic")),
-                        **{k: entry["cost"].get(k) for k in COST_FIGURES}}
+    cost = _cost(sdir, step, guests, costs, window)
+    entry["cost"] = cost
+    entry["figures"] = {**step_figures(guests, step.get("nic")), **{k: cost.get(k) for k in COST_FIGURES}}
     return entry
 
 

@@ -39,7 +39,7 @@ def _id(text: str) -> str:
 
 def _graphs(run: Run) -> list[tuple[Mapping[str, Any], str, dict[str, Any], Path]]:
     """(step, guest, flame figures, guest directory) of every guest with folded stacks."""
-    out = []
+    out: list[tuple[Mapping[str, Any], str, dict[str, Any], Path]] = []
     for step in run_steps(run.summary):
         for guest, figs in step_guests(step):
             fg = as_dict(figs.get("flamegraph"))

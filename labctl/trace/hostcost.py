@@ -82,6 +82,11 @@ def _role(tid: str, pid: int | None, vcpus: Mapping[str, Any], name: str) -> str
     return "main loop" if pid is not None and tid == str(pid) else "other threads"
 
 
+def _vcpus(doc: Mapping[str, Any]) -> dict[str, Any]:
+    value = doc.get("vcpu_threads")
+    return value if isinstance(value, dict) else {}
+
+
 def qemu_threads(doc: Mapping[str, Any]) -> dict[str, Any]:
     """Host CPU seconds of one QEMU over the window, per role and per thread, from ``qemu-threads.json``.
 
@@ -102,8 +107,9 @@ def qemu_threads(doc: Mapping[str, Any]) -> dict[str, Any]:
         return out
     user, system = (p1[1] - p0[1]) / tck, (p1[2] - p0[2]) / tck
     pid = doc.get("pid")
-    vcpus = doc.get("vcpu_threads") if isinstance(doc.get("vcpu_threads"), dict) else {}
-    threads, by_role = [], dict.fromkeys(ROLES, 0.0)
+    vcpus = _vcpus(doc)
+    threads: list[dict[str, Any]] = []
+    by_role = dict.fromkeys(ROLES, 0.0)
     before = {tid: parse_stat_line(line) for tid, line in (start.get("threads") or {}).items()}
     for tid, line in sorted((end.get("threads") or {}).items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
         now, was = parse_stat_line(line), before.get(tid)
@@ -272,7 +278,7 @@ def guest_cost(guest_dir: Path, host_dir: Path) -> dict[str, Any]:
             doc = json.loads(raw)
         except ValueError:
             notes.append(f"{THREADS_FILE} is not JSON")
-    host = qemu_threads(doc) if doc else {"measured": False}
+    host: dict[str, Any] = qemu_threads(doc) if doc else {"measured": False}
     if doc and not host.get("measured") and host.get("note"):
         notes.append(f"host: {host['note']}")
     unavailable = _read(hdir / PROFILE_UNAVAILABLE)
@@ -281,8 +287,7 @@ def guest_cost(guest_dir: Path, host_dir: Path) -> dict[str, Any]:
     elif (hdir / PERF_SCRIPT).is_file():
         try:
             with gzip.open(hdir / PERF_SCRIPT, "rt", errors="replace") as f:
-                vcpus = doc.get("vcpu_threads") if isinstance(doc.get("vcpu_threads"), dict) else {}
-                host["profile"] = host_profile(f.read(), doc.get("pid"), vcpus)
+                host["profile"] = host_profile(f.read(), doc.get("pid"), _vcpus(doc))
         except (OSError, EOFError) as exc:
             host["profile_note"] = f"{PERF_SCRIPT} unreadable: {exc}"
     start, end = _read(guest_dir / WINDOW_START), _read(guest_dir / WINDOW_END)
@@ -316,8 +321,8 @@ def step_cost(costs: Mapping[str, Mapping[str, Any]], nbytes: int | None, bytes_
     inside = [v["guest_cpu_s"] for v in guests.values()]
     host_all = all(h is not None for h in hosts) and bool(hosts)
     guest_all = all(x is not None for x in inside) and bool(inside)
-    host_s = round(sum(hosts), 3) if host_all else None  # type: ignore[arg-type]
-    guest_s = round(sum(inside), 3) if guest_all else None  # type: ignore[arg-type]
+    host_s = round(sum(h for h in hosts if h is not None), 3) if host_all else None
+    guest_s = round(sum(x for x in inside if x is not None), 3) if guest_all else None
     return {"window_s": window_s, "bytes": nbytes, "bytes_source": bytes_source, "guests": guests,
             "host_measured": host_all, "host_cpu_s": host_s, "guest_cpu_s": guest_s,
             "host_cpu_s_per_gb": per_gb(host_s, nbytes), "guest_cpu_s_per_gb": per_gb(guest_s, nbytes)}
