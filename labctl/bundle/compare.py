@@ -25,14 +25,14 @@ result is JSON-able and rendered by :mod:`labctl.report.compare`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from labctl.bundle.figures import as_dict, is_failed, repeat_key, run_steps, spread, step_metrics
+from labctl.bundle.figures import as_dict, is_failed, repeat_key, run_steps, spread, step_metrics, verdict
 from labctl.bundle.read import Run
 from labctl.errors import UsageError
 
-BEYOND, WITHIN, NO_REPEATS = "beyond noise", "within noise", "no repeats"
+BEYOND, WITHIN, NO_REPEATS = "beyond noise", "within noise", "no repeats"  # what figures.verdict says
 
 
 def lab_of(run: Run) -> str:
@@ -101,18 +101,6 @@ def _groups(run: Run) -> dict[tuple[str, str | None], list[dict[str, Any]]]:
         if not is_failed(s.get("status")) and s.get("status") != "skipped":
             out[repeat_key(s)].append(s)
     return out
-
-
-def verdict(va: Sequence[float], vb: Sequence[float]) -> str:
-    """:data:`BEYOND`, :data:`WITHIN` or :data:`NO_REPEATS` for the values of one figure (module docstring)."""
-    if len(va) >= 2 and len(vb) >= 2:
-        return BEYOND if max(va) < min(vb) or max(vb) < min(va) else WITHIN
-    if len(va) >= 2 or len(vb) >= 2:
-        many, one = (va, vb) if len(va) >= 2 else (vb, va)
-        width = max(many) - min(many)
-        lo, hi = min(many) - width, max(many) + width
-        return BEYOND if any(v < lo or v > hi for v in one) else WITHIN
-    return NO_REPEATS
 
 
 def _change(a: float, b: float) -> tuple[float, float | None]:

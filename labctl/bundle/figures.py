@@ -144,36 +144,73 @@ def fmt_cost(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def cost_points(steps: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, float | None]]:
-    """NIC variant -> (host CPU s/GB, guest CPU s/GB), the mean over its runs that did not fail
-    and measured the host side of every involved guest."""
-    runs: dict[str, list[tuple[float, float | None]]] = {}
+def cost_points(steps: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+    """NIC variant -> (host CPU s/GB of each run, guest CPU s/GB of each run) over its runs that did
+    not fail and measured the host side of every involved guest."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
     for s in steps:
         label, host = nic_model(s), usable(figure(s, "host_cpu_s_per_gb"))
         if label and host is not None and not is_failed(s.get("status")) and s.get("status") != "skipped":
-            runs.setdefault(label, []).append((host, usable(figure(s, "guest_cpu_s_per_gb"))))
-    out: dict[str, tuple[float, float | None]] = {}
-    for label, values in runs.items():
-        guest = [g for _, g in values if g is not None]
-        out[label] = (sum(h for h, _ in values) / len(values),
-                      sum(guest) / len(guest) if len(guest) == len(values) else None)
+            hosts, guests = out.setdefault(label, ([], []))
+            hosts.append(host)
+            guest = usable(figure(s, "guest_cpu_s_per_gb"))
+            if guest is not None:
+                guests.append(guest)
     return out
 
 
+SAME = 1.1  # a ratio of costs below this is "about the same", whatever the noise
+
+
+def verdict(va: Sequence[float], vb: Sequence[float]) -> str:
+    """Whether two sets of runs of one figure differ beyond their run-to-run noise.
+
+    ``beyond noise`` when both have repeats and their ranges do not overlap,
+    or when one has repeats and the other's value lies outside that range
+    widened by its own width; ``within noise`` otherwise; ``no repeats`` when
+    neither side ran more than once (nothing tells the noise).
+    """
+    if len(va) >= 2 and len(vb) >= 2:
+        return "beyond noise" if max(va) < min(vb) or max(vb) < min(va) else "within noise"
+    if len(va) >= 2 or len(vb) >= 2:
+        many, one = (va, vb) if len(va) >= 2 else (vb, va)
+        width = max(many) - min(many)
+        lo, hi = min(many) - width, max(many) + width
+        return "beyond noise" if any(v < lo or v > hi for v in one) else "within noise"
+    return "no repeats"
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
 def cost_sentence(steps: Sequence[Mapping[str, Any]]) -> str | None:
-    """Which NIC variant cost the least and the most host CPU per GB moved (all the step's QEMUs),
-    with the guests' own CPU per GB beside; None with fewer than two variants measured."""
+    """Which NIC variant cost the least and the most host CPU per GB moved (all the step's QEMUs), with
+    the guests' own CPU per GB beside, and whether the difference is beyond the run-to-run noise
+    (``repeat:``); None with fewer than two variants measured."""
     points = cost_points(steps)
     if len(points) < 2:
         return None
-    ranked = sorted(points.items(), key=lambda kv: kv[1][0])
-    (best, (b_host, b_guest)), (worst, (w_host, w_guest)) = ranked[0], ranked[-1]
+    ranked = sorted(points.items(), key=lambda kv: _mean(kv[1][0]))
+    (best, (b_hosts, b_guests)), (worst, (w_hosts, w_guests)) = ranked[0], ranked[-1]
+    b_host, w_host = _mean(b_hosts), _mean(w_hosts)
     ratio = w_host / b_host if b_host > 0 else None
-    times = f" ({ratio:.1f} times as much)" if ratio is not None and f"{ratio:.1f}" != "1.0" else ""
-    inside = (f"; inside the guests {fmt_cost(b_guest)} vs {fmt_cost(w_guest)} CPU s/GB"
-              if b_guest is not None and w_guest is not None else "")
-    return (f"Counting every QEMU's host CPU time (guest code, device models and I/O), {best} cost "
-            f"{fmt_cost(b_host)} host CPU s per GB moved and {worst} {fmt_cost(w_host)}{times}{inside}.")
+    inside = (f"; inside the guests {fmt_cost(_mean(b_guests))} vs {fmt_cost(_mean(w_guests))} CPU s/GB"
+              if b_guests and w_guests else "")
+    lead = "Counting every QEMU's host CPU time (guest code, device models and I/O), "
+    noise = verdict(b_hosts, w_hosts)
+    if ratio is not None and ratio < SAME:
+        return (f"{lead}the NIC models cost about the same host CPU per GB moved ({best} {fmt_cost(b_host)}, "
+                f"{worst} {fmt_cost(w_host)} s/GB){inside}.")
+    times = f" ({ratio:.1f} times as much)" if ratio is not None else ""
+    if noise == "within noise":
+        tail = f", but that is within the run-to-run noise of their {len(b_hosts)} and {len(w_hosts)} runs"
+    elif noise == "beyond noise":
+        tail = f", beyond the run-to-run noise of their {len(b_hosts)} and {len(w_hosts)} runs"
+    else:
+        tail = " (one run each: repeat: N on the step tells this from noise)"
+    return (f"{lead}{best} cost {fmt_cost(b_host)} host CPU s per GB moved and {worst} "
+            f"{fmt_cost(w_host)}{times}{tail}{inside}.")
 
 
 TCG_NOTE = ("Under TCG the emulated NICs' device models run inside QEMU on the host, out of the guest "

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from labctl.bundle.figures import fmt_cost
 from labctl.trace.tef import validate_trace
 from tests.integration.conftest import run_bundle, short_lab
 from tests.integration.test_report_html import CHROMIUM, chromium, png_pixels
@@ -70,7 +71,9 @@ def test_the_whole_cost_of_each_nic_model(nic_cost_run: tuple[Path, Path]) -> No
             assert raw["end"]["threads"][vcpu_tid].split("(", 1)[1].startswith("CPU 0/TCG)")
             vcpu = (_ticks(raw["end"]["threads"][vcpu_tid]) - _ticks(raw["start"]["threads"][vcpu_tid])) / tck
             assert g["host_vcpu_s"] == pytest.approx(vcpu, abs=0.001) and g["host_main_s"] > 0
-            assert vcpu + g["host_main_s"] + g["host_other_s"] == pytest.approx(host, abs=0.02)
+            # each thread's time is rounded to ticks on its own: the roles add up to the process within a tick each
+            ticks = 1 / tck * (len(raw["end"]["threads"]) + 1)
+            assert vcpu + g["host_main_s"] + g["host_other_s"] == pytest.approx(host, abs=ticks)
             # the guest's busy time over the same window, from its own /proc/stat
             d = bundle / step["dir"] / guest
             busy = (_busy((d / "window-stat-end.txt").read_text()) - _busy((d / "window-stat-start.txt").read_text()))
@@ -89,7 +92,14 @@ def test_the_whole_cost_of_each_nic_model(nic_cost_run: tuple[Path, Path]) -> No
     ranked = sorted(summary["steps"], key=lambda s: s["cost"]["host_cpu_s_per_gb"])
     sentence = summary["comparison"]
     assert sentence.startswith("Counting every QEMU's host CPU time")
-    assert f"{ranked[0]['variant']} cost " in sentence and f"and {ranked[-1]['variant']} " in sentence
+    best, worst = (s["cost"]["host_cpu_s_per_gb"] for s in (ranked[0], ranked[-1]))
+    for step, value in ((ranked[0], best), (ranked[-1], worst)):
+        assert f"{step['variant']} {fmt_cost(value)}" in sentence or f"{step['variant']} cost {fmt_cost(value)}" \
+            in sentence, (step["variant"], sentence)
+    if worst / best < 1.1:  # the run cannot tell them apart, and says so
+        assert "cost about the same host CPU per GB" in sentence
+    else:  # one run each: the ranking is given, with no claim about the noise
+        assert "times as much) (one run each" in sentence
     assert "Under TCG the emulated NICs' device models run inside QEMU" in sentence
     assert "times less CPU in its driver" not in sentence
     md = (bundle / "report.md").read_text()
