@@ -159,11 +159,16 @@ def test_flame_graphs_per_variant_and_between_variants(nic_cost_run: tuple[Path,
         folded = (bundle / step["dir"] / "client" / "flamegraph.folded").read_text().splitlines()
         assert sum(int(ln.rsplit(" ", 1)[1]) for ln in folded) == fg["samples"]
     first = steps[0]["variant"]
+    html = (bundle / "report.html").read_text()
+    md = (bundle / "report.md").read_text()
     for step in steps[1:]:
-        diff = bundle / "steps" / "transfer" / f"flamegraph-diff-client-{first}-vs-{step['variant']}.svg"
-        text = diff.read_text()
+        rel = f"steps/transfer/flamegraph-diff-client-{first}-vs-{step['variant']}.svg"
+        text = (bundle / rel).read_text()
         ET.fromstring(text)
         assert "Differential flame graph" in text and "share grew" in text
+        # inline in report.html, linked from report.md
+        assert f'aria-label="Differential flame graph: {step["variant"]} against {first}"' in html
+        assert rel in md
 
 
 @needs_chromium

@@ -96,6 +96,7 @@ def _tracepoint_counts(bundle: Path, summary: dict, script: list[str]) -> None:
     steps = {s["name"]: s for s in summary["steps"]}
     a = steps["system-wide"]["guests"]["a"]
     assert a["top_symbols"] == [] and a["driver_share_pct"] is None  # hits are not CPU samples
+    assert not [w for w in a["warnings"] if "perf-report" in w or "Samples" in w], a["warnings"]  # and no problem
     assert set(a["perf_events"]["tracepoints"]) >= {"net:net_dev_queue", "probe:tcp_v4_rcv"}
     perf = next(s for s in a["tracepoints"] if s["source"] == "perf record")
     ftrace = next(s for s in a["tracepoints"] if s["source"] == "ftrace")

@@ -108,3 +108,13 @@ def test_guest_tracepoints_finds_every_source(tmp_path: Path) -> None:
     assert set(sources) == {"perf record", "ftrace", "perf stat"}
     assert sources["perf stat"]["events"] == {"irq:softirq_entry": {"total": 2235, "rate_per_s": 1117.5,
                                                                      "by_comm": {}, "by_cpu": {}}}
+
+
+def test_a_recording_mixing_tracepoints_and_cpu_clock_reads_symbols_of_cpu_clock_only(tmp_path: Path) -> None:
+    for name in ("perf-report.txt", "perf-report-dso.txt"):
+        shutil.copy(FIX / "mixed" / name, tmp_path / name)
+    figures = guest_figures(tmp_path, ["virtio_net"])
+    assert figures["perf_events"]["sampling"] == ["cpu-clock"]
+    assert figures["top_symbols"][0] == {"symbol": "native_safe_halt", "dso": "[kernel.kallsyms]", "pct": 44.15}
+    assert not any(s["symbol"].startswith("__traceiter") for s in figures["top_symbols"])
+    assert figures["idle_pct"] is not None and figures["idle_pct"] >= 44.15
