@@ -176,6 +176,9 @@ def test_the_pipeline_writes_manifest_summary_and_reports(lab_state: Any, tmp_pa
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["lab"]["name"] == "unit"
     assert manifest["qemu"]["version"] == "QEMU emulator version 7.2.22 (Debian)"  # asked through the backend
+    # the image's build has no manifest (removed while the lab was up): still named, and said
+    assert manifest["image"] == {"name": "debian-12", "key": "k"}
+    assert any("image's manifest could not be read" in w for w in manifest["warnings"])
     assert {(c["variant"], c["status"]) for c in manifest["commands"] if c["guest"] == "a"} >= {("big", 3)}
     summary = json.loads((bundle / "summary.json").read_text())
     assert [(s["name"], s["variant"], s["status"]) for s in summary["steps"]] == [
