@@ -40,10 +40,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labctl.report.flamegraph import render_diff_svg, render_svg  # noqa: E402
-from labctl.trace.flamefold import fold_perf_script, write_folded  # noqa: E402
-from labctl.trace.perfetto import guest_trace, skb_trace  # noqa: E402
-from labctl.trace.tef import validate_trace  # noqa: E402
+from labctl.report.flamegraph import render_diff_svg, render_svg
+from labctl.trace.flamefold import fold_perf_script, write_folded
+from labctl.trace.perfetto import guest_trace, skb_trace
+from labctl.trace.tef import validate_trace
 
 FLAME = ROOT / "tests" / "fixtures" / "flame" / "iperf3-e1000.perf-script.txt"
 SKB = sorted((ROOT / "tests" / "fixtures" / "skb").glob("rx-*.txt.gz"))
@@ -65,7 +65,7 @@ def scaled_script(samples: int) -> str:
     per = text.count("cpu-clock")
     copies = []
     for i in range(max(1, samples // per)):
-        shifted = _TIME.sub(lambda m: f"{m[1]}{int(m[2]) + i}.{m[3]}:", text)
+        shifted = _TIME.sub(lambda m, i=i: f"{m[1]}{int(m[2]) + i}.{m[3]}:", text)
         copies.append(shifted.replace("iperf3 ", f"iperf3-{i // 7} ") if i % 7 else shifted)
     return "".join(copies)
 
@@ -77,7 +77,7 @@ def scaled_skb(scale: int) -> str:
         for path in SKB:
             with gzip.open(path, "rt") as f:
                 body = [ln for ln in f.read().splitlines() if not ln.startswith("cpus=")]
-            parts.append("\n".join(_TIME.sub(lambda m: f"{m[1]}{int(m[2]) + 10 * (k + 1)}.{m[3]}:", ln)
+            parts.append("\n".join(_TIME.sub(lambda m, k=k: f"{m[1]}{int(m[2]) + 10 * (k + 1)}.{m[3]}:", ln)
                                    for ln in body))
     return "cpus=1\n" + "\n".join(parts) + "\n"
 

@@ -29,8 +29,8 @@ from labctl.trace.analyze import guest_figures, step_figures
 from labctl.trace.flames import guest_flamegraph
 from labctl.trace.hostcost import guest_cost, nic_bytes, step_cost
 from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
-from labctl.trace.tef import write_trace
 from labctl.trace.stats import write_delta
+from labctl.trace.tef import write_trace
 
 log = logging.getLogger(__name__)
 

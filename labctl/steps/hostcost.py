@@ -29,8 +29,8 @@ import json
 import logging
 import os
 import select
-import signal
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

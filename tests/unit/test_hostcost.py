@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from labctl.backends.base import GuestRecord
-from labctl.steps.hostcost import HostWatch, read_task_stats
+from labctl.steps.hostcost import HostWatch
 from labctl.trace.hostcost import (
     THREADS_FILE,
     guest_cost,

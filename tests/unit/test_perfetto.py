@@ -22,10 +22,10 @@ from labctl.trace.perfetto import (
     ftrace_trace,
     skb_trace,
 )
-from labctl.trace.tef import validate_trace, write_trace
 from labctl.trace.skbevents import parse_report
 from labctl.trace.skblatency import stage_times, why_not_followed
 from labctl.trace.skbpath import Packet, follow
+from labctl.trace.tef import validate_trace, write_trace
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 SKB = sorted(p.name for p in (FIX / "skb").glob("*.txt.gz"))
