@@ -118,3 +118,20 @@ def test_a_recording_mixing_tracepoints_and_cpu_clock_reads_symbols_of_cpu_clock
     assert figures["top_symbols"][0] == {"symbol": "native_safe_halt", "dso": "[kernel.kallsyms]", "pct": 44.15}
     assert not any(s["symbol"].startswith("__traceiter") for s in figures["top_symbols"])
     assert figures["idle_pct"] is not None and figures["idle_pct"] >= 44.15
+
+
+def test_the_reports_table_gives_each_events_commands_total_and_rate() -> None:
+    from labctl.bundle.figures import fmt_num
+    from labctl.report.tracepoints import events_table
+
+    events = tabulate(parse_perf_event_counts((FIX / "perf-event-counts.txt").read_text()), 3.0)
+    table = events_table(events)
+    assert table.headers[0] == "event" and table.headers[-2:] == ("total", "per second")
+    comms = list(table.headers[1:-2])
+    for row, (event, e) in zip(table.rows, events.items(), strict=True):
+        cells = ["".join(s.text for s in cell) for cell in row.cells]
+        assert cells[0] == event
+        assert cells[-2:] == [str(e["total"]), fmt_num(e["rate_per_s"])]
+        assert e["rate_per_s"] == round(e["total"] / 3.0, 2)
+        # the commands' columns (and "other commands", if any) add up to the total
+        assert sum(int(c) for c in cells[1:-2]) == e["total"], (event, dict(zip(comms, cells[1:-2], strict=True)))
