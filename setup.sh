@@ -24,6 +24,7 @@ PACKAGES=(
     openssh-client                       # labctl ssh
     gdb binutils                         # labctl gdb, oops decoding
     make "linux-headers-${ABI}-amd64"    # out-of-tree lab modules (guest/modules/)
+    linux-perf                           # the host side of a step: a profile of each guest's QEMU
     chromium                             # tests: report.html in a headless browser
     ca-certificates
 )

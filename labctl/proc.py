@@ -53,6 +53,21 @@ def kill_group(proc: subprocess.Popen[bytes], grace: float = GRACE_SECONDS) -> N
             continue
 
 
+def interrupt_group(proc: subprocess.Popen[bytes], wait: float) -> int | None:
+    """SIGINT the child's process group (perf then writes its file out) and wait up to
+    ``wait`` s for it to exit; SIGTERM/SIGKILL it (:func:`kill_group`) if it does not.
+    Returns its exit status, None when it had to be killed."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        return None
+
+
 def _popen(argv: Sequence[str | os.PathLike[str]], **kw: object) -> subprocess.Popen[bytes]:
     args = [os.fspath(a) for a in argv]
     log.debug("run: %s", shlex.join(args))

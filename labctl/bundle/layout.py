@@ -10,7 +10,12 @@
         report.md, report.html (labctl.report)
         lab.yaml        the lab file as run
         guests/<guest>/console.log, oops.txt, oops.json
-        steps/<step>/<variant>/<guest>/...   raw artifacts (``_`` for a step without a matrix)
+        steps/<step>/<variant>/<guest>/...   raw artifacts (``_`` for a step without a matrix;
+                        ``<variant>@N`` for run N of a step with ``repeat``), and what the
+                        analysis derives from them: flamegraph.folded/.svg, trace.json
+        steps/<step>/<variant>/_host/<guest>/   the guest's QEMU on the host during the step
+                        (labctl.steps.hostcost): qemu-threads.json, perf.data, perf-script.txt.gz
+        steps/<step>/flamegraph-diff-<guest>-<a>-vs-<b>.svg   differential flame graphs between variants
 """
 
 from __future__ import annotations
@@ -30,11 +35,21 @@ CONSOLE = "console.log"
 OOPS_TXT = "oops.txt"
 OOPS_JSON = "oops.json"
 NO_VARIANT = "_"
+HOST_DIR = "_host"  # guest names start with a letter: no guest's directory is called this
+FLAMEGRAPH_FOLDED = "flamegraph.folded"
+FLAMEGRAPH_SVG = "flamegraph.svg"
+REPEAT_MARK = "@"  # variant labels never hold it
 
 
-def step_dir(step: str, variant: str | None) -> Path:
-    """A step variant's directory, relative to the bundle (``steps/<step>/<variant>``)."""
-    return Path(STEPS) / step / (variant or NO_VARIANT)
+def step_dir(step: str, variant: str | None, repeat: int = 1) -> Path:
+    """A step variant's directory, relative to the bundle (``steps/<step>/<variant>``, ``<variant>@N`` for run N > 1)."""
+    name = variant or NO_VARIANT
+    return Path(STEPS) / step / (name if repeat <= 1 else f"{name}{REPEAT_MARK}{repeat}")
+
+
+def diff_flamegraph(step: str, guest: str, before: str, after: str) -> Path:
+    """The differential flame graph of ``guest`` between two variants of a step, relative to the bundle."""
+    return Path(STEPS) / step / f"flamegraph-diff-{guest}-{before}-vs-{after}.svg"
 
 
 def guest_dir(guest: str) -> Path:

@@ -82,11 +82,16 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
                    backend: Backend | None = None) -> None:
     """manifest.json: what ran, on what, how it ended (``backend``: the state's, unless given)."""
     backend = backend or get_backend(state.backend)
-    image_manifest: dict[str, Any] = {}
+    warnings = list(state.warnings)
     try:
-        image_manifest = json.loads((Path(state.image["dir"]) / IMAGE_MANIFEST).read_text())
+        image_manifest: dict[str, Any] = json.loads((Path(state.image["dir"]) / IMAGE_MANIFEST).read_text())
     except (OSError, ValueError, KeyError):
-        pass
+        # The build was removed while the lab was up (a newer build prunes older ones):
+        # the bundle still names the image the guests booted.
+        image_manifest = {k: state.image[k] for k in ("name", "key") if state.image.get(k)}
+        if image_manifest:
+            warnings.append(f"the image's manifest could not be read from {state.image.get('dir')} "
+                            "(the build was removed while the lab was up?): only its name and key are recorded")
     manifest = {
         "labctl_version": __version__,
         "lab": {"name": lab.name, "instance": lab.instance, "source": lab.source, "sha256": lab.sha256,
@@ -98,7 +103,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "qemu": _qemu_section(state, backend),
         "drivers": state.drivers,
         "kernels": {g: state.kernel(g).summary() for g in state.guests if g in state.kernels},
-        "warnings": state.warnings,
+        "warnings": warnings,
         "started_at": started,
         "finished_at": finished,
         "commands": commands,

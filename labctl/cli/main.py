@@ -14,6 +14,7 @@ from labctl.cli import (
     access,
     check_cmd,
     class_cmd,
+    compare_cmd,
     doctor,
     gdb_cmd,
     images,
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle_cmds.register(sub)
     run_cmd.register(sub)
     report_cmds.register(sub)
+    compare_cmd.register(sub)
     oops_cmd.register(sub)
     gdb_cmd.register(sub)
     doctor.register(sub)

@@ -153,8 +153,8 @@ def report_outcome(o: RunOutcome, as_json: bool) -> int:
     if as_json:
         print_json({"bundle": str(o.bundle), "status": o.status, "reason": o.reason,
                     "reports": [str(p) for p in o.reports],
-                    "steps": [{"name": r.name, "variant": r.variant, "status": r.status, "reason": r.reason}
-                              for r in o.results]})
+                    "steps": [{"name": r.name, "variant": r.variant, "repeat": r.repeat, "status": r.status,
+                              "reason": r.reason} for r in o.results]})
     else:
         style = "green" if o.status == "ok" else "bold red"
         out.print(Text.assemble("run ", (o.status, style), f": {o.reason}" if o.reason else ""))

@@ -8,6 +8,8 @@
         matrix:                         # optional: run the step once per row
           - {label: rtl8139, nic: eth1, server: 10.1.0.2}
         nic: a.{{nic}}                  # optional: the NIC under test (driver share)
+        repeat: 3                       # optional: run each variant 3 times (1..100, default 1):
+                                        # the spread is the run-to-run noise labctl compare uses
         run:                            # commands, in order
           - guest: b
             command: iperf3 -s -1       # a shell command line, run as root
@@ -43,7 +45,8 @@ from labctl.lab.checker import Checker, close_match
 from labctl.lab.specs import GuestSpec
 from labctl.lab.yamlpos import YamlMap
 
-_STEP_KEYS = ("name", "description", "matrix", "nic", "run", "trace", "gdb")
+_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb")
+MAX_REPEAT = 100
 _GDB_KEYS = ("guest", "break", "hits", "step", "step_mode", "registers", "backtrace", "timeout")
 STEP_MODES = ("line", "into", "instruction")
 _LOCATION = re.compile(r"[A-Za-z0-9_.:*+/-]{1,200}")
@@ -137,6 +140,7 @@ class Step:
     trace: dict[str, TraceSpec]
     line: int
     gdb: GdbStep | None = None
+    repeat: int = 1  # runs of each variant
 
     def variants(self) -> list[dict[str, str]]:
         """The matrix rows, or one empty row when the step has no matrix."""
@@ -237,12 +241,14 @@ class StepParser:
         if nic is not None:
             self._templates(nic, known, m.value_line("nic"), f"{path}.nic")
             self._check_nic(nic, matrix, m.value_line("nic"), f"{path}.nic")
+        repeat = c.integer(m, "repeat", path, (1, MAX_REPEAT))
         run = self._runs(m, path, known)
         trace = self._traces(m, path, known, matrix)
         gdb = self._gdb(m, path, known, matrix)
         if name is None:
             return None
-        return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb)
+        return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb,
+                    repeat or 1)
 
     def _each_row(self, template: str, matrix: tuple[dict[str, str], ...], check: Any, line: int,
                   path: str) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.bundle.figures import (
+    HEADLINE,
     as_dict,
     as_list,
     comparison_sentence,
@@ -30,6 +31,7 @@ from labctl.bundle.figures import (
 from labctl.bundle.layout import MANIFEST, SUMMARY
 from labctl.bundle.read import Run
 from labctl.report.charts import bar_chart_svg
+from labctl.report.cost import cost_blocks
 from labctl.report.document import (
     Block,
     Bullets,
@@ -45,7 +47,9 @@ from labctl.report.document import (
     num,
     txt,
 )
+from labctl.report.flames import flame_blocks
 from labctl.report.skb import latency_blocks
+from labctl.report.tracepoints import symbols_note, tracepoint_blocks
 
 MAX_ARTIFACTS = 200
 
@@ -222,11 +226,34 @@ def results_blocks(run: Run) -> list[Block]:
     steps = run_steps(run.summary)
     if not steps:
         return [Heading(2, "Results"), Para(txt("No step produced results."), "muted")]
-    sentence = run.summary.get("comparison") or comparison_sentence(steps)
+    accel = run.summary.get("accel") or run.manifest.get("accel")
+    sentence = run.summary.get("comparison") or comparison_sentence(steps, accel)
     blocks: list[Block] = [Heading(2, "Results"), results_table(steps)]
     if sentence:
         blocks.append(Para(txt(sentence, "b"), "callout"))
-    return blocks + [charts(steps)]
+    return blocks + [charts(steps)] + spread_blocks(run)
+
+
+def spread_blocks(run: Run) -> list[Block]:
+    """Run-to-run spread of the headline figures for variants run several times (``repeat:``)."""
+    rows = []
+    for sp in as_list(run.summary.get("spreads")):
+        if not isinstance(sp, dict):
+            continue
+        metrics = as_dict(sp.get("metrics"))
+        for key, label, unit, _ in HEADLINE:
+            m = as_dict(metrics.get(key))
+            if m:
+                rows.append(Row((txt(f"{sp.get('name')} / {sp.get('variant') or '–'}"), txt(f"{label} ({unit})"),
+                                 num(m.get("n")), num(m.get("mean")), num(m.get("sd")),
+                                 txt(f"{fmt_num(m.get('min'))} – {fmt_num(m.get('max'))}"))))
+    if not rows:
+        return []
+    return [Heading(3, "Run-to-run spread"),
+            Para(txt("Variants run several times (repeat:): the mean, standard deviation and range of each figure "
+                     "over the runs that did not fail. labctl compare uses this spread as the noise."), "muted"),
+            Table(("variant", "figure", "runs", "mean", "sd", "min – max"), tuple(rows), frozenset({2, 3, 4}),
+                  "spread")]
 
 
 # --------------------------------------------------------------------------- one step
@@ -261,13 +288,19 @@ def guests_table(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> Table:
 
 
 def symbols_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
-    """Top symbols of every guest, or a note when there are none."""
+    """Top symbols of every guest (CPU samples only, never tracepoint hits), or a note when there are none."""
     rows = tuple(Row((txt(name), txt(sym.get("symbol") or "?", "code"), txt(sym.get("dso") or "?", "code"),
                       num(sym.get("pct"))))
                  for name, g in guests for sym in as_list(g.get("top_symbols")) if isinstance(sym, dict))
-    if not rows:
-        return [Heading(4, "Top symbols"), Para(txt("no samples recorded"), "muted")]
-    return [Heading(4, "Top symbols"), Table(("guest", "symbol", "dso", "% of samples"), rows, frozenset({3}))]
+    note = symbols_note(guests)
+    blocks: list[Block] = [Heading(4, "Top symbols (CPU samples)")]
+    if rows:
+        blocks.append(Table(("guest", "symbol", "dso", "% of samples"), rows, frozenset({3})))
+    if note:
+        blocks.append(Para(txt(note), "muted"))
+    elif not rows:
+        blocks.append(Para(txt("no samples recorded"), "muted"))
+    return blocks
 
 
 def softnet_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
@@ -309,6 +342,25 @@ def loss_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
     if not guests:
         return [Heading(4, "Trace loss"), Para(txt("not measured (no guest data)"), "muted")]
     return [Heading(4, "Trace loss"), Bullets(tuple(_loss_item(n, g) for n, g in guests))]
+
+
+def timeline_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]], step_dir: str) -> list[Block]:
+    """Links to each guest's Perfetto trace (its skb_latency or ftrace recording as a timeline)."""
+    items = []
+    for name, g in guests:
+        tj = as_dict(g.get("trace_json"))
+        if tj.get("file"):
+            slices = sum(v for v in as_dict(tj.get("slices")).values() if isinstance(v, int))
+            href = f"{step_dir}/{name}/{tj['file']}"
+            items.append((Span(f"{name}: "), Span(href, "code", href),
+                          Span(f" ({tj.get('source')}: {fmt_num(slices)} slices, {fmt_num(tj.get('flows'))} packet "
+                               f"flows, {tj.get('clock')} clock)", "muted")))
+    if not items:
+        return []
+    return [Heading(4, "Timeline (Perfetto)"),
+            Para(txt("One track per CPU: IRQ, softirq and NAPI slices, events, packets as flows. Open the file "
+                     "at ui.perfetto.dev or chrome://tracing, as it is."), "muted"),
+            Bullets(tuple(items))]
 
 
 def warning_blocks(step: Mapping[str, Any], guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
@@ -361,7 +413,7 @@ def step_section(root: Path, step: Mapping[str, Any], index: int) -> Section:
                            _step_meta(step, step_dir)]
     if guests:
         blocks += [Heading(4, "Guests"), guests_table(guests)]
-    blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests)
+    blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests) + timeline_blocks(guests, step_dir)
     blocks += warning_blocks(step, guests) + [Heading(4, "Raw artifacts")] + artifact_links(root, step_dir)
     return Section(tuple(blocks), "step failed" if failed else "step", f"step-{index}")
 
@@ -418,8 +470,9 @@ def run_artifact_blocks(run: Run) -> list[Block]:
 
 
 def build_document(run: Run) -> list[Block]:
-    """The whole report as blocks."""
-    return (header_blocks(run) + results_blocks(run) + latency_blocks(run) + steps_blocks(run)
-            + commands_blocks(run) + run_artifact_blocks(run))
+    """The whole report as blocks (writing the flame graph SVG files into the bundle on the way)."""
+    return (header_blocks(run) + results_blocks(run) + cost_blocks(run) + tracepoint_blocks(run)
+            + flame_blocks(run) + latency_blocks(run) + steps_blocks(run) + commands_blocks(run)
+            + run_artifact_blocks(run))
 
 

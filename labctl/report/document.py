@@ -67,13 +67,28 @@ class Charts:
 
 
 @dataclass(frozen=True)
+class Graphic:
+    """A drawing inlined in the HTML report (a flame graph's ``<svg>``), linked from the Markdown one.
+
+    ``svg`` is well-formed inline SVG; ``script`` says it needs the page's
+    one flame graph script (:mod:`labctl.report.flamescript`); ``href`` is the
+    same drawing as a file in the bundle.
+    """
+
+    svg: str
+    caption: Inline
+    href: str | None = None
+    script: bool = False
+
+
+@dataclass(frozen=True)
 class Section:
     blocks: tuple[Block, ...]
     cls: str = ""
     anchor: str | None = None
 
 
-Block = Heading | Para | Bullets | Meta | Table | Charts | Section
+Block = Heading | Para | Bullets | Meta | Table | Charts | Graphic | Section
 
 
 def txt(text: object, style: str = "") -> Inline:

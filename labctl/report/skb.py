@@ -126,5 +126,8 @@ def latency_blocks(run: Run) -> list[Block]:
     intro = Para(txt("Each packet is followed by its skb address; only packets followed end to end enter the "
                      "figures, so every stage is ≥ 0 and the stages add up to the end-to-end time. Per packet: "
                      "skb-latency-rx.csv and skb-latency-tx.csv; a netdev-times style timeline: "
-                     "skb-timeline.txt, in each guest's step directory."), "muted")
+                     "skb-timeline.txt, in each guest's step directory. The whole recording as a timeline, one "
+                     "track per CPU with its IRQ, softirq and NAPI slices and every packet followed end to end "
+                     "as a flow from driver to application: trace.json.gz, which ui.perfetto.dev (or "
+                     "chrome://tracing) opens as it is, in the browser, without uploading it."), "muted")
     return [Heading(2, "Per-packet latency"), intro, *blocks]

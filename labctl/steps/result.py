@@ -20,6 +20,9 @@ class StepResult:
     guests: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     gdb: dict[str, Any] | None = None
+    repeat: int = 1  # which run of the variant (1..repeats)
+    repeats: int = 1  # the step's repeat
+    window_s: float | None = None  # the step's workload window (its commands), seconds
 
     def fail(self, reason: str) -> None:
         if self.status != "failed":

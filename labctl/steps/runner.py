@@ -25,6 +25,7 @@ from typing import Any
 from labctl import paths
 from labctl.backends import get_backend
 from labctl.backends.base import Backend
+from labctl.bundle.layout import HOST_DIR, step_dir
 from labctl.debug.crash import console_end, panicked
 from labctl.errors import GuestError, LabctlError, UsageError
 from labctl.events import StepEvents
@@ -33,7 +34,9 @@ from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, r
 from labctl.ssh import Session
 from labctl.steps import copyback
 from labctl.steps import tracers as tr
+from labctl.steps.hostcost import HostWatch
 from labctl.steps.result import StepResult
+from labctl.trace.hostcost import WINDOW_END, WINDOW_START
 from labctl.up.runstate import LabState
 
 log = logging.getLogger(__name__)
@@ -44,7 +47,7 @@ NO_VARIANT = "_"
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -61,10 +64,14 @@ class Runner:
     ``connect`` opens a guest's SSH session (default: :class:`~labctl.ssh.Session`
     on the state's endpoint) and ``backend`` answers whether a guest's machine
     still runs (default: the state's backend); tests inject their own.
+    ``watch_host``: measure each guest's QEMU on the host during every step
+    window (:mod:`labctl.steps.hostcost`); ``host_profile``: and profile it
+    with the host's perf.
     """
 
     def __init__(self, lab: Lab, state: LabState, bundle_dir: Path, events: StepEvents | None = None, *,
-                 connect: Callable[[str], Session] | None = None, backend: Backend | None = None) -> None:
+                 connect: Callable[[str], Session] | None = None, backend: Backend | None = None,
+                 watch_host: bool = True, host_profile: bool = True) -> None:
         self.lab = lab
         self.state = state
         self.dir = bundle_dir
@@ -77,6 +84,7 @@ class Runner:
         self.addresses = {f"{g.name}.{n.name}.ip": str(n.ip.ip)
                           for g in lab.guests.values() for n in g.nics if n.ip is not None}
         self._tools: dict[str, set[str]] = {}
+        self.watch_host, self.host_profile = watch_host, host_profile
 
     # -- sessions ---------------------------------------------------------
     def ssh(self, guest: str) -> Session:
@@ -133,20 +141,23 @@ class Runner:
         try:
             for step in self.lab.steps:
                 for row in step.variants():
-                    label = row.get("label")
-                    if failed:
-                        self.results.append(StepResult(step.name, label, "skipped", "an earlier step failed"))
-                        continue
-                    result = self.run_variant(step, row)
-                    self.results.append(result)
-                    failed = result.status == "failed"
+                    for repeat in range(1, step.repeat + 1):
+                        label = row.get("label")
+                        if failed:
+                            self.results.append(StepResult(step.name, label, "skipped", "an earlier step failed",
+                                                           repeat=repeat, repeats=step.repeat))
+                            continue
+                        result = self.run_variant(step, row, repeat)
+                        self.results.append(result)
+                        failed = result.status == "failed"
         finally:
             self.close()
         return self.results
 
-    def run_variant(self, step: Step, row: dict[str, str]) -> StepResult:
+    def run_variant(self, step: Step, row: dict[str, str], repeat: int = 1) -> StepResult:
+        """One run of one matrix row (run ``repeat`` of the step's ``repeat``)."""
         label = row.get("label")
-        res = StepResult(step.name, label)
+        res = StepResult(step.name, label, repeat=repeat, repeats=step.repeat)
         try:  # the row's values, checked again where they are used
             step = dataclasses.replace(step, trace={g: render_trace(t, row, self.addresses)
                                                     for g, t in step.trace.items()})
@@ -154,24 +165,28 @@ class Runner:
             res.fail(str(exc))
             self.events.step_finished(res)
             return res
-        rel = Path("steps") / step.name / (label or NO_VARIANT)
+        rel = step_dir(step.name, label, repeat)
         res.dir = str(rel)
-        self.events.step_started(step.name, label)
+        self.events.step_started(step.name, label if step.repeat == 1 else f"{label or ''} (run {repeat} of "
+                                 f"{step.repeat})".lstrip())
         t0 = time.monotonic()
         nic_guest = self._nic(step, row, res)
         gdb_guest = [step.gdb.guest] if step.gdb else []
         involved = list(dict.fromkeys([*(r.guest for r in step.run), *step.trace,
                                        *([nic_guest] if nic_guest else []), *gdb_guest]))
         res.guests = involved
-        workdir = f"{GUEST_ROOT}/{step.name}-{label or NO_VARIANT}"
+        workdir = f"{GUEST_ROOT}/{step.name}-{label or NO_VARIANT}" + (f"-r{repeat}" if repeat > 1 else "")
         bg: list[tuple[str, str]] = []
         gdb = None
+        watch: HostWatch | None = None
         try:
             try:
                 self._prepare(involved, workdir, step, res)
                 gdb = self._start_gdb(step, row, rel, res)
+                watch = self._window_start(involved, workdir, rel)
                 self._run_commands(step, row, workdir, res, bg)
             finally:
+                self._window_end(watch, involved, workdir, res)
                 self._join_gdb(gdb, res)
                 self._finish(step, involved, workdir, res, bg, nic_guest)
         except KeyboardInterrupt:
@@ -189,6 +204,27 @@ class Runner:
         res.duration_s = round(time.monotonic() - t0, 2)
         self.events.step_finished(res)
         return res
+
+    def _window_start(self, guests: list[str], workdir: str, rel: Path) -> HostWatch:
+        """The step's window opens: each guest's /proc/stat, then its QEMU on the host (labctl.steps.hostcost)."""
+        for g in guests:
+            self.sh(g, f"cat /proc/stat > {q(workdir)}/{WINDOW_START}")
+        watch = HostWatch(self.state, self.backend, guests if self.watch_host else [], self.dir / rel / HOST_DIR,
+                          profile=self.host_profile)
+        watch.start()
+        return watch
+
+    def _window_end(self, watch: HostWatch | None, guests: list[str], workdir: str, res: StepResult) -> None:
+        """The window closes (best effort: a guest that died keeps what was read at the start)."""
+        if watch is None:
+            return
+        res.window_s = watch.stop()
+        for g in guests:
+            try:
+                if self._alive(g):
+                    self.sh(g, f"cat /proc/stat > {q(workdir)}/{WINDOW_END}")
+            except GuestError as exc:
+                res.warnings.append(f"{g}: /proc/stat not read at the end of the step: {exc.message}")
 
     def _explain(self, exc: LabctlError, guests: list[str]) -> str:
         return self.dead_guests() or exc.message

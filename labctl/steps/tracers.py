@@ -177,18 +177,26 @@ def postprocess(workdir: str, spec: TraceSpec) -> str:
     cmds = [f"cd {w}", "cat /proc/kallsyms > kallsyms.txt", "grep -F '[' kallsyms.txt > kallsyms-modules.txt"]
     ks = "--kallsyms kallsyms.txt"
     if spec.perf_record is not None:
+        # With call graphs, the tables stay flat (self time); the stacks go to the flame graphs.
+        flat = " --no-children -g none" if spec.perf_record.call_graph else ""
         cmds += [
-            f"[ -s perf.data ] && perf report -i perf.data {ks} --stdio --sort dso,sym --percent-limit 0.1 "
-            "> perf-report.txt 2> perf-report.err",
-            f"[ -s perf.data ] && perf report -i perf.data {ks} --stdio --sort dso > perf-report-dso.txt "
-            "2>> perf-report.err",
+            (f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort dso,sym --percent-limit 0.1 "
+             "> perf-report.txt 2> perf-report.err"),
+            (f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort dso > perf-report-dso.txt "
+             "2>> perf-report.err"),
             "[ -s perf.data ] && perf report -i perf.data --header-only > perf-report-header.txt 2>> perf-report.err",
         ]
         if any(":" in ev for ev in (*spec.perf_record.events, *kprobe_events(spec))):
-            cmds += [f"[ -s perf.data ] && perf report -i perf.data {ks} --stdio --sort comm "
-                     "> perf-report-events.txt 2>> perf-report.err",
-                     "[ -s perf.data ] && perf script -i perf.data 2>> perf-report.err | head -n 20000 "
-                     "> perf-script.txt"]
+            cmds += [(f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort comm "
+                      "> perf-report-events.txt 2>> perf-report.err"),
+                     ("[ -s perf.data ] && perf script -i perf.data 2>> perf-report.err | head -n 20000 "
+                      "> perf-script.txt"),
+                     # every hit counted, per command and CPU (labctl.trace.tpcounts)
+                     ("[ -s perf.data ] && perf script -i perf.data -F comm,cpu,event 2>> perf-report.err "
+                      "| sort | uniq -c > perf-event-counts.txt")]
+        if spec.perf_record.call_graph:  # the stacks of every sample, for flame graphs (labctl.trace.flamefold)
+            cmds.append(f"[ -s perf.data ] && perf script -i perf.data {ks} 2>> perf-report.err "
+                        "| gzip -1 > perf-script-g.txt.gz")
     if spec.ftrace is not None:
         cmds += ["[ -s trace.dat ] && trace-cmd report -i trace.dat > trace-report.txt 2> trace-report.err",
                  "[ -s trace.dat ] && trace-cmd report -i trace.dat --stat > trace-stat.txt 2>> trace-report.err"]

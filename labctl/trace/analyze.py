@@ -38,6 +38,7 @@ from labctl.trace.parsers import (
     PerfReport,
     Throughput,
     dso_shares,
+    is_tracepoint,
     parse_iperf3_json,
     parse_kprobe_profile,
     parse_mpstat_json,
@@ -45,8 +46,9 @@ from labctl.trace.parsers import (
     parse_perf_report,
     parse_trace_cmd_stat,
     parse_wget,
+    perf_report_events,
 )
-from labctl.trace.stats import parse_softnet_stat, softnet_delta
+from labctl.trace.stats import parse_nstat, parse_softnet_stat, softnet_delta
 
 TOP_SYMBOLS = 15
 
@@ -157,16 +159,34 @@ def _idle_pct(report: PerfReport | None) -> float | None:
 
 
 def _load_reports(g: _Guest) -> dict[str, PerfReport]:
-    """Parsed perf reports by file name; a missing or rowless report gets a warning."""
+    """Parsed perf reports by file name, of the first sampling event (never a tracepoint's hits).
+
+    A missing or rowless report gets a warning; a recording of tracepoints
+    only has no CPU samples to read, which is no problem (its counts are
+    :mod:`labctl.trace.tpcounts`').
+    """
     reports: dict[str, PerfReport] = {}
     for name in ("perf-report-dso.txt", "perf-report.txt"):
         text = g.text(name)
         if text is None:
             continue
-        reports[name] = parse_perf_report(text)
+        events = perf_report_events(text)
+        if events and all(is_tracepoint(e) for e in events):
+            continue
+        reports[name] = parse_perf_report(text, sampling=True)
         if not reports[name].rows:
             g.warnings.append(f"{name}: no perf report rows found")
     return reports
+
+
+def _recording(g: _Guest) -> dict[str, Any] | None:
+    """What perf recorded: its events, split into sampling events and tracepoints (None without perf)."""
+    text = g.text("perf-report-dso.txt", optional=True) or g.text("perf-report.txt", optional=True)
+    if text is None:
+        return None
+    events = list(dict.fromkeys(perf_report_events(text)))
+    return {"events": events, "sampling": [e for e in events if not is_tracepoint(e)],
+            "tracepoints": [e for e in events if is_tracepoint(e)]}
 
 
 def _samples(g: _Guest, reports: dict[str, PerfReport]) -> tuple[int | None, int | None]:
@@ -199,6 +219,16 @@ def _softnet(g: _Guest) -> dict[str, int] | None:
         return None
     total: dict[str, int] = softnet_delta(rows_before, rows_after)["total"]
     return total
+
+
+def _snmp(g: _Guest) -> dict[str, int] | None:
+    """The nstat counters (SNMP MIB and Linux extensions) that changed between the step's snapshots."""
+    before = g.text("stats/before/nstat.txt", optional=True)
+    after = g.text("stats/after/nstat.txt", optional=True)
+    if before is None or after is None:
+        return None
+    a, b = parse_nstat(before), parse_nstat(after)
+    return {k: b[k] - a.get(k, 0) for k in sorted(b) if b[k] != a.get(k, 0)}
 
 
 def _trace_loss(g: _Guest, lost_samples: int | None) -> dict[str, int | None]:
@@ -249,7 +279,7 @@ def _driver_figures(g: _Guest, modules: list[str], reports: dict[str, PerfReport
     return {"driver_share_pct": share, "driver_cpu_pct": cpu, "driver_share_all_pct": share_all, "idle_pct": idle}
 
 
-def guest_figures(guest_dir: Path, driver_modules: list[str]) -> dict[str, Any]:
+def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | None = None) -> dict[str, Any]:
     """The figures of one guest and step, JSON-able.
 
     Keys: ``throughput_mbit_s`` (receiver side, else sender), ``throughput_source``
@@ -258,7 +288,10 @@ def guest_figures(guest_dir: Path, driver_modules: list[str]) -> dict[str, Any]:
     ``top_symbols`` (list of {symbol, dso, pct}), ``softnet`` ({processed,
     dropped, time_squeeze} deltas), ``trace_loss`` ({perf_lost,
     ftrace_overruns, kprobe_misses}), ``skb_latency`` (only when the step
-    traced it: see :func:`labctl.trace.skblatency.summarize`) and ``warnings``. ``driver_modules`` are
+    traced it: see :func:`labctl.trace.skblatency.summarize`), ``perf_events`` (what perf
+    recorded, sampling events and tracepoints apart), ``tracepoints`` (counts per event,
+    command and CPU, rates over ``window_s``: :mod:`labctl.trace.tpcounts`), ``snmp`` (the nstat
+    counters that moved) and ``warnings``. ``driver_modules`` are
     module names as in lsmod (``8139cp``, ``virtio_net``). Optional inputs
     (``perf-record.log`` for an exact sample count, ``kprobe_profile.txt``)
     cause no warning when absent. Raises nothing for missing or odd files.
@@ -268,24 +301,38 @@ def guest_figures(guest_dir: Path, driver_modules: list[str]) -> dict[str, Any]:
         g.warnings.append(f"{guest_dir}: not a directory")
     tput, source = _throughput(g)
     load = g.parsed("mpstat.json", parse_mpstat_json, "cpu 'all' samples")
+    recording = _recording(g)
     reports = _load_reports(g)
     samples, lost = _samples(g, reports)
     figures: dict[str, Any] = {
         "throughput_mbit_s": _mbit(tput.bps) if tput else None,
         "throughput_source": f"{source} ({tput.tool})" if tput else None,
+        "transfer_bytes": tput.bytes if tput else None,
         "cpu_load_pct": load,
         **_driver_figures(g, driver_modules, reports, load),
         "samples": samples,
         "lost_samples": lost,
         "top_symbols": _top_symbols(reports.get("perf-report.txt")),
         "softnet": _softnet(g),
+        "snmp": _snmp(g),
         "trace_loss": _trace_loss(g, lost),
     }
+    if recording is not None:
+        figures["perf_events"] = recording
     skb = _skb_latency(g)
     if skb is not None:
         figures["skb_latency"] = skb
+    figures.update(_derived(g, window_s))
     figures["warnings"] = g.warnings
     return figures
+
+
+def _derived(g: _Guest, window_s: float | None) -> dict[str, Any]:
+    """Tracepoint counts, where the step recorded tracepoints."""
+    from labctl.trace.tpcounts import guest_tracepoints
+
+    tracepoints = guest_tracepoints(g.path, window_s)
+    return {"tracepoints": tracepoints} if tracepoints else {}
 
 
 def step_figures(guests: dict[str, dict[str, Any]], nic: dict[str, Any] | None) -> dict[str, Any]:

@@ -113,24 +113,48 @@ def _column_row(line: str, columns: _Columns) -> PerfRow | None:
     return PerfRow(pct, cells.get("shared object") or None, symbol, kernel, children)
 
 
-def parse_perf_report(text: str) -> PerfReport:
+_MODIFIERS = re.compile(r"[ukhIGHpPSDWe]{1,6}")
+
+
+def is_tracepoint(event: str) -> bool:
+    """True for ``subsystem:name`` tracepoints and ``probe:...`` probes, whose every hit perf records;
+    False for sampling events (``cpu-clock``, ``cycles:u``, ``cpu-clock:pppH``, ``cpu/event=0x3c/``)."""
+    sub, sep, name = event.partition(":")
+    if not sep or not sub or not name or "/" in sub:
+        return False
+    return not _MODIFIERS.fullmatch(name.rstrip(":"))
+
+
+def perf_report_events(text: str) -> list[str]:
+    """The events of a ``perf report --stdio`` text, one per section, in order."""
+    return [m[3] for line in text.splitlines() if (m := _SAMPLES.match(line)) is not None]
+
+
+def parse_perf_report(text: str, *, sampling: bool = False) -> PerfReport:
     """Rows and header figures of ``perf report --stdio`` output.
 
     Rows are cut at the column positions of perf's dotted header line, so
     any ``--sort`` works (``dso``, ``dso,sym``, ``comm,dso,sym`` ...), with
     or without a Children column; without that line they are split on
     whitespace. With several events only the first event's section is
-    read. Text without any of it gives an empty report.
+    read; with ``sampling`` the first section of a sampling event (never a
+    tracepoint's, whose rows count hits, not CPU time). Text without any of
+    it gives an empty report.
     """
     rows: list[PerfRow] = []
     samples = event = count = lost = None
     columns: _Columns | None = None
     previous = ""
+    skipping = False
     for line in text.splitlines():
         if (m := _SAMPLES.match(line)) is not None:
             if samples is not None:
                 break
-            samples, event = int(m[1]) * _UNITS[m[2]], m[3]
+            skipping = sampling and is_tracepoint(m[3])
+            if not skipping:
+                samples, event = int(m[1]) * _UNITS[m[2]], m[3]
+        elif skipping:
+            pass
         elif (m := _EVENT_COUNT.match(line)) is not None:
             count = count if count is not None else int(m[1])
         elif (m := _LOST.match(line)) is not None:

@@ -34,6 +34,7 @@ SNAPSHOTS: dict[str, str] = {
     "interrupts": "cat /proc/interrupts",
     "softirqs": "cat /proc/softirqs",
     "ss-tin": "ss -tin",
+    "netdev": "cat /proc/net/dev",  # bytes per NIC: the step's bytes moved when no transfer tool says
 }
 """Stem -> command for the snapshots that do not depend on a NIC."""
 

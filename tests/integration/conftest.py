@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,3 +95,61 @@ def require_libvirtd(uri: str = LIBVIRT_URI) -> None:
     version = virsh("version", uri=uri)
     if version.returncode != 0:
         pytest.skip(f"libvirtd is not reachable at {uri}: {version.stderr.strip()}")
+
+
+# --------------------------------------------------------------------------- real bundles, shared
+
+def short_lab(lab: str, directory: Path, seconds: int, edit: Any = None) -> Path:
+    """A copy of ``labs/LAB`` with every ``-t N`` transfer shortened to ``seconds`` (and ``edit(text)`` applied)."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = re.sub(r" -t \d+", f" -t {seconds}", (root / "labs" / lab).read_text())
+    if edit is not None:
+        text = edit(text)
+    path = directory / lab
+    path.write_text(text)
+    return path
+
+
+def run_bundle(cli: Any, lab: Path, out: Path) -> Path:
+    """``labctl run LAB --accel tcg --json``, which must succeed; the bundle's directory."""
+    import json
+
+    res = cli("run", str(lab), "--out", str(out), "--accel", "tcg", "--json", timeout=1500)
+    assert res.returncode == 0, res.stdout + res.stderr
+    outcome = json.loads(res.stdout)
+    assert outcome["status"] == "ok", outcome
+    bundle = Path(outcome["bundle"])
+    assert bundle.parent == out
+    assert qemu_pids_under(cli.state_dir) == []  # run takes the lab down
+    return bundle
+
+
+@pytest.fixture(scope="session")
+def session_cli(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The ``cli`` fixture for bundles that several tests share (one state directory)."""
+    from tests.conftest import Cli
+
+    state = Path(tmp_path_factory.mktemp("sst", numbered=True))
+    env = dict(os.environ)
+    env["LABCTL_STATE_DIR"] = str(state)
+    env.pop("XDG_RUNTIME_DIR", None)
+    return Cli(state, env)
+
+
+@pytest.fixture(scope="session")
+def nic_cost_run(session_cli: Any, image: Image, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """labs/nic-driver-cost.yaml with 3 s transfers: (lab file, bundle). Shared by every test that reads it."""
+    d = tmp_path_factory.mktemp("ndc")
+    lab = short_lab("nic-driver-cost.yaml", d, 3)
+    return lab, run_bundle(session_cli, lab, d / "runs")
+
+
+@pytest.fixture(scope="session")
+def skb_latency_run(session_cli: Any, image: Image, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """labs/skb-latency.yaml, 2 s streams, rtl8139 and virtio-net-pci only: (lab file, bundle)."""
+    d = tmp_path_factory.mktemp("skb")
+    lab = short_lab("skb-latency.yaml", d, 2,
+                    lambda text: text.replace("      - {label: e1000, nic: eth2, server: 10.42.0.2}\n", ""))
+    return lab, run_bundle(session_cli, lab, d / "runs")

@@ -7,32 +7,20 @@ import json
 import re
 from pathlib import Path
 
-from tests.conftest import ROOT, Cli
-from tests.integration.conftest import qemu_pids_under
+from tests.conftest import Cli
+from tests.integration.conftest import run_bundle, short_lab
 
 
 def _short(lab: str, tmp_path: Path, seconds: int) -> Path:
-    text = (ROOT / "labs" / lab).read_text()
-    text = re.sub(r" -t \d+", f" -t {seconds}", text)
-    path = tmp_path / lab
-    path.write_text(text)
-    return path
+    return short_lab(lab, tmp_path, seconds)
 
 
 def _run(cli: Cli, lab: Path, out: Path) -> Path:
-    res = cli("run", str(lab), "--out", str(out), "--accel", "tcg", "--json", timeout=1500)
-    assert res.returncode == 0, res.stdout + res.stderr
-    outcome = json.loads(res.stdout)
-    assert outcome["status"] == "ok", outcome
-    bundle = Path(outcome["bundle"])
-    assert bundle.parent == out
-    assert qemu_pids_under(cli.state_dir) == []  # run takes the lab down
-    return bundle
+    return run_bundle(cli, lab, out)
 
 
-def test_nic_driver_cost(cli: Cli, image: object, tmp_path: Path) -> None:
-    lab = _short("nic-driver-cost.yaml", tmp_path, 3)
-    bundle = _run(cli, lab, tmp_path / "runs")
+def test_nic_driver_cost(nic_cost_run: tuple[Path, Path]) -> None:
+    lab, bundle = nic_cost_run
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["lab"]["sha256"] == hashlib.sha256(lab.read_bytes()).hexdigest()
     assert set(manifest["qemu"]["argv"]) == {"client", "server"}
@@ -100,18 +88,48 @@ def test_perf_net_events(cli: Cli, image: object, tmp_path: Path) -> None:
     hot = bundle / "steps" / "hot-functions" / "_" / "a"
     assert "[k]" in (hot / "perf-report.txt").read_text()
     assert "cpu-clock" in (hot / "perf-stat.txt").read_text()
+    _tracepoint_counts(bundle, summary, script)
 
 
-def test_skb_latency(cli: Cli, image: object, tmp_path: Path) -> None:
+def _tracepoint_counts(bundle: Path, summary: dict, script: list[str]) -> None:
+    """Tracepoints are counted per event and command, never shown as CPU samples (the issue's bug)."""
+    steps = {s["name"]: s for s in summary["steps"]}
+    a = steps["system-wide"]["guests"]["a"]
+    assert a["top_symbols"] == [] and a["driver_share_pct"] is None  # hits are not CPU samples
+    assert not [w for w in a["warnings"] if "perf-report" in w or "Samples" in w], a["warnings"]  # and no problem
+    assert set(a["perf_events"]["tracepoints"]) >= {"net:net_dev_queue", "probe:tcp_v4_rcv"}
+    perf = next(s for s in a["tracepoints"] if s["source"] == "perf record")
+    ftrace = next(s for s in a["tracepoints"] if s["source"] == "ftrace")
+    # every hit, from perf's own script of the recording (perf-script.txt is its head, so a lower bound),
+    # and the same events counted by ftrace in the same window within a few (each started on its own)
+    in_script = sum(ln.split()[:1] == ["ping"] and "net:net_dev_queue:" in ln for ln in script)
+    assert perf["events"]["net:net_dev_queue"]["by_comm"]["ping"] >= in_script >= 20
+    dir_ = bundle / steps["system-wide"]["dir"] / "a"
+    report = (dir_ / "perf-report-events.txt").read_text()
+    for event, e in perf["events"].items():
+        m = re.search(rf"# Samples: (\d+)([KM]?)\s+of event '{re.escape(event)}'", report)
+        assert m is not None, event
+        exact = e["total"]
+        assert (exact == int(m[1])) if not m[2] else (int(m[1]) * 1000 <= exact < (int(m[1]) + 1) * 1000), event
+        assert e["rate_per_s"] == round(exact / steps["system-wide"]["window_s"], 2)
+        short = event.split(":", 1)[1]
+        assert abs(ftrace["events"][short]["total"] - exact) <= max(5, exact // 100), (event, ftrace["events"][short])
+    md = (bundle / "report.md").read_text()
+    section = md[md.index("## Tracepoint counts"):md.index("## Steps")]
+    assert f"**{perf['events']['net:net_dev_queue']['total']}**" in section and "| `net:net_dev_queue` |" in section
+    steps_md = md[md.index("## Steps"):]
+    assert "__traceiter" not in steps_md  # the "Top symbols" of a tracepoint recording are not tracepoint hits
+    assert "perf recorded tracepoints only" in steps_md
+    one = steps["one-process"]["guests"]["a"]
+    perf_one = next(s for s in one["tracepoints"] if s["source"] == "perf record")
+    assert set(perf_one["events"]["net:net_dev_xmit"]["by_comm"]) <= {"sh", "iperf3", "perf-exec", "perf"}
+
+
+def test_skb_latency(skb_latency_run: tuple[Path, Path]) -> None:
     """Per-packet latency for two NIC models (2 s streams), checked against the bundle's own CSV."""
     import csv
 
-    text = (ROOT / "labs" / "skb-latency.yaml").read_text()
-    text = re.sub(r" -t \d+", " -t 2", text).replace(
-        "      - {label: e1000, nic: eth2, server: 10.42.0.2}\n", "")
-    lab = tmp_path / "skb-latency.yaml"
-    lab.write_text(text)
-    bundle = _run(cli, lab, tmp_path / "runs")
+    _, bundle = skb_latency_run
     summary = json.loads((bundle / "summary.json").read_text())
     steps = {s["variant"]: s for s in summary["steps"]}
     assert list(steps) == ["rtl8139", "virtio-net-pci"]

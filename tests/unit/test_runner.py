@@ -115,7 +115,7 @@ def _runner(lab: Any, state: LabState, bundle: Path, answer: Callable[[str, str]
             backend: FakeBackend | None = None) -> tuple[Runner, list[tuple[str, str]]]:
     log: list[tuple[str, str]] = []
     runner = Runner(lab, state, bundle, connect=lambda g: FakeSession(g, log, answer),  # type: ignore[arg-type, return-value]
-                    backend=backend or FakeBackend())  # type: ignore[arg-type]
+                    backend=backend or FakeBackend(), watch_host=False)  # type: ignore[arg-type]
     return runner, log
 
 
@@ -176,6 +176,9 @@ def test_the_pipeline_writes_manifest_summary_and_reports(lab_state: Any, tmp_pa
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["lab"]["name"] == "unit"
     assert manifest["qemu"]["version"] == "QEMU emulator version 7.2.22 (Debian)"  # asked through the backend
+    # the image's build has no manifest (removed while the lab was up): still named, and said
+    assert manifest["image"] == {"name": "debian-12", "key": "k"}
+    assert any("image's manifest could not be read" in w for w in manifest["warnings"])
     assert {(c["variant"], c["status"]) for c in manifest["commands"] if c["guest"] == "a"} >= {("big", 3)}
     summary = json.loads((bundle / "summary.json").read_text())
     assert [(s["name"], s["variant"], s["status"]) for s in summary["steps"]] == [
@@ -206,3 +209,36 @@ def test_ctrl_c_still_writes_the_bundle_then_is_raised(lab_state: Any, tmp_path:
     assert [s["status"] for s in summary["steps"]] == ["ok", "failed"]
     assert (bundle / "steps" / "ping" / "big" / "a" / "cmd-0.out").is_file()  # the interrupted step's files
     assert (bundle / "report.html").is_file()
+
+
+REPEATED = LAB.replace("  - name: after\n", "  - name: after\n    repeat: 3\n")
+
+
+def test_a_repeated_step_runs_each_time_in_its_own_directory(lab_state: Any, tmp_path: Path) -> None:
+    _, state = lab_state
+    lab = load_lab_text(REPEATED, "unit.yaml")
+    runner, log = _runner(lab, state, tmp_path / "bundle", lambda g, c: 0)
+    results = runner.run()
+    after = [r for r in results if r.name == "after"]
+    assert [(r.repeat, r.repeats, r.dir) for r in after] == [
+        (1, 3, "steps/after/_"), (2, 3, "steps/after/_@2"), (3, 3, "steps/after/_@3")]
+    assert all(r.status == "ok" for r in results)
+    assert [r.repeat for r in results if r.name == "ping"] == [1, 1]
+    workdirs = {m.group(0) for _g, c in log for m in [re.search(r"/tmp/labctl/after[\w@-]*", c)] if m}
+    assert workdirs == {"/tmp/labctl/after-_", "/tmp/labctl/after-_-r2", "/tmp/labctl/after-_-r3"}
+    for d in ("_", "_@2", "_@3"):
+        assert (tmp_path / "bundle" / "steps" / "after" / d / "a" / "cmd-0.out").is_file()
+
+
+def test_the_window_opens_after_the_tracers_and_closes_after_the_commands(lab_state: Any, tmp_path: Path) -> None:
+    lab, state = lab_state
+    runner, log = _runner(lab, state, tmp_path / "bundle", lambda g, c: 0)
+    runner.run()
+    a = [c for g, c in log if g == "a" and "/tmp/labctl/ping-small" in c]
+    start = next(i for i, c in enumerate(a) if "window-stat-start.txt" in c)
+    end = next(i for i, c in enumerate(a) if "window-stat-end.txt" in c)
+    command = next(i for i, c in enumerate(a) if "ping -c 1" in c)
+    before = next(i for i, c in enumerate(a) if "stats/before" in c)
+    after = next(i for i, c in enumerate(a) if "stats/after" in c)
+    assert before < start < command < end < after
+    assert all(r.window_s is not None and r.window_s >= 0 for r in runner.results)

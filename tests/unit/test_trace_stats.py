@@ -37,14 +37,14 @@ def read(path: Path) -> str:
 
 def test_snapshot_commands_cover_every_kind_and_nic() -> None:
     cmds = snapshot_commands(["eth1", "eth2"])
-    for stem in ("nstat", "netstat-s", "snmp", "netstat-proc", "softnet_stat", "interrupts", "softirqs", "ss-tin"):
+    for stem in ("nstat", "netstat-s", "snmp", "netstat-proc", "softnet_stat", "interrupts", "softirqs", "ss-tin", "netdev"):
         assert stem in cmds
     for nic in ("eth1", "eth2"):
         for kind in "Sigck":
             assert cmds[f"ethtool-{kind}-{nic}"] == f"ethtool -{kind} {nic} 2>&1"
     assert cmds["nstat"].startswith("nstat -a -s -z")  # absolute, history untouched
     assert all(c.endswith(" 2>&1") for c in cmds.values())
-    assert len(cmds) == 8 + 2 * 5
+    assert len(cmds) == 9 + 2 * 5
 
 
 def test_snapshot_commands_match_the_recorded_files() -> None:

@@ -38,7 +38,7 @@ def machine_args(plan: GuestPlan) -> list[str]:
     accel = "kvm" if plan.accel == "kvm" else "tcg,thread=multi" if plan.guest.cpus > 1 else "tcg"
     bios = ["-bios", QBOOT] if os.path.exists(QBOOT) and os.environ.get("LABCTL_BIOS") == "qboot" else []
     return [*bios,
-        "-name", f"guest={opt(plan.guest.name)},process=labctl-{plan.lab}-{plan.guest.name}",
+        "-name", f"guest={opt(plan.guest.name)},process=labctl-{plan.lab}-{plan.guest.name},debug-threads=on",
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-sandbox", SANDBOX,
         "-machine", "pc", "-accel", accel, "-cpu", cpu,
         "-m", str(plan.guest.memory), "-smp", str(plan.guest.cpus),
