@@ -274,6 +274,27 @@ def pids_referencing(path: Path) -> list[int]:
     return sorted(found)
 
 
+def files_open_under(path: Path) -> bool:
+    """True when a process (that this user may inspect) has a file under ``path`` open:
+    a QEMU reading an image's root file system through a guest's overlay, say."""
+    prefix = str(path.resolve()) + "/"
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = os.scandir(f"/proc/{entry.name}/fd")
+        except OSError:
+            continue
+        with fds:
+            for fd in fds:
+                try:
+                    if os.readlink(fd.path).startswith(prefix):
+                        return True
+                except OSError:
+                    continue
+    return False
+
+
 def kill_pids(pids: Sequence[int], grace: float = GRACE_SECONDS) -> None:
     """SIGTERM each process (its whole group when it leads one), wait ``grace`` s, then SIGKILL."""
     def signal_all(sig: signal.Signals) -> None:

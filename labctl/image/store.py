@@ -96,16 +96,19 @@ class ImageStore:
         """Remove all but the ``keep`` most recent builds of recipe ``name``; the removed ones.
 
         Each build is about 2 GB, and a recipe edit makes a new one. A build
-        that a lab which is up uses (its directory in ``in_use``) is never removed:
+        that a lab which is up uses (its directory in ``in_use``, or a file of it open
+        in a running QEMU, whichever state directory started it) is never removed:
         gdb, oops decoding and new overlays still need its files.
         """
         from labctl.image.recipe import load_recipe
+        from labctl.proc import files_open_under
 
         current = load_recipe(name).key()
         builds = sorted((i for i in self.list() if i.name == name),
                         key=lambda i: (i.key == current, str(i.manifest.get("built_at", ""))), reverse=True)
         used = {Path(p).resolve() for p in in_use}
-        old = [i for i in builds[keep:] if i.dir.resolve() not in used]  # the current build sorts first
+        old = [i for i in builds[keep:]  # the current build sorts first
+               if i.dir.resolve() not in used and not files_open_under(i.dir)]
         for image in old:
             self.remove(image)
         return old

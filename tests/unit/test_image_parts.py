@@ -81,6 +81,12 @@ def test_prune_keeps_the_current_build(tmp_path: Path) -> None:
     removed = store.prune("debian-12", keep=2)
     assert [i.key for i in removed] == ["old1"]
     assert {i.key for i in store.list()} == {current, "old2"}
+    # A build whose files a running process has open (a QEMU of another state directory) stays.
+    (tmp_path / "debian-12" / "old0").mkdir()
+    (tmp_path / "debian-12" / "old0" / "manifest.json").write_text('{"built_at": "2025-01-01"}')
+    with open(tmp_path / "debian-12" / "old0" / "manifest.json"):
+        assert [i.key for i in store.prune("debian-12", keep=1)] == ["old2"]
+    assert [i.key for i in store.prune("debian-12", keep=1)] == ["old0"]  # closed: it goes
 
 
 def test_a_killed_builds_work_directory_is_removed_unless_something_is_mounted(tmp_path: Path) -> None:
