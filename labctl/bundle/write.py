@@ -102,6 +102,8 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "host": host_info(),
         "qemu": _qemu_section(state, backend),
         "drivers": state.drivers,
+        # guests restored from their post-boot snapshot (warm start) instead of booted
+        "started_from": {g: "snapshot" if g in state.warm else "boot" for g in state.guests},
         "kernels": {g: state.kernel(g).summary() for g in state.guests if g in state.kernels},
         "warnings": warnings,
         "started_at": started,
