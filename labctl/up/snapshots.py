@@ -97,7 +97,10 @@ class Snapshot:
 def key(plan: GuestPlan) -> str:
     """The snapshot key of a guest (see the module's docstring)."""
     run_dir = str(plan.dir.parent.parent)
-    argv = [a.replace(run_dir, "@RUN") for a in build_argv(dataclasses.replace(plan, warm=False, ssh_port=0))]
+    # The run directory and the lab's NAME@INSTANCE (in QEMU's process name) are taken out:
+    # every instance of a lab restores from the same snapshots.
+    argv = [a.replace(run_dir, "@RUN").replace(f"labctl-{plan.lab}-", "labctl-@LAB-")
+            for a in build_argv(dataclasses.replace(plan, warm=False, ssh_port=0))]
     data = [FORMAT, __version__, qemu_version(), plan.image.key, plan.kernel.key, plan.accel,
             plan.guest.to_dict(), argv]
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]

@@ -188,6 +188,8 @@ def test_two_instances_are_isolated_and_go_down_alone(cli: Cli, image: object, t
         assert set(labs) == {"twin@alice", "twin@bob"}
         ports = [g["ssh"] for s in labs.values() for g in s["guests"]]
         assert len(set(ports)) == 6
+        # The second instance restored from the first one's snapshots (instances share them).
+        assert {g["started_from"] for g in labs["twin@bob"]["guests"]} == {"snapshot"}
         # The same addresses in both; a marker address on bob's b is reachable from bob's a only.
         cli("exec", "twin@bob", "b", "--", "ip", "addr", "add", "10.61.0.50/24", "dev", "eth1", check=True)
         assert cli("exec", "twin@bob", "a", "--", "ping", "-c", "1", "-W", "3", "10.61.0.50").returncode == 0

@@ -126,3 +126,18 @@ def test_a_restart_keeps_the_command_line_and_toggles_incoming(tmp_path: Path, m
     QemuBackend().restart(rec, incoming=False)
     QemuBackend().restart(rec, incoming=True)
     assert launched == [["qemu", "-m", "512"], ["qemu", "-m", "512", "-incoming", "defer"]]
+
+
+def test_snapshot_keys_are_shared_by_instances_and_follow_the_lab(tmp_path: Path) -> None:
+    import dataclasses
+
+    from labctl.up.snapshots import key
+
+    lab = ROOT / "labs" / "quickstart.yaml"
+    plan = _plans(tmp_path / "labs" / "quickstart" / "guests", lab)["a"]
+    twin = dataclasses.replace(_plans(tmp_path / "labs" / "quickstart@bob" / "guests", lab)["a"],
+                               lab="quickstart@bob", ssh_port=41234)
+    assert key(twin) == key(plan)  # another instance, run directory and SSH port: the same snapshot
+    nic = dataclasses.replace(plan.guest.nics[0], model="e1000")
+    assert key(dataclasses.replace(plan, guest=dataclasses.replace(plan.guest, nics=(nic,)))) != key(plan)
+    assert key(dataclasses.replace(plan, guest=dataclasses.replace(plan.guest, memory=1024))) != key(plan)
