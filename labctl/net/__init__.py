@@ -1,0 +1,1 @@
+"""Lab networks: the plan, the switch, capture, impairments, topology pictures."""
