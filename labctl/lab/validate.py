@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import Problem
-from labctl.lab import kernels
 from labctl.lab.addresses import assign_macs, check_ips, default_mac, parse_ip
 from labctl.lab.checker import Checker, describe, did_you_mean, join
-from labctl.lab.kernels import KernelSpec
+from labctl.lab.kernels import FILE_KEYS, FILES, TREE, KernelSpec, debian
 from labctl.lab.model import (
     DEFAULT_HOST,
     DEFAULT_IMAGE,
@@ -317,7 +316,7 @@ def parse_kernel(check: Checker, body: YamlMap, path: str, base: Path) -> Kernel
     value, line, where = body["kernel"], body.value_line("kernel"), join(path, "kernel")
     if isinstance(value, str):
         try:
-            return kernels.debian(value, line, where)
+            return debian(value, line, where)
         except ValueError as exc:
             check.add(line, where, str(exc))
             return None
@@ -327,13 +326,13 @@ def parse_kernel(check: Checker, body: YamlMap, path: str, base: Path) -> Kernel
     if "tree" in m:
         check.keys(m, where, ("tree",))
         tree = check.string(m, "tree", where, required=True)
-        return kernels.KernelSpec(kernels.TREE, tree=(base / tree).resolve(), line=line, path=where) if tree else None
-    check.keys(m, where, kernels.FILE_KEYS, ("image",))
-    files = {k: check.string(m, k, where, required=(k == "image")) for k in kernels.FILE_KEYS}
+        return KernelSpec(TREE, tree=(base / tree).resolve(), line=line, path=where) if tree else None
+    check.keys(m, where, FILE_KEYS, ("image",))
+    files = {k: check.string(m, k, where, required=(k == "image")) for k in FILE_KEYS}
     if not files["image"]:
         return None
     paths = {k: (base / v).resolve() if v else None for k, v in files.items()}
-    return kernels.KernelSpec(kernels.FILES, image=paths["image"], modules=paths["modules"], debug=paths["debug"],
+    return KernelSpec(FILES, image=paths["image"], modules=paths["modules"], debug=paths["debug"],
                               line=line, path=where)
 
 

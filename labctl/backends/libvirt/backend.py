@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
-from labctl.backends import owned
 from labctl.backends.base import GuestPlan, GuestRecord, NetDir
 from labctl.backends.libvirt import storage
 from labctl.backends.libvirt.host import QemuUser
@@ -50,6 +49,9 @@ from labctl.backends.libvirt.xml import (
     gdb_socket,
     planned_files,
 )
+from labctl.backends.owned import entries as owned_entries
+from labctl.backends.owned import forget as forget_owned
+from labctl.backends.owned import record as record_owned
 from labctl.errors import HostError, LabctlError, MachineError
 from labctl.lab.hosts import HostPlace, host_place
 from labctl.paths import ensure_private_dir
@@ -229,7 +231,7 @@ class LibvirtBackend:
 
         :raise MachineError: when libvirt refuses it.
         """
-        owned.record(plan.dir, {"backend": self.name, "kind": "domain", "uri": host.uri, "host": host.name,
+        record_owned(plan.dir, {"backend": self.name, "kind": "domain", "uri": host.uri, "host": host.name,
                                 "name": name, "run_dir": str(plan.dir)})
         try:
             return conn.createXML(xml, flags)
@@ -244,7 +246,7 @@ class LibvirtBackend:
         owner = (user.uid, user.gid)
 
         def make(vol: str, create: Any) -> str:
-            owned.record(plan.dir, {"backend": self.name, "kind": "volume", "uri": host.uri,
+            record_owned(plan.dir, {"backend": self.name, "kind": "volume", "uri": host.uri,
                                     "host": host.name, "pool": storage.POOL, "name": vol})
             storage.delete_volume(pool, vol)  # a leftover of this very guest (its domain is gone)
             return str(create(vol).path())
@@ -266,10 +268,10 @@ class LibvirtBackend:
         :raise HostError: when the host cannot make it, or it exists and may not be replaced.
         """
         entry = {"backend": self.name, "kind": "host-dir", "uri": host.uri, "host": host.name, "path": path}
-        owned.record(journal_dir, entry)
+        record_owned(journal_dir, entry)
         status, err = host_run(host, hostfs.mkdir_argv(path, user, replace))
         if status == hostfs.EXISTS_STATUS and not replace:
-            owned.forget(journal_dir, entry)
+            forget_owned(journal_dir, entry)
             raise HostError(f"{path} already exists on {where(host.uri, host.name)}: a lab of that name "
                             "runs there from another labctl state directory, or one was left behind",
                             hint=f"take that lab down where it was started, or remove {path} if nothing uses it")
@@ -285,7 +287,7 @@ class LibvirtBackend:
         plan.console.unlink(missing_ok=True)
         log_path = plan.dir / "console-relay.log"
         proc = spawn([sys.executable, "-m", RELAY, host.uri, uuid, str(plan.console)], log_path)
-        owned.record(plan.dir, {"backend": self.name, "kind": "process", "pid": proc.pid, "marker": RELAY})
+        record_owned(plan.dir, {"backend": self.name, "kind": "process", "pid": proc.pid, "marker": RELAY})
         deadline = time.monotonic() + CONSOLE_ATTACH_TIMEOUT
         while not plan.console.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -347,7 +349,7 @@ class LibvirtBackend:
         :raise HostError: when a host with something of this guest is unreachable.
         """
         failures: list[LabctlError] = []
-        for entry in reversed(owned.entries(guest_dir)):
+        for entry in reversed(owned_entries(guest_dir)):
             try:
                 self._release(entry, guest_dir)
             except LabctlError as exc:
