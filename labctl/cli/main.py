@@ -12,11 +12,15 @@ from typing import NoReturn
 from labctl import __version__
 from labctl.cli import (
     access,
+    capture_cmd,
     doctor,
     gdb_cmd,
+    graph_cmd,
     images,
+    impair_cmd,
     kernel_cmd,
     lifecycle_cmds,
+    link_cmd,
     oops_cmd,
     report_cmds,
     run_cmd,
@@ -41,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     gdb_cmd.register(sub)
     doctor.register(sub)
     access.register(sub)
+    capture_cmd.register(sub)
+    impair_cmd.register(sub)
+    link_cmd.register(sub)
+    graph_cmd.register(sub)
     images.register(sub)
     kernel_cmd.register(sub)
     return p

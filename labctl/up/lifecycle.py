@@ -45,7 +45,7 @@ from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing, run, spawn, stop_pid
 from labctl.ssh import Endpoint, Session
-from labctl.up import guestconf
+from labctl.up import guestconf, netctl, netstate
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
@@ -220,9 +220,15 @@ class LabUp:
                                      (p.host_key.with_name(p.host_key.name + ".pub")).read_text().strip()) + "\n"
                     for p in plans))
         self._wait_all(state)
+        self._impair(state)
         state.phase = UP
         state.save()
         return state
+
+    def _impair(self, state: LabState) -> None:
+        """Put the lab file's impairments in force (netem in each guest, once it answers SSH)."""
+        for (guest, nic), imp in netctl.lab_impairments(state).items():
+            netctl.apply_impairment(state, guest, nic, imp)
 
     def _unencrypted_problems(self, segments: dict[str, Segment]) -> list[Problem]:
         """Links across hosts are plain UDP: anyone who reaches the port can read
@@ -473,6 +479,7 @@ class GuestStatus:
 def guest_statuses(state: LabState) -> list[GuestStatus]:
     """Live status of every guest of a lab that is up."""
     backend = get_backend(state.backend)
+    record = netstate.load(state.path)
     out = []
     for name, rec in state.guests.items():
         try:
@@ -483,7 +490,9 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
         st = "crashed" if crashed(console) else "unreachable" if alive is None else "running" if alive else "stopped"
         if state.phase != UP:
             st = "incomplete" if state.incomplete else "starting"
-        nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], "")}
+        nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], ""),
+                 "link": "up" if record.link_up(name, n["name"]) else "down",
+                 "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {}}
                 for n in state.resolved["guests"][name]["nics"]]
         gdb = rec.gdb
         host = state.hosts.get(name, {}).get("name")

@@ -92,12 +92,17 @@ def _dgram_addr(side: str, addr: object) -> str:
     return f"{side}.type=unix,{side}.path={opt(addr)}"
 
 
+def netdev_id(nic: Nic) -> str:
+    """The QEMU id of a lab NIC's netdev (``set_link`` and ``filter-dump`` name it), on either backend."""
+    return f"lab{nic.index}"
+
+
 def lab_nic_args(nic: Nic, port: Port) -> list[str]:
-    netdev = f"dgram,id=lab{nic.index},{_dgram_addr('local', port.local)}"
+    netdev = f"dgram,id={netdev_id(nic)},{_dgram_addr('local', port.local)}"
     if port.remote is not None:
         netdev += f",{_dgram_addr('remote', port.remote)}"
     model = nic.nic_model
-    device = f"{model.qemu_device},netdev=lab{nic.index},mac={nic.mac}"
+    device = f"{model.qemu_device},netdev={netdev_id(nic)},mac={nic.mac}"
     # ``queues`` > 1 needs a multi-queue netdev (tap); a dgram link has one
     # queue pair, so the guest sees one (labctl up warns about it).
     return ["-netdev", netdev, "-device", device]

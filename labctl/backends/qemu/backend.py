@@ -115,6 +115,13 @@ class QemuBackend:
         """
         return qmp_execute(rec.qmp, command, args)
 
+    def capture_dir(self, rec: GuestRecord) -> Path:
+        """The guest's own run directory (0700, labctl's user, which QEMU runs as)."""
+        return Path(rec.dir)
+
+    def qemu_log(self, rec: GuestRecord) -> Path | None:
+        return Path(rec.dir) / "qemu.log"
+
     def exit_reason(self, rec: GuestRecord) -> str:
         try:
             with open(os.path.join(rec.dir, "qemu.log"), errors="replace") as f:

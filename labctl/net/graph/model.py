@@ -192,7 +192,8 @@ def _impairments(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs, key=rank))
 
 
-def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any]) -> NicRow:
+def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: bool = False) -> NicRow:
+    """A NIC row: runtime facts first, else what the lab file says (its ``impair``, its network's ``capture``)."""
     return NicRow(
         name=_str(nic.get("name")) or "?",
         model=_str(nic.get("model")) or "?",
@@ -203,16 +204,18 @@ def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any]) -> NicRow:
         queues=_int(nic.get("queues")) or 1,
         driver=_str(facts.get("driver")),
         link=_link(facts.get("link")),
-        impairments=_impairments(facts.get("impairments")),
-        captured=_flag(facts.get("capture", facts.get("captured"))),
+        impairments=_impairments(facts["impairments"] if "impairments" in facts else nic.get("impair")),
+        captured=_flag(facts.get("capture", facts.get("captured"))) or lab_captured,
     )
 
 
-def _guest_node(name: str, guest: Mapping[str, Any], facts: Mapping[str, Any], show_host: bool) -> GuestNode:
+def _guest_node(name: str, guest: Mapping[str, Any], facts: Mapping[str, Any], show_host: bool,
+                captured: frozenset[tuple[str, str]] = frozenset()) -> GuestNode:
     """A guest; its lab host is shown only when the lab places guests on hosts (runtime's always)."""
     nic_facts = _map(facts.get("nics"))
     nics = [n for n in guest.get("nics") or () if isinstance(n, Mapping)]
-    rows = tuple(_nic_row(n, _map(nic_facts.get(str(n.get("name"))))) for n in nics)
+    rows = tuple(_nic_row(n, _map(nic_facts.get(str(n.get("name")))), (name, str(n.get("name"))) in captured)
+                 for n in nics)
     return GuestNode(name=name, nics=rows, memory=_int(guest.get("memory")), cpus=_int(guest.get("cpus")),
                      host=_str(facts.get("host")) or (_str(guest.get("host")) if show_host else None),
                      state=_str(facts.get("state")))
@@ -265,9 +268,10 @@ def topology(lab: Mapping[str, Any] | Any, runtime: Mapping[str, Any] | None = N
     lab_hosts = {str(k): _str(_map(v).get("host")) for k, v in lab_guests.items()}
     host_uris = {str(k): str(_map(v).get("uri", "")) for k, v in _map(data.get("hosts")).items()}
     shown = bool(host_uris) or any(h not in (None, DEFAULT_HOST) for h in lab_hosts.values())
-    guests = tuple(_guest_node(str(name), _map(g), _map(rt_guests.get(str(name))), shown)
-                   for name, g in lab_guests.items())
     nets = {str(k): _map(v) for k, v in _map(data.get("networks")).items()}
+    captured = frozenset(_lab_captured(nets))
+    guests = tuple(_guest_node(str(name), _map(g), _map(rt_guests.get(str(name))), shown, captured)
+                   for name, g in lab_guests.items())
     for g in guests:
         for nic in g.nics:
             nets.setdefault(nic.network, {})
@@ -276,23 +280,41 @@ def topology(lab: Mapping[str, Any] | Any, runtime: Mapping[str, Any] | None = N
         members = _members(name, net, guests)
         facts = _map(rt_nets.get(name))
         mechanism = _str(facts.get("mechanism")) or planned_mechanism(members, lab_hosts, host_uris)
+        whole = bool(members) and all(m in captured for m in members)
         networks.append(NetworkNode(name=name, members=members, mtu=_int(net.get("mtu")),
                                     description=_str(net.get("description")) or "", mechanism=mechanism,
-                                    captured=_flag(facts.get("capture", facts.get("captured")))))
+                                    captured=_flag(facts.get("capture", facts.get("captured"))) or whole))
     return Topology(name=_str(data.get("name")) or "lab", guests=guests, networks=tuple(networks),
                     description=_str(data.get("description")) or "")
+
+
+def _lab_captured(nets: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The (guest, nic) members the lab's networks capture (``Network.to_dict()['capture']``)."""
+    out = []
+    for net in nets.values():
+        for m in net.get("capture") or ():
+            if isinstance(m, Sequence) and not isinstance(m, str) and len(m) == 2:
+                out.append((str(m[0]), str(m[1])))
+    return out
 
 
 def runtime_from_state(drivers: Mapping[str, Mapping[str, str]] | None = None,
                        networks: Mapping[str, Mapping[str, Any]] | None = None,
                        hosts: Mapping[str, Mapping[str, Any]] | None = None,
-                       states: Mapping[str, str] | None = None) -> dict[str, Any]:
+                       states: Mapping[str, str] | None = None,
+                       impair: Mapping[str, Mapping[str, Any]] | None = None,
+                       links: Mapping[str, str] | None = None,
+                       captures: Sequence[str] = ()) -> dict[str, Any]:
     """The runtime dict from what ``labctl up`` records.
 
     :param drivers: ``LabState.drivers`` (guest -> NIC -> driver; '' = unknown).
     :param networks: ``LabState.networks`` (network -> ``Segment.to_dict()``; its ``mechanism``).
     :param hosts: ``LabState.hosts`` (guest -> host dict with a ``name``).
     :param states: guest -> state (e.g. from ``GuestStatus.state``).
+    :param impair: ``network.json``'s impairments in force (``guest.nic`` -> values); with it,
+        NICs it does not name show none.
+    :param links: ``network.json``'s links (``guest.nic`` -> ``down``).
+    :param captures: ``guest.nic`` of every capture running.
     """
     guests: dict[str, dict[str, Any]] = {}
     for guest, nics in _map(drivers).items():
@@ -308,4 +330,15 @@ def runtime_from_state(drivers: Mapping[str, Mapping[str, str]] | None = None,
             guests.setdefault(str(guest), {"nics": {}})["state"] = str(state)
     nets = {str(n): {"mechanism": str(_map(seg)["mechanism"])}
             for n, seg in _map(networks).items() if _str(_map(seg).get("mechanism"))}
+    known = {f"{g}.{n}" for g, e in guests.items() for n in e["nics"]}
+    named = set(_map(impair)) | set(_map(links)) | set(captures) | known
+    for key in named:
+        guest, _, nic = key.partition(".")
+        facts = guests.setdefault(guest, {"nics": {}})["nics"].setdefault(nic, {})
+        if impair is not None:
+            facts["impairments"] = dict(_map(_map(impair).get(key)))
+        if key in _map(links):
+            facts["link"] = str(_map(links)[key])
+        if key in captures:
+            facts["capture"] = True
     return {"guests": guests, "networks": nets}
