@@ -11,6 +11,7 @@
         lab.yaml        the lab file as run
         guests/<guest>/console.log, oops.txt, oops.json
         steps/<step>/<variant>/<guest>/...   raw artifacts (``_`` for a step without a matrix)
+        steps/<step>/<variant>/<guest>/<nic>.pcapng   a NIC's capture during the step
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ NO_VARIANT = "_"
 def step_dir(step: str, variant: str | None) -> Path:
     """A step variant's directory, relative to the bundle (``steps/<step>/<variant>``)."""
     return Path(STEPS) / step / (variant or NO_VARIANT)
+
+
+def capture_file(guest: str, nic: str) -> Path:
+    """A NIC's capture during a step, relative to the step variant's directory (``<guest>/<nic>.pcapng``)."""
+    return Path(guest) / f"{nic}.pcapng"
 
 
 def guest_dir(guest: str) -> Path:

@@ -23,11 +23,13 @@ from labctl.bundle.layout import SUMMARY
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
 from labctl.trace.analyze import guest_figures, step_figures
+from labctl.trace.netfigures import capture_figures
 from labctl.trace.stats import write_delta
 
 log = logging.getLogger(__name__)
 
-RECORDED = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "warnings", "gdb")
+RECORDED = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "warnings", "gdb", "captures",
+            "network")
 """What a step entry keeps as the runner recorded it; everything else is computed."""
 
 
@@ -62,6 +64,13 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> dict[str, Any]:
             guests[g] = {"warnings": [f"analysis failed: {exc}"]}
     entry["guests"] = guests
     entry["figures"] = step_figures(guests, step.get("nic"))
+    entry["captures"] = capture_figures(bundle, list(step.get("captures") or []), guests)
+    for cap in entry["captures"]:
+        if cap.get("missing"):
+            warning = (f"{cap.get('guest')}.{cap.get('nic')}: the capture holds {cap.get('frames')} frames but the NIC "
+                       f"sent and received {cap.get('nic_frames')}: {cap['missing']} are missing from it")
+            if warning not in entry["warnings"]:
+                entry["warnings"].append(warning)
     return entry
 
 

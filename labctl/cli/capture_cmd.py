@@ -82,7 +82,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     written = capture.Written()
     how = "stopped"
     try:
-        written = capture.follow(cap, out, done, label=cap.label,
+        capture.follow(cap, out, done, label=cap.label, written=written,
                                  description=capture.description(state, args.guest, args.nic), fmt=args.format,
                                  alive=lambda: _alive(backend, rec),
                                  reader_gone=_reader_gone(out) if out is not None else lambda: False,

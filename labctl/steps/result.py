@@ -20,6 +20,8 @@ class StepResult:
     guests: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     gdb: dict[str, Any] | None = None
+    captures: list[dict[str, Any]] = field(default_factory=list)  # one per captured NIC (labctl.steps.network)
+    network: dict[str, Any] | None = None  # impairments in force and links changed during the step
 
     def fail(self, reason: str) -> None:
         if self.status != "failed":

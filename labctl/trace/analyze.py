@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from labctl.trace.netfigures import network_figures
 from labctl.trace.parsers import (
     PerfReport,
     Throughput,
@@ -258,7 +259,8 @@ def guest_figures(guest_dir: Path, driver_modules: list[str]) -> dict[str, Any]:
     ``top_symbols`` (list of {symbol, dso, pct}), ``softnet`` ({processed,
     dropped, time_squeeze} deltas), ``trace_loss`` ({perf_lost,
     ftrace_overruns, kprobe_misses}), ``skb_latency`` (only when the step
-    traced it: see :func:`labctl.trace.skblatency.summarize`) and ``warnings``. ``driver_modules`` are
+    traced it: see :func:`labctl.trace.skblatency.summarize`), the network figures of
+    :func:`labctl.trace.netfigures.network_figures` and ``warnings``. ``driver_modules`` are
     module names as in lsmod (``8139cp``, ``virtio_net``). Optional inputs
     (``perf-record.log`` for an exact sample count, ``kprobe_profile.txt``)
     cause no warning when absent. Raises nothing for missing or odd files.
@@ -281,6 +283,7 @@ def guest_figures(guest_dir: Path, driver_modules: list[str]) -> dict[str, Any]:
         "softnet": _softnet(g),
         "trace_loss": _trace_loss(g, lost),
     }
+    figures.update(network_figures(guest_dir))
     skb = _skb_latency(g)
     if skb is not None:
         figures["skb_latency"] = skb

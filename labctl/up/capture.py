@@ -321,15 +321,17 @@ def _file_frames(cap: Capture, stream: _Stream, warnings: list[str]) -> Iterator
 def follow(cap: Capture, out: BinaryIO | None, stop_when: Callable[[Written], bool], *, label: str,
            description: str, fmt: str = "pcapng", poll: float = 0.05,
            alive: Callable[[], bool] = lambda: True, reader_gone: Callable[[], bool] = lambda: False,
-           on_frame: Callable[[Frame], None] | None = None) -> Written:
+           on_frame: Callable[[Frame], None] | None = None, written: Written | None = None) -> Written:
     """Copy the capture to ``out`` (None: nowhere) as QEMU writes it, each frame also to
     ``on_frame``, until ``stop_when(written)`` is true or the guest is gone (``alive``, asked
     every second). Writes are flushed batch by batch; while nothing arrives, ``reader_gone``
-    is asked whether the reader of ``out`` left.
+    is asked whether the reader of ``out`` left. ``written`` (counted into) says how far it got
+    even when it ends in an exception.
 
     :raise BrokenPipeError: when the reader of ``out`` went away.
     """
-    writer, stream, written = Writer(fmt), _Stream(cap), Written()
+    writer, stream = Writer(fmt), _Stream(cap)
+    written = written if written is not None else Written()
     if out is not None:
         out.write(writer.header(label, description))
         out.flush()
