@@ -64,11 +64,15 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> dict[str, Any]:
             guests[g] = {"warnings": [f"analysis failed: {exc}"]}
     entry["guests"] = guests
     entry["figures"] = step_figures(guests, step.get("nic"))
-    entry["captures"] = capture_figures(bundle, list(step.get("captures") or []), guests)
+    links = (step.get("network") or {}).get("links") or {}
+    entry["captures"] = capture_figures(bundle, list(step.get("captures") or []), guests, frozenset(links))
     for cap in entry["captures"]:
         if cap.get("missing"):
-            warning = (f"{cap.get('guest')}.{cap.get('nic')}: the capture holds {cap.get('frames')} frames but the NIC "
-                       f"sent and received {cap.get('nic_frames')}: {cap['missing']} are missing from it")
+            label = f"{cap.get('guest')}.{cap.get('nic')}"
+            warning = (f"{label}: the capture holds {cap.get('frames')} frames but the NIC sent and received "
+                       f"{cap.get('nic_frames')}: {cap['missing']} are missing from it")
+            if cap.get("link_down"):
+                warning += " (the step took its link down: QEMU drops what the NIC sends meanwhile, before any capture)"
             if warning not in entry["warnings"]:
                 entry["warnings"].append(warning)
     return entry

@@ -45,6 +45,7 @@ from labctl.report.document import (
     num,
     txt,
 )
+from labctl.report.network import per_cpu_blocks, reassembly_blocks, step_network_blocks, topology_blocks
 from labctl.report.skb import latency_blocks
 
 MAX_ARTIFACTS = 200
@@ -344,6 +345,7 @@ def step_section(root: Path, step: Mapping[str, Any], index: int) -> Section:
                            _step_meta(step, step_dir)]
     if guests:
         blocks += [Heading(4, "Guests"), guests_table(guests)]
+    blocks += step_network_blocks(step)
     blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests)
     blocks += warning_blocks(step, guests) + [Heading(4, "Raw artifacts")] + artifact_links(root, step_dir)
     return Section(tuple(blocks), "step failed" if failed else "step", f"step-{index}")
@@ -402,7 +404,8 @@ def run_artifact_blocks(run: Run) -> list[Block]:
 
 def build_document(run: Run) -> list[Block]:
     """The whole report as blocks."""
-    return (header_blocks(run) + results_blocks(run) + latency_blocks(run) + steps_blocks(run)
-            + commands_blocks(run) + run_artifact_blocks(run))
+    return (header_blocks(run) + topology_blocks(run) + results_blocks(run) + reassembly_blocks(run)
+            + per_cpu_blocks(run) + latency_blocks(run) + steps_blocks(run) + commands_blocks(run)
+            + run_artifact_blocks(run))
 
 

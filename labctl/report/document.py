@@ -67,13 +67,21 @@ class Charts:
 
 
 @dataclass(frozen=True)
+class Picture:
+    """A drawing: ``svg`` (inline, no xmlns) for HTML, ``mermaid`` (a Mermaid flowchart) for Markdown."""
+
+    svg: str
+    mermaid: str
+
+
+@dataclass(frozen=True)
 class Section:
     blocks: tuple[Block, ...]
     cls: str = ""
     anchor: str | None = None
 
 
-Block = Heading | Para | Bullets | Meta | Table | Charts | Section
+Block = Heading | Para | Bullets | Meta | Table | Charts | Picture | Section
 
 
 def txt(text: object, style: str = "") -> Inline:

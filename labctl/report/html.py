@@ -11,7 +11,7 @@ from html import escape
 from urllib.parse import quote
 
 from labctl import __version__
-from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Span, Table
+from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Picture, Span, Table
 
 CSS = """
 :root { --ink: #1f2933; --muted: #6b7785; --line: #d9dee6; --bg: #f4f6f9; --card: #ffffff;
@@ -59,6 +59,8 @@ dd { margin: 0; overflow-wrap: anywhere; }
 .charts figure { margin: 0; background: var(--card); border: 1px solid var(--line); border-radius: 8px;
                  padding: 14px 16px 8px; }
 svg.chart { display: block; max-width: 100%; height: auto; }
+figure.topology { margin: 12px 0 8px; background: var(--card); border: 1px solid var(--line); border-radius: 8px;
+                  padding: 10px 12px; overflow-x: auto; }
 section.step { background: var(--card); border: 1px solid var(--line); border-radius: 10px; padding: 18px 22px;
                margin: 18px 0; }
 section.step.failed { border: 2px solid var(--bad); box-shadow: 0 0 0 3px var(--bad-bg); }
@@ -115,6 +117,8 @@ def html_block(block: Block) -> str:
         return html_table(block)
     if isinstance(block, Charts):
         return '<div class="charts">\n' + "\n".join(f"<figure>\n{svg}\n</figure>" for svg in block.svgs) + "\n</div>"
+    if isinstance(block, Picture):
+        return f'<figure class="topology">\n{block.svg}\n</figure>'
     anchor = f' id="{escape(block.anchor)}"' if block.anchor else ""
     return f"<section{_cls(block.cls)}{anchor}>\n" + "\n".join(html_block(b) for b in block.blocks) + "\n</section>"
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from urllib.parse import quote
 
 from labctl import __version__
-from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Span, Table
+from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Picture, Span, Table
 
 MD_SPECIAL = re.compile(r"([\\`*_\[\]<>&#~])")
 
@@ -68,6 +68,8 @@ def md_block(block: Block) -> list[str]:
         return md_table(block)
     if isinstance(block, Charts):
         return ["_Bar charts of these figures are in report.html._"]
+    if isinstance(block, Picture):
+        return ["```mermaid", *block.mermaid.rstrip("\n").split("\n"), "```"]
     return [line for i, b in enumerate(block.blocks) for line in ([""] if i else []) + md_block(b)]
 
 

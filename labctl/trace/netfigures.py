@@ -105,13 +105,16 @@ def network_figures(guest_dir: Path) -> dict[str, Any]:
     return {k: v for k, v in figures.items() if v}
 
 
-def capture_figures(bundle: Path, captures: list[Mapping[str, Any]],
-                    guests: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def capture_figures(bundle: Path, captures: list[Mapping[str, Any]], guests: Mapping[str, Mapping[str, Any]],
+                    links_down: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Each capture of a step as recorded, its file read back, and what its NIC counted.
 
     ``missing`` is how many frames the NIC counted (sent and received) more
     than the capture holds; the capture covers the counters' window, so
-    anything above 0 is frames the capture lost. File names are relative to ``bundle``.
+    anything above 0 is frames the capture lost, unless the step took the NIC's
+    link down (``links_down``: ``guest.nic``): QEMU drops what a NIC sends while
+    its link is down before any filter sees it (``link_down`` says so).
+    File names are relative to ``bundle``.
     """
     from labctl.net.pcap import PcapError, read_pcapng
 
@@ -133,5 +136,7 @@ def capture_figures(bundle: Path, captures: list[Mapping[str, Any]],
             nic = int(counted.get("rx_packets", 0)) + int(counted.get("tx_packets", 0))
             entry["nic_frames"] = nic
             entry["missing"] = max(0, nic - int(entry.get("frames") or 0))
+            if f"{cap.get('guest')}.{cap.get('nic')}" in links_down:
+                entry["link_down"] = True
         out.append(entry)
     return out

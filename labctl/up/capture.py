@@ -53,6 +53,7 @@ PREFIX = "labctl-cap"
 WRITE_ERROR = "network dump write error"  # QEMU's message when the filter stops writing
 ZONE = 900  # time zone offsets are whole quarters of an hour
 CHUNK = 1 << 20
+PAUSE_US = 250_000  # clock readings differ by a few ms (monitor round trips); a pause (gdb) by seconds
 _SEQ = itertools.count(1)
 
 
@@ -169,7 +170,7 @@ def stop(state: LabState, backend: Backend, cap: Capture) -> list[str]:
     if rec is not None and cap.shift_us is not None:
         try:
             later = _calibrate(backend, rec, cap.started)[0]
-            if later is not None and abs(later - cap.shift_us) > 2_000:
+            if later is not None and abs(later - cap.shift_us) > PAUSE_US:
                 warnings.append(f"{cap.label}: the guest was paused for {abs(later - cap.shift_us) / 1e6:.3f} s "
                                 "during the capture; frames after the pause are stamped that much too early")
         except LabctlError:
