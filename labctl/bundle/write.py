@@ -104,7 +104,6 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "qemu": _qemu_section(state, backend),
         "drivers": state.drivers,
         "networks": state.networks,
-        "hosts": state.hosts,
         "kernels": {g: state.kernel(g).summary() for g in state.guests if g in state.kernels},
         "warnings": state.warnings,
         "started_at": started,

@@ -126,6 +126,7 @@ class LabState:
     networks: dict[str, dict[str, Any]] = field(default_factory=dict)  # network -> mechanism, endpoints
     uploads: list[str] = field(default_factory=list)  # what up sent to hosts (images)
     kernels: dict[str, str] = field(default_factory=dict)  # guest -> its prepared kernel's directory
+    netns: str | None = None  # the lab's network namespace (tap networks; labctl.up.taps)
     phase: str = UP  # STARTING while ``up`` runs; UP once every guest answered
     owner_pid: int = 0  # the ``labctl up`` that is bringing the lab up (while STARTING)
 

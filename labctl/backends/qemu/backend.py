@@ -18,6 +18,7 @@ from labctl.backends.monitor import qmp_execute
 from labctl.backends.qemu.argv import build_argv
 from labctl.errors import MachineError, PortTaken
 from labctl.lab.hosts import HostPlace
+from labctl.net.plan import TapDev
 from labctl.paths import ensure_private_dir
 from labctl.proc import pid_alive, pid_cmdline, spawn, stop_pid
 
@@ -48,8 +49,9 @@ class QemuBackend:
     def start(self, plan: GuestPlan) -> GuestRecord:
         argv = self.command(plan)
         old = os.umask(0o077)  # QMP socket, console and pidfile: owner only
+        fds = [fd for port in plan.ports.values() if isinstance(port.local, TapDev) for fd in port.local.fds]
         try:
-            proc = spawn(argv, plan.dir / "qemu.log")
+            proc = spawn(argv, plan.dir / "qemu.log", pass_fds=fds)
         finally:
             os.umask(old)
         rec = GuestRecord(name=plan.guest.name, backend=self.name, pid=proc.pid, dir=str(plan.dir),
