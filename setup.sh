@@ -25,6 +25,8 @@ PACKAGES=(
     gdb binutils                         # labctl gdb, oops decoding
     make "linux-headers-${ABI}-amd64"    # out-of-tree lab modules (guest/modules/)
     chromium                             # tests: report.html in a headless browser
+    tshark tcpdump                       # tests: reading the captures labctl writes
+    iproute2                             # ip netns, bridges and taps (multiqueue links, as root)
     ca-certificates
 )
 missing=()
