@@ -69,6 +69,7 @@ class Capture:
     owner: int
     purpose: str
     started: float = 0.0  # wall time once the filter is in place
+    second: int = 0  # the wall-clock second QEMU took as the filter's start
     shift_us: int | None = None  # QEMU's timestamp minus the real time (None: not known)
     log: str | None = None  # QEMU's log, and its size when the capture started
     log_offset: int = 0
@@ -128,15 +129,19 @@ def start(state: LabState, backend: Backend, guest: str, nic: str, purpose: str 
     _save(state, cap)  # recorded before QEMU has anything to remove
     args = {"qom-type": "filter-dump", "id": cid, "netdev": netdev, "file": cap.file, "maxlen": SNAPLEN}
     try:
-        for _ in range(5):  # QEMU's second must be known: add the filter within one wall-clock second
+        for attempt in range(5):  # QEMU's second must be known: add the filter within one wall-clock second
             t0 = time.time()
             backend.qmp(rec, "object-add", args)
             t1 = time.time()
             if int(t0) == int(t1):
                 break
+            if attempt == 4:  # keep the last filter; its second is one of two
+                cap.notes.append(f"{cap.label}: the capture's filter took {t1 - t0:.1f} s to add (a busy host); "
+                                 "its timestamps may be off by up to that much")
+                break
             backend.qmp(rec, "object-del", {"id": cid})
-        cap.started = t1
-        cap.shift_us, note = _calibrate(backend, rec, t0)
+        cap.started, cap.second = t1, int(t0)
+        cap.shift_us, note = _calibrate(backend, rec, cap.second)
     except BaseException:
         _remove(state, backend, cap)
         raise
@@ -146,14 +151,14 @@ def start(state: LabState, backend: Backend, guest: str, nic: str, purpose: str 
     return cap
 
 
-def _calibrate(backend: Backend, rec: GuestRecord, added: float) -> tuple[int | None, str | None]:
-    """QEMU's timestamp minus the real time, for a filter added at wall time ``added``."""
+def _calibrate(backend: Backend, rec: GuestRecord, second: int) -> tuple[int | None, str | None]:
+    """QEMU's timestamp minus the real time, for a filter added in wall-clock second ``second``."""
     try:
         clock = vmclock.sample(_hmp(backend, rec))
     except (vmclock.VmClockError, MachineError) as exc:
         return None, (f"timestamps are QEMU's own (the filter's start second plus the guest's uptime): "
                       f"its virtual clock could not be read ({getattr(exc, 'message', exc)})")
-    return round((_qemu_start_second(added) - clock.origin) * 1e6), None
+    return round((_qemu_start_second(second) - clock.origin) * 1e6), None
 
 
 def _size(path: Path | None) -> int:
@@ -169,7 +174,7 @@ def stop(state: LabState, backend: Backend, cap: Capture) -> list[str]:
     rec = state.guests.get(cap.guest)
     if rec is not None and cap.shift_us is not None:
         try:
-            later = _calibrate(backend, rec, cap.started)[0]
+            later = _calibrate(backend, rec, cap.second or int(cap.started))[0]  # records written before 'second'
             if later is not None and abs(later - cap.shift_us) > PAUSE_US:
                 warnings.append(f"{cap.label}: the guest was paused for {abs(later - cap.shift_us) / 1e6:.3f} s "
                                 "during the capture; frames after the pause are stamped that much too early")
