@@ -107,12 +107,29 @@ def _host(host: object) -> str:
     return str(host) if host else "–"
 
 
-def _kernel(image: Mapping[str, Any]) -> str:
-    kernel = as_dict(image.get("kernel"))
+def _kernel(manifest: Mapping[str, Any]) -> str:
+    """The guests' kernels: one release for all, or each guest's (bundles before per-guest kernels
+    recorded the image's)."""
+    per_guest = {str(g): as_dict(k) for g, k in as_dict(manifest.get("kernels")).items()}
+    if per_guest:
+        described = {g: _describe_kernel(k) for g, k in per_guest.items()}
+        if len(set(described.values())) == 1:
+            return next(iter(described.values()))
+        return "; ".join(f"{g}: {d}" for g, d in sorted(described.items()))
+    kernel = as_dict(as_dict(manifest.get("image")).get("kernel"))
     release, version = kernel.get("release"), kernel.get("version")
     if not release:
         return "unknown"
     return f"{release} ({version})" if version else str(release)
+
+
+def _describe_kernel(k: Mapping[str, Any]) -> str:
+    source = as_dict(k.get("source"))
+    where = {"debian": "Debian", "tree": f"tree {source.get('tree')}", "files": f"image {source.get('image')}"}
+    origin = where.get(str(source.get("kind")), "")
+    build = str(k.get("build_id") or "")[:12]
+    return f"{k.get('release') or 'unknown'}" + (f" ({origin}" + (f", build id {build}" if build else "") + ")"
+                                                 if origin else "")
 
 
 def _lab_file(lab: Mapping[str, Any]) -> Inline:
@@ -152,7 +169,7 @@ def header_blocks(run: Run) -> list[Block]:
         ("lab file", _lab_file(as_dict(run.manifest.get("lab")))),
         ("labctl", txt(run.manifest.get("labctl_version") or "unknown")),
         ("QEMU", txt(qemu.get("version") or "unknown")),
-        ("guest kernel", txt(_kernel(image))),
+        ("guest kernel", txt(_kernel(run.manifest))),
         ("image", txt(" ".join(str(image[k]) for k in ("name", "key") if image.get(k)) or "unknown")),
         ("host", txt(_host(run.manifest.get("host")))),
     )

@@ -251,3 +251,20 @@ def test_odd_summary_shapes_do_not_crash(tmp_path: Path) -> None:
     md, _ = (p.read_text() for p in render_run(run))
     assert "| s | – |" in md and "| t | x |" in md
     assert "nan" not in md.lower()
+
+
+def test_header_names_each_guests_kernel(tmp_path: Path) -> None:
+    run = bundle(tmp_path, OK)
+    manifest = json.loads((run / MANIFEST).read_text())
+    debian = {"release": "6.1.0-56-rt-amd64", "source": {"kind": "debian", "release": "6.1.0-56-rt-amd64"},
+              "build_id": "0123456789abcdef0123"}
+    manifest["kernels"] = {"client": debian, "server": debian}
+    (run / MANIFEST).write_text(json.dumps(manifest))
+    md = render_run(run)[0].read_text()
+    assert "6.1.0-56-rt-amd64 (Debian, build id 0123456789ab)" in md
+    tree = {"release": "6.1.192-labctl-test", "source": {"kind": "tree", "tree": "/src/linux"}}
+    manifest["kernels"] = {"client": debian, "server": tree}  # A/B: each guest's own
+    (run / MANIFEST).write_text(json.dumps(manifest))
+    md = render_run(run)[0].read_text()
+    assert "client: 6.1.0-56-rt-amd64 (Debian, build id 0123456789ab); server: 6.1.192-labctl-test (tree /src/linux)" \
+        in md
