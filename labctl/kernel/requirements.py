@@ -63,8 +63,8 @@ from typing import Any, Literal
 
 from labctl.errors import Problem
 from labctl.lab.model import Lab, Nic
-from labctl.lab.nics import NIC_MODELS
 from labctl.lab.netopts import LinkSpec
+from labctl.lab.nics import NIC_MODELS
 from labctl.lab.steps import Step, TraceSpec, render
 from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
 

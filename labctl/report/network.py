@@ -45,7 +45,7 @@ def _impair_text(values: object) -> str:
 def _time(us: object) -> str:
     if not isinstance(us, int):
         return "–"
-    moment = datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(us / 1e6, datetime.UTC)
     return moment.strftime("%H:%M:%S.%f")[:-3]
 
 

@@ -67,8 +67,8 @@ steps:
         rtt = (bundle / ping["dir"] / "a" / "cmd-0.out").read_text()
         assert float(rtt.rsplit("=", 1)[1].split("/")[1]) >= 30, rtt
         assert cut["network"]["links"] == {"b.eth1": "up"}
-        assert [c["command"] for c in json.loads((bundle / "manifest.json").read_text())["commands"]
-                if c["step"] == "cut"][0] == f"labctl link {TAG} b eth1 down"
+        assert next(c["command"] for c in json.loads((bundle / "manifest.json").read_text())["commands"]
+                    if c["step"] == "cut") == f"labctl link {TAG} b eth1 down"
     finally:
         names = virsh("list", "--all", "--name").stdout.split()
         for dom in (n for n in names if n.startswith(f"labctl-{TAG}-")):

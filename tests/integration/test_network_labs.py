@@ -108,7 +108,7 @@ def test_rps_spreads_receive_work_only_when_on(cli: Cli, image: object, tmp_path
     if os.geteuid() == 0:  # a tap network: two queue pairs, an interrupt each
         text = mq.read_text()
         assert "rx-0/rps_cpus" in text and "rx-1/rps_cpus" in text, text
-        assert re.search(r"Current hardware settings:.*?Combined:\s+2", text, re.S), text
+        assert re.search(r"Current hardware settings:.*?Combined:\s+2", text, re.DOTALL), text
         irqs = (bundle / steps["multiqueue"]["dir"] / "receiver" / "stats" / "after" / "interrupts.txt").read_text()
         assert len(re.findall(r"virtio\d+-input\.\d", irqs)) >= 3  # mgmt0's and eth2's two
     else:
