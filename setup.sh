@@ -26,6 +26,8 @@ PACKAGES=(
     make "linux-headers-${ABI}-amd64"    # out-of-tree lab modules (guest/modules/)
     linux-perf                           # the host side of a step: a profile of each guest's QEMU
     chromium                             # tests: report.html in a headless browser
+    tshark tcpdump                       # tests: reading the captures labctl writes
+    iproute2                             # ip netns, bridges and taps (multiqueue links, as root)
     ca-certificates
 )
 missing=()

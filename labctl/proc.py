@@ -158,13 +158,15 @@ def run_pipeline_output(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeo
 
 
 def spawn(argv: Sequence[str | os.PathLike[str]], log_path: Path,
-          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a long-lived child in its own session, output appended to ``log_path``.
+          env: dict[str, str] | None = None, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+    """Start a long-lived child in its own session, output appended to ``log_path``;
+    ``pass_fds`` stay open in it under the same numbers (tap queues for QEMU).
 
     The caller owns the child and must stop it (see :func:`kill_group`).
     """
     with open(log_path, "ab") as logf:
-        return _popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env)
+        return _popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                      pass_fds=tuple(pass_fds))
 
 
 _PR_SET_PDEATHSIG = 1

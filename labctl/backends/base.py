@@ -162,3 +162,13 @@ class Backend(Protocol):
 
         :raise MachineError: when the machine is gone or the command fails.
         """
+
+    def capture_dir(self, rec: GuestRecord) -> Path:
+        """A directory, on this machine, where the guest's QEMU may create files (packet
+        captures) that labctl reads and removes: private to the lab's owner and QEMU's user.
+
+        :raise HostError: when the guest runs where labctl cannot read such files.
+        """
+
+    def qemu_log(self, rec: GuestRecord) -> Path | None:
+        """QEMU's own messages about the guest, on this machine (None: not readable here)."""

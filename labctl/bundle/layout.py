@@ -13,6 +13,7 @@
         steps/<step>/<variant>/<guest>/...   raw artifacts (``_`` for a step without a matrix;
                         ``<variant>@N`` for run N of a step with ``repeat``), and what the
                         analysis derives from them: flamegraph.folded/.svg, trace.json
+        steps/<step>/<variant>/<guest>/<nic>.pcapng   a NIC's capture during the step
         steps/<step>/<variant>/_host/<guest>/   the guest's QEMU on the host during the step
                         (labctl.steps.hostcost): qemu-threads.json, perf.data, perf-script.txt.gz
         steps/<step>/flamegraph-diff-<guest>-<a>-vs-<b>.svg   differential flame graphs between variants
@@ -50,6 +51,11 @@ def step_dir(step: str, variant: str | None, repeat: int = 1) -> Path:
 def diff_flamegraph(step: str, guest: str, before: str, after: str) -> Path:
     """The differential flame graph of ``guest`` between two variants of a step, relative to the bundle."""
     return Path(STEPS) / step / f"flamegraph-diff-{guest}-{before}-vs-{after}.svg"
+
+
+def capture_file(guest: str, nic: str) -> Path:
+    """A NIC's capture during a step, relative to the step variant's directory (``<guest>/<nic>.pcapng``)."""
+    return Path(guest) / f"{nic}.pcapng"
 
 
 def guest_dir(guest: str) -> Path:

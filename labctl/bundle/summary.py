@@ -28,6 +28,7 @@ from labctl.paths import atomic_write
 from labctl.trace.analyze import guest_figures, step_figures
 from labctl.trace.flames import guest_flamegraph
 from labctl.trace.hostcost import guest_cost, nic_bytes, step_cost
+from labctl.trace.netfigures import capture_figures
 from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
 from labctl.trace.stats import write_delta
 from labctl.trace.tef import write_trace
@@ -35,7 +36,7 @@ from labctl.trace.tef import write_trace
 log = logging.getLogger(__name__)
 
 RECORDED = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "warnings", "gdb", "repeat", "repeats",
-            "window_s")
+            "window_s", "captures", "network")
 """What a step entry keeps as the runner recorded it; everything else is computed."""
 
 
@@ -77,6 +78,17 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> dict[str, Any]:
     cost = _cost(sdir, step, guests, costs, window)
     entry["cost"] = cost
     entry["figures"] = {**step_figures(guests, step.get("nic")), **{k: cost.get(k) for k in COST_FIGURES}}
+    links = (step.get("network") or {}).get("links") or {}
+    entry["captures"] = capture_figures(bundle, list(step.get("captures") or []), guests, frozenset(links))
+    for cap in entry["captures"]:
+        if cap.get("missing"):
+            label = f"{cap.get('guest')}.{cap.get('nic')}"
+            warning = (f"{label}: the capture holds {cap.get('frames')} frames but the NIC sent and received "
+                       f"{cap.get('nic_frames')}: {cap['missing']} are missing from it")
+            if cap.get("link_down"):
+                warning += " (the step took its link down: QEMU drops what the NIC sends meanwhile, before any capture)"
+            if warning not in entry["warnings"]:
+                entry["warnings"].append(warning)
     return entry
 
 

@@ -104,6 +104,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "drivers": state.drivers,
         # guests restored from their post-boot snapshot (warm start) instead of booted
         "started_from": {g: "snapshot" if g in state.warm else "boot" for g in state.guests},
+        "networks": state.networks,
         "kernels": {g: state.kernel(g).summary() for g in state.guests if g in state.kernels},
         "warnings": warnings,
         "started_at": started,

@@ -16,7 +16,10 @@ from labctl.errors import LabStateError, UsageError
 from labctl.image.store import Image
 from labctl.kernel.store import Kernel
 from labctl.lab import Lab, kernels, load_lab
+from labctl.lab.impair import Impairment
 from labctl.pipeline import run_lab
+from labctl.proc import pid_alive
+from labctl.up import capture
 from labctl.up.capacity import check_capacity
 from labctl.up.lifecycle import UpOptions, down, guest_statuses, up
 from labctl.up.runstate import UP, LabState, check_lab_name, run_dir, up_labs
@@ -172,6 +175,8 @@ def status_data(state: LabState) -> dict[str, Any]:
         "lab": state.lab, "state": state.phase if not state.incomplete else "incomplete", "source": state.source, "backend": state.backend, "accel": state.accel,
         "image": state.image, "started_at": state.started_at, "run_dir": state.dir,
         "warnings": state.warnings, "networks": state.networks, "uploads": state.uploads,
+        "captures": [{"guest": c.guest, "nic": c.nic, "purpose": c.purpose, "pid": c.owner,
+                      "running": pid_alive(c.owner)} for c in capture.active(state)],
         "hosts": {h["name"]: {k: v for k, v in h.items() if k != "name"} for h in state.hosts.values()},
         "guests": [{"name": g.name, "state": g.state, "host": g.host, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid,
                     "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name),
@@ -212,10 +217,14 @@ def print_lab(state: LabState) -> None:
         title += f" · kernel {next(iter(releases.values())) or '?'}"
     t = Table(title=Text(title), title_justify="left")
     placed = any(h.get("name") != "local" for h in state.hosts.values())
+    captured = {c.label for c in capture.active(state) if pid_alive(c.owner)}
+    statuses = guest_statuses(state)
+    marks = {(g.name, str(n.get("name"))): _net_marks(g.name, n, captured) for g in statuses for n in g.nics}
+    shown = any(marks.values())
     for col in ("guest", *(["host"] if placed else []), *(["kernel"] if several else []), "state", "ssh", "gdb",
-                "nic", "model", "driver", "address", "network"):
+                "nic", "model", "driver", "address", "network", *(["link / impairment"] if shown else [])):
         t.add_column(col)
-    for g in guest_statuses(state):
+    for g in statuses:
         first = True
         for n in g.nics or [{}]:
             host = [(g.host or "") if first else ""] if placed else []
@@ -223,10 +232,26 @@ def print_lab(state: LabState) -> None:
             cells = [g.name if first else "", *host, *kernel, g.state if first else "", g.ssh if first else "",
                      (g.gdb or "") if first else "",
                      str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
-                     str(n.get("ip") or ""), str(n.get("network", ""))]
+                     str(n.get("ip") or ""), str(n.get("network", "")),
+                     *([marks.get((g.name, str(n.get("name"))), "")] if shown else [])]
             t.add_row(*(Text(c) for c in cells))  # guest text (drivers from READY) is never markup
             first = False
     out.print(t)
+
+
+def _net_marks(guest: str, nic: dict[str, Any], captured: set[str]) -> str:
+    """``down · delay 50ms, loss 2% · capturing``: what is in force on a NIC besides its plain link."""
+    parts = []
+    if nic.get("link") == "down":
+        parts.append("link down")
+    if nic.get("impair"):
+        try:
+            parts.append(Impairment.from_dict(nic["impair"]).describe())
+        except ValueError:
+            parts.append("impaired")
+    if f"{guest}.{nic.get('name')}" in captured:
+        parts.append("capturing")
+    return " · ".join(parts)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

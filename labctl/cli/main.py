@@ -12,14 +12,18 @@ from typing import NoReturn
 from labctl import __version__
 from labctl.cli import (
     access,
+    capture_cmd,
     check_cmd,
     class_cmd,
     compare_cmd,
     doctor,
     gdb_cmd,
+    graph_cmd,
     images,
+    impair_cmd,
     kernel_cmd,
     lifecycle_cmds,
+    link_cmd,
     oops_cmd,
     report_cmds,
     restore_cmds,
@@ -48,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     access.register(sub)
     check_cmd.register(sub)
     class_cmd.register(sub)
+    capture_cmd.register(sub)
+    impair_cmd.register(sub)
+    link_cmd.register(sub)
+    graph_cmd.register(sub)
     images.register(sub)
     kernel_cmd.register(sub)
     restore_cmds.register(sub)

@@ -40,6 +40,7 @@ The rules (checked against Linux 6.1's Kconfig files)::
     the NIC driver as a module (m)              a step's ``nic:`` driver share (perf)  warn
     MODULES / NET_SCH_NETEM / RPS               a step command's modprobe|insmod /     warn
                                                 netem / rps_cpus
+    NET_SCH_NETEM                               a NIC's or a step's impair             warn
 
 A module (``m``) counts as present: labctl's initramfs loads the disk,
 fw_cfg and NIC drivers, the guest's init modprobes the power-button and
@@ -62,6 +63,7 @@ from typing import Any, Literal
 
 from labctl.errors import Problem
 from labctl.lab.model import Lab, Nic
+from labctl.lab.netopts import LinkSpec
 from labctl.lab.nics import NIC_MODELS
 from labctl.lab.steps import Step, TraceSpec, render
 from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
@@ -286,6 +288,9 @@ def lab_requirements(lab: Lab) -> list[Requirement]:
         for nic in g.nics:
             line = lines.of(nic.line, "guests", g.name, "nics", nic.index, "model")
             out.append(_nic_rule(nic.model).at(g.name, line, f"{gpath}.nics[{nic.index}].model"))
+            if nic.impair is not None:
+                line = lines.of(nic.line, "guests", g.name, "nics", nic.index, "impair")
+                out.append(RULES["netem"].at(g.name, line, f"{gpath}.nics[{nic.index}].impair"))
     for i, step in enumerate(lab.steps):
         out += _step_requirements(lab, i, step, lines)
     return list(dict.fromkeys(out))  # a matrix may repeat one need at one place
@@ -308,9 +313,16 @@ def _step_requirements(lab: Lab, index: int, step: Step, lines: _Lines) -> list[
     if step.gdb is not None:
         need("debug_info", step.gdb.guest, "gdb")
     for j, run in enumerate(step.run):
+        if isinstance(run, LinkSpec):
+            continue
         for key, pattern in (("modules", _MODULE_COMMAND), ("netem", _NETEM_COMMAND), ("rps", _RPS_COMMAND)):
             if pattern.search(run.command):
                 need(key, run.guest, "run", j, "command")
+    for imp in step.impair:
+        for row in step.variants():
+            guest = render(imp.nic, row, {}, quote=False).partition(".")[0]
+            if guest in lab.guests:
+                need("netem", guest, "impair")
     for guest, nic in _nics_under_test(lab, step):
         traced = step.trace.get(guest)
         if traced is not None and traced.perf_record is not None:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
 
@@ -48,7 +49,8 @@ class Nic:
     ``model`` is the canonical NIC model name; ``mac`` is lower-case
     ``xx:xx:xx:xx:xx:xx``; ``mtu`` is the NIC's own MTU or else its
     network's (None: leave the default); ``index`` is the 0-based position
-    in the guest's ``nics`` list; ``line`` is where the NIC starts in the file.
+    in the guest's ``nics`` list; ``line`` is where the NIC starts in the file;
+    ``impair`` is what netem does to its egress from ``up`` to ``down`` (None: nothing).
     """
 
     name: str
@@ -60,6 +62,7 @@ class Nic:
     mtu: int | None
     index: int
     line: int = 0
+    impair: Impairment | None = None
 
     @property
     def nic_model(self) -> NicModel:
@@ -77,6 +80,7 @@ class Nic:
             "queues": self.queues,
             "mtu": self.mtu,
             "index": self.index,
+            "impair": self.impair.to_dict() if self.impair else None,
         }
 
 
@@ -84,7 +88,8 @@ class Nic:
 class Network:
     """One lab network (an isolated L2 segment).
 
-    ``members`` are the ``(guest, nic)`` names attached to it, in lab order.
+    ``members`` are the ``(guest, nic)`` names attached to it, in lab order;
+    ``capture`` the members whose traffic every step captures.
     """
 
     name: str
@@ -92,6 +97,7 @@ class Network:
     members: tuple[tuple[str, str], ...]
     description: str = ""
     line: int = 0
+    capture: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable view."""
@@ -100,6 +106,7 @@ class Network:
             "mtu": self.mtu,
             "description": self.description,
             "members": [list(member) for member in self.members],
+            "capture": [list(member) for member in self.capture],
         }
 
 

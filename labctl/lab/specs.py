@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
 
@@ -30,6 +31,7 @@ class NicSpec:
     mac_line: int
     queues: int
     mtu: int | None
+    impair: Impairment | None = None
 
     @property
     def label(self) -> str:
@@ -61,5 +63,8 @@ class NetSpec:
     mtu: int | None
     description: str
     line: int
+    capture_all: bool = False  # capture: true
+    capture: tuple[str, ...] = ()  # capture: [GUEST.NIC, ...]
+    capture_line: int = 0
 
 

@@ -18,6 +18,7 @@
             ready_after: 1              # background only: wait before going on
           - guest: a
             command: iperf3 -c {{server}} -R -t 10 -J
+        impair: {a.eth1: {loss: "{{loss}}"}}   # for the step's duration (labctl.lab.netopts)
         trace:                          # per guest
           a:
             perf_record: {events: [cpu-clock], call_graph: false, frequency: 999, target: system}
@@ -27,8 +28,12 @@
             mpstat: true
             skb_latency: true           # per-packet stage latency (or {buffer_kb: 16384}); not with ftrace
             stats: true                 # statistics snapshots before/after (default true)
+            capture: [eth1]             # pcapng of these NICs (true: all of a's) in the bundle
 
-``{{name}}`` in commands, ``nic`` and ftrace filters is replaced by the
+A ``run`` entry may also be ``{link: GUEST.NIC, state: down}`` (QMP
+``set_link``); links and impairments a step changes are put back when it ends.
+
+``{{name}}`` in commands, ``nic``, ``impair``, ``link`` and ftrace filters is replaced by the
 matrix row's value (shell-quoted in commands); ``{{GUEST.NIC.ip}}`` by that
 NIC's address. Unknown names are reported with their line.
 """
@@ -42,17 +47,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.lab.checker import Checker, close_match
+from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs, trace_capture
 from labctl.lab.specs import GuestSpec
 from labctl.lab.yamlpos import YamlMap
 
-_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb")
+_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair")
 MAX_REPEAT = 100
 _GDB_KEYS = ("guest", "break", "hits", "step", "step_mode", "registers", "backtrace", "timeout")
 STEP_MODES = ("line", "into", "instruction")
 _LOCATION = re.compile(r"[A-Za-z0-9_.:*+/-]{1,200}")
 _REGISTER = re.compile(r"[a-z0-9]{2,8}")
 _RUN_KEYS = ("guest", "command", "background", "timeout", "ready_after")
-_TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "skb_latency", "stats")
+_TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "skb_latency", "stats", "capture")
 _SKB_LATENCY_KEYS = ("buffer_kb",)
 _PERF_RECORD_KEYS = ("events", "call_graph", "frequency", "target")
 _PERF_STAT_KEYS = ("events",)
@@ -114,6 +120,7 @@ class TraceSpec:
     mpstat: float | None = None  # sampling interval in seconds
     stats: bool = True
     skb_latency: SkbLatency | None = None
+    capture: tuple[str, ...] = ()  # NIC names whose traffic goes into the bundle as pcapng
 
 
 @dataclass(frozen=True)
@@ -136,11 +143,12 @@ class Step:
     description: str
     matrix: tuple[dict[str, str], ...]  # each row has a "label"
     nic: str | None  # template "guest.nic"
-    run: tuple[RunSpec, ...]
+    run: tuple[RunSpec | LinkSpec, ...]
     trace: dict[str, TraceSpec]
     line: int
     gdb: GdbStep | None = None
     repeat: int = 1  # runs of each variant
+    impair: tuple[StepImpair, ...] = ()  # impairments for the step's duration
 
     def variants(self) -> list[dict[str, str]]:
         """The matrix rows, or one empty row when the step has no matrix."""
@@ -242,13 +250,16 @@ class StepParser:
             self._templates(nic, known, m.value_line("nic"), f"{path}.nic")
             self._check_nic(nic, matrix, m.value_line("nic"), f"{path}.nic")
         repeat = c.integer(m, "repeat", path, (1, MAX_REPEAT))
-        run = self._runs(m, path, known)
+        run = self._runs(m, path, known, matrix)
         trace = self._traces(m, path, known, matrix)
         gdb = self._gdb(m, path, known, matrix)
+        impair = step_impairs(c, m, path, lambda text, line, where: self._templates(text, known, line, where),
+                              lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
+                              lambda nic, line, where: self._check_nic(nic, matrix, line, where))
         if name is None:
             return None
         return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb,
-                    repeat or 1)
+                    repeat or 1, impair)
 
     def _each_row(self, template: str, matrix: tuple[dict[str, str], ...], check: Any, line: int,
                   path: str) -> bool:
@@ -343,9 +354,10 @@ class StepParser:
                 self.check.add(line, path, f"'{value}' is not a lab NIC (write GUEST.NIC, e.g. a.eth1)")
                 return
 
-    def _runs(self, m: YamlMap, path: str, known: set[str]) -> tuple[RunSpec, ...]:
+    def _runs(self, m: YamlMap, path: str, known: set[str],
+              matrix: tuple[dict[str, str], ...]) -> tuple[RunSpec | LinkSpec, ...]:
         c = self.check
-        out = []
+        out: list[RunSpec | LinkSpec] = []
         seq = c.sequence(m, "run", path)
         if "run" in m and not seq:
             c.add(m.value_line("run"), f"{path}.run", "a step needs at least one command")
@@ -353,6 +365,12 @@ class StepParser:
             rpath = f"{path}.run[{i}]"
             r = c.mapping(item, seq.item_line(i), rpath, allow_null=False)
             if r is None:
+                continue
+            if "link" in r:
+                link = link_spec(c, r, rpath, lambda text, line, where: self._templates(text, known, line, where),
+                                 lambda nic, line, where: self._check_nic(nic, matrix, line, where))
+                if link is not None:
+                    out.append(link)
                 continue
             c.keys(r, rpath, _RUN_KEYS, ("guest", "command"))
             guest = self._guest(r, "guest", rpath)
@@ -411,7 +429,7 @@ class StepParser:
                 continue
             body = c.mapping(tm[guest], tm.value_line(guest), gpath)
             if body is not None:
-                out[str(guest)] = self._trace(body, gpath, known, matrix)
+                out[str(guest)] = self._trace(body, gpath, known, matrix, self.guests[str(guest)])
         return out
 
     def _section(self, body: YamlMap, key: str, path: str, keys: tuple[str, ...]) -> YamlMap | None:
@@ -426,7 +444,8 @@ class StepParser:
             self.check.keys(sec, f"{path}.{key}", keys)
         return sec
 
-    def _trace(self, body: YamlMap, path: str, known: set[str], matrix: tuple[dict[str, str], ...]) -> TraceSpec:
+    def _trace(self, body: YamlMap, path: str, known: set[str], matrix: tuple[dict[str, str], ...],
+               guest: GuestSpec) -> TraceSpec:
         c = self.check
         c.keys(body, path, _TRACE_KEYS)
         pr = self._section(body, "perf_record", path, _PERF_RECORD_KEYS)
@@ -471,4 +490,4 @@ class StepParser:
                 c.add(body.key_line("skb_latency"), f"{path}.skb_latency",
                       "skb_latency records with ftrace itself: trace ftrace events in another step")
         return TraceSpec(perf_record, perf_stat, ftrace, self._strings(body, "kprobes", path, _SYMBOL, "function"),
-                         mpstat, self._bool(body, "stats", path, True), skb)
+                         mpstat, self._bool(body, "stats", path, True), skb, trace_capture(c, body, path, guest))

@@ -30,6 +30,7 @@ from labctl.lab.model import (
     Network,
     Nic,
 )
+from labctl.lab.netopts import check_captures, network_capture, nic_impairment
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
@@ -56,12 +57,12 @@ MAX_NETWORKS = 64
 _TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "hosts", "networks", "guests", "steps",
              "checks")
 _TOP_REQUIRED = ("name", "networks", "guests")
-_NETWORK_KEYS = ("mtu", "description")
+_NETWORK_KEYS = ("mtu", "description", "capture")
 _GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup")
 _HOST_KEYS = ("uri", "address")
 _HOST_REQUIRED = ("uri",)
 _HOSTS_BACKEND = "libvirt"
-_NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu")
+_NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu", "impair")
 _NIC_REQUIRED = ("name", "model", "network")
 
 _LAB_NAME = LAB_NAME
@@ -95,6 +96,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
     networks = _parse_networks(check, data)
     guests = _parse_guests(check, data, networks)
     _check_placement(check, data, header, hosts, guests)
+    check_captures(check, networks, guests)
     nics = [nic for guest in guests.values() for nic in guest.nics]
     _check_spans(check, hosts, guests, networks, nics)
     check_ips(check, nics)
@@ -257,7 +259,8 @@ def _parse_networks(check: Checker, data: YamlMap) -> dict[str, NetSpec]:
         check.keys(body, path, _NETWORK_KEYS)
         mtu = check.integer(body, "mtu", path, (68, 65535))
         description = check.string(body, "description", path) or ""
-        result[name] = NetSpec(name, mtu, description, line)
+        capture_all, capture = network_capture(check, body, path)
+        result[name] = NetSpec(name, mtu, description, line, capture_all, capture, body.value_line("capture"))
     return result
 
 
@@ -404,6 +407,7 @@ def _parse_nic(
         mac=_nic_mac(check, m, path), mac_line=m.value_line("mac"),
         queues=_nic_queues(check, m, path, model),
         mtu=check.integer(m, "mtu", path, (68, 65535)),
+        impair=nic_impairment(check, m, path),
     )
 
 
@@ -506,7 +510,8 @@ def _resolve_networks(networks: dict[str, NetSpec], guests: dict[str, GuestSpec]
         for nic in guest.nics:
             members[_req(nic.network)].append((guest.name, _req(nic.name)))
     return {
-        name: Network(name, spec.mtu, tuple(members[name]), spec.description, spec.line)
+        name: Network(name, spec.mtu, tuple(members[name]), spec.description, spec.line,
+                      tuple(m for m in members[name] if spec.capture_all or f"{m[0]}.{m[1]}" in spec.capture))
         for name, spec in networks.items()
     }
 
@@ -529,7 +534,7 @@ def _resolve_nic(nic: NicSpec, networks: dict[str, NetSpec]) -> Nic:
     mtu = nic.mtu if nic.mtu is not None else networks[network].mtu
     return Nic(
         name=_req(nic.name), model=_req(nic.model), network=network, ip=nic.ip,
-        mac=_req(nic.mac), queues=nic.queues, mtu=mtu, index=nic.index, line=nic.line,
+        mac=_req(nic.mac), queues=nic.queues, mtu=mtu, index=nic.index, line=nic.line, impair=nic.impair,
     )
 
 

@@ -8,6 +8,11 @@ unix datagram socket in the run directory:
 * ``switch``: a network with three or more gets labctl's L2 switch
   (:mod:`labctl.net.switch`) and every member sends to the switch;
 * ``alone``: a single member sends to a socket nobody binds.
+* ``tap``: a network with a multiqueue NIC (``queues`` > 1), when labctl runs
+  as root with the qemu backend: each member is a tap device (one queue per
+  NIC queue) on a bridge, both in a network namespace of the lab's own
+  (:mod:`labctl.up.taps`), so nothing of it is on the host's network. QEMU
+  gets the tap's queues as file descriptors, and the guest real multiqueue.
 
 Guests on a remote libvirt host have no run directory there, and guests on
 different hosts share no file system, so their links are UDP:
@@ -38,6 +43,7 @@ DIRECT = "unix-dgram"
 SWITCH = "switch"
 ALONE = "alone"
 UDP = "udp-tunnel"
+TAP = "tap"
 
 
 @dataclass(frozen=True)
@@ -52,13 +58,27 @@ class UdpAddr:
 
 
 @dataclass(frozen=True)
+class TapDev:
+    """A tap device with ``queues`` queues on ``bridge``, in the lab's network namespace;
+    ``fds`` are its queues' file descriptors once labctl opened them (QEMU inherits them)."""
+
+    name: str
+    bridge: str
+    queues: int
+    fds: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"tap {self.name} on bridge {self.bridge}" + (f" ({self.queues} queues)" if self.queues > 1 else "")
+
+
+@dataclass(frozen=True)
 class Port:
-    """One lab NIC's attachment: its own socket and where it sends."""
+    """One lab NIC's attachment: its own socket (or tap) and where it sends."""
 
     guest: str
     nic: str
     network: str
-    local: Path | UdpAddr
+    local: Path | UdpAddr | TapDev
     remote: Path | UdpAddr | None
 
 
@@ -90,10 +110,11 @@ def free_udp_port() -> int:
 
 
 def plan_networks(lab: Lab, net_dir: Path, hosts: dict[str, HostPlace] | None = None,
-                  udp_port: Callable[[], int] = free_udp_port) -> dict[str, Segment]:
+                  udp_port: Callable[[], int] = free_udp_port, taps: bool = False) -> dict[str, Segment]:
     """Assign every NIC an endpoint and pick each network's mechanism.
 
-    ``hosts`` maps guests to their hosts (None: every guest on this machine).
+    ``hosts`` maps guests to their hosts (None: every guest on this machine);
+    ``taps``: networks with a multiqueue NIC may be tap networks (root, qemu backend).
 
     :raise UsageError: for a network labctl cannot wire across its hosts.
     """
@@ -104,8 +125,24 @@ def plan_networks(lab: Lab, net_dir: Path, hosts: dict[str, HostPlace] | None = 
         if len(places) > 1 or any(p.remote for p in places.values()):
             segments[name] = _udp_segment(name, members, hosts or {}, udp_port)
             continue
+        if taps and needs_tap(lab, members):
+            segments[name] = _tap_segment(lab, idx, name, members)
+            continue
         segments[name] = _unix_segment(lab, idx, name, members, net_dir)
     return segments
+
+
+def needs_tap(lab: Lab, members: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> bool:
+    """True when a member NIC asks for several queues (only a tap gives them)."""
+    return any(lab.guests[g].nic(n).queues > 1 for g, n in members)
+
+
+def _tap_segment(lab: Lab, idx: int, name: str, members: list[tuple[str, str]]) -> Segment:
+    """A network of taps on one bridge (names fit IFNAMSIZ: ``lt<net>m<member>``, ``lb<net>``)."""
+    bridge = f"lb{idx}"
+    ports = tuple(Port(g, n, name, TapDev(f"lt{idx}m{j}", bridge, lab.guests[g].nic(n).queues), None)
+                  for j, (g, n) in enumerate(members))
+    return Segment(name, TAP, ports, None)
 
 
 def _unix_segment(lab: Lab, idx: int, name: str, members: list[tuple[str, str]], net_dir: Path) -> Segment:

@@ -48,6 +48,7 @@ from labctl.report.document import (
     txt,
 )
 from labctl.report.flames import flame_blocks
+from labctl.report.network import per_cpu_blocks, reassembly_blocks, step_network_blocks, topology_blocks
 from labctl.report.skb import latency_blocks
 from labctl.report.tracepoints import symbols_note, tracepoint_blocks
 
@@ -413,6 +414,7 @@ def step_section(root: Path, step: Mapping[str, Any], index: int) -> Section:
                            _step_meta(step, step_dir)]
     if guests:
         blocks += [Heading(4, "Guests"), guests_table(guests)]
+    blocks += step_network_blocks(step)
     blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests) + timeline_blocks(guests, step_dir)
     blocks += warning_blocks(step, guests) + [Heading(4, "Raw artifacts")] + artifact_links(root, step_dir)
     return Section(tuple(blocks), "step failed" if failed else "step", f"step-{index}")
@@ -471,8 +473,9 @@ def run_artifact_blocks(run: Run) -> list[Block]:
 
 def build_document(run: Run) -> list[Block]:
     """The whole report as blocks (writing the flame graph SVG files into the bundle on the way)."""
-    return (header_blocks(run) + results_blocks(run) + cost_blocks(run) + tracepoint_blocks(run)
-            + flame_blocks(run) + latency_blocks(run) + steps_blocks(run) + commands_blocks(run)
+    return (header_blocks(run) + topology_blocks(run) + results_blocks(run) + cost_blocks(run)
+            + tracepoint_blocks(run) + reassembly_blocks(run) + per_cpu_blocks(run) + flame_blocks(run)
+            + latency_blocks(run) + steps_blocks(run) + commands_blocks(run)
             + run_artifact_blocks(run))
 
 

@@ -82,13 +82,21 @@ class Graphic:
 
 
 @dataclass(frozen=True)
+class Picture:
+    """A drawing: ``svg`` (inline, no xmlns) for HTML, ``mermaid`` (a Mermaid flowchart) for Markdown."""
+
+    svg: str
+    mermaid: str
+
+
+@dataclass(frozen=True)
 class Section:
     blocks: tuple[Block, ...]
     cls: str = ""
     anchor: str | None = None
 
 
-Block = Heading | Para | Bullets | Meta | Table | Charts | Graphic | Section
+Block = Heading | Para | Bullets | Meta | Table | Charts | Graphic | Picture | Section
 
 
 def txt(text: object, style: str = "") -> Inline:

@@ -11,7 +11,20 @@ from html import escape
 from urllib.parse import quote
 
 from labctl import __version__
-from labctl.report.document import Block, Bullets, Charts, Graphic, Heading, Inline, Meta, Para, Section, Span, Table
+from labctl.report.document import (
+    Block,
+    Bullets,
+    Charts,
+    Graphic,
+    Heading,
+    Inline,
+    Meta,
+    Para,
+    Picture,
+    Section,
+    Span,
+    Table,
+)
 from labctl.report.flamescript import SCRIPT, script_csp_source
 
 CSS = """
@@ -60,6 +73,8 @@ dd { margin: 0; overflow-wrap: anywhere; }
 .charts figure { margin: 0; background: var(--card); border: 1px solid var(--line); border-radius: 8px;
                  padding: 14px 16px 8px; }
 svg.chart { display: block; max-width: 100%; height: auto; }
+figure.topology { margin: 12px 0 8px; background: var(--card); border: 1px solid var(--line); border-radius: 8px;
+                  padding: 10px 12px; overflow-x: auto; }
 section.step { background: var(--card); border: 1px solid var(--line); border-radius: 10px; padding: 18px 22px;
                margin: 18px 0; }
 section.step.failed { border: 2px solid var(--bad); box-shadow: 0 0 0 3px var(--bad-bg); }
@@ -125,6 +140,8 @@ def html_block(block: Block) -> str:
         link = f' <a href="{escape(quote(block.href))}">{escape(block.href)}</a>' if block.href else ""
         return (f'<figure class="graphic">\n<div class="graphic-wrap">{block.svg}</div>\n'
                 f"<figcaption>{html_inline(block.caption)}{link}</figcaption>\n</figure>")
+    if isinstance(block, Picture):
+        return f'<figure class="topology">\n{block.svg}\n</figure>'
     anchor = f' id="{escape(block.anchor)}"' if block.anchor else ""
     return f"<section{_cls(block.cls)}{anchor}>\n" + "\n".join(html_block(b) for b in block.blocks) + "\n</section>"
 

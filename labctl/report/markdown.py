@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from urllib.parse import quote
 
 from labctl import __version__
-from labctl.report.document import Block, Bullets, Charts, Graphic, Heading, Inline, Meta, Para, Span, Table
+from labctl.report.document import Block, Bullets, Charts, Graphic, Heading, Inline, Meta, Para, Picture, Span, Table
 
 MD_SPECIAL = re.compile(r"([\\`*_\[\]<>&#~])")
 
@@ -71,6 +71,8 @@ def md_block(block: Block) -> list[str]:
     if isinstance(block, Graphic):
         link = f" ([{md_escape(block.href)}]({quote(block.href)}))" if block.href else ""
         return [md_inline(block.caption) + link]
+    if isinstance(block, Picture):
+        return ["```mermaid", *block.mermaid.rstrip("\n").split("\n"), "```"]
     return [line for i, b in enumerate(block.blocks) for line in ([""] if i else []) + md_block(b)]
 
 

@@ -23,6 +23,8 @@ class StepResult:
     repeat: int = 1  # which run of the variant (1..repeats)
     repeats: int = 1  # the step's repeat
     window_s: float | None = None  # the step's workload window (its commands), seconds
+    captures: list[dict[str, Any]] = field(default_factory=list)  # one per captured NIC (labctl.steps.network)
+    network: dict[str, Any] | None = None  # impairments in force and links changed during the step
 
     def fail(self, reason: str) -> None:
         if self.status != "failed":

@@ -30,11 +30,13 @@ from labctl.debug.crash import console_end, panicked
 from labctl.errors import GuestError, LabctlError, UsageError
 from labctl.events import StepEvents
 from labctl.lab.model import Lab
+from labctl.lab.netopts import LinkSpec
 from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, render_trace
 from labctl.ssh import Session
 from labctl.steps import copyback
 from labctl.steps import tracers as tr
 from labctl.steps.hostcost import HostWatch
+from labctl.steps.network import StepNetwork, captured_nics, link_guest
 from labctl.steps.result import StepResult
 from labctl.trace.hostcost import WINDOW_END, WINDOW_START
 from labctl.up.runstate import LabState
@@ -172,23 +174,30 @@ class Runner:
         t0 = time.monotonic()
         nic_guest = self._nic(step, row, res)
         gdb_guest = [step.gdb.guest] if step.gdb else []
-        involved = list(dict.fromkeys([*(r.guest for r in step.run), *step.trace,
-                                       *([nic_guest] if nic_guest else []), *gdb_guest]))
+        involved = list(dict.fromkeys([*(link_guest(r, row) if isinstance(r, LinkSpec) else r.guest
+                                         for r in step.run), *step.trace,
+                                       *([nic_guest] if nic_guest else []), *gdb_guest,
+                                       *(g for g, _ in captured_nics(self.lab, step))]))
         res.guests = involved
         workdir = f"{GUEST_ROOT}/{step.name}-{label or NO_VARIANT}" + (f"-r{repeat}" if repeat > 1 else "")
         bg: list[tuple[str, str]] = []
         gdb = None
         watch: HostWatch | None = None
+        net = StepNetwork(self.lab, self.state, self.backend, self.dir, self.ssh)
         try:
             try:
+                net.begin(step, row, rel, res)
                 self._prepare(involved, workdir, step, res)
                 gdb = self._start_gdb(step, row, rel, res)
                 watch = self._window_start(involved, workdir, rel)
-                self._run_commands(step, row, workdir, res, bg)
+                self._run_commands(step, row, workdir, res, bg, net)
             finally:
                 self._window_end(watch, involved, workdir, res)
                 self._join_gdb(gdb, res)
-                self._finish(step, involved, workdir, res, bg, nic_guest)
+                try:
+                    self._finish(step, involved, workdir, res, bg, nic_guest)
+                finally:
+                    net.end(res)
         except KeyboardInterrupt:
             res.fail("interrupted (Ctrl-C)")
             self._collect(involved, workdir, rel, res)
@@ -351,9 +360,12 @@ class Runner:
                        "message": t.message, "transcript": "gdb-transcript.txt"}
 
     def _run_commands(self, step: Step, row: dict[str, str], workdir: str, res: StepResult,
-                      bg: list[tuple[str, str]]) -> None:
+                      bg: list[tuple[str, str]], net: StepNetwork) -> None:
         wrapped: set[str] = set()
         for i, spec in enumerate(step.run):
+            if isinstance(spec, LinkSpec):
+                self._link(i, spec, row, step, res, net)
+                continue
             command = render(spec.command, row, self.addresses, quote=True)
             trace = step.trace.get(spec.guest)
             if (not spec.background and trace and trace.perf_record and trace.perf_record.target == "command"
@@ -367,12 +379,25 @@ class Runner:
             else:
                 self._run_foreground(i, spec, command, workdir, step, res)
 
-    def _record(self, i: int, spec: RunSpec, command: str, step: Step, res: StepResult,
-                status: int | None, started: str, duration: float) -> None:
-        entry = {"guest": spec.guest, "step": step.name, "variant": res.variant, "index": i,
-                 "command": command, "background": spec.background, "status": status,
-                 "duration_s": round(duration, 3), "started_at": started}
+    def _record(self, i: int, spec: RunSpec | LinkSpec, command: str, step: Step, res: StepResult,
+                status: int | None, started: str, duration: float, guest: str | None = None) -> None:
+        entry = {"guest": guest or getattr(spec, "guest", None), "step": step.name, "variant": res.variant,
+                 "index": i, "command": command, "background": getattr(spec, "background", False),
+                 "status": status, "duration_s": round(duration, 3), "started_at": started}
         self.commands.append(entry)
+
+    def _link(self, i: int, spec: LinkSpec, row: dict[str, str], step: Step, res: StepResult,
+              net: StepNetwork) -> None:
+        """A step's link entry: QMP set_link on the host, recorded as a command of the run."""
+        started, t0 = now(), time.monotonic()
+        guest = link_guest(spec, row)
+        try:
+            command = net.link(spec, row, res)
+        except LabctlError:
+            self._record(i, spec, f"link {render(spec.nic, row, {}, quote=False)}", step, res, 1, started,
+                         time.monotonic() - t0, guest)
+            raise
+        self._record(i, spec, command, step, res, 0, started, time.monotonic() - t0, guest)
 
     def _run_foreground(self, i: int, spec: RunSpec, command: str, workdir: str, step: Step,
                         res: StepResult) -> None:

@@ -76,7 +76,8 @@ def tracers(spec: TraceSpec) -> list[Tracer]:
 
         out.append(Tracer("skb-latency", "trace-cmd", record_argv(spec.skb_latency.buffer_kb), signal="banner"))
     if spec.mpstat is not None:
-        out.append(Tracer("mpstat", "mpstat", ["mpstat", "-o", "JSON", str(int(spec.mpstat))], "mpstat.json"))
+        out.append(Tracer("mpstat", "mpstat", ["mpstat", "-P", "ALL", "-o", "JSON", str(int(spec.mpstat))],
+                          "mpstat.json"))
     return out
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from labctl.trace.netfigures import network_figures
 from labctl.trace.parsers import (
     PerfReport,
     Throughput,
@@ -291,7 +292,8 @@ def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | 
     traced it: see :func:`labctl.trace.skblatency.summarize`), ``perf_events`` (what perf
     recorded, sampling events and tracepoints apart), ``tracepoints`` (counts per event,
     command and CPU, rates over ``window_s``: :mod:`labctl.trace.tpcounts`), ``snmp`` (the nstat
-    counters that moved) and ``warnings``. ``driver_modules`` are
+    counters that moved), the network figures of :func:`labctl.trace.netfigures.network_figures`
+    and ``warnings``. ``driver_modules`` are
     module names as in lsmod (``8139cp``, ``virtio_net``). Optional inputs
     (``perf-record.log`` for an exact sample count, ``kprobe_profile.txt``)
     cause no warning when absent. Raises nothing for missing or odd files.
@@ -319,6 +321,7 @@ def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | 
     }
     if recording is not None:
         figures["perf_events"] = recording
+    figures.update(network_figures(guest_dir))
     skb = _skb_latency(g)
     if skb is not None:
         figures["skb_latency"] = skb

@@ -44,6 +44,7 @@ NIC_SNAPSHOTS: dict[str, str] = {
     "ethtool-g": "ethtool -g {nic}",
     "ethtool-c": "ethtool -c {nic}",
     "ethtool-k": "ethtool -k {nic}",
+    "link": "ip -s -j link show dev {nic}",
 }
 """Stem prefix -> command template for the per-NIC snapshots (``<prefix>-<nic>``)."""
 
@@ -168,6 +169,27 @@ def parse_ethtool_stats(text: str) -> dict[str, int]:
     return out
 
 
+def parse_link_stats(text: str) -> dict[str, int]:
+    """``ip -s -j link show dev NIC`` as ``{"rx_packets": 12, "tx_bytes": ..., "rx_dropped": ...}``.
+
+    Every integer under ``stats64`` (else ``stats``) ``rx``/``tx``, prefixed
+    with its direction. Anything else (an error message) gives an empty dict.
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    link = doc[0] if isinstance(doc, list) and doc and isinstance(doc[0], dict) else {}
+    stats = link.get("stats64") or link.get("stats") or {}
+    out: dict[str, int] = {}
+    for direction in ("rx", "tx"):
+        counters = stats.get(direction) if isinstance(stats, dict) else None
+        for name, value in (counters or {}).items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                out[f"{direction}_{name}"] = value
+    return out
+
+
 def parse_ethtool_info(text: str) -> dict[str, str]:
     """``ethtool -i`` output as ``{"driver": "8139cp", "bus-info": ...}``.
 
@@ -288,6 +310,7 @@ _KINDS: dict[str, _Delta] = {
     "interrupts": lambda b, a: _delta_interrupts(parse_interrupts(b), parse_interrupts(a)),
     "softirqs": lambda b, a: _delta_softirqs(parse_softirqs(b), parse_softirqs(a)),
     "ethtool-S": lambda b, a: _changed(parse_ethtool_stats(b), parse_ethtool_stats(a)),
+    "link": lambda b, a: _changed(parse_link_stats(b), parse_link_stats(a)),
 }
 """Snapshot kind -> delta function. Kinds not listed (netstat -s, ss, ethtool
 -i/-g/-c/-k) are descriptive and get no delta."""

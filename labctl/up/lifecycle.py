@@ -41,18 +41,18 @@ from labctl.kernel import prepare as kernel_prep
 from labctl.kernel.store import Kernel
 from labctl.lab.hosts import HostPlace, place_guests
 from labctl.lab.model import Guest, Lab
-from labctl.net.plan import SWITCH, UDP, Segment, plan_networks
+from labctl.net.plan import SWITCH, TAP, UDP, Port, Segment, TapDev, plan_networks
 from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing, spawn, stop_pid
 from labctl.ssh import Endpoint, Session
-from labctl.up import guestconf, snapshots, warm
+from labctl.up import guestconf, netctl, netstate, snapshots, taps, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
-from labctl.up.tsc import host_tsc_khz
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
+from labctl.up.tsc import host_tsc_khz
 
 DEFAULT_BOOT_TIMEOUT = 180.0
 
@@ -97,6 +97,8 @@ class LabUp:
         self.switches: list[SwitchRecord] = []
         self.snaps: dict[str, str] = {}  # guest -> its snapshot key (qemu backend)
         self.warm: dict[str, snapshots.Snapshot] = {}  # guests restored instead of booted
+        self.netns: str | None = None  # the lab's network namespace, for tap networks
+        self.tap_fds: list[int] = []  # labctl's copies of the taps' queues, closed once QEMU has them
         self.warnings: list[str] = []
         self._stop_waits = threading.Event()
 
@@ -202,16 +204,19 @@ class LabUp:
         state.save()
         client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.ident}")
         net = self.backend.network_dir(self.dir, self.lab.ident, self.hosts)
-        segments = plan_networks(self.lab, net.path, self.hosts)
+        no_taps = taps.unavailable(self.backend.name)
+        segments = plan_networks(self.lab, net.path, self.hosts, taps=no_taps is None)
         state.networks = {n: seg.to_dict(self.hosts) for n, seg in segments.items()}
         for seg in segments.values():
             if seg.mechanism == SWITCH:
                 self._start_switch(seg, state, net.owner)
+        segments = self._make_taps(segments, state)
         for g in self.lab.guests.values():
             for nic in g.nics:
-                if nic.queues > 1:
-                    self._warn(f"{g.name}.{nic.name}: queues={nic.queues} needs a multi-queue link (tap); "
-                               "the dgram link gives the guest one queue pair")
+                if nic.queues > 1 and segments[nic.network].mechanism != TAP:
+                    self._warn(f"{g.name}.{nic.name}: queues={nic.queues} needs a multi-queue link (tap), "
+                               f"which is not possible here ({no_taps or 'a UDP tunnel'}); the dgram link "
+                               "gives the guest one queue pair")
         plans = [self._plan(g, accel, segments, client.public_line) for g in self.lab.guests.values()]
         state.warm = sorted(self.warm)
         state.uploads = self.backend.prepare(plans)
@@ -221,15 +226,43 @@ class LabUp:
             self.records[p.guest.name] = self._start_guest(p)
             state.save()
             self.events.guest_phase(p.guest.name, "booting")
+        taps.close(tuple(self.tap_fds))  # QEMU holds the taps now
+        self.tap_fds = []
         # After the starts: a retried start moves the guest to new ports.
         (self.dir / "known_hosts").write_text(
             "".join(known_hosts_line(self.records[p.guest.name].ssh_port,
                                      (p.host_key.with_name(p.host_key.name + ".pub")).read_text().strip()) + "\n"
                     for p in plans))
         self._wait_all(state)
+        self._impair(state)
         state.phase = UP
         state.save()
         return state
+
+    def _make_taps(self, segments: dict[str, Segment], state: LabState) -> dict[str, Segment]:
+        """The lab's namespace (recorded first), its bridges and taps; segments whose taps have descriptors."""
+        tapped = {n: seg for n, seg in segments.items() if seg.mechanism == TAP}
+        if not tapped:
+            return segments
+        self.netns = state.netns = taps.netns_name(self.dir)
+        state.save()
+        bridges = sorted({p.local.bridge for seg in tapped.values() for p in seg.ports if isinstance(p.local, TapDev)})
+        taps.create_netns(self.netns, bridges)
+        out = dict(segments)
+        for name, seg in tapped.items():
+            ports = []
+            for p in seg.ports:
+                assert isinstance(p.local, TapDev)
+                dev = taps.open_tap(self.netns, p.local)
+                self.tap_fds += dev.fds
+                ports.append(Port(p.guest, p.nic, p.network, dev, None))
+            out[name] = Segment(seg.network, seg.mechanism, tuple(ports), None)
+        return out
+
+    def _impair(self, state: LabState) -> None:
+        """Put the lab file's impairments in force (netem in each guest, once it answers SSH)."""
+        for (guest, nic), imp in netctl.lab_impairments(state).items():
+            netctl.apply_impairment(state, guest, nic, imp)
 
     def _unencrypted_problems(self, segments: dict[str, Segment]) -> list[Problem]:
         """Links across hosts are plain UDP: anyone who reaches the port can read
@@ -391,6 +424,9 @@ class LabUp:
                 pass
         _stop_switches(self.switches)
         kill_pids(pids_referencing(self.dir))  # a QEMU or switch started but not yet recorded
+        taps.close(tuple(self.tap_fds))
+        if self.netns:
+            taps.delete_netns(self.netns)
         failures = release_owned(self.dir)
         if failures:
             self._warn(f"{failures[0].message}; run 'labctl down {self.lab.ident}' once it is reachable")
@@ -465,6 +501,7 @@ def down(lab_name: str, timeout: float = 10.0,
         except LabStateError:
             if d.exists():
                 kill_pids(pids_referencing(d))
+                taps.delete_netns(taps.netns_name(d))
                 _finish_down(lab_name, d)
                 return
             raise
@@ -484,6 +521,8 @@ def down(lab_name: str, timeout: float = 10.0,
                 on_guest(name)
         _stop_switches(state.switches)
         kill_pids(pids_referencing(d))  # anything started but never recorded (a killed up)
+        if state.netns:
+            taps.delete_netns(state.netns)
         _finish_down(lab_name, d, errors)
 
 
@@ -517,6 +556,7 @@ class GuestStatus:
 def guest_statuses(state: LabState) -> list[GuestStatus]:
     """Live status of every guest of a lab that is up."""
     backend = get_backend(state.backend)
+    record = netstate.load(state.path)
     out = []
     for name, rec in state.guests.items():
         try:
@@ -527,7 +567,9 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
         st = "crashed" if crashed(console) else "unreachable" if alive is None else "running" if alive else "stopped"
         if state.phase != UP:
             st = "incomplete" if state.incomplete else "starting"
-        nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], "")}
+        nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], ""),
+                 "link": "up" if record.link_up(name, n["name"]) else "down",
+                 "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {}}
                 for n in state.resolved["guests"][name]["nics"]]
         gdb = rec.gdb
         host = state.hosts.get(name, {}).get("name")

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import qemu_pids_under

@@ -141,3 +141,36 @@ def test_snapshot_keys_are_shared_by_instances_and_follow_the_lab(tmp_path: Path
     nic = dataclasses.replace(plan.guest.nics[0], model="e1000")
     assert key(dataclasses.replace(plan, guest=dataclasses.replace(plan.guest, nics=(nic,)))) != key(plan)
     assert key(dataclasses.replace(plan, guest=dataclasses.replace(plan.guest, memory=1024))) != key(plan)
+
+
+def test_multiqueue_network_is_taps_on_a_bridge_only_when_allowed(tmp_path: Path) -> None:
+    """queues: 2 makes the rps lab's 'multi' network a tap network (root, qemu backend); the
+    other network stays a direct link, and without taps everything is dgram."""
+    from labctl.net.plan import TAP, TapDev
+
+    lab = load_lab(ROOT / "labs" / "rps.yaml")
+    segs = plan_networks(lab, tmp_path, taps=True)
+    assert segs["single"].mechanism == DIRECT and segs["multi"].mechanism == TAP
+    devs = [p.local for p in segs["multi"].ports]
+    assert devs == [TapDev("lt1m0", "lb1", 2), TapDev("lt1m1", "lb1", 2)]
+    assert all(len(d.name) <= 15 for d in devs)
+    assert {s.mechanism for s in plan_networks(lab, tmp_path).values()} == {DIRECT}
+    assert "lt1m1 on bridge lb1 (2 queues)" in str(segs["multi"].to_dict()["ports"])
+
+
+def test_tap_netdev_takes_the_inherited_queues_and_virtio_gets_mq(tmp_path: Path) -> None:
+    import dataclasses
+
+    from labctl.backends.qemu.argv import lab_nic_args
+    from labctl.net.plan import TapDev
+
+    lab = load_lab(ROOT / "labs" / "rps.yaml")
+    port = plan_networks(lab, tmp_path, taps=True)["multi"].ports[1]
+    port = dataclasses.replace(port, local=dataclasses.replace(port.local, fds=(7, 8)))
+    assert isinstance(port.local, TapDev)
+    nic = lab.guests["receiver"].nic("eth2")
+    assert lab_nic_args(nic, port) == ["-netdev", "tap,id=lab1,fds=7:8,vhost=off",
+                                       "-device", f"virtio-net-pci,netdev=lab1,mac={nic.mac},mq=on,vectors=6"]
+    single = dataclasses.replace(port, local=dataclasses.replace(port.local, queues=1, fds=(9,)))
+    assert lab_nic_args(nic, single)[1] == "tap,id=lab1,fd=9,vhost=off"
+    assert not lab_nic_args(nic, single)[3].endswith("vectors=6")

@@ -194,7 +194,10 @@ def test_artifact_links_are_relative_and_quoted(tmp_path: Path) -> None:
 def test_svg_charts_are_well_formed(tmp_path: Path, name: str) -> None:
     run, _, html = rendered(tmp_path, name)
     svgs = re.findall(r"<svg\b.*?</svg>", html, re.DOTALL)
-    assert len(svgs) == 4
+    assert len(svgs) == 5  # the topology picture first, then the four charts
+    topology, svgs = ET.fromstring(svgs[0]), svgs[1:]
+    assert topology.get("id") == "topology"
+    assert {"a", "b"} <= {t.text for t in topology.iter("text")}
     labels = ["baseline", "transfer / rtl8139", "transfer / e1000"] if name == FAILED else \
         ["rtl8139", "e1000", "virtio-net-pci"]
     for svg in svgs:

@@ -242,3 +242,136 @@ def test_the_window_opens_after_the_tracers_and_closes_after_the_commands(lab_st
     after = next(i for i, c in enumerate(a) if "stats/after" in c)
     assert before < start < command < end < after
     assert all(r.window_s is not None and r.window_s >= 0 for r in runner.results)
+
+
+NET_LAB = """\
+name: unet
+networks: {lan: {capture: [b.eth1]}}
+guests:
+  a: {nics: [{name: eth1, model: e1000, network: lan, ip: 10.5.0.1/24, impair: {delay: 5ms}}]}
+  b: {nics: [{name: eth1, model: virtio, network: lan, ip: 10.5.0.2/24}]}
+steps:
+  - name: lossy
+    matrix: [{label: p10, loss: 10%}]
+    impair: {a.eth1: {loss: "{{loss}}"}}
+    run:
+      - {guest: a, command: "ping -c 1 {{b.eth1.ip}}"}
+      - {link: a.eth1, state: down}
+      - {guest: a, command: "true"}
+"""
+
+
+class FakeQemu(FakeBackend):
+    """QMP of guests booted 100 s ago: filter-dump writes two frames (0.1 and 0.2 s after it is added)
+    stamped as QEMU 7.2 does, and the monitor reads the PM timer and the HPET."""
+
+    def __init__(self, capture_dir: Path) -> None:
+        super().__init__()
+        import time
+
+        self.dir, self.calls, self.origin = capture_dir, [], time.time() - 100.0
+        self.frame_times: list[float] = []
+
+    def capture_dir(self, rec: GuestRecord) -> Path:
+        return self.dir
+
+    def qemu_log(self, rec: GuestRecord) -> Path | None:
+        return None
+
+    def qmp(self, rec: GuestRecord, command: str, args: Any = None) -> Any:
+        import struct
+        import time
+
+        from labctl.net.vmclock import HPET_HZ, PM_TIMER_HZ, PM_TIMER_WRAP
+
+        self.calls.append((rec.name, command, args))
+        now = time.time()
+        if command == "object-add":
+            start_ts = int(time.mktime(time.gmtime(int(now))))
+            frames = b""
+            for delay in (0.1, 0.2):
+                raw = start_ts * 1_000_000 + round((now + delay - self.origin) * 1e6)
+                frames += struct.pack("<IIII", raw // 1_000_000, raw % 1_000_000, 60, 60) + bytes(60)
+                self.frame_times.append(now + delay)
+            Path(args["file"]).write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1) + frames)
+            return {}
+        if command == "human-monitor-command":
+            vm = now - self.origin
+            if args["command-line"].startswith("i "):
+                return f"portl[0x0608] = {round(vm * PM_TIMER_HZ) % PM_TIMER_WRAP:#010x}\r\n"
+            return f"00000000fed000f0: {round((vm - 0.9) * HPET_HZ):#018x}\r\n"
+        if command in ("object-del", "set_link"):
+            return {}
+        return super().qmp(rec, command, args)
+
+
+def test_a_step_impairs_captures_and_takes_a_link_down_then_puts_everything_back(tmp_path: Path) -> None:
+    from labctl.net.pcap import read_pcapng
+    from labctl.up import netstate
+
+    lab = load_lab_text(NET_LAB, "unet.yaml")
+    run_dir = tmp_path / "run"
+    guests = {g: GuestRecord(name=g, backend="qemu", pid=1, dir=str(run_dir / g), console=str(run_dir / g / "c"),
+                             qmp="", ssh_port=2200, accel="tcg") for g in lab.guests}
+    for g in guests:
+        (run_dir / g).mkdir(parents=True)
+        (run_dir / g / "c").write_text("")
+    state = LabState(lab="unet", source="unet.yaml", dir=str(run_dir), backend="qemu", accel="tcg", image={},
+                     started_at="now", guests=guests, resolved=lab.to_dict())
+    with netstate.update(run_dir) as record:  # what up put in force: the lab file's delay
+        record.set_impairment("a", "eth1", lab.guests["a"].nic("eth1").impair)
+    backend = FakeQemu(tmp_path / "qemu")
+    backend.dir.mkdir()
+    runner, log = _runner(lab, state, tmp_path / "bundle", lambda g, c: 0, backend)
+    (result,) = runner.run()
+    assert result.status == "ok", result.reason
+
+    a = [c for g, c in log if g == "a"]
+    first_ping = next(i for i, c in enumerate(a) if "ping -c 1 10.5.0.2" in c)
+    assert a.index("tc qdisc replace dev eth1 root netem loss 10%") < first_ping  # in force for the commands
+    tc = [i for i, c in enumerate(a) if c.startswith("tc qdisc")]
+    assert a[tc[-1]] == "tc qdisc replace dev eth1 root netem delay 5ms"  # the lab file's put back ...
+    assert "stats/after" in a[tc[-1] - 1]  # ... once the step's figures are taken
+    links = [(g, args) for g, cmd, args in backend.calls if cmd == "set_link"]
+    assert links == [("a", {"name": "lab0", "up": False}), ("a", {"name": "lab0", "up": True})]
+    assert [c["command"] for c in runner.commands] == ["ping -c 1 10.5.0.2", "labctl link unet a eth1 down", "true"]
+    assert result.network == {"impair": {"a.eth1": {"loss": "10%"}}, "links": {"a.eth1": "down"}}
+    after = netstate.load(run_dir)
+    assert after.impair == {"a.eth1": {"delay": "5ms"}} and after.links == {}
+
+    # b.eth1 was captured (the network's capture), its frames moved to real time; QEMU's filter removed.
+    (cap,) = result.captures
+    assert (cap["guest"], cap["nic"], cap["frames"], cap["calibrated"]) == ("b", "eth1", 2, True)
+    frames = list(read_pcapng(tmp_path / "bundle" / cap["file"]))
+    assert [f.interface for f in frames] == ["b.eth1"] * 2
+    for f, real in zip(frames, backend.frame_times, strict=True):
+        assert abs(f.ts_us / 1e6 - real) < 0.005
+    added = [args["id"] for g, cmd, args in backend.calls if cmd == "object-add"]
+    assert [args["id"] for g, cmd, args in backend.calls if cmd == "object-del"] == added
+    assert list(backend.dir.iterdir()) == [] and list((run_dir / "captures").iterdir()) == []
+
+
+def test_a_filter_that_always_straddles_a_second_is_kept_and_said(tmp_path: Path, monkeypatch: Any) -> None:
+    """A busy host where adding the filter always crosses a wall-clock second: the fifth filter stays."""
+    import time
+
+    from labctl.up import capture
+
+    lab = load_lab_text(NET_LAB, "unet.yaml")
+    run_dir = tmp_path / "run"
+    (run_dir / "b").mkdir(parents=True)
+    rec = GuestRecord(name="b", backend="qemu", pid=1, dir=str(run_dir / "b"), console="", qmp="",
+                      ssh_port=2200, accel="tcg")
+    state = LabState(lab="unet", source="unet.yaml", dir=str(run_dir), backend="qemu", accel="tcg", image={},
+                     started_at="now", guests={"b": rec}, resolved=lab.to_dict())
+    backend = FakeQemu(tmp_path / "qemu")
+    backend.dir.mkdir()
+    clock = iter(float(1_700_000_000 + i) + 0.9 for i in range(100))  # every call a second later
+    monkeypatch.setattr(time, "time", lambda: next(clock))
+    cap = capture.start(state, backend, "b", "eth1", purpose="step")
+    calls = [c for _, c, _ in backend.calls if c.startswith("object")]
+    assert calls == ["object-add", "object-del"] * 4 + ["object-add"]  # the last one is in place
+    assert any("may be off" in n for n in cap.notes)
+    monkeypatch.undo()
+    assert any("may be off" in w for w in capture.stop(state, backend, cap))
+    assert [c for _, c, _ in backend.calls][-1] == "object-del"

@@ -14,6 +14,7 @@ from labctl.trace.stats import (
     parse_ethtool_info,
     parse_ethtool_stats,
     parse_interrupts,
+    parse_link_stats,
     parse_nstat,
     parse_snmp,
     parse_softirqs,
@@ -42,9 +43,10 @@ def test_snapshot_commands_cover_every_kind_and_nic() -> None:
     for nic in ("eth1", "eth2"):
         for kind in "Sigck":
             assert cmds[f"ethtool-{kind}-{nic}"] == f"ethtool -{kind} {nic} 2>&1"
+        assert cmds[f"link-{nic}"] == f"ip -s -j link show dev {nic} 2>&1"
     assert cmds["nstat"].startswith("nstat -a -s -z")  # absolute, history untouched
     assert all(c.endswith(" 2>&1") for c in cmds.values())
-    assert len(cmds) == 9 + 2 * 5
+    assert len(cmds) == 9 + 2 * 6
 
 
 def test_snapshot_commands_match_the_recorded_files() -> None:
@@ -55,7 +57,8 @@ def test_snapshot_commands_match_the_recorded_files() -> None:
 def test_snapshot_commands_quote_nic_names() -> None:
     cmds = snapshot_commands(["we ird;x"])
     assert cmds["ethtool-S-we ird;x"] == f"ethtool -S {shlex.quote('we ird;x')} 2>&1"
-    assert snapshot_commands([]) == {k: v for k, v in cmds.items() if not k.startswith("ethtool")}
+    assert cmds["link-we ird;x"] == f"ip -s -j link show dev {shlex.quote('we ird;x')} 2>&1"
+    assert snapshot_commands([]) == {k: v for k, v in cmds.items() if not k.startswith(("ethtool", "link-"))}
 
 
 # --------------------------------------------------------------------------- softnet
@@ -184,6 +187,14 @@ def test_delta_matches_what_the_workload_sent() -> None:
     assert delta["snmp"]["Udp"]["OutDatagrams"] == 16600 + 19800
     assert delta["nstat"]["UdpOutDatagrams"] == 16600 + 19800
     assert delta["snmp"]["Icmp"]["OutEchos"] == 2000  # ping -f -c 2000
+
+
+def test_link_delta_counts_the_five_pings() -> None:
+    """link-eth1 comes from another guest: five pings, five echo requests out and five replies in."""
+    delta = snapshot_delta(BEFORE, AFTER)
+    assert delta["link-eth1"] == {"rx_packets": 5, "tx_packets": 5, "rx_bytes": 490, "tx_bytes": 490}
+    assert parse_link_stats(read(BEFORE / "link-eth1.txt"))["tx_packets"] == 32
+    assert parse_link_stats("Device \"eth9\" does not exist.") == {}
 
 
 def test_delta_keeps_only_changed_counters() -> None:

@@ -379,6 +379,22 @@ class LibvirtBackend:
                 if pool is not None and storage.delete_volume(pool, entry["name"]):
                     log.info("deleted volume %s on %s", entry["name"], where(entry["uri"], entry.get("host")))
 
+    def capture_dir(self, rec: GuestRecord) -> Path:
+        """The guest's directory on its host (QEMU's user's, 0700), when that host is this machine.
+
+        :raise HostError: for a guest on a remote host.
+        """
+        if rec.extra.get("remote"):
+            raise HostError(f"guest {rec.name} runs on remote host {rec.extra.get('host')}: labctl captures "
+                            "only on guests of this machine",
+                            hint="capture the NIC at the other end of its link (a UDP tunnel carries every frame "
+                                 "of the link), or run the guest on this machine")
+        return Path(hostfs.guest_run_dir(str(rec.extra["domain"])))
+
+    def qemu_log(self, rec: GuestRecord) -> Path | None:
+        """libvirt's log of the domain (``/var/log/libvirt/qemu/<name>.log``) for a guest of this machine."""
+        return None if rec.extra.get("remote") else LOG_DIR / f"{rec.extra['domain']}.log"
+
     def exit_reason(self, rec: GuestRecord) -> str:
         """From libvirt's log of the domain (``/var/log/libvirt/qemu/<name>.log``)."""
         path = LOG_DIR / f"{rec.extra['domain']}.log"

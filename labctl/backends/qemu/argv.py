@@ -10,7 +10,7 @@ import os
 
 from labctl.backends.base import MGMT_NET, GuestPlan
 from labctl.lab.model import Nic
-from labctl.net.plan import Port, UdpAddr
+from labctl.net.plan import Port, TapDev, UdpAddr
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
 # (7.1 s vs 8.6 s to SSH-ready), but with acpi=noirq its MP table makes PCI
@@ -106,15 +106,35 @@ def _dgram_addr(side: str, addr: object) -> str:
     return f"{side}.type=unix,{side}.path={opt(addr)}"
 
 
+def netdev_id(nic: Nic) -> str:
+    """The QEMU id of a lab NIC's netdev (``set_link`` and ``filter-dump`` name it), on either backend."""
+    return f"lab{nic.index}"
+
+
 def lab_nic_args(nic: Nic, port: Port) -> list[str]:
-    netdev = f"dgram,id=lab{nic.index},{_dgram_addr('local', port.local)}"
+    model = nic.nic_model
+    device = f"{model.qemu_device},netdev={netdev_id(nic)},mac={nic.mac}"
+    if isinstance(port.local, TapDev):
+        return ["-netdev", _tap_netdev(nic, port.local), "-device", device + _multiqueue(nic, port.local)]
+    netdev = f"dgram,id={netdev_id(nic)},{_dgram_addr('local', port.local)}"
     if port.remote is not None:
         netdev += f",{_dgram_addr('remote', port.remote)}"
-    model = nic.nic_model
-    device = f"{model.qemu_device},netdev=lab{nic.index},mac={nic.mac}"
     # ``queues`` > 1 needs a multi-queue netdev (tap); a dgram link has one
     # queue pair, so the guest sees one (labctl up warns about it).
     return ["-netdev", netdev, "-device", device]
+
+
+def _tap_netdev(nic: Nic, tap: TapDev) -> str:
+    """A tap netdev on the queues labctl opened (QEMU inherits the descriptors; it opens nothing)."""
+    fds = ":".join(str(fd) for fd in tap.fds) or "?"
+    return f"tap,id={netdev_id(nic)},{'fds' if len(tap.fds) > 1 else 'fd'}={fds},vhost=off"
+
+
+def _multiqueue(nic: Nic, tap: TapDev) -> str:
+    """virtio-net's options for several queue pairs (MSI-X vectors: one per queue, config and control)."""
+    if tap.queues <= 1 or not nic.nic_model.multiqueue:
+        return ""
+    return f",mq=on,vectors={2 * tap.queues + 2}"
 
 
 def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64") -> list[str]:

@@ -20,6 +20,7 @@ from labctl.backends.monitor import qmp_execute
 from labctl.backends.qemu.argv import build_argv
 from labctl.errors import MachineError, PortTaken
 from labctl.lab.hosts import HostPlace
+from labctl.net.plan import TapDev
 from labctl.paths import ensure_private_dir
 from labctl.proc import pid_alive, pid_cmdline, run, spawn, stop_pid
 
@@ -62,18 +63,24 @@ class QemuBackend:
                           console=str(plan.console), qmp=str(plan.qmp_socket),
                           ssh_port=plan.ssh_port, accel=plan.accel, argv=self.command(plan),
                           gdb=str(plan.gdb_socket))
-        return self._launch(rec)
+        # a tap network's queues: descriptors QEMU inherits (named by number in its argv)
+        fds = [fd for port in plan.ports.values() if isinstance(port.local, TapDev) for fd in port.local.fds]
+        return self._launch(rec, fds)
 
     def restart(self, rec: GuestRecord, incoming: bool) -> GuestRecord:
         """Start a stopped guest again with the command line it was started with, waiting for a
         saved state (``-incoming defer``) when ``incoming``; its new record.
 
         Its sockets, ports and files keep their paths, so its neighbours' links and its SSH
-        endpoint are unchanged.
+        endpoint are unchanged. A guest on a tap network cannot be restarted this way (its
+        queues were descriptors handed to the first QEMU).
 
         :raise MachineError: when QEMU exits at start.
         """
         argv = list(rec.argv)
+        if any(a.startswith("tap,") for a in argv):
+            raise MachineError(f"guest {rec.name} is on a tap network (queues > 1): it cannot be restarted "
+                               "from a saved state, only by taking the lab down and up again")
         while "-incoming" in argv:
             i = argv.index("-incoming")
             del argv[i:i + 2]
@@ -81,12 +88,12 @@ class QemuBackend:
             argv += ["-incoming", "defer"]
         return self._launch(dataclasses.replace(rec, argv=argv, pid=0))
 
-    def _launch(self, rec: GuestRecord) -> GuestRecord:
+    def _launch(self, rec: GuestRecord, fds: list[int] | None = None) -> GuestRecord:
         """Spawn QEMU for ``rec`` and wait until its monitor answers; the record with its pid."""
         qmp_socket = Path(rec.qmp)
         old = os.umask(0o077)  # QMP socket, console and pidfile: owner only
         try:
-            proc = spawn(rec.argv, Path(rec.dir) / "qemu.log")
+            proc = spawn(rec.argv, Path(rec.dir) / "qemu.log", pass_fds=fds or [])
         finally:
             os.umask(old)
         rec = dataclasses.replace(rec, pid=proc.pid)
@@ -149,6 +156,13 @@ class QemuBackend:
         :raise MachineError: when the monitor is unreachable or the command fails.
         """
         return qmp_execute(rec.qmp, command, args)
+
+    def capture_dir(self, rec: GuestRecord) -> Path:
+        """The guest's own run directory (0700, labctl's user, which QEMU runs as)."""
+        return Path(rec.dir)
+
+    def qemu_log(self, rec: GuestRecord) -> Path | None:
+        return Path(rec.dir) / "qemu.log"
 
     def exit_reason(self, rec: GuestRecord) -> str:
         try:

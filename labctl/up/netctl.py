@@ -1,0 +1,93 @@
+"""Changing a running lab's links: impairments (netem in the guest) and link state (QMP ``set_link``).
+
+Used by ``up`` (the lab file's impairments), ``labctl impair``, ``labctl link``
+and the steps runner; every change is recorded in ``network.json``
+(:mod:`labctl.up.netstate`) once it is in force, so ``labctl status`` shows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labctl.backends import get_backend
+from labctl.backends.base import Backend
+from labctl.errors import GuestError, LabStateError, UsageError
+from labctl.lab.checker import close_match
+from labctl.lab.impair import Impairment
+from labctl.net.impair import apply_command
+from labctl.ssh import Session
+from labctl.up import netstate
+from labctl.up.runstate import LabState
+
+APPLY_TIMEOUT = 60.0
+
+
+def lab_nic(state: LabState, guest: str, nic: str) -> dict[str, Any]:
+    """The resolved lab NIC ``guest.nic`` of a lab that is up (its ``index`` names its netdev).
+
+    :raise UsageError: for a guest or NIC the lab does not have (exit 2).
+    """
+    guests = state.resolved.get("guests") or {}
+    if guest not in guests:
+        raise UsageError(f"lab '{state.lab}' has no guest '{guest}'{close_match(guest, guests)}",
+                         hint=f"its guests: {', '.join(guests) or 'none'}")
+    nics = {n["name"]: n for n in guests[guest].get("nics") or []}
+    if nic not in nics:
+        raise UsageError(f"guest {guest} of lab '{state.lab}' has no lab NIC '{nic}'{close_match(nic, nics)}",
+                         hint=f"its lab NICs: {', '.join(nics) or 'none'} (mgmt0 is labctl's own)")
+    return nics[nic]
+
+
+def netdev(state: LabState, guest: str, nic: str) -> str:
+    """The QEMU netdev id of a lab NIC (as :func:`labctl.backends.qemu.argv.netdev_id` names it)."""
+    from labctl.backends.qemu.argv import netdev_id
+    from labctl.lab.model import Nic
+
+    n = lab_nic(state, guest, nic)
+    return netdev_id(Nic(n["name"], n["model"], n["network"], None, n["mac"], 1, None, int(n["index"])))
+
+
+def apply_impairment(state: LabState, guest: str, nic: str, imp: Impairment | None,
+                     session: Session | None = None) -> None:
+    """Put ``imp`` in force on ``guest.nic`` (None or empty: no impairment) and record it.
+
+    :raise UsageError: for an unknown NIC. :raise GuestError: when the guest refuses it.
+    """
+    lab_nic(state, guest, nic)
+    own = session is None
+    s = session or Session(state.endpoint(guest))
+    try:
+        res = s.run(apply_command(nic, imp), timeout=APPLY_TIMEOUT)
+    finally:
+        if own:
+            s.close()
+    if res.status != 0:
+        why = (res.stderr or res.stdout).decode(errors="replace").strip().splitlines()
+        raise GuestError(f"guest {guest} refused the impairment of {nic} ({imp.describe() if imp else 'none'}): "
+                         f"{why[-1] if why else f'tc exited with status {res.status}'}")
+    with netstate.update(state.path) as record:
+        record.set_impairment(guest, nic, imp)
+
+
+def set_link(state: LabState, guest: str, nic: str, up: bool, backend: Backend | None = None) -> None:
+    """Take the NIC's link down or up (the guest sees its carrier go) and record it.
+
+    :raise UsageError: for an unknown NIC. :raise MachineError: when QEMU refuses it.
+    """
+    name = netdev(state, guest, nic)
+    rec = state.guests.get(guest)
+    if rec is None:
+        raise LabStateError(f"lab '{state.lab}' has no running guest '{guest}'")
+    (backend or get_backend(state.backend)).qmp(rec, "set_link", {"name": name, "up": up})
+    with netstate.update(state.path) as record:
+        record.set_link(guest, nic, up)
+
+
+def lab_impairments(state: LabState) -> dict[tuple[str, str], Impairment]:
+    """The impairments the lab file sets on its NICs, by (guest, nic)."""
+    out = {}
+    for gname, g in (state.resolved.get("guests") or {}).items():
+        for n in g.get("nics") or []:
+            if n.get("impair"):
+                out[(gname, n["name"])] = Impairment.from_dict(n["impair"])
+    return out

@@ -1,0 +1,100 @@
+"""What is in force on a lab's links right now, beside its state: impairments, links taken down, captures.
+
+::
+
+    <run dir>/network.json       {"impair": {"a.eth1": {"delay": "20ms"}}, "links": {"a.eth1": "down"}}
+    <run dir>/captures/<id>.json  one live capture: its QEMU filter, file, owner pid (see labctl.up.capture)
+
+``network.json`` is changed by ``up`` (the lab file's impairments), by
+``labctl impair`` and ``labctl link``, and by a step for its duration, from
+any of those processes: each change is read, modified and written back
+under a lock of its own (``.network.lock``), atomically. ``state.json`` is
+``up``'s alone. Both go with the run directory at ``down``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl.lab.impair import Impairment
+from labctl.paths import atomic_write
+
+NETWORK = "network.json"
+LOCK = ".network.lock"
+CAPTURES = "captures"
+
+
+def nic_key(guest: str, nic: str) -> str:
+    """``guest.nic``: how the records name a NIC."""
+    return f"{guest}.{nic}"
+
+
+@dataclass
+class NetRuntime:
+    """Impairments in force (``guest.nic`` -> values) and links that are down (``guest.nic`` -> ``down``)."""
+
+    impair: dict[str, dict[str, Any]] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+
+    def impairment(self, guest: str, nic: str) -> Impairment | None:
+        """The impairment in force on a NIC (None: none)."""
+        values = self.impair.get(nic_key(guest, nic))
+        try:
+            return Impairment.from_dict(values) if values else None
+        except ValueError:
+            return None
+
+    def set_impairment(self, guest: str, nic: str, imp: Impairment | None) -> None:
+        if imp is None or imp.empty:
+            self.impair.pop(nic_key(guest, nic), None)
+        else:
+            self.impair[nic_key(guest, nic)] = imp.to_dict()
+
+    def link_up(self, guest: str, nic: str) -> bool:
+        return self.links.get(nic_key(guest, nic)) != "down"
+
+    def set_link(self, guest: str, nic: str, up: bool) -> None:
+        if up:
+            self.links.pop(nic_key(guest, nic), None)
+        else:
+            self.links[nic_key(guest, nic)] = "down"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"impair": self.impair, "links": self.links}
+
+
+def load(run_dir: Path) -> NetRuntime:
+    """The lab's network record (empty when there is none or it cannot be read)."""
+    try:
+        data = json.loads((run_dir / NETWORK).read_text())
+    except (OSError, ValueError):
+        return NetRuntime()
+    if not isinstance(data, dict):
+        return NetRuntime()
+    impair = data.get("impair") if isinstance(data.get("impair"), dict) else {}
+    links = data.get("links") if isinstance(data.get("links"), dict) else {}
+    return NetRuntime({str(k): v for k, v in impair.items() if isinstance(v, dict)},
+                      {str(k): str(v) for k, v in links.items()})
+
+
+@contextlib.contextmanager
+def update(run_dir: Path) -> Iterator[NetRuntime]:
+    """The lab's network record, written back when the block ends without an error (under the lock).
+
+    :raise OSError: when the run directory is gone or cannot be written.
+    """
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        record = load(run_dir)
+        yield record
+        atomic_write(run_dir / NETWORK, json.dumps(record.to_dict(), indent=2) + "\n", 0o600)
+    finally:
+        os.close(fd)
