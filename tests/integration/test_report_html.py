@@ -85,7 +85,8 @@ def test_dom_holds_the_summary_numbers(tmp_path: Path, name: str) -> None:
         cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL)]
         assert cells[0] == step["name"]
         assert cells[4:8] == [fmt_num(step["figures"][key]) for key, *_ in FIGURES]
-    assert dom.count("<svg") == 4
+    assert dom.count('<figure class="topology">') == 1  # the lab's topology picture heads the page
+    assert dom.count("<svg") == 4 + 1  # the four charts and the topology picture
     assert "<script" not in dom
     if summary["status"] == "failed":
         assert "Run FAILED" in dom and summary["reason"] in dom
