@@ -85,12 +85,6 @@ def rtt_min(text: str) -> float:
     return float(m[1])
 
 
-def rtt_avg(text: str) -> float:
-    m = re.search(r"rtt min/avg/max/mdev = [\d.]+/([\d.]+)/", text)
-    assert m, text
-    return float(m[1])
-
-
 def step(summary: dict[str, Any], name: str, variant: str | None = None) -> dict[str, Any]:
     return next(s for s in summary["steps"] if s["name"] == name and s["variant"] == variant)
 
