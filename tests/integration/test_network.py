@@ -79,10 +79,10 @@ def echoes(path: Path) -> list[tuple[float, str, str, str, str]]:
             tshark(path, "frame.time_epoch", "ip.src", "ip.dst", "icmp.type", "frame.interface_name")]
 
 
-def rtt_min(text: str) -> float:
-    m = re.search(r"rtt min/avg/max/mdev = ([\d.]+)/", text)
+def rtt_stats(text: str) -> dict[str, float]:
+    m = re.search(r"rtt min/avg/max/mdev = ([\d.]+)/([\d.]+)/([\d.]+)/", text)
     assert m, text
-    return float(m[1])
+    return {"min": float(m[1]), "avg": float(m[2]), "max": float(m[3])}
 
 
 def step(summary: dict[str, Any], name: str, variant: str | None = None) -> dict[str, Any]:
@@ -158,10 +158,11 @@ def _check_step_delay(bundle: Path, summary: dict[str, Any]) -> None:
         s = step(summary, "delay", variant)
         assert s["status"] == "ok", s
         assert s["network"]["impair"]["a.eth1"] == {"delay": "50ms" if variant == "delayed" else "0ms"}
-        rtts[variant] = rtt_min((bundle / s["dir"] / "a" / "cmd-0.out").read_text())
-    # Every delayed echo took 50 ms more than the path's floor (minimums: averages carry the
-    # busy host's noise); 1 ms of slack for the floor measured in the other variant.
-    assert rtts["delayed"] >= 50 and rtts["delayed"] >= rtts["plain"] + 49, rtts
+        rtts[variant] = rtt_stats((bundle / s["dir"] / "a" / "cmd-0.out").read_text())
+    # Every delayed echo took at least the 50 ms, and no echo without it came near. (A difference of
+    # averages, or of minimums, carries the busy host's noise: the TCG path's floor moved from 2 to
+    # 5 ms between two variants of one run here.)
+    assert rtts["delayed"]["min"] >= 50 and rtts["plain"]["max"] < 50, rtts
 
 
 def _capture_records(cli: Cli) -> list[Path]:
@@ -223,10 +224,10 @@ def _status_nic(cli: Cli, guest: str, nic: str) -> dict[str, Any]:
 
 
 def _check_impair(cli: Cli) -> None:
-    base = rtt_min(ping(cli, "a", B1, count=3).stdout)
+    base = rtt_stats(ping(cli, "a", B1, count=3).stdout)
     assert cli("impair", LAB, "a", "eth1", "--delay", "50ms", check=True).stdout.strip() == "a.eth1: delay 50ms"
-    delayed = rtt_min(ping(cli, "a", B1, count=3).stdout)
-    assert delayed >= 50 and delayed >= base + 49, (base, delayed)
+    delayed = rtt_stats(ping(cli, "a", B1, count=3).stdout)
+    assert delayed["min"] >= 50 and base["max"] < 50, (base, delayed)
     assert _status_nic(cli, "a", "eth1")["impair"] == {"delay": "50ms"}
     assert "delay 50ms" in cli("status", LAB, check=True).stdout
 
