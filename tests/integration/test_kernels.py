@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import qemu_pids_under
@@ -60,6 +61,7 @@ guests:
 """
 
 
+@pytest.mark.timeout(3600)  # a fresh machine downloads (or builds) the kernel first
 def test_a_debian_kernel_next_to_the_images_kernel(cli: Cli, image: object, tmp_path: Path) -> None:
     lab = tmp_path / "two.yaml"
     lab.write_text(SIDE_BY_SIDE)
@@ -93,6 +95,7 @@ def test_a_debian_kernel_next_to_the_images_kernel(cli: Cli, image: object, tmp_
     assert qemu_pids_under(cli.state_dir) == []
 
 
+@pytest.mark.timeout(3600)  # a fresh machine downloads (or builds) the kernel first
 def test_nic_driver_cost_runs_on_the_rt_kernel(cli: Cli, image: object, tmp_path: Path) -> None:
     text = re.sub(r" -t \d+", " -t 3", (ROOT / "labs" / "nic-driver-cost.yaml").read_text())
     lab = tmp_path / "nic-driver-cost.yaml"
@@ -138,6 +141,7 @@ def _tree_lab(tmp_path: Path, tree: Path) -> Path:
     return lab
 
 
+@pytest.mark.timeout(3 * 3600)  # a fresh machine downloads (or builds) the kernel first
 def test_a_kernel_built_from_source(cli: Cli, image: object, tree_kernel: Path, tmp_path: Path) -> None:
     release = (tree_kernel / "include" / "config" / "kernel.release").read_text().strip()
     assert release.endswith("-labctl-test")
