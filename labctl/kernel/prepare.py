@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,7 @@ from labctl.kernel.store import (
 )
 from labctl.kernel.vmlinux import banner, boot_image, build_id, is_elf
 from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
-from labctl.paths import atomic_write, resource_dir
+from labctl.paths import atomic_write, exclusive, resource_dir
 from labctl.proc import run, run_pipeline, run_pipeline_output
 
 PREPARE_VERSION = "2"  # bump when what is prepared changes for the same inputs
@@ -186,17 +184,9 @@ def _tree_modules(tree: Path) -> list[Path]:
 
 # -- preparing ----------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _lock(key: str) -> Iterator[None]:
+def _lock(key: str) -> contextlib.AbstractContextManager[None]:
     """One preparation of a kernel at a time (another labctl waits for it, then finds it done)."""
-    root = kernels_root()
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / f".{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return exclusive(kernels_root() / f".{key}.lock")
 
 
 def prepare(spec: KernelSpec, opts: Options, reporter: Reporter | None = None) -> Kernel:

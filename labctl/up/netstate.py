@@ -15,16 +15,14 @@ under a lock of its own (``.network.lock``), atomically. ``state.json`` is
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from labctl.lab.impair import Impairment
-from labctl.paths import atomic_write
+from labctl.paths import atomic_write, exclusive
 
 NETWORK = "network.json"
 LOCK = ".network.lock"
@@ -90,11 +88,7 @@ def update(run_dir: Path) -> Iterator[NetRuntime]:
 
     :raise OSError: when the run directory is gone or cannot be written.
     """
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive(run_dir / LOCK):
         record = load(run_dir)
         yield record
         atomic_write(run_dir / NETWORK, json.dumps(record.to_dict(), indent=2) + "\n", 0o600)
-    finally:
-        os.close(fd)

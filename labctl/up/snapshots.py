@@ -27,12 +27,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ from labctl.backends.monitor import qmp_execute, save_state
 from labctl.backends.qemu.argv import build_argv
 from labctl.backends.qemu.backend import qemu_version
 from labctl.errors import LabctlError, MachineError
-from labctl.paths import atomic_write, cache_dir
+from labctl.paths import atomic_write, cache_dir, exclusive
 from labctl.proc import run
 
 FORMAT = "1"  # bump when what a snapshot holds changes
@@ -114,16 +112,8 @@ def find(snapshot_key: str | None) -> Snapshot | None:
     return snap if snap.complete() else None
 
 
-@contextlib.contextmanager
-def _lock(snapshot_key: str) -> Iterator[None]:
-    root = snapshots_root()
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / f".{snapshot_key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def _lock(snapshot_key: str) -> contextlib.AbstractContextManager[None]:
+    return exclusive(snapshots_root() / f".{snapshot_key}.lock")
 
 
 def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], console: Path | None = None) -> Snapshot:
