@@ -10,9 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.cli.images import ensure_image, ensure_kernels
+from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import UpDisplay, console, out, print_json
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
-from labctl.lab import kernels, load_lab
 from labctl.up.capacity import check_capacity
 from labctl.up.classroom import (
     DOWN,
@@ -80,12 +80,7 @@ def _lab_option(p: argparse.ArgumentParser) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     students = read_roster(args.roster)  # bad names: exit 2, with the roster's lines, before anything
-    lab = load_lab(args.file)
-    if args.kernel:
-        try:
-            lab = lab.with_kernel(kernels.from_command_line(args.kernel, Path.cwd()))
-        except ValueError as exc:
-            raise UsageError(f"--kernel: {exc}") from exc
+    lab = load_with_kernel(args.file, args.kernel)
     ClassRecord.refuse_if_exists(lab.name)
     refuse_up_instances(lab.name, students)
     copies = [lab.with_instance(s) for s in students]

@@ -69,17 +69,26 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="start even when the guests may need more memory than the host has available")
 
 
-def load_for_up(args: argparse.Namespace) -> Lab:
+def load_with_kernel(file: str, kernel: str | None) -> Lab:
     """The lab file, with ``--kernel`` for every guest when given.
 
     :raise LabFileError: for a bad lab file. :raise UsageError: for a bad ``--kernel``.
     """
-    lab = load_lab(args.file)
-    if args.kernel:
+    lab = load_lab(file)
+    if kernel:
         try:
-            lab = lab.with_kernel(kernels.from_command_line(args.kernel, Path.cwd()))
+            lab = lab.with_kernel(kernels.from_command_line(kernel, Path.cwd()))
         except ValueError as exc:
             raise UsageError(f"--kernel: {exc}") from exc
+    return lab
+
+
+def load_for_up(args: argparse.Namespace) -> Lab:
+    """The lab file, with ``--kernel`` and ``--instance`` applied.
+
+    :raise LabFileError: for a bad lab file. :raise UsageError: for a bad option.
+    """
+    lab = load_with_kernel(args.file, args.kernel)
     try:
         return lab.with_instance(args.instance)
     except ValueError as exc:
