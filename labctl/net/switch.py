@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
 import socket
 import sys
@@ -49,9 +50,26 @@ class Switch:
             return [] if out == sender else [out]
         return [p for p in self.ports if p != sender]
 
-    def serve(self) -> None:
+    def serve(self, wakeup: int | None = None) -> None:
+        """Forward frames until a signal handler raises.
+
+        The loop never blocks inside ``recvfrom``: a signal that arrives just
+        before a blocking call would not interrupt it, and Python runs its
+        handler only between bytecodes, so the switch would sleep through a
+        SIGTERM. It drains the socket without waiting, then waits in ``poll``
+        on the socket and ``wakeup`` (the fd :func:`signal.set_wakeup_fd`
+        writes to), which a signal makes readable whenever it arrives.
+        """
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        if wakeup is not None:
+            poller.register(wakeup, select.POLLIN)
         while True:
-            frame, sender = self.sock.recvfrom(MAX_FRAME)
+            try:
+                frame, sender = self.sock.recvfrom(MAX_FRAME, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                poller.poll()
+                continue
             for port in self.handle(frame, sender):
                 self.send(frame, port)
 
@@ -94,9 +112,11 @@ def main(argv: list[str]) -> int:
     if args.user:
         become(args.user)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
     sw = Switch(args.socket)
     try:
-        sw.serve()
+        sw.serve(wake_r)
     except KeyboardInterrupt:
         pass
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from labctl.image.recipe import load_recipe
 from labctl.image.store import Image, ImageStore
+from labctl.kernel.prepare import initrd as prepare_initrd
 from labctl.kernel.store import Kernel
 
 
@@ -86,6 +88,26 @@ def virsh(*args: str, uri: str = LIBVIRT_URI, timeout: float = 120) -> subproces
     """``virsh -c URI ARGS...``, output captured as text, never raising on failure."""
     return subprocess.run(["virsh", "-c", uri, *args], capture_output=True, text=True, timeout=timeout,
                           check=False)
+
+
+def pool_volumes_of(image: Image, kernel: Kernel) -> dict[str, tuple[Path, str]]:
+    """The volumes a guest of ``image`` on ``kernel`` needs in libvirt's labctl pool, each
+    named by the sha256 of its content (computed here, not taken from a manifest), and the
+    cached file it must hold, with that sum: the root file system, the kernel, its initramfs for this
+    image and, when the kernel has modules, its modules disk."""
+    def sha(path: Path) -> str:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+
+    files = {f"{image.name}-rootfs.img": image.rootfs, "kernel-boot": kernel.boot,
+             "kernel-initrd": prepare_initrd(kernel, image.initramfs_cpio, image.key)}
+    if kernel.modules_img is not None:
+        files["kernel-modules"] = kernel.modules_img
+    sums = {label: (path, sha(path)) for label, path in files.items()}
+    return {f"{label}-{digest[:16]}": (path, digest) for label, (path, digest) in sums.items()}
 
 
 def require_libvirtd(uri: str = LIBVIRT_URI) -> None:

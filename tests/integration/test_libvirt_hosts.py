@@ -20,9 +20,10 @@ import pytest
 
 from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.up.runstate import LabState
 from tests.conftest import Cli, interrupt
-from tests.integration.conftest import pids_matching, require_libvirtd, virsh, wait_for
+from tests.integration.conftest import pids_matching, pool_volumes_of, require_libvirtd, virsh, wait_for
 
 LOCAL = "qemu:///system"
 POOL = "labctl"
@@ -128,11 +129,10 @@ guests:
     return path
 
 
-def _image_volumes(image: Image) -> dict[str, str]:
-    """volume name -> manifest sha256 of the image's boot files in the pool."""
-    files = image.manifest["files"]
-    return {f"{image.name}-{f}-{files[f]['sha256'][:16]}": files[f]["sha256"]
-            for f in ("vmlinux", "initrd.img", "rootfs.img")}
+def _image_volumes(image: Image, kernel: Kernel) -> dict[str, str]:
+    """volume name -> sha256 of the guest's boot files (root file system, kernel, initramfs,
+    modules) in the pool."""
+    return {name: digest for name, (_path, digest) in pool_volumes_of(image, kernel).items()}
 
 
 def _pool_volumes() -> list[str]:
@@ -162,11 +162,11 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path,
+def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, kernel: Kernel, sshd: Sshd, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     lab = _lab(tmp_path / "hosts2.yaml", "hosts2", sshd.uri)
     assert _leftovers("hosts2") == NOTHING
-    for vol in _image_volumes(image):  # make this run take the upload path
+    for vol in _image_volumes(image, kernel):  # make this run take the upload path
         for name in (vol, vol + ".sha256"):
             if name in _pool_volumes():
                 assert _virsh("vol-delete", name, "--pool", POOL).returncode == 0
@@ -188,7 +188,7 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
 
         # the image reached h2 through the upload path, verified against the manifest's sums
         uploaded = " ".join(st["uploads"])
-        for vol, sha in _image_volumes(image).items():
+        for vol, sha in _image_volumes(image, kernel).items():
             assert f"uploaded {vol} to pool {POOL} on host h2" in uploaded, st["uploads"]
             assert vol in _pool_volumes() and vol + ".sha256" in _pool_volumes()
             assert (POOL_DIR / (vol + ".sha256")).read_text().split()[0] == sha
@@ -236,13 +236,14 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, sshd: Sshd, tm
     assert _leftovers("hosts2") == NOTHING
     assert pids_matching("labctl.backends.libvirt.console") == []
     assert not (cli.state_dir / "labs" / "hosts2").exists()
-    assert all(v in _pool_volumes() for v in _image_volumes(image))  # the image stays for later runs
+    assert all(v in _pool_volumes() for v in _image_volumes(image, kernel))  # the image stays for later runs
 
 
-def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path) -> None:
+def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, kernel: Kernel, sshd: Sshd,
+                                                    tmp_path: Path) -> None:
     lab = _lab(tmp_path / "hosts2i.yaml", "hosts2i", sshd.uri)
     assert _leftovers("hosts2i") == NOTHING
-    rootfs = next(POOL_DIR / v for v in _image_volumes(image) if "rootfs" in v)
+    rootfs = next(POOL_DIR / v for v in _image_volumes(image, kernel) if "rootfs" in v)
     before = rootfs.stat() if (POOL_DIR / (rootfs.name + ".sha256")).exists() else None
     console = cli.state_dir / "labs" / "hosts2i" / "guests" / "b" / "console.log"
     with cli.running("up", str(lab), "--accel", "tcg", *INSECURE) as proc:

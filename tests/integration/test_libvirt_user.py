@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from labctl.image.store import Image
+from labctl.kernel.store import Kernel
 from labctl.up.runstate import LabState
 from tests.conftest import Cli
-from tests.integration.conftest import pids_matching, require_libvirtd, virsh
+from tests.integration.conftest import pids_matching, pool_volumes_of, require_libvirtd, virsh
 
 URI = "qemu:///system"
 POOL_DIR = Path("/var/lib/libvirt/labctl")
@@ -94,20 +95,14 @@ def _private(path: Path, uid: int, mode: int) -> None:
     assert stat.S_IMODE(st.st_mode) & 0o700 == mode & 0o700, f"{path}: {st.st_mode:o}"
 
 
-def _image_volumes(image: Image) -> dict[str, Path]:
-    """pool volume -> the cached image file it must be."""
-    files = image.manifest["files"]
-    return {f"{image.name}-{f}-{files[f]['sha256'][:16]}": image.dir / f
-            for f in ("vmlinux", "initrd.img", "rootfs.img")}
-
-
-def test_qemu_runs_unprivileged_and_the_lab_works(cli: Cli, image: Image, libvirtd: tuple[int, int],
+def test_qemu_runs_unprivileged_and_the_lab_works(cli: Cli, image: Image, kernel: Kernel, libvirtd: tuple[int, int],
                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     uid, gid = libvirtd
     assert uid != 0, ("libvirt runs QEMU as root here: run scripts/libvirt-setup.sh "
                       "(it takes out the old 'QEMU as root' setting)")
     assert _leftovers() == NOTHING
-    for vol in _image_volumes(image):  # make this run place the image: on this machine, a hard link
+    volumes = pool_volumes_of(image, kernel)
+    for vol in volumes:  # make this run place the image: on this machine, a hard link
         for name in (vol, vol + ".sha256"):
             if (POOL_DIR / name).exists():
                 assert virsh("vol-delete", name, "--pool", "labctl", uri=URI).returncode == 0
@@ -120,9 +115,8 @@ def test_qemu_runs_unprivileged_and_the_lab_works(cli: Cli, image: Image, libvir
         state = LabState.load(NAME)
         assert state.networks["link"]["mechanism"] == "unix-dgram" and state.networks["lan"]["mechanism"] == "switch"
         assert state.uploads == []  # nothing was sent: the image volumes are the cached files themselves
-        for vol, cached in _image_volumes(image).items():
+        for vol, (cached, sha) in volumes.items():
             assert (POOL_DIR / vol).stat().st_ino == cached.stat().st_ino, vol
-            sha = image.manifest["files"][cached.name]["sha256"]
             assert (POOL_DIR / (vol + ".sha256")).read_text().split()[0] == sha
 
         # QEMU's real and effective uid (and gid) are libvirt's unprivileged user's
@@ -167,4 +161,4 @@ def test_qemu_runs_unprivileged_and_the_lab_works(cli: Cli, image: Image, libvir
     assert down.returncode == 0, down.stdout + down.stderr
     assert _leftovers() == NOTHING
     assert not (cli.state_dir / "labs" / NAME).exists()
-    assert all((POOL_DIR / v).exists() for v in _image_volumes(image))  # the image stays, as a cache
+    assert all((POOL_DIR / v).exists() for v in volumes)  # the image stays, as a cache

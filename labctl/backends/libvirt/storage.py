@@ -211,16 +211,16 @@ def ensure_kernel(conn: Any, kernel: Kernel, initrd: Path, local: bool = False) 
 def ensure_file(conn: Any, pool: Any, name: str, path: Path, sha256: str, size: int,
                 local: bool) -> tuple[str, float | None]:
     """Volume ``name`` holding ``path`` (read-only 0644, verified by ``sha256``): its path on the
-    host, and how long placing it took (None when it was there already).
+    host, and how long uploading it took (None when nothing was sent: the volume was there
+    already, or it is a hard link to the cached file).
 
     :raise ImageError: when an upload does not read back with that sum.
     """
     secs = None
-    if not _verified(conn, pool, name, sha256):
+    if not _verified(conn, pool, name, sha256) and not (local and link_file(conn, pool, name, path, sha256)):
         t0 = time.monotonic()
-        if not (local and link_file(conn, pool, name, path, sha256)):
-            upload_file(conn, pool, name, path, size, mode="0644")
-            _verify(conn, pool, name, sha256, path)
+        upload_file(conn, pool, name, path, size, mode="0644")
+        _verify(conn, pool, name, sha256, path)
         secs = time.monotonic() - t0
     return str(pool.storageVolLookupByName(name).path()), secs
 
