@@ -2,13 +2,13 @@
 virtio-serial port, reached through a unix socket in the guest's 0700 run directory.
 
 A guest restored from a snapshot still has the keys and the clock of the lab
-that made the snapshot; :func:`adopt` gives it this lab's keys and the host's
-time. The guest's replies are only compared with the expected ``ok`` line.
+that made the snapshot; :func:`install_keys` gives it this lab's keys and
+:func:`set_clock` the host's time. The guest's replies are only compared
+with the expected ``ok`` line.
 """
 
 from __future__ import annotations
 
-import base64
 import socket
 import time
 from pathlib import Path
@@ -65,14 +65,30 @@ def wait_ready(sock_path: Path, timeout: float) -> bool:
     return False
 
 
-def adopt(sock_path: Path, authorized_keys: bytes, host_key: bytes, timeout: float = 20.0) -> None:
-    """Give a restored guest this lab's keys and set its clock to the host's.
+PEM_BEGIN, PEM_END = "-----BEGIN OPENSSH PRIVATE KEY-----", "-----END OPENSSH PRIVATE KEY-----"
+
+
+def keys_command(authorized_keys: bytes, host_key: bytes) -> str:
+    """The agent's ``keys`` line: the client key's type and blob, and the host key's PEM body
+    lines joined by commas (the agent writes both files with shell builtins).
+
+    :raise GuestError: when a key is not an ed25519 public key line / OpenSSH private key.
+    """
+    auth = authorized_keys.decode(errors="replace").split()
+    pem = host_key.decode(errors="replace").strip().splitlines()
+    if len(auth) < 2 or auth[0] != "ssh-ed25519":
+        raise GuestError("the lab's authorized_keys is not an ssh-ed25519 key line")
+    if len(pem) < 3 or (pem[0], pem[-1]) != (PEM_BEGIN, PEM_END):
+        raise GuestError("the guest's host key is not an OpenSSH private key")
+    return f"keys {auth[0]} {auth[1]} {','.join(line.strip() for line in pem[1:-1])}"
+
+
+def install_keys(sock_path: Path, authorized_keys: bytes, host_key: bytes, timeout: float = 20.0) -> None:
+    """Give a restored guest this lab's keys; sshd has reloaded and listens when this returns.
 
     :raise GuestError: when the agent does not do it.
     """
-    b64 = base64.b64encode
-    call(sock_path, f"keys {b64(authorized_keys).decode()} {b64(host_key).decode()}", timeout)
-    set_clock(sock_path, timeout)
+    call(sock_path, keys_command(authorized_keys, host_key), timeout)
 
 
 def set_clock(sock_path: Path, timeout: float = 20.0) -> None:

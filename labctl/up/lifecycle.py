@@ -403,7 +403,7 @@ class LabUp:
         gdir = Path(rec.dir)
         warm.load(Path(rec.qmp), snap.state)
         self.events.guest_phase(name, "ssh")
-        warm.adopt(gdir / "agent.sock", gdir / "authorized_keys", gdir / "ssh_host_ed25519_key")
+        warm.adopt(gdir, snap)
         state.drivers[name] = snap.drivers
         with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
             pass

@@ -59,7 +59,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                     rec = restart(backend, rec, lambda: warm.restore_disk(snap, disk, Path(rec.console)))
                     warm.load(Path(rec.qmp), snap.state)
                     gdir = Path(rec.dir)
-                    warm.adopt(gdir / "agent.sock", gdir / "authorized_keys", gdir / "ssh_host_ed25519_key")
+                    warm.adopt(gdir, snap)
                     how = "snapshot"
                 else:
                     image = Image.at(Path(str(state.image["dir"])))

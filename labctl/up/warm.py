@@ -3,12 +3,14 @@ instead of a boot (warm start, reset), and resuming a restored guest as this lab
 
 A restored guest is made indistinguishable from a booted one: QEMU loads the
 state (its NICs reattach to this lab's links, its management NIC to a new
-SSH port), the guest agent installs this lab's client and host keys and sets
-the wall clock, and the caller then checks SSH with the lab's pinned keys.
+SSH port), the guest agent installs this lab's client and host keys (unless
+the snapshot was made with them) and sets the wall clock, and the caller then
+checks SSH with the lab's pinned keys.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -46,7 +48,8 @@ def snapshot_after_boot(qmp: Path, overlay: Path, agent_socket: Path, snapshot_k
         return (f"guest {guest}: no post-boot snapshot (its agent did not answer: the kernel needs "
                 "CONFIG_VIRTIO_CONSOLE); later ups boot it cold")
     try:
-        return snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers},
+        return snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers,
+                                                           "keys": keys_id(overlay.parent)},
                               console=overlay.parent / "console.log")
     except LabctlError as exc:
         return f"guest {guest}: no post-boot snapshot: {exc.message}"
@@ -64,12 +67,31 @@ def load(qmp: Path, state_file: Path, paused: bool = False) -> float:
     return time.monotonic() - t0
 
 
-def adopt(agent_socket: Path, authorized_keys: Path, host_key: Path) -> None:
-    """Make a guest restored from a snapshot this lab's: its keys and the host's time.
+def keys_id(guest_dir: Path) -> str:
+    """What identifies the SSH keys a guest was given (its client key line and host public key):
+    a snapshot records it, so that a guest restored into the lab that made the snapshot keeps
+    its keys without sshd reloading."""
+    h = hashlib.sha256()
+    for name in ("authorized_keys", "ssh_host_ed25519_key.pub"):
+        try:
+            h.update((guest_dir / name).read_bytes())
+        except OSError:
+            return ""
+    return h.hexdigest()[:32]
+
+
+def adopt(guest_dir: Path, snap: Snapshot) -> None:
+    """Make a guest restored from ``snap`` this lab's: its keys (unless the snapshot already
+    holds them) and the host's time.
 
     :raise GuestError: when its agent does not answer.
     """
-    agent.adopt(agent_socket, authorized_keys.read_bytes(), host_key.read_bytes())
+    sock = guest_dir / "agent.sock"
+    mine = keys_id(guest_dir)
+    if not mine or snap.meta.get("keys") != mine:
+        agent.install_keys(sock, (guest_dir / "authorized_keys").read_bytes(),
+                           (guest_dir / "ssh_host_ed25519_key").read_bytes())
+    agent.set_clock(sock)
 
 
 def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> None:
