@@ -2,15 +2,15 @@
 virtio-serial port, reached through a unix socket in the guest's 0700 run directory.
 
 A guest restored from a snapshot still has the keys and the clock of the lab
-that made the snapshot; :func:`install_keys` gives it this lab's keys and
-:func:`set_clock` the host's time. The guest's replies are only compared
-with the expected ``ok`` line.
+that made the snapshot; :func:`adopt` gives it the host's time and this lab's
+keys. The guest's replies are only compared with the expected ``ok`` line.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from labctl.errors import GuestError
@@ -19,21 +19,28 @@ MAX_REPLY = 4096
 
 
 def call(sock_path: Path, command: str, timeout: float = 10.0) -> None:
-    """Send one command line and wait for its ``ok <command>`` reply.
+    """Send one command line and wait for its ``ok <command>`` reply (see :func:`exchange`)."""
+    exchange(sock_path, [command], timeout)
 
+
+def exchange(sock_path: Path, commands: Sequence[str], timeout: float = 10.0) -> None:
+    """Send command lines at once, over one connection, and wait for each one's ``ok <verb>``
+    reply in turn (the agent answers them in order).
+
+    One connection, because the agent looks for a new one only every 0.1 s.
     Lines left from an earlier, abandoned exchange are skipped.
 
     :raise GuestError: on ``err``, no reply within ``timeout``, or no agent.
     """
-    verb = command.split(" ", 1)[0]
+    verbs = [c.split(" ", 1)[0] for c in commands]
     deadline = time.monotonic() + timeout
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(max(0.1, deadline - time.monotonic()))
             s.connect(str(sock_path))
-            s.sendall(command.encode() + b"\n")
+            s.sendall(b"".join(c.encode() + b"\n" for c in commands))
             buf = b""
-            while time.monotonic() < deadline:
+            while verbs and time.monotonic() < deadline:
                 s.settimeout(max(0.05, deadline - time.monotonic()))
                 chunk = s.recv(512)
                 if not chunk:
@@ -41,16 +48,18 @@ def call(sock_path: Path, command: str, timeout: float = 10.0) -> None:
                 buf += chunk
                 if len(buf) > MAX_REPLY:
                     break
-                while b"\n" in buf:
+                while verbs and b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     reply = line.decode(errors="replace").strip()
-                    if reply == f"ok {verb}":
-                        return
-                    if reply == f"err {verb}":
-                        raise GuestError(f"the guest's agent refused '{verb}'")
+                    if reply == f"ok {verbs[0]}":
+                        verbs.pop(0)
+                    elif reply == f"err {verbs[0]}":
+                        raise GuestError(f"the guest's agent refused '{verbs[0]}'")
+            if not verbs:
+                return
     except OSError as exc:
-        raise GuestError(f"the guest's agent on {sock_path} did not answer '{verb}': {exc}") from exc
-    raise GuestError(f"the guest's agent on {sock_path} did not answer '{verb}' within {timeout:.0f} s")
+        raise GuestError(f"the guest's agent on {sock_path} did not answer '{verbs[0]}': {exc}") from exc
+    raise GuestError(f"the guest's agent on {sock_path} did not answer '{verbs[0]}' within {timeout:.0f} s")
 
 
 def wait_ready(sock_path: Path, timeout: float) -> bool:
@@ -83,15 +92,24 @@ def keys_command(authorized_keys: bytes, host_key: bytes) -> str:
     return f"keys {auth[0]} {auth[1]} {','.join(line.strip() for line in pem[1:-1])}"
 
 
-def install_keys(sock_path: Path, authorized_keys: bytes, host_key: bytes, timeout: float = 20.0) -> None:
-    """Give a restored guest this lab's keys; sshd has reloaded and listens when this returns.
+def adopt(sock_path: Path, keys: tuple[bytes, bytes] | None, timeout: float = 20.0) -> None:
+    """Set a restored guest's clock to the host's and, with ``keys`` (authorized_keys, host
+    key), give it those; sshd has reloaded and listens again when this returns.
+
+    The clock goes first: the host's time is taken as the line is sent, and
+    the reload takes a while.
 
     :raise GuestError: when the agent does not do it.
     """
-    call(sock_path, keys_command(authorized_keys, host_key), timeout)
+    exchange(sock_path, [clock_command()] + ([keys_command(*keys)] if keys else []), timeout)
+
+
+def clock_command() -> str:
+    """The agent's ``clock`` line with the host's time now."""
+    now = time.time_ns()
+    return f"clock {now // 10**9}.{now % 10**9:09d}"
 
 
 def set_clock(sock_path: Path, timeout: float = 20.0) -> None:
     """The guest's wall clock to the host's (a restored guest's clock stopped when it was saved)."""
-    now = time.time_ns()
-    call(sock_path, f"clock {now // 10**9}.{now % 10**9:09d}", timeout)
+    call(sock_path, clock_command(), timeout)

@@ -86,12 +86,11 @@ def adopt(guest_dir: Path, snap: Snapshot) -> None:
 
     :raise GuestError: when its agent does not answer.
     """
-    sock = guest_dir / "agent.sock"
     mine = keys_id(guest_dir)
+    keys = None
     if not mine or snap.meta.get("keys") != mine:
-        agent.install_keys(sock, (guest_dir / "authorized_keys").read_bytes(),
-                           (guest_dir / "ssh_host_ed25519_key").read_bytes())
-    agent.set_clock(sock)
+        keys = ((guest_dir / "authorized_keys").read_bytes(), (guest_dir / "ssh_host_ed25519_key").read_bytes())
+    agent.adopt(guest_dir / "agent.sock", keys)
 
 
 def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> None:

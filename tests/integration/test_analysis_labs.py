@@ -84,7 +84,11 @@ def test_the_whole_cost_of_each_nic_model(nic_cost_run: tuple[Path, Path]) -> No
             # the host profile of that QEMU: TCG-translated guest code, on the vCPU thread
             profile = g["host"]["profile"]
             assert profile["samples"] > 100 and profile["kinds"]["guest code (TCG)"] > 5
-            assert sum(profile["by_role"]["vCPU"].values()) > sum(profile["by_role"].get("main loop", {}).values())
+            # translated guest code runs on the vCPU thread only (the main loop's share varies with the
+            # NIC: for a fast one its socket I/O can outweigh the vCPU)
+            roles = profile["by_role"]
+            assert roles["vCPU"].get("guest code (TCG)", 0) > 5, roles
+            assert all(r.get("guest code (TCG)", 0) == 0 for role, r in roles.items() if role != "vCPU"), roles
         assert cost["host_cpu_s_per_gb"] == pytest.approx(host_total / gb, rel=1e-3)
         assert cost["guest_cpu_s_per_gb"] == pytest.approx(guest_total / gb, rel=1e-3)
         assert step["figures"]["host_cpu_s_per_gb"] == cost["host_cpu_s_per_gb"]
