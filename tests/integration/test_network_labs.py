@@ -47,6 +47,9 @@ def _variants(summary: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
     return {s["variant"] or "_": s for s in summary["steps"] if s["name"] == name}
 
 
+SLACK = 5  # datagrams around the end of an iperf3 test that it does not count but the kernel does
+
+
 def test_ip_fragmentation_reassembly_fails_with_the_loss(cli: Cli, image: object, tmp_path: Path) -> None:
     bundle, summary = _run(cli, _short("ip-fragmentation.yaml", tmp_path, 5), tmp_path / "runs")
     steps = _variants(summary, "lossy-link")
@@ -56,14 +59,17 @@ def test_ip_fragmentation_reassembly_fails_with_the_loss(cli: Cli, image: object
     for v, s in steps.items():
         assert s["network"]["impair"]["sender.eth1"] == {"loss": v.split("-")[1] + "%"}
         assert reasm[v]["ReasmReqds"] > 2 * udp[v]["datagrams"]  # three fragments a datagram
-        assert reasm[v]["ReasmOKs"] + reasm[v]["ReasmFails"] <= udp[v]["datagrams"]
+        # One reassembly outcome a datagram, give or take a few: iperf3 counts the datagrams of its
+        # test period, and the kernel also puts together (or fails to) the few sent around its end;
+        # seen: 226 + 87 of 310 at 10% loss, with 84 datagrams lost.
+        assert reasm[v]["ReasmOKs"] + reasm[v]["ReasmFails"] <= udp[v]["datagrams"] + SLACK, (v, reasm[v], udp[v])
     assert reasm["loss-0"]["ReasmFails"] == 0 and udp["loss-0"]["lost"] == 0
     assert 0 < reasm["loss-2"]["ReasmFails"] < reasm["loss-10"]["ReasmFails"], reasm
     assert reasm["loss-10"]["ReasmTimeout"] > 0  # the incomplete ones expired (ipfrag_time 2 s)
     assert 0 < udp["loss-2"]["lost"] < udp["loss-10"]["lost"], udp
     # The datagrams the application lost are those that could not be put together (or all lost).
     for v in steps:
-        assert udp[v]["lost"] >= reasm[v]["ReasmFails"] - 2, (v, udp[v], reasm[v])
+        assert udp[v]["lost"] >= reasm[v]["ReasmFails"] - SLACK, (v, udp[v], reasm[v])
 
     captured = _variants(summary, "one-run-captured")["_"]
     files = {(c["guest"], c["nic"]): bundle / c["file"] for c in captured["captures"]}
