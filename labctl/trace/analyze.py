@@ -40,6 +40,7 @@ from labctl.trace.parsers import (
     Throughput,
     dso_shares,
     is_tracepoint,
+    iperf3_error,
     parse_iperf3_json,
     parse_kprobe_profile,
     parse_mpstat_json,
@@ -110,18 +111,28 @@ def _numbered(path: Path, pattern: str) -> list[Path]:
 
 
 def _throughput(g: _Guest) -> tuple[Throughput | None, str | None]:
-    """The first iperf3 JSON or wget result among cmd-*.out/err, and its file name."""
+    """The first iperf3 JSON or wget result among cmd-*.out/err, and its file name.
+
+    An iperf3 run that ended in an error is named in a warning with its
+    message as iperf3 wrote it (it may have exited 0 all the same).
+    """
+    found: tuple[Throughput | None, str | None] = (None, None)
     for out in _numbered(g.path, "cmd-*.out"):
         err = out.with_suffix(".err")
         for candidate in (out, err):
             text = g.text(candidate.name, optional=True)
             if text is None:
                 continue
+            error = iperf3_error(text)
+            if error is not None:
+                g.warnings.append(f"{candidate.name}: iperf3 failed: {error}")
+                continue
             result = parse_iperf3_json(text) or parse_wget(text)
-            if result is not None and result.bps is not None:
-                return result, candidate.name
-    g.warnings.append("cmd-*.out/err: no iperf3 JSON or wget transfer found")
-    return None, None
+            if found[0] is None and result is not None and result.bps is not None:
+                found = (result, candidate.name)
+    if found[0] is None:
+        g.warnings.append("cmd-*.out/err: no iperf3 JSON or wget transfer found")
+    return found
 
 
 def _module_dso(module: str) -> str:

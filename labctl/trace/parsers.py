@@ -326,6 +326,17 @@ def parse_iperf3_json(text: str) -> Throughput | None:
                       bool(start.get("reverse", 0)), start.get("protocol"))
 
 
+def iperf3_error(text: str) -> str | None:
+    """The ``"error"`` an ``iperf3 -J`` run ended with, or None.
+
+    iperf3 3.12 exits 0 after some of its errors (a lost UDP set-up datagram,
+    esnet/iperf#862), so its JSON is the only place that says the test failed.
+    """
+    doc = _json_object(text)
+    error = doc.get("error") if doc is not None and isinstance(doc.get("start"), dict) else None
+    return str(error) if error else None
+
+
 _WGET_DONE = re.compile(r"\((\d+(?:\.\d+)?) ([KMG]?)(B|b)/s\) - .*? saved \[(\d+)(?:/(\d+))?\]")
 
 

@@ -164,3 +164,18 @@ def test_empty_and_garbage_files(tmp_path: Path) -> None:
     for expected in ("mpstat.json: no", "perf-report.txt: no perf report rows", "trace-stat.txt: no",
                      "softnet_stat.txt: no softnet rows"):
         assert expected in warnings
+
+
+def test_an_iperf3_error_is_named_even_when_it_exited_0(tmp_path: Path) -> None:
+    # iperf3 3.12 after a lost UDP set-up datagram: exit status 0, an empty "end" and an "error".
+    guest = tmp_path / "a"
+    guest.mkdir()
+    shutil.copy(FIX / "misc" / "iperf3-refused.json", guest / "cmd-1.out")
+    got = guest_figures(guest, DRIVERS)
+    assert got["throughput_mbit_s"] is None
+    assert "cmd-1.out: iperf3 failed: unable to connect to server: Connection refused" in got["warnings"]
+    # A later run that worked still gives the figure, and the failed one stays named.
+    shutil.copy(GUEST / "cmd-0.out", guest / "cmd-2.out")
+    got = guest_figures(guest, DRIVERS)
+    assert got["throughput_source"] == "cmd-2.out (iperf3)"
+    assert "cmd-1.out: iperf3 failed: unable to connect to server: Connection refused" in got["warnings"]

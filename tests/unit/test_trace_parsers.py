@@ -11,6 +11,7 @@ import pytest
 from labctl.trace.parsers import (
     PerfRow,
     dso_shares,
+    iperf3_error,
     parse_iperf3_json,
     parse_kprobe_profile,
     parse_mpstat_json,
@@ -182,6 +183,16 @@ def test_iperf3_failures() -> None:
     assert parse_iperf3_json('{"end": {"sum_sent": {"bits_per_second": "x"}}}') is None
     sender_only = parse_iperf3_json('noise {"end": {"sum": {"bits_per_second": 8e6, "bytes": 1000000}}}')
     assert sender_only is not None and sender_only.receiver_bps is None and sender_only.bps == 8e6
+
+
+def test_iperf3_error_is_what_the_run_ended_with() -> None:
+    # Recorded in a guest: iperf3 3.12 exited 0 after the lossy link dropped its UDP set-up datagram.
+    lost = read(FIX / "misc" / "iperf3-udp-setup-lost.json")
+    assert parse_iperf3_json(lost) is None
+    assert iperf3_error(lost) == "unable to read from stream socket: Resource temporarily unavailable"
+    assert iperf3_error(read(FIX / "misc" / "iperf3-refused.json")) == "unable to connect to server: Connection refused"
+    assert iperf3_error(read(GUEST / "cmd-0.out")) is None
+    assert iperf3_error("") is None and iperf3_error('{"error": "not iperf3"}') is None
 
 
 def test_wget() -> None:
