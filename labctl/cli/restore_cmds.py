@@ -4,17 +4,15 @@ putting guests of a lab that is up back to a saved instant."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
 from labctl.cli.ui import console, out, print_json
-from labctl.errors import LabctlError
 from labctl.up import checkpoints, snapshots
 from labctl.up.reset import reset
-from labctl.up.runstate import LabState, check_lab_name, up_labs
+from labctl.up.runstate import LabState, check_lab_name, recorded_snapshots
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -104,24 +102,16 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
-def _in_use() -> set[str]:
-    keys: set[str] = set()
-    for name in up_labs():
-        with contextlib.suppress(LabctlError, OSError, ValueError):  # an unreadable lab keeps nothing
-            keys.update(LabState.load(name).snapshots.values())
-    return keys
-
-
 def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.action == "prune":
-        gone = snapshots.prune(_in_use())
+        gone = snapshots.prune(recorded_snapshots())
         if args.json:
             print_json({"removed": [s.key for s in gone]})
         else:
             out.print(Text(f"removed {len(gone)} snapshot{'s' if len(gone) != 1 else ''}" if gone
                            else "nothing to prune"))
         return 0
-    used = _in_use()
+    used = snapshots.in_use(recorded_snapshots())
     rows = [{"key": s.key, "lab": s.meta.get("lab"), "guest": s.meta.get("guest"), "created_at": s.meta.get("created_at"),
              "bytes": sum(f.stat().st_size for f in s.dir.iterdir() if f.is_file()), "in_use": s.key in used}
             for s in snapshots.list_all() if s.complete()]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.backends.base import GuestRecord
-from labctl.errors import LabStateError, UsageError
+from labctl.errors import LabctlError, LabStateError, UsageError
 from labctl.kernel.store import Kernel
 from labctl.lab.model import LAB_IDENT, LAB_IDENT_RULE
 from labctl.lab.uri import SshHop
@@ -204,6 +204,15 @@ def up_labs() -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and LAB_IDENT.fullmatch(p.name))
+
+
+def recorded_snapshots() -> set[str]:
+    """Keys of the post-boot snapshots the labs that are up restored from or took."""
+    keys: set[str] = set()
+    for name in up_labs():
+        with contextlib.suppress(LabctlError, OSError, ValueError):  # an unreadable lab keeps nothing
+            keys.update(LabState.load(name).snapshots.values())
+    return keys
 
 
 def remove_run_dir(path: Path) -> None:

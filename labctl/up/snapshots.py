@@ -14,8 +14,11 @@ The key hashes everything that shapes the guest: its resolved definition
 (NICs, MACs, addresses, memory, setup), the QEMU command line with the run's
 paths and ports taken out, the image, the kernel, the QEMU and labctl
 versions. Instances of one lab share its snapshots (read-only); a changed
-lab has other keys, so its old snapshots are simply not found (``labctl
-snapshot prune`` removes them).
+lab has other keys, so its old snapshots are simply not found. When a
+guest's snapshot is taken, that lab's guest keeps its two newest and older
+ones go (:func:`prune_older`); ``labctl snapshot prune`` removes every one no
+lab uses. A snapshot a running QEMU holds (a restored guest's disk sits on
+it) is never removed.
 
 Only the qemu backend has snapshots: QEMU saves state to a file descriptor
 passed over its QMP socket (its sandbox forbids ``exec:`` migration, and
@@ -27,10 +30,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,9 +173,62 @@ def list_all() -> list[Snapshot]:
                   key=lambda s: s.dir.name) if root.is_dir() else []
 
 
+F_OFD_GETLK = 36  # <linux/fcntl.h>; Python's fcntl module has no name for it
+_FLOCK = "hhqqi"  # struct flock: l_type, l_whence, l_start, l_len, l_pid
+
+
+def held_open(snap: Snapshot) -> bool:
+    """Whether some process holds the snapshot's disk as a backing file.
+
+    QEMU locks the images it opens (OFD locks on bytes 100+), backing files
+    included, so a guest restored from the snapshot, whoever's and whichever
+    state directory it belongs to, shows up here. A test lock, not a taken one.
+    """
+    try:
+        fd = os.open(snap.disk, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0).ljust(32, b"\0")
+        got = fcntl.fcntl(fd, F_OFD_GETLK, probe)
+        return struct.unpack_from(_FLOCK, got)[0] != fcntl.F_UNLCK
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def in_use(recorded: set[str]) -> set[str]:
+    """Keys of the snapshots that must stay: those ``recorded`` (the labs that are up restored
+    or took them; their checkpoints' disks sit on them) and those a running QEMU holds."""
+    return set(recorded) | {s.key for s in list_all() if s.key not in recorded and held_open(s)}
+
+
 def prune(keep: set[str]) -> list[Snapshot]:
-    """Remove every snapshot whose key is not in ``keep`` (and unfinished ones); the removed ones."""
-    gone = [s for s in list_all() if s.key not in keep]
+    """Remove every snapshot whose key is not in ``keep`` (and unfinished ones) and that no
+    process holds open; the removed ones."""
+    gone = [s for s in list_all() if s.key not in keep and not held_open(s)]
+    for s in gone:
+        shutil.rmtree(s.dir, ignore_errors=True)
+    return gone
+
+
+KEEP_PER_GUEST = 2  # a lab's guest keeps its newest snapshots: two kernels (A/B) stay warm
+
+
+def prune_older(taken: Snapshot, keep_keys: set[str], keep: int = KEEP_PER_GUEST) -> list[Snapshot]:
+    """After ``taken``: remove the older snapshots of the same lab and guest beyond the newest
+    ``keep`` (``taken`` among them), except those in ``keep_keys`` or held open; the removed ones.
+
+    Each changed lab file or rebuilt kernel makes new keys, and each snapshot is
+    ~100 MB; without this a kernel developer's loop fills the disk.
+    """
+    lab, guest = taken.meta.get("lab"), taken.meta.get("guest")
+    if not lab or not guest:
+        return []
+    same = [s for s in list_all() if s.complete() and s.meta.get("lab") == lab and s.meta.get("guest") == guest]
+    same.sort(key=lambda s: (s.key == taken.key, str(s.meta.get("created_at") or "")), reverse=True)
+    gone = [s for s in same[keep:] if s.key not in keep_keys and not held_open(s)]
     for s in gone:
         shutil.rmtree(s.dir, ignore_errors=True)
     return gone

@@ -18,6 +18,7 @@ from labctl.backends.monitor import load_state, qmp_execute
 from labctl.errors import LabctlError
 from labctl.ssh import Endpoint, Session
 from labctl.up import agent, snapshots
+from labctl.up.runstate import recorded_snapshots
 from labctl.up.snapshots import Snapshot
 
 AGENT_WAIT = 20.0  # the agent starts in the background at boot (it loads virtio_console first)
@@ -48,9 +49,11 @@ def snapshot_after_boot(qmp: Path, overlay: Path, agent_socket: Path, snapshot_k
         return (f"guest {guest}: no post-boot snapshot (its agent did not answer: the kernel needs "
                 "CONFIG_VIRTIO_CONSOLE); later ups boot it cold")
     try:
-        return snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers,
+        snap = snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers,
                                                            "keys": keys_id(overlay.parent)},
                               console=overlay.parent / "console.log")
+        snapshots.prune_older(snap, recorded_snapshots())
+        return snap
     except LabctlError as exc:
         return f"guest {guest}: no post-boot snapshot: {exc.message}"
     except Exception as exc:  # noqa: BLE001 - a snapshot is an optimisation: never fail the up for it

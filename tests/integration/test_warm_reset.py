@@ -113,6 +113,61 @@ def test_a_warm_up_is_indistinguishable_from_a_cold_one(cli: Cli, image: object,
         assert {g["started_from"] for g in json.loads(up.stdout)["guests"]} == {"boot"}
 
 
+ONE = """\
+name: {name}
+networks: {{lan: {{}}}}
+guests:
+  g:
+    setup: ["echo {version} > /root/version"]
+    nics:
+      - {{name: eth1, model: virtio-net-pci, network: lan, ip: 10.63.0.1/24}}
+"""
+
+
+def _snapshots_of(cli: Cli, lab: str) -> dict[str, bool]:
+    """The lab's post-boot snapshots (key -> in use), as ``labctl snapshot list`` shows them."""
+    rows = json.loads(cli("snapshot", "list", "--json", check=True).stdout)["snapshots"]
+    return {r["key"]: r["in_use"] for r in rows if r["lab"] == lab}
+
+
+def test_a_guest_keeps_its_two_newest_snapshots_and_one_in_use_is_never_removed(
+        cli: Cli, image: object, tmp_path: Path) -> None:
+    """Every change of a lab makes new snapshots (~90 MB a guest): the older ones go when a new one
+    is taken, except the newest two, and except one a running guest sits on, wherever it runs."""
+    lab = tmp_path / "snapprune.yaml"
+    other = Cli(tmp_path / "other-state", {**cli.env, "LABCTL_STATE_DIR": str(tmp_path / "other-state")})
+    other.state_dir.mkdir()
+    keys: list[str] = []
+    for version in (1, 2, 3):
+        lab.write_text(ONE.format(name="snapprune", version=version))
+        up = cli("up", str(lab), "--accel", "tcg")
+        assert up.returncode == 0, up.stderr
+        new = set(_snapshots_of(cli, "snapprune")) - set(keys)
+        assert len(new) == 1, new
+        keys.append(new.pop())
+        assert cli("down", "snapprune").returncode == 0
+        if version == 1:
+            # Restored from its snapshot in another state directory (another shell's LABCTL_STATE_DIR),
+            # and kept up: its disk sits on the snapshot's.
+            up = other("up", str(lab), "--accel", "tcg", "--json")
+            assert up.returncode == 0, up.stderr
+            assert {g["started_from"] for g in json.loads(up.stdout)["guests"]} == {"snapshot"}
+    try:
+        seen = _snapshots_of(cli, "snapprune")
+        # 1 is older than the newest two, but the other state directory's QEMU sits on it.
+        assert set(seen) == set(keys) and seen[keys[0]] is True, (keys, seen)
+        assert other("exec", "snapprune", "g", "--", "cat", "/root/version", check=True).stdout.strip() == "1"
+    finally:
+        assert other("down", "snapprune").returncode == 0
+    lab.write_text(ONE.format(name="snapprune", version=4))
+    up = cli("up", str(lab), "--accel", "tcg", "--json")
+    assert up.returncode == 0, up.stderr
+    with _down_after(cli, "snapprune"):
+        seen = _snapshots_of(cli, "snapprune")
+        assert set(seen) - set(keys) and set(seen) & set(keys) == {keys[2]}, (keys, seen)
+        assert cli("exec", "snapprune", "g", "--", "cat", "/root/version", check=True).stdout.strip() == "4"
+
+
 def test_a_crashed_guest_is_reset_while_its_neighbours_keep_pinging(cli: Cli, image: object, tmp_path: Path) -> None:
     lab = _lab(tmp_path, "rst")
     assert cli("up", str(lab), "--accel", "tcg").returncode == 0
