@@ -131,12 +131,12 @@ def _snapshots_of(cli: Cli, lab: str) -> dict[str, bool]:
 
 
 def test_a_guest_keeps_its_two_newest_snapshots_and_one_in_use_is_never_removed(
-        cli: Cli, image: object, tmp_path: Path) -> None:
+        cli: Cli, image: object, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every change of a lab makes new snapshots (~90 MB a guest): the older ones go when a new one
     is taken, except the newest two, and except one a running guest sits on, wherever it runs."""
     lab = tmp_path / "snapprune.yaml"
-    other = Cli(tmp_path / "other-state", {**cli.env, "LABCTL_STATE_DIR": str(tmp_path / "other-state")})
-    other.state_dir.mkdir()
+    state = tmp_path_factory.mktemp("st", numbered=True)  # short: unix socket names stay under 108 bytes
+    other = Cli(state, {**cli.env, "LABCTL_STATE_DIR": str(state)})
     keys: list[str] = []
     for version in (1, 2, 3):
         lab.write_text(ONE.format(name="snapprune", version=version))
