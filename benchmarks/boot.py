@@ -24,7 +24,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -92,13 +91,6 @@ def one_run(n: int, accel: str, cold: bool, idle: bool = False) -> dict[str, obj
 def _snapshot_has_its_keys(state: LabState, guest: str) -> bool:
     snap = snapshots.find(state.snapshots.get(guest))
     return snap is not None and snap.meta.get("keys") == keys_id(Path(state.guests[guest].dir))
-
-
-def forget_snapshots(lab_name: str) -> None:
-    """Remove the benchmark lab's snapshots, so that its first cold up takes them anew."""
-    for snap in snapshots.list_all():
-        if snap.meta.get("lab") == lab_name:
-            shutil.rmtree(snap.dir, ignore_errors=True)
 
 
 def _pss_kib(pid: int) -> int:
@@ -197,7 +189,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lb-") as state_dir:
         os.environ["LABCTL_STATE_DIR"] = state_dir
         for n in (1, 3):
-            forget_snapshots(f"bench-boot-{n}")
+            snapshots.remove_lab(f"bench-boot-{n}")  # its first cold up takes them anew
             cold = [one_run(n, args.accel, cold=True, idle=(i == 0)) for i in range(args.runs)]
             warm = [one_run(n, args.accel, cold=False, idle=(i == 0)) for i in range(args.runs)]
             results.append({"guests": n, "accel": cold[0]["accel"], "runs": args.runs,

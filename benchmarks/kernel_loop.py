@@ -27,7 +27,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,13 +72,6 @@ def make(tree: Path) -> float:
     subprocess.run(["make", "-s", f"-j{os.cpu_count()}", "vmlinux", "modules"], cwd=tree, check=True,
                    stdout=subprocess.DEVNULL)
     return time.monotonic() - t0
-
-
-def forget_snapshots() -> None:
-    """Remove the benchmark lab's post-boot snapshots (one per kernel it booted, ~90 MB each)."""
-    for snap in snapshots.list_all():
-        if snap.meta.get("lab") == "bench-kernel":
-            shutil.rmtree(snap.dir, ignore_errors=True)
 
 
 def bring_up(spec: kernels.KernelSpec, accel: str, cold: bool = False) -> dict[str, float | str]:
@@ -165,7 +157,7 @@ def main() -> int:
     report: dict[str, object] = {"host_cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="lb-") as state_dir:
         os.environ["LABCTL_STATE_DIR"] = state_dir
-        forget_snapshots()
+        snapshots.remove_lab("bench-kernel")  # one per kernel it booted, ~90 MB each
         try:
             if not args.skip_tree:
                 tree = args.tree or default_tree()
@@ -176,7 +168,7 @@ def main() -> int:
             if not args.skip_debian:
                 report["debian"] = debian_first_use(args.debian, args.accel)
         finally:
-            forget_snapshots()
+            snapshots.remove_lab("bench-kernel")
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -213,6 +213,14 @@ def prune(keep: set[str]) -> list[Snapshot]:
     return gone
 
 
+def remove_lab(lab: str) -> list[Snapshot]:
+    """Remove every snapshot of the lab named ``lab`` that no process holds open; the removed ones."""
+    gone = [s for s in list_all() if s.meta.get("lab") == lab and not held_open(s)]
+    for s in gone:
+        shutil.rmtree(s.dir, ignore_errors=True)
+    return gone
+
+
 KEEP_PER_GUEST = 2  # a lab's guest keeps its newest snapshots: two kernels (A/B) stay warm
 
 

@@ -101,3 +101,10 @@ def test_prune_older_leaves_snapshots_without_a_lab_alone(root: Path) -> None:
     fake(root, "0" * 20, "", "g", "2024-01-01T00:00:00+00:00")
     assert snapshots.prune_older(taken, set()) == []
     assert len(snapshots.list_all()) == 3
+
+
+def test_remove_lab_takes_only_that_labs_snapshots(root: Path) -> None:
+    mine = [fake(root, f"{i:020d}", "bench", g, "2026-01-01T00:00:00+00:00") for i, g in enumerate("gh")]
+    other = fake(root, "f" * 20, "benchmark", "g", "2026-01-01T00:00:00+00:00")
+    assert sorted(s.key for s in snapshots.remove_lab("bench")) == sorted(s.key for s in mine)
+    assert [s.key for s in snapshots.list_all()] == [other.key]
