@@ -150,7 +150,7 @@ class Session:
         """
         t0 = time.monotonic()
         try:
-            chan = self.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+            chan = self.client.get_transport().open_session(timeout=timeout)
             chan.settimeout(1.0)
             chan.exec_command(command)
             deadline = t0 + timeout
@@ -178,7 +178,7 @@ class Session:
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status.
         """
         try:
-            chan = self.client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+            chan = self.client.get_transport().open_session(timeout=timeout)
             chan.settimeout(min(timeout, READ_TIMEOUT))
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
@@ -230,7 +230,7 @@ def _exit_status(chan: paramiko.Channel, deadline: float) -> int:
         if time.monotonic() > deadline or chan.closed:
             return -1 if not chan.exit_status_ready() else chan.recv_exit_status()
         time.sleep(0.02)
-    return chan.recv_exit_status()
+    return int(chan.recv_exit_status())
 
 
 class Aborted(Exception):
@@ -320,7 +320,7 @@ def run_on_host(hop: SshHop, argv: Sequence[str], timeout: float = 30.0) -> tupl
     except (paramiko.SSHException, OSError, EOFError) as exc:
         return 255, f"cannot log in to {hop.user}@{hop.host}:{hop.port}: {exc}"
     try:
-        chan = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+        chan = client.get_transport().open_session(timeout=timeout)
         chan.settimeout(timeout)
         chan.exec_command(shlex.join(argv))
         deadline = time.monotonic() + timeout
@@ -344,7 +344,7 @@ def read_on_host(hop: SshHop, argv: Sequence[str], timeout: float = 10.0, limit:
     except (paramiko.SSHException, OSError, EOFError):
         return None
     try:
-        chan = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+        chan = client.get_transport().open_session(timeout=timeout)
         chan.settimeout(timeout)
         chan.exec_command(shlex.join(argv))
         out, _err = _pump(chan, False, sys.stdout.buffer, sys.stderr.buffer, timeout)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from qemu.qmp import QMPClient, QMPError
 
@@ -20,6 +21,8 @@ from labctl.errors import MachineError
 
 if TYPE_CHECKING:
     from labctl.backends.base import Backend, GuestRecord
+
+T = TypeVar("T")
 
 
 def qmp_execute(socket_path: Path | str, command: str, args: dict[str, Any] | None = None,
@@ -98,7 +101,8 @@ def load_state(socket_path: Path | str, src: Path, timeout: float = 300.0) -> di
 async def _migration_done(client: QMPClient, timeout: float, doing: str) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        info: dict[str, Any] = await client.execute("query-migrate")
+        reply = await client.execute("query-migrate")
+        info: dict[str, Any] = reply if isinstance(reply, dict) else {}
         status = info.get("status")
         if status == _DONE:
             return info
@@ -109,10 +113,10 @@ async def _migration_done(client: QMPClient, timeout: float, doing: str) -> dict
         await asyncio.sleep(0.01)
 
 
-def _session(socket_path: Path | str, work: Any, timeout: float, what: str) -> Any:
+def _session(socket_path: Path | str, work: Callable[[QMPClient], Awaitable[T]], timeout: float, what: str) -> T:
     """Run ``await work(client)`` on one monitor connection, mapping every failure to MachineError."""
 
-    async def go() -> Any:
+    async def go() -> T:
         client = QMPClient("labctl")
         try:
             await asyncio.wait_for(client.connect(str(socket_path)), 5.0)

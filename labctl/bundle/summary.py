@@ -54,7 +54,7 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> dict[str, Any]:
 
     A guest whose analysis fails gets a warning, never a lost bundle.
     """
-    entry = {k: step.get(k) for k in RECORDED}
+    entry: dict[str, Any] = {k: step.get(k) for k in RECORDED}
     entry["warnings"] = list(step.get("warnings") or [])
     modules = (step.get("nic") or {}).get("modules") or []
     sdir = bundle / str(step.get("dir") or "")

@@ -84,7 +84,8 @@ def candidate(package: str) -> str | None:
     try:
         memo = json.loads(memo_file.read_text())
         if memo.get("apt") == state and package in memo.get("packages", {}):
-            return memo["packages"][package]
+            found = memo["packages"][package]
+            return found if isinstance(found, str) else None
     except (OSError, ValueError, AttributeError):
         memo = {}
     version = _ask_apt(package)

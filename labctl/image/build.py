@@ -152,7 +152,7 @@ class Builder:
 
     def _mmdebstrap(self) -> None:
         rc = self.recipe
-        argv = [
+        argv: list[str | Path] = [
             "mmdebstrap", "--quiet", "--mode=root", f"--variant={rc.variant}",
             f"--include={','.join(rc.packages)}",
             "--dpkgopt=path-exclude=/usr/share/doc/*",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import shutil
 from collections.abc import Collection
@@ -92,7 +93,7 @@ class ImageStore:
     def remove(self, image: Image) -> None:
         shutil.rmtree(image.dir)
 
-    def prune(self, name: str, keep: int = 2, in_use: Collection[Path] = ()) -> list[Image]:
+    def prune(self, name: str, keep: int = 2, in_use: Collection[Path] = ()) -> builtins.list[Image]:
         """Remove all but the ``keep`` most recent builds of recipe ``name``; the removed ones.
 
         Each build is about 2 GB, and a recipe edit makes a new one. A build

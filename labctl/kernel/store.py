@@ -19,6 +19,7 @@ lab's kernel never touches the root file system.
 
 from __future__ import annotations
 
+import builtins
 import json
 import shutil
 from dataclasses import dataclass
@@ -133,7 +134,7 @@ class KernelStore:
         """Every complete prepared kernel (it has a manifest)."""
         return [Kernel.at(m.parent) for m in sorted(self.root.glob(f"*/{MANIFEST}"))]
 
-    def prune(self, keep: set[Path]) -> list[Kernel]:
+    def prune(self, keep: set[Path]) -> builtins.list[Kernel]:
         """Remove every prepared kernel whose directory is not in ``keep``, and leftovers (directories
         without a manifest: a kernel is renamed into place whole, so those are older labctls'); the
         removed ones."""

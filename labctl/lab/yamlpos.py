@@ -252,7 +252,7 @@ class _Builder:
 
 def _line(node: Node) -> int:
     """1-based line where ``node`` starts."""
-    return node.start_mark.line + 1
+    return int(node.start_mark.line) + 1
 
 
 def _short_tag(tag: str) -> str:

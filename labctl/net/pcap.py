@@ -77,6 +77,7 @@ class PcapReader:
             self._header(self._buf[:PCAP_HEADER])
             self._buf = self._buf[PCAP_HEADER:]
         pos, buf, endian = 0, self._buf, self.endian
+        assert endian is not None  # set by _header above
         while len(buf) - pos >= RECORD_HEADER:
             sec, frac, caplen, length = struct.unpack_from(endian + "IIII", buf, pos)
             if caplen > max(self.snaplen, SNAPLEN) + 64:
@@ -226,7 +227,8 @@ def read_pcapng(path: Path) -> Iterator[NgFrame]:
     :raise PcapError: for anything else or a truncated file. :raise OSError: when it cannot be read.
     """
     data = path.read_bytes()
-    pos, names = 0, []
+    pos = 0
+    names: list[str] = []
     while pos < len(data):
         if len(data) - pos < 12:
             raise PcapError(f"{path}: truncated block at byte {pos}")

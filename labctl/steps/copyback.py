@@ -25,7 +25,7 @@ import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 MAX_COMPONENT = 255
 MAX_DEPTH = 32
@@ -84,7 +84,7 @@ def _directory(dest: Path, parts: tuple[str, ...]) -> Path | None:
     return path
 
 
-def _write(src: BinaryIO, target: Path, size: int) -> int:
+def _write(src: IO[bytes], target: Path, size: int) -> int:
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     written = 0
     with os.fdopen(fd, "wb") as out:

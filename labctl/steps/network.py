@@ -14,6 +14,7 @@ the NICs' own counters.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -100,12 +101,11 @@ class StepNetwork:
         self.captures = []
         for (guest, nic), up in self.links.items():
             self._best_effort(res, f"could not bring {guest}.{nic} back {'up' if up else 'down'}",
-                              lambda g=guest, n=nic, u=up: netctl.set_link(self.state, g, n, u, self.backend))
+                              functools.partial(netctl.set_link, self.state, guest, nic, up, self.backend))
         self.links = {}
         for (guest, nic), imp in self.impaired.items():
             self._best_effort(res, f"could not put back the impairment of {guest}.{nic}",
-                              lambda g=guest, n=nic, i=imp: netctl.apply_impairment(self.state, g, n, i,
-                                                                                   self.ssh(g)))
+                              self._impairer(guest, nic, imp))
         self.impaired = {}
 
     def _save(self, cap: capture.Capture, res: StepResult) -> None:
@@ -127,6 +127,10 @@ class StepNetwork:
         entry["warnings"] = warnings
         res.warnings += warnings
         res.captures.append(entry)
+
+    def _impairer(self, guest: str, nic: str, imp: Impairment | None) -> Callable[[], None]:
+        """Putting ``imp`` back on ``guest``'s ``nic``, for :meth:`_best_effort` (its SSH session too)."""
+        return lambda: netctl.apply_impairment(self.state, guest, nic, imp, self.ssh(guest))
 
     @staticmethod
     def _best_effort(res: StepResult, what: str, action: Callable[[], None]) -> None:

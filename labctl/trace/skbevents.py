@@ -15,6 +15,7 @@ when the count is unknown) before the first event after the gap.
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass, field
 
@@ -45,7 +46,7 @@ class Event:
         """A number field (decimal, or hexadecimal with ``0x``) as an int."""
         return self._number(key, 0)
 
-    def _number(self, key: str, base: int) -> int | None:
+    def _number(self, key: str, base: builtins.int) -> builtins.int | None:
         value = self.fields.get(key)
         try:
             return int(value, base) if value else None

@@ -159,7 +159,7 @@ class _Follower:
     def _orphan(self, ev: Event) -> None:
         self.out.orphan_events[ev.name] = self.out.orphan_events.get(ev.name, 0) + 1
 
-    def _rx_at(self, ev: Event, addr: int, point: str) -> Packet | None:
+    def _rx_at(self, ev: Event, addr: int, point: str) -> Packet:
         """The live rx packet at ``addr`` for a non-start event; a repeated point means a new packet."""
         p = self.rx_live.get(addr)
         if p is not None and point in p.t:

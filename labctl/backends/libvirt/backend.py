@@ -38,6 +38,7 @@ from typing import Any
 import labctl.backends.libvirt.host as hostfs
 from labctl.backends.base import GuestPlan, GuestRecord, NetDir
 from labctl.backends.libvirt import storage
+from labctl.backends.libvirt.binding import binding
 from labctl.backends.libvirt.host import QemuUser
 from labctl.backends.libvirt.xml import (
     FW_CFG_NAMES,
@@ -64,7 +65,6 @@ from labctl.backends.libvirt.api import (
     LOG_DIR,
     RELAY,
     HostFacts,
-    binding,
     check_socket_paths,
     connection,
     destroy,
