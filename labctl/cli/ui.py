@@ -7,11 +7,12 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.segment import Segment
 from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
@@ -19,12 +20,37 @@ from rich.text import Text
 from labctl.events import StepEvents
 from labctl.pipeline import RunOutcome
 from labctl.steps.result import StepResult
+from labctl.textsafe import safe_line, safe_text
+
+
+class SafeConsole(Console):
+    """A Console whose text never reaches the terminal as control sequences.
+
+    Everything printed goes through :func:`labctl.textsafe.safe_text` on its way
+    out: an ESC, a C0 or C1 control or a bidi override in any text (a guest's
+    READY line, an oops title, a bundle's lab name, an error quoting a
+    command's output) is shown as ``\\x1b`` and the like. Only rich's own
+    control segments (cursor movement of live displays) and styles stay codes.
+    Call sites that put outside text in a table still pass it through
+    :func:`safe_text` first, so that columns are measured on what is shown.
+    """
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            seg if seg.control else Segment(safe_text(seg.text), seg.style, seg.control) for seg in buffer)
+
 
 # Markup is off: user and guest text (file names, command output, READY lines,
-# oops titles) is always printed literally; styles come from Text objects.
-console = Console(stderr=True, highlight=False, markup=False)
+# oops titles) is always printed literally; styles come from Text objects, and
+# control characters are shown escaped (SafeConsole).
+console = SafeConsole(stderr=True, highlight=False, markup=False)
 # Tables stay whole when stdout is a pipe or a file.
-out = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 160)
+out = SafeConsole(highlight=False, markup=False, width=None if sys.stdout.isatty() else 160)
+
+
+def safe(s: str, style: str = "", multiline: bool = True) -> Text:
+    """Outside text (guest, console, file) as a rich Text, control characters shown escaped."""
+    return Text(safe_text(s) if multiline else safe_line(s), style=style)
 
 
 def print_json(data: Any) -> None:
@@ -33,13 +59,13 @@ def print_json(data: Any) -> None:
 
 
 def warn(message: str) -> None:
-    console.print(Text("warning: ", style="bold yellow") + Text(message))
+    console.print(Text("warning: ", style="bold yellow") + safe(message))
 
 
 def error(message: str, hint: str | None = None) -> None:
-    console.print(Text("error: ", style="bold red") + Text(message))
+    console.print(Text("error: ", style="bold red") + safe(message))
     if hint:
-        console.print(Text("hint: ", style="cyan") + Text(hint))
+        console.print(Text("hint: ", style="cyan") + safe(hint))
 
 
 class StepsReporter:
@@ -82,7 +108,7 @@ class StepsReporter:
                 self.steps[name] = (self.steps[name][0], time.monotonic())
 
     def note(self, message: str) -> None:
-        console.print(Text(message))
+        console.print(safe(message))
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -143,9 +169,9 @@ class StepLines(StepEvents):
     def step_finished(self, r: StepResult) -> None:
         style = "green" if r.status == "ok" else "bold red"
         console.print(Text.assemble("  ", (r.status, style), f" in {r.duration_s:.1f} s",
-                                    f": {r.reason}" if r.reason else ""))
-        for w in r.warnings:  # guest and user text: printed literally, never as markup
-            console.print(Text.assemble("  ", ("warning:", "yellow"), f" {w}"))
+                                    f": {safe_text(r.reason)}" if r.reason else ""))
+        for w in r.warnings:  # guest and user text: printed literally, never as markup or controls
+            console.print(Text.assemble("  ", ("warning:", "yellow"), f" {safe_text(w)}"))
 
 
 
@@ -157,7 +183,7 @@ def report_outcome(o: RunOutcome, as_json: bool) -> int:
                               "reason": r.reason} for r in o.results]})
     else:
         style = "green" if o.status == "ok" else "bold red"
-        out.print(Text.assemble("run ", (o.status, style), f": {o.reason}" if o.reason else ""))
+        out.print(Text.assemble("run ", (o.status, style), f": {safe_text(o.reason)}" if o.reason else ""))
         out.print(Text(f"bundle: {o.bundle}"), soft_wrap=True)
         for p in o.reports:
             out.print(Text(f"report: {p}"), soft_wrap=True)
