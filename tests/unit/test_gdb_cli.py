@@ -206,3 +206,11 @@ def test_batch_failure_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     target = gdb_target(_state(tmp_path), "a")
     with pytest.raises(DebugError, match="gdb failed \\(exit status 1\\): 52\tarch/x86"):
         gdb_cmd.run_batch(target, "/run/init.gdb", ["bt 2"], timeout=30)
+
+
+def test_labctl_itself_has_the_gdb_command() -> None:
+    """The real parser (cli/main.py), not one this file builds: without gdb_cmd.register there it fails."""
+    from labctl.cli.main import build_parser
+
+    args = build_parser().parse_args(["gdb", "lab", "a", "--batch", "bt"])
+    assert args.func is gdb_cmd.cmd_gdb and args.batch == ["bt"]

@@ -184,3 +184,17 @@ def test_parse_ip_rejects(text: str, message: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_ip(text)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("name", ["x/../..", "..", ".", "a.b", "a/b", "-a", "_a", "A", "a" * 33, "a b", "a@b"])
+def test_a_lab_name_that_is_not_a_plain_directory_name_is_refused(name: str) -> None:
+    """A lab's name is its run directory's name: ``labctl down NAME`` removes it, so a name with
+    ``/`` or ``.`` must never validate."""
+    with pytest.raises(LabFileError) as err:
+        load_lab_text(f"name: {json.dumps(name)}\nnetworks: {{}}\nguests:\n  solo: {{}}\n", "n.yaml")
+    assert any(p.path == "name" and p.line == 1 for p in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize("name", ["a", "lab-1", "x_y", "0", "a" * 32])
+def test_plain_lab_names_pass(name: str) -> None:
+    assert load_lab_text(f"name: {json.dumps(name)}\nnetworks: {{}}\nguests:\n  solo: {{}}\n", "n.yaml").name == name

@@ -108,3 +108,26 @@ def test_remove_lab_takes_only_that_labs_snapshots(root: Path) -> None:
     other = fake(root, "f" * 20, "benchmark", "g", "2026-01-01T00:00:00+00:00")
     assert sorted(s.key for s in snapshots.remove_lab("bench")) == sorted(s.key for s in mine)
     assert [s.key for s in snapshots.list_all()] == [other.key]
+
+
+@pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs QEMU")
+def test_prune_older_never_removes_one_a_qemu_sits_on(root: Path, holder) -> None:  # type: ignore[no-untyped-def]
+    """Three older snapshots of the guest: the oldest is held by a running QEMU and survives
+    the prune that removes the other one beyond the newest two."""
+    taken = fake(root, "a" * 20, "lab", "g", "2026-01-04T00:00:00+00:00", qcow2=True)
+    fake(root, "b" * 20, "lab", "g", "2026-01-03T00:00:00+00:00", qcow2=True)
+    free = fake(root, "c" * 20, "lab", "g", "2026-01-02T00:00:00+00:00", qcow2=True)
+    used = fake(root, "d" * 20, "lab", "g", "2026-01-01T00:00:00+00:00", qcow2=True)
+    holder(used)
+    gone = snapshots.prune_older(taken, set())
+    assert [s.key for s in gone] == [free.key]
+    assert used.dir.is_dir() and not free.dir.exists()
+
+
+@pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs QEMU")
+def test_remove_lab_never_removes_one_a_qemu_sits_on(root: Path, holder) -> None:  # type: ignore[no-untyped-def]
+    used = fake(root, "a" * 20, "bench", "g", "2026-01-01T00:00:00+00:00", qcow2=True)
+    free = fake(root, "b" * 20, "bench", "h", "2026-01-01T00:00:00+00:00", qcow2=True)
+    holder(used)
+    assert [s.key for s in snapshots.remove_lab("bench")] == [free.key]
+    assert used.dir.is_dir() and not free.dir.exists()
