@@ -6,6 +6,7 @@
      +-- LabFileError           problems in a lab file, collected (exit 2)
      +-- UsageError             bad command-line use (exit 2)
      +-- HostError              the host lacks something (binary, KVM, disk)
+ |    +-- UnsafePath        a directory labctl would use is another user's or writable by others
      +-- ImageError             building or finding a guest image failed
      +-- ProcessError           a host process failed or timed out
      +-- MachineError           a guest's QEMU failed (start, QMP, died)
@@ -77,6 +78,12 @@ class HostError(LabctlError):
     """The host is missing a prerequisite (binary, KVM, permissions)."""
 
     exit_code = 3
+
+
+class UnsafePath(HostError):
+    """A directory labctl would delete from, write into or trust (its state, cache, a handout or
+    output directory) is not owned by the invoking user (or root), is writable by others, or
+    is reached through another user's symbolic link: nothing is done there (exit status 3)."""
 
 
 class ImageError(LabctlError):

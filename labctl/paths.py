@@ -1,41 +1,166 @@
-"""Where labctl keeps things: caches, lab state, resources shipped with it."""
+"""Where labctl keeps things: caches, lab state, resources shipped with it.
+
+Every directory labctl deletes from, writes into or trusts (its state, its
+cache, a handout or output directory) is checked first by :func:`checked_dir`:
+each component from ``/`` down, without following another user's links, must
+belong to the invoking user or root and be writable by nobody else (a sticky
+directory such as ``/tmp`` may be on the way). Files go to such a directory
+through :func:`atomic_write` (``O_EXCL|O_NOFOLLOW`` under an unguessable
+name, then renamed into place) and leave it through :func:`remove_tree`
+(directory descriptors, never a link followed).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import pwd
+import secrets
+import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
+
+from labctl.errors import UnsafePath
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+_MAX_LINKS = 40
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (os.geteuid(), 0)
+
+
+def _check_component(path: str, st: os.stat_result, final: bool, shared_ok: bool) -> None:
+    """:raise UnsafePath: when directory ``path`` (``st``, from lstat) may be changed by another user."""
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(f"{path} is not a directory")
+    if not _trusted_owner(st.st_uid):
+        raise UnsafePath(f"refusing to use {path}: it belongs to {_user(st.st_uid)}, not to you or root",
+                         hint="use a directory of your own")
+    if st.st_mode & 0o022:
+        sticky = bool(st.st_mode & stat.S_ISVTX)
+        if not sticky or (final and not shared_ok):
+            raise UnsafePath(f"refusing to use {path}: it is writable by other users "
+                             f"(mode {stat.S_IMODE(st.st_mode):04o})",
+                             hint=f"chmod go-w {path}, or use a directory of your own")
+
+
+def checked_dir(path: str | os.PathLike[str], *, create: bool = False, shared_ok: bool = False,
+                missing_ok: bool = False, mode: int = 0o700) -> Path:
+    """The real path of directory ``path``, once every component from ``/`` down is safe to trust.
+
+    Each component is looked at with ``lstat`` (no link followed blindly): it must
+    be a directory owned by the invoking user or root and not writable by group or
+    others, except a sticky one (``/tmp``) on the way. A symbolic link is followed
+    only when it belongs to the user or root (it sits in a directory already
+    checked), and its target is checked the same way. ``path`` itself may be a
+    sticky shared directory only with ``shared_ok`` (a file written there by
+    :func:`atomic_write` cannot be replaced by another user).
+
+    ``create`` makes missing components (0755, the last ``mode``); ``missing_ok``
+    returns as soon as a component is missing (what is left will be the user's own).
+
+    :raise UnsafePath: when a component fails. :raise OSError: when it cannot be
+        looked at or created (FileNotFoundError unless ``create`` or ``missing_ok``).
+    """
+    todo = [c for c in reversed(os.path.abspath(os.fspath(path)).split("/")) if c not in ("", ".")]
+    cur = "/"
+    _check_component("/", os.lstat("/"), not todo, shared_ok)
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        final = not todo
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            if missing_ok and not create:
+                return Path(nxt, *reversed(todo))
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(nxt, mode if final else 0o755)
+            st = os.lstat(nxt)
+        if stat.S_ISLNK(st.st_mode):
+            if not _trusted_owner(st.st_uid):
+                raise UnsafePath(f"refusing to follow {nxt}: it is a symbolic link of {_user(st.st_uid)}'s",
+                                 hint="use a directory of your own")
+            links += 1
+            if links > _MAX_LINKS:
+                raise UnsafePath(f"refusing to use {path}: too many symbolic links")
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                cur = "/"
+            todo.extend(c for c in reversed(target.split("/")) if c not in ("", "."))
+            continue
+        _check_component(nxt, st, final, shared_ok)
+        cur = nxt
+    return Path(cur)
 
 
 def cache_dir() -> Path:
-    """The user's labctl cache (images, downloads): $LABCTL_CACHE_DIR or XDG."""
+    """The user's labctl cache (images, downloads): $LABCTL_CACHE_DIR, else
+    $XDG_CACHE_HOME/labctl when that directory is the user's own, else ~/.cache/labctl.
+
+    :raise UnsafePath: when the directory (as far as it exists) is not safe to trust.
+    """
     env = os.environ.get("LABCTL_CACHE_DIR")
     if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "labctl"
+        chosen = Path(env)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = Path(xdg) if xdg and _owned_private(xdg) else Path.home() / ".cache"
+        chosen = base / "labctl"
+    checked_dir(chosen, missing_ok=True)
+    return chosen
+
+
+def _owned_private(path: str) -> bool:
+    """True when ``path`` is a safe directory owned by the invoking user (a runtime or cache
+    directory an environment variable names: ``su`` passes on the caller's)."""
+    try:
+        real = checked_dir(path)
+        return real.lstat().st_uid == os.geteuid()
+    except (UnsafePath, OSError):
+        return False
 
 
 def state_dir() -> Path:
     """Where per-lab run directories live.
 
-    $LABCTL_STATE_DIR, else $XDG_RUNTIME_DIR/labctl, else /run/labctl for
-    root, else ~/.local/state/labctl. Kept short: unix socket paths inside
-    it must stay under 108 bytes.
+    $LABCTL_STATE_DIR, else /run/labctl for root, else $XDG_RUNTIME_DIR/labctl
+    when that directory is the user's own and nobody else's to write (``su``
+    keeps the caller's), else ~/.local/state/labctl. Kept short: unix socket
+    paths inside it must stay under 108 bytes.
+
+    :raise UnsafePath: when the directory (as far as it exists) is not safe to trust.
     """
     env = os.environ.get("LABCTL_STATE_DIR")
     if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and Path(xdg).is_dir():
-        return Path(xdg) / "labctl"
-    if os.geteuid() == 0:
-        return Path("/run/labctl")
-    return Path.home() / ".local" / "state" / "labctl"
+        chosen = Path(env)
+    elif os.geteuid() == 0:
+        chosen = Path("/run/labctl")
+    else:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        if xdg and _owned_private(xdg):
+            chosen = Path(xdg) / "labctl"
+        else:
+            chosen = Path.home() / ".local" / "state" / "labctl"
+    checked_dir(chosen, missing_ok=True)
+    return chosen
 
 
 def resource_dir(name: str) -> Path:
@@ -51,30 +176,153 @@ def resource_dir(name: str) -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) and make it mode 0700."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    """Create ``path`` (and parents) and make it mode 0700; every component is checked
+    (:func:`checked_dir`) and ``path`` itself must be the invoking user's.
+
+    :raise UnsafePath: when a component is another user's, writable by others, or
+        ``path`` is a link of another user's.
+    """
+    real = checked_dir(path, create=True)
+    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise UnsafePath(f"refusing to use {path}: it belongs to {_user(st.st_uid)}",
+                             hint="use a directory of your own")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
     return path
+
+
+def _open_dir(path: Path, shared_ok: bool) -> int:
+    """A descriptor of directory ``path`` once :func:`checked_dir` accepts it (opened without following a link)."""
+    real = checked_dir(path, shared_ok=shared_ok)
+    return os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+
+def _temp_in(dir_fd: int, name: str) -> str:
+    """A new empty file (mode 0600) under an unguessable name in ``dir_fd``, created with
+    ``O_EXCL|O_NOFOLLOW`` (what ``mkstemp`` does, relative to a directory descriptor)."""
+    for _ in range(100):
+        tmp = f".{name[:100]}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {name}")
+
+
+TEMP_SUFFIX = ".tmp"
+
+
+def is_temp_of(name: str, target: str) -> bool:
+    """True when ``name`` is one of :func:`atomic_file`'s temporary names for a file named ``target``."""
+    return name.startswith(f".{target[:100]}.") and name.endswith(TEMP_SUFFIX)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A binary file to fill in the block; on success it replaces ``path`` at once.
+
+    The directory is checked (:func:`checked_dir`; a sticky one like ``/tmp`` is
+    fine) and opened without following a link; the data goes to a new file made
+    there with ``O_EXCL|O_NOFOLLOW`` under an unguessable name (as ``mkstemp``),
+    with ``mode``, then renamed over ``path`` (a link at ``path`` is replaced,
+    never followed). On failure the temporary file is removed and ``path`` untouched.
+
+    :raise UnsafePath: when the directory is not safe to write into. :raise OSError: when it cannot be written.
+    """
+    path = Path(path)
+    dir_fd = _open_dir(path.parent, shared_ok=True)
+    tmp = None
+    try:
+        tmp = _temp_in(dir_fd, path.name)
+        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            yield f
+        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+        os.close(dir_fd)
 
 
 def atomic_write(path: Path, data: str | bytes, mode: int = 0o644) -> Path:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of it.
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of it
+    (through :func:`atomic_file`: a checked directory, ``O_EXCL|O_NOFOLLOW``, then a rename).
 
-    The temporary file (``.NAME.PID.tmp`` beside it) is removed on failure.
-
-    :raise OSError: when it cannot be written.
+    :raise UnsafePath: when the directory is not safe to write into. :raise OSError: when it cannot be written.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    raw = data.encode() if isinstance(data, str) else data
+    with atomic_file(path, mode) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return Path(path)
+
+
+def create_new(path: Path, mode: int = 0o644, *, replace: bool = True) -> int:
+    """A descriptor for writing a new regular file at ``path`` (a stream, like ``capture -w``):
+    the directory is checked as for :func:`atomic_write` and the file created with
+    ``O_EXCL|O_NOFOLLOW``; with ``replace`` an existing regular file of the user's
+    own is removed first, anything else there (a link, another user's file) refused.
+
+    :raise UnsafePath: for an unsafe directory or an existing file that is not the
+        user's own regular file. :raise OSError: when it cannot be created.
+    """
+    path = Path(path)
+    dir_fd = _open_dir(path.parent, shared_ok=True)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+        if replace:
+            try:
+                st = os.lstat(path.name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else f"not a regular file of yours"
+                    raise UnsafePath(f"refusing to write {path}: it exists and is {kind}",
+                                     hint="remove it, or choose another file")
+                os.unlink(path.name, dir_fd=dir_fd)
+        return os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def remove_tree(parent: Path, name: str, *, owner_only: bool = True) -> bool:
+    """Remove directory ``name`` under ``parent`` and everything in it, without following any link.
+
+    ``parent`` is checked (:func:`checked_dir`) and opened without following a link;
+    ``name`` must be a real directory in it (not a link) of the invoking user's
+    (with ``owner_only``); the walk goes by directory descriptors (``shutil.rmtree``
+    with ``dir_fd``), so a link inside is removed, never followed. Returns False
+    when there was nothing to remove.
+
+    :raise UnsafePath: when ``parent`` is not safe or ``name`` is not such a directory.
+    """
+    if not name or "/" in name or name in (".", ".."):
+        raise UnsafePath(f"refusing to remove {name!r} under {parent}: not a plain name")
+    try:
+        dir_fd = _open_dir(parent, shared_ok=False)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            st = os.lstat(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise UnsafePath(f"refusing to remove {Path(parent, name)}: it is {kind}")
+        if owner_only and st.st_uid != os.geteuid():
+            raise UnsafePath(f"refusing to remove {Path(parent, name)}: it belongs to {_user(st.st_uid)}")
+        shutil.rmtree(name, ignore_errors=True, dir_fd=dir_fd)
+        return True
+    finally:
+        os.close(dir_fd)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import resource
 import shlex
 import signal
@@ -231,11 +232,14 @@ def stop_pid(pid: int, marker: str | None = None, grace: float = GRACE_SECONDS) 
     """Stop the process ``pid`` (its group when it leads one): SIGTERM, ``grace`` s, SIGKILL.
 
     With ``marker``, only when its command line still contains it (the pid may
-    have been reused by another program since it was recorded).
+    have been reused by another program since it was recorded): a marker that is
+    an absolute path must be named whole (as :func:`pids_referencing` matches).
+    Never another user's process.
     """
-    if not pid or not pid_alive(pid):
+    if not pid or not pid_alive(pid) or process_uid(pid) != os.geteuid():
         return
-    if marker is not None and not any(marker in a for a in pid_cmdline(pid)):
+    if marker is not None and not any(_names_path(a, marker) if marker.startswith("/") else marker in a
+                                      for a in pid_cmdline(pid)):
         return
     kill_pids([pid], grace)
 
@@ -259,20 +263,45 @@ def pid_cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
+def _names_path(arg: str, path: str) -> bool:
+    """True when argv element ``arg`` names ``path`` or a file under it as a whole path: the
+    element itself, or a value in a QEMU option list (``file,id=x,path=/P/console.log``)."""
+    under = path + "/"
+    tokens = {arg}
+    for part in re.split(r"(?<!,),(?!,)", arg):  # QEMU doubles a comma inside a value
+        part = part.replace(",,", ",")
+        tokens.add(part)
+        if "=" in part:
+            tokens.add(part.split("=", 1)[1])
+    return any(t == path or t.startswith(under) for t in tokens)
+
+
+def process_uid(pid: int) -> int | None:
+    """The effective uid of process ``pid`` (the owner of ``/proc/PID``), None when it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
 def pids_referencing(path: Path) -> list[int]:
-    """Processes (other than this one) whose command line names ``path`` or a file under it.
+    """This user's processes (other than this one) whose command line names ``path`` or a file under it.
 
     A lab's QEMUs and switches all name files in its run directory, so this
     finds them even when labctl was killed before it could record their pids.
+    Paths match whole (``/s/labs/foo`` is not ``/s/labs/foobar`` nor
+    ``/x/s/labs/foo``), and another user's processes never count.
     """
-    prefix = str(path).rstrip("/")
+    prefix = os.path.normpath(os.path.abspath(path))
+    me = os.geteuid()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        args = pid_cmdline(int(entry.name))
-        if any(a == prefix or prefix + "/" in a for a in args):
-            found.append(int(entry.name))
+        pid = int(entry.name)
+        args = pid_cmdline(pid)
+        if any(_names_path(a, prefix) for a in args) and process_uid(pid) == me:
+            found.append(pid)
     return sorted(found)
 
 

@@ -13,10 +13,13 @@ import gzip
 import logging
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from labctl.bundle.layout import check_bundle_dir
 from labctl.errors import LabctlError, UsageError
+from labctl.paths import atomic_file, is_temp_of
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +74,12 @@ def _tarinfo(tar: tarfile.TarFile, path: Path, root: Path) -> tarfile.TarInfo | 
     return info
 
 
-def _write_tar(root: Path, dest: Path, skip: set[Path]) -> None:
-    with dest.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+def _write_tar(root: Path, raw: BinaryIO, skip: Callable[[Path], bool]) -> None:
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         tar.addfile(_root_info(tar, root))
         for path in entries(root):
-            if path in skip:
+            if skip(path):
                 continue
             info = _tarinfo(tar, path, root)
             if info is None:
@@ -103,12 +106,12 @@ def pack(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
     file that exists unless ``force``.
     """
     root = check_bundle_dir(run_dir)
-    dest = archive_path(root, out, force).resolve()
-    tmp = dest.with_name(f".{dest.name}.part")
+    dest = archive_path(root, out, force)
+    dest = dest.parent.resolve() / dest.name  # a link at dest itself is replaced, never followed
     try:
-        _write_tar(root, tmp, skip={dest, tmp})
-        os.replace(tmp, dest)
+        with atomic_file(dest) as raw:  # O_EXCL|O_NOFOLLOW in a checked directory, then renamed
+            _write_tar(root, raw, skip=lambda p: p == dest or (p.parent == dest.parent
+                                                                and is_temp_of(p.name, dest.name)))
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise LabctlError(f"cannot write {dest}: {exc.strerror or exc}") from exc
     return dest

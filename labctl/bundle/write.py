@@ -24,7 +24,7 @@ from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, guest_dir
 from labctl.errors import LabctlError, UsageError
 from labctl.image.store import MANIFEST as IMAGE_MANIFEST
 from labctl.lab.model import Lab
-from labctl.paths import atomic_write
+from labctl.paths import atomic_write, checked_dir
 from labctl.up.runstate import LabState
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,13 @@ def new_bundle_dir(root: Path, lab: str) -> Path:
     """
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        # --out may be /tmp (sticky), never a directory another user could change: the
+        # bundle is made fresh there (0755 at most), so nothing in it is anyone else's.
+        root = checked_dir(root, create=True, shared_ok=True, mode=0o755)
         for n in range(100):
             d = root / (f"{lab}-{stamp}" + (f"-{n}" if n else ""))
             try:
-                d.mkdir()
+                d.mkdir(mode=0o755)
                 return d
             except FileExistsError:
                 continue

@@ -15,6 +15,7 @@ import select
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import BinaryIO
 
 from rich.text import Text
@@ -23,6 +24,7 @@ from labctl.backends import get_backend
 from labctl.cli.ui import console, warn
 from labctl.errors import LabctlError, UsageError
 from labctl.net.pcap import FORMATS, Frame, summary_line
+from labctl.paths import create_new
 from labctl.up import capture, netctl
 from labctl.up.runstate import LabState
 
@@ -117,7 +119,8 @@ def _output(args: argparse.Namespace) -> tuple[BinaryIO | None, Callable[[], Non
     if args.write is None:
         return None, lambda: None
     try:
-        f = open(args.write, "wb")  # noqa: SIM115 - closed by the returned function
+        # O_EXCL|O_NOFOLLOW in a checked directory: an existing link there is refused, never followed
+        f = os.fdopen(create_new(Path(args.write)), "wb")
     except OSError as exc:
         raise UsageError(f"cannot write {args.write}: {exc.strerror or exc}") from exc
     return f, f.close

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.lifecycle_cmds import load_with_kernel
-from labctl.cli.ui import UpDisplay, console, out, print_json
+from labctl.cli.ui import UpDisplay, console, out, print_json, safe
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
 from labctl.up.capacity import check_capacity
 from labctl.up.classroom import (
@@ -27,7 +27,7 @@ from labctl.up.classroom import (
     student_status,
 )
 from labctl.up.grading import checks_of, run_checks, summary
-from labctl.up.handout import write_handout
+from labctl.up.handout import check_handout_dirs, write_handout
 from labctl.up.lifecycle import UpOptions, down, up
 from labctl.up.reset import reset
 from labctl.up.runstate import LabState
@@ -83,6 +83,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     lab = load_with_kernel(args.file, args.kernel)
     ClassRecord.refuse_if_exists(lab.name)
     refuse_up_instances(lab.name, students)
+    check_handout_dirs(args.out, students)  # another user's directory there: refused before anything starts
     copies = [lab.with_instance(s) for s in students]
     image = ensure_image(lab.image)
     prepared = ensure_kernels(lab, image)
@@ -136,7 +137,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for row in rows:
         cells = [Text(row["student"]), Text(row["lab"]), _styled(row["state"])]
         cells += [_styled(row["guests"].get(g, DOWN if row["state"] == DOWN else "")) for g in guests]
-        cells.append(Text("; ".join(f"{g}: {why}" for g, why in row["reasons"].items())))
+        cells.append(safe("; ".join(f"{g}: {why}" for g, why in row["reasons"].items())))
         t.add_row(*cells)
     out.print(t)
     return 0

@@ -12,16 +12,18 @@ that it works without labctl and is self-contained::
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl.errors import UsageError
+from labctl.errors import UnsafePath, UsageError
 from labctl.lab.model import Check
-from labctl.paths import atomic_write
+from labctl.paths import atomic_write, checked_dir, ensure_private_dir
 from labctl.ssh import Endpoint, config_quote, hop_stdio_argv
 from labctl.up.runstate import LabState
 
@@ -120,18 +122,44 @@ def _readme(state: LabState, student: str, directory: Path, checks: Sequence[Che
     return "\n".join(lines)
 
 
+def check_handout_dirs(out: Path, students: Sequence[str]) -> None:
+    """Refuse, before anything starts, an ``--out`` directory another user could change (see
+    :func:`labctl.paths.checked_dir`) or a student's directory there that is not the caller's
+    own real directory (pre-made by someone else to read the key).
+
+    :raise UnsafePath: naming the directory at fault.
+    """
+    root = checked_dir(out, missing_ok=True)
+    if not root.is_dir():
+        return
+    euid = os.geteuid()
+    for student in students:
+        try:
+            st = os.lstat(root / student)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != euid or st.st_mode & 0o022:
+            raise UnsafePath(f"refusing to write a handout into {root / student}: it exists and is not "
+                             "a directory of yours that only you can write",
+                             hint="remove it, or give another --out directory")
+
+
 def write_handout(state: LabState, student: str, directory: Path, checks: Sequence[Check]) -> Path:
     """Write ``directory`` (created 0700) for ``student``'s instance; its ``ssh_config``.
 
-    :raise UsageError: when ``directory`` is a symbolic link. :raise OSError: when it cannot be written.
+    Every component of ``directory`` is checked (:func:`labctl.paths.ensure_private_dir`):
+    an existing directory must be the caller's own, and its files are written with
+    ``O_EXCL|O_NOFOLLOW`` then renamed into place.
+
+    :raise UsageError: when ``directory`` is a symbolic link. :raise UnsafePath: when it, or a
+        directory above it, is another user's or writable by others. :raise OSError: when it
+        cannot be written.
     """
     if directory.is_symlink():
         raise UsageError(f"refusing to write a handout into {directory}: it is a symbolic link")
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o700)
-    directory = directory.resolve()
+    ensure_private_dir(directory)
+    directory = checked_dir(directory)
     atomic_write(directory / KEY, (state.path / "id_ed25519").read_bytes(), 0o600)
-    (directory / KEY).chmod(0o600)
     atomic_write(directory / KNOWN_HOSTS, (state.path / "known_hosts").read_bytes(), 0o644)
     config = render(lab_entries(state), f"lab {state.lab} ({student})", key=directory / KEY,
                     known_hosts=directory / KNOWN_HOSTS)

@@ -19,7 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -30,7 +30,7 @@ from labctl.errors import LabctlError, LabStateError, UsageError
 from labctl.kernel.store import Kernel
 from labctl.lab.model import LAB_IDENT, LAB_IDENT_RULE
 from labctl.lab.uri import SshHop
-from labctl.paths import atomic_write, ensure_private_dir, state_dir
+from labctl.paths import atomic_write, checked_dir, ensure_private_dir, remove_tree, state_dir
 from labctl.proc import pid_alive
 from labctl.ssh import Endpoint
 
@@ -199,11 +199,25 @@ class LabState:
 
 
 def up_labs() -> list[str]:
-    """Names of labs with a run directory."""
-    root = labs_root()
-    if not root.is_dir():
+    """Names of labs with a run directory: real directories (not links) of this user's, named as labs.
+
+    :raise UnsafePath: when the labs root is not safe to trust (another user's, or writable by others).
+    """
+    try:
+        root = checked_dir(labs_root())
+    except FileNotFoundError:
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and LAB_IDENT.fullmatch(p.name))
+    euid = os.geteuid()
+    names = []
+    with os.scandir(root) as entries:
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == euid and LAB_IDENT.fullmatch(e.name):
+                names.append(e.name)
+    return sorted(names)
 
 
 def recorded_snapshots() -> set[str]:
@@ -217,16 +231,16 @@ def recorded_snapshots() -> set[str]:
 
 def remove_run_dir(path: Path) -> None:
     """Remove a lab's run directory, and nothing else: ``path`` must be a real
-    directory directly under the labs root, named as a lab.
+    directory of this user's directly under the labs root, named as a lab. The
+    labs root is checked (:func:`labctl.paths.checked_dir`) and the removal walks
+    by directory descriptors (:func:`labctl.paths.remove_tree`): no link is followed.
 
     :raise LabStateError: for any other path (nothing is removed).
+    :raise UnsafePath: when the labs root or the directory is not safe (nothing is removed).
     """
-    root = labs_root().resolve()
-    if path.is_symlink() or not path.exists():
-        if path.is_symlink():
-            raise LabStateError(f"refusing to remove {path}: it is a symbolic link")
-        return
-    real = path.resolve()
-    if real.parent != root or not LAB_IDENT.fullmatch(real.name):
+    root = labs_root()
+    if Path(os.path.abspath(path)).parent != Path(os.path.abspath(root)) or not LAB_IDENT.fullmatch(path.name):
         raise LabStateError(f"refusing to remove {path}: it is not a lab's run directory under {root}")
-    shutil.rmtree(real, ignore_errors=True)
+    if path.is_symlink():
+        raise LabStateError(f"refusing to remove {path}: it is a symbolic link")
+    remove_tree(root, path.name)
