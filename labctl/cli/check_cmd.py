@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from labctl.cli.ui import out, print_json
+from labctl.cli.ui import out, print_json, safe
 from labctl.errors import EXIT_CHECKS_FAILED, UsageError
 from labctl.up.grading import PASS, CheckResult, checks_of, run_checks, summary
 from labctl.up.handout import check_alias_prefix, ssh_config
@@ -28,14 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def results_table(title: str, results: Sequence[CheckResult]) -> Table:
-    """check / guest / result / hint; the hint only for checks that did not pass. Never markup."""
+    """check / guest / result / hint; the hint only for checks that did not pass. Never markup; controls escaped."""
     t = Table(title=Text(title), title_justify="left")
     for col in ("check", "guest", "result", "hint"):
         t.add_column(col)
     for r in results:
         style = "green" if r.status == PASS else "bold red"
-        t.add_row(Text(r.name), Text(r.guest), Text(r.summary(), style=style),
-                  Text("" if r.passed else r.hint))
+        t.add_row(safe(r.name), safe(r.guest), safe(r.summary(), style=style),
+                  safe("" if r.passed else r.hint))
     return t
 
 

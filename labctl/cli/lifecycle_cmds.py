@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.cli.images import ensure_image, ensure_kernels
-from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome
+from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome, safe
 from labctl.errors import LabStateError, UsageError
 from labctl.image.store import Image
 from labctl.kernel.store import Kernel
@@ -67,14 +68,18 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="boot every guest, even where a post-boot snapshot would restore it (warm start)")
     p.add_argument("--overcommit", action="store_true",
                    help="start even when the guests may need more memory than the host has available")
+    p.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
+                   help="use kernel paths the lab file names under DIR even if another user could change them "
+                        "(repeatable)")
 
 
-def load_with_kernel(file: str, kernel: str | None) -> Lab:
-    """The lab file, with ``--kernel`` for every guest when given.
+def load_with_kernel(file: str, kernel: str | None, trusted: Sequence[str] = ()) -> Lab:
+    """The lab file, with ``--kernel`` for every guest when given; ``trusted``: ``--trust-dir``.
 
-    :raise LabFileError: for a bad lab file. :raise UsageError: for a bad ``--kernel``.
+    :raise LabFileError: for a bad lab file (a kernel path another user could change, outside
+        ``trusted``, too). :raise UsageError: for a bad ``--kernel``.
     """
-    lab = load_lab(file)
+    lab = load_lab(file, trusted)
     if kernel:
         try:
             lab = lab.with_kernel(kernels.from_command_line(kernel, Path.cwd()))
@@ -88,7 +93,7 @@ def load_for_up(args: argparse.Namespace) -> Lab:
 
     :raise LabFileError: for a bad lab file. :raise UsageError: for a bad option.
     """
-    lab = load_with_kernel(args.file, args.kernel)
+    lab = load_with_kernel(args.file, args.kernel, args.trust_dir)
     try:
         return lab.with_instance(args.instance)
     except ValueError as exc:
@@ -243,7 +248,7 @@ def print_lab(state: LabState) -> None:
                      str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
                      str(n.get("ip") or ""), str(n.get("network", "")),
                      *([marks.get((g.name, str(n.get("name"))), "")] if shown else [])]
-            t.add_row(*(Text(c) for c in cells))  # guest text (drivers from READY) is never markup
+            t.add_row(*(safe(c) for c in cells))  # guest text (drivers from READY): never markup, controls escaped
             first = False
     out.print(t)
 

@@ -32,6 +32,7 @@ from labctl.cli import (
 )
 from labctl.cli.ui import error
 from labctl.errors import LabctlError, LabFileError
+from labctl.textsafe import safe_text
 
 EXIT_INTERRUPTED = 130
 
@@ -62,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _SafeFormatter(logging.Formatter):
+    """Log records (which may quote guest output) with control characters shown escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_text(super().format(record))
+
+
 def _sigterm_as_interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -69,8 +77,9 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     if not args.debug:  # refused connections while sshd starts are expected
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -81,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except LabFileError as exc:
         for problem in exc.problems:
-            print(problem, file=sys.stderr)
+            print(safe_text(str(problem)), file=sys.stderr)
         return exc.exit_code
     except LabctlError as exc:
         if args.debug:

@@ -138,3 +138,58 @@ def test_oops_decode_json_keeps_the_console_text_exact(labctl, fake: FakeKernel,
     assert rc == 0
     assert_no_controls(out)  # JSON escapes them (\u001b) ...
     assert json.loads(out)[0]["headline"].endswith(f"{TITLE}{CLEAR}")  # ... and a reader gets them back exactly
+
+
+# -- labctl status and check: guest text in tables ------------------------------------------
+
+def test_status_table_shows_guest_drivers_escaped(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A guest's READY line names its NICs' drivers: whatever it wrote there is shown, escaped, in its column."""
+    from types import SimpleNamespace
+
+    from labctl.cli import lifecycle_cmds
+    from labctl.up.lifecycle import GuestStatus
+
+    nic = {"name": "eth1", "model": "virtio", "driver": f"virtio_net{TITLE}{CLEAR}", "ip": "10.0.0.1/24",
+           "network": "lan", "link": "up", "impair": {}}
+    statuses = [GuestStatus("a", "running", "127.0.0.1:2222", None, "tcg", 1, [nic])]
+    monkeypatch.setattr(lifecycle_cmds, "guest_statuses", lambda state: statuses)
+    monkeypatch.setattr(lifecycle_cmds, "_kernel_of", lambda state, guest: {"release": "6.1.0-x"})
+    monkeypatch.setattr(lifecycle_cmds.capture, "active", lambda state: [])
+    state = SimpleNamespace(lab="evil", incomplete=False, phase=lifecycle_cmds.UP, guests={"a": None},
+                            hosts={})
+    lifecycle_cmds.print_lab(state)  # type: ignore[arg-type]
+    got = capsys.readouterr().out
+    assert_no_controls(got)
+    assert "virtio_net\\x1b]0;pwned\\x07\\x1b[2J" in got
+    rows = [line for line in got.splitlines() if "│" in line]
+    assert len({len(r) for r in rows}) == 1, got  # columns measured on the escaped text: the table stays aligned
+
+
+def test_check_table_shows_guest_output_escaped() -> None:
+    from labctl.cli.check_cmd import results_table
+    from labctl.up.grading import ERROR, CheckResult
+
+    t = results_table("lab evil", [CheckResult("ping", "a", ERROR, hint="run ping", detail=f"ssh said {CLEAR}{CSI}")])
+    got = render(t, terminal=False)
+    assert_no_controls(got)
+    assert "error: ssh said \\x1b[2J\\x9b" in got
+
+
+# -- errors: lab file problems and log records ---------------------------------------------
+
+def test_lab_file_problems_name_a_hostile_file_escaped(labctl, tmp_path: Path) -> None:  # noqa: F811
+    rc, out, err = labctl("validate", str(tmp_path / f"lab{CLEAR}{TITLE}.yaml"))
+    assert rc == 2
+    assert_no_controls(out + err)
+    assert f"lab\\x1b[2J\\x1b]0;pwned\\x07.yaml:1: cannot read lab file" in err
+
+
+def test_log_records_are_escaped() -> None:
+    import logging
+
+    from labctl.cli.main import _SafeFormatter
+
+    record = logging.LogRecord("labctl.x", logging.WARNING, __file__, 1, "guest said %s", (TITLE + CLEAR,), None)
+    got = _SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert got == "WARNING labctl.x: guest said \\x1b]0;pwned\\x07\\x1b[2J"
