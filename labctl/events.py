@@ -1,8 +1,9 @@
 """How the library tells its caller what happens, without printing anything itself.
 
-Three kinds of news, one module: slow work's progress (:class:`Reporter`,
-e.g. an image build), guests coming up (:class:`UpEvents`) and steps
-running (:class:`StepEvents`). The CLI passes implementations that draw
+Two kinds of news here: slow work's progress (:class:`Reporter`, e.g. an
+image build) and guests coming up (:class:`UpEvents`); steps running are the
+steps stage's own (:class:`labctl.steps.events.StepEvents`), so that this
+module, which every stage uses, imports none of them. The CLI passes implementations that draw
 with rich; tests and scripts pass the defaults here, which only log or do
 nothing.
 """
@@ -13,10 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from labctl.steps.result import StepResult
+from typing import Protocol
 
 log = logging.getLogger("labctl")
 
@@ -72,12 +70,3 @@ class UpEvents:
     def warn(self, message: str) -> None:
         """A warning worth one line."""
 
-
-class StepEvents:
-    """What the steps runner tells its caller as steps start and end (the CLI prints a line each)."""
-
-    def step_started(self, name: str, variant: str | None) -> None:
-        """Step ``name`` (matrix row ``variant``) starts."""
-
-    def step_finished(self, result: StepResult) -> None:
-        """A step variant ended (ok, failed or skipped), with its result."""

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from labctl.bundle import write
 from labctl.bundle.summary import summarize, write_summary
-from labctl.events import StepEvents, UpEvents
+from labctl.events import UpEvents
+from labctl.steps.events import StepEvents
 from labctl.image.store import Image
 from labctl.kernel.store import Kernel
 from labctl.lab.model import Lab

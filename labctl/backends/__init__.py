@@ -7,6 +7,8 @@ Owns: the guest plan and record (:mod:`.base`), the QEMU command line and
 domain XML (pure functions), QMP (:mod:`.monitor`, the one client), and the
 ownership journal of what backends create on hosts (:mod:`.owned`). Must
 not import the ``up`` stage, steps, bundles, reports or the CLI.
+
+Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli
 """
 
 from __future__ import annotations

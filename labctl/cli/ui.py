@@ -17,7 +17,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from labctl.events import StepEvents
+from labctl.steps.events import StepEvents
 from labctl.pipeline import RunOutcome
 from labctl.steps.result import StepResult
 from labctl.textsafe import safe_line, safe_text

@@ -6,6 +6,8 @@ gdbstub (:mod:`.gdb`).
 
 Must not import steps, bundles, reports or the CLI.
 
+Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.cli
+
 Typical use::
 
     from labctl.debug import parse_oopses, Symbolizer

@@ -1,9 +1,13 @@
 """Guest images: recipes under ``images/`` (:mod:`.recipe`) built into cached
-artifacts (:mod:`.build`: kernel, modules, root file system, initramfs from
-:mod:`.initramfs` and :mod:`.kernel`), found, listed and pruned by
-:mod:`.store`, which also names every file of an image once.
+artifacts (:mod:`.build`: root file system and the image's share of the
+initramfs, written by :mod:`.cpio`), found, listed and pruned by
+:mod:`.store`, which also names every file of an image once. Debian's
+package fetcher (:mod:`.apt`) is here too: kernels use it after images.
 
-Must not import the ``up`` stage, backends, steps, bundles, reports or the CLI.
+Must not import the ``up`` stage, backends, steps, bundles, reports or the CLI,
+nor the kernel stage that comes after it.
+
+Imports never: labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli
 """
 
 from labctl.image.recipe import Recipe, load_recipe

@@ -31,7 +31,7 @@ from labctl.events import NullReporter, Reporter
 from labctl.image.apt import sha256_file
 from labctl.image.recipe import Recipe
 from labctl.image.store import INITRAMFS_CPIO, MANIFEST, ROOTFS, Image, ImageStore
-from labctl.kernel import initramfs
+from labctl.image import cpio as initramfs
 from labctl.paths import atomic_write, resource_dir
 from labctl.proc import pid_alive, run
 

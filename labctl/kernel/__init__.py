@@ -5,7 +5,7 @@ a kernel the user built. Owns everything labctl knows about that kernel:
 
 * :mod:`.prepare` -- a kernel prepared once, keyed by its content: boot
   file, modules disk, its share of the initramfs, debug info, config
-  (:mod:`.vmlinux`, :mod:`.modules`, :mod:`.initramfs`);
+  (:mod:`.vmlinux`, :mod:`.modules`; the cpio writer is the image's, :mod:`labctl.image.cpio`);
 * :mod:`.store` -- prepared kernels in the cache;
 * :mod:`.kconfig` -- reading a kernel's configuration;
 * :mod:`.requirements` -- what a lab needs from it: preflight before any
@@ -13,4 +13,6 @@ a kernel the user built. Owns everything labctl knows about that kernel:
 * :mod:`.lab` -- the kernels of one lab, end to end.
 
 Must not import the ``up`` stage, backends, steps, bundles, reports or the CLI.
+
+Imports never: labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli
 """

@@ -5,6 +5,8 @@ One document model (:mod:`.document`) built from the bundle's figures
 as one self-contained HTML page (:mod:`.html`, charts from :mod:`.charts`).
 Reads bundles through :mod:`labctl.bundle`; must not import the steps
 runner, the backends or the CLI.
+
+Imports never: labctl.steps, labctl.backends, labctl.cli
 """
 
 from __future__ import annotations

@@ -8,4 +8,6 @@ back without trusting it (:mod:`.copyback`). The analysis of what the
 tracers leave is :mod:`labctl.trace`'s; the bundle's files are
 :mod:`labctl.bundle`'s. Must not import the CLI, the report or a backend
 module (backends are reached through the lab state's registry).
+
+Imports never: labctl.cli, labctl.report, labctl.backends.qemu, labctl.backends.libvirt
 """

@@ -28,7 +28,7 @@ from labctl.backends.base import Backend
 from labctl.bundle.layout import HOST_DIR, step_dir
 from labctl.debug.crash import console_end, panicked
 from labctl.errors import GuestError, LabctlError, UsageError
-from labctl.events import StepEvents
+from labctl.steps.events import StepEvents
 from labctl.lab.model import Lab
 from labctl.lab.netopts import LinkSpec
 from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, render_trace

@@ -9,4 +9,6 @@ The guest commands that produce these files are :mod:`labctl.steps`'.
 Standard library only; functions return what they could compute and say
 why in warnings rather than raise on odd input. Must not import steps,
 bundles, reports, backends or the CLI.
+
+Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labctl.cli
 """

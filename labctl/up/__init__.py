@@ -7,4 +7,6 @@ is up, its links: impairments and link state (:mod:`.netctl`, recorded in
 :mod:`.netstate`) and packet captures (:mod:`.capture`).
 
 Must not import steps, bundles, reports or the CLI.
+
+Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.cli
 """

@@ -37,6 +37,8 @@ The package: :mod:`.transcript` (what to do, what happened, MI records),
 holds it, QMP around a session), :mod:`.session` (the scripted breakpoint
 session) and :mod:`.target` (a lab guest's gdb view and the init script).
 Must not import the CLI or the steps runner.
+
+Imports never: labctl.cli, labctl.steps.runner
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from labctl.backends import get_backend
 from labctl.backends.monitor import BackendMonitor, Monitor
@@ -18,7 +18,21 @@ from labctl.kernel.store import Kernel
 from labctl.lab.uri import SshHop
 
 if TYPE_CHECKING:
-    from labctl.up.runstate import LabState
+    from labctl.backends.base import GuestRecord
+    from labctl.ssh import Endpoint
+
+
+class LabState(Protocol):
+    """What gdb needs of a lab that is up (:class:`labctl.up.runstate.LabState` is one): the
+    up stage comes before this one and is never imported from here."""
+
+    lab: str
+    backend: str
+    guests: dict[str, GuestRecord]
+
+    def kernel(self, guest: str) -> Kernel: ...
+
+    def endpoint(self, guest: str) -> Endpoint: ...
 
 
 # -- labs: finding a guest's gdbstub and symbols, the interactive init script --------
