@@ -1,4 +1,10 @@
-"""Shared test helpers: run the real ``labctl`` CLI in a child process."""
+"""Shared test helpers: run the real ``labctl`` CLI in a child process.
+
+Every labctl a test starts gets the signals tests send at their default (a suite started in
+the background by a shell without job control inherits SIGINT ignored), every lab a test
+brings up is taken down after it whatever its outcome, and the run ends with a check that it
+left nothing of its own behind: see ``tests/harness.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +16,34 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import harness
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 SESSION_STARTED = time.time()
+_BASELINE: list[harness.Baseline] = []
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _BASELINE.append(harness.begin())
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of what is still set up (an interrupted run)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the post-boot snapshots this run of the suite took (about 90 MB per guest each):
+    """Check that the run left no lab of its own behind (and say which test made what it left);
+    then remove the post-boot snapshots this run of the suite took (about 90 MB per guest each):
     a machine that runs the suite often would otherwise fill its disk with them. Those that
     were there before the run stay."""
+    if _BASELINE:
+        _check_leftovers(session, _BASELINE[0])
+
     from labctl.up.snapshots import list_all
 
     for snap in list_all():
@@ -34,23 +52,57 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 shutil.rmtree(snap.dir, ignore_errors=True)
 
 
+def _check_leftovers(session: pytest.Session, base: harness.Baseline) -> None:
+    for t in harness.tracked():  # session fixtures' state directories, and Clis no fixture tore down
+        harness.teardown(t)
+    found = harness.leftovers(base)
+    if not found:
+        return
+    lines = ["", "LEFTOVERS: the test run left these behind (removed now):"]
+    lines += [f"  {lo.what}  -- made by {lo.test}" for lo in found]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in lines:
+        if reporter is not None:
+            reporter.write_line(line, red=bool(line.strip()), bold=line.startswith("LEFTOVERS"))
+        else:
+            print(line, file=sys.stderr)
+    harness.clean(base)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @dataclass
 class Cli:
     """Runs ``python -m labctl`` with a private state directory."""
 
     state_dir: Path
     env: dict[str, str]
+    tracked: harness.Tracked | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # Taken down after the test that made it (the cli fixture's teardown), else at the run's end.
+        if self.tracked is None:
+            self.tracked = harness.track(self.state_dir, self.env)
 
     def __call__(self, *args: str, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "labctl", *args], cwd=ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)
+        assert self.tracked is not None
+        self.tracked.note_args(args)
+        proc = harness.run([sys.executable, "-m", "labctl", *args], cwd=ROOT, env=self.env,
+                           capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"labctl {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "labctl", *args], cwd=ROOT, env=self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        """``labctl ARGS`` started with SIGINT, SIGTERM, SIGHUP and SIGQUIT at their default (harness.popen)."""
+        assert self.tracked is not None
+        self.tracked.note_args(args)
+        return harness.popen([sys.executable, "-m", "labctl", *args], cwd=ROOT, env=self.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def teardown(self) -> None:
+        """Take down every lab of this state directory and whatever still names it (harness.teardown)."""
+        assert self.tracked is not None
+        harness.teardown(self.tracked)
 
     @contextlib.contextmanager
     def running(self, *args: str) -> Iterator[subprocess.Popen[str]]:
@@ -66,19 +118,36 @@ class Cli:
 
 
 def interrupt(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
-    """Ctrl-C: SIGINT to ``proc``; its stdout and stderr once it has exited."""
+    """Ctrl-C: SIGINT to ``proc`` (started by ``Cli.popen``/``harness.popen``, so SIGINT is at its
+    default there even when this pytest inherited it ignored); its stdout and stderr once it has exited."""
     proc.send_signal(signal.SIGINT)
     return proc.communicate(timeout=timeout)
 
 
-@pytest.fixture
-def cli(tmp_path_factory: pytest.TempPathFactory) -> Cli:
-    # Short path: unix socket names must stay under 108 bytes.
-    state = Path(tmp_path_factory.mktemp("st", numbered=True))
+def new_cli(tmp_path_factory: pytest.TempPathFactory, prefix: str = "st") -> Cli:
+    """A ``Cli`` with a new private state directory (a short path: unix socket names must stay
+    under 108 bytes)."""
+    state = Path(tmp_path_factory.mktemp(prefix, numbered=True))
     env = dict(os.environ)
     env["LABCTL_STATE_DIR"] = str(state)
     env.pop("XDG_RUNTIME_DIR", None)
     return Cli(state, env)
+
+
+@pytest.fixture
+def cli(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    """labctl with a private state directory. Afterwards, whatever the test's outcome (a failed
+    assertion, a timeout, Ctrl-C), every lab it brought up there is taken down, with those of any
+    other ``Cli`` the test made."""
+    c = new_cli(tmp_path_factory)
+    assert c.tracked is not None
+    c.tracked.test = request.node.nodeid
+    try:
+        yield c
+    finally:
+        for t in harness.tracked():
+            if t is c.tracked or t.test == request.node.nodeid:
+                harness.teardown(t)
 
 
 def fake_kernel(directory: Path, modules: bool = True) -> Any:

@@ -67,8 +67,9 @@ def pids_matching(pattern: str) -> list[int]:
 
 
 def qemu_pids_under(path: Path) -> list[int]:
-    """PIDs of QEMU processes whose command line mentions ``path``."""
-    return pids_matching(f"qemu-system.*{path}")
+    """PIDs of QEMU processes whose command line mentions a file in ``path`` (not in a sibling
+    that shares its prefix: st1 and st10)."""
+    return pids_matching(f"qemu-system.*{path}/")
 
 
 def wait_for(cond, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
@@ -149,15 +150,16 @@ def run_bundle(cli: Any, lab: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def session_cli(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The ``cli`` fixture for bundles that several tests share (one state directory)."""
-    from tests.conftest import Cli
+def session_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The ``cli`` fixture for bundles that several tests share (one state directory); its labs
+    are taken down at the end of the run, whatever happened."""
+    from tests import harness
+    from tests.conftest import new_cli
 
-    state = Path(tmp_path_factory.mktemp("sst", numbered=True))
-    env = dict(os.environ)
-    env["LABCTL_STATE_DIR"] = str(state)
-    env.pop("XDG_RUNTIME_DIR", None)
-    return Cli(state, env)
+    c = new_cli(tmp_path_factory, "sst")
+    c.tracked.test = f"session_cli (first used by {harness.current_test()})"
+    yield c
+    harness.teardown(c.tracked)
 
 
 @pytest.fixture(scope="session")

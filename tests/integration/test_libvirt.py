@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import harness
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import pids_matching, require_libvirtd, virsh
 
@@ -14,6 +15,8 @@ LAB = ROOT / "labs" / "quickstart.yaml"
 ADDRS = {"a": "10.10.0.1", "b": "10.10.0.2", "c": "10.10.0.3"}
 DRIVERS = {"a": {"8139cp", "8139too"}, "b": {"e1000"}, "c": {"virtio_net"}}
 _virsh = virsh
+# Lab names are global on a libvirt host: this run's own, so that an earlier run's leftovers never meet it.
+NAME = harness.lab_name("quickstart")
 
 
 @pytest.fixture
@@ -24,34 +27,36 @@ def libvirtd() -> None:
 def _lab_domains() -> list[str]:
     names = _virsh("list", "--all", "--name")
     assert names.returncode == 0, names.stderr
-    return [n for n in names.stdout.split() if n.startswith("labctl-quickstart-")]
+    return [n for n in names.stdout.split() if n.startswith(f"labctl-{NAME}-")]
 
 
-def test_quickstart_on_libvirt(cli: Cli, image: object, libvirtd: None) -> None:
-    assert _lab_domains() == [], "a labctl-quickstart domain is already defined"
-    up = cli("up", str(LAB), "--backend", "libvirt", "--accel", "tcg")
+def test_quickstart_on_libvirt(cli: Cli, image: object, libvirtd: None, tmp_path: Path) -> None:
+    lab = tmp_path / "quickstart.yaml"
+    lab.write_text(LAB.read_text().replace("name: quickstart\n", f"name: {NAME}\n", 1))
+    assert _lab_domains() == []
+    up = cli("up", str(lab), "--backend", "libvirt", "--accel", "tcg")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
-        assert sorted(_lab_domains()) == [f"labctl-quickstart-{g}" for g in "abc"]
+        assert sorted(_lab_domains()) == [f"labctl-{NAME}-{g}" for g in "abc"]
         status = json.loads(cli("status", "--json", check=True).stdout)
         (lab,) = status["labs"]
         assert lab["backend"] == "libvirt"
         assert {g["name"]: g["state"] for g in lab["guests"]} == {g: "running" for g in "abc"}
 
         for name in ADDRS:
-            drv = cli("exec", "quickstart", name, "--", "ethtool", "-i", "eth1", check=True).stdout
+            drv = cli("exec", NAME, name, "--", "ethtool", "-i", "eth1", check=True).stdout
             driver = drv.splitlines()[0].split(": ", 1)[1]
             assert driver in DRIVERS[name], drv
             for other, ip in ADDRS.items():
                 if other != name:
-                    ping = cli("exec", "quickstart", name, "--", "ping", "-c", "2", "-W", "3", ip)
+                    ping = cli("exec", NAME, name, "--", "ping", "-c", "2", "-W", "3", ip)
                     assert ping.returncode == 0, f"{name} -> {other}: {ping.stdout}{ping.stderr}"
     finally:
-        down = cli("down", "quickstart")
+        down = cli("down", NAME)
     assert down.returncode == 0, down.stderr
     assert _lab_domains() == []
-    assert pids_matching("qemu-system.*guest=labctl-quickstart-") == []
+    assert pids_matching(f"qemu-system.*guest=labctl-{NAME}-") == []
     assert not [p for p in Path("/var/lib/libvirt/labctl-run").glob("*") if p.name.startswith(
-        ("labctl-quickstart-", "quickstart."))]  # the guests' and the lab's directories on the host
-    assert not list(Path("/var/lib/libvirt/labctl").glob("labctl-quickstart-*"))  # its volumes
-    assert not (cli.state_dir / "labs" / "quickstart").exists()
+        (f"labctl-{NAME}-", f"{NAME}."))]  # the guests' and the lab's directories on the host
+    assert not list(Path("/var/lib/libvirt/labctl").glob(f"labctl-{NAME}-*"))  # its volumes
+    assert not (cli.state_dir / "labs" / NAME).exists()

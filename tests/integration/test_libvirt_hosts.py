@@ -22,6 +22,7 @@ from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
 from labctl.kernel.store import Kernel
 from labctl.up.runstate import LabState
+from tests import harness
 from tests.conftest import Cli, interrupt
 from tests.integration.conftest import pids_matching, pool_volumes_of, require_libvirtd, virsh, wait_for
 
@@ -78,8 +79,8 @@ def sshd(libvirtd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     had_known_hosts = KNOWN_HOSTS.exists()
     log = open(d / "sshd.log", "wb")
-    proc = subprocess.Popen(["/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-D", "-e"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = harness.popen(["/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-D", "-e"],
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # it gets SIGTERM
     try:
         wait_for(lambda: _accepts(port) or proc.poll() is not None, 30, "sshd to listen")
         assert proc.poll() is None, (d / "sshd.log").read_text()
@@ -156,6 +157,10 @@ def _leftovers(lab: str) -> dict[str, list[str]]:
 
 NOTHING: dict[str, list[str]] = {"domains": [], "volumes": [], "networks": [], "dirs": [], "qemu": []}
 
+# Lab names are global on a libvirt host: each run of the suite has its own (harness.lab_name),
+# so that what an earlier run left never meets this one.
+HOSTS2, HOSTS2I, HOSTS2U = (harness.lab_name(n) for n in ("hosts2", "hosts2i", "hosts2u"))
+
 
 def _one_line(text: str) -> str:
     """CLI output with the terminal's line wrapping undone."""
@@ -164,8 +169,8 @@ def _one_line(text: str) -> str:
 
 def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, kernel: Kernel, sshd: Sshd, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    lab = _lab(tmp_path / "hosts2.yaml", "hosts2", sshd.uri)
-    assert _leftovers("hosts2") == NOTHING
+    lab = _lab(tmp_path / "hosts2.yaml", HOSTS2, sshd.uri)
+    assert _leftovers(HOSTS2) == NOTHING
     for vol in _image_volumes(image, kernel):  # make this run take the upload path
         for name in (vol, vol + ".sha256"):
             if name in _pool_volumes():
@@ -174,7 +179,7 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, kernel: Kernel
     refused = cli("up", str(lab), "--accel", "tcg", "--no-verify-host-keys", timeout=300)
     assert refused.returncode == 2, refused.stdout + refused.stderr  # the link would be a plain UDP tunnel
     assert "hosts2.yaml:6: networks.link: network link would be a UDP tunnel" in _one_line(refused.stderr)
-    assert _leftovers("hosts2") == NOTHING and not (cli.state_dir / "labs" / "hosts2").exists()
+    assert _leftovers(HOSTS2) == NOTHING and not (cli.state_dir / "labs" / HOSTS2).exists()
     up = cli("up", str(lab), "--accel", "tcg", "--show-command", *INSECURE)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
@@ -192,35 +197,35 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, kernel: Kernel
             assert f"uploaded {vol} to pool {POOL} on host h2" in uploaded, st["uploads"]
             assert vol in _pool_volumes() and vol + ".sha256" in _pool_volumes()
             assert (POOL_DIR / (vol + ".sha256")).read_text().split()[0] == sha
-        assert "labctl-hosts2-b-disk.qcow2" in _pool_volumes()
-        backing = _virsh("vol-dumpxml", "labctl-hosts2-b-disk.qcow2", "--pool", POOL).stdout
+        assert f"labctl-{HOSTS2}-b-disk.qcow2" in _pool_volumes()
+        backing = _virsh("vol-dumpxml", f"labctl-{HOSTS2}-b-disk.qcow2", "--pool", POOL).stdout
         assert "<backingStore>" in backing and "rootfs.img" in backing
 
         # the remote guest's console came home through the console stream
-        console = (cli.state_dir / "labs" / "hosts2" / "guests" / "b" / "console.log").read_bytes()
+        console = (cli.state_dir / "labs" / HOSTS2 / "guests" / "b" / "console.log").read_bytes()
         assert b"LABCTL-READY b" in console
 
-        drv = cli("exec", "hosts2", "b", "--", "ethtool", "-i", "eth1", check=True).stdout
+        drv = cli("exec", HOSTS2, "b", "--", "ethtool", "-i", "eth1", check=True).stdout
         assert drv.splitlines()[0] == "driver: virtio_net"
         for guest, peer in (("a", "10.20.0.2"), ("b", "10.20.0.1")):
-            ping = cli("exec", "hosts2", guest, "--", "ping", "-c", "3", "-W", "5", peer)
+            ping = cli("exec", HOSTS2, guest, "--", "ping", "-c", "3", "-W", "5", peer)
             assert ping.returncode == 0, f"{guest} -> {peer}: {ping.stdout}{ping.stderr}"
 
         # gdb reaches the remote guest's gdbstub (on h2's loopback) through ssh -W to h2
-        gdb = cli("gdb", "hosts2", "b", "--batch", "bt 1", "info symbol virtnet_poll", timeout=300)
+        gdb = cli("gdb", HOSTS2, "b", "--batch", "bt 1", "info symbol virtnet_poll", timeout=300)
         assert gdb.returncode == 0, gdb.stdout + gdb.stderr
         assert "#0  " in gdb.stdout and "virtnet_poll in section .text of " in gdb.stdout, gdb.stdout
         assert "detached" in gdb.stdout.lower()
-        bdir = cli.state_dir / "labs" / "hosts2" / "guests" / "b"
+        bdir = cli.state_dir / "labs" / HOSTS2 / "guests" / "b"
         script = (bdir / "gdb-init.gdb").read_text()  # through an SSH forward of the socket on h2
         assert f"target remote {bdir / 'gdb-fwd.sock'}" in script
         # and a scripted (MI) session, as a step's gdb: runs it: break, step, leave the guest running
         monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
         # both QEMUs run as libvirt's QEMU user, as each host's capabilities say (h2 is
         # the same libvirtd, reached over SSH)
-        labels = {g: LabState.load("hosts2").guests[g].extra["qemu_user"] for g in "ab"}
+        labels = {g: LabState.load(HOSTS2).guests[g].extra["qemu_user"] for g in "ab"}
         assert labels["a"] == labels["b"] and labels["a"] != "+0:+0", labels
-        target = gdb_target(LabState.load("hosts2"), "b")
+        target = gdb_target(LabState.load(HOSTS2), "b")
         assert target.stub.via is not None and target.stub.via.port == sshd.port
         (tmp_path / "gdb").mkdir()  # a step's output directory exists before its gdb session starts
         t = run_breakpoint_session(target.stub, target.vmlinux, [], GdbSpec("run_timer_softirq", hits=1, step=1,
@@ -228,49 +233,49 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, kernel: Kernel
                                    tmp_path / "gdb", monitor=target.monitor)
         assert (t.hits, t.timed_out, t.error) == (1, False, None), t.to_text()
         assert t.hit_stops[0].frame.func == "run_timer_softirq" and t.guest_resumed
-        ping = cli("exec", "hosts2", "b", "--", "ping", "-c", "1", "-W", "5", "10.20.0.1")
+        ping = cli("exec", HOSTS2, "b", "--", "ping", "-c", "1", "-W", "5", "10.20.0.1")
         assert ping.returncode == 0, "b no longer runs after gdb detached: " + ping.stdout + ping.stderr
     finally:
-        down = cli("down", "hosts2")
+        down = cli("down", HOSTS2)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert _leftovers("hosts2") == NOTHING
+    assert _leftovers(HOSTS2) == NOTHING
     assert pids_matching("labctl.backends.libvirt.console") == []
-    assert not (cli.state_dir / "labs" / "hosts2").exists()
+    assert not (cli.state_dir / "labs" / HOSTS2).exists()
     assert all(v in _pool_volumes() for v in _image_volumes(image, kernel))  # the image stays for later runs
 
 
 def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, kernel: Kernel, sshd: Sshd,
                                                     tmp_path: Path) -> None:
-    lab = _lab(tmp_path / "hosts2i.yaml", "hosts2i", sshd.uri)
-    assert _leftovers("hosts2i") == NOTHING
+    lab = _lab(tmp_path / "hosts2i.yaml", HOSTS2I, sshd.uri)
+    assert _leftovers(HOSTS2I) == NOTHING
     rootfs = next(POOL_DIR / v for v in _image_volumes(image, kernel) if "rootfs" in v)
     before = rootfs.stat() if (POOL_DIR / (rootfs.name + ".sha256")).exists() else None
-    console = cli.state_dir / "labs" / "hosts2i" / "guests" / "b" / "console.log"
+    console = cli.state_dir / "labs" / HOSTS2I / "guests" / "b" / "console.log"
     with cli.running("up", str(lab), "--accel", "tcg", *INSECURE) as proc:
         wait_for(lambda: console.exists() and console.stat().st_size > 0 or proc.poll() is not None,
                  600, "guest b to boot on h2")
         assert proc.poll() is None, proc.communicate()
-        assert sorted(_leftovers("hosts2i")["domains"]) == ["labctl-hosts2i-a", "labctl-hosts2i-b"]
-        assert "labctl-hosts2i-b-disk.qcow2" in _pool_volumes()
+        assert sorted(_leftovers(HOSTS2I)["domains"]) == [f"labctl-{HOSTS2I}-a", f"labctl-{HOSTS2I}-b"]
+        assert f"labctl-{HOSTS2I}-b-disk.qcow2" in _pool_volumes()
         if before is not None:  # already uploaded and verified: the marker made this run skip it
             after = rootfs.stat()
             assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
         _out, err = interrupt(proc, 180)
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    assert _leftovers("hosts2i") == NOTHING
+    assert _leftovers(HOSTS2I) == NOTHING
     assert pids_matching("labctl.backends.libvirt.console") == []
-    assert not (cli.state_dir / "labs" / "hosts2i").exists()
+    assert not (cli.state_dir / "labs" / HOSTS2I).exists()
 
 
 def test_unreachable_host_is_named(cli: Cli, image: Image, libvirtd: None, tmp_path: Path) -> None:
     uri = f"qemu+ssh://root@127.0.0.1:{_free_port()}/system"
-    lab = _lab(tmp_path / "hosts2u.yaml", "hosts2u", uri)
+    lab = _lab(tmp_path / "hosts2u.yaml", HOSTS2U, uri)
     up = cli("up", str(lab), "--accel", "tcg", *INSECURE, timeout=300)
     assert up.returncode == 3, up.stdout + up.stderr
     assert f"host h2 ({uri}?no_verify=1) is unreachable" in _one_line(up.stderr)
-    assert _leftovers("hosts2u") == NOTHING
-    assert not (cli.state_dir / "labs" / "hosts2u").exists()
+    assert _leftovers(HOSTS2U) == NOTHING
+    assert not (cli.state_dir / "labs" / HOSTS2U).exists()
     doctor = cli("doctor", str(lab), "--backend", "libvirt", "--json")
     assert doctor.returncode == 3
     checks = {c["check"]: c for c in json.loads(doctor.stdout)}

@@ -11,17 +11,17 @@ sees it. Nothing of the lab is left in libvirt afterwards.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests import harness
 from tests.conftest import Cli
 from tests.integration.conftest import pids_matching, require_libvirtd, virsh, wait_for
 
-TAG = f"lvn{os.getpid() % 100000}"
+TAG = f"lvn{harness.RUN_ID}"  # lab names are global on a libvirt host: this run's own
 
 
 def test_capture_impair_and_link_on_libvirt(cli: Cli, image: object, tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ libvirtd, which other test runs on the same machine share.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +24,12 @@ import pytest
 
 from labctl.backends import get_backend
 from labctl.up.runstate import LabState
+from tests import harness
 from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import LIBVIRT_URI, pids_matching, require_libvirtd, virsh, wait_for
 
 URI = LIBVIRT_URI
-TAG = f"lv{os.getpid() % 100000}"
+TAG = f"lv{harness.RUN_ID}"  # lab names are global on a libvirt host: this run's own
 
 
 _virsh = virsh

@@ -26,13 +26,14 @@ import pytest
 from labctl.image.store import Image
 from labctl.kernel.store import Kernel
 from labctl.up.runstate import LabState
+from tests import harness
 from tests.conftest import Cli
 from tests.integration.conftest import pids_matching, pool_volumes_of, require_libvirtd, virsh
 
 URI = "qemu:///system"
 POOL_DIR = Path("/var/lib/libvirt/labctl")
 RUN_ROOT = Path("/var/lib/libvirt/labctl-run")
-NAME = f"lvu{os.getpid() % 100000}"
+NAME = f"lvu{harness.RUN_ID}"  # lab names are global on a libvirt host: this run's own
 LAB = f"""\
 name: {NAME}
 networks:

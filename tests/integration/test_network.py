@@ -17,7 +17,6 @@ import datetime
 import json
 import re
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 
 from labctl.backends.monitor import qmp_execute
-from tests.conftest import Cli
+from tests.conftest import Cli, interrupt
 from tests.integration.conftest import qemu_pids_under, wait_for
 
 LAB = "nettest"
@@ -197,19 +196,13 @@ def _check_live_capture(cli: Cli, tmp_path: Path) -> None:
     assert "the reader went away" in err
     assert _capture_records(cli) == [] and _filters(cli, "a") == []
 
-    # Ctrl-C ends a capture to a file, which tshark then reads. A pytest started in the background
-    # by a shell without job control ignores SIGINT, and so would its children: give labctl a
-    # terminal's default for it.
+    # Ctrl-C ends a capture to a file, which tshark then reads (cli.popen starts labctl with SIGINT
+    # at its default, even in a pytest started in the background by a shell without job control).
     target = tmp_path / "b-eth1.pcapng"
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        proc = cli.popen("capture", LAB, "b", "eth1", "-w", str(target))
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    proc = cli.popen("capture", LAB, "b", "eth1", "-w", str(target))
     wait_for(lambda: _capture_records(cli), 60, "the second capture to start")
     assert ping(cli, "a", B1, count=2).returncode == 0
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = interrupt(proc, 60)
     assert proc.returncode == 0 and "interrupted" in err and "Traceback" not in err, err
     frames = echoes(target)
     assert [(s, d, t) for _, s, d, t, _ in frames] == [(A1, B1, "8"), (B1, A1, "0")] * 2

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import harness
 from tests.conftest import Cli, interrupt
 from tests.integration.conftest import pids_matching, qemu_pids_under, require_libvirtd, virsh, wait_for
 
@@ -78,7 +79,8 @@ def test_ctrl_c_during_a_step_writes_the_bundle_and_stops_everything(cli: Cli, i
                                                                       backend: str) -> None:
     if backend == "libvirt":
         require_libvirtd()
-    name = "killed" if backend == "qemu" else f"killedlv{os.getpid() % 100000}"  # libvirt names are global
+    # this run's own name (libvirt's are global on the host; the QEMU check below is by name on both)
+    name = harness.lab_name("killed" if backend == "qemu" else "killedlv")
     lab = tmp_path / "killed.yaml"
     lab.write_text(LAB.replace("name: killed", f"name: {name}"))
     runs = tmp_path / "runs"

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from labctl.net.switch import Switch
+from tests import harness
 
 A, B, C = (bytes([0x52, 0x54, 0, 0, 0, i]) for i in (1, 2, 3))
 BCAST = b"\xff" * 6
@@ -31,7 +32,7 @@ def test_learning_switch_floods_then_forwards(tmp_path: Path) -> None:
 
 def test_switch_process_forwards_real_datagrams(tmp_path: Path) -> None:
     hub = tmp_path / "sw.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "labctl.net.switch", str(hub)])
+    proc = harness.popen([sys.executable, "-m", "labctl.net.switch", str(hub)])  # it gets SIGTERM
     try:
         for _ in range(100):
             if hub.exists():

@@ -35,6 +35,7 @@ from labctl.lab import load_lab_text
 from labctl.lab.hosts import host_place
 from labctl.net.plan import plan_networks
 from labctl.up.lifecycle import mgmt_mac
+from tests import harness
 from tests.conftest import fake_kernel
 
 # `virsh capabilities` of this Debian 12 host (libvirt 9.0), the <secmodel> part,
@@ -278,8 +279,8 @@ def test_the_switch_gives_up_root_before_it_binds() -> None:
     os.chown(net, nobody.uid, nobody.gid)
     sock = net / "n0-switch.sock"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen([sys.executable, "-m", "labctl.net.switch", str(sock), "--user", nobody.owner], env=env,
-                            stderr=subprocess.PIPE)
+    proc = harness.popen([sys.executable, "-m", "labctl.net.switch", str(sock), "--user", nobody.owner], env=env,
+                         stderr=subprocess.PIPE)  # it gets SIGTERM
     try:
         deadline = time.monotonic() + 20
         while not sock.exists():

@@ -18,6 +18,7 @@ import pytest
 
 from labctl.up import snapshots
 from labctl.up.snapshots import Snapshot
+from tests import harness
 
 
 @pytest.fixture
@@ -48,9 +49,9 @@ def holder(tmp_path: Path) -> Iterator[callable]:  # type: ignore[valid-type]
         overlay = tmp_path / f"overlay-{snap.key}.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(snap.disk), "-F", "qcow2",
                         str(overlay)], check=True)
-        p = subprocess.Popen(["qemu-system-x86_64", "-machine", "none", "-nodefaults", "-display", "none",
-                              "-drive", f"file={overlay},if=none,id=d0"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = harness.popen(["qemu-system-x86_64", "-machine", "none", "-nodefaults", "-display", "none",
+                           "-drive", f"file={overlay},if=none,id=d0"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # it gets SIGTERM
         procs.append(p)
         deadline = time.monotonic() + 20
         while not snapshots.held_open(snap):
