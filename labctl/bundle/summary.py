@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.bundle.figures import comparison_sentence, is_failed, repeat_key, spread, step_metrics
-from labctl.bundle.layout import HOST_DIR, SUMMARY
+from labctl.bundle.layout import FLAMEGRAPH_FOLDED, HOST_DIR, SUMMARY
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
 from labctl.trace.analyze import guest_figures, step_figures
@@ -100,8 +100,9 @@ def _derived_files(gdir: Path, modules: list[str], warnings: list[str]) -> dict[
         fg = guest_flamegraph(gdir, modules)
         if fg is not None:
             info, text = fg
-            if info.get("folded"):
-                atomic_write(gdir / str(info["folded"]), text)
+            info["folded"] = FLAMEGRAPH_FOLDED if info.get("event") else None
+            if info["folded"]:
+                atomic_write(gdir / FLAMEGRAPH_FOLDED, text)
             out["flamegraph"] = info
     except OSError as exc:
         warnings.append(f"flame graph: {exc}")

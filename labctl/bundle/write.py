@@ -20,7 +20,7 @@ from labctl import __version__
 from labctl.backends import get_backend
 from labctl.backends.base import Backend
 from labctl.backends.qemu.backend import qemu_version
-from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, guest_dir
+from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, OOPS_JSON, OOPS_TXT, guest_dir
 from labctl.errors import LabctlError, UsageError
 from labctl.image.store import MANIFEST as IMAGE_MANIFEST
 from labctl.lab.model import Lab
@@ -143,7 +143,11 @@ def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> dict[str, list[str]]
             shutil.copy(rec.console, d / CONSOLE)
         except OSError:
             continue
-        titles = decode_console(d / CONSOLE, state.kernel(name), d)
-        if titles:
-            crashes[name] = titles
+        decoded = decode_console(d / CONSOLE, state.kernel(name))
+        if decoded is None:
+            continue
+        (d / OOPS_TXT).write_text(decoded.text)
+        if decoded.json is not None:
+            (d / OOPS_JSON).write_text(decoded.json)
+        crashes[name] = decoded.titles
     return crashes

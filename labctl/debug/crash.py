@@ -1,5 +1,5 @@
 """Crashed guests, the one detector: is there an oops on a console, did the kernel
-panic, what are the oopses' titles, and their decoding into files.
+panic, what are the oopses' titles, and their decoding (the bundle writes it).
 
 ``up`` fails a boot on any oops (:func:`crashed`), ``status`` calls such a
 guest crashed, and the steps runner gives up on a guest whose kernel
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.debug.oops import parse_oopses
@@ -51,26 +52,31 @@ def oops_titles(console_text: str) -> list[str]:
     return [o.title for o in parse_oopses(console_text)]
 
 
-def decode_console(console: Path, kernel: Kernel, out_dir: Path) -> list[str]:
-    """Decode every oops of ``console`` against the guest's ``kernel`` into ``out_dir``/oops.{txt,json}.
+@dataclass(frozen=True)
+class DecodedConsole:
+    """Every oops of a console log: titles, the decoded text, and its JSON (None when decoding failed)."""
 
-    Returns the oops titles (empty when the log holds none). Never raises for
-    a missing vmlinux: the raw console is kept either way.
-    """
+    titles: list[str]
+    text: str
+    json: str | None
+
+
+def decode_console(console: Path, kernel: Kernel) -> DecodedConsole | None:
+    """Decode every oops of ``console`` against the guest's ``kernel``; None when the log holds
+    none (or cannot be read). Never raises for a missing vmlinux: the text then says why."""
     try:
         text = console.read_text(errors="replace")
     except OSError:
-        return []
+        return None
     oopses = parse_oopses(text)
     if not oopses:
-        return []
+        return None
     titles = [o.title for o in oopses]
     try:
         decoded = Symbolizer(kernel.vmlinux_debug, kernel.debug_modules).decode(oopses)
-        (out_dir / "oops.json").write_text(json.dumps([d.to_json() for d in decoded], indent=2) + "\n")
         lines = [t.plain for i, d in enumerate(decoded, 1) for t in [*render_oops(d, i)]]
-        (out_dir / "oops.txt").write_text("\n".join(lines) + "\n")
+        return DecodedConsole(titles, "\n".join(lines) + "\n",
+                              json.dumps([d.to_json() for d in decoded], indent=2) + "\n")
     except Exception as exc:  # noqa: BLE001 - decoding is a bonus, the console is the record
         log.warning("decoding the oops in %s failed: %s", console, exc)
-        (out_dir / "oops.txt").write_text("\n".join(titles) + f"\n(decoding failed: {exc})\n")
-    return titles
+        return DecodedConsole(titles, "\n".join(titles) + f"\n(decoding failed: {exc})\n", None)

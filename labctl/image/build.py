@@ -201,7 +201,7 @@ class Builder:
         size_mib = int(used_kib / 1024 * 1.15) + self.recipe.free_mib
         self.versions.update(self._package_versions())
         run(["mke2fs", "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-L", "labroot",
-             "-E", "root_owner=0:0", "-d", self.root, self.work / "rootfs.img", f"{size_mib}M"],
+             "-E", "root_owner=0:0", "-d", self.root, self.work / ROOTFS, f"{size_mib}M"],
             timeout=900)
         shutil.rmtree(self.root)
 

@@ -25,7 +25,7 @@ from typing import Any
 from labctl import paths
 from labctl.backends import get_backend
 from labctl.backends.base import Backend
-from labctl.bundle.layout import HOST_DIR, step_dir
+from labctl.bundle.layout import CONSOLE, HOST_DIR, OOPS_TXT, guest_dir, step_dir
 from labctl.debug.crash import console_end, panicked
 from labctl.errors import GuestError, LabctlError, UsageError
 from labctl.steps.events import StepEvents
@@ -122,8 +122,8 @@ class Runner:
         except OSError:
             titles = []
         if titles:
-            return f"guest {dead[0]} crashed: {titles[0]}; see guests/{dead[0]}/oops.txt"
-        return f"guest {', '.join(dead)} stopped (its QEMU exited); see guests/{dead[0]}/console.log"
+            return f"guest {dead[0]} crashed: {titles[0]}; see {guest_dir(dead[0])}/{OOPS_TXT}"
+        return f"guest {', '.join(dead)} stopped (its QEMU exited); see {guest_dir(dead[0])}/{CONSOLE}"
 
     def tools(self, guest: str) -> set[str]:
         if guest not in self._tools:

@@ -1,4 +1,4 @@
-"""A guest's flame graph stacks for one step: ``perf-script-g.txt.gz`` folded into ``flamegraph.folded``.
+"""A guest's flame graph stacks for one step: ``perf-script-g.txt.gz`` folded (the bundle names the file).
 
 A recording with call graphs (``perf_record: {call_graph: true}``) leaves
 ``perf script``'s text of every sample, gzipped, in the guest's step
@@ -23,7 +23,6 @@ from labctl.trace.flamefold import Stack, fold_perf_script, kallsyms_modules, wr
 from labctl.trace.parsers import is_tracepoint
 
 SCRIPT = "perf-script-g.txt.gz"
-FOLDED = "flamegraph.folded"
 KALLSYMS_MODULES = "kallsyms-modules.txt"
 TOP_FUNCTIONS = 10
 
@@ -68,9 +67,8 @@ def summarize_stacks(stacks: Mapping[Stack, int], driver_modules: list[str]) -> 
 def guest_flamegraph(guest_dir: Path, driver_modules: list[str]) -> tuple[dict[str, Any], str] | None:
     """Fold the guest's call-graph recording: (what the summary keeps, the folded text); None without one.
 
-    The summary keeps ``event``, ``folded`` (:data:`FOLDED`, the file to write
-    the text to; None when the recording has no sampling event),
-    ``samples``, ``skipped_samples``, ``modules``, ``driver`` (see
+    The summary keeps ``event`` (None when the recording has no sampling
+    event; the folded text is then empty), ``samples``, ``skipped_samples``, ``modules``, ``driver`` (see
     :func:`summarize_stacks`) and ``other_events`` (the recording's other
     events with their sample counts, tracepoints included).
 
@@ -88,11 +86,11 @@ def guest_flamegraph(guest_dir: Path, driver_modules: list[str]) -> tuple[dict[s
     folded = fold_perf_script(text, module_symbols=mods)
     sampling = [e for e in folded.events if not is_tracepoint(e.rstrip(":"))]
     if not sampling:
-        return {"event": None, "samples": 0, "folded": None,
+        return {"event": None, "samples": 0,
                 "other_events": {e: folded.total(e) for e in folded.events}}, ""
     event = max(sampling, key=folded.total)
     stacks = folded.events[event]
-    info = {"event": event, "folded": FOLDED, "skipped_samples": folded.skipped_samples,
+    info = {"event": event, "skipped_samples": folded.skipped_samples,
             **summarize_stacks(stacks, driver_modules),
             "other_events": {e: folded.total(e) for e in folded.events if e != event}}
     return info, write_folded(stacks)

@@ -15,7 +15,7 @@ from labctl.bundle.summary import resummarize
 from labctl.report import render_run
 from labctl.report.flamescript import SCRIPT, script_csp_source
 from labctl.trace.flamefold import read_folded
-from labctl.trace.flames import FOLDED, guest_flamegraph
+from labctl.trace.flames import guest_flamegraph
 from labctl.trace.flames import SCRIPT as RECORDING
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def test_a_recording_folds_into_the_sampling_events_stacks(tmp_path: Path) -> No
     got = guest_flamegraph(tmp_path, ["e1000"])
     assert got is not None
     info, text = got
-    assert info["event"] == "cpu-clock:pppH" and info["samples"] == 41 and info["folded"] == FOLDED
+    assert info["event"] == "cpu-clock:pppH" and info["samples"] == 41 and "folded" not in info
     # the fixture's README: 10 samples in iperf3's transmit path, 9 in e1000_clean taken in idle
     assert info["driver"]["samples"] == 19 and info["driver"]["pct"] == round(100 * 19 / 41, 2)
     assert [(f["function"], f["samples"]) for f in info["driver"]["functions"][:2]] == [

@@ -38,14 +38,13 @@ from typing import Any
 
 from labctl.errors import ImageError
 from labctl.image.apt import sha256_file
-from labctl.image.store import Image
+from labctl.image.store import ROOTFS, Image
 from labctl.kernel.store import Kernel
 
 log = logging.getLogger(__name__)
 
 POOL = "labctl"
 POOL_DIR = "/var/lib/libvirt/labctl"
-IMAGE_FILES = {"rootfs": "rootfs.img"}
 MARKER = ".sha256"
 _ZEROS = bytes(1 << 20)
 
@@ -177,8 +176,8 @@ def ensure_image(conn: Any, image: Image, local: bool = False) -> HostImage:
         does not read back with that sum.
     """
     pool = ensure_pool(conn)
-    sha256, size = _manifest_sum(image, IMAGE_FILES["rootfs"])
-    name = image_volume_name(image, IMAGE_FILES["rootfs"], sha256)
+    sha256, size = _manifest_sum(image, ROOTFS)
+    name = image_volume_name(image, ROOTFS, sha256)
     path, secs = ensure_file(conn, pool, name, image.rootfs, sha256, size, local)
     return HostImage(path, size, ((name, secs),) if secs is not None else ())
 

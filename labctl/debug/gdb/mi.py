@@ -150,20 +150,16 @@ class MiSession:
             self._next(deadline)
 
     def close(self) -> None:
-        """End gdb: ``-gdb-exit``, then SIGTERM, then SIGKILL."""
+        """End gdb: ``-gdb-exit``, then SIGTERM, then SIGKILL (:func:`labctl.proc.kill_group`)."""
         if self.alive:
             try:
                 self.send("-gdb-exit")
             except DebugError:
                 pass
-        for sig in (None, self.proc.terminate, self.proc.kill):
-            if sig is not None and self.alive:
-                sig()
-            try:
-                self.proc.wait(timeout=EXIT_TIMEOUT)
-                break
-            except proc.TimeoutExpired:
-                continue
+        try:
+            self.proc.wait(timeout=EXIT_TIMEOUT)
+        except proc.TimeoutExpired:
+            proc.kill_group(self.proc)
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f is not None:
                 try:
