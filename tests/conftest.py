@@ -53,8 +53,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _check_leftovers(session: pytest.Session, base: harness.Baseline) -> None:
-    for t in harness.tracked():  # session fixtures' state directories, and Clis no fixture tore down
-        harness.teardown(t)
+    """Fixtures have taken their labs down by now (pytest's own teardown runs first, also after
+    Ctrl-C): anything of this run still there was left behind; say which test made it, remove it,
+    and fail the run."""
     found = harness.leftovers(base)
     if not found:
         return

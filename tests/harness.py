@@ -172,6 +172,17 @@ def processes() -> dict[int, str]:
     return out
 
 
+def describe(pid: int, cmd: str, where: Path | None = None) -> str:
+    """``process PID (program, its lab process name) naming WHERE``: a leftover process, in a line."""
+    argv = cmd.split()
+    prog = Path(argv[0]).name if argv else "?"
+    if len(argv) > 2 and argv[1] == "-m":
+        prog += f" -m {argv[2]}"
+    tag = re.search(r"(?:process|guest)=(labctl-[^,\s]+)", cmd)
+    return (f"process {pid} ({prog}" + (f", {tag.group(1)}" if tag else "") + ")"
+            + (f" naming {where}" if where else ""))
+
+
 def _is_lab_process(cmd: str) -> bool:
     return "qemu-system" in cmd or "labctl" in cmd
 
@@ -335,7 +346,7 @@ def leftovers(base: Baseline) -> list[Leftover]:
         for pid, cmd in procs.items():
             if needle in cmd + "/":
                 seen.add(pid)
-                found.append(Leftover(f"process {pid}: {cmd[:160]}", t.test))
+                found.append(Leftover(describe(pid, cmd, t.state_dir), t.test))
         runs = t.state_dir / "labs"
         if runs.is_dir():
             found += [Leftover(f"run directory {p}", t.test) for p in sorted(runs.iterdir()) if p.is_dir()]
@@ -345,9 +356,9 @@ def leftovers(base: Baseline) -> list[Leftover]:
         env = _environ(pid)
         if env.get(RUN_ENV) == RUN_ID:
             test = env.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-            found.append(Leftover(f"process {pid}: {cmd[:160]}", test))
+            found.append(Leftover(describe(pid, cmd), test))
         elif "qemu-system" in cmd and "guest=labctl-" in cmd and _owner_by_name(cmd) != "?":
-            found.append(Leftover(f"process {pid}: {cmd[:160]}", _owner_by_name(cmd)))
+            found.append(Leftover(describe(pid, cmd), _owner_by_name(cmd)))
     for kind, now, before in (("libvirt domain", libvirt_domains(), base.domains),
                               ("libvirt volume", libvirt_volumes(), base.volumes),
                               ("libvirt run directory", libvirt_run_dirs(), base.run_dirs),
