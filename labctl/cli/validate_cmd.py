@@ -12,11 +12,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("validate", help="check a lab file without starting anything")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print the resolved lab as JSON")
+    p.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
+                   help="use kernel paths the lab file names under DIR even if another user could change them "
+                        "(repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    lab = load_lab(args.file)
+    lab = load_lab(args.file, args.trust_dir)
     if args.json:
         print_json(lab.to_dict())
     else:

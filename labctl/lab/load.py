@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from labctl.errors import LabFileError, Problem
 from labctl.lab.model import Lab
+from labctl.lab.trust import env_trusted
 from labctl.lab.validate import build_lab
 from labctl.lab.yamlpos import parse_yaml
 
@@ -23,8 +25,12 @@ MAX_BYTES = 1 << 20
 """The largest lab file labctl reads (the bundled ones are a few KiB)."""
 
 
-def load_lab(path: str | Path) -> Lab:
+def load_lab(path: str | Path, trusted: Iterable[str | Path] = ()) -> Lab:
     """Load the lab file at ``path``.
+
+    ``trusted``: directories the user trusts (``--trust-dir``; ``$LABCTL_TRUSTED_DIRS`` too)
+    although another user could change them: a kernel path the lab names under one
+    of them is used (see :mod:`labctl.lab.trust`).
 
     Problems name the file as given (``str(path)``).  Raises LabFileError
     (all problems, by line) if the file is missing, unreadable, not a
@@ -46,7 +52,7 @@ def load_lab(path: str | Path) -> Lab:
         line = data.count(b"\n", 0, exc.start) + 1
         message = f"lab file is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
         raise LabFileError([Problem(source, line, "", message)]) from None
-    return _load(text, source, hashlib.sha256(data).hexdigest())
+    return _load(text, source, hashlib.sha256(data).hexdigest(), trusted)
 
 
 def _read_limited(path: Path) -> bytes:
@@ -68,21 +74,22 @@ def _read_limited(path: Path) -> bytes:
     return data
 
 
-def load_lab_text(text: str, filename: str) -> Lab:
+def load_lab_text(text: str, filename: str, trusted: Iterable[str | Path] = ()) -> Lab:
     """Load a lab from ``text``; ``filename`` is used in problems and as ``Lab.source``.
 
     Raises LabFileError (all problems, by line) if it is not a valid lab.
     ``Lab.sha256`` is the digest of the UTF-8 encoded text.
     """
-    return _load(text, filename, hashlib.sha256(text.encode("utf-8")).hexdigest())
+    return _load(text, filename, hashlib.sha256(text.encode("utf-8")).hexdigest(), trusted)
 
 
-def _load(text: str, source: str, sha256: str) -> Lab:
+def _load(text: str, source: str, sha256: str, trusted: Iterable[str | Path] = ()) -> Lab:
     """Parse and validate ``text``; raise LabFileError with every problem, by line."""
     data, problems = parse_yaml(text, source)
     if problems and data is None:
         raise LabFileError(sorted(problems, key=lambda p: p.line))
-    lab, more = build_lab(data, source=source, text=text, sha256=sha256)
+    trust = (*(Path(t).absolute() for t in trusted), *env_trusted())
+    lab, more = build_lab(data, source=source, text=text, sha256=sha256, trusted=trust)
     # A value YAML could not construct (bad tag) reads as null: don't report it twice.
     reported = {(p.line, p.path) for p in problems if p.path}
     more = [p for p in more if (p.line, p.path) not in reported]

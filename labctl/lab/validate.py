@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from labctl.lab.netopts import check_captures, network_capture, nic_impairment
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
+from labctl.lab.trust import untrusted_reason
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
@@ -78,8 +80,12 @@ _THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 _MGMT_WHY = "reserved for labctl's management network"
 
 
-def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | None, list[Problem]]:
+def build_lab(data: Any, *, source: str, text: str, sha256: str,
+              trusted: tuple[Path, ...] = ()) -> tuple[Lab | None, list[Problem]]:
     """Validate parsed lab data and resolve it.
+
+    ``trusted``: directories the user trusts (``--trust-dir``) although another
+    user could change them (see :mod:`labctl.lab.trust`).
 
     Returns ``(lab, [])`` when the data is valid, else ``(None, problems)``
     with every problem found, in the order they were found.  Never raises
@@ -91,10 +97,10 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str) -> tuple[Lab | 
         return None, check.problems
     check.keys(data, "", _TOP_KEYS, _TOP_REQUIRED)
     header = _parse_header(check, data)
-    kernel = parse_kernel(check, data, "", Path(source).parent)
+    kernel = parse_kernel(check, data, "", Path(source).parent, trusted)
     hosts = _parse_hosts(check, data)
     networks = _parse_networks(check, data)
-    guests = _parse_guests(check, data, networks)
+    guests = _parse_guests(check, data, networks, trusted)
     _check_placement(check, data, header, hosts, guests)
     check_captures(check, networks, guests)
     nics = [nic for guest in guests.values() for nic in guest.nics]
@@ -259,7 +265,8 @@ def _parse_networks(check: Checker, data: YamlMap) -> dict[str, NetSpec]:
     return result
 
 
-def _parse_guests(check: Checker, data: YamlMap, networks: dict[str, NetSpec]) -> dict[str, GuestSpec]:
+def _parse_guests(check: Checker, data: YamlMap, networks: dict[str, NetSpec],
+                  trusted: tuple[Path, ...] = ()) -> dict[str, GuestSpec]:
     """Check the ``guests`` mapping (at least one guest) and each guest in it."""
     if "guests" not in data:
         return {}
@@ -273,14 +280,14 @@ def _parse_guests(check: Checker, data: YamlMap, networks: dict[str, NetSpec]) -
         return {}
     result: dict[str, GuestSpec] = {}
     for name in guests:
-        spec = _parse_guest(check, guests, name, networks)
+        spec = _parse_guest(check, guests, name, networks, trusted)
         if spec is not None:
             result[name] = spec
     return result
 
 
 def _parse_guest(
-    check: Checker, guests: YamlMap, name: str, networks: dict[str, NetSpec],
+    check: Checker, guests: YamlMap, name: str, networks: dict[str, NetSpec], trusted: tuple[Path, ...] = (),
 ) -> GuestSpec | None:
     """Check one guest; None if its value is not a mapping."""
     path, line = f"guests.{name}", guests.key_line(name)
@@ -295,7 +302,7 @@ def _parse_guest(
     host = check.string(body, "host", path) or DEFAULT_HOST
     return GuestSpec(
         host=host, host_line=body.value_line("host"),
-        kernel=parse_kernel(check, body, path, check_dir(check)),
+        kernel=parse_kernel(check, body, path, check_dir(check), trusted),
         name=name,
         memory=DEFAULT_MEMORY if memory is None else memory,
         cpus=DEFAULT_CPUS if cpus is None else cpus,
@@ -311,8 +318,10 @@ def check_dir(check: Checker) -> Path:
     return Path(check.file).parent
 
 
-def parse_kernel(check: Checker, body: YamlMap, path: str, base: Path) -> KernelSpec | None:
-    """``kernel`` of the lab (``path`` '') or of a guest: its form only (see :mod:`labctl.lab.kernels`)."""
+def parse_kernel(check: Checker, body: YamlMap, path: str, base: Path,
+                 trusted: tuple[Path, ...] = ()) -> KernelSpec | None:
+    """``kernel`` of the lab (``path`` '') or of a guest: its form (see :mod:`labctl.lab.kernels`), and
+    whether the paths it names may be used (:mod:`labctl.lab.trust`; ``trusted``: ``--trust-dir``)."""
     if body.get("kernel") is None:
         return None
     value, line, where = body["kernel"], body.value_line("kernel"), join(path, "kernel")
@@ -328,14 +337,45 @@ def parse_kernel(check: Checker, body: YamlMap, path: str, base: Path) -> Kernel
     if "tree" in m:
         check.keys(m, where, ("tree",))
         tree = check.string(m, "tree", where, required=True)
-        return KernelSpec(TREE, tree=(base / tree).resolve(), line=line, path=where) if tree else None
+        if not tree:
+            return None
+        spec = KernelSpec(TREE, tree=(base / tree).resolve(), line=line, path=where)
+        return spec if _trusted_paths(check, m, where, {"tree": spec.tree}, trusted) else None
     check.keys(m, where, FILE_KEYS, ("image",))
     files = {k: check.string(m, k, where, required=(k == "image")) for k in FILE_KEYS}
     if not files["image"]:
         return None
     paths = {k: (base / v).resolve() if v else None for k, v in files.items()}
+    if not _trusted_paths(check, m, where, paths, trusted):
+        return None
     return KernelSpec(FILES, image=paths["image"], modules=paths["modules"], debug=paths["debug"],
-                              line=line, path=where)
+                      line=line, path=where)
+
+
+_KERNEL_PATH_USE = {
+    "tree": ("kernel tree", "preparing it runs make there as you"),
+    "image": ("kernel image", "labctl reads it as you and the guests boot it"),
+    "modules": ("kernel modules directory", "labctl copies its files onto the guests' disk as you"),
+    "debug": ("kernel debug file", "labctl and gdb read it as you"),
+}
+
+
+def _trusted_paths(check: Checker, m: YamlMap, where: str, paths: dict[str, Path | None],
+                   trusted: tuple[Path, ...]) -> bool:
+    """Report every path of a ``kernel:`` mapping another user could change (at its key's line); True if none."""
+    ok = True
+    for key, target in paths.items():
+        if target is None:
+            continue
+        why = untrusted_reason(target, trusted)
+        if why is None:
+            continue
+        what, use = _KERNEL_PATH_USE[key]
+        check.add(m.value_line(key), join(where, key),
+                  f"{what} {target} is not trusted ({use}): {why}; "
+                  f"pass --trust-dir {shlex.quote(str(target))} if you trust it")
+        ok = False
+    return ok
 
 
 def _parse_kernel_args(check: Checker, body: YamlMap, path: str) -> tuple[str, ...]:

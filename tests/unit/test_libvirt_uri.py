@@ -9,7 +9,7 @@ import pytest
 
 from labctl.errors import LabFileError
 from labctl.lab import load_lab_text
-from labctl.lab.uri import LAB_PARAMS, PARAMS, libvirt_params, parse_uri, with_no_verify
+from labctl.lab.uri import parse_uri, with_no_verify
 
 REPRO_COMMAND = "qemu+ssh://127.0.0.1/system?keyfile=/k;command=/path/prog"
 REPRO_NO_VERIFY = "qemu+ssh://127.0.0.1/system?keyfile=/k;no_verify=1"
@@ -34,6 +34,8 @@ REPRO_NO_VERIFY = "qemu+ssh://127.0.0.1/system?keyfile=/k;no_verify=1"
     ("=", [("", "")]),
 ])
 def test_params_are_split_and_decoded_as_libvirt_does(query: str, params: list[tuple[str, str]]) -> None:
+    from labctl.lab.uri import libvirt_params
+
     assert libvirt_params(query) == params
 
 
@@ -77,6 +79,8 @@ def test_what_libvirt_could_read_otherwise_is_refused(uri: str, why: str) -> Non
 
 
 def test_what_stays_accepted() -> None:
+    from labctl.lab.uri import LAB_PARAMS, PARAMS
+
     assert LAB_PARAMS == ("keyfile",) and PARAMS == ("keyfile", "no_verify")
     uri = parse_uri("qemu+ssh://root@127.0.0.1:2222/system?keyfile=/k/id", lab=True)
     assert (uri.user, uri.host, uri.port, uri.params) == ("root", "127.0.0.1", 2222, {"keyfile": "/k/id"})
