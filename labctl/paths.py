@@ -202,6 +202,17 @@ def _open_dir(path: Path, shared_ok: bool) -> int:
     return os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` would, for every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def _temp_in(dir_fd: int, name: str) -> str:
     """A new empty file (mode 0600) under an unguessable name in ``dir_fd``, created with
     ``O_EXCL|O_NOFOLLOW`` (what ``mkstemp`` does, relative to a directory descriptor)."""
@@ -225,7 +236,7 @@ def is_temp_of(name: str, target: str) -> bool:
 
 @contextlib.contextmanager
 def atomic_file(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
-    """A binary file to fill in the block; on success it replaces ``path`` at once.
+    """A binary file to fill in the block; on success it replaces ``path`` at once (``mode``, less the umask).
 
     The directory is checked (:func:`checked_dir`; a sticky one like ``/tmp`` is
     fine) and opened without following a link; the data goes to a new file made
@@ -242,7 +253,7 @@ def atomic_file(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
         tmp = _temp_in(dir_fd, path.name)
         fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
+            os.fchmod(f.fileno(), mode & ~_umask())
             yield f
         os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         tmp = None
