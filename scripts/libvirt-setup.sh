@@ -32,6 +32,20 @@ if [ ${#missing[@]} -gt 0 ]; then
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Start a daemon detached from whatever runs this script: a session of its own
+# (setsid --fork), stdin/stdout/stderr on /dev/null, and none of the
+# descriptors this script inherited left open in it (a CI runner's pipes and
+# locks, a test suite's sockets), so that it never holds them after we exit.
+detached() {
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            fd=${fd##*/}
+            if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+        done
+        exec setsid --fork "$@" </dev/null >/dev/null 2>&1
+    )
+}
+
 restart_libvirtd() {
     local pid
     pid=$(cat /run/libvirtd.pid 2>/dev/null || true)
@@ -97,8 +111,8 @@ if ! virsh -c "$URI" version >/dev/null 2>&1; then
     if ! pgrep -x libvirtd >/dev/null; then
         say "starting libvirtd"
         # virtlogd is needed for QEMU's log files when it is not socket activated.
-        pgrep -x virtlogd >/dev/null || virtlogd -d
-        libvirtd -d
+        pgrep -x virtlogd >/dev/null || detached virtlogd -d
+        detached libvirtd -d
     fi
     for _ in $(seq 1 50); do
         virsh -c "$URI" version >/dev/null 2>&1 && break
