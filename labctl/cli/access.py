@@ -1,4 +1,9 @@
-"""``labctl ssh LAB GUEST`` and ``labctl exec LAB GUEST -- CMD``."""
+"""``labctl ssh LAB GUEST`` and ``labctl exec LAB GUEST [--timeout S] -- CMD``.
+
+Both pass the guest command's output through byte for byte, as ``ssh`` does:
+it is the user's own command's output, not text labctl prints (which is
+escaped, see :mod:`labctl.textsafe`).
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,67 @@ from labctl.errors import UsageError
 from labctl.ssh import Session, command_line
 from labctl.up.runstate import LabState
 
+USAGE = "labctl exec LAB GUEST [--timeout S] [--] COMMAND [ARG...]"
+DEFAULT_TIMEOUT = 3600.0
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s = sub.add_parser("ssh", help="interactive shell on a guest")
     s.add_argument("lab")
     s.add_argument("guest")
     s.set_defaults(func=cmd_ssh)
-    e = sub.add_parser("exec", help="run a command on a guest; exits with its status")
-    e.add_argument("lab")
-    e.add_argument("guest")
-    e.add_argument("--timeout", type=float, default=3600.0)
-    e.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]")
+    e = sub.add_parser("exec", help="run a command on a guest; exits with its status", usage=USAGE,
+                       description="Runs COMMAND on GUEST over SSH and exits with its status. One word is a "
+                                   "shell command line; several are quoted word by word. exec's own options "
+                                   "come before COMMAND (or before LAB); after '--' every word is the "
+                                   "command's, its own '--' and options included.")
+    e.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                   help=f"seconds before the command is given up on (default {DEFAULT_TIMEOUT:.0f})")
+    # LAB GUEST and the command as typed: argparse would drop a '--' that follows GUEST
+    # (so that `exec L G -- --timeout 5` lost its meaning); split_exec reads them instead.
+    e.add_argument("words", nargs=argparse.REMAINDER, metavar="LAB GUEST [--timeout S] [--] COMMAND [ARG...]")
     e.set_defaults(func=cmd_exec)
+
+
+def split_exec(words: list[str], timeout: float) -> tuple[str, str, float, list[str]]:
+    """``(lab, guest, timeout, command)`` from the words that follow ``labctl exec``.
+
+    The first two are LAB and GUEST. exec's own options (``--timeout S``,
+    ``--timeout=S``) are read after them up to the first ``--`` or the first
+    word that is not one of them; that ``--`` is dropped and everything after
+    it is the command, word for word (its own ``--`` and options included).
+    ``timeout`` is what argparse found before LAB (or the default).
+
+    :raise UsageError: for a missing LAB, GUEST or command, or a bad ``--timeout``.
+    """
+    if len(words) < 2 or any(w.startswith("-") for w in words[:2]):
+        raise UsageError("say which lab and guest", hint=USAGE)
+    lab, guest, rest = words[0], words[1], words[2:]
+    i = 0
+    while i < len(rest) and rest[i] != "--" and rest[i].startswith("--timeout"):
+        word = rest[i]
+        if word == "--timeout":
+            if i + 1 >= len(rest):
+                raise UsageError("--timeout needs a number of seconds", hint=USAGE)
+            value, i = rest[i + 1], i + 2
+        elif word.startswith("--timeout="):
+            value, i = word.split("=", 1)[1], i + 1
+        else:
+            break  # --timeoutX: not ours, the command's first word
+        try:
+            timeout = float(value)
+        except ValueError:
+            raise UsageError(f"--timeout {value!r}: not a number of seconds", hint=USAGE) from None
+    cmd = rest[i:]
+    if cmd[:1] == ["--"]:
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no command given", hint=USAGE)
+    if not timeout > 0:
+        raise UsageError(f"--timeout {timeout:g}: give a positive number of seconds", hint=USAGE)
+    return lab, guest, timeout, cmd
+
+
 
 
 def cmd_ssh(args: argparse.Namespace) -> int:
@@ -31,9 +85,8 @@ def cmd_ssh(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        raise UsageError("no command given", hint="labctl exec LAB GUEST -- COMMAND [ARG...]")
-    ep = LabState.load(args.lab).endpoint(args.guest)
+    lab, guest, timeout, cmd = split_exec(args.words, args.timeout)
+    ep = LabState.load(lab).endpoint(guest)
     with Session(ep) as s:
-        return s.run(command_line(cmd), timeout=args.timeout, stream=True).status
+        # The command's own output, byte for byte, like ssh: the user asked for it (not escaped).
+        return s.run(command_line(cmd), timeout=timeout, stream=True).status

@@ -1,0 +1,107 @@
+"""``labctl exec LAB GUEST [--timeout S] [--] COMMAND``: what reaches the guest (issue 19, item 10)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from labctl.cli import access
+from labctl.cli import main as cli_main
+from labctl.cli.access import DEFAULT_TIMEOUT, split_exec
+from labctl.errors import UsageError
+
+
+@dataclass
+class Sent:
+    """What cmd_exec asked a (fake) SSH session to run."""
+
+    runs: list[tuple[str, float]] = field(default_factory=list)
+    endpoint: tuple[str, str] | None = None
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
+    record = Sent()
+
+    class State:
+        def __init__(self, lab: str) -> None:
+            self.lab = lab
+
+        def endpoint(self, guest: str) -> tuple[str, str]:
+            record.endpoint = (self.lab, guest)
+            return record.endpoint
+
+    class Result:
+        status = 0
+
+    class Session:
+        def __init__(self, ep: Any) -> None:
+            pass
+
+        def __enter__(self) -> Session:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def run(self, command: str, timeout: float, stream: bool) -> Result:
+            assert stream  # the command's output goes straight to the user
+            record.runs.append((command, timeout))
+            return Result()
+
+    monkeypatch.setattr(access.LabState, "load", staticmethod(State))
+    monkeypatch.setattr(access, "Session", Session)
+    return record
+
+
+def labctl_exec(*words: str) -> int:
+    return cli_main.main(["exec", *words])
+
+
+def test_timeout_then_double_dash_sends_only_the_command(sent: Sent) -> None:
+    """The reproduction: the guest got `--timeout 5 -- echo hi` (bash: --: invalid option)."""
+    assert labctl_exec("lab", "a", "--timeout", "5", "--", "echo", "hi") == 0
+    assert sent.runs == [("echo hi", 5.0)] and sent.endpoint == ("lab", "a")
+
+
+@pytest.mark.parametrize(("words", "command", "timeout"), [
+    (["--", "echo", "hi"], "echo hi", DEFAULT_TIMEOUT),
+    (["echo", "hi"], "echo hi", DEFAULT_TIMEOUT),
+    (["--timeout=7", "--", "echo"], "echo", 7.0),
+    (["--timeout", "5", "echo", "hi"], "echo hi", 5.0),
+    (["ip -br a; echo done"], "ip -br a; echo done", DEFAULT_TIMEOUT),  # one word: a shell command line
+    (["--", "grep", "--", "-x", "file"], "grep -- -x file", DEFAULT_TIMEOUT),  # the command's own --
+    (["--timeout", "5", "--", "grep", "--", "-x", "f"], "grep -- -x f", 5.0),
+    (["--", "--timeout", "5", "x"], "--timeout 5 x", DEFAULT_TIMEOUT),  # after --, the command's words
+    (["--", "--", "x"], "-- x", DEFAULT_TIMEOUT),
+    (["echo", "--timeout", "3"], "echo --timeout 3", DEFAULT_TIMEOUT),  # after the command's first word too
+    (["--", "ls", "-l", "--timeout"], "ls -l --timeout", DEFAULT_TIMEOUT),
+    (["--timeoutx"], "--timeoutx", DEFAULT_TIMEOUT),
+])
+def test_command_forms(sent: Sent, words: list[str], command: str, timeout: float) -> None:
+    assert labctl_exec("lab", "a", *words) == 0
+    assert sent.runs == [(command, timeout)]
+
+
+def test_timeout_before_lab_still_works(sent: Sent) -> None:
+    assert labctl_exec("--timeout", "9", "lab", "a", "--", "true") == 0
+    assert sent.runs == [("true", 9.0)] and sent.endpoint == ("lab", "a")
+
+
+@pytest.mark.parametrize("words", [
+    ["lab", "a"], ["lab", "a", "--"], ["lab", "a", "--timeout"], ["lab", "a", "--timeout", "x", "--", "true"],
+    ["lab", "a", "--timeout", "0", "--", "true"], ["lab"], [], ["lab", "--", "true"],
+])
+def test_usage_errors_exit_2_and_run_nothing(sent: Sent, words: list[str],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert labctl_exec(*words) == 2
+    assert sent.runs == []
+    assert "labctl exec LAB GUEST" in capsys.readouterr().err
+
+
+def test_split_exec_directly() -> None:
+    assert split_exec(["l", "g", "--timeout", "2.5", "--", "a", "--", "b"], 60.0) == ("l", "g", 2.5, ["a", "--", "b"])
+    with pytest.raises(UsageError):
+        split_exec(["l", "g", "--timeout=", "--", "a"], 60.0)
