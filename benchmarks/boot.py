@@ -11,8 +11,8 @@ image and kernel already prepared) and the slowest guest's own figure
 (QEMU started to SSH answering), reads a booted guest's timeline from
 /run/labctl-boot.log, and takes the lab down. Cold runs boot (and the first
 one takes the snapshots anew), warm runs restore. With the lab up, `reset` of
-one guest is timed (in warm labs, and in the cold lab that took the snapshot,
-which needs no new keys), and each QEMU's proportional set size (PSS) and CPU share
+one guest is timed (in warm labs, and in the cold lab that took the snapshot;
+both install the guest's own keys again), and each QEMU's proportional set size (PSS) and CPU share
 while idle for 10 s are read from /proc. Last, `--instances N` copies of the
 three-guest lab are brought up warm side by side, each guest is reached over
 SSH, and the host's memory is read (0 skips it). Prints medians and ranges.
@@ -40,7 +40,6 @@ from labctl.up.lifecycle import UpOptions, down, up  # noqa: E402
 from labctl.up import snapshots  # noqa: E402
 from labctl.up.reset import reset  # noqa: E402
 from labctl.up.runstate import LabState  # noqa: E402
-from labctl.up.warm import keys_id  # noqa: E402
 
 IDLE_WINDOW = 10.0
 
@@ -76,9 +75,9 @@ def one_run(n: int, accel: str, cold: bool, idle: bool = False) -> dict[str, obj
             out["guest_uptime_at_ready"], out["guest_timeline"] = timeline.get("ready"), timeline
         if idle:
             out["idle"] = idle_cost(state)
-        # A warm lab's guests got their own keys: reset installs them again (sshd reloads). The
-        # cold lab that took the snapshot has the keys it holds: reset only sets the clock.
-        own = cold and _snapshot_has_its_keys(state, "g0")
+        # Every reset installs the guest's own keys again (sshd reloads): a snapshot holds none.
+        # Timed apart in the cold lab that took the snapshot, as before.
+        own = cold and snapshots.find(state.snapshots.get("g0")) is not None
         if not cold or own:
             t1 = time.monotonic()
             reset(lab.name, ["g0"])
@@ -86,11 +85,6 @@ def one_run(n: int, accel: str, cold: bool, idle: bool = False) -> dict[str, obj
     finally:
         down(lab.name)
     return out
-
-
-def _snapshot_has_its_keys(state: LabState, guest: str) -> bool:
-    snap = snapshots.find(state.snapshots.get(guest))
-    return snap is not None and snap.meta.get("keys") == keys_id(Path(state.guests[guest].dir))
 
 
 def _pss_kib(pid: int) -> int:
@@ -221,7 +215,7 @@ def main() -> int:
         ro = r["reset_own_s"]
         if ro:
             print(f"    reset of one guest {ro['median']} s ({ro['min']}-{ro['max']}) in the lab that took the "
-                  "snapshot (clock only)")
+                  "snapshot (its own keys installed again)")
         for kind in ("cold", "warm"):
             i = r[f"idle_{kind}"]
             print(f"    idle after a {kind} up: PSS {i['pss_mib_median']} MiB of {i['memory_mib']:.0f} MiB, "

@@ -72,7 +72,15 @@ class GuestPlan:
 
     @property
     def host_key(self) -> Path:
+        """The guest's own host key (private; pinned in the lab's known_hosts)."""
         return self.dir / "ssh_host_ed25519_key"
+
+    @property
+    def boot_host_key(self) -> Path:
+        """The host key a booting guest reads from fw_cfg (qemu backend): a throwaway key while
+        its boot is to be the post-boot snapshot (which must hold no guest's own key), else a
+        copy of :attr:`host_key`. See :mod:`labctl.up.warm`."""
+        return self.dir / "boot_host_key"
 
     @property
     def authorized_keys(self) -> Path:

@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import hashlib
 import os
+import secrets
 import sys
 import threading
 import time
@@ -97,6 +98,7 @@ class LabUp:
         self.switches: list[SwitchRecord] = []
         self.snaps: dict[str, str] = {}  # guest -> its snapshot key (qemu backend)
         self.warm: dict[str, snapshots.Snapshot] = {}  # guests restored instead of booted
+        self.throwaway: set[str] = set()  # guests booting with a throwaway host key (to be snapshotted)
         self.netns: str | None = None  # the lab's network namespace, for tap networks
         self.tap_fds: list[int] = []  # labctl's copies of the taps' queues, closed once QEMU has them
         self.warnings: list[str] = []
@@ -233,6 +235,9 @@ class LabUp:
             "".join(known_hosts_line(self.records[p.guest.name].ssh_port,
                                      (p.host_key.with_name(p.host_key.name + ".pub")).read_text().strip()) + "\n"
                     for p in plans))
+        for p in plans:
+            if p.guest.name in self.throwaway:
+                warm.write_boot_known_hosts(p.dir, self.records[p.guest.name].ssh_port)
         self._wait_all(state)
         self._impair(state)
         state.phase = UP
@@ -314,6 +319,12 @@ class LabUp:
                 warm.restore_disk(snap, plan.overlay, plan.console)
             else:
                 snapshots.new_overlay(self.image.rootfs, plan.overlay, "raw")
+            if snap is None and g.name in self.snaps and snapshots.find(self.snaps[g.name]) is None:
+                # This boot becomes the post-boot snapshot: no guest's own key may be in it.
+                warm.boot_with_throwaway(gdir, f"labctl-boot-{secrets.token_hex(4)}")
+                self.throwaway.add(g.name)
+            else:
+                warm.boot_with_own_key(gdir)
         return plan
 
     def _snapshot_of(self, plan: GuestPlan) -> snapshots.Snapshot | None:
@@ -386,15 +397,28 @@ class LabUp:
             time.sleep(0.05)
         self.events.guest_phase(name, "ssh")
         state.drivers[name] = ready_drivers(data)
-        with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
+        gdir = Path(rec.dir)
+        throwaway = name in self.throwaway
+        # A guest booted with the throwaway key answers with it (pinned in boot_known_hosts)
+        # until the snapshot is taken and it has its own.
+        ep = warm.boot_endpoint(state.endpoint(name), gdir) if throwaway else state.endpoint(name)
+        with _ssh_retry(ep, deadline, self._stop_waits):
             pass  # the guest answers SSH with the lab's key and pinned host key
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
-        warm.run_setup(state.endpoint(name), self.lab.guests[name].setup)
+        warm.run_setup(ep, self.lab.guests[name].setup)
+        snapped = False
         if name in self.snaps and snapshots.find(self.snaps[name]) is None:
-            got = warm.snapshot_after_boot(Path(rec.qmp), Path(rec.dir) / "disk.qcow2", Path(rec.dir) / "agent.sock",
+            got = warm.snapshot_after_boot(Path(rec.qmp), gdir / "disk.qcow2", gdir / "agent.sock",
                                            self.snaps[name], name, state.drivers[name], self.lab.name)
             if isinstance(got, str):
                 self._warn(got)
+            snapped = True
+        if throwaway:
+            # The snapshot (if one was taken) holds the throwaway key only: now the guest's own.
+            # The agent answered (or not) a moment ago when a snapshot was tried.
+            warm.hand_over_keys(gdir, ep, agent_wait=2.0 if snapped else warm.AGENT_WAIT)
+            with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
+                pass  # now with its own pinned host key
         self.events.guest_phase(name, "ready")
 
     def _resume(self, state: LabState, name: str, t0: float, deadline: float) -> None:
@@ -403,7 +427,7 @@ class LabUp:
         gdir = Path(rec.dir)
         warm.load(Path(rec.qmp), snap.state)
         self.events.guest_phase(name, "ssh")
-        warm.adopt(gdir, snap)
+        warm.adopt(gdir)
         state.drivers[name] = snap.drivers
         with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
             pass

@@ -58,8 +58,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                 if snap is not None:
                     rec = restart(backend, rec, lambda: warm.restore_disk(snap, disk, Path(rec.console)))
                     warm.load(Path(rec.qmp), snap.state)
-                    gdir = Path(rec.dir)
-                    warm.adopt(gdir, snap)
+                    warm.adopt(Path(rec.dir))  # its own keys: the snapshot holds none
                     how = "snapshot"
                 else:
                     image = Image.at(Path(str(state.image["dir"])))

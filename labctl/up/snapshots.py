@@ -49,7 +49,7 @@ from labctl.errors import LabctlError, MachineError
 from labctl.paths import atomic_write, cache_dir, exclusive
 from labctl.proc import run
 
-FORMAT = "1"  # bump when what a snapshot holds changes
+FORMAT = "2"  # bump when what a snapshot holds changes (2: booted with a throwaway host key)
 STATE, DISK, META, CONSOLE = "state", "disk.qcow2", "meta.json", "console.log"
 
 

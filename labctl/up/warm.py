@@ -1,28 +1,41 @@
 """A guest's life around its post-boot snapshot: setup and snapshot after a cold boot, restore
 instead of a boot (warm start, reset), and resuming a restored guest as this lab's.
 
+No guest's own key is ever in a snapshot. A guest whose boot is to become
+the post-boot snapshot boots with a throwaway host key (``boot_host_key``,
+fresh for that boot, never any guest's own key; labctl pins it in
+``boot_known_hosts`` for its setup commands). Once the snapshot is taken,
+:func:`hand_over_keys` gives the guest its own host key (sshd reloads) and
+``boot_host_key`` becomes a copy of it for any later boot of that QEMU. So the
+snapshot's RAM and disk hold only the throwaway key, which no guest ever
+serves again.
+
 A restored guest is made indistinguishable from a booted one: QEMU loads the
 state (its NICs reattach to this lab's links, its management NIC to a new
-SSH port), the guest agent installs this lab's client and host keys (unless
-the snapshot was made with them) and sets the wall clock, and the caller then
-checks SSH with the lab's pinned keys.
+SSH port), the guest agent installs this lab's client key and this guest's
+own host key and sets the wall clock (:func:`adopt`, every restore), and the
+caller then checks SSH with the lab's pinned keys.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
+import shlex
 import time
 from pathlib import Path
 
 from labctl.backends.monitor import load_state, qmp_execute
-from labctl.errors import LabctlError
+from labctl.errors import GuestError, LabctlError
+from labctl.paths import atomic_write
 from labctl.ssh import Endpoint, Session
 from labctl.up import agent, snapshots
+from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.runstate import recorded_snapshots
 from labctl.up.snapshots import Snapshot
 
 AGENT_WAIT = 20.0  # the agent starts in the background at boot (it loads virtio_console first)
+HOST_KEY, BOOT_KEY, BOOT_KNOWN_HOSTS = "ssh_host_ed25519_key", "boot_host_key", "boot_known_hosts"
 
 
 def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -> None:
@@ -30,8 +43,6 @@ def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -
 
     :raise GuestError: when one fails (its status and the end of its output).
     """
-    from labctl.errors import GuestError
-
     if not commands:
         return
     with Session(ep) as s:
@@ -45,13 +56,17 @@ def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -
 
 def snapshot_after_boot(qmp: Path, overlay: Path, agent_socket: Path, snapshot_key: str, guest: str,
                         drivers: dict[str, str], lab: str = "") -> Snapshot | str:
-    """Take the guest's post-boot snapshot; the snapshot, or why there is none (a warning)."""
+    """Take the guest's post-boot snapshot; the snapshot, or why there is none (a warning).
+
+    The guest must have booted with a throwaway host key (:func:`boot_with_throwaway`); its
+    public line is recorded (``boot_host_key`` in the snapshot's meta), nothing else of a key.
+    """
     if not agent.wait_ready(agent_socket, AGENT_WAIT):
         return (f"guest {guest}: no post-boot snapshot (its agent did not answer: the kernel needs "
                 "CONFIG_VIRTIO_CONSOLE); later ups boot it cold")
     try:
         snap = snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers,
-                                                           "keys": keys_id(overlay.parent)},
+                                                           "boot_host_key": _boot_public(overlay.parent)},
                               console=overlay.parent / "console.log")
         with contextlib.suppress(OSError):  # older snapshots that stay are only disk space
             snapshots.prune_older(snap, recorded_snapshots())
@@ -72,30 +87,85 @@ def load(qmp: Path, state_file: Path, paused: bool = False) -> float:
     return time.monotonic() - t0
 
 
-def keys_id(guest_dir: Path) -> str:
-    """What identifies the SSH keys a guest was given (its client key line and host public key):
-    a snapshot records it, so that a guest restored into the lab that made the snapshot keeps
-    its keys without sshd reloading."""
-    h = hashlib.sha256()
-    for name in ("authorized_keys", "ssh_host_ed25519_key.pub"):
-        try:
-            h.update((guest_dir / name).read_bytes())
-        except OSError:
-            return ""
-    return h.hexdigest()[:32]
+def _boot_public(guest_dir: Path) -> str:
+    try:
+        return (guest_dir / (BOOT_KEY + ".pub")).read_text().strip()
+    except OSError:
+        return ""
 
 
-def adopt(guest_dir: Path, snap: Snapshot) -> None:
-    """Make a guest restored from ``snap`` this lab's: its keys (unless the snapshot already
-    holds them) and the host's time.
+def boot_with_throwaway(guest_dir: Path, comment: str) -> str:
+    """A fresh throwaway ``boot_host_key`` for a boot that becomes the post-boot snapshot (no
+    guest ever serves it after that boot); its public line."""
+    return new_keypair(guest_dir / BOOT_KEY, comment).public_line
+
+
+def boot_with_own_key(guest_dir: Path) -> None:
+    """``boot_host_key`` a copy of the guest's own host key: a boot that is not snapshotted
+    (and every later start of its QEMU) comes up with its own key."""
+    atomic_write(guest_dir / BOOT_KEY, (guest_dir / HOST_KEY).read_bytes(), 0o600)
+    (guest_dir / (BOOT_KEY + ".pub")).unlink(missing_ok=True)
+
+
+def write_boot_known_hosts(guest_dir: Path, port: int) -> None:
+    """Pin the throwaway boot key (``boot_known_hosts``) for the guest's SSH port."""
+    line = (guest_dir / (BOOT_KEY + ".pub")).read_text().strip()
+    atomic_write(guest_dir / BOOT_KNOWN_HOSTS, known_hosts_line(port, line) + "\n", 0o600)
+
+
+def boot_endpoint(ep: Endpoint, guest_dir: Path) -> Endpoint:
+    """``ep`` pinning the throwaway boot key instead of the guest's own."""
+    return dataclasses.replace(ep, known_hosts=guest_dir / BOOT_KNOWN_HOSTS)
+
+
+def own_keys(guest_dir: Path) -> tuple[bytes, bytes]:
+    """The lab's authorized_keys line and the guest's own host key (private)."""
+    return (guest_dir / "authorized_keys").read_bytes(), (guest_dir / HOST_KEY).read_bytes()
+
+
+def hand_over_keys(guest_dir: Path, boot_ep: Endpoint, agent_wait: float, timeout: float = 30.0) -> None:
+    """Give a guest that booted with the throwaway key its own host key: through its agent, or,
+    when the agent does not answer within ``agent_wait`` (a kernel without virtio-console),
+    over SSH with the throwaway key pinned. sshd listens again with it when this returns.
+
+    :raise GuestError: when neither way works.
+    """
+    boot_with_own_key(guest_dir)  # later starts of its QEMU (a reset that boots) read its own key
+    keys = agent.keys_command(*own_keys(guest_dir))
+    sock = guest_dir / "agent.sock"
+    try:
+        if agent.wait_ready(sock, agent_wait):
+            agent.exchange(sock, [keys], timeout)
+        else:
+            _keys_over_ssh(boot_ep, keys, timeout)
+    finally:
+        (guest_dir / BOOT_KNOWN_HOSTS).unlink(missing_ok=True)
+
+
+def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float) -> None:
+    """The agent's ``keys`` (guest/init) done over SSH, the throwaway boot key pinned."""
+    _, kind, blob, pem = keys.split(" ")
+    host_key = ["-----BEGIN OPENSSH PRIVATE KEY-----", *pem.split(","), "-----END OPENSSH PRIVATE KEY-----"]
+    # What the agent does (guest/init), as one shell command: sshd re-executes itself on SIGHUP
+    # and writes its pid file again once it listens.
+    script = (f"umask 077 && printf '%s\\n' {shlex.quote(kind + ' ' + blob)} > /root/.ssh/authorized_keys && "
+              f"printf '%s\\n' {' '.join(shlex.quote(x) for x in host_key)} > /etc/ssh/ssh_host_ed25519_key && "
+              "read -r pid < /run/sshd.pid && : > /run/sshd.pid && kill -HUP \"$pid\" && "
+              "for i in $(seq 500); do read -r pid < /run/sshd.pid; [ -n \"$pid\" ] && exit 0; sleep 0.01; done; exit 1")
+    with Session(boot_ep, timeout=timeout) as s:
+        res = s.run(script, timeout=timeout)
+    if res.status != 0:
+        raise GuestError(f"guest {boot_ep.guest}: installing its host key failed (status {res.status}): "
+                         + (res.stderr or res.stdout).decode(errors="replace").strip()[-300:])
+
+
+def adopt(guest_dir: Path) -> None:
+    """Make a restored guest this lab's: the lab's client key, the guest's own host key (a
+    snapshot never holds them) and the host's time.
 
     :raise GuestError: when its agent does not answer.
     """
-    mine = keys_id(guest_dir)
-    keys = None
-    if not mine or snap.meta.get("keys") != mine:
-        keys = ((guest_dir / "authorized_keys").read_bytes(), (guest_dir / "ssh_host_ed25519_key").read_bytes())
-    agent.adopt(guest_dir / "agent.sock", keys)
+    agent.adopt(guest_dir / "agent.sock", own_keys(guest_dir))
 
 
 def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> None:

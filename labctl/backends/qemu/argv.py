@@ -67,7 +67,8 @@ def control_args(plan: GuestPlan) -> list[str]:
         "-device", "pvpanic",
         "-fw_cfg", f"name=opt/labctl/guest,file={opt(plan.config)}",
         "-fw_cfg", f"name=opt/labctl/authorized_keys,file={opt(plan.authorized_keys)}",
-        "-fw_cfg", f"name=opt/labctl/host_key,file={opt(plan.host_key)}",
+        # not host_key: a boot that becomes the post-boot snapshot gets a throwaway key (labctl.up.warm)
+        "-fw_cfg", f"name=opt/labctl/host_key,file={opt(plan.boot_host_key)}",
     ]
 
 
