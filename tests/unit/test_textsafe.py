@@ -193,3 +193,15 @@ def test_log_records_are_escaped() -> None:
     record = logging.LogRecord("labctl.x", logging.WARNING, __file__, 1, "guest said %s", (TITLE + CLEAR,), None)
     got = _SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert got == "WARNING labctl.x: guest said \\x1b]0;pwned\\x07\\x1b[2J"
+
+
+def test_graph_of_a_running_lab_shows_guest_drivers_escaped() -> None:
+    from labctl.net.graph import runtime_from_state, to_dot, to_mermaid, to_svg, topology
+
+    lab = {"name": "evil", "networks": {"lan": {}},
+           "guests": {"a": {"nics": [{"name": "eth1", "model": "virtio", "network": "lan"}]}}}
+    topo = topology(lab, runtime_from_state({"a": {"eth1": f"virtio_net{TITLE}{CLEAR}{CSI}"}}))
+    for render_format in (to_svg, to_dot, to_mermaid):
+        got = render_format(topo)
+        assert_no_controls(got)
+        assert "virtio_net\\x1b]0;pwned\\x07\\x1b[2J\\x9b" in got, render_format

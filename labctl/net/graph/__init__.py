@@ -18,7 +18,7 @@ as missing)::
           "host": "h1",                  # overrides the lab's host
           "nics": {
             "eth1": {
-              "driver": "8139cp",        # the driver bound to the NIC
+              "driver": "8139cp",        # the driver bound to the NIC (guest text: controls shown escaped)
               "link": "down",            # "up" | "down" (also True/False)
               "impairments": {"delay": "20ms", "loss": "1%"},  # or one string
               "capture": True,           # traffic of this NIC is captured

@@ -11,6 +11,7 @@ from typing import Any
 
 from labctl.lab.model import DEFAULT_HOST
 from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP
+from labctl.textsafe import safe_line
 
 MECHANISM_TEXT = {
     DIRECT: "direct link (unix-dgram)",
@@ -153,6 +154,12 @@ def _str(value: object) -> str | None:
     return str(value) if isinstance(value, str | int | float) and not isinstance(value, bool) and str(value) else None
 
 
+def _guest_str(value: object) -> str | None:
+    """A string the guest wrote (a READY line's driver): control characters shown escaped."""
+    text = _str(value)
+    return safe_line(text) if text is not None else None
+
+
 def _int(value: object) -> int | None:
     if isinstance(value, bool):
         return None
@@ -202,7 +209,7 @@ def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: boo
         mac=_str(nic.get("mac")),
         mtu=_int(nic.get("mtu")),
         queues=_int(nic.get("queues")) or 1,
-        driver=_str(facts.get("driver")),
+        driver=_guest_str(facts.get("driver")),
         link=_link(facts.get("link")),
         impairments=_impairments(facts["impairments"] if "impairments" in facts else nic.get("impair")),
         captured=_flag(facts.get("capture", facts.get("captured"))) or lab_captured,
