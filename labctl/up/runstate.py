@@ -40,7 +40,13 @@ UP = "up"
 
 
 def labs_root() -> Path:
-    return state_dir() / "labs"
+    """``<state dir>/labs``, once it (as far as it exists) is safe to trust.
+
+    :raise UnsafePath: when it, or a directory above it, is another user's or writable by others.
+    """
+    root = state_dir() / "labs"
+    checked_dir(root, missing_ok=True)
+    return root
 
 
 def check_lab_name(lab: str) -> str:
