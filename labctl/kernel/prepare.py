@@ -116,7 +116,23 @@ def check(spec: KernelSpec) -> str | None:
     for what, path in (("image", spec.image), ("modules", spec.modules), ("debug", spec.debug)):
         if path is not None and not path.exists():
             return f"the kernel's {what} {path} does not exist"
+    if spec.modules is not None and not _modules_layout(spec.modules):
+        return (f"the kernel's modules {spec.modules} holds neither lib/modules/RELEASE/ nor modules.dep or "
+                "modules.order: labctl copies a kernel's modules onto the guests' disk, nothing else")
     return None
+
+
+def _is_release_dir(path: Path) -> bool:
+    """A kernel's ``lib/modules/<release>`` itself: it has ``modules.dep`` or ``modules.order``."""
+    return (path / "modules.dep").is_file() or (path / "modules.order").is_file()
+
+
+def _modules_layout(path: Path) -> bool:
+    """``modules:`` of loose files looks like a kernel's modules: ``lib/modules/<release>/`` below it,
+    or a release directory itself (never any directory, whose files would go onto the guests' disk)."""
+    under = path / "lib" / "modules"
+    return path.is_dir() and ((under.is_dir() and any(d.is_dir() for d in under.iterdir()))
+                              or _is_release_dir(path))
 
 
 def config_text(spec: KernelSpec) -> str | None:
@@ -312,7 +328,12 @@ class _Preparer:
             release = self._files_release()
             if spec.modules is not None:
                 src = spec.modules / "lib" / "modules" / release
-                self._stage_modules(src if src.is_dir() else spec.modules, release)
+                if not src.is_dir():
+                    if not _is_release_dir(spec.modules):  # copy a kernel's modules, never any directory
+                        raise ImageError(f"the kernel's modules {spec.modules} have no lib/modules/{release}/ "
+                                         "and are no release directory (no modules.dep or modules.order)")
+                    src = spec.modules
+                self._stage_modules(src, release)
         return release
 
     def _files_release(self) -> str:
@@ -323,7 +344,7 @@ class _Preparer:
             names = [d.name for d in under.iterdir() if d.is_dir()] if under.is_dir() else []
             if len(names) == 1:
                 return names[0]
-            if (spec.modules / "modules.dep").is_file() or (spec.modules / "modules.order").is_file():
+            if _is_release_dir(spec.modules):
                 return spec.modules.name
         for path in (self.work / VMLINUX_DEBUG, self.work / BOOT):
             if path.is_file() and is_elf(path):

@@ -201,3 +201,32 @@ def test_validate_and_up_refuse_it_with_the_line_and_the_owner(tmp_path: Path, o
     assert not marker.exists() and not (tmp_path / "state").exists() and not (tmp_path / "cache").exists()
     ok = _labctl("validate", "lab.yaml", "--trust-dir", str(tree), cwd=tmp_path)
     assert ok.returncode == 0 and "is valid" in ok.stdout, ok.stderr
+
+
+# -- loose modules: a kernel's modules, never any directory ----------------------------------------
+
+def test_loose_modules_must_look_like_a_kernels_modules(tmp_path: Path, cache: Path) -> None:
+    """Even a directory of your own (or root's, /root or /etc) never goes onto the guests' disk
+    unless it is a kernel's modules: lib/modules/RELEASE/ below it, or modules.dep/modules.order."""
+    from labctl.lab import kernels
+
+    image = tmp_path / "vmlinux"
+    image.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 57 + b"Linux version 6.1.0-labctl-t\0")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "id_rsa").write_text("PRIVATE")
+    spec = kernels.KernelSpec(kernels.FILES, image=image, modules=secrets)
+    assert "holds neither lib/modules/RELEASE/ nor modules.dep" in str(prep.check(spec))
+    with pytest.raises(Exception, match="no release directory"):
+        prep.prepare(spec, prep.Options(initramfs_modules=()))
+    assert not list(cache.rglob("id_rsa"))
+    # a root file system has lib/modules/, but not this kernel's release: nothing else is taken
+    for other in ("5.10.0-other", "6.1.0-other"):
+        (secrets / "lib" / "modules" / other).mkdir(parents=True)
+    assert prep.check(spec) is None
+    with pytest.raises(Exception, match="have no lib/modules/6.1.0-labctl-t/"):
+        prep.prepare(spec, prep.Options(initramfs_modules=()))
+    (secrets / "lib" / "modules" / "6.1.0-labctl-t").mkdir()
+    (secrets / "lib" / "modules" / "6.1.0-labctl-t" / "modules.order").write_text("")
+    assert prep.check(kernels.KernelSpec(kernels.FILES, image=image,
+                                         modules=secrets / "lib" / "modules" / "6.1.0-labctl-t")) is None
