@@ -35,7 +35,7 @@ from labctl.lab.netopts import check_captures, network_capture, nic_impairment
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
-from labctl.lab.trust import untrusted_reason
+from labctl.lab.trust import TRUST_ENV, untrusted_reason
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
@@ -373,7 +373,7 @@ def _trusted_paths(check: Checker, m: YamlMap, where: str, paths: dict[str, Path
         what, use = _KERNEL_PATH_USE[key]
         check.add(m.value_line(key), join(where, key),
                   f"{what} {target} is not trusted ({use}): {why}; "
-                  f"pass --trust-dir {shlex.quote(str(target))} if you trust it")
+                  f"pass --trust-dir {shlex.quote(str(target))} (or {TRUST_ENV}) if you trust it")
         ok = False
     return ok
 
