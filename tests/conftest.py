@@ -67,7 +67,7 @@ def _check_leftovers(session: pytest.Session, base: harness.Baseline) -> None:
             reporter.write_line(line, red=bool(line.strip()), bold=line.startswith("LEFTOVERS"))
         else:
             print(line, file=sys.stderr)
-    harness.clean(base)
+    harness.clean(found)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

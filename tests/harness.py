@@ -326,14 +326,18 @@ def begin() -> Baseline:
 class Leftover:
     what: str
     test: str
+    remove: Callable[[], None] = field(default=lambda: None, repr=False)
 
 
 def _owner_by_name(name: str) -> str:
+    """The test whose lab ``name`` (a domain, volume, directory or command line) belongs to: the
+    longest lab name that matches, so that ``quickstart-<id>`` is not taken for ``quickstart``."""
+    best, owner = "", "?"
     for t in _TRACKED:
         for lab in t.lab_names():
-            if _of_lab(name, lab) or name.startswith(f"labctl-{lab}-") or f"guest=labctl-{lab}-" in name:
-                return t.test
-    return "?"
+            if len(lab) > len(best) and (_of_lab(name, lab) or f"guest=labctl-{lab}-" in name):
+                best, owner = lab, t.test
+    return owner
 
 
 def leftovers(base: Baseline) -> list[Leftover]:
@@ -346,31 +350,32 @@ def leftovers(base: Baseline) -> list[Leftover]:
         for pid, cmd in procs.items():
             if needle in cmd + "/":
                 seen.add(pid)
-                found.append(Leftover(describe(pid, cmd, t.state_dir), t.test))
+                found.append(Leftover(describe(pid, cmd, t.state_dir), t.test, _killer(pid)))
         runs = t.state_dir / "labs"
         if runs.is_dir():
-            found += [Leftover(f"run directory {p}", t.test) for p in sorted(runs.iterdir()) if p.is_dir()]
+            found += [Leftover(f"run directory {p}", t.test, _remover(t)) for p in sorted(runs.iterdir()) if p.is_dir()]
     for pid, cmd in procs.items():
         if pid in seen or pid in base.pids or not _is_lab_process(cmd):
             continue
         env = _environ(pid)
         if env.get(RUN_ENV) == RUN_ID:
             test = env.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-            found.append(Leftover(describe(pid, cmd), test))
-        elif "qemu-system" in cmd and "guest=labctl-" in cmd and _owner_by_name(cmd) != "?":
-            found.append(Leftover(describe(pid, cmd), _owner_by_name(cmd)))
+            found.append(Leftover(describe(pid, cmd), test, _killer(pid)))
+        elif "qemu-system" in cmd and "guest=labctl-" in cmd and RUN_ID in cmd:  # libvirt's QEMU of this run
+            found.append(Leftover(describe(pid, cmd), _owner_by_name(cmd), _killer(pid)))
+    # Host-wide names: only those new since the run began that are this run's, by its id in the
+    # name, by a lab name one of its tests used, or (namespaces) by one of its state directories;
+    # never the image's volumes (named by their content), which stay for later runs.
     for kind, now, before in (("libvirt domain", libvirt_domains(), base.domains),
                               ("libvirt volume", libvirt_volumes(), base.volumes),
                               ("libvirt run directory", libvirt_run_dirs(), base.run_dirs),
                               ("network namespace", netns(), base.netns)):
         for name in sorted(now - before):
-            owner = _owner_by_name(name)
-            if kind == "libvirt volume" and owner == "?":
-                continue  # the image's volumes (named by their content) stay for later runs
-            if kind == "network namespace" and owner == "?":
-                owner = _netns_owner(name)
+            owner = _netns_owner(name) if kind == "network namespace" else _owner_by_name(name)
+            if owner == "?" and RUN_ID not in name:
+                continue
             where = LIBVIRT_RUN_ROOT / name if kind == "libvirt run directory" else name
-            found.append(Leftover(f"{kind} {where}", owner))
+            found.append(Leftover(f"{kind} {where}", owner, _GLOBAL_REMOVERS[kind](name)))
     return found
 
 
@@ -385,15 +390,42 @@ def _netns_owner(name: str) -> str:
     return "?"
 
 
-def clean(base: Baseline) -> None:
-    """Remove what :func:`leftovers` found, so that the next run starts clean."""
-    for t in _TRACKED:
+def _killer(pid: int) -> Callable[[], None]:
+    return lambda: kill([pid])
+
+
+def _remover(t: Tracked) -> Callable[[], None]:
+    def remove() -> None:
         t.torn_down = False
         teardown(t)
-    for name in libvirt_domains() - base.domains:
-        for lab in {lab for t in _TRACKED for lab in t.lab_names()}:
-            if _of_lab(name, lab):
-                remove_libvirt_lab(lab)
-    stray = [pid for pid, cmd in processes().items()
-             if pid not in base.pids and _is_lab_process(cmd) and _environ(pid).get(RUN_ENV) == RUN_ID]
-    kill(stray)
+    return remove
+
+
+def _remove_domain(name: str) -> Callable[[], None]:
+    return lambda: (_virsh("destroy", name), _virsh("undefine", name), None)[-1]
+
+
+def _remove_volume(name: str) -> Callable[[], None]:
+    return lambda: (_virsh("vol-delete", name, "--pool", LIBVIRT_POOL), None)[-1]
+
+
+def _remove_run_dir(name: str) -> Callable[[], None]:
+    return lambda: shutil.rmtree(LIBVIRT_RUN_ROOT / name, ignore_errors=True)
+
+
+def _remove_netns(name: str) -> Callable[[], None]:
+    return lambda: (subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30,
+                                   check=False), None)[-1]
+
+
+_GLOBAL_REMOVERS: dict[str, Callable[[str], Callable[[], None]]] = {
+    "libvirt domain": _remove_domain, "libvirt volume": _remove_volume,
+    "libvirt run directory": _remove_run_dir, "network namespace": _remove_netns}
+
+
+def clean(found: list[Leftover]) -> None:
+    """Remove what :func:`leftovers` found (labs first, then processes, then the rest), so that
+    the next run starts clean. Never raises."""
+    for lo in found:
+        with contextlib.suppress(Exception):
+            lo.remove()
