@@ -100,7 +100,8 @@ def test_modules_of_another_user_are_not_copied_to_the_guest(tmp_path: Path, oth
         load_lab(_lab(tmp_path, "{image: bz, modules: mods}"))
     (problem,) = info.value.problems
     assert (problem.line, problem.path) == (5, "guests.a.kernel.modules")
-    assert f"owned by {name} (uid {uid})" in problem.message and "copies its files onto the guests' disk" in problem.message
+    assert f"owned by {name} (uid {uid})" in problem.message
+    assert "copies its files onto the guests' disk" in problem.message
 
 
 # -- the rule --------------------------------------------------------------------------------------
