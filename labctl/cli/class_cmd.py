@@ -11,7 +11,7 @@ from rich.text import Text
 
 from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.lifecycle_cmds import load_with_kernel
-from labctl.cli.ui import UpDisplay, console, out, print_json, safe
+from labctl.cli.ui import UpDisplay, console, out, print_json, safe, warn
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
 from labctl.up.capacity import check_capacity
 from labctl.up.classroom import (
@@ -154,7 +154,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     record = find_class(args.lab)
     ident = record.ident(check_student(record, args.student))
     with console.status(Text(f"resetting {', '.join(args.guests) or 'every guest'} of {ident}")):
-        took = reset(ident, args.guests or None)
+        took = reset(ident, args.guests or None, on_moved=warn)
     for guest, seconds in took.items():
         out.print(Text(f"{ident} {guest}: reset in {seconds:.1f} s"))
     return 0

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from labctl.cli.ui import console, out, print_json
+from labctl.cli.ui import console, out, print_json, warn
 from labctl.up import checkpoints, snapshots
 from labctl.up.reset import reset
 from labctl.up.runstate import LabState, check_lab_name, recorded_snapshots
@@ -56,10 +56,16 @@ def cmd_reset(args: argparse.Namespace) -> int:
         if not args.json:
             out.print(Text(f"{guest}: back in {seconds:.2f} s (from its {'post-boot snapshot' if how == 'snapshot' else 'boot'})"))
 
+    moved: list[str] = []
+
+    def told_moved(message: str) -> None:  # a guest's SSH port was taken: it is back on a new one
+        moved.append(message)
+        warn(message)
+
     with console.status(Text(f"resetting {', '.join(args.guests) or 'every guest'} of {lab}")):
-        reset(lab, args.guests, told)
+        reset(lab, args.guests, told, told_moved)
     if args.json:
-        print_json({"lab": lab, "guests": results})
+        print_json({"lab": lab, "guests": results, "warnings": moved})
     return 0
 
 
@@ -76,7 +82,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
                            f"{data['save_seconds']} s ({data['bytes'] / 2**20:.0f} MiB)"))
     elif args.action == "restore":
         with console.status(Text(f"restoring checkpoint {args.name} of {lab}")):
-            seconds = checkpoints.restore(lab, args.name)
+            seconds = checkpoints.restore(lab, args.name, warn)
         if args.json:
             print_json({"lab": lab, "name": args.name, "seconds": seconds})
         else:

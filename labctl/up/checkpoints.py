@@ -29,8 +29,8 @@ from labctl.backends.monitor import qmp_execute, save_state
 from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
 from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
 from labctl.paths import atomic_write, ensure_private_dir
-from labctl.up import warm
-from labctl.up.reset import copy_disk, need_qemu, restart, set_clocks, wait_ssh
+from labctl.up import sshport, warm
+from labctl.up.reset import copy_disk, need_qemu, restart, set_clocks, tell_moves, wait_ssh
 from labctl.up.runstate import LabState, lab_lock
 
 META = "meta.json"
@@ -104,9 +104,10 @@ def save(lab: str, name: str) -> Checkpoint:
         return _load(final)
 
 
-def restore(lab: str, name: str) -> float:
+def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) -> float:
     """Every guest back to the checkpoint's instant (restarted, loaded paused, then resumed
-    together and their clocks set); seconds taken.
+    together and their clocks set); seconds taken. ``on_moved(message)`` is told about a guest
+    whose SSH port was taken while its QEMU restarted (it is back on a new one, its files updated).
 
     :raise LabStateError: lab not up, or no such checkpoint. :raise GuestError: a guest not back.
     """
@@ -120,12 +121,16 @@ def restore(lab: str, name: str) -> float:
             raise LabStateError(f"checkpoint {name} of lab {state.lab} has no guest {missing[0]}")
         names = list(state.guests)
         t0 = time.monotonic()
+        moves: list[sshport.Moved] = []
 
         def one(g: str) -> None:
             rec = state.guests[g]
+            port = rec.ssh_port
             disk = Path(rec.dir) / "disk.qcow2"
             rec = state.guests[g] = restart(backend, rec, lambda: copy_disk(ckpt.dir / f"{g}.qcow2", disk),
                                             new_console=False)
+            if rec.ssh_port != port:
+                moves.append(sshport.repin(state.path, g, port, rec.ssh_port))
             with open(rec.console, "a") as f:
                 f.write(f"labctl: restored checkpoint {name}\n")
             warm.load(Path(rec.qmp), ckpt.dir / f"{g}.state", paused=True)
@@ -134,6 +139,7 @@ def restore(lab: str, name: str) -> float:
             _map(one, names)
         finally:
             state.save()
+            tell_moves(state, moves, on_moved)
         _map(lambda g: qmp_execute(state.guests[g].qmp, "cont"), names)  # together, as they were saved
         set_clocks(state, names)
         _map(lambda g: wait_ssh(state.endpoint(g), 30.0), names)

@@ -4,8 +4,10 @@ instant, while the lab's other guests keep running.
 A guest is put back by stopping its QEMU, giving it a new disk overlay (on
 the post-boot snapshot's disk, or a copy of a checkpoint's), and starting
 QEMU again with the command line it had, waiting for the saved state
-(``-incoming defer``). Its sockets, ports and files keep their paths, so its
-neighbours' links, its SSH endpoint and its pinned host key are unchanged.
+(``-incoming defer``). Its sockets and files keep their paths, so its
+neighbours' links and its pinned host key are unchanged; so is its SSH port,
+unless another process took it while QEMU restarted: then the guest comes
+back on a new port and its files are updated (:mod:`labctl.up.sshport`).
 A guest without a snapshot (taken at its first cold boot; a kernel without
 virtio-console has none) is booted again instead.
 
@@ -26,17 +28,19 @@ from labctl.backends.qemu.backend import QemuBackend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image.store import Image
 from labctl.ssh import Endpoint, Session
-from labctl.up import agent, snapshots, warm
+from labctl.up import agent, snapshots, sshport, warm
 from labctl.up.runstate import LabState, lab_lock
 
 BOOT_TIMEOUT = 180.0
 
 
 def reset(lab: str, guests: Sequence[str] | None = None,
-          on_guest: Callable[[str, float, str], None] | None = None) -> dict[str, float]:
+          on_guest: Callable[[str, float, str], None] | None = None,
+          on_moved: Callable[[str], None] | None = None) -> dict[str, float]:
     """Reset ``guests`` (all when None or empty) of the lab ``lab`` (NAME or NAME@INSTANCE) to their
     post-boot state; seconds each took. ``on_guest(guest, seconds, how)`` is told as each is back
-    (how: ``snapshot`` or ``boot``).
+    (how: ``snapshot`` or ``boot``); ``on_moved(message)`` about a guest whose SSH port was taken
+    while its QEMU restarted (it is back on a new one, its files updated).
 
     :raise LabStateError: when the lab is not up. :raise UsageError: for an unknown guest or a
         backend that cannot do it. :raise GuestError: when a guest does not come back.
@@ -48,12 +52,14 @@ def reset(lab: str, guests: Sequence[str] | None = None,
         took: dict[str, float] = {}
         hows: dict[str, str] = {}
         errors: list[BaseException] = []
+        moves: list[sshport.Moved] = []
 
         def one(name: str) -> None:
             t0 = time.monotonic()
             try:
                 snap = snapshots.find(state.snapshots.get(name))
                 rec = state.guests[name]
+                port = rec.ssh_port
                 disk = Path(rec.dir) / "disk.qcow2"
                 if snap is not None:
                     rec = restart(backend, rec, lambda: warm.restore_disk(snap, disk, Path(rec.console)))
@@ -66,6 +72,8 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                                   incoming=False)
                     how = "boot"
                 state.guests[name] = rec
+                if rec.ssh_port != port:
+                    moves.append(sshport.repin(state.path, name, port, rec.ssh_port))
                 hows[name] = how
                 wait_ssh(state.endpoint(name), BOOT_TIMEOUT if how == "boot" else 30.0)
                 took[name] = round(time.monotonic() - t0, 2)
@@ -82,9 +90,18 @@ def reset(lab: str, guests: Sequence[str] | None = None,
         state.warm = sorted((set(state.warm) | {n for n, h in hows.items() if h == "snapshot"})
                             - {n for n, h in hows.items() if h == "boot"})
         state.save()
+        tell_moves(state, moves, on_moved)
         if errors:
             raise errors[0]
         return took
+
+
+def tell_moves(state: LabState, moves: Sequence[sshport.Moved], on_moved: Callable[[str], None] | None) -> None:
+    """Once the state names the guests' new ports: their handouts updated, the user told."""
+    for moved in moves:
+        moved = sshport.update_handout(moved, state.lab)
+        if on_moved:
+            on_moved(sshport.message(state.lab, moved))
 
 
 def _guests(state: LabState, guests: Sequence[str] | None) -> list[str]:
@@ -110,7 +127,8 @@ def restart(backend: QemuBackend, rec: GuestRecord, new_disk: Callable[[], None]
             incoming: bool = True, new_console: bool = True) -> GuestRecord:
     """Stop the guest's QEMU, keep its console as ``console.prev.log`` (when ``new_console``;
     else it goes on), give it a new disk (``new_disk``) and start it again (waiting for a saved
-    state when ``incoming``)."""
+    state when ``incoming``); its new record. When its SSH port was taken meanwhile, it is started
+    on a new one (the record's ``ssh_port``; the caller updates its files: :mod:`labctl.up.sshport`)."""
     backend.kill(rec)
     gdir = Path(rec.dir)
     console = Path(rec.console)
@@ -120,7 +138,7 @@ def restart(backend: QemuBackend, rec: GuestRecord, new_disk: Callable[[], None]
         if sock:
             Path(sock).unlink(missing_ok=True)
     new_disk()
-    return backend.restart(rec, incoming)
+    return sshport.restart(backend, rec, incoming)[0]
 
 
 def copy_disk(src: Path, dest: Path) -> None:

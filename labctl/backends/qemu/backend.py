@@ -140,7 +140,9 @@ class QemuBackend:
         self.kill(rec)
 
     def kill(self, rec: GuestRecord) -> None:
-        stop_pid(rec.pid, marker=rec.qmp, grace=3.0)  # the QMP socket path: still our QEMU, not a reused pid
+        # Its -pidfile argument, a whole argv element (stop_pid matches whole paths; the QMP
+        # socket is inside "unix:PATH,server=on"): still our QEMU, not a reused pid.
+        stop_pid(rec.pid, marker=str(Path(rec.dir) / "qemu.pid"), grace=3.0)
 
     def _wait_gone(self, rec: GuestRecord, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
