@@ -31,9 +31,14 @@ class SafeConsole(Console):
     READY line, an oops title, a bundle's lab name, an error quoting a
     command's output) is shown as ``\\x1b`` and the like. Only rich's own
     control segments (cursor movement of live displays) and styles stay codes.
-    Call sites that put outside text in a table still pass it through
+    A plain string is escaped before rich turns it into Text (which would drop
+    BEL, BS, VT, FF and CR without a trace). Call sites that put outside text in a table still pass it through
     :func:`safe_text` first, so that columns are measured on what is shown.
     """
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        # Before rich's Text() silently drops BEL, BS, VT, FF and CR: a plain string shows them too.
+        return super().render_str(safe_text(text), **kwargs)
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
         return super()._render_buffer(

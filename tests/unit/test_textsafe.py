@@ -73,7 +73,9 @@ def test_console_escapes_text_strings_and_table_cells_but_keeps_styles() -> None
     t.add_column("driver")
     t.add_row(f"virtio_net{CLEAR}")
     t.add_row(Text(f"e1000{TITLE}"))
+    t.add_row("cr\rbs\x08")
     got = render(Text(f"title {TITLE}", style="bold"), f"plain {CSI}2J", t)
+    assert "cr\\x0dbs\\x08" in got  # a plain string's controls are shown, not dropped as rich's Text() would
     assert "\x1b[1m" in got  # bold is still a style
     assert CLEAR not in got and "]0;pwned" not in got.replace("\\x1b]0;pwned", "") and CSI not in got
     assert "\\x1b[2J" in got and "\\x1b]0;pwned" in got and "\\x9b2J" in got
