@@ -207,7 +207,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             out.print(Text(f"lab {ident} is down"))
         except LabctlError as exc:
             errors.append(exc)
-            console.print(Text.assemble(("error: ", "bold red"), f"{ident}: {exc.message}"))
+            console.print(Text.assemble(("error: ", "bold red"), safe(f"{ident}: {exc.message}")))
     if errors:
         first = errors[0]
         first.hint = (f"the class record is kept; run 'labctl class down --lab {record.lab}' again once it is fixed"

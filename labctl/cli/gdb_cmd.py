@@ -13,9 +13,8 @@ import argparse
 import shutil
 import signal
 
-from rich.text import Text
 
-from labctl.cli.ui import console, out
+from labctl.cli.ui import console, out, safe
 from labctl.debug.gdb import (
     DebugError,
     GdbTarget,
@@ -100,12 +99,12 @@ def run_batch(target: GdbTarget, script: str, commands: list[str], timeout: floa
         raise DebugError(f"gdb did not finish within {timeout:g} s", hint="raise --timeout") from exc
     stdout, stderr = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
     if stdout:
-        out.print(Text(stdout.rstrip("\n")), soft_wrap=True)
+        out.print(safe(stdout.rstrip("\n")), soft_wrap=True)
     if done.returncode != 0:
         ensure_resumed(target.monitor, was_running, False)
         last = next((ln for ln in reversed(stderr.splitlines()) if ln.strip()), "")
         raise DebugError(f"gdb failed (exit status {done.returncode}): {last}",
                          hint=f"init script: {script}")
     if stderr.strip():
-        console.print(Text(stderr.rstrip("\n")), soft_wrap=True)
+        console.print(safe(stderr.rstrip("\n")), soft_wrap=True)
     return 0
