@@ -193,6 +193,41 @@ class Session:
         finally:
             chan.close()
 
+    @contextlib.contextmanager
+    def feed(self, command: str, timeout: float) -> Iterator[BinaryIO]:
+        """Run ``command`` and write its standard input as a file, for the block (``labctl cp``
+        to a guest: a tar stream into ``tar -x``).
+
+        Every write is bounded, and so is the whole exchange (``timeout``): a guest that
+        stops reading fails the write with a GuestError instead of hanging. When the block
+        ends, the input is closed and the command's exit status checked.
+
+        :raise GuestError: on a timeout, a lost connection or a non-zero exit status (with
+            the command's standard error).
+        """
+        try:
+            chan = self.client.get_transport().open_session(timeout=timeout)
+            chan.settimeout(min(timeout, READ_TIMEOUT))
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
+            raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
+        writer = _BoundedWriter(chan, time.monotonic() + timeout, self.ep.guest)
+        try:
+            try:
+                yield writer  # type: ignore[misc]
+                chan.shutdown_write()
+            except GuestError as exc:
+                err = _stderr_of(chan, time.monotonic() + 5)
+                raise GuestError(f"{exc.message}: {err}" if err else exc.message) from exc
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise GuestError(f"the connection to guest {self.ep.guest} was lost: {exc}") from exc
+            status = _exit_status(chan, writer.deadline)
+            if status != 0:
+                err = _stderr_of(chan, time.monotonic() + 5)
+                raise GuestError(f"command on guest {self.ep.guest} exited with status {status}: {err}")
+        finally:
+            chan.close()
+
 
 READ_TIMEOUT = 30.0  # one read from a guest's stream
 
@@ -222,6 +257,54 @@ class _BoundedReader:
             if size < 0:
                 continue
         return b"".join(parts)
+
+
+class _BoundedWriter:
+    """A channel's stdin as a binary file whose writes are bounded by a deadline."""
+
+    def __init__(self, chan: paramiko.Channel, deadline: float, guest: str) -> None:
+        self.chan, self.deadline, self.guest = chan, deadline, guest
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            if time.monotonic() > self.deadline:
+                raise GuestError(f"guest {self.guest} took in the files too slowly (time limit reached)")
+            if self.chan.exit_status_ready():
+                raise GuestError(f"the command on guest {self.guest} stopped reading")
+            try:
+                sent = self.chan.send(view[:1 << 16])
+            except socket.timeout as exc:
+                raise GuestError(f"guest {self.guest} stopped reading for {READ_TIMEOUT:.0f} s") from exc
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise GuestError(f"the connection to guest {self.guest} was lost: {exc}") from exc
+            if sent <= 0:
+                raise GuestError(f"the connection to guest {self.guest} was closed")
+            view = view[sent:]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _stderr_of(chan: paramiko.Channel, deadline: float, limit: int = 1 << 16) -> str:
+    """What the channel's command wrote on its standard error (at most ``limit`` bytes, waiting
+    until ``deadline`` for it to exit)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        if chan.recv_stderr_ready():
+            data = chan.recv_stderr(4096)
+            if not data:
+                break
+            parts.append(data)
+            size += len(data)
+        elif chan.exit_status_ready() or chan.closed or time.monotonic() > deadline:
+            if not chan.recv_stderr_ready():
+                break
+        else:
+            time.sleep(0.02)
+    return b"".join(parts).decode(errors="replace").strip()[-2000:]
 
 
 def _exit_status(chan: paramiko.Channel, deadline: float) -> int:

@@ -16,6 +16,7 @@ from labctl.cli import (
     check_cmd,
     class_cmd,
     compare_cmd,
+    cp_cmd,
     doctor,
     gdb_cmd,
     graph_cmd,
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     gdb_cmd.register(sub)
     doctor.register(sub)
     access.register(sub)
+    cp_cmd.register(sub)
     check_cmd.register(sub)
     class_cmd.register(sub)
     capture_cmd.register(sub)
