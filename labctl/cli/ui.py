@@ -32,8 +32,9 @@ class SafeConsole(Console):
     command's output) is shown as ``\\x1b`` and the like. Only rich's own
     control segments (cursor movement of live displays) and styles stay codes.
     A plain string is escaped before rich turns it into Text (which would drop
-    BEL, BS, VT, FF and CR without a trace). Call sites that put outside text in a table still pass it through
-    :func:`safe_text` first, so that columns are measured on what is shown.
+    BEL, BS, VT, FF and CR without a trace). Call sites that build a Text or a
+    table cell from outside text still use :func:`safe` (or ``safe_text``)
+    first, so that columns are measured on what is shown.
     """
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
