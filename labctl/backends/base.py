@@ -180,3 +180,7 @@ class Backend(Protocol):
 
     def qemu_log(self, rec: GuestRecord) -> Path | None:
         """QEMU's own messages about the guest, on this machine (None: not readable here)."""
+
+    def emulator_version(self) -> str:
+        """The version of the QEMU this backend would start, for when no running guest can be
+        asked (``unknown`` when the backend cannot tell)."""

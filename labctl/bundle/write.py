@@ -19,7 +19,6 @@ from typing import Any
 from labctl import __version__
 from labctl.backends import get_backend
 from labctl.backends.base import Backend
-from labctl.backends.qemu.backend import qemu_version
 from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, OOPS_JSON, OOPS_TXT, guest_dir
 from labctl.errors import LabctlError, UsageError
 from labctl.image.store import MANIFEST as IMAGE_MANIFEST
@@ -123,7 +122,7 @@ def _qemu_section(state: LabState, backend: Backend) -> dict[str, Any]:
     all guests ran (the local binary's when none answered), ``guests`` each one's."""
     versions = running_qemu_versions(state, backend)
     known = {v for v in versions.values() if v != "unknown"}
-    version = known.pop() if len(known) == 1 else ("mixed" if known else qemu_version())
+    version = known.pop() if len(known) == 1 else ("mixed" if known else backend.emulator_version())
     return {"version": version, "guests": versions, "argv": {n: r.argv for n, r in state.guests.items()}}
 
 

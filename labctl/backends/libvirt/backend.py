@@ -391,6 +391,10 @@ class LibvirtBackend:
                                  "of the link), or run the guest on this machine")
         return Path(hostfs.guest_run_dir(str(rec.extra["domain"])))
 
+    def emulator_version(self) -> str:
+        """Unknown: each host has its own QEMU, asked through a running guest's QMP instead."""
+        return "unknown"
+
     def qemu_log(self, rec: GuestRecord) -> Path | None:
         """libvirt's log of the domain (``/var/log/libvirt/qemu/<name>.log``) for a guest of this machine."""
         return None if rec.extra.get("remote") else LOG_DIR / f"{rec.extra['domain']}.log"

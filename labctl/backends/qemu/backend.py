@@ -163,6 +163,10 @@ class QemuBackend:
         """The guest's own run directory (0700, labctl's user, which QEMU runs as)."""
         return Path(rec.dir)
 
+    def emulator_version(self) -> str:
+        """``qemu-system-x86_64 --version``'s first line."""
+        return qemu_version()
+
     def qemu_log(self, rec: GuestRecord) -> Path | None:
         return Path(rec.dir) / "qemu.log"
 
