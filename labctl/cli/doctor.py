@@ -49,7 +49,14 @@ def check_kvm() -> Check:
     img = ImageStore().get(DEFAULT_IMAGE, load_recipe(DEFAULT_IMAGE).key())
     if img is None:
         return Check("KVM", True, "/dev/kvm is accessible; build the image to probe it (labctl image build)")
-    usable, reason = kvm_usable(img.kernel)
+    from labctl.errors import LabctlError
+    from labctl.kernel.lab import default_kernel
+
+    try:
+        kernel = default_kernel(img, load_recipe(DEFAULT_IMAGE))
+    except LabctlError as exc:
+        return Check("KVM", True, f"/dev/kvm is accessible; the image's kernel is not ready to probe it ({exc.message})")
+    usable, reason = kvm_usable(kernel.boot)
     return Check("KVM", True, f"usable: {reason}" if usable else f"not usable ({reason}): guests run under TCG")
 
 

@@ -62,3 +62,19 @@ def _exited() -> object:
 def test_auto_on_this_host_matches_the_probe(kernel: Kernel) -> None:
     usable, _ = probe_kvm(kernel.boot, timeout=6)
     assert (choose_accel("auto", kernel.boot).accel == "kvm") == usable
+
+
+def test_doctor_probes_kvm_with_the_images_kernel(cli, image: object, kernel: Kernel) -> None:  # type: ignore[no-untyped-def]
+    """``labctl doctor`` gives KVM's verdict from the real probe of the image's default kernel
+    (kernels left the image: doctor once asked the image for one and crashed wherever /dev/kvm
+    was accessible)."""
+    import json
+
+    res = cli("doctor", "--json")
+    assert "Traceback" not in res.stderr, res.stderr
+    checks = {c["check"]: c for c in json.loads(res.stdout)}
+    detail = checks["KVM"]["detail"]
+    if os.access("/dev/kvm", os.R_OK | os.W_OK):
+        assert detail.startswith(("usable", "not usable")), detail
+    else:
+        assert detail.startswith("no usable /dev/kvm"), detail
