@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -73,7 +74,7 @@ def _default_kernel_dir() -> Path | None:
 def cmd_list(args: argparse.Namespace) -> int:
     used = _in_use()
     default = _default_kernel_dir()
-    rows = [{"key": k.key, "name": k.name, "release": k.release, "source": k.source,
+    rows: list[dict[str, Any]] = [{"key": k.key, "name": k.name, "release": k.release, "source": k.source,
              "debug": k.has_debug, "default": k.dir == default, "used_by": used.get(k.dir.resolve(), []),
              "prepared_at": k.manifest.get("prepared_at"), "dir": str(k.dir)} for k in KernelStore().list()]
     if args.json:
@@ -82,7 +83,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     t = Table("kernel", "release", "key", "debug info", "used by", "prepared")
     for r in rows:
         used_by = ", ".join(r["used_by"]) + (" (image default)" if r["default"] else "")
-        t.add_row(Text(str(r["name"])), Text(str(r["release"])), r["key"], "yes" if r["debug"] else "no",
+        t.add_row(Text(str(r["name"])), Text(str(r["release"])), str(r["key"]), "yes" if r["debug"] else "no",
                   Text(used_by.strip()), str(r["prepared_at"] or ""))
     out.print(t)
     return 0

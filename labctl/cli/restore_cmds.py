@@ -131,7 +131,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     for col in ("key", "lab", "guest", "created", "size", "in use"):
         t.add_column(col)
     for r in rows:
-        t.add_row(Text(r["key"]), Text(str(r["lab"] or "")), Text(str(r["guest"])), Text(str(r["created_at"])),
-                  Text(f"{r['bytes'] / 2**20:.0f} MiB"), Text("yes" if r["in_use"] else ""))
+        t.add_row(Text(str(r["key"])), Text(str(r["lab"] or "")), Text(str(r["guest"])), Text(str(r["created_at"])),
+                  Text(f"{int(r['bytes'] or 0) / 2**20:.0f} MiB"), Text("yes" if r["in_use"] else ""))
     out.print(t)
     return 0

@@ -17,6 +17,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from labctl.events import UpEvents
 from labctl.steps.events import StepEvents
 from labctl.pipeline import RunOutcome
 from labctl.steps.result import StepResult
@@ -124,7 +125,7 @@ class StepsReporter:
 PHASE_STYLE = {"starting": "dim", "booting": "yellow", "ssh": "cyan", "ready": "green", "failed": "bold red"}
 
 
-class UpDisplay:
+class UpDisplay(UpEvents):
     """Live per-guest phases during ``labctl up`` (implements UpEvents)."""
 
     def __init__(self, lab: str, guests: list[str]) -> None:
