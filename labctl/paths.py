@@ -294,7 +294,7 @@ def create_new(path: Path, mode: int = 0o644, *, replace: bool = True) -> int:
                 pass
             else:
                 if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else f"not a regular file of yours"
+                    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file of yours"
                     raise UnsafePath(f"refusing to write {path}: it exists and is {kind}",
                                      hint="remove it, or choose another file")
                 os.unlink(path.name, dir_fd=dir_fd)

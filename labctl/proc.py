@@ -234,12 +234,15 @@ def stop_pid(pid: int, marker: str | None = None, grace: float = GRACE_SECONDS) 
     With ``marker``, only when its command line still contains it (the pid may
     have been reused by another program since it was recorded): a marker that is
     an absolute path must be named whole (as :func:`pids_referencing` matches).
-    Never another user's process.
+    Never another user's process (see :func:`_ours`).
     """
-    if not pid or not pid_alive(pid) or process_uid(pid) != os.geteuid():
+    if not pid or not pid_alive(pid):
+        return
+    args = pid_cmdline(pid)
+    if not _ours(pid, args):
         return
     if marker is not None and not any(_names_path(a, marker) if marker.startswith("/") else marker in a
-                                      for a in pid_cmdline(pid)):
+                                      for a in args):
         return
     kill_pids([pid], grace)
 
@@ -284,23 +287,42 @@ def process_uid(pid: int) -> int | None:
         return None
 
 
+SWITCH_MODULE = "labctl.net.switch"
+
+
+def _ours(pid: int, args: list[str]) -> bool:
+    """True when process ``pid`` (command line ``args``) is this user's to stop: it runs as this
+    user, or this is root and it is a labctl switch that root started as the guests' QEMU user
+    (its ``--user UID:GID`` names the uid it runs as)."""
+    uid = process_uid(pid)
+    if uid is None:
+        return False
+    me = os.geteuid()
+    if uid == me:
+        return True
+    if me != 0 or SWITCH_MODULE not in args:
+        return False
+    return any(a == "--user" and i + 1 < len(args) and args[i + 1].split(":")[0] == str(uid)
+               for i, a in enumerate(args))
+
+
 def pids_referencing(path: Path) -> list[int]:
     """This user's processes (other than this one) whose command line names ``path`` or a file under it.
 
     A lab's QEMUs and switches all name files in its run directory, so this
     finds them even when labctl was killed before it could record their pids.
     Paths match whole (``/s/labs/foo`` is not ``/s/labs/foobar`` nor
-    ``/x/s/labs/foo``), and another user's processes never count.
+    ``/x/s/labs/foo``), and another user's processes never count (but root's
+    switches that run as the guests' QEMU user do: see :func:`_ours`).
     """
     prefix = os.path.normpath(os.path.abspath(path))
-    me = os.geteuid()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         pid = int(entry.name)
         args = pid_cmdline(pid)
-        if any(_names_path(a, prefix) for a in args) and process_uid(pid) == me:
+        if any(_names_path(a, prefix) for a in args) and _ours(pid, args):
             found.append(pid)
     return sorted(found)
 

@@ -129,7 +129,8 @@ def check_handout_dirs(out: Path, students: Sequence[str]) -> None:
 
     :raise UnsafePath: naming the directory at fault.
     """
-    root = checked_dir(out, missing_ok=True, shared_ok=True)  # a sticky /tmp-like OUT is fine: the directories in it are ours
+    # a sticky OUT (like /tmp) is fine: the directories made in it are ours
+    root = checked_dir(out, missing_ok=True, shared_ok=True)
     if not root.is_dir():
         return
     euid = os.geteuid()
