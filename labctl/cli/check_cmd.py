@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
+from labctl.cli import junit_out
 from labctl.cli.ui import out, print_json, safe
 from labctl.errors import EXIT_CHECKS_FAILED, UsageError
 from labctl.up.grading import PASS, CheckResult, checks_of, run_checks, summary
@@ -20,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = sub.add_parser("check", help="run a lab's graded checks on its guests; exit 6 unless all pass")
     c.add_argument("lab", metavar="LAB[@INSTANCE]")
     c.add_argument("--json", action="store_true", help="print the results as JSON")
+    junit_out.add_argument(c, "results (one case per check and guest)")
     c.set_defaults(func=cmd_check)
     s = sub.add_parser("ssh-config", help="print an OpenSSH config for a lab's guests (ssh -F FILE GUEST)")
     s.add_argument("lab", metavar="LAB[@INSTANCE]")
@@ -44,12 +46,16 @@ def results_json(lab: str, results: Sequence[CheckResult]) -> dict[str, object]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    junit = junit_out.check_path(args.junit)
+    started = junit_out.now()
     state = LabState.load(check_lab_name(args.lab))
     checks = checks_of(state)
     if not checks:
         raise UsageError(f"lab '{state.lab}' declares no checks", hint="add a 'checks:' section to its lab file")
     results = run_checks(state, checks)
     s = summary(results)
+    if junit is not None:
+        junit_out.write_checks(junit, state.lab, results, started)
     if args.json:
         print_json(results_json(state.lab, results))
     else:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from labctl.cli import junit_out
 from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.lifecycle_cmds import add_up_arguments, load_for_up, up_options
 from labctl.cli.ui import StepLines, UpDisplay, report_outcome
-from labctl.errors import UsageError
+from labctl.errors import LabctlError, UsageError
 from labctl.pipeline import run_lab
 from labctl.up.capacity import check_capacity
 
@@ -20,16 +21,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_up_arguments(p)
     p.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    junit_out.add_argument(p, "steps' results (one case per step variant)")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    junit = junit_out.check_path(args.junit)
+    started = junit_out.now()
     lab = load_for_up(args)
     if not lab.steps:
         raise UsageError(f"{args.file} has no steps to run", hint=f"use: labctl up {args.file}")
-    image = ensure_image(lab.image)
-    kernels = ensure_kernels(lab, image)
-    check_capacity([lab], overcommit=args.overcommit)
-    outcome = run_lab(lab, image, up_options(args), Path(args.out), UpDisplay(lab.ident, list(lab.guests)),
-                      StepLines(), keep=args.keep, kernels=kernels)
+    try:
+        image = ensure_image(lab.image)
+        kernels = ensure_kernels(lab, image)
+        check_capacity([lab], overcommit=args.overcommit)
+        outcome = run_lab(lab, image, up_options(args), Path(args.out), UpDisplay(lab.ident, list(lab.guests)),
+                          StepLines(), keep=args.keep, kernels=kernels)
+    except LabctlError as exc:  # the lab never reached its steps (image, kernel, boot): one error case
+        if junit is not None:
+            junit_out.write_error(junit, lab.ident, "up", exc, started)
+        raise
+    if junit is not None:
+        junit_out.write_run(junit, lab.ident, outcome, started)
     return report_outcome(outcome, args.json)
