@@ -12,6 +12,7 @@ from typing import NoReturn
 from labctl import __version__
 from labctl.cli import (
     access,
+    bisect_cmd,
     capture_cmd,
     check_cmd,
     class_cmd,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.register(sub)
     report_cmds.register(sub)
     compare_cmd.register(sub)
+    bisect_cmd.register(sub)
     oops_cmd.register(sub)
     gdb_cmd.register(sub)
     doctor.register(sub)

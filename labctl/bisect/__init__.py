@@ -1,0 +1,13 @@
+"""``labctl bisect``: the commit of a kernel tree that changed a lab's outcome.
+
+Owns the search over a git history (:mod:`.search`: midpoints, good/bad/skip,
+the first bad commit), the build of each candidate in a worktree of the
+user's repository that labctl keeps in its cache (:mod:`.build`: the user's
+checkout, branch and files are never touched; builds are incremental and
+cached by commit), the oracles that judge a run of the lab (:mod:`.oracle`:
+a graded check, a step, a panic, a command, a figure over repeats), the state
+file that makes a bisection resumable (:mod:`.state`), the loop itself
+(:mod:`.engine`) and the bisect bundle (:mod:`.report`).
+
+Imports never: labctl.cli
+"""

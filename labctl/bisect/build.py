@@ -1,0 +1,189 @@
+"""The worktree labctl builds each candidate commit in, and the per-commit build cache.
+
+``<work>/wt`` is a ``git worktree`` of the user's repository (detached: no branch of the
+user's moves, their checkout and files are never touched). It is seeded once with a copy of
+the user's tree *with its build objects and their times*, then moved to each commit with
+``git checkout``, which rewrites only the files that differ: ``make`` then rebuilds only what
+those commits changed. The tree's ``.config`` is copied in and ``make olddefconfig`` run at
+every commit. The build runs with git hidden from the kernel's ``setlocalversion``, so the
+release does not change from one commit to the next (which would relink every module).
+
+``<work>/builds.json`` maps ``commit:config-hash`` to the prepared kernel's directory in
+labctl's kernel store, so a commit built once (by an earlier or an interrupted bisection) is
+never built again while that kernel is prepared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from labctl.bisect.search import git
+from labctl.errors import LabctlError
+from labctl.paths import atomic_write, cache_dir
+
+WORKTREE = "wt"
+BUILDS = "builds.json"
+LOCK = "lock"
+LOG_TAIL = 40
+
+
+def default_work(tree: Path) -> Path:
+    """Where the worktree and build cache of ``tree``'s bisections live (kept between them)."""
+    digest = hashlib.sha256(str(tree.resolve()).encode()).hexdigest()[:16]
+    return cache_dir() / "bisect" / digest
+
+
+@contextlib.contextmanager
+def locked(work: Path) -> Iterator[None]:
+    """One bisection at a time in a worktree.
+
+    :raise LabctlError: when another holds it.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise LabctlError(f"another labctl bisect is using {work}",
+                              hint="wait for it, or give this one another --work DIR") from exc
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    ok: bool
+    seconds: float
+    reason: str = ""  # why it failed: the first error line of make
+    log: str = ""  # the tail of make's output
+
+
+def config_hash(tree: Path) -> str:
+    return hashlib.sha256((tree / ".config").read_bytes()).hexdigest()[:16]
+
+
+class Worktree:
+    """The bisection's worktree of ``tree`` in ``work``."""
+
+    def __init__(self, tree: Path, work: Path) -> None:
+        self.tree = tree.resolve()
+        self.work = work
+        self.path = work / WORKTREE
+
+    def ready(self) -> bool:
+        return (self.path / ".git").is_file() and (self.path / "Makefile").is_file()
+
+    def ensure(self, rev: str, say: Callable[[str], None] = lambda _: None) -> None:
+        """Make the worktree (first use: a copy of the tree with its objects), at ``rev``."""
+        if self.ready():
+            return
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        with contextlib.suppress(LabctlError):
+            git(self.tree, "worktree", "prune")
+        say(f"making the worktree {self.path} (a copy of {self.tree} with its build objects; once)")
+        t0 = time.monotonic()
+        git(self.tree, "worktree", "add", "--detach", "--no-checkout", str(self.path), rev)
+        # the user's files and build objects with their times to the nanosecond (make compares them)
+        names = [str(self.tree / n) for n in os.listdir(self.tree) if n != ".git"]
+        res = subprocess.run(["cp", "-a", "--reflink=auto", "--", *names, str(self.path)], capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            raise LabctlError(f"copying {self.tree} into {self.path} failed: {res.stderr.strip()[-300:]}")
+        git(self.path, "read-tree", rev)
+        subprocess.run(["git", "-C", str(self.path), "update-index", "-q", "--refresh"], capture_output=True)
+        git(self.path, "checkout", "-q", "-f", "--detach", rev)
+        self._objtool()
+        say(f"worktree ready in {time.monotonic() - t0:.0f} s")
+
+    def _objtool(self) -> None:
+        """objtool's build records absolute paths, so in the copy it would be rebuilt, and with it
+        every object of the kernel (each depends on objtool's time). Rebuild it here once and give
+        everything of it the time the tree's objtool had: the copy's objects stay up to date."""
+        ref = self.tree / "tools" / "objtool" / "objtool"
+        if not ref.is_file():
+            return
+        res = subprocess.run(["make", "-C", str(self.path), "tools/objtool"], capture_output=True, text=True,
+                             env=self._env(), stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            return  # the first build rebuilds everything then; slow, not wrong
+        st = ref.stat()
+        for root, _dirs, files in os.walk(self.path / "tools" / "objtool"):
+            for f in files:
+                with contextlib.suppress(OSError):
+                    os.utime(os.path.join(root, f), ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+
+    def _env(self) -> dict[str, str]:
+        # git hidden from scripts/setlocalversion: the release stays the tree's at every commit
+        return {**os.environ, "GIT_DIR": str(self.work / "no-git"), "GIT_CEILING_DIRECTORIES": str(self.work)}
+
+    def checkout(self, rev: str) -> None:
+        git(self.path, "checkout", "-q", "-f", "--detach", rev)
+
+    def build(self, jobs: int, on_line: Callable[[str], None] = lambda _: None) -> BuildResult:
+        """``olddefconfig`` with the tree's ``.config``, then ``make vmlinux modules``."""
+        t0 = time.monotonic()
+        cfg = self.tree / ".config"
+        dst = self.path / ".config"
+        if not dst.is_file() or dst.read_bytes() != cfg.read_bytes():
+            shutil.copy2(cfg, dst)
+        env = self._env()
+        lines: list[str] = []
+        for target in (["olddefconfig"], [f"-j{jobs}", "vmlinux", "modules"]):
+            proc = subprocess.Popen(["make", "-C", str(self.path), *target], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace", env=env,
+                                    stdin=subprocess.DEVNULL)
+            assert proc.stdout is not None
+            try:
+                for line in proc.stdout:
+                    lines.append(line.rstrip("\n"))
+                    if len(lines) > 4000:
+                        del lines[:2000]
+                    on_line(line.rstrip("\n"))
+                rc = proc.wait()
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            if rc != 0:
+                errors = [ln for ln in lines if ": error:" in ln or "Error " in ln]
+                reason = (errors[0] if errors else f"make {' '.join(target)} exited {rc}").strip()
+                return BuildResult(False, time.monotonic() - t0, reason[:300], "\n".join(lines[-LOG_TAIL:]))
+        return BuildResult(True, time.monotonic() - t0, "", "\n".join(lines[-LOG_TAIL:]))
+
+
+class BuildCache:
+    """commit (and .config) -> the prepared kernel's directory."""
+
+    def __init__(self, work: Path) -> None:
+        self.path = work / BUILDS
+
+    def _read(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def get(self, commit: str, cfg: str) -> Path | None:
+        d = self._read().get(f"{commit}:{cfg}")
+        if d and (Path(d) / "manifest.json").is_file():
+            return Path(d)
+        return None
+
+    def put(self, commit: str, cfg: str, kernel_dir: Path) -> None:
+        data = self._read()
+        data[f"{commit}:{cfg}"] = str(kernel_dir)
+        atomic_write(self.path, json.dumps(data, indent=1) + "\n")

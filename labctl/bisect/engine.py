@@ -1,0 +1,313 @@
+"""The bisection loop: next commit, build, prepare, run the lab, judge, record; until one is left.
+
+Every step goes to the state file before and after it runs, so a bisection interrupted anywhere
+(Ctrl-C, a crash, a reboot) goes on with ``--continue`` at the step that was running. An
+undecided run is run once more; undecided twice, the commit is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from labctl.bisect import oracle as orc
+from labctl.bisect import search
+from labctl.bisect.build import BuildCache, Worktree, config_hash
+from labctl.bisect.state import NEW, OLD, SKIP, State, Step, save
+from labctl.bundle.layout import CONSOLE, GUESTS, SUMMARY
+from labctl.debug.oops import make_title, parse_oopses
+from labctl.errors import LabctlError
+from labctl.events import NullReporter
+from labctl.image.recipe import Recipe
+from labctl.image.store import Image
+from labctl.kernel import lab as kernel_lab
+from labctl.kernel import prepare as prep
+from labctl.kernel.store import Kernel
+from labctl.lab import kernels as lab_kernels
+from labctl.lab.kernels import KernelSpec
+from labctl.lab.model import Check, Lab
+from labctl.pipeline import run_lab
+from labctl.up.grading import checks_of, run_checks
+from labctl.up.lifecycle import UpOptions, down
+from labctl.up.runstate import LabState
+
+STEPS_DIR = "steps"
+REFERENCE_DIR = "reference"
+COMMAND_TIMEOUT = 120.0
+
+
+def tree_guests(lab: Lab, tree: Path) -> list[str]:
+    """The guests that boot ``tree`` (all of them when no guest names it: the tree is then every guest's)."""
+    want = tree.resolve()
+    named = [g for g in lab.guests if (s := lab.kernel_of(g)) is not None and s.kind == lab_kernels.TREE
+             and s.tree is not None and Path(s.tree).resolve() == want]
+    return named or list(lab.guests)
+
+
+def on_tree(lab: Lab, tree: Path, other: Path) -> Lab:
+    """``lab`` with every guest that boots ``tree`` booting ``other`` instead; the others keep theirs."""
+    want = tree.resolve()
+
+    def moved(spec: KernelSpec | None) -> KernelSpec | None:
+        if spec is not None and spec.kind == lab_kernels.TREE and spec.tree is not None \
+                and Path(spec.tree).resolve() == want:
+            return dataclasses.replace(spec, tree=other)
+        return spec
+
+    guests = {n: dataclasses.replace(g, kernel=moved(g.kernel)) for n, g in lab.guests.items()}
+    changed = dataclasses.replace(lab, kernel=moved(lab.kernel), guests=guests)
+    if changed == lab:  # no guest names the tree: every guest boots it
+        return lab.with_kernel(KernelSpec(kind=lab_kernels.TREE, tree=other, path="--kernel"))
+    return changed
+
+
+def evidence(run_dir: Path | None) -> orc.Evidence:
+    """What a run bundle says, for the oracles: its summary and the oopses on each console."""
+    ev = orc.Evidence()
+    if run_dir is None:
+        return ev
+    try:
+        ev.summary = json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, ValueError):
+        ev.summary = {}
+    oopses: dict[str, list[str]] = {}
+    for console in sorted((run_dir / GUESTS).glob(f"*/{CONSOLE}")):
+        try:
+            found = parse_oopses(console.read_text(errors="replace"))
+        except OSError:
+            continue
+        if found:
+            oopses[console.parent.name] = [make_title(o) for o in found]
+    ev.oopses = oopses
+    return ev
+
+
+@dataclasses.dataclass
+class Run:
+    """One run of the lab on one build."""
+
+    evidence: orc.Evidence
+    run_dir: Path | None
+    times: dict[str, float]
+    error: str = ""  # why the lab did not come up (then there is no verdict)
+
+
+class Bisector:
+    """Runs the bisection whose state is ``state``, writing into the bisect bundle ``bundle``."""
+
+    def __init__(self, bundle: Path, state: State, lab: Lab, image: Image, recipe: Recipe, opts: UpOptions,
+                 say: Callable[[str], None] = lambda _: None, on_build_line: Callable[[str], None] = lambda _: None,
+                 jobs: int | None = None) -> None:
+        self.bundle = bundle
+        self.state = state
+        self.tree = Path(state.tree)
+        self.work = Path(state.work)
+        self.wt = Worktree(self.tree, self.work)
+        self.cache = BuildCache(self.work)
+        self.lab = on_tree(lab, self.tree, self.wt.path)
+        self.image = image
+        self.recipe = recipe
+        self.opts = opts
+        self.say = say
+        self.on_build_line = on_build_line
+        self.jobs = jobs or os.cpu_count() or 1
+        self.cfg = config_hash(self.tree)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> State:
+        """Step until the answer is known; the state saved after every step. Ctrl-C re-raised."""
+        st = self.state
+        self.wt.ensure(st.good, self.say)
+        if st.oracle.get("kind") == "figure" and st.oracle.get("worse_than_good") is not None and not st.reference:
+            self._reference()
+        while not st.done:
+            nxt = search.next_step(self.tree, st.news[-1] if st.news else st.bad, st.olds or [st.good], st.skips)
+            if nxt.commit is None:
+                st.done = True
+                st.result = ({"first": nxt.first, "subject": search.subject(self.tree, nxt.first or "")}
+                             if nxt.first else {"candidates": list(nxt.candidates)})
+                save(self.bundle, st)
+                break
+            pending = [s for s in st.steps if s.commit == nxt.commit and not s.verdict]
+            step = pending[0] if pending else Step(n=len(st.steps) + 1, commit=nxt.commit,
+                                                   subject=search.subject(self.tree, nxt.commit))
+            if not pending:
+                st.steps.append(step)
+            self.say(f"step {step.n}: {nxt.commit[:12]} {step.subject}  "
+                     f"({nxt.remaining} commits left, about {nxt.steps_left} steps)")
+            save(self.bundle, st)
+            self._step(step)
+            st.record(step)
+            save(self.bundle, st)
+            self.say(f"step {step.n}: {step.commit[:12]} is {st.term(step.verdict)}: {step.reason}  "
+                     f"[{_times_text(step.times)}]")
+        return st
+
+    def _reference(self) -> None:
+        """--worse-than-good: the good end run once, its figures the reference."""
+        st = self.state
+        self.say(f"reference: the {st.term_old} end {st.good[:12]} (for --worse-than-good)")
+        kernel, _, why = self._kernel(st.good, Step(n=0, commit=st.good))
+        if kernel is None:
+            raise LabctlError(f"the {st.term_old} end {st.good[:12]} cannot be built: {why}")
+        run = self._run_lab(kernel, self.bundle / REFERENCE_DIR)
+        if run.run_dir is None:
+            raise LabctlError(f"the {st.term_old} end {st.good[:12]} does not run the lab: {run.error}")
+        st.reference = str(run.run_dir.relative_to(self.bundle))
+        save(self.bundle, st)
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self, step: Step) -> None:
+        st = self.state
+        t0 = time.monotonic()
+        step.times = {}
+        kernel, built, why = self._kernel(step.commit, step)
+        if kernel is None:
+            step.verdict, step.outcome, step.reason = SKIP, "", why
+            step.times["total"] = round(time.monotonic() - t0, 2)
+            return
+        reference = self._reference_summary()
+        for attempt in (1, 2):
+            step.attempts = attempt
+            out = self.bundle / STEPS_DIR / f"{step.n:02d}-{step.commit[:12]}"
+            run = self._run_lab(kernel, out)
+            for k, v in run.times.items():
+                step.times[k] = round(step.times.get(k, 0.0) + v, 2)
+            if run.run_dir is not None:
+                step.run = str(run.run_dir.relative_to(self.bundle))
+            if run.error:
+                if st.oracle.get("kind") == "panic" and "panic" in run.error.lower():
+                    step.verdict, step.outcome, step.reason = self._verdict(orc.FAIL), orc.FAIL, run.error
+                    break
+                step.verdict, step.outcome, step.reason = SKIP, "", f"the lab did not run: {run.error}"
+                break
+            t1 = time.monotonic()
+            j = orc.judge(st.oracle, run.evidence, reference)
+            step.times["oracle"] = round(step.times.get("oracle", 0.0) + time.monotonic() - t1, 2)
+            step.outcome, step.reason, step.figure = j.outcome, j.reason, j.figure
+            if j.outcome != orc.UNDECIDED:
+                step.verdict = self._verdict(j.outcome)
+                break
+            if attempt == 1:
+                self.say(f"step {step.n}: undecided ({j.reason}); running the lab once more")
+            else:
+                step.verdict, step.reason = SKIP, f"undecided twice: {j.reason}"
+        total = time.monotonic() - t0
+        step.times["total"] = round(total, 2)
+        own = total - sum(step.times.get(k, 0.0) for k in ("build", "boot", "steps", "oracle_run"))
+        step.times["labctl"] = round(max(own, 0.0), 2)
+
+    def _verdict(self, outcome: str) -> str:
+        fixed = bool(self.state.oracle.get("fixed"))
+        return (NEW if fixed else OLD) if outcome == orc.PASS else (OLD if fixed else NEW)
+
+    def _reference_summary(self) -> dict[str, Any] | None:
+        if not self.state.reference:
+            return None
+        return dict(evidence(self.bundle / self.state.reference).summary)
+
+    def _kernel(self, commit: str, step: Step) -> tuple[Kernel | None, bool, str]:
+        """The commit's kernel, prepared: from the build cache, else checked out, built and prepared."""
+        cached = self.cache.get(commit, self.cfg)
+        if cached is not None:
+            step.cached_build = True
+            step.times.update({"build": 0.0, "prepare": 0.0})
+            self.say(f"  {commit[:12]}: built before (kernel {cached.name})")
+            return Kernel.at(cached), False, ""
+        t0 = time.monotonic()
+        self.wt.checkout(commit)
+        step.times["checkout"] = round(time.monotonic() - t0, 2)
+        self.say(f"  {commit[:12]}: building (make -j{self.jobs} vmlinux modules)")
+        res = self.wt.build(self.jobs, self.on_build_line)
+        step.times["build"] = round(res.seconds, 2)
+        if not res.ok:
+            (self.bundle / STEPS_DIR).mkdir(parents=True, exist_ok=True)
+            (self.bundle / STEPS_DIR / f"{step.n:02d}-{commit[:12]}-build.log").write_text(res.log + "\n")
+            return None, False, f"does not build: {res.reason}"
+        self.say(f"  {commit[:12]}: built in {res.seconds:.0f} s; preparing the kernel")
+        t1 = time.monotonic()
+        spec = KernelSpec(kind=lab_kernels.TREE, tree=self.wt.path, path="--kernel")
+        try:
+            kernel = prep.prepare(spec, kernel_lab.options(self.recipe), NullReporter())
+        except LabctlError as exc:
+            return None, True, f"its kernel cannot be prepared: {exc.message}"
+        step.times["prepare"] = round(time.monotonic() - t1, 2)
+        self.cache.put(commit, self.cfg, kernel.dir)
+        return kernel, True, ""
+
+    def _kernels(self, tree_kernel: Kernel) -> dict[str, Kernel]:
+        guests = set(tree_guests(self.lab, self.wt.path))
+        opts = kernel_lab.options(self.recipe)
+        out: dict[str, Kernel] = {}
+        for g, spec in kernel_lab.specs(self.lab, self.image).items():
+            out[g] = tree_kernel if g in guests else prep.prepare(spec, opts, NullReporter())
+        return out
+
+    def _run_lab(self, kernel: Kernel, out_root: Path) -> Run:
+        """Up, the lab's steps into a run bundle under ``out_root``, the oracle's commands, down."""
+        times: dict[str, float] = {}
+        t0 = time.monotonic()
+        up_state: list[LabState] = []
+
+        def on_up(state: LabState) -> None:
+            times["boot"] = round(time.monotonic() - t0, 2)
+            up_state.append(state)
+            self.say(f"  up in {times['boot']:.1f} s; running the lab's steps")
+
+        kernels = self._kernels(kernel)
+        self.say(f"  booting {self.lab.name} on {kernel.name}")
+        run_dir: Path | None = None
+        error = ""
+        ev = orc.Evidence()
+        try:
+            try:
+                outcome = run_lab(self.lab, self.image, self.opts, out_root, None, None, keep=True, on_up=on_up,
+                                  kernels=kernels)
+                run_dir = outcome.bundle
+                t1 = time.monotonic()
+                times["steps"] = round(t1 - t0 - times.get("boot", 0.0), 2)
+                ev = evidence(run_dir)
+                if orc.needs_lab_after_steps(self.state.oracle) and up_state:
+                    self._after_steps(up_state[0], ev)
+                times["oracle_run"] = round(time.monotonic() - t1, 2)
+            except LabctlError as exc:
+                error = exc.message
+                if not up_state:
+                    times["boot"] = round(time.monotonic() - t0, 2)
+                dirs = sorted(p for p in out_root.glob("*") if p.is_dir()) if out_root.is_dir() else []
+                if dirs and (dirs[-1] / SUMMARY).is_file():
+                    run_dir = dirs[-1]
+                    ev = evidence(run_dir)
+        finally:
+            t2 = time.monotonic()
+            if up_state:
+                try:
+                    down(self.lab.ident)
+                except LabctlError:
+                    pass
+            times["down"] = round(time.monotonic() - t2, 2)
+        return Run(ev, run_dir, times, error)
+
+    def _after_steps(self, state: LabState, ev: orc.Evidence) -> None:
+        o = self.state.oracle
+        if o["kind"] == "check":
+            wanted = [c for c in checks_of(state) if c.name == o["name"]]
+            ev.checks = [r.to_dict() for r in run_checks(state, wanted)] if wanted else []
+        elif o["kind"] == "command":
+            guest = str(o.get("guest") or next(iter(self.lab.guests)))
+            check = Check(name="command", guest=guest, command=str(o["command"]),
+                          timeout=float(o.get("timeout") or COMMAND_TIMEOUT))
+            ev.command = run_checks(state, [check])[0].to_dict()
+
+
+def _times_text(t: dict[str, float]) -> str:
+    parts = [f"{k} {t[k]:.1f}s" for k in ("build", "prepare", "boot", "steps", "oracle_run", "down", "labctl",
+                                          "total") if k in t]
+    return ", ".join(parts)

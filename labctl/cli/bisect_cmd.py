@@ -1,0 +1,212 @@
+"""``labctl bisect LAB.yaml --tree DIR --good REV --bad REV ORACLE``: the commit that changed the lab's outcome.
+
+Also ``labctl bisect --continue [BUNDLE]`` (after Ctrl-C, a crash or a reboot) and
+``labctl bisect --log [BUNDLE]`` (the steps so far). The work is in :mod:`labctl.bisect`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from labctl.bisect import build as bbuild
+from labctl.bisect import oracle as orc
+from labctl.bisect import report, search
+from labctl.bisect.engine import Bisector, on_tree, tree_guests
+from labctl.bisect.state import State, load, save
+from labctl.cli.images import ensure_image
+from labctl.cli.lifecycle_cmds import load_with_kernel
+from labctl.cli.ui import console, out, print_json
+from labctl.errors import LabctlError, UsageError
+from labctl.image.recipe import load_recipe
+from labctl.kernel import lab as kernel_lab
+from labctl.paths import atomic_write, cache_dir
+from labctl.up.lifecycle import UpOptions
+
+EXIT_UNRESOLVED = 6  # only skipped commits are left: the answer is one of several
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("bisect", help="find the commit of a kernel tree that changed a lab's outcome")
+    p.add_argument("file", nargs="?", metavar="LAB.yaml")
+    p.add_argument("--tree", type=Path, help="the kernel tree (a git repository, built, with its .config)")
+    p.add_argument("--good", metavar="REV", help="a commit where the lab behaves (the old term)")
+    p.add_argument("--bad", metavar="REV", help="a commit where it does not (the new term)")
+    o = p.add_argument_group("oracle (one)")
+    o.add_argument("--check", metavar="NAME", help="the lab's graded check NAME passes")
+    o.add_argument("--step", metavar="NAME", help="step NAME succeeds (exit status, no panic or oops, no timeout)")
+    o.add_argument("--panic", action="store_true", help="no guest panics or oopses during the run")
+    o.add_argument("--command", metavar="CMD", help="CMD exits 0 on a guest (--on GUEST) after the steps")
+    o.add_argument("--on", metavar="GUEST", help="the guest of --command (default: the lab's first)")
+    o.add_argument("--figure", metavar="STEP.[VARIANT.]KEY", help="a figure of a step, over its repeat: runs")
+    o.add_argument("--below", type=float, metavar="X", help="--figure: bad when below X")
+    o.add_argument("--above", type=float, metavar="X", help="--figure: bad when above X")
+    o.add_argument("--worse-than-good", type=float, metavar="PCT",
+                   help="--figure: bad when worse than the good end's by more than PCT%% and beyond noise")
+    p.add_argument("--term-old", default=None, metavar="TERM", help="git bisect's old term (default: good)")
+    p.add_argument("--term-new", default=None, metavar="TERM", help="git bisect's new term (default: bad)")
+    p.add_argument("--fixed", action="store_true",
+                   help="look for the commit that made the oracle pass (terms: broken/fixed unless given)")
+    p.add_argument("--out", type=Path, default=None, help="the bisect bundle (default: runs/bisect-LAB-TIME)")
+    p.add_argument("--work", type=Path, default=None,
+                   help="where the worktree and build cache live (default: ~/.cache/labctl/bisect/<tree>)")
+    p.add_argument("--jobs", type=int, default=None, help="make -j (default: the number of CPUs)")
+    p.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto")
+    p.add_argument("--boot-timeout", type=float, default=180.0, metavar="SECONDS")
+    p.add_argument("--trust-dir", action="append", default=[], metavar="DIR")
+    p.add_argument("--continue", dest="cont", nargs="?", const="", default=None, metavar="BUNDLE",
+                   help="go on with a bisection that was interrupted (default: the last one started)")
+    p.add_argument("--log", nargs="?", const="", default=None, metavar="BUNDLE",
+                   help="print a bisection's steps so far")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_bisect)
+
+
+def _last_file() -> Path:
+    return cache_dir() / "bisect" / "last"
+
+
+def _bundle_arg(value: str) -> Path:
+    if value:
+        return Path(value)
+    try:
+        return Path(_last_file().read_text().strip())
+    except OSError as exc:
+        raise UsageError("no bisection was started here", hint="name its bundle: labctl bisect --continue DIR") from exc
+
+
+def _oracle(args: argparse.Namespace) -> dict[str, object]:
+    chosen = [k for k, v in (("check", args.check), ("step", args.step), ("panic", args.panic or None),
+                             ("command", args.command), ("figure", args.figure)) if v]
+    if len(chosen) != 1:
+        raise UsageError("give one oracle: --check NAME, --step NAME, --panic, --command CMD or --figure F --below X")
+    kind = chosen[0]
+    if kind != "figure" and any(v is not None for v in (args.below, args.above, args.worse_than_good)):
+        raise UsageError("--below, --above and --worse-than-good go with --figure")
+    kw: dict[str, object] = {"fixed": True} if args.fixed else {}
+    if kind in ("check", "step"):
+        kw["name"] = args.check or args.step
+    elif kind == "command":
+        kw.update(command=args.command, guest=args.on)
+    elif kind == "figure":
+        kw.update(figure=args.figure, below=args.below, above=args.above, worse_than_good=args.worse_than_good)
+    return orc.make(kind, **kw)
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    if args.log is not None:
+        bundle = _bundle_arg(args.log)
+        state = load(bundle)
+        return _show(bundle, state, args.json)
+    if args.cont is not None:
+        bundle = _bundle_arg(args.cont)
+        state = load(bundle)
+        if state.done:
+            return _show(bundle, state, args.json)
+        return _go(bundle, state, args)
+    return _go(*_start(args), args)
+
+
+def _start(args: argparse.Namespace) -> tuple[Path, State]:
+    if not args.file or args.tree is None or not args.good or not args.bad:
+        raise UsageError("labctl bisect LAB.yaml --tree DIR --good REV --bad REV ORACLE",
+                         hint="or: labctl bisect --continue [BUNDLE] / --log [BUNDLE]")
+    oracle = _oracle(args)
+    tree = args.tree.resolve()
+    if not (tree / ".config").is_file() or not (tree / "Makefile").is_file():
+        raise UsageError(f"--tree {args.tree}: not a configured kernel tree (no .config)",
+                         hint="configure and build it once: make olddefconfig && make vmlinux modules")
+    good, bad = search.resolve(tree, args.good), search.resolve(tree, args.bad)
+    if good == bad or not search.is_ancestor(tree, good, bad):
+        raise UsageError(f"--good {args.good} must be an ancestor of --bad {args.bad}")
+    lab = load_with_kernel(args.file, None, args.trust_dir)
+    if oracle["kind"] == "check" and oracle["name"] not in {c.name for c in lab.checks}:
+        raise UsageError(f"the lab has no check '{oracle['name']}'")
+    if oracle["kind"] == "step" and oracle["name"] not in {s.name for s in lab.steps}:
+        raise UsageError(f"the lab has no step '{oracle['name']}'")
+    if oracle["kind"] == "command" and oracle.get("guest") and oracle["guest"] not in lab.guests:
+        raise UsageError(f"--on {oracle['guest']}: the lab has no such guest")
+    term_old = args.term_old or ("broken" if args.fixed else "good")
+    term_new = args.term_new or ("fixed" if args.fixed else "bad")
+    if term_old == term_new or {term_old, term_new} & {"skip"}:
+        raise UsageError("--term-old and --term-new must differ, and neither be 'skip'")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    bundle = (args.out or Path("runs") / f"bisect-{lab.name}-{stamp}").resolve()
+    if (bundle / "state.json").exists():
+        raise UsageError(f"{bundle} already holds a bisection", hint=f"go on with it: labctl bisect --continue {bundle}")
+    bundle.mkdir(parents=True, exist_ok=True)
+    work = (args.work or bbuild.default_work(tree)).resolve()
+    state = State(lab_file=str(Path(args.file).resolve()), tree=str(tree), good=good, bad=bad, oracle=oracle,
+                  term_old=term_old, term_new=term_new, work=str(work),
+                  up={"accel": args.accel, "boot_timeout": args.boot_timeout, "jobs": args.jobs},
+                  trust_dirs=[str(Path(d).resolve()) for d in args.trust_dir])
+    save(bundle, state)
+    return bundle, state
+
+
+def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
+    lab = load_with_kernel(state.lab_file, None, state.trust_dirs)
+    _last_file().parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(_last_file(), str(bundle) + "\n")
+    image = ensure_image(lab.image)
+    recipe = load_recipe(image.name)
+    # preflight once, on the tree's .config (every commit is built with it)
+    tree = Path(state.tree)
+    checked = on_tree(lab, tree, tree)
+    kernel_lab.check(checked, image)
+    kernel_lab.refuse(kernel_lab.preflight(checked, image))
+    opts = UpOptions(accel=str(state.up.get("accel") or "auto"),
+                     boot_timeout=float(state.up.get("boot_timeout") or 180.0), snapshots=False)
+
+    def say(line: str) -> None:
+        console.print(Text(f"bisect: {line}", style="dim" if line.startswith("  ") else ""), soft_wrap=True)
+
+    def build_line(line: str) -> None:
+        s = line.strip()
+        if s.startswith(("CC", "LD", "AR", "MODPOST")) or ": error:" in s:
+            console.print(Text(f"    {s}", style="dim"), soft_wrap=True)
+
+    say(f"{Path(state.lab_file).name}: guests {', '.join(tree_guests(lab, tree))} boot {tree}; "
+        f"{state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; oracle: {orc.describe(state.oracle)}")
+    say(f"bundle {bundle}")
+    jobs = state.up.get("jobs") or args.jobs or os.cpu_count()
+    work = Path(state.work)
+    with bbuild.locked(work):
+        bis = Bisector(bundle, state, lab, image, recipe, opts, say, build_line, int(jobs or 1))
+        try:
+            bis.run()
+        except KeyboardInterrupt:
+            save(bundle, state)
+            report.write(bundle, state)
+            console.print(Text(f"bisect: interrupted; go on with: labctl bisect --continue {bundle}"))
+            raise
+        finally:
+            save(bundle, state)
+        report.write(bundle, state)
+    return _show(bundle, state, args.json)
+
+
+def _show(bundle: Path, state: State, as_json: bool) -> int:
+    if state.done and not (bundle / report.SUMMARY).is_file():
+        report.write(bundle, state)
+    if as_json:
+        print_json({"bundle": str(bundle), **report.summary(state)})
+    else:
+        t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {orc.describe(state.oracle)}"),
+                  title_justify="left")
+        for col in report.COLUMNS:
+            t.add_column(col)
+        for row in report.rows(state):
+            t.add_row(*(Text(c) for c in row))
+        out.print(t)
+        out.print(Text(report.answer_text(state), style="bold"), soft_wrap=True)
+        if state.done:
+            out.print(Text(f"bundle: {bundle}"), soft_wrap=True)
+    if not state.done:
+        return 0
+    return 0 if state.result.get("first") else EXIT_UNRESOLVED

@@ -1,0 +1,205 @@
+"""labctl bisect's pure parts: the search on a small git history, the state file, the oracles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from labctl.bisect import oracle as orc
+from labctl.bisect import search
+from labctl.bisect.engine import on_tree, tree_guests
+from labctl.bisect.state import NEW, OLD, SKIP, State, Step, load, save
+from labctl.errors import UsageError
+
+ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+       "GIT_COMMITTER_EMAIL": "t@x", "GIT_AUTHOR_DATE": "2020-01-01T00:00:00Z",
+       "GIT_COMMITTER_DATE": "2020-01-01T00:00:00Z"}
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=ENV).stdout.strip()
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A linear history of 17 commits: c0 (good) ... c16 (bad)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    shas = []
+    for i in range(17):
+        (repo / "f").write_text(f"{i}\n")
+        _git(repo, "add", "f")
+        _git(repo, "commit", "-q", "-m", f"c{i}")
+        shas.append(_git(repo, "rev-parse", "HEAD"))
+    return repo, shas
+
+
+def _bisect(repo: Path, shas: list[str], first_bad: int, skip: set[int] = frozenset()) -> tuple[search.Next, int]:
+    olds, new, skips = [shas[0]], shas[-1], []
+    steps = 0
+    while True:
+        nxt = search.next_step(repo, new, olds, skips)
+        if nxt.commit is None:
+            return nxt, steps
+        steps += 1
+        i = shas.index(nxt.commit)
+        if i in skip:
+            skips.append(nxt.commit)
+        elif i >= first_bad:
+            new = nxt.commit
+        else:
+            olds.append(nxt.commit)
+
+
+@pytest.mark.parametrize("first_bad", [1, 5, 8, 9, 16])
+def test_search_finds_the_first_bad_commit(history: tuple[Path, list[str]], first_bad: int) -> None:
+    repo, shas = history
+    nxt, steps = _bisect(repo, shas, first_bad)
+    assert nxt.first == shas[first_bad]
+    assert steps <= 5  # log2(16) + 1
+
+
+def test_search_goes_around_skipped_commits(history: tuple[Path, list[str]]) -> None:
+    repo, shas = history
+    first_try = search.next_step(repo, shas[-1], [shas[0]], []).commit
+    assert first_try is not None
+    nxt, _ = _bisect(repo, shas, 11, skip={shas.index(first_try)})
+    assert nxt.first == shas[11]
+
+
+def test_search_with_only_skipped_commits_left_names_the_candidates(history: tuple[Path, list[str]]) -> None:
+    repo, shas = history
+    nxt, _ = _bisect(repo, shas, 6, skip={5})
+    assert nxt.first is None
+    assert set(nxt.candidates) == {shas[5], shas[6]}
+
+
+def test_resolve_refuses_what_is_not_a_commit(history: tuple[Path, list[str]]) -> None:
+    repo, shas = history
+    assert search.resolve(repo, "main") == shas[-1]
+    with pytest.raises(UsageError):
+        search.resolve(repo, "no-such-branch")
+    with pytest.raises(UsageError):
+        search.resolve(repo, "--all")
+
+
+def test_state_round_trips_and_counts_verdicts(tmp_path: Path) -> None:
+    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle=orc.make("check", name="ping"))
+    for n, (commit, verdict) in enumerate((("c" * 40, OLD), ("d" * 40, NEW), ("e" * 40, SKIP)), 1):
+        step = Step(n=n, commit=commit, verdict=verdict, times={"build": 1.5})
+        st.steps.append(step)
+        st.record(step)
+    save(tmp_path, st)
+    back = load(tmp_path)
+    assert back == st
+    assert back.olds == ["c" * 40] and back.news == ["d" * 40] and back.skips == ["e" * 40]
+    assert back.term(OLD) == "good" and back.term(NEW) == "bad"
+
+
+def test_state_that_is_not_one_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not a bisection"):
+        load(tmp_path)
+    (tmp_path / "state.json").write_text(json.dumps({"version": 1, "lab_file": "x"}))
+    with pytest.raises(UsageError, match="missing"):
+        load(tmp_path)
+    (tmp_path / "state.json").write_text("{")
+    with pytest.raises(UsageError):
+        load(tmp_path)
+
+
+def _summary(values: list[float], step: str = "transfer", variant: str | None = None,
+             failed: bool = False) -> dict[str, object]:
+    steps = []
+    for i, v in enumerate(values, 1):
+        steps.append({"name": step, "variant": variant, "repeat": i, "repeats": len(values),
+                      "status": "failed" if failed else "ok", "reason": "exit 1" if failed else None,
+                      "figures": {"throughput_mbit_s": v}})
+    return {"steps": steps}
+
+
+def test_figure_below_over_repeats() -> None:
+    o = orc.make("figure", figure="transfer.throughput", below=50.0)
+    assert orc.judge(o, orc.Evidence(summary=_summary([80, 90, 85]))).outcome == orc.PASS
+    j = orc.judge(o, orc.Evidence(summary=_summary([20, 30, 25])))
+    assert j.outcome == orc.FAIL and j.figure and j.figure["spread"]["n"] == 3
+    assert orc.judge(o, orc.Evidence(summary=_summary([40, 60]))).outcome == orc.UNDECIDED
+    assert orc.judge(o, orc.Evidence(summary=_summary([40], failed=True))).outcome == orc.UNDECIDED
+
+
+def test_figure_with_a_variant_and_above() -> None:
+    o = orc.make("figure", figure="transfer.e1000.throughput_mbit_s", above=100.0)
+    assert orc.judge(o, orc.Evidence(summary=_summary([120, 130], variant="e1000"))).outcome == orc.FAIL
+    assert orc.judge(o, orc.Evidence(summary=_summary([80], variant="e1000"))).outcome == orc.PASS
+    assert orc.judge(o, orc.Evidence(summary=_summary([80], variant="rtl8139"))).outcome == orc.UNDECIDED
+
+
+def test_figure_worse_than_good_uses_the_noise_rule() -> None:
+    o = orc.make("figure", figure="transfer.throughput", worse_than_good=10.0)
+    ref = _summary([100, 104, 102])
+    assert orc.judge(o, orc.Evidence(summary=_summary([99, 103, 101])), ref).outcome == orc.PASS
+    assert orc.judge(o, orc.Evidence(summary=_summary([60, 62, 61])), ref).outcome == orc.FAIL
+    # 20% worse on average but the runs overlap the good end's: within noise, undecided
+    assert orc.judge(o, orc.Evidence(summary=_summary([40, 103, 101])), ref).outcome == orc.UNDECIDED
+
+
+def test_check_step_panic_and_command_oracles() -> None:
+    check = orc.make("check", name="big-ping")
+    passed = {"name": "big-ping", "status": "pass"}
+    failed = {"name": "big-ping", "status": "fail", "exit_status": 1}
+    broken = {"name": "big-ping", "status": "error", "detail": "no SSH"}
+    assert orc.judge(check, orc.Evidence(checks=[passed])).outcome == orc.PASS
+    assert orc.judge(check, orc.Evidence(checks=[failed])).outcome == orc.FAIL
+    assert orc.judge(check, orc.Evidence(checks=[broken])).outcome == orc.UNDECIDED
+    assert orc.judge(check, orc.Evidence()).outcome == orc.UNDECIDED
+
+    step = orc.make("step", name="transfer")
+    assert orc.judge(step, orc.Evidence(summary=_summary([1, 2]))).outcome == orc.PASS
+    assert orc.judge(step, orc.Evidence(summary=_summary([1], failed=True))).outcome == orc.FAIL
+    oopsed = orc.Evidence(summary=_summary([1]), oopses={"a": ["BUG: kernel NULL pointer dereference in x"]})
+    assert orc.judge(step, oopsed).outcome == orc.FAIL
+    assert orc.judge(orc.make("step", name="other"), orc.Evidence(summary=_summary([1]))).outcome == orc.UNDECIDED
+
+    panic = orc.make("panic")
+    assert orc.judge(panic, oopsed).outcome == orc.FAIL
+    assert orc.judge(panic, orc.Evidence(summary=_summary([1]))).outcome == orc.PASS
+
+    cmd = orc.make("command", command="true")
+    assert orc.judge(cmd, orc.Evidence(command={"status": "pass"})).outcome == orc.PASS
+    assert orc.judge(cmd, orc.Evidence(command={"status": "fail", "exit_status": 3})).outcome == orc.FAIL
+    assert orc.judge(cmd, orc.Evidence(command={"status": "error"})).outcome == orc.UNDECIDED
+
+
+def test_oracle_descriptions_are_checked() -> None:
+    with pytest.raises(UsageError):
+        orc.make("figure", figure="transfer.throughput")
+    with pytest.raises(UsageError):
+        orc.make("figure", figure="transfer.throughput", below=1.0, above=2.0)
+    with pytest.raises(UsageError):
+        orc.make("figure", figure="throughput", below=1.0)
+    with pytest.raises(UsageError):
+        orc.make("check")
+
+
+def test_only_the_guests_on_the_tree_move_to_the_worktree(tmp_path: Path) -> None:
+    from labctl.lab import load_lab_text
+
+    tree = tmp_path / "linux"
+    tree.mkdir()
+    text = (f"name: t\nnetworks: {{lan: {{}}}}\nguests:\n"
+            f"  a:\n    kernel: {{tree: {tree}}}\n    nics: [{{name: eth1, model: e1000, network: lan}}]\n"
+            f"  b:\n    nics: [{{name: eth1, model: e1000, network: lan}}]\n")
+    lab = load_lab_text(text, tmp_path / "lab.yaml")
+    assert tree_guests(lab, tree) == ["a"]
+    moved = on_tree(lab, tree, tmp_path / "wt")
+    assert moved.kernel_of("a").tree == tmp_path / "wt"  # type: ignore[union-attr]
+    assert moved.kernel_of("b") is None
+    plain = load_lab_text(text.replace(f"    kernel: {{tree: {tree}}}\n", ""), tmp_path / "lab.yaml")
+    assert tree_guests(plain, tree) == ["a", "b"]
+    everyone = on_tree(plain, tree, tmp_path / "wt")
+    assert everyone.kernel_of("b").tree == tmp_path / "wt"  # type: ignore[union-attr]
