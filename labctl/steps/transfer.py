@@ -7,9 +7,10 @@ Both directions are a tar stream over the lab's SSH session:
   names, no ``..``, no links, devices or FIFOs, ``O_EXCL|O_NOFOLLOW``, a byte budget) into a
   new private staging directory next to the destination, in a directory that
   :func:`labctl.paths.checked_dir` accepts (the caller's or root's, writable by nobody
-  else: not ``/tmp`` itself). Only the path asked for is then renamed into place; whatever else the stream
-  held is removed with the staging directory. An existing destination is never
-  overwritten.
+  else: not ``/tmp`` itself). Only the path asked for is then renamed into place; whatever
+  else the stream held is removed with the staging directory. An existing destination is
+  never overwritten. A stream much longer than the budget allows (:func:`stream_limit`)
+  fails the copy, with nothing placed.
 * **host → guest**: Python's ``tarfile`` writes the stream here, into ``tar -x`` in the guest.
   Nothing is followed out of SRC: a symbolic link inside it is sent as a link (its target
   text, never what it points to); devices, FIFOs and sockets are skipped. SRC itself may be
@@ -172,15 +173,26 @@ def _host_target(local: str, remote: str, real: str) -> tuple[Path, str]:
     return parent, name
 
 
-class _Counted:
-    """A binary stream that reports how much has been read through it."""
+def stream_limit(budget: int) -> int:
+    """The most bytes of tar stream read from a guest for a file budget of ``budget``: the
+    files, and as much again plus 64 MiB for headers, padding and skipped entries."""
+    return 2 * budget + (64 << 20)
 
-    def __init__(self, f: IO[bytes], progress: Progress | None) -> None:
-        self.f, self.progress, self.count = f, progress, 0
+
+class _Counted:
+    """A binary stream that reports how much has been read through it, and stops at ``limit``
+    (a guest that sends without end fails the copy instead of keeping labctl reading)."""
+
+    def __init__(self, f: IO[bytes], progress: Progress | None, limit: int | None = None) -> None:
+        self.f, self.progress, self.count, self.limit = f, progress, 0, limit
 
     def read(self, size: int = -1) -> bytes:
         data = self.f.read(size)
         self.count += len(data)
+        if self.limit is not None and self.count > self.limit:
+            raise GuestError(f"the guest sent more than {human(self.limit)} for a copy budget of "
+                             f"{human((self.limit - (64 << 20)) // 2)}: nothing was copied",
+                             hint="raise --max-size, or copy a smaller part")
         if self.progress is not None and data:
             self.progress(len(data))
         return data
@@ -220,7 +232,10 @@ def from_guest(session: Session, remote: str, local: str, budget: int = DEFAULT_
     try:
         try:
             with session.stream(command, timeout=timeout) as f:
-                got = extract(_Counted(f, progress), staging, budget)  # type: ignore[arg-type]
+                counted = _Counted(f, progress, stream_limit(budget))
+                got = extract(counted, staging, budget)  # type: ignore[arg-type]
+                while counted.read(1 << 16):  # what follows the archive's end, up to the limit
+                    pass
         except tarfile.TarError as exc:
             raise GuestError(f"guest {session.ep.guest} did not send a tar stream: {exc}") from exc
         except OSError as exc:

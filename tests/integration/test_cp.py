@@ -158,4 +158,12 @@ def test_cp_both_ways_and_a_hostile_guest(cli: Cli, image: object, tmp_path: Pat
     assert (arena / "got" / "ln").is_dir() and not (arena / "got" / "ln").is_symlink()
     assert (arena / "got" / "ok").read_bytes() == b"fine"
 
+    # ---- a guest that sends without end: stopped at the stream limit (2 x budget + 64 MiB), nothing placed
+    cli("exec", "cptest", "a", "--", "printf '#!/bin/sh\\nexec cat /dev/zero\\n' > $(command -v tar)", check=True)
+    endless = tmp_path / "endless"
+    endless.mkdir()
+    res = cli("cp", "cptest", "--max-size", "1M", "a:/root/x", str(endless / "got"), timeout=300)
+    assert res.returncode == 4 and "nothing was copied" in " ".join(res.stderr.split()), res.stdout + res.stderr
+    assert list(endless.iterdir()) == []
+
     assert cli("down", "cptest").returncode == 0

@@ -166,3 +166,29 @@ def test_to_guest_as_a_new_name_and_its_refusals(tmp_path: Path) -> None:
         transfer.to_guest(_FakeSession("d"), str(f), "/root", budget=1024)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="No such file"):
         transfer.to_guest(_FakeSession("d"), str(tmp_path / "missing"), "/root")  # type: ignore[arg-type]
+
+
+def test_the_progress_display_counts_what_goes_through() -> None:
+    from labctl.cli import cp_cmd
+
+    with cp_cmd._progress(False, "x", 10) as none:
+        assert none is None
+    with cp_cmd._progress(True, "to a", 100) as advance:
+        assert advance is not None
+        advance(60)
+        advance(40)
+    seen: list[int] = []
+    counted = transfer._Counted(io.BytesIO(b"abcdef"), seen.append)
+    assert counted.read(4) == b"abcd" and counted.read() == b"ef" and counted.read() == b""
+    assert seen == [4, 2] and counted.count == 6
+
+
+def test_a_stream_far_over_the_budget_fails_the_copy() -> None:
+    from labctl.errors import GuestError
+
+    limit = transfer.stream_limit(1 << 20)
+    assert limit == (2 << 20) + (64 << 20)
+    counted = transfer._Counted(io.BytesIO(b"x" * (limit + 1)), None, limit)
+    counted.read(limit)
+    with pytest.raises(GuestError, match="nothing was copied"):
+        counted.read(1)
