@@ -16,9 +16,11 @@ registry.
   their libvirt domains, volumes and host directories removed.
 * **Leftover check.** At the end of the run, :func:`leftovers` lists what the run made
   and left: processes that name one of its state directories or carry its
-  :data:`RUN_ID` in their environment, run directories, network namespaces, libvirt
-  domains, volumes and run directories that were not there when the run began; each
-  with the test that made it.
+  :data:`RUN_ID` in their environment, run directories, the network namespaces of its
+  state directories, and libvirt domains, volumes and run directories with its
+  :data:`RUN_ID` in their name (libvirt tests name their labs with :func:`lab_name`);
+  each with the test that made it. Nothing that was there when the run began, and
+  nothing of another run or user that came up meanwhile, is looked at.
 """
 
 from __future__ import annotations
@@ -363,16 +365,23 @@ def leftovers(base: Baseline) -> list[Leftover]:
             found.append(Leftover(describe(pid, cmd), test, _killer(pid)))
         elif "qemu-system" in cmd and "guest=labctl-" in cmd and RUN_ID in cmd:  # libvirt's QEMU of this run
             found.append(Leftover(describe(pid, cmd), _owner_by_name(cmd), _killer(pid)))
-    # Host-wide names: only those new since the run began that are this run's, by its id in the
-    # name, by a lab name one of its tests used, or (namespaces) by one of its state directories;
-    # never the image's volumes (named by their content), which stay for later runs.
+    # Host-wide names: only those new since the run began that are certainly this run's: libvirt
+    # objects by this run's id in their name (the suite's libvirt labs carry it: lab_name), network
+    # namespaces by the hash of one of its state directories. Never another run's or another
+    # user's lab of the same name that came up meanwhile, nor the image's volumes (named by their
+    # content), which stay for later runs.
     for kind, now, before in (("libvirt domain", libvirt_domains(), base.domains),
                               ("libvirt volume", libvirt_volumes(), base.volumes),
                               ("libvirt run directory", libvirt_run_dirs(), base.run_dirs),
                               ("network namespace", netns(), base.netns)):
         for name in sorted(now - before):
-            owner = _netns_owner(name) if kind == "network namespace" else _owner_by_name(name)
-            if owner == "?" and RUN_ID not in name:
+            if kind == "network namespace":
+                owner = _netns_owner(name)
+                if owner == "?":
+                    continue
+            elif RUN_ID in name:
+                owner = _owner_by_name(name)
+            else:
                 continue
             where = LIBVIRT_RUN_ROOT / name if kind == "libvirt run directory" else name
             found.append(Leftover(f"{kind} {where}", owner, _GLOBAL_REMOVERS[kind](name)))
