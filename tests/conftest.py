@@ -148,7 +148,7 @@ def cli(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     finally:
         for t in harness.tracked():
             if t is c.tracked or t.test == request.node.nodeid:
-                harness.teardown(t)
+                harness.teardown(t, say=lambda line: print(line, file=sys.stderr))  # in the test's report
 
 
 def fake_kernel(directory: Path, modules: bool = True) -> Any:

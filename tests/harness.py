@@ -271,6 +271,8 @@ def teardown(t: Tracked, say: Callable[[str], None] = lambda _: None) -> None:
         if res is None or res.returncode != 0:
             say(f"teardown of {t.test}: labctl down {name} failed: "
                 + ("timed out" if res is None else (res.stderr or res.stdout).strip()[-500:]))
+        else:
+            say(f"teardown of {t.test}: lab {name} was still up: taken down")
     pids = pids_naming(t.state_dir)
     if pids:
         say(f"teardown of {t.test}: killing {len(pids)} process(es) that name {t.state_dir}")
