@@ -315,7 +315,7 @@ def pids_referencing(path: Path) -> list[int]:
     ``/x/s/labs/foo``), and another user's processes never count (but root's
     switches that run as the guests' QEMU user do: see :func:`_ours`).
     """
-    prefix = os.path.normpath(os.path.abspath(path))
+    prefix = str(path).rstrip("/") or "/"  # as labctl wrote it into the command lines
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
