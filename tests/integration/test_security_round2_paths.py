@@ -100,7 +100,11 @@ def test_another_users_xdg_runtime_dir_does_not_steer_roots_down_or_status(
     env = {k: v for k, v in os.environ.items() if k != "LABCTL_STATE_DIR"}
     env["XDG_RUNTIME_DIR"] = str(xdg)  # what `su` leaves to root
 
+    lock = Path("/run/labctl/labs/.victimlab.lock")  # root's down takes the lab's lock in /run/labctl
+    lock_was_there = lock.exists()
     down = labctl("down", "victimlab", env=env)
+    if not lock_was_there:
+        lock.unlink(missing_ok=True)
     status = labctl("status", "--json", env=env)
     assert _tree(victim) == before, down.stdout + down.stderr
     for res in (down, status):
