@@ -144,3 +144,37 @@ def test_the_written_file_replaces_a_link_never_follows_it(tmp_path: Path) -> No
 def test_the_option(argv: list[str]) -> None:
     args: argparse.Namespace = build_parser().parse_args(argv)
     assert args.junit == "r.xml"
+
+
+def test_run_that_never_comes_up_writes_one_error_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from labctl.cli import run_cmd
+    from labctl.errors import ImageError
+
+    monkeypatch.setattr(run_cmd, "load_for_up", lambda args: SimpleNamespace(ident="lab@ci", steps=[1], image="x"))
+
+    def no_image(name: str) -> None:
+        raise ImageError("the image cannot be built", hint="see setup.sh")
+
+    monkeypatch.setattr(run_cmd, "ensure_image", no_image)
+    out = tmp_path / "r.xml"
+    args = build_parser().parse_args(["run", "lab.yaml", "--junit", str(out)])
+    with pytest.raises(ImageError):
+        args.func(args)
+    suite = _suite(out)
+    assert (suite.name, suite.tests, suite.errors) == ("lab@ci", 1, 1)
+    (case,) = list(suite)
+    assert case.name == "up" and case.result[0].message == "the image cannot be built"
+
+
+def test_a_bad_junit_path_fails_before_the_lab_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from labctl.cli import check_cmd, run_cmd
+
+    monkeypatch.setattr(run_cmd, "load_for_up", lambda args: pytest.fail("the lab was loaded"))
+    monkeypatch.setattr(check_cmd.LabState, "load", lambda lab: pytest.fail("the lab was loaded"))
+    for argv in (["run", "lab.yaml", "--junit", str(tmp_path / "no" / "r.xml")],
+                 ["check", "lab", "--junit", str(tmp_path / "no" / "r.xml")]):
+        args = build_parser().parse_args(argv)
+        with pytest.raises(UsageError, match="no such directory"):
+            args.func(args)
