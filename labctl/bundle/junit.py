@@ -105,7 +105,7 @@ def to_xml(suites: Sequence[Suite]) -> bytes:
             if c.output:
                 ET.SubElement(case, "system-out").text = xml_text(_tail(c.output))
     ET.indent(root)
-    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+    return bytes(ET.tostring(root, encoding="utf-8", xml_declaration=True)) + b"\n"
 
 
 def write(path: Path, suites: Sequence[Suite]) -> Path:

@@ -60,7 +60,7 @@ def write_error(path: Path, lab: str, stage: str, exc: LabctlError, started: str
 
 
 def check_case(lab: str, r: CheckResult) -> junit.Case:
-    status = {PASS: junit.PASSED, FAIL: junit.FAILED, TIMEOUT: junit.FAILED, ERROR: junit.ERROR}.get(r.status, junit.ERROR)
+    status = {PASS: junit.PASSED, FAIL: junit.FAILED, TIMEOUT: junit.FAILED}.get(r.status, junit.ERROR)
     details = "\n".join(x for x in (r.summary(), f"hint: {r.hint}" if r.hint and not r.passed else "",
                                     r.detail if r.status == ERROR else "") if x)
     return junit.Case(name=r.name, classname=f"{lab}.{r.guest}", status=status, time=r.seconds,

@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from labctl import paths
 from labctl.errors import GuestError, HostError, LabctlError, UsageError
@@ -386,7 +386,8 @@ def to_guest(session: Session, local: str, remote: str, budget: int = DEFAULT_MA
     copied.target = posixpath.join(dest_dir, arcname)
     command = f"tar -x --no-same-owner --no-overwrite-dir -C {shlex.quote(dest_dir)} -f -"
     with session.feed(command, timeout=timeout) as w:
-        with tarfile.open(fileobj=_Sent(w, progress), mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[arg-type]
+        sent = cast("IO[bytes]", _Sent(w, progress))
+        with tarfile.open(fileobj=sent, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for i, e in enumerate(entries):
                 _add(tar, e, copied, follow=i == 0)
     return copied
