@@ -35,7 +35,9 @@ class Estimate:
         return self.need_mib <= self.available_mib - self.reserved_mib
 
     def sentence(self) -> str:
-        gib = lambda mib: f"{mib / 1024:.1f} GiB"
+        def gib(mib: float) -> str:
+            return f"{mib / 1024:.1f} GiB"
+
         left = self.available_mib - self.reserved_mib
         return (f"{self.guests} guests need up to {gib(self.need_mib)} (their memory plus about "
                 f"{QEMU_OVERHEAD_MIB} MiB of QEMU each), but this host has {gib(max(0, left))} to give: "

@@ -35,7 +35,8 @@ def lab_nic(state: LabState, guest: str, nic: str) -> dict[str, Any]:
     if nic not in nics:
         raise UsageError(f"guest {guest} of lab '{state.lab}' has no lab NIC '{nic}'{close_match(nic, nics)}",
                          hint=f"its lab NICs: {', '.join(nics) or 'none'} (mgmt0 is labctl's own)")
-    return nics[nic]
+    found: dict[str, Any] = nics[nic]
+    return found
 
 
 def netdev(state: LabState, guest: str, nic: str) -> str:

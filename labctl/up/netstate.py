@@ -76,8 +76,10 @@ def load(run_dir: Path) -> NetRuntime:
         return NetRuntime()
     if not isinstance(data, dict):
         return NetRuntime()
-    impair = data.get("impair") if isinstance(data.get("impair"), dict) else {}
-    links = data.get("links") if isinstance(data.get("links"), dict) else {}
+    impair = data.get("impair")
+    links = data.get("links")
+    impair = impair if isinstance(impair, dict) else {}
+    links = links if isinstance(links, dict) else {}
     return NetRuntime({str(k): v for k, v in impair.items() if isinstance(v, dict)},
                       {str(k): str(v) for k, v in links.items()})
 

@@ -191,7 +191,7 @@ def held_open(snap: Snapshot) -> bool:
     try:
         probe = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0).ljust(32, b"\0")
         got = fcntl.fcntl(fd, F_OFD_GETLK, probe)
-        return struct.unpack_from(_FLOCK, got)[0] != fcntl.F_UNLCK
+        return bool(struct.unpack_from(_FLOCK, got)[0] != fcntl.F_UNLCK)
     except OSError:
         return False
     finally:
