@@ -223,7 +223,7 @@ def test_class_reset_calls_up_reset(state_dir: Path, monkeypatch: pytest.MonkeyP
 
     ClassRecord("rp", "", ["alice"], "/tmp/h").create()
     calls = []
-    monkeypatch.setattr(class_cmd, "reset", lambda lab, guests: calls.append((lab, guests)) or {"b": 0.4})
+    monkeypatch.setattr(class_cmd, "reset", lambda lab, guests, on_moved=None: calls.append((lab, guests)) or {"b": 0.4})
     assert main(["class", "reset", "alice", "b"]) == 0
     assert main(["class", "reset", "alice"]) == 0
     assert calls == [("rp@alice", ["b"]), ("rp@alice", None)]
