@@ -292,8 +292,6 @@ def teardown(t: Tracked, say: Callable[[str], None] = lambda _: None) -> None:
 def remove_libvirt_lab(lab: str) -> None:
     """Destroy and undefine lab ``lab``'s libvirt domains, delete its pool volumes and its
     directories below the host's labctl-run."""
-    if not (libvirt_domains() or libvirt_volumes() or libvirt_run_dirs()):
-        return
     for dom in sorted(d for d in libvirt_domains() if _of_lab(d, lab)):
         _virsh("destroy", dom)
         _virsh("undefine", dom, "--nvram")

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,7 @@ def session_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests.conftest import new_cli
 
     c = new_cli(tmp_path_factory, "sst")
+    assert c.tracked is not None
     c.tracked.test = f"session_cli (first used by {harness.current_test()})"
     yield c
     harness.teardown(c.tracked)
