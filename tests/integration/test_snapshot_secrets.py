@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from labctl.backends.monitor import qmp_execute
+from labctl.up.snapshots import snapshots_root
 from tests.conftest import Cli
 from tests.integration.conftest import qemu_pids_under
 
@@ -149,7 +150,7 @@ def instances(cli: Cli, image: object, tmp_path: Path) -> Iterator[tuple[Path, d
             dirs[inst] = cli.state_dir / "labs" / ident
             if i == 0:
                 key = json.loads((dirs[inst] / "state.json").read_text())["snapshots"]["g"]
-                snap_dirs.append(Path.home() / ".cache" / "labctl" / "snapshots" / key)
+                snap_dirs.append(snapshots_root() / key)
         yield snap_dirs[0], dirs
     finally:
         for inst in INSTANCES:
