@@ -1,9 +1,11 @@
 """labctl's side of the guest agent (``guest/init``): a line protocol on the guest's
 virtio-serial port, reached through a unix socket in the guest's 0700 run directory.
 
-A guest restored from a snapshot still has the keys and the clock of the lab
-that made the snapshot; :func:`adopt` gives it the host's time and this lab's
-keys. The guest's replies are only compared with the expected ``ok`` line.
+A guest restored from a snapshot still has the clock and the client key of the
+lab that made the snapshot, and the throwaway host key that boot had (no
+guest's own key is ever in a snapshot: labctl.up.warm); :func:`adopt` gives it
+the host's time, this lab's client key and its own host key. The guest's
+replies are only compared with the expected ``ok`` line.
 """
 
 from __future__ import annotations
