@@ -32,9 +32,11 @@ from labctl.errors import LabctlError
 from labctl.paths import atomic_write, cache_dir
 
 WORKTREE = "wt"
+READY = "wt.ready"  # written once the worktree's copy is complete (a copy stopped half-way is made again)
 BUILDS = "builds.json"
 LOCK = "lock"
 LOG_TAIL = 40
+FAILED = "failed: "  # a build cache entry for a commit that does not build
 
 
 def default_work(tree: Path) -> Path:
@@ -83,12 +85,13 @@ class Worktree:
         self.path = work / WORKTREE
 
     def ready(self) -> bool:
-        return (self.path / ".git").is_file() and (self.path / "Makefile").is_file()
+        return (self.work / READY).is_file() and (self.path / ".git").is_file()
 
     def ensure(self, rev: str, say: Callable[[str], None] = lambda _: None) -> None:
         """Make the worktree (first use: a copy of the tree with its objects), at ``rev``."""
         if self.ready():
             return
+        (self.work / READY).unlink(missing_ok=True)
         if self.path.exists():
             shutil.rmtree(self.path)
         with contextlib.suppress(LabctlError):
@@ -106,6 +109,7 @@ class Worktree:
         subprocess.run(["git", "-C", str(self.path), "update-index", "-q", "--refresh"], capture_output=True)
         git(self.path, "checkout", "-q", "-f", "--detach", rev)
         self._objtool()
+        atomic_write(self.work / READY, f"{self.tree}\n")
         say(f"worktree ready in {time.monotonic() - t0:.0f} s")
 
     def _objtool(self) -> None:
@@ -179,9 +183,19 @@ class BuildCache:
 
     def get(self, commit: str, cfg: str) -> Path | None:
         d = self._read().get(f"{commit}:{cfg}")
-        if d and (Path(d) / "manifest.json").is_file():
+        if d and not d.startswith(FAILED) and (Path(d) / "manifest.json").is_file():
             return Path(d)
         return None
+
+    def failure(self, commit: str, cfg: str) -> str | None:
+        """Why the commit did not build, when it was tried before."""
+        d = self._read().get(f"{commit}:{cfg}")
+        return d[len(FAILED):] if d and d.startswith(FAILED) else None
+
+    def put_failure(self, commit: str, cfg: str, reason: str) -> None:
+        data = self._read()
+        data[f"{commit}:{cfg}"] = FAILED + reason
+        atomic_write(self.path, json.dumps(data, indent=1) + "\n")
 
     def put(self, commit: str, cfg: str, kernel_dir: Path) -> None:
         data = self._read()

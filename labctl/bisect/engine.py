@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.bisect import oracle as orc
-from labctl.bisect import search
+from labctl.bisect import report, search
 from labctl.bisect.build import BuildCache, Worktree, config_hash
 from labctl.bisect.state import NEW, OLD, SKIP, State, Step, save
 from labctl.bundle.layout import CONSOLE, GUESTS, SUMMARY
@@ -145,6 +145,7 @@ class Bisector:
             self._step(step)
             st.record(step)
             save(self.bundle, st)
+            report.write(self.bundle, st)
             self.say(f"step {step.n}: {step.commit[:12]} is {st.term(step.verdict)}: {step.reason}  "
                      f"[{_times_text(step.times)}]")
         return st
@@ -221,6 +222,11 @@ class Bisector:
             step.times.update({"build": 0.0, "prepare": 0.0})
             self.say(f"  {commit[:12]}: built before (kernel {cached.name})")
             return Kernel.at(cached), False, ""
+        failed = self.cache.failure(commit, self.cfg)
+        if failed is not None:
+            step.cached_build = True
+            step.times["build"] = 0.0
+            return None, False, f"does not build: {failed} (built before)"
         t0 = time.monotonic()
         self.wt.checkout(commit)
         step.times["checkout"] = round(time.monotonic() - t0, 2)
@@ -230,6 +236,8 @@ class Bisector:
         if not res.ok:
             (self.bundle / STEPS_DIR).mkdir(parents=True, exist_ok=True)
             (self.bundle / STEPS_DIR / f"{step.n:02d}-{commit[:12]}-build.log").write_text(res.log + "\n")
+            if ": error:" in res.reason:  # the code does not compile (not a killed or out-of-space make)
+                self.cache.put_failure(commit, self.cfg, res.reason)
             return None, False, f"does not build: {res.reason}"
         self.say(f"  {commit[:12]}: built in {res.seconds:.0f} s; preparing the kernel")
         t1 = time.monotonic()

@@ -1,0 +1,239 @@
+"""``labctl bisect`` on a real kernel: histories of small commits to the e1000 driver of the tree
+the suite builds (tests/integration/conftest.py ``tree_kernel``), each bisected by booting the
+lab on each candidate's build.
+
+The repository is made once per run from the built tree: a hard-linked copy (nothing here ever
+writes a file of it in place: new contents are written to a new file and renamed, git checks
+files out the same way, and labctl bisect builds in its own full copy, its worktree), with git
+tracking the e1000 driver's sources and the top Makefile. Commit dates are fixed, so the commits
+have the same names on every run. The bisections share one worktree and build cache (``--work``):
+the interrupted bisection of the first history only boots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cli, interrupt
+
+E1000 = "drivers/net/ethernet/intel/e1000"
+MAIN = f"{E1000}/e1000_main.c"
+ANCHOR = "single qdisc implementation, we can look at this again.\n\t */\n"
+GIT_ENV = {"GIT_AUTHOR_NAME": "labctl tests", "GIT_AUTHOR_EMAIL": "tests@labctl.invalid",
+           "GIT_COMMITTER_NAME": "labctl tests", "GIT_COMMITTER_EMAIL": "tests@labctl.invalid",
+           "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z"}
+BREAKS = 11  # the commit of the first history that drops every frame over 1000 bytes
+NO_BUILD = 8  # the one that does not compile (fixed by the next): the first midpoint git picks
+SLOW = 5  # the commit of the second history that delays every transmit
+
+
+@dataclass(frozen=True)
+class Histories:
+    repo: Path
+    base: str
+    net: list[str]  # net[i]: commit i of the first history (net[0] is base)
+    slow: list[str]
+    work: Path
+
+
+def _git(repo: Path, *args: str) -> str:
+    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                         env={**os.environ, **GIT_ENV}, timeout=600)
+    assert res.returncode == 0, f"git {args}: {res.stderr}"
+    return res.stdout.strip()
+
+
+def _replace(path: Path, text: str) -> None:
+    """New contents through a new file: never written into a hard-linked one."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _history(repo: Path, base: str, branch: str, original: str, count: int,
+             change: dict[int, str], no_build: int | None = None) -> list[str]:
+    """``count`` commits on ``branch`` from ``base``, each adding a comment line to e1000_main.c;
+    from commit N on, ``change[N]`` (a statement) is in the transmit path; commit ``no_build``
+    has a syntax error."""
+    _git(repo, "checkout", "-q", "-B", branch, base)
+    shas = [base]
+    for i in range(1, count + 1):
+        text = original + "".join(f"/* labctl bisect test: change {k} */\n" for k in range(1, i + 1))
+        active = [stmt for n, stmt in sorted(change.items()) if n <= i]
+        if active:
+            text = text.replace(ANCHOR, ANCHOR + "".join(active), 1)
+        if i == no_build:
+            text += "this does not compile\n"
+        _replace(repo / MAIN, text)
+        _git(repo, "add", "-f", MAIN)
+        subject = {no_build: "e1000: a typo"}.get(i) or next(
+            (f"e1000: transmit change {n}" for n in change if n == i), f"e1000: comment {i}")
+        _git(repo, "commit", "-q", "-m", subject)
+        shas.append(_git(repo, "rev-parse", "HEAD"))
+    return shas
+
+
+@pytest.fixture(scope="session")
+def histories(tree_kernel: Path, tmp_path_factory: pytest.TempPathFactory) -> Histories:
+    root = tmp_path_factory.mktemp("bisect")
+    repo = root / "linux"
+    subprocess.run(["cp", "-al", str(tree_kernel), str(repo)], check=True, timeout=600)
+    original = (repo / MAIN).read_text()
+    assert ANCHOR in original
+    _git(repo, "init", "-q", "-b", "main")
+    tracked = [str(p.relative_to(repo)) for p in (repo / E1000).iterdir() if p.suffix in (".c", ".h")]
+    _git(repo, "add", "-f", "Makefile", f"{E1000}/Makefile", *tracked)
+    _git(repo, "commit", "-q", "-m", "linux-source-6.1 as built")
+    base = _git(repo, "rev-parse", "HEAD")
+    drop = "\tif (skb->len > 1000) {\n\t\tdev_kfree_skb_any(skb);\n\t\treturn NETDEV_TX_OK;\n\t}\n"
+    net = _history(repo, base, "net-bug", original, 16, {BREAKS: drop}, no_build=NO_BUILD)
+    delay = "\tudelay(skb->len * 2);\n"  # at most 4 Mbit/s through it
+    slow = _history(repo, base, "slow-tx", original, 8, {SLOW: delay})
+    _git(repo, "checkout", "-q", "main")  # the user's checkout: bisect never moves it
+    assert _git(repo, "rev-parse", "HEAD") == base
+    return Histories(repo, base, net, slow, root / "work")
+
+
+def _check_lab(tmp: Path, repo: Path) -> Path:
+    lab = tmp / "bisect-net.yaml"
+    lab.write_text(f"""name: bisect-net
+networks:
+  lan: {{}}
+guests:
+  a:
+    kernel: {{tree: {repo}}}
+    nics: [{{name: eth1, model: e1000, network: lan, ip: 10.61.0.1/24}}]
+  b:
+    nics: [{{name: eth1, model: e1000, network: lan, ip: 10.61.0.2/24}}]
+steps:
+  - name: ping
+    run:
+      - {{guest: a, command: "ping -c 1 -W 5 10.61.0.2", timeout: 30}}
+checks:
+  - name: big-ping
+    guest: a
+    command: ping -c 2 -W 3 -s 1400 10.61.0.2
+    timeout: 20
+""")
+    return lab
+
+
+def _bisect_args(h: Histories, lab: Path, out: Path) -> list[str]:
+    return ["bisect", str(lab), "--tree", str(h.repo), "--good", h.base, "--bad", "net-bug", "--check", "big-ping",
+            "--out", str(out), "--work", str(h.work), "--accel", "tcg"]
+
+
+@pytest.mark.timeout(2400)
+def test_bisect_with_a_check_names_the_commit_and_skips_one_that_does_not_build(
+        cli: Cli, histories: Histories, tmp_path: Path) -> None:
+    h = histories
+    lab = _check_lab(tmp_path, h.repo)
+    out = tmp_path / "bisect"
+    t0 = time.monotonic()
+    res = cli(*_bisect_args(h, lab, out), "--json", timeout=2400)
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    assert data["result"]["first"] == h.net[BREAKS], res.stderr
+    assert data["result"]["subject"] == f"e1000: transmit change {BREAKS}"
+    steps = {s["commit"]: s for s in data["steps"]}
+    typo = steps[h.net[NO_BUILD]]
+    assert typo["verdict"] == "skip" and "does not build" in typo["reason"] and "error" in typo["reason"]
+    judged = [s for s in data["steps"] if s["verdict"] in ("good", "bad")]
+    assert judged and all(s["run"] and (out / s["run"] / "summary.json").is_file() for s in judged)
+    assert all(s["verdict"] == ("bad" if h.net.index(s["commit"]) >= BREAKS else "good") for s in judged)
+    for s in judged:
+        t = s["times"]
+        assert t["boot"] > 0 and t["total"] >= t["boot"] and "labctl" in t
+    # the bundle: table, answer with its diffstat, the comparison of the last good and first bad runs
+    md = (out / "report.md").read_text()
+    assert h.net[BREAKS][:12] in md and "does not build" in md
+    stat = (out / "first-bad.txt").read_text()
+    assert f"transmit change {BREAKS}" in stat and "e1000_main.c" in stat
+    assert (out / "compare.html").is_file() and (out / "report.html").is_file()
+    # the user's checkout was never moved, nor its files changed
+    assert _git(h.repo, "rev-parse", "HEAD") == h.base
+    assert _git(h.repo, "status", "--porcelain", "--untracked-files=no") == ""
+    log = cli("bisect", "--log", str(out), check=True)
+    assert h.net[BREAKS][:12] in log.stdout
+    print(f"bisect with a check: {len(data['steps'])} steps in {took:.0f} s")
+
+
+@pytest.mark.timeout(2400)
+def test_bisect_interrupted_and_continued_ends_at_the_same_commit(
+        cli: Cli, histories: Histories, tmp_path: Path) -> None:
+    h = histories
+    lab = _check_lab(tmp_path, h.repo)
+    out = tmp_path / "bisect"
+    proc = cli.popen(*_bisect_args(h, lab, out))
+    try:
+        deadline = time.monotonic() + 1500
+        while time.monotonic() < deadline and proc.poll() is None:  # interrupt during the second booted step
+            try:
+                state = json.loads((out / "state.json").read_text())
+            except (OSError, ValueError):
+                state = {}
+            steps = state.get("steps") or []
+            if sum(1 for s in steps if s.get("verdict") in ("old", "new")) >= 1 and steps and not steps[-1]["verdict"]:
+                time.sleep(3)
+                break
+            time.sleep(1)
+        assert proc.poll() is None, "the bisection ended before it could be interrupted"
+        _, err = interrupt(proc, timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "--continue" in err
+    state = json.loads((out / "state.json").read_text())
+    assert not state["done"]
+    assert cli("status", "--json", check=True).stdout.count('"bisect-net"') == 0  # nothing left up
+    res = cli("bisect", "--continue", str(out), "--json", timeout=2400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    assert data["result"]["first"] == h.net[BREAKS]
+    assert len({s["commit"] for s in data["steps"]}) == len(data["steps"])  # the interrupted step ran once more, not twice
+
+
+@pytest.mark.timeout(2400)
+def test_bisect_with_a_throughput_figure_over_repeats(cli: Cli, histories: Histories, tmp_path: Path) -> None:
+    h = histories
+    lab = tmp_path / "bisect-slow.yaml"
+    lab.write_text(f"""name: bisect-slow
+networks:
+  lan: {{}}
+guests:
+  a:
+    kernel: {{tree: {h.repo}}}
+    nics: [{{name: eth1, model: e1000, network: lan, ip: 10.62.0.1/24}}]
+  b:
+    nics: [{{name: eth1, model: e1000, network: lan, ip: 10.62.0.2/24}}]
+steps:
+  - name: transfer
+    nic: a.eth1
+    repeat: 2
+    run:
+      - {{guest: b, command: "iperf3 -s -1 -B 10.62.0.2", background: true, ready_after: 1, timeout: 60}}
+      - {{guest: a, command: "iperf3 -c 10.62.0.2 -t 2 -J", timeout: 60}}
+""")
+    out = tmp_path / "bisect"
+    res = cli("bisect", str(lab), "--tree", str(h.repo), "--good", h.base, "--bad", "slow-tx",
+              "--figure", "transfer.throughput", "--below", "12", "--out", str(out), "--work", str(h.work),
+              "--accel", "tcg", "--json", timeout=2400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    assert data["result"]["first"] == h.slow[SLOW], res.stderr
+    judged = [s for s in data["steps"] if s["verdict"] in ("good", "bad")]
+    for s in judged:
+        fig = s["figure"]
+        assert fig["unit"] == "Mbit/s" and len(fig["values"]) == 2 and fig["spread"]["n"] == 2
+        assert (max(fig["values"]) < 12) == (s["verdict"] == "bad")
+    assert "Mbit/s" in (out / "report.md").read_text()
