@@ -40,15 +40,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Check that the run left no lab of its own behind (and say which test made what it left);
     then remove the post-boot snapshots this run of the suite took (about 90 MB per guest each):
     a machine that runs the suite often would otherwise fill its disk with them. Those that
-    were there before the run stay."""
+    were there before the run stay, and so does any a running QEMU sits on (another run's,
+    or the outer run's when this is a nested one)."""
     if _BASELINE:
         _check_leftovers(session, _BASELINE[0])
 
-    from labctl.up.snapshots import list_all
+    from labctl.up.snapshots import held_open, list_all
 
     for snap in list_all():
         with contextlib.suppress(OSError):
-            if snap.dir.stat().st_mtime >= SESSION_STARTED:
+            if snap.dir.stat().st_mtime >= SESSION_STARTED and not held_open(snap):
                 shutil.rmtree(snap.dir, ignore_errors=True)
 
 

@@ -86,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
     if not args.debug:  # refused connections while sshd starts are expected
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+        # qemu.qmp logs each refused connection while labctl waits for a starting QEMU's monitor
+        # (labctl retries and reports what matters itself).
+        logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         return int(args.func(args) or 0)
