@@ -7,6 +7,7 @@ undecided run is run once more; undecided twice, the commit is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -34,7 +35,7 @@ from labctl.lab.model import Check, Lab
 from labctl.pipeline import run_lab
 from labctl.up.grading import checks_of, run_checks
 from labctl.up.lifecycle import UpOptions, down
-from labctl.up.runstate import LabState
+from labctl.up.runstate import LabState, up_labs
 
 STEPS_DIR = "steps"
 REFERENCE_DIR = "reference"
@@ -123,6 +124,9 @@ class Bisector:
     def run(self) -> State:
         """Step until the answer is known; the state saved after every step. Ctrl-C re-raised."""
         st = self.state
+        for done in st.steps:  # a verdict reached just before an interruption, not counted yet
+            if done.verdict:
+                st.record(done)
         self.wt.ensure(st.good, self.say)
         if st.oracle.get("kind") == "figure" and st.oracle.get("worse_than_good") is not None and not st.reference:
             self._reference()
@@ -270,6 +274,11 @@ class Bisector:
             self.say(f"  up in {times['boot']:.1f} s; running the lab's steps")
 
         kernels = self._kernels(kernel)
+        if self.state.lab_up and self.lab.ident in up_labs():  # left up by this bisection when interrupted
+            with contextlib.suppress(LabctlError):
+                down(self.lab.ident)
+        self.state.lab_up = True
+        save(self.bundle, self.state)
         self.say(f"  booting {self.lab.name} on {kernel.name}")
         run_dir: Path | None = None
         error = ""
@@ -301,6 +310,8 @@ class Bisector:
                 except LabctlError:
                     pass
             times["down"] = round(time.monotonic() - t2, 2)
+            self.state.lab_up = False
+            save(self.bundle, self.state)
         return Run(ev, run_dir, times, error)
 
     def _after_steps(self, state: LabState, ev: orc.Evidence) -> None:

@@ -62,6 +62,7 @@ class State:
     skips: list[str] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     reference: str = ""  # the old end's run bundle, for --worse-than-good
+    lab_up: bool = False  # the lab was brought up by a step that has not taken it down yet
     done: bool = False
     result: dict[str, Any] = field(default_factory=dict)  # first new commit, or the candidates left
     version: int = VERSION

@@ -203,3 +203,29 @@ def test_only_the_guests_on_the_tree_move_to_the_worktree(tmp_path: Path) -> Non
     assert tree_guests(plain, tree) == ["a", "b"]
     everyone = on_tree(plain, tree, tmp_path / "wt")
     assert everyone.kernel_of("b").tree == tmp_path / "wt"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("extra", [[], ["--check", "a", "--panic"], ["--panic", "--below", "3"],
+                                   ["--figure", "transfer.throughput"]])
+def test_bisect_usage_errors_exit_2(history: tuple[Path, list[str]], tmp_path: Path, extra: list[str]) -> None:
+    from labctl.cli.main import main
+
+    repo, shas = history
+    (repo / ".config").write_text("CONFIG_X=y\n")
+    (repo / "Makefile").write_text("all:\n")
+    lab = Path(__file__).resolve().parents[2] / "labs" / "quickstart.yaml"
+    argv = ["bisect", str(lab), "--tree", str(repo), "--good", shas[0], "--bad", shas[-1], "--out",
+            str(tmp_path / "out"), *extra]
+    assert main(argv) == 2
+    assert not (tmp_path / "out" / "state.json").exists()
+
+
+def test_bisect_refuses_a_good_end_that_is_not_an_ancestor(history: tuple[Path, list[str]], tmp_path: Path) -> None:
+    from labctl.cli.main import main
+
+    repo, shas = history
+    (repo / ".config").write_text("CONFIG_X=y\n")
+    (repo / "Makefile").write_text("all:\n")
+    lab = Path(__file__).resolve().parents[2] / "labs" / "quickstart.yaml"
+    assert main(["bisect", str(lab), "--tree", str(repo), "--good", shas[5], "--bad", shas[2], "--panic",
+                 "--out", str(tmp_path / "out")]) == 2
