@@ -237,3 +237,23 @@ steps:
         assert fig["unit"] == "Mbit/s" and len(fig["values"]) == 2 and fig["spread"]["n"] == 2
         assert (max(fig["values"]) < 12) == (s["verdict"] == "bad")
     assert "Mbit/s" in (out / "report.md").read_text()
+
+
+@pytest.mark.timeout(1800)
+def test_bisect_with_a_command_oracle_in_its_own_terms(cli: Cli, histories: Histories, tmp_path: Path) -> None:
+    """The first history again (its builds cached by the tests above), judged by a command on guest a,
+    in the user's terms."""
+    h = histories
+    lab = _check_lab(tmp_path, h.repo)
+    out = tmp_path / "bisect"
+    res = cli("bisect", str(lab), "--tree", str(h.repo), "--good", h.base, "--bad", "net-bug",
+              "--command", "ping -c 2 -W 3 -s 1200 10.61.0.2", "--on", "a", "--term-old", "works",
+              "--term-new", "drops", "--out", str(out), "--work", str(h.work), "--accel", "tcg", "--json",
+              timeout=1500)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    assert data["result"]["first"] == h.net[BREAKS]
+    assert data["terms"] == ["works", "drops"]
+    verdicts = {s["verdict"] for s in data["steps"]}
+    assert verdicts <= {"works", "drops", "skip"} and {"works", "drops"} <= verdicts
+    assert "first drops commit" in (out / "report.md").read_text()
