@@ -47,6 +47,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     from labctl.up.snapshots import held_open, list_all
 
+    if not any("integration" in str(item.path) for item in session.items):
+        return  # a unit run takes no snapshot: never remove those of an integration run beside it
     for snap in list_all():
         with contextlib.suppress(OSError):
             if snap.dir.stat().st_mtime >= SESSION_STARTED and not held_open(snap):

@@ -58,9 +58,10 @@ class GuestPlan:
         return self.dir / "gdb.sock"
 
     @property
-    def agent_socket(self) -> Path:
-        """labctl's channel to the guest's agent (virtio-serial; see guest/init), owner only."""
-        return self.dir / "agent.sock"
+    def agent_channel(self) -> Path:
+        """labctl's channel to the guest's agent (virtio-serial; see guest/init): the FIFOs
+        ``agent.in`` and ``agent.out`` in the guest's 0700 directory, owner only."""
+        return self.dir / "agent"
 
     @property
     def pidfile(self) -> Path:

@@ -1,5 +1,7 @@
 """labctl's side of the guest agent (``guest/init``): a line protocol on the guest's
-virtio-serial port, reached through a unix socket in the guest's 0700 run directory.
+virtio-serial port, reached through two FIFOs in the guest's 0700 run directory
+(``agent.in`` to the guest, ``agent.out`` from it: QEMU's pipe chardev, which the guest
+always sees connected, so its agent sleeps in a blocking read while idle).
 
 A guest restored from a snapshot still has the clock and the client key of the
 lab that made the snapshot, and the throwaway host key that boot had (no
@@ -10,9 +12,13 @@ replies are only compared with the expected ``ok`` line.
 
 from __future__ import annotations
 
-import socket
+import contextlib
+import fcntl
+import os
+import select
+import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from labctl.errors import GuestError
@@ -20,33 +26,75 @@ from labctl.errors import GuestError
 MAX_REPLY = 4096
 
 
-def call(sock_path: Path, command: str, timeout: float = 10.0) -> None:
+def call(channel: Path, command: str, timeout: float = 10.0) -> None:
     """Send one command line and wait for its ``ok <command>`` reply (see :func:`exchange`)."""
-    exchange(sock_path, [command], timeout)
+    exchange(channel, [command], timeout)
 
 
-def exchange(sock_path: Path, commands: Sequence[str], timeout: float = 10.0) -> None:
-    """Send command lines at once, over one connection, and wait for each one's ``ok <verb>``
-    reply in turn (the agent answers them in order).
+def channel_of(guest_dir: Path) -> Path:
+    """A guest's agent channel (the FIFOs' common prefix) from its run directory."""
+    return guest_dir / "agent"
 
-    One connection, because the agent looks for a new one only every 0.1 s.
-    Lines left from an earlier, abandoned exchange are skipped.
 
-    :raise GuestError: on ``err``, no reply within ``timeout``, or no agent.
+def _fifo(path: Path, flags: int) -> int:
+    """A descriptor of the FIFO ``path`` (never a link, never another kind of file)."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a FIFO")
+    return fd
+
+
+@contextlib.contextmanager
+def _opened(channel: Path, deadline: float) -> Iterator[tuple[int, int]]:
+    """(read end of CHANNEL.out, write end of CHANNEL.in), the channel held for this exchange
+    alone (an exclusive lock on the write end: two exchanges would take each other's replies).
+    Opening the write end fails (ENXIO) while no QEMU holds the FIFO."""
+    rfd = _fifo(channel.with_name(channel.name + ".out"), os.O_RDONLY)
+    try:
+        wfd = _fifo(channel.with_name(channel.name + ".in"), os.O_WRONLY)
+        try:
+            while True:
+                try:
+                    fcntl.flock(wfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise OSError("another labctl is talking to it") from None
+                    time.sleep(0.01)
+            yield rfd, wfd
+        finally:
+            os.close(wfd)
+    finally:
+        os.close(rfd)
+
+
+def exchange(channel: Path, commands: Sequence[str], timeout: float = 10.0) -> None:
+    """Send command lines at once and wait for each one's ``ok <verb>`` reply in turn (the
+    agent answers them in order). Lines left from an earlier, abandoned exchange are read
+    away first and skipped.
+
+    :raise GuestError: on ``err``, no reply within ``timeout``, or no agent (no QEMU).
     """
     verbs = [c.split(" ", 1)[0] for c in commands]
     deadline = time.monotonic() + timeout
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(max(0.1, deadline - time.monotonic()))
-            s.connect(str(sock_path))
-            s.sendall(b"".join(c.encode() + b"\n" for c in commands))
+        with _opened(channel, deadline) as (rfd, wfd):
+            with contextlib.suppress(BlockingIOError):
+                while os.read(rfd, 4096):  # stale replies; b"" once drained or with no writer
+                    pass
+            os.write(wfd, b"".join(c.encode() + b"\n" for c in commands))
             buf = b""
             while verbs and time.monotonic() < deadline:
-                s.settimeout(max(0.05, deadline - time.monotonic()))
-                chunk = s.recv(512)
-                if not chunk:
+                ready, _, _ = select.select([rfd], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
                     break
+                try:
+                    chunk = os.read(rfd, 512)
+                except BlockingIOError:
+                    continue
+                if not chunk:  # QEMU closed its end: it is gone
+                    raise OSError("its QEMU went away")
                 buf += chunk
                 if len(buf) > MAX_REPLY:
                     break
@@ -60,16 +108,16 @@ def exchange(sock_path: Path, commands: Sequence[str], timeout: float = 10.0) ->
             if not verbs:
                 return
     except OSError as exc:
-        raise GuestError(f"the guest's agent on {sock_path} did not answer '{verbs[0]}': {exc}") from exc
-    raise GuestError(f"the guest's agent on {sock_path} did not answer '{verbs[0]}' within {timeout:.0f} s")
+        raise GuestError(f"the guest's agent on {channel}.in/.out did not answer '{verbs[0]}': {exc}") from exc
+    raise GuestError(f"the guest's agent on {channel}.in/.out did not answer '{verbs[0]}' within {timeout:.0f} s")
 
 
-def wait_ready(sock_path: Path, timeout: float) -> bool:
+def wait_ready(channel: Path, timeout: float) -> bool:
     """True once the agent answers ``ping`` (it starts in the background at boot)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            call(sock_path, "ping", timeout=min(2.0, max(0.2, deadline - time.monotonic())))
+            call(channel, "ping", timeout=min(2.0, max(0.2, deadline - time.monotonic())))
             return True
         except GuestError:
             time.sleep(0.1)
@@ -94,7 +142,7 @@ def keys_command(authorized_keys: bytes, host_key: bytes) -> str:
     return f"keys {auth[0]} {auth[1]} {','.join(line.strip() for line in pem[1:-1])}"
 
 
-def adopt(sock_path: Path, keys: tuple[bytes, bytes] | None, timeout: float = 20.0) -> None:
+def adopt(channel: Path, keys: tuple[bytes, bytes] | None, timeout: float = 20.0) -> None:
     """Set a restored guest's clock to the host's and, with ``keys`` (authorized_keys, host
     key), give it those; sshd has reloaded and listens again when this returns.
 
@@ -103,7 +151,7 @@ def adopt(sock_path: Path, keys: tuple[bytes, bytes] | None, timeout: float = 20
 
     :raise GuestError: when the agent does not do it.
     """
-    exchange(sock_path, [clock_command()] + ([keys_command(*keys)] if keys else []), timeout)
+    exchange(channel, [clock_command()] + ([keys_command(*keys)] if keys else []), timeout)
 
 
 def clock_command() -> str:
@@ -112,6 +160,6 @@ def clock_command() -> str:
     return f"clock {now // 10**9}.{now % 10**9:09d}"
 
 
-def set_clock(sock_path: Path, timeout: float = 20.0) -> None:
+def set_clock(channel: Path, timeout: float = 20.0) -> None:
     """The guest's wall clock to the host's (a restored guest's clock stopped when it was saved)."""
-    call(sock_path, clock_command(), timeout)
+    call(channel, clock_command(), timeout)

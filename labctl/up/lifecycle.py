@@ -47,7 +47,7 @@ from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing, spawn, stop_pid
 from labctl.ssh import Endpoint, Session
-from labctl.up import guestconf, netctl, netstate, snapshots, taps, warm
+from labctl.up import agent, guestconf, netctl, netstate, snapshots, taps, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
@@ -408,7 +408,7 @@ class LabUp:
         warm.run_setup(ep, self.lab.guests[name].setup)
         snapped = False
         if name in self.snaps and snapshots.find(self.snaps[name]) is None:
-            got = warm.snapshot_after_boot(Path(rec.qmp), gdir / "disk.qcow2", gdir / "agent.sock",
+            got = warm.snapshot_after_boot(Path(rec.qmp), gdir / "disk.qcow2", agent.channel_of(gdir),
                                            self.snaps[name], name, state.drivers[name], self.lab.name)
             if isinstance(got, str):
                 self._warn(got)

@@ -134,7 +134,7 @@ def restart(backend: QemuBackend, rec: GuestRecord, new_disk: Callable[[], None]
     console = Path(rec.console)
     if new_console and console.exists():
         console.replace(gdir / "console.prev.log")
-    for sock in (rec.qmp, rec.gdb, str(gdir / "agent.sock")):
+    for sock in (rec.qmp, rec.gdb):
         if sock:
             Path(sock).unlink(missing_ok=True)
     new_disk()
@@ -167,4 +167,4 @@ def wait_ssh(ep: Endpoint, timeout: float) -> None:
 def set_clocks(state: LabState, names: Sequence[str]) -> None:
     """Every named guest's wall clock to the host's (after a restore)."""
     for name in names:
-        agent.set_clock(Path(state.guests[name].dir) / "agent.sock")
+        agent.set_clock(agent.channel_of(Path(state.guests[name].dir)))

@@ -54,14 +54,14 @@ def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -
                                  + (f"\n{tail}" if tail else ""))
 
 
-def snapshot_after_boot(qmp: Path, overlay: Path, agent_socket: Path, snapshot_key: str, guest: str,
+def snapshot_after_boot(qmp: Path, overlay: Path, agent_channel: Path, snapshot_key: str, guest: str,
                         drivers: dict[str, str], lab: str = "") -> Snapshot | str:
     """Take the guest's post-boot snapshot; the snapshot, or why there is none (a warning).
 
     The guest must have booted with a throwaway host key (:func:`boot_with_throwaway`); its
     public line is recorded (``boot_host_key`` in the snapshot's meta), nothing else of a key.
     """
-    if not agent.wait_ready(agent_socket, AGENT_WAIT):
+    if not agent.wait_ready(agent_channel, AGENT_WAIT):
         return (f"guest {guest}: no post-boot snapshot (its agent did not answer: the kernel needs "
                 "CONFIG_VIRTIO_CONSOLE); later ups boot it cold")
     try:
@@ -132,10 +132,10 @@ def hand_over_keys(guest_dir: Path, boot_ep: Endpoint, agent_wait: float, timeou
     """
     boot_with_own_key(guest_dir)  # later starts of its QEMU (a reset that boots) read its own key
     keys = agent.keys_command(*own_keys(guest_dir))
-    sock = guest_dir / "agent.sock"
+    channel = agent.channel_of(guest_dir)
     try:
-        if agent.wait_ready(sock, agent_wait):
-            agent.exchange(sock, [keys], timeout)
+        if agent.wait_ready(channel, agent_wait):
+            agent.exchange(channel, [keys], timeout)
         else:
             _keys_over_ssh(boot_ep, keys, timeout)
     finally:
@@ -165,7 +165,7 @@ def adopt(guest_dir: Path) -> None:
 
     :raise GuestError: when its agent does not answer.
     """
-    agent.adopt(guest_dir / "agent.sock", own_keys(guest_dir))
+    agent.adopt(agent.channel_of(guest_dir), own_keys(guest_dir))
 
 
 def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> None:

@@ -37,3 +37,91 @@ def test_keys_that_the_agent_cannot_write_are_refused(tmp_path: Path, auth: byte
     good_host = new_keypair(tmp_path / "h", "h").private.read_bytes()
     with pytest.raises(GuestError):
         keys_command(auth if auth is not None else good_auth, host if host is not None else good_host)
+
+
+class FakeQemu:
+    """QEMU's side of the pipe chardev (it holds both FIFOs open read-write), with a guest agent
+    that answers each line it reads with ``reply(line)`` (None: no answer)."""
+
+    def __init__(self, channel: Path, reply) -> None:  # type: ignore[no-untyped-def]
+        import os
+        import threading
+
+        from labctl.backends.qemu.backend import agent_fifos
+
+        agent_fifos(channel)
+        self.fin = os.open(f"{channel}.in", os.O_RDWR)
+        self.fout = os.open(f"{channel}.out", os.O_RDWR)
+        self.seen: list[str] = []
+        self.reply = reply
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import os
+
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(self.fin, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self.seen.append(line.decode())
+                answer = self.reply(line.decode())
+                if answer is not None:
+                    os.write(self.fout, answer.encode() + b"\n")
+
+    def close(self) -> None:
+        import os
+
+        os.close(self.fout)
+        os.close(self.fin)
+
+
+def test_an_exchange_over_the_fifos_skips_stale_replies_and_waits_for_each_answer(tmp_path: Path) -> None:
+    import os
+
+    from labctl.up import agent
+
+    channel = tmp_path / "agent"
+    qemu = FakeQemu(channel, lambda line: f"ok {line.split(' ', 1)[0]}")
+    try:
+        os.write(qemu.fout, b"ok keys\nok ping\n")  # left over from an abandoned exchange
+        agent.exchange(channel, ["clock 1.000000000", "ping"], timeout=5)
+        assert qemu.seen == ["clock 1.000000000", "ping"]
+        assert agent.wait_ready(channel, 2.0)
+    finally:
+        qemu.close()
+
+
+def test_a_refusal_an_unanswered_command_and_no_qemu_are_errors(tmp_path: Path) -> None:
+    from labctl.up import agent
+
+    channel = tmp_path / "agent"
+    qemu = FakeQemu(channel, lambda line: "err keys" if line.startswith("keys") else None)
+    try:
+        with pytest.raises(GuestError, match="refused 'keys'"):
+            agent.exchange(channel, ["keys a b c"], timeout=5)
+        with pytest.raises(GuestError, match="did not answer 'ping' within"):
+            agent.exchange(channel, ["ping"], timeout=0.3)
+    finally:
+        qemu.close()
+    with pytest.raises(GuestError, match="did not answer"):  # the FIFOs are there, nobody holds them
+        agent.exchange(channel, ["ping"], timeout=0.3)
+    assert not agent.wait_ready(tmp_path / "nothing", 0.2)
+
+
+def test_the_channel_is_only_ever_a_fifo(tmp_path: Path) -> None:
+    from labctl.up import agent
+
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / "agent.out").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "agent.in").write_text("")
+    with pytest.raises(GuestError):
+        agent.exchange(tmp_path / "agent", ["ping"], timeout=0.3)
+    assert (tmp_path / "elsewhere").read_text() == "" and (tmp_path / "agent.in").read_text() == ""

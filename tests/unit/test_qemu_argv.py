@@ -99,13 +99,14 @@ def test_qemu_runs_under_its_strictest_sandbox(tmp_path: Path) -> None:
                                       "resourcecontrol=deny"]
 
 
-def test_control_channels_for_warm_start_are_unix_sockets_and_the_console_appends(tmp_path: Path) -> None:
+def test_control_channels_for_warm_start_are_private_files_and_the_console_appends(tmp_path: Path) -> None:
     import dataclasses
 
     plan = _plans(tmp_path, ROOT / "labs" / "quickstart.yaml")["a"]
     argv = build_argv(plan)
     chardevs = _pairs(argv, "-chardev")
-    assert f"socket,id=agent0,path={plan.dir / 'agent.sock'},server=on,wait=off" in chardevs
+    # the agent's FIFOs (agent.in, agent.out): a pipe chardev, always open, so the idle agent blocks
+    assert f"pipe,id=agent0,path={plan.dir / 'agent'}" in chardevs
     assert "virtserialport,bus=vser0.0,chardev=agent0,name=org.labctl.agent.0" in _pairs(argv, "-device")
     # a restored guest's console begins with the boot its snapshot was taken after: QEMU appends
     assert f"file,id=serial0,path={plan.console},append=on" in chardevs

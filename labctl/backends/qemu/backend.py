@@ -39,6 +39,15 @@ def qemu_version() -> str:
         return "unknown"
 
 
+def agent_fifos(channel: Path) -> None:
+    """The guest agent's FIFOs ``CHANNEL.in`` and ``CHANNEL.out`` (QEMU's pipe chardev), new and
+    empty, mode 0600, in the guest's 0700 directory."""
+    for suffix in (".in", ".out"):
+        fifo = channel.with_name(channel.name + suffix)
+        fifo.unlink(missing_ok=True)
+        os.mkfifo(fifo, 0o600)
+
+
 class QemuBackend:
     """Runs guests as local QEMU processes."""
 
@@ -91,6 +100,7 @@ class QemuBackend:
     def _launch(self, rec: GuestRecord, fds: list[int] | None = None) -> GuestRecord:
         """Spawn QEMU for ``rec`` and wait until its monitor answers; the record with its pid."""
         qmp_socket = Path(rec.qmp)
+        agent_fifos(Path(rec.dir) / "agent")
         old = os.umask(0o077)  # QMP socket, console and pidfile: owner only
         try:
             proc = spawn(rec.argv, Path(rec.dir) / "qemu.log", pass_fds=fds or [])
