@@ -337,6 +337,27 @@ def remove_tree(parent: Path, name: str, *, owner_only: bool = True) -> bool:
 
 
 @contextlib.contextmanager
+def build_into(final: Path, mode: int = 0o700) -> Iterator[Path]:
+    """A new, empty work directory beside ``final`` for the block, which fills it; when the
+    block ends normally the work directory replaces ``final`` whole (readers see the old one or
+    the new one, never half of it); otherwise it is removed and ``final`` stays as it was.
+
+    The work directory's name (``.new-NAME-PID``) is the caller's process's own; hold a lock
+    when several processes may build the same ``final``.
+    """
+    work = final.with_name(f".new-{final.name}-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work.parent, exist_ok=True)
+    os.mkdir(work, mode)
+    try:
+        yield work
+        shutil.rmtree(final, ignore_errors=True)
+        work.rename(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def exclusive(lock_file: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``lock_file`` (made 0600, with its directory) for the block:
     another labctl doing the same work waits, then usually finds it done."""

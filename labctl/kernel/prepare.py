@@ -47,7 +47,7 @@ from labctl.kernel.store import (
 )
 from labctl.kernel.vmlinux import banner, boot_image, build_id, is_elf
 from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
-from labctl.paths import atomic_write, exclusive, resource_dir
+from labctl.paths import atomic_write, build_into, exclusive, resource_dir
 from labctl.proc import run, run_pipeline, run_pipeline_output
 
 PREPARE_VERSION = "2"  # bump when what is prepared changes for the same inputs
@@ -216,17 +216,11 @@ def prepare(spec: KernelSpec, opts: Options, reporter: Reporter | None = None) -
     with _lock(key):
         if (final / MANIFEST).is_file():
             return Kernel.at(final)
-        work = final.with_name(f".prep-{key}-{os.getpid()}")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
         try:
-            _Preparer(spec, opts, work, r).run()
-            shutil.rmtree(final, ignore_errors=True)
-            work.rename(final)
+            with build_into(final, 0o755) as work:
+                _Preparer(spec, opts, work, r).run()
         except OSError as exc:
             raise ImageError(f"preparing kernel {spec.describe()} failed: {exc}") from exc
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
     return Kernel.at(final)
 
 

@@ -127,6 +127,13 @@ def assign_macs(check: Checker, lab: str, nics: list[NicSpec]) -> None:
             owner[nic.mac] = nic
 
 
+def mgmt_mac(lab: str, guest: str) -> str:
+    """Deterministic MAC of a guest's management NIC: ``52:55:00:`` + 3 bytes of the SHA-256 of
+    ``"{lab}/{guest}/mgmt0"``, a prefix no lab NIC's default (:func:`default_mac`) shares."""
+    d = hashlib.sha256(f"{lab}/{guest}/mgmt0".encode()).digest()
+    return "52:55:00:" + ":".join(f"{b:02x}" for b in d[:3])
+
+
 def default_mac(lab: str, guest: str, nic: str, taken: Collection[str] = ()) -> str:
     """Deterministic MAC for a NIC: ``52:54:00:`` + 3 bytes of a SHA-256.
 

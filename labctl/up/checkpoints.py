@@ -28,7 +28,7 @@ from typing import Any
 from labctl.backends.monitor import qmp_execute, save_state
 from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
 from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
-from labctl.paths import atomic_write, ensure_private_dir
+from labctl.paths import atomic_write, build_into, ensure_private_dir
 from labctl.up import sshport, warm
 from labctl.up.reset import copy_disk, need_qemu, restart, set_clocks, tell_moves, wait_ssh
 from labctl.up.runstate import LabState, lab_lock
@@ -76,28 +76,25 @@ def save(lab: str, name: str) -> Checkpoint:
         need_qemu(state, "a checkpoint")
         root = ensure_private_dir(_root(state))
         final = root / name
-        work = ensure_private_dir(root / f".new-{name}")
         names = list(state.guests)
         t0 = time.monotonic()
         try:
-            _map(lambda g: qmp_execute(state.guests[g].qmp, "stop"), names)  # one instant for all
+            with build_into(final) as work:
+                _map(lambda g: qmp_execute(state.guests[g].qmp, "stop"), names)  # one instant for all
 
-            def one(g: str) -> None:
-                rec = state.guests[g]
-                save_state(rec.qmp, work / f"{g}.state")
-                shutil.copyfile(Path(rec.dir) / "disk.qcow2", work / f"{g}.qcow2")
+                def one(g: str) -> None:
+                    rec = state.guests[g]
+                    save_state(rec.qmp, work / f"{g}.state")
+                    shutil.copyfile(Path(rec.dir) / "disk.qcow2", work / f"{g}.qcow2")
 
-            _map(one, names)
-            atomic_write(work / META, json.dumps({
-                "lab": state.lab, "name": name, "guests": names,
-                "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "save_seconds": round(time.monotonic() - t0, 2)}, indent=2) + "\n")
-            shutil.rmtree(final, ignore_errors=True)
-            work.rename(final)
+                _map(one, names)
+                atomic_write(work / META, json.dumps({
+                    "lab": state.lab, "name": name, "guests": names,
+                    "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "save_seconds": round(time.monotonic() - t0, 2)}, indent=2) + "\n")
         except OSError as exc:
             raise MachineError(f"saving checkpoint {name} of lab {state.lab} failed: {exc}") from exc
         finally:
-            shutil.rmtree(work, ignore_errors=True)
             for g in names:
                 with contextlib.suppress(LabctlError):
                     qmp_execute(state.guests[g].qmp, "cont")

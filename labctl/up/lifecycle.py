@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
-import hashlib
 import os
 import secrets
 import sys
@@ -40,6 +39,7 @@ from labctl.image.store import Image
 from labctl.kernel import lab as kernel_lab
 from labctl.kernel import prepare as kernel_prep
 from labctl.kernel.store import Kernel
+from labctl.lab.addresses import mgmt_mac
 from labctl.lab.hosts import HostPlace, place_guests
 from labctl.lab.model import Guest, Lab
 from labctl.net.plan import SWITCH, TAP, UDP, Port, Segment, TapDev, plan_networks
@@ -68,12 +68,6 @@ class UpOptions:
     unencrypted_links: bool = False  # --unencrypted-links: UDP tunnels across hosts are accepted
     cold: bool = False  # --cold: boot every guest, even where a post-boot snapshot exists
     snapshots: bool = True  # take post-boot snapshots of cold-booted guests (qemu backend)
-
-
-def mgmt_mac(lab: str, guest: str) -> str:
-    """Deterministic MAC of a guest's management NIC (52:55:00:..., apart from lab NICs)."""
-    d = hashlib.sha256(f"{lab}/{guest}/mgmt0".encode()).digest()
-    return "52:55:00:" + ":".join(f"{b:02x}" for b in d[:3])
 
 
 class LabUp:

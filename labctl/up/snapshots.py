@@ -46,7 +46,7 @@ from labctl.backends.monitor import qmp_execute, save_state
 from labctl.backends.qemu.argv import build_argv
 from labctl.backends.qemu.backend import qemu_version
 from labctl.errors import LabctlError, MachineError
-from labctl.paths import atomic_write, cache_dir, exclusive
+from labctl.paths import atomic_write, build_into, cache_dir, exclusive
 from labctl.proc import run
 
 FORMAT = "2"  # bump when what a snapshot holds changes (2: booted with a throwaway host key)
@@ -132,29 +132,24 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], cons
     with _lock(snapshot_key):
         if Snapshot(final).complete():
             return Snapshot(final)
-        work = final.with_name(f".tmp-{snapshot_key}-{os.getpid()}")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True, mode=0o700)
         try:
-            info = save_state(qmp, work / STATE)
-            # Paused: the overlay is what the saved RAM (its page cache) expects on disk.
-            shutil.copyfile(overlay, work / DISK)
-            os.chmod(work / DISK, 0o400)
-            if console is not None and console.is_file():
-                shutil.copyfile(console, work / CONSOLE)
-            os.chmod(work / STATE, 0o400)
-            atomic_write(work / META, json.dumps({
-                **meta, "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "labctl_version": __version__, "qemu": qemu_version(),
-                "state_bytes": (work / STATE).stat().st_size, "disk_bytes": (work / DISK).stat().st_size,
-                "save_ms": info.get("total-time"),
-            }, indent=2) + "\n")
-            shutil.rmtree(final, ignore_errors=True)
-            work.rename(final)
+            with build_into(final) as work:
+                info = save_state(qmp, work / STATE)
+                # Paused: the overlay is what the saved RAM (its page cache) expects on disk.
+                shutil.copyfile(overlay, work / DISK)
+                os.chmod(work / DISK, 0o400)
+                if console is not None and console.is_file():
+                    shutil.copyfile(console, work / CONSOLE)
+                os.chmod(work / STATE, 0o400)
+                atomic_write(work / META, json.dumps({
+                    **meta, "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "labctl_version": __version__, "qemu": qemu_version(),
+                    "state_bytes": (work / STATE).stat().st_size, "disk_bytes": (work / DISK).stat().st_size,
+                    "save_ms": info.get("total-time"),
+                }, indent=2) + "\n")
         except OSError as exc:
             raise MachineError(f"saving the snapshot {snapshot_key} failed: {exc}") from exc
         finally:
-            shutil.rmtree(work, ignore_errors=True)
             with contextlib.suppress(LabctlError):
                 qmp_execute(qmp, "cont")
     return Snapshot(final)

@@ -34,7 +34,7 @@ from labctl.image.store import Image
 from labctl.lab import load_lab_text
 from labctl.lab.hosts import host_place
 from labctl.net.plan import plan_networks
-from labctl.up.lifecycle import mgmt_mac
+from labctl.lab.addresses import mgmt_mac
 from tests import harness
 from tests.conftest import fake_kernel
 

@@ -503,3 +503,22 @@ def test_archive_never_writes_through_a_planted_part_file(tmp_path: Path) -> Non
     assert victim.read_text() == "precious\n"
     assert dest == out / "a.tar.gz" and dest.stat().st_size > 0
     assert sorted(p.name for p in out.iterdir()) == [".a.tar.gz.part", "a.tar.gz"]
+
+
+def test_build_into_replaces_the_directory_whole_or_not_at_all(tmp_path: Path) -> None:
+    from labctl.paths import build_into
+
+    final = tmp_path / "thing"
+    final.mkdir()
+    (final / "old").write_text("1")
+    with pytest.raises(RuntimeError):
+        with build_into(final) as work:
+            (work / "new").write_text("2")
+            raise RuntimeError("half way")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thing"]  # no work directory left
+    assert [p.name for p in final.iterdir()] == ["old"]
+    with build_into(final) as work:
+        assert work.parent == tmp_path and work.stat().st_mode & 0o777 == 0o700
+        (work / "new").write_text("2")
+    assert [p.name for p in final.iterdir()] == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thing"]

@@ -9,7 +9,7 @@ from labctl.backends.qemu.argv import build_argv, opt
 from labctl.image.store import Image
 from labctl.lab import load_lab
 from labctl.net.plan import ALONE, DIRECT, SWITCH, plan_networks
-from labctl.up.lifecycle import mgmt_mac
+from labctl.lab.addresses import mgmt_mac
 from tests.conftest import fake_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
