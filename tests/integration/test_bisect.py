@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +83,16 @@ def _history(repo: Path, base: str, branch: str, original: str, count: int,
 
 
 @pytest.fixture(scope="session")
-def histories(tree_kernel: Path, tmp_path_factory: pytest.TempPathFactory) -> Histories:
+def histories(tree_kernel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Histories]:
+    """The repository and the bisections' worktree (a 2 GB copy), removed after the run."""
     root = tmp_path_factory.mktemp("bisect")
+    try:
+        yield _make_histories(tree_kernel, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # the repository's files are links: the cached tree stays
+
+
+def _make_histories(tree_kernel: Path, root: Path) -> Histories:
     repo = root / "linux"
     subprocess.run(["cp", "-al", str(tree_kernel), str(repo)], check=True, timeout=600)
     original = (repo / MAIN).read_text()
