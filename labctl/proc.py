@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 GRACE_SECONDS = 2.0
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace: float = GRACE_SECONDS) -> None:
+def kill_group(proc: subprocess.Popen[Any], grace: float = GRACE_SECONDS) -> None:
     """SIGTERM the child's process group, wait ``grace`` s, then SIGKILL it."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:

@@ -30,6 +30,7 @@ from pathlib import Path
 from labctl.bisect.search import git
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write, cache_dir
+from labctl.proc import kill_group
 
 WORKTREE = "wt"
 READY = "wt.ready"  # written once the worktree's copy is complete (a copy stopped half-way is made again)
@@ -146,9 +147,10 @@ class Worktree:
         env = self._env()
         lines: list[str] = []
         for target in (["olddefconfig"], [f"-j{jobs}", "vmlinux", "modules"]):
+            # make and its compilers in a session of their own: stopped as one group below
             proc = subprocess.Popen(["make", "-C", str(self.path), *target], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, errors="replace", env=env,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
             assert proc.stdout is not None
             try:
                 for line in proc.stdout:
@@ -157,9 +159,8 @@ class Worktree:
                         del lines[:2000]
                     on_line(line.rstrip("\n"))
                 rc = proc.wait()
-            except BaseException:
-                proc.kill()
-                proc.wait()
+            except BaseException:  # Ctrl-C: make runs in its own session, so stop it and its compilers
+                kill_group(proc)
                 raise
             if rc != 0:
                 errors = [ln for ln in lines if ": error:" in ln or "Error " in ln]
