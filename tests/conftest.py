@@ -31,8 +31,21 @@ SESSION_STARTED = time.time()
 _BASELINE: list[harness.Baseline] = []
 
 
+_KERNELS_BEFORE: set[str] = set()
+
+
+def _prepared_kernels() -> set[str]:
+    from labctl.kernel.store import kernels_root
+
+    try:
+        return {d.name for d in kernels_root().iterdir()}
+    except OSError:
+        return set()
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     _BASELINE.append(harness.begin())
+    _KERNELS_BEFORE.update(_prepared_kernels())
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own teardown of what is still set up (an interrupted run)
@@ -53,6 +66,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         with contextlib.suppress(OSError):
             if snap.dir.stat().st_mtime >= SESSION_STARTED and not held_open(snap):
                 shutil.rmtree(snap.dir, ignore_errors=True)
+    # Kernels this run prepared (each bisection step's, the test tree's: about 150 MB each, and
+    # a rebuilt kernel never has the same content twice); those there before the run stay.
+    from labctl.kernel.store import kernels_root
+
+    for name in sorted(_prepared_kernels() - _KERNELS_BEFORE):
+        path = kernels_root() / name
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink()
 
 
 def _check_leftovers(session: pytest.Session, base: harness.Baseline) -> None:
