@@ -358,13 +358,17 @@ def build_into(final: Path, mode: int = 0o700) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def exclusive(lock_file: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_file`` (made 0600, with its directory) for the block:
-    another labctl doing the same work waits, then usually finds it done."""
+def exclusive(lock_file: Path, wait: bool = True) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_file`` (made 0600, never through a link, with its
+    directory) for the block: another labctl doing the same work waits, then usually finds it
+    done; with ``wait=False`` it does not wait.
+
+    :raise BlockingIOError: with ``wait=False``, when another process holds it.
+    """
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         yield
     finally:
         os.close(fd)

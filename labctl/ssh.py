@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import paramiko
 
@@ -167,6 +167,19 @@ class Session:
         return Result(status, out, err, time.monotonic() - t0)
 
 
+    def _exec(self, command: str, timeout: float) -> Any:
+        """A new channel running ``command``, each read and write on it bounded (:data:`READ_TIMEOUT`).
+
+        :raise GuestError: when the channel cannot be opened or the command started.
+        """
+        try:
+            chan = self.client.get_transport().open_session(timeout=timeout)
+            chan.settimeout(min(timeout, READ_TIMEOUT))
+            chan.exec_command(command)
+            return chan
+        except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
+            raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
+
     @contextlib.contextmanager
     def stream(self, command: str, timeout: float) -> Iterator[BinaryIO]:
         """Run ``command`` and read its standard output as a file, for the block.
@@ -177,12 +190,7 @@ class Session:
 
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status.
         """
-        try:
-            chan = self.client.get_transport().open_session(timeout=timeout)
-            chan.settimeout(min(timeout, READ_TIMEOUT))
-            chan.exec_command(command)
-        except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
-            raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
+        chan = self._exec(command, timeout)
         reader = _BoundedReader(chan, time.monotonic() + timeout, self.ep.guest)
         try:
             yield reader  # type: ignore[misc]
@@ -205,12 +213,7 @@ class Session:
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status (with
             the command's standard error).
         """
-        try:
-            chan = self.client.get_transport().open_session(timeout=timeout)
-            chan.settimeout(min(timeout, READ_TIMEOUT))
-            chan.exec_command(command)
-        except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
-            raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
+        chan = self._exec(command, timeout)
         writer = _BoundedWriter(chan, time.monotonic() + timeout, self.ep.guest)
         try:
             try:

@@ -16,7 +16,6 @@ never built again while that kernel is prepared.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from labctl.bisect.search import git
 from labctl.errors import LabctlError
-from labctl.paths import atomic_write, cache_dir
+from labctl.paths import atomic_write, cache_dir, exclusive
 from labctl.proc import kill_group
 
 WORKTREE = "wt"
@@ -52,17 +51,16 @@ def locked(work: Path) -> Iterator[None]:
 
     :raise LabctlError: when another holds it.
     """
-    work.mkdir(parents=True, exist_ok=True)
-    fd = os.open(work / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    held = False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            raise LabctlError(f"another labctl bisect is using {work}",
-                              hint="wait for it, or give this one another --work DIR") from exc
-        yield
-    finally:
-        os.close(fd)
+        with exclusive(work / LOCK, wait=False):
+            held = True
+            yield
+    except BlockingIOError as exc:
+        if held:  # from the bisection itself, not the lock
+            raise
+        raise LabctlError(f"another labctl bisect is using {work}",
+                          hint="wait for it, or give this one another --work DIR") from exc
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import json
 import os
 import platform
@@ -32,7 +31,7 @@ from labctl.image.apt import sha256_file
 from labctl.image.recipe import Recipe
 from labctl.image.store import INITRAMFS_CPIO, MANIFEST, ROOTFS, Image, ImageStore
 from labctl.image import cpio as initramfs
-from labctl.paths import atomic_write, resource_dir
+from labctl.paths import atomic_write, exclusive, resource_dir
 from labctl.proc import pid_alive, run
 
 # What the image itself needs on the kernel command line (labctl's boot
@@ -46,17 +45,16 @@ def build_lock(directory: Path) -> Iterator[None]:
 
     :raise ImageError: when another labctl is building it.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / ".build.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    held = False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise ImageError(f"another labctl is building an image in {directory}",
-                             hint="wait for it to finish, then run the command again") from exc
-        yield
-    finally:
-        os.close(fd)
+        with exclusive(directory / ".build.lock", wait=False):
+            held = True
+            yield
+    except BlockingIOError as exc:
+        if held:  # from the build itself, not the lock
+            raise
+        raise ImageError(f"another labctl is building an image in {directory}",
+                         hint="wait for it to finish, then run the command again") from exc
 
 
 def _mounted_under(path: Path) -> list[str]:

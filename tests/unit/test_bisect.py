@@ -229,3 +229,18 @@ def test_bisect_refuses_a_good_end_that_is_not_an_ancestor(history: tuple[Path, 
     lab = Path(__file__).resolve().parents[2] / "labs" / "quickstart.yaml"
     assert main(["bisect", str(lab), "--tree", str(repo), "--good", shas[5], "--bad", shas[2], "--panic",
                  "--out", str(tmp_path / "out")]) == 2
+
+
+def test_one_bisection_at_a_time_in_a_worktree(tmp_path: Path) -> None:
+    from labctl.bisect.build import locked
+    from labctl.errors import LabctlError
+
+    with locked(tmp_path):
+        with pytest.raises(LabctlError, match="another labctl bisect is using"):
+            with locked(tmp_path):
+                pass
+    with pytest.raises(BlockingIOError, match="from the work"):  # the block's own, not the lock's
+        with locked(tmp_path):
+            raise BlockingIOError("from the work")
+    with locked(tmp_path):  # released
+        pass
