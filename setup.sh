@@ -28,6 +28,7 @@ PACKAGES=(
     chromium                             # tests: report.html in a headless browser
     tshark tcpdump                       # tests: reading the captures labctl writes
     iproute2                             # ip netns, bridges and taps (multiqueue links, as root)
+    git                                  # labctl bisect: worktrees of the user's kernel repository
     ca-certificates
 )
 missing=()

@@ -337,6 +337,21 @@ def remove_tree(parent: Path, name: str, *, owner_only: bool = True) -> bool:
 
 
 @contextlib.contextmanager
+def alone(lock_file: Path, busy: Exception) -> Iterator[None]:
+    """:func:`exclusive` without waiting: raise ``busy`` when another process holds the lock
+    (a BlockingIOError from inside the block is the block's own and passes through)."""
+    held = False
+    try:
+        with exclusive(lock_file, wait=False):
+            held = True
+            yield
+    except BlockingIOError as exc:
+        if held:
+            raise
+        raise busy from exc
+
+
+@contextlib.contextmanager
 def build_into(final: Path, mode: int = 0o700) -> Iterator[Path]:
     """A new, empty work directory beside ``final`` for the block, which fills it; when the
     block ends normally the work directory replaces ``final`` whole (readers see the old one or

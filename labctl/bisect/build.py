@@ -28,7 +28,7 @@ from pathlib import Path
 
 from labctl.bisect.search import git
 from labctl.errors import LabctlError
-from labctl.paths import atomic_write, cache_dir, exclusive
+from labctl.paths import alone, atomic_write, cache_dir
 from labctl.proc import kill_group
 
 WORKTREE = "wt"
@@ -51,16 +51,9 @@ def locked(work: Path) -> Iterator[None]:
 
     :raise LabctlError: when another holds it.
     """
-    held = False
-    try:
-        with exclusive(work / LOCK, wait=False):
-            held = True
-            yield
-    except BlockingIOError as exc:
-        if held:  # from the bisection itself, not the lock
-            raise
-        raise LabctlError(f"another labctl bisect is using {work}",
-                          hint="wait for it, or give this one another --work DIR") from exc
+    with alone(work / LOCK, LabctlError(f"another labctl bisect is using {work}",
+                                        hint="wait for it, or give this one another --work DIR")):
+        yield
 
 
 @dataclass(frozen=True)

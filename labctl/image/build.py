@@ -31,7 +31,7 @@ from labctl.image.apt import sha256_file
 from labctl.image.recipe import Recipe
 from labctl.image.store import INITRAMFS_CPIO, MANIFEST, ROOTFS, Image, ImageStore
 from labctl.image import cpio as initramfs
-from labctl.paths import atomic_write, exclusive, resource_dir
+from labctl.paths import alone, atomic_write, resource_dir
 from labctl.proc import pid_alive, run
 
 # What the image itself needs on the kernel command line (labctl's boot
@@ -45,16 +45,9 @@ def build_lock(directory: Path) -> Iterator[None]:
 
     :raise ImageError: when another labctl is building it.
     """
-    held = False
-    try:
-        with exclusive(directory / ".build.lock", wait=False):
-            held = True
-            yield
-    except BlockingIOError as exc:
-        if held:  # from the build itself, not the lock
-            raise
-        raise ImageError(f"another labctl is building an image in {directory}",
-                         hint="wait for it to finish, then run the command again") from exc
+    with alone(directory / ".build.lock", ImageError(f"another labctl is building an image in {directory}",
+                                                     hint="wait for it to finish, then run the command again")):
+        yield
 
 
 def _mounted_under(path: Path) -> list[str]:
