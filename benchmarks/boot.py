@@ -38,8 +38,8 @@ from labctl.lab import load_lab_text  # noqa: E402
 from labctl.ssh import Session  # noqa: E402
 from labctl.up.lifecycle import UpOptions, down, up  # noqa: E402
 from labctl.up import snapshots  # noqa: E402
-from labctl.up.reset import reset  # noqa: E402
-from labctl.up.runstate import LabState  # noqa: E402
+from labctl.training.reset import reset  # noqa: E402
+from labctl.state.runstate import LabState  # noqa: E402
 
 IDLE_WINDOW = 10.0
 

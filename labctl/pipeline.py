@@ -27,7 +27,7 @@ from labctl.report import render_run
 from labctl.steps.result import StepResult
 from labctl.steps.runner import Runner, now
 from labctl.up.lifecycle import UpOptions, down, up
-from labctl.up.runstate import LabState, lab_lock
+from labctl.state.runstate import LabState, lab_lock
 
 
 @dataclass

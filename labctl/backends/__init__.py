@@ -8,7 +8,7 @@ domain XML (pure functions), QMP (:mod:`.monitor`, the one client), and the
 ownership journal of what backends create on hosts (:mod:`.owned`). Must
 not import the ``up`` stage, steps, bundles, reports or the CLI.
 
-Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli
+Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.state, labctl.live, labctl.training
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ from labctl.lab import kernels as lab_kernels
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import Check, Lab
 from labctl.pipeline import run_lab
-from labctl.up.grading import checks_of, run_checks
+from labctl.training.grading import checks_of, run_checks
 from labctl.up.lifecycle import UpOptions, down
-from labctl.up.runstate import LabState, up_labs
+from labctl.state.runstate import LabState, up_labs
 
 STEPS_DIR = "steps"
 REFERENCE_DIR = "reference"

@@ -24,7 +24,7 @@ from labctl.errors import LabctlError, UsageError
 from labctl.image.store import MANIFEST as IMAGE_MANIFEST
 from labctl.lab.model import Lab
 from labctl.paths import atomic_write, checked_dir
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import os
 
 from labctl.errors import UsageError
 from labctl.ssh import Session, command_line
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 
 USAGE = "labctl exec LAB GUEST [--timeout S] [--] COMMAND [ARG...]"
 DEFAULT_TIMEOUT = 3600.0

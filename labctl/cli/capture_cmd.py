@@ -25,8 +25,8 @@ from labctl.cli.ui import console, warn
 from labctl.errors import LabctlError, UsageError
 from labctl.net.pcap import FORMATS, Frame, summary_line
 from labctl.paths import create_new
-from labctl.up import capture, netctl
-from labctl.up.runstate import LabState
+from labctl.live import capture, netctl
+from labctl.state.runstate import LabState
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -13,8 +13,8 @@ from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import UpDisplay, console, out, print_json, safe, warn
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
-from labctl.up.capacity import check_capacity
-from labctl.up.classroom import (
+from labctl.training.capacity import check_capacity
+from labctl.training.classroom import (
     DOWN,
     UP,
     ClassRecord,
@@ -26,11 +26,11 @@ from labctl.up.classroom import (
     refuse_up_instances,
     student_status,
 )
-from labctl.up.grading import checks_of, run_checks, summary
-from labctl.up.handout import check_handout_dirs, write_handout
+from labctl.training.grading import checks_of, run_checks, summary
+from labctl.training.handout import check_handout_dirs, write_handout
 from labctl.up.lifecycle import UpOptions, down, up
-from labctl.up.reset import reset
-from labctl.up.runstate import LabState
+from labctl.training.reset import reset
+from labctl.state.runstate import LabState
 
 STATE_STYLE = {UP: "green", DOWN: "dim", "starting": "yellow"}
 

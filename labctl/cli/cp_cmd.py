@@ -18,7 +18,7 @@ from labctl.cli.ui import console, out, print_json, safe, warn
 from labctl.errors import UsageError
 from labctl.ssh import Session
 from labctl.steps import transfer
-from labctl.up.runstate import LabState, check_lab_name
+from labctl.state.runstate import LabState, check_lab_name
 
 PROGRESS_FROM = 32 << 20  # bytes: smaller copies get no progress bar
 

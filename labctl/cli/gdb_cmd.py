@@ -29,7 +29,7 @@ from labctl.debug.gdb import (
 )
 from labctl.errors import HostError, ProcessError
 from labctl.proc import foreground, run
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 
 SCRIPT_NAME = "gdb-init.gdb"
 

@@ -17,9 +17,10 @@ from labctl.errors import UsageError
 from labctl.lab import load_lab
 from labctl.net.graph import runtime_from_state, to_dot, to_mermaid, to_svg, topology
 from labctl.paths import atomic_write
-from labctl.up import capture, netstate
+from labctl.live import capture
+from labctl.state import netstate
 from labctl.up.lifecycle import guest_statuses
-from labctl.up.runstate import LabState, check_lab_name
+from labctl.state.runstate import LabState, check_lab_name
 
 FORMATS = {"svg": to_svg, "dot": to_dot, "mermaid": to_mermaid}
 

@@ -99,7 +99,7 @@ def default_lab() -> Lab:
 def images_in_use() -> list[Path]:
     """The image directories of the labs that are up (never pruned)."""
     from labctl.errors import LabStateError
-    from labctl.up.runstate import LabState, up_labs
+    from labctl.state.runstate import LabState, up_labs
 
     used = []
     for lab in up_labs():

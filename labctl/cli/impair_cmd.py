@@ -15,8 +15,9 @@ from rich.text import Text
 from labctl.cli.ui import out, print_json
 from labctl.errors import UsageError
 from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
-from labctl.up import netctl, netstate
-from labctl.up.runstate import LabState
+from labctl.live import netctl
+from labctl.state import netstate
+from labctl.state.runstate import LabState
 
 HELP = {"delay": "added delay, e.g. 50ms", "jitter": "delay variation (needs --delay), e.g. 5ms",
         "loss": "share of frames dropped, e.g. 2%", "duplicate": "share of frames sent twice, e.g. 0.1%",

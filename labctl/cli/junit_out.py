@@ -12,7 +12,7 @@ from labctl import paths
 from labctl.bundle import junit
 from labctl.errors import LabctlError, UsageError
 from labctl.pipeline import RunOutcome
-from labctl.up.grading import ERROR, FAIL, PASS, TIMEOUT, CheckResult
+from labctl.training.grading import ERROR, FAIL, PASS, TIMEOUT, CheckResult
 
 
 def add_argument(p: argparse.ArgumentParser, what: str) -> None:

@@ -27,7 +27,7 @@ from labctl.kernel.requirements import config_fragment
 from labctl.kernel.store import KernelStore, kernels_root
 from labctl.lab import load_lab
 from labctl.lab.model import DEFAULT_IMAGE
-from labctl.up.runstate import LabState, up_labs
+from labctl.state.runstate import LabState, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -20,10 +20,10 @@ from labctl.lab import Lab, kernels, load_lab
 from labctl.lab.impair import Impairment
 from labctl.pipeline import run_lab
 from labctl.proc import pid_alive
-from labctl.up import capture
-from labctl.up.capacity import check_capacity
+from labctl.live import capture
+from labctl.training.capacity import check_capacity
 from labctl.up.lifecycle import UpOptions, down, guest_statuses, up
-from labctl.up.runstate import UP, LabState, check_lab_name, run_dir, up_labs
+from labctl.state.runstate import UP, LabState, check_lab_name, run_dir, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

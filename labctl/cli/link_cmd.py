@@ -13,8 +13,9 @@ import argparse
 from rich.text import Text
 
 from labctl.cli.ui import out, print_json
-from labctl.up import netctl, netstate
-from labctl.up.runstate import LabState
+from labctl.live import netctl
+from labctl.state import netstate
+from labctl.state.runstate import LabState
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -11,7 +11,7 @@ from labctl.cli.lifecycle_cmds import add_up_arguments, load_for_up, up_options
 from labctl.cli.ui import StepLines, UpDisplay, report_outcome
 from labctl.errors import LabctlError, UsageError
 from labctl.pipeline import run_lab
-from labctl.up.capacity import check_capacity
+from labctl.training.capacity import check_capacity
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -6,7 +6,7 @@ gdbstub (:mod:`.gdb`).
 
 Must not import steps, bundles, reports or the CLI.
 
-Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.cli
+Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.state, labctl.live, labctl.training
 
 Typical use::
 

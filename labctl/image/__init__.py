@@ -7,7 +7,7 @@ package fetcher (:mod:`.apt`) is here too: kernels use it after images.
 Must not import the ``up`` stage, backends, steps, bundles, reports or the CLI,
 nor the kernel stage that comes after it.
 
-Imports never: labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli
+Imports never: labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.state, labctl.live, labctl.training
 """
 
 from labctl.image.recipe import Recipe, load_recipe

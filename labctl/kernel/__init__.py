@@ -14,5 +14,5 @@ a kernel the user built. Owns everything labctl knows about that kernel:
 
 Must not import the ``up`` stage, backends, steps, bundles, reports or the CLI.
 
-Imports never: labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli
+Imports never: labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.state, labctl.live, labctl.training
 """

@@ -7,7 +7,7 @@ resolved model (:mod:`.model`, :mod:`.nics`), and where each guest runs
 Owns every rule of the lab file and every problem's line. Pure: reads the
 file and nothing else, starts nothing; must not import any other stage.
 
-Imports never: labctl.image, labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.net, labctl.trace, labctl.debug, labctl.pipeline
+Imports never: labctl.image, labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.net, labctl.trace, labctl.debug, labctl.pipeline, labctl.state, labctl.live, labctl.training
 
 Typical use::
 

@@ -7,5 +7,5 @@ topology (:mod:`.graph`).
 Pure or nearly: nothing here starts a guest or talks to QEMU. Must not
 import backends, the ``up`` stage, steps or the CLI.
 
-Imports never: labctl.backends, labctl.up, labctl.steps, labctl.cli
+Imports never: labctl.backends, labctl.up, labctl.steps, labctl.cli, labctl.state, labctl.live, labctl.training
 """

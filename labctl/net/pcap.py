@@ -4,7 +4,7 @@ QEMU writes classic pcap (microseconds, its own byte order, link type
 Ethernet) with record timestamps of ``start_ts + vm_clock``: the second
 the filter was created plus the guest's virtual clock, which counts from
 the machine's start and stands still while it is paused. :class:`Retimer`
-shifts them to real time (see :mod:`labctl.up.capture` for how the shift is
+shifts them to real time (see :mod:`labctl.live.capture` for how the shift is
 measured).
 
 labctl hands out pcapng: one section, one interface named after the NIC

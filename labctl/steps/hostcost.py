@@ -41,7 +41,7 @@ from labctl.errors import LabctlError
 from labctl.paths import atomic_write
 from labctl.proc import Process, interrupt_group, run, spawn_tied
 from labctl.trace.hostcost import PERF_DATA, PERF_LOG, PERF_SCRIPT, PROFILE_UNAVAILABLE, THREADS_FILE
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,9 @@ from labctl.lab.netopts import LinkSpec, render_impairment
 from labctl.lab.steps import Step, render
 from labctl.ssh import Session
 from labctl.steps.result import StepResult
-from labctl.up import capture, netctl, netstate
-from labctl.up.runstate import LabState
+from labctl.live import capture, netctl
+from labctl.state import netstate
+from labctl.state.runstate import LabState
 
 log = logging.getLogger(__name__)
 

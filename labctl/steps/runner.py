@@ -39,7 +39,7 @@ from labctl.steps.hostcost import HostWatch
 from labctl.steps.network import StepNetwork, captured_nics, link_guest
 from labctl.steps.result import StepResult
 from labctl.trace.hostcost import WINDOW_END, WINDOW_START
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 
 log = logging.getLogger(__name__)
 q = shlex.quote

@@ -10,5 +10,5 @@ Standard library only; functions return what they could compute and say
 why in warnings rather than raise on odd input. Must not import steps,
 bundles, reports, backends or the CLI.
 
-Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labctl.cli
+Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labctl.cli, labctl.state, labctl.live, labctl.training
 """

@@ -1,12 +1,16 @@
 """Bringing a lab up and down: the accelerator (:mod:`.accel`), keys
 (:mod:`.keys`), each guest's configuration (:mod:`.guestconf`) and kernel
-command line (:mod:`.bootargs`), starting guests on a backend and waiting
-for them (:mod:`.lifecycle`, :mod:`.console`), tap networks (:mod:`.taps`),
-and the lab's run directory and state (:mod:`.runstate`); then, on a lab that
-is up, its links: impairments and link state (:mod:`.netctl`, recorded in
-:mod:`.netstate`) and packet captures (:mod:`.capture`).
+command line (:mod:`.bootargs`), starting guests on a backend and waiting for
+them (:mod:`.lifecycle`, :mod:`.console`), tap networks (:mod:`.taps`), and the
+warm start every lab gets: post-boot snapshots (:mod:`.snapshots`), restoring
+them with the guest's own keys (:mod:`.warm`) through the guest agent
+(:mod:`.agent`), at the clock rate they were taken at (:mod:`.tsc`).
 
-Must not import steps, bundles, reports or the CLI.
+``up`` takes each guest's kernel prepared (:func:`labctl.pipeline.prepare`);
+it never builds an image or prepares a kernel itself. What a lab's state on
+disk is belongs to :mod:`labctl.state`; changing a lab that is up to
+:mod:`labctl.live`; courses (classes, reset, checkpoints, grading) to
+:mod:`labctl.training`, which sits on top of this package.
 
-Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.cli
+Imports never: labctl.training, labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.bisect
 """

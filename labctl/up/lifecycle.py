@@ -47,12 +47,14 @@ from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing, spawn, stop_pid
 from labctl.ssh import Endpoint, Session
-from labctl.up import agent, guestconf, netctl, netstate, snapshots, taps, warm
+from labctl.live import netctl
+from labctl.state import netstate
+from labctl.up import agent, guestconf, snapshots, taps, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.keys import known_hosts_line, new_keypair
-from labctl.up.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
+from labctl.state.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 from labctl.up.tsc import host_tsc_khz
 
 DEFAULT_BOOT_TIMEOUT = 180.0

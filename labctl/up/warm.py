@@ -31,7 +31,7 @@ from labctl.paths import atomic_write
 from labctl.ssh import Endpoint, Session
 from labctl.up import agent, snapshots
 from labctl.up.keys import known_hosts_line, new_keypair
-from labctl.up.runstate import recorded_snapshots
+from labctl.state.runstate import recorded_snapshots
 from labctl.up.snapshots import Snapshot
 
 AGENT_WAIT = 20.0  # the agent starts in the background at boot (it loads virtio_console first)

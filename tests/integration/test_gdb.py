@@ -14,7 +14,7 @@ import pytest
 
 from labctl.backends.monitor import qmp_execute
 from labctl.debug.gdb import GdbSpec, gdb_target, guest_module_commands, run_breakpoint_session
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 from tests.conftest import ROOT, Cli
 
 LAB = "gdblab"

@@ -21,7 +21,7 @@ import pytest
 from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
 from labctl.kernel.store import Kernel
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 from tests import harness
 from tests.conftest import Cli, interrupt
 from tests.integration.conftest import pids_matching, pool_volumes_of, require_libvirtd, virsh, wait_for

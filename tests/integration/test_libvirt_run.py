@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from labctl.backends import get_backend
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 from tests import harness
 from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import LIBVIRT_URI, pids_matching, require_libvirtd, virsh, wait_for

@@ -27,7 +27,7 @@ from labctl.debug.gdb import (
 from labctl.errors import LabStateError
 from labctl.lab.uri import SshHop
 from labctl.ssh import hop_forward_argv
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 
 MANIFEST = {"kernel": {"release": "6.1.0-56-amd64", "version": "6.1.192-2"}}
 

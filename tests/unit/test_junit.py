@@ -16,7 +16,7 @@ from labctl.cli.main import build_parser
 from labctl.errors import GuestError, UsageError
 from labctl.pipeline import RunOutcome
 from labctl.steps.result import StepResult
-from labctl.up.grading import CheckResult
+from labctl.training.grading import CheckResult
 
 
 def _results() -> list[StepResult]:

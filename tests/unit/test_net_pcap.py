@@ -140,7 +140,7 @@ def test_sample_takes_the_quickest_reading() -> None:
 
 
 def test_time_zone_guess_is_what_qemu_computes() -> None:
-    from labctl.up.capture import _qemu_start_second
+    from labctl.live.capture import _qemu_start_second
 
     now = time.time()
     assert _qemu_start_second(now) == int(time.mktime(time.gmtime(int(now))))

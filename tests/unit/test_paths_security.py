@@ -325,7 +325,7 @@ def victim_labs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tup
 
 
 def test_status_and_down_refuse_a_labs_root_behind_another_users_link(victim_labs: tuple[Path, Path]) -> None:
-    from labctl.up import runstate
+    from labctl.state import runstate
 
     with pytest.raises(UnsafePath):
         runstate.up_labs()
@@ -336,7 +336,7 @@ def test_status_and_down_refuse_a_labs_root_behind_another_users_link(victim_lab
 
 
 def test_status_lists_only_the_users_own_real_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from labctl.up import runstate
+    from labctl.state import runstate
 
     monkeypatch.setenv("LABCTL_STATE_DIR", str(tmp_path))
     labs = tmp_path / "labs"
@@ -357,7 +357,7 @@ def test_status_lists_only_the_users_own_real_directories(tmp_path: Path, monkey
 # --- handouts ------------------------------------------------------------------------------------
 
 def _state(tmp_path: Path) -> Any:
-    from labctl.up.runstate import LabState
+    from labctl.state.runstate import LabState
 
     run = tmp_path / "run"
     run.mkdir()
@@ -368,7 +368,7 @@ def _state(tmp_path: Path) -> Any:
 
 
 def test_a_handout_directory_another_user_made_is_refused(tmp_path: Path) -> None:
-    from labctl.up.handout import check_handout_dirs, write_handout
+    from labctl.training.handout import check_handout_dirs, write_handout
 
     out = tmp_path / "out"
     out.mkdir()
@@ -385,7 +385,7 @@ def test_a_handout_directory_another_user_made_is_refused(tmp_path: Path) -> Non
 
 
 def test_a_handout_under_another_users_out_directory_is_refused(tmp_path: Path) -> None:
-    from labctl.up.handout import check_handout_dirs, write_handout
+    from labctl.training.handout import check_handout_dirs, write_handout
 
     out = tmp_path / "out"
     out.mkdir()
@@ -398,7 +398,7 @@ def test_a_handout_under_another_users_out_directory_is_refused(tmp_path: Path) 
 
 
 def test_a_handout_is_private_and_complete(tmp_path: Path) -> None:
-    from labctl.up.handout import check_handout_dirs, write_handout
+    from labctl.training.handout import check_handout_dirs, write_handout
 
     out = tmp_path / "out"
     check_handout_dirs(out, ["alice"])

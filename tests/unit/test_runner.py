@@ -23,7 +23,7 @@ from labctl.lab import load_lab_text
 from labctl.pipeline import run_steps
 from labctl.ssh import Result
 from labctl.steps.runner import Runner
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 from tests.conftest import fake_kernel
 
 LAB = """\
@@ -307,7 +307,7 @@ class FakeQemu(FakeBackend):
 
 def test_a_step_impairs_captures_and_takes_a_link_down_then_puts_everything_back(tmp_path: Path) -> None:
     from labctl.net.pcap import read_pcapng
-    from labctl.up import netstate
+    from labctl.state import netstate
 
     lab = load_lab_text(NET_LAB, "unet.yaml")
     run_dir = tmp_path / "run"
@@ -355,7 +355,7 @@ def test_a_filter_that_always_straddles_a_second_is_kept_and_said(tmp_path: Path
     """A busy host where adding the filter always crosses a wall-clock second: the fifth filter stays."""
     import time
 
-    from labctl.up import capture
+    from labctl.live import capture
 
     lab = load_lab_text(NET_LAB, "unet.yaml")
     run_dir = tmp_path / "run"

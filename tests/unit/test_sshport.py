@@ -1,5 +1,5 @@
 """A guest whose SSH port is taken while its QEMU restarts comes back on a new port, and the
-files that name its port follow (labctl.up.sshport); the real squat is in
+files that name its port follow (labctl.training.sshport); the real squat is in
 tests/integration/test_port_squat.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from labctl.backends.base import GuestRecord
 from labctl.errors import MachineError, PortTaken
-from labctl.up import sshport
+from labctl.training import sshport
 
 ARGV = ["qemu-system-x86_64", "-netdev", "user,id=mgmt,restrict=on,net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:40779-:22",
         "-device", "virtio-net-pci,netdev=mgmt"]

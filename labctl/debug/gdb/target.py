@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class LabState(Protocol):
-    """What gdb needs of a lab that is up (:class:`labctl.up.runstate.LabState` is one): the
+    """What gdb needs of a lab that is up (:class:`labctl.state.runstate.LabState` is one): the
     up stage comes before this one and is never imported from here."""
 
     lab: str
@@ -68,7 +68,7 @@ class GdbTarget:
 
 
 def gdb_target(state: LabState, guest: str) -> GdbTarget:
-    """The gdb view of ``guest`` in a :class:`labctl.up.runstate.LabState`.
+    """The gdb view of ``guest`` in a :class:`labctl.state.runstate.LabState`.
 
     :raise LabStateError: no such guest. :raise DebugError: no gdbstub or no debug kernel.
     """

@@ -25,7 +25,7 @@ from labctl.errors import UnsafePath, UsageError
 from labctl.lab.model import Check
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir
 from labctl.ssh import Endpoint, config_quote, hop_stdio_argv
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 
 ALIAS_PREFIX = re.compile(r"[A-Za-z0-9._-]{0,32}")
 ALIAS_PREFIX_RULE = "use up to 32 of A-Z, a-z, 0-9, '.', '_', '-'"

@@ -43,9 +43,9 @@ from labctl.net import vmclock
 from labctl.net.pcap import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.proc import pid_alive
-from labctl.up import netctl
-from labctl.up.netstate import CAPTURES
-from labctl.up.runstate import LabState
+from labctl.live import netctl
+from labctl.state.netstate import CAPTURES
+from labctl.state.runstate import LabState
 
 log = logging.getLogger(__name__)
 

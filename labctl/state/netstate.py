@@ -3,7 +3,7 @@
 ::
 
     <run dir>/network.json       {"impair": {"a.eth1": {"delay": "20ms"}}, "links": {"a.eth1": "down"}}
-    <run dir>/captures/<id>.json  one live capture: its QEMU filter, file, owner pid (see labctl.up.capture)
+    <run dir>/captures/<id>.json  one live capture: its QEMU filter, file, owner pid (see labctl.live.capture)
 
 ``network.json`` is changed by ``up`` (the lab file's impairments), by
 ``labctl impair`` and ``labctl link``, and by a step for its duration, from

@@ -19,7 +19,7 @@ from typing import Any
 from labctl.errors import GuestError, LabStateError
 from labctl.lab.model import Check
 from labctl.ssh import Session
-from labctl.up.runstate import LabState
+from labctl.state.runstate import LabState
 
 PASS, FAIL, TIMEOUT, ERROR = "pass", "fail", "timeout", "error"
 GUEST_TIMEOUT_STATUS = 124  # coreutils timeout(1): the command ran out of time

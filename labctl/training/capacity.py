@@ -14,7 +14,7 @@ from pathlib import Path
 
 from labctl.errors import HostError, LabStateError
 from labctl.lab.model import Lab
-from labctl.up.runstate import LabState, up_labs
+from labctl.state.runstate import LabState, up_labs
 
 # What one idle TCG guest's QEMU uses beyond the guest's own memory: translated code,
 # device models, slirp (measured by benchmarks/training.py: PSS minus the guest RAM touched).

@@ -29,9 +29,10 @@ from labctl.backends.monitor import qmp_execute, save_state
 from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
 from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
 from labctl.paths import atomic_write, build_into, ensure_private_dir
-from labctl.up import sshport, warm
-from labctl.up.reset import copy_disk, need_qemu, restart, set_clocks, tell_moves, wait_ssh
-from labctl.up.runstate import LabState, lab_lock
+from labctl.training import sshport
+from labctl.up import warm
+from labctl.training.reset import copy_disk, need_qemu, restart, set_clocks, tell_moves, wait_ssh
+from labctl.state.runstate import LabState, lab_lock
 
 META = "meta.json"
 

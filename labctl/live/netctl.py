@@ -2,7 +2,7 @@
 
 Used by ``up`` (the lab file's impairments), ``labctl impair``, ``labctl link``
 and the steps runner; every change is recorded in ``network.json``
-(:mod:`labctl.up.netstate`) once it is in force, so ``labctl status`` shows it.
+(:mod:`labctl.state.netstate`) once it is in force, so ``labctl status`` shows it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from labctl.lab.checker import close_match
 from labctl.lab.impair import Impairment
 from labctl.net.impair import apply_command
 from labctl.ssh import Session
-from labctl.up import netstate
-from labctl.up.runstate import LabState
+from labctl.state import netstate
+from labctl.state.runstate import LabState
 
 APPLY_TIMEOUT = 60.0
 

@@ -7,7 +7,7 @@ QEMU again with the command line it had, waiting for the saved state
 (``-incoming defer``). Its sockets and files keep their paths, so its
 neighbours' links and its pinned host key are unchanged; so is its SSH port,
 unless another process took it while QEMU restarted: then the guest comes
-back on a new port and its files are updated (:mod:`labctl.up.sshport`).
+back on a new port and its files are updated (:mod:`labctl.training.sshport`).
 A guest without a snapshot (taken at its first cold boot; a kernel without
 virtio-console has none) is booted again instead.
 
@@ -28,8 +28,9 @@ from labctl.backends.qemu.backend import QemuBackend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image.store import Image
 from labctl.ssh import Endpoint, Session
-from labctl.up import agent, snapshots, sshport, warm
-from labctl.up.runstate import LabState, lab_lock
+from labctl.training import sshport
+from labctl.up import agent, snapshots, warm
+from labctl.state.runstate import LabState, lab_lock
 
 BOOT_TIMEOUT = 180.0
 
@@ -128,7 +129,7 @@ def restart(backend: QemuBackend, rec: GuestRecord, new_disk: Callable[[], None]
     """Stop the guest's QEMU, keep its console as ``console.prev.log`` (when ``new_console``;
     else it goes on), give it a new disk (``new_disk``) and start it again (waiting for a saved
     state when ``incoming``); its new record. When its SSH port was taken meanwhile, it is started
-    on a new one (the record's ``ssh_port``; the caller updates its files: :mod:`labctl.up.sshport`)."""
+    on a new one (the record's ``ssh_port``; the caller updates its files: :mod:`labctl.training.sshport`)."""
     backend.kill(rec)
     gdir = Path(rec.dir)
     console = Path(rec.console)

@@ -1,0 +1,9 @@
+"""A lab's state on disk, shared by every stage that acts on a lab that is up:
+its run directory, lock and recorded guests (:mod:`.runstate`), and what is in
+force on its links, impairments, links down and live captures
+(:mod:`.netstate`).
+
+Records only: nothing here starts a guest, opens a session or talks to QEMU.
+
+Imports never: labctl.up, labctl.live, labctl.training, labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.bisect
+"""

@@ -1,0 +1,10 @@
+"""Training courses on top of ``up``: a class of per-student instances
+(:mod:`.classroom`) with their handouts (:mod:`.handout`), grading checks run
+in the guests (:mod:`.grading`, also ``labctl check`` and bisect's oracle),
+reset to the post-boot state (:mod:`.reset`) and named checkpoints
+(:mod:`.checkpoints`), guests moved off a squatted SSH port on restore
+(:mod:`.sshport`), and whether the host holds the guests asked for
+(:mod:`.capacity`).
+
+Imports never: labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.bisect
+"""
