@@ -36,6 +36,7 @@ from labctl.image.recipe import load_recipe  # noqa: E402
 from labctl.image.store import ImageStore  # noqa: E402
 from labctl.lab import load_lab_text  # noqa: E402
 from labctl.ssh import Session  # noqa: E402
+from labctl.pipeline import prepare_kernels  # noqa: E402
 from labctl.up.lifecycle import UpOptions, down, up  # noqa: E402
 from labctl.up import snapshots  # noqa: E402
 from labctl.training.reset import reset  # noqa: E402
@@ -64,7 +65,7 @@ def one_run(n: int, accel: str, cold: bool, idle: bool = False) -> dict[str, obj
     image = ImageStore().require("debian-12")
     lab = load_lab_text(lab_text(n), f"bench-{n}.yaml")
     t0 = time.monotonic()
-    state = up(lab, image, UpOptions(accel=accel, cold=cold))
+    state = up(lab, image, prepare_kernels(lab, image), UpOptions(accel=accel, cold=cold))
     wall = time.monotonic() - t0
     out: dict[str, object] = {"guests": n, "accel": state.accel, "up_seconds": round(wall, 2),
                               "ready_seconds": max(state.ready_seconds.values()),
@@ -133,7 +134,8 @@ def many_instances(count: int, accel: str) -> dict[str, object]:
     """``count`` warm copies of the three-guest lab side by side, each guest reached over SSH."""
     image = ImageStore().require("debian-12")
     base = load_lab_text(lab_text(3), "bench-3.yaml")
-    up(base, image, UpOptions(accel=accel))  # makes sure the snapshots exist
+    kernels = prepare_kernels(base, image)
+    up(base, image, kernels, UpOptions(accel=accel))  # makes sure the snapshots exist
     down(base.name)
     mem0 = _meminfo()
     t0 = time.monotonic()
@@ -142,7 +144,7 @@ def many_instances(count: int, accel: str) -> dict[str, object]:
         for i in range(count):
             lab = base.with_instance(f"i{i + 1}")
             labs.append(lab)
-            up(lab, image, UpOptions(accel=accel))
+            up(lab, image, kernels, UpOptions(accel=accel))
         up_s = time.monotonic() - t0
         reached = 0
         for lab in labs:

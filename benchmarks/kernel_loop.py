@@ -88,7 +88,7 @@ def bring_up(spec: kernels.KernelSpec, accel: str, cold: bool = False) -> dict[s
     prepared = time.monotonic() - t0
     lab = load_lab_text(LAB, "bench-kernel.yaml")
     t1 = time.monotonic()
-    state = up(lab, image, UpOptions(accel=accel, cold=cold), kernels={"g": kernel})
+    state = up(lab, image, {"g": kernel}, UpOptions(accel=accel, cold=cold))
     booted = time.monotonic() - t1
     down(lab.name)
     return {"prepare_s": round(prepared, 2), "up_s": round(booted, 2), "accel": state.accel,

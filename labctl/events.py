@@ -70,3 +70,17 @@ class UpEvents:
     def warn(self, message: str) -> None:
         """A warning worth one line."""
 
+
+
+class PrepareEvents:
+    """What the front of the pipeline (:func:`labctl.pipeline.prepare`) tells its caller."""
+
+    @contextlib.contextmanager
+    def slow(self, title: str) -> Iterator[Reporter]:
+        """Slow work begins (an image to build, kernels to prepare); its steps go to the reporter
+        yielded, until the block ends. Not called when everything is in the cache."""
+        yield NullReporter()
+
+    def warn(self, message: str) -> None:
+        """A warning worth one line (the preflight's, about a guest's kernel)."""
+        log.warning("%s", message)

@@ -1,24 +1,30 @@
 """The whole pipeline in one place::
 
-    lab file (labctl.lab) -> model -> image (labctl.image) -> accelerator and
-    network plan (labctl.up, labctl.net) -> backend (labctl.backends) -> up
+    lab file (labctl.lab) -> model -> [prepare: capacity (labctl.training) ->
+    image (labctl.image) -> kernels and preflight (labctl.kernel)] -> accelerator
+    and network plan (labctl.up, labctl.net) -> backend (labctl.backends) -> up
     -> steps (labctl.steps: tracers, gdb) -> bundle (labctl.bundle) -> report
     (labctl.report) -> down
 
-:func:`run_lab` does all of it (``labctl run``, and ``labctl up`` of a lab
-with steps, which keeps the lab up); :func:`run_steps` the part from steps
-to report, on a lab that is up.
+:func:`prepare` is the front, which every command that brings a lab up calls
+first (``up``, ``run``, ``class up``, ``bisect``); :func:`run_lab` does the
+rest (``labctl run``, and ``labctl up`` of a lab with steps, which keeps the
+lab up); :func:`run_steps` the part from steps to report, on a lab that is up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from labctl.bundle import write
 from labctl.bundle.summary import summarize, write_summary
-from labctl.events import UpEvents
+from labctl.events import PrepareEvents, UpEvents
+from labctl.image.build import build_image
+from labctl.image.recipe import load_recipe
+from labctl.image.store import ImageStore
+from labctl.kernel import lab as kernel_lab
 from labctl.steps.events import StepEvents
 from labctl.image.store import Image
 from labctl.kernel.store import Kernel
@@ -26,8 +32,84 @@ from labctl.lab.model import Lab
 from labctl.report import render_run
 from labctl.steps.result import StepResult
 from labctl.steps.runner import Runner, now
-from labctl.up.lifecycle import UpOptions, down, up
 from labctl.state.runstate import LabState, lab_lock
+from labctl.training.capacity import Estimate, check_capacity
+from labctl.up.lifecycle import UpOptions, down, up
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What ``up`` needs before anything starts: the image and each guest's kernel."""
+
+    image: Image
+    kernels: dict[str, Kernel]  # guest -> its prepared kernel
+    capacity: Estimate | None = None  # the memory check's figures (None: not checked)
+
+
+def prepare(lab: Lab, events: PrepareEvents | None = None, *, copies: Sequence[Lab] | None = None,
+            overcommit: bool = False, capacity: bool = True) -> Prepared:
+    """The front of the pipeline, cheapest refusal first, with an error checkpoint after each
+    stage (a stage never runs after an earlier one refused, and nothing is started):
+
+    1. capacity: the host holds ``copies`` (default: the lab alone), unless ``overcommit``;
+    2. the image, from the cache or built (the slow part of a first run);
+    3. the kernels: each can be had (lab file lines), and the preflight of the lab against
+       each kernel's ``.config``; its refusals stop here, its warnings go to ``events``;
+    4. each guest's kernel prepared (from the cache by content, else downloaded or built).
+
+    :raise HostError: the host cannot hold the guests (exit 3).
+    :raise LabFileError: a kernel cannot be had or cannot run the lab (exit 2).
+    :raise ImageError: the image or a kernel cannot be made.
+    """
+    events = events or PrepareEvents()
+    estimate = check_capacity(list(copies or [lab]), overcommit=overcommit) if capacity else None
+    image = prepare_image(lab.image, events)
+    return Prepared(image, prepare_kernels(lab, image, events), estimate)
+
+
+def prepare_image(name: str, events: PrepareEvents | None = None, force: bool = False) -> Image:
+    """The current image ``name``: from the cache, else built (progress to ``events``).
+
+    :raise ImageError: when it cannot be built.
+    """
+    events = events or PrepareEvents()
+    recipe = load_recipe(name)
+    store = ImageStore()
+    found = None if force else store.get(name, recipe.key())
+    if found is not None:
+        return found
+    with events.slow(f"building image {name}" + ("" if force else " (first use; cached afterwards)")) as rep:
+        return build_image(recipe, store, rep, force=force)
+
+
+def prepare_kernels(lab: Lab, image: Image, events: PrepareEvents | None = None) -> dict[str, Kernel]:
+    """Every guest's kernel: checked (each can be had), the preflight from the kernels' configs
+    (before the heavy preparation), then prepared when the cache lacks it.
+
+    :raise LabFileError: a kernel cannot be had or cannot run the lab (exit 2).
+    :raise ImageError: when preparing one fails.
+    """
+    events = events or PrepareEvents()
+    preflight(lab, image, events)
+    recipe = load_recipe(image.name)
+    if kernel_lab.all_prepared(lab, image, recipe):
+        return kernel_lab.prepare(lab, image, recipe)
+    with events.slow(f"preparing kernels for {lab.name} (first use of each; cached afterwards)") as rep:
+        return kernel_lab.prepare(lab, image, recipe, rep)
+
+
+def preflight(lab: Lab, image: Image, events: PrepareEvents | None = None) -> None:
+    """Each guest's kernel can be had (the lab file's lines), and the lab checked against each
+    kernel's ``.config`` (a Debian kernel's package is fetched for it, nothing is built).
+
+    :raise LabFileError: for refusals (exit 2); warnings and notes go to ``events``.
+    """
+    events = events or PrepareEvents()
+    kernel_lab.check(lab, image)
+    report = kernel_lab.preflight(lab, image)
+    kernel_lab.refuse(report)
+    for line in kernel_lab.warning_lines(report):
+        events.warn(line)
 
 
 @dataclass
@@ -71,17 +153,17 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
     return outcome
 
 
-def run_lab(lab: Lab, image: Image, opts: UpOptions, out_root: Path, up_events: UpEvents | None = None,
+def run_lab(lab: Lab, prepared: Prepared, opts: UpOptions, out_root: Path, up_events: UpEvents | None = None,
             step_events: StepEvents | None = None, keep: bool = False,
-            on_up: Callable[[LabState], None] | None = None, kernels: dict[str, Kernel] | None = None) -> RunOutcome:
-    """The whole chain, for ``labctl run`` and ``labctl up`` of a lab with steps:
+            on_up: Callable[[LabState], None] | None = None) -> RunOutcome:
+    """The chain after :func:`prepare`, for ``labctl run`` and ``labctl up`` of a lab with steps:
     bundle directory (a bad ``out_root`` fails before anything boots), up,
     ``on_up(state)``, steps, bundle, report, and down unless ``keep``. The lab's
     lock is held throughout: no other labctl takes the lab meanwhile.
     """
     with lab_lock(lab.ident):
         bundle = write.new_bundle_dir(out_root, lab.ident)
-        state = up(lab, image, opts, up_events, kernels)
+        state = up(lab, prepared.image, prepared.kernels, opts, up_events)
         try:
             if on_up is not None:
                 on_up(state)

@@ -32,7 +32,7 @@ from labctl.kernel.store import Kernel
 from labctl.lab import kernels as lab_kernels
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import Check, Lab
-from labctl.pipeline import run_lab
+from labctl.pipeline import Prepared, run_lab
 from labctl.training.grading import checks_of, run_checks
 from labctl.up.lifecycle import UpOptions, down
 from labctl.state.runstate import LabState, up_labs
@@ -285,8 +285,8 @@ class Bisector:
         ev = orc.Evidence()
         try:
             try:
-                outcome = run_lab(self.lab, self.image, self.opts, out_root, None, None, keep=True, on_up=on_up,
-                                  kernels=kernels)
+                outcome = run_lab(self.lab, Prepared(self.image, kernels), self.opts, out_root, None, None, keep=True,
+                                  on_up=on_up)
                 run_dir = outcome.bundle
                 t1 = time.monotonic()
                 times["steps"] = round(t1 - t0 - times.get("boot", 0.0), 2)

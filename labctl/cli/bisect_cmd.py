@@ -19,12 +19,11 @@ from labctl.bisect import oracle as orc
 from labctl.bisect import report, search
 from labctl.bisect.engine import Bisector, on_tree, tree_guests
 from labctl.bisect.state import State, load, save
-from labctl.cli.images import ensure_image
 from labctl.cli.lifecycle_cmds import load_with_kernel
-from labctl.cli.ui import console, out, print_json
+from labctl.cli.ui import PrepareDisplay, console, out, print_json
 from labctl.errors import LabctlError, UsageError
 from labctl.image.recipe import load_recipe
-from labctl.kernel import lab as kernel_lab
+from labctl.pipeline import prepare_image, preflight
 from labctl.paths import atomic_write, cache_dir
 from labctl.up.lifecycle import UpOptions
 
@@ -153,13 +152,11 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
     lab = load_with_kernel(state.lab_file, None, state.trust_dirs)
     _last_file().parent.mkdir(parents=True, exist_ok=True)
     atomic_write(_last_file(), str(bundle) + "\n")
-    image = ensure_image(lab.image)
+    image = prepare_image(lab.image, PrepareDisplay())
     recipe = load_recipe(image.name)
     # preflight once, on the tree's .config (every commit is built with it)
     tree = Path(state.tree)
-    checked = on_tree(lab, tree, tree)
-    kernel_lab.check(checked, image)
-    kernel_lab.refuse(kernel_lab.preflight(checked, image))
+    preflight(on_tree(lab, tree, tree), image, PrepareDisplay())
     opts = UpOptions(accel=str(state.up.get("accel") or "auto"),
                      boot_timeout=float(state.up.get("boot_timeout") or 180.0), snapshots=False)
 

@@ -9,11 +9,10 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.lifecycle_cmds import load_with_kernel
-from labctl.cli.ui import UpDisplay, console, out, print_json, safe, warn
+from labctl.cli.ui import PrepareDisplay, UpDisplay, console, out, print_json, safe, warn
+from labctl.pipeline import prepare
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
-from labctl.training.capacity import check_capacity
 from labctl.training.classroom import (
     DOWN,
     UP,
@@ -88,9 +87,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     refuse_up_instances(lab.name, students)
     check_handout_dirs(args.out, students)  # another user's directory there: refused before anything starts
     copies = [lab.with_instance(s) for s in students]
-    image = ensure_image(lab.image)
-    prepared = ensure_kernels(lab, image)
-    check_capacity(copies, overcommit=args.overcommit)
+    prepared = prepare(lab, PrepareDisplay(), copies=copies, overcommit=args.overcommit)
     record = ClassRecord(lab.name, str(Path(args.file).resolve()), students, str(args.out.resolve()),
                          options={"accel": args.accel, "cold": args.cold, "kernel": args.kernel},
                          checks=[{"name": c.name, "guest": c.guest, "hint": c.hint} for c in lab.checks])
@@ -99,7 +96,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     rows = []
     for student, copy in zip(students, copies):
         try:
-            state = up(copy, image, opts, UpDisplay(copy.ident, list(copy.guests)), prepared)
+            state = up(copy, prepared.image, prepared.kernels, opts, UpDisplay(copy.ident, list(copy.guests)))
             config = write_handout(state, student, record.handout(student), checks_of(state))
         except LabctlError as exc:
             started = sum(is_up(record.ident(s)) for s in students)

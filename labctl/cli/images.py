@@ -8,15 +8,13 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labctl.cli.ui import StepsReporter, out, print_json, warn
-from labctl.image.build import build_image
+from labctl.cli.ui import PrepareDisplay, StepsReporter, out, print_json
 from labctl.image.recipe import load_recipe, recipe_names
-from labctl.image.store import Image, ImageStore
-from labctl.kernel import lab as kernel_lab
+from labctl.image.store import ImageStore
 from labctl.kernel.prepare import add_source
-from labctl.kernel.store import Kernel
 from labctl.lab import load_lab_text
 from labctl.lab.model import DEFAULT_IMAGE, Lab
+from labctl.pipeline import prepare_image, prepare_kernels
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,51 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ls.set_defaults(func=list_images)
 
 
-def ensure_image(name: str) -> Image:
-    """The current image for ``name``, built first (with progress) if needed."""
-    recipe = load_recipe(name)
-    store = ImageStore()
-    img = store.get(name, recipe.key())
-    if img is not None:
-        return img
-    rep = StepsReporter(f"building image {name} (first use; cached afterwards)")
-    with rep.running():
-        return build_image(recipe, store, rep)
-
-
-def ensure_kernels(lab: Lab, image: Image) -> dict[str, Kernel]:
-    """Every guest's kernel, prepared first (with progress) when the cache has it not, then
-    checked against the lab (preflight): refusals are lab-file errors, warnings are printed.
-
-    :raise LabFileError: a kernel cannot be had, or cannot run the lab (exit 2; nothing started).
-    """
-    kernel_lab.check(lab, image)
-    report = kernel_lab.preflight(lab, image)  # from the kernels' configs, before the heavy preparation
-    kernel_lab.refuse(report)
-    for line in kernel_lab.warning_lines(report):
-        warn(line)
-    recipe = load_recipe(image.name)
-    if kernel_lab.all_prepared(lab, image, recipe):
-        return kernel_lab.prepare(lab, image, recipe)
-    rep = StepsReporter(f"preparing kernels for {lab.name} (first use of each; cached afterwards)")
-    with rep.running():
-        return kernel_lab.prepare(lab, image, recipe, rep)
-
-
 def build(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.name)
-    store = ImageStore()
-    img = store.get(args.name, recipe.key())
+    img = ImageStore().get(args.name, recipe.key())
     if img and not args.force:
         out.print(f"image {args.name} ({recipe.key()}) is up to date")
     else:
-        rep = StepsReporter(f"building image {args.name}")
-        with rep.running():
-            img = build_image(recipe, store, rep, force=args.force)
+        img = prepare_image(args.name, PrepareDisplay(), force=args.force)
         out.print(f"built {img.name} ({img.key}) in {img.dir}")
     # The image's default kernel is prepared too (a lab on it then starts at once).
-    lab = default_lab()
-    kernel = ensure_kernels(lab, img)["g"]
+    kernel = prepare_kernels(default_lab(), img, PrepareDisplay())["g"]
     out.print(Text(f"kernel {kernel.name} ready in {kernel.dir}"))
     if args.with_source:
         rep = StepsReporter(f"kernel source for {kernel.name}")

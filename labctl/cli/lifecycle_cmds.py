@@ -11,18 +11,14 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from labctl.cli.images import ensure_image, ensure_kernels
-from labctl.cli.ui import StepLines, UpDisplay, console, out, print_json, report_outcome, safe
+from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, console, out, print_json, report_outcome, safe
 from labctl.errors import LabStateError, UsageError
-from labctl.image.store import Image
-from labctl.kernel.store import Kernel
 from labctl.lab import Lab, kernels, load_lab
 from labctl.lab.impair import Impairment
-from labctl.pipeline import run_lab
+from labctl.pipeline import Prepared, prepare, run_lab
 from labctl.proc import pid_alive
 from labctl.live import capture
-from labctl.training.capacity import check_capacity
-from labctl.up.lifecycle import UpOptions, down, guest_statuses, up
+from labctl.up.lifecycle import UpOptions, down, dry_run, guest_statuses, up
 from labctl.state.runstate import UP, LabState, check_lab_name, run_dir, up_labs
 
 
@@ -30,7 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("up", help="boot a lab's guests and wait until they answer SSH")
     p.add_argument("file")
     add_up_arguments(p)
-    p.add_argument("--show-command", action="store_true", help="print each guest's QEMU command")
+    p.add_argument("--show-command", action="store_true", help="print each guest's QEMU command once it is up")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each guest's QEMU command and start nothing (the image and kernels are "
+                        "prepared if needed)")
     p.add_argument("--json", action="store_true", help="print the lab's status as JSON when up")
     p.add_argument("--no-steps", action="store_true", help="do not run the lab's steps")
     p.add_argument("--out", default="runs", help="where the steps' report bundle goes (default: ./runs)")
@@ -126,15 +125,15 @@ MAX_INSTANCES = 64
 
 def cmd_up(args: argparse.Namespace) -> int:
     lab = load_for_up(args)
-    image = ensure_image(lab.image)
-    kernels = ensure_kernels(lab, image)
     copies = instances(args, lab)
-    check_capacity(copies, overcommit=args.overcommit)
+    prepared = prepare(lab, PrepareDisplay(), copies=copies, overcommit=args.overcommit or args.dry_run)
+    if args.dry_run:
+        return _dry_run(args, copies, prepared)
     if len(copies) == 1:
-        return _up_one(args, copies[0], image, kernels)
+        return _up_one(args, copies[0], prepared)
     statuses = []
     for copy in copies:
-        rc = _up_one(args, copy, image, kernels, quiet_json=True)
+        rc = _up_one(args, copy, prepared, quiet_json=True)
         if rc:
             return rc
         statuses.append(status_data(LabState.load(copy.ident)))
@@ -143,8 +142,27 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _up_one(args: argparse.Namespace, lab: Lab, image: Image, kernels: dict[str, Kernel],
-            quiet_json: bool = False) -> int:
+def _dry_run(args: argparse.Namespace, copies: Sequence[Lab], prepared: Prepared) -> int:
+    """``up --dry-run``: every guest's command line, before (and instead of) starting anything."""
+    rows = []
+    for copy in copies:
+        for g in dry_run(copy, prepared.image, prepared.kernels, up_options(args)):
+            rows.append({"lab": copy.ident, "guest": g.name, "from": "snapshot" if g.warm else "boot",
+                         "command": g.command})
+    if args.json:
+        print_json({"guests": rows, "capacity": prepared.capacity.sentence() if prepared.capacity else None,
+                    "fits": prepared.capacity.fits if prepared.capacity else None})
+        return 0
+    for r in rows:
+        out.print(Text(f"# {r['lab']} {r['guest']} ({'restored from its post-boot snapshot' if r['from'] == 'snapshot' else 'boots'})",
+                           style="dim"), soft_wrap=True)
+        out.print(Text(shlex.join(r["command"])), soft_wrap=True)
+    if prepared.capacity is not None and not prepared.capacity.fits:
+        out.print(Text(f"# up would refuse: {prepared.capacity.sentence()}", style="yellow"), soft_wrap=True)
+    return 0
+
+
+def _up_one(args: argparse.Namespace, lab: Lab, prepared: Prepared, quiet_json: bool = False) -> int:
     display = UpDisplay(lab.ident, list(lab.guests))
 
     def show(state: LabState) -> None:
@@ -162,10 +180,9 @@ def _up_one(args: argparse.Namespace, lab: Lab, image: Image, kernels: dict[str,
                                     (f"labctl down {lab.ident}", "cyan")))
 
     if lab.steps and not args.no_steps:  # the whole pipeline; the lab stays up afterwards
-        outcome = run_lab(lab, image, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show,
-                          kernels=kernels)
+        outcome = run_lab(lab, prepared, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show)
         return report_outcome(outcome, args.json)
-    show(up(lab, image, up_options(args), display, kernels))
+    show(up(lab, prepared.image, prepared.kernels, up_options(args), display))
     return 0
 
 

@@ -8,17 +8,16 @@ import sys
 from pathlib import Path
 
 from labctl.bundle.layout import MANIFEST
-from labctl.cli.ui import out, print_json
+from labctl.cli.ui import PrepareDisplay, out, print_json
 from labctl.debug.oops import parse_oopses
 from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
 from labctl.errors import ImageError, UsageError
-from labctl.image.recipe import load_recipe
 from labctl.image.store import ImageStore
-from labctl.kernel import lab as kernel_lab
 from labctl.kernel.store import Kernel
 from labctl.lab import kernels, load_lab_text
 from labctl.lab.model import DEFAULT_IMAGE
+from labctl.pipeline import prepare_kernels
 
 INDENT = "  "
 
@@ -81,8 +80,7 @@ def log_kernel(args: argparse.Namespace) -> Kernel:
         if recorded is not None:
             return recorded
         lab = load_lab_text("name: decode\nnetworks: {}\nguests: {g: {}}\n", "decode")
-    kernel_lab.check(lab, image)
-    return kernel_lab.prepare(lab, image, load_recipe(image.name))["g"]
+    return prepare_kernels(lab, image, PrepareDisplay())["g"]
 
 
 def bundle_kernel(console: Path) -> Kernel | None:

@@ -6,12 +6,10 @@ import argparse
 from pathlib import Path
 
 from labctl.cli import junit_out
-from labctl.cli.images import ensure_image, ensure_kernels
 from labctl.cli.lifecycle_cmds import add_up_arguments, load_for_up, up_options
-from labctl.cli.ui import StepLines, UpDisplay, report_outcome
+from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, report_outcome
 from labctl.errors import LabctlError, UsageError
-from labctl.pipeline import run_lab
-from labctl.training.capacity import check_capacity
+from labctl.pipeline import prepare, run_lab
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,11 +30,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not lab.steps:
         raise UsageError(f"{args.file} has no steps to run", hint=f"use: labctl up {args.file}")
     try:
-        image = ensure_image(lab.image)
-        kernels = ensure_kernels(lab, image)
-        check_capacity([lab], overcommit=args.overcommit)
-        outcome = run_lab(lab, image, up_options(args), Path(args.out), UpDisplay(lab.ident, list(lab.guests)),
-                          StepLines(), keep=args.keep, kernels=kernels)
+        prepared = prepare(lab, PrepareDisplay(), overcommit=args.overcommit)
+        outcome = run_lab(lab, prepared, up_options(args), Path(args.out), UpDisplay(lab.ident, list(lab.guests)),
+                          StepLines(), keep=args.keep)
     except LabctlError as exc:  # the lab never reached its steps (image, kernel, boot): one error case
         if junit is not None:
             junit_out.write_error(junit, lab.ident, "up", exc, started)

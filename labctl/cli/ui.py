@@ -17,7 +17,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from labctl.events import UpEvents
+from labctl.events import PrepareEvents, Reporter, UpEvents
 from labctl.steps.events import StepEvents
 from labctl.pipeline import RunOutcome
 from labctl.steps.result import StepResult
@@ -73,6 +73,19 @@ def error(message: str, hint: str | None = None) -> None:
     console.print(Text("error: ", style="bold red") + safe(message))
     if hint:
         console.print(Text("hint: ", style="cyan") + safe(hint))
+
+
+class PrepareDisplay(PrepareEvents):
+    """The front of the pipeline drawn: slow work as a :class:`StepsReporter`, warnings as lines."""
+
+    @contextlib.contextmanager
+    def slow(self, title: str) -> Iterator[Reporter]:
+        rep = StepsReporter(title)
+        with rep.running():
+            yield rep
+
+    def warn(self, message: str) -> None:
+        warn(message)
 
 
 class StepsReporter:

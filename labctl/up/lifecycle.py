@@ -34,9 +34,7 @@ from labctl.errors import (
     UsageError,
 )
 from labctl.events import UpEvents
-from labctl.image.recipe import load_recipe
 from labctl.image.store import Image
-from labctl.kernel import lab as kernel_lab
 from labctl.kernel import prepare as kernel_prep
 from labctl.kernel.store import Kernel
 from labctl.lab.addresses import mgmt_mac
@@ -72,17 +70,30 @@ class UpOptions:
     snapshots: bool = True  # take post-boot snapshots of cold-booted guests (qemu backend)
 
 
+@dataclass(frozen=True)
+class PlannedGuest:
+    """One guest of ``up --dry-run``: the command that would start it."""
+
+    name: str
+    command: list[str]
+    warm: bool  # restored from its post-boot snapshot (else a boot)
+
+
 class LabUp:
     """One ``up`` of one lab; owns everything it starts until it succeeds."""
 
-    def __init__(self, lab: Lab, image: Image, opts: UpOptions, events: UpEvents,
-                 kernels: dict[str, Kernel] | None = None) -> None:
+    def __init__(self, lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions,
+                 events: UpEvents) -> None:
         self.lab = lab
         self.image = image
         self.opts = opts
         self.events = events
-        # guest -> its prepared kernel (labctl.kernel.lab.prepare); the image's default when not given
-        self.kernels = kernels if kernels is not None else kernel_lab.prepare(lab, image, load_recipe(image.name))
+        # guest -> its prepared kernel (labctl.pipeline.prepare): up never prepares one itself
+        missing = sorted(set(lab.guests) - set(kernels))
+        if missing:
+            raise UsageError(f"lab {lab.ident}: no prepared kernel for guest(s) {', '.join(missing)}",
+                             hint="prepare them first (labctl.pipeline.prepare)")
+        self.kernels = kernels
         backend = opts.backend or lab.backend
         if lab.uses_hosts and backend != "libvirt":
             raise UsageError(f"lab {lab.ident} places guests on hosts, which needs the libvirt backend "
@@ -293,8 +304,34 @@ class LabUp:
                                    f"{console_tail(log, 3)}")
             time.sleep(0.02)
 
-    def _plan(self, g: Guest, accel: str, segments: dict[str, Segment], client_pub: str) -> GuestPlan:
-        gdir = ensure_private_dir(self.dir / "guests" / g.name)
+    def dry_run(self) -> list[PlannedGuest]:
+        """Every guest's start command, as :meth:`run` would give it, with nothing made or
+        started: the run directory, keys, sockets, taps and overlays stay unmade (their paths
+        are where ``up`` would put them; a tap's descriptors show as ``?``, the SSH port is one
+        free now). Checks what :meth:`run` checks first (socket paths, tunnels).
+
+        :raise LabFileError: as :meth:`run` would, before starting anything.
+        """
+        if self.backend.name != "qemu":
+            raise UsageError(f"--dry-run shows QEMU command lines: lab {self.lab.ident} uses the "
+                             f"{self.backend.name} backend", hint="labctl up --show-command prints what it defined")
+        self._preflight()
+        accel = choose_accel(self.opts.accel, next(iter(self.kernels.values())).boot).accel
+        segments = plan_networks(self.lab, self.dir / "net", self.hosts,
+                                 taps=taps.unavailable(self.backend.name) is None)
+        out = []
+        for g in self.lab.guests.values():
+            plan = self._guest_plan(g, accel, segments, self.dir / "guests" / g.name)
+            snap = None
+            if self.opts.snapshots and not self.opts.cold:
+                snap = snapshots.find(snapshots.key(plan))
+            if snap is not None:
+                plan = dataclasses.replace(plan, warm=True)
+            out.append(PlannedGuest(g.name, self.backend.command(plan), snap is not None))
+        return out
+
+    def _guest_plan(self, g: Guest, accel: str, segments: dict[str, Segment], gdir: Path) -> GuestPlan:
+        """The guest's plan, as data (nothing made but the kernel's cached initrd)."""
         ports = {nic.name: next(p for p in segments[nic.network].ports
                                 if p.guest == g.name and p.nic == nic.name) for nic in g.nics}
         kernel = self.kernels[g.name]
@@ -302,9 +339,14 @@ class LabUp:
         tsc_khz = host_tsc_khz() if accel == "tcg" and self.backend.name == "qemu" else None
         args = kernel_args(self.image, g, kernel, self.opts.extra_kernel_args, tsc_khz)
         initrd = kernel_prep.initrd(kernel, self.image.initramfs_cpio, self.image.key)
-        plan = GuestPlan(lab=self.lab.ident, guest=g, dir=gdir, image=self.image, accel=accel,
+        return GuestPlan(lab=self.lab.ident, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
                          ports=ports, kernel_args=args, kernel=kernel, initrd=initrd, host=host)
+
+    def _plan(self, g: Guest, accel: str, segments: dict[str, Segment], client_pub: str) -> GuestPlan:
+        gdir = ensure_private_dir(self.dir / "guests" / g.name)
+        plan = self._guest_plan(g, accel, segments, gdir)
+        host = plan.host
         new_keypair(plan.host_key, f"{g.name}.{self.lab.ident}")
         plan.authorized_keys.write_text(client_pub + "\n")
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
@@ -492,16 +534,21 @@ def _stop_switches(switches: list[SwitchRecord]) -> None:
         stop_pid(sw.pid, marker=sw.socket, grace=3.0)  # its socket path: still that switch, not a reused pid
 
 
-def up(lab: Lab, image: Image, opts: UpOptions | None = None, events: UpEvents | None = None,
-       kernels: dict[str, Kernel] | None = None) -> LabState:
-    """Bring ``lab`` up on ``image``, each guest on its kernel in ``kernels`` (default:
-    :func:`labctl.kernel.lab.prepare`); see :class:`LabUp`."""
+def up(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | None = None,
+       events: UpEvents | None = None) -> LabState:
+    """Bring ``lab`` up on ``image``, each guest on its prepared kernel in ``kernels``
+    (:func:`labctl.pipeline.prepare`); see :class:`LabUp`."""
     events = events or UpEvents()
     events.started()
     try:
-        return LabUp(lab, image, opts or UpOptions(), events, kernels).run()
+        return LabUp(lab, image, kernels, opts or UpOptions(), events).run()
     finally:
         events.finished()
+
+
+def dry_run(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | None = None) -> list[PlannedGuest]:
+    """What :func:`up` would start, with nothing made or started (``labctl up --dry-run``)."""
+    return LabUp(lab, image, kernels, opts or UpOptions(), UpEvents()).dry_run()
 
 
 def down(lab_name: str, timeout: float = 10.0,

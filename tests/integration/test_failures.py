@@ -13,6 +13,7 @@ import pytest
 from labctl.image import Image
 from labctl.lab import load_lab
 from labctl.ssh import Session
+from labctl.pipeline import prepare_kernels
 from labctl.up import lifecycle
 from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
@@ -99,7 +100,8 @@ def test_a_port_taken_before_qemu_binds_it_is_retried_on_new_ports(
     lab_file = tmp_path / "race.yaml"
     lab_file.write_text("name: race\nnetworks: {}\nguests:\n  r: {}\n")
     try:
-        state = lifecycle.up(load_lab(lab_file), image, lifecycle.UpOptions(accel="tcg"))
+        lab = load_lab(lab_file)
+        state = lifecycle.up(lab, image, prepare_kernels(lab, image), lifecycle.UpOptions(accel="tcg"))
         rec = state.guests["r"]
         assert rec.ssh_port != taken_port
         with Session(state.endpoint("r")) as s:  # SSH with the pinned host key on the new port

@@ -128,3 +128,23 @@ def test_the_walk_sees_every_kind_of_import(tmp_path: Path, source: str, expecte
     (pkg / "m.py").write_text(source)
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path / "labctl")
     assert {t for t, _ in imports_of(pkg / "m.py")} == expected
+
+
+FRONT = ("labctl.image.build", "labctl.training.capacity")
+FRONT_CALLS = ("prepare", "preflight", "refuse", "check", "all_prepared")
+
+
+def test_the_front_of_the_pipeline_is_the_librarys() -> None:
+    """The image build, kernel preparation, preflight and capacity check are called from
+    ``labctl.pipeline.prepare`` only: the CLI parses and prints, it never sequences them."""
+    found = []
+    for path in sorted((ROOT / "cli").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        found += [f"{path.name}:{line}: imports {t}" for t, line in imports_of(path) if t.startswith(FRONT)]
+        aliases = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and node.module == "labctl.kernel" for a in node.names if a.name == "lab"}
+        found += [f"{path.name}:{node.lineno}: calls {node.func.value.id}.{node.func.attr}"
+                  for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                  and node.func.value.id in aliases and node.func.attr in FRONT_CALLS]
+    assert not found, "\n".join(found)

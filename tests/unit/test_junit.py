@@ -154,10 +154,10 @@ def test_run_that_never_comes_up_writes_one_error_case(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(run_cmd, "load_for_up", lambda args: SimpleNamespace(ident="lab@ci", steps=[1], image="x"))
 
-    def no_image(name: str) -> None:
+    def no_image(lab: object, *args: object, **kwargs: object) -> None:
         raise ImageError("the image cannot be built", hint="see setup.sh")
 
-    monkeypatch.setattr(run_cmd, "ensure_image", no_image)
+    monkeypatch.setattr(run_cmd, "prepare", no_image)
     out = tmp_path / "r.xml"
     args = build_parser().parse_args(["run", "lab.yaml", "--junit", str(out)])
     with pytest.raises(ImageError):
