@@ -15,9 +15,13 @@ from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, console, out, pr
 from labctl.errors import LabStateError, UsageError
 from labctl.lab import Lab, kernels, load_lab
 from labctl.lab.impair import Impairment
+from labctl.lab.shares import Share
+from labctl.lab.shares import parse_option as parse_share_option
+from labctl.lab.trust import env_trusted
 from labctl.pipeline import Prepared, prepare, run_lab
 from labctl.proc import pid_alive
 from labctl.live import capture
+from labctl.up import shares as guest_shares
 from labctl.up.lifecycle import UpOptions, down, dry_run, guest_statuses, up
 from labctl.state.runstate import UP, LabState, check_lab_name, run_dir, up_labs
 
@@ -70,6 +74,9 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
                    help="use kernel paths the lab file names under DIR even if another user could change them "
                         "(repeatable)")
+    p.add_argument("--share", action="append", default=[], metavar="GUEST:HOST:MOUNT[:rw]",
+                   help="share a host directory into a guest (read-only unless :rw), as the lab file's "
+                        "shares: (repeatable)")
 
 
 def load_with_kernel(file: str, kernel: str | None, trusted: Sequence[str] = ()) -> Lab:
@@ -93,6 +100,13 @@ def load_for_up(args: argparse.Namespace) -> Lab:
     :raise LabFileError: for a bad lab file. :raise UsageError: for a bad option.
     """
     lab = load_with_kernel(args.file, args.kernel, args.trust_dir)
+    trusted = (*(Path(d).absolute() for d in args.trust_dir), *env_trusted())
+    for text in getattr(args, "share", []):
+        try:
+            guest, share = parse_share_option(text, Path.cwd(), trusted)
+            lab = lab.with_share(guest, share)
+        except ValueError as exc:
+            raise UsageError(str(exc) if str(exc).startswith("--share") else f"--share {text}: {exc}") from exc
     try:
         return lab.with_instance(args.instance)
     except ValueError as exc:
@@ -212,7 +226,8 @@ def status_data(state: LabState) -> dict[str, Any]:
         "guests": [{"name": g.name, "state": g.state, "host": g.host, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid,
                     "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name),
                     "started_from": "snapshot" if g.name in state.warm else "boot",
-                    "kernel": _kernel_of(state, g.name), "nics": g.nics}
+                    "kernel": _kernel_of(state, g.name), "nics": g.nics,
+                    "shares": [sh.to_dict() for sh in _shares(state, g.name)]}
                    for g in guest_statuses(state)],
     }
 
@@ -268,6 +283,13 @@ def print_lab(state: LabState) -> None:
             t.add_row(*(safe(c) for c in cells))  # guest text (drivers from READY): never markup, controls escaped
             first = False
     out.print(t)
+    for g in statuses:
+        for sh in _shares(state, g.name):
+            out.print(Text(f"{g.name}: {sh.describe()}"))
+
+
+def _shares(state: LabState, guest: str) -> tuple[Share, ...]:
+    return guest_shares.of((state.resolved.get("guests") or {}).get(guest) or {})
 
 
 def _net_marks(guest: str, nic: dict[str, Any], captured: set[str]) -> str:

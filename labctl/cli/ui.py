@@ -111,11 +111,13 @@ class StepsReporter:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[StepsReporter]:
-        with Live(self, console=console, refresh_per_second=8, transient=False) as live:
-            self.live = live
-            yield self
-        if not console.is_terminal:  # rich leaves the last line open when it is not drawing on a terminal
-            console.line()
+        try:
+            with Live(self, console=console, refresh_per_second=8, transient=False) as live:
+                self.live = live
+                yield self
+        finally:
+            if not console.is_terminal:  # rich leaves the last line open when it is not drawing on a terminal
+                console.line()
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:

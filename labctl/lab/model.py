@@ -15,6 +15,7 @@ from typing import Any
 from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
+from labctl.lab.shares import Share
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_IMAGE", "LAB_IDENT", "LAB_IDENT_RULE", "LAB_NAME", "LAB_NAME_RULE", "Check", "Guest",
            "Host", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
@@ -123,6 +124,7 @@ class Guest:
     host: str = DEFAULT_HOST
     kernel: KernelSpec | None = None  # the guest's own kernel (else the lab's, else the image's)
     setup: tuple[str, ...] = ()  # shell commands run once it is up, before its post-boot snapshot
+    shares: tuple[Share, ...] = ()  # host directories it sees (virtio-9p), mounted once it is up
 
     def nic(self, name: str) -> Nic:
         """The NIC called ``name``; raises KeyError if there is none."""
@@ -141,6 +143,7 @@ class Guest:
             "host": self.host,
             "kernel": self.kernel.to_dict() if self.kernel else None,
             "setup": list(self.setup),
+            "shares": [sh.to_dict() for sh in self.shares],
             "nics": [nic.to_dict() for nic in self.nics],
         }
 
@@ -225,6 +228,20 @@ class Lab:
         """This lab with every guest on ``spec`` (``--kernel``)."""
         guests = {n: dataclasses.replace(g, kernel=None) for n, g in self.guests.items()}
         return dataclasses.replace(self, kernel=spec, guests=guests)
+
+    def with_share(self, guest: str, share: Share) -> Lab:
+        """This lab with ``share`` added to ``guest`` (``--share``).
+
+        :raise ValueError: for a guest the lab lacks, or a mount point the guest already shares.
+        """
+        if guest not in self.guests:
+            raise ValueError(f"the lab has no guest '{guest}' (its guests: {', '.join(self.guests)})")
+        g = self.guests[guest]
+        if any(s.mount == share.mount for s in g.shares):
+            raise ValueError(f"guest {guest} already shares {share.mount}")
+        guests = dict(self.guests)
+        guests[guest] = dataclasses.replace(g, shares=(*g.shares, share))
+        return dataclasses.replace(self, guests=guests)
 
     @property
     def uses_hosts(self) -> bool:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
+from labctl.lab.shares import Share
 
 
 @dataclass
@@ -53,6 +54,7 @@ class GuestSpec:
     host_line: int = 0
     kernel: KernelSpec | None = None
     setup: tuple[str, ...] = ()
+    shares: tuple[Share, ...] = ()
 
 
 @dataclass

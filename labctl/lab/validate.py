@@ -35,6 +35,7 @@ from labctl.lab.netopts import check_captures, network_capture, nic_impairment
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
+from labctl.lab.shares import parse_shares
 from labctl.lab.trust import TRUST_ENV, untrusted_reason
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
@@ -60,7 +61,7 @@ _TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "ho
              "checks")
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description", "capture")
-_GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup")
+_GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup", "shares")
 _HOST_KEYS = ("uri", "address")
 _HOST_REQUIRED = ("uri",)
 _HOSTS_BACKEND = "libvirt"
@@ -310,6 +311,7 @@ def _parse_guest(
         nics=_parse_nics(check, body, path, name, networks),
         line=line,
         setup=parse_setup(check, body, path),
+        shares=parse_shares(check, body, path, check_dir(check), trusted),
     )
 
 
@@ -558,6 +560,7 @@ def _resolve_guests(guests: dict[str, GuestSpec], networks: dict[str, NetSpec]) 
             name=name, memory=spec.memory, cpus=spec.cpus,
             nics=tuple(_resolve_nic(nic, networks) for nic in spec.nics),
             kernel_args=spec.kernel_args, line=spec.line, host=spec.host, kernel=spec.kernel, setup=spec.setup,
+            shares=spec.shares,
         )
         for name, spec in guests.items()
     }

@@ -28,9 +28,10 @@ from typing import Any
 from labctl.backends.monitor import qmp_execute, save_state
 from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
 from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
+from labctl.lab.shares import Share
 from labctl.paths import atomic_write, build_into, ensure_private_dir
 from labctl.training import sshport
-from labctl.up import warm
+from labctl.up import shares, warm
 from labctl.training.reset import copy_disk, need_qemu, restart, set_clocks, tell_moves, wait_ssh
 from labctl.state.runstate import LabState, lab_lock
 
@@ -79,6 +80,8 @@ def save(lab: str, name: str) -> Checkpoint:
         final = root / name
         names = list(state.guests)
         t0 = time.monotonic()
+        # QEMU cannot save a guest with a 9p share mounted: unmounted around the save
+        _map(lambda g: shares.umount(state.endpoint(g), g, _shares(state, g)), names)
         try:
             with build_into(final) as work:
                 _map(lambda g: qmp_execute(state.guests[g].qmp, "stop"), names)  # one instant for all
@@ -99,7 +102,12 @@ def save(lab: str, name: str) -> Checkpoint:
             for g in names:
                 with contextlib.suppress(LabctlError):
                     qmp_execute(state.guests[g].qmp, "cont")
+            _map(lambda g: shares.mount(state.endpoint(g), g, _shares(state, g)), names)
         return _load(final)
+
+
+def _shares(state: LabState, guest: str) -> tuple[Share, ...]:
+    return shares.of((state.resolved.get("guests") or {}).get(guest) or {})
 
 
 def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) -> float:
@@ -141,6 +149,7 @@ def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) 
         _map(lambda g: qmp_execute(state.guests[g].qmp, "cont"), names)  # together, as they were saved
         set_clocks(state, names)
         _map(lambda g: wait_ssh(state.endpoint(g), 30.0), names)
+        _map(lambda g: shares.mount(state.endpoint(g), g, _shares(state, g)), names)
         return round(time.monotonic() - t0, 2)
 
 

@@ -29,7 +29,7 @@ from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image.store import Image
 from labctl.ssh import Endpoint, Session
 from labctl.training import sshport
-from labctl.up import agent, snapshots, warm
+from labctl.up import agent, shares, snapshots, warm
 from labctl.state.runstate import LabState, lab_lock
 
 BOOT_TIMEOUT = 180.0
@@ -77,6 +77,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                     moves.append(sshport.repin(state.path, name, port, rec.ssh_port))
                 hows[name] = how
                 wait_ssh(state.endpoint(name), BOOT_TIMEOUT if how == "boot" else 30.0)
+                shares.mount(state.endpoint(name), name, shares.of((state.resolved.get("guests") or {}).get(name) or {}))
                 took[name] = round(time.monotonic() - t0, 2)
                 if on_guest:
                     on_guest(name, took[name], how)

@@ -47,7 +47,7 @@ from labctl.proc import kill_pids, pids_referencing, spawn, stop_pid
 from labctl.ssh import Endpoint, Session
 from labctl.live import netctl
 from labctl.state import netstate
-from labctl.up import agent, guestconf, snapshots, taps, warm
+from labctl.up import agent, guestconf, shares, snapshots, taps, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
@@ -95,6 +95,10 @@ class LabUp:
                              hint="prepare them first (labctl.pipeline.prepare)")
         self.kernels = kernels
         backend = opts.backend or lab.backend
+        shared = [g.name for g in lab.guests.values() if g.shares]
+        if shared and backend != "qemu":
+            raise UsageError(f"lab {lab.ident}: guest {shared[0]} has shares, which only the qemu backend "
+                             f"serves (not {backend})", hint="drop the shares, or use the qemu backend")
         if lab.uses_hosts and backend != "libvirt":
             raise UsageError(f"lab {lab.ident} places guests on hosts, which needs the libvirt backend "
                              f"(not {backend})", hint="use --backend libvirt, or drop the lab's hosts")
@@ -246,6 +250,8 @@ class LabUp:
             if p.guest.name in self.throwaway:
                 warm.write_boot_known_hosts(p.dir, self.records[p.guest.name].ssh_port)
         self._wait_all(state)
+        for g in self.lab.guests.values():  # after the post-boot snapshot: QEMU cannot save a mounted 9p
+            shares.mount(state.endpoint(g.name), g.name, g.shares)
         self._impair(state)
         state.phase = UP
         state.save()

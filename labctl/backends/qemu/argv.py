@@ -10,6 +10,7 @@ import os
 
 from labctl.backends.base import MGMT_NET, GuestPlan
 from labctl.lab.model import Nic
+from labctl.lab.shares import tag
 from labctl.net.plan import Port, TapDev, UdpAddr
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
@@ -43,6 +44,22 @@ def machine_args(plan: GuestPlan) -> list[str]:
         "-machine", "pc", "-accel", accel, "-cpu", cpu,
         "-m", str(plan.guest.memory), "-smp", str(plan.guest.cpus),
     ]
+
+
+def share_args(plan: GuestPlan) -> list[str]:
+    """Each share as a virtio-9p device the guest mounts by its tag (:func:`labctl.lab.shares.tag`).
+
+    Read-only shares are exported read-only, files as they are (``security_model=none``).
+    A writable one stores what the guest sets (owners, modes, links, devices) in extended
+    attributes (``mapped-xattr``): the host directory gets regular files and directories
+    only, owned by QEMU's user, so a guest cannot plant a symbolic link or a device there.
+    """
+    out = []
+    for i, share in enumerate(plan.guest.shares):
+        model = "mapped-xattr" if share.writable else "none,readonly=on"
+        out += ["-fsdev", f"local,id=share{i},path={opt(share.host)},security_model={model}",
+                "-device", f"virtio-9p-pci,fsdev=share{i},mount_tag={tag(i)}"]
+    return out
 
 
 def boot_args(plan: GuestPlan) -> list[str]:
@@ -146,4 +163,4 @@ def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64") -> list[str]
     argv = [binary, *machine_args(plan), *boot_args(plan), *control_args(plan), *mgmt_nic_args(plan)]
     for nic in plan.guest.nics:
         argv += lab_nic_args(nic, plan.ports[nic.name])
-    return argv + incoming_args(plan)
+    return argv + share_args(plan) + incoming_args(plan)

@@ -73,6 +73,7 @@ class GuestNode:
     cpus: int | None = None
     host: str | None = None
     state: str | None = None
+    shares: tuple[str, ...] = ()  # "MOUNT (ro)" / "MOUNT (rw)"
 
     @property
     def crashed(self) -> bool:
@@ -87,6 +88,8 @@ class GuestNode:
             parts.append(f"{self.memory} MiB")
         if self.cpus is not None:
             parts.append(f"{self.cpus} CPU" + ("s" if self.cpus != 1 else ""))
+        if self.shares:
+            parts.append("shares " + ", ".join(self.shares))
         return " · ".join(parts)
 
 
@@ -225,7 +228,9 @@ def _guest_node(name: str, guest: Mapping[str, Any], facts: Mapping[str, Any], s
                  for n in nics)
     return GuestNode(name=name, nics=rows, memory=_int(guest.get("memory")), cpus=_int(guest.get("cpus")),
                      host=_str(facts.get("host")) or (_str(guest.get("host")) if show_host else None),
-                     state=_str(facts.get("state")))
+                     state=_str(facts.get("state")),
+                     shares=tuple(f"{sh.get('mount')} ({'rw' if sh.get('writable') is True else 'ro'})"
+                                  for sh in guest.get("shares") or () if isinstance(sh, Mapping)))
 
 
 def _host_is_remote(uri: object) -> bool:
