@@ -31,6 +31,9 @@ PACKAGES=(
     git                                  # labctl bisect: worktrees of the user's kernel repository
     ca-certificates
 )
+# labctl serve ships xterm.js, fetched from npm here (never by the browser); a Node.js of another
+# origin (nodesource) brings its own npm, else Debian's.
+command -v npm >/dev/null || PACKAGES+=(npm)
 missing=()
 for p in "${PACKAGES[@]%%#*}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -52,6 +55,23 @@ fi
 say "installing labctl into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 ln -sf "$PWD/.venv/bin/labctl" /usr/local/bin/labctl
+
+# labctl serve's terminal widget: xterm.js and its fit addon, pinned, unpacked into the package.
+XTERM=5.5.0 XTERM_FIT=0.10.0
+VENDOR=labctl/web/static/vendor
+if [ "$(cat "$VENDOR/VERSION" 2>/dev/null)" != "xterm $XTERM fit $XTERM_FIT" ]; then
+    say "xterm.js $XTERM for labctl serve"
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack --silent "@xterm/xterm@$XTERM" "@xterm/addon-fit@$XTERM_FIT" >/dev/null)
+    tar -xzf "$tmp/xterm-xterm-$XTERM.tgz" -C "$tmp" package/lib/xterm.js package/css/xterm.css package/LICENSE
+    cp "$tmp/package/lib/xterm.js" "$tmp/package/css/xterm.css" "$VENDOR/"
+    cp "$tmp/package/LICENSE" "$VENDOR/LICENSE.xterm"
+    rm -rf "$tmp/package"
+    tar -xzf "$tmp/xterm-addon-fit-$XTERM_FIT.tgz" -C "$tmp" package/lib/addon-fit.js
+    cp "$tmp/package/lib/addon-fit.js" "$VENDOR/"
+    rm -rf "$tmp"
+    echo "xterm $XTERM fit $XTERM_FIT" > "$VENDOR/VERSION"
+fi
 
 say "guest image"
 .venv/bin/labctl image build

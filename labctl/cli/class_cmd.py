@@ -30,6 +30,7 @@ from labctl.training.handout import check_handout_dirs, write_handout
 from labctl.up.lifecycle import UpOptions, down, up
 from labctl.training.reset import reset
 from labctl.state.runstate import LabState
+from labctl.web.access import revoke as revoke_web_tokens
 
 STATE_STYLE = {UP: "green", DOWN: "dim", "starting": "yellow"}
 
@@ -193,6 +194,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     record = find_class(args.lab)
+    revoke_web_tokens(record.lab)  # labctl serve: the class's pages and terminals lose access now
     errors: list[LabctlError] = []
     for student in record.students:
         ident = record.ident(student)

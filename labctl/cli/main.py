@@ -30,6 +30,7 @@ from labctl.cli import (
     report_cmds,
     restore_cmds,
     run_cmd,
+    serve_cmd,
     validate_cmd,
 )
 from labctl.cli.ui import error
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     images.register(sub)
     kernel_cmd.register(sub)
     restore_cmds.register(sub)
+    serve_cmd.register(sub)
     return p
 
 

@@ -1,0 +1,47 @@
+"""``labctl serve``: the labs and classes up on this host in a browser (labctl.web)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.text import Text
+
+from labctl.cli.ui import out
+from labctl.web import server
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="the trainer's page, each student's lab and terminals, your labs: in a browser")
+    p.add_argument("--listen", default=f"127.0.0.1:{server.DEFAULT_PORT}", metavar="ADDRESS:PORT",
+                   help=f"where to listen (default 127.0.0.1:{server.DEFAULT_PORT}; port 0 picks a free one)")
+    p.add_argument("--class", dest="classes", action="append", metavar="LAB",
+                   help="serve this class (repeatable; default: every class up)")
+    p.add_argument("--tls", action="store_true",
+                   help="HTTPS with a self-signed certificate (made once; its fingerprint is printed)")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    host, port = server.parse_listen(args.listen)
+    tls = server.self_signed(host) if args.tls else None
+    sock = server.bind(host, port)
+    try:
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        base = f"{'https' if tls else 'http'}://{shown}:{bound_port}"
+        links = server.links(base, args.classes)
+        out.print(Text(f"serving on {base}" + ("" if host in ("127.0.0.1", "::1") else
+                                               "  (reachable from other hosts: mind the firewall)")))
+        if tls:
+            out.print(Text(f"TLS certificate {tls[0]}, SHA-256 fingerprint {tls[2]}"))
+        out.print(Text(f"your labs: {links.owner}"))
+        for lab, urls in links.classes.items():
+            out.print(Text(f"class {lab}: trainer {urls['trainer']}"))
+            for student, url in urls.items():
+                if student != "trainer":
+                    where = links.url_files.get(f"{lab}@{student}")
+                    out.print(Text(f"  {student}: {url}" + (f"  (in {where})" if where else "")))
+        out.file.flush()
+        server.run(sock, (tls[0], tls[1]) if tls else None)
+    finally:
+        sock.close()
+    return 0

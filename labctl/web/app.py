@@ -1,0 +1,483 @@
+"""The ASGI application of ``labctl serve`` (Starlette): pages, their JSON and live events, terminals.
+
+Pages (each a small HTML shell; ``static/app.js`` builds the content with DOM calls, guest text
+always as text, never as markup)::
+
+    /                       where the token leads: the trainer's class, the student's lab, the owner's labs
+    /class/LAB              the trainer's page: a row per student, a cell per guest
+    /lab/IDENT              a lab instance: handout, topology, terminals, checks, reset
+
+JSON and events::
+
+    GET  /api/class/LAB                   the class view          (trainer, owner)
+    POST /api/class/LAB/allow-reset       {"allow": true|false}   (trainer, owner)
+    GET  /api/lab/IDENT                   the instance view       (its student, trainer, owner)
+    GET  /api/lab/IDENT/topology.svg
+    POST /api/lab/IDENT/checks            run its checks now
+    POST /api/lab/IDENT/reset/GUEST       reset one guest (a student only when the trainer allows)
+    GET  /api/events?class=LAB|lab=IDENT  server-sent events: the view each time it changes
+    WS   /ws/term/IDENT/GUEST?mode=rw|ro  the guest's terminal (binary frames both ways;
+                                          text frames from the page: {"resize": [cols, rows]})
+
+A token arrives once in the URL (``?t=...``), is put in an HttpOnly, SameSite=Strict cookie
+and the page reloads without it; raw clients send ``Authorization: Bearer TOKEN``. Every
+request resolves its token again (:func:`labctl.web.access.resolve`) and checks the instance it
+names against it: anything else is 403. Requests that change something, and websockets, must
+come from the page's own origin when the browser says where they come from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from labctl.errors import LabctlError
+from labctl.lab.model import LAB_IDENT
+from labctl.state.runstate import LabState, run_dir
+from labctl.training.classroom import ClassRecord
+from labctl.web.access import OWNER, STUDENT, TRAINER, Principal, resolve
+from labctl.web.room import Room, handout_text, topology_svg
+from labctl.web.terminal import Terminals, clamp_size
+
+COOKIE = "labctl_token"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self'; "
+       "font-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+EVENT_PERIOD = 1.0
+KEEPALIVE = 15.0
+WATCH_PERIOD = 1.0
+VIEW_TTL = 0.8
+MAX_INPUT = 64 * 1024
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def static_dir() -> Path:
+    return Path(str(resources.files("labctl.web") / "static"))
+
+
+class SecurityHeaders:
+    """Every HTTP response gets the CSP (no outside origin), no-store, no referrer, no sniffing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers += [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
+                            (b"referrer-policy", b"no-referrer"), (b"cache-control", b"no-store"),
+                            (b"x-frame-options", b"DENY"), (b"cross-origin-opener-policy", b"same-origin"),
+                            (b"cross-origin-resource-policy", b"same-origin")]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def token_of(conn: HTTPConnection) -> str | None:
+    auth = conn.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return conn.cookies.get(COOKIE)
+
+
+def same_origin(conn: HTTPConnection) -> bool:
+    """False when the browser says the request comes from another origin."""
+    origin = conn.headers.get("origin")
+    if origin is None:
+        return True
+    scheme = "https" if conn.url.scheme in ("https", "wss") else "http"
+    return origin == f"{scheme}://{conn.headers.get('host', '')}"
+
+
+def forbidden(why: str = "forbidden") -> JSONResponse:
+    return JSONResponse({"error": why}, status_code=403)
+
+
+def not_found(why: str) -> JSONResponse:
+    return JSONResponse({"error": why}, status_code=404)
+
+
+def class_of(ident: str) -> str:
+    """The class lab ``ident`` is a student's instance of, or ''."""
+    base, _, student = ident.partition("@")
+    if not student:
+        return ""
+    try:
+        record = ClassRecord.load(base)
+    except LabctlError:
+        return ""
+    return base if student in record.students else ""
+
+
+def page(title: str, kind: str, **data: str) -> str:
+    attrs = " ".join(f'data-{k}="{html.escape(v)}"' for k, v in data.items())
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="/static/vendor/xterm.css"><link rel="stylesheet" href="/static/app.css">
+<script src="/static/vendor/xterm.js" defer></script><script src="/static/vendor/addon-fit.js" defer></script>
+<script src="/static/app.js" defer></script></head>
+<body data-page="{html.escape(kind)}" {attrs}><header><h1 id="title">{html.escape(title)}</h1>
+<span id="who"></span><span id="live" class="live">connecting…</span></header><main id="main"></main></body></html>
+"""
+
+
+class Server:
+    """The application's state: the room, the terminals, the view cache."""
+
+    def __init__(self) -> None:
+        self.room = Room()
+        self.terminals = Terminals()
+        self.cache: dict[str, tuple[float, Any]] = {}
+        self.watcher: asyncio.Task[None] | None = None
+
+    # -- who -----------------------------------------------------------------------------------
+
+    def who(self, conn: HTTPConnection) -> Principal | None:
+        return resolve(token_of(conn))
+
+    async def view(self, key: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in a worker thread, shared by the requests of the next ``VIEW_TTL`` seconds."""
+        hit = self.cache.get(key)
+        if hit and time.monotonic() - hit[0] < VIEW_TTL:
+            return hit[1]
+        value = await asyncio.to_thread(fn)
+        self.cache[key] = (time.monotonic(), value)
+        return value
+
+    def lab_view(self, ident: str) -> dict[str, Any]:
+        return self.room.lab_view(ident, class_of(ident))
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    async def index(self, request: Request) -> Response:
+        token = request.query_params.get("t")
+        if token is not None:
+            who = resolve(token)
+            if who is None:
+                return PlainTextResponse("this link's token is unknown or revoked\n", status_code=403)
+            resp = RedirectResponse(request.url.path, status_code=303)
+            resp.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
+                            secure=request.url.scheme == "https")
+            return resp
+        who = self.who(request)
+        if who is None:
+            return PlainTextResponse("no access: open the link labctl serve printed for you\n", status_code=403)
+        if who.kind == STUDENT:
+            return RedirectResponse(f"/lab/{who.lab}@{who.student}", status_code=303)
+        if who.kind == TRAINER:
+            return RedirectResponse(f"/class/{who.lab}", status_code=303)
+        return Response(page("labctl: labs on this host", "index", who=who.describe()), media_type="text/html")
+
+    async def class_page(self, request: Request) -> Response:
+        lab = request.path_params["lab"]
+        who = self.who(request)
+        if who is None or who.kind not in (TRAINER, OWNER) or (who.kind == TRAINER and who.lab != lab):
+            return PlainTextResponse("forbidden\n", status_code=403)
+        return Response(page(f"class of {lab}", "class", lab=lab, who=who.describe()), media_type="text/html")
+
+    async def lab_page(self, request: Request) -> Response:
+        ident = request.path_params["ident"]
+        who = self.who(request)
+        if who is None or not who.may_reach(ident):
+            return PlainTextResponse("forbidden\n", status_code=403)
+        return Response(page(f"lab {ident}", "lab", lab=ident, who=who.describe(), role=who.kind),
+                        media_type="text/html")
+
+    # -- JSON ----------------------------------------------------------------------------------
+
+    def _reach(self, request: HTTPConnection, ident: str) -> Principal | None:
+        who = self.who(request)
+        return who if who is not None and who.may_reach(ident) else None
+
+    async def api_index(self, request: Request) -> Response:
+        who = self.who(request)
+        if who is None or who.kind != OWNER:
+            return forbidden()
+        labs = await asyncio.to_thread(self.room.labs)
+        classes = await asyncio.to_thread(self.room.classes)
+        return JSONResponse({"labs": labs, "classes": classes})
+
+    async def api_class(self, request: Request) -> Response:
+        lab = request.path_params["lab"]
+        who = self.who(request)
+        if who is None or not (who.kind == OWNER or (who.kind == TRAINER and who.lab == lab)):
+            return forbidden()
+        try:
+            return JSONResponse(await self.view(f"class:{lab}", lambda: self.room.class_view(lab)))
+        except LabctlError as exc:
+            return not_found(exc.message)
+
+    async def api_allow_reset(self, request: Request) -> Response:
+        lab = request.path_params["lab"]
+        who = self.who(request)
+        if who is None or not same_origin(request) or not (who.kind == OWNER or (who.kind == TRAINER and who.lab == lab)):
+            return forbidden()
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "the body must be JSON"}, status_code=400)
+        allow = body.get("allow") if isinstance(body, dict) else None
+        if not isinstance(allow, bool):
+            return JSONResponse({"error": "say {\"allow\": true} or {\"allow\": false}"}, status_code=400)
+        self.room.allow_reset[lab] = allow
+        self.cache.clear()
+        return JSONResponse({"class": lab, "allow_reset": allow})
+
+    async def api_lab(self, request: Request) -> Response:
+        ident = request.path_params["ident"]
+        who = self._reach(request, ident)
+        if who is None:
+            return forbidden()
+        view = dict(await self.view(f"lab:{ident}", lambda: self.lab_view(ident)))
+        klass = class_of(ident)
+        if klass:
+            record = await asyncio.to_thread(ClassRecord.load, klass)
+            view["handout"] = await asyncio.to_thread(handout_text, record, ident.partition("@")[2])
+        view["class"] = klass
+        return JSONResponse(view)
+
+    async def api_topology(self, request: Request) -> Response:
+        ident = request.path_params["ident"]
+        if self._reach(request, ident) is None:
+            return forbidden()
+        try:
+            svg = await self.view(f"svg:{ident}", lambda: topology_svg(ident))
+        except LabctlError as exc:
+            return not_found(exc.message)
+        return Response(svg, media_type="image/svg+xml")
+
+    async def api_checks(self, request: Request) -> Response:
+        ident = request.path_params["ident"]
+        if self._reach(request, ident) is None or not same_origin(request):
+            return forbidden()
+        if not run_dir(ident).is_dir():
+            return not_found(f"lab {ident} is not up")
+        await asyncio.to_thread(self.room.run_checks, ident)
+        self.cache.clear()
+        return JSONResponse(self.room.checks_view(ident))
+
+    async def api_reset(self, request: Request) -> Response:
+        ident, guest = request.path_params["ident"], request.path_params["guest"]
+        who = self._reach(request, ident)
+        if who is None or not same_origin(request):
+            return forbidden()
+        if who.kind == STUDENT and not self.room.allow_reset.get(who.lab, False):
+            return forbidden("your trainer has not allowed resets")
+        try:
+            state = await asyncio.to_thread(LabState.load, ident)
+        except LabctlError as exc:
+            return not_found(exc.message)
+        if guest not in state.guests:
+            return not_found(f"lab {ident} has no guest {guest!r}")
+        self.cache.clear()
+        self.terminals.close_where(lambda i, g: i == ident and g == guest, 4001, "the guest is being reset")
+        try:
+            took = await asyncio.to_thread(self.room.reset, ident, guest)
+        except LabctlError as exc:
+            return JSONResponse({"error": exc.message}, status_code=409)
+        finally:
+            self.cache.clear()
+        return JSONResponse({"lab": ident, "guest": guest, "seconds": took.get(guest)})
+
+    async def events(self, request: Request) -> Response:
+        token = token_of(request)
+        who = resolve(token)
+        klass, ident = request.query_params.get("class"), request.query_params.get("lab")
+        if who is None:
+            return forbidden()
+        if klass is not None:
+            if not (who.kind == OWNER or (who.kind == TRAINER and who.lab == klass)):
+                return forbidden()
+            key, fn = f"class:{klass}", lambda: self.room.class_view(klass)
+            target = f"{klass}@x"
+        elif ident is not None and who.may_reach(ident):
+            key, fn = f"lab:{ident}", lambda: self.lab_view(ident)
+            target = ident
+        else:
+            return forbidden()
+
+        async def stream() -> AsyncIterator[str]:
+            last, sent_at = "", time.monotonic()
+            yield "retry: 2000\n\n"
+            while not await request.is_disconnected():
+                now_who = resolve(token)
+                if now_who is None or not now_who.may_reach(target):
+                    yield "event: revoked\ndata: {}\n\n"
+                    return
+                try:
+                    data = json.dumps(await self.view(key, fn), sort_keys=True)
+                except LabctlError as exc:
+                    data = json.dumps({"error": exc.message})
+                if data != last:
+                    last, sent_at = data, time.monotonic()
+                    yield f"data: {data}\n\n"
+                elif time.monotonic() - sent_at > KEEPALIVE:
+                    sent_at = time.monotonic()
+                    yield ": keepalive\n\n"
+                await asyncio.sleep(EVENT_PERIOD)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    # -- terminals -----------------------------------------------------------------------------
+
+    async def terminal(self, ws: WebSocket) -> None:
+        ident, guest = ws.path_params["ident"], ws.path_params["guest"]
+        token = token_of(ws)
+        who = resolve(token)
+        if who is None or token is None or not who.may_reach(ident) or not same_origin(ws):
+            await ws.close(code=4403)  # before accept: the client sees HTTP 403
+            return
+        mode = ws.query_params.get("mode", "rw")
+        writable = mode != "ro"
+        size = clamp_size(_int(ws.query_params.get("cols")), _int(ws.query_params.get("rows"))) or (80, 24)
+        try:
+            state = await asyncio.to_thread(LabState.load, ident)
+            ep = state.endpoint(guest)
+        except LabctlError:
+            await ws.close(code=4404)
+            return
+        await ws.accept()
+        try:
+            hub = await self.terminals.attach(ident, guest, ep, *size)
+        except LabctlError as exc:
+            await ws.send_text(json.dumps({"error": exc.message}))
+            await ws.close(code=4502)
+            return
+        sub = hub.subscribe(writable, token)
+        await ws.send_text(json.dumps({"mode": "rw" if writable else "ro"}))
+
+        async def pump_out() -> None:
+            while True:
+                data = await sub.queue.get()
+                if data is None:
+                    with contextlib.suppress(Exception):
+                        await ws.close(code=sub.close_code, reason=sub.close_reason)
+                    return
+                await ws.send_bytes(data)
+
+        out_task = asyncio.create_task(pump_out())
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg["type"] == "websocket.disconnect" or out_task.done():
+                    break
+                if msg.get("bytes") is not None:
+                    data = msg["bytes"][:MAX_INPUT]
+                    if hub.write(sub, data) and (b"\r" in data or b"\n" in data):
+                        self.room.typed(ident)
+                elif msg.get("text") is not None:
+                    self._control(hub, sub, msg["text"])
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            hub.unsubscribe(sub)
+            out_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await out_task
+
+    @staticmethod
+    def _control(hub: Any, sub: Any, text: str) -> None:
+        try:
+            msg = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(msg, dict) and isinstance(msg.get("resize"), list) and len(msg["resize"]) == 2:
+            size = clamp_size(*msg["resize"])
+            if size:
+                hub.resize(sub, *size)
+
+    # -- the watcher ---------------------------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Every second: pages whose token was revoked (``class down``) lose their terminals, terminals
+        of a lab that went down are closed, idle ones swept."""
+        while True:
+            await asyncio.sleep(WATCH_PERIOD)
+            try:
+                await self._watch_once()
+            except Exception:  # noqa: BLE001 - the watcher must outlive a bad moment
+                pass
+
+    async def _watch_once(self) -> None:
+        hubs = list(self.terminals.hubs.values())
+        tokens = {sub.token for hub in hubs for sub in hub.subscribers}
+        whos = {t: await asyncio.to_thread(resolve, t) for t in tokens}
+        for hub in hubs:
+            if hub.closed:
+                continue
+            if not await asyncio.to_thread(run_dir(hub.ident).is_dir):
+                hub.close(4410, "the lab is down")
+                continue
+            for sub in list(hub.subscribers):
+                who = whos.get(sub.token)
+                if who is None or not who.may_reach(hub.ident):
+                    hub.unsubscribe(sub)
+                    sub.end(4403, "access revoked")
+        self.terminals.sweep()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.watcher = asyncio.create_task(self.watch())
+        try:
+            yield
+        finally:
+            self.watcher.cancel()
+            self.terminals.close_all()
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def valid_ident(ident: str) -> bool:
+    return bool(LAB_IDENT.fullmatch(ident))
+
+
+def build_app(server: Server | None = None) -> ASGIApp:
+    """The application, wrapped in the security headers."""
+    s = server or Server()
+    routes = [
+        Route("/", s.index),
+        Route("/class/{lab}", s.class_page),
+        Route("/lab/{ident}", s.lab_page),
+        Route("/api/index", s.api_index),
+        Route("/api/class/{lab}", s.api_class),
+        Route("/api/class/{lab}/allow-reset", s.api_allow_reset, methods=["POST"]),
+        Route("/api/lab/{ident}", s.api_lab),
+        Route("/api/lab/{ident}/topology.svg", s.api_topology),
+        Route("/api/lab/{ident}/checks", s.api_checks, methods=["POST"]),
+        Route("/api/lab/{ident}/reset/{guest}", s.api_reset, methods=["POST"]),
+        Route("/api/events", s.events),
+        WebSocketRoute("/ws/term/{ident}/{guest}", s.terminal),
+        Mount("/static", StaticFiles(directory=static_dir()), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=s.lifespan)
+    return SecurityHeaders(app)

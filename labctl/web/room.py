@@ -1,0 +1,168 @@
+"""What the pages show, gathered from the library: each lab instance's guests (running, crashed
+with the panic line, down), the last results of its checks, when its student last typed, and
+for a class, every student's row.
+
+Everything here is blocking (state files, consoles, SSH for the checks): the application calls
+it from worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl.debug.crash import CRASH_MARKERS, PANIC, console_end
+from labctl.errors import LabctlError
+from labctl.net.graph import runtime_from_state, to_svg, topology
+from labctl.live import capture
+from labctl.state import netstate
+from labctl.state.runstate import LabState, run_dir, up_labs
+from labctl.textsafe import safe_text
+from labctl.training.classroom import ClassRecord, class_names
+from labctl.training.grading import CheckResult, checks_of, run_checks, summary
+from labctl.training.handout import README
+from labctl.training.reset import reset
+from labctl.up.lifecycle import guest_statuses
+
+RUNNING, CRASHED, DOWN, STARTING = "running", "crashed", "down", "starting"
+HANDOUT_LIMIT = 64 * 1024
+
+
+def panic_line(console: Path) -> str:
+    """The console's last line naming a panic (else an oops, BUG...), controls shown escaped; '' when none."""
+    text = console_end(console)
+    lines = text.splitlines()
+    for marker in (PANIC, *CRASH_MARKERS):
+        for line in reversed(lines):
+            if marker in line:
+                return safe_text(line.decode(errors="replace").strip())[:300]
+    return ""
+
+
+def guests_of(ident: str) -> list[dict[str, Any]]:
+    """Every guest of the instance ``ident``: name, state (running, crashed, down, starting) and
+    the panic line of a crashed one; [] when it is not up."""
+    try:
+        state = LabState.load(ident)
+    except LabctlError:
+        return []
+    out = []
+    for g in guest_statuses(state):
+        st = {"running": RUNNING, "crashed": CRASHED, "starting": STARTING}.get(g.state, DOWN)
+        rec = state.guests[g.name]
+        out.append({"name": g.name, "state": st, "detail": "" if st != DOWN else g.state,
+                    "panic": panic_line(Path(rec.console)) if st == CRASHED else "", "ssh": g.ssh})
+    return out
+
+
+def topology_svg(ident: str) -> str:
+    """The instance's topology picture with its live state (SVG: no scripts, no URLs)."""
+    state = LabState.load(ident)
+    record = netstate.load(state.path)
+    runtime = runtime_from_state(state.drivers, state.networks, state.hosts,
+                                 {g.name: g.state for g in guest_statuses(state)},
+                                 record.impair, record.links, [c.label for c in capture.active(state)])
+    return to_svg(topology(state.resolved, runtime))
+
+
+def handout_text(record: ClassRecord, student: str) -> str:
+    """The student's handout README (as text; the page shows it literally)."""
+    try:
+        with open(record.handout(student) / README, "rb") as f:
+            return f.read(HANDOUT_LIMIT).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class ChecksRun:
+    at: float = 0.0
+    running: bool = False
+    results: list[CheckResult] = field(default_factory=list)
+    error: str = ""
+
+
+class Room:
+    """The server's memory of the room: checks last run, last input, whether students may reset."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.checks: dict[str, ChecksRun] = {}
+        self.last_input: dict[str, float] = {}
+        self.allow_reset: dict[str, bool] = {}  # class lab -> students may reset their own guests
+        self.resetting: dict[str, set[str]] = {}
+
+    def typed(self, ident: str) -> None:
+        self.last_input[ident] = time.time()
+
+    def run_checks(self, ident: str) -> ChecksRun:
+        """Run the instance's checks now (blocking) and keep the results."""
+        with self.lock:
+            run = self.checks.setdefault(ident, ChecksRun())
+            if run.running:
+                return run
+            run.running = True
+        try:
+            state = LabState.load(ident)
+            results = run_checks(state, checks_of(state))
+            with self.lock:
+                self.checks[ident] = ChecksRun(time.time(), False, results)
+        except LabctlError as exc:
+            with self.lock:
+                self.checks[ident] = ChecksRun(time.time(), False, [], exc.message)
+        return self.checks[ident]
+
+    def reset(self, ident: str, guest: str) -> dict[str, float]:
+        """Reset one guest of the instance (blocking)."""
+        with self.lock:
+            busy = self.resetting.setdefault(ident, set())
+            if guest in busy:
+                raise LabctlError(f"{ident} {guest} is being reset already")
+            busy.add(guest)
+        try:
+            return reset(ident, [guest])
+        finally:
+            with self.lock:
+                self.resetting[ident].discard(guest)
+
+    def checks_view(self, ident: str) -> dict[str, Any]:
+        run = self.checks.get(ident)
+        names: list[dict[str, Any]] = []
+        if run is None or not run.results:
+            try:
+                names = [{"name": c.name, "guest": c.guest, "hint": c.hint, "status": "not run"}
+                         for c in checks_of(LabState.load(ident))]
+            except LabctlError:
+                names = []
+        results = [r.to_dict() for r in run.results] if run and run.results else names
+        for r in results:
+            r.pop("detail", None)  # a check's output may show its command; hints are what students get
+        passed = summary(run.results) if run and run.results else {"passed": 0, "total": len(names),
+                                                                       "failing": [n["name"] for n in names]}
+        return {"checks": results, "ran_at": run.at if run else 0, "running": bool(run and run.running),
+                "error": run.error if run else "", **passed}
+
+    def lab_view(self, ident: str, class_lab: str = "") -> dict[str, Any]:
+        up = run_dir(ident).is_dir()
+        return {"lab": ident, "up": up, "guests": guests_of(ident) if up else [],
+                "checks": self.checks_view(ident) if up else {"checks": [], "passed": 0, "total": 0,
+                                                              "failing": [], "ran_at": 0, "running": False,
+                                                              "error": ""},
+                "last_input": self.last_input.get(ident, 0.0),
+                "resetting": sorted(self.resetting.get(ident, set())),
+                "allow_reset": self.allow_reset.get(class_lab, False) if class_lab else True}
+
+    def class_view(self, lab: str) -> dict[str, Any]:
+        record = ClassRecord.load(lab)
+        return {"class": lab, "allow_reset": self.allow_reset.get(lab, False),
+                "students": [{"student": s, **self.lab_view(record.ident(s), lab)} for s in record.students]}
+
+    def labs(self) -> list[str]:
+        """Every lab of this user's that is up (instances included)."""
+        return up_labs()
+
+    def classes(self) -> list[str]:
+        return class_names()

@@ -1,0 +1,268 @@
+// labctl serve: the pages' behaviour. Every text that comes from a lab, a guest or a handout
+// goes into the page as a text node (textContent / append(string)), never as markup.
+'use strict';
+
+const body = document.body;
+const main = document.getElementById('main');
+const live = document.getElementById('live');
+
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === 'class') e.className = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else if (v !== false && v !== null && v !== undefined) e.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const kid of kids) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    e.append(kid instanceof Node ? kid : String(kid));
+  }
+  return e;
+}
+
+async function post(url, data) {
+  const r = await fetch(url, {
+    method: 'POST', credentials: 'same-origin',
+    headers: {'content-type': 'application/json'}, body: JSON.stringify(data || {}),
+  });
+  let json = {};
+  try { json = await r.json(); } catch (e) { /* no body */ }
+  if (!r.ok) throw new Error(json.error || ('HTTP ' + r.status));
+  return json;
+}
+
+function ago(epoch) {
+  if (!epoch) return 'never';
+  const s = Math.max(0, Math.round(Date.now() / 1000 - epoch));
+  if (s < 60) return s + ' s ago';
+  if (s < 3600) return Math.round(s / 60) + ' min ago';
+  return Math.round(s / 3600) + ' h ago';
+}
+
+function setLive(text, cls) {
+  live.textContent = text;
+  live.className = 'live ' + (cls || '');
+}
+
+function subscribe(query, onView) {
+  const es = new EventSource('/api/events?' + query);
+  es.onopen = () => setLive('live', 'ok');
+  es.onmessage = (ev) => { setLive('live', 'ok'); onView(JSON.parse(ev.data)); };
+  es.onerror = () => setLive('reconnecting…', 'bad');
+  es.addEventListener('revoked', () => { es.close(); setLive('access revoked', 'bad'); revoked(); });
+  return es;
+}
+
+const terminals = [];
+function revoked() {
+  for (const t of terminals) t.stop('access revoked');
+  document.querySelectorAll('button').forEach((b) => { b.disabled = true; });
+}
+
+// A terminal: xterm.js on a websocket to the server, which bridges it to an SSH channel.
+function openTerminal(box, ident, guest, mode) {
+  const status = el('div', {class: 'term-status'}, 'connecting…');
+  const screen = el('div', {class: 'term-screen'});
+  box.replaceChildren(status, screen);
+  const term = new Terminal({cursorBlink: true, fontSize: 14, scrollback: 5000,
+                             disableStdin: mode !== 'rw', fontFamily: 'monospace'});
+  const fit = new FitAddon.FitAddon();
+  term.loadAddon(fit);
+  term.open(screen);
+  try { fit.fit(); } catch (e) { /* hidden */ }
+  let ws = null;
+  let delay = 500;
+  let stopped = false;
+  const enc = new TextEncoder();
+  const say = (text, cls) => { status.textContent = text; status.className = 'term-status ' + (cls || ''); };
+
+  function connect() {
+    if (stopped) return;
+    const proto = location.protocol === 'https:' ? 'wss' : 'ws';
+    const url = `${proto}://${location.host}/ws/term/${encodeURIComponent(ident)}/${encodeURIComponent(guest)}` +
+                `?mode=${mode}&cols=${term.cols}&rows=${term.rows}`;
+    let opened = false;
+    ws = new WebSocket(url);
+    ws.binaryType = 'arraybuffer';
+    ws.onopen = () => { opened = true; delay = 500; term.reset(); say(`${guest}: connected (${mode === 'rw' ? 'read-write' : 'read-only'})`, 'ok'); };
+    ws.onmessage = (ev) => {
+      if (typeof ev.data === 'string') {
+        const m = JSON.parse(ev.data);
+        if (m.error) say(`${guest}: ${m.error}`, 'bad');
+        return;
+      }
+      term.write(new Uint8Array(ev.data));
+    };
+    ws.onclose = async (ev) => {
+      if (stopped) return;
+      if (ev.code === 4403) { stop('access revoked'); return; }
+      if (!opened) {  // refused at the handshake: is it access?
+        try {
+          const r = await fetch('/api/lab/' + encodeURIComponent(ident), {credentials: 'same-origin'});
+          if (r.status === 403) { stop('access revoked'); return; }
+        } catch (e) { /* server away: retry */ }
+      }
+      say(`${guest}: ${ev.reason || 'disconnected'}; reconnecting…`, 'bad');
+      setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 8000);
+    };
+  }
+  function stop(why) {
+    stopped = true;
+    say(`${guest}: ${why}`, 'bad');
+    term.options.disableStdin = true;
+    if (ws) ws.close();
+  }
+  term.onData((d) => { if (mode === 'rw' && ws && ws.readyState === 1) ws.send(enc.encode(d)); });
+  term.onResize(({cols, rows}) => { if (ws && ws.readyState === 1) ws.send(JSON.stringify({resize: [cols, rows]})); });
+  new ResizeObserver(() => { try { fit.fit(); } catch (e) { /* hidden */ } }).observe(screen);
+  connect();
+  const handle = {term, stop, ident, guest};
+  terminals.push(handle);
+  return handle;
+}
+
+function stateBadge(g) {
+  return el('span', {class: 'state state-' + g.state, 'data-state': g.state}, g.state);
+}
+
+function checksList(view, onCheck) {
+  const c = view.checks;
+  const list = el('ul', {class: 'checks'});
+  for (const r of c.checks) {
+    const st = r.status || 'not run';
+    list.append(el('li', {class: 'check check-' + st.replace(' ', '-'), 'data-check': r.name, 'data-status': st},
+      el('span', {class: 'mark'}, st === 'pass' ? '✔' : st === 'not run' ? '·' : '✘'), ' ',
+      el('b', {}, r.name), ` on ${r.guest}: ${st}`,
+      st !== 'pass' && r.hint ? el('div', {class: 'hint'}, r.hint) : null));
+  }
+  const btn = el('button', {class: 'check-now', onclick: onCheck, disabled: c.running}, c.running ? 'checking…' : 'check now');
+  return el('div', {}, el('p', {class: 'summary'}, `${c.passed}/${c.total} checks pass`,
+    c.ran_at ? ` (checked ${ago(c.ran_at)})` : ' (not checked yet)', ' ', btn), list,
+    c.error ? el('p', {class: 'bad'}, c.error) : null);
+}
+
+// ---- the lab page (a student's, or the owner's) ----------------------------------------------
+function labPage() {
+  const ident = body.dataset.lab;
+  const role = body.dataset.role;
+  document.getElementById('who').textContent = body.dataset.who || '';
+  const guestsBox = el('section', {id: 'guests'});
+  const checksBox = el('section', {id: 'checks'}, el('h2', {}, 'Checks'));
+  const checksInner = el('div');
+  checksBox.append(checksInner);
+  const topo = el('section', {id: 'topology'}, el('h2', {}, 'Topology'),
+    el('img', {src: '/api/lab/' + encodeURIComponent(ident) + '/topology.svg', alt: 'topology of ' + ident}));
+  const handout = el('section', {id: 'handout'}, el('h2', {}, 'Handout'), el('pre', {id: 'handout-text'}));
+  main.replaceChildren(el('div', {class: 'cols'}, el('div', {class: 'left'}, guestsBox),
+    el('div', {class: 'right'}, checksBox, topo, handout)));
+  const boxes = {};
+  let checking = false;
+
+  async function checkNow() {
+    checking = true;
+    render(last);
+    try { const c = await post(`/api/lab/${encodeURIComponent(ident)}/checks`); last.checks = c; } catch (e) { alert(e.message); }
+    checking = false;
+    render(last);
+  }
+  let last = null;
+  function render(view) {
+    if (!view) return;
+    last = view;
+    if (view.handout !== undefined) document.getElementById('handout-text').textContent = view.handout;
+    if (!view.up) guestsBox.replaceChildren(el('p', {class: 'bad'}, `lab ${ident} is not up`));
+    for (const g of view.guests) {
+      let b = boxes[g.name];
+      if (!b) {
+        const head = el('div', {class: 'guest-head'});
+        const termBox = el('div', {class: 'term', 'data-guest': g.name});
+        b = boxes[g.name] = {head, termBox, box: el('div', {class: 'guest', 'data-guest': g.name}, head, termBox)};
+        guestsBox.append(b.box);
+        openTerminal(termBox, ident, g.name, 'rw');
+      }
+      const mayReset = role !== 'student' || view.allow_reset;
+      const busy = (view.resetting || []).includes(g.name);
+      b.head.replaceChildren(el('h2', {}, g.name), ' ', stateBadge(g),
+        g.panic ? el('span', {class: 'panic'}, g.panic) : null,
+        mayReset ? el('button', {class: 'reset', disabled: busy, onclick: async () => {
+          if (!confirm(`reset ${g.name} to its post-boot state?`)) return;
+          try { await post(`/api/lab/${encodeURIComponent(ident)}/reset/${encodeURIComponent(g.name)}`); } catch (e) { alert(e.message); }
+        }}, busy ? 'resetting…' : 'reset') : null);
+    }
+    const c = {...view, checks: {...view.checks, running: view.checks.running || checking}};
+    checksInner.replaceChildren(checksList(c, checkNow));
+  }
+  fetch('/api/lab/' + encodeURIComponent(ident), {credentials: 'same-origin'})
+    .then((r) => r.ok ? r.json() : Promise.reject(new Error('HTTP ' + r.status)))
+    .then(render).catch((e) => setLive(e.message, 'bad'));
+  subscribe('lab=' + encodeURIComponent(ident), (v) => { v.handout = undefined; render(v); });
+}
+
+// ---- the trainer's page ----------------------------------------------------------------------
+function classPage() {
+  const lab = body.dataset.lab;
+  document.getElementById('who').textContent = body.dataset.who || '';
+  const allow = el('input', {type: 'checkbox', id: 'allow-reset'});
+  allow.addEventListener('change', () => post(`/api/class/${encodeURIComponent(lab)}/allow-reset`, {allow: allow.checked})
+    .catch((e) => alert(e.message)));
+  const table = el('table', {id: 'room'});
+  const viewerTitle = el('h2', {id: 'viewer-title'}, 'Terminal');
+  const viewer = el('div', {class: 'term', id: 'viewer'}, el('p', {}, 'open a student\'s terminal with “watch” or “help”'));
+  main.replaceChildren(el('p', {}, el('label', {}, allow, ' students may reset their own guests')), table,
+    el('section', {id: 'viewer-box'}, viewerTitle, viewer));
+  let current = null;
+  function watch(ident, guest, mode) {
+    if (current) current.stop('closed');
+    viewerTitle.textContent = `${ident} ${guest} (${mode === 'rw' ? 'read-write: you type in the student\'s shell' : 'read-only'})`;
+    current = openTerminal(viewer, ident, guest, mode);
+  }
+  function render(view) {
+    if (view.error) { table.replaceChildren(el('tr', {}, el('td', {class: 'bad'}, view.error))); return; }
+    allow.checked = view.allow_reset;
+    const guests = [...new Set(view.students.flatMap((s) => s.guests.map((g) => g.name)))];
+    const head = el('tr', {}, el('th', {}, 'student'), ...guests.map((g) => el('th', {}, g)),
+      el('th', {}, 'checks'), el('th', {}, 'last command'), el('th', {}, ''));
+    const rows = view.students.map((s) => {
+      const cells = guests.map((name) => {
+        const g = s.guests.find((x) => x.name === name) || {name, state: 'down', panic: ''};
+        const busy = (s.resetting || []).includes(name);
+        return el('td', {class: 'cell', 'data-guest': name}, stateBadge(g),
+          g.panic ? el('div', {class: 'panic'}, g.panic) : null,
+          el('div', {class: 'actions'},
+            el('button', {class: 'reset', disabled: busy || !s.up, onclick: () => post(
+              `/api/lab/${encodeURIComponent(s.lab)}/reset/${encodeURIComponent(name)}`).catch((e) => alert(e.message))},
+            busy ? 'resetting…' : 'reset'),
+            el('button', {class: 'watch', disabled: !s.up, onclick: () => watch(s.lab, name, 'ro')}, 'watch'),
+            el('button', {class: 'help', disabled: !s.up, onclick: () => watch(s.lab, name, 'rw')}, 'help')));
+      });
+      const c = s.checks;
+      const ok = c.total > 0 && c.passed === c.total;
+      return el('tr', {'data-student': s.student},
+        el('td', {}, el('b', {}, s.student), el('div', {class: 'dim'}, s.lab)), ...cells,
+        el('td', {class: 'checks-cell ' + (ok ? 'good' : c.ran_at ? 'bad' : ''), 'data-passed': c.passed, 'data-total': c.total},
+          `${c.passed}/${c.total}`, c.failing.length ? el('div', {class: 'failing'}, c.failing.join(', ')) : null),
+        el('td', {class: 'last-input', 'data-epoch': s.last_input}, ago(s.last_input)),
+        el('td', {}, el('button', {class: 'check-now', disabled: !s.up || c.running, onclick: () => post(
+          `/api/lab/${encodeURIComponent(s.lab)}/checks`).catch((e) => alert(e.message))}, c.running ? 'checking…' : 'check now')));
+    });
+    table.replaceChildren(el('thead', {}, head), el('tbody', {}, ...rows));
+  }
+  subscribe('class=' + encodeURIComponent(lab), render);
+  setInterval(() => document.querySelectorAll('td.last-input').forEach((td) => {
+    td.textContent = ago(Number(td.dataset.epoch));
+  }), 5000);
+}
+
+// ---- the owner's index -----------------------------------------------------------------------
+function indexPage() {
+  document.getElementById('who').textContent = body.dataset.who || '';
+  fetch('/api/index', {credentials: 'same-origin'}).then((r) => r.json()).then((v) => {
+    main.replaceChildren(
+      el('h2', {}, 'Labs up'), el('ul', {}, ...v.labs.map((l) => el('li', {}, el('a', {href: '/lab/' + encodeURIComponent(l)}, l)))),
+      el('h2', {}, 'Classes'), el('ul', {}, ...v.classes.map((c) => el('li', {}, el('a', {href: '/class/' + encodeURIComponent(c)}, c)))));
+    setLive('', 'ok');
+  }).catch((e) => setLive(e.message, 'bad'));
+}
+
+({lab: labPage, class: classPage, index: indexPage})[body.dataset.page]();

@@ -1,0 +1,200 @@
+"""Terminals: one interactive shell per lab instance and guest (an SSH channel with a pty, logged in
+with the instance's key and pinned host key), shared by every page that shows it.
+
+A :class:`Hub` owns the channel. The student's page writes to it; the trainer's page may look
+over their shoulder (read-only: its input is dropped here, on the server) or help (read-write).
+Output goes to every subscriber; the last 64 KiB are kept and replayed to a page that connects
+or reconnects. A hub nobody watches for :data:`IDLE_CLOSE` seconds is closed, as is one whose
+channel ends (the shell exited, the guest went down or was reset): the pages then reconnect to
+a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import paramiko
+
+from labctl.errors import GuestError
+from labctl.ssh import Endpoint, Session
+
+BACKLOG = 64 * 1024
+IDLE_CLOSE = 120.0
+CONNECT_TIMEOUT = 10.0
+MIN_SIZE, MAX_COLS, MAX_ROWS = 2, 500, 200
+
+
+def clamp_size(cols: object, rows: object) -> tuple[int, int] | None:
+    """A terminal size from a page (numbers within reason), else None."""
+    if not isinstance(cols, int) or not isinstance(rows, int) or isinstance(cols, bool) or isinstance(rows, bool):
+        return None
+    return max(MIN_SIZE, min(cols, MAX_COLS)), max(MIN_SIZE, min(rows, MAX_ROWS))
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One page's view of a hub: its output queue (None ends it) and whether it may type."""
+
+    writable: bool
+    token: str
+    queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    close_code: int = 1000
+    close_reason: str = ""
+
+    def end(self, code: int, reason: str) -> None:
+        self.close_code, self.close_reason = code, reason
+        self.queue.put_nowait(None)
+
+
+class Hub:
+    """One shell on one guest, shared by the pages that show it."""
+
+    def __init__(self, ident: str, guest: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.ident, self.guest, self.loop = ident, guest, loop
+        self.subscribers: set[Subscriber] = set()
+        self.backlog = bytearray()
+        self.session: Session | None = None
+        self.chan: paramiko.Channel | None = None
+        self.closed = False
+        self.idle_since = time.monotonic()
+        self.writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="term-w")
+
+    def open(self, ep: Endpoint, cols: int, rows: int) -> None:
+        """Log in and start the shell (blocking). :raise GuestError: when the guest cannot be reached."""
+        self.session = Session(ep, timeout=CONNECT_TIMEOUT)
+        try:
+            transport = self.session.client.get_transport()
+            if transport is None:
+                raise GuestError(f"no SSH transport to {self.guest}")
+            transport.set_keepalive(15)
+            chan = transport.open_session(timeout=CONNECT_TIMEOUT)
+            chan.get_pty(term="xterm-256color", width=cols, height=rows)
+            chan.invoke_shell()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.session.close()
+            raise GuestError(f"cannot open a shell on {self.guest}: {exc}") from exc
+        self.chan = chan
+        threading.Thread(target=self._read, name=f"term-r-{self.ident}-{self.guest}", daemon=True).start()
+
+    def _read(self) -> None:
+        chan = self.chan
+        assert chan is not None
+        while True:
+            try:
+                data = chan.recv(32768)
+            except (OSError, EOFError, paramiko.SSHException):
+                data = b""
+            if not data:
+                break
+            with contextlib.suppress(RuntimeError):  # the loop is gone: serve is ending
+                self.loop.call_soon_threadsafe(self._publish, data)
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.close, 4000, "the shell ended")
+
+    def _publish(self, data: bytes) -> None:
+        self.backlog += data
+        if len(self.backlog) > BACKLOG:
+            del self.backlog[:len(self.backlog) - BACKLOG]
+        for sub in self.subscribers:
+            sub.queue.put_nowait(data)
+
+    def subscribe(self, writable: bool, token: str) -> Subscriber:
+        sub = Subscriber(writable, token)
+        if self.backlog:
+            sub.queue.put_nowait(bytes(self.backlog))
+        self.subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        if not self.subscribers:
+            self.idle_since = time.monotonic()
+
+    def write(self, sub: Subscriber, data: bytes) -> bool:
+        """Send a page's keystrokes to the shell; False (and nothing sent) for a read-only page."""
+        if not sub.writable or self.chan is None or self.closed:
+            return False
+        chan = self.chan
+        self.writer.submit(self._send, chan, data)
+        return True
+
+    @staticmethod
+    def _send(chan: paramiko.Channel, data: bytes) -> None:
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            chan.sendall(data)
+
+    def resize(self, sub: Subscriber, cols: int, rows: int) -> None:
+        if sub.writable and self.chan is not None and not self.closed:
+            chan = self.chan
+            self.writer.submit(lambda: chan.resize_pty(width=cols, height=rows))
+
+    def close(self, code: int = 1001, reason: str = "closed") -> None:
+        """End the shell and every page's connection to it (with ``code``)."""
+        if self.closed:
+            return
+        self.closed = True
+        for sub in list(self.subscribers):
+            sub.end(code, reason)
+        self.subscribers.clear()
+        self.writer.submit(self._shut, self.chan, self.session)
+        self.writer.shutdown(wait=False)
+
+    @staticmethod
+    def _shut(chan: paramiko.Channel | None, session: Session | None) -> None:
+        with contextlib.suppress(Exception):
+            if chan is not None:
+                chan.close()
+            if session is not None:
+                session.close()
+
+
+class Terminals:
+    """Every open hub, by (instance, guest)."""
+
+    def __init__(self) -> None:
+        self.hubs: dict[tuple[str, str], Hub] = {}
+        self.lock = asyncio.Lock()
+
+    async def attach(self, ident: str, guest: str, ep: Endpoint, cols: int, rows: int) -> Hub:
+        """The open hub of ``ident``'s ``guest``, opened now if there is none.
+
+        :raise GuestError: when the shell cannot be opened.
+        """
+        async with self.lock:
+            hub = self.hubs.get((ident, guest))
+            if hub is not None and not hub.closed:
+                return hub
+            hub = Hub(ident, guest, asyncio.get_running_loop())
+            await asyncio.to_thread(hub.open, ep, cols, rows)
+            self.hubs[(ident, guest)] = hub
+            return hub
+
+    def close_where(self, pred: Callable[[str, str], bool], code: int, reason: str) -> int:
+        """Close every hub whose (ident, guest) ``pred`` accepts; how many."""
+        n = 0
+        for key, hub in list(self.hubs.items()):
+            if pred(*key):
+                hub.close(code, reason)
+                self.hubs.pop(key, None)
+                n += 1
+        return n
+
+    def sweep(self) -> None:
+        """Forget closed hubs; close those nobody watched for a while."""
+        now = time.monotonic()
+        for key, hub in list(self.hubs.items()):
+            if not hub.closed and not hub.subscribers and now - hub.idle_since > IDLE_CLOSE:
+                hub.close()
+            if hub.closed:
+                self.hubs.pop(key, None)
+
+    def close_all(self) -> None:
+        for hub in list(self.hubs.values()):
+            hub.close(1001, "the server is stopping")
+        self.hubs.clear()

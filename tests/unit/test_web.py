@@ -1,0 +1,170 @@
+"""labctl serve without guests: tokens and their revocation, who may reach what, the pages'
+headers, and refusals (HTTP 403) for every action outside a student's own instance."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from labctl.training.classroom import ClassRecord
+from labctl.web import access
+from labctl.web.access import OWNER, STUDENT, TRAINER, Principal, class_tokens, owner_token, resolve, revoke
+from labctl.web.app import COOKIE, build_app
+from labctl.web.server import links, parse_listen
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("LABCTL_STATE_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def record(state: Path, tmp_path: Path) -> ClassRecord:
+    out = tmp_path / "handouts"
+    for s in ("ann", "bea"):
+        (out / s).mkdir(parents=True, mode=0o700)
+    os.chmod(out, 0o700)
+    rec = ClassRecord("exlab", "/x/exlab.yaml", ["ann", "bea"], str(out))
+    rec.create()
+    return rec
+
+
+@pytest.fixture
+def client(record: ClassRecord) -> Iterator[TestClient]:
+    with TestClient(build_app(), base_url="http://127.0.0.1:8470") as c:
+        yield c
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+def test_parse_listen() -> None:
+    assert parse_listen("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_listen("0.0.0.0:9000") == ("0.0.0.0", 9000)
+    assert parse_listen("[::1]:8080") == ("::1", 8080)
+    for bad in ("localhost:80", "1.2.3.4:x", "1.2.3.4:70000", "a b"):
+        with pytest.raises(access.UsageError):
+            parse_listen(bad)
+
+
+def test_class_tokens_are_private_and_resolve_to_their_holder(record: ClassRecord) -> None:
+    tokens = class_tokens(record)
+    path = access.ClassTokens.path_of("exlab")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert class_tokens(record) == tokens  # stable while the class is up
+    assert resolve(tokens.trainer) == Principal(TRAINER, "exlab")
+    assert resolve(tokens.students["ann"]) == Principal(STUDENT, "exlab", "ann")
+    assert resolve("nope") is None and resolve("") is None and resolve(None) is None
+    own = owner_token()
+    assert resolve(own) == Principal(OWNER)
+    assert stat.S_IMODE((access.web_dir() / "owner.token").stat().st_mode) == 0o600
+
+
+def test_who_may_reach_what() -> None:
+    ann = Principal(STUDENT, "exlab", "ann")
+    assert ann.may_reach("exlab@ann")
+    assert not ann.may_reach("exlab@bea") and not ann.may_reach("exlab") and not ann.may_reach("other@ann")
+    assert not ann.may_reach("../exlab@ann")
+    trainer = Principal(TRAINER, "exlab")
+    assert trainer.may_reach("exlab@bea") and not trainer.may_reach("exlab") and not trainer.may_reach("other@bea")
+    assert Principal(OWNER).may_reach("anything@x") and not Principal(OWNER).may_reach("a/b")
+
+
+def test_tokens_die_with_the_class_and_never_serve_the_next(record: ClassRecord) -> None:
+    tokens = class_tokens(record)
+    record.remove()  # class down removes the record: the tokens stop at once
+    assert resolve(tokens.students["ann"]) is None and resolve(tokens.trainer) is None
+    again = ClassRecord("exlab", record.source, record.students, record.out, created_at="2099-01-01T00:00:00+00:00")
+    again.create()
+    assert resolve(tokens.students["ann"]) is None  # a new class of the same lab: the old tokens stay dead
+    fresh = class_tokens(again)
+    assert fresh.students["ann"] != tokens.students["ann"]
+    assert resolve(fresh.students["ann"]) == Principal(STUDENT, "exlab", "ann")
+    revoke("exlab")
+    assert resolve(fresh.students["ann"]) is None
+
+
+def test_links_write_each_students_url_into_their_handout(record: ClassRecord) -> None:
+    got = links("http://127.0.0.1:8470", None)
+    tokens = class_tokens(record)
+    assert got.classes["exlab"]["ann"] == f"http://127.0.0.1:8470/?t={tokens.students['ann']}"
+    url_file = Path(record.out) / "ann" / access.URL_FILE
+    assert url_file.read_text().strip() == got.classes["exlab"]["ann"]
+    assert stat.S_IMODE(url_file.stat().st_mode) == 0o600
+
+
+def test_first_visit_moves_the_token_into_a_cookie(client: TestClient, record: ClassRecord) -> None:
+    tokens = class_tokens(record)
+    r = client.get(f"/?t={tokens.students['ann']}", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/"
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+    r = client.get("/", follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/lab/exlab@ann"
+    page = client.get("/lab/exlab@ann")
+    assert page.status_code == 200
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp and "http" not in csp
+    assert page.headers["referrer-policy"] == "no-referrer"
+    assert client.get("/lab/exlab@bea").status_code == 403
+    assert client.get("/?t=wrong").status_code == 403
+
+
+def test_a_student_reaches_only_their_own_instance(client: TestClient, record: ClassRecord) -> None:
+    tokens = class_tokens(record)
+    ann = bearer(tokens.students["ann"])
+    assert client.get("/api/lab/exlab@bea", headers=ann).status_code == 403
+    assert client.get("/api/lab/exlab@bea/topology.svg", headers=ann).status_code == 403
+    assert client.post("/api/lab/exlab@bea/checks", headers=ann).status_code == 403
+    assert client.post("/api/lab/exlab@bea/reset/a", headers=ann).status_code == 403
+    assert client.get("/api/class/exlab", headers=ann).status_code == 403
+    assert client.get("/class/exlab", headers=ann).status_code == 403
+    assert client.post("/api/class/exlab/allow-reset", headers=ann, json={"allow": True}).status_code == 403
+    assert client.get("/api/events?lab=exlab@bea", headers=ann).status_code == 403
+    assert client.get("/api/index", headers=ann).status_code == 403
+    # their own guest: not allowed to reset until the trainer says so
+    r = client.post("/api/lab/exlab@ann/reset/a", headers=ann)
+    assert r.status_code == 403 and "not allowed" in r.json()["error"]
+    trainer = bearer(tokens.trainer)
+    assert client.post("/api/class/exlab/allow-reset", headers=trainer, json={"allow": True}).status_code == 200
+    assert client.post("/api/class/exlab/allow-reset", headers=trainer, json={"allow": "yes"}).status_code == 400
+    assert client.post("/api/lab/exlab@ann/reset/a", headers=ann).status_code == 404  # allowed; the lab is not up
+    # a page of another origin cannot act with the cookie
+    assert client.post("/api/lab/exlab@ann/checks", headers={**ann, "origin": "http://127.0.0.1:9999"}).status_code == 403
+
+
+def test_terminals_refuse_other_students_and_revoked_tokens(client: TestClient, record: ClassRecord) -> None:
+    tokens = class_tokens(record)
+    for headers in (bearer(tokens.students["ann"]), {}, bearer("forged")):
+        with pytest.raises(WebSocketDisconnect) as exc:
+            with client.websocket_connect("/ws/term/exlab@bea/a", headers=headers):
+                pass
+        assert exc.value.code == 4403
+    with pytest.raises(WebSocketDisconnect) as exc:  # another origin, even with the right token
+        with client.websocket_connect("/ws/term/exlab@ann/a", headers={**bearer(tokens.students["ann"]),
+                                                                       "origin": "http://evil.example"}):
+            pass
+    assert exc.value.code == 4403
+    revoke("exlab")
+    r = client.get("/api/lab/exlab@ann", headers=bearer(tokens.students["ann"]))
+    assert r.status_code == 403
+
+
+def test_serve_refuses_a_bad_listen_address_with_exit_2(state: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "labctl", "serve", "--listen", "nowhere:x"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "LABCTL_STATE_DIR": str(state)})
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "--listen" in res.stderr
