@@ -27,6 +27,7 @@ PACKAGES=(
     linux-perf                           # the host side of a step: a profile of each guest's QEMU
     chromium                             # tests: report.html in a headless browser
     tshark tcpdump                       # tests: reading the captures labctl writes
+    gcc libc6-dev                        # tests: a program built on the host runs in a guest from a share
     iproute2                             # ip netns, bridges and taps (multiqueue links, as root)
     git                                  # labctl bisect: worktrees of the user's kernel repository
     ca-certificates
