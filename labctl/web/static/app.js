@@ -183,12 +183,12 @@ function labPage() {
       }
       const mayReset = role !== 'student' || view.allow_reset;
       const busy = (view.resetting || []).includes(g.name);
-      b.head.replaceChildren(el('h2', {}, g.name), ' ', stateBadge(g),
+      b.head.replaceChildren(...[el('h2', {}, g.name), ' ', stateBadge(g),
         g.panic ? el('span', {class: 'panic'}, g.panic) : null,
         mayReset ? el('button', {class: 'reset', disabled: busy, onclick: async () => {
           if (!confirm(`reset ${g.name} to its post-boot state?`)) return;
           try { await post(`/api/lab/${encodeURIComponent(ident)}/reset/${encodeURIComponent(g.name)}`); } catch (e) { alert(e.message); }
-        }}, busy ? 'resetting…' : 'reset') : null);
+        }}, busy ? 'resetting…' : 'reset') : null].filter((x) => x !== null));
     }
     const c = {...view, checks: {...view.checks, running: view.checks.running || checking}};
     checksInner.replaceChildren(checksList(c, checkNow));
