@@ -5,6 +5,7 @@ process group; on timeout or Ctrl-C the whole group gets SIGTERM, a short
 grace period, then SIGKILL. Kinds of children:
 
 * :func:`run` / :func:`run_pipeline`: to completion, with a timeout;
+* :func:`run_lines`: to completion, its output line by line as it comes (a build's progress);
 * :func:`spawn`: long-lived (QEMU, the L2 switch, relays), output to a log,
   owned by whoever started it;
 * :func:`spawn_tied`: a helper that must never outlive labctl (dies with it);
@@ -112,6 +113,33 @@ def run(
             output="\n".join(tail),
         )
     return result
+
+
+def run_lines(argv: Sequence[str | os.PathLike[str]], on_line: Callable[[str], None], timeout: float, *,
+              cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
+    """Run ``argv`` (a build: make and its compilers) in a session of its own, every line of its
+    output and errors to ``on_line`` as it comes; its exit status. On a timeout or Ctrl-C the whole
+    group is stopped (:func:`kill_group`) before the exception goes on.
+
+    :raise ProcessError: on timeout. :raise HostError: when the program does not exist.
+    """
+    proc = _popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    try:
+        for raw in proc.stdout:
+            on_line(raw.decode(errors="replace").rstrip("\n"))
+            if time.monotonic() > deadline:
+                raise ProcessError(f"{Path(os.fspath(argv[0])).name} timed out after {timeout:.0f} s")
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired as exc:
+        kill_group(proc)
+        raise ProcessError(f"{Path(os.fspath(argv[0])).name} timed out after {timeout:.0f} s") from exc
+    except BaseException:
+        kill_group(proc)
+        raise
+    finally:
+        proc.stdout.close()
 
 
 def run_pipeline(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeout: float,

@@ -143,3 +143,36 @@ def step_cases(lab: str, results: Iterable[Mapping[str, Any]], bundle: Path | No
                           message=f"{reason} (bundle: {where})" if status in (FAILED, ERROR) and where else reason,
                           details="\n".join(lines)))
     return cases
+
+
+def selftest_cases(lab: str, results: Iterable[Mapping[str, Any]], bundle: Path | None) -> list[Case]:
+    """One case per kernel selftest a ``kselftest:`` step ran (classname ``LAB.STEP[VARIANT]``, name
+    ``TARGET:TEST``): a failure with its reason and its log file, a skip with why; XFAIL passes."""
+    cases = []
+    for r in results:
+        record = r.get("kselftest") or {}
+        for t in record.get("tests") or []:
+            result = str(t.get("result"))
+            status = {"pass": PASSED, "xfail": PASSED, "skip": SKIPPED, "fail": FAILED}.get(result, ERROR)
+            log = str(bundle / t["log"]) if bundle is not None and t.get("log") else ""
+            reason = str(t.get("reason") or "")
+            sub = t.get("subtests") or {}
+            lines = [f"{result}{': ' + reason if reason else ''}"]
+            if sub:
+                lines.append("subtests: " + ", ".join(f"{k} {v}" for k, v in sub.items()))
+            if t.get("failed_subtests"):
+                lines.append("failed subtests: " + ", ".join(map(str, t["failed_subtests"])))
+            if log:
+                lines.append(f"log: {log}")
+            output = ""
+            if status == FAILED and bundle is not None and t.get("log"):
+                try:
+                    output = (bundle / t["log"]).read_text(errors="replace")
+                except OSError:
+                    output = ""
+            message = reason or ("failed" if status == FAILED else "")
+            cases.append(Case(name=f"{t.get('collection') or record.get('target')}:{t.get('name')}",
+                              classname=f"{lab}.{step_name(r)}", status=status, time=float(t.get("time_s") or 0.0),
+                              message=f"{message} (log: {log})" if status == FAILED and log else message,
+                              details="\n".join(lines), output=output))
+    return cases

@@ -36,7 +36,7 @@ from labctl.trace.tef import write_trace
 log = logging.getLogger(__name__)
 
 RECORDED = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "warnings", "gdb", "repeat", "repeats",
-            "window_s", "captures", "network")
+            "window_s", "captures", "network", "kselftest")
 """What a step entry keeps as the runner recorded it; everything else is computed."""
 
 

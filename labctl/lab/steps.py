@@ -30,6 +30,9 @@
             stats: true                 # statistics snapshots before/after (default true)
             capture: [eth1]             # pcapng of these NICs (true: all of a's) in the bundle
 
+A step may run the kernel's selftests (``kselftest: {tree: DIR, target: net, tests: [...]}``,
+:mod:`labctl.lab.kselftest`) instead of, or after, its ``run`` commands.
+
 A ``run`` entry may also be ``{link: GUEST.NIC, state: down}`` (QMP
 ``set_link``); links and impairments a step changes are put back when it ends.
 
@@ -44,14 +47,16 @@ import dataclasses
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from labctl.lab import kselftest as ks
 from labctl.lab.checker import Checker, close_match
 from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs, trace_capture
 from labctl.lab.specs import GuestSpec
 from labctl.lab.yamlpos import YamlMap
 
-_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair")
+_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair", "kselftest")
 MAX_REPEAT = 100
 _GDB_KEYS = ("guest", "break", "hits", "step", "step_mode", "registers", "backtrace", "timeout")
 STEP_MODES = ("line", "into", "instruction")
@@ -149,6 +154,7 @@ class Step:
     gdb: GdbStep | None = None
     repeat: int = 1  # runs of each variant
     impair: tuple[StepImpair, ...] = ()  # impairments for the step's duration
+    kselftest: ks.Kselftest | None = None  # the kernel's selftests, run after the commands
 
     def variants(self) -> list[dict[str, str]]:
         """The matrix rows, or one empty row when the step has no matrix."""
@@ -209,6 +215,7 @@ class StepParser:
 
     check: Checker
     guests: dict[str, GuestSpec]
+    trusted: tuple[Path, ...] = ()  # --trust-dir: host paths a step names (kselftest's tree)
     steps: list[Step] = field(default_factory=list)
 
     def parse(self, data: YamlMap) -> tuple[Step, ...]:
@@ -241,7 +248,7 @@ class StepParser:
 
     def _step(self, m: YamlMap, path: str) -> Step | None:
         c = self.check
-        c.keys(m, path, _STEP_KEYS, ("name", "run"))
+        c.keys(m, path, _STEP_KEYS, ("name",) if "kselftest" in m else ("name", "run"))
         name = c.matching(m, "name", path, _STEP_NAME, "step name", "use a-z, 0-9, '_', '-'", True)
         matrix = self._matrix(m, path)
         known = {k for row in matrix for k in row} | set(self._addresses())
@@ -256,10 +263,26 @@ class StepParser:
         impair = step_impairs(c, m, path, lambda text, line, where: self._templates(text, known, line, where),
                               lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
                               lambda nic, line, where: self._check_nic(nic, matrix, line, where))
-        if name is None:
+        selftests = None
+        if "kselftest" in m:
+            selftests = ks.parse(c, m, path, set(self.guests), self.trusted,
+                                 lambda text, line, where: self._each_guest(text, known, matrix, line, where))
+        if name is None or ("kselftest" in m and selftests is None):
             return None
         return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb,
-                    repeat or 1, impair)
+                    repeat or 1, impair, selftests)
+
+    def _each_guest(self, template: str, known: set[str], matrix: tuple[dict[str, str], ...], line: int,
+                    path: str) -> None:
+        """A guest name that may be a template: every matrix row must fill it in with a guest of the lab."""
+        self._templates(template, known, line, path)
+
+        def check(value: str) -> str:
+            if value not in self.guests:
+                raise ValueError(f"unknown guest '{value}'{close_match(value, self.guests)}")
+            return value
+
+        self._each_row(template, matrix, check, line, path)
 
     def _each_row(self, template: str, matrix: tuple[dict[str, str], ...], check: Any, line: int,
                   path: str) -> bool:

@@ -108,7 +108,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
     _check_spans(check, hosts, guests, networks, nics)
     check_ips(check, nics)
     assign_macs(check, header["name"], nics)
-    steps = StepParser(check, guests).parse(data)
+    steps = StepParser(check, guests, trusted).parse(data)
     checks = parse_checks(check, data, set(guests))
     if check.problems:
         return None, check.problems

@@ -48,6 +48,7 @@ from labctl.report.document import (
     txt,
 )
 from labctl.report.flames import flame_blocks
+from labctl.report.kselftest import kselftest_blocks
 from labctl.report.network import per_cpu_blocks, reassembly_blocks, step_network_blocks, topology_blocks
 from labctl.report.skb import latency_blocks
 from labctl.report.tracepoints import symbols_note, tracepoint_blocks
@@ -414,7 +415,7 @@ def step_section(root: Path, step: Mapping[str, Any], index: int) -> Section:
                            _step_meta(step, step_dir)]
     if guests:
         blocks += [Heading(4, "Guests"), guests_table(guests)]
-    blocks += step_network_blocks(step)
+    blocks += step_network_blocks(step) + kselftest_blocks(root, step)
     blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests) + timeline_blocks(guests, step_dir)
     blocks += warning_blocks(step, guests) + [Heading(4, "Raw artifacts")] + artifact_links(root, step_dir)
     return Section(tuple(blocks), "step failed" if failed else "step", f"step-{index}")

@@ -16,3 +16,6 @@ class StepEvents:
 
     def step_finished(self, result: StepResult) -> None:
         """A step variant ended (ok, failed or skipped), with its result."""
+
+    def step_progress(self, message: str) -> None:
+        """What a running step is doing meanwhile (building the selftests, copying them...)."""

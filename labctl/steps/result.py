@@ -25,6 +25,7 @@ class StepResult:
     window_s: float | None = None  # the step's workload window (its commands), seconds
     captures: list[dict[str, Any]] = field(default_factory=list)  # one per captured NIC (labctl.steps.network)
     network: dict[str, Any] | None = None  # impairments in force and links changed during the step
+    kselftest: dict[str, Any] | None = None  # the kernel's selftests: build, guest, one entry per test (labctl.steps.kselftest)
 
     def fail(self, reason: str) -> None:
         if self.status != "failed":

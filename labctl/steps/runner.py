@@ -31,9 +31,11 @@ from labctl.errors import GuestError, LabctlError, UsageError
 from labctl.steps.events import StepEvents
 from labctl.lab.model import Lab
 from labctl.lab.netopts import LinkSpec
+from labctl.lab.kselftest import Kselftest
 from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, render_trace
 from labctl.ssh import Session
 from labctl.steps import copyback
+from labctl.steps import kselftest as ks
 from labctl.steps import tracers as tr
 from labctl.steps.hostcost import HostWatch
 from labctl.steps.network import StepNetwork, captured_nics, link_guest
@@ -151,7 +153,8 @@ class Runner:
                             continue
                         result = self.run_variant(step, row, repeat)
                         self.results.append(result)
-                        failed = result.status == "failed"
+                        # selftests that failed leave the lab as it was: the next variant still runs
+                        failed = result.status == "failed" and not (result.kselftest or {}).get("only_tests_failed")
         finally:
             self.close()
         return self.results
@@ -174,8 +177,9 @@ class Runner:
         t0 = time.monotonic()
         nic_guest = self._nic(step, row, res)
         gdb_guest = [step.gdb.guest] if step.gdb else []
+        ks_guest = [render(step.kselftest.guest, row, {}, quote=False)] if step.kselftest else []
         involved = list(dict.fromkeys([*(link_guest(r, row) if isinstance(r, LinkSpec) else r.guest
-                                         for r in step.run), *step.trace,
+                                         for r in step.run), *ks_guest, *step.trace,
                                        *([nic_guest] if nic_guest else []), *gdb_guest,
                                        *(g for g, _ in captured_nics(self.lab, step))]))
         res.guests = involved
@@ -184,13 +188,18 @@ class Runner:
         gdb = None
         watch: HostWatch | None = None
         net = StepNetwork(self.lab, self.state, self.backend, self.dir, self.ssh)
+        ks_build = None
         try:
             try:
+                if step.kselftest is not None:
+                    ks_build = self._kselftest_build(step.kselftest, ks_guest[0], res)
                 net.begin(step, row, rel, res)
                 self._prepare(involved, workdir, step, res)
                 gdb = self._start_gdb(step, row, rel, res)
                 watch = self._window_start(involved, workdir, rel)
                 self._run_commands(step, row, workdir, res, bg, net)
+                if step.kselftest is not None and ks_build is not None:
+                    self._kselftest_run(step.kselftest, ks_guest[0], ks_build, workdir, res)
             finally:
                 self._window_end(watch, involved, workdir, res)
                 self._join_gdb(gdb, res)
@@ -210,9 +219,48 @@ class Runner:
         if broken:
             res.fail(broken)
         self._collect(involved, workdir, rel, res)
+        if step.kselftest is not None and ks_build is not None:
+            self._kselftest_results(step.kselftest, ks_guest[0], rel, res)
         res.duration_s = round(time.monotonic() - t0, 2)
         self.events.step_finished(res)
         return res
+
+    # -- the kernel's selftests (labctl.steps.kselftest) -----------------------------------------------
+    def _kselftest_build(self, spec: Kselftest, guest: str, res: StepResult) -> ks.Build:
+        """The selftests built (or found in the cache) and copied into ``guest`` (once per build)."""
+        from labctl.steps import transfer
+
+        b = ks.build(spec, self.events.step_progress)
+        res.kselftest = {"guest": guest, "tree": str(spec.tree), "target": spec.target, "build": b.to_dict(),
+                         "tests": [], "counts": {}}
+        where = ks.guest_dir(b)
+        if self.sh(guest, f"test -f {q(where)}/.complete") != 0:
+            self.events.step_progress(f"copying the selftests into {guest}")
+            self.sh(guest, f"rm -rf {q(where)} && mkdir -p {q(GUEST_ROOT)}")
+            transfer.to_guest(self.ssh(guest), str(b.install), where)
+            self.sh(guest, f"touch {q(where)}/.complete")
+        return b
+
+    def _kselftest_run(self, spec: Kselftest, guest: str, b: ks.Build, workdir: str, res: StepResult) -> None:
+        command = ks.run_command(spec, b, workdir)
+        count = len(spec.tests or b.tests)
+        self.events.step_progress(f"running {count} {spec.target} selftests on {guest}")
+        started, t0 = now(), time.monotonic()
+        status = self.ssh(guest).run(command, timeout=ks.run_timeout(spec, b), abort=self.dead_guests).status
+        self.commands.append({"guest": guest, "step": res.name, "variant": res.variant, "index": len(self.commands),
+                              "command": f"run_kselftest.sh ({count} tests of {spec.target})", "background": False,
+                              "status": status, "duration_s": round(time.monotonic() - t0, 3), "started_at": started})
+        if status < 0:
+            res.fail(self.dead_guests() or f"the SSH connection to {guest} was lost during the selftests")
+
+    def _kselftest_results(self, spec: Kselftest, guest: str, rel: Path, res: StepResult) -> None:
+        record = ks.results(self.dir / rel / guest, f"{rel.as_posix()}/{guest}", spec.target)
+        lab_ok = res.status != "failed"
+        why = ks.verdict(record)
+        record["only_tests_failed"] = bool(lab_ok and why and not record.get("error") and not record.get("missing"))
+        res.kselftest = {**(res.kselftest or {}), **record}
+        if why:
+            res.fail(why)
 
     def _window_start(self, guests: list[str], workdir: str, rel: Path) -> HostWatch:
         """The step's window opens: each guest's /proc/stat, then its QEMU on the host (labctl.steps.hostcost)."""

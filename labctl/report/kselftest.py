@@ -1,0 +1,51 @@
+"""The report's part for a ``kselftest:`` step: a table per test (result, time, why it skipped) and
+the log of each failure (from summary.json's ``kselftest`` record and the per-test log files)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from labctl.report.document import Block, Heading, Para, Row, Span, Table, txt
+
+MAX_LOG_LINES = 60
+_STYLE = {"pass": "good", "xfail": "good", "skip": "muted", "fail": "bad"}
+
+
+def _log_tail(root: Path, rel: str) -> str:
+    p = (root / rel).resolve()
+    if not p.is_relative_to(root.resolve()) or not p.is_file():
+        return ""
+    lines = p.read_text(errors="replace").splitlines()
+    return "\n".join((["[...]"] if len(lines) > MAX_LOG_LINES else []) + lines[-MAX_LOG_LINES:])
+
+
+def kselftest_blocks(root: Path, step: Mapping[str, Any]) -> list[Block]:
+    record = step.get("kselftest")
+    if not isinstance(record, Mapping) or not record.get("tests"):
+        return []
+    counts = record.get("counts") or {}
+    build = record.get("build") or {}
+    blocks: list[Block] = [
+        Heading(4, f"Kernel selftests ({record.get('target')}, on {record.get('guest')})"),
+        Para(txt(", ".join(f"{v} {k}" for k, v in counts.items()) + f"; built from {record.get('tree')}"
+                 + (" (cached build)" if build.get("cached") else f" in {build.get('seconds')} s")
+                 + (f"; not built: {', '.join(build['not_built'])}" if build.get("not_built") else ""))),
+    ]
+    rows = []
+    for t in record["tests"]:
+        result = str(t.get("result"))
+        sub = t.get("subtests") or {}
+        reason = str(t.get("reason") or "")
+        if sub:
+            reason = (reason + "; " if reason else "") + "subtests " + ", ".join(f"{v} {k}" for k, v in sub.items() if v)
+        rows.append(Row((txt(t.get("name"), "code"), txt(result, _STYLE.get(result, "")),
+                         txt("" if t.get("time_s") is None else f"{t['time_s']:.1f} s"), txt(reason),
+                         (Span("log", "", str(t.get("log"))),) if t.get("log") else txt("")),
+                        "failed" if result == "fail" else ""))
+    blocks.append(Table(("test", "result", "time", "reason", "log"), tuple(rows), frozenset({2})))
+    for t in record["tests"]:
+        if t.get("result") == "fail" and t.get("log"):
+            blocks += [Heading(5, f"{t.get('name')}: log"), Para(txt(_log_tail(root, str(t["log"])), "code"))]
+    return blocks

@@ -1,0 +1,359 @@
+"""A ``kselftest:`` step: the kernel's selftests of a source tree, built on the host, run in a guest.
+
+**Build** (:func:`build`), once per content, cached in ``~/.cache/labctl/kselftest/KEY/``; the key
+hashes the target's directory, the selftests framework (``kselftest/``, ``lib.mk``, the harness
+headers) and the tree's UAPI headers (``include/uapi``, ``arch/x86/include/uapi`` and its
+generated part). Nothing is written into the tree:
+
+1. the UAPI headers are installed into the work directory with the tree's own
+   ``scripts/headers_install.sh`` (its ``unifdef`` compiled there from ``scripts/unifdef.c``);
+2. ``make -C TREE/tools/testing/selftests O=WORK TARGETS=TARGET -k``: with ``O=`` the objects go
+   to ``WORK/kselftest/TARGET`` and the headers are taken from ``WORK/usr/include``; ``-k``
+   builds every program that can be built when some cannot (6.1's net target needs clang for
+   ``nat6to4.o`` and libnuma for ``reuseport_bpf_numa``: the target as a whole fails here);
+3. the installed tree is assembled by labctl (the kernel's ``install`` needs rsync and a target
+   that builds whole): ``run_kselftest.sh`` and ``kselftest/``, the target's scripts and data
+   files, the programs that were built, and ``kselftest-list.txt`` from the target's own
+   ``emit_tests``. A listed test whose program did not build is an error naming make's reason.
+
+make runs through :func:`labctl.proc.run_lines` (its own session, stopped as a group on Ctrl-C);
+the work directory is :func:`labctl.paths.build_into`'s (removed unless the build completes).
+
+**Run**: the installed tree is copied into the guest once per guest and build
+(:func:`labctl.steps.transfer.to_guest`), the per-test timeout written into the target's
+``settings``, and ``run_kselftest.sh -t TARGET:TEST ...`` run; its output is kept as
+``kselftest.tap`` in the step's guest directory, with the time of each test's start and result
+line in ``kselftest.times``. :func:`results` parses them (:mod:`labctl.trace.ktap`) into the
+step's record and one log file per test (``kselftest/TEST.log``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl import paths, proc
+from labctl.errors import LabctlError
+from labctl.lab.kselftest import SELFTESTS, Kselftest
+from labctl.trace import ktap
+
+RECIPE = "2"  # bump when the way labctl builds changes
+BUILD_TIMEOUT = 3600.0
+TAP = "kselftest.tap"
+TIMES = "kselftest.times"
+LOGS = "kselftest"
+BUILD_JSON = "build.json"
+INSTALL = "install"
+_FRAMEWORK = ("Makefile", "lib.mk", "kselftest.h", "kselftest_harness.h", "kselftest_module.h", "run_kselftest.sh")
+_HEADER_DIRS = ("include/uapi", "arch/x86/include/uapi", "arch/x86/include/generated/uapi")
+_MAKE_FAILED = re.compile(r"\*\*\* \[[^\]]*?([^/\s\]]+)\] Error")
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.+-]")
+
+
+@dataclass
+class Build:
+    key: str
+    install: Path  # run_kselftest.sh, kselftest-list.txt, <target>/
+    seconds: float = 0.0
+    cached: bool = False
+    make_status: int = 0
+    not_built: list[str] = field(default_factory=list)  # programs make could not build
+    tests: list[str] = field(default_factory=list)  # kselftest-list.txt's tests of the target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "seconds": round(self.seconds, 1), "cached": self.cached,
+                "make_status": self.make_status, "not_built": self.not_built, "tests": len(self.tests)}
+
+
+def _hash_tree(h: Any, root: Path, rel: str) -> None:
+    base = root / rel
+    if base.is_file():
+        h.update(f"F {rel}\n".encode())
+        h.update(base.read_bytes())
+        return
+    for d, dirs, files in os.walk(base):
+        dirs.sort()
+        for name in sorted(files):
+            p = Path(d) / name
+            if p.is_file() and not p.is_symlink():
+                h.update(f"F {p.relative_to(root)}\n".encode())
+                h.update(p.read_bytes())
+
+
+def build_key(spec: Kselftest) -> str:
+    """What the build is made of: the target's sources, the framework and the tree's UAPI headers."""
+    h = hashlib.sha256(f"labctl-kselftest {RECIPE} {spec.target}\n".encode())
+    tree = Path(spec.tree)
+    _hash_tree(h, tree, str(SELFTESTS / spec.target))
+    _hash_tree(h, tree, str(SELFTESTS / "kselftest"))
+    for name in _FRAMEWORK:
+        if (tree / SELFTESTS / name).is_file():
+            _hash_tree(h, tree, str(SELFTESTS / name))
+    for d in _HEADER_DIRS:
+        if (tree / d).is_dir():
+            _hash_tree(h, tree, d)
+    return h.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    return paths.cache_dir() / "kselftest"
+
+
+def build(spec: Kselftest, say: Callable[[str], None] = lambda _: None, jobs: int | None = None) -> Build:
+    """The installed selftests of ``spec`` (built now, or found in the cache).
+
+    :raise LabctlError: when a listed test is not there after the build (with make's reason).
+    """
+    key = build_key(spec)
+    final = cache_root() / key
+    cached = _read(final, spec)
+    if cached is not None:
+        return cached
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with paths.exclusive(cache_root() / f"{key}.lock"):
+        cached = _read(final, spec)  # another labctl built it meanwhile
+        if cached is not None:
+            return cached
+        t0 = time.monotonic()
+        with paths.build_into(final, mode=0o755) as work:
+            result = _build_in(spec, key, work, say, jobs or os.cpu_count() or 1)
+            result.seconds = time.monotonic() - t0
+            paths.atomic_write(work / BUILD_JSON, json.dumps(result.to_dict() | {"all_tests": result.tests}) + "\n")
+            try:
+                _check_listed(spec, result, work)
+            except LabctlError:
+                shutil.copy2(work / "make.log", cache_root() / f"{key}.make.log")
+                raise
+        result.install = final / INSTALL
+        say(f"selftests built in {result.seconds:.0f} s ({len(result.tests)} tests"
+            + (f"; not built: {', '.join(result.not_built)}" if result.not_built else "") + ")")
+        return result
+
+
+def _read(final: Path, spec: Kselftest) -> Build | None:
+    try:
+        data = json.loads((final / BUILD_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    b = Build(str(data["key"]), final / INSTALL, float(data["seconds"]), True, int(data["make_status"]),
+              list(data["not_built"]), list(data["all_tests"]))
+    _check_listed(spec, b, final)
+    return b
+
+
+def _check_listed(spec: Kselftest, b: Build, work: Path) -> None:
+    missing = [t for t in spec.tests if t not in b.tests or not (work / INSTALL / spec.target / t).exists()]
+    if missing:
+        reasons = _reasons(work / "make.log", missing)
+        raise LabctlError(f"selftests not built from {spec.tree} ({spec.target}): " + "; ".join(
+            f"{t}: {reasons.get(t, 'not in the target list')}" for t in missing),
+            hint=f"make's output: {cache_root() / (b.key + '.make.log')}")
+
+
+def _reasons(log: Path, names: list[str]) -> dict[str, str]:
+    """The first compiler error line of each of ``names`` in make's log."""
+    out: dict[str, str] = {}
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    for name in names:
+        for ln in lines:
+            if f"{name}.c:" in ln and "error" in ln:
+                out[name] = ln.strip()[:300]
+                break
+        else:
+            for ln in lines:
+                if _MAKE_FAILED.search(ln) and _MAKE_FAILED.search(ln)[1] == name:  # type: ignore[index]
+                    out[name] = ln.strip()[:300]
+                    break
+    return out
+
+
+def _build_in(spec: Kselftest, key: str, work: Path, say: Callable[[str], None], jobs: int) -> Build:
+    tree, src = Path(spec.tree), spec.source
+    obj = work / "obj"
+    say("installing the tree's UAPI headers for the selftests")
+    _headers(tree, obj / "usr" / "include", work)
+    say(f"make -C {SELFTESTS} TARGETS={spec.target} (-j{jobs})")
+    log_lines: list[str] = []
+    count = [0]
+
+    def line(text: str) -> None:
+        log_lines.append(text)
+        if re.match(r"\s*(gcc|cc|CC|LINK|clang)\b", text) or " -o " in text:
+            count[0] += 1
+            if count[0] % 10 == 0:
+                say(f"make: {count[0]} programs compiled")
+
+    env = {**os.environ, "LC_ALL": "C"}
+    status = proc.run_lines(["make", "-C", str(tree / SELFTESTS), f"O={obj}", f"TARGETS={spec.target}", "-k",
+                             f"-j{jobs}"], line, BUILD_TIMEOUT, env=env)
+    paths.atomic_write(work / "make.log", "\n".join(log_lines) + "\n")
+    not_built = sorted({m[1] for ln in log_lines if (m := _MAKE_FAILED.search(ln))} - {"all"})
+    built = obj / "kselftest" / spec.target
+    inst = work / INSTALL
+    _install(tree, src, built, inst, spec.target)
+    listing: list[str] = []
+    proc_out = proc.run(["make", "-s", "--no-print-directory", "-C", str(src), f"OUTPUT={built}",
+                         f"COLLECTION={spec.target}", f"KHDR_INCLUDES=-isystem {obj / 'usr' / 'include'}",
+                         "emit_tests"], 300, env=env, check=False)
+    for ln in proc_out.stdout.decode(errors="replace").splitlines():
+        if ln.startswith(f"{spec.target}:"):
+            listing.append(ln)
+    paths.atomic_write(inst / "kselftest-list.txt", "\n".join(listing) + "\n")
+    return Build(key, inst, 0.0, False, status, not_built, [ln.split(":", 1)[1] for ln in listing])
+
+
+def _headers(tree: Path, out: Path, work: Path) -> None:
+    """The tree's UAPI headers as ``make headers_install`` makes them, into ``out``, with the tree's own
+    script; its ``unifdef`` is compiled in ``work`` (never in the tree)."""
+    tools = work / "scripts"
+    tools.mkdir(parents=True, exist_ok=True)
+    proc.run(["gcc", "-O2", "-o", str(tools / "unifdef"), str(tree / "scripts" / "unifdef.c")], 300)
+    pairs: list[str] = []
+    for d in _HEADER_DIRS:
+        base = tree / d
+        if not base.is_dir():
+            continue
+        for p in sorted(base.rglob("*.h")):
+            dest = out / p.relative_to(base)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            pairs += [str(p), str(dest)]
+    script = ('s=$1; shift; while [ $# -gt 0 ]; do sh "$s" "$1" "$2" || { echo "headers_install: $1" >&2; '
+              'exit 1; }; shift 2; done')
+    proc.run(["sh", "-c", script, "sh", str(tree / "scripts" / "headers_install.sh"), *pairs], 1800, cwd=work)
+
+
+def _install(tree: Path, src: Path, built: Path, root: Path, target: str) -> None:
+    """The target's scripts and data files and the programs that were built, as run_kselftest.sh wants them."""
+    dest = root / target
+    (root / "kselftest").mkdir(parents=True, exist_ok=True)
+    base = tree / SELFTESTS
+    for name in ("runner.sh", "prefix.pl", "module.sh"):
+        if (base / "kselftest" / name).is_file():
+            shutil.copy2(base / "kselftest" / name, root / "kselftest" / name)
+    shutil.copy2(base / "run_kselftest.sh", root / "run_kselftest.sh")
+    dest.mkdir(parents=True, exist_ok=True)
+    # scripts and data files, those of subdirectories too (6.1's altnames.sh sources forwarding/lib.sh)
+    for d, dirs, files in os.walk(src):
+        dirs.sort()
+        for name in sorted(files):
+            p = Path(d) / name
+            if p.is_file() and not p.is_symlink() and p.suffix not in (".c", ".h") and name != "Makefile":
+                (dest / p.parent.relative_to(src)).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, dest / p.relative_to(src))
+    if built.is_dir():
+        for p in sorted(built.iterdir()):
+            if p.is_file() and not p.is_symlink():
+                shutil.copy2(p, dest / p.name)
+
+
+# -- in the guest ---------------------------------------------------------------------------------------
+
+def guest_dir(b: Build) -> str:
+    return f"/tmp/labctl/kselftest-{b.key}"
+
+
+def run_command(spec: Kselftest, b: Build, workdir: str) -> str:
+    """The guest's command: the per-test timeout into ``settings``, then the kernel's runner, its output
+    into ``workdir``/kselftest.tap and each test's start and result times into kselftest.times."""
+    q = shlex.quote
+    root, target = guest_dir(b), spec.target
+    tests = spec.tests or tuple(b.tests)
+    selected = " ".join(f"-t {q(target + ':' + t)}" for t in tests)
+    settings = f"{q(target)}/settings"
+    stamp = ("while IFS= read -r l; do case \"$l\" in \"# selftests: \"*|\"ok \"*|\"not ok \"*) "
+             "printf '%s %s\\n' \"$EPOCHREALTIME\" \"$l\";; esac; done")
+    # labctl's guest has no /dev/stdout link unless made (the runner writes each test's output there)
+    links = " && ".join(f"{{ [ -L /dev/{name} ] || {{ rm -f /dev/{name}; ln -s /proc/self/fd/{fd} /dev/{name}; }}; }}"
+                        for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)))
+    return (f"{links} && {{ [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd; }} && cd {q(root)} && {{ grep -v '^timeout=' {settings} 2>/dev/null; echo timeout={spec.timeout}; }} "
+            f"> {settings}.new && mv {settings}.new {settings} && "
+            f"./run_kselftest.sh {selected} 2>&1 | tee {q(workdir)}/{TAP} | bash -c {q(stamp)} > {q(workdir)}/{TIMES}")
+
+
+def run_timeout(spec: Kselftest, b: Build) -> float:
+    return float(spec.timeout * max(1, len(spec.tests or b.tests)) + 300)
+
+
+# -- results ----------------------------------------------------------------------------------------------
+
+def _times(path: Path) -> dict[int, float]:
+    """Seconds each top-level test took (by its number), from kselftest.times."""
+    out: dict[int, float] = {}
+    start: float | None = None
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    for ln in lines:
+        stamp, _, text = ln.partition(" ")
+        try:
+            t = float(stamp.replace(",", "."))
+        except ValueError:
+            continue
+        if text.startswith("# selftests: "):
+            start = t
+        else:
+            m = re.match(r"(?:not )?ok (\d+)", text)
+            if m and start is not None:
+                out[int(m[1])] = round(t - start, 2)
+                start = None
+    return out
+
+
+def _unprefixed(lines: list[str]) -> str:
+    return "\n".join(ln[2:] if ln.startswith("# ") else ln[1:] if ln.startswith("#") else ln for ln in lines) + "\n"
+
+
+def results(guest_dir: Path, rel_guest: str, spec_target: str) -> dict[str, Any]:
+    """The step's selftest record from the guest's kselftest.tap (and .times), and one log file per test
+    written beside them (``kselftest/TEST.log``). ``rel_guest``: the guest directory, relative to the bundle."""
+    try:
+        text = (guest_dir / TAP).read_text(errors="replace")
+    except OSError:
+        return {"tests": [], "counts": ktap.counts([]), "missing": 0, "error": f"no {TAP}: the runner did not run"}
+    doc = ktap.parse_text(text)
+    times = _times(guest_dir / TIMES)
+    logs = guest_dir / LOGS
+    logs.mkdir(exist_ok=True)
+    tests = []
+    for r in doc.results:
+        collection, name = ktap.kselftest_name(r.name)
+        logname = _SAFE_NAME.sub("_", name) + ".log"
+        with contextlib.suppress(OSError):
+            paths.atomic_write(logs / logname, _unprefixed(r.log))
+        sub = ktap.counts(ktap.walk(r.subtests)) if r.subtests else None
+        tests.append({"name": name, "collection": collection or spec_target, "number": r.number,
+                      "result": r.result, "directive": r.directive,
+                      "reason": r.skip_reason() if r.result == ktap.SKIP else r.reason,
+                      "time_s": times.get(r.number) if r.number is not None else None,
+                      "log": f"{rel_guest}/{LOGS}/{logname}", "subtests": sub,
+                      "failed_subtests": [s.name for s in ktap.walk(r.subtests) if s.result == ktap.FAIL][:50]})
+    return {"tests": tests, "counts": ktap.counts(doc.results), "missing": doc.missing, "plan": doc.plan,
+            "bailed": doc.bailed}
+
+
+def verdict(record: dict[str, Any]) -> str | None:
+    """Why the step failed (selftests that failed or never reported), or None."""
+    failed = [t["name"] for t in record.get("tests", []) if t["result"] == ktap.FAIL]
+    parts = []
+    if failed:
+        parts.append(f"{len(failed)} of {len(record['tests'])} selftests failed: {', '.join(failed)}")
+    if record.get("missing"):
+        parts.append(f"{record['missing']} selftests never reported a result")
+    if record.get("error"):
+        parts.append(str(record["error"]))
+    return "; ".join(parts) or None
+
