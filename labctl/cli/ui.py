@@ -195,6 +195,9 @@ class StepLines(StepEvents):
         for w in r.warnings:  # guest and user text: printed literally, never as markup or controls
             console.print(Text.assemble("  ", ("warning:", "yellow"), f" {safe_text(w)}"))
 
+    def step_progress(self, message: str) -> None:
+        console.print(Text(f"  {safe_text(message)}", style="dim"), soft_wrap=True)
+
 
 
 def report_outcome(o: RunOutcome, as_json: bool) -> int:

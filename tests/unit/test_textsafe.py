@@ -207,3 +207,11 @@ def test_graph_of_a_running_lab_shows_guest_drivers_escaped() -> None:
         got = render_format(topo)
         assert_no_controls(got)
         assert "virtio_net\\x1b]0;pwned\\x07\\x1b[2J\\x9b" in got, render_format
+
+
+def test_a_steps_progress_is_printed_literally(capsys: pytest.CaptureFixture[str]) -> None:
+    from labctl.cli.ui import StepLines
+
+    StepLines().step_progress("make: 10 programs compiled [bold]x[/bold] \x1b[2J")
+    err = capsys.readouterr().err
+    assert "make: 10 programs compiled [bold]x[/bold]" in err and "\x1b[2J" not in err
