@@ -277,7 +277,7 @@ class Server:
             return forbidden()
         if not run_dir(ident).is_dir():
             return not_found(f"lab {ident} is not up")
-        await asyncio.to_thread(self.room.run_checks, ident)
+        await asyncio.to_thread(self.room.run_checks, ident, class_of(ident))
         self.cache.clear()
         return JSONResponse(self.room.checks_view(ident))
 

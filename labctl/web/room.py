@@ -26,6 +26,7 @@ from labctl.training.grading import CheckResult, checks_of, run_checks, summary
 from labctl.training.handout import README
 from labctl.training.reset import reset
 from labctl.up.lifecycle import guest_statuses
+from labctl.web.progress import Progress
 
 RUNNING, CRASHED, DOWN, STARTING = "running", "crashed", "down", "starting"
 HANDOUT_LIMIT = 64 * 1024
@@ -94,12 +95,14 @@ class Room:
         self.last_input: dict[str, float] = {}
         self.allow_reset: dict[str, bool] = {}  # class lab -> students may reset their own guests
         self.resetting: dict[str, set[str]] = {}
+        self.progress = Progress()
 
     def typed(self, ident: str) -> None:
         self.last_input[ident] = time.time()
 
-    def run_checks(self, ident: str) -> ChecksRun:
-        """Run the instance's checks now (blocking) and keep the results."""
+    def run_checks(self, ident: str, class_lab: str = "") -> ChecksRun:
+        """Run the instance's checks now (blocking) and keep the results; for a student's instance
+        of the class ``class_lab``, the class's progress notes them."""
         with self.lock:
             run = self.checks.setdefault(ident, ChecksRun())
             if run.running:
@@ -110,10 +113,21 @@ class Room:
             results = run_checks(state, checks_of(state))
             with self.lock:
                 self.checks[ident] = ChecksRun(time.time(), False, results)
+            if class_lab:
+                self._note_progress(class_lab, ident.partition("@")[2], results)
         except LabctlError as exc:
             with self.lock:
                 self.checks[ident] = ChecksRun(time.time(), False, [], exc.message)
         return self.checks[ident]
+
+    def _note_progress(self, lab: str, student: str, results: list[CheckResult]) -> None:
+        try:
+            record = ClassRecord.load(lab)
+        except LabctlError:
+            return
+        if student in record.students:
+            self.progress.note(lab, record.created_at, student, list(record.students),
+                               [r.name for r in results], [r.name for r in results if r.passed])
 
     def reset(self, ident: str, guest: str) -> dict[str, float]:
         """Reset one guest of the instance (blocking)."""
@@ -157,8 +171,10 @@ class Room:
 
     def class_view(self, lab: str) -> dict[str, Any]:
         record = ClassRecord.load(lab)
+        students = list(record.students)
         return {"class": lab, "allow_reset": self.allow_reset.get(lab, False),
-                "students": [{"student": s, **self.lab_view(record.ident(s), lab)} for s in record.students]}
+                "students": [{"student": s, **self.lab_view(record.ident(s), lab)} for s in students],
+                "progress": self.progress.history(lab, record.created_at).view(students)}
 
     def labs(self) -> list[str]:
         """Every lab of this user's that is up (instances included)."""

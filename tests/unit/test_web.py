@@ -168,3 +168,46 @@ def test_serve_refuses_a_bad_listen_address_with_exit_2(state: Path) -> None:
                          capture_output=True, text=True, timeout=60, env={**os.environ, "LABCTL_STATE_DIR": str(state)})
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "--listen" in res.stderr
+
+
+def test_progress_counts_students_passing_each_check_and_keeps_a_small_history(record: ClassRecord) -> None:
+    from labctl.web.progress import MAX_SAMPLES, History, Progress
+
+    students = ["ann", "bea"]
+    prog = Progress()
+    prog.note("exlab", record.created_at, "ann", students, ["a", "b"], ["a"])
+    prog.note("exlab", record.created_at, "ann", students, ["a", "b"], ["a"])  # nothing changed: no sample
+    prog.note("exlab", record.created_at, "bea", students, ["a", "b"], ["a", "b"])
+    view = prog.history("exlab", record.created_at).view(students)
+    assert view["checks"] == ["a", "b"] and view["students"] == 2
+    assert [s[1:] for s in view["samples"]] == [[0, 1, 0], [1, 2, 1]]
+    assert view["now"] == [1, 2, 1]
+    path = History.path_of("exlab")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # a new server reads it back; a later class of the same lab starts afresh
+    again = Progress().history("exlab", record.created_at).view(students)
+    assert again == view
+    assert Progress().history("exlab", "2099-01-01T00:00:00+00:00").view(students)["samples"] == []
+    # a damaged file is an empty history, not an error
+    path.write_text("{not json")
+    assert Progress().history("exlab", record.created_at).samples == []
+    h = History("exlab", record.created_at)
+    for i in range(MAX_SAMPLES + 50):
+        h.note("ann", ["a"], ["a"] if i % 2 else [], students, at=float(i))
+    assert len(h.samples) == MAX_SAMPLES and h.samples[-1][0] == MAX_SAMPLES + 49
+
+
+def test_the_class_view_carries_its_progress(client: TestClient, record: ClassRecord) -> None:
+    from labctl.training.grading import CheckResult
+
+    tokens = class_tokens(record)
+    r = client.get("/api/class/exlab", headers=bearer(tokens.trainer))
+    assert r.status_code == 200
+    assert r.json()["progress"] == {"checks": [], "students": 2, "samples": [], "now": [0]}
+    from labctl.web.room import Room
+
+    room = Room()
+    room._note_progress("exlab", "ann", [CheckResult("fixed", "a", "pass"), CheckResult("other", "a", "fail")])
+    room._note_progress("exlab", "nobody", [CheckResult("fixed", "a", "pass")])  # not a student: ignored
+    p = room.class_view("exlab")["progress"]
+    assert p["checks"] == ["fixed", "other"] and p["now"] == [0, 1, 0] and len(p["samples"]) == 1

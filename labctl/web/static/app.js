@@ -199,6 +199,71 @@ function labPage() {
   subscribe('lab=' + encodeURIComponent(ident), (v) => { v.handout = undefined; render(v); });
 }
 
+// ---- the class's progress over time: an inline SVG drawn here (no library) -------------------
+const SVG_NS = 'http://www.w3.org/2000/svg';
+const SERIES_COLOURS = ['#0969da', '#bf3989', '#1a7f37', '#9a6700', '#8250df', '#cf222e', '#1b7c83', '#57606a'];
+
+function svgEl(tag, attrs, ...kids) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  for (const kid of kids) e.append(kid instanceof Node ? kid : String(kid));
+  return e;
+}
+
+function clock(epoch) {
+  const d = new Date(epoch * 1000);
+  return String(d.getHours()).padStart(2, '0') + ':' + String(d.getMinutes()).padStart(2, '0');
+}
+
+// p: {checks: [names], students: n, samples: [[epoch, all, n1, n2...]], now: [all, n1...]}
+function progressChart(p) {
+  const W = 640, H = 220, L = 36, R = 12, T = 12, B = 28;
+  const n = Math.max(1, p.students);
+  const samples = p.samples || [];
+  const series = [{name: 'all checks', col: 1, colour: '#1d2330', width: 3},
+    ...p.checks.map((c, i) => ({name: c, col: i + 2, colour: SERIES_COLOURS[i % SERIES_COLOURS.length], width: 1.5}))];
+  const svg = svgEl('svg', {id: 'progress-chart', viewBox: `0 0 ${W} ${H}`, width: W, height: H,
+    role: 'img', 'aria-label': 'students passing checks over time', 'data-samples': samples.length});
+  const y = (v) => T + (H - T - B) * (1 - v / n);
+  for (let v = 0; v <= n; v += Math.max(1, Math.ceil(n / 5))) {
+    svg.append(svgEl('line', {x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: '#d8dce3', 'stroke-width': 1}));
+    svg.append(svgEl('text', {x: L - 6, y: y(v) + 4, 'text-anchor': 'end', 'font-size': 11, fill: '#57606a'}, String(v)));
+  }
+  if (!samples.length) {
+    svg.append(svgEl('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle', 'font-size': 13, fill: '#57606a'},
+      'no checks run yet'));
+    return svg;
+  }
+  const t0 = samples[0][0];
+  const t1 = Math.max(Date.now() / 1000, samples[samples.length - 1][0] + 1);
+  const x = (t) => L + (W - L - R) * (t - t0) / (t1 - t0);
+  for (const s of series) {
+    let d = '';
+    samples.forEach((row, i) => {
+      const v = row[s.col] || 0;
+      d += i === 0 ? `M${x(row[0]).toFixed(1)},${y(v).toFixed(1)}` : `H${x(row[0]).toFixed(1)}V${y(v).toFixed(1)}`;
+    });
+    d += `H${x(t1).toFixed(1)}`;
+    svg.append(svgEl('path', {d, fill: 'none', stroke: s.colour, 'stroke-width': s.width, 'data-series': s.name}));
+  }
+  svg.append(svgEl('text', {x: L, y: H - 8, 'font-size': 11, fill: '#57606a'}, clock(t0)));
+  svg.append(svgEl('text', {x: W - R, y: H - 8, 'text-anchor': 'end', 'font-size': 11, fill: '#57606a'}, 'now'));
+  return svg;
+}
+
+function progressBox(p) {
+  const legend = el('ul', {class: 'legend'});
+  const now = p.now || [];
+  const entries = [['all checks', now[0] || 0, '#1d2330'],
+    ...p.checks.map((c, i) => [c, now[i + 1] || 0, SERIES_COLOURS[i % SERIES_COLOURS.length]])];
+  for (const [name, count, colour] of entries) {
+    const swatch = el('span', {class: 'swatch'});
+    swatch.style.background = colour;
+    legend.append(el('li', {'data-series': name, 'data-count': count}, swatch, `${name}: ${count}/${p.students}`));
+  }
+  return [progressChart(p), legend];
+}
+
 // ---- the trainer's page ----------------------------------------------------------------------
 function classPage() {
   const lab = body.dataset.lab;
@@ -209,8 +274,17 @@ function classPage() {
   const table = el('table', {id: 'room'});
   const viewerTitle = el('h2', {id: 'viewer-title'}, 'Terminal');
   const viewer = el('div', {class: 'term', id: 'viewer'}, el('p', {}, 'open a student\'s terminal with “watch” or “help”'));
+  const progress = el('div', {id: 'progress-box'});
   main.replaceChildren(el('p', {}, el('label', {}, allow, ' students may reset their own guests')), table,
+    el('section', {id: 'progress'}, el('h2', {}, 'Progress: students passing'), progress),
     el('section', {id: 'viewer-box'}, viewerTitle, viewer));
+  let lastProgress = null;
+  function drawProgress(p) {
+    if (!p) return;
+    lastProgress = p;
+    progress.replaceChildren(...progressBox(p));
+  }
+  setInterval(() => drawProgress(lastProgress), 30000);  // the lines run on to "now"
   let current = null;
   function watch(ident, guest, mode) {
     if (current) current.stop('closed');
@@ -247,6 +321,7 @@ function classPage() {
           `/api/lab/${encodeURIComponent(s.lab)}/checks`).catch((e) => alert(e.message))}, c.running ? 'checking…' : 'check now')));
     });
     table.replaceChildren(el('thead', {}, head), el('tbody', {}, ...rows));
+    drawProgress(view.progress);
   }
   subscribe('class=' + encodeURIComponent(lab), render);
   setInterval(() => document.querySelectorAll('td.last-input').forEach((td) => {
