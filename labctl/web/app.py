@@ -16,6 +16,15 @@ JSON and events::
     POST /api/lab/IDENT/checks            run its checks now
     POST /api/lab/IDENT/reset/GUEST       reset one guest (a student only when the trainer allows)
     GET  /api/events?class=LAB|lab=IDENT  server-sent events: the view each time it changes
+
+The engineer's tools (the owner's token only; a class's tokens get 403)::
+
+    GET  /api/lab/IDENT/console/GUEST     server-sent events: the console's tail, then what it adds
+    POST /api/lab/IDENT/captures          {"guest": G, "nic": N}: start capturing that NIC
+    POST /api/lab/IDENT/captures/ID/stop  stop it; saved as pcapng in the lab's run directory
+    GET  /api/lab/IDENT/captures/ID.pcapng  the saved capture, as an attachment
+    POST /api/lab/IDENT/impair            {"guest": G, "nic": N, "impair": {"delay": "20ms"}|null}
+    POST /api/lab/IDENT/link              {"guest": G, "nic": N, "up": true|false}
     WS   /ws/term/IDENT/GUEST?mode=rw|ro  the guest's terminal (binary frames both ways;
                                           text frames from the page: {"resize": [cols, rows]})
 
@@ -32,6 +41,8 @@ import asyncio
 import contextlib
 import html
 import json
+import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from importlib import resources
@@ -45,13 +56,14 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from labctl.errors import LabctlError
+from labctl.errors import LabctlError, LabStateError, UsageError
 from labctl.lab.model import LAB_IDENT
 from labctl.state.runstate import LabState, run_dir
 from labctl.training.classroom import ClassRecord
 from labctl.web.access import OWNER, STUDENT, TRAINER, Principal, resolve
 from labctl.web.room import Room, handout_text, topology_svg
 from labctl.web.terminal import Terminals, clamp_size
+from labctl.web.tools import ConsoleTail, Tools
 
 COOKIE = "labctl_token"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self'; "
@@ -61,6 +73,8 @@ KEEPALIVE = 15.0
 WATCH_PERIOD = 1.0
 VIEW_TTL = 0.8
 MAX_INPUT = 64 * 1024
+CONSOLE_PERIOD = 0.5
+DOWNLOAD_CHUNK = 256 * 1024
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -152,6 +166,7 @@ class Server:
     def __init__(self) -> None:
         self.room = Room()
         self.terminals = Terminals()
+        self.tools = Tools()
         self.cache: dict[str, tuple[float, Any]] = {}
         self.watcher: asyncio.Task[None] | None = None
 
@@ -171,6 +186,10 @@ class Server:
 
     def lab_view(self, ident: str) -> dict[str, Any]:
         return self.room.lab_view(ident, class_of(ident))
+
+    def owner_view(self, ident: str) -> dict[str, Any]:
+        """The lab view with the engineer's tools: NICs (link, impairment, capture), saved captures."""
+        return {**self.lab_view(ident), "tools": self.tools.view(ident)}
 
     # -- pages ---------------------------------------------------------------------------------
 
@@ -253,7 +272,10 @@ class Server:
         who = self._reach(request, ident)
         if who is None:
             return forbidden()
-        view = dict(await self.view(f"lab:{ident}", lambda: self.lab_view(ident)))
+        if who.kind == OWNER:
+            view = dict(await self.view(f"owner:{ident}", lambda: self.owner_view(ident)))
+        else:
+            view = dict(await self.view(f"lab:{ident}", lambda: self.lab_view(ident)))
         klass = class_of(ident)
         if klass:
             record = await asyncio.to_thread(ClassRecord.load, klass)
@@ -317,6 +339,8 @@ class Server:
             target = f"{klass}@x"
         elif ident is not None and who.may_reach(ident):
             key, fn = f"lab:{ident}", lambda: self.lab_view(ident)
+            if who.kind == OWNER:
+                key, fn = f"owner:{ident}", lambda: self.owner_view(ident)
             target = ident
         else:
             return forbidden()
@@ -342,6 +366,150 @@ class Server:
                 await asyncio.sleep(EVENT_PERIOD)
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+    # -- the engineer's tools (owner only) -----------------------------------------------------
+
+    def _owner(self, request: HTTPConnection, ident: str, post: bool = True) -> bool:
+        who = self.who(request)
+        return (who is not None and who.kind == OWNER and who.may_reach(ident)
+                and (not post or same_origin(request)))
+
+    @staticmethod
+    async def _body(request: Request) -> dict[str, Any] | None:
+        try:
+            body = await request.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    @staticmethod
+    def _failed(exc: LabctlError) -> JSONResponse:
+        status = 400 if isinstance(exc, UsageError) else 404 if isinstance(exc, LabStateError) else 409
+        return JSONResponse({"error": exc.message}, status_code=status)
+
+    async def _act(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return await asyncio.to_thread(fn)
+        finally:
+            self.cache.clear()
+
+    async def api_console(self, request: Request) -> Response:
+        ident, guest = request.path_params["ident"], request.path_params["guest"]
+        token = token_of(request)
+        if not self._owner(request, ident, post=False):
+            return forbidden()
+        try:
+            state = await asyncio.to_thread(LabState.load, ident)
+        except LabctlError as exc:
+            return self._failed(exc)
+        rec = state.guests.get(guest)
+        if rec is None:
+            return not_found(f"lab {ident} has no guest {guest!r}")
+        tail = ConsoleTail(Path(rec.console))
+
+        async def stream() -> AsyncIterator[str]:
+            yield "retry: 2000\n\n"
+            sent_at, failed = time.monotonic(), ""
+            while not await request.is_disconnected():
+                now_who = resolve(token)
+                if now_who is None or now_who.kind != OWNER:
+                    yield "event: revoked\ndata: {}\n\n"
+                    return
+                try:
+                    restarted, text = await asyncio.to_thread(tail.read)
+                    failed = ""
+                except OSError as exc:
+                    if not failed:
+                        failed = f"cannot read the console: {exc.strerror or exc}"
+                        yield f"data: {json.dumps({'error': failed})}\n\n"
+                    restarted, text = False, ""
+                if text or restarted:
+                    sent_at = time.monotonic()
+                    yield f"data: {json.dumps({'restart': restarted, 'text': text})}\n\n"
+                elif time.monotonic() - sent_at > KEEPALIVE:
+                    sent_at = time.monotonic()
+                    yield ": keepalive\n\n"
+                await asyncio.sleep(CONSOLE_PERIOD)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def api_capture_start(self, request: Request) -> Response:
+        ident = request.path_params["ident"]
+        if not self._owner(request, ident):
+            return forbidden()
+        body = await self._body(request)
+        if body is None:
+            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
+        try:
+            return JSONResponse(await self._act(lambda: self.tools.start_capture(ident, body.get("guest"),
+                                                                                 body.get("nic"))))
+        except LabctlError as exc:
+            return self._failed(exc)
+
+    async def api_capture_stop(self, request: Request) -> Response:
+        ident, cid = request.path_params["ident"], request.path_params["cid"]
+        if not self._owner(request, ident):
+            return forbidden()
+        try:
+            return JSONResponse(await self._act(lambda: self.tools.stop_capture(ident, cid)))
+        except LabctlError as exc:
+            return self._failed(exc)
+        except OSError as exc:
+            return JSONResponse({"error": f"cannot save the capture: {exc.strerror or exc}"}, status_code=500)
+
+    async def api_capture_file(self, request: Request) -> Response:
+        ident, cid = request.path_params["ident"], request.path_params["cid"]
+        if not self._owner(request, ident, post=False):
+            return forbidden()
+        try:
+            path, meta = await asyncio.to_thread(self.tools.capture_file, ident, cid)
+            fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except LabctlError as exc:
+            return not_found(exc.message)
+        except OSError as exc:
+            return not_found(f"cannot read the capture: {exc.strerror or exc}")
+        f = os.fdopen(fd, "rb")
+        size = os.fstat(fd).st_size
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(float(meta.get("started", 0))))
+        name = re.sub(r"[^A-Za-z0-9@._-]", "_", f"{ident}-{meta.get('label', 'capture')}-{stamp}.pcapng")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                while data := await asyncio.to_thread(f.read, DOWNLOAD_CHUNK):
+                    yield data
+            finally:
+                f.close()
+
+        return StreamingResponse(chunks(), media_type="application/x-pcapng",
+                                 headers={"content-disposition": f'attachment; filename="{name}"',
+                                          "content-length": str(size)})
+
+    async def api_impair(self, request: Request) -> Response:
+        ident = request.path_params["ident"]
+        if not self._owner(request, ident):
+            return forbidden()
+        body = await self._body(request)
+        if body is None:
+            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
+        try:
+            imp = await self._act(lambda: self.tools.impair(ident, body.get("guest"), body.get("nic"),
+                                                            body.get("impair")))
+        except LabctlError as exc:
+            return self._failed(exc)
+        return JSONResponse({"impair": imp.to_dict() if imp else {}, "text": imp.describe() if imp else "none"})
+
+    async def api_link(self, request: Request) -> Response:
+        ident = request.path_params["ident"]
+        if not self._owner(request, ident):
+            return forbidden()
+        body = await self._body(request)
+        if body is None:
+            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
+        try:
+            await self._act(lambda: self.tools.link(ident, body.get("guest"), body.get("nic"), body.get("up")))
+        except LabctlError as exc:
+            return self._failed(exc)
+        return JSONResponse({"link": "up" if body.get("up") else "down"})
 
     # -- terminals -----------------------------------------------------------------------------
 
@@ -448,6 +616,7 @@ class Server:
         finally:
             self.watcher.cancel()
             self.terminals.close_all()
+            await asyncio.to_thread(self.tools.stop_all)
 
 
 def _int(value: str | None) -> int | None:
@@ -475,6 +644,12 @@ def build_app(server: Server | None = None) -> ASGIApp:
         Route("/api/lab/{ident}/topology.svg", s.api_topology),
         Route("/api/lab/{ident}/checks", s.api_checks, methods=["POST"]),
         Route("/api/lab/{ident}/reset/{guest}", s.api_reset, methods=["POST"]),
+        Route("/api/lab/{ident}/console/{guest}", s.api_console),
+        Route("/api/lab/{ident}/captures", s.api_capture_start, methods=["POST"]),
+        Route("/api/lab/{ident}/captures/{cid}/stop", s.api_capture_stop, methods=["POST"]),
+        Route("/api/lab/{ident}/captures/{cid}.pcapng", s.api_capture_file),
+        Route("/api/lab/{ident}/impair", s.api_impair, methods=["POST"]),
+        Route("/api/lab/{ident}/link", s.api_link, methods=["POST"]),
         Route("/api/events", s.events),
         WebSocketRoute("/ws/term/{ident}/{guest}", s.terminal),
         Mount("/static", StaticFiles(directory=static_dir()), name="static"),

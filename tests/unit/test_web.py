@@ -211,3 +211,58 @@ def test_the_class_view_carries_its_progress(client: TestClient, record: ClassRe
     room._note_progress("exlab", "nobody", [CheckResult("fixed", "a", "pass")])  # not a student: ignored
     p = room.class_view("exlab")["progress"]
     assert p["checks"] == ["fixed", "other"] and p["now"] == [0, 1, 0] and len(p["samples"]) == 1
+
+
+TOOL_CALLS = [("get", "/console/a", None), ("post", "/captures", {"guest": "a", "nic": "eth1"}),
+              ("post", "/captures/labctl-cap-1-1/stop", None), ("get", "/captures/labctl-cap-1-1.pcapng", None),
+              ("post", "/impair", {"guest": "a", "nic": "eth1", "impair": {"delay": "20ms"}}),
+              ("post", "/link", {"guest": "a", "nic": "eth1", "up": False})]
+
+
+def test_the_engineers_tools_answer_the_owner_only(client: TestClient, record: ClassRecord) -> None:
+    tokens = class_tokens(record)
+    for tok in (tokens.students["ann"], tokens.trainer, "forged"):
+        for method, path, body in TOOL_CALLS:  # even on the student's own instance, which they otherwise reach
+            r = client.request(method, f"/api/lab/exlab@ann{path}", headers=bearer(tok), json=body)
+            assert r.status_code == 403, (tok, path, r.status_code)
+    own = bearer(owner_token())
+    for method, path, body in TOOL_CALLS:  # the owner gets through to "not up" (no lab here), never a traceback
+        r = client.request(method, f"/api/lab/exlab@ann{path}", headers=own, json=body)
+        assert r.status_code in (400, 404), (path, r.status_code, r.text)
+        assert "error" in r.json()
+    # another origin cannot act with the owner's cookie either
+    r = client.post("/api/lab/exlab@ann/link", headers={**own, "origin": "http://evil.example"}, json={})
+    assert r.status_code == 403
+    assert client.post("/api/lab/exlab@ann/impair", headers=own, content=b"[1, 2").status_code == 400
+
+
+def test_impairments_from_a_page_are_checked() -> None:
+    from labctl.errors import UsageError
+    from labctl.web.tools import parse_impair_request
+
+    assert parse_impair_request(None) is None and parse_impair_request({}) is None
+    imp = parse_impair_request({"delay": "20ms", "loss": "1%", "limit": 100})
+    assert imp is not None and imp.describe() == "delay 20ms, loss 1%, limit 100"
+    for bad, why in (({"delay": "fast"}, "delay"), ({"jitter": "5ms"}, "needs a delay"), ({"bogus": 1}, "bogus"),
+                     ("delay=20ms", "object"), ({"loss": "200%"}, "100%")):
+        with pytest.raises(UsageError, match=why):
+            parse_impair_request(bad)
+
+
+def test_the_console_tail_escapes_controls_and_follows_a_restart(tmp_path: Path) -> None:
+    from labctl.web.tools import CONSOLE_FIRST, ConsoleTail
+
+    log = tmp_path / "console.log"
+    log.write_bytes(b"x" * (CONSOLE_FIRST + 100) + b"\r\nboot \x1b[31mred\x07 <b>tag</b>\r")
+    tail = ConsoleTail(log)
+    restarted, text = tail.read()
+    assert restarted and len(text) < CONSOLE_FIRST + 10
+    assert text.endswith("\nboot \\x1b[31mred\\x07 <b>tag</b>") and "\r" not in text
+    with open(log, "ab") as f:
+        f.write(b"\nnext \xc3")  # the \r of \r\n came last time; half a UTF-8 character
+    assert tail.read() == (False, "\nnext ")
+    with open(log, "ab") as f:
+        f.write(b"\xa9\n")
+    assert tail.read() == (False, "\u00e9\n")
+    log.write_bytes(b"again\n")  # the guest started anew: a shorter file
+    assert tail.read() == (True, "again\n")

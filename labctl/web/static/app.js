@@ -142,6 +142,117 @@ function checksList(view, onCheck) {
     c.error ? el('p', {class: 'bad'}, c.error) : null);
 }
 
+// ---- the engineer's tools on their own lab page (owner only): console, captures, impairments, links
+function impairText(values) {
+  return Object.entries(values || {}).map(([k, v]) => `${k}=${v}`).join(' ');
+}
+
+function parseImpair(text) {  // "delay=20ms loss=1%" -> {delay: "20ms", loss: "1%"}; the server checks the values
+  const out = {};
+  for (const part of text.split(/[\s,]+/).filter(Boolean)) {
+    const m = part.match(/^([a-z]+)[=:](.+)$/);
+    if (!m) throw new Error(`say key=value, e.g. delay=20ms loss=1% (not “${part}”)`);
+    out[m[1]] = m[1] === 'limit' && /^\d+$/.test(m[2]) ? Number(m[2]) : m[2];
+  }
+  return out;
+}
+
+function ownerTools(ident, holder) {
+  const base = `/api/lab/${encodeURIComponent(ident)}`;
+  const consoleSel = el('select', {id: 'console-guest'});
+  const consoleText = el('pre', {id: 'console-text'});
+  const consoleStatus = el('span', {class: 'dim', id: 'console-status'});
+  const netTable = el('table', {id: 'nics'});
+  const capList = el('ul', {id: 'captures'});
+  const toolError = el('p', {class: 'bad', id: 'tool-error'});
+  holder.append(
+    el('section', {id: 'console'}, el('h2', {}, 'Console ', consoleSel, ' ', consoleStatus), consoleText),
+    el('section', {id: 'network'}, el('h2', {}, 'Links, impairments, captures'), toolError, netTable,
+      el('h2', {}, 'Saved captures (pcapng)'), capList));
+  const say = (e) => { toolError.textContent = e ? e.message : ''; };
+  const act = async (url, data) => { say(null); try { return await post(url, data); } catch (e) { say(e); return null; } };
+
+  let consoleEs = null;
+  const MAX_CONSOLE = 200000;
+  function showConsole(guest) {
+    if (consoleEs) consoleEs.close();
+    consoleText.textContent = '';
+    consoleEs = new EventSource(`${base}/console/${encodeURIComponent(guest)}`);
+    consoleEs.onopen = () => { consoleStatus.textContent = 'live'; };
+    consoleEs.onerror = () => { consoleStatus.textContent = 'reconnecting…'; };
+    consoleEs.addEventListener('revoked', () => { consoleEs.close(); consoleStatus.textContent = 'access revoked'; });
+    consoleEs.onmessage = (ev) => {
+      const m = JSON.parse(ev.data);
+      if (m.error) { consoleStatus.textContent = m.error; return; }
+      const follow = consoleText.scrollTop + consoleText.clientHeight >= consoleText.scrollHeight - 4;
+      if (m.restart) consoleText.textContent = '';
+      consoleText.append(m.text);  // a text node: the guest's bytes never become markup
+      if (consoleText.textContent.length > MAX_CONSOLE) consoleText.textContent = consoleText.textContent.slice(-MAX_CONSOLE);
+      if (follow) consoleText.scrollTop = consoleText.scrollHeight;
+    };
+  }
+  consoleSel.addEventListener('change', () => showConsole(consoleSel.value));
+
+  const rows = {};
+  function render(view) {
+    const names = view.guests.map((g) => g.name);
+    if (names.join(' ') !== [...consoleSel.options].map((o) => o.value).join(' ')) {
+      const keep = consoleSel.value;
+      consoleSel.replaceChildren(...names.map((n) => el('option', {value: n}, n)));
+      if (names.includes(keep)) consoleSel.value = keep;
+      if (names.length && (!consoleEs || keep !== consoleSel.value)) showConsole(consoleSel.value);
+    }
+    const tools = view.tools || {nics: [], captures: []};
+    if (!netTable.firstChild) {
+      netTable.append(el('thead', {}, el('tr', {}, ...['NIC', 'network', 'link', 'impairment', 'capture'].map((h) => el('th', {}, h)))),
+        el('tbody'));
+    }
+    for (const n of tools.nics) {
+      const key = `${n.guest}.${n.nic}`;
+      let r = rows[key];
+      const body = {guest: n.guest, nic: n.nic};
+      if (!r) {
+        r = rows[key] = {link: el('span', {class: 'link-state'}), linkBtn: el('button', {class: 'link-toggle'}),
+          imp: el('span', {class: 'impair-now'}), input: el('input', {class: 'impair-input', size: 24,
+            placeholder: 'delay=20ms loss=1% rate=10mbit'}),
+          set: el('button', {class: 'impair-set'}, 'set'), clear: el('button', {class: 'impair-clear'}, 'clear'),
+          cap: el('button', {class: 'capture-toggle'}), capNow: el('span', {class: 'capture-state dim'})};
+        r.linkBtn.addEventListener('click', () => act(`${base}/link`, {...body, up: r.link.dataset.state === 'down'}));
+        r.set.addEventListener('click', () => {
+          let values;
+          try { values = parseImpair(r.input.value); } catch (e) { say(e); return; }
+          act(`${base}/impair`, {...body, impair: values});
+        });
+        r.clear.addEventListener('click', () => act(`${base}/impair`, {...body, impair: null}));
+        r.cap.addEventListener('click', () => {
+          const id = r.cap.dataset.capture;
+          if (id) act(`${base}/captures/${encodeURIComponent(id)}/stop`);
+          else act(`${base}/captures`, body);
+        });
+        netTable.lastChild.append(el('tr', {'data-nic': key},
+          el('td', {}, el('b', {}, key)), el('td', {}, n.network, n.ip ? el('div', {class: 'dim'}, n.ip) : null),
+          el('td', {}, r.link, ' ', r.linkBtn),
+          el('td', {}, r.imp, el('div', {}, r.input, ' ', r.set, ' ', r.clear)),
+          el('td', {}, r.cap, ' ', r.capNow)));
+      }
+      r.link.textContent = n.link;
+      r.link.dataset.state = n.link;
+      r.link.className = 'link-state ' + (n.link === 'up' ? 'good' : 'bad');
+      r.linkBtn.textContent = n.link === 'up' ? 'take down' : 'bring up';
+      r.imp.textContent = n.impair_text || 'none';
+      r.imp.dataset.impair = impairText(n.impair);
+      r.cap.textContent = n.capture ? 'stop capture' : 'start capture';
+      r.cap.dataset.capture = n.capture || '';
+      r.capNow.textContent = n.capture ? `capturing since ${ago(n.capture_started)}` : '';
+    }
+    capList.replaceChildren(...tools.captures.map((c) => el('li', {'data-capture': c.id},
+      el('a', {href: `${base}/captures/${encodeURIComponent(c.id)}.pcapng`, download: ''}, `${c.label}.pcapng`),
+      ` ${c.frames} frames, ${c.bytes} bytes, ${ago(c.stopped)}`,
+      ...(c.warnings || []).map((w) => el('div', {class: 'bad'}, w)))));
+  }
+  return render;
+}
+
 // ---- the lab page (a student's, or the owner's) ----------------------------------------------
 function labPage() {
   const ident = body.dataset.lab;
@@ -154,8 +265,9 @@ function labPage() {
   const topo = el('section', {id: 'topology'}, el('h2', {}, 'Topology'),
     el('img', {src: '/api/lab/' + encodeURIComponent(ident) + '/topology.svg', alt: 'topology of ' + ident}));
   const handout = el('section', {id: 'handout'}, el('h2', {}, 'Handout'), el('pre', {id: 'handout-text'}));
-  main.replaceChildren(el('div', {class: 'cols'}, el('div', {class: 'left'}, guestsBox),
-    el('div', {class: 'right'}, checksBox, topo, handout)));
+  const left = el('div', {class: 'left'}, guestsBox);
+  main.replaceChildren(el('div', {class: 'cols'}, left, el('div', {class: 'right'}, checksBox, topo, handout)));
+  const renderTools = role === 'owner' ? ownerTools(ident, left) : null;
   const boxes = {};
   let checking = false;
 
@@ -192,6 +304,7 @@ function labPage() {
     }
     const c = {...view, checks: {...view.checks, running: view.checks.running || checking}};
     checksInner.replaceChildren(checksList(c, checkNow));
+    if (renderTools && view.up) renderTools(view);
   }
   fetch('/api/lab/' + encodeURIComponent(ident), {credentials: 'same-origin'})
     .then((r) => r.ok ? r.json() : Promise.reject(new Error('HTTP ' + r.status)))
