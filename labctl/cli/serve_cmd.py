@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.text import Text
 
 from labctl.cli.ui import out
+from labctl.errors import UsageError
 from labctl.web import server
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -17,12 +19,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="serve this class (repeatable; default: every class up)")
     p.add_argument("--tls", action="store_true",
                    help="HTTPS with a self-signed certificate (made once; its fingerprint is printed)")
+    p.add_argument("--cert", metavar="FILE", type=Path,
+                   help="HTTPS with your own certificate (PEM; a chain may follow it); needs --key")
+    p.add_argument("--key", metavar="FILE", type=Path,
+                   help="the certificate's private key (PEM, unencrypted, readable by you alone)")
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     host, port = server.parse_listen(args.listen)
-    tls = server.self_signed(host) if args.tls else None
+    if (args.cert is None) != (args.key is None):
+        raise UsageError("--cert and --key go together: your certificate and its private key")
+    if args.cert is not None and args.tls:
+        raise UsageError("--tls makes a self-signed certificate; with --cert and --key, leave it out")
+    tls = (server.own_certificate(args.cert, args.key) if args.cert is not None
+           else server.self_signed(host) if args.tls else None)
     sock = server.bind(host, port)
     try:
         bound_host, bound_port = sock.getsockname()[:2]
@@ -32,7 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         out.print(Text(f"serving on {base}" + ("" if host in ("127.0.0.1", "::1") else
                                                "  (reachable from other hosts: mind the firewall)")))
         if tls:
-            out.print(Text(f"TLS certificate {tls[0]}, SHA-256 fingerprint {tls[2]}"))
+            shown_cert = args.cert if args.cert is not None else tls[0]
+            out.print(Text(f"TLS certificate {shown_cert}, SHA-256 fingerprint {tls[2]}"))
         out.print(Text(f"your labs: {links.owner}"))
         for lab, urls in links.classes.items():
             out.print(Text(f"class {lab}: trainer {urls['trainer']}"))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import socket
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.errors import UsageError
-from labctl.paths import atomic_write, ensure_private_dir
+from labctl.errors import UnsafePath, UsageError
+from labctl.paths import atomic_write, checked_dir, ensure_private_dir
 from labctl.training.classroom import ClassRecord, class_names
 from labctl.web.access import class_tokens, owner_token, web_dir, write_url_file
 
@@ -79,6 +81,83 @@ def self_signed(host: str) -> tuple[Path, Path, str]:
     cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
     fp = cert.fingerprint(hashes.SHA256()).hex(":").upper()
     return cert_path, key_path, fp
+
+
+PEM_LIMIT = 1 << 20
+
+
+def _read_owned(path: Path, what: str, private: bool) -> bytes:
+    """The bytes of the trainer's ``what`` file once it is safe to trust: its directory passes
+    :func:`checked_dir`, it is a regular file (no link followed) of the user's or root's that
+    nobody else may write, and (``private``) nobody else may read.
+
+    :raise UsageError: naming what is wrong (exit 2).
+    """
+    try:
+        real_dir = checked_dir(path.parent if str(path.parent) else Path("."))
+    except UnsafePath as exc:
+        raise UsageError(f"--{what} {path}: {exc.message}", hint=exc.hint) from exc
+    except OSError as exc:
+        raise UsageError(f"--{what} {path}: {exc.strerror or exc}") from exc
+    try:
+        fd = os.open(Path(real_dir) / path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        why = "it is a symbolic link" if exc.errno == 40 else (exc.strerror or str(exc))
+        raise UsageError(f"--{what} {path}: cannot open it: {why}") from exc
+    try:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"--{what} {path} is not a regular file")
+        if st.st_uid not in (os.geteuid(), 0):
+            raise UsageError(f"--{what} {path} belongs to uid {st.st_uid}, not to you or root",
+                             hint="use a file of your own")
+        if mode & 0o022:
+            raise UsageError(f"--{what} {path} is writable by other users (mode {mode:04o})",
+                             hint=f"chmod go-w {path}")
+        if private and mode & 0o077:
+            raise UsageError(f"--{what} {path} is readable by other users (mode {mode:04o}): the key must be yours alone",
+                             hint=f"chmod 600 {path}")
+        data = os.read(fd, PEM_LIMIT + 1)
+    finally:
+        os.close(fd)
+    if len(data) > PEM_LIMIT:
+        raise UsageError(f"--{what} {path} is more than {PEM_LIMIT // 1024} KiB: not a PEM file")
+    return data
+
+
+def own_certificate(cert: Path, key: Path) -> tuple[Path, Path, str]:
+    """The trainer's certificate (PEM, its chain may follow) and unencrypted private key (PEM),
+    checked (:func:`_read_owned`), matched, and copied 0600 into the web directory, which is
+    what the server then reads (a file changed after the check is never used): the copies'
+    paths and the certificate's SHA-256 fingerprint.
+
+    :raise UsageError: for a file that is unsafe, unreadable, not PEM, or a key of another certificate.
+    """
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    cert_pem = _read_owned(cert, "cert", private=False)
+    key_pem = _read_owned(key, "key", private=True)
+    try:
+        chain = x509.load_pem_x509_certificates(cert_pem)
+    except ValueError as exc:
+        raise UsageError(f"--cert {cert}: not a PEM certificate ({exc})") from exc
+    try:
+        private = serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError as exc:
+        raise UsageError(f"--key {key}: the key is encrypted; give an unencrypted one (mode 0600)") from exc
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise UsageError(f"--key {key}: not a PEM private key") from exc
+    spki = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    if private.public_key().public_bytes(*spki) != chain[0].public_key().public_bytes(*spki):
+        raise UsageError(f"--key {key} is not the key of the certificate in {cert}")
+    d = ensure_private_dir(web_dir())
+    cert_copy, key_copy = d / "own-cert.pem", d / "own-key.pem"
+    atomic_write(key_copy, key_pem, 0o600)
+    atomic_write(cert_copy, cert_pem, 0o600)
+    return cert_copy, key_copy, chain[0].fingerprint(hashes.SHA256()).hex(":").upper()
 
 
 @dataclass

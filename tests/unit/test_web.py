@@ -266,3 +266,84 @@ def test_the_console_tail_escapes_controls_and_follows_a_restart(tmp_path: Path)
     assert tail.read() == (False, "\u00e9\n")
     log.write_bytes(b"again\n")  # the guest started anew: a shorter file
     assert tail.read() == (True, "again\n")
+
+
+def _make_pair(d: Path, name: str = "serve") -> tuple[Path, Path]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    c, k = d / f"{name}.crt", d / f"{name}.key"
+    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption()))
+    os.chmod(c, 0o644)
+    os.chmod(k, 0o600)
+    return c, k
+
+
+def test_the_trainers_certificate_is_checked_and_copied(state: Path, tmp_path: Path) -> None:
+    from labctl.errors import UsageError
+    from labctl.web.server import own_certificate
+
+    d = tmp_path / "tls"
+    d.mkdir(mode=0o700)
+    cert, key = _make_pair(d)
+    cert_copy, key_copy, fp = own_certificate(cert, key)
+    assert cert_copy.read_bytes() == cert.read_bytes() and key_copy.read_bytes() == key.read_bytes()
+    assert stat.S_IMODE(key_copy.stat().st_mode) == 0o600 and len(fp.split(":")) == 32
+    other_cert, other_key = _make_pair(d, "other")
+    with pytest.raises(UsageError, match="not the key of the certificate"):
+        own_certificate(cert, other_key)
+    for mode in (0o640, 0o604):
+        os.chmod(key, mode)
+        with pytest.raises(UsageError, match="readable by other users"):
+            own_certificate(cert, key)
+    os.chmod(key, 0o600)
+    os.chmod(cert, 0o666)
+    with pytest.raises(UsageError, match="writable by other users"):
+        own_certificate(cert, key)
+    os.chmod(cert, 0o644)
+    link = d / "link.key"
+    link.symlink_to(key)
+    with pytest.raises(UsageError, match="symbolic link"):
+        own_certificate(cert, link)
+    with pytest.raises(UsageError, match="not a PEM certificate"):
+        own_certificate(key, key)
+    with pytest.raises(UsageError, match="cannot open"):
+        own_certificate(cert, d / "missing.key")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    shutil_copy = open_dir / "serve.key"
+    shutil_copy.write_bytes(key.read_bytes())
+    os.chmod(shutil_copy, 0o600)
+    with pytest.raises(UsageError, match="writable by other users"):  # a directory others may change
+        own_certificate(cert, shutil_copy)
+
+
+def test_serve_refuses_a_key_others_may_read_with_exit_2(state: Path, tmp_path: Path) -> None:
+    d = tmp_path / "tls"
+    d.mkdir(mode=0o700)
+    cert, key = _make_pair(d)
+    os.chmod(key, 0o644)
+    env = {**os.environ, "LABCTL_STATE_DIR": str(state)}
+    for argv, what in ((["--cert", str(cert), "--key", str(key)], "readable by other users"),
+                       (["--cert", str(cert)], "go together"),
+                       (["--tls", "--cert", str(cert), "--key", str(key)], "--tls")):
+        res = subprocess.run([sys.executable, "-m", "labctl", "serve", "--listen", "127.0.0.1:0", *argv],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert res.returncode == 2, res.stderr
+        assert what in res.stderr and "Traceback" not in res.stderr
