@@ -347,3 +347,42 @@ def test_serve_refuses_a_key_others_may_read_with_exit_2(state: Path, tmp_path: 
                              capture_output=True, text=True, timeout=60, env=env)
         assert res.returncode == 2, res.stderr
         assert what in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_owners_view_shows_links_impairments_and_saved_captures(client: TestClient, state: Path) -> None:
+    import json
+
+    from labctl.state.runstate import LabState, run_dir
+
+    run = run_dir("eng")
+    run.mkdir(parents=True, mode=0o700)
+    LabState(lab="eng", source="eng.yaml", dir=str(run), backend="qemu", accel="tcg", image={}, started_at="",
+             resolved={"guests": {"a": {"nics": [{"name": "eth1", "network": "lan", "ip": "10.0.0.1/24"},
+                                                  {"name": "eth2", "network": "wan"}]}}}).save()
+    (run / "network.json").write_text(json.dumps({"impair": {"a.eth1": {"delay": "20ms", "loss": "1%"}},
+                                                  "links": {"a.eth2": "down"}}))
+    saved = run / "web-captures"
+    saved.mkdir(mode=0o700)
+    (saved / "labctl-cap-7-1.pcapng").write_bytes(b"\x0a\x0d\x0d\x0a" + b"\0" * 60)
+    (saved / "labctl-cap-7-1.json").write_text(json.dumps({"id": "labctl-cap-7-1", "label": "a.eth1", "started": 0,
+                                                           "stopped": 5, "frames": 0, "bytes": 0, "warnings": []}))
+    (saved / "evil.json").write_text(json.dumps({"id": "../../x", "stopped": 1}))  # not a capture id: ignored
+    own = bearer(owner_token())
+    tools = client.get("/api/lab/eng", headers=own).json()["tools"]
+    assert [(n["nic"], n["link"], n["impair_text"]) for n in tools["nics"]] == [
+        ("eth1", "up", "delay 20ms, loss 1%"), ("eth2", "down", "")]
+    assert [c["id"] for c in tools["captures"]] == ["labctl-cap-7-1"]
+    r = client.get("/api/lab/eng/captures/labctl-cap-7-1.pcapng", headers=own)
+    assert r.status_code == 200 and r.content.startswith(b"\x0a\x0d\x0d\x0a") and len(r.content) == 64
+    assert r.headers["content-disposition"].startswith('attachment; filename="eng-a.eth1-')
+    assert client.get("/api/lab/eng/captures/labctl-cap-9-9.pcapng", headers=own).status_code == 404
+    assert client.get("/api/lab/eng/captures/evil.pcapng", headers=own).status_code == 404
+    r = client.post("/api/lab/eng/impair", headers=own, json={"guest": "a", "nic": "eth9", "impair": None})
+    assert r.status_code == 400 and "eth9" in r.json()["error"]
+    r = client.post("/api/lab/eng/impair", headers=own, json={"guest": "a", "nic": "eth1", "impair": {"rate": "x"}})
+    assert r.status_code == 400 and "rate" in r.json()["error"]
+    r = client.post("/api/lab/eng/link", headers=own, json={"guest": "a", "nic": "eth1", "up": "down"})
+    assert r.status_code == 400
+    r = client.post("/api/lab/eng/captures/labctl-cap-7-1/stop", headers=own)
+    assert r.status_code == 400 and "no capture" in r.json()["error"]
+    assert "tools" not in client.get("/api/lab/eng", headers=bearer("forged")).text
