@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import os
 import socket
@@ -102,7 +103,7 @@ def _read_owned(path: Path, what: str, private: bool) -> bytes:
     try:
         fd = os.open(Path(real_dir) / path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
-        why = "it is a symbolic link" if exc.errno == 40 else (exc.strerror or str(exc))
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
         raise UsageError(f"--{what} {path}: cannot open it: {why}") from exc
     try:
         st = os.fstat(fd)

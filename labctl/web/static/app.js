@@ -262,8 +262,10 @@ function labPage() {
   const checksBox = el('section', {id: 'checks'}, el('h2', {}, 'Checks'));
   const checksInner = el('div');
   checksBox.append(checksInner);
-  const topo = el('section', {id: 'topology'}, el('h2', {}, 'Topology'),
-    el('img', {src: '/api/lab/' + encodeURIComponent(ident) + '/topology.svg', alt: 'topology of ' + ident}));
+  const topoSrc = '/api/lab/' + encodeURIComponent(ident) + '/topology.svg';
+  const topoImg = el('img', {src: topoSrc, alt: 'topology of ' + ident});
+  const topo = el('section', {id: 'topology'}, el('h2', {}, 'Topology'), topoImg);
+  let topoState = '';
   const handout = el('section', {id: 'handout'}, el('h2', {}, 'Handout'), el('pre', {id: 'handout-text'}));
   const left = el('div', {class: 'left'}, guestsBox);
   main.replaceChildren(el('div', {class: 'cols'}, left, el('div', {class: 'right'}, checksBox, topo, handout)));
@@ -305,6 +307,10 @@ function labPage() {
     const c = {...view, checks: {...view.checks, running: view.checks.running || checking}};
     checksInner.replaceChildren(checksList(c, checkNow));
     if (renderTools && view.up) renderTools(view);
+    // the picture shows guests' states, links down, impairments and captures: redrawn when they change
+    const now = JSON.stringify([view.guests.map((g) => g.state), view.tools ? view.tools.nics : null]);
+    if (topoState && now !== topoState) topoImg.src = topoSrc + '?v=' + Date.now();
+    topoState = now;
   }
   fetch('/api/lab/' + encodeURIComponent(ident), {credentials: 'same-origin'})
     .then((r) => r.ok ? r.json() : Promise.reject(new Error('HTTP ' + r.status)))
