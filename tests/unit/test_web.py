@@ -386,3 +386,46 @@ def test_the_owners_view_shows_links_impairments_and_saved_captures(client: Test
     r = client.post("/api/lab/eng/captures/labctl-cap-7-1/stop", headers=own)
     assert r.status_code == 400 and "no capture" in r.json()["error"]
     assert "tools" not in client.get("/api/lab/eng", headers=bearer("forged")).text
+
+
+def test_a_stopped_capture_is_saved_as_pcapng_and_downloads(state: Path) -> None:
+    """The stop and download path without QEMU: a capture record whose file holds what QEMU's
+    filter writes (classic pcap), stopped through the API (its QEMU is gone: a warning, no error)."""
+    import struct as st
+
+    from labctl.live.capture import Capture
+    from labctl.state.runstate import LabState, run_dir
+    from labctl.web.app import Server
+    from labctl.web.tools import Running
+
+    run = run_dir("eng")
+    run.mkdir(parents=True, mode=0o700)
+    LabState(lab="eng", source="eng.yaml", dir=str(run), backend="qemu", accel="tcg", image={}, started_at="",
+             resolved={"guests": {"a": {"nics": [{"name": "eth1", "network": "lan", "model": "e1000",
+                                                  "ip": "10.0.0.1/24"}]}}}).save()
+    frames = [bytes(range(60)), b"\xff" * 6 + b"\x02" * 6 + b"\x08\x06" + b"\0" * 28]
+    raw = st.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)
+    for i, f in enumerate(frames):
+        raw += st.pack("<IIII", 1_700_000_000 + i, 0, len(f), len(f)) + f
+    (run / "q.pcap").write_bytes(raw)
+    cap = Capture("labctl-cap-42-1", "a", "eth1", "net-a-eth1", str(run / "q.pcap"), os.getpid(), "web")
+    server = Server()
+    server.tools.running[cap.id] = Running("eng", cap)
+    own = bearer(owner_token())
+    with TestClient(build_app(server), base_url="http://127.0.0.1:8470") as client:
+        assert client.post(f"/api/lab/bea@x/captures/{cap.id}/stop", headers=own).status_code == 400  # not its lab
+        r = client.post(f"/api/lab/eng/captures/{cap.id}/stop", headers=own)
+        assert r.status_code == 200, r.text
+        assert r.json()["frames"] == 2 and r.json()["label"] == "a.eth1"
+        assert not (run / "q.pcap").exists()  # QEMU's file goes once saved
+        body = client.get(f"/api/lab/eng/captures/{cap.id}.pcapng", headers=own).content
+    assert body[:4] == b"\x0a\x0d\x0d\x0a"
+    got, pos = [], 0
+    while pos < len(body):  # pcapng blocks read here: Enhanced Packet Blocks carry the frames
+        btype, blen = st.unpack_from("<II", body, pos)
+        if btype == 6:
+            caplen = st.unpack_from("<I", body, pos + 20)[0]
+            got.append(body[pos + 28:pos + 28 + caplen])
+        pos += blen
+    assert got == frames
+    assert stat.S_IMODE((run / "web-captures").stat().st_mode) == 0o700
