@@ -41,17 +41,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         base = f"{'https' if tls else 'http'}://{shown}:{bound_port}"
         links = server.links(base, args.classes)
         out.print(Text(f"serving on {base}" + ("" if host in ("127.0.0.1", "::1") else
-                                               "  (reachable from other hosts: mind the firewall)")))
+                                               "  (reachable from other hosts: mind the firewall)")), soft_wrap=True)
         if tls:
             shown_cert = args.cert if args.cert is not None else tls[0]
-            out.print(Text(f"TLS certificate {shown_cert}, SHA-256 fingerprint {tls[2]}"))
-        out.print(Text(f"your labs: {links.owner}"))
+            out.print(Text(f"TLS certificate {shown_cert}, SHA-256 fingerprint {tls[2]}"), soft_wrap=True)
+        out.print(Text(f"your labs: {links.owner}"), soft_wrap=True)
         for lab, urls in links.classes.items():
-            out.print(Text(f"class {lab}: trainer {urls['trainer']}"))
+            out.print(Text(f"class {lab}: trainer {urls['trainer']}"), soft_wrap=True)
             for student, url in urls.items():
                 if student != "trainer":
                     where = links.url_files.get(f"{lab}@{student}")
-                    out.print(Text(f"  {student}: {url}" + (f"  (in {where})" if where else "")))
+                    out.print(Text(f"  {student}: {url}" + (f"  (in {where})" if where else "")), soft_wrap=True)
         out.file.flush()
         server.run(sock, (tls[0], tls[1]) if tls else None)
     finally:

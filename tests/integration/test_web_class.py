@@ -54,23 +54,9 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's ch
 
 def read_urls(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, str]:
     """The URLs serve prints: 'trainer', each student's, and 'base'."""
-    assert proc.stdout is not None
-    urls: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not (set(STUDENTS) | {"trainer"}) <= set(urls):
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if not ready:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            continue
-        line = proc.stdout.readline()
-        if m := re.match(r"serving on (\S+)", line):
-            urls["base"] = m.group(1)
-        if m := re.search(r"trainer (http\S+)", line):
-            urls["trainer"] = m.group(1)
-        if m := re.match(r"\s+(\w+): (http\S+)", line):
-            urls[m.group(1)] = m.group(2)
-    assert (set(STUDENTS) | {"trainer", "base"}) <= set(urls), urls
-    return urls
+    from tests.integration.test_web_tools import read_serve
+
+    return read_serve(proc, set(STUDENTS) | {"trainer", "base"}, timeout)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

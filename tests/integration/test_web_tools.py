@@ -4,11 +4,13 @@ guests in Debian's chromium (Playwright); the tools refused to a class's tokens 
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import struct
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -53,26 +55,45 @@ guests:
 """
 
 
-def read_serve(proc: subprocess.Popen[str], want: set[str], timeout: float = 60) -> dict[str, str]:
-    """What serve prints: 'base', 'owner', 'trainer', 'fingerprint' and each student's URL."""
+def serve_lines(proc: subprocess.Popen[str], timeout: float) -> Iterator[str]:
+    """serve's output lines as they come, until ``timeout``. Read from the pipe's descriptor: a
+    ``readline`` on the text stream would buffer lines that arrived together, out of ``select``'s sight."""
     assert proc.stdout is not None
-    urls: dict[str, str] = {}
+    fd, pending = proc.stdout.fileno(), b""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not want <= set(urls):
-        if not select.select([proc.stdout], [], [], 1.0)[0]:
+    while time.monotonic() < deadline:
+        if not select.select([fd], [], [], 1.0)[0]:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             continue
-        line = proc.stdout.readline()
-        if m := re.match(r"serving on (\S+)", line):
-            urls["base"] = m.group(1)
-        if m := re.search(r"your labs: (\S+)", line):
-            urls["owner"] = m.group(1)
-        if m := re.search(r"trainer (http\S+)", line):
-            urls["trainer"] = m.group(1)
-        if m := re.search(r"fingerprint (\S+)", line):
-            urls["fingerprint"] = m.group(1)
-        if m := re.match(r"\s+(\w+): (http\S+)", line):
-            urls[m.group(1)] = m.group(2)
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            yield line.decode(errors="replace")
+
+
+def parse_serve_line(line: str, urls: dict[str, str]) -> None:
+    """Note what a line of serve's output names: 'base', 'owner', 'trainer', 'fingerprint', a student's URL."""
+    if m := re.match(r"serving on (\S+)", line):
+        urls["base"] = m.group(1)
+    if m := re.search(r"your labs: (\S+)", line):
+        urls["owner"] = m.group(1)
+    if m := re.search(r"trainer (http\S+)", line):
+        urls["trainer"] = m.group(1)
+    if m := re.search(r"fingerprint (\S+)", line):
+        urls["fingerprint"] = m.group(1)
+    if m := re.match(r"\s+(\w+): (http\S+)", line):
+        urls[m.group(1)] = m.group(2)
+
+
+def read_serve(proc: subprocess.Popen[str], want: set[str], timeout: float = 60) -> dict[str, str]:
+    """What serve prints: 'base', 'owner', 'trainer', 'fingerprint' and each student's URL."""
+    urls: dict[str, str] = {}
+    for line in serve_lines(proc, timeout):
+        parse_serve_line(line, urls)
+        if want <= set(urls):
+            break
     assert want <= set(urls), urls
     return urls
 
