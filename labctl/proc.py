@@ -101,7 +101,7 @@ def run(
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         kill_group(proc)
-        raise ProcessError(f"{Path(os.fspath(argv[0])).name} timed out after {timeout:.0f} s") from exc
+        raise _timed_out(argv, timeout) from exc
     except BaseException:
         kill_group(proc)
         raise
@@ -113,6 +113,10 @@ def run(
             output="\n".join(tail),
         )
     return result
+
+
+def _timed_out(argv: Sequence[str | os.PathLike[str]], timeout: float) -> ProcessError:
+    return ProcessError(f"{Path(os.fspath(argv[0])).name} timed out after {timeout:.0f} s")
 
 
 def run_lines(argv: Sequence[str | os.PathLike[str]], on_line: Callable[[str], None], timeout: float, *,
@@ -130,11 +134,11 @@ def run_lines(argv: Sequence[str | os.PathLike[str]], on_line: Callable[[str], N
         for raw in proc.stdout:
             on_line(raw.decode(errors="replace").rstrip("\n"))
             if time.monotonic() > deadline:
-                raise ProcessError(f"{Path(os.fspath(argv[0])).name} timed out after {timeout:.0f} s")
+                raise _timed_out(argv, timeout)
         return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired as exc:
         kill_group(proc)
-        raise ProcessError(f"{Path(os.fspath(argv[0])).name} timed out after {timeout:.0f} s") from exc
+        raise _timed_out(argv, timeout) from exc
     except BaseException:
         kill_group(proc)
         raise

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.lab import kselftest as ks
+from labctl.lab.kselftest import Kselftest, parse as parse_kselftest
 from labctl.lab.checker import Checker, close_match
 from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs, trace_capture
 from labctl.lab.specs import GuestSpec
@@ -154,7 +154,7 @@ class Step:
     gdb: GdbStep | None = None
     repeat: int = 1  # runs of each variant
     impair: tuple[StepImpair, ...] = ()  # impairments for the step's duration
-    kselftest: ks.Kselftest | None = None  # the kernel's selftests, run after the commands
+    kselftest: Kselftest | None = None  # the kernel's selftests, run after the commands
 
     def variants(self) -> list[dict[str, str]]:
         """The matrix rows, or one empty row when the step has no matrix."""
@@ -265,7 +265,7 @@ class StepParser:
                               lambda nic, line, where: self._check_nic(nic, matrix, line, where))
         selftests = None
         if "kselftest" in m:
-            selftests = ks.parse(c, m, path, set(self.guests), self.trusted,
+            selftests = parse_kselftest(c, m, path, set(self.guests), self.trusted,
                                  lambda text, line, where: self._each_guest(text, known, matrix, line, where))
         if name is None or ("kselftest" in m and selftests is None):
             return None

@@ -433,7 +433,10 @@ class Server:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    async def api_capture_start(self, request: Request) -> Response:
+    async def _owner_post(self, request: Request, act: Callable[[str, dict[str, Any]], Any],
+                          answer: Callable[[Any, dict[str, Any]], Any]) -> Response:
+        """An engineer's action on their lab (owner token only): ``act(ident, body)`` in a thread,
+        then ``answer(result, body)`` as JSON; a body that is not a JSON object is 400."""
         ident = request.path_params["ident"]
         if not self._owner(request, ident):
             return forbidden()
@@ -441,10 +444,15 @@ class Server:
         if body is None:
             return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
         try:
-            return JSONResponse(await self._act(lambda: self.tools.start_capture(ident, body.get("guest"),
-                                                                                 body.get("nic"))))
+            result = await self._act(lambda: act(ident, body))
         except LabctlError as exc:
             return self._failed(exc)
+        return JSONResponse(answer(result, body))
+
+    async def api_capture_start(self, request: Request) -> Response:
+        return await self._owner_post(
+            request, lambda ident, b: self.tools.start_capture(ident, b.get("guest"), b.get("nic")),
+            lambda result, _b: result)
 
     async def api_capture_stop(self, request: Request) -> Response:
         ident, cid = request.path_params["ident"], request.path_params["cid"]
@@ -485,31 +493,14 @@ class Server:
                                           "content-length": str(size)})
 
     async def api_impair(self, request: Request) -> Response:
-        ident = request.path_params["ident"]
-        if not self._owner(request, ident):
-            return forbidden()
-        body = await self._body(request)
-        if body is None:
-            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
-        try:
-            imp = await self._act(lambda: self.tools.impair(ident, body.get("guest"), body.get("nic"),
-                                                            body.get("impair")))
-        except LabctlError as exc:
-            return self._failed(exc)
-        return JSONResponse({"impair": imp.to_dict() if imp else {}, "text": imp.describe() if imp else "none"})
+        return await self._owner_post(
+            request, lambda ident, b: self.tools.impair(ident, b.get("guest"), b.get("nic"), b.get("impair")),
+            lambda imp, _b: {"impair": imp.to_dict() if imp else {}, "text": imp.describe() if imp else "none"})
 
     async def api_link(self, request: Request) -> Response:
-        ident = request.path_params["ident"]
-        if not self._owner(request, ident):
-            return forbidden()
-        body = await self._body(request)
-        if body is None:
-            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
-        try:
-            await self._act(lambda: self.tools.link(ident, body.get("guest"), body.get("nic"), body.get("up")))
-        except LabctlError as exc:
-            return self._failed(exc)
-        return JSONResponse({"link": "up" if body.get("up") else "down"})
+        return await self._owner_post(
+            request, lambda ident, b: self.tools.link(ident, b.get("guest"), b.get("nic"), b.get("up")),
+            lambda _result, b: {"link": "up" if b.get("up") else "down"})
 
     # -- terminals -----------------------------------------------------------------------------
 
