@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """A room connected to one labctl serve: its resident memory and CPU, idle and while typing.
 
-Usage: python benchmarks/web_room.py [--students 6] [--pages 6] [--terminals 3] [--seconds 60]
-                                     [--keys-per-second 5] [--accel auto|kvm|tcg] [--json]
+Usage: python benchmarks/web_room.py [--students 6] [--guests 1] [--memory 256] [--pages 6]
+                                     [--terminals 3] [--seconds 60] [--keys-per-second 5]
+                                     [--overcommit] [--accel auto|kvm|tcg] [--json]
 
-Brings up a class of --students on a one-guest lab in a private state directory and starts
-`labctl serve --listen 127.0.0.1:0`. Then connects, as the pages would, with each student's
-token: --pages server-sent-event streams per student (/api/events?lab=LAB@STUDENT, each page
-a browser tab of that student's lab) plus one trainer page (/api/events?class=LAB), and
---terminals websockets per student to their guest's terminal (/ws/term/LAB@STUDENT/a: the
-server bridges all of a guest's websockets to one SSH channel, so every page's terminal gets
-every byte). Measures the serve process (RSS from /proc, CPU time user+system):
+Brings up a class of --students on a lab of --guests guests (1 to 3, --memory MiB each) in a
+private state directory and starts `labctl serve --listen 127.0.0.1:0`. Then connects, as the
+pages would, with each student's token: --pages server-sent-event streams per student
+(/api/events?lab=LAB@STUDENT, each page a browser tab of that student's lab) plus one trainer
+page (/api/events?class=LAB), and --terminals websockets per student to each of their guests'
+terminals (/ws/term/LAB@STUDENT/GUEST: the server bridges all of a guest's websockets to one
+SSH channel, so every page's terminal gets every byte). The room of the issue, 36 students x 3
+guests with every terminal open, is `--students 36 --guests 3 --pages 1 --terminals 1`.
+Measures the serve process (RSS from /proc, CPU time user+system):
 
 * connected and idle for --seconds (the events keep looking every second);
 * typing for --seconds: one terminal per student sends --keys-per-second characters
@@ -37,15 +40,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+GUEST = """\
+  {name}:
+    memory: {memory}
+    nics:
+      - {{name: eth1, model: virtio-net-pci, network: lan, ip: 10.96.0.{n}/24}}
+"""
 LAB = """\
 name: webroom
 networks:
-  lan: {}
+  lan: {{}}
 guests:
-  a:
-    nics:
-      - {name: eth1, model: virtio-net-pci, network: lan, ip: 10.96.0.1/24}
-checks:
+{guests}checks:
   - name: fixed
     guest: a
     command: test -f /root/fixed
@@ -104,10 +110,10 @@ class Room:
         finally:
             writer.close()
 
-    async def terminal(self, ident: str, tok: str) -> object:
+    async def terminal(self, ident: str, guest: str, tok: str) -> object:
         from websockets.asyncio.client import connect
 
-        ws = await connect(f"ws://{self.host}:{self.port}/ws/term/{ident}/a?cols=120&rows=40",
+        ws = await connect(f"ws://{self.host}:{self.port}/ws/term/{ident}/{guest}?cols=120&rows=40",
                            additional_headers={"Authorization": f"Bearer {tok}"}, open_timeout=60,
                            max_size=None)
         self.terminals.setdefault(ident, []).append(ws)
@@ -175,8 +181,9 @@ async def measure(args: argparse.Namespace, base: str, tokens: dict[str, str], p
     room.tasks.append(asyncio.create_task(room.sse("class=webroom", tokens["trainer"], ev)))
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in readies)), 120)
     for s in students:
-        for _ in range(args.terminals):
-            await room.terminal(f"webroom@{s}", tokens[s])
+        for guest in "abc"[:args.guests]:
+            for _ in range(args.terminals):
+                await room.terminal(f"webroom@{s}", guest, tokens[s])
     out["connect_s"] = round(time.monotonic() - t_connect, 1)
     out["sse_streams"], out["websockets"] = room.sse_open, sum(len(v) for v in room.terminals.values())
     await asyncio.sleep(3)
@@ -227,6 +234,9 @@ async def measure(args: argparse.Namespace, base: str, tokens: dict[str, str], p
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--students", type=int, default=6)
+    ap.add_argument("--guests", type=int, default=1, choices=[1, 2, 3], help="guests in the lab")
+    ap.add_argument("--memory", type=int, default=256, help="MiB a guest")
+    ap.add_argument("--overcommit", action="store_true", help="pass --overcommit to class up")
     ap.add_argument("--pages", type=int, default=6, help="event streams (pages) per student")
     ap.add_argument("--terminals", type=int, default=3, help="terminal websockets per student")
     ap.add_argument("--seconds", type=float, default=60.0)
@@ -238,13 +248,14 @@ def main() -> int:
         os.chmod(tmp, 0o700)
         env = {**os.environ, "LABCTL_STATE_DIR": str(Path(tmp) / "state")}
         lab = Path(tmp) / "webroom.yaml"
-        lab.write_text(LAB)
+        lab.write_text(LAB.format(guests="".join(GUEST.format(name=g, memory=args.memory, n=i + 1)
+                                                  for i, g in enumerate("abc"[:args.guests]))))
         roster = Path(tmp) / "roster.txt"
         students = [f"s{i:02d}" for i in range(1, args.students + 1)]
         roster.write_text("\n".join(students) + "\n")
         t_up = time.monotonic()
         labctl(env, "class", "up", str(lab), "--roster", str(roster), "--out", str(Path(tmp) / "handouts"),
-               "--accel", args.accel)
+               "--accel", args.accel, *(["--overcommit"] if args.overcommit else []))
         up_s = time.monotonic() - t_up
         serve = None
         try:
@@ -268,14 +279,14 @@ def main() -> int:
                 serve.terminate()
                 serve.wait(15)
             labctl(env, "class", "down", timeout=600)
-    figures = {"students": args.students, "guests": args.students, "pages_per_student": args.pages,
-               "terminals_per_student": args.terminals, "class_up_s": round(up_s, 1), **figures}
+    figures = {"students": args.students, "guests": args.students * args.guests, "pages_per_student": args.pages,
+               "terminals_per_guest": args.terminals, "class_up_s": round(up_s, 1), **figures}
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
     idle, typing = figures["idle"], figures["typing"]
     assert isinstance(idle, dict) and isinstance(typing, dict)
-    print(f"room: {args.students} students x 1 guest, {figures['sse_streams']} event streams "
+    print(f"room: {args.students} students x {args.guests} guests, {figures['sse_streams']} event streams "
           f"({args.pages} pages per student + the trainer's), {figures['websockets']} terminal websockets")
     print(f"serve before connecting: RSS {figures['rss_mib_before']} MiB")
     print(f"idle {idle['seconds']} s: RSS {idle['rss_mib']} MiB (peak {idle['rss_mib_peak']}), "

@@ -25,6 +25,7 @@ from labctl.backends.qemu.backend import QemuBackend
 from labctl.errors import LabctlError, PortTaken
 from labctl.net.ports import free_port
 from labctl.paths import atomic_write
+from labctl.up import taps
 
 ATTEMPTS = 3
 _LOCK = threading.Lock()  # guests of one lab restart in parallel; they share its known_hosts
@@ -63,14 +64,20 @@ def restart(backend: QemuBackend, rec: GuestRecord, incoming: bool,
     :raise PortTaken: when every new port was taken too. :raise MachineError: QEMU failed otherwise.
     """
     first = rec.ssh_port
-    for attempt in range(ATTEMPTS):
-        try:
-            started = backend.restart(rec, incoming)
-            return started, (first if started.ssh_port != first else None)
-        except PortTaken:
-            if attempt == ATTEMPTS - 1:
-                raise
-            rec = with_port(rec, pick())
+    # a guest on tap networks gets its taps again (QEMU took its queues with it when it stopped)
+    opened = taps.reopen(rec.extra, Path(rec.dir).parent.parent)
+    try:
+        for attempt in range(ATTEMPTS):
+            try:
+                started = backend.restart(rec, incoming, opened)
+                return started, (first if started.ssh_port != first else None)
+            except PortTaken:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                rec = with_port(rec, pick())
+    finally:
+        for fds in opened.values():
+            taps.close(fds)  # QEMU holds them now (or failed)
     raise AssertionError("unreachable")
 
 

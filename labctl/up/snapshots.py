@@ -34,6 +34,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 from dataclasses import dataclass
@@ -97,13 +98,18 @@ class Snapshot:
         return (self.dir / META).is_file() and self.state.is_file() and self.disk.is_file()
 
 
+_TAP_FDS = re.compile(r"\b(fds?)=[0-9:?]+")
+
+
 def key(plan: GuestPlan) -> str:
     """The snapshot key of a guest (see the module's docstring)."""
     run_dir = str(plan.dir.parent.parent)
     # The run directory and the lab's NAME@INSTANCE (in QEMU's process name) are taken out:
     # every instance of a lab restores from the same snapshots.
-    argv = [a.replace(run_dir, "@RUN").replace(f"labctl-{plan.lab}-", "labctl-@LAB-")
-            for a in build_argv(dataclasses.replace(plan, warm=False, ssh_port=0))]
+    # A tap's queues are descriptors opened anew for each QEMU: their numbers are no part of it.
+    argv = [_TAP_FDS.sub(r"\1=@", a) if a.startswith("tap,") else a
+            for a in (a.replace(run_dir, "@RUN").replace(f"labctl-{plan.lab}-", "labctl-@LAB-")
+                      for a in build_argv(dataclasses.replace(plan, warm=False, ssh_port=0)))]
     data = [FORMAT, __version__, qemu_version(), plan.image.key, plan.kernel.key, plan.accel,
             plan.guest.to_dict(), argv]
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]

@@ -123,6 +123,31 @@ def open_tap(netns: str, tap: TapDev) -> TapDev:
     return TapDev(tap.name, tap.bridge, tap.queues, fds)
 
 
+def reopen(extra: dict[str, object], run_dir: Path) -> dict[str, tuple[int, ...]]:
+    """A stopped guest's taps made again in its lab's namespace, on their bridges (the taps a
+    guest record's ``extra["taps"]`` names): netdev id -> the queues' descriptors, which the
+    caller hands to QEMU and then closes (:func:`close`). Nothing when it had no tap.
+
+    :raise HostError: when the namespace is gone or the kernel refuses.
+    """
+    listed = extra.get("taps")
+    if not isinstance(listed, list) or not listed:
+        return {}
+    netns = netns_name(run_dir)
+    if not (NETNS_DIR / netns).exists():
+        raise HostError(f"network namespace {netns} of the lab's tap networks is gone")
+    out: dict[str, tuple[int, ...]] = {}
+    try:
+        for t in listed:
+            dev = open_tap(netns, TapDev(str(t["name"]), str(t["bridge"]), int(t["queues"])))
+            out[str(t["netdev"])] = dev.fds
+    except (HostError, KeyError, TypeError, ValueError) as exc:
+        for fds in out.values():
+            close(fds)
+        raise exc if isinstance(exc, HostError) else HostError(f"a guest's record of its taps is damaged: {exc}")
+    return out
+
+
 def close(fds: tuple[int, ...]) -> None:
     """Close labctl's copies of a tap's descriptors (QEMU keeps its own)."""
     for fd in fds:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from labctl.backends.base import GuestPlan
 from labctl.backends.qemu.argv import build_argv, opt
+from labctl.errors import MachineError
 from labctl.image.store import Image
 from labctl.lab import load_lab
 from labctl.net.plan import ALONE, DIRECT, SWITCH, plan_networks
@@ -122,11 +125,27 @@ def test_a_restart_keeps_the_command_line_and_toggles_incoming(tmp_path: Path, m
     from labctl.backends.qemu.backend import QemuBackend
 
     launched: list[list[str]] = []
-    monkeypatch.setattr(QemuBackend, "_launch", lambda self, rec: launched.append(rec.argv) or rec)
+    passed: list[list[int] | None] = []
+    monkeypatch.setattr(QemuBackend, "_launch",
+                        lambda self, rec, fds=None: launched.append(rec.argv) or passed.append(fds) or rec)
     rec = GuestRecord("a", "qemu", 1, str(tmp_path), "c", "q", 1, "tcg", argv=["qemu", "-m", "512", "-incoming", "defer"])
     QemuBackend().restart(rec, incoming=False)
     QemuBackend().restart(rec, incoming=True)
     assert launched == [["qemu", "-m", "512"], ["qemu", "-m", "512", "-incoming", "defer"]]
+
+    # A guest on taps: its netdevs name the queues opened again, which QEMU inherits.
+    launched.clear()
+    passed.clear()
+    tapped = GuestRecord("b", "qemu", 1, str(tmp_path), "c", "q", 1, "tcg", argv=[
+        "qemu", "-netdev", "tap,id=lab0,fds=5:6,vhost=off", "-device", "virtio-net-pci,netdev=lab0,mq=on,vectors=6",
+        "-netdev", "tap,id=lab1,fd=7,vhost=off"])
+    QemuBackend().restart(tapped, incoming=True, taps={"lab0": (11, 12), "lab1": (13,)})
+    assert launched == [["qemu", "-netdev", "tap,id=lab0,fds=11:12,vhost=off", "-device",
+                         "virtio-net-pci,netdev=lab0,mq=on,vectors=6", "-netdev", "tap,id=lab1,fd=13,vhost=off",
+                         "-incoming", "defer"]]
+    assert passed == [[11, 12, 13]]
+    with pytest.raises(MachineError, match="netdev lab1 was not opened again"):
+        QemuBackend().restart(tapped, incoming=True, taps={"lab0": (11, 12)})
 
 
 def test_snapshot_keys_are_shared_by_instances_and_follow_the_lab(tmp_path: Path) -> None:

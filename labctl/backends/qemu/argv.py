@@ -151,6 +151,13 @@ def _tap_netdev(nic: Nic, tap: TapDev) -> str:
     return f"tap,id={netdev_id(nic)},{'fds' if len(tap.fds) > 1 else 'fd'}={fds},vhost=off"
 
 
+def tap_netdev_fds(netdev: str, fds: tuple[int, ...]) -> str:
+    """A ``tap,...`` netdev option (as :func:`_tap_netdev` wrote it) on other descriptors."""
+    opts = [o for o in netdev.split(",") if not o.startswith(("fd=", "fds="))]
+    opts.insert(2, f"{'fds' if len(fds) > 1 else 'fd'}={':'.join(str(fd) for fd in fds)}")
+    return ",".join(opts)
+
+
 def _multiqueue(nic: Nic, tap: TapDev) -> str:
     """virtio-net's options for several queue pairs (MSI-X vectors: one per queue, config and control)."""
     if tap.queues <= 1 or not nic.nic_model.multiqueue:

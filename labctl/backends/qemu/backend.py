@@ -17,7 +17,7 @@ from typing import Any
 
 from labctl.backends.base import GuestPlan, GuestRecord, NetDir
 from labctl.backends.monitor import qmp_execute
-from labctl.backends.qemu.argv import build_argv
+from labctl.backends.qemu.argv import build_argv, netdev_id, tap_netdev_fds
 from labctl.errors import MachineError, PortTaken
 from labctl.lab.hosts import HostPlace
 from labctl.net.plan import TapDev
@@ -68,34 +68,44 @@ class QemuBackend:
         """Nothing outside the run directory to remove."""
 
     def start(self, plan: GuestPlan) -> GuestRecord:
+        # A tap network's queues are descriptors QEMU inherits (named by number in its argv);
+        # the record keeps which tap each netdev is on, so a restart can open them again.
+        tapped = [(nic, port.local) for nic in plan.guest.nics for port in [plan.ports[nic.name]]
+                  if isinstance(port.local, TapDev)]
+        extra = {"taps": [{"netdev": netdev_id(nic), "name": tap.name, "bridge": tap.bridge, "queues": tap.queues}
+                          for nic, tap in tapped]} if tapped else {}
         rec = GuestRecord(name=plan.guest.name, backend=self.name, pid=0, dir=str(plan.dir),
                           console=str(plan.console), qmp=str(plan.qmp_socket),
                           ssh_port=plan.ssh_port, accel=plan.accel, argv=self.command(plan),
-                          gdb=str(plan.gdb_socket))
-        # a tap network's queues: descriptors QEMU inherits (named by number in its argv)
-        fds = [fd for port in plan.ports.values() if isinstance(port.local, TapDev) for fd in port.local.fds]
-        return self._launch(rec, fds)
+                          gdb=str(plan.gdb_socket), extra=extra)
+        return self._launch(rec, [fd for _, tap in tapped for fd in tap.fds])
 
-    def restart(self, rec: GuestRecord, incoming: bool) -> GuestRecord:
+    def restart(self, rec: GuestRecord, incoming: bool, taps: dict[str, tuple[int, ...]] | None = None) -> GuestRecord:
         """Start a stopped guest again with the command line it was started with, waiting for a
         saved state (``-incoming defer``) when ``incoming``; its new record.
 
         Its sockets, ports and files keep their paths, so its neighbours' links and its SSH
-        endpoint are unchanged. A guest on a tap network cannot be restarted this way (its
-        queues were descriptors handed to the first QEMU).
+        endpoint are unchanged. A guest on a tap network needs its taps' queues opened again
+        (``taps``: netdev id -> descriptors, see ``labctl.up.taps.reopen``): the first QEMU's
+        went with it; the command line then names the new descriptors.
 
-        :raise MachineError: when QEMU exits at start.
+        :raise MachineError: when QEMU exits at start, or a tap netdev has no descriptors.
         """
         argv = list(rec.argv)
-        if any(a.startswith("tap,") for a in argv):
-            raise MachineError(f"guest {rec.name} is on a tap network (queues > 1): it cannot be restarted "
-                               "from a saved state, only by taking the lab down and up again")
+        fds: list[int] = []
+        for i, arg in enumerate(argv):
+            if arg.startswith("tap,"):
+                netdev = dict(kv.partition("=")[::2] for kv in arg.split(",")[1:]).get("id", "")
+                if not taps or netdev not in taps:
+                    raise MachineError(f"guest {rec.name}: the tap of its netdev {netdev} was not opened again")
+                argv[i] = tap_netdev_fds(arg, taps[netdev])
+                fds += taps[netdev]
         while "-incoming" in argv:
             i = argv.index("-incoming")
             del argv[i:i + 2]
         if incoming:
             argv += ["-incoming", "defer"]
-        return self._launch(dataclasses.replace(rec, argv=argv, pid=0))
+        return self._launch(dataclasses.replace(rec, argv=argv, pid=0), fds)
 
     def _launch(self, rec: GuestRecord, fds: list[int] | None = None) -> GuestRecord:
         """Spawn QEMU for ``rec`` and wait until its monitor answers; the record with its pid."""
