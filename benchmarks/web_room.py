@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import re
+import select
 import statistics
 import subprocess
 import sys
@@ -155,6 +156,41 @@ async def typist(ident: str, tok: str, base: str, rate: float, until: float, lat
     return sent
 
 
+def ssh_typist(argv: list[str], rate: float, until: float) -> list[float]:
+    """The same typing over a plain ``ssh -tt`` to a guest of the room (the tool a student would
+    otherwise use), at the same time as the page typists: keystroke-to-echo times."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+    assert proc.stdin is not None and proc.stdout is not None
+    fd = proc.stdout.fileno()
+    lat: list[float] = []
+
+    def drain_fd(quiet: float) -> None:
+        while select.select([fd], [], [], quiet)[0]:
+            if not os.read(fd, 65536):
+                return
+
+    try:
+        drain_fd(2.0)
+        sent = 0
+        while time.monotonic() < until:
+            key = KEYS[sent % len(KEYS)].encode()
+            t0 = time.perf_counter()
+            proc.stdin.write(key)
+            got = b""
+            while key not in got and select.select([fd], [], [], 10)[0]:
+                got += os.read(fd, 65536)
+            if key in got:
+                lat.append(time.perf_counter() - t0)
+            sent += 1
+            if sent % 20 == 0:
+                proc.stdin.write(b"\x15")
+            time.sleep(max(0.0, 1 / rate - (time.perf_counter() - t0)))
+    finally:
+        proc.kill()
+        proc.wait()
+    return lat
+
+
 async def drain(ws: object, quiet: float) -> None:
     while True:
         try:
@@ -163,7 +199,8 @@ async def drain(ws: object, quiet: float) -> None:
             return
 
 
-async def measure(args: argparse.Namespace, base: str, tokens: dict[str, str], pid: int) -> dict[str, object]:
+async def measure(args: argparse.Namespace, base: str, tokens: dict[str, str], pid: int,
+                  ssh_argv: list[str]) -> dict[str, object]:
     room = Room(base)
     students = [s for s in tokens if s != "trainer"]
     out: dict[str, object] = {}
@@ -213,7 +250,8 @@ async def measure(args: argparse.Namespace, base: str, tokens: dict[str, str], p
     rss_c, cpu_c = proc_figures(pid)
     typed = asyncio.gather(*(typist(f"webroom@{s}", tokens[s], base, args.keys_per_second, until, lat)
                              for s in students))
-    _, results = await asyncio.gather(sample(), typed)
+    by_ssh = asyncio.to_thread(ssh_typist, ssh_argv, args.keys_per_second, until)
+    _, results, ssh_lat = await asyncio.gather(sample(), typed, by_ssh)
     rss_d, cpu_d = proc_figures(pid)
     wall = time.monotonic() - t1
     out["typing"] = {"seconds": round(wall, 1), "typists": len(students), "keys_sent": sum(results),
@@ -221,7 +259,9 @@ async def measure(args: argparse.Namespace, base: str, tokens: dict[str, str], p
                      "cpu_s": round(cpu_d - cpu_c, 2), "cpu_pct": round(100 * (cpu_d - cpu_c) / wall, 1),
                      "echo_ms_median": round(statistics.median(lat) * 1000, 2) if lat else None,
                      "echo_ms_p90": round(pct(lat, 90) * 1000, 2), "echo_ms_p99": round(pct(lat, 99) * 1000, 2),
-                     "terminal_bytes_fanned_out": room.ws_bytes - bytes0}
+                     "terminal_bytes_fanned_out": room.ws_bytes - bytes0,
+                     "ssh_echo_ms_median": round(statistics.median(ssh_lat) * 1000, 2) if ssh_lat else None,
+                     "ssh_echo_ms_p90": round(pct(ssh_lat, 90) * 1000, 2), "ssh_keys": len(ssh_lat)}
     for t in room.tasks:
         t.cancel()
     for wss in room.terminals.values():
@@ -253,6 +293,10 @@ def main() -> int:
         roster = Path(tmp) / "roster.txt"
         students = [f"s{i:02d}" for i in range(1, args.students + 1)]
         roster.write_text("\n".join(students) + "\n")
+        # One copy first takes the post-boot snapshots (if they are not there yet), so that the
+        # capacity check counts the class's guests at what a restored guest holds.
+        labctl(env, "up", str(lab), "--accel", args.accel)
+        labctl(env, "down", "webroom")
         t_up = time.monotonic()
         labctl(env, "class", "up", str(lab), "--roster", str(roster), "--out", str(Path(tmp) / "handouts"),
                "--accel", args.accel, *(["--overcommit"] if args.overcommit else []))
@@ -273,7 +317,12 @@ def main() -> int:
                     tokens["trainer"] = m.group(1)
                 if m := re.match(r"\s+(\w+): \S+\?t=(\S+)", line):
                     tokens[m.group(1)] = m.group(2)
-            figures = asyncio.run(measure(args, base, tokens, serve.pid))
+            # one more typist on plain ssh -tt, to the first student's last guest (no page types there)
+            os.environ["LABCTL_STATE_DIR"] = env["LABCTL_STATE_DIR"]
+            from labctl.state.runstate import LabState
+
+            ssh_argv = LabState.load(f"webroom@{students[0]}").endpoint("abc"[args.guests - 1]).openssh_argv(["-tt"])
+            figures = asyncio.run(measure(args, base, tokens, serve.pid, ssh_argv))
         finally:
             if serve is not None:
                 serve.terminate()
@@ -296,6 +345,8 @@ def main() -> int:
           f"CPU {typing['cpu_s']} s = {typing['cpu_pct']}% of one core; keystroke to echo median "
           f"{typing['echo_ms_median']} ms, p90 {typing['echo_ms_p90']} ms, p99 {typing['echo_ms_p99']} ms; "
           f"{typing['terminal_bytes_fanned_out']} bytes fanned out to the other terminals")
+    print(f"plain ssh -tt typed at the same time ({typing['ssh_keys']} keys): keystroke to echo median "
+          f"{typing['ssh_echo_ms_median']} ms, p90 {typing['ssh_echo_ms_p90']} ms")
     return 0
 
 

@@ -32,6 +32,7 @@ from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
 from labctl.image.apt import apt_download, candidate, sha256_file
 from labctl.image import cpio as initramfs
+from labctl.kernel import modbuild
 from labctl.kernel.kconfig import extract_ikconfig
 from labctl.kernel.modules import builtin_names, module_load_order, nic_driver_rules
 from labctl.kernel.store import (
@@ -47,7 +48,7 @@ from labctl.kernel.store import (
 )
 from labctl.kernel.vmlinux import banner, boot_image, build_id, is_elf
 from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
-from labctl.paths import atomic_write, build_into, cache_dir, exclusive, resource_dir
+from labctl.paths import atomic_write, build_into, exclusive, resource_dir
 from labctl.proc import run, run_pipeline, run_pipeline_output
 
 PREPARE_VERSION = "2"  # bump when what is prepared changes for the same inputs
@@ -371,17 +372,20 @@ class _Preparer:
         extra = mods / "extra"
         extra.mkdir(parents=True, exist_ok=True)
         for name in self.opts.extra_modules:
-            src = module_build_dir(build, name)
+            src = modbuild.build_dir(build, name)
             try:
                 with exclusive(src.with_name(src.name + ".lock")):
                     if not src.is_dir():  # a new tree, or the module's source changed: a fresh build directory
                         with build_into(src) as work:
                             shutil.copytree(resource_dir("guest") / "modules" / name, work, dirs_exist_ok=True)
-                    # Incremental: kbuild recompiles only what changed since the last kernel of this tree
-                    # (its .cmd files list every header used). Source paths in the debug info read
-                    # guest/modules/NAME/FILE.c, not the build dir.
-                    run(["make", "-C", build, f"M={src}", f"KCFLAGS=-fdebug-prefix-map={src}=guest/modules/{name}",
-                         "modules"], timeout=600)
+                    # Not built when nothing the last build read changed; else incremental: kbuild
+                    # recompiles only what changed since the last kernel of this tree. Source paths
+                    # in the debug info read guest/modules/NAME/FILE.c, not the build dir.
+                    if not modbuild.unchanged(src, build):
+                        (src / modbuild.RECORD).unlink(missing_ok=True)
+                        run(["make", "-C", build, f"M={src}",
+                             f"KCFLAGS=-fdebug-prefix-map={src}=guest/modules/{name}", "modules"], timeout=600)
+                        modbuild.record(src, build)
             except LabctlError as exc:
                 self.notes.append(f"out-of-tree module {name} did not build against {release}: {exc.message}")
                 continue
@@ -488,15 +492,3 @@ def add_source(kernel: Kernel, reporter: Reporter | None = None) -> Path:
     manifest["kernel_source"] = {"package": package, "file": deb.name, "dir": "source"}
     atomic_write(kernel.dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return dest
-
-
-def module_build_dir(build: Path, name: str) -> Path:
-    """The persistent build directory of out-of-tree module ``name`` against kernel ``build`` (a tree
-    or Debian's headers): one per tree and module source, kept between kernels of the tree so that
-    kbuild rebuilds incrementally (a kernel change that leaves the module's headers alone costs a
-    modpost, not a compile)."""
-    source = resource_dir("guest") / "modules" / name
-    digest = hashlib.sha256(str(build.resolve()).encode())
-    for f in sorted(p for p in source.rglob("*") if p.is_file()):
-        digest.update(f.relative_to(source).as_posix().encode() + b"\0" + f.read_bytes())
-    return cache_dir() / "modbuild" / f"{name}-{digest.hexdigest()[:16]}"

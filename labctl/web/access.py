@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from typing import Any
 from labctl.errors import LabctlError, LabStateError, UsageError
 from labctl.lab.model import LAB_IDENT
 from labctl.paths import atomic_write, ensure_private_dir, state_dir
-from labctl.training.classroom import ClassRecord, class_names
+from labctl.training.classroom import ClassRecord, class_names, classes_root
 
 OWNER, TRAINER, STUDENT = "owner", "trainer", "student"
 TOKEN_BYTES = 24
@@ -137,7 +139,43 @@ def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
 
 
+RESOLVE_TTL = 1.0  # seconds an answer of resolve() is reused while the token files stay as they were
+_resolved: dict[str, tuple[float, tuple[object, ...], Principal | None]] = {}
+
+
+def _token_files() -> tuple[object, ...]:
+    """What the tokens and class records are now, without reading them: each file's name, inode,
+    size and change time (a revoked token or a class taken down changes it)."""
+    out: list[object] = []
+    for d in (web_dir(), classes_root()):
+        try:
+            with os.scandir(d) as entries:
+                for e in entries:
+                    st = e.stat(follow_symlinks=False)
+                    out.append((e.name, st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((str(d), None))
+    return tuple(sorted(out, key=repr))
+
+
 def resolve(token: str | None) -> Principal | None:
+    """Whose ``token`` is (:func:`resolve_now`); the answer is reused for ``RESOLVE_TTL`` seconds
+    while no token file or class record changed: every live page and terminal asks each second,
+    and a room of 36 students asks 150 times a second."""
+    if not token or len(token) > 200:
+        return None
+    now, files = time.monotonic(), _token_files()
+    hit = _resolved.get(token)
+    if hit is not None and now - hit[0] < RESOLVE_TTL and hit[1] == files:
+        return hit[2]
+    who = resolve_now(token)
+    if len(_resolved) > 4096:
+        _resolved.clear()
+    _resolved[token] = (now, files, who)
+    return who
+
+
+def resolve_now(token: str | None) -> Principal | None:
     """Whose ``token`` is, checked against the files and class records as they are now; None for
     an unknown or revoked token."""
     if not token or len(token) > 200:

@@ -175,6 +175,11 @@ class Server:
     def who(self, conn: HTTPConnection) -> Principal | None:
         return resolve(token_of(conn))
 
+    def forget(self) -> None:
+        """After an action: every view is looked at afresh."""
+        self.cache.clear()
+        self.room.forget_views()
+
     async def view(self, key: str, fn: Callable[[], Any]) -> Any:
         """``fn()`` in a worker thread, shared by the requests of the next ``VIEW_TTL`` seconds."""
         hit = self.cache.get(key)
@@ -264,7 +269,7 @@ class Server:
         if not isinstance(allow, bool):
             return JSONResponse({"error": "say {\"allow\": true} or {\"allow\": false}"}, status_code=400)
         self.room.allow_reset[lab] = allow
-        self.cache.clear()
+        self.forget()
         return JSONResponse({"class": lab, "allow_reset": allow})
 
     async def api_lab(self, request: Request) -> Response:
@@ -300,7 +305,7 @@ class Server:
         if not run_dir(ident).is_dir():
             return not_found(f"lab {ident} is not up")
         await asyncio.to_thread(self.room.run_checks, ident, class_of(ident))
-        self.cache.clear()
+        self.forget()
         return JSONResponse(self.room.checks_view(ident))
 
     async def api_reset(self, request: Request) -> Response:
@@ -316,14 +321,14 @@ class Server:
             return not_found(exc.message)
         if guest not in state.guests:
             return not_found(f"lab {ident} has no guest {guest!r}")
-        self.cache.clear()
+        self.forget()
         self.terminals.close_where(lambda i, g: i == ident and g == guest, 4001, "the guest is being reset")
         try:
             took = await asyncio.to_thread(self.room.reset, ident, guest)
         except LabctlError as exc:
             return JSONResponse({"error": exc.message}, status_code=409)
         finally:
-            self.cache.clear()
+            self.forget()
         return JSONResponse({"lab": ident, "guest": guest, "seconds": took.get(guest)})
 
     async def events(self, request: Request) -> Response:
@@ -391,7 +396,7 @@ class Server:
         try:
             return await asyncio.to_thread(fn)
         finally:
-            self.cache.clear()
+            self.forget()
 
     async def api_console(self, request: Request) -> Response:
         ident, guest = request.path_params["ident"], request.path_params["guest"]

@@ -28,6 +28,8 @@ from labctl.training.reset import reset
 from labctl.up.lifecycle import guest_statuses
 from labctl.web.progress import Progress
 
+VIEW_TTL = 0.8  # seconds a look at a lab's state serves every page that asks
+
 RUNNING, CRASHED, DOWN, STARTING = "running", "crashed", "down", "starting"
 HANDOUT_LIMIT = 64 * 1024
 
@@ -96,6 +98,7 @@ class Room:
         self.allow_reset: dict[str, bool] = {}  # class lab -> students may reset their own guests
         self.resetting: dict[str, set[str]] = {}
         self.progress = Progress()
+        self.views: dict[str, tuple[float, dict[str, Any]]] = {}  # lab_view's last looks
 
     def typed(self, ident: str) -> None:
         self.last_input[ident] = time.time()
@@ -160,6 +163,21 @@ class Room:
                 "error": run.error if run else "", **passed}
 
     def lab_view(self, ident: str, class_lab: str = "") -> dict[str, Any]:
+        """The lab's state for its pages, looked at once in ``VIEW_TTL`` seconds: the student's own
+        pages and the trainer's row of the student share one look."""
+        key = f"{ident}\0{class_lab}"
+        hit = self.views.get(key)
+        if hit is not None and time.monotonic() - hit[0] < VIEW_TTL:
+            return hit[1]
+        view = self._lab_view(ident, class_lab)
+        self.views[key] = (time.monotonic(), view)
+        return view
+
+    def forget_views(self) -> None:
+        """After an action (reset, checks): the next look is a fresh one."""
+        self.views.clear()
+
+    def _lab_view(self, ident: str, class_lab: str) -> dict[str, Any]:
         up = run_dir(ident).is_dir()
         return {"lab": ident, "up": up, "guests": guests_of(ident) if up else [],
                 "checks": self.checks_view(ident) if up else {"checks": [], "passed": 0, "total": 0,

@@ -28,7 +28,7 @@ class Backend:
         self.taken = taken
         self.started: list[int] = []
 
-    def restart(self, r: GuestRecord, incoming: bool) -> GuestRecord:
+    def restart(self, r: GuestRecord, incoming: bool, taps: object = None) -> GuestRecord:
         self.started.append(r.ssh_port)
         assert any(f"hostfwd=tcp:127.0.0.1:{r.ssh_port}-:22" in a for a in r.argv)
         if r.ssh_port in self.taken:
@@ -56,7 +56,7 @@ def test_three_taken_ports_fail_and_other_failures_are_not_retried() -> None:
         sshport.restart(Backend({40779, 2, 3}), rec(), True, pick=lambda: next(ports))  # type: ignore[arg-type]
 
     class Broken(Backend):
-        def restart(self, r: GuestRecord, incoming: bool) -> GuestRecord:
+        def restart(self, r: GuestRecord, incoming: bool, taps: object = None) -> GuestRecord:
             self.started.append(r.ssh_port)
             raise MachineError("bad option")
 
