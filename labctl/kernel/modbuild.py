@@ -3,10 +3,11 @@ directory per tree and module source (``~/.cache/labctl/modbuild/``), and not bu
 nothing the last build read has changed.
 
 kbuild's ``.cmd`` files list every file a build step read (the sources, each header with its
-``include/config/`` guards). After a build, their size and modification time are recorded with
-the tree's ``Module.symvers`` and ``.config`` and the compiler (:func:`record`); the next kernel
-of the tree skips ``make`` when all of them are as recorded (:func:`unchanged`) -- a change to
-``net/core/dev.c`` costs nothing here, one to a header the module includes rebuilds it.
+``include/config/`` guards). After a build, each one's size, modification time and digest are
+recorded with the tree's ``Module.symvers`` and ``.config``, modpost and the compiler
+(:func:`record`); the next kernel of the tree skips ``make`` when all of them are as recorded,
+by time or else by content (:func:`unchanged`) -- a change to ``net/core/dev.c`` costs nothing
+here, one to a header the module includes rebuilds it.
 """
 
 from __future__ import annotations
@@ -65,10 +66,28 @@ def _stamp(path: Path) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns]
 
 
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
 def record(src: Path, build: Path) -> None:
-    """After a build: what it read, and when each was last changed."""
-    stamps = {str(p): _stamp(p) for p in _inputs(src, build)}
-    atomic_write(src / RECORD, json.dumps({"build": str(build), "inputs": stamps}) + "\n")
+    """After a build: what it read, each file's size, change time and content digest."""
+    inputs = {str(p): (stamp + [_digest(p)] if (stamp := _stamp(p)) else None) for p in _inputs(src, build)}
+    atomic_write(src / RECORD, json.dumps({"build": str(build), "inputs": inputs}) + "\n")
+
+
+def _same(path: Path, recorded: object) -> bool:
+    """Whether ``path`` is as recorded: the same size and change time, or else the same content (the
+    tree's build rewrites Module.symvers and regenerated headers with the same bytes)."""
+    now = _stamp(path)
+    if recorded is None or now is None:
+        return recorded is None and now is None
+    if not isinstance(recorded, list) or len(recorded) != 3:
+        return False
+    return now == recorded[:2] or (now[0] == recorded[0] and _digest(path) == recorded[2])
 
 
 def unchanged(src: Path, build: Path) -> bool:
@@ -82,4 +101,4 @@ def unchanged(src: Path, build: Path) -> bool:
         return False
     if not list(src.glob("*.ko")):
         return False
-    return all(_stamp(Path(p)) == stamp for p, stamp in data["inputs"].items())
+    return all(_same(Path(p), recorded) for p, recorded in data["inputs"].items())

@@ -58,6 +58,8 @@ def test_a_header_it_read_the_symbols_or_the_config_changed_means_a_build(tmp_pa
         modbuild.record(src, build)
         path = {"SRC/m.c": src / "m.c", "ABS": other / "extra.h"}.get(changed, build / changed)
         _touch(path)
+        assert modbuild.unchanged(src, build), changed  # touched only: the same bytes
+        path.write_text("changed\n")
         assert not modbuild.unchanged(src, build), changed
 
 
@@ -73,4 +75,15 @@ def test_a_missing_module_means_a_build(tmp_path: Path) -> None:
     build, src, _ = _tree(tmp_path)
     modbuild.record(src, build)
     (src / "m.ko").unlink()
+    assert not modbuild.unchanged(src, build)
+
+
+def test_a_file_rewritten_with_the_same_bytes_is_unchanged(tmp_path: Path) -> None:
+    """The tree's own build rewrites Module.symvers on every `make modules`."""
+    build, src, _ = _tree(tmp_path)
+    modbuild.record(src, build)
+    (build / "Module.symvers").write_text("x\n")
+    _touch(build / "Module.symvers")
+    assert modbuild.unchanged(src, build)
+    (build / "Module.symvers").write_text("z\n")  # same size, other symbols
     assert not modbuild.unchanged(src, build)
