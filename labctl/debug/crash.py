@@ -42,6 +42,31 @@ def crashed(console: bytes) -> bool:
     return any(m in console for m in CRASH_MARKERS)
 
 
+_SEEN: dict[str, tuple[int, int, bool]] = {}  # console -> size, mtime, crashed
+
+
+def console_crashed(console: Path) -> bool:
+    """Whether the last 64 KiB of a guest's console file show a crash; the file is read again only
+    once it changed (the status of a room's guests is asked each second by its live pages)."""
+    try:
+        st = console.stat()
+    except OSError:
+        return False
+    seen = _SEEN.get(str(console))
+    if seen is not None and seen[:2] == (st.st_size, st.st_mtime_ns):
+        return seen[2]
+    try:
+        with console.open("rb") as f:
+            f.seek(max(0, st.st_size - 65536))
+            result = crashed(f.read())
+    except OSError:
+        return False
+    if len(_SEEN) > 4096:
+        _SEEN.clear()
+    _SEEN[str(console)] = (st.st_size, st.st_mtime_ns, result)
+    return result
+
+
 def panicked(console: bytes) -> bool:
     """True when the kernel panicked (the guest is dead, whatever else runs)."""
     return PANIC in console

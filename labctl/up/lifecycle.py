@@ -22,7 +22,7 @@ from pathlib import Path
 
 from labctl.backends import get_backend, owned
 from labctl.backends.base import Backend, GuestPlan, GuestRecord
-from labctl.debug.crash import crashed
+from labctl.debug.crash import console_crashed, crashed
 from labctl.errors import (
     GuestError,
     LabctlError,
@@ -626,30 +626,6 @@ class GuestStatus:
     host: str | None = None  # the libvirt host's name in the lab
 
 
-_CRASH_SEEN: dict[str, tuple[int, int, bool]] = {}  # console -> size, mtime, crashed (a room's pages ask each second)
-
-
-def _console_crashed(console: Path) -> bool:
-    """Whether the last 64 KiB of a guest's console show a crash; read again only once the file changed."""
-    try:
-        st = console.stat()
-    except OSError:
-        return False
-    seen = _CRASH_SEEN.get(str(console))
-    if seen is not None and seen[:2] == (st.st_size, st.st_mtime_ns):
-        return seen[2]
-    try:
-        with console.open("rb") as f:
-            f.seek(max(0, st.st_size - 65536))
-            result = crashed(f.read())
-    except OSError:
-        return False
-    if len(_CRASH_SEEN) > 4096:
-        _CRASH_SEEN.clear()
-    _CRASH_SEEN[str(console)] = (st.st_size, st.st_mtime_ns, result)
-    return result
-
-
 def guest_statuses(state: LabState) -> list[GuestStatus]:
     """Live status of every guest of a lab that is up."""
     backend = get_backend(state.backend)
@@ -660,7 +636,7 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
             alive: bool | None = backend.alive(rec)
         except LabctlError:
             alive = None  # its host is unreachable
-        st = "crashed" if _console_crashed(Path(rec.console)) else "unreachable" if alive is None \
+        st = "crashed" if console_crashed(Path(rec.console)) else "unreachable" if alive is None \
             else "running" if alive else "stopped"
         if state.phase != UP:
             st = "incomplete" if state.incomplete else "starting"
