@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +63,8 @@ class Hub:
         self.closed = False
         self.idle_since = time.monotonic()
         self.writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="term-w")
+        self.queued = 0  # writes handed to the writer thread and not done yet
+        self.fd: int | None = None  # the channel's descriptor the loop watches
 
     def open(self, ep: Endpoint, cols: int, rows: int) -> None:
         """Log in and start the shell (blocking). :raise GuestError: when the guest cannot be reached."""
@@ -80,22 +81,28 @@ class Hub:
             self.session.close()
             raise GuestError(f"cannot open a shell on {self.guest}: {exc}") from exc
         self.chan = chan
-        threading.Thread(target=self._read, name=f"term-r-{self.ident}-{self.guest}", daemon=True).start()
 
-    def _read(self) -> None:
+    def start_reading(self) -> None:
+        """Read the shell's output in the event loop, woken by the channel's own descriptor (set
+        while it holds data or has ended): no thread of its own between the guest and the pages."""
+        assert self.chan is not None
+        self.fd = self.chan.fileno()
+        self.loop.add_reader(self.fd, self._readable)
+
+    def _readable(self) -> None:
         chan = self.chan
-        assert chan is not None
-        while True:
-            try:
-                data = chan.recv(32768)
-            except (OSError, EOFError, paramiko.SSHException):
-                data = b""
-            if not data:
-                break
-            with contextlib.suppress(RuntimeError):  # the loop is gone: serve is ending
-                self.loop.call_soon_threadsafe(self._publish, data)
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.close, 4000, "the shell ended")
+        if chan is None or self.closed:
+            return
+        chunks = []
+        try:
+            while chan.recv_ready():
+                chunks.append(chan.recv(32768))
+        except (OSError, EOFError, paramiko.SSHException):
+            chan.close()
+        if chunks:
+            self._publish(b"".join(chunks))
+        if (chan.eof_received or chan.closed) and not chan.recv_ready():
+            self.close(4000, "the shell ended")
 
     def _publish(self, data: bytes) -> None:
         self.backlog += data
@@ -121,8 +128,23 @@ class Hub:
         if not sub.writable or self.chan is None or self.closed:
             return False
         chan = self.chan
-        self.writer.submit(self._send, chan, data)
+        if not self.queued and len(data) <= 4096 and chan.send_ready():
+            # a keystroke: sent from here (the channel's window has room, so this does not wait)
+            try:
+                data = data[chan.send(data):]
+            except (OSError, EOFError, paramiko.SSHException):
+                return True
+        if data:  # a long paste, or a full window: the writer thread waits for room, in order
+            self.queued += 1
+            self.writer.submit(self._send, chan, data).add_done_callback(self._sent)
         return True
+
+    def _sent(self, _: concurrent.futures.Future[None]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: serve is ending
+            self.loop.call_soon_threadsafe(self._written)
+
+    def _written(self) -> None:
+        self.queued -= 1
 
     @staticmethod
     def _send(chan: paramiko.Channel, data: bytes) -> None:
@@ -139,6 +161,10 @@ class Hub:
         if self.closed:
             return
         self.closed = True
+        if self.fd is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self.loop.remove_reader(self.fd)
+            self.fd = None
         for sub in list(self.subscribers):
             sub.end(code, reason)
         self.subscribers.clear()
@@ -172,6 +198,7 @@ class Terminals:
                 return hub
             hub = Hub(ident, guest, asyncio.get_running_loop())
             await asyncio.to_thread(hub.open, ep, cols, rows)
+            hub.start_reading()
             self.hubs[(ident, guest)] = hub
             return hub
 
