@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from labctl.training.capacity import meminfo  # noqa: E402  (KiB, as /proc/meminfo says)
 KSM = Path("/sys/kernel/mm/ksm")
 
 LAB = """\
@@ -61,14 +64,6 @@ checks:
 def labctl(env: dict[str, str], *args: str, timeout: float = 3600, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "labctl", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, check=check)
-
-
-def meminfo() -> dict[str, int]:
-    out = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        key, val = line.split(":", 1)
-        out[key] = int(val.split()[0])
-    return out
 
 
 def cpu_ticks(pid: int) -> int:

@@ -86,6 +86,34 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.1):  # type: i
 LIBVIRT_URI = os.environ.get("LABCTL_LIBVIRT_URI") or "qemu:///system"
 
 
+def reset_while_pinging(cli: Any, lab: str, guest: str, pinger: str, target: str) -> dict[str, Any]:
+    """Crash ``guest`` with sysrq, wait until status says so, and ``labctl reset`` it while
+    ``pinger`` pings ``target`` (a neighbour on another link) 25 times; the reset's one guest
+    entry (``--json``). The reset succeeds and not one ping is lost."""
+    import json
+    import threading
+
+    cli("exec", lab, guest, "--", "echo c > /proc/sysrq-trigger")  # the session dies with the kernel
+
+    def state() -> str:
+        (data,) = json.loads(cli("status", lab, "--json", check=True).stdout)["labs"]
+        return str({g["name"]: g["state"] for g in data["guests"]}[guest])
+
+    wait_for(lambda: state() == "crashed", 60, f"guest {guest} to be seen crashed")
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(
+        p=cli("exec", lab, pinger, "--", "ping", "-c", "25", "-i", "0.2", "-W", "2", target)))
+    thread.start()
+    time.sleep(1.0)
+    reset = cli("reset", lab, guest, "--json")
+    thread.join()
+    assert reset.returncode == 0, reset.stdout + reset.stderr
+    (back,) = json.loads(reset.stdout)["guests"]
+    ping = result["p"]
+    assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout
+    return dict(back)
+
+
 def virsh(*args: str, uri: str = LIBVIRT_URI, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``virsh -c URI ARGS...``, output captured as text, never raising on failure."""
     return subprocess.run(["virsh", "-c", uri, *args], capture_output=True, text=True, timeout=timeout,

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Cli
-from tests.integration.conftest import qemu_pids_under, wait_for
+from tests.integration.conftest import qemu_pids_under, reset_while_pinging
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tap networks need root")
 
@@ -62,22 +60,9 @@ def test_a_multiqueue_guest_is_reset_and_warm_started(cli: Cli, image: object, t
     try:
         _two_queues_and_the_tap_link(cli)
         cli("exec", "mqreset", "a", "--", "touch /root/before-reset && ip link set eth1 mtu 1400", check=True)
-        cli("exec", "mqreset", "a", "--", "echo c > /proc/sysrq-trigger")  # the session dies with the kernel
-        wait_for(lambda: {g["name"]: g["state"] for g in _status(cli)["guests"]}["a"] == "crashed",
-                 60, "guest a to be seen crashed")
         # b and c ping each other over their dgram link all through a's reset.
-        result: dict[str, object] = {}
-        pinger = threading.Thread(target=lambda: result.update(
-            p=cli("exec", "mqreset", "b", "--", "ping", "-c", "25", "-i", "0.2", "-W", "2", "10.64.0.3")))
-        pinger.start()
-        time.sleep(1.0)
-        reset = cli("reset", "mqreset", "a", "--json")
-        pinger.join()
-        assert reset.returncode == 0, reset.stdout + reset.stderr
-        (back,) = json.loads(reset.stdout)["guests"]
+        back = reset_while_pinging(cli, "mqreset", "a", "b", "10.64.0.3")
         assert back["guest"] == "a" and back["from"] == "snapshot", back
-        ping = result["p"]
-        assert ping.returncode == 0 and " 0% packet loss" in ping.stdout, ping.stdout  # type: ignore[attr-defined]
         # a is back at its post-boot state, on two queues of a fresh tap, on the same bridge as b's
         assert cli("exec", "mqreset", "a", "--", "test", "-e", "/root/before-reset").returncode == 1
         assert "mtu 1500" in cli("exec", "mqreset", "a", "--", "ip", "link", "show", "eth1", check=True).stdout
