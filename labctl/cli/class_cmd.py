@@ -27,6 +27,7 @@ from labctl.training.classroom import (
 )
 from labctl.training.grading import checks_of, run_checks, summary
 from labctl.training.handout import check_handout_dirs, write_handout
+from labctl.training.placement import libvirt_free_mib, place
 from labctl.up.lifecycle import UpOptions, down, up
 from labctl.training.reset import reset
 from labctl.state.runstate import LabState
@@ -49,6 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.add_argument("--cold", action="store_true", help="boot every guest, even where a post-boot snapshot exists")
     u.add_argument("--overcommit", action="store_true",
                    help="start even when the guests may need more memory than the host has available")
+    u.add_argument("--no-verify-host-keys", action="store_true",
+                   help="do not check the SSH host keys of the lab's remote libvirt hosts")
+    u.add_argument("--unencrypted-links", action="store_true",
+                   help="accept links across hosts as plain UDP tunnels (neither encrypted nor authenticated)")
     u.add_argument("--json", action="store_true")
     u.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
                    help="use kernel paths the lab file names under DIR even if another user could change them "
@@ -87,13 +92,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     ClassRecord.refuse_if_exists(lab.name)
     refuse_up_instances(lab.name, students)
     check_handout_dirs(args.out, students)  # another user's directory there: refused before anything starts
-    copies = [lab.with_instance(s) for s in students]
+    # Spread over the lab's libvirt hosts (exit 3 before anything starts when a student fits nowhere).
+    placed = place(lab, students, libvirt_free_mib, args.overcommit, args.no_verify_host_keys)
+    hosts = placed.hosts if placed else {}
+    copies = [lab.with_instance(s).placed_on(hosts[s]) if s in hosts else lab.with_instance(s) for s in students]
     prepared = prepare(lab, PrepareDisplay(), copies=copies, overcommit=args.overcommit)
     record = ClassRecord(lab.name, str(Path(args.file).resolve()), students, str(args.out.resolve()),
                          options={"accel": args.accel, "cold": args.cold, "kernel": args.kernel},
-                         checks=[{"name": c.name, "guest": c.guest, "hint": c.hint} for c in lab.checks])
+                         checks=[{"name": c.name, "guest": c.guest, "hint": c.hint} for c in lab.checks],
+                         placement=hosts)
     record.create()
-    opts = UpOptions(accel=args.accel, boot_timeout=args.boot_timeout, cold=args.cold)
+    if placed:
+        console.print(Text("placed by free memory: " + "; ".join(
+            f"{h} ({placed.free_mib[h]} MiB free): {len(placed.on(h))} students" for h in placed.free_mib)))
+    opts = UpOptions(accel=args.accel, boot_timeout=args.boot_timeout, cold=args.cold,
+                     no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links,
+                     saved_states=True)
     rows = []
     for student, copy in zip(students, copies):
         try:
@@ -106,16 +120,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"'labctl class down --lab {lab.name}'")
             raise
         rows.append({"student": student, "lab": copy.ident, "accel": state.accel, "handout": str(config.parent),
-                     "ssh_config": str(config)})
-        console.print(Text.assemble(("up ", "green"), copy.ident, f" ({state.accel}), handout {config.parent}"))
+                     "ssh_config": str(config), "host": hosts.get(student, "")})
+        where = f" on {hosts[student]}" if student in hosts else ""
+        console.print(Text.assemble(("up ", "green"), copy.ident, f"{where} ({state.accel}), handout {config.parent}"))
     if args.json:
         print_json({"lab": lab.name, "students": rows, "out": record.out})
         return 0
     t = Table(title=Text(f"class of {lab.name}: {len(students)} students"), title_justify="left")
-    for col in ("student", "lab", "handout"):
+    for col in ("student", "lab", *(("host",) if hosts else ()), "handout"):
         t.add_column(col)
     for row in rows:
-        t.add_row(Text(row["student"]), Text(row["lab"]), Text(row["handout"]))
+        t.add_row(Text(row["student"]), Text(row["lab"]), *((Text(row["host"]),) if hosts else ()),
+                  Text(row["handout"]))
     out.print(t)
     out.print(Text.assemble("each student: ", ("ssh -F HANDOUT/ssh_config GUEST", "cyan"), "; ",
                             (f"labctl class status --lab {lab.name}", "cyan"), ", ",
@@ -127,16 +143,20 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     record = find_class(args.lab)
     rows = for_students(record, lambda s: student_status(record, s))
+    for row in rows:
+        row["host"] = record.placement.get(row["student"])
     if args.json:
         print_json({"lab": record.lab, "source": record.source, "out": record.out, "students": rows})
         return 0
     guests = list(dict.fromkeys(g for row in rows for g in row["guests"]))
     t = Table(title=Text(f"class of {record.lab}: {sum(r['state'] == UP for r in rows)}/{len(rows)} up"),
               title_justify="left")
-    for col in ("student", "lab", "state", *guests, "why"):
+    spread = bool(record.placement)
+    for col in ("student", "lab", *(("host",) if spread else ()), "state", *guests, "why"):
         t.add_column(col)
     for row in rows:
-        cells = [Text(row["student"]), Text(row["lab"]), _styled(row["state"])]
+        cells = [Text(row["student"]), Text(row["lab"]), *((Text(row["host"] or ""),) if spread else ()),
+                 _styled(row["state"])]
         cells += [_styled(row["guests"].get(g, DOWN if row["state"] == DOWN else "")) for g in guests]
         cells.append(safe("; ".join(f"{g}: {why}" for g, why in row["reasons"].items())))
         t.add_row(*cells)

@@ -220,6 +220,17 @@ class Lab:
             raise ValueError(f"invalid instance name {instance!r} ({LAB_NAME_RULE})")
         return dataclasses.replace(self, instance=instance)
 
+    def placed_on(self, host: str) -> Lab:
+        """This lab with its guests that name no host on ``host`` (``class up`` spreading instances).
+
+        :raise ValueError: for a host the lab does not define.
+        """
+        if host not in self.hosts:
+            raise ValueError(f"the lab defines no host '{host}' (its hosts: {', '.join(self.hosts)})")
+        guests = {n: dataclasses.replace(g, host=host) if g.host == DEFAULT_HOST else g
+                  for n, g in self.guests.items()}
+        return dataclasses.replace(self, guests=guests)
+
     def kernel_of(self, guest: str) -> KernelSpec | None:
         """The kernel ``guest`` boots: its own, else the lab's; None for the image's default kernel."""
         return self.guests[guest].kernel or self.kernel

@@ -87,6 +87,7 @@ class ClassRecord:
     created_at: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # accel, cold... as given to class up
     checks: list[dict[str, Any]] = field(default_factory=list)  # the lab's checks: name, guest, hint
+    placement: dict[str, str] = field(default_factory=dict)  # student -> libvirt host (a class spread over hosts)
 
     def ident(self, student: str) -> str:
         return f"{self.lab}@{student}"

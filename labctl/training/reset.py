@@ -11,7 +11,9 @@ back on a new port and its files are updated (:mod:`labctl.training.sshport`).
 A guest without a snapshot (taken at its first cold boot; a kernel without
 virtio-console has none) is booted again instead.
 
-Only the qemu backend restarts guests this way.
+Only the qemu backend restarts guests this way. A libvirt guest is put back
+with libvirt's own restore, from the state saved once it was up
+(:mod:`labctl.backends.libvirt.saved`; ``class up`` saves one per guest).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def reset(lab: str, guests: Sequence[str] | None = None,
     with lab_lock(lab):
         state = LabState.load(lab)
         names = _guests(state, guests)
+        if state.backend == "libvirt":
+            return _reset_saved(state, names, on_guest)
         backend = need_qemu(state, "reset")
         took: dict[str, float] = {}
         hows: dict[str, str] = {}
@@ -96,6 +100,44 @@ def reset(lab: str, guests: Sequence[str] | None = None,
         if errors:
             raise errors[0]
         return took
+
+
+def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, float, str], None] | None
+                 ) -> dict[str, float]:
+    """Reset libvirt guests from the states saved once they were up (libvirt's own restore)."""
+    from labctl.backends.libvirt import saved
+
+    if state.incomplete:
+        raise LabStateError(f"lab '{state.lab}' is incomplete: the labctl that brought it up was killed",
+                            hint=f"labctl down {state.lab}")
+    missing = [n for n in names if not saved.has_state(state.guests[n], saved.POSTBOOT)]
+    if missing:
+        raise UsageError(f"guest {missing[0]} of lab {state.lab} has no saved post-boot state (libvirt guests "
+                         "have one when 'labctl class up' brought them up)",
+                         hint=f"labctl down {state.lab} and bring it up again")
+    took: dict[str, float] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str) -> None:
+        t0 = time.monotonic()
+        try:
+            state.guests[name] = saved.restore(state.guests[name], saved.POSTBOOT)
+            wait_ssh(state.endpoint(name), 30.0)
+            took[name] = round(time.monotonic() - t0, 2)
+            if on_guest:
+                on_guest(name, took[name], "saved state")
+        except BaseException as exc:  # noqa: BLE001 - reported after the others are back
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    state.save()
+    if errors:
+        raise errors[0]
+    return took
 
 
 def tell_moves(state: LabState, moves: Sequence[sshport.Moved], on_moved: Callable[[str], None] | None) -> None:

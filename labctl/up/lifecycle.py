@@ -68,6 +68,7 @@ class UpOptions:
     unencrypted_links: bool = False  # --unencrypted-links: UDP tunnels across hosts are accepted
     cold: bool = False  # --cold: boot every guest, even where a post-boot snapshot exists
     snapshots: bool = True  # take post-boot snapshots of cold-booted guests (qemu backend)
+    saved_states: bool = False  # libvirt: save each guest once up, for reset (class up; labctl.backends.libvirt.saved)
 
 
 @dataclass(frozen=True)
@@ -450,6 +451,8 @@ class LabUp:
             pass  # the guest answers SSH with the lab's key and pinned host key
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
         warm.run_setup(ep, self.lab.guests[name].setup)
+        if self.opts.saved_states and self.backend.name == "libvirt":
+            self._save_state(name)
         snapped = False
         if name in self.snaps and snapshots.find(self.snaps[name]) is None:
             got = warm.snapshot_after_boot(Path(rec.qmp), gdir / "disk.qcow2", agent.channel_of(gdir),
@@ -464,6 +467,17 @@ class LabUp:
             with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
                 pass  # now with its own pinned host key
         self.events.guest_phase(name, "ready")
+
+    def _save_state(self, name: str) -> None:
+        """A libvirt guest's post-boot state, saved on its host for ``reset`` (a failure only warns)."""
+        from labctl.backends.libvirt import saved
+
+        self.events.guest_phase(name, "saving")
+        try:
+            self.records[name] = saved.save(self.records[name], saved.POSTBOOT)
+        except LabctlError as exc:
+            self._warn(f"guest {name}: its post-boot state was not saved ({exc.message}); reset will need "
+                       "the lab brought up again")
 
     def _resume(self, state: LabState, name: str, t0: float, deadline: float) -> None:
         """A guest restored from its snapshot: load it, make it this lab's, check SSH."""

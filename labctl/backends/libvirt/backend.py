@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from labctl.backends.base import GuestPlan, GuestRecord, NetDir
 from labctl.backends.libvirt import storage
 from labctl.backends.libvirt.binding import binding
 from labctl.backends.libvirt.host import QemuUser
+from labctl.backends.libvirt.saved import attach_console
 from labctl.backends.libvirt.xml import (
     FW_CFG_NAMES,
     DomainFiles,
@@ -56,12 +55,11 @@ from labctl.backends.owned import record as record_owned
 from labctl.errors import HostError, LabctlError, MachineError
 from labctl.lab.hosts import HostPlace, host_place
 from labctl.paths import ensure_private_dir
-from labctl.proc import pid_cmdline, spawn
+from labctl.proc import pid_cmdline
 
 log = logging.getLogger(__name__)
 
 from labctl.backends.libvirt.api import (
-    CONSOLE_ATTACH_TIMEOUT,
     LOG_DIR,
     RELAY,
     HostFacts,
@@ -284,18 +282,7 @@ class LibvirtBackend:
 
         :raise MachineError: when the relay exits or does not attach in time.
         """
-        plan.console.unlink(missing_ok=True)
-        log_path = plan.dir / "console-relay.log"
-        proc = spawn([sys.executable, "-m", RELAY, host.uri, uuid, str(plan.console)], log_path)
-        record_owned(plan.dir, {"backend": self.name, "kind": "process", "pid": proc.pid, "marker": RELAY})
-        deadline = time.monotonic() + CONSOLE_ATTACH_TIMEOUT
-        while not plan.console.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                text = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
-                raise MachineError(f"could not read the console of guest {plan.guest.name} on "
-                                   f"{where(host.uri, host.name)}: {text or 'the console relay did not attach'}")
-            time.sleep(0.05)
-        return proc.pid
+        return attach_console(plan.dir, plan.guest.name, host, uuid, fresh=True)
 
     def _clear_stale(self, conn: Any, uri: str, name: str, plan: GuestPlan) -> None:
         """Destroy a leftover domain of this very guest; refuse one that belongs elsewhere.

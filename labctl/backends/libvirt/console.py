@@ -19,6 +19,7 @@ import os
 import sys
 
 CHUNK = 65536
+ATTACHED = "console relay attached"
 
 
 def relay(uri: str, uuid: str, log_path: str) -> int:
@@ -35,6 +36,7 @@ def relay(uri: str, uuid: str, log_path: str) -> int:
         print(f"cannot open the console of domain {uuid} at {uri}: {exc}", file=sys.stderr)
         return 1
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    print(ATTACHED, file=sys.stderr, flush=True)  # a relay that appends to a LOG that exists says so here
     try:
         while True:
             try:

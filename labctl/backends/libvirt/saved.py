@@ -1,0 +1,176 @@
+"""A libvirt guest's saved states: libvirt's own save and restore (``virDomainSave`` /
+``virDomainRestore``), for ``reset`` and checkpoints.
+
+A state called ``LABEL`` is two files in the guest's directory on its host
+(``/var/lib/libvirt/labctl-run/<domain>/``, QEMU's user's, 0700, removed
+whole at ``down``): ``LABEL.save``, the machine as libvirt saved it, and
+``LABEL.qcow2``, a copy of the guest's disk overlay made while the machine
+was stopped. Saving stops the domain (a transient domain is then gone);
+it is restored from the file just written at once, so the guest runs on
+where it was, its console appended to the same log. Restoring puts the
+overlay copy back in place of the guest's disk and restores the machine,
+paused until the console relay is attached again.
+
+The state is the guest's own: it holds the instance's own host key and
+is never used by another instance. A restored guest's wall clock starts
+from where it was when the state was saved (as after a qemu-backend reset).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import labctl.backends.libvirt.host as hostfs
+from labctl.backends.base import GuestRecord
+from labctl.backends.libvirt.api import (
+    CONSOLE_ATTACH_TIMEOUT,
+    RELAY,
+    connection,
+    destroy,
+    host_command,
+    lookup,
+    message,
+    qemu_pid,
+    wait_gone,
+    where,
+)
+from labctl.backends.libvirt.binding import binding
+from labctl.backends.owned import record as record_owned
+from labctl.errors import MachineError
+from labctl.lab.hosts import HostPlace, host_place
+from labctl.proc import spawn, stop_pid
+
+LABEL = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+POSTBOOT = "postboot"
+
+
+def _host(rec: GuestRecord) -> HostPlace:
+    return host_place(str(rec.extra.get("host") or "local"), str(rec.extra["uri"]))
+
+
+def _files(rec: GuestRecord, label: str) -> tuple[str, str, str]:
+    """(the save file, the disk copy, the guest's disk) on its host."""
+    if not LABEL.fullmatch(label):
+        raise ValueError(f"invalid saved-state label {label!r}")
+    base = hostfs.guest_run_dir(str(rec.extra["domain"]))
+    return f"{base}/{label}.save", f"{base}/{label}.qcow2", str(rec.extra["volumes"][0])
+
+
+def has_state(rec: GuestRecord, label: str) -> bool:
+    """True when the guest's record says ``label`` was saved."""
+    return label in (rec.extra.get("saved") or [])
+
+
+def save(rec: GuestRecord, label: str) -> GuestRecord:
+    """Save the running guest as ``label`` (machine and disk) and let it run on; its new record.
+
+    :raise MachineError: when libvirt cannot save or restore it. :raise HostError: when its
+        host cannot copy the disk.
+    """
+    host = _host(rec)
+    state, copy, disk = _files(rec, label)
+    with connection(host.uri, host.name) as conn:
+        dom = lookup(conn, rec)
+        if dom is None:
+            raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} is not running on "
+                               f"{where(host.uri, host.name)}")
+        try:
+            dom.save(state)  # the machine stops; the transient domain is gone
+        except binding().libvirtError as exc:
+            raise MachineError(f"libvirt ({where(host.uri, host.name)}) could not save guest {rec.name}: "
+                               f"{message(exc)}") from exc
+    _stop_relay(rec)
+    host_command(host, ["cp", "--sparse=always", "--", disk, copy], f"keep the disk of guest {rec.name}")
+    rec = _restore_file(rec, host, state, fresh_console=False)
+    rec.extra["saved"] = sorted({*rec.extra.get("saved", []), label})
+    return rec
+
+
+def restore(rec: GuestRecord, label: str) -> GuestRecord:
+    """Put the guest back to its state ``label``: stop it, its disk the copy, the machine restored;
+    its console goes on in a new ``console.log`` (the old one kept as ``console.prev.log``).
+
+    :raise MachineError: when libvirt cannot restore it. :raise HostError: when its host cannot
+        copy the disk back.
+    """
+    host = _host(rec)
+    state, copy, disk = _files(rec, label)
+    with connection(host.uri, host.name) as conn:
+        dom = lookup(conn, rec)
+        if dom is not None:
+            destroy(dom)
+            wait_gone(conn, rec, 5.0)
+    _stop_relay(rec)
+    console = Path(rec.console)
+    if console.exists():
+        console.replace(console.with_name("console.prev.log"))
+    host_command(host, ["cp", "--sparse=always", "--", copy, disk], f"put back the disk of guest {rec.name}")
+    return _restore_file(rec, host, state, fresh_console=True)
+
+
+def _restore_file(rec: GuestRecord, host: HostPlace, state: str, fresh_console: bool) -> GuestRecord:
+    lv = binding()
+    gdir = Path(rec.dir)
+    with connection(host.uri, host.name) as conn:
+        try:
+            conn.restoreFlags(state, None, lv.VIR_DOMAIN_SAVE_PAUSED)
+        except lv.libvirtError as exc:
+            raise MachineError(f"libvirt ({where(host.uri, host.name)}) could not restore guest {rec.name} "
+                               f"from {state}: {message(exc)}") from exc
+        dom = lookup(conn, str(rec.extra["domain"]))
+        if dom is None:
+            raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} vanished after its restore")
+        uuid = dom.UUIDString()
+        relay = attach_console(gdir, rec.name, host, uuid, fresh=fresh_console)
+        dom.resume()
+    rec.extra.update(uuid=uuid, relay_pid=relay)
+    if not host.remote:
+        rec.pid = qemu_pid(str(rec.extra["domain"])) or rec.pid
+    return rec
+
+
+def _stop_relay(rec: GuestRecord) -> None:
+    pid = int(rec.extra.get("relay_pid") or 0)
+    if pid:
+        stop_pid(pid, RELAY)
+
+
+def attach_console(gdir: Path, guest: str, host: HostPlace, uuid: str, fresh: bool) -> int:
+    """Start the guest's console relay (journaled) and wait until it is attached; its pid.
+    ``fresh``: a new ``console.log``; else the relay appends to the one there.
+
+    :raise MachineError: when the relay exits or does not attach in time.
+    """
+    from labctl.backends.libvirt.console import ATTACHED
+
+    console = gdir / "console.log"
+    if fresh:
+        console.unlink(missing_ok=True)
+    log_path = gdir / "console-relay.log"
+    before = _count(log_path, ATTACHED)
+    proc = spawn([sys.executable, "-m", RELAY, host.uri, uuid, str(console)], log_path)
+    record_owned(gdir, {"backend": "libvirt", "kind": "process", "pid": proc.pid, "marker": RELAY})
+    deadline = time.monotonic() + CONSOLE_ATTACH_TIMEOUT
+    while not (console.exists() and _count(log_path, ATTACHED) > before):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            text = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
+            raise MachineError(f"could not read the console of guest {guest} on "
+                               f"{where(host.uri, host.name)}: {text or 'the console relay did not attach'}")
+        time.sleep(0.05)
+    return proc.pid
+
+
+def _count(path: Path, text: str) -> int:
+    try:
+        return path.read_text(errors="replace").count(text)
+    except OSError:
+        return 0
+
+
+def restorable(recs: dict[str, GuestRecord], label: str) -> list[str]:
+    """The guests of ``recs`` that have ``label`` saved."""
+    return [n for n, r in recs.items() if has_state(r, label)]
+

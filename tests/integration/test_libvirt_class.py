@@ -1,0 +1,127 @@
+"""A class spread over two libvirt hosts: this machine's qemu:///system and a qemu+ssh:// host
+(the same libvirtd through an sshd on 127.0.0.1, as in test_libvirt_hosts). Four students,
+each instance whole on the host with the most memory left; their handouts reach each guest
+with plain OpenSSH (through the host's sshd for the remote ones); one student's guest is
+crashed and reset from the state libvirt saved once it was up, and everyone's checks run;
+``class down`` leaves nothing on either host.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from labctl.image.store import Image
+from labctl.state.runstate import LabState
+from tests import harness
+from tests.conftest import Cli
+from tests.integration.conftest import pids_matching, wait_for
+from tests.integration.test_libvirt_hosts import (  # noqa: F401 - fixtures
+    NOTHING,
+    Sshd,
+    _leftovers,
+    libvirtd,
+    sshd,
+)
+
+CLASS = harness.lab_name("vclass")
+STUDENTS = ["ann", "bea", "cid", "dan"]
+
+
+def _lab(path: Path, remote_uri: str) -> Path:
+    path.write_text(f"""\
+name: {CLASS}
+hosts:
+  h1: {{uri: "qemu:///system"}}
+  h2: {{uri: "{remote_uri}"}}
+networks: {{}}
+guests:
+  a: {{memory: 256}}
+checks:
+  - name: done
+    guest: a
+    command: test -f /root/done
+    hint: write /root/done
+""")
+    return path
+
+
+def _ssh(handout: Path, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ssh", "-F", str(handout / "ssh_config"), "a", "--", command], capture_output=True,
+                          text=True, timeout=90, stdin=subprocess.DEVNULL, check=False)
+
+
+def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    lab = _lab(tmp_path / "vclass.yaml", sshd.uri)
+    roster = tmp_path / "roster.txt"
+    roster.write_text("\n".join(STUDENTS) + "\n")
+    out = tmp_path / "handouts"
+    idents = [f"{CLASS}@{s}" for s in STUDENTS]
+    assert all(_leftovers(i) == NOTHING for i in idents)
+    up = cli("class", "up", str(lab), "--roster", str(roster), "--out", str(out), "--accel", "tcg",
+             "--no-verify-host-keys", "--json", timeout=1200)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        rows = {r["student"]: r for r in json.loads(up.stdout)["students"]}
+        # both hosts had the same memory free (one libvirtd): the instances alternate, each whole on one
+        assert {s: rows[s]["host"] for s in STUDENTS} == {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}
+        assert "placed by free memory: h1 (" in " ".join(up.stderr.split())
+        monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
+        for ident in idents:  # each guest's post-boot state, saved by libvirt on its host
+            assert LabState.load(ident).guests["a"].extra["saved"] == ["postboot"], ident
+        states = json.loads(cli("status", "--json", check=True).stdout)["labs"]
+        by_lab = {st["lab"]: st for st in states}
+        for s, ident in zip(STUDENTS, idents):
+            (g,) = by_lab[ident]["guests"]
+            assert (g["host"], g["state"]) == (rows[s]["host"], "running"), by_lab[ident]
+        status = json.loads(cli("class", "status", "--json", check=True).stdout)
+        assert {r["student"]: (r["host"], r["state"]) for r in status["students"]} == \
+            {s: (rows[s]["host"], "up") for s in STUDENTS}
+
+        for s in STUDENTS:  # plain OpenSSH from the handout, through h2's sshd for bea and dan
+            res = _ssh(out / s, "hostname")
+            assert res.returncode == 0 and res.stdout.strip() == "a", f"{s}: {res.stdout}{res.stderr}"
+        proxied = (out / "bea" / "ssh_config").read_text()
+        assert "ProxyCommand" in proxied and "ProxyCommand" not in (out / "ann" / "ssh_config").read_text()
+
+        fresh = cli("class", "check", "--json")
+        assert fresh.returncode == 6, fresh.stdout + fresh.stderr
+        assert json.loads(fresh.stdout)["done"] == 0
+        for s in STUDENTS:
+            assert _ssh(out / s, "touch /root/done && sync").returncode == 0
+
+        # bea's guest (on h2) crashes; the class sees it, and a reset brings back her post-boot state
+        cli("exec", idents[1], "a", "--", "echo c > /proc/sysrq-trigger", timeout=60)
+        wait_for(lambda: json.loads(cli("class", "status", "--json").stdout)["students"][1]["state"] != "up",
+                 120, "bea's crash to show")
+        crashed = json.loads(cli("class", "status", "--json").stdout)["students"]
+        assert [r["state"] for r in crashed] == ["up", "crashed", "up", "up"], crashed
+        reset = cli("class", "reset", "bea", timeout=300)
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        assert f"{idents[1]} a: reset in" in reset.stdout
+        assert _ssh(out / "bea", "test -f /root/done").returncode == 1  # back to the state of class up
+        assert _ssh(out / "bea", "uptime").returncode == 0
+        back = json.loads(cli("class", "status", "--json", check=True).stdout)["students"]
+        assert [r["state"] for r in back] == ["up"] * 4, back
+        prev = cli.state_dir / "labs" / idents[1] / "guests" / "a" / "console.prev.log"
+        assert b"sysrq" in prev.read_bytes().lower()  # the crash's console is kept beside the new one
+
+        partly = cli("class", "check", "--json")
+        assert partly.returncode == 6
+        assert {r["student"]: r["passed"] for r in json.loads(partly.stdout)["students"]} == \
+            {"ann": 1, "bea": 0, "cid": 1, "dan": 1}
+        assert _ssh(out / "bea", "touch /root/done").returncode == 0
+        done = cli("class", "check", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads(done.stdout)["done"] == 4
+    finally:
+        down = cli("class", "down", timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    for ident in idents:
+        assert _leftovers(ident) == NOTHING, ident
+        assert not (cli.state_dir / "labs" / ident).exists()
+    assert pids_matching(f"labctl.backends.libvirt.console.*{cli.state_dir}/") == []
