@@ -94,6 +94,15 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         for s in STUDENTS:
             assert _ssh(out / s, "touch /root/done && sync").returncode == 0
 
+        # a marker in the last block of bea's disk (past what the file system uses), written past the
+        # guest's page cache: after her reset that block must hold what it held at class up again
+        mark = f"$(( $(cat /sys/block/vda/size) / 8 - 1 ))"
+        read_mark = f"dd if=/dev/vda bs=4096 skip={mark} count=1 iflag=direct 2>/dev/null | head -c 12"
+        assert _ssh(out / "bea", read_mark).stdout != "LABCTL-MARK\n"
+        wrote = _ssh(out / "bea", f"yes LABCTL-MARK | head -c 4096 | dd of=/dev/vda bs=4096 seek={mark} count=1 "
+                                  "oflag=direct conv=fsync 2>&1")
+        assert wrote.returncode == 0, wrote
+        assert _ssh(out / "bea", read_mark).stdout == "LABCTL-MARK\n"
         # bea's guest (on h2) crashes; the class sees it, and a reset brings back her post-boot state
         cli("exec", idents[1], "a", "--", "echo c > /proc/sysrq-trigger", timeout=60)
         wait_for(lambda: json.loads(cli("class", "status", "--json").stdout)["students"][1]["state"] != "up",
@@ -103,7 +112,10 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         reset = cli("class", "reset", "bea", timeout=300)
         assert reset.returncode == 0, reset.stdout + reset.stderr
         assert f"{idents[1]} a: reset in" in reset.stdout
-        assert _ssh(out / "bea", "test -f /root/done").returncode == 1  # back to the state of class up
+        # back to the state of class up, in memory and on disk
+        assert _ssh(out / "bea", "test -f /root/done").returncode == 1
+        block = _ssh(out / "bea", read_mark)
+        assert block.returncode == 0 and block.stdout != "LABCTL-MARK\n", block
         assert _ssh(out / "bea", "uptime").returncode == 0
         back = json.loads(cli("class", "status", "--json", check=True).stdout)["students"]
         assert [r["state"] for r in back] == ["up"] * 4, back
