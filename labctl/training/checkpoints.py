@@ -8,8 +8,10 @@ disk saved, then resumed; a restore brings every guest back to that instant.
         <guest>.qcow2      the guest's disk overlay at that instant
         meta.json          when, which guests, sizes
 
-Checkpoints live in the lab's run directory: ``down`` removes them. Only the
-qemu backend has them.
+Checkpoints live in the lab's run directory: ``down`` removes them. A libvirt
+lab's checkpoint is saved by libvirt on each guest's host
+(:mod:`labctl.backends.libvirt.saved`, removed with the guest's directory
+there at ``down``); only its ``meta.json`` is here.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def save(lab: str, name: str) -> Checkpoint:
     _check_name(name)
     with lab_lock(lab):
         state = LabState.load(lab)
+        if state.backend == "libvirt":
+            return _save_libvirt(state, name)
         need_qemu(state, "a checkpoint")
         root = ensure_private_dir(_root(state))
         final = root / name
@@ -120,6 +124,8 @@ def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) 
     _check_name(name)
     with lab_lock(lab):
         state = LabState.load(lab)
+        if state.backend == "libvirt":
+            return _restore_libvirt(state, find(state, name))
         backend = need_qemu(state, "a checkpoint")
         ckpt = find(state, name)
         missing = [g for g in state.guests if not (ckpt.dir / f"{g}.state").is_file()]
@@ -153,6 +159,66 @@ def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) 
         return round(time.monotonic() - t0, 2)
 
 
+def _label(name: str) -> str:
+    return f"ckpt-{name}"
+
+
+def _save_libvirt(state: LabState, name: str) -> Checkpoint:
+    """libvirt guests: every domain paused at one instant, each saved on its own host by libvirt
+    (machine and disk, :mod:`labctl.backends.libvirt.saved`), then all resumed together; only
+    ``meta.json`` is here."""
+    from labctl.backends.libvirt import saved
+
+    if state.incomplete:
+        raise LabStateError(f"lab '{state.lab}' is incomplete: the labctl that brought it up was killed",
+                            hint=f"labctl down {state.lab}")
+    names = list(state.guests)
+    final = ensure_private_dir(_root(state)) / name
+    t0 = time.monotonic()
+    _map(lambda g: saved.suspend(state.guests[g]), names)  # one instant for all
+    try:
+        with build_into(final) as work:
+            def one(g: str) -> None:
+                state.guests[g] = saved.save(state.guests[g], _label(name), resume=False)
+
+            _map(one, names)
+            atomic_write(work / META, json.dumps({
+                "lab": state.lab, "name": name, "guests": names, "on_hosts": True,
+                "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "save_seconds": round(time.monotonic() - t0, 2)}, indent=2) + "\n")
+    finally:
+        state.save()
+        for g in names:
+            with contextlib.suppress(LabctlError):
+                saved.resume(state.guests[g])
+    return _load(final)
+
+
+def _restore_libvirt(state: LabState, ckpt: Checkpoint) -> float:
+    """libvirt guests back to a checkpoint: each restored paused on its host, then all resumed."""
+    from labctl.backends.libvirt import saved
+
+    label = _label(ckpt.name)
+    missing = [g for g in state.guests if not saved.has_state(state.guests[g], label)]
+    if missing:
+        raise LabStateError(f"checkpoint {ckpt.name} of lab {state.lab} has no guest {missing[0]}")
+    names = list(state.guests)
+    t0 = time.monotonic()
+
+    def one(g: str) -> None:
+        state.guests[g] = saved.restore(state.guests[g], label, fresh_console=False, resume=False)
+        with open(state.guests[g].console, "a") as f:
+            f.write(f"labctl: restored checkpoint {ckpt.name}\n")
+
+    try:
+        _map(one, names)
+    finally:
+        state.save()
+    _map(lambda g: saved.resume(state.guests[g]), names)  # together, as they were saved
+    _map(lambda g: wait_ssh(state.endpoint(g), 30.0), names)
+    return round(time.monotonic() - t0, 2)
+
+
 def _load(d: Path) -> Checkpoint:
     try:
         meta = json.loads((d / META).read_text())
@@ -181,4 +247,12 @@ def delete(lab: str, name: str) -> None:
     _check_name(name)
     with lab_lock(lab):
         state = LabState.load(lab)
-        shutil.rmtree(find(state, name).dir)
+        ckpt = find(state, name)
+        if state.backend == "libvirt":  # its files are on the guests' hosts
+            from labctl.backends.libvirt import saved
+
+            for g, rec in state.guests.items():
+                if saved.has_state(rec, _label(name)):
+                    state.guests[g] = saved.forget(rec, _label(name))
+            state.save()
+        shutil.rmtree(ckpt.dir)

@@ -2,7 +2,8 @@
 (the same libvirtd through an sshd on 127.0.0.1, as in test_libvirt_hosts). Four students,
 each instance whole on the host with the most memory left; their handouts reach each guest
 with plain OpenSSH (through the host's sshd for the remote ones); one student's guest is
-crashed and reset from the state libvirt saved once it was up, and everyone's checks run;
+crashed and reset from the state libvirt saved once it was up, and everyone's checks run; a
+checkpoint of another is saved and restored on its host;
 ``class down`` leaves nothing on either host.
 """
 
@@ -130,6 +131,17 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         done = cli("class", "check", "--json")
         assert done.returncode == 0, done.stdout + done.stderr
         assert json.loads(done.stdout)["done"] == 4
+
+        # a checkpoint of dan's lab (on h2), saved and restored by libvirt there
+        saved = cli("checkpoint", "save", idents[3], "c1", check=True)
+        assert "1 guests saved" in " ".join(saved.stdout.split()), saved.stdout
+        assert _ssh(out / "dan", "rm /root/done && touch /root/later && sync").returncode == 0
+        cli("checkpoint", "restore", idents[3], "c1", check=True)
+        assert _ssh(out / "dan", "test -f /root/done && ! test -e /root/later").returncode == 0
+        assert b"labctl: restored checkpoint c1" in \
+            (cli.state_dir / "labs" / idents[3] / "guests" / "a" / "console.log").read_bytes()
+        cli("checkpoint", "delete", idents[3], "c1", check=True)
+        assert LabState.load(idents[3]).guests["a"].extra["saved"] == ["postboot"]
     finally:
         down = cli("class", "down", timeout=600)
     assert down.returncode == 0, down.stdout + down.stderr

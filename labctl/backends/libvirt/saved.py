@@ -43,7 +43,7 @@ from labctl.errors import MachineError
 from labctl.lab.hosts import HostPlace, host_place
 from labctl.proc import spawn, stop_pid
 
-LABEL = re.compile(r"[a-z0-9][a-z0-9_-]{0,39}")
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 POSTBOOT = "postboot"
 
 
@@ -64,8 +64,9 @@ def has_state(rec: GuestRecord, label: str) -> bool:
     return label in (rec.extra.get("saved") or [])
 
 
-def save(rec: GuestRecord, label: str) -> GuestRecord:
-    """Save the running guest as ``label`` (machine and disk) and let it run on; its new record.
+def save(rec: GuestRecord, label: str, resume: bool = True) -> GuestRecord:
+    """Save the running guest as ``label`` (machine and disk) and let it run on (or stay paused
+    unless ``resume``: a checkpoint resumes its guests together); its new record.
 
     :raise MachineError: when libvirt cannot save or restore it. :raise HostError: when its
         host cannot copy the disk.
@@ -84,14 +85,15 @@ def save(rec: GuestRecord, label: str) -> GuestRecord:
                                f"{message(exc)}") from exc
     _stop_relay(rec)
     host_command(host, ["cp", "--sparse=always", "--", disk, copy], f"keep the disk of guest {rec.name}")
-    rec = _restore_file(rec, host, state, fresh_console=False)
+    rec = _restore_file(rec, host, state, fresh_console=False, resume=resume)
     rec.extra["saved"] = sorted({*rec.extra.get("saved", []), label})
     return rec
 
 
-def restore(rec: GuestRecord, label: str) -> GuestRecord:
-    """Put the guest back to its state ``label``: stop it, its disk the copy, the machine restored;
-    its console goes on in a new ``console.log`` (the old one kept as ``console.prev.log``).
+def restore(rec: GuestRecord, label: str, fresh_console: bool = True, resume: bool = True) -> GuestRecord:
+    """Put the guest back to its state ``label``: stop it, its disk the copy, the machine restored
+    (and resumed unless ``resume`` is False); its console goes on in a new ``console.log`` (the old
+    one kept as ``console.prev.log``), or in the same one unless ``fresh_console``.
 
     :raise MachineError: when libvirt cannot restore it. :raise HostError: when its host cannot
         copy the disk back.
@@ -105,13 +107,51 @@ def restore(rec: GuestRecord, label: str) -> GuestRecord:
             wait_gone(conn, rec, 5.0)
     _stop_relay(rec)
     console = Path(rec.console)
-    if console.exists():
+    if fresh_console and console.exists():
         console.replace(console.with_name("console.prev.log"))
     host_command(host, ["cp", "--sparse=always", "--", copy, disk], f"put back the disk of guest {rec.name}")
-    return _restore_file(rec, host, state, fresh_console=True)
+    return _restore_file(rec, host, state, fresh_console, resume)
 
 
-def _restore_file(rec: GuestRecord, host: HostPlace, state: str, fresh_console: bool) -> GuestRecord:
+def forget(rec: GuestRecord, label: str) -> GuestRecord:
+    """Remove the guest's state ``label`` from its host; its new record.
+
+    :raise HostError: when the host cannot remove it.
+    """
+    state, copy, _disk = _files(rec, label)
+    host_command(_host(rec), ["rm", "-f", "--", state, copy], f"remove the saved state {label} of guest {rec.name}")
+    rec.extra["saved"] = [s for s in rec.extra.get("saved", []) if s != label]
+    return rec
+
+
+def resume(rec: GuestRecord) -> None:
+    """Let a guest restored paused run.
+
+    :raise MachineError: when its domain is gone.
+    """
+    host = _host(rec)
+    with connection(host.uri, host.name) as conn:
+        dom = lookup(conn, rec)
+        if dom is None:
+            raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} is gone")
+        dom.resume()
+
+
+def suspend(rec: GuestRecord) -> None:
+    """Pause a running guest (a checkpoint's one instant).
+
+    :raise MachineError: when its domain is gone.
+    """
+    host = _host(rec)
+    with connection(host.uri, host.name) as conn:
+        dom = lookup(conn, rec)
+        if dom is None:
+            raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} is not running")
+        dom.suspend()
+
+
+def _restore_file(rec: GuestRecord, host: HostPlace, state: str, fresh_console: bool,
+                  resume: bool = True) -> GuestRecord:
     lv = binding()
     gdir = Path(rec.dir)
     with connection(host.uri, host.name) as conn:
@@ -125,7 +165,8 @@ def _restore_file(rec: GuestRecord, host: HostPlace, state: str, fresh_console: 
             raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} vanished after its restore")
         uuid = dom.UUIDString()
         relay = attach_console(gdir, rec.name, host, uuid, fresh=fresh_console)
-        dom.resume()
+        if resume:
+            dom.resume()
     rec.extra.update(uuid=uuid, relay_pid=relay)
     if not host.remote:
         rec.pid = qemu_pid(str(rec.extra["domain"])) or rec.pid
