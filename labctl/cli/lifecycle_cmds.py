@@ -69,6 +69,8 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="one of several copies of the lab on this host, addressed as LAB@NAME")
     p.add_argument("--cold", action="store_true",
                    help="boot every guest, even where a post-boot snapshot would restore it (warm start)")
+    p.add_argument("--save-state", action="store_true",
+                   help="libvirt: save each guest's post-boot state on its host, for reset (class up always does)")
     p.add_argument("--overcommit", action="store_true",
                    help="start even when the guests may need more memory than the host has available")
     p.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
@@ -116,7 +118,7 @@ def load_for_up(args: argparse.Namespace) -> Lab:
 def up_options(args: argparse.Namespace) -> UpOptions:
     return UpOptions(accel=args.accel, backend=args.backend, boot_timeout=args.boot_timeout,
                      no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links,
-                     cold=args.cold)
+                     cold=args.cold, saved_states=args.save_state)
 
 
 def instances(args: argparse.Namespace, lab: Lab) -> list[Lab]:

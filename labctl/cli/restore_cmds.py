@@ -55,7 +55,8 @@ def cmd_reset(args: argparse.Namespace) -> int:
     def told(guest: str, seconds: float, how: str) -> None:
         results.append({"guest": guest, "seconds": seconds, "from": how})
         if not args.json:
-            out.print(Text(f"{guest}: back in {seconds:.2f} s (from its {'post-boot snapshot' if how == 'snapshot' else 'boot'})"))
+            source = {"snapshot": "post-boot snapshot", "saved state": "post-boot state saved by libvirt"}
+            out.print(Text(f"{guest}: back in {seconds:.2f} s (from its {source.get(how, 'boot')})"))
 
     moved: list[str] = []
 

@@ -113,8 +113,8 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
     missing = [n for n in names if not saved.has_state(state.guests[n], saved.POSTBOOT)]
     if missing:
         raise UsageError(f"guest {missing[0]} of lab {state.lab} has no saved post-boot state (libvirt guests "
-                         "have one when 'labctl class up' brought them up)",
-                         hint=f"labctl down {state.lab} and bring it up again")
+                         "have one when 'labctl class up', or 'labctl up --save-state', brought them up)",
+                         hint=f"labctl down {state.lab}, then labctl up with --save-state")
     took: dict[str, float] = {}
     errors: list[BaseException] = []
 
