@@ -3,8 +3,9 @@
 in the guests (:mod:`.grading`, also ``labctl check`` and bisect's oracle),
 reset to the post-boot state (:mod:`.reset`) and named checkpoints
 (:mod:`.checkpoints`), guests moved off a squatted SSH port on restore
-(:mod:`.sshport`), and whether the host holds the guests asked for
-(:mod:`.capacity`).
+(:mod:`.sshport`), whether the host holds the guests asked for
+(:mod:`.capacity`), and which libvirt host each student's instance goes to
+(:mod:`.placement`).
 
 Imports never: labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.bisect
 """

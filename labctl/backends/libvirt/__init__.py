@@ -5,5 +5,6 @@ libvirt's errors, hosts' facts, commands on hosts), :mod:`.binding` (the
 Python binding, imported on first use), :mod:`.xml` (domain XML, pure
 functions), :mod:`.storage` (the ``labctl`` pool: images, overlays, fw_cfg
 volumes), :mod:`.host` (QEMU's user and directories on a host),
-:mod:`.console` (the console relay process).
+:mod:`.console` (the console relay process), :mod:`.saved` (a guest's states
+saved and restored by libvirt, for reset and checkpoints).
 """
