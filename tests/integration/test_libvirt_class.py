@@ -22,6 +22,7 @@ from tests.conftest import Cli
 from tests.integration.conftest import pids_matching, wait_for
 from tests.integration.test_libvirt_hosts import (  # noqa: F401 - fixtures
     NOTHING,
+    RUN_ROOT,
     Sshd,
     _leftovers,
     libvirtd,
@@ -74,6 +75,10 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
         for ident in idents:  # each guest's post-boot state, saved by libvirt on its host
             assert LabState.load(ident).guests["a"].extra["saved"] == ["postboot"], ident
+            saved = RUN_ROOT / f"labctl-{ident}-a.saved"  # root's, not QEMU's user's
+            st = saved.stat()
+            assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700), oct(st.st_mode)
+            assert sorted(p.name for p in saved.iterdir()) == ["postboot.qcow2", "postboot.save"]
         states = json.loads(cli("status", "--json", check=True).stdout)["labs"]
         by_lab = {st["lab"]: st for st in states}
         for s, ident in zip(STUDENTS, idents):
@@ -97,7 +102,7 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
 
         # a marker in the last block of bea's disk (past what the file system uses), written past the
         # guest's page cache: after her reset that block must hold what it held at class up again
-        mark = f"$(( $(cat /sys/block/vda/size) / 8 - 1 ))"
+        mark = "$(( $(cat /sys/block/vda/size) / 8 - 1 ))"
         read_mark = f"dd if=/dev/vda bs=4096 skip={mark} count=1 iflag=direct 2>/dev/null | head -c 12"
         assert _ssh(out / "bea", read_mark).stdout != "LABCTL-MARK\n"
         wrote = _ssh(out / "bea", f"yes LABCTL-MARK | head -c 4096 | dd of=/dev/vda bs=4096 seek={mark} count=1 "

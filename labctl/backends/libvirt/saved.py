@@ -1,11 +1,15 @@
 """A libvirt guest's saved states: libvirt's own save and restore (``virDomainSave`` /
 ``virDomainRestore``), for ``reset`` and checkpoints.
 
-A state called ``LABEL`` is two files in the guest's directory on its host
-(``/var/lib/libvirt/labctl-run/<domain>/``, QEMU's user's, 0700, removed
-whole at ``down``): ``LABEL.save``, the machine as libvirt saved it, and
-``LABEL.qcow2``, a copy of the guest's disk overlay made while the machine
-was stopped. Saving stops the domain (a transient domain is then gone);
+A state called ``LABEL`` is two files in a directory of root's on the
+guest's host (``/var/lib/libvirt/labctl-run/<domain>.saved/``, 0700,
+journaled before it is made and removed whole at ``down``): ``LABEL.save``,
+the machine as libvirt saved it, and ``LABEL.qcow2``, a copy of the guest's
+disk overlay made while the machine was stopped. Not in the guest's own
+directory there: that one is QEMU's user's, and a QEMU that a guest took
+over could put a link in place of the disk copy for root to read from.
+The host's SSH login must be root's for a remote host (as ``cp`` of the
+disk, owned by QEMU's user, needs). Saving stops the domain (a transient domain is then gone);
 it is restored from the file just written at once, so the guest runs on
 where it was, its console appended to the same log. Restoring puts the
 overlay copy back in place of the guest's disk and restores the machine,
@@ -55,8 +59,24 @@ def _files(rec: GuestRecord, label: str) -> tuple[str, str, str]:
     """(the save file, the disk copy, the guest's disk) on its host."""
     if not LABEL.fullmatch(label):
         raise ValueError(f"invalid saved-state label {label!r}")
-    base = hostfs.guest_run_dir(str(rec.extra["domain"]))
+    base = _states_dir(rec)
     return f"{base}/{label}.save", f"{base}/{label}.qcow2", str(rec.extra["volumes"][0])
+
+
+def _states_dir(rec: GuestRecord) -> str:
+    return hostfs.guest_run_dir(str(rec.extra["domain"])) + ".saved"
+
+
+def _make_states_dir(rec: GuestRecord, host: HostPlace) -> None:
+    """Root's 0700 directory for the guest's states on its host, journaled first.
+
+    :raise HostError: when the host cannot make it.
+    """
+    path = _states_dir(rec)
+    record_owned(Path(rec.dir), {"backend": "libvirt", "kind": "host-dir", "uri": host.uri, "host": host.name,
+                                 "path": path})
+    host_command(host, ["sh", "-c", 'mkdir -p -m 0700 -- "$1" && chown 0:0 -- "$1" && chmod 0700 -- "$1"',
+                        "sh", path], f"make {path} for the saved states of guest {rec.name}")
 
 
 def has_state(rec: GuestRecord, label: str) -> bool:
@@ -73,6 +93,7 @@ def save(rec: GuestRecord, label: str, resume: bool = True) -> GuestRecord:
     """
     host = _host(rec)
     state, copy, disk = _files(rec, label)
+    _make_states_dir(rec, host)
     with connection(host.uri, host.name) as conn:
         dom = lookup(conn, rec)
         if dom is None:
