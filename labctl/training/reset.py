@@ -88,11 +88,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
             except BaseException as exc:  # noqa: BLE001 - reported after the others are back
                 errors.append(exc)
 
-        threads = [threading.Thread(target=one, args=(n,)) for n in names]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _each(names, one)
         state.warm = sorted((set(state.warm) | {n for n, h in hows.items() if h == "snapshot"})
                             - {n for n, h in hows.items() if h == "boot"})
         state.save()
@@ -129,15 +125,20 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
         except BaseException as exc:  # noqa: BLE001 - reported after the others are back
             errors.append(exc)
 
+    _each(names, one)
+    state.save()
+    if errors:
+        raise errors[0]
+    return took
+
+
+def _each(names: Sequence[str], one: Callable[[str], None]) -> None:
+    """``one(name)`` for every name, each in its own thread, until all are done."""
     threads = [threading.Thread(target=one, args=(n,)) for n in names]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    state.save()
-    if errors:
-        raise errors[0]
-    return took
 
 
 def tell_moves(state: LabState, moves: Sequence[sshport.Moved], on_moved: Callable[[str], None] | None) -> None:

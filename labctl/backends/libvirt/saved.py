@@ -146,29 +146,23 @@ def forget(rec: GuestRecord, label: str) -> GuestRecord:
 
 
 def resume(rec: GuestRecord) -> None:
-    """Let a guest restored paused run.
-
-    :raise MachineError: when its domain is gone.
-    """
-    host = _host(rec)
-    with connection(host.uri, host.name) as conn:
-        dom = lookup(conn, rec)
-        if dom is None:
-            raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} is gone")
-        dom.resume()
+    """Let a guest restored paused run. :raise MachineError: when its domain is gone."""
+    _domain_call(rec, "resume")
 
 
 def suspend(rec: GuestRecord) -> None:
-    """Pause a running guest (a checkpoint's one instant).
+    """Pause a running guest (a checkpoint's one instant). :raise MachineError: when its domain is gone."""
+    _domain_call(rec, "suspend")
 
-    :raise MachineError: when its domain is gone.
-    """
+
+def _domain_call(rec: GuestRecord, verb: str) -> None:
     host = _host(rec)
     with connection(host.uri, host.name) as conn:
         dom = lookup(conn, rec)
         if dom is None:
-            raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} is not running")
-        dom.suspend()
+            raise MachineError(f"guest {rec.name}: domain {rec.extra['domain']} is not running "
+                               f"on {where(host.uri, host.name)}")
+        getattr(dom, verb)()
 
 
 def _restore_file(rec: GuestRecord, host: HostPlace, state: str, fresh_console: bool,
