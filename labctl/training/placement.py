@@ -74,7 +74,8 @@ def need_mib(lab: Lab) -> int:
 
 def place(lab: Lab, students: Sequence[str], free_mib: Callable[[HostPlace], int], overcommit: bool = False,
           no_verify: bool = False) -> Placement | None:
-    """Each student's host (None when the lab does not spread: no hosts, or every guest placed).
+    """Each student's host (None when the lab does not spread: no hosts, every guest placed, or no
+    host the unplaced guests may go to).
 
     ``free_mib(host)`` is what the host has left (:func:`libvirt_free_mib`).
 
@@ -82,11 +83,7 @@ def place(lab: Lab, students: Sequence[str], free_mib: Callable[[HostPlace], int
         cannot be reached.
     """
     names = candidates(lab)
-    if not names:
-        if lab.hosts and unplaced(lab):
-            raise HostError(f"lab {lab.name}: its guests {', '.join(unplaced(lab))} share a network of three or "
-                            "more guests, which must be on labctl's machine, and the lab defines no local host",
-                            hint="add a host with a local URI (qemu:///system) to the lab's hosts")
+    if not names:  # the unplaced guests go where up puts them: the backend's own URI
         return None
     places = {n: host_place(n, with_no_verify(lab.hosts[n].uri) if no_verify else lab.hosts[n].uri,
                             lab.hosts[n].address) for n in names}

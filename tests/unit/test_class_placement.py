@@ -81,3 +81,11 @@ def test_a_network_of_three_keeps_instances_off_remote_hosts() -> None:
 def test_placed_on_an_unknown_host_is_refused() -> None:
     with pytest.raises(ValueError, match="defines no host 'h9'"):
         _lab("  a: {}\n").placed_on("h9")
+
+
+def test_no_candidate_host_leaves_the_guests_where_up_puts_them() -> None:
+    nic = "nics: [{name: eth1, model: e1000, network: lan}]"
+    text = (f"name: t\nhosts:\n  h2: {{uri: \"{REMOTE}\"}}\nnetworks: {{lan: {{}}}}\nguests:\n"
+            f"  a: {{{nic}}}\n  b: {{{nic}}}\n  c: {{{nic}}}\n")
+    lab = load_lab_text(text, "t.yaml")
+    assert candidates(lab) == [] and place(lab, ["s1"], _free({"h2": 90000})) is None
