@@ -108,7 +108,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     opts = UpOptions(accel=args.accel, boot_timeout=args.boot_timeout, cold=args.cold,
                      no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links,
                      saved_states=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for student, copy in zip(students, copies):
         try:
             state = up(copy, prepared.image, prepared.kernels, opts, UpDisplay(copy.ident, list(copy.guests)))
@@ -120,7 +120,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"'labctl class down --lab {lab.name}'")
             raise
         rows.append({"student": student, "lab": copy.ident, "accel": state.accel, "handout": str(config.parent),
-                     "ssh_config": str(config), "host": hosts.get(student, "")})
+                     "ssh_config": str(config), "host": hosts.get(student)})
         where = f" on {hosts[student]}" if student in hosts else ""
         console.print(Text.assemble(("up ", "green"), copy.ident, f"{where} ({state.accel}), handout {config.parent}"))
     if args.json:
@@ -130,7 +130,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     for col in ("student", "lab", *(("host",) if hosts else ()), "handout"):
         t.add_column(col)
     for row in rows:
-        t.add_row(Text(row["student"]), Text(row["lab"]), *((Text(row["host"]),) if hosts else ()),
+        t.add_row(Text(row["student"]), Text(row["lab"]), *((Text(row["host"] or ""),) if hosts else ()),
                   Text(row["handout"]))
     out.print(t)
     out.print(Text.assemble("each student: ", ("ssh -F HANDOUT/ssh_config GUEST", "cyan"), "; ",
