@@ -34,7 +34,15 @@ from labctl.lab.shares import Share
 from labctl.paths import atomic_write, build_into, ensure_private_dir
 from labctl.training import sshport
 from labctl.up import shares, warm
-from labctl.training.reset import copy_disk, need_qemu, restart, set_clocks, tell_moves, wait_ssh
+from labctl.training.reset import (
+    copy_disk,
+    need_qemu,
+    refuse_incomplete,
+    restart,
+    set_clocks,
+    tell_moves,
+    wait_ssh,
+)
 from labctl.state.runstate import LabState, lab_lock
 
 META = "meta.json"
@@ -169,9 +177,7 @@ def _save_libvirt(state: LabState, name: str) -> Checkpoint:
     ``meta.json`` is here."""
     from labctl.backends.libvirt import saved
 
-    if state.incomplete:
-        raise LabStateError(f"lab '{state.lab}' is incomplete: the labctl that brought it up was killed",
-                            hint=f"labctl down {state.lab}")
+    refuse_incomplete(state)
     names = list(state.guests)
     final = ensure_private_dir(_root(state)) / name
     t0 = time.monotonic()

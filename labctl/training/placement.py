@@ -17,6 +17,7 @@ host is refused (exit 3) unless ``--overcommit``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,8 +25,8 @@ from labctl.errors import HostError
 from labctl.lab.hosts import HostPlace, host_place
 from labctl.lab.model import DEFAULT_HOST, Lab
 from labctl.lab.uri import parse_uri, with_no_verify
+from labctl.training.capacity import QEMU_OVERHEAD_MIB
 
-QEMU_OVERHEAD_MIB = 64  # what a guest's QEMU takes beyond the guest's memory (as labctl.training.capacity)
 KIB = 1024
 
 
@@ -58,13 +59,8 @@ def candidates(lab: Lab) -> list[str]:
 
 def _needs_local(lab: Lab) -> bool:
     """True when the unplaced guests share a network of three or more guests."""
-    free = set(unplaced(lab))
-    members: dict[str, int] = {}
-    for g in lab.guests.values():
-        for nic in g.nics:
-            members[nic.network] = members.get(nic.network, 0) + 1
-    return any(n >= 3 and any(nic.network == net for g in free for nic in lab.guests[g].nics)
-               for net, n in members.items())
+    members = Counter(nic.network for g in lab.guests.values() for nic in g.nics)
+    return any(members[nic.network] >= 3 for g in unplaced(lab) for nic in lab.guests[g].nics)
 
 
 def need_mib(lab: Lab) -> int:

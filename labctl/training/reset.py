@@ -103,9 +103,7 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
     """Reset libvirt guests from the states saved once they were up (libvirt's own restore)."""
     from labctl.backends.libvirt import saved
 
-    if state.incomplete:
-        raise LabStateError(f"lab '{state.lab}' is incomplete: the labctl that brought it up was killed",
-                            hint=f"labctl down {state.lab}")
+    refuse_incomplete(state)
     missing = [n for n in names if not saved.has_state(state.guests[n], saved.POSTBOOT)]
     if missing:
         raise UsageError(f"guest {missing[0]} of lab {state.lab} has no saved post-boot state (libvirt guests "
@@ -162,10 +160,15 @@ def need_qemu(state: LabState, what: str) -> QemuBackend:
     if not isinstance(backend, QemuBackend):
         raise UsageError(f"{what} needs the qemu backend; lab {state.lab} runs on {state.backend}",
                          hint=f"labctl down {state.lab} and up it again")
+    refuse_incomplete(state)
+    return backend
+
+
+def refuse_incomplete(state: LabState) -> None:
+    """:raise LabStateError: when the labctl that brought the lab up was killed."""
     if state.incomplete:
         raise LabStateError(f"lab '{state.lab}' is incomplete: the labctl that brought it up was killed",
                             hint=f"labctl down {state.lab}")
-    return backend
 
 
 def restart(backend: QemuBackend, rec: GuestRecord, new_disk: Callable[[], None],

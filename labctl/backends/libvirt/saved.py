@@ -225,8 +225,3 @@ def _count(path: Path, text: str) -> int:
     except OSError:
         return 0
 
-
-def restorable(recs: dict[str, GuestRecord], label: str) -> list[str]:
-    """The guests of ``recs`` that have ``label`` saved."""
-    return [n for n, r in recs.items() if has_state(r, label)]
-
