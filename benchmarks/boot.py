@@ -37,7 +37,8 @@ from labctl.image.store import ImageStore  # noqa: E402
 from labctl.lab import load_lab_text  # noqa: E402
 from labctl.ssh import Session  # noqa: E402
 from labctl.pipeline import prepare_kernels  # noqa: E402
-from labctl.up.lifecycle import UpOptions, down, up  # noqa: E402
+from labctl.up.lifecycle import UpOptions, up  # noqa: E402
+from labctl.up.teardown import down  # noqa: E402
 from labctl.up import snapshots  # noqa: E402
 from labctl.training.reset import reset  # noqa: E402
 from labctl.state.runstate import LabState  # noqa: E402

@@ -44,7 +44,8 @@ from labctl.kernel import prepare as prep  # noqa: E402
 from labctl.lab import kernels, load_lab_text  # noqa: E402
 from labctl.paths import cache_dir  # noqa: E402
 from labctl.up import snapshots  # noqa: E402
-from labctl.up.lifecycle import UpOptions, down, up  # noqa: E402
+from labctl.up.lifecycle import UpOptions, up  # noqa: E402
+from labctl.up.teardown import down  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = """\

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from labctl.lab import load_lab_text  # noqa: E402
 from labctl.pipeline import prepare  # noqa: E402
 from labctl.up import snapshots  # noqa: E402
-from labctl.up.lifecycle import UpOptions, down, up  # noqa: E402
+from labctl.up.lifecycle import UpOptions, up  # noqa: E402
+from labctl.up.teardown import down  # noqa: E402
 
 
 class _Quiet:

@@ -34,7 +34,8 @@ from labctl.steps.result import StepResult
 from labctl.steps.runner import Runner, now
 from labctl.state.runstate import LabState, lab_lock
 from labctl.training.capacity import Estimate, check_capacity
-from labctl.up.lifecycle import UpOptions, down, up
+from labctl.up.lifecycle import UpOptions, up
+from labctl.up.teardown import down
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import Check, Lab
 from labctl.pipeline import Prepared, run_lab
 from labctl.training.grading import checks_of, run_checks
-from labctl.up.lifecycle import UpOptions, down
+from labctl.up.lifecycle import UpOptions
+from labctl.up.teardown import down
 from labctl.state.runstate import LabState, up_labs
 
 STEPS_DIR = "steps"

@@ -28,7 +28,8 @@ from labctl.training.classroom import (
 from labctl.training.grading import checks_of, run_checks, summary
 from labctl.training.handout import check_handout_dirs, write_handout
 from labctl.training.placement import libvirt_free_mib, place
-from labctl.up.lifecycle import UpOptions, down, up
+from labctl.up.lifecycle import UpOptions, up
+from labctl.up.teardown import down
 from labctl.training.reset import reset
 from labctl.state.runstate import LabState
 from labctl.web.access import revoke as revoke_web_tokens

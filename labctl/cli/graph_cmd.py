@@ -19,7 +19,7 @@ from labctl.net.graph import runtime_from_state, to_dot, to_mermaid, to_svg, top
 from labctl.paths import atomic_write
 from labctl.live import capture
 from labctl.state import netstate
-from labctl.up.lifecycle import guest_statuses
+from labctl.up.status import guest_statuses
 from labctl.state.runstate import LabState, check_lab_name
 
 FORMATS = {"svg": to_svg, "dot": to_dot, "mermaid": to_mermaid}

@@ -1,7 +1,8 @@
 """Bringing a lab up and down: the accelerator (:mod:`.accel`), keys
 (:mod:`.keys`), each guest's configuration (:mod:`.guestconf`) and kernel
 command line (:mod:`.bootargs`), starting guests on a backend and waiting for
-them (:mod:`.lifecycle`, :mod:`.console`), tap networks (:mod:`.taps`), and the
+them (:mod:`.lifecycle`, :mod:`.console`), taking them down (:mod:`.teardown`),
+each guest's live status (:mod:`.status`), tap networks (:mod:`.taps`), and the
 warm start every lab gets: post-boot snapshots (:mod:`.snapshots`), restoring
 them with the guest's own keys (:mod:`.warm`) through the guest agent
 (:mod:`.agent`), at the clock rate they were taken at (:mod:`.tsc`).

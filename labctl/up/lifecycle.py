@@ -1,4 +1,4 @@
-"""Bring a lab up and take it down: the pipeline's middle stages.
+"""Bring a lab up: the pipeline's middle stages (taking it down is :mod:`.teardown`).
 
 ``up``: lab model -> image -> accelerator -> run directory and keys ->
 network plan (+ L2 switches) -> guests started in parallel -> wait for each
@@ -16,13 +16,12 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from labctl.backends import get_backend, owned
+from labctl.backends import get_backend
 from labctl.backends.base import Backend, GuestPlan, GuestRecord
-from labctl.debug.crash import console_crashed, crashed
+from labctl.debug.crash import crashed
 from labctl.errors import (
     GuestError,
     LabctlError,
@@ -43,16 +42,16 @@ from labctl.lab.model import Guest, Lab
 from labctl.net.plan import SWITCH, TAP, UDP, Port, Segment, TapDev, plan_networks
 from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
-from labctl.proc import kill_pids, pids_referencing, spawn, stop_pid
+from labctl.proc import kill_pids, pids_referencing, spawn
 from labctl.ssh import Endpoint, Session
 from labctl.live import netctl
-from labctl.state import netstate
 from labctl.up import agent, guestconf, shares, snapshots, taps, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.state.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
+from labctl.up.teardown import release_owned, stop_switches
 from labctl.up.tsc import host_tsc_khz
 
 DEFAULT_BOOT_TIMEOUT = 180.0
@@ -509,7 +508,7 @@ class LabUp:
                 self.backend.kill(rec)
             except LabctlError:
                 pass
-        _stop_switches(self.switches)
+        stop_switches(self.switches)
         kill_pids(pids_referencing(self.dir))  # a QEMU or switch started but not yet recorded
         taps.close(tuple(self.tap_fds))
         if self.netns:
@@ -539,26 +538,6 @@ def _ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:
             time.sleep(0.2)
 
 
-def release_owned(directory: Path) -> list[LabctlError]:
-    """Remove what backends created on hosts for a lab's guests (their ownership journals).
-
-    Returns the failures (every journal is tried).
-    """
-    failures: list[LabctlError] = []
-    for backend, guest_dirs in owned.backends(directory).items():
-        for gdir in guest_dirs:
-            try:
-                get_backend(backend).cleanup(gdir)
-            except LabctlError as exc:
-                failures.append(exc)
-    return failures
-
-
-def _stop_switches(switches: list[SwitchRecord]) -> None:
-    for sw in switches:
-        stop_pid(sw.pid, marker=sw.socket, grace=3.0)  # its socket path: still that switch, not a reused pid
-
-
 def up(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | None = None,
        events: UpEvents | None = None) -> LabState:
     """Bring ``lab`` up on ``image``, each guest on its prepared kernel in ``kernels``
@@ -574,96 +553,3 @@ def up(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | Non
 def dry_run(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | None = None) -> list[PlannedGuest]:
     """What :func:`up` would start, with nothing made or started (``labctl up --dry-run``)."""
     return LabUp(lab, image, kernels, opts or UpOptions(), UpEvents()).dry_run()
-
-
-def down(lab_name: str, timeout: float = 10.0,
-         on_guest: Callable[[str], None] | None = None) -> None:
-    """Power every guest of the lab off (clean, then hard after ``timeout``) and remove its state.
-
-    A lab whose ``up`` was killed, or whose state cannot be read, is removed
-    by its run directory: every process that names a file in it (QEMUs,
-    switches) is killed and every ownership journal released.
-
-    :raise UsageError: for an invalid lab name. :raise LabStateError: when the lab is not up.
-    """
-    with lab_lock(lab_name):
-        d = run_dir(lab_name)
-        try:
-            state = LabState.load(lab_name)
-        except LabStateError:
-            if d.exists():
-                kill_pids(pids_referencing(d))
-                taps.delete_netns(taps.netns_name(d))
-                _finish_down(lab_name, d)
-                return
-            raise
-        backend = get_backend(state.backend)
-        errors: list[LabctlError] = []
-
-        def stop(rec: GuestRecord) -> None:
-            try:
-                backend.stop(rec, timeout)
-            except LabctlError as exc:
-                errors.append(exc)
-
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(state.guests))) as pool:
-            list(pool.map(stop, state.guests.values()))
-        for name in state.guests:
-            if on_guest:
-                on_guest(name)
-        _stop_switches(state.switches)
-        kill_pids(pids_referencing(d))  # anything started but never recorded (a killed up)
-        if state.netns:
-            taps.delete_netns(state.netns)
-        _finish_down(lab_name, d, errors)
-
-
-def _finish_down(lab_name: str, directory: Path, errors: list[LabctlError] | None = None) -> None:
-    """Release what the lab owns on its hosts and remove its run directory.
-
-    :raise LabctlError: the first failure (a host that is unreachable...);
-        the run directory is then kept, so that ``down`` can be run again.
-    """
-    errors = list(errors or []) + release_owned(directory)
-    if errors:
-        first = errors[0]
-        first.hint = (f"the lab's state is kept; run 'labctl down {lab_name}' again once it is fixed"
-                      + (f" ({first.hint})" if first.hint else ""))
-        raise first
-    remove_run_dir(directory)
-
-
-@dataclass
-class GuestStatus:
-    name: str
-    state: str  # running, stopped, crashed
-    ssh: str
-    gdb: str | None
-    accel: str
-    pid: int
-    nics: list[dict[str, object]] = field(default_factory=list)
-    host: str | None = None  # the libvirt host's name in the lab
-
-
-def guest_statuses(state: LabState) -> list[GuestStatus]:
-    """Live status of every guest of a lab that is up."""
-    backend = get_backend(state.backend)
-    record = netstate.load(state.path)
-    out = []
-    for name, rec in state.guests.items():
-        try:
-            alive: bool | None = backend.alive(rec)
-        except LabctlError:
-            alive = None  # its host is unreachable
-        st = "crashed" if console_crashed(Path(rec.console)) else "unreachable" if alive is None \
-            else "running" if alive else "stopped"
-        if state.phase != UP:
-            st = "incomplete" if state.incomplete else "starting"
-        nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], ""),
-                 "link": "up" if record.link_up(name, n["name"]) else "down",
-                 "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {}}
-                for n in state.resolved["guests"][name]["nics"]]
-        gdb = rec.gdb
-        host = state.hosts.get(name, {}).get("name")
-        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host))
-    return out

@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -61,13 +60,11 @@ from labctl.lab.model import LAB_IDENT
 from labctl.state.runstate import LabState, run_dir
 from labctl.training.classroom import ClassRecord
 from labctl.web.access import OWNER, STUDENT, TRAINER, Principal, resolve
+from labctl.web.http import COOKIE, ASGIApp, SecurityHeaders, forbidden, not_found, page, same_origin, token_of
 from labctl.web.room import Room, handout_text, topology_svg
 from labctl.web.terminal import Terminals, clamp_size
 from labctl.web.tools import ConsoleTail, Tools
 
-COOKIE = "labctl_token"
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self'; "
-       "font-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 EVENT_PERIOD = 1.0
 KEEPALIVE = 15.0
 WATCH_PERIOD = 1.0
@@ -76,63 +73,8 @@ MAX_INPUT = 64 * 1024
 CONSOLE_PERIOD = 0.5
 DOWNLOAD_CHUNK = 256 * 1024
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
 def static_dir() -> Path:
     return Path(str(resources.files("labctl.web") / "static"))
-
-
-class SecurityHeaders:
-    """Every HTTP response gets the CSP (no outside origin), no-store, no referrer, no sniffing."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers += [(b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
-                            (b"referrer-policy", b"no-referrer"), (b"cache-control", b"no-store"),
-                            (b"x-frame-options", b"DENY"), (b"cross-origin-opener-policy", b"same-origin"),
-                            (b"cross-origin-resource-policy", b"same-origin")]
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
-def token_of(conn: HTTPConnection) -> str | None:
-    auth = conn.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return conn.cookies.get(COOKIE)
-
-
-def same_origin(conn: HTTPConnection) -> bool:
-    """False when the browser says the request comes from another origin."""
-    origin = conn.headers.get("origin")
-    if origin is None:
-        return True
-    scheme = "https" if conn.url.scheme in ("https", "wss") else "http"
-    return origin == f"{scheme}://{conn.headers.get('host', '')}"
-
-
-def forbidden(why: str = "forbidden") -> JSONResponse:
-    return JSONResponse({"error": why}, status_code=403)
-
-
-def not_found(why: str) -> JSONResponse:
-    return JSONResponse({"error": why}, status_code=404)
 
 
 def class_of(ident: str) -> str:
@@ -145,19 +87,6 @@ def class_of(ident: str) -> str:
     except LabctlError:
         return ""
     return base if student in record.students else ""
-
-
-def page(title: str, kind: str, **data: str) -> str:
-    attrs = " ".join(f'data-{k}="{html.escape(v)}"' for k, v in data.items())
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="stylesheet" href="/static/vendor/xterm.css"><link rel="stylesheet" href="/static/app.css">
-<script src="/static/vendor/xterm.js" defer></script><script src="/static/vendor/addon-fit.js" defer></script>
-<script src="/static/app.js" defer></script></head>
-<body data-page="{html.escape(kind)}" {attrs}><header><h1 id="title">{html.escape(title)}</h1>
-<span id="who"></span><span id="live" class="live">connecting…</span></header><main id="main"></main></body></html>
-"""
 
 
 class Server:

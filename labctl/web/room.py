@@ -25,7 +25,7 @@ from labctl.training.classroom import ClassRecord, class_names
 from labctl.training.grading import CheckResult, checks_of, run_checks, summary
 from labctl.training.handout import README
 from labctl.training.reset import reset
-from labctl.up.lifecycle import guest_statuses
+from labctl.up.status import guest_statuses
 from labctl.web.progress import Progress
 
 VIEW_TTL = 0.8  # seconds a look at a lab's state serves every page that asks

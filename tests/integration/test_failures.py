@@ -14,7 +14,7 @@ from labctl.image import Image
 from labctl.lab import load_lab
 from labctl.ssh import Session
 from labctl.pipeline import prepare_kernels
-from labctl.up import lifecycle
+from labctl.up import lifecycle, teardown
 from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
 
@@ -109,5 +109,5 @@ def test_a_port_taken_before_qemu_binds_it_is_retried_on_new_ports(
     finally:
         taken.close()
         if (cli.state_dir / "labs" / "race").exists():
-            lifecycle.down("race")
+            teardown.down("race")
     _nothing_left(cli, "race")

@@ -150,7 +150,7 @@ def test_status_table_shows_guest_drivers_escaped(monkeypatch: pytest.MonkeyPatc
     from types import SimpleNamespace
 
     from labctl.cli import lifecycle_cmds
-    from labctl.up.lifecycle import GuestStatus
+    from labctl.up.status import GuestStatus
 
     nic = {"name": "eth1", "model": "virtio", "driver": f"virtio_net{TITLE}{CLEAR}", "ip": "10.0.0.1/24",
            "network": "lan", "link": "up", "impair": {}}

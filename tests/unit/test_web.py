@@ -17,7 +17,8 @@ from starlette.websockets import WebSocketDisconnect
 from labctl.training.classroom import ClassRecord
 from labctl.web import access
 from labctl.web.access import OWNER, STUDENT, TRAINER, Principal, class_tokens, owner_token, resolve, revoke
-from labctl.web.app import COOKIE, build_app
+from labctl.web.app import build_app
+from labctl.web.http import COOKIE
 from labctl.web.server import links, parse_listen
 
 

@@ -1,0 +1,48 @@
+"""The live status of each guest of a lab that is up (``labctl status``, the class, the web)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labctl.backends import get_backend
+from labctl.debug.crash import console_crashed
+from labctl.errors import LabctlError
+from labctl.state import netstate
+from labctl.state.runstate import UP, LabState
+
+
+@dataclass
+class GuestStatus:
+    name: str
+    state: str  # running, stopped, crashed
+    ssh: str
+    gdb: str | None
+    accel: str
+    pid: int
+    nics: list[dict[str, object]] = field(default_factory=list)
+    host: str | None = None  # the libvirt host's name in the lab
+
+
+def guest_statuses(state: LabState) -> list[GuestStatus]:
+    """Live status of every guest of a lab that is up."""
+    backend = get_backend(state.backend)
+    record = netstate.load(state.path)
+    out = []
+    for name, rec in state.guests.items():
+        try:
+            alive: bool | None = backend.alive(rec)
+        except LabctlError:
+            alive = None  # its host is unreachable
+        st = "crashed" if console_crashed(Path(rec.console)) else "unreachable" if alive is None \
+            else "running" if alive else "stopped"
+        if state.phase != UP:
+            st = "incomplete" if state.incomplete else "starting"
+        nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], ""),
+                 "link": "up" if record.link_up(name, n["name"]) else "down",
+                 "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {}}
+                for n in state.resolved["guests"][name]["nics"]]
+        gdb = rec.gdb
+        host = state.hosts.get(name, {}).get("name")
+        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host))
+    return out
