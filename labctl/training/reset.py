@@ -116,7 +116,7 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
         t0 = time.monotonic()
         try:
             state.guests[name] = saved.restore(state.guests[name], saved.POSTBOOT)
-            wait_ssh(state.endpoint(name), 30.0)
+            wait_ssh(state.endpoint(name), 30.0, set_clock=True)
             took[name] = round(time.monotonic() - t0, 2)
             if on_guest:
                 on_guest(name, took[name], "saved state")
@@ -196,20 +196,28 @@ def copy_disk(src: Path, dest: Path) -> None:
     dest.chmod(0o600)
 
 
-def wait_ssh(ep: Endpoint, timeout: float) -> None:
-    """Until the guest answers SSH with the lab's key and pinned host key.
+def wait_ssh(ep: Endpoint, timeout: float, set_clock: bool = False) -> None:
+    """Until the guest answers SSH with the lab's key and pinned host key; with ``set_clock``, its
+    wall clock is then set to the host's through that session (a libvirt guest has no agent, and
+    libvirt's restore gives it back the clock it was saved with).
 
-    :raise GuestError: when it does not within ``timeout``.
+    :raise GuestError: when it does not answer within ``timeout``, or its clock cannot be set.
     """
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with Session(ep, timeout=min(10.0, max(1.0, deadline - time.monotonic()))):
-                return
+            session = Session(ep, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
+            break
         except GuestError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+    with session:
+        if set_clock:
+            now = time.time_ns()
+            res = session.run(f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null", timeout=20.0)
+            if res.status != 0:
+                raise GuestError(f"guest {ep.guest}: its clock could not be set (date exited {res.status})")
 
 
 def set_clocks(state: LabState, names: Sequence[str]) -> None:

@@ -2,8 +2,8 @@
 (the same libvirtd through an sshd on 127.0.0.1, as in test_libvirt_hosts). Four students,
 each instance whole on the host with the most memory left; their handouts reach each guest
 with plain OpenSSH (through the host's sshd for the remote ones); one student's guest is
-crashed and reset from the state libvirt saved once it was up, and everyone's checks run; a
-checkpoint of another is saved and restored on its host;
+crashed and reset from the state libvirt saved once it was up (its disk and clock checked), and
+everyone's checks run; a checkpoint of another is saved and restored on its host;
 ``class down`` leaves nothing on either host.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,14 @@ def _ssh(handout: Path, command: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=90, stdin=subprocess.DEVNULL, check=False)
 
 
+def _clock_off(handout: Path) -> float:
+    """How far the guest's wall clock is from this host's, in seconds (one SSH round trip's slack)."""
+    t0 = time.time()
+    res = _ssh(handout, "date +%s.%N")
+    assert res.returncode == 0, res
+    return abs(float(res.stdout) - (t0 + time.time()) / 2)
+
+
 def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     lab = _lab(tmp_path / "vclass.yaml", sshd.uri)
@@ -68,6 +77,7 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
              "--no-verify-host-keys", "--json", timeout=1200)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
+        saved_at = time.time()  # each guest's post-boot state was saved before class up returned
         rows = {r["student"]: r for r in json.loads(up.stdout)["students"]}
         # one libvirtd named twice: the first student goes where free memory read highest (the two reads
         # differ a little) and then the instances alternate, two on each host, each whole on one
@@ -130,6 +140,9 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         block = _ssh(out / crash, read_mark)
         assert block.returncode == 0 and block.stdout != "LABCTL-MARK\n", block
         assert _ssh(out / crash, "uptime").returncode == 0
+        # libvirt gave the guest back the clock it was saved with; the reset set it to the host's
+        assert time.time() - saved_at > 10
+        assert _clock_off(out / crash) < 3.0
         back = json.loads(cli("class", "status", "--json", check=True).stdout)["students"]
         assert [r["state"] for r in back] == ["up"] * 4, back
         prev = cli.state_dir / "labs" / idents[ci] / "guests" / "a" / "console.prev.log"
@@ -148,8 +161,10 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         saved = cli("checkpoint", "save", idents[ki], "c1", check=True)
         assert "1 guests saved" in " ".join(saved.stdout.split()), saved.stdout
         assert _ssh(out / kept, "rm /root/done && touch /root/later && sync").returncode == 0
+        time.sleep(5)  # so that a clock left at the checkpoint's would be seen
         cli("checkpoint", "restore", idents[ki], "c1", check=True)
         assert _ssh(out / kept, "test -f /root/done && ! test -e /root/later").returncode == 0
+        assert _clock_off(out / kept) < 3.0
         assert b"labctl: restored checkpoint c1" in \
             (cli.state_dir / "labs" / idents[ki] / "guests" / "a" / "console.log").read_bytes()
         cli("checkpoint", "delete", idents[ki], "c1", check=True)
