@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.cli.lifecycle_cmds import load_with_kernel
-from labctl.cli.ui import PrepareDisplay, UpDisplay, console, out, print_json, safe, warn
+from labctl.cli.ui import ClassUpDisplay, PrepareDisplay, console, out, print_json, safe, warn
 from labctl.pipeline import prepare
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
 from labctl.training.classroom import (
@@ -25,10 +25,11 @@ from labctl.training.classroom import (
     refuse_up_instances,
     student_status,
 )
-from labctl.training.grading import checks_of, run_checks, summary
-from labctl.training.handout import check_handout_dirs, write_handout
+from labctl.training.grading import run_checks, summary
+from labctl.training.handout import check_handout_dirs
 from labctl.training.placement import libvirt_free_mib, place
-from labctl.up.lifecycle import UpOptions, up
+from labctl.training.roomup import bring_up
+from labctl.up.lifecycle import UpOptions
 from labctl.up.teardown import down
 from labctl.training.reset import reset
 from labctl.state.runstate import LabState
@@ -109,21 +110,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     opts = UpOptions(accel=args.accel, boot_timeout=args.boot_timeout, cold=args.cold,
                      no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links,
                      saved_states=True)
-    rows: list[dict[str, Any]] = []
-    for student, copy in zip(students, copies):
-        try:
-            state = up(copy, prepared.image, prepared.kernels, opts, UpDisplay(copy.ident, list(copy.guests)))
-            config = write_handout(state, student, record.handout(student), checks_of(state))
-        except LabctlError as exc:
-            started = sum(is_up(record.ident(s)) for s in students)
-            exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
-                f"student '{student}' failed; {started} instances are up: 'labctl class status --lab {lab.name}', "
-                f"'labctl class down --lab {lab.name}'")
-            raise
-        rows.append({"student": student, "lab": copy.ident, "accel": state.accel, "handout": str(config.parent),
-                     "ssh_config": str(config), "host": hosts.get(student)})
-        where = f" on {hosts[student]}" if student in hosts else ""
-        console.print(Text.assemble(("up ", "green"), copy.ident, f"{where} ({state.accel}), handout {config.parent}"))
+    arrivals = bring_up(record, dict(zip(students, copies)), prepared.image, prepared.kernels, opts, hosts,
+                        ClassUpDisplay())
+    rows: list[dict[str, Any]] = [{"student": a.student, "lab": a.lab, "accel": a.accel, "handout": str(a.handout),
+                                   "ssh_config": str(a.ssh_config), "host": a.host} for a in arrivals]
     if args.json:
         print_json({"lab": lab.name, "students": rows, "out": record.out})
         return 0

@@ -18,10 +18,12 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.events import PrepareEvents, Reporter, UpEvents
+from labctl.lab.model import Lab
 from labctl.steps.events import StepEvents
 from labctl.pipeline import RunOutcome
 from labctl.steps.result import StepResult
 from labctl.textsafe import safe_line, safe_text
+from labctl.training.roomup import Arrival, RoomEvents
 
 
 class SafeConsole(Console):
@@ -177,6 +179,61 @@ class UpDisplay(UpEvents):
         if self.live is not None:
             self.live.stop()
             self.live = None
+
+
+class ClassUpDisplay(RoomEvents):
+    """``labctl class up``: each instance's guests live as it comes up (one instance at a time,
+    or, for a class spread over hosts, every instance being started in one live view), and a
+    line for each instance once it is up (implements RoomEvents)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: dict[str, UpDisplay] = {}
+        self.live: Live | None = None
+
+    def __rich__(self) -> Group:
+        with self.lock:
+            shown = list(self.active.values())
+        return Group(*(d.__rich__() for d in shown))
+
+    def started(self, side_by_side: bool) -> None:
+        if side_by_side:
+            self.live = Live(self, console=console, refresh_per_second=8, transient=True)
+            self.live.start()
+
+    def instance(self, student: str, lab: Lab) -> UpEvents:
+        if self.live is None:
+            return UpDisplay(lab.ident, list(lab.guests))
+        return _InRoom(self, lab.ident, list(lab.guests))
+
+    def arrived(self, arrival: Arrival) -> None:
+        where = f" on {arrival.host}" if arrival.host else ""
+        console.print(Text.assemble(("up ", "green"), arrival.lab,
+                                    f"{where} ({arrival.accel}), handout {arrival.handout}"))
+
+    def stopping(self, why: str) -> None:
+        warn(f"{why}: no further instance starts (those being started finish first)")
+
+    def finished(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+class _InRoom(UpDisplay):
+    """One instance's phases, drawn by its class's live view instead of a live view of its own."""
+
+    def __init__(self, room: ClassUpDisplay, lab: str, guests: list[str]) -> None:
+        super().__init__(lab, guests)
+        self.room = room
+
+    def started(self) -> None:
+        with self.room.lock:
+            self.room.active[self.lab] = self
+
+    def finished(self) -> None:
+        with self.room.lock:
+            self.room.active.pop(self.lab, None)
 
 
 EXIT_STEP_FAILED = 6

@@ -1,0 +1,146 @@
+"""Bringing a class's instances up (labctl.training.roomup): one after another on one host, a spread
+class's hosts side by side, a failure stopping every host from starting more. ``up`` and the
+handouts are stand-ins here; tests/integration/test_libvirt_class.py brings a spread class up for real."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from labctl.errors import GuestError
+from labctl.training import roomup
+from labctl.training.classroom import ClassRecord
+
+STUDENTS = ["ann", "bea", "cid", "dan"]
+
+
+class Recorder(roomup.RoomEvents):
+    def __init__(self) -> None:
+        self.side_by_side: bool | None = None
+        self.arrived_in: list[str] = []
+        self.stops: list[str] = []
+        self.stopped = threading.Event()
+
+    def started(self, side_by_side: bool) -> None:
+        self.side_by_side = side_by_side
+
+    def arrived(self, arrival: roomup.Arrival) -> None:
+        self.arrived_in.append(arrival.student)
+
+    def stopping(self, why: str) -> None:
+        self.stops.append(why)
+        self.stopped.set()
+
+
+def _setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake_up: Any) -> tuple[ClassRecord, dict[str, Any]]:
+    record = ClassRecord("room", "", STUDENTS, str(tmp_path))
+    up_now: set[str] = set()
+
+    def up(copy: Any, image: Any, kernels: Any, opts: Any, events: Any) -> Any:
+        fake_up(copy.student)
+        up_now.add(copy.ident)
+        return SimpleNamespace(accel="tcg", ident=copy.ident)
+
+    def handout(state: Any, student: str, directory: Path, checks: Any) -> Path:
+        return directory / "ssh_config"
+
+    monkeypatch.setattr(roomup, "up", up)
+    monkeypatch.setattr(roomup, "write_handout", handout)
+    monkeypatch.setattr(roomup, "checks_of", lambda state: ())
+    monkeypatch.setattr(roomup, "is_up", lambda ident: ident in up_now)
+    copies = {s: SimpleNamespace(ident=f"room@{s}", student=s) for s in STUDENTS}
+    return record, copies
+
+
+def test_one_host_one_after_another_in_the_callers_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[tuple[str, str]] = []
+    record, copies = _setup(monkeypatch, tmp_path,
+                            lambda s: seen.append((s, threading.current_thread().name)))
+    events = Recorder()
+    got = roomup.bring_up(record, copies, None, {}, None, {}, events)  # type: ignore[arg-type]
+    assert [a.student for a in got] == STUDENTS and events.side_by_side is False
+    assert seen == [(s, threading.current_thread().name) for s in STUDENTS]
+    assert got[1] == roomup.Arrival("bea", "room@bea", "tcg", tmp_path / "bea", tmp_path / "bea" / "ssh_config", None)
+
+
+def test_a_spread_class_brings_its_hosts_up_side_by_side(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    both = threading.Barrier(2, timeout=20)  # each host's first instance waits for the other's: side by side
+    order: list[str] = []
+
+    def fake(student: str) -> None:
+        if student in ("ann", "bea"):
+            both.wait()
+        order.append(student)
+
+    record, copies = _setup(monkeypatch, tmp_path, fake)
+    hosts = {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}
+    events = Recorder()
+    got = roomup.bring_up(record, copies, None, {}, None, hosts, events)  # type: ignore[arg-type]
+    assert events.side_by_side is True
+    assert [(a.student, a.host) for a in got] == list(hosts.items())  # roster order, whoever came first
+    assert order.index("cid") > order.index("ann") and order.index("dan") > order.index("bea")  # each host in turn
+
+
+def test_a_failure_stops_every_host_and_says_how_many_are_up(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path) -> None:
+    bea_started = threading.Event()
+    started: list[str] = []
+    events = Recorder()
+
+    def fake(student: str) -> None:
+        started.append(student)
+        if student == "bea":  # h2's first instance is still coming up when h1's fails
+            bea_started.set()
+            assert events.stopped.wait(20)
+        if student == "ann":
+            assert bea_started.wait(20)
+            raise GuestError("guest a failed to boot")
+
+    record, copies = _setup(monkeypatch, tmp_path, fake)
+    with pytest.raises(GuestError) as err:
+        roomup.bring_up(record, copies, None, {}, None,  # type: ignore[arg-type]
+                        {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}, events)
+    assert "cid" not in started and "dan" not in started  # bea's up finished; nothing after it started
+    assert err.value.hint and "student 'ann' failed; 1 instances are up" in err.value.hint
+    assert "labctl class down --lab room" in err.value.hint
+    assert events.stops == ["student 'ann' failed"]
+
+
+def test_one_host_stops_at_the_first_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    started: list[str] = []
+
+    def fake(student: str) -> None:
+        started.append(student)
+        if student == "bea":
+            raise GuestError("no")
+
+    record, copies = _setup(monkeypatch, tmp_path, fake)
+    with pytest.raises(GuestError, match="no") as err:
+        roomup.bring_up(record, copies, None, {}, None, {})  # type: ignore[arg-type]
+    assert started == ["ann", "bea"]
+    assert err.value.hint and "student 'bea' failed; 1 instances are up" in err.value.hint
+
+
+def test_ctrl_c_waits_for_the_instances_being_started_and_starts_no_more(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    import _thread
+
+    started: list[str] = []
+    events = Recorder()
+
+    def fake(student: str) -> None:
+        started.append(student)
+        if student == "ann":  # Ctrl-C while ann (h1) and bea (h2) come up: both finish, nothing else starts
+            _thread.interrupt_main()
+            assert events.stopped.wait(20)
+
+    record, copies = _setup(monkeypatch, tmp_path, fake)
+    with pytest.raises(KeyboardInterrupt):
+        roomup.bring_up(record, copies, None, {}, None,  # type: ignore[arg-type]
+                        {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}, events)
+    assert "cid" not in started and "dan" not in started and events.stops == ["interrupted"]
+    assert "ann" in events.arrived_in  # its up was not cut short
