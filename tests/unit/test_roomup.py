@@ -128,6 +128,7 @@ def test_one_host_stops_at_the_first_failure(monkeypatch: pytest.MonkeyPatch, tm
 def test_ctrl_c_waits_for_the_instances_being_started_and_starts_no_more(monkeypatch: pytest.MonkeyPatch,
                                                                           tmp_path: Path) -> None:
     import _thread
+    import signal
 
     started: list[str] = []
     events = Recorder()
@@ -139,8 +140,13 @@ def test_ctrl_c_waits_for_the_instances_being_started_and_starts_no_more(monkeyp
             assert events.stopped.wait(20)
 
     record, copies = _setup(monkeypatch, tmp_path, fake)
-    with pytest.raises(KeyboardInterrupt):
-        roomup.bring_up(record, copies, None, {}, None,  # type: ignore[arg-type]
-                        {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}, events)
+    # Ctrl-C as Python takes it, also where the suite runs with SIGINT ignored (a background job)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            roomup.bring_up(record, copies, None, {}, None,  # type: ignore[arg-type]
+                            {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}, events)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert "cid" not in started and "dan" not in started and events.stops == ["interrupted"]
     assert "ann" in events.arrived_in  # its up was not cut short
