@@ -7,7 +7,8 @@ thread per host, each host's instances one after another: N hosts take about 1/N
 
 A failure stops every host from starting another instance; the instances already up stay up
 (``class status`` shows them, ``class down`` takes them down), and the first failure is raised
-with that said. Ctrl-C does the same once the instances being started are up or have failed.
+with that said. Ctrl-C on one host stops the instance being started (its ``up`` takes it down);
+side by side, it stops every host once the instances being started are up or have failed.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def bring_up(record: ClassRecord, copies: Mapping[str, Lab], image: Image, kerne
     for student in copies:
         groups.setdefault(hosts.get(student), []).append(student)
     arrived: dict[str, Arrival] = {}
-    failures: list[tuple[str, BaseException]] = []
+    failures: list[tuple[str, Exception]] = []
     halt = threading.Event()
     lock = threading.Lock()
 
@@ -93,7 +94,7 @@ def bring_up(record: ClassRecord, copies: Mapping[str, Lab], image: Image, kerne
                 return
             try:
                 one(student)
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread, after the others
+            except Exception as exc:  # noqa: BLE001 - raised in the caller's thread, after the others
                 with lock:
                     failures.append((student, exc))
                 if not halt.is_set():
