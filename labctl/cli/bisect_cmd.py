@@ -21,7 +21,7 @@ from labctl.bisect.engine import Bisector, on_tree, tree_guests
 from labctl.bisect.state import State, load, save
 from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import PrepareDisplay, console, out, print_json
-from labctl.errors import LabctlError, UsageError
+from labctl.errors import UsageError
 from labctl.image.recipe import load_recipe
 from labctl.pipeline import prepare_image, preflight
 from labctl.paths import atomic_write, cache_dir

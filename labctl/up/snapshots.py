@@ -50,7 +50,7 @@ from labctl.errors import LabctlError, MachineError
 from labctl.paths import atomic_write, build_into, cache_dir, exclusive
 from labctl.proc import run
 
-FORMAT = "2"  # bump when what a snapshot holds changes (2: booted with a throwaway host key)
+FORMAT = "3"  # bump when what a snapshot holds changes (2: booted with a throwaway host key; 3: a standby sshd)
 STATE, DISK, META, CONSOLE = "state", "disk.qcow2", "meta.json", "console.log"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from labctl.up import warm
 from tests.conftest import Cli
 from tests.integration.conftest import qemu_pids_under, reset_while_pinging
 
@@ -82,6 +83,14 @@ def _same_lab_checks(cli: Cli, lab: str) -> dict:
             for g in status["guests"]}
 
 
+STANDBY = "-h /run/labctl-sshd/host_key"  # the standby sshd's command line (guest/init)
+
+
+def _listener(cli: Cli, lab: str, guest: str) -> str:
+    """The command line of the guest's listening sshd (its pid file's)."""
+    return cli("exec", lab, guest, "--", "tr '\\0' ' ' < /proc/$(cat /run/sshd.pid)/cmdline", check=True).stdout
+
+
 def test_a_warm_up_is_indistinguishable_from_a_cold_one(cli: Cli, image: object, tmp_path: Path) -> None:
     lab = _lab(tmp_path, "warm")
     up = cli("up", str(lab), "--accel", "tcg", "--cold")
@@ -104,6 +113,16 @@ def test_a_warm_up_is_indistinguishable_from_a_cold_one(cli: Cli, image: object,
         # gdb follows a restored guest too.
         gdb = cli("gdb", "warm", "a", "--batch", "p init_uts_ns.name.release")
         assert gdb.returncode == 0 and "6.1.0" in gdb.stdout, gdb.stdout + gdb.stderr
+        # Each guest's own host key was handed to the standby sshd waiting in its snapshot
+        # (guest/init): the sshd that answers is that one, not the boot's sshd reloaded.
+        for g in LINKS:
+            assert STANDBY in _listener(cli, "warm", g), g
+        # Without a standby (it took over already), keys are installed again by reloading sshd,
+        # and SSH still answers with the pinned key.
+        gdir = cli.state_dir / "labs" / "warm" / "guests" / "a"
+        warm.adopt(gdir)
+        assert STANDBY in _listener(cli, "warm", "a")
+        assert cli("exec", "warm", "a", "--", "true").returncode == 0
 
     # --cold boots even with snapshots there.
     up = cli("up", str(lab), "--accel", "tcg", "--cold", "--json")
