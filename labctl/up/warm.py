@@ -5,7 +5,8 @@ No guest's own key is ever in a snapshot. A guest whose boot is to become
 the post-boot snapshot boots with a throwaway host key (``boot_host_key``,
 fresh for that boot, never any guest's own key; labctl pins it in
 ``boot_known_hosts`` for its setup commands). Once the snapshot is taken,
-:func:`hand_over_keys` gives the guest its own host key (sshd reloads) and
+:func:`hand_over_keys` gives the guest its own host key (the standby sshd the
+agent started just before the snapshot takes it; guest/init) and
 ``boot_host_key`` becomes a copy of it for any later boot of that QEMU. So the
 snapshot's RAM and disk hold only the throwaway key, which no guest ever
 serves again.
