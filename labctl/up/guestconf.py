@@ -6,9 +6,16 @@ from labctl.backends.base import MGMT_ADDR
 from labctl.lab.model import MGMT_NIC, Guest
 
 
-def render(guest: Guest, mgmt_mac: str) -> str:
-    """One record per line; every token was validated (no spaces, no quoting needed)."""
+def render(guest: Guest, mgmt_mac: str, standby_sshd: bool = False) -> str:
+    """One record per line; every token was validated (no spaces, no quoting needed).
+
+    ``standby_sshd``: the boot is to become the post-boot snapshot and nothing logs in before
+    it is taken: init starts no sshd that listens, only the standby that waits for its host key
+    (``guest/init``; labctl hands it the guest's own key once the snapshot is taken).
+    """
     lines = [f"hostname {guest.name}", f"nic {mgmt_mac} {MGMT_NIC} {MGMT_ADDR}"]
+    if standby_sshd:
+        lines.append("sshd standby")
     for nic in guest.nics:
         opts = []
         if nic.mtu:

@@ -355,7 +355,6 @@ class LabUp:
         host = plan.host
         new_keypair(plan.host_key, f"{g.name}.{self.lab.ident}")
         plan.authorized_keys.write_text(client_pub + "\n")
-        plan.config.write_text(guestconf.render(g, plan.mgmt_mac))
         if host is None:  # the qemu backend; a libvirt host gets an overlay volume in its pool
             snap = self._snapshot_of(plan)
             if snap is not None:
@@ -369,6 +368,10 @@ class LabUp:
                 self.throwaway.add(g.name)
             else:
                 warm.boot_with_own_key(gdir)
+        # A boot that becomes the snapshot with no setup commands is not logged into before the
+        # snapshot: its sshd waits for the guest's own key (one sshd start fewer under TCG).
+        plan.config.write_text(guestconf.render(g, plan.mgmt_mac, standby_sshd=g.name in self.throwaway
+                                                and not g.setup))
         return plan
 
     def _snapshot_of(self, plan: GuestPlan) -> snapshots.Snapshot | None:

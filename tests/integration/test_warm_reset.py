@@ -275,3 +275,29 @@ def test_the_capacity_refusal_starts_nothing(cli: Cli, image: object, tmp_path: 
 def _nothing_left(cli: Cli) -> Iterator[None]:
     yield
     assert qemu_pids_under(cli.state_dir) == []
+
+
+NO_AGENT = """\
+name: noagent
+networks: {lan: {}}
+guests:
+  g:
+    kernel_args: [module_blacklist=virtio_console]
+    nics:
+      - {name: eth1, model: e1000, network: lan, ip: 10.64.0.1/24}
+"""
+
+
+def test_a_guest_whose_kernel_runs_no_agent_still_comes_up_with_its_own_key(
+        cli: Cli, image: object, tmp_path: Path) -> None:
+    """Its boot was to become the snapshot, so only the standby sshd started; without the agent,
+    init hands the standby the boot's key and labctl installs the guest's own over SSH."""
+    lab = tmp_path / "noagent.yaml"
+    lab.write_text(NO_AGENT)
+    up = cli("up", str(lab), "--accel", "tcg")
+    assert up.returncode == 0, up.stderr
+    with _down_after(cli, "noagent"):
+        assert "no post-boot snapshot (its agent did not answer" in " ".join(up.stderr.split())
+        assert STANDBY in _listener(cli, "noagent", "g")  # SSH answers with the pinned own key
+        boot = cli("exec", "noagent", "g", "--", "cat", "/run/labctl-boot.log", check=True).stdout
+        assert "sshd started (standby)" in boot and "keys: the standby listens" in boot
