@@ -155,13 +155,14 @@ def hand_over_keys(guest_dir: Path, boot_ep: Endpoint, agent_wait: float, timeou
 def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float) -> None:
     """The agent's ``keys`` (guest/init) done over SSH, the throwaway boot key pinned."""
     _, kind, blob, pem = keys.split(" ")
-    host_key = ["-----BEGIN OPENSSH PRIVATE KEY-----", *pem.split(","), "-----END OPENSSH PRIVATE KEY-----"]
+    host_key = " ".join(shlex.quote(x) for x in
+                        ["-----BEGIN OPENSSH PRIVATE KEY-----", *pem.split(","), "-----END OPENSSH PRIVATE KEY-----"])
     # What the agent does (guest/init), as one shell command: sshd re-executes itself on SIGHUP
     # and writes its pid file again once it listens.
     script = (f"umask 077 && printf '%s\\n' {shlex.quote(kind + ' ' + blob)} > /root/.ssh/authorized_keys && "
-              f"printf '%s\\n' {' '.join(shlex.quote(x) for x in host_key)} > /etc/ssh/ssh_host_ed25519_key && "
+              f"printf '%s\\n' {host_key} > /etc/ssh/ssh_host_ed25519_key && "
               # a standby sshd that took over reads its key from this file (guest/init)
-              f"{{ [ ! -f /run/labctl-sshd/host_key ] || printf '%s\\n' {' '.join(shlex.quote(x) for x in host_key)} "
+              f"{{ [ ! -f /run/labctl-sshd/host_key ] || printf '%s\\n' {host_key} "
               "> /run/labctl-sshd/host_key; } && "
               "read -r pid < /run/sshd.pid && : > /run/sshd.pid && kill -HUP \"$pid\" && "
               "for i in $(seq 500); do read -r pid < /run/sshd.pid; [ -n \"$pid\" ] && exit 0; sleep 0.01; done; exit 1")
