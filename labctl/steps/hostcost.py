@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 PROFILE_FREQUENCY = 499  # Hz: a sample every 2 ms of QEMU's CPU time, off the guest's 999 Hz
 ENABLE_TIMEOUT = 20.0  # s for the host's perf to attach to every thread and acknowledge
 SCRIPT_TIMEOUT = 300.0
+START_ATTEMPTS = 2
 
 
 def read_task_stats(pid: int) -> dict[str, Any] | None:
@@ -94,18 +95,36 @@ class _Profiler:
             self.error = "perf is not installed on the host (Debian: apt-get install linux-perf)"
             return
         ctl, ack = self.dir / "perf.ctl", self.dir / "perf.ack"
-        for fifo in (ctl, ack):
-            fifo.unlink(missing_ok=True)
-            os.mkfifo(fifo, 0o600)
-        self.fifos = [ctl, ack]
         argv = [perf, "record", "-e", "cpu-clock", "-F", str(PROFILE_FREQUENCY), "-p", str(pid),
                 "-o", str(self.dir / PERF_DATA), "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
-        self.proc = spawn_tied(argv, self.dir / PERF_LOG)
+        for attempt in range(START_ATTEMPTS):  # a second perf when the first one exits while attaching
+            (self.dir / PERF_DATA).unlink(missing_ok=True)  # else perf keeps it as perf.data.old
+            for fifo in (ctl, ack):
+                fifo.unlink(missing_ok=True)
+                os.mkfifo(fifo, 0o600)
+            self.fifos = [ctl, ack]
+            self.proc = spawn_tied(argv, self.dir / PERF_LOG)
+            try:
+                self._enable(ctl, ack)
+                return
+            except OSError as exc:
+                why = f"{exc.strerror or exc}"
+                exited = self.proc.poll() is not None
+                self.stop()
+                log.debug("host perf for %d, attempt %d: %s", pid, attempt + 1, why)
+                if not exited or attempt + 1 == START_ATTEMPTS:
+                    self.error = (f"the host's perf did not start recording: {why}"
+                                  f"{self._log_tail()}; see {PERF_LOG}")
+                    return
+
+    def _log_tail(self) -> str:
+        """perf's own last line(s), for the reason a bundle gives."""
         try:
-            self._enable(ctl, ack)
-        except OSError as exc:
-            self.error = f"the host's perf did not start recording: {exc.strerror or exc}; see {PERF_LOG}"
-            self.stop()
+            lines = (self.dir / PERF_LOG).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        tail = " / ".join(ln.strip() for ln in lines[-2:] if ln.strip())
+        return f" (perf: {tail[-300:]})" if tail else ""
 
     def _enable(self, ctl: Path, ack: Path) -> None:
         """Say ``enable`` on the control FIFO and wait for perf's ``ack`` (it records from then on)."""
@@ -142,7 +161,8 @@ class _Profiler:
             status = interrupt_group(self.proc, 60)
             # perf ends by raising the SIGINT it got once its file is written: -SIGINT is a clean end
             if status not in (0, -signal.SIGINT, 128 + signal.SIGINT) and self.error is None:
-                self.error = f"the host's perf exited with status {status}; see {PERF_LOG}"
+                what = "did not exit within 60 s of SIGINT" if status is None else f"exited with status {status}"
+                self.error = f"the host's perf {what}{self._log_tail()}; see {PERF_LOG}"
         for fifo in self.fifos:
             fifo.unlink(missing_ok=True)
 
@@ -150,7 +170,7 @@ class _Profiler:
         """``perf script`` of the recording, gzipped (symbols resolve here, on the host that recorded)."""
         data = self.dir / PERF_DATA
         if self.error is not None or not data.is_file() or data.stat().st_size == 0:
-            self.error = self.error or f"the host's perf wrote no {PERF_DATA}; see {PERF_LOG}"
+            self.error = self.error or f"the host's perf wrote no {PERF_DATA}{self._log_tail()}; see {PERF_LOG}"
             return
         try:
             res = run(["perf", "script", "-i", str(data), "-F", "tid,ip,sym,dso"], timeout=SCRIPT_TIMEOUT,

@@ -103,6 +103,17 @@ def key_paths(data: Any, prefix: str = "") -> set[str]:
     return out
 
 
+def _profile_reasons(*bundles: Path) -> str:
+    """Why a host profile is missing from a bundle, in its own words and perf's (for a failure's message)."""
+    out = []
+    for b in bundles:
+        for why in sorted(b.glob("steps/*/*/_host/*/profile-unavailable.txt")):
+            log = why.with_name("perf-record.log")
+            out.append(f"{why.relative_to(b.parent)}: {why.read_text().strip()}\n"
+                       + (log.read_text(errors="replace")[-2000:] if log.is_file() else "(no perf-record.log)"))
+    return "\n".join(out) or "no host profile is missing"
+
+
 def step_results(summary: dict[str, Any]) -> list[tuple[Any, ...]]:
     """What each step did, without its numbers (their keys are compared with the rest)."""
     return [(s["name"], s["variant"], s["status"], s["reason"], s["dir"], sorted(s["guests"]))
@@ -134,7 +145,7 @@ def test_run_on_libvirt_gives_the_qemu_backend_bundle(cli: Cli, image: object, l
     lv, qm = bundles["libvirt"], bundles["qemu"]
 
     files = bundle_files(lv)
-    assert files == bundle_files(qm)
+    assert files == bundle_files(qm), _profile_reasons(lv, qm)
     client = "steps/transfer/virtio-net-pci/client/"
     for f in ("perf.data", "perf-report-dso.txt", "mpstat.json", "stats/delta.json", "cmd-1.out"):
         assert client + f in files, f

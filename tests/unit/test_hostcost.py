@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -140,6 +141,49 @@ def test_the_host_profile_records_the_window_and_names_the_busy_thread(busy: Any
     assert profile["samples"] > 100
     # nearly every sample is the spinning thread's (the vCPU role), in the Python binary or libpython
     assert sum(profile["by_role"].get("vCPU", {}).values()) >= 0.9 * profile["samples"]
+
+
+def _flaky_perf(bin_dir: Path, failures: int) -> Path:
+    """A ``perf`` first on PATH that fails to attach ``failures`` times (as a perf does when the
+    process changes under it), then runs the real one."""
+    real = shutil.which("perf")
+    count = bin_dir / "count"
+    count.write_text("0")
+    shim = bin_dir / "perf"
+    shim.write_text(f"""#!/bin/sh
+n=$(cat {count}); echo $((n + 1)) > {count}
+if [ "$1" = record ] && [ "$n" -lt {failures} ]; then
+  echo "Error: failed to attach to thread (attempt $n)" >&2; exit 255
+fi
+exec {real} "$@"
+""")
+    shim.chmod(0o755)
+    return count
+
+
+@pytest.mark.skipif(shutil.which("perf") is None, reason="the host has no perf (apt-get install linux-perf)")
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_perf_that_fails_to_attach_is_started_again_once_and_its_words_kept(
+        busy: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int) -> None:
+    proc, tid = busy
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    count = _flaky_perf(bin_dir, failures)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    watch = HostWatch(FakeState({"a": _record("a", proc.pid)}), FakeBackend(tid), ["a"], tmp_path / "out")  # type: ignore[arg-type]
+    watch.start()
+    watch.stop()
+    d = tmp_path / "out" / "a"
+    why = d / "profile-unavailable.txt"
+    if failures == 1:  # the second perf records: the bundle has the profile, no stale file beside it
+        if why.is_file() and ("paranoid" in why.read_text() or "ermission" in why.read_text()):
+            pytest.skip(why.read_text())
+        assert not why.exists(), why.read_text()
+        assert (d / "perf-script.txt.gz").is_file() and not (d / "perf.data.old").exists()
+    else:  # both failed: the bundle says so, in perf's own words
+        assert "did not start recording" in why.read_text() and "failed to attach" in why.read_text()
+        assert not (d / "perf-script.txt.gz").exists()
+    assert count.read_text().strip() == str(2 + (failures == 1))  # two records (+ the script when it recorded)
 
 
 def test_host_profile_sorts_code_into_kinds() -> None:
