@@ -49,6 +49,7 @@ PROFILE_FREQUENCY = 499  # Hz: a sample every 2 ms of QEMU's CPU time, off the g
 ENABLE_TIMEOUT = 20.0  # s for the host's perf to attach to every thread and acknowledge
 SCRIPT_TIMEOUT = 300.0
 START_ATTEMPTS = 2
+STOP_WAIT = 60.0  # s for perf to write its file out after SIGINT
 
 
 def read_task_stats(pid: int) -> dict[str, Any] | None:
@@ -108,7 +109,7 @@ class _Profiler:
                 self._enable(ctl, ack)
                 return
             except OSError as exc:
-                why = f"{exc.strerror or exc}"
+                why = str(exc.strerror or exc)
                 exited = self.proc.poll() is not None
                 self.stop()
                 log.debug("host perf for %d, attempt %d: %s", pid, attempt + 1, why)
@@ -158,10 +159,10 @@ class _Profiler:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            status = interrupt_group(self.proc, 60)
+            status = interrupt_group(self.proc, STOP_WAIT)
             # perf ends by raising the SIGINT it got once its file is written: -SIGINT is a clean end
             if status not in (0, -signal.SIGINT, 128 + signal.SIGINT) and self.error is None:
-                what = "did not exit within 60 s of SIGINT" if status is None else f"exited with status {status}"
+                what = f"did not exit within {STOP_WAIT:.0f} s of SIGINT" if status is None else f"exited with status {status}"
                 self.error = f"the host's perf {what}{self._log_tail()}; see {PERF_LOG}"
         for fifo in self.fifos:
             fifo.unlink(missing_ok=True)
