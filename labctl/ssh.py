@@ -422,6 +422,27 @@ def run_on_host(hop: SshHop, argv: Sequence[str], timeout: float = 30.0) -> tupl
         client.close()
 
 
+def io_on_host(hop: SshHop, argv: Sequence[str], data: bytes, timeout: float = 60.0) -> tuple[int, bytes, str]:
+    """Run ``argv`` on the libvirt host ``hop`` with ``data`` on its standard input; (exit
+    status, standard output, standard error). An unreachable host or a timeout is status 255."""
+    try:
+        client = jump_client(hop, timeout)
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        return 255, b"", f"cannot log in to {hop.user}@{hop.host}:{hop.port}: {exc}"
+    try:
+        chan = client.get_transport().open_session(timeout=timeout)
+        chan.settimeout(timeout)
+        chan.exec_command(shlex.join(argv))
+        chan.sendall(data)
+        chan.shutdown_write()
+        out, err = _pump(chan, False, sys.stdout.buffer, sys.stderr.buffer, timeout)
+        return chan.recv_exit_status(), out, err.decode(errors="replace").strip()
+    except (paramiko.SSHException, OSError, EOFError, socket.timeout) as exc:
+        return 255, b"", str(exc)
+    finally:
+        client.close()
+
+
 def read_on_host(hop: SshHop, argv: Sequence[str], timeout: float = 10.0, limit: int = 1 << 22) -> str | None:
     """The standard output of ``argv`` run on the libvirt host ``hop`` (at most
     ``limit`` bytes, every wait bounded); None when that fails."""

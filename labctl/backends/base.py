@@ -39,6 +39,9 @@ class GuestPlan:
     initrd: Path  # its initramfs for the image's root file system
     host: HostPlace | None = None  # the libvirt host (None: this machine, the qemu backend)
     warm: bool = False  # started to load a post-boot snapshot (``-incoming defer``), not to boot
+    # libvirt: boots with throwaway keys (boot_host_key, boot_authorized_keys) for a shared post-boot state
+    boot_keys: bool = False
+    template: Any = None  # libvirt: the shared post-boot state it starts from (saved.Template), not a boot
 
     @property
     def overlay(self) -> Path:
@@ -86,6 +89,12 @@ class GuestPlan:
     @property
     def authorized_keys(self) -> Path:
         return self.dir / "authorized_keys"
+
+    @property
+    def boot_authorized_keys(self) -> Path:
+        """The throwaway client key's line a libvirt guest boots with when its post-boot state is
+        to be shared (``boot_keys``); labctl holds its private half (``boot_client_key``)."""
+        return self.dir / "boot_authorized_keys"
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"{h} ({placed.free_mib[h]} MiB free): {len(placed.on(h))} students" for h in placed.free_mib)))
     opts = UpOptions(accel=args.accel, boot_timeout=args.boot_timeout, cold=args.cold,
                      no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links,
-                     saved_states=True)
+                     saved_states=True, shared_states=True)
     arrivals = bring_up(record, dict(zip(students, copies)), prepared.image, prepared.kernels, opts, hosts,
                         ClassUpDisplay())
     rows: list[dict[str, Any]] = [{"student": a.student, "lab": a.lab, "accel": a.accel, "handout": str(a.handout),

@@ -1,7 +1,8 @@
 """Every student's instance of a class brought up, each with its handout (``labctl class up``).
 
 On one host the instances come up one after another: the host's CPU is what a boot waits for,
-and the first instance's post-boot snapshot is what the others start from. A class spread over
+and the first instance's post-boot snapshot is what the others start from (on a libvirt host,
+the state libvirt saved of it, with throwaway keys: :func:`labctl.up.lifecycle.shared_templates`). A class spread over
 several libvirt hosts (:mod:`.placement`) brings its hosts' instances up side by side, one
 thread per host, each host's instances one after another: N hosts take about 1/N of the time.
 
@@ -13,10 +14,12 @@ side by side, it stops every host once the instances being started are up or hav
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from labctl.errors import LabctlError
 from labctl.events import UpEvents
@@ -26,7 +29,7 @@ from labctl.lab.model import Lab
 from labctl.training.classroom import ClassRecord, is_up
 from labctl.training.grading import checks_of
 from labctl.training.handout import write_handout
-from labctl.up.lifecycle import UpOptions, up
+from labctl.up.lifecycle import UpOptions, shared_templates, up
 
 JOIN_PERIOD = 0.2
 
@@ -79,9 +82,13 @@ def bring_up(record: ClassRecord, copies: Mapping[str, Lab], image: Image, kerne
     halt = threading.Event()
     lock = threading.Lock()
 
-    def one(student: str) -> None:
+    def one(student: str, templates: dict[tuple[str, str], Any]) -> None:
         copy = copies[student]
-        state = up(copy, image, kernels, opts, events.instance(student, copy))
+        # A libvirt class: the host's first instance saves the post-boot state the next ones start from.
+        state = up(copy, image, kernels, dataclasses.replace(opts, templates=dict(templates)),
+                   events.instance(student, copy))
+        if opts.shared_states and not templates:
+            templates.update(shared_templates(state))
         config = write_handout(state, student, record.handout(student), checks_of(state))
         arrival = Arrival(student, copy.ident, state.accel, config.parent, config, hosts.get(student))
         with lock:
@@ -89,11 +96,12 @@ def bring_up(record: ClassRecord, copies: Mapping[str, Lab], image: Image, kerne
         events.arrived(arrival)
 
     def run(students: Sequence[str]) -> None:
+        templates: dict[tuple[str, str], Any] = {}  # this host's shared post-boot states
         for student in students:
             if halt.is_set():
                 return
             try:
-                one(student)
+                one(student, templates)
             except Exception as exc:  # noqa: BLE001 - raised in the caller's thread, after the others
                 with lock:
                     failures.append((student, exc))

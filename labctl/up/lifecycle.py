@@ -16,8 +16,9 @@ import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from labctl.backends import get_backend
 from labctl.backends.base import Backend, GuestPlan, GuestRecord
@@ -68,6 +69,10 @@ class UpOptions:
     cold: bool = False  # --cold: boot every guest, even where a post-boot snapshot exists
     snapshots: bool = True  # take post-boot snapshots of cold-booted guests (qemu backend)
     saved_states: bool = False  # libvirt: save each guest once up, for reset (class up; labctl.backends.libvirt.saved)
+    # libvirt, class up: one post-boot state per host and guest, saved with throwaway keys, that the
+    # next instances start from (``templates``: (guest, host name) -> saved.Template)
+    shared_states: bool = False
+    templates: dict[tuple[str, str], Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -355,6 +360,8 @@ class LabUp:
         host = plan.host
         new_keypair(plan.host_key, f"{g.name}.{self.lab.ident}")
         plan.authorized_keys.write_text(client_pub + "\n")
+        if host is not None:
+            plan = self._shared_state(plan)
         if host is None:  # the qemu backend; a libvirt host gets an overlay volume in its pool
             snap = self._snapshot_of(plan)
             if snap is not None:
@@ -370,9 +377,25 @@ class LabUp:
                 warm.boot_with_own_key(gdir)
         # A boot that becomes the snapshot with no setup commands is not logged into before the
         # snapshot: its sshd waits for the guest's own key (one sshd start fewer under TCG).
+        # (a libvirt guest has no agent: its sshd starts with the throwaway key)
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac, standby_sshd=g.name in self.throwaway
-                                                and not g.setup))
+                                                and not g.setup and host is None))
         return plan
+
+    def _shared_state(self, plan: GuestPlan) -> GuestPlan:
+        """A libvirt guest of a class: started from its host's shared post-boot state when there
+        is one (the backend boots it instead if the state's domain has another shape), else booted
+        with throwaway keys so that its post-boot state becomes that state (labctl.up.warm)."""
+        if not (self.opts.saved_states and self.opts.shared_states) or self.opts.cold or plan.host is None:
+            return plan
+        name = plan.guest.name
+        template = self.opts.templates.get((name, plan.host.name))
+        if template is not None:
+            warm.take_shared_keys(Path(template.dir), plan.dir)
+            return dataclasses.replace(plan, template=template)
+        warm.boot_shared(plan.dir, plan.boot_authorized_keys, f"labctl-boot-{secrets.token_hex(4)}")
+        self.throwaway.add(name)
+        return dataclasses.replace(plan, boot_keys=True)
 
     def _snapshot_of(self, plan: GuestPlan) -> snapshots.Snapshot | None:
         """The guest's post-boot snapshot to restore (None: it boots), noting its key."""
@@ -420,6 +443,9 @@ class LabUp:
         if name in self.warm:
             self._resume(state, name, t0, deadline)
             return
+        if rec.extra.get("started_from"):
+            self._resume_shared(state, name, t0, deadline)
+            return
         console = Path(rec.console)
         while True:
             if self._stop_waits.is_set():
@@ -452,7 +478,7 @@ class LabUp:
         setup = self.lab.guests[name].setup
         # A guest whose boot becomes the snapshot and that has no setup commands is snapshotted
         # at once: its one SSH handshake is the one with its own key (this saves one under TCG).
-        if not throwaway or setup:
+        if not throwaway or setup or self.backend.name == "libvirt":  # a libvirt state is saved once SSH answers
             with _ssh_retry(ep, deadline, self._stop_waits):
                 pass  # the guest answers SSH with the lab's key and pinned host key
             state.ready_seconds[name] = round(time.monotonic() - t0, 2)
@@ -469,7 +495,8 @@ class LabUp:
         if throwaway:
             # The snapshot (if one was taken) holds the throwaway key only: now the guest's own.
             # The agent answered (or not) a moment ago when a snapshot was tried.
-            warm.hand_over_keys(gdir, ep, agent_wait=2.0 if snapped else warm.AGENT_WAIT)
+            agent_wait = 0.0 if self.backend.name == "libvirt" else 2.0 if snapped else warm.AGENT_WAIT
+            warm.hand_over_keys(gdir, ep, agent_wait=agent_wait)
             with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
                 pass  # now with its own pinned host key
             state.ready_seconds.setdefault(name, round(time.monotonic() - t0, 2))
@@ -482,9 +509,23 @@ class LabUp:
         self.events.guest_phase(name, "saving")
         try:
             self.records[name] = saved.save(self.records[name], saved.POSTBOOT)
+            if name in self.throwaway:  # saved with throwaway keys: shared with the next instances
+                self.records[name].extra["throwaway_state"] = saved.POSTBOOT
         except LabctlError as exc:
             self._warn(f"guest {name}: its post-boot state was not saved ({exc.message}); reset will need "
                        "the lab brought up again")
+
+    def _resume_shared(self, state: LabState, name: str, t0: float, deadline: float) -> None:
+        """A libvirt guest started from a shared post-boot state: its own keys and the clock."""
+        rec = self.records[name]
+        self.events.guest_phase(name, "ssh")
+        template = self.opts.templates[(name, str(rec.extra.get("host") or "local"))]
+        state.drivers[name] = dict(template.drivers)
+        warm.hand_over_shared(Path(rec.dir), state.endpoint(name), deadline)
+        with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
+            pass  # now with its own pinned host key
+        state.ready_seconds[name] = round(time.monotonic() - t0, 2)
+        self.events.guest_phase(name, "ready")
 
     def _resume(self, state: LabState, name: str, t0: float, deadline: float) -> None:
         """A guest restored from its snapshot: load it, make it this lab's, check SSH."""
@@ -556,3 +597,18 @@ def up(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | Non
 def dry_run(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | None = None) -> list[PlannedGuest]:
     """What :func:`up` would start, with nothing made or started (``labctl up --dry-run``)."""
     return LabUp(lab, image, kernels, opts or UpOptions(), UpEvents()).dry_run()
+
+
+def shared_templates(state: LabState) -> dict[tuple[str, str], Any]:
+    """(guest, host name) -> the shared post-boot state each guest of ``state`` (a libvirt class
+    instance, just up) saved with throwaway keys: what the next instances on its host start from."""
+    if state.backend != "libvirt":
+        return {}
+    from labctl.backends.libvirt import saved
+
+    out: dict[tuple[str, str], Any] = {}
+    for name, rec in state.guests.items():
+        template = saved.template_of(rec, state.lab, state.drivers.get(name, {}))
+        if template is not None:
+            out[(name, template.host)] = template
+    return out

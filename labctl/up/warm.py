@@ -38,6 +38,9 @@ from labctl.up.snapshots import Snapshot
 AGENT_WAIT = 20.0  # the agent starts in the background at boot (it loads virtio_console first)
 STANDBY_WAIT = 20.0  # the agent starts a standby sshd (0.4-0.6 s under TCG, more on a busy host)
 HOST_KEY, BOOT_KEY, BOOT_KNOWN_HOSTS = "ssh_host_ed25519_key", "boot_host_key", "boot_known_hosts"
+# A libvirt class's shared post-boot state (labctl.backends.libvirt.saved.Template): the throwaway
+# client key it authorizes (private, never in a handout) and its throwaway host key's public line.
+SHARED_CLIENT_KEY, SHARED_HOST_PUB = "shared_client_key", "shared_host_key.pub"
 
 
 def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -> None:
@@ -124,8 +127,55 @@ def write_boot_known_hosts(guest_dir: Path, port: int) -> None:
 
 
 def boot_endpoint(ep: Endpoint, guest_dir: Path) -> Endpoint:
-    """``ep`` pinning the throwaway boot key instead of the guest's own."""
-    return dataclasses.replace(ep, known_hosts=guest_dir / BOOT_KNOWN_HOSTS)
+    """``ep`` pinning the throwaway boot key instead of the guest's own (and logging in with
+    the throwaway client key of a shared libvirt state, when the guest has one)."""
+    shared = guest_dir / SHARED_CLIENT_KEY
+    return dataclasses.replace(ep, known_hosts=guest_dir / BOOT_KNOWN_HOSTS,
+                               key=shared if shared.exists() else ep.key)
+
+
+def boot_shared(guest_dir: Path, authorized_keys: Path, comment: str) -> None:
+    """Throwaway keys for a libvirt boot whose post-boot state is to be shared: a host key
+    (``boot_host_key``, its public line kept as ``shared_host_key.pub``) and a client key
+    (``shared_client_key``, its line in ``authorized_keys``, which the guest boots with)."""
+    line = boot_with_throwaway(guest_dir, comment)
+    atomic_write(guest_dir / SHARED_HOST_PUB, line + "\n", 0o600)
+    client = new_keypair(guest_dir / SHARED_CLIENT_KEY, comment)
+    atomic_write(authorized_keys, client.public_line + "\n", 0o600)
+
+
+def take_shared_keys(template_dir: Path, guest_dir: Path) -> None:
+    """The throwaway keys of the shared state a guest is to start from (``template_dir``: the
+    guest that saved it), to hand it its own keys with. :raise GuestError: when they are gone."""
+    try:
+        for name in (SHARED_CLIENT_KEY, SHARED_HOST_PUB):
+            atomic_write(guest_dir / name, (template_dir / name).read_bytes(), 0o600)
+    except OSError as exc:
+        raise GuestError(f"the shared post-boot state's keys are gone from {template_dir}: {exc}") from exc
+
+
+def hand_over_shared(guest_dir: Path, ep: Endpoint, deadline: float) -> None:
+    """A libvirt guest restored from a shared post-boot state (it answers with the state's
+    throwaway keys): its own host key and the lab's client key, and the host's clock, over SSH.
+
+    :raise GuestError: when that fails until ``deadline``.
+    """
+    line = (guest_dir / SHARED_HOST_PUB).read_text().strip()
+    atomic_write(guest_dir / BOOT_KNOWN_HOSTS, known_hosts_line(ep.port, line) + "\n", 0o600)
+    boot_ep = dataclasses.replace(ep, key=guest_dir / SHARED_CLIENT_KEY, known_hosts=guest_dir / BOOT_KNOWN_HOSTS)
+    keys = agent.keys_command(*own_keys(guest_dir))
+    try:
+        while True:
+            try:
+                _keys_over_ssh(boot_ep, keys, max(1.0, min(30.0, deadline - time.monotonic())), clock=True)
+                return
+            except (GuestError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise GuestError(f"guest {ep.guest}: its own keys could not be handed over after its "
+                                     f"restore: {exc}") from exc
+                time.sleep(0.2)
+    finally:
+        (guest_dir / BOOT_KNOWN_HOSTS).unlink(missing_ok=True)
 
 
 def own_keys(guest_dir: Path) -> tuple[bytes, bytes]:
@@ -152,21 +202,24 @@ def hand_over_keys(guest_dir: Path, boot_ep: Endpoint, agent_wait: float, timeou
         (guest_dir / BOOT_KNOWN_HOSTS).unlink(missing_ok=True)
 
 
-def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float) -> None:
-    """The agent's ``keys`` (guest/init) done over SSH, the throwaway boot key pinned."""
+def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = False) -> None:
+    """The agent's ``keys`` (guest/init) done over SSH, the throwaway boot key pinned; with
+    ``clock``, the guest's wall clock set to the host's first (after a libvirt restore)."""
     _, kind, blob, pem = keys.split(" ")
     host_key = " ".join(shlex.quote(x) for x in
                         ["-----BEGIN OPENSSH PRIVATE KEY-----", *pem.split(","), "-----END OPENSSH PRIVATE KEY-----"])
-    # What the agent does (guest/init), as one shell command: sshd re-executes itself on SIGHUP
-    # and writes its pid file again once it listens.
-    script = (f"umask 077 && printf '%s\\n' {shlex.quote(kind + ' ' + blob)} > /root/.ssh/authorized_keys && "
-              f"printf '%s\\n' {host_key} > /etc/ssh/ssh_host_ed25519_key && "
-              # a standby sshd that took over reads its key from this file (guest/init)
-              f"{{ [ ! -f /run/labctl-sshd/host_key ] || printf '%s\\n' {host_key} "
-              "> /run/labctl-sshd/host_key; } && "
-              "read -r pid < /run/sshd.pid && : > /run/sshd.pid && kill -HUP \"$pid\" && "
-              "for i in $(seq 500); do read -r pid < /run/sshd.pid; [ -n \"$pid\" ] && exit 0; sleep 0.01; done; exit 1")
     with Session(boot_ep, timeout=timeout) as s:
+        now = time.time_ns()  # once logged in: the clock is set within this session's round trip
+        # What the agent does (guest/init), as one shell command: sshd re-executes itself on SIGHUP
+        # and writes its pid file again once it listens.
+        script = (f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null && " if clock else "") + (
+            f"umask 077 && printf '%s\\n' {shlex.quote(kind + ' ' + blob)} > /root/.ssh/authorized_keys && "
+            f"printf '%s\\n' {host_key} > /etc/ssh/ssh_host_ed25519_key && "
+            # a standby sshd that took over reads its key from this file (guest/init)
+            f"{{ [ ! -f /run/labctl-sshd/host_key ] || printf '%s\\n' {host_key} "
+            "> /run/labctl-sshd/host_key; } && "
+            "read -r pid < /run/sshd.pid && : > /run/sshd.pid && kill -HUP \"$pid\" && "
+            "for i in $(seq 500); do read -r pid < /run/sshd.pid; [ -n \"$pid\" ] && exit 0; sleep 0.01; done; exit 1")
         res = s.run(script, timeout=timeout)
     if res.status != 0:
         raise GuestError(f"guest {boot_ep.guest}: installing its host key failed (status {res.status}): "

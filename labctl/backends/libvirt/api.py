@@ -70,6 +70,28 @@ def host_command(host: HostPlace, argv: list[str], what: str, timeout: float = 3
         raise HostError(f"could not {what} on {where(host.uri, host.name)}: {err or f'exit status {status}'}")
 
 
+def host_io(host: HostPlace, argv: list[str], what: str, data: bytes = b"", timeout: float = 60.0) -> bytes:
+    """Run ``argv`` on ``host`` with ``data`` on its standard input; its standard output.
+
+    :raise HostError: when the host cannot be reached or the command fails.
+    """
+    hop = host.ssh_hop
+    if hop is None:
+        try:
+            res = run(argv, timeout=timeout, input=data, check=False)
+        except ProcessError as exc:
+            status, out, err = 255, b"", exc.message
+        else:
+            status, out, err = res.returncode, res.stdout, res.stderr.decode(errors="replace").strip()
+    else:
+        from labctl.ssh import io_on_host
+
+        status, out, err = io_on_host(hop, argv, data, timeout)
+    if status != 0:
+        raise HostError(f"could not {what} on {where(host.uri, host.name)}: {err or f'exit status {status}'}")
+    return out
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """What labctl learns once from a host's capabilities."""

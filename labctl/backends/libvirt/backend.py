@@ -35,7 +35,7 @@ from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
 from labctl.backends.base import GuestPlan, GuestRecord, NetDir
-from labctl.backends.libvirt import storage
+from labctl.backends.libvirt import saved, saveimage, storage
 from labctl.backends.libvirt.binding import binding
 from labctl.backends.libvirt.host import QemuUser
 from labctl.backends.libvirt.saved import attach_console
@@ -209,20 +209,27 @@ class LibvirtBackend:
             self._host_dir(plan.dir, host, hostfs.guest_run_dir(name), facts.user, replace=True)
             xml = domain_xml(plan, facts.user, facts.models, files)
             (plan.dir / "domain.xml").write_text(xml)
-            dom = self._create(conn, plan, host, name, xml, lv.VIR_DOMAIN_START_PAUSED)
+            # A guest of the same machine as the shared state's starts from it; any other boots.
+            started_from = plan.template is not None and saveimage.shape(xml, plan.lab) == plan.template.shape
+            if started_from:
+                dom = self._start_from(conn, plan, host, name, files.disk)
+            else:
+                dom = self._create(conn, plan, host, name, xml, lv.VIR_DOMAIN_START_PAUSED)
             uuid = dom.UUIDString()
             relay = self._attach_console(plan, host, uuid)
             dom.resume()
         pid = 0 if host.remote else qemu_pid(name)
         argv = pid_cmdline(pid) if pid else []
         hop = host.ssh_hop
+        shared = {"saved": [saved.POSTBOOT], "throwaway_state": saved.POSTBOOT,
+                  "started_from": plan.template.ident} if started_from else {}
         return GuestRecord(name=plan.guest.name, backend=self.name, pid=pid, dir=str(plan.dir),
                            console=str(plan.console), qmp="", ssh_port=plan.ssh_port, accel=plan.accel,
                            argv=argv or xml.splitlines(), gdb=files.gdb_socket,
                            extra={"uri": host.uri, "host": host.name, "domain": name, "uuid": uuid,
                                   "remote": host.remote, "relay_pid": relay, "qemu_user": facts.user.label,
                                   "ssh_via": hop.to_dict() if hop else None,
-                                  "volumes": [files.disk, *files.fw_cfg.values()]})
+                                  "volumes": [files.disk, *files.fw_cfg.values()], **shared})
 
     def _create(self, conn: Any, plan: GuestPlan, host: HostPlace, name: str, xml: str, flags: int) -> Any:
         """Create the transient domain, journaled first.
@@ -236,6 +243,17 @@ class LibvirtBackend:
         except binding().libvirtError as exc:
             raise MachineError(f"libvirt ({where(host.uri, host.name)}) could not start guest "
                                f"{plan.guest.name} as domain {name}: {message(exc)}") from exc
+
+    def _start_from(self, conn: Any, plan: GuestPlan, host: HostPlace, name: str, disk: str) -> Any:
+        """The domain restored (paused) from the shared post-boot state ``plan.template``,
+        journaled first.
+
+        :raise MachineError: when libvirt refuses it.
+        """
+        record_owned(plan.dir, {"backend": self.name, "kind": "domain", "uri": host.uri, "host": host.name,
+                                "name": name, "run_dir": str(plan.dir)})
+        return saved.start_from(conn, plan.template, host, plan.dir, plan.guest.name, name, plan.lab,
+                                plan.ssh_port, disk)
 
     def _volumes(self, conn: Any, pool: Any, plan: GuestPlan, host: HostPlace, img: storage.HostImage,
                  user: QemuUser) -> DomainFiles:
@@ -251,7 +269,9 @@ class LibvirtBackend:
 
         disk = make(disk_volume(plan),
                     lambda v: storage.create_overlay(pool, v, img.rootfs, img.rootfs_size, owner))
-        local = dict(zip(FW_CFG_NAMES, (plan.config, plan.authorized_keys, plan.host_key), strict=True))
+        keys = (plan.boot_authorized_keys, plan.boot_host_key) if plan.boot_keys else (plan.authorized_keys,
+                                                                                      plan.host_key)
+        local = dict(zip(FW_CFG_NAMES, (plan.config, *keys), strict=True))
         fw_cfg = {entry: make(vol, lambda v, p=local[entry]: storage.upload_bytes(conn, pool, v, p.read_bytes(),
                                                                                  owner=owner))
                   for entry, vol in fw_cfg_volumes(plan).items()}

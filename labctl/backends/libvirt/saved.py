@@ -15,9 +15,19 @@ where it was, its console appended to the same log. Restoring puts the
 overlay copy back in place of the guest's disk and restores the machine,
 paused until the console relay is attached again.
 
-The state is the guest's own: it holds the instance's own host key and
-is never used by another instance. A restored guest's wall clock starts
-from where it was when the state was saved (as after a qemu-backend reset).
+A state saved by ``reset`` and checkpoints is the guest's own: it holds the
+instance's own host key and is never used by another instance. A restored
+guest's wall clock starts from where it was when the state was saved (as
+after a qemu-backend reset).
+
+A class's post-boot state is shared instead (warm start, :class:`Template`):
+the first instance on a host boots with throwaway keys (a host key and a
+client key no student ever gets), its post-boot state is saved with those,
+and it is then handed its own keys over SSH. Every later instance of that
+host starts from a copy of that state whose header names it
+(:mod:`.saveimage`), with a copy of the disk, and is handed its own keys the
+same way; so is any guest restored from such a state (``throwaway_state``
+in its record). No instance's own key is in a shared state.
 """
 
 from __future__ import annotations
@@ -25,7 +35,9 @@ from __future__ import annotations
 import re
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
 from labctl.backends.base import GuestRecord
@@ -35,12 +47,14 @@ from labctl.backends.libvirt.api import (
     connection,
     destroy,
     host_command,
+    host_io,
     lookup,
     message,
     qemu_pid,
     wait_gone,
     where,
 )
+from labctl.backends.libvirt import saveimage
 from labctl.backends.libvirt.binding import binding
 from labctl.backends.owned import record as record_owned
 from labctl.errors import MachineError
@@ -64,19 +78,98 @@ def _files(rec: GuestRecord, label: str) -> tuple[str, str, str]:
 
 
 def _states_dir(rec: GuestRecord) -> str:
-    return hostfs.guest_run_dir(str(rec.extra["domain"])) + ".saved"
+    return states_dir(str(rec.extra["domain"]))
+
+
+def states_dir(domain: str) -> str:
+    """Root's directory of a domain's saved states on its host."""
+    return hostfs.guest_run_dir(domain) + ".saved"
 
 
 def _make_states_dir(rec: GuestRecord, host: HostPlace) -> None:
-    """Root's 0700 directory for the guest's states on its host, journaled first.
+    make_states_dir(Path(rec.dir), rec.name, str(rec.extra["domain"]), host)
+
+
+def make_states_dir(guest_dir: Path, guest: str, domain: str, host: HostPlace) -> str:
+    """Root's 0700 directory for the guest's states on its host, journaled first; its path.
 
     :raise HostError: when the host cannot make it.
     """
-    path = _states_dir(rec)
-    record_owned(Path(rec.dir), {"backend": "libvirt", "kind": "host-dir", "uri": host.uri, "host": host.name,
-                                 "path": path})
+    path = states_dir(domain)
+    record_owned(guest_dir, {"backend": "libvirt", "kind": "host-dir", "uri": host.uri, "host": host.name,
+                             "path": path})
     host_command(host, ["sh", "-c", 'mkdir -p -m 0700 -- "$1" && chown 0:0 -- "$1" && chmod 0700 -- "$1"',
-                        "sh", path], f"make {path} for the saved states of guest {rec.name}")
+                        "sh", path], f"make {path} for the saved states of guest {guest}")
+    return path
+
+
+@dataclass(frozen=True)
+class Template:
+    """A guest's post-boot state saved with throwaway keys, that the same guest of other
+    instances on its host starts from (``class up``)."""
+
+    host: str  # the host's name in the lab ("local" without hosts)
+    uri: str
+    ident: str  # the instance that saved it
+    guest: str
+    save: str  # the save file and the disk copy, on the host
+    disk: str
+    shape: str  # the domain's shape (saveimage.shape): only a guest of the same shape starts from it
+    dir: str  # that guest's run directory here: its throwaway keys (labctl.up.warm's SHARED_*)
+    drivers: dict[str, str]  # its NICs' drivers, as its boot reported them
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def template_of(rec: GuestRecord, ident: str, drivers: dict[str, str]) -> Template | None:
+    """The shared post-boot state ``rec`` (a guest of instance ``ident``) saved, if any."""
+    if rec.extra.get("throwaway_state") != POSTBOOT or not has_state(rec, POSTBOOT):
+        return None
+    try:
+        xml = (Path(rec.dir) / "domain.xml").read_text()
+    except OSError:
+        return None
+    state, copy, _disk = _files(rec, POSTBOOT)
+    return Template(str(rec.extra.get("host") or "local"), str(rec.extra["uri"]), ident, rec.name, state, copy,
+                    saveimage.shape(xml, ident), rec.dir, dict(drivers))
+
+
+def start_from(conn: Any, template: Template, host: HostPlace, guest_dir: Path, guest: str, domain: str,
+               ident: str, ssh_port: int, disk: str) -> Any:
+    """Start domain ``domain`` (guest ``guest`` of instance ``ident``) paused from ``template``:
+    a copy of its state naming this domain becomes the guest's own post-boot state (with a copy
+    of its disk, also put in place of ``disk``), and libvirt restores it; the domain.
+
+    :raise MachineError: when the template cannot be read or rewritten, or libvirt refuses it.
+        :raise HostError: when the host cannot copy it.
+    """
+    base = make_states_dir(guest_dir, guest, domain, host)
+    state, copy = f"{base}/{POSTBOOT}.save", f"{base}/{POSTBOOT}.qcow2"
+    where_ = where(host.uri, host.name)
+    blob = host_io(host, ["head", "-c", str(saveimage.READ_FIRST), "--", template.save],
+                   f"read the saved state of guest {template.guest} of {template.ident}")
+    try:
+        header = saveimage.parse(blob)
+        new = saveimage.rewrite(header, saveimage.retarget(header.xml, template.ident, ident, ssh_port))
+    except (saveimage.SaveImageError, UnicodeDecodeError) as exc:
+        raise MachineError(f"guest {guest}: the post-boot state of {template.ident} on {where_} "
+                           f"cannot start it: {exc}") from exc
+    host_io(host, ["sh", "-c", 'cp --sparse=always -- "$1" "$2" && '
+                   'dd of="$2" bs="$3" count=1 conv=notrunc iflag=fullblock status=none && '
+                   'cp --sparse=always -- "$4" "$5" && cp --sparse=always -- "$4" "$6"',
+                   "sh", template.save, state, str(len(new)), template.disk, copy, disk],
+            f"copy the post-boot state of {template.ident} for guest {guest}", data=new, timeout=120.0)
+    lv = binding()
+    try:
+        conn.restoreFlags(state, None, lv.VIR_DOMAIN_SAVE_PAUSED)
+    except lv.libvirtError as exc:
+        raise MachineError(f"libvirt ({where_}) could not start guest {guest} from the post-boot state "
+                           f"of {template.ident}: {message(exc)}") from exc
+    dom = lookup(conn, domain)
+    if dom is None:
+        raise MachineError(f"guest {guest}: domain {domain} vanished after its restore")
+    return dom
 
 
 def has_state(rec: GuestRecord, label: str) -> bool:
