@@ -5,8 +5,11 @@ hosts, `class reset` of one student's guest (from the state libvirt saved on its
 CLI, as a trainer runs them. Beside them, `up` + `down` of the same lab with `--save-state` and
 without, which tells what saving the post-boot state adds to a guest's start.
 
-The same class on the first host alone is timed too: a spread class's hosts bring their
-instances up side by side, one host's come up one after another.
+The same class on the first host alone is timed too, warm and with `--cold`: a spread class's
+hosts bring their instances up side by side, one host's come up one after another; warm, each
+host's first instance boots and the others start from its post-boot state (`--cold`: every
+instance boots, as before libvirt classes had warm start). Each instance's own time to ready
+(`ready_seconds`) is read from its state, booted or started from a state.
 
 Usage: python benchmarks/libvirt_class.py [--students N] [--resets N] [--uri URI]... [--json]
 
@@ -40,6 +43,16 @@ def labctl(*args: str, env: dict[str, str]) -> tuple[float, subprocess.Completed
     return took, res
 
 
+def _instances(state_dir: Path, lab: str, students: list[str]) -> dict[str, str]:
+    """student -> how its guest started ("boot" or "from STUDENT") and its seconds to ready."""
+    out = {}
+    for s in students:
+        st = json.loads((state_dir / "labs" / f"{lab}@{s}" / "state.json").read_text())
+        origin = st["guests"]["a"]["extra"].get("started_from")
+        out[s] = f"{'boot' if not origin else 'from ' + origin.rsplit('@', 1)[1]} {st['ready_seconds']['a']} s"
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--students", type=int, default=4)
@@ -70,15 +83,19 @@ def main() -> int:
     one = work / "one-host.yaml"
     one.write_text(f"name: {name}-one\nhosts:\n  h1: {{uri: \"{uris[0]}\"}}\nnetworks: {{}}\n"
                    "guests:\n  a: {memory: 256}\n")
-    took, _ = labctl("class", "up", str(one), "--roster", str(roster), "--out", str(work / "handouts-one"),
-                     "--accel", "tcg", *extra, env=env)
-    figures["class_up_one_host_s"] = round(took, 2)
-    labctl("class", "down", "--lab", f"{name}-one", env=env)
+    for cold in (["--cold"], []):
+        took, _ = labctl("class", "up", str(one), "--roster", str(roster), "--out",
+                         str(work / f"handouts-one{len(cold)}"), "--accel", "tcg", *cold, *extra, env=env)
+        figures["class_up_one_host_cold_s" if cold else "class_up_one_host_s"] = round(took, 2)
+        if not cold:
+            figures["instances_one_host"] = _instances(work / "state", f"{name}-one", students)
+        labctl("class", "down", "--lab", f"{name}-one", env=env)
 
     took, res = labctl("class", "up", str(lab), "--roster", str(roster), "--out", str(work / "handouts"),
                        "--accel", "tcg", "--json", *extra, env=env)
     figures["class_up_s"] = round(took, 2)
     figures["placement"] = {r["student"]: r["host"] for r in json.loads(res.stdout)["students"]}
+    figures["instances"] = _instances(work / "state", name, students)
     try:
         resets = []
         for _ in range(args.resets):
@@ -98,7 +115,10 @@ def main() -> int:
     print(f"class of {args.students} one-guest students over {', '.join(uris)}")
     print(f"  placement: {figures['placement']}")
     print(f"  class up {figures['class_up_s']} s over the hosts side by side, "
-          f"{figures['class_up_one_host_s']} s on {uris[0]} alone; class down {figures['class_down_s']} s")
+          f"{figures['class_up_one_host_s']} s on {uris[0]} alone "
+          f"({figures['class_up_one_host_cold_s']} s with --cold); class down {figures['class_down_s']} s")
+    print(f"  each instance, side by side: {figures['instances']}")
+    print(f"  each instance, one host: {figures['instances_one_host']}")
     print(f"  up + down of one guest: {figures['up_plain_s']} s plain, {figures['up_saved_s']} s with --save-state")
     rs = figures["class_reset_s"]
     print(f"  class reset (whole command) median {statistics.median(rs)} s of {rs}; "  # type: ignore[arg-type]

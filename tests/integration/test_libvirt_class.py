@@ -1,6 +1,7 @@
 """A class spread over two libvirt hosts: this machine's qemu:///system and a qemu+ssh:// host
 (the same libvirtd through an sshd on 127.0.0.1, as in test_libvirt_hosts). Four students,
-each instance whole on the host with the most memory left; their handouts reach each guest
+each instance whole on the host with the most memory left, the second on each host started from
+the first's post-boot state (saved with throwaway keys), each with its own keys; their handouts reach each guest
 with plain OpenSSH (through the host's sshd for the remote ones); one student's guest is
 crashed and reset from the state libvirt saved once it was up (its disk and clock checked), and
 everyone's checks run; a checkpoint of another is saved and restored on its host;
@@ -90,8 +91,13 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         local = [s for s in STUDENTS if rows[s]["host"] == "h1"][0]
         ci, ki = STUDENTS.index(crash), STUDENTS.index(kept)
         monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
+        # each host's first instance (ann, bea) booted and saved the post-boot state, with throwaway keys,
+        # that the next one there (cid, dan) started from: a copy whose libvirt header names it
+        starts = {s: LabState.load(i).guests["a"].extra.get("started_from") for s, i in zip(STUDENTS, idents)}
+        assert starts == {"ann": None, "bea": None, "cid": idents[0], "dan": idents[1]}, starts
         for ident in idents:  # each guest's post-boot state, saved by libvirt on its host
-            assert LabState.load(ident).guests["a"].extra["saved"] == ["postboot"], ident
+            extra = LabState.load(ident).guests["a"].extra
+            assert (extra["saved"], extra["throwaway_state"]) == (["postboot"], "postboot"), ident
             saved = RUN_ROOT / f"labctl-{ident}-a.saved"  # root's, not QEMU's user's
             st = saved.stat()
             assert (st.st_uid, st.st_mode & 0o777) == (0, 0o700), oct(st.st_mode)
@@ -108,6 +114,20 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         for s in STUDENTS:  # plain OpenSSH from the handout, through h2's sshd for the remote two
             res = _ssh(out / s, "hostname")
             assert res.returncode == 0 and res.stdout.strip() == "a", f"{s}: {res.stdout}{res.stderr}"
+        # every guest has its own host key (each handout pins its own and logs in above); a student's key, or the
+        # shared state's throwaway one, opens no other student's guest
+        pins = {(out / s / "known_hosts").read_text().split()[-1] for s in STUDENTS}
+        assert len(pins) == 4, pins
+        started = "cid" if rows["cid"]["host"] == "h1" else "dan"
+        template = {"cid": "ann", "dan": "bea"}[started]
+        port = LabState.load(idents[STUDENTS.index(started)]).guests["a"].ssh_port
+        gdir = cli.state_dir / "labs" / idents[STUDENTS.index(started)] / "guests" / "a"
+        for key in (out / template / "id_ed25519", gdir / "shared_client_key", out / started / "id_ed25519"):
+            res = subprocess.run(["ssh", "-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes",
+                                  "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                                  "-o", "BatchMode=yes", "-p", str(port), "root@127.0.0.1", "true"],
+                                 capture_output=True, text=True, timeout=60, check=False)
+            assert res.returncode == (0 if key.parent.name == started else 255), (key, res.stderr)
         proxied = (out / crash / "ssh_config").read_text()
         assert "ProxyCommand" in proxied and "ProxyCommand" not in (out / local / "ssh_config").read_text()
 
@@ -156,6 +176,13 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         done = cli("class", "check", "--json")
         assert done.returncode == 0, done.stdout + done.stderr
         assert json.loads(done.stdout)["done"] == 4
+
+        # an instance that started from another's state is reset to it, with its own keys and the host's clock
+        assert _ssh(out / started, "touch /root/later").returncode == 0
+        cli("class", "reset", started, check=True, timeout=300)
+        assert _ssh(out / started, "test -f /root/done || test -f /root/later").returncode == 1
+        assert _clock_off(out / started) < 3.0
+        assert _ssh(out / started, "touch /root/done").returncode == 0
 
         # a checkpoint of the other remote student's lab (on h2), saved and restored by libvirt there
         saved = cli("checkpoint", "save", idents[ki], "c1", check=True)
