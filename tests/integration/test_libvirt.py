@@ -34,7 +34,8 @@ def test_quickstart_on_libvirt(cli: Cli, image: object, libvirtd: None, tmp_path
     lab = tmp_path / "quickstart.yaml"
     lab.write_text(LAB.read_text().replace("name: quickstart\n", f"name: {NAME}\n", 1))
     assert _lab_domains() == []
-    up = cli("up", str(lab), "--backend", "libvirt", "--accel", "tcg")
+    # --save-state: each guest's own post-boot state (its own keys: not a class's shared one), for reset
+    up = cli("up", str(lab), "--backend", "libvirt", "--accel", "tcg", "--save-state")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         assert sorted(_lab_domains()) == [f"labctl-{NAME}-{g}" for g in "abc"]
@@ -51,6 +52,16 @@ def test_quickstart_on_libvirt(cli: Cli, image: object, libvirtd: None, tmp_path
                 if other != name:
                     ping = cli("exec", NAME, name, "--", "ping", "-c", "2", "-W", "3", ip)
                     assert ping.returncode == 0, f"{name} -> {other}: {ping.stdout}{ping.stderr}"
+
+        state = json.loads((cli.state_dir / "labs" / NAME / "state.json").read_text())
+        assert {g: (r["extra"]["saved"], r["extra"].get("throwaway_state")) for g, r in state["guests"].items()} \
+            == {g: (["postboot"], None) for g in "abc"}
+        cli("exec", NAME, "c", "--", "touch /root/later", check=True)
+        reset = cli("reset", NAME, "c", timeout=300)
+        assert reset.returncode == 0, reset.stdout + reset.stderr
+        assert cli("exec", NAME, "c", "--", "test -e /root/later").returncode == 1
+        back = cli("exec", NAME, "c", "--", "ping", "-c", "2", "-W", "3", ADDRS["a"])
+        assert back.returncode == 0, back.stdout + back.stderr
     finally:
         down = cli("down", NAME)
     assert down.returncode == 0, down.stderr
