@@ -85,7 +85,7 @@ def bring_up(record: ClassRecord, copies: Mapping[str, Lab], image: Image, kerne
     def one(student: str, templates: dict[tuple[str, str], Any]) -> None:
         copy = copies[student]
         # A libvirt class: the host's first instance saves the post-boot state the next ones start from.
-        state = up(copy, image, kernels, dataclasses.replace(opts, templates=dict(templates)),
+        state = up(copy, image, kernels, dataclasses.replace(opts, templates=dict(templates)) if templates else opts,
                    events.instance(student, copy))
         if opts.shared_states and not templates:
             templates.update(shared_templates(state))

@@ -14,6 +14,7 @@ import pytest
 from labctl.errors import GuestError
 from labctl.training import roomup
 from labctl.training.classroom import ClassRecord
+from labctl.up.lifecycle import UpOptions
 
 STUDENTS = ["ann", "bea", "cid", "dan"]
 
@@ -61,7 +62,7 @@ def test_one_host_one_after_another_in_the_callers_thread(monkeypatch: pytest.Mo
     record, copies = _setup(monkeypatch, tmp_path,
                             lambda s: seen.append((s, threading.current_thread().name)))
     events = Recorder()
-    got = roomup.bring_up(record, copies, None, {}, None, {}, events)  # type: ignore[arg-type]
+    got = roomup.bring_up(record, copies, None, {}, UpOptions(), {}, events)  # type: ignore[arg-type]
     assert [a.student for a in got] == STUDENTS and events.side_by_side is False
     assert seen == [(s, threading.current_thread().name) for s in STUDENTS]
     assert got[1] == roomup.Arrival("bea", "room@bea", "tcg", tmp_path / "bea", tmp_path / "bea" / "ssh_config", None)
@@ -79,10 +80,32 @@ def test_a_spread_class_brings_its_hosts_up_side_by_side(monkeypatch: pytest.Mon
     record, copies = _setup(monkeypatch, tmp_path, fake)
     hosts = {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}
     events = Recorder()
-    got = roomup.bring_up(record, copies, None, {}, None, hosts, events)  # type: ignore[arg-type]
+    got = roomup.bring_up(record, copies, None, {}, UpOptions(), hosts, events)  # type: ignore[arg-type]
     assert events.side_by_side is True
     assert [(a.student, a.host) for a in got] == list(hosts.items())  # roster order, whoever came first
     assert order.index("cid") > order.index("ann") and order.index("dan") > order.index("bea")  # each host in turn
+
+
+def test_each_hosts_first_instance_gives_its_shared_states_to_the_next_ones_there(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    record, copies = _setup(monkeypatch, tmp_path, lambda s: None)
+    given: dict[str, Any] = {}
+    plain = roomup.up
+
+    def up(copy: Any, image: Any, kernels: Any, opts: UpOptions, events: Any) -> Any:
+        given[copy.student] = dict(opts.templates)
+        return plain(copy, image, kernels, opts, events)
+
+    monkeypatch.setattr(roomup, "up", up)
+    # what the first instance on a host saved (lifecycle.shared_templates reads it from its state)
+    monkeypatch.setattr(roomup, "shared_templates",
+                        lambda state: {("a", "h1" if state.ident in ("room@ann", "room@cid") else "h2"): state.ident})
+    hosts = {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}
+    roomup.bring_up(record, copies, None, {}, UpOptions(shared_states=True), hosts)  # type: ignore[arg-type]
+    assert given == {"ann": {}, "bea": {}, "cid": {("a", "h1"): "room@ann"}, "dan": {("a", "h2"): "room@bea"}}
+    given.clear()
+    roomup.bring_up(record, copies, None, {}, UpOptions(), hosts)  # type: ignore[arg-type]
+    assert given == {s: {} for s in STUDENTS}  # without shared states (the qemu backend, --cold), none
 
 
 def test_a_failure_stops_every_host_and_says_how_many_are_up(monkeypatch: pytest.MonkeyPatch,
@@ -102,7 +125,7 @@ def test_a_failure_stops_every_host_and_says_how_many_are_up(monkeypatch: pytest
 
     record, copies = _setup(monkeypatch, tmp_path, fake)
     with pytest.raises(GuestError) as err:
-        roomup.bring_up(record, copies, None, {}, None,  # type: ignore[arg-type]
+        roomup.bring_up(record, copies, None, {}, UpOptions(),  # type: ignore[arg-type]
                         {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}, events)
     assert "cid" not in started and "dan" not in started  # bea's up finished; nothing after it started
     assert err.value.hint and "student 'ann' failed; 1 instances are up" in err.value.hint
@@ -120,7 +143,7 @@ def test_one_host_stops_at_the_first_failure(monkeypatch: pytest.MonkeyPatch, tm
 
     record, copies = _setup(monkeypatch, tmp_path, fake)
     with pytest.raises(GuestError, match="no") as err:
-        roomup.bring_up(record, copies, None, {}, None, {})  # type: ignore[arg-type]
+        roomup.bring_up(record, copies, None, {}, UpOptions(), {})  # type: ignore[arg-type]
     assert started == ["ann", "bea"]
     assert err.value.hint and "student 'bea' failed; 1 instances are up" in err.value.hint
 
@@ -144,7 +167,7 @@ def test_ctrl_c_waits_for_the_instances_being_started_and_starts_no_more(monkeyp
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            roomup.bring_up(record, copies, None, {}, None,  # type: ignore[arg-type]
+            roomup.bring_up(record, copies, None, {}, UpOptions(),  # type: ignore[arg-type]
                             {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}, events)
     finally:
         signal.signal(signal.SIGINT, previous)
