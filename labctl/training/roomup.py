@@ -2,7 +2,7 @@
 
 On one host the instances come up one after another: the host's CPU is what a boot waits for,
 and the first instance's post-boot snapshot is what the others start from (on a libvirt host,
-the state libvirt saved of it, with throwaway keys: :func:`labctl.up.lifecycle.shared_templates`). A class spread over
+the state libvirt saved of it, with throwaway keys: :func:`labctl.up.warm.shared_templates`). A class spread over
 several libvirt hosts (:mod:`.placement`) brings its hosts' instances up side by side, one
 thread per host, each host's instances one after another: N hosts take about 1/N of the time.
 
@@ -29,7 +29,8 @@ from labctl.lab.model import Lab
 from labctl.training.classroom import ClassRecord, is_up
 from labctl.training.grading import checks_of
 from labctl.training.handout import write_handout
-from labctl.up.lifecycle import UpOptions, shared_templates, up
+from labctl.up.lifecycle import UpOptions, up
+from labctl.up.warm import shared_templates
 
 JOIN_PERIOD = 0.2
 

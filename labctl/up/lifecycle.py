@@ -597,18 +597,3 @@ def up(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | Non
 def dry_run(lab: Lab, image: Image, kernels: dict[str, Kernel], opts: UpOptions | None = None) -> list[PlannedGuest]:
     """What :func:`up` would start, with nothing made or started (``labctl up --dry-run``)."""
     return LabUp(lab, image, kernels, opts or UpOptions(), UpEvents()).dry_run()
-
-
-def shared_templates(state: LabState) -> dict[tuple[str, str], Any]:
-    """(guest, host name) -> the shared post-boot state each guest of ``state`` (a libvirt class
-    instance, just up) saved with throwaway keys: what the next instances on its host start from."""
-    if state.backend != "libvirt":
-        return {}
-    from labctl.backends.libvirt import saved
-
-    out: dict[tuple[str, str], Any] = {}
-    for name, rec in state.guests.items():
-        template = saved.template_of(rec, state.lab, state.drivers.get(name, {}))
-        if template is not None:
-            out[(name, template.host)] = template
-    return out

@@ -11,6 +11,10 @@ agent started just before the snapshot takes it; guest/init) and
 snapshot's RAM and disk hold only the throwaway key, which no guest ever
 serves again.
 
+A libvirt class shares a post-boot state the same way, with throwaway keys,
+over SSH (a libvirt guest has no agent): :func:`boot_shared`,
+:func:`hand_over_shared`, :func:`shared_templates`.
+
 A restored guest is made indistinguishable from a booted one: QEMU loads the
 state (its NICs reattach to this lab's links, its management NIC to a new
 SSH port), the guest agent installs this lab's client key and this guest's
@@ -25,6 +29,7 @@ import dataclasses
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 from labctl.backends.monitor import load_state, qmp_execute
 from labctl.errors import GuestError, LabctlError
@@ -32,7 +37,7 @@ from labctl.paths import atomic_write
 from labctl.ssh import Endpoint, Session
 from labctl.up import agent, snapshots
 from labctl.up.keys import known_hosts_line, new_keypair
-from labctl.state.runstate import recorded_snapshots
+from labctl.state.runstate import LabState, recorded_snapshots
 from labctl.up.snapshots import Snapshot
 
 AGENT_WAIT = 20.0  # the agent starts in the background at boot (it loads virtio_console first)
@@ -249,3 +254,18 @@ def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> 
             f.write(boot + (b"" if not boot or boot.endswith(b"\n") else b"\n"))
             f.write(f"labctl: restored from the post-boot snapshot {snap.key} (taken {when}); "
                     "the boot above is that one\n".encode())
+
+
+def shared_templates(state: LabState) -> dict[tuple[str, str], Any]:
+    """(guest, host name) -> the shared post-boot state each guest of ``state`` (a libvirt class
+    instance, just up) saved with throwaway keys: what the next instances on its host start from."""
+    if state.backend != "libvirt":
+        return {}
+    from labctl.backends.libvirt import saved
+
+    out: dict[tuple[str, str], Any] = {}
+    for name, rec in state.guests.items():
+        template = saved.template_of(rec, state.lab, state.drivers.get(name, {}))
+        if template is not None:
+            out[(name, template.host)] = template
+    return out

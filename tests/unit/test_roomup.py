@@ -97,7 +97,7 @@ def test_each_hosts_first_instance_gives_its_shared_states_to_the_next_ones_ther
         return plain(copy, image, kernels, opts, events)
 
     monkeypatch.setattr(roomup, "up", up)
-    # what the first instance on a host saved (lifecycle.shared_templates reads it from its state)
+    # what the first instance on a host saved (warm.shared_templates reads it from its state)
     monkeypatch.setattr(roomup, "shared_templates",
                         lambda state: {("a", "h1" if state.ident in ("room@ann", "room@cid") else "h2"): state.ident})
     hosts = {"ann": "h1", "bea": "h2", "cid": "h1", "dan": "h2"}
