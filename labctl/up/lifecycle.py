@@ -484,7 +484,11 @@ class LabUp:
             state.ready_seconds[name] = round(time.monotonic() - t0, 2)
             warm.run_setup(ep, setup)
         if self.opts.saved_states and self.backend.name == "libvirt":
-            self._save_state(name)
+            if throwaway:  # a shared state: its restores' sshd takes its key without starting again
+                why = warm.start_standby(ep)
+                if why:
+                    self._warn(why)
+            self._save_state(state, name)
         snapped = False
         if name in self.snaps and snapshots.find(self.snaps[name]) is None:
             got = warm.snapshot_after_boot(Path(rec.qmp), gdir / "disk.qcow2", agent.channel_of(gdir),
@@ -496,24 +500,27 @@ class LabUp:
             # The snapshot (if one was taken) holds the throwaway key only: now the guest's own.
             # The agent answered (or not) a moment ago when a snapshot was tried.
             agent_wait = 0.0 if self.backend.name == "libvirt" else 2.0 if snapped else warm.AGENT_WAIT
-            warm.hand_over_keys(gdir, ep, agent_wait=agent_wait)
+            warm.hand_over_keys(gdir, ep, agent_wait=agent_wait, clock=self.backend.name == "libvirt")
             with _ssh_retry(state.endpoint(name), deadline, self._stop_waits):
                 pass  # now with its own pinned host key
             state.ready_seconds.setdefault(name, round(time.monotonic() - t0, 2))
         self.events.guest_phase(name, "ready")
 
-    def _save_state(self, name: str) -> None:
+    def _save_state(self, state: LabState, name: str) -> None:
         """A libvirt guest's post-boot state, saved on its host for ``reset`` (a failure only warns)."""
         from labctl.backends.libvirt import saved
 
         self.events.guest_phase(name, "saving")
         try:
             self.records[name] = saved.save(self.records[name], saved.POSTBOOT)
-            if name in self.throwaway:  # saved with throwaway keys: shared with the next instances
-                self.records[name].extra["throwaway_state"] = saved.POSTBOOT
         except LabctlError as exc:
             self._warn(f"guest {name}: its post-boot state was not saved ({exc.message}); reset will need "
                        "the lab brought up again")
+            return
+        if name in self.throwaway:  # saved with throwaway keys: shared with the next instances
+            self.records[name].extra["throwaway_state"] = saved.POSTBOOT  # (its clock is set with its keys)
+        else:  # restored at once, with the clock it was saved with
+            warm.set_clock_over_ssh(state.endpoint(name))
 
     def _resume_shared(self, state: LabState, name: str, t0: float, deadline: float) -> None:
         """A libvirt guest started from a shared post-boot state: its own keys and the clock."""

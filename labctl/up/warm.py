@@ -149,6 +149,33 @@ def boot_shared(guest_dir: Path, authorized_keys: Path, comment: str) -> None:
     atomic_write(authorized_keys, client.public_line + "\n", 0o600)
 
 
+# A standby sshd (guest/init's spawn_standby) started over SSH, waiting in open() of its key
+# FIFO: what a libvirt guest's shared post-boot state is saved with, so that each restore's key
+# handover starts no program (the standby binds port 22 once it reads its key).
+_STANDBY_SCRIPT = (
+    "sd=/run/labctl-sshd && mkdir -p -m 0700 $sd && rm -f $sd/host_key $sd/host_key.new && "
+    "mkfifo -m 0600 $sd/host_key && { setsid /usr/sbin/sshd -D -r -h $sd/host_key </dev/null >/dev/null 2>&1 & "
+    "p=$!; } && exec {nap}<> <(:) && for ((i = 0; i < 1500; i++)); do w= nr=; "
+    "read -r w 2>/dev/null < /proc/$p/wchan; read -r nr _ 2>/dev/null < /proc/$p/syscall; "
+    "{ [ \"$w\" = wait_for_partner ] || [ \"$nr\" = 257 ]; } && exit 0; kill -0 $p 2>/dev/null || break; "
+    "read -r -t 0.01 -u $nap; done; kill -KILL $p 2>/dev/null; rm -f $sd/host_key; exit 1")
+
+
+def start_standby(boot_ep: Endpoint, timeout: float = 30.0) -> str | None:
+    """Start a standby sshd in a libvirt guest about to be saved as a shared post-boot state
+    (over SSH, the throwaway keys pinned); None, or why there is none (a warning: each restore
+    then has sshd re-execute itself to read its key, slower)."""
+    try:
+        with Session(boot_ep, timeout=timeout) as s:
+            res = s.run(_STANDBY_SCRIPT, timeout=timeout)
+    except GuestError as exc:
+        return f"guest {boot_ep.guest}: no standby sshd in its shared post-boot state: {exc.message}"
+    if res.status != 0:
+        return (f"guest {boot_ep.guest}: no standby sshd in its shared post-boot state (status {res.status}): "
+                + (res.stderr or res.stdout).decode(errors="replace").strip()[-300:])
+    return None
+
+
 def take_shared_keys(template_dir: Path, guest_dir: Path) -> None:
     """The throwaway keys of the shared state a guest is to start from (``template_dir``: the
     guest that saved it), to hand it its own keys with. :raise GuestError: when they are gone."""
@@ -188,10 +215,12 @@ def own_keys(guest_dir: Path) -> tuple[bytes, bytes]:
     return (guest_dir / "authorized_keys").read_bytes(), (guest_dir / HOST_KEY).read_bytes()
 
 
-def hand_over_keys(guest_dir: Path, boot_ep: Endpoint, agent_wait: float, timeout: float = 30.0) -> None:
+def hand_over_keys(guest_dir: Path, boot_ep: Endpoint, agent_wait: float, timeout: float = 30.0,
+                   clock: bool = False) -> None:
     """Give a guest that booted with the throwaway key its own host key: through its agent, or,
     when the agent does not answer within ``agent_wait`` (a kernel without virtio-console),
-    over SSH with the throwaway key pinned. sshd listens again with it when this returns.
+    over SSH with the throwaway key pinned (with ``clock``, the guest's clock set in the same
+    session: a libvirt guest saved and restored since its boot). sshd listens again with it when this returns.
 
     :raise GuestError: when neither way works.
     """
@@ -202,9 +231,32 @@ def hand_over_keys(guest_dir: Path, boot_ep: Endpoint, agent_wait: float, timeou
         if agent.wait_ready(channel, agent_wait):
             agent.exchange(channel, [keys], timeout)
         else:
-            _keys_over_ssh(boot_ep, keys, timeout)
+            _keys_over_ssh(boot_ep, keys, timeout, clock=clock)
     finally:
         (guest_dir / BOOT_KNOWN_HOSTS).unlink(missing_ok=True)
+
+
+# What the agent's "keys" does (guest/init), as one command for root's bash, with builtins
+# only past the key files (every program run first after a restore costs a fresh translation
+# under TCG): when a standby sshd waits for its key on the FIFO (a libvirt class's shared state),
+# it takes over from the listening sshd; else sshd re-executes itself on SIGHUP. Either writes
+# its pid file again once it listens.
+_KEYS_SCRIPT = (
+    "umask 077 && printf '%s\\n' @LINE@ > /root/.ssh/authorized_keys && "
+    "printf '%s\\n' @KEY@ > /etc/ssh/ssh_host_ed25519_key && "
+    "exec {nap}<> <(:) && sd=/run/labctl-sshd && read -r pid < /run/sshd.pid && "
+    "if [ -p $sd/host_key ]; then "
+    "exec {kfd}<>$sd/host_key && : > /run/sshd.pid && kill -KILL \"$pid\" && "
+    # port 22 free (its listening socket gone from /proc/net/tcp), then the key to the standby
+    "for ((i = 0; i < 500; i++)); do l=; while read -r _ a _ _ st _; do "
+    "[ \"${a#*:}\" = 0016 ] && [ \"$st\" = 0A ] && l=1; done < /proc/net/tcp; "
+    "[ -z \"$l\" ] && break; read -r -t 0.01 -u $nap; done; "
+    "printf '%s\\n' @KEY@ > $sd/host_key.new && mv -f $sd/host_key.new $sd/host_key && "
+    "printf '%s\\n' @KEY@ >&$kfd && exec {kfd}>&-; "
+    "else { [ ! -f $sd/host_key ] || printf '%s\\n' @KEY@ > $sd/host_key; } && "
+    ": > /run/sshd.pid && kill -HUP \"$pid\"; fi && "
+    "for ((i = 0; i < 500; i++)); do read -r pid < /run/sshd.pid; [ -n \"$pid\" ] && exit 0; "
+    "read -r -t 0.01 -u $nap; done; exit 1")
 
 
 def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = False) -> None:
@@ -215,20 +267,22 @@ def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = F
                         ["-----BEGIN OPENSSH PRIVATE KEY-----", *pem.split(","), "-----END OPENSSH PRIVATE KEY-----"])
     with Session(boot_ep, timeout=timeout) as s:
         now = time.time_ns()  # once logged in: the clock is set within this session's round trip
-        # What the agent does (guest/init), as one shell command: sshd re-executes itself on SIGHUP
-        # and writes its pid file again once it listens.
-        script = (f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null && " if clock else "") + (
-            f"umask 077 && printf '%s\\n' {shlex.quote(kind + ' ' + blob)} > /root/.ssh/authorized_keys && "
-            f"printf '%s\\n' {host_key} > /etc/ssh/ssh_host_ed25519_key && "
-            # a standby sshd that took over reads its key from this file (guest/init)
-            f"{{ [ ! -f /run/labctl-sshd/host_key ] || printf '%s\\n' {host_key} "
-            "> /run/labctl-sshd/host_key; } && "
-            "read -r pid < /run/sshd.pid && : > /run/sshd.pid && kill -HUP \"$pid\" && "
-            "for i in $(seq 500); do read -r pid < /run/sshd.pid; [ -n \"$pid\" ] && exit 0; sleep 0.01; done; exit 1")
-        res = s.run(script, timeout=timeout)
+        res = s.run((f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null && " if clock else "")
+                    + _KEYS_SCRIPT.replace("@LINE@", shlex.quote(kind + " " + blob)).replace("@KEY@", host_key),
+                    timeout=timeout)
     if res.status != 0:
         raise GuestError(f"guest {boot_ep.guest}: installing its host key failed (status {res.status}): "
                          + (res.stderr or res.stdout).decode(errors="replace").strip()[-300:])
+
+
+def set_clock_over_ssh(ep: Endpoint, timeout: float = 30.0) -> None:
+    """The guest's wall clock set to the host's over SSH (a libvirt guest just saved and restored:
+    libvirt gives it back the clock it was saved with). :raise GuestError: when that fails."""
+    with Session(ep, timeout=timeout) as s:
+        now = time.time_ns()
+        res = s.run(f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null", timeout=timeout)
+    if res.status != 0:
+        raise GuestError(f"guest {ep.guest}: its clock could not be set (date exited {res.status})")
 
 
 def adopt(guest_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,9 @@ def test_quickstart_on_libvirt(cli: Cli, image: object, libvirtd: None, tmp_path
         state = json.loads((cli.state_dir / "labs" / NAME / "state.json").read_text())
         assert {g: (r["extra"]["saved"], r["extra"].get("throwaway_state")) for g, r in state["guests"].items()} \
             == {g: (["postboot"], None) for g in "abc"}
+        t0 = time.time()  # saved and restored at once during up: its clock set to the host's again
+        guest_time = float(cli("exec", NAME, "c", "--", "date +%s.%N", check=True).stdout)
+        assert abs(guest_time - (t0 + time.time()) / 2) < 2.5
         cli("exec", NAME, "c", "--", "touch /root/later", check=True)
         reset = cli("reset", NAME, "c", timeout=300)
         assert reset.returncode == 0, reset.stdout + reset.stderr

@@ -114,6 +114,8 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         for s in STUDENTS:  # plain OpenSSH from the handout, through h2's sshd for the remote two
             res = _ssh(out / s, "hostname")
             assert res.returncode == 0 and res.stdout.strip() == "a", f"{s}: {res.stdout}{res.stderr}"
+            # saved and restored, or started from a state saved before: each clock set to the host's
+            assert _clock_off(out / s) < 2.5, s
         # every guest has its own host key (each handout pins its own and logs in above); a student's key, or the
         # shared state's throwaway one, opens no other student's guest
         pins = {(out / s / "known_hosts").read_text().split()[-1] for s in STUDENTS}
