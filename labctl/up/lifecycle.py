@@ -30,7 +30,6 @@ from labctl.errors import (
     LabStateError,
     MachineError,
     PortTaken,
-    Problem,
     UsageError,
 )
 from labctl.events import UpEvents
@@ -40,13 +39,13 @@ from labctl.kernel.store import Kernel
 from labctl.lab.addresses import mgmt_mac
 from labctl.lab.hosts import HostPlace, place_guests
 from labctl.lab.model import Guest, Lab
-from labctl.net.plan import SWITCH, TAP, UDP, Port, Segment, TapDev, plan_networks
+from labctl.net.plan import SWITCH, TAP, Port, Segment, TapDev, plan_networks
 from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing, spawn
 from labctl.ssh import Endpoint, Session
 from labctl.live import netctl
-from labctl.up import agent, guestconf, shares, snapshots, taps, warm
+from labctl.up import agent, guestconf, preflight, shares, snapshots, taps, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
@@ -182,24 +181,10 @@ class LabUp:
         :raise LabFileError: naming the guest or network at fault, with its line.
         """
         segments = plan_networks(self.lab, self.dir / "net", self.hosts, udp_port=lambda: 0)
-        problems = self._socket_path_problems(segments) + self._unencrypted_problems(segments)
+        problems = (preflight.socket_path_problems(self.lab, self.dir, segments)
+                    + preflight.unencrypted_problems(self.lab, segments, self.opts.unencrypted_links))
         if problems:
             raise LabFileError(sorted(problems, key=lambda p: p.line))
-
-    def _socket_path_problems(self, segments: dict[str, Segment]) -> list[Problem]:
-        problems = []
-        for g in self.lab.guests.values():
-            gdir = self.dir / "guests" / g.name
-            longest = max((gdir / n for n in ("qmp.sock", "gdb.sock", "gdb-fwd.sock")), key=lambda p: len(bytes(p)))
-            if len(bytes(longest)) > MAX_SOCKET_PATH:
-                problems.append(Problem(self.lab.source, g.line, f"guests.{g.name}", _too_long(longest)))
-        for name, seg in segments.items():
-            paths = [p for port in seg.ports for p in (port.local, port.remote) if isinstance(p, Path)]
-            long = [p for p in [*paths, seg.switch_socket] if p is not None and len(bytes(p)) > MAX_SOCKET_PATH]
-            if long:
-                problems.append(Problem(self.lab.source, self.lab.networks[name].line, f"networks.{name}",
-                                        _too_long(long[0])))
-        return problems
 
     def _warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -286,17 +271,6 @@ class LabUp:
         """Put the lab file's impairments in force (netem in each guest, once it answers SSH)."""
         for (guest, nic), imp in netctl.lab_impairments(state).items():
             netctl.apply_impairment(state, guest, nic, imp)
-
-    def _unencrypted_problems(self, segments: dict[str, Segment]) -> list[Problem]:
-        """Links across hosts are plain UDP: anyone who reaches the port can read
-        and inject frames. Refused (with the network's line) unless ``--unencrypted-links``."""
-        if self.opts.unencrypted_links:
-            return []
-        return [Problem(self.lab.source, self.lab.networks[n].line, f"networks.{n}",
-                            f"network {n} would be a UDP tunnel between hosts: neither encrypted nor "
-                            "authenticated, anyone who reaches its ports can read and inject frames; "
-                            "pass --unencrypted-links to accept that")
-                for n, seg in segments.items() if seg.mechanism == UDP]
 
     def _start_switch(self, seg: Segment, state: LabState, owner: tuple[int, int] | None = None) -> None:
         """Start the network's switch; with ``owner`` it runs as that user (the guests' QEMUs')."""
@@ -569,14 +543,6 @@ class LabUp:
             self._warn(f"{failures[0].message}; run 'labctl down {self.lab.ident}' once it is reachable")
             return
         remove_run_dir(self.dir)
-
-
-MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
-
-
-def _too_long(path: Path) -> str:
-    return (f"its unix socket {path} would be {len(bytes(path))} bytes long, over the limit of "
-            f"{MAX_SOCKET_PATH}; use a shorter state directory ($LABCTL_STATE_DIR), lab or guest name")
 
 
 def _ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:
