@@ -186,7 +186,7 @@ class LibvirtBackend:
         if not storage.pool_is_passable(mode):
             host_command(host, ["chmod", f"{storage.POOL_MODE:04o}", "--", path],
                          f"let QEMU's user reach the volumes of pool {storage.POOL} ({path})")
-            pool.refresh(0)
+            storage.refresh(pool)
 
     def start(self, plan: GuestPlan) -> GuestRecord:
         """Volumes and the guest's directory on its host, the domain started paused,

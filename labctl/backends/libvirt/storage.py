@@ -142,8 +142,27 @@ def ensure_pool(conn: Any) -> Any:
         pool.setAutostart(1)
     if not pool.isActive():
         pool.create(0)
-    pool.refresh(0)
+    refresh(pool)
     return pool
+
+
+REFRESH_WAIT = 60.0  # an upload to the pool (another guest's, another labctl's) holds off a refresh
+
+
+def refresh(pool: Any) -> None:
+    """Have libvirt read the pool's directory again, waiting while it refuses because a volume
+    upload runs ("pool ... has asynchronous jobs running": guests started side by side on one
+    libvirtd, each uploading its fw_cfg volumes)."""
+    lv = _lv()
+    deadline = time.monotonic() + REFRESH_WAIT
+    while True:
+        try:
+            pool.refresh(0)
+            return
+        except lv.libvirtError as exc:
+            if "asynchronous jobs" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def lookup_volume(pool: Any, name: str) -> Any | None:
@@ -283,7 +302,7 @@ def link_file(conn: Any, pool: Any, name: str, path: Path, sha256: str) -> bool:
         if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             return False
         raise
-    pool.refresh(0)
+    refresh(pool)
     upload_bytes(conn, pool, name + MARKER, f"{sha256}  {path.name} (hard link)\n".encode(), mode="0644")
     log.info("linked %s as volume %s (sha256 %s, from the image manifest)", path, name, sha256)
     return True
