@@ -91,8 +91,12 @@ def main() -> int:
             figures["instances_one_host"] = _instances(work / "state", f"{name}-one", students)
         labctl("class", "down", "--lab", f"{name}-one", env=env)
 
-    took, res = labctl("class", "up", str(lab), "--roster", str(roster), "--out", str(work / "handouts"),
-                       "--accel", "tcg", "--json", *extra, env=env)
+    try:
+        took, res = labctl("class", "up", str(lab), "--roster", str(roster), "--out", str(work / "handouts"),
+                           "--accel", "tcg", "--json", *extra, env=env)
+    except SystemExit:  # the instances that came up go down
+        subprocess.run([sys.executable, "-m", "labctl", "class", "down"], cwd=ROOT, env=env, check=False)
+        raise
     figures["class_up_s"] = round(took, 2)
     figures["placement"] = {r["student"]: r["host"] for r in json.loads(res.stdout)["students"]}
     figures["instances"] = _instances(work / "state", name, students)
