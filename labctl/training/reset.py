@@ -217,8 +217,7 @@ def wait_ssh(ep: Endpoint, timeout: float, set_clock: bool = False) -> None:
             time.sleep(0.1)
     with session:
         if set_clock:
-            now = time.time_ns()
-            res = session.run(f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null", timeout=20.0)
+            res = session.run(warm.clock_command(), timeout=20.0)
             if res.status != 0:
                 raise GuestError(f"guest {ep.guest}: its clock could not be set (date exited {res.status})")
 

@@ -125,9 +125,10 @@ def boot_with_own_key(guest_dir: Path) -> None:
     (guest_dir / (BOOT_KEY + ".pub")).unlink(missing_ok=True)
 
 
-def write_boot_known_hosts(guest_dir: Path, port: int) -> None:
-    """Pin the throwaway boot key (``boot_known_hosts``) for the guest's SSH port."""
-    line = (guest_dir / (BOOT_KEY + ".pub")).read_text().strip()
+def write_boot_known_hosts(guest_dir: Path, port: int, public: str = BOOT_KEY + ".pub") -> None:
+    """Pin the throwaway boot key (``boot_known_hosts``; its public line in ``public``) for the
+    guest's SSH port."""
+    line = (guest_dir / public).read_text().strip()
     atomic_write(guest_dir / BOOT_KNOWN_HOSTS, known_hosts_line(port, line) + "\n", 0o600)
 
 
@@ -192,8 +193,7 @@ def hand_over_shared(guest_dir: Path, ep: Endpoint, deadline: float) -> None:
 
     :raise GuestError: when that fails until ``deadline``.
     """
-    line = (guest_dir / SHARED_HOST_PUB).read_text().strip()
-    atomic_write(guest_dir / BOOT_KNOWN_HOSTS, known_hosts_line(ep.port, line) + "\n", 0o600)
+    write_boot_known_hosts(guest_dir, ep.port, SHARED_HOST_PUB)
     boot_ep = dataclasses.replace(ep, key=guest_dir / SHARED_CLIENT_KEY, known_hosts=guest_dir / BOOT_KNOWN_HOSTS)
     keys = agent.keys_command(*own_keys(guest_dir))
     try:
@@ -259,6 +259,13 @@ _KEYS_SCRIPT = (
     "read -r -t 0.01 -u $nap; done; exit 1")
 
 
+def clock_command() -> str:
+    """A shell command setting the guest's wall clock to the host's now (built once logged in:
+    it is off by that session's round trip at most)."""
+    now = time.time_ns()
+    return f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null"
+
+
 def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = False) -> None:
     """The agent's ``keys`` (guest/init) done over SSH, the throwaway boot key pinned; with
     ``clock``, the guest's wall clock set to the host's first (after a libvirt restore)."""
@@ -266,8 +273,7 @@ def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = F
     host_key = " ".join(shlex.quote(x) for x in
                         ["-----BEGIN OPENSSH PRIVATE KEY-----", *pem.split(","), "-----END OPENSSH PRIVATE KEY-----"])
     with Session(boot_ep, timeout=timeout) as s:
-        now = time.time_ns()  # once logged in: the clock is set within this session's round trip
-        res = s.run((f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null && " if clock else "")
+        res = s.run((clock_command() + " && " if clock else "")
                     + _KEYS_SCRIPT.replace("@LINE@", shlex.quote(kind + " " + blob)).replace("@KEY@", host_key),
                     timeout=timeout)
     if res.status != 0:
@@ -279,8 +285,7 @@ def set_clock_over_ssh(ep: Endpoint, timeout: float = 30.0) -> None:
     """The guest's wall clock set to the host's over SSH (a libvirt guest just saved and restored:
     libvirt gives it back the clock it was saved with). :raise GuestError: when that fails."""
     with Session(ep, timeout=timeout) as s:
-        now = time.time_ns()
-        res = s.run(f"date -s @{now // 10**9}.{now % 10**9:09d} >/dev/null", timeout=timeout)
+        res = s.run(clock_command(), timeout=timeout)
     if res.status != 0:
         raise GuestError(f"guest {ep.guest}: its clock could not be set (date exited {res.status})")
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,9 +117,6 @@ class Template:
     shape: str  # the domain's shape (saveimage.shape): only a guest of the same shape starts from it
     dir: str  # that guest's run directory here: its throwaway keys (labctl.up.warm's SHARED_*)
     drivers: dict[str, str]  # its NICs' drivers, as its boot reported them
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def template_of(rec: GuestRecord, ident: str, drivers: dict[str, str]) -> Template | None:
