@@ -27,7 +27,8 @@ PACKAGES=(
     linux-perf                           # the host side of a step: a profile of each guest's QEMU
     chromium                             # tests: report.html in a headless browser
     tshark tcpdump                       # tests: reading the captures labctl writes
-    gcc libc6-dev                        # tests: a program built on the host runs in a guest from a share
+    gcc libc6-dev                        # the image: guest/builtins.c; tests: a program built on the host runs in a guest
+    bash-builtins                        # the image: guest/builtins.c, the guest agent's clock and rename
     iproute2                             # ip netns, bridges and taps (multiqueue links, as root)
     git                                  # labctl bisect: worktrees of the user's kernel repository
     ca-certificates

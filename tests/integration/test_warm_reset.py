@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.up import warm
+from labctl.up import agent, warm
 from tests.conftest import Cli
 from tests.integration.conftest import qemu_pids_under, reset_while_pinging
 
@@ -117,9 +117,19 @@ def test_a_warm_up_is_indistinguishable_from_a_cold_one(cli: Cli, image: object,
         # (guest/init): the sshd that answers is that one, not the boot's sshd reloaded.
         for g in LINKS:
             assert STANDBY in _listener(cli, "warm", g), g
+        gdir = cli.state_dir / "labs" / "warm" / "guests" / "a"
+        # The agent sets the clock and renames the standby's key file with the image's own bash
+        # builtins (guest/builtins.c), running no program: init, the agent's parent, loaded them.
+        maps = cli("exec", "warm", "a", "--", "grep -c /usr/lib/labctl/builtins.so /proc/1/maps", check=True)
+        assert int(maps.stdout) >= 1
+        far = cli("exec", "warm", "a", "--", "enable -f /usr/lib/labctl/builtins.so labctl_clock && "
+                  "labctl_clock 2000000000.250000000 && date +%s.%N", check=True).stdout
+        assert 2000000000.25 <= float(far) < 2000000005, far
+        agent.set_clock(agent.channel_of(gdir))  # the agent's "clock": back to the host's
+        guest_now = float(cli("exec", "warm", "a", "--", "date +%s.%N", check=True).stdout)
+        assert abs(guest_now - time.time()) < 1.0, guest_now - time.time()
         # Without a standby (it took over already), keys are installed again by reloading sshd,
         # and SSH still answers with the pinned key.
-        gdir = cli.state_dir / "labs" / "warm" / "guests" / "a"
         warm.adopt(gdir)
         assert STANDBY in _listener(cli, "warm", "a")
         assert cli("exec", "warm", "a", "--", "true").returncode == 0

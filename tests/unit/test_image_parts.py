@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,24 @@ def test_one_build_at_a_time(tmp_path: Path) -> None:
                 pass
     with build_lock(tmp_path):  # released
         pass
+
+
+def test_the_agents_builtins_build_and_check_their_arguments(tmp_path: Path) -> None:
+    """guest/builtins.c builds (setup.sh installs gcc and bash-builtins) into a loadable that bash
+    enables; labctl_rename renames, labctl_clock refuses anything but SECONDS.NANOSECONDS (a valid
+    value is set in a guest: test_warm_reset)."""
+    from labctl.image.build import build_agent_builtins
+
+    so = tmp_path / "builtins.so"
+    assert build_agent_builtins(so)
+    (tmp_path / "old").write_text("key\n")
+    script = (f"enable -f {so} labctl_clock labctl_rename || exit 9; "
+              "labctl_rename old new && [ ! -e old ] && [ \"$(< new)\" = key ] || exit 8; "
+              "labctl_rename missing other 2>/dev/null && exit 7; "
+              "for bad in 12 12.5 12.0000000001 x.000000000 12.00000000x -1.000000000 '' "
+              "99999999999999999999.000000000; do "
+              "labctl_clock \"$bad\" 2>/dev/null; [ $? = 1 ] || { echo \"accepted $bad\"; exit 6; }; done; "
+              "labctl_clock 2>/dev/null; [ $? = 2 ] || exit 5; "
+              "type -t labctl_clock")
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout.strip()) == (0, "builtin"), out.stdout + out.stderr
