@@ -4,6 +4,7 @@ and a warm start (restored from post-boot snapshots); `labctl reset` of one gues
 guest costs the host; many instances of a three-guest lab on one host.
 
 Usage: python benchmarks/boot.py [--runs N] [--accel auto|kvm|tcg] [--instances N] [--json]
+                                 [--previous FILE]
 
 Each run brings up a fresh lab (guests with an e1000 NIC on one network),
 measures the wall time of `up` (start of QEMU to SSH-ready for all guests,
@@ -15,7 +16,10 @@ one guest is timed (in warm labs, and in the cold lab that took the snapshot;
 both install the guest's own keys again), and each QEMU's proportional set size (PSS) and CPU share
 while idle for 10 s are read from /proc. Last, `--instances N` copies of the
 three-guest lab are brought up warm side by side, each guest is reached over
-SSH, and the host's memory is read (0 skips it). Prints medians and ranges.
+SSH, and the host's memory is read (0 skips it). Prints medians and ranges;
+with ``--previous FILE`` (an earlier run's ``--json``, of the code before a
+change: run both on one host, one after the other), each median beside that
+run's. labctl against virtme-ng: benchmarks/vs_virtme.py.
 """
 
 from __future__ import annotations
@@ -177,7 +181,9 @@ def main() -> int:
     ap.add_argument("--accel", default="auto")
     ap.add_argument("--instances", type=int, default=12, help="copies of the 3-guest lab side by side (0: skip)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--previous", type=Path, help="an earlier run's --json output: its medians printed beside")
     args = ap.parse_args()
+    before = {r["guests"]: r for r in json.loads(args.previous.read_text())["results"]} if args.previous else {}
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # refused connections while sshd starts
     load_recipe("debian-12")
@@ -206,18 +212,24 @@ def main() -> int:
     print(f"labctl boot benchmark ({os.cpu_count()} host CPUs, image debian-12)")
     for r in results:
         c, w, rs = r["cold_up_s"], r["warm_up_s"], r["reset_s"]
+        prev = before.get(r["guests"], {})
+
+        def was(key: str) -> str:  # the previous run's median, when given
+            m = (prev.get(key) or {}).get("median")
+            return f" [before: {m} s]" if m is not None else ""
+
         print(f"  {r['guests']} guest(s), {r['accel']}, {r['runs']} runs each (median, min-max):")
-        print(f"    cold up to SSH-ready {c['median']} s ({c['min']}-{c['max']}); "
+        print(f"    cold up to SSH-ready {c['median']} s ({c['min']}-{c['max']}){was('cold_up_s')}; "
               f"guests' own QEMU start to SSH {r['cold_ready_s']['median']} s; kernel+init to READY "
               f"{r['guest_uptime_at_ready_s']} s")
-        print(f"    warm up to SSH-ready {w['median']} s ({w['min']}-{w['max']}); "
+        print(f"    warm up to SSH-ready {w['median']} s ({w['min']}-{w['max']}){was('warm_up_s')}; "
               f"guests' own QEMU start to SSH {r['warm_ready_s']['median']} s; every guest restored: "
               f"{r['warm_restored_all']}")
-        print(f"    reset of one guest {rs['median']} s ({rs['min']}-{rs['max']}) in a lab started from the "
+        print(f"    reset of one guest {rs['median']} s ({rs['min']}-{rs['max']}){was('reset_s')} in a lab started from the "
               "snapshot (its own keys installed again)")
         ro = r["reset_own_s"]
         if ro:
-            print(f"    reset of one guest {ro['median']} s ({ro['min']}-{ro['max']}) in the lab that took the "
+            print(f"    reset of one guest {ro['median']} s ({ro['min']}-{ro['max']}){was('reset_own_s')} in the lab that took the "
                   "snapshot (its own keys installed again)")
         for kind in ("cold", "warm"):
             i = r[f"idle_{kind}"]
