@@ -1,7 +1,8 @@
 """Host directories in guests (``shares:``, ``--share``) with a real guest: a program compiled on the
 host runs there from a read-only share (writing to it fails); a writable share takes the guest's files
 as plain files (a link the guest makes is no link on the host); the mounts are back after a warm
-restore, a reset and a checkpoint restore; bad shares are refused before anything starts."""
+restore, a reset and a checkpoint restore; down lets a program write its last file on SIGTERM; bad
+shares are refused before anything starts."""
 
 from __future__ import annotations
 
@@ -103,6 +104,13 @@ def test_host_directories_in_a_guest(cli: Cli, image: object, tmp_path: Path) ->
         assert again.returncode == 0, again.stdout + again.stderr
         assert json.loads(again.stdout)["guests"][0]["started_from"] == "snapshot"
         _hello_runs(cli, "warm")
+        # down powers the guest off cleanly: a program that ends on SIGTERM by writing its last
+        # file to a share gets to write it (the power-off waits for it, 0.5 s at most).
+        start = _exec(cli, "setsid -f bash -c 'trap \"echo stopped > /mnt/out/term.txt; exit 0\" TERM; "
+                           "while :; do sleep 0.2; done' </dev/null >/dev/null 2>&1")
+        assert start.returncode == 0, start.stdout + start.stderr
+        assert cli("down", "sharetest").returncode == 0
+        assert (tmp_path / "out" / "term.txt").read_text() == "stopped\n"
     finally:
         cli("down", "sharetest")
 
