@@ -76,7 +76,7 @@ def timed(argv: list[str], timeout: float = 300.0) -> float:
     t0 = time.monotonic()
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
     took = time.monotonic() - t0
-    if done.returncode not in (0,):
+    if done.returncode != 0:
         tail = (done.stdout + done.stderr).decode(errors="replace")[-800:]
         raise SystemExit(f"{' '.join(argv[:3])}... exited {done.returncode}:\n{tail}")
     return took

@@ -29,7 +29,7 @@ from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
 from labctl.image.apt import sha256_file
 from labctl.image.recipe import Recipe
-from labctl.image.store import INITRAMFS_CPIO, MANIFEST, ROOTFS, Image, ImageStore
+from labctl.image.store import AGENT_BUILTINS, INITRAMFS_CPIO, MANIFEST, ROOTFS, Image, ImageStore
 from labctl.image import cpio as initramfs
 from labctl.paths import alone, atomic_write, resource_dir
 from labctl.proc import pid_alive, run
@@ -39,7 +39,6 @@ from labctl.proc import pid_alive, run
 BOOT_ARGS = ["root=/dev/vda", "rw", "rootfstype=ext4", "init=/sbin/labctl-init", "net.ifnames=0"]
 # The host's bash-builtins headers: guest/builtins.c is built against them (Debian 12 on both sides).
 BASH_HEADERS = Path("/usr/include/bash")
-AGENT_BUILTINS = "usr/lib/labctl/builtins.so"
 
 
 def build_agent_builtins(out: Path) -> bool:
@@ -200,7 +199,7 @@ class Builder:
         modules.mkdir(parents=True)
 
     def _agent_builtins(self) -> None:
-        if not build_agent_builtins(self.root / AGENT_BUILTINS):
+        if not build_agent_builtins(self.root / AGENT_BUILTINS.lstrip("/")):
             self.r.note("no gcc or bash-builtins headers on this host: the guest agent runs date and mv "
                         "(each warm start and reset about 0.15 s slower under TCG)")
 

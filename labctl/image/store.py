@@ -17,6 +17,8 @@ from labctl.paths import cache_dir
 MANIFEST = "manifest.json"
 ROOTFS = "rootfs.img"  # raw ext4 root file system; guests boot from qcow2 overlays on it
 INITRAMFS_CPIO = "initramfs.cpio"  # the image's share of every initramfs (busybox, labctl's early init)
+# Inside the root file system: guest/builtins.c as a bash loadable (guest/init enables it at this path)
+AGENT_BUILTINS = "/usr/lib/labctl/builtins.so"
 
 
 @dataclass(frozen=True)

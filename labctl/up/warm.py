@@ -33,6 +33,7 @@ from typing import Any
 
 from labctl.backends.monitor import load_state, qmp_execute
 from labctl.errors import GuestError, LabctlError
+from labctl.image.store import AGENT_BUILTINS
 from labctl.paths import atomic_write
 from labctl.ssh import Endpoint, Session
 from labctl.up import agent, snapshots
@@ -237,12 +238,12 @@ def hand_over_keys(guest_dir: Path, boot_ep: Endpoint, agent_wait: float, timeou
 
 
 # What the agent's "keys" does (guest/init), as one command for root's bash, with builtins
-# only (the image's own among them, _BUILTINS: every program run first after a restore costs a
-# fresh translation under TCG): when a standby sshd waits for its key on the FIFO (a libvirt class's shared state),
-# it takes over from the listening sshd; else sshd re-executes itself on SIGHUP. Either writes
+# only (the image's own among them, _BUILTINS, enabled before it: every program run first after
+# a restore costs a fresh translation under TCG): when a standby sshd waits for its key on the
+# FIFO (a libvirt class's shared state), it takes over from the listening sshd; else sshd re-executes itself on SIGHUP. Either writes
 # its pid file again once it listens.
 _KEYS_SCRIPT = (
-    "umask 077 && @BUILTINS@ && printf '%s\\n' @LINE@ > /root/.ssh/authorized_keys && "
+    "umask 077 && printf '%s\\n' @LINE@ > /root/.ssh/authorized_keys && "
     "printf '%s\\n' @KEY@ > /etc/ssh/ssh_host_ed25519_key && "
     "exec {nap}<> <(:) && sd=/run/labctl-sshd && read -r pid < /run/sshd.pid && "
     "if [ -p $sd/host_key ]; then "
@@ -261,15 +262,20 @@ _KEYS_SCRIPT = (
 
 # The image's bash builtins labctl_clock and labctl_rename (guest/builtins.c) in root's shell, else
 # date and mv in their place: each program run first after a restore costs 0.07-0.2 s under TCG.
-_BUILTINS = ("{ enable -f /usr/lib/labctl/builtins.so labctl_clock labctl_rename 2>/dev/null || "
+_BUILTINS = (f"{{ enable -f {AGENT_BUILTINS} labctl_clock labctl_rename 2>/dev/null || "
              "{ labctl_clock() { date -s \"@$1\" >/dev/null; }; labctl_rename() { mv -f \"$1\" \"$2\"; }; }; }")
+
+
+def _set_clock() -> str:
+    """``labctl_clock`` with the host's time now (the builtins enabled first: :data:`_BUILTINS`)."""
+    now = time.time_ns()
+    return f"labctl_clock {now // 10**9}.{now % 10**9:09d}"
 
 
 def clock_command() -> str:
     """A shell command setting the guest's wall clock to the host's now (built once logged in:
     it is off by that session's round trip at most)."""
-    now = time.time_ns()
-    return f"{_BUILTINS} && labctl_clock {now // 10**9}.{now % 10**9:09d}"
+    return f"{_BUILTINS} && {_set_clock()}"
 
 
 def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = False) -> None:
@@ -279,9 +285,8 @@ def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = F
     host_key = " ".join(shlex.quote(x) for x in
                         ["-----BEGIN OPENSSH PRIVATE KEY-----", *pem.split(","), "-----END OPENSSH PRIVATE KEY-----"])
     with Session(boot_ep, timeout=timeout) as s:
-        res = s.run((clock_command() + " && " if clock else "")
-                    + _KEYS_SCRIPT.replace("@BUILTINS@", _BUILTINS).replace("@LINE@", shlex.quote(kind + " " + blob)).replace("@KEY@", host_key),
-                    timeout=timeout)
+        script = _KEYS_SCRIPT.replace("@LINE@", shlex.quote(kind + " " + blob)).replace("@KEY@", host_key)
+        res = s.run(" && ".join([_BUILTINS, *([_set_clock()] if clock else []), script]), timeout=timeout)
     if res.status != 0:
         raise GuestError(f"guest {boot_ep.guest}: installing its host key failed (status {res.status}): "
                          + (res.stderr or res.stdout).decode(errors="replace").strip()[-300:])
