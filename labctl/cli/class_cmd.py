@@ -106,7 +106,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     record.create()
     if placed:
         console.print(Text("placed by free memory: " + "; ".join(
-            f"{h} ({placed.free_mib[h]} MiB free): {len(placed.on(h))} students" for h in placed.free_mib)))
+            f"{h} ({placed.free_mib[h]} MiB free): {len(placed.on(h))} students"
+            for h in sorted(placed.free_mib, key=lambda h: -placed.free_mib[h]))))  # most free first
     opts = UpOptions(accel=args.accel, boot_timeout=args.boot_timeout, cold=args.cold,
                      no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links,
                      saved_states=True, shared_states=True)
