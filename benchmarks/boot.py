@@ -33,19 +33,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from labctl.image.recipe import load_recipe  # noqa: E402
-from labctl.image.store import ImageStore  # noqa: E402
-from labctl.lab import load_lab_text  # noqa: E402
-from labctl.ssh import Session  # noqa: E402
-from labctl.pipeline import prepare_kernels  # noqa: E402
-from labctl.up.lifecycle import UpOptions, up  # noqa: E402
-from labctl.up.teardown import down  # noqa: E402
-from labctl.up import snapshots  # noqa: E402
-from labctl.training.reset import reset  # noqa: E402
-from labctl.state.runstate import LabState  # noqa: E402
+from labctl.image.recipe import load_recipe
+from labctl.image.store import ImageStore
+from labctl.lab import load_lab_text
+from labctl.pipeline import prepare_kernels
+from labctl.ssh import Session
+from labctl.state.runstate import LabState
+from labctl.training.reset import reset
+from labctl.up import snapshots
+from labctl.up.lifecycle import UpOptions, up
+from labctl.up.teardown import down
 
 IDLE_WINDOW = 10.0
 
@@ -214,7 +215,7 @@ def main() -> int:
         c, w, rs = r["cold_up_s"], r["warm_up_s"], r["reset_s"]
         prev = before.get(r["guests"], {})
 
-        def was(key: str) -> str:  # the previous run's median, when given
+        def was(key: str, prev: dict[str, Any] = prev) -> str:  # the previous run's median, when given
             m = (prev.get(key) or {}).get("median")
             return f" [before: {m} s]" if m is not None else ""
 

@@ -35,17 +35,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from labctl.events import NullReporter  # noqa: E402
-from labctl.image.apt import apt_download, downloads_dir  # noqa: E402
-from labctl.image.recipe import load_recipe  # noqa: E402
-from labctl.image.store import ImageStore  # noqa: E402
-from labctl.kernel import lab as kernel_lab  # noqa: E402
-from labctl.kernel import prepare as prep  # noqa: E402
-from labctl.lab import kernels, load_lab_text  # noqa: E402
-from labctl.paths import cache_dir  # noqa: E402
-from labctl.up import snapshots  # noqa: E402
-from labctl.up.lifecycle import UpOptions, up  # noqa: E402
-from labctl.up.teardown import down  # noqa: E402
+from labctl.events import NullReporter
+from labctl.image.apt import apt_download, downloads_dir
+from labctl.image.recipe import load_recipe
+from labctl.image.store import ImageStore
+from labctl.kernel import lab as kernel_lab
+from labctl.kernel import prepare as prep
+from labctl.lab import kernels, load_lab_text
+from labctl.paths import cache_dir
+from labctl.up import snapshots
+from labctl.up.lifecycle import UpOptions, up
+from labctl.up.teardown import down
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = """\

@@ -37,12 +37,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labctl.debug import Symbolizer, parse_oopses  # noqa: E402
-from labctl.debug.symbolize import SymbolTable  # noqa: E402
-from labctl.image.recipe import load_recipe  # noqa: E402
-from labctl.image.store import ImageStore  # noqa: E402
-from labctl.kernel import lab as kernel_lab  # noqa: E402
-from labctl.kernel.store import Kernel  # noqa: E402
+from labctl.debug import Symbolizer, parse_oopses
+from labctl.debug.symbolize import SymbolTable
+from labctl.image.recipe import load_recipe
+from labctl.image.store import ImageStore
+from labctl.kernel import lab as kernel_lab
+from labctl.kernel.store import Kernel
 
 FIXTURE = ROOT / "tests" / "fixtures" / "oops" / "synthetic-50.console.log"
 MODULE_FRAMES = [("8139cp", "cp_rx_poll"), ("8139cp", "cp_interrupt"), ("e1000", "e1000_clean"),

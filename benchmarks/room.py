@@ -36,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labctl.training.capacity import meminfo  # noqa: E402  (KiB, as /proc/meminfo says)
+from labctl.training.capacity import meminfo
+
 KSM = Path("/sys/kernel/mm/ksm")
 
 LAB = """\

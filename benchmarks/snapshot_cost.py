@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from labctl.lab import load_lab_text  # noqa: E402
-from labctl.pipeline import prepare  # noqa: E402
-from labctl.up import snapshots  # noqa: E402
-from labctl.up.lifecycle import UpOptions, up  # noqa: E402
-from labctl.up.teardown import down  # noqa: E402
+from labctl.lab import load_lab_text
+from labctl.pipeline import prepare
+from labctl.up import snapshots
+from labctl.up.lifecycle import UpOptions, up
+from labctl.up.teardown import down
 
 
 class _Quiet:

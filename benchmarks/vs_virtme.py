@@ -39,10 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from labctl.image.store import ImageStore  # noqa: E402
-from labctl.kernel.store import BOOT, MODULES_IMG, Kernel  # noqa: E402
-from labctl.lab import load_lab_text  # noqa: E402
-from labctl.pipeline import prepare_kernels  # noqa: E402
+from labctl.image.store import ImageStore
+from labctl.kernel.store import BOOT, MODULES_IMG, Kernel
+from labctl.lab import load_lab_text
+from labctl.pipeline import prepare_kernels
 
 LAB = "name: bench-vng\nnetworks: {lan: {}}\nguests:\n  g0:\n    nics: [{name: eth1, model: virtio-net-pci, network: lan, ip: 10.51.0.1/24}]\n"
 
@@ -74,7 +74,7 @@ def host_modules(kernel: Kernel) -> Iterator[None]:
 
 def timed(argv: list[str], timeout: float = 300.0) -> float:
     t0 = time.monotonic()
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
     took = time.monotonic() - t0
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).decode(errors="replace")[-800:]
@@ -87,7 +87,7 @@ def vng_once(vng: str, kernel: Kernel, tcg: bool) -> float:
     argv = ["env", f"PATH={env_path}", vng, "--verbose", *(["--disable-kvm"] if tcg else []),
             "--run", str(kernel.dir / BOOT), "--exec", "true"]
     t0 = time.monotonic()
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False)
     took = time.monotonic() - t0
     out = (done.stdout + done.stderr).decode(errors="replace")
     # Without udev on the host, virtme-ng-init finds no virtio-serial ports for the command's I/O

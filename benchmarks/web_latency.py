@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labctl.state.runstate import LabState  # noqa: E402
+from labctl.state.runstate import LabState
 
 LAB = """\
 name: weblat
@@ -52,7 +52,7 @@ def labctl(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
 async def web_latencies(base: str, token: str, n: int) -> list[float]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -78,7 +79,7 @@ def proc_figures(pid: int) -> tuple[float, float]:
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))] if s else float("nan")
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))] if s else float("nan")
 
 
 class Room:
@@ -122,11 +123,9 @@ class Room:
         return ws
 
     async def _drain(self, ws: object) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closed at the end
             async for msg in ws:  # type: ignore[attr-defined]
                 self.ws_bytes += len(msg)
-        except Exception:  # noqa: BLE001 - closed at the end
-            pass
 
 
 async def typist(ident: str, tok: str, base: str, rate: float, until: float, lat: list[float]) -> int:
@@ -247,7 +246,7 @@ async def measure(args: argparse.Namespace, base: str, tokens: dict[str, str], p
             await asyncio.sleep(1)
             peak[0] = max(peak[0], proc_figures(pid)[0])
 
-    rss_c, cpu_c = proc_figures(pid)
+    _rss_c, cpu_c = proc_figures(pid)
     typed = asyncio.gather(*(typist(f"webroom@{s}", tokens[s], base, args.keys_per_second, until, lat)
                              for s in students))
     by_ssh = asyncio.to_thread(ssh_typist, ssh_argv, args.keys_per_second, until)

@@ -23,16 +23,15 @@ from labctl.bundle.summary import summarize, write_summary
 from labctl.events import PrepareEvents, UpEvents
 from labctl.image.build import build_image
 from labctl.image.recipe import load_recipe
-from labctl.image.store import ImageStore
+from labctl.image.store import Image, ImageStore
 from labctl.kernel import lab as kernel_lab
-from labctl.steps.events import StepEvents
-from labctl.image.store import Image
 from labctl.kernel.store import Kernel
 from labctl.lab.model import Lab
 from labctl.report import render_run
+from labctl.state.runstate import LabState, lab_lock
+from labctl.steps.events import StepEvents
 from labctl.steps.result import StepResult
 from labctl.steps.runner import Runner, now
-from labctl.state.runstate import LabState, lab_lock
 from labctl.training.capacity import Estimate, check_capacity
 from labctl.up.lifecycle import UpOptions, up
 from labctl.up.teardown import down

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Self
 
 import paramiko
 
@@ -125,7 +124,7 @@ class Session:
         return transport.open_channel("direct-tcpip", (self.ep.host, self.ep.port), ("127.0.0.1", 0),
                                       timeout=timeout)
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -159,10 +158,10 @@ class Session:
             status = _exit_status(chan, deadline)
             if status < 0 and time.monotonic() > deadline:
                 chan.close()
-                raise socket.timeout(f"no exit status after {timeout:.0f} s")
+                raise TimeoutError(f"no exit status after {timeout:.0f} s")
         except Aborted as exc:
             raise GuestError(str(exc)) from exc
-        except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
+        except (TimeoutError, paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
             raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
         return Result(status, out, err, time.monotonic() - t0)
 
@@ -177,7 +176,7 @@ class Session:
             chan.settimeout(min(timeout, READ_TIMEOUT))
             chan.exec_command(command)
             return chan
-        except (paramiko.SSHException, OSError, socket.timeout, EOFError, AttributeError) as exc:
+        except (TimeoutError, paramiko.SSHException, OSError, EOFError, AttributeError) as exc:
             raise GuestError(f"command on guest {self.ep.guest} failed: {exc or type(exc).__name__}") from exc
 
     @contextlib.contextmanager
@@ -249,7 +248,7 @@ class _BoundedReader:
                 raise GuestError(f"guest {self.guest} sent its files too slowly (time limit reached)")
             try:
                 data = self.chan.recv(min(want, 1 << 16))
-            except socket.timeout as exc:
+            except TimeoutError as exc:
                 raise GuestError(f"guest {self.guest} stopped sending for {READ_TIMEOUT:.0f} s") from exc
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 raise GuestError(f"the connection to guest {self.guest} was lost: {exc}") from exc
@@ -277,7 +276,7 @@ class _BoundedWriter:
                 raise GuestError(f"the command on guest {self.guest} stopped reading")
             try:
                 sent = self.chan.send(view[:1 << 16])
-            except socket.timeout as exc:
+            except TimeoutError as exc:
                 raise GuestError(f"guest {self.guest} stopped reading for {READ_TIMEOUT:.0f} s") from exc
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 raise GuestError(f"the connection to guest {self.guest} was lost: {exc}") from exc
@@ -333,7 +332,7 @@ def _pump(chan: paramiko.Channel, stream: bool, out_f: BinaryIO, err_f: BinaryIO
         while True:
             try:
                 data = chan.recv_stderr(32768)
-            except socket.timeout:
+            except TimeoutError:
                 if chan.closed:
                     return
                 continue
@@ -352,10 +351,10 @@ def _pump(chan: paramiko.Channel, stream: bool, out_f: BinaryIO, err_f: BinaryIO
     while True:
         if time.monotonic() > deadline:
             chan.close()
-            raise socket.timeout(f"no exit after {timeout:.0f} s")
+            raise TimeoutError(f"no exit after {timeout:.0f} s")
         try:
             data = chan.recv(32768)
-        except socket.timeout:
+        except TimeoutError:
             reason = abort() if abort else None
             if reason:
                 chan.close()
@@ -416,7 +415,7 @@ def run_on_host(hop: SshHop, argv: Sequence[str], timeout: float = 30.0) -> tupl
             time.sleep(0.05)
         err = chan.recv_stderr(65536).decode(errors="replace").strip() if chan.recv_stderr_ready() else ""
         return chan.recv_exit_status(), err
-    except (paramiko.SSHException, OSError, EOFError, socket.timeout) as exc:
+    except (TimeoutError, paramiko.SSHException, OSError, EOFError) as exc:
         return 255, str(exc)
     finally:
         client.close()
@@ -437,7 +436,7 @@ def io_on_host(hop: SshHop, argv: Sequence[str], data: bytes, timeout: float = 6
         chan.shutdown_write()
         out, err = _pump(chan, False, sys.stdout.buffer, sys.stderr.buffer, timeout)
         return chan.recv_exit_status(), out, err.decode(errors="replace").strip()
-    except (paramiko.SSHException, OSError, EOFError, socket.timeout) as exc:
+    except (TimeoutError, paramiko.SSHException, OSError, EOFError) as exc:
         return 255, b"", str(exc)
     finally:
         client.close()
@@ -456,7 +455,7 @@ def read_on_host(hop: SshHop, argv: Sequence[str], timeout: float = 10.0, limit:
         chan.exec_command(shlex.join(argv))
         out, _err = _pump(chan, False, sys.stdout.buffer, sys.stderr.buffer, timeout)
         return out[:limit].decode(errors="replace")
-    except (paramiko.SSHException, OSError, EOFError, socket.timeout):
+    except (TimeoutError, paramiko.SSHException, OSError, EOFError):
         return None
     finally:
         client.close()

@@ -43,7 +43,7 @@ def qmp_execute(socket_path: Path | str, command: str, args: dict[str, Any] | No
 
     try:
         return asyncio.run(go())
-    except (QMPError, OSError, asyncio.TimeoutError, EOFError) as exc:
+    except (TimeoutError, QMPError, OSError, EOFError) as exc:
         raise MachineError(f"QMP {command} on {socket_path} failed: {exc or type(exc).__name__}") from exc
 
 
@@ -126,7 +126,7 @@ def _session(socket_path: Path | str, work: Callable[[QMPClient], Awaitable[T]],
 
     try:
         return asyncio.run(go())
-    except (QMPError, OSError, asyncio.TimeoutError, EOFError) as exc:
+    except (TimeoutError, QMPError, OSError, EOFError) as exc:
         raise MachineError(f"QMP {what} on {socket_path} failed: {exc or type(exc).__name__}") from exc
 
 

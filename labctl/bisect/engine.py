@@ -33,10 +33,10 @@ from labctl.lab import kernels as lab_kernels
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import Check, Lab
 from labctl.pipeline import Prepared, run_lab
+from labctl.state.runstate import LabState, up_labs
 from labctl.training.grading import checks_of, run_checks
 from labctl.up.lifecycle import UpOptions
 from labctl.up.teardown import down
-from labctl.state.runstate import LabState, up_labs
 
 STEPS_DIR = "steps"
 REFERENCE_DIR = "reference"
@@ -174,7 +174,7 @@ class Bisector:
         st = self.state
         t0 = time.monotonic()
         step.times = {}
-        kernel, built, why = self._kernel(step.commit, step)
+        kernel, _built, why = self._kernel(step.commit, step)
         if kernel is None:
             step.verdict, step.outcome, step.reason = SKIP, "", why
             step.times["total"] = round(time.monotonic() - t0, 2)

@@ -124,8 +124,8 @@ def write(bundle: Path, state: State) -> None:
             extra.append(f"no comparison: no run of a {state.term_old} commit"
                          if new is not None else f"no comparison: {first[:12]} was never run (the {state.term_new} end)")
     head = [f"# labctl bisect: {state.lab_file}", "",
-            f"tree {state.tree}, {state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; "
-            f"oracle: {orc.describe(state.oracle)}", "", f"**{answer_text(state)}**", ""]
+            (f"tree {state.tree}, {state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; "
+             f"oracle: {orc.describe(state.oracle)}"), "", f"**{answer_text(state)}**", ""]
     table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     table += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(state)]
     md = "\n".join(head + table + [""] + [e + "\n" for e in extra])

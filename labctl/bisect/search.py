@@ -23,7 +23,7 @@ def git(repo: Path | str, *args: str, timeout: float = 600) -> str:
     """
     try:
         res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LabctlError(f"git {' '.join(args)}: {exc}") from exc
     if res.returncode != 0:
@@ -55,7 +55,7 @@ def diffstat(repo: Path, sha: str) -> str:
 
 def is_ancestor(repo: Path, old: str, new: str) -> bool:
     res = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", old, new], capture_output=True,
-                         stdin=subprocess.DEVNULL)
+                         stdin=subprocess.DEVNULL, check=False)
     return res.returncode == 0
 
 

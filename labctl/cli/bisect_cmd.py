@@ -23,8 +23,8 @@ from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import PrepareDisplay, console, out, print_json
 from labctl.errors import UsageError
 from labctl.image.recipe import load_recipe
-from labctl.pipeline import prepare_image, preflight
 from labctl.paths import atomic_write, cache_dir
+from labctl.pipeline import preflight, prepare_image
 from labctl.up.lifecycle import UpOptions
 
 EXIT_UNRESOLVED = 6  # only skipped commits are left: the answer is one of several

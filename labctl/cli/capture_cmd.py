@@ -23,9 +23,9 @@ from rich.text import Text
 from labctl.backends import get_backend
 from labctl.cli.ui import console, warn
 from labctl.errors import LabctlError, UsageError
+from labctl.live import capture, netctl
 from labctl.net.pcap import FORMATS, Frame, summary_line
 from labctl.paths import create_new
-from labctl.live import capture, netctl
 from labctl.state.runstate import LabState
 
 

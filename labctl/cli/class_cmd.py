@@ -11,8 +11,9 @@ from rich.text import Text
 
 from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import ClassUpDisplay, PrepareDisplay, console, out, print_json, safe, warn
-from labctl.pipeline import prepare
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
+from labctl.pipeline import prepare
+from labctl.state.runstate import LabState
 from labctl.training.classroom import (
     DOWN,
     UP,
@@ -28,11 +29,10 @@ from labctl.training.classroom import (
 from labctl.training.grading import run_checks, summary
 from labctl.training.handout import check_handout_dirs
 from labctl.training.placement import libvirt_free_mib, place
+from labctl.training.reset import reset
 from labctl.training.roomup import bring_up
 from labctl.up.lifecycle import UpOptions
 from labctl.up.teardown import down
-from labctl.training.reset import reset
-from labctl.state.runstate import LabState
 from labctl.web.access import revoke as revoke_web_tokens
 
 STATE_STYLE = {UP: "green", DOWN: "dim", "starting": "yellow"}

@@ -13,7 +13,6 @@ import argparse
 import shutil
 import signal
 
-
 from labctl.cli.ui import console, out, safe
 from labctl.debug.gdb import (
     DebugError,

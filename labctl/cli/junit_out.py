@@ -20,7 +20,7 @@ def add_argument(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def check_path(path: str | None) -> Path | None:

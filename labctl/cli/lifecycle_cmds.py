@@ -18,14 +18,14 @@ from labctl.lab.impair import Impairment
 from labctl.lab.shares import Share
 from labctl.lab.shares import parse_option as parse_share_option
 from labctl.lab.trust import env_trusted
+from labctl.live import capture
 from labctl.pipeline import Prepared, prepare, run_lab
 from labctl.proc import pid_alive
-from labctl.live import capture
+from labctl.state.runstate import UP, LabState, check_lab_name, run_dir, up_labs
 from labctl.up import shares as guest_shares
 from labctl.up.lifecycle import UpOptions, dry_run, up
 from labctl.up.status import guest_statuses
 from labctl.up.teardown import down
-from labctl.state.runstate import UP, LabState, check_lab_name, run_dir, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

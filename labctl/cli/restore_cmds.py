@@ -10,10 +10,10 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.cli.ui import console, out, print_json, warn
-from labctl.training import checkpoints
-from labctl.up import snapshots
-from labctl.training.reset import reset
 from labctl.state.runstate import LabState, check_lab_name, recorded_snapshots
+from labctl.training import checkpoints
+from labctl.training.reset import reset
+from labctl.up import snapshots
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -11,6 +11,7 @@ from labctl.cli.ui import out
 from labctl.errors import UsageError
 from labctl.web import server
 
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="the trainer's page, each student's lab and terminals, your labs: in a browser")
     p.add_argument("--listen", default=f"127.0.0.1:{server.DEFAULT_PORT}", metavar="ADDRESS:PORT",

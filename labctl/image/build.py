@@ -27,10 +27,10 @@ from pathlib import Path
 from labctl import __version__
 from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
+from labctl.image import cpio as initramfs
 from labctl.image.apt import sha256_file
 from labctl.image.recipe import Recipe
 from labctl.image.store import AGENT_BUILTINS, INITRAMFS_CPIO, MANIFEST, ROOTFS, Image, ImageStore
-from labctl.image import cpio as initramfs
 from labctl.paths import alone, atomic_write, resource_dir
 from labctl.proc import pid_alive, run
 
@@ -237,7 +237,7 @@ class Builder:
             "name": rc.name,
             "key": self.key,
             "description": rc.description,
-            "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "labctl_version": __version__,
             "host": platform.node(),
             "suite": rc.suite,

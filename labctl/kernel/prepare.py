@@ -30,8 +30,8 @@ from typing import Any
 from labctl import __version__
 from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
-from labctl.image.apt import apt_download, candidate, sha256_file
 from labctl.image import cpio as initramfs
+from labctl.image.apt import apt_download, candidate, sha256_file
 from labctl.kernel import modbuild
 from labctl.kernel.kconfig import extract_ikconfig
 from labctl.kernel.modules import builtin_names, module_load_order, nic_driver_rules

@@ -23,12 +23,12 @@ from labctl.lab.model import MGMT_NIC, MGMT_SUBNET, Guest, Lab, Network, Nic
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
 
 __all__ = [
-    "Guest",
-    "Lab",
     "MGMT_NIC",
     "MGMT_SUBNET",
     "NIC_ALIASES",
     "NIC_MODELS",
+    "Guest",
+    "Lab",
     "Network",
     "Nic",
     "NicModel",

@@ -17,8 +17,22 @@ from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
 from labctl.lab.shares import Share
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_IMAGE", "LAB_IDENT", "LAB_IDENT_RULE", "LAB_NAME", "LAB_NAME_RULE", "Check", "Guest",
-           "Host", "Lab", "MGMT_NIC", "MGMT_SUBNET", "Network", "Nic"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_IMAGE",
+    "LAB_IDENT",
+    "LAB_IDENT_RULE",
+    "LAB_NAME",
+    "LAB_NAME_RULE",
+    "MGMT_NIC",
+    "MGMT_SUBNET",
+    "Check",
+    "Guest",
+    "Host",
+    "Lab",
+    "Network",
+    "Nic",
+]
 
 LAB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 """A lab's name: also its run directory's name, so nothing else may pass (no ``/``, ``.``, ``..``)."""

@@ -50,8 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.lab.kselftest import Kselftest, parse as parse_kselftest
 from labctl.lab.checker import Checker, close_match
+from labctl.lab.kselftest import Kselftest
+from labctl.lab.kselftest import parse as parse_kselftest
 from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs, trace_capture
 from labctl.lab.specs import GuestSpec
 from labctl.lab.yamlpos import YamlMap

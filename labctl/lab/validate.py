@@ -33,9 +33,9 @@ from labctl.lab.model import (
 )
 from labctl.lab.netopts import check_captures, network_capture, nic_impairment
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
+from labctl.lab.shares import parse_shares
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
-from labctl.lab.shares import parse_shares
 from labctl.lab.trust import TRUST_ENV, untrusted_reason
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq

@@ -39,11 +39,11 @@ from typing import BinaryIO
 
 from labctl.backends.base import Backend, GuestRecord
 from labctl.errors import LabctlError, MachineError
+from labctl.live import netctl
 from labctl.net import vmclock
 from labctl.net.pcap import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.proc import pid_alive
-from labctl.live import netctl
 from labctl.state.netstate import CAPTURES
 from labctl.state.runstate import LabState
 

@@ -40,8 +40,8 @@ from labctl.backends.base import Backend
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
 from labctl.proc import Process, interrupt_group, run, spawn_tied
-from labctl.trace.hostcost import PERF_DATA, PERF_LOG, PERF_SCRIPT, PROFILE_UNAVAILABLE, THREADS_FILE
 from labctl.state.runstate import LabState
+from labctl.trace.hostcost import PERF_DATA, PERF_LOG, PERF_SCRIPT, PROFILE_UNAVAILABLE, THREADS_FILE
 
 log = logging.getLogger(__name__)
 

@@ -314,7 +314,7 @@ def _times(path: Path) -> dict[int, float]:
 
 
 def _unprefixed(lines: list[str]) -> str:
-    return "\n".join(ln[2:] if ln.startswith("# ") else ln[1:] if ln.startswith("#") else ln for ln in lines) + "\n"
+    return "\n".join(ln[2:] if ln.startswith("# ") else ln.removeprefix("#") for ln in lines) + "\n"
 
 
 def results(guest_dir: Path, rel_guest: str, spec_target: str) -> dict[str, Any]:

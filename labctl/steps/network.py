@@ -27,11 +27,11 @@ from labctl.lab.impair import Impairment
 from labctl.lab.model import Lab
 from labctl.lab.netopts import LinkSpec, render_impairment
 from labctl.lab.steps import Step, render
-from labctl.ssh import Session
-from labctl.steps.result import StepResult
 from labctl.live import capture, netctl
+from labctl.ssh import Session
 from labctl.state import netstate
 from labctl.state.runstate import LabState
+from labctl.steps.result import StepResult
 
 log = logging.getLogger(__name__)
 

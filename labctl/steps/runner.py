@@ -28,20 +28,20 @@ from labctl.backends.base import Backend
 from labctl.bundle.layout import CONSOLE, HOST_DIR, OOPS_TXT, guest_dir, step_dir
 from labctl.debug.crash import console_end, panicked
 from labctl.errors import GuestError, LabctlError, UsageError
-from labctl.steps.events import StepEvents
+from labctl.lab.kselftest import Kselftest
 from labctl.lab.model import Lab
 from labctl.lab.netopts import LinkSpec
-from labctl.lab.kselftest import Kselftest
 from labctl.lab.steps import RunSpec, Step, TraceSpec, check_location, render, render_trace
 from labctl.ssh import Session
+from labctl.state.runstate import LabState
 from labctl.steps import copyback
 from labctl.steps import kselftest as ks
 from labctl.steps import tracers as tr
+from labctl.steps.events import StepEvents
 from labctl.steps.hostcost import HostWatch
 from labctl.steps.network import StepNetwork, captured_nics, link_guest
 from labctl.steps.result import StepResult
 from labctl.trace.hostcost import WINDOW_END, WINDOW_START
-from labctl.state.runstate import LabState
 
 log = logging.getLogger(__name__)
 q = shlex.quote

@@ -56,12 +56,12 @@ def kprobe_definitions(off: dict[str, int]) -> list[str]:
     cb, length, data, wseq = off["skb_cb"], off["skb_len"], off["skb_data"], off["tcp_write_seq"]
     g = GROUP
     return [
-        f"p:{g}/ip_rcv_core ip_rcv_core skb=%di:x64 ihl=+0(+{data}(%di)):u8 tot_len=+2(+{data}(%di)):u16 "
-        f"proto=+9(+{data}(%di)):u8 tcpoff=+32(+{data}(%di)):u8",
+        (f"p:{g}/ip_rcv_core ip_rcv_core skb=%di:x64 ihl=+0(+{data}(%di)):u8 tot_len=+2(+{data}(%di)):u16 "
+         f"proto=+9(+{data}(%di)):u8 tcpoff=+32(+{data}(%di)):u8"),
         f"p:{g}/tcp_v4_rcv tcp_v4_rcv skb=%di:x64 len=+{length}(%di):u32 doff=+12(+{data}(%di)):u8",
         f"p:{g}/tcp_sendmsg tcp_sendmsg sk=%di:x64 size=%dx:u64 wseq=+{wseq}(%di):u32",
-        f"p:{g}/tcp_transmit_skb __tcp_transmit_skb sk=%di:x64 skb=%si:x64 clone=%dx:u32 "
-        f"seq=+{cb}(%si):u32 end_seq=+{cb + 4}(%si):u32",
+        (f"p:{g}/tcp_transmit_skb __tcp_transmit_skb sk=%di:x64 skb=%si:x64 clone=%dx:u32 "
+         f"seq=+{cb}(%si):u32 end_seq=+{cb + 4}(%si):u32"),
         f"p:{g}/ip_queue_xmit __ip_queue_xmit skb=%si:x64",
         f"p:{g}/ip_output ip_output skb=%dx:x64",
         f"p:{g}/dev_queue_xmit __dev_queue_xmit skb=%di:x64",
@@ -103,7 +103,7 @@ def postprocess_command() -> str:
             "2>/dev/null; rm -f skb.dat")
 
 
-_GDB_VALUE = re.compile(r"^\$\d+ = (\d+)$", re.M)
+_GDB_VALUE = re.compile(r"^\$\d+ = (\d+)$", re.MULTILINE)
 
 
 def kernel_offsets(kernel: Kernel, cache_dir: Path | None = None) -> dict[str, int]:

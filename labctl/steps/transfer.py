@@ -42,9 +42,9 @@ USAGE = "labctl cp LAB[@INSTANCE] GUEST:PATH DEST  |  labctl cp LAB[@INSTANCE] S
 DEFAULT_MAX_SIZE = 4 << 30
 DEFAULT_TIMEOUT = 3600.0
 PROBE_TIMEOUT = 30.0
-_GUEST_SPEC = re.compile(r"([a-z][a-z0-9-]{0,30}):(.*)", re.S)
+_GUEST_SPEC = re.compile(r"([a-z][a-z0-9-]{0,30}):(.*)", re.DOTALL)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.I)
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 
 Progress = Callable[[int], None]
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 from collections import Counter
 from pathlib import Path
@@ -104,7 +105,7 @@ def why_not_followed(p: Packet) -> str | None:
     missing = [x for x, t in zip(_points(p), times) if t is None]
     if missing:
         return p.problem or f"no {missing[0]} event"
-    if any(b < a for a, b in zip(times, times[1:])):  # type: ignore[operator]
+    if any(b < a for a, b in itertools.pairwise(times)):  # type: ignore[operator]
         return "its events are out of order"
     return None
 

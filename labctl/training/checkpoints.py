@@ -32,8 +32,8 @@ from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
 from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
 from labctl.lab.shares import Share
 from labctl.paths import atomic_write, build_into, ensure_private_dir
+from labctl.state.runstate import LabState, lab_lock
 from labctl.training import sshport
-from labctl.up import shares, warm
 from labctl.training.reset import (
     copy_disk,
     need_qemu,
@@ -43,7 +43,7 @@ from labctl.training.reset import (
     tell_moves,
     wait_ssh,
 )
-from labctl.state.runstate import LabState, lab_lock
+from labctl.up import shares, warm
 
 META = "meta.json"
 

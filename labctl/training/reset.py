@@ -30,9 +30,9 @@ from labctl.backends.qemu.backend import QemuBackend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image.store import Image
 from labctl.ssh import Endpoint, Session
+from labctl.state.runstate import LabState, lab_lock
 from labctl.training import sshport
 from labctl.up import agent, shares, snapshots, warm
-from labctl.state.runstate import LabState, lab_lock
 
 BOOT_TIMEOUT = 180.0
 

@@ -106,9 +106,9 @@ def update_handout(moved: Moved, lab: str) -> Moved:
     if "@" not in lab:
         return moved
     name, student = lab.split("@", 1)
+    from labctl.state.runstate import LabState
     from labctl.training import handout
     from labctl.training.classroom import ClassRecord
-    from labctl.state.runstate import LabState
 
     try:
         record = ClassRecord.load(name)

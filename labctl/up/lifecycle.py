@@ -39,18 +39,18 @@ from labctl.kernel.store import Kernel
 from labctl.lab.addresses import mgmt_mac
 from labctl.lab.hosts import HostPlace, place_guests
 from labctl.lab.model import Guest, Lab
+from labctl.live import netctl
 from labctl.net.plan import SWITCH, TAP, Port, Segment, TapDev, plan_networks
 from labctl.net.ports import free_port
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing, spawn
 from labctl.ssh import Endpoint, Session
-from labctl.live import netctl
+from labctl.state.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 from labctl.up import agent, guestconf, preflight, shares, snapshots, taps, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.keys import known_hosts_line, new_keypair
-from labctl.state.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 from labctl.up.teardown import release_owned, stop_switches
 from labctl.up.tsc import host_tsc_khz
 

@@ -36,9 +36,9 @@ from labctl.errors import GuestError, LabctlError
 from labctl.image.store import AGENT_BUILTINS
 from labctl.paths import atomic_write
 from labctl.ssh import Endpoint, Session
+from labctl.state.runstate import LabState, recorded_snapshots
 from labctl.up import agent, snapshots
 from labctl.up.keys import known_hosts_line, new_keypair
-from labctl.state.runstate import LabState, recorded_snapshots
 from labctl.up.snapshots import Snapshot
 
 AGENT_WAIT = 20.0  # the agent starts in the background at boot (it loads virtio_console first)

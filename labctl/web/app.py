@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import time
@@ -64,6 +65,8 @@ from labctl.web.http import COOKIE, ASGIApp, SecurityHeaders, forbidden, not_fou
 from labctl.web.room import Room, handout_text, topology_svg
 from labctl.web.terminal import Terminals, clamp_size
 from labctl.web.tools import ConsoleTail, Tools
+
+log = logging.getLogger(__name__)
 
 EVENT_PERIOD = 1.0
 KEEPALIVE = 15.0
@@ -513,8 +516,8 @@ class Server:
             await asyncio.sleep(WATCH_PERIOD)
             try:
                 await self._watch_once()
-            except Exception:  # noqa: BLE001 - the watcher must outlive a bad moment
-                pass
+            except Exception as exc:  # noqa: BLE001 - the watcher must outlive a bad moment
+                log.debug("terminal watcher: %s", exc)
 
     async def _watch_once(self) -> None:
         hubs = list(self.terminals.hubs.values())

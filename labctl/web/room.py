@@ -16,8 +16,8 @@ from typing import Any
 
 from labctl.debug.crash import CRASH_MARKERS, PANIC, console_end
 from labctl.errors import LabctlError
-from labctl.net.graph import runtime_from_state, to_svg, topology
 from labctl.live import capture
+from labctl.net.graph import runtime_from_state, to_svg, topology
 from labctl.state import netstate
 from labctl.state.runstate import LabState, run_dir, up_labs
 from labctl.textsafe import safe_text

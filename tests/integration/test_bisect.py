@@ -47,7 +47,7 @@ class Histories:
 
 def _git(repo: Path, *args: str) -> str:
     res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                         env={**os.environ, **GIT_ENV}, timeout=600)
+                         env={**os.environ, **GIT_ENV}, timeout=600, check=False)
     assert res.returncode == 0, f"git {args}: {res.stderr}"
     return res.stdout.strip()
 

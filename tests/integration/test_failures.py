@@ -12,8 +12,8 @@ import pytest
 
 from labctl.image import Image
 from labctl.lab import load_lab
-from labctl.ssh import Session
 from labctl.pipeline import prepare_kernels
+from labctl.ssh import Session
 from labctl.up import lifecycle, teardown
 from tests.conftest import ROOT, Cli, interrupt
 from tests.integration.conftest import pids_matching, qemu_pids_under, wait_for
@@ -74,7 +74,7 @@ def test_qemu_dying_while_booting_is_reported(cli: Cli, image: object, tmp_path:
     time.sleep(0.5)  # past the start check: the kernel is booting
     pids = wait_for(lambda: qemu_pids_under(cli.state_dir), 60, "QEMU to start")
     os.kill(pids[0], signal.SIGKILL)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 4, err
     assert "QEMU of guest d died while booting" in err
     _nothing_left(cli, "dies")

@@ -66,7 +66,7 @@ def _clock_off(handout: Path) -> float:
     return abs(float(res.stdout) - (t0 + time.time()) / 2)
 
 
-def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path,
+def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Sshd, tmp_path: Path,  # noqa: F811
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     lab = _lab(tmp_path / "vclass.yaml", sshd.uri)
     roster = tmp_path / "roster.txt"
@@ -88,7 +88,7 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
         assert f"placed by free memory: {first} (" in " ".join(up.stderr.split())
         # the two students on the remote host (through its sshd): one is crashed and reset, one checkpointed
         crash, kept = [s for s in STUDENTS if rows[s]["host"] == "h2"]
-        local = [s for s in STUDENTS if rows[s]["host"] == "h1"][0]
+        local = next(s for s in STUDENTS if rows[s]["host"] == "h1")
         ci, ki = STUDENTS.index(crash), STUDENTS.index(kept)
         monkeypatch.setenv("LABCTL_STATE_DIR", str(cli.state_dir))
         # each host's first instance (ann, bea) booted and saved the post-boot state, with throwaway keys,

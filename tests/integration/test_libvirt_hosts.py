@@ -78,7 +78,7 @@ def sshd(libvirtd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         "PidFile none\nAllowTcpForwarding yes\n")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     had_known_hosts = KNOWN_HOSTS.exists()
-    log = open(d / "sshd.log", "wb")
+    log = open(d / "sshd.log", "wb")  # noqa: SIM115 - open while sshd runs, closed with it
     proc = harness.popen(["/usr/sbin/sshd", "-f", str(d / "sshd_config"), "-D", "-e"],
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # it gets SIGTERM
     try:

@@ -64,7 +64,7 @@ def libvirtd() -> tuple[int, int]:
         pytest.skip("qemu:///system and the host's labctl-run directory need root")
     caps = virsh("capabilities", uri=URI)
     assert caps.returncode == 0, caps.stderr
-    m = re.search(r"<model>dac</model>.*?<baselabel type='qemu'>\+(\d+):\+(\d+)</baselabel>", caps.stdout, re.S)
+    m = re.search(r"<model>dac</model>.*?<baselabel type='qemu'>\+(\d+):\+(\d+)</baselabel>", caps.stdout, re.DOTALL)
     assert m, "libvirt reports no DAC base label"
     return int(m.group(1)), int(m.group(2))
 
@@ -153,7 +153,7 @@ def test_qemu_runs_unprivileged_and_the_lab_works(cli: Cli, image: Image, kernel
             assert ping.returncode == 0, f"{guest} -> {peer}: {ping.stdout}{ping.stderr}"
         gdb = cli("gdb", NAME, "b", "--batch", "info registers rip", timeout=300)
         assert gdb.returncode == 0, gdb.stdout + gdb.stderr
-        assert re.search(r"^rip\s+0xffffffff[0-9a-f]+", gdb.stdout, re.M), gdb.stdout
+        assert re.search(r"^rip\s+0xffffffff[0-9a-f]+", gdb.stdout, re.MULTILINE), gdb.stdout
         assert "detached" in gdb.stdout.lower()
         st = json.loads(cli("status", "--json", check=True).stdout)["labs"][0]
         assert {g["name"]: g["state"] for g in st["guests"]} == {"a": "running", "b": "running", "c": "running"}

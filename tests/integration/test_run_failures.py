@@ -47,7 +47,7 @@ def test_killing_a_guest_mid_step_keeps_earlier_artifacts_and_the_reason(cli: Cl
     wait_for(lambda: b_pid.exists(), 120, "guest b to start")
     wait_for(lambda: any(runs.glob("*/")) and _second_step_running(cli), 240, "the second step")
     os.kill(int(b_pid.read_text()), signal.SIGKILL)
-    out, err = proc.communicate(timeout=300)
+    _out, err = proc.communicate(timeout=300)
     assert proc.returncode == 6, err
     assert "Traceback" not in err
     (bundle,) = list(runs.iterdir())

@@ -72,7 +72,7 @@ def as_evil(user: pwd.struct_passwd, *argv: str) -> None:
 
 def labctl(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "labctl", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def _tree(d: Path) -> dict[str, tuple[int, str]]:
@@ -153,7 +153,7 @@ def test_a_handout_directory_made_by_another_user_is_refused_before_anything_sta
                           str(alice / "stolen"), str(evil.pw_uid),
                           "class", "up", str(ROOT / "labs" / "training-rp-filter.yaml"), "--roster", str(roster),
                           "--out", str(out), "--accel", "tcg"],
-                         cwd=ROOT, env=cli.env, capture_output=True, text=True, timeout=1800)
+                         cwd=ROOT, env=cli.env, capture_output=True, text=True, timeout=1800, check=False)
     assert (alice / "stolen").read_bytes() == b"", "alice's private key went to the other user's file"
     assert res.returncode == 3, res.stdout + res.stderr
     assert "refusing" in res.stderr and str(alice) in res.stderr and "Traceback" not in res.stderr
@@ -184,7 +184,7 @@ def test_graph_output_never_writes_through_a_link_in_another_users_directory(
     as_evil(evil, "mkdir", "-m", "777", str(d))
     res = subprocess.run([sys.executable, "-c", _PLANT_AND_RUN, str(d), ".g.svg.{pid}.tmp", str(victim),
                           str(evil.pw_uid), "graph", str(ROOT / "labs" / "quickstart.yaml"), "-o", str(d / "g.svg")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert victim.read_text() == "root's\n", res.stdout + res.stderr
     assert res.returncode == 3 and "refusing" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert not (d / "g.svg").exists()
@@ -195,7 +195,7 @@ def test_graph_output_into_a_private_directory_or_tmp_still_works(shared_tmp: Pa
         out = Path(tempfile.mktemp(suffix=".svg", dir=d))
         try:
             res = subprocess.run([sys.executable, "-m", "labctl", "graph", str(ROOT / "labs" / "quickstart.yaml"),
-                                  "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                                  "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
             assert res.returncode == 0, res.stderr
             assert out.read_text().lstrip().startswith("<")
             assert (out.stat().st_mode & 0o777) == 0o644
@@ -219,7 +219,7 @@ def _sleeper(started: list[subprocess.Popen[bytes]], arg: str, uid: int | None =
             os.setgid(uid)
             os.setuid(uid)
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", arg], cwd="/",
-                         preexec_fn=drop, start_new_session=True)
+                         preexec_fn=drop, start_new_session=True)  # noqa: PLW1509 - the test's own child
     started.append(p)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

@@ -40,13 +40,13 @@ def test_three_guests_ping_each_other_with_the_right_drivers(cli: Cli, image: ob
             _assert_ssh_only_on_loopback(int(port))
             assert g["nics"][0]["driver"] in DRIVERS[name]
 
-        for name in ADDRS:
+        for name, addr_ip in ADDRS.items():
             # The NIC carries the lab's name and address, and its model's driver.
             drv = cli("exec", "quickstart", name, "--", "ethtool", "-i", "eth1", check=True).stdout
             driver = drv.splitlines()[0].split(": ", 1)[1]
             assert driver in DRIVERS[name], drv
             addr = cli("exec", "quickstart", name, "--", "ip", "-4", "-o", "addr", "show", "eth1", check=True)
-            assert f"{ADDRS[name]}/24" in addr.stdout
+            assert f"{addr_ip}/24" in addr.stdout
             for other, ip in ADDRS.items():
                 if other != name:
                     ping = cli("exec", "quickstart", name, "--", "ping", "-c", "2", "-W", "3", ip)
@@ -98,7 +98,7 @@ def test_down_all_takes_two_labs_down(cli: Cli, image: object, tmp_path: Path) -
         labs.append(f)
     procs = [cli.popen("up", str(f)) for f in labs]
     for p in procs:
-        out, err = p.communicate(timeout=600)
+        _out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
     status = json.loads(cli("status", "--json", check=True).stdout)
     assert sorted(lab["lab"] for lab in status["labs"]) == ["solo-a", "solo-b"]

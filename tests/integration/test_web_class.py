@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import re
-import select
 import shutil
 import subprocess
 import time

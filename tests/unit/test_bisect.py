@@ -235,12 +235,9 @@ def test_one_bisection_at_a_time_in_a_worktree(tmp_path: Path) -> None:
     from labctl.bisect.build import locked
     from labctl.errors import LabctlError
 
-    with locked(tmp_path):
-        with pytest.raises(LabctlError, match="another labctl bisect is using"):
-            with locked(tmp_path):
-                pass
-    with pytest.raises(BlockingIOError, match="from the work"):  # the block's own, not the lock's
-        with locked(tmp_path):
-            raise BlockingIOError("from the work")
+    with locked(tmp_path), pytest.raises(LabctlError, match="another labctl bisect is using"), locked(tmp_path):
+        pass
+    with pytest.raises(BlockingIOError, match="from the work"), locked(tmp_path):  # the block's own, not the lock's
+        raise BlockingIOError("from the work")
     with locked(tmp_path):  # released
         pass

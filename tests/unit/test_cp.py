@@ -113,7 +113,7 @@ def test_a_host_tree_sends_links_as_links_and_skips_fifos(tmp_path: Path) -> Non
 class _FakeSession:
     """Answers the probe and keeps what ``feed`` is given."""
 
-    class ep:  # noqa: N801
+    class ep:
         guest = "a"
 
     def __init__(self, kind: str) -> None:

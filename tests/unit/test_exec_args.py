@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -40,7 +40,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
         def __init__(self, ep: Any) -> None:
             pass
 
-        def __enter__(self) -> Session:
+        def __enter__(self) -> Self:
             return self
 
         def __exit__(self, *exc: object) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,7 +51,7 @@ def test_switch_process_forwards_real_datagrams(tmp_path: Path) -> None:
             try:
                 while s.recv(2048):
                     pass
-            except socket.timeout:
+            except TimeoutError:
                 pass
             s.settimeout(3)
         socks["a"].sendto(frame(C, A), str(hub))
@@ -61,7 +60,7 @@ def test_switch_process_forwards_real_datagrams(tmp_path: Path) -> None:
         try:
             socks["b"].recv(2048)
             raise AssertionError("unicast to C leaked to B")
-        except socket.timeout:
+        except TimeoutError:
             pass
     finally:
         proc.terminate()

@@ -187,7 +187,7 @@ def _labctl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env["LABCTL_CACHE_DIR"] = str(cwd / "cache")
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run([sys.executable, "-m", "labctl", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
 
 
 def test_validate_and_up_refuse_it_with_the_line_and_the_owner(tmp_path: Path, other_user: tuple[str, int]) -> None:

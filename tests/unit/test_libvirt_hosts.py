@@ -19,11 +19,11 @@ from labctl.backends.qemu.argv import lab_nic_args
 from labctl.errors import LabFileError, UsageError
 from labctl.image.store import Image
 from labctl.lab import load_lab_text
+from labctl.lab.addresses import mgmt_mac
 from labctl.lab.hosts import host_place, place_guests
 from labctl.lab.uri import parse_uri, with_no_verify
 from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP, UdpAddr, plan_networks
 from labctl.ssh import Endpoint
-from labctl.lab.addresses import mgmt_mac
 from tests.conftest import fake_kernel
 
 REMOTE = "qemu+ssh://root@127.0.0.1:2222/system?keyfile=/k/id"

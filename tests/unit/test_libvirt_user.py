@@ -32,9 +32,9 @@ from labctl.cli.doctor import kvm_access
 from labctl.errors import HostError, MachineError
 from labctl.image.store import Image
 from labctl.lab import load_lab_text
+from labctl.lab.addresses import mgmt_mac
 from labctl.lab.hosts import host_place
 from labctl.net.plan import plan_networks
-from labctl.lab.addresses import mgmt_mac
 from tests import harness
 from tests.conftest import fake_kernel
 
@@ -75,7 +75,7 @@ class _Conn:
     def __init__(self, caps: str) -> None:
         self.caps = caps
 
-    def getCapabilities(self) -> str:  # noqa: N802 - libvirt's name
+    def getCapabilities(self) -> str:
         return self.caps
 
 
@@ -135,7 +135,7 @@ class _Pool:
         self.path = path
         self.refreshed = 0
 
-    def XMLDesc(self, _flags: int) -> str:  # noqa: N802 - libvirt's name
+    def XMLDesc(self, _flags: int) -> str:
         return (f"<pool type='dir'><target><path>{self.path}</path>"
                 "<permissions><mode>0711</mode></permissions></target></pool>")
 

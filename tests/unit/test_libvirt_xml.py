@@ -24,8 +24,8 @@ from labctl.backends.libvirt.xml import domain_xml as _domain_xml
 from labctl.backends.qemu.argv import lab_nic_args, mgmt_nic_args
 from labctl.image.store import Image
 from labctl.lab import load_lab
-from labctl.net.plan import plan_networks
 from labctl.lab.addresses import mgmt_mac
+from labctl.net.plan import plan_networks
 from tests.conftest import fake_kernel
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -131,20 +131,7 @@ def test_timestamps_prefixes_and_crlf_give_the_same_report() -> None:
 # -- structure -----------------------------------------------------------------------
 
 def test_several_reports_and_noise_between_them() -> None:
-    text = "\n".join([
-        "[ 1.0] WARNING: this is a user program's message, not the kernel's",
-        "[ 2.0] ------------[ cut here ]------------",
-        "[ 2.1] WARNING: CPU: 1 PID: 9 at net/core/dev.c:3000 skb_warn_bad_offload+0x7e/0x90",
-        "[ 2.2] RIP: 0010:skb_warn_bad_offload+0x7e/0x90",
-        "[ 2.3] Call Trace:",
-        "[ 2.4]  __skb_gso_segment+0x1/0x10",
-        "[ 2.5] ---[ end trace 0000000000000000 ]---",
-        "[ 2.6]  stray_after_end+0x1/0x2",
-        "[ 3.0] general protection fault, probably for non-canonical address 0xdead000000000100: 0000 [#1] SMP",
-        "[ 3.1] RIP: 0010:list_del+0x5/0x40",
-        "[ 3.2] Call Trace:",
-        "[ 3.3]  list_del_entry+0x9/0x20",
-    ])
+    text = "[ 1.0] WARNING: this is a user program's message, not the kernel's\n[ 2.0] ------------[ cut here ]------------\n[ 2.1] WARNING: CPU: 1 PID: 9 at net/core/dev.c:3000 skb_warn_bad_offload+0x7e/0x90\n[ 2.2] RIP: 0010:skb_warn_bad_offload+0x7e/0x90\n[ 2.3] Call Trace:\n[ 2.4]  __skb_gso_segment+0x1/0x10\n[ 2.5] ---[ end trace 0000000000000000 ]---\n[ 2.6]  stray_after_end+0x1/0x2\n[ 3.0] general protection fault, probably for non-canonical address 0xdead000000000100: 0000 [#1] SMP\n[ 3.1] RIP: 0010:list_del+0x5/0x40\n[ 3.2] Call Trace:\n[ 3.3]  list_del_entry+0x9/0x20"
     warn, gpf = parse_oopses(text)
     assert warn.title == "WARNING in skb_warn_bad_offload" and warn.line_no == 3
     assert symbols(warn) == ["__skb_gso_segment+0x1/0x10"]
@@ -152,10 +139,7 @@ def test_several_reports_and_noise_between_them() -> None:
 
 
 def test_panic_with_its_own_trace_stays_a_report() -> None:
-    text = "\n".join(["WARNING: CPU: 0 PID: 1 at a.c:1 foo+0x1/0x10", "RIP: 0010:foo+0x1/0x10", "Call Trace:",
-                      " bar+0x5/0x10", "Kernel panic - not syncing: kernel: panic_on_warn set ...",
-                      "Call Trace:", " <TASK>", " dump_stack_lvl+0x44/0x5c", " panic+0x118/0x2f4",
-                      " check_panic_on_warn+0x2a/0x50", " __warn+0x9b/0x150", " foo+0x1/0x10"])
+    text = "WARNING: CPU: 0 PID: 1 at a.c:1 foo+0x1/0x10\nRIP: 0010:foo+0x1/0x10\nCall Trace:\n bar+0x5/0x10\nKernel panic - not syncing: kernel: panic_on_warn set ...\nCall Trace:\n <TASK>\n dump_stack_lvl+0x44/0x5c\n panic+0x118/0x2f4\n check_panic_on_warn+0x2a/0x50\n __warn+0x9b/0x150\n foo+0x1/0x10"
     warn, panic = parse_oopses(text)
     assert warn.panic is None
     assert panic.title == "Kernel panic - not syncing: kernel: panic_on_warn set ..."
@@ -163,12 +147,7 @@ def test_panic_with_its_own_trace_stays_a_report() -> None:
 
 
 def test_kasan_allocation_and_free_stacks_are_labelled() -> None:
-    text = "\n".join(["BUG: KASAN: slab-use-after-free in skb_release_data+0x4a1/0x5e0",
-                      "Read of size 8 at addr ffff888012345678 by task ping/130", "Call Trace:", " <TASK>",
-                      " dump_stack_lvl+0x44/0x5c", " kasan_report+0xb0/0xe0", " skb_release_data+0x4a1/0x5e0",
-                      " </TASK>", "", "Allocated by task 130:", " kasan_save_stack+0x22/0x50",
-                      " __alloc_skb+0xd9/0x1a0", "", "Freed by task 0:", " kfree_skb_reason+0x50/0x120",
-                      "---[ end trace 0000000000000000 ]---"])
+    text = "BUG: KASAN: slab-use-after-free in skb_release_data+0x4a1/0x5e0\nRead of size 8 at addr ffff888012345678 by task ping/130\nCall Trace:\n <TASK>\n dump_stack_lvl+0x44/0x5c\n kasan_report+0xb0/0xe0\n skb_release_data+0x4a1/0x5e0\n </TASK>\n\nAllocated by task 130:\n kasan_save_stack+0x22/0x50\n __alloc_skb+0xd9/0x1a0\n\nFreed by task 0:\n kfree_skb_reason+0x50/0x120\n---[ end trace 0000000000000000 ]---"
     [o] = parse_oopses(text)
     assert o.title == "BUG: KASAN: slab-use-after-free in skb_release_data"
     assert [f.stack for f in o.frames] == [""] * 3 + ["Allocated by task 130"] * 2 + ["Freed by task 0"]
@@ -176,9 +155,7 @@ def test_kasan_allocation_and_free_stacks_are_labelled() -> None:
 
 
 def test_nested_sections_close_back_to_the_outer_one() -> None:
-    text = "\n".join(["BUG: soft lockup - CPU#0 stuck for 22s! [swapper/0:0]", "Call Trace:", " <NMI>",
-                      " nmi_handle+0x1/0x2", " </NMI>", " <IRQ>", " irq_fn+0x1/0x2", " </IRQ>", " <TASK>",
-                      " task_fn+0x1/0x2", " </TASK>"])
+    text = "BUG: soft lockup - CPU#0 stuck for 22s! [swapper/0:0]\nCall Trace:\n <NMI>\n nmi_handle+0x1/0x2\n </NMI>\n <IRQ>\n irq_fn+0x1/0x2\n </IRQ>\n <TASK>\n task_fn+0x1/0x2\n </TASK>"
     [o] = parse_oopses(text)
     assert [f.context for f in o.frames] == ["nmi", "irq", "task"]
     assert o.title == "BUG: soft lockup in nmi_handle"  # no RIP: the first reliable frame

@@ -422,7 +422,7 @@ def sleepers(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]
                 os.setgid(uid)
                 os.setuid(uid)
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *args],
-                             preexec_fn=drop, start_new_session=True)
+                             preexec_fn=drop, start_new_session=True)  # noqa: PLW1509 - the test's own child
         started.append(p)
         return p
 
@@ -498,7 +498,7 @@ def test_archive_never_writes_through_a_planted_part_file(tmp_path: Path) -> Non
     (out / ".a.tar.gz.part").symlink_to(victim)  # the temporary name pack used before
     try:
         dest = pack(run, out / "a.tar.gz")
-    except Exception as exc:  # a bundle check stricter than this stand-in: the link is what matters
+    except Exception as exc:  # noqa: BLE001 - a bundle check stricter than this stand-in: the link is what matters
         pytest.skip(f"stand-in bundle refused: {exc}")
     assert victim.read_text() == "precious\n"
     assert dest == out / "a.tar.gz" and dest.stat().st_size > 0
@@ -511,10 +511,9 @@ def test_build_into_replaces_the_directory_whole_or_not_at_all(tmp_path: Path) -
     final = tmp_path / "thing"
     final.mkdir()
     (final / "old").write_text("1")
-    with pytest.raises(RuntimeError):
-        with build_into(final) as work:
-            (work / "new").write_text("2")
-            raise RuntimeError("half way")
+    with pytest.raises(RuntimeError), build_into(final) as work:
+        (work / "new").write_text("2")
+        raise RuntimeError("half way")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thing"]  # no work directory left
     assert [p.name for p in final.iterdir()] == ["old"]
     with build_into(final) as work:

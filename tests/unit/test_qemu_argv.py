@@ -11,8 +11,8 @@ from labctl.backends.qemu.argv import build_argv, opt
 from labctl.errors import MachineError
 from labctl.image.store import Image
 from labctl.lab import load_lab
-from labctl.net.plan import ALONE, DIRECT, SWITCH, plan_networks
 from labctl.lab.addresses import mgmt_mac
+from labctl.net.plan import ALONE, DIRECT, SWITCH, plan_networks
 from tests.conftest import fake_kernel
 
 ROOT = Path(__file__).resolve().parents[2]

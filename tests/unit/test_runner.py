@@ -22,8 +22,8 @@ from labctl.backends.base import GuestRecord
 from labctl.lab import load_lab_text
 from labctl.pipeline import run_steps
 from labctl.ssh import Result
-from labctl.steps.runner import Runner
 from labctl.state.runstate import LabState
+from labctl.steps.runner import Runner
 from tests.conftest import fake_kernel
 
 LAB = """\

@@ -133,10 +133,7 @@ def test_coalesced_segment_is_delivered_by_the_next_copy_of_its_target() -> None
 
 
 def test_a_drop_disturbs_packets_in_flight_and_no_packet_spans_it() -> None:
-    text = "\n".join([
-        "  iperf3-7 [000] 1.000000000: napi_gro_receive_entry: dev=eth1 skbaddr=0xa00 len=1500",
-        "CPU:0 [5 EVENTS DROPPED]",
-        "  iperf3-7 [000] 1.500000000: netif_receive_skb: dev=eth1 skbaddr=0xa00 len=1500"])
+    text = "  iperf3-7 [000] 1.000000000: napi_gro_receive_entry: dev=eth1 skbaddr=0xa00 len=1500\nCPU:0 [5 EVENTS DROPPED]\n  iperf3-7 [000] 1.500000000: netif_receive_skb: dev=eth1 skbaddr=0xa00 len=1500"
     corr = follow(parse_report(text))
     assert corr.rx[0].disturbed and why_not_followed(corr.rx[0]) == "trace events were lost while it was in flight"
     assert corr.rx[1].point("entry") is None  # the rest is a fragment, never joined to the first

@@ -184,7 +184,7 @@ def test_lab_file_problems_name_a_hostile_file_escaped(labctl, tmp_path: Path) -
     rc, out, err = labctl("validate", str(tmp_path / f"lab{CLEAR}{TITLE}.yaml"))
     assert rc == 2
     assert_no_controls(out + err)
-    assert f"lab\\x1b[2J\\x1b]0;pwned\\x07.yaml:1: cannot read lab file" in err
+    assert "lab\\x1b[2J\\x1b]0;pwned\\x07.yaml:1: cannot read lab file" in err
 
 
 def test_log_records_are_escaped() -> None:

@@ -12,10 +12,10 @@ import pytest
 from labctl.errors import EXIT_CHECKS_FAILED, GuestError, LabFileError, LabStateError, UsageError
 from labctl.lab.model import Check
 from labctl.ssh import Endpoint
+from labctl.state.runstate import LabState
 from labctl.training import classroom, grading, handout
 from labctl.training.classroom import ClassRecord, parse_roster
 from labctl.training.grading import CheckResult
-from labctl.state.runstate import LabState
 from tests.conftest import ROOT
 
 

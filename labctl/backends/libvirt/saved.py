@@ -41,6 +41,7 @@ from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
 from labctl.backends.base import GuestRecord
+from labctl.backends.libvirt import saveimage
 from labctl.backends.libvirt.api import (
     CONSOLE_ATTACH_TIMEOUT,
     RELAY,
@@ -54,7 +55,6 @@ from labctl.backends.libvirt.api import (
     wait_gone,
     where,
 )
-from labctl.backends.libvirt import saveimage
 from labctl.backends.libvirt.binding import binding
 from labctl.backends.owned import record as record_owned
 from labctl.errors import MachineError
@@ -152,9 +152,9 @@ def start_from(conn: Any, template: Template, host: HostPlace, guest_dir: Path, 
     except (saveimage.SaveImageError, UnicodeDecodeError) as exc:
         raise MachineError(f"guest {guest}: the post-boot state of {template.ident} on {where_} "
                            f"cannot start it: {exc}") from exc
-    host_io(host, ["sh", "-c", 'cp --sparse=always -- "$1" "$2" && '
-                   'dd of="$2" bs="$3" count=1 conv=notrunc iflag=fullblock status=none && '
-                   'cp --sparse=always -- "$4" "$5" && cp --sparse=always -- "$4" "$6"',
+    host_io(host, ["sh", "-c", ('cp --sparse=always -- "$1" "$2" && '
+                                'dd of="$2" bs="$3" count=1 conv=notrunc iflag=fullblock status=none && '
+                                'cp --sparse=always -- "$4" "$5" && cp --sparse=always -- "$4" "$6"'),
                    "sh", template.save, state, str(len(new)), template.disk, copy, disk],
             f"copy the post-boot state of {template.ident} for guest {guest}", data=new, timeout=120.0)
     lv = binding()

@@ -259,10 +259,10 @@ def _verified(conn: Any, pool: Any, name: str, sha256: str) -> bool:
     upload: it is deleted.
     """
     marker = lookup_volume(pool, name + MARKER)
-    if lookup_volume(pool, name) is not None and marker is not None:
-        if read_volume(conn, marker).decode(errors="replace").split()[:1] == [sha256]:
-            log.info("volume %s is in pool %s with sha256 %s", name, POOL, sha256)
-            return True
+    if (lookup_volume(pool, name) is not None and marker is not None
+            and read_volume(conn, marker).decode(errors="replace").split()[:1] == [sha256]):
+        log.info("volume %s is in pool %s with sha256 %s", name, POOL, sha256)
+        return True
     for stale in (name, name + MARKER):
         delete_volume(pool, stale)
     return False
@@ -422,8 +422,8 @@ def _hole(_st: Any, fd: int) -> list[Any]:
 def _abort(stream: Any) -> None:
     try:
         stream.abort()
-    except Exception:  # noqa: BLE001 - already failing; keep the first error
-        pass
+    except Exception as exc:  # noqa: BLE001 - already failing; keep the first error
+        log.debug("aborting a stream: %s", exc)
 
 
 def _lv() -> Any:

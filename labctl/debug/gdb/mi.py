@@ -7,16 +7,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pygdbmi import gdbmiparser
 
 from labctl import proc
 from labctl.debug.gdb.transcript import mi_quote
 from labctl.errors import DebugError, LabctlError, MiTimeout
-
-if TYPE_CHECKING:
-    pass
 
 CMD_TIMEOUT = 30.0  # one MI command; TCG makes gdbstub round trips slow
 EXIT_TIMEOUT = 5.0

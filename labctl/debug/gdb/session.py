@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from labctl.backends.monitor import Monitor, as_monitor, ensure_resumed, qmp_running
 from labctl.debug.gdb.mi import CMD_TIMEOUT, MiSession
@@ -30,9 +30,6 @@ from labctl.debug.gdb.transcript import (
     write_transcript,
 )
 from labctl.errors import DebugError
-
-if TYPE_CHECKING:
-    pass
 
 LOAD_TIMEOUT = 120.0  # reading vmlinux.debug's symbols (~3 s normally)
 STEP_TIMEOUT = 30.0  # one -exec-next/-exec-step

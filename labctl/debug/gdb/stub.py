@@ -7,13 +7,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from labctl.errors import DebugError
 from labctl.lab.uri import SshHop
-
-if TYPE_CHECKING:
-    pass
 
 FORWARD_TIMEOUT = 30.0  # a remote gdbstub's SSH forward to come up
 

@@ -7,13 +7,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from labctl.debug.symbolize import normalize_path
 from labctl.errors import UsageError
-
-if TYPE_CHECKING:
-    pass
 
 TRANSCRIPT_JSON = "gdb-transcript.json"
 TRANSCRIPT_TXT = "gdb-transcript.txt"
