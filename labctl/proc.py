@@ -10,7 +10,8 @@ grace period, then SIGKILL. Kinds of children:
   owned by whoever started it;
 * :func:`spawn_tied`: a helper that must never outlive labctl (dies with it);
 * :func:`start_piped`: a long-lived child labctl talks to over pipes (gdb/MI, addr2line);
-* :func:`foreground`: an interactive program on the user's terminal (gdb).
+* :func:`foreground`: an interactive program on the user's terminal (gdb);
+* :func:`replace_with`: an interactive program in labctl's place (``labctl ssh``).
 
 Stopping: :func:`kill_group` for a child this process started,
 :func:`stop_pid` for one known only by pid (and a marker in its command
@@ -32,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from labctl.errors import HostError, ProcessError
 
@@ -244,6 +245,20 @@ def start_piped(argv: Sequence[str | os.PathLike[str]]) -> subprocess.Popen[byte
     :raise HostError: when the program does not exist.
     """
     return _popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def replace_with(argv: Sequence[str | os.PathLike[str]]) -> NoReturn:
+    """Replace labctl by ``argv`` (``exec``): an interactive program that is the whole rest of the
+    command, on this terminal, with labctl's pid and session.
+
+    :raise HostError: when the program does not exist.
+    """
+    args = [os.fspath(a) for a in argv]
+    log.debug("exec: %s", shlex.join(args))
+    try:
+        os.execvp(args[0], args)
+    except FileNotFoundError as exc:
+        raise HostError(f"'{args[0]}' is not installed", hint="run the README's setup command") from exc
 
 
 def foreground(argv: Sequence[str | os.PathLike[str]]) -> int:

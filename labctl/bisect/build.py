@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 from labctl.bisect.search import git
 from labctl.errors import LabctlError
 from labctl.paths import alone, atomic_write, cache_dir
-from labctl.proc import kill_group
+from labctl.proc import run, run_lines
 
 WORKTREE = "wt"
 READY = "wt.ready"  # written once the worktree's copy is complete (a copy stopped half-way is made again)
@@ -37,6 +36,9 @@ BUILDS = "builds.json"
 LOCK = "lock"
 LOG_TAIL = 40
 FAILED = "failed: "  # a build cache entry for a commit that does not build
+COPY_TIMEOUT = 3600.0  # the first copy of the user's tree and its build objects
+OBJTOOL_TIMEOUT = 1800.0
+BUILD_TIMEOUT = 6 * 3600.0  # one make: a commit that touches a common header rebuilds most of the kernel
 
 
 def default_work(tree: Path) -> Path:
@@ -93,12 +95,12 @@ class Worktree:
         git(self.tree, "worktree", "add", "--detach", "--no-checkout", str(self.path), rev)
         # the user's files and build objects with their times to the nanosecond (make compares them)
         names = [str(self.tree / n) for n in os.listdir(self.tree) if n != ".git"]
-        res = subprocess.run(["cp", "-a", "--reflink=auto", "--", *names, str(self.path)], capture_output=True,
-                             text=True, stdin=subprocess.DEVNULL, check=False)
+        res = run(["cp", "-a", "--reflink=auto", "--", *names, str(self.path)], COPY_TIMEOUT, check=False)
         if res.returncode != 0:
-            raise LabctlError(f"copying {self.tree} into {self.path} failed: {res.stderr.strip()[-300:]}")
+            raise LabctlError(f"copying {self.tree} into {self.path} failed: "
+                              f"{res.stderr.decode(errors='replace').strip()[-300:]}")
         git(self.path, "read-tree", rev)
-        subprocess.run(["git", "-C", str(self.path), "update-index", "-q", "--refresh"], capture_output=True, check=False)
+        run(["git", "-C", str(self.path), "update-index", "-q", "--refresh"], 600, check=False)
         git(self.path, "checkout", "-q", "-f", "--detach", rev)
         self._objtool()
         atomic_write(self.work / READY, f"{self.tree}\n")
@@ -111,8 +113,10 @@ class Worktree:
         ref = self.tree / "tools" / "objtool" / "objtool"
         if not ref.is_file():
             return
-        res = subprocess.run(["make", "-C", str(self.path), "tools/objtool"], capture_output=True, text=True,
-                             env=self._env(), stdin=subprocess.DEVNULL, check=False)
+        try:
+            res = run(["make", "-C", str(self.path), "tools/objtool"], OBJTOOL_TIMEOUT, env=self._env(), check=False)
+        except LabctlError:
+            return  # the first build rebuilds everything then; slow, not wrong
         if res.returncode != 0:
             return  # the first build rebuilds everything then; slow, not wrong
         st = ref.stat()
@@ -137,22 +141,19 @@ class Worktree:
             shutil.copy2(cfg, dst)
         env = self._env()
         lines: list[str] = []
+
+        def line(text: str) -> None:
+            lines.append(text)
+            if len(lines) > 4000:
+                del lines[:2000]
+            on_line(text)
+
         for target in (["olddefconfig"], [f"-j{jobs}", "vmlinux", "modules"]):
-            # make and its compilers in a session of their own: stopped as one group below
-            proc = subprocess.Popen(["make", "-C", str(self.path), *target], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, errors="replace", env=env,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            assert proc.stdout is not None
+            # make and its compilers in a session of their own, stopped as one group on Ctrl-C (labctl.proc)
             try:
-                for line in proc.stdout:
-                    lines.append(line.rstrip("\n"))
-                    if len(lines) > 4000:
-                        del lines[:2000]
-                    on_line(line.rstrip("\n"))
-                rc = proc.wait()
-            except BaseException:  # Ctrl-C: make runs in its own session, so stop it and its compilers
-                kill_group(proc)
-                raise
+                rc = run_lines(["make", "-C", str(self.path), *target], line, BUILD_TIMEOUT, env=env)
+            except LabctlError as exc:  # timed out
+                return BuildResult(False, time.monotonic() - t0, exc.message[:300], "\n".join(lines[-LOG_TAIL:]))
             if rc != 0:
                 errors = [ln for ln in lines if ": error:" in ln or "Error " in ln]
                 reason = (errors[0] if errors else f"make {' '.join(target)} exited {rc}").strip()

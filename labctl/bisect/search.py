@@ -9,11 +9,11 @@ was skipped, the answer is "one of these".
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.errors import LabctlError, UsageError
+from labctl.proc import run
 
 
 def git(repo: Path | str, *args: str, timeout: float = 600) -> str:
@@ -22,13 +22,13 @@ def git(repo: Path | str, *args: str, timeout: float = 600) -> str:
     :raise LabctlError: when git fails (its message).
     """
     try:
-        res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LabctlError(f"git {' '.join(args)}: {exc}") from exc
+        res = run(["git", "-C", str(repo), *args], timeout, check=False)
+    except LabctlError as exc:  # not installed, or timed out
+        raise LabctlError(f"git {' '.join(args)}: {exc.message}") from exc
     if res.returncode != 0:
-        raise LabctlError(f"git {' '.join(args)} in {repo}: {(res.stderr or res.stdout).strip()[-500:]}")
-    return res.stdout
+        raise LabctlError(f"git {' '.join(args)} in {repo}: "
+                          f"{(res.stderr or res.stdout).decode(errors='replace').strip()[-500:]}")
+    return res.stdout.decode(errors="replace")
 
 
 def resolve(repo: Path, rev: str) -> str:
@@ -54,9 +54,7 @@ def diffstat(repo: Path, sha: str) -> str:
 
 
 def is_ancestor(repo: Path, old: str, new: str) -> bool:
-    res = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", old, new], capture_output=True,
-                         stdin=subprocess.DEVNULL, check=False)
-    return res.returncode == 0
+    return run(["git", "-C", str(repo), "merge-base", "--is-ancestor", old, new], 600, check=False).returncode == 0
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from typing import NoReturn
 
 from labctl import __version__
 from labctl.cli import (
-    access,
     bisect_cmd,
     capture_cmd,
     check_cmd,
@@ -19,6 +18,7 @@ from labctl.cli import (
     compare_cmd,
     cp_cmd,
     doctor,
+    exec_cmd,
     gdb_cmd,
     graph_cmd,
     images,
@@ -31,6 +31,7 @@ from labctl.cli import (
     restore_cmds,
     run_cmd,
     serve_cmd,
+    ssh_cmd,
     validate_cmd,
 )
 from labctl.cli.ui import error
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     oops_cmd.register(sub)
     gdb_cmd.register(sub)
     doctor.register(sub)
-    access.register(sub)
+    ssh_cmd.register(sub)
+    exec_cmd.register(sub)
     cp_cmd.register(sub)
     check_cmd.register(sub)
     class_cmd.register(sub)

@@ -241,3 +241,25 @@ def test_one_bisection_at_a_time_in_a_worktree(tmp_path: Path) -> None:
         raise BlockingIOError("from the work")
     with locked(tmp_path):  # released
         pass
+
+
+def test_the_worktree_builds_each_commit_through_proc(history: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """The worktree (a copy of the tree with its files) moves to a commit and runs make there through
+    labctl.proc (git and make never through subprocess): a target that fails gives make's error line."""
+    from labctl.bisect.build import Worktree
+
+    repo, shas = history
+    (repo / ".config").write_text("CONFIG_X=y\n")
+    (repo / "Makefile").write_text("olddefconfig:\n\t@echo configured\nvmlinux modules:\n"
+                                   "\t@test \"$$(cat f)\" != 3 || { echo 'f.c:1: error: three' >&2; exit 2; }\n"
+                                   "\t@echo built $$(cat f)\n")
+    wt = Worktree(repo, tmp_path / "work")
+    wt.ensure(shas[5])
+    assert (wt.path / "f").read_text() == "5\n" and wt.ready()
+    lines: list[str] = []
+    ok = wt.build(1, lines.append)
+    assert ok.ok and "configured" in lines and "built 5" in ok.log
+    wt.checkout(shas[3])
+    bad = wt.build(1)
+    assert not bad.ok and bad.reason == "f.c:1: error: three"
+    assert (repo / "f").read_text() == "16\n"  # the user's checkout is never touched

@@ -1,16 +1,21 @@
-"""``labctl exec LAB GUEST [--timeout S] [--] COMMAND``: what reaches the guest (issue 19, item 10)."""
+"""``labctl exec LAB GUEST [--timeout S] [--] COMMAND``: what reaches the guest (issue 19, item 10); ``labctl ssh``."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Self
 
 import pytest
 
-from labctl.cli import access
+from labctl.cli import exec_cmd
 from labctl.cli import main as cli_main
-from labctl.cli.access import DEFAULT_TIMEOUT, split_exec
+from labctl.cli.exec_cmd import DEFAULT_TIMEOUT, split_exec
 from labctl.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -51,8 +56,8 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
             record.runs.append((command, timeout))
             return Result()
 
-    monkeypatch.setattr(access.LabState, "load", staticmethod(State))
-    monkeypatch.setattr(access, "Session", Session)
+    monkeypatch.setattr(exec_cmd.LabState, "load", staticmethod(State))
+    monkeypatch.setattr(exec_cmd, "Session", Session)
     return record
 
 
@@ -105,3 +110,25 @@ def test_split_exec_directly() -> None:
     assert split_exec(["l", "g", "--timeout", "2.5", "--", "a", "--", "b"], 60.0) == ("l", "g", 2.5, ["a", "--", "b"])
     with pytest.raises(UsageError):
         split_exec(["l", "g", "--timeout=", "--", "a"], 60.0)
+
+
+def test_ssh_puts_openssh_in_labctls_place() -> None:
+    """``labctl ssh`` becomes the endpoint's ssh command (labctl.proc.replace_with), same pid; a missing
+    program is a HostError (exit 3), not a traceback. (In a child: it replaces the process.)"""
+    code = ("import os, sys\n"
+            "from labctl.cli import ssh_cmd\n"
+            "class E:\n"
+            "    def openssh_argv(self): return sys.argv[1:]\n"
+            "class S:\n"
+            "    def endpoint(self, guest): return E()\n"
+            "ssh_cmd.LabState.load = staticmethod(lambda lab: S())\n"
+            "from labctl.cli.main import main\n"
+            "print(os.getpid(), flush=True)\n"
+            "sys.exit(main(['ssh', 'lab', 'a']))\n")
+    res = subprocess.run([sys.executable, "-c", code, "sh", "-c", "echo $$ replaced"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT, check=False)
+    pid, line = res.stdout.splitlines()
+    assert res.returncode == 0 and line == f"{pid} replaced", res
+    res = subprocess.run([sys.executable, "-c", code, "/nonexistent/ssh"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, check=False)
+    assert res.returncode == 3 and "is not installed" in res.stderr and "Traceback" not in res.stderr

@@ -1,12 +1,25 @@
-"""The pipeline's shape, checked: each package's docstring says what it never imports, in a line
-``Imports never: labctl.x, labctl.y``, and no module of the package does (lazy imports inside
-functions and ``TYPE_CHECKING`` imports count too). No package imports one that imports it back.
+"""The pipeline's shape, checked on the source (each rule with a test that feeds it a break).
+
+* each stage package's docstring says what it never imports, in lines ``Imports never: labctl.x,
+  labctl.y`` (any number of them, anywhere in the docstring), and no module of the package does,
+  however the import is written: ``import x``, ``from x import y``, relative, inside a function,
+  under ``TYPE_CHECKING``, or through ``importlib.import_module``/``__import__`` (a dynamic
+  import the walk cannot read is refused);
+* no package imports one that imports it back, through any number of others (top-level modules
+  such as :mod:`labctl.pipeline` count as packages of their own);
+* only :mod:`labctl.proc` runs host processes (``subprocess``, ``os.exec*``, ``os.system``,
+  ``os.popen``, ``os.spawn*``, ``pty``);
+* the CLI never sequences the front of the pipeline itself.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,48 +30,119 @@ ROOT = Path(labctl.__file__).resolve().parent
 RULE = "Imports never:"
 # Packages that may import anything: the CLI sits on top of every stage.
 UNRULED = {"labctl.cli"}
+PROCESS_MODULES = ("subprocess", "pty", "multiprocessing")
+PROCESS_CALLS = {"system", "popen", "execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe",
+                 "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe",
+                 "posix_spawn", "posix_spawnp", "fork", "forkpty"}
+PROCESS_HOME = "labctl.proc"
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path | None = None) -> str:
+    root = root or ROOT
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> list[tuple[str, int]]:
-    """Every labctl module ``path`` imports (absolute, with its line), wherever the import sits."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+@dataclass(frozen=True)
+class Import:
+    """One module a source file imports: its absolute name, the line, and the names taken from it."""
+
+    target: str
+    line: int
+    names: tuple[str, ...] = ()
+    dynamic: bool = False  # importlib.import_module / __import__
+
+
+def _absolute(package: str, level: int, module: str | None) -> str:
+    if not level:
+        return module or ""
+    base = package.split(".")
+    base = base[:len(base) - level + 1]
+    return ".".join(base + ([module] if module else []))
+
+
+def _dynamic(node: ast.Call, importers: set[str]) -> str | None:
+    """The module name of ``importlib.import_module("x")`` or ``__import__("x")`` (``importers``: the
+    names they go by in the file); "?" when it is not a literal (the walk cannot tell what it
+    imports); None for any other call."""
+    f = node.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    if name not in importers:
+        return None
+    arg = node.args[0] if node.args else None
+    return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else "?"
+
+
+def imports_in(tree: ast.AST, module: str, is_package: bool) -> list[Import]:
+    """Every module ``tree`` imports, wherever the import sits (functions, TYPE_CHECKING blocks)."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[Import] = []
+    importers = {"import_module", "__import__"} | {a.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                                                  for a in node.names if a.name == "import_module" and a.asname}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(a.name, node.lineno) for a in node.names]
+            found += [Import(a.name, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _absolute(package, node.level, node.module)
             # ``from labctl.x import y`` may import the module labctl.x.y
-            found.append((target, node.lineno))
-            found += [(f"{target}.{a.name}", node.lineno) for a in node.names]
-    return [(t, line) for t, line in found if t == "labctl" or t.startswith("labctl.")]
+            found.append(Import(target, node.lineno, tuple(a.name for a in node.names)))
+            found += [Import(f"{target}.{a.name}", node.lineno) for a in node.names]
+        elif isinstance(node, ast.Call) and (target := _dynamic(node, importers)) is not None:
+            found.append(Import(target, node.lineno, dynamic=True))
+    return found
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    module: str
+    tree: ast.Module
+
+    @property
+    def rel(self) -> str:
+        return str(self.path.relative_to(ROOT.parent))
+
+    def imports(self) -> list[Import]:
+        return imports_in(self.tree, self.module, self.path.name == "__init__.py")
+
+    def labctl_imports(self) -> list[Import]:
+        return [i for i in self.imports() if i.target == "labctl" or i.target.startswith("labctl.")]
+
+
+@functools.cache
+def sources() -> tuple[Source, ...]:
+    return tuple(Source(p, module_name(p), ast.parse(p.read_text(), str(p))) for p in sorted(ROOT.rglob("*.py")))
 
 
 def packages() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(ROOT.rglob("__init__.py"))}
 
 
-def rules() -> dict[str, list[str]]:
-    out = {}
-    for name, init in packages().items():
-        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-        lines = [line for line in doc.splitlines() if line.startswith(RULE)]
-        if lines:
-            out[name] = [w.strip() for w in lines[0][len(RULE):].split(",") if w.strip()]
+def docstring(init: Path) -> str:
+    return ast.get_docstring(ast.parse(init.read_text())) or ""
+
+
+def rule_of(doc: str) -> list[str]:
+    """Every package an ``Imports never:`` line names (all such lines, with continuation lines:
+    indented lines right after one that go on naming packages)."""
+    out: list[str] = []
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith(RULE):
+            continue
+        text = line[len(RULE):]
+        for more in lines[i + 1:]:
+            if not more.startswith((" ", "\t")) or not more.strip().startswith("labctl."):
+                break
+            text += "," + more
+        out += [w.strip() for w in text.split(",") if w.strip()]
     return out
+
+
+def rules() -> dict[str, list[str]]:
+    return {name: rule for name, init in packages().items() if (rule := rule_of(docstring(init)))}
 
 
 def is_under(module: str, prefix: str) -> bool:
@@ -68,6 +152,14 @@ def is_under(module: str, prefix: str) -> bool:
 def existing(module: str) -> bool:
     rel = Path(*module.split("."))
     return (ROOT.parent / rel).with_suffix(".py").is_file() or (ROOT.parent / rel / "__init__.py").is_file()
+
+
+def stage_of(module: str) -> str:
+    """``labctl.x`` for anything in package or module x."""
+    return ".".join(module.split(".")[:2])
+
+
+# --------------------------------------------------------------------------- Imports never
 
 
 def test_every_stage_package_states_its_rule() -> None:
@@ -82,52 +174,159 @@ def test_every_rule_names_real_packages() -> None:
             assert existing(f), f"{pkg}: '{RULE}' names {f}, which does not exist"
 
 
-def test_no_package_imports_what_its_docstring_forbids() -> None:
+def broken_rules(table: dict[str, list[str]]) -> list[str]:
     broken = []
-    table = rules()
-    for path in sorted(ROOT.rglob("*.py")):
-        mod = module_name(path)
+    for src in sources():
         for pkg, forbidden in table.items():
-            if not is_under(mod, pkg):
+            if not is_under(src.module, pkg):
                 continue
-            for target, line in imports_of(path):
-                hit = next((f for f in forbidden if is_under(target, f)), None)
+            for imp in src.imports():
+                if imp.dynamic and imp.target == "?":
+                    broken.append(f"{src.rel}:{imp.line}: a dynamic import of a name the rules cannot read")
+                    continue
+                hit = next((f for f in forbidden if is_under(imp.target, f)), None)
                 if hit:
-                    broken.append(f"{path.relative_to(ROOT.parent)}:{line}: {mod} imports {target} "
+                    broken.append(f"{src.rel}:{imp.line}: {src.module} imports {imp.target} "
                                   f"({pkg} says '{RULE} {hit}')")
+    return broken
+
+
+def test_no_package_imports_what_its_docstring_forbids() -> None:
+    broken = broken_rules(rules())
     assert not broken, "\n".join(broken)
-
-
-def stage_of(module: str) -> str:
-    return ".".join(module.split(".")[:2])
-
-
-def test_no_two_stages_import_each_other() -> None:
-    edges: dict[str, dict[str, str]] = defaultdict(dict)
-    for path in sorted(ROOT.rglob("*.py")):
-        mod = module_name(path)
-        for target, line in imports_of(path):
-            a, b = stage_of(mod), stage_of(target)
-            if a != b and existing(target) and b != "labctl":
-                edges[a].setdefault(b, f"{path.relative_to(ROOT.parent)}:{line}")
-    loops = sorted(f"{a} <-> {b}: {edges[a][b]} and {edges[b][a]}"
-                   for a in edges for b in edges[a] if a < b and a in edges.get(b, {}))
-    assert not loops, "\n".join(loops)
 
 
 @pytest.mark.parametrize("source, expected", [
     ("from labctl.up import warm\n", {"labctl.up", "labctl.up.warm"}),
+    ("import labctl.up.warm as w\n", {"labctl.up.warm"}),
     ("def f():\n    import labctl.cli.main\n", {"labctl.cli.main"}),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from labctl.steps.result import R\n",
      {"labctl.steps.result", "labctl.steps.result.R"}),
+    ("import importlib\nm = importlib.import_module('labctl.report')\n", {"labctl.report"}),
+    ("from importlib import import_module as im\nm = im('labctl.cli')\n", {"labctl.cli"}),
+    ("m = __import__('labctl.bundle.write')\n", {"labctl.bundle.write"}),
+    ("from .. import report\n", {"labctl", "labctl.report"}),
+    ("from ..report import html\n", {"labctl.report", "labctl.report.html"}),
 ])
-def test_the_walk_sees_every_kind_of_import(tmp_path: Path, source: str, expected: set[str],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    pkg = tmp_path / "labctl" / "x"
-    pkg.mkdir(parents=True)
-    (pkg / "m.py").write_text(source)
-    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path / "labctl")
-    assert {t for t, _ in imports_of(pkg / "m.py")} == expected
+def test_the_walk_sees_every_kind_of_import(source: str, expected: set[str]) -> None:
+    tree = ast.parse(source)
+    assert {i.target for i in imports_in(tree, "labctl.x.m", False) if i.target.startswith("labctl")} == expected
+
+
+@pytest.mark.parametrize("doc, expected", [
+    ("Owns x.\n\nImports never: labctl.a, labctl.b\n", ["labctl.a", "labctl.b"]),
+    ("Imports never: labctl.a\nMore prose.\nImports never: labctl.c\n", ["labctl.a", "labctl.c"]),
+    ("Imports never: labctl.a,\n    labctl.b, labctl.c\nprose\n", ["labctl.a", "labctl.b", "labctl.c"]),
+])
+def test_every_rule_line_is_read(doc: str, expected: list[str]) -> None:
+    assert rule_of(doc) == expected
+
+
+@pytest.mark.parametrize("line", [
+    "import labctl.cli.main",
+    "from labctl.cli import main",
+    "import importlib\nimportlib.import_module('labctl.cli.main')",
+    "import importlib\nimportlib.import_module('labctl.' + 'cli')",
+])
+def test_a_forbidden_import_is_caught_however_written(line: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module of labctl.trace (which never imports the CLI) with the import written each way."""
+    planted = Source(ROOT / "trace" / "planted.py", "labctl.trace.planted", ast.parse(line + "\n"))
+    real = sources()
+    monkeypatch.setattr(sys.modules[__name__], "sources", lambda: (*real, planted))
+    assert any("labctl.trace.planted" in b or "trace/planted.py" in b for b in broken_rules(rules()))
+
+
+# --------------------------------------------------------------------------- loops
+
+
+def stage_graph() -> dict[str, dict[str, str]]:
+    """stage -> stage it imports -> where (the first such import)."""
+    edges: dict[str, dict[str, str]] = defaultdict(dict)
+    for src in sources():
+        for imp in src.labctl_imports():
+            a, b = stage_of(src.module), stage_of(imp.target)
+            if a != b and b != "labctl" and existing(b):
+                edges[a].setdefault(b, f"{src.rel}:{imp.line}")
+    return edges
+
+
+def loops(edges: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(set(edges) | {w for e in edges.values() for w in e}):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_package_loop_of_any_length() -> None:
+    edges = stage_graph()
+    found = loops(edges)
+    text = [" -> ".join(c) + ": " + "; ".join(f"{a}->{b} at {edges[a][b]}" for a in c for b in c if b in edges[a])
+            for c in found]
+    assert not found, "\n".join(text)
+
+
+def test_a_loop_through_three_packages_is_caught() -> None:
+    assert loops({"a": {"b": ""}, "b": {"c": ""}, "c": {"a": ""}, "d": {"a": ""}}) == [["a", "b", "c"]]
+    assert loops({"a": {"b": ""}, "b": {"c": ""}}) == []
+
+
+# --------------------------------------------------------------------------- host processes
+
+
+def process_uses(src: Source) -> Iterator[str]:
+    """Where ``src`` runs a host process itself (imports subprocess, calls os.exec*/os.system...)."""
+    for imp in src.imports():
+        if any(is_under(imp.target, m) for m in PROCESS_MODULES):
+            yield f"{src.rel}:{imp.line}: imports {imp.target}"
+        elif imp.target == "os" and set(imp.names) & PROCESS_CALLS:
+            yield f"{src.rel}:{imp.line}: imports {', '.join(sorted(set(imp.names) & PROCESS_CALLS))} from os"
+    for node in ast.walk(src.tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PROCESS_CALLS
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"):
+            yield f"{src.rel}:{node.lineno}: calls os.{node.func.attr}"
+
+
+def test_only_proc_runs_host_processes() -> None:
+    found = [w for src in sources() if src.module != PROCESS_HOME for w in process_uses(src)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("line", ["import subprocess", "from subprocess import run", "import os\nos.execvp('x', [])",
+                                  "from os import system", "import pty"])
+def test_a_process_outside_proc_is_caught(line: str) -> None:
+    src = Source(ROOT / "steps" / "planted.py", "labctl.steps.planted", ast.parse(line + "\n"))
+    assert list(process_uses(src))
+
+
+# --------------------------------------------------------------------------- the front
 
 
 FRONT = ("labctl.image.build", "labctl.training.capacity")
@@ -139,12 +338,13 @@ def test_the_front_of_the_pipeline_is_the_librarys() -> None:
     ``labctl.pipeline.prepare`` only: the CLI parses and prints, it never sequences them."""
     found = []
     for path in sorted((ROOT / "cli").rglob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
-        found += [f"{path.name}:{line}: imports {t}" for t, line in imports_of(path) if t.startswith(FRONT)]
-        aliases = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+        src = Source(path, module_name(path), ast.parse(path.read_text(), str(path)))
+        found += [f"{path.name}:{i.line}: imports {i.target}" for i in src.labctl_imports()
+                  if i.target.startswith(FRONT)]
+        aliases = {a.asname or a.name for node in ast.walk(src.tree) if isinstance(node, ast.ImportFrom)
                    and node.module == "labctl.kernel" for a in node.names if a.name == "lab"}
         found += [f"{path.name}:{node.lineno}: calls {node.func.value.id}.{node.func.attr}"
-                  for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  for node in ast.walk(src.tree) if isinstance(node, ast.Call)
                   and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
                   and node.func.value.id in aliases and node.func.attr in FRONT_CALLS]
     assert not found, "\n".join(found)

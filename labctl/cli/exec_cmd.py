@@ -1,6 +1,6 @@
-"""``labctl ssh LAB GUEST`` and ``labctl exec LAB GUEST [--timeout S] -- CMD``.
+"""``labctl exec LAB GUEST [--timeout S] -- CMD`` (``labctl ssh`` is :mod:`.ssh_cmd`).
 
-Both pass the guest command's output through byte for byte, as ``ssh`` does:
+It passes the guest command's output through byte for byte, as ``ssh`` does:
 it is the user's own command's output, not text labctl prints (which is
 escaped, see :mod:`labctl.textsafe`).
 """
@@ -8,7 +8,6 @@ escaped, see :mod:`labctl.textsafe`).
 from __future__ import annotations
 
 import argparse
-import os
 
 from labctl.errors import UsageError
 from labctl.ssh import Session, command_line
@@ -19,10 +18,6 @@ DEFAULT_TIMEOUT = 3600.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    s = sub.add_parser("ssh", help="interactive shell on a guest")
-    s.add_argument("lab")
-    s.add_argument("guest")
-    s.set_defaults(func=cmd_ssh)
     e = sub.add_parser("exec", help="run a command on a guest; exits with its status", usage=USAGE,
                        description="Runs COMMAND on GUEST over SSH and exits with its status. One word is a "
                                    "shell command line; several are quoted word by word. exec's own options "
@@ -75,13 +70,6 @@ def split_exec(words: list[str], timeout: float) -> tuple[str, str, float, list[
     return lab, guest, timeout, cmd
 
 
-
-
-def cmd_ssh(args: argparse.Namespace) -> int:
-    ep = LabState.load(args.lab).endpoint(args.guest)
-    argv = ep.openssh_argv()
-    os.execvp(argv[0], argv)
-    return 0  # not reached
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
