@@ -2,7 +2,7 @@
 
 Two kinds of news here: slow work's progress (:class:`Reporter`, e.g. an
 image build) and guests coming up (:class:`UpEvents`); steps running are the
-steps stage's own (:class:`labctl.steps.events.StepEvents`), so that this
+steps stage's own (:class:`labctl.steps.result.StepEvents`), so that this
 module, which every stage uses, imports none of them. The CLI passes implementations that draw
 with rich; tests and scripts pass the defaults here, which only log or do
 nothing.

@@ -29,9 +29,8 @@ from labctl.kernel.store import Kernel
 from labctl.lab.model import Lab
 from labctl.report import render_run
 from labctl.state.runstate import LabState, lab_lock
-from labctl.steps.events import StepEvents
 from labctl.steps.result import StepResult
-from labctl.steps.runner import Runner, now
+from labctl.steps.runner import Runner, StepEvents, now
 from labctl.training.capacity import Estimate, check_capacity
 from labctl.up.lifecycle import UpOptions, up
 from labctl.up.teardown import down

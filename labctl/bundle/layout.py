@@ -15,7 +15,7 @@
                         analysis derives from them: flamegraph.folded/.svg, trace.json
         steps/<step>/<variant>/<guest>/<nic>.pcapng   a NIC's capture during the step
         steps/<step>/<variant>/_host/<guest>/   the guest's QEMU on the host during the step
-                        (labctl.steps.hostcost): qemu-threads.json, perf.data, perf-script.txt.gz
+                        (labctl.steps.hostwatch): qemu-threads.json, perf.data, perf-script.txt.gz
         steps/<step>/flamegraph-diff-<guest>-<a>-vs-<b>.svg   differential flame graphs between variants
 """
 

@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ def host_info() -> dict[str, Any]:
 
 
 def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finished: str,
-                   commands: list[dict[str, Any]], status: str, reason: str | None,
+                   commands: Sequence[Mapping[str, Any]], status: str, reason: str | None,
                    backend: Backend | None = None) -> None:
     """manifest.json: what ran, on what, how it ended (``backend``: the state's, unless given)."""
     backend = backend or get_backend(state.backend)
@@ -110,7 +111,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "warnings": warnings,
         "started_at": started,
         "finished_at": finished,
-        "commands": commands,
+        "commands": list(commands),
         "status": status,
         "reason": reason,
     }

@@ -20,8 +20,8 @@ from rich.text import Text
 from labctl.events import PrepareEvents, Reporter, UpEvents
 from labctl.lab.model import Lab
 from labctl.pipeline import RunOutcome
-from labctl.steps.events import StepEvents
 from labctl.steps.result import StepResult
+from labctl.steps.runner import StepEvents
 from labctl.textsafe import safe_line, safe_text
 from labctl.training.roomup import Arrival, RoomEvents
 

@@ -1,13 +1,17 @@
 """A lab's steps on a lab that is up: workloads wrapped in tracers, gdb alongside, files copied into the bundle.
 
-Owns: running the steps (:mod:`.runner`), the guest commands that start,
-stop and post-process tracers (:mod:`.tracers`, :mod:`.skbprobes`), the
-scripted gdb session of a step (:mod:`.gdbstep`), a step's impairments,
-captures and link changes (:mod:`.network`) and copying a guest's files
-back without trusting it (:mod:`.copyback`). The analysis of what the
-tracers leave is :mod:`labctl.trace`'s; the bundle's files are
-:mod:`labctl.bundle`'s. Must not import the CLI, the report or a backend
-module (backends are reached through the lab state's registry).
+Owns: running the steps (:mod:`.runner`: every step, row and repeat), one run of one row
+(:mod:`.variant`: its phases) through the kinds a step is made of (:mod:`.kinds` lists them, each
+an object owning its part of the run and its record in the step's result, :mod:`.result`): the
+commands (:mod:`.commands`), the kernel's selftests (:mod:`.selftests`), the network's changes
+and captures (:mod:`.netstep`), the statistics and tracers (:mod:`.tracing`, their guest commands
+in :mod:`.tracers` and :mod:`.skbprobes`), the scripted gdb session (:mod:`.gdbstep`); the
+step's window and its QEMUs on the host (:mod:`.hostwatch`); the guests' SSH sessions
+(:mod:`.sessions`); copying a guest's files back without trusting it (:mod:`.copyback`) and
+``labctl cp`` (:mod:`.transfer`). The analysis of what the tracers leave is
+:mod:`labctl.trace`'s; the bundle's files are :mod:`labctl.bundle`'s; what the report shows of
+each kind is its section's (:mod:`labctl.report`). Must not import the CLI, the report or a
+backend module (backends are reached through the lab state's registry).
 
 Imports never: labctl.cli, labctl.report, labctl.backends.qemu, labctl.backends.libvirt
 """

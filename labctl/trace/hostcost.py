@@ -1,6 +1,6 @@
 """The whole cost of a step: each guest's QEMU on the host and the guest's own CPU, per GB moved.
 
-Pure functions of the files :mod:`labctl.steps.hostcost` writes into
+Pure functions of the files :mod:`labctl.steps.hostwatch` writes into
 ``steps/<step>/<variant>/_host/<guest>/`` and of the guest's
 ``window-stat-start.txt``/``window-stat-end.txt`` (its ``/proc/stat`` at
 the window's start and end):

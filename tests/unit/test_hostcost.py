@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from labctl.backends.base import GuestRecord
-from labctl.steps.hostcost import HostWatch
+from labctl.steps.hostwatch import HostWatch
 from labctl.trace.hostcost import (
     THREADS_FILE,
     guest_cost,

@@ -375,3 +375,71 @@ def test_a_filter_that_always_straddles_a_second_is_kept_and_said(tmp_path: Path
     monkeypatch.undo()
     assert any("may be off" in w for w in capture.stop(state, backend, cap))
     assert [c for _, c, _ in backend.calls][-1] == "object-del"
+
+
+KS_LAB = """\
+name: uks
+networks: {lan: {}}
+guests:
+  a: {nics: [{name: eth1, model: e1000, network: lan, ip: 10.5.0.1/24}]}
+steps:
+  - name: selftests
+    matrix: [{label: one}, {label: two}]
+    kselftest: {tree: TREE, target: net, tests: [t1, t2]}
+  - name: after
+    run: [{guest: a, command: "true"}]
+"""
+TAP_ONE_FAILS = ("TAP version 13\n1..2\n# selftests: net: t1\nok 1 selftests: net: t1\n"
+                 "# selftests: net: t2\n# boom\nnot ok 2 selftests: net: t2 # exit=1\n")
+TAP_ALL_PASS = ("TAP version 13\n1..2\n# selftests: net: t1\nok 1 selftests: net: t1\n"
+                "# selftests: net: t2\nok 2 selftests: net: t2\n")
+TAP_ONE_SILENT = "TAP version 13\n1..2\n# selftests: net: t1\nok 1 selftests: net: t1\n# selftests: net: t2\n"
+
+
+def _selftests_run(lab_state: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   taps: dict[str, str]) -> list[Any]:
+    """The selftests step of KS_LAB run with a build from the 'cache' and each variant's KTAP output
+    (``taps``: variant -> kselftest.tap) sent back by the guest."""
+    from labctl.steps import selftests
+
+    _, state = lab_state
+    tree = tmp_path / "tree"
+    for rel in ("tools/testing/selftests/Makefile", "tools/testing/selftests/net/Makefile",
+                "tools/testing/selftests/net/t1", "tools/testing/selftests/net/t2"):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text("")
+    lab = load_lab_text(KS_LAB.replace("TREE", str(tree)), "uks.yaml", trusted=[tmp_path])
+    monkeypatch.setattr(selftests, "build", lambda spec, say: selftests.Build("k", tmp_path / "install",
+                                                                             cached=True, tests=["t1", "t2"]))
+    log: list[tuple[str, str]] = []
+
+    class Session(FakeSession):
+        @contextlib.contextmanager
+        def stream(self, command: str, timeout: float) -> Iterator[io.BytesIO]:
+            step = re.search(r"/tmp/labctl/selftests-(\w+)", command)
+            files = {"kselftest.tap": taps[step.group(1)].encode()} if step else {}
+            yield io.BytesIO(_tar(files))
+
+    runner = Runner(lab, state, tmp_path / "bundle", connect=lambda g: Session(g, log, lambda g, c: 0),  # type: ignore[arg-type, return-value]
+                    backend=FakeBackend(), watch_host=False)  # type: ignore[arg-type]
+    results = runner.run()
+    assert any("run_kselftest.sh -t net:t1 -t net:t2" in c for _g, c in log)
+    return results
+
+
+def test_a_failed_selftest_fails_its_step_and_the_next_variant_still_runs(lab_state: Any, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    one, two, after = _selftests_run(lab_state, tmp_path, monkeypatch, {"one": TAP_ONE_FAILS, "two": TAP_ALL_PASS})
+    assert (one.status, one.reason) == ("failed", "1 of 2 selftests failed: t2")
+    assert one.kselftest["only_tests_failed"] and one.kinds == ["network", "stats", "kselftest"]
+    assert [(t["name"], t["result"]) for t in one.kselftest["tests"]] == [("t1", "pass"), ("t2", "fail")]
+    assert (tmp_path / "bundle" / one.kselftest["tests"][1]["log"]).read_text() == "selftests: net: t2\nboom\n"
+    assert (two.status, after.status) == ("ok", "ok")  # only selftests failed: the lab is fine
+
+
+def test_selftests_that_never_report_fail_the_step_and_stop_the_run(lab_state: Any, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    one, two, after = _selftests_run(lab_state, tmp_path, monkeypatch, {"one": TAP_ONE_SILENT, "two": TAP_ALL_PASS})
+    assert (one.status, one.reason) == ("failed", "1 selftests never reported a result")
+    assert one.kselftest["missing"] == 1 and not one.kselftest["only_tests_failed"]
+    assert (two.status, after.status) == ("skipped", "skipped")

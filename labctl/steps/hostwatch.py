@@ -1,4 +1,8 @@
-"""The host side of a step: what each guest's QEMU process cost on the host during the step's window.
+"""A step's window, and the host side of it: what each guest's QEMU process cost on the host meanwhile.
+
+The window (:class:`Window`) is the step's workload: it opens once every tracer records and closes
+when the workloads end. It reads each involved guest's ``/proc/stat`` at both ends
+(``window-stat-start.txt``, ``window-stat-end.txt``) and watches their QEMUs on the host.
 
 Under TCG a guest's CPU time *is* its QEMU's vCPU threads' time, and the
 emulated NIC's device model runs in QEMU too (register accesses in the vCPU
@@ -29,6 +33,7 @@ import json
 import logging
 import os
 import select
+import shlex
 import shutil
 import signal
 import time
@@ -37,11 +42,21 @@ from pathlib import Path
 from typing import Any
 
 from labctl.backends.base import Backend
-from labctl.errors import LabctlError
+from labctl.bundle.layout import HOST_DIR
+from labctl.errors import GuestError, LabctlError
 from labctl.paths import atomic_write
 from labctl.proc import Process, interrupt_group, run, spawn_tied
 from labctl.state.runstate import LabState
-from labctl.trace.hostcost import PERF_DATA, PERF_LOG, PERF_SCRIPT, PROFILE_UNAVAILABLE, THREADS_FILE
+from labctl.steps.variant import Variant
+from labctl.trace.hostcost import (
+    PERF_DATA,
+    PERF_LOG,
+    PERF_SCRIPT,
+    PROFILE_UNAVAILABLE,
+    THREADS_FILE,
+    WINDOW_END,
+    WINDOW_START,
+)
 
 log = logging.getLogger(__name__)
 
@@ -255,3 +270,30 @@ class HostWatch:
             atomic_write(w.dir / PROFILE_UNAVAILABLE, w.profiler.error + "\n")
         elif w.profiler is None and w.start is not None and not self.profile:
             atomic_write(w.dir / PROFILE_UNAVAILABLE, "the host profile was turned off for this run\n")
+
+
+class Window:
+    """The step's window for one variant: opened after every kind began, closed after the workloads
+    (best effort at the end: a guest that died keeps what was read at the start)."""
+
+    def __init__(self, watch_host: bool = True, host_profile: bool = True) -> None:
+        self.watch_host, self.host_profile = watch_host, host_profile
+        self.watch: HostWatch | None = None
+
+    def open(self, v: Variant) -> None:
+        for g in v.involved:
+            v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{WINDOW_START}")
+        self.watch = HostWatch(v.state, v.backend, v.involved if self.watch_host else [], v.bundle / v.rel / HOST_DIR,
+                               profile=self.host_profile)
+        self.watch.start()
+
+    def close(self, v: Variant) -> None:
+        if self.watch is None:
+            return
+        v.res.window_s = self.watch.stop()
+        for g in v.involved:
+            try:
+                if v.sessions.alive(g):
+                    v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{WINDOW_END}")
+            except GuestError as exc:
+                v.res.warnings.append(f"{g}: /proc/stat not read at the end of the step: {exc.message}")

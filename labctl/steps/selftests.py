@@ -1,4 +1,8 @@
-"""A ``kselftest:`` step: the kernel's selftests of a source tree, built on the host, run in a guest.
+"""A step's ``kselftest:`` kind: the kernel's selftests of a source tree, built on the host, run in a guest.
+
+:class:`SelftestsKind` is the kind: ``prepare`` builds the selftests (or finds them in the cache)
+and copies them into the guest, ``run`` runs them after the step's commands, ``collected``
+reads their results and fails the step for any selftest that failed or never reported.
 
 **Build** (:func:`build`), once per content, cached in ``~/.cache/labctl/kselftest/KEY/``; the key
 hashes the target's directory, the selftests framework (``kselftest/``, ``lib.mk``, the harness
@@ -45,6 +49,10 @@ from typing import Any
 from labctl import paths, proc
 from labctl.errors import LabctlError
 from labctl.lab.kselftest import SELFTESTS, Kselftest
+from labctl.lab.steps import Step, render
+from labctl.steps.result import BuildRecord, SelftestEntry, SelftestRecord, StepResult
+from labctl.steps.transfer import to_guest
+from labctl.steps.variant import GUEST_ROOT, StepKind, Variant, now
 from labctl.trace import ktap
 
 RECIPE = "2"  # bump when the way labctl builds changes
@@ -70,7 +78,7 @@ class Build:
     not_built: list[str] = field(default_factory=list)  # programs make could not build
     tests: list[str] = field(default_factory=list)  # kselftest-list.txt's tests of the target
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BuildRecord:
         return {"key": self.key, "seconds": round(self.seconds, 1), "cached": self.cached,
                 "make_status": self.make_status, "not_built": self.not_built, "tests": len(self.tests)}
 
@@ -317,7 +325,7 @@ def _unprefixed(lines: list[str]) -> str:
     return "\n".join(ln[2:] if ln.startswith("# ") else ln.removeprefix("#") for ln in lines) + "\n"
 
 
-def results(guest_dir: Path, rel_guest: str, spec_target: str) -> dict[str, Any]:
+def results(guest_dir: Path, rel_guest: str, spec_target: str) -> SelftestRecord:
     """The step's selftest record from the guest's kselftest.tap (and .times), and one log file per test
     written beside them (``kselftest/TEST.log``). ``rel_guest``: the guest directory, relative to the bundle."""
     try:
@@ -328,7 +336,7 @@ def results(guest_dir: Path, rel_guest: str, spec_target: str) -> dict[str, Any]
     times = _times(guest_dir / TIMES)
     logs = guest_dir / LOGS
     logs.mkdir(exist_ok=True)
-    tests = []
+    tests: list[SelftestEntry] = []
     for r in doc.results:
         collection, name = ktap.kselftest_name(r.name)
         logname = _SAFE_NAME.sub("_", name) + ".log"
@@ -345,7 +353,7 @@ def results(guest_dir: Path, rel_guest: str, spec_target: str) -> dict[str, Any]
             "bailed": doc.bailed}
 
 
-def verdict(record: dict[str, Any]) -> str | None:
+def verdict(record: SelftestRecord) -> str | None:
     """Why the step failed (selftests that failed or never reported), or None."""
     failed = [t["name"] for t in record.get("tests", []) if t["result"] == ktap.FAIL]
     parts = []
@@ -357,3 +365,72 @@ def verdict(record: dict[str, Any]) -> str | None:
         parts.append(str(record["error"]))
     return "; ".join(parts) or None
 
+
+
+# -- the kind ----------------------------------------------------------------------------------------------
+
+
+class SelftestsKind(StepKind):
+    """The step's selftests, on the guest its ``kselftest.guest`` names for the row (see the module docstring)."""
+
+    name = "kselftest"
+
+    def __init__(self, spec: Kselftest, guest: str) -> None:
+        self.spec, self.guest = spec, guest
+        self.build: Build | None = None
+
+    @classmethod
+    def of(cls, step: Step, row: dict[str, str]) -> SelftestsKind | None:
+        if step.kselftest is None:
+            return None
+        return cls(step.kselftest, render(step.kselftest.guest, row, {}, quote=False))
+
+    def guests(self) -> list[str]:
+        return [self.guest]
+
+    def prepare(self, v: Variant) -> None:
+        """The selftests built (or found in the cache) and copied into the guest (once per build).
+
+        :raise LabctlError: when they cannot be built (the step fails).
+        """
+        spec, guest, say = self.spec, self.guest, v.events.step_progress
+        b = self.build = build(spec, say)
+        v.res.kselftest = {"guest": guest, "tree": str(spec.tree), "target": spec.target, "build": b.to_dict(),
+                           "tests": [], "counts": {}}
+        where = guest_dir(b)
+        if v.sh(guest, f"test -f {shlex.quote(where)}/.complete") != 0:
+            say(f"copying the selftests into {guest}")
+            v.sh(guest, f"rm -rf {shlex.quote(where)} && mkdir -p {shlex.quote(GUEST_ROOT)}")
+            to_guest(v.sessions.ssh(guest), str(b.install), where)
+            v.sh(guest, f"touch {shlex.quote(where)}/.complete")
+
+    def run(self, v: Variant) -> None:
+        b, spec, guest = self.build, self.spec, self.guest
+        if b is None:
+            return
+        command = run_command(spec, b, v.workdir)
+        count = len(spec.tests or b.tests)
+        v.events.step_progress(f"running {count} {spec.target} selftests on {guest}")
+        started, t0 = now(), time.monotonic()
+        status = v.sessions.ssh(guest).run(command, timeout=run_timeout(spec, b), abort=v.sessions.dead_guests).status
+        v.record({"guest": guest, "step": v.step.name, "variant": v.res.variant, "index": len(v.commands),
+                  "command": f"run_kselftest.sh ({count} tests of {spec.target})", "background": False,
+                  "status": status, "duration_s": round(time.monotonic() - t0, 3), "started_at": started})
+        if status < 0:
+            v.res.fail(v.sessions.dead_guests() or f"the SSH connection to {guest} was lost during the selftests")
+
+    def collected(self, v: Variant) -> None:
+        if self.build is None:
+            return
+        judge(v.res, results(v.bundle / v.rel / self.guest, f"{v.rel.as_posix()}/{self.guest}", self.spec.target))
+
+
+def judge(res: StepResult, record: SelftestRecord) -> None:
+    """The selftests' results into the step's: the step fails for a selftest that failed or never
+    reported; when the lab itself was fine (only selftests failed) the next variant still runs."""
+    lab_ok = res.status != "failed"
+    why = verdict(record)
+    record["only_tests_failed"] = bool(lab_ok and why and not record.get("error") and not record.get("missing"))
+    res.kselftest = {**(res.kselftest or {}), **record}
+    if why:
+        res.fail(why)

@@ -1,0 +1,78 @@
+"""The guests of a lab that is up, as a step reaches them: one SSH session per guest, the tools each
+has, whether its machine still runs, and why the lab broke when it did."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from labctl import paths
+from labctl.backends.base import Backend
+from labctl.bundle.layout import CONSOLE, OOPS_TXT, guest_dir
+from labctl.debug.crash import console_end, oops_titles, panicked
+from labctl.ssh import Session
+from labctl.state.runstate import LabState
+
+TOOLS = ("perf", "trace-cmd", "mpstat", "ethtool", "nstat", "ss", "netstat", "timeout")
+
+
+class Sessions:
+    """SSH sessions to the guests of ``state`` (opened on first use, by ``connect``), and what the
+    ``backend`` and the consoles say about the guests' machines."""
+
+    def __init__(self, state: LabState, backend: Backend, connect: Callable[[str], Session] | None = None) -> None:
+        self.state, self.backend = state, backend
+        self.connect = connect or (lambda guest: Session(state.endpoint(guest)))
+        self.open: dict[str, Session] = {}
+        self._tools: dict[str, set[str]] = {}
+
+    def ssh(self, guest: str) -> Session:
+        s = self.open.get(guest)
+        if s is None:
+            s = self.open[guest] = self.connect(guest)
+        return s
+
+    def sh(self, guest: str, command: str, timeout: float = 120) -> int:
+        """Run a labctl-made command on ``guest``; its status."""
+        return self.ssh(guest).run(command, timeout=timeout).status
+
+    def close(self) -> None:
+        for s in self.open.values():
+            s.close()
+        self.open.clear()
+
+    def alive(self, guest: str) -> bool:
+        return self.backend.alive(self.state.guests[guest])
+
+    def _panicked(self, guest: str) -> bool:
+        return panicked(console_end(Path(self.state.guests[guest].console)))
+
+    def dead_guests(self) -> str | None:
+        """Why the lab is broken (a guest's machine is gone or its kernel panicked), or None."""
+        dead = [g for g in self.state.guests if not self.alive(g) or self._panicked(g)]
+        if not dead:
+            return None
+        try:
+            titles = oops_titles(Path(self.state.guests[dead[0]].console).read_text(errors="replace"))
+        except OSError:
+            titles = []
+        if titles:
+            return f"guest {dead[0]} crashed: {titles[0]}; see {guest_dir(dead[0])}/{OOPS_TXT}"
+        return f"guest {', '.join(dead)} stopped (its QEMU exited); see {guest_dir(dead[0])}/{CONSOLE}"
+
+    def tools(self, guest: str) -> set[str]:
+        """The tracing and statistics tools installed in ``guest`` (asked once)."""
+        if guest not in self._tools:
+            res = self.ssh(guest).run(f"for t in {' '.join(TOOLS)}; do "
+                                      "command -v $t >/dev/null 2>&1 && echo $t; done", timeout=60)
+            self._tools[guest] = set(res.stdout.decode().split())
+        return self._tools[guest]
+
+    def cache_dir(self, guest: str) -> Path | None:
+        """Where facts of ``guest``'s kernel go when the kernel's directory is read-only (one per kernel)."""
+        try:
+            d = paths.cache_dir() / "struct-offsets" / self.state.kernel(guest).key
+            d.mkdir(parents=True, exist_ok=True)
+            return d
+        except OSError:
+            return None

@@ -1,0 +1,133 @@
+"""A step's ``trace:`` kinds, guest by guest: statistics snapshots around the step (:class:`StatsKind`)
+and the tracers that record during it (:class:`TracingKind`).
+
+The tracers' commands are :mod:`.tracers`' (each tracer kind a registered object); here they are
+started in every traced guest, the workload waits until each records, and once the step settled
+they are stopped and their binary output turned into text in the guest (symbols resolve there).
+A tracer whose tool the guest lacks is skipped with a warning, never a failure.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from labctl.errors import GuestError, LabctlError, TraceError
+from labctl.lab.model import Lab
+from labctl.lab.steps import Step, TraceSpec
+from labctl.steps import skbprobes
+from labctl.steps import tracers as tr
+from labctl.steps.variant import StepKind, Variant
+from labctl.trace.stats import snapshot_commands
+
+q = shlex.quote
+SETTLE = 1.0  # s after the tracers record: mpstat's first interval, and tracers that give no signal
+
+
+class StatsKind(StepKind):
+    """Statistics snapshots (``stats/before``, ``stats/after``) of every guest the step involves, unless
+    its trace says ``stats: false``."""
+
+    name = "stats"
+
+    def __init__(self, lab: Lab, step: Step) -> None:
+        self.lab, self.step = lab, step
+        self.taken: list[str] = []
+
+    @classmethod
+    def of(cls, lab: Lab, step: Step) -> StatsKind:
+        return cls(lab, step)
+
+    def _snapshot(self, v: Variant, guest: str, phase: str) -> None:
+        nics = [n.name for n in self.lab.guests[guest].nics]
+        v.sh(guest, tr.snapshot(v.workdir, phase, snapshot_commands(nics)), timeout=120)
+
+    def begin(self, v: Variant) -> None:
+        for g in v.involved:
+            if self.step.trace.get(g, TraceSpec()).stats:
+                self._snapshot(v, g, "before")
+                self.taken.append(g)
+
+    def end(self, v: Variant) -> None:
+        for g in self.taken:
+            if not v.sessions.alive(g):
+                v.res.fail(v.sessions.dead_guests() or f"guest {g} stopped during the step")
+                continue
+            try:
+                self._snapshot(v, g, "after")
+            except GuestError as exc:
+                v.res.fail(v.explain(exc))
+
+
+class TracingKind(StepKind):
+    """The tracers of every guest the step traces (see the module docstring)."""
+
+    name = "trace"
+
+    def __init__(self, step: Step) -> None:
+        self.specs = step.trace
+        self.started: list[tuple[str, tr.Tracer]] = []
+
+    @classmethod
+    def of(cls, step: Step) -> TracingKind | None:
+        return cls(step) if step.trace else None
+
+    def guests(self) -> list[str]:
+        return list(self.specs)
+
+    def begin(self, v: Variant) -> None:
+        for g, spec in self.specs.items():
+            self._start(v, g, spec)
+        # The workload starts only once every tracer records (they start up in parallel).
+        for g, t in self.started:
+            wait = tr.ready(v.workdir, t)
+            if wait and v.sh(g, wait, timeout=tr.READY_TIMEOUT + 30) != 0:
+                v.res.warnings.append(f"{g}: {t.name} did not start recording within {tr.READY_TIMEOUT} s "
+                                      f"(see {t.name}.log); the step ran without it")
+        if self.started:
+            time.sleep(SETTLE)
+
+    def _start(self, v: Variant, g: str, spec: TraceSpec) -> None:
+        have = v.sessions.tools(g)
+        if spec.kprobes and "perf" in have:
+            cmd = tr.add_kprobes(spec)
+            if cmd and v.sh(g, f"cd {q(v.workdir)} && ({cmd}) > kprobes.log 2>&1") != 0:
+                v.res.warnings.append(f"{g}: some kprobes could not be added (see kprobes.log)")
+        skip = set() if spec.skb_latency is None else self._skb_probes(v, g)
+        for t in tr.tracers(spec):
+            if t.tool not in have:
+                v.res.warnings.append(f"{g}: {t.tool} is not installed in the guest; {t.name} skipped")
+                continue
+            if t.name not in skip:
+                v.sh(g, tr.start(v.workdir, t))
+                self.started.append((g, t))
+
+    @staticmethod
+    def _skb_probes(v: Variant, guest: str) -> set[str]:
+        """Define the skb_latency kprobes in ``guest``; the tracers to skip when that fails."""
+        try:
+            offsets = skbprobes.kernel_offsets(v.state.kernel(guest), v.sessions.cache_dir(guest))
+        except (TraceError, LabctlError) as exc:
+            v.res.warnings.append(f"{guest}: skb_latency skipped: {exc.message}")
+            return {"skb-latency"}
+        cmd = skbprobes.add_command(offsets)
+        if v.sh(guest, f"cd {q(v.workdir)} && ({cmd}) > skb-kprobes.log 2>&1") != 0:
+            v.res.warnings.append(f"{guest}: skb_latency skipped: the kernel refused its kprobes "
+                                  "(see skb-kprobes.log)")
+            return {"skb-latency"}
+        return set()
+
+    def end(self, v: Variant) -> None:
+        """Stop the tracers, post-process their files, remove the probes; best effort per guest."""
+        for g, spec in self.specs.items():
+            if not v.sessions.alive(g):
+                v.res.fail(v.sessions.dead_guests() or f"guest {g} stopped during the step")
+                continue
+            try:
+                v.sh(g, tr.stop(v.workdir, [t.name for t in tr.tracers(spec)]), timeout=200)
+                v.sh(g, tr.postprocess(v.workdir, spec), timeout=600)
+                cmd = tr.remove_kprobes(spec)
+                if cmd:
+                    v.sh(g, cmd)
+            except GuestError as exc:
+                v.res.fail(v.explain(exc))
