@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from labctl.bundle import write
-from labctl.bundle.summary import summarize, write_summary
 from labctl.events import PrepareEvents, UpEvents
 from labctl.image.build import build_image
 from labctl.image.recipe import load_recipe
@@ -28,6 +27,7 @@ from labctl.kernel import lab as kernel_lab
 from labctl.kernel.store import Kernel
 from labctl.lab.model import Lab
 from labctl.report import render_run
+from labctl.report.summary import summarize, write_summary
 from labctl.state.runstate import LabState, lab_lock
 from labctl.steps.result import StepResult
 from labctl.steps.runner import Runner, StepEvents, now

@@ -24,9 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from labctl.bundle.compare import BEYOND as BEYOND_NOISE
-from labctl.bundle.figures import repeat_key, run_steps, spread, step_metrics, verdict
+from labctl.bundle.figures import BEYOND as BEYOND_NOISE
+from labctl.bundle.figures import repeat_key, run_steps, spread, verdict
 from labctl.errors import UsageError
+from labctl.report.registry import step_metrics
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
 KINDS = ("check", "step", "panic", "command", "figure")

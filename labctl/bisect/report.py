@@ -21,11 +21,10 @@ from typing import Any
 from labctl.bisect import oracle as orc
 from labctl.bisect import search
 from labctl.bisect.state import NEW, OLD, State, Step
-from labctl.bundle.compare import compare_runs
 from labctl.bundle.read import load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
-from labctl.report.compare import compare_blocks
+from labctl.report.comparison import compare_blocks, compare_runs
 from labctl.report.html import to_html
 
 SUMMARY = "summary.json"

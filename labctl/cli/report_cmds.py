@@ -9,9 +9,9 @@ from rich.text import Text
 
 from labctl.bundle.archive import pack
 from labctl.bundle.layout import SUMMARY, check_bundle_dir
-from labctl.bundle.summary import resummarize
 from labctl.cli.ui import console, out
 from labctl.report import render_run
+from labctl.report.summary import resummarize
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

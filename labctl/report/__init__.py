@@ -1,10 +1,17 @@
-"""Reports of a run: ``report.md`` and ``report.html`` from a bundle.
+"""Reports of a run: summary.json, ``report.md`` and ``report.html`` from a bundle, and ``labctl compare``.
 
-One document model (:mod:`.document`) built from the bundle's figures
-(:mod:`.content`, :mod:`.skb`), rendered as Markdown (:mod:`.markdown`) and
-as one self-contained HTML page (:mod:`.html`, charts from :mod:`.charts`).
-Reads bundles through :mod:`labctl.bundle`; must not import the steps
-runner, the backends or the CLI.
+The report is made of sections (:mod:`.sections` says what one is; :mod:`.registry` lists them in
+order), each owning one concern from its piece of summary.json to its part of the page and its
+figures for ``labctl compare``: the topology and a step's network (:mod:`.network`), the transfer's
+throughput, CPU and driver share (:mod:`.throughput`), the whole cost (:mod:`.cost`), tracepoint
+counts (:mod:`.tracepoints`), flame graphs (:mod:`.flames`, drawn by :mod:`.flamegraph`),
+per-packet latency (:mod:`.latency`), the kernel's selftests (:mod:`.selftest_report`), and a
+step's top symbols, softnet, trace loss and timeline (:mod:`.guest_parts`). summary.json is
+computed one way for ``run`` and ``report`` (:mod:`.summary`); one document model
+(:mod:`.document`) is built by the frame (:mod:`.content`) and rendered as Markdown
+(:mod:`.markdown`) and as one self-contained HTML page (:mod:`.html`, charts from
+:mod:`.charts`); two runs side by side are :mod:`.comparison`. Reads bundles through
+:mod:`labctl.bundle`; must not import the steps runner, the backends or the CLI.
 
 Imports never: labctl.steps, labctl.backends, labctl.cli
 """

@@ -1,7 +1,10 @@
 """What the report says: a bundle's manifest and summary turned into document blocks.
 
+The frame is here: the header, the results table (each step's status, and each section's columns
+for the steps it is about), the sections in their order (:mod:`.registry`), one section per step
+(its meta, each section's part, its warnings and files), the commands and the run's files.
 Numbers come straight from summary.json, formatted by
-:func:`labctl.report.charts.fmt_num`: the report never recomputes a figure.
+:func:`labctl.bundle.figures.fmt_num`: the report never recomputes a figure.
 """
 
 from __future__ import annotations
@@ -13,25 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from labctl.bundle.figures import (
-    HEADLINE,
     as_dict,
     as_list,
-    comparison_sentence,
-    figure,
     fmt_num,
     full_label,
     is_failed,
-    primary_guest,
     run_steps,
     step_guests,
-    step_labels,
     usable,
     variant_text,
 )
 from labctl.bundle.layout import MANIFEST, SUMMARY
 from labctl.bundle.read import Run
-from labctl.report.charts import bar_chart_svg
-from labctl.report.cost import cost_blocks
 from labctl.report.document import (
     Block,
     Bullets,
@@ -47,22 +43,12 @@ from labctl.report.document import (
     num,
     txt,
 )
-from labctl.report.flames import flame_blocks
-from labctl.report.kselftest import kselftest_blocks
-from labctl.report.network import per_cpu_blocks, reassembly_blocks, step_network_blocks, topology_blocks
-from labctl.report.skb import latency_blocks
-from labctl.report.tracepoints import symbols_note, tracepoint_blocks
+from labctl.report.guest_parts import step_dir_of
+from labctl.report.registry import SECTIONS, headline
+from labctl.report.sections import Column
+from labctl.report.throughput import comparison_sentence
 
 MAX_ARTIFACTS = 200
-
-# (summary key, chart title, unit, results-table header)
-FIGURES: tuple[tuple[str, str, str, str], ...] = (
-    ("throughput_mbit_s", "Throughput", "Mbit/s", "throughput Mbit/s"),
-    ("cpu_load_pct", "CPU load", "%", "CPU load %"),
-    ("driver_share_pct", "Driver share of CPU samples", "%", "driver share %"),
-    ("driver_cpu_pct", "CPU in the NIC driver", "%", "CPU in driver %"),
-)
-
 
 # --------------------------------------------------------------------------- header
 
@@ -200,31 +186,22 @@ def _status_cell(status: object) -> Inline:
 
 
 def results_table(steps: Sequence[Mapping[str, Any]]) -> Table:
-    """One row per step: the figures summary.json holds for it."""
-    headers = ("step", "variant / NIC model", "driver", "status", *(f[3] for f in FIGURES), "samples", "lost")
-    rows = []
-    for s in steps:
-        primary = primary_guest(s)
-        guest = primary[1] if primary else {}
-        cells = (txt(s.get("name") or "?"), txt(variant_text(s)),
-                 txt(as_dict(s.get("nic")).get("driver") or "–", "code" if as_dict(s.get("nic")).get("driver") else ""),
-                 _status_cell(s.get("status")), *(num(figure(s, f[0])) for f in FIGURES),
-                 num(guest.get("samples")), num(guest.get("lost_samples")))
-        rows.append(Row(cells, "failed" if is_failed(s.get("status")) else ""))
-    return Table(headers, tuple(rows), frozenset(range(4, 10)), "results")
-
-
-def charts(steps: Sequence[Mapping[str, Any]]) -> Charts:
-    """One bar chart per figure, one bar per step."""
-    labels = step_labels(steps)
-    failed = [is_failed(s.get("status")) for s in steps]
-    return Charts(tuple(bar_chart_svg(title, labels, [usable(figure(s, key)) for s in steps], unit,
-                                      axis_label=f"{title} ({unit})", failed=failed)
-                        for key, title, unit, _ in FIGURES))
+    """One row per step: its status, and each section's columns (the driver when a step names a NIC)."""
+    driver = any(as_dict(s.get("nic")) for s in steps)
+    frame = [Column("step", lambda s: txt(s.get("name") or "?"), False),
+             Column("variant / NIC model", lambda s: txt(variant_text(s)), False)]
+    if driver:
+        frame.append(Column("driver", lambda s: txt(as_dict(s.get("nic")).get("driver") or "–",
+                                                   "code" if as_dict(s.get("nic")).get("driver") else ""), False))
+    frame.append(Column("status", lambda s: _status_cell(s.get("status")), False))
+    columns = frame + [c for section in SECTIONS for c in section.columns(steps)]
+    rows = tuple(Row(tuple(c.cell(s) for c in columns), "failed" if is_failed(s.get("status")) else "") for s in steps)
+    return Table(tuple(c.header for c in columns), rows,
+                 frozenset(i for i, c in enumerate(columns) if c.numeric), "results")
 
 
 def results_blocks(run: Run) -> list[Block]:
-    """The results table, the comparison sentence and the charts."""
+    """The results table, the comparison sentence, each section's charts and the spread."""
     steps = run_steps(run.summary)
     if not steps:
         return [Heading(2, "Results"), Para(txt("No step produced results."), "muted")]
@@ -233,7 +210,8 @@ def results_blocks(run: Run) -> list[Block]:
     blocks: list[Block] = [Heading(2, "Results"), results_table(steps)]
     if sentence:
         blocks.append(Para(txt(sentence, "b"), "callout"))
-    return blocks + [charts(steps)] + spread_blocks(run)
+    svgs = tuple(svg for section in SECTIONS for svg in section.charts(steps))
+    return blocks + ([Charts(svgs)] if svgs else []) + spread_blocks(run)
 
 
 def spread_blocks(run: Run) -> list[Block]:
@@ -243,7 +221,7 @@ def spread_blocks(run: Run) -> list[Block]:
         if not isinstance(sp, dict):
             continue
         metrics = as_dict(sp.get("metrics"))
-        for key, label, unit, _ in HEADLINE:
+        for key, label, unit, _ in headline():
             m = as_dict(metrics.get(key))
             if m:
                 rows.append(Row((txt(f"{sp.get('name')} / {sp.get('variant') or '–'}"), txt(f"{label} ({unit})"),
@@ -281,90 +259,6 @@ def _step_meta(step: Mapping[str, Any], step_dir: str) -> Meta:
     return Meta(tuple(rows))
 
 
-def guests_table(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> Table:
-    """Per-guest figures of one step."""
-    rows = tuple(Row((txt(name),) + tuple(num(g.get(f[0])) for f in FIGURES)
-                     + (num(g.get("samples")), num(g.get("lost_samples")))) for name, g in guests)
-    headers = ("guest", *(f[3] for f in FIGURES), "samples", "lost samples")
-    return Table(headers, rows, frozenset(range(1, 7)))
-
-
-def symbols_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
-    """Top symbols of every guest (CPU samples only, never tracepoint hits), or a note when there are none."""
-    rows = tuple(Row((txt(name), txt(sym.get("symbol") or "?", "code"), txt(sym.get("dso") or "?", "code"),
-                      num(sym.get("pct"))))
-                 for name, g in guests for sym in as_list(g.get("top_symbols")) if isinstance(sym, dict))
-    note = symbols_note(guests)
-    blocks: list[Block] = [Heading(4, "Top symbols (CPU samples)")]
-    if rows:
-        blocks.append(Table(("guest", "symbol", "dso", "% of samples"), rows, frozenset({3})))
-    if note:
-        blocks.append(Para(txt(note), "muted"))
-    elif not rows:
-        blocks.append(Para(txt("no samples recorded"), "muted"))
-    return blocks
-
-
-def softnet_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
-    """softnet_stat deltas of every guest."""
-    rows = []
-    for name, g in guests:
-        sn = g.get("softnet")
-        if isinstance(sn, dict):
-            dropped = sn.get("dropped")
-            rows.append(Row((txt(name), num(sn.get("processed")),
-                             txt(fmt_num(dropped), "bad") if usable(dropped) else num(dropped),
-                             num(sn.get("time_squeeze")))))
-    if not rows:
-        return [Heading(4, "Softnet"), Para(txt("not measured"), "muted")]
-    return [Heading(4, "Softnet"), Table(("guest", "processed", "dropped", "time_squeeze"), tuple(rows),
-                                         frozenset({1, 2, 3}))]
-
-
-LOSS_FIELDS = (("perf_lost", "perf lost events"), ("ftrace_overruns", "ftrace overruns"),
-               ("kprobe_misses", "kprobe misses"))
-
-
-def _loss_item(name: str, guest: Mapping[str, Any]) -> Inline:
-    loss = guest.get("trace_loss")
-    lost_samples = usable(guest.get("lost_samples"))
-    if not isinstance(loss, dict) and lost_samples is None:
-        return (Span(f"{name}: "), Span("not measured", "muted"))
-    counts = [(label, as_dict(loss).get(key)) for key, label in LOSS_FIELDS]
-    if lost_samples != usable(as_dict(loss).get("perf_lost")):
-        counts.append(("lost samples", guest.get("lost_samples")))
-    lossy = [(label, v) for label, v in counts if usable(v)]
-    if not lossy:
-        return (Span(f"{name}: "), Span("none", "good"))
-    return (Span(f"{name}: "), Span(", ".join(f"{label} {fmt_num(v)}" for label, v in lossy), "bad"))
-
-
-def loss_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
-    """Trace loss per guest: always present, 'none' when nothing was lost."""
-    if not guests:
-        return [Heading(4, "Trace loss"), Para(txt("not measured (no guest data)"), "muted")]
-    return [Heading(4, "Trace loss"), Bullets(tuple(_loss_item(n, g) for n, g in guests))]
-
-
-def timeline_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]], step_dir: str) -> list[Block]:
-    """Links to each guest's Perfetto trace (its skb_latency or ftrace recording as a timeline)."""
-    items = []
-    for name, g in guests:
-        tj = as_dict(g.get("trace_json"))
-        if tj.get("file"):
-            slices = sum(v for v in as_dict(tj.get("slices")).values() if isinstance(v, int))
-            href = f"{step_dir}/{name}/{tj['file']}"
-            items.append((Span(f"{name}: "), Span(href, "code", href),
-                          Span(f" ({tj.get('source')}: {fmt_num(slices)} slices, {fmt_num(tj.get('flows'))} packet "
-                               f"flows, {tj.get('clock')} clock)", "muted")))
-    if not items:
-        return []
-    return [Heading(4, "Timeline (Perfetto)"),
-            Para(txt("One track per CPU: IRQ, softirq and NAPI slices, events, packets as flows. Open the file "
-                     "at ui.perfetto.dev or chrome://tracing, as it is."), "muted"),
-            Bullets(tuple(items))]
-
-
 def warning_blocks(step: Mapping[str, Any], guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
     """Warnings of the step and of its guests."""
     items = [txt(str(w)) for w in as_list(step.get("warnings"))]
@@ -372,13 +266,6 @@ def warning_blocks(step: Mapping[str, Any], guests: Sequence[tuple[str, Mapping[
     if not items:
         return [Heading(4, "Warnings"), Para(txt("none"), "muted")]
     return [Heading(4, "Warnings"), Bullets(tuple(items), "warnings")]
-
-
-def _step_dir(step: Mapping[str, Any]) -> str:
-    given = step.get("dir")
-    if isinstance(given, str) and given:
-        return given.strip("/")
-    return f"steps/{step.get('name') or '_'}/{step.get('variant') or '_'}"
 
 
 def _human_size(size: int) -> str:
@@ -406,18 +293,16 @@ def artifact_links(root: Path, rel_dir: str) -> list[Block]:
     return blocks
 
 
-def step_section(root: Path, step: Mapping[str, Any], index: int) -> Section:
-    """Everything about one step."""
+def step_section(run: Run, step: Mapping[str, Any], index: int) -> Section:
+    """Everything about one step: its meta, each section's part, its warnings and its files."""
     failed = is_failed(step.get("status"))
     guests = step_guests(step)
-    step_dir = _step_dir(step)
+    step_dir = step_dir_of(step)
     blocks: list[Block] = [Heading(3, f"{full_label(step)}{' — ' + str(step.get('status')).upper() if failed else ''}"),
                            _step_meta(step, step_dir)]
-    if guests:
-        blocks += [Heading(4, "Guests"), guests_table(guests)]
-    blocks += step_network_blocks(step) + kselftest_blocks(root, step)
-    blocks += symbols_blocks(guests) + softnet_blocks(guests) + loss_blocks(guests) + timeline_blocks(guests, step_dir)
-    blocks += warning_blocks(step, guests) + [Heading(4, "Raw artifacts")] + artifact_links(root, step_dir)
+    for section in SECTIONS:
+        blocks += section.step_blocks(run, step)
+    blocks += warning_blocks(step, guests) + [Heading(4, "Raw artifacts")] + artifact_links(run.dir, step_dir)
     return Section(tuple(blocks), "step failed" if failed else "step", f"step-{index}")
 
 
@@ -426,7 +311,7 @@ def steps_blocks(run: Run) -> list[Block]:
     steps = run_steps(run.summary)
     if not steps:
         return []
-    sections = [step_section(run.dir, s, i + 1) for i, s in enumerate(steps)]
+    sections = [step_section(run, s, i + 1) for i, s in enumerate(steps)]
     return [Heading(2, "Steps"), *sections]
 
 
@@ -474,9 +359,9 @@ def run_artifact_blocks(run: Run) -> list[Block]:
 
 def build_document(run: Run) -> list[Block]:
     """The whole report as blocks (writing the flame graph SVG files into the bundle on the way)."""
-    return (header_blocks(run) + topology_blocks(run) + results_blocks(run) + cost_blocks(run)
-            + tracepoint_blocks(run) + reassembly_blocks(run) + per_cpu_blocks(run) + flame_blocks(run)
-            + latency_blocks(run) + steps_blocks(run) + commands_blocks(run)
+    lead = [b for section in SECTIONS if section.placement == "lead" for b in section.blocks(run)]
+    body = [b for section in SECTIONS if section.placement != "lead" for b in section.blocks(run)]
+    return (header_blocks(run) + lead + results_blocks(run) + body + steps_blocks(run) + commands_blocks(run)
             + run_artifact_blocks(run))
 
 

@@ -1,32 +1,43 @@
-"""The report's "Whole cost" section: each step variant's CPU per GB moved, host and guest side by side.
+"""The whole-cost section: each step variant's CPU, host and guest side by side, per GB where bytes moved.
 
-From the ``cost`` entry of every step in summary.json (:mod:`labctl.trace.hostcost`):
-the bytes the transfer moved, each involved guest's QEMU on the host (its vCPU
-threads, its main loop, the rest) and the guest's own CPU over the same
-window, both per GB; then, per guest, what the host profile of its QEMU saw.
-What the accelerator hides is said, not guessed: under TCG the guest's profile
-cannot see the emulated NIC's device model, which runs in QEMU.
+Its piece of summary.json is each step's ``cost`` (:mod:`labctl.trace.hostcost`): each involved
+guest's QEMU on the host (its vCPU threads, its main loop, the rest) and the guest's own CPU over
+the step's window, and both per GB of what the step moved: the transfer tool's count, else, for a
+step meant to move bytes over its NIC (it runs commands and names the NIC), that NIC's byte
+counters. A step that moved nothing (selftests, commands that move nothing) has no per-GB figure
+and no place in the report's section. Then, per guest, what the host profile of its QEMU saw.
+What the accelerator hides is said, not guessed: under TCG the guest's profile cannot see the
+emulated NIC's device model, which runs in QEMU.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from labctl.bundle.figures import (
     as_dict,
     as_list,
-    fmt_cost,
+    figure,
     full_label,
     is_failed,
+    nic_model,
     run_steps,
     step_labels,
     usable,
+    verdict,
 )
+from labctl.bundle.layout import HOST_DIR
 from labctl.bundle.read import Run
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Para, Row, Span, Table, num, txt
-from labctl.trace.hostcost import KINDS
+from labctl.report.sections import HeadlineFigure, Metric, ReportSection, StepFiles, expects_transfer
+from labctl.trace.hostcost import KINDS, guest_cost, nic_bytes, step_cost
+
+log = logging.getLogger(__name__)
+COST_FIGURES = ("host_cpu_s_per_gb", "guest_cpu_s_per_gb", "host_cpu_s", "guest_cpu_s")
+SAME = 1.1  # a ratio of costs below this is "about the same", whatever the noise
 
 ACCEL_NOTES = {
     "tcg": ("Under TCG, QEMU translates the guest's code and runs it in its vCPU threads, and the emulated NIC's "
@@ -121,9 +132,14 @@ def profile_blocks(steps: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
     return blocks
 
 
+def moved(step: Mapping[str, Any]) -> bool:
+    """Whether the step moved bytes (its cost has a count of them)."""
+    return (usable(as_dict(step.get("cost")).get("bytes")) or 0) > 0
+
+
 def cost_blocks(run: Run) -> list[Block]:
-    """The whole-cost section; empty when no step has cost figures (a bundle of an older labctl)."""
-    steps = [s for s in run_steps(run.summary) if as_dict(s.get("cost")).get("guests")]
+    """The whole-cost section; empty when no step moved bytes (or a bundle of an older labctl has no cost)."""
+    steps = [s for s in run_steps(run.summary) if as_dict(s.get("cost")).get("guests") and moved(s)]
     if not steps:
         return []
     accel = str(run.summary.get("accel") or run.manifest.get("accel") or "")
@@ -148,3 +164,109 @@ def cost_blocks(run: Run) -> list[Block]:
                             "(device models, TCG helpers, memory dispatch), the host kernel (sockets, polling) and "
                             "libraries."), "muted"), *profiles]
     return blocks
+
+
+def fmt_cost(value: float) -> str:
+    """CPU seconds per GB with three significant digits at most (``64``, ``21.3``, ``5.21``)."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def cost_points(steps: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+    """NIC variant -> (host CPU s/GB of each run, guest CPU s/GB of each run) over its runs that did
+    not fail and measured the host side of every involved guest."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for s in steps:
+        label, host = nic_model(s), usable(figure(s, "host_cpu_s_per_gb"))
+        if label and host is not None and not is_failed(s.get("status")) and s.get("status") != "skipped":
+            hosts, guests = out.setdefault(label, ([], []))
+            hosts.append(host)
+            guest = usable(figure(s, "guest_cpu_s_per_gb"))
+            if guest is not None:
+                guests.append(guest)
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def cost_sentence(steps: Sequence[Mapping[str, Any]]) -> str | None:
+    """Which NIC variant cost the least and the most host CPU per GB moved (all the step's QEMUs), with
+    the guests' own CPU per GB beside, and whether the difference is beyond the run-to-run noise
+    (``repeat:``); None with fewer than two variants measured."""
+    points = cost_points(steps)
+    if len(points) < 2:
+        return None
+    ranked = sorted(points.items(), key=lambda kv: _mean(kv[1][0]))
+    (best, (b_hosts, b_guests)), (worst, (w_hosts, w_guests)) = ranked[0], ranked[-1]
+    b_host, w_host = _mean(b_hosts), _mean(w_hosts)
+    ratio = w_host / b_host if b_host > 0 else None
+    inside = (f"; inside the guests {fmt_cost(_mean(b_guests))} vs {fmt_cost(_mean(w_guests))} CPU s/GB"
+              if b_guests and w_guests else "")
+    lead = "Counting every QEMU's host CPU time (guest code, device models and I/O), "
+    noise = verdict(b_hosts, w_hosts)
+    if ratio is not None and ratio < SAME:
+        return (f"{lead}the NIC models cost about the same host CPU per GB moved ({best} {fmt_cost(b_host)}, "
+                f"{worst} {fmt_cost(w_host)} s/GB){inside}.")
+    times = f" ({ratio:.1f} times as much)" if ratio is not None else ""
+    if noise == "within noise":
+        tail = f", but that is within the run-to-run noise of their {len(b_hosts)} and {len(w_hosts)} runs"
+    elif noise == "beyond noise":
+        tail = f", beyond the run-to-run noise of their {len(b_hosts)} and {len(w_hosts)} runs"
+    else:
+        tail = " (one run each: repeat: N on the step tells this from noise)"
+    return (f"{lead}{best} cost {fmt_cost(b_host)} host CPU s per GB moved and {worst} "
+            f"{fmt_cost(w_host)}{times}{tail}{inside}.")
+
+
+def step_bytes(step: StepFiles) -> tuple[int | None, str | None]:
+    """What the step moved and who counted it: the transfer tool on the NIC's guest (else the first
+    guest), else the NIC's byte counters when the step was meant to move bytes over it."""
+    e = step.entry
+    guests, nic = as_dict(e.get("guests")), as_dict(e.get("nic"))
+    focus = nic.get("guest") if nic.get("guest") in guests else next(iter(guests), None)
+    figs = as_dict(guests.get(focus)) if focus else {}
+    nbytes, source = figs.get("transfer_bytes"), figs.get("throughput_source")
+    if not nbytes and focus and nic.get("name") and expects_transfer(e):
+        nbytes, source = nic_bytes(step.dir / focus, nic["name"]), f"{focus} {nic['name']} rx+tx bytes (/proc/net/dev)"
+    return (nbytes, source) if nbytes else (None, None)
+
+
+class CostSection(ReportSection):
+    """The whole cost (see the module docstring)."""
+
+    name = "cost"
+    headline: ClassVar[tuple[HeadlineFigure, ...]] = (
+        ("host_cpu_s_per_gb", "host CPU (all QEMUs) per GB", "s/GB", -1),
+        ("guest_cpu_s_per_gb", "guest CPU (all guests) per GB", "s/GB", -1),
+    )
+
+    def summarize(self, step: StepFiles) -> None:
+        e = step.entry
+        window = e.get("window_s") if isinstance(e.get("window_s"), int | float) else None
+        costs: dict[str, Any] = {}
+        for g, gdir in step.guest_dirs():
+            try:
+                costs[g] = guest_cost(gdir, step.dir / HOST_DIR / g)
+            except Exception as exc:  # noqa: BLE001 - a figure must never lose the bundle
+                log.warning("cost of %s/%s failed: %s", e.get("dir"), g, exc)
+        nbytes, source = step_bytes(step)
+        e["cost"] = cost = step_cost(costs, nbytes, source, window)
+        e["figures"] = {**as_dict(e.get("figures")), **{k: cost.get(k) for k in COST_FIGURES}}
+
+    def blocks(self, run: Run) -> list[Block]:
+        return cost_blocks(run)
+
+    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+        out: dict[str, Metric] = {}
+        for key, label, unit, better in self.headline:
+            value = usable(figure(step, key))
+            if value is not None:
+                out[key] = (value, label, unit, better)
+        for guest, c in as_dict(as_dict(step.get("cost")).get("guests")).items():
+            for key, label in (("host_cpu_s_per_gb", "host CPU per GB (its QEMU)"),
+                               ("guest_cpu_s_per_gb", "guest CPU per GB")):
+                value = usable(as_dict(c).get(key))
+                if value is not None:
+                    out[f"cost.{guest}.{key}"] = (value, f"{guest}: {label}", "s/GB", -1)
+        return out

@@ -71,7 +71,7 @@ class Graphic:
     """A drawing inlined in the HTML report (a flame graph's ``<svg>``), linked from the Markdown one.
 
     ``svg`` is well-formed inline SVG; ``script`` says it needs the page's
-    one flame graph script (:mod:`labctl.report.flamescript`); ``href`` is the
+    one flame graph script (:data:`labctl.report.flamegraph.SCRIPT`); ``href`` is the
     same drawing as a file in the bundle.
     """
 

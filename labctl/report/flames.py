@@ -1,11 +1,12 @@
-"""The report's flame graphs: one per guest and variant, and differential ones between the variants of a step.
+"""The flame graph section: one per guest and variant, and differential ones between the variants of a step.
 
-From the ``flamegraph.folded`` files the summary wrote (:mod:`labctl.trace.flames`):
+Its piece of summary.json: each guest's ``flamegraph`` (:func:`labctl.trace.flamefold.guest_flamegraph`),
+its stacks written beside the recording as ``flamegraph.folded``. From those files
 :func:`flame_blocks` writes each graph as a standalone SVG into the bundle
 (``flamegraph.svg`` beside its folded file; differential graphs as
 :func:`labctl.bundle.layout.diff_flamegraph` names them) and returns the
 same graphs inline for report.html, searchable by function name (the page's
-one script, :mod:`labctl.report.flamescript`), kernel modules each in their
+one script, :data:`labctl.report.flamegraph.SCRIPT`), kernel modules each in their
 own colour. A differential graph is drawn for every variant against the
 step's first (say rtl8139 against virtio-net-pci is "after" virtio, "before"
 rtl8139): frames sized by the later variant, red where their share grew.
@@ -20,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from labctl.bundle.figures import as_dict, fmt_num, is_failed, nic_model, run_steps, step_guests
-from labctl.bundle.layout import FLAMEGRAPH_SVG, diff_flamegraph
+from labctl.bundle.layout import FLAMEGRAPH_FOLDED, FLAMEGRAPH_SVG, diff_flamegraph
 from labctl.bundle.read import Run
 from labctl.paths import atomic_write
 from labctl.report.document import Block, Graphic, Heading, Para, Span, txt
 from labctl.report.flamegraph import render_diff_svg, render_svg
-from labctl.trace.flamefold import Stack, read_folded
+from labctl.report.sections import ReportSection, StepFiles
+from labctl.trace.flamefold import Stack, guest_flamegraph, read_folded
 
 log = logging.getLogger(__name__)
 
@@ -124,3 +126,28 @@ def flame_blocks(run: Run) -> list[Block]:
             base, before = first[key]
             blocks.append(_diff_graph(run, step, base, guest, before, stacks, n))
     return blocks
+
+
+class FlamesSection(ReportSection):
+    """Flame graphs (see the module docstring)."""
+
+    name = "flames"
+
+    def summarize(self, step: StepFiles) -> None:
+        modules = as_dict(step.entry.get("nic")).get("modules") or []
+        for g, gdir in step.guest_dirs():
+            figs = step.entry["guests"][g]
+            try:
+                fg = guest_flamegraph(gdir, modules)
+                if fg is None:
+                    continue
+                info, text = fg
+                info["folded"] = FLAMEGRAPH_FOLDED if info.get("event") else None
+                if info["folded"]:
+                    atomic_write(gdir / FLAMEGRAPH_FOLDED, text)
+                figs["flamegraph"] = info
+            except OSError as exc:
+                figs.setdefault("warnings", []).append(f"flame graph: {exc}")
+
+    def blocks(self, run: Run) -> list[Block]:
+        return flame_blocks(run)

@@ -25,7 +25,7 @@ from labctl.report.document import (
     Span,
     Table,
 )
-from labctl.report.flamescript import SCRIPT, script_csp_source
+from labctl.report.flamegraph import SCRIPT, script_csp_source
 
 CSS = """
 :root { --ink: #1f2933; --muted: #6b7785; --line: #d9dee6; --bg: #f4f6f9; --card: #ffffff;

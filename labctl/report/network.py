@@ -1,9 +1,10 @@
-"""The report's network sections: the topology picture, what each step did to the links and captured,
-IP reassembly next to the datagrams the application lost, and receive work per CPU.
+"""The report's network sections: the topology picture (:class:`TopologySection`, before the results);
+what each step did to the links and captured, IP reassembly next to the datagrams the application
+lost, and receive work per CPU (:class:`NetworkSection`).
 
-Figures come from summary.json (:mod:`labctl.trace.netfigures`); the
-picture from the manifest's resolved lab and what ``up`` recorded
-(:mod:`labctl.net.graph`).
+Figures come from summary.json (:mod:`labctl.trace.netfigures`; the captures' piece is this
+section's: each capture read back and compared with its NIC's counters); the picture from the
+manifest's resolved lab and what ``up`` recorded (:mod:`labctl.net.graph`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from labctl.lab.impair import Impairment
 from labctl.net.graph import runtime_from_state, to_mermaid, to_svg, topology
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Para, Picture, Row, Span, Table, num, txt
+from labctl.report.sections import ReportSection, StepFiles
+from labctl.trace.netfigures import capture_figures
 
 REASM_COLUMNS = ("ReasmReqds", "ReasmOKs", "ReasmFails", "ReasmTimeout")
 
@@ -146,3 +149,43 @@ def per_cpu_blocks(run: Run) -> list[Block]:
             Para(txt("softnet processed: packets the network stack took on that CPU; received_rps: packets "
                      "another CPU steered to it (RPS); NET_RX softirqs: receive softirqs run there; %soft: "
                      "its time in softirqs (mpstat)."), "muted"), Charts((chart,))]
+
+
+class TopologySection(ReportSection):
+    """The lab's topology, before the results."""
+
+    name = "topology"
+    placement = "lead"
+
+    def blocks(self, run: Run) -> list[Block]:
+        return topology_blocks(run)
+
+
+def _capture_warning(cap: Mapping[str, Any]) -> str:
+    label = f"{cap.get('guest')}.{cap.get('nic')}"
+    warning = (f"{label}: the capture holds {cap.get('frames')} frames but the NIC sent and received "
+               f"{cap.get('nic_frames')}: {cap['missing']} are missing from it")
+    if cap.get("link_down"):
+        warning += " (the step took its link down: QEMU drops what the NIC sends meanwhile, before any capture)"
+    return warning
+
+
+class NetworkSection(ReportSection):
+    """A step's network changes and captures; reassembly and receive work per CPU over the run."""
+
+    name = "network"
+
+    def summarize(self, step: StepFiles) -> None:
+        e = step.entry
+        links = as_dict(e.get("network")).get("links") or {}
+        e["captures"] = capture_figures(step.bundle, list(as_list(e.get("captures"))), as_dict(e.get("guests")),
+                                        frozenset(links))
+        for cap in e["captures"]:
+            if cap.get("missing") and (warning := _capture_warning(cap)) not in e["warnings"]:
+                e["warnings"].append(warning)
+
+    def blocks(self, run: Run) -> list[Block]:
+        return reassembly_blocks(run) + per_cpu_blocks(run)
+
+    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+        return step_network_blocks(step)

@@ -1,4 +1,4 @@
-"""The report's "Tracepoint counts" section: events × commands, with totals and rates, per step variant.
+"""The "Tracepoint counts" section: events × commands, with totals and rates, per step variant.
 
 From the ``tracepoints`` figures of each guest (:mod:`labctl.trace.tpcounts`):
 perf records every hit of a tracepoint, so these are counts of events (how
@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle.figures import as_dict, as_list, fmt_num, full_label, run_steps, step_guests
+from labctl.bundle.figures import as_dict, as_list, fmt_num, full_label, run_steps, step_guests, usable
 from labctl.bundle.read import Run
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Table, num, txt
+from labctl.report.sections import Metric, ReportSection
 
 MAX_COLUMNS = 6  # commands shown as columns; the rest are summed in "other"
 
@@ -107,3 +108,23 @@ def symbols_note(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
         return None
     return (f"{', '.join(names)}: perf recorded tracepoints only; their hits are counts, not CPU samples "
             "(see Tracepoint counts).")
+
+
+class TracepointSection(ReportSection):
+    """Tracepoint counts (see the module docstring)."""
+
+    name = "tracepoints"
+
+    def blocks(self, run: Run) -> list[Block]:
+        return tracepoint_blocks(run)
+
+    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+        out: dict[str, Metric] = {}
+        for guest, figs in step_guests(step):
+            for source in as_list(figs.get("tracepoints")):
+                for event, e in as_dict(as_dict(source).get("events")).items():
+                    value = usable(as_dict(e).get("total"))
+                    if value is not None:
+                        key = f"tracepoints.{guest}.{as_dict(source).get('source')}.{event}"
+                        out[key] = (value, f"{guest} {event} ({as_dict(source).get('source')})", "events", 0)
+        return out

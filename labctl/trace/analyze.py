@@ -1,7 +1,10 @@
 """Figures for one guest and step, computed from the files the runner leaves in ``<step_dir>/<guest>/``.
 
 :func:`guest_figures` never raises for missing or odd files: each figure
-it cannot compute is None and a line in ``warnings`` says why.
+it cannot compute is None and a line in ``warnings`` says why, for what the
+step asked for only: a tracer's output is missing only when the tracer ran
+(its ``NAME.pid`` or its output is there), a transfer only when the caller
+expected one (a step that runs commands and names the NIC under test).
 
 Driver share. ``perf record -a -e cpu-clock`` samples idle CPUs too (the
 idle loop shows up as ``native_safe_halt``), so a module's share of *all*
@@ -110,8 +113,14 @@ def _numbered(path: Path, pattern: str) -> list[Path]:
     return [p for _, _, p in sorted(found)]
 
 
-def _throughput(g: _Guest) -> tuple[Throughput | None, str | None]:
-    """The first iperf3 JSON or wget result among cmd-*.out/err, and its file name.
+def _ran(g: _Guest, *names: str) -> bool:
+    """Whether any of these files is in the guest's directory (a tracer's pid file or output)."""
+    return any((g.path / n).exists() for n in names)
+
+
+def _throughput(g: _Guest, expected: bool) -> tuple[Throughput | None, str | None]:
+    """The first iperf3 JSON or wget result among cmd-*.out/err, and its file name; a warning when
+    none was found and one was ``expected``.
 
     An iperf3 run that ended in an error is named in a warning with its
     message as iperf3 wrote it (it may have exited 0 all the same).
@@ -130,7 +139,7 @@ def _throughput(g: _Guest) -> tuple[Throughput | None, str | None]:
             result = parse_iperf3_json(text) or parse_wget(text)
             if found[0] is None and result is not None and result.bps is not None:
                 found = (result, candidate.name)
-    if found[0] is None:
+    if found[0] is None and expected:
         g.warnings.append("cmd-*.out/err: no iperf3 JSON or wget transfer found")
     return found
 
@@ -178,8 +187,9 @@ def _load_reports(g: _Guest) -> dict[str, PerfReport]:
     :mod:`labctl.trace.tpcounts`').
     """
     reports: dict[str, PerfReport] = {}
+    recorded = _ran(g, "perf-record.pid", "perf.data", "perf-report.err", "perf-report.txt", "perf-report-dso.txt")
     for name in ("perf-report-dso.txt", "perf-report.txt"):
-        text = g.text(name)
+        text = g.text(name, optional=not recorded)
         if text is None:
             continue
         events = perf_report_events(text)
@@ -221,8 +231,9 @@ def _top_symbols(report: PerfReport | None) -> list[dict[str, Any]]:
 
 def _softnet(g: _Guest) -> dict[str, int] | None:
     """Summed softnet deltas (processed, dropped, time_squeeze) between the two snapshots."""
-    before = g.text("stats/before/softnet_stat.txt")
-    after = g.text("stats/after/softnet_stat.txt")
+    taken = _ran(g, "stats/before")
+    before = g.text("stats/before/softnet_stat.txt", optional=not taken)
+    after = g.text("stats/after/softnet_stat.txt", optional=not taken)
     if before is None or after is None:
         return None
     rows_before, rows_after = parse_softnet_stat(before), parse_softnet_stat(after)
@@ -291,7 +302,8 @@ def _driver_figures(g: _Guest, modules: list[str], reports: dict[str, PerfReport
     return {"driver_share_pct": share, "driver_cpu_pct": cpu, "driver_share_all_pct": share_all, "idle_pct": idle}
 
 
-def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | None = None) -> dict[str, Any]:
+def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | None = None, *,
+                  expect_transfer: bool = True) -> dict[str, Any]:
     """The figures of one guest and step, JSON-able.
 
     Keys: ``throughput_mbit_s`` (receiver side, else sender), ``throughput_source``
@@ -307,13 +319,15 @@ def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | 
     and ``warnings``. ``driver_modules`` are
     module names as in lsmod (``8139cp``, ``virtio_net``). Optional inputs
     (``perf-record.log`` for an exact sample count, ``kprobe_profile.txt``)
-    cause no warning when absent. Raises nothing for missing or odd files.
+    cause no warning when absent, nor do those of a tracer that did not run; a missing transfer
+    warns only when ``expect_transfer``. Raises nothing for missing or odd files.
     """
     g = _Guest(guest_dir)
     if not guest_dir.is_dir():
         g.warnings.append(f"{guest_dir}: not a directory")
-    tput, source = _throughput(g)
-    load = g.parsed("mpstat.json", parse_mpstat_json, "cpu 'all' samples")
+    tput, source = _throughput(g, expect_transfer)
+    load = (g.parsed("mpstat.json", parse_mpstat_json, "cpu 'all' samples") if _ran(g, "mpstat.pid", "mpstat.json")
+            else None)
     recording = _recording(g)
     reports = _load_reports(g)
     samples, lost = _samples(g, reports)

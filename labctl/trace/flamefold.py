@@ -5,6 +5,7 @@ Public API::
     fold_perf_script(text, *, comm=True, module_symbols=None) -> Folded
     kallsyms_modules(text) -> {function: module}
     write_folded(stacks) -> str            read_folded(text) -> {Stack: samples}
+    guest_flamegraph(guest_dir, driver_modules) -> (what the summary keeps, folded text) | None
 
 A *stack* is a tuple of :class:`Frame` from the root (the process, when
 ``comm`` is on) to the leaf; a *stacks* mapping counts samples per stack.
@@ -23,14 +24,28 @@ it. Each frame carries its kind as a suffix, extending the ``_[k]`` that
 ``[unknown]``             no suffix: unknown (also any foreign frame)
 ========================  ==========================================
 
+A guest's step directory: a recording with call graphs (``perf_record: {call_graph: true}``)
+leaves ``perf script``'s text of every sample, gzipped (:data:`RECORDING`). :func:`guest_flamegraph`
+folds the sampling event's stacks (a tracepoint's stacks say where it fired, not where the CPU
+went), gives kernel-core frames back their module from ``kallsyms-modules.txt``, and returns the
+folded text (which the summary writes to ``flamegraph.folded``) and what the summary keeps: the
+event, the samples, each module's samples (stacks that pass through it) and the driver's hottest
+functions.
+
 The SVG rendering is :mod:`labctl.report.flamegraph`'s.
 """
 
 from __future__ import annotations
 
+import gzip
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl.trace.parsers import is_tracepoint
 
 KINDS = ("process", "kernel", "module", "user", "unknown")
 """Frame kinds; ``Frame.module`` is the module name for ``module``, the dso base name for ``user``."""
@@ -272,3 +287,79 @@ def read_folded(text: str) -> dict[Stack, int]:
         if stack and int(count) > 0:
             stacks[stack] = stacks.get(stack, 0) + int(count)
     return stacks
+
+
+# --------------------------------------------------------------------------- a guest's recording
+
+RECORDING = "perf-script-g.txt.gz"  # perf script of a call-graph recording, gzipped
+KALLSYMS_MODULES = "kallsyms-modules.txt"
+TOP_FUNCTIONS = 10
+
+
+def _module(name: str) -> str:
+    return name.strip("[]").replace("-", "_")
+
+
+def _inclusive(stacks: Mapping[Stack, int]) -> tuple[Counter[str], Counter[tuple[str, str]]]:
+    """Samples of stacks passing through each module, and through each (module, function), each stack once."""
+    modules: Counter[str] = Counter()
+    functions: Counter[tuple[str, str]] = Counter()
+    for stack, n in stacks.items():
+        mods = {f.module for f in stack if f.kind == "module"}
+        funcs = {(f.module, f.function) for f in stack if f.kind == "module"}
+        for m in mods:
+            modules[m] += n
+        for key in funcs:
+            functions[key] += n
+    return modules, functions
+
+
+def summarize_stacks(stacks: Mapping[Stack, int], driver_modules: list[str]) -> dict[str, Any]:
+    """Samples, per-module samples and the driver's functions (inclusive: a stack counts once per frame kind)."""
+    total = sum(stacks.values())
+    modules, functions = _inclusive(stacks)
+    drivers = {_module(m) for m in driver_modules}
+    in_driver = sum(n for stack, n in stacks.items() if any(f.kind == "module" and f.module in drivers
+                                                             for f in stack))
+    top = sorted(((fn, mod, n) for (mod, fn), n in functions.items() if mod in drivers),
+                 key=lambda item: (-item[2], item[0]))[:TOP_FUNCTIONS]
+    return {
+        "samples": total,
+        "modules": dict(sorted(modules.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "driver": {"modules": sorted(drivers), "samples": in_driver,
+                   "pct": round(100 * in_driver / total, 2) if total else None,
+                   "functions": [{"function": fn, "module": mod, "samples": n,
+                                  "pct": round(100 * n / total, 2) if total else None} for fn, mod, n in top]},
+    }
+
+
+def guest_flamegraph(guest_dir: Path, driver_modules: list[str]) -> tuple[dict[str, Any], str] | None:
+    """Fold the guest's call-graph recording: (what the summary keeps, the folded text); None without one.
+
+    The summary keeps ``event`` (None when the recording has no sampling
+    event; the folded text is then empty), ``samples``, ``skipped_samples``, ``modules``, ``driver`` (see
+    :func:`summarize_stacks`) and ``other_events`` (the recording's other
+    events with their sample counts, tracepoints included).
+
+    :raise OSError: when the recording cannot be read.
+    """
+    path = guest_dir / RECORDING
+    if not path.is_file():
+        return None
+    with gzip.open(path, "rt", errors="replace") as f:
+        text = f.read()
+    try:
+        mods = kallsyms_modules((guest_dir / KALLSYMS_MODULES).read_text(errors="replace"))
+    except OSError:
+        mods = {}
+    folded = fold_perf_script(text, module_symbols=mods)
+    sampling = [e for e in folded.events if not is_tracepoint(e.rstrip(":"))]
+    if not sampling:
+        return {"event": None, "samples": 0,
+                "other_events": {e: folded.total(e) for e in folded.events}}, ""
+    event = max(sampling, key=folded.total)
+    stacks = folded.events[event]
+    info = {"event": event, "skipped_samples": folded.skipped_samples,
+            **summarize_stacks(stacks, driver_modules),
+            "other_events": {e: folded.total(e) for e in folded.events if e != event}}
+    return info, write_folded(stacks)

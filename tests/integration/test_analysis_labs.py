@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from labctl.bundle.figures import fmt_cost
+from labctl.report.cost import fmt_cost
 from labctl.trace.tef import validate_trace
 from tests.integration.conftest import run_bundle, short_lab
 from tests.integration.test_report_html import CHROMIUM, chromium, png_pixels

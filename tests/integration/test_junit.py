@@ -54,6 +54,13 @@ def test_run_and_check_write_junit(cli: Cli, image: object, tmp_path: Path) -> N
     assert "status 3" in failure.message, failure.message
     assert f"{bundle}/steps/fails" in failure.message and f"bundle: {bundle}/steps/fails" in failure.text
     assert {p.name: p.value for p in suite.properties()} == {"bundle": bundle, "status": "failed"}
+    # commands that move nothing are no transfer: no throughput, CPU or driver columns and charts
+    # (one step failed: they would be marked failed), no cost per GB, no warning about an iperf3
+    # JSON, mpstat or perf report the steps never asked for
+    report = (Path(bundle) / "report.md").read_text()
+    assert "| step | variant / NIC model | status |" in report
+    for absent in ("Throughput", "CPU load", "Whole cost", "per GB", "iperf3", "mpstat", "perf-report", "Top symbols"):
+        assert absent not in report, absent
 
     # the lab stayed up (--keep): its checks, one passing, one failing
     checks = tmp_path / "checks.xml"

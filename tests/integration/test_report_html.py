@@ -17,7 +17,7 @@ import pytest
 
 from labctl.report import render_run
 from labctl.report.charts import fmt_num
-from labctl.report.content import FIGURES
+from labctl.report.throughput import FIGURES
 from tests.conftest import ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")

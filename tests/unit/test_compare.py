@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from labctl.bundle.compare import BEYOND, NO_REPEATS, WITHIN, compare_runs, differences, verdict
+from labctl.bundle.figures import BEYOND, NO_REPEATS, WITHIN, verdict
 from labctl.bundle.read import load_run
 from labctl.cli.main import main
 from labctl.errors import UsageError
-from labctl.report.compare import compare_blocks, fmt_change, fmt_side
+from labctl.report.comparison import compare_blocks, compare_runs, differences, fmt_change, fmt_side
 from labctl.report.html import to_html
 from labctl.report.markdown import to_markdown
 

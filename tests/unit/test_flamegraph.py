@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.report.flamegraph import frame_colour, module_hue, render_diff_svg, render_svg
-from labctl.report.flamescript import SCRIPT, script_csp_source
+from labctl.report.flamegraph import SCRIPT, frame_colour, module_hue, render_diff_svg, render_svg, script_csp_source
 from labctl.trace.flamefold import Frame, Stack, fold_perf_script, kallsyms_modules, read_folded, write_folded
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl.bundle.summary import resummarize
 from labctl.report import render_run
-from labctl.report.flamescript import SCRIPT, script_csp_source
-from labctl.trace.flamefold import read_folded
-from labctl.trace.flames import SCRIPT as RECORDING
-from labctl.trace.flames import guest_flamegraph
+from labctl.report.flamegraph import SCRIPT, script_csp_source
+from labctl.report.summary import resummarize
+from labctl.trace.flamefold import RECORDING, guest_flamegraph, read_folded
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAME = ROOT / "tests" / "fixtures" / "flame"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from labctl.bundle.figures import comparison_sentence
+from labctl.report.throughput import comparison_sentence
 
 
 def step(variant: str | None, cpu: float | None, mbit: float | None = None, status: str = "ok",

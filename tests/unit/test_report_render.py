@@ -17,7 +17,7 @@ from labctl.bundle.layout import MANIFEST, SUMMARY
 from labctl.errors import LabctlError, UsageError
 from labctl.report import render_run
 from labctl.report.charts import fmt_num
-from labctl.report.content import FIGURES
+from labctl.report.throughput import FIGURES
 from tests.conftest import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "report"

@@ -130,13 +130,27 @@ def test_commands_are_searched_in_numeric_order(tmp_path: Path) -> None:
     assert guest_figures(guest, DRIVERS)["throughput_source"] == "cmd-2.out (iperf3)"
 
 
-def test_empty_directory_gives_none_and_warnings(tmp_path: Path) -> None:
-    got = guest_figures(tmp_path, DRIVERS)
+def test_empty_directory_gives_none_and_no_warning(tmp_path: Path) -> None:
+    """Nothing asked, nothing ran (a step that only ran selftests): no figure, and no warning about
+    files no tracer was asked to write, nor about a transfer nobody expected."""
+    got = guest_figures(tmp_path, DRIVERS, expect_transfer=False)
     for key in ("throughput_mbit_s", "cpu_load_pct", "driver_share_pct", "driver_cpu_pct", "samples",
                 "lost_samples", "softnet"):
         assert got[key] is None, key
     assert got["top_symbols"] == []
     assert got["trace_loss"] == {"perf_lost": None, "ftrace_overruns": None, "kprobe_misses": None}
+    assert got["warnings"] == []
+
+
+def test_tracers_that_ran_and_left_nothing_give_warnings(tmp_path: Path) -> None:
+    """The tracers started (their pid files) and the statistics were taken, but their files are not
+    there; a transfer was expected and none was found: each says so."""
+    for name in ("mpstat.pid", "perf-record.pid"):
+        (tmp_path / name).write_text("1\n")
+    (tmp_path / "stats" / "before").mkdir(parents=True)
+    got = guest_figures(tmp_path, DRIVERS)
+    for key in ("throughput_mbit_s", "cpu_load_pct", "driver_share_pct", "samples", "softnet"):
+        assert got[key] is None, key
     for name in ("mpstat.json", "perf-report.txt", "perf-report-dso.txt", "stats/before/softnet_stat.txt"):
         assert f"{name}: missing" in got["warnings"]
     # ftrace did not run here (no trace files at all): its report is not missed

@@ -1,4 +1,4 @@
-"""The report's per-packet latency section, from the ``skb_latency`` figures in summary.json.
+"""The per-packet latency section, from the ``skb_latency`` figures in summary.json (:mod:`labctl.trace.skblatency`).
 
 For each direction, one table puts the step variants (NIC models) side by
 side, stage by stage, then a coverage table says how complete the picture
@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle.figures import as_dict, fmt_num, full_label, run_steps, step_guests
+from labctl.bundle.figures import as_dict, fmt_num, full_label, run_steps, step_guests, usable
 from labctl.bundle.read import Run
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Span, Table, num, txt
+from labctl.report.sections import Metric, ReportSection
 
 DIRECTIONS = (("rx", "Receive: driver → app"), ("tx", "Transmit: app → driver"))
+LATENCY_PCTS = ("p50", "p90", "p99")
 
 
 def _focus(step: Mapping[str, Any], direction: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -131,3 +133,39 @@ def latency_blocks(run: Run) -> list[Block]:
                      "as a flow from driver to application: trace.json.gz, which ui.perfetto.dev (or "
                      "chrome://tracing) opens as it is, in the browser, without uploading it."), "muted")
     return [Heading(2, "Per-packet latency"), intro, *blocks]
+
+
+def latency_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:
+    """Every stage's percentiles, per guest and direction: of the NIC under test when it has them."""
+    out: dict[str, Metric] = {}
+    nic = as_dict(step.get("nic")).get("name")
+    for guest, figs in step_guests(step):
+        skb = as_dict(figs.get("skb_latency"))
+        for direction in ("rx", "tx"):
+            d = as_dict(skb.get(direction))
+            part = as_dict(as_dict(d.get("by_nic")).get(nic)) if nic else {}
+            src = part if part.get("followed") else d
+            if not src.get("followed"):
+                continue
+            titles = as_dict(skb.get("stage_titles"))
+            stages = [*as_dict(src.get("stages")).items(), ("end_to_end", src.get("end_to_end"))]
+            for stage, stats in stages:
+                for pct in LATENCY_PCTS:
+                    value = usable(as_dict(stats).get(f"{pct}_us"))
+                    if value is not None:
+                        title = "end to end" if stage == "end_to_end" else str(titles.get(stage, stage))
+                        out[f"latency.{guest}.{direction}.{stage}.{pct}"] = (
+                            value, f"{guest} {direction.upper()} {title} {pct}", "µs", -1)
+    return out
+
+
+class LatencySection(ReportSection):
+    """Per-packet latency, stage by stage (see the module docstring)."""
+
+    name = "latency"
+
+    def blocks(self, run: Run) -> list[Block]:
+        return latency_blocks(run)
+
+    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+        return latency_metrics(step)

@@ -1,13 +1,18 @@
-"""The report's part for a ``kselftest:`` step: a table per test (result, time, why it skipped) and
-the log of each failure (from summary.json's ``kselftest`` record and the per-test log files)."""
+"""The selftests section, for a step of the ``kselftest`` kind: a table per test (result, time, why it
+skipped) and the log of each failure (from summary.json's ``kselftest`` record, which the step's
+kind wrote, :mod:`labctl.steps.selftests`, and the per-test log files); the counts in the results
+table."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labctl.report.document import Block, Heading, Para, Row, Span, Table, txt
+from labctl.bundle.figures import as_dict
+from labctl.bundle.read import Run
+from labctl.report.document import Block, Heading, Inline, Para, Row, Span, Table, txt
+from labctl.report.sections import Column, ReportSection, kinds_of
 
 MAX_LOG_LINES = 60
 _STYLE = {"pass": "good", "xfail": "good", "skip": "muted", "fail": "bad"}
@@ -49,3 +54,23 @@ def kselftest_blocks(root: Path, step: Mapping[str, Any]) -> list[Block]:
         if t.get("result") == "fail" and t.get("log"):
             blocks += [Heading(5, f"{t.get('name')}: log"), Para(txt(_log_tail(root, str(t["log"])), "code"))]
     return blocks
+
+
+def _counts(step: Mapping[str, Any]) -> Inline:
+    counts = as_dict(as_dict(step.get("kselftest")).get("counts"))
+    text = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    return txt(text or "–", "bad" if counts.get("fail") else "")
+
+
+class SelftestSection(ReportSection):
+    """The kernel's selftests of a step (see the module docstring)."""
+
+    name = "kselftest"
+
+    def columns(self, steps: Sequence[Mapping[str, Any]]) -> list[Column]:
+        if not any("kselftest" in kinds_of(s) for s in steps):
+            return []
+        return [Column("selftests", lambda s: _counts(s) if "kselftest" in kinds_of(s) else txt("–"), numeric=False)]
+
+    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+        return kselftest_blocks(run.dir, step)

@@ -1,0 +1,311 @@
+"""Two runs of one lab, side by side (``labctl compare``): what differs between them, and every figure
+with its change; then the same as a document.
+
+:func:`compare_runs` pairs the steps of run A and run B by step name and variant, and for each pair
+puts every figure side by side with its change: each report section's (:func:`labctl.report.registry.step_metrics`:
+throughput, CPU, driver share, cost per GB, per-stage latency percentiles, softnet drops, SNMP
+counters, tracepoint totals). It also says what differs between the runs: the kernel of each
+guest, the NIC models, the lab file, labctl's and QEMU's versions, the accelerator, the image and
+the host. :func:`compare_blocks` turns the result into document blocks; the CLI prints the same
+rows with rich and ``--html FILE`` renders the blocks with :func:`labctl.report.html.to_html`.
+
+**Noise.** A variant run several times (a step's ``repeat: N``) has a spread.
+A change is *beyond noise* when:
+
+* both runs have repeats: their ranges (min..max over the runs) do not
+  overlap. With 3 runs a side, two samples of the same distribution give
+  disjoint ranges by chance with probability 2/20 = 10%; with 5 a side,
+  2/252 < 1%;
+* only one run has repeats: the other's value lies outside that range
+  widened by its own width on each side;
+* neither has repeats: there is no estimate of the noise, and no verdict.
+
+Runs that failed are left out of the figures. The result is JSON-able.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from labctl.bundle.figures import (
+    BEYOND,
+    NO_REPEATS,
+    WITHIN,
+    as_dict,
+    as_list,
+    fmt_num,
+    is_failed,
+    repeat_key,
+    run_steps,
+    spread,
+    verdict,
+)
+from labctl.bundle.read import Run
+from labctl.errors import UsageError
+from labctl.report.charts import bar_chart_svg
+from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Row, Span, Table, txt
+from labctl.report.registry import headline, step_metrics
+
+GROUPS = (("", "Headline figures"), ("cost.", "Cost per GB, per guest"), ("latency.", "Per-packet latency"),
+          ("softnet.", "Softnet"), ("tracepoints.", "Tracepoint counts"), ("snmp.", "SNMP counters (nstat)"))
+
+
+def lab_of(run: Run) -> str:
+    """The run's lab name (summary first, then manifest)."""
+    return str(run.summary.get("lab") or as_dict(run.manifest.get("lab")).get("name") or "")
+
+
+def check_same_lab(a: Run, b: Run, names: tuple[str, str] = ("RUN_A", "RUN_B")) -> None:
+    """:raise UsageError: (exit 2) when the two runs are of different labs."""
+    la, lb = lab_of(a), lab_of(b)
+    if la != lb:
+        raise UsageError(f"{names[0]} is a run of lab '{la or 'unknown'}' and {names[1]} of lab "
+                         f"'{lb or 'unknown'}': labctl compare pairs the steps of two runs of the same lab",
+                         hint="pass two bundles of one lab file (before and after a change)")
+
+
+# --------------------------------------------------------------------------- what differs
+
+
+def _kernel(k: object) -> str:
+    k = as_dict(k)
+    if not k:
+        return "unknown"
+    build = f" (build id {str(k['build_id'])[:12]})" if k.get("build_id") else ""
+    return f"{k.get('release') or '?'}{build}"
+
+
+def _nics(manifest: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    guests = as_dict(as_dict(as_dict(manifest.get("lab")).get("resolved")).get("guests"))
+    for g, spec in guests.items():
+        for nic in as_dict(spec).get("nics") or []:
+            nic = as_dict(nic)
+            out[f"{g}.{nic.get('name')}"] = str(nic.get("model"))
+    return out
+
+
+def differences(a: Run, b: Run) -> list[dict[str, Any]]:
+    """What differs between the two runs' setups: [{what, a, b}], empty when nothing does."""
+    ma, mb = a.manifest, b.manifest
+    pairs: list[tuple[str, object, object]] = [
+        ("accelerator", a.summary.get("accel") or ma.get("accel"), b.summary.get("accel") or mb.get("accel")),
+        ("labctl", ma.get("labctl_version"), mb.get("labctl_version")),
+        ("QEMU", as_dict(ma.get("qemu")).get("version"), as_dict(mb.get("qemu")).get("version")),
+        ("lab file sha256", as_dict(ma.get("lab")).get("sha256"), as_dict(mb.get("lab")).get("sha256")),
+        ("image", as_dict(ma.get("image")).get("key"), as_dict(mb.get("image")).get("key")),
+        ("backend", ma.get("backend"), mb.get("backend")),
+    ]
+    ka, kb = as_dict(ma.get("kernels")), as_dict(mb.get("kernels"))
+    pairs += [(f"kernel of {g}", _kernel(ka.get(g)), _kernel(kb.get(g))) for g in sorted(set(ka) | set(kb))]
+    na, nb = _nics(ma), _nics(mb)
+    pairs += [(f"NIC model of {n}", na.get(n), nb.get(n)) for n in sorted(set(na) | set(nb))]
+    ha, hb = as_dict(ma.get("host")), as_dict(mb.get("host"))
+    pairs += [(f"host {k}", ha.get(k), hb.get(k)) for k in ("name", "kernel", "cpus")]
+    return [{"what": what, "a": va, "b": vb} for what, va, vb in pairs if va != vb]
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _groups(run: Run) -> dict[tuple[str, str | None], list[dict[str, Any]]]:
+    """(step, variant) -> the runs of it that did not fail or get skipped, in order."""
+    out: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for s in run_steps(run.summary):
+        out.setdefault(repeat_key(s), [])
+        if not is_failed(s.get("status")) and s.get("status") != "skipped":
+            out[repeat_key(s)].append(s)
+    return out
+
+
+def _change(a: float, b: float) -> tuple[float, float | None]:
+    return round(b - a, 4), (round(100 * (b - a) / abs(a), 2) if a else None)
+
+
+def _metric_rows(ra: list[dict[str, Any]], rb: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    values: dict[str, tuple[list[float], list[float]]] = {}
+    info: dict[str, tuple[str, str, int]] = {}
+    order: list[str] = []
+    for side, runs in ((0, ra), (1, rb)):
+        for run in runs:
+            for key, (value, label, unit, better) in step_metrics(run).items():
+                if key not in values:
+                    values[key] = ([], [])
+                    order.append(key)
+                values[key][side].append(value)
+                info[key] = (label, unit, better)
+    rows = []
+    for key in order:
+        va, vb = values[key]
+        label, unit, better = info[key]
+        row: dict[str, Any] = {"key": key, "label": label, "unit": unit, "better": better,
+                               "a": spread(va) if va else None, "b": spread(vb) if vb else None}
+        if va and vb:
+            row["change"], row["change_pct"] = _change(float(row["a"]["mean"]), float(row["b"]["mean"]))
+            row["verdict"] = verdict(va, vb)
+        else:
+            row["change"] = row["change_pct"] = None
+            row["verdict"] = "only in A" if va else "only in B"
+        rows.append(row)
+    return rows
+
+
+def compare_runs(a: Run, b: Run) -> dict[str, Any]:
+    """Everything ``labctl compare`` shows, JSON-able.
+
+    Keys: ``lab``, ``a``/``b`` (directory, status, started), ``differences``
+    (:func:`differences`), ``pairs`` (one per step and variant present in
+    both, with ``runs`` per side and ``metrics``: key, label, unit, better,
+    a/b spreads, change, change_pct, verdict), ``only_in_a``/``only_in_b``
+    (step and variant names present in one run only) and ``flagged`` (how
+    many figure changes are beyond noise).
+
+    :raise UsageError: when the runs are of different labs.
+    """
+    check_same_lab(a, b)
+    ga, gb = _groups(a), _groups(b)
+    pairs: list[dict[str, Any]] = []
+    flagged = 0
+    for key in [k for k in ga if k in gb]:
+        metrics = _metric_rows(ga[key], gb[key])
+        flagged += sum(1 for m in metrics if m["verdict"] == BEYOND)
+        pairs.append({"step": key[0], "variant": key[1], "runs": {"a": len(ga[key]), "b": len(gb[key])},
+                      "metrics": metrics})
+
+    def side(r: Run) -> dict[str, Any]:
+        return {"dir": str(r.dir), "status": r.summary.get("status") or r.manifest.get("status"),
+                "started_at": r.summary.get("started_at") or r.manifest.get("started_at"),
+                "accel": r.summary.get("accel") or r.manifest.get("accel")}
+
+    return {"lab": lab_of(a), "a": side(a), "b": side(b), "differences": differences(a, b), "pairs": pairs,
+            "only_in_a": [{"step": k[0], "variant": k[1]} for k in ga if k not in gb],
+            "only_in_b": [{"step": k[0], "variant": k[1]} for k in gb if k not in ga],
+            "flagged": flagged}
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def _num(value: object) -> str:
+    """A figure as the report prints it, whole numbers without ``.0`` (counters)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return fmt_num(value)
+
+
+def fmt_side(s: object) -> str:
+    """A side's value: the mean, with ± sd and the number of runs when there are several."""
+    s = as_dict(s)
+    if not s:
+        return "–"
+    if (s.get("n") or 1) > 1:
+        return f"{_num(s.get('mean'))} ± {_num(s.get('sd'))} (n={s.get('n')})"
+    return _num(s.get("mean"))
+
+
+def fmt_change(m: Mapping[str, Any]) -> str:
+    """``+3.2 (+12.5%)``, ``0`` when unchanged, ``–`` when one side is missing."""
+    change = m.get("change")
+    if change is None:
+        return "–"
+    if change == 0:
+        return "0"
+    sign = "+" if change > 0 else ""
+    pct = m.get("change_pct")
+    return f"{sign}{_num(change)}" + (f" ({sign}{fmt_num(pct)}%)" if pct is not None else "")
+
+
+def judgement(m: Mapping[str, Any]) -> tuple[str, str]:
+    """(text, style) of a figure's verdict: better/worse beyond noise is said when the figure has a direction."""
+    verdict, better, change = m.get("verdict"), m.get("better") or 0, m.get("change") or 0
+    if verdict == BEYOND:
+        if better and change:
+            good = (change > 0) == (better > 0)
+            return ("better, beyond noise" if good else "worse, beyond noise"), ("good" if good else "bad")
+        return "changed, beyond noise", "b"
+    if verdict == WITHIN:
+        return "within noise", "muted"
+    if verdict == NO_REPEATS:
+        return "no repeats: noise unknown", "muted"
+    return str(verdict or ""), "muted"
+
+
+def group_of(key: str) -> str:
+    for prefix, title in reversed(GROUPS):
+        if prefix and key.startswith(prefix):
+            return title
+    return GROUPS[0][1]
+
+
+def _pair_tables(pair: Mapping[str, Any]) -> list[Block]:
+    rows: dict[str, list[Row]] = {title: [] for _, title in GROUPS}
+    for m in as_list(pair.get("metrics")):
+        m = as_dict(m)
+        text, style = judgement(m)
+        unit = f" {m['unit']}" if m.get("unit") else ""
+        rows[group_of(str(m.get("key")))].append(Row((
+            txt(f"{m.get('label')}{unit}"), txt(fmt_side(m.get("a"))), txt(fmt_side(m.get("b"))),
+            txt(fmt_change(m)), txt(text, style)), "failed" if style == "bad" else ""))
+    out: list[Block] = []
+    for _, title in GROUPS:
+        if rows[title]:
+            out += [Heading(4, title), Table(("figure", "A", "B", "change", "verdict"), tuple(rows[title]),
+                                             frozenset({1, 2, 3}), "compare")]
+    return out
+
+
+def _charts(result: Mapping[str, Any]) -> Charts | None:
+    svgs = []
+    pairs = [as_dict(p) for p in as_list(result.get("pairs"))]
+    for key, label, unit, _ in headline():
+        labels, values = [], []
+        for p in pairs:
+            m = next((as_dict(x) for x in as_list(p.get("metrics")) if as_dict(x).get("key") == key), None)
+            if m is None:
+                continue
+            name = str(p.get("variant") or p.get("step"))
+            for side in ("a", "b"):
+                labels.append(f"{name} {side.upper()}")
+                values.append(as_dict(m.get(side)).get("mean"))
+        if labels:
+            svgs.append(bar_chart_svg(f"{label}: A vs B", labels, values, unit, axis_label=f"{label} ({unit})"))
+    return Charts(tuple(svgs)) if svgs else None
+
+
+def compare_blocks(result: Mapping[str, Any]) -> list[Block]:
+    """The comparison as document blocks."""
+    a, b = as_dict(result.get("a")), as_dict(result.get("b"))
+    blocks: list[Block] = [Heading(1, f"labctl compare: {result.get('lab')}"), Meta((
+        ("A", (Span(str(a.get("dir")), "code"), Span(f" {a.get('started_at') or ''} ({a.get('status')})", "muted"))),
+        ("B", (Span(str(b.get("dir")), "code"), Span(f" {b.get('started_at') or ''} ({b.get('status')})", "muted"))),
+        ("changes beyond noise", txt(result.get("flagged"))),
+    ))]
+    diffs = [as_dict(d) for d in as_list(result.get("differences"))]
+    blocks.append(Heading(2, "What differs between the runs"))
+    if diffs:
+        blocks.append(Table(("", "A", "B"), tuple(Row((txt(d.get("what")), txt(d.get("a") if d.get("a") is not None
+                                                                                else "–", "code"),
+                                                      txt(d.get("b") if d.get("b") is not None else "–", "code")))
+                                                 for d in diffs), frozenset(), "differences"))
+    else:
+        blocks.append(Para(txt("Nothing recorded differs: same kernel, NIC models, lab file, labctl, QEMU, "
+                               "accelerator, image and host."), "muted"))
+    missing: list[Inline] = [txt(f"only in {side.upper()}: {s.get('step')} / {s.get('variant') or '–'}")
+                             for side in ("a", "b") for s in map(as_dict, as_list(result.get(f"only_in_{side}")))]
+    if missing:
+        blocks.append(Bullets(tuple(missing), "warnings"))
+    blocks.append(Para(txt(
+        "A change is beyond noise when the runs' ranges over their repeats (a step's repeat: N) do not overlap; "
+        "with repeats on one side only, when the other value lies outside that range widened by its own width. "
+        "Without repeats there is no estimate of the noise."), "muted"))
+    charts = _charts(result)
+    if charts is not None:
+        blocks.append(charts)
+    for p in map(as_dict, as_list(result.get("pairs"))):
+        runs = as_dict(p.get("runs"))
+        blocks.append(Heading(2, f"{p.get('step')} / {p.get('variant') or '–'} "
+                                 f"(A: {runs.get('a')} run{'s' if runs.get('a') != 1 else ''}, "
+                                 f"B: {runs.get('b')} run{'s' if runs.get('b') != 1 else ''})"))
+        blocks += _pair_tables(p) or [Para(txt("no figures on either side"), "muted")]
+    return blocks

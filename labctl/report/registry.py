@@ -1,0 +1,53 @@
+"""The report's sections, in the order the report shows them (:mod:`.sections` says what a section is).
+
+A new section is a :class:`~labctl.report.sections.ReportSection` added here: the summary, the
+report, ``labctl compare``, the run-to-run spread and bisect's figure oracle all ask every section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from labctl.report.cost import CostSection
+from labctl.report.flames import FlamesSection
+from labctl.report.guest_parts import LossSection, ProfileSection, SoftnetSection, TimelineSection
+from labctl.report.latency import LatencySection
+from labctl.report.network import NetworkSection, TopologySection
+from labctl.report.sections import HeadlineFigure, Metric, ReportSection
+from labctl.report.selftest_report import SelftestSection
+from labctl.report.throughput import TransferSection
+from labctl.report.tracepoints import TracepointSection
+
+SECTIONS: tuple[ReportSection, ...] = (
+    TopologySection(),  # before the results
+    TransferSection(),  # the results' figures and charts; each step's guests table
+    CostSection(),
+    TracepointSection(),
+    NetworkSection(),  # reassembly, receive work per CPU; each step's network and captures
+    FlamesSection(),
+    LatencySection(),
+    SelftestSection(),  # each step's selftests; their counts in the results
+    ProfileSection(),
+    SoftnetSection(),
+    LossSection(),
+    TimelineSection(),
+)
+
+
+def headline() -> tuple[HeadlineFigure, ...]:
+    """The figures every run's spread shows (each section's ``headline``, in order)."""
+    return tuple(h for s in SECTIONS for h in s.headline)
+
+
+def step_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:
+    """Every number of a step entry worth comparing, flat: key -> (value, label, unit, better).
+
+    Each section's: the headline figures; each guest's host CPU per GB; per-packet latency
+    percentiles per stage; softnet drops and squeezes; every SNMP counter that moved; tracepoint
+    totals. Values that were not measured are left out.
+    """
+    out: dict[str, Metric] = {}
+    for s in SECTIONS:
+        out.update(s.metrics(step))
+    return out
