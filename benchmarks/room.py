@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labctl.training.capacity import meminfo
+from labctl.up.capacity import meminfo
 
 KSM = Path("/sys/kernel/mm/ksm")
 

@@ -24,14 +24,14 @@ from labctl.image.build import build_image
 from labctl.image.recipe import load_recipe
 from labctl.image.store import Image, ImageStore
 from labctl.kernel import lab as kernel_lab
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab.model import Lab
 from labctl.report import render_run
 from labctl.report.summary import summarize, write_summary
 from labctl.state.runstate import LabState, lab_lock
 from labctl.steps.result import StepResult
 from labctl.steps.runner import Runner, StepEvents, now
-from labctl.training.capacity import Estimate, check_capacity
+from labctl.up.capacity import Estimate, check_capacity
 from labctl.up.lifecycle import UpOptions, up
 from labctl.up.teardown import down
 
@@ -46,7 +46,7 @@ class Prepared:
 
 
 def prepare(lab: Lab, events: PrepareEvents | None = None, *, copies: Sequence[Lab] | None = None,
-            overcommit: bool = False, capacity: bool = True) -> Prepared:
+            overcommit: bool = False, capacity: bool = True, kernels: bool = True) -> Prepared:
     """The front of the pipeline, cheapest refusal first, with an error checkpoint after each
     stage (a stage never runs after an earlier one refused, and nothing is started):
 
@@ -54,7 +54,9 @@ def prepare(lab: Lab, events: PrepareEvents | None = None, *, copies: Sequence[L
     2. the image, from the cache or built (the slow part of a first run);
     3. the kernels: each can be had (lab file lines), and the preflight of the lab against
        each kernel's ``.config``; its refusals stop here, its warnings go to ``events``;
-    4. each guest's kernel prepared (from the cache by content, else downloaded or built).
+    4. each guest's kernel prepared (from the cache by content, else downloaded or built),
+       unless not ``kernels``: the caller prepares them later itself (bisect, at each commit;
+       the kernels of the result are then none).
 
     :raise HostError: the host cannot hold the guests (exit 3).
     :raise LabFileError: a kernel cannot be had or cannot run the lab (exit 2).
@@ -63,6 +65,9 @@ def prepare(lab: Lab, events: PrepareEvents | None = None, *, copies: Sequence[L
     events = events or PrepareEvents()
     estimate = check_capacity(list(copies or [lab]), overcommit=overcommit) if capacity else None
     image = prepare_image(lab.image, events)
+    if not kernels:
+        _kernel_checks(lab, image, events)
+        return Prepared(image, {}, estimate)
     return Prepared(image, prepare_kernels(lab, image, events), estimate)
 
 
@@ -89,7 +94,7 @@ def prepare_kernels(lab: Lab, image: Image, events: PrepareEvents | None = None)
     :raise ImageError: when preparing one fails.
     """
     events = events or PrepareEvents()
-    preflight(lab, image, events)
+    _kernel_checks(lab, image, events)
     recipe = load_recipe(image.name)
     if kernel_lab.all_prepared(lab, image, recipe):
         return kernel_lab.prepare(lab, image, recipe)
@@ -97,7 +102,7 @@ def prepare_kernels(lab: Lab, image: Image, events: PrepareEvents | None = None)
         return kernel_lab.prepare(lab, image, recipe, rep)
 
 
-def preflight(lab: Lab, image: Image, events: PrepareEvents | None = None) -> None:
+def _kernel_checks(lab: Lab, image: Image, events: PrepareEvents | None = None) -> None:
     """Each guest's kernel can be had (the lab file's lines), and the lab checked against each
     kernel's ``.config`` (a Debian kernel's package is fetched for it, nothing is built).
 

@@ -35,7 +35,7 @@ _KERNELS_BEFORE: set[str] = set()
 
 
 def _prepared_kernels() -> set[str]:
-    from labctl.kernel.store import kernels_root
+    from labctl.kernel.kernel_store import kernels_root
 
     try:
         return {d.name for d in kernels_root().iterdir()}
@@ -68,7 +68,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 shutil.rmtree(snap.dir, ignore_errors=True)
     # Kernels this run prepared (each bisection step's, the test tree's: about 150 MB each, and
     # a rebuilt kernel never has the same content twice); those there before the run stay.
-    from labctl.kernel.store import kernels_root
+    from labctl.kernel.kernel_store import kernels_root
 
     for name in sorted(_prepared_kernels() - _KERNELS_BEFORE):
         path = kernels_root() / name
@@ -180,7 +180,7 @@ def cli(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 def fake_kernel(directory: Path, modules: bool = True) -> Any:
     """A prepared kernel's directory with stand-in files (for tests that build command lines)."""
-    from labctl.kernel.store import Kernel
+    from labctl.kernel.kernel_store import Kernel
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "manifest.json").write_text(

@@ -27,11 +27,11 @@ def get_backend(name: str) -> Backend:
     :raise UsageError: for an unknown or unavailable backend.
     """
     if name == "qemu":
-        from labctl.backends.qemu.backend import QemuBackend
+        from labctl.backends.qemu.qemu_backend import QemuBackend
 
         return QemuBackend()
     if name == "libvirt":
-        from labctl.backends.libvirt.backend import LibvirtBackend
+        from labctl.backends.libvirt.libvirt_backend import LibvirtBackend
 
         return LibvirtBackend()
     raise UsageError(f"backend '{name}' is not available in this version",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from labctl.image.store import Image
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab.hosts import HostPlace
 from labctl.lab.model import Guest
 from labctl.net.plan import Port

@@ -2,7 +2,7 @@
 
 Owns the search over a git history (:mod:`.search`: midpoints, good/bad/skip,
 the first bad commit), the build of each candidate in a worktree of the
-user's repository that labctl keeps in its cache (:mod:`.build`: the user's
+user's repository that labctl keeps in its cache (:mod:`.worktree`: the user's
 checkout, branch and files are never touched; builds are incremental and
 cached by commit), the oracles that judge a run of the lab (:mod:`.oracle`:
 a graded check, a step, a panic, a command, a figure over repeats), the state

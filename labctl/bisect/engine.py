@@ -18,23 +18,23 @@ from typing import Any
 
 from labctl.bisect import oracle as orc
 from labctl.bisect import report, search
-from labctl.bisect.build import BuildCache, Worktree, config_hash
-from labctl.bisect.state import NEW, OLD, SKIP, State, Step, save
+from labctl.bisect.state import SKIP, State, Step, save
+from labctl.bisect.worktree import BuildCache, Worktree, config_hash
 from labctl.bundle.layout import CONSOLE, GUESTS, SUMMARY
 from labctl.debug.oops import make_title, parse_oopses
 from labctl.errors import LabctlError
 from labctl.events import NullReporter
+from labctl.grading import checks_of, run_checks
 from labctl.image.recipe import Recipe
 from labctl.image.store import Image
 from labctl.kernel import lab as kernel_lab
 from labctl.kernel import prepare as prep
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab import kernels as lab_kernels
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import Check, Lab
 from labctl.pipeline import Prepared, run_lab
 from labctl.state.runstate import LabState, up_labs
-from labctl.training.grading import checks_of, run_checks
 from labctl.up.lifecycle import UpOptions
 from labctl.up.teardown import down
 
@@ -119,6 +119,7 @@ class Bisector:
         self.on_build_line = on_build_line
         self.jobs = jobs or os.cpu_count() or 1
         self.cfg = config_hash(self.tree)
+        self.oracle = orc.Oracle.from_dict(state.oracle)
 
     # ------------------------------------------------------------------ the loop
 
@@ -129,7 +130,7 @@ class Bisector:
             if done.verdict:
                 st.record(done)
         self.wt.ensure(st.good, self.say)
-        if st.oracle.get("kind") == "figure" and st.oracle.get("worse_than_good") is not None and not st.reference:
+        if self.oracle.kind == "figure" and self.oracle.worse_than_good is not None and not st.reference:
             self._reference()
         while not st.done:
             nxt = search.next_step(self.tree, st.news[-1] if st.news else st.bad, st.olds or [st.good], st.skips)
@@ -171,7 +172,6 @@ class Bisector:
     # ------------------------------------------------------------------ one step
 
     def _step(self, step: Step) -> None:
-        st = self.state
         t0 = time.monotonic()
         step.times = {}
         kernel, _built, why = self._kernel(step.commit, step)
@@ -189,15 +189,16 @@ class Bisector:
             if run.run_dir is not None:
                 step.run = str(run.run_dir.relative_to(self.bundle))
             if run.error:
-                if st.oracle.get("kind") == "panic" and "panic" in run.error.lower():
+                if self.oracle.kind == "panic" and "panic" in run.error.lower():
                     step.verdict, step.outcome, step.reason = self._verdict(orc.FAIL), orc.FAIL, run.error
                     break
                 step.verdict, step.outcome, step.reason = SKIP, "", f"the lab did not run: {run.error}"
                 break
             t1 = time.monotonic()
-            j = orc.judge(st.oracle, run.evidence, reference)
+            j = orc.judge(self.oracle, run.evidence, reference)
             step.times["oracle"] = round(step.times.get("oracle", 0.0) + time.monotonic() - t1, 2)
-            step.outcome, step.reason, step.figure = j.outcome, j.reason, j.figure
+            step.outcome, step.reason = j.outcome, j.reason
+            step.figure = dict(j.figure) if j.figure is not None else None
             if j.outcome != orc.UNDECIDED:
                 step.verdict = self._verdict(j.outcome)
                 break
@@ -211,8 +212,7 @@ class Bisector:
         step.times["labctl"] = round(max(own, 0.0), 2)
 
     def _verdict(self, outcome: str) -> str:
-        fixed = bool(self.state.oracle.get("fixed"))
-        return (NEW if fixed else OLD) if outcome == orc.PASS else (OLD if fixed else NEW)
+        return orc.term_of(outcome, self.oracle.fixed)
 
     def _reference_summary(self) -> dict[str, Any] | None:
         if not self.state.reference:
@@ -292,7 +292,7 @@ class Bisector:
                 t1 = time.monotonic()
                 times["steps"] = round(t1 - t0 - times.get("boot", 0.0), 2)
                 ev = evidence(run_dir)
-                if orc.needs_lab_after_steps(self.state.oracle) and up_state:
+                if orc.needs_lab_after_steps(self.oracle) and up_state:
                     self._after_steps(up_state[0], ev)
                 times["oracle_run"] = round(time.monotonic() - t1, 2)
             except LabctlError as exc:
@@ -316,14 +316,14 @@ class Bisector:
         return Run(ev, run_dir, times, error)
 
     def _after_steps(self, state: LabState, ev: orc.Evidence) -> None:
-        o = self.state.oracle
-        if o["kind"] == "check":
-            wanted = [c for c in checks_of(state) if c.name == o["name"]]
+        o = self.oracle
+        if o.kind == "check":
+            wanted = [c for c in checks_of(state) if c.name == o.name]
             ev.checks = [r.to_dict() for r in run_checks(state, wanted)] if wanted else []
-        elif o["kind"] == "command":
-            guest = str(o.get("guest") or next(iter(self.lab.guests)))
-            check = Check(name="command", guest=guest, command=str(o["command"]),
-                          timeout=float(o.get("timeout") or COMMAND_TIMEOUT))
+        elif o.kind == "command":
+            guest = str(o.guest or next(iter(self.lab.guests)))
+            check = Check(name="command", guest=guest, command=str(o.command),
+                          timeout=float(o.timeout or COMMAND_TIMEOUT))
             ev.command = run_checks(state, [check])[0].to_dict()
 
 

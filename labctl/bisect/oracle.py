@@ -21,12 +21,14 @@ Pure functions of what a run left (its summary.json, consoles, check results): n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, TypedDict
 
+from labctl.bisect.state import NEW, OLD
 from labctl.bundle.figures import BEYOND as BEYOND_NOISE
 from labctl.bundle.figures import repeat_key, run_steps, spread, verdict
 from labctl.errors import UsageError
+from labctl.grading import CheckRecord
 from labctl.report.registry import step_metrics
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
@@ -35,10 +37,54 @@ ALIASES = {"throughput": "throughput_mbit_s", "cpu_load": "cpu_load_pct", "drive
 
 
 @dataclass(frozen=True)
+class Oracle:
+    """What makes a run pass, as the command line asked it (:func:`make` checks it). The state file
+    keeps :meth:`to_dict` (its kind and the fields given)."""
+
+    kind: str
+    name: str | None = None  # check, step
+    command: str | None = None  # command
+    guest: str | None = None  # command's --on
+    timeout: float | None = None  # command
+    figure: str | None = None  # STEP[.VARIANT].KEY
+    below: float | None = None
+    above: float | None = None
+    worse_than_good: float | None = None
+    fixed: bool = False  # look for the commit that made it pass
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **{k: v for k, v in asdict(self).items()
+                                      if k != "kind" and v is not None and v is not False}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Oracle:
+        """An oracle from the state file (unknown keys ignored).
+
+        :raise UsageError: when it has no kind.
+        """
+        if not isinstance(d.get("kind"), str):
+            raise UsageError("the bisection's oracle has no kind: its state file is damaged")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+class FigureRecord(TypedDict, total=False):
+    """What the figure oracle saw: the values over the step's runs and how they were judged."""
+
+    name: str
+    unit: str
+    values: list[float]
+    spread: dict[str, float | int]
+    bound: float
+    reference: list[float]
+    change_pct: float
+    noise: str
+
+
+@dataclass(frozen=True)
 class Judgement:
     outcome: str  # PASS, FAIL, UNDECIDED
     reason: str
-    figure: dict[str, Any] | None = None
+    figure: FigureRecord | None = None
 
 
 @dataclass
@@ -47,12 +93,12 @@ class Evidence:
 
     summary: Mapping[str, Any] = field(default_factory=dict)  # the run bundle's summary.json
     oopses: Mapping[str, Sequence[str]] = field(default_factory=dict)  # guest -> titles of its oopses/panics
-    checks: Sequence[Mapping[str, Any]] = ()  # CheckResult.to_dict() of the checks run after the steps
-    command: Mapping[str, Any] | None = None  # the command oracle's CheckResult.to_dict()
+    checks: Sequence[CheckRecord] = ()  # the checks run after the steps
+    command: CheckRecord | None = None  # the command oracle's
 
 
-def make(kind: str, **kw: Any) -> dict[str, Any]:
-    """An oracle's JSON description (what the state file keeps), checked.
+def make(kind: str, **kw: Any) -> Oracle:
+    """An oracle, checked.
 
     :raise UsageError: for a bad combination.
     """
@@ -70,40 +116,48 @@ def make(kind: str, **kw: Any) -> dict[str, Any]:
             raise UsageError("--figure: give STEP.KEY or STEP.VARIANT.KEY (for example transfer.e1000.throughput)")
         if kw.get("worse_than_good") is not None and float(kw["worse_than_good"]) < 0:
             raise UsageError("--worse-than-good: give a percentage of at least 0")
-    return {"kind": kind, **{k: v for k, v in kw.items() if v is not None}}
+    return Oracle(kind, **{k: v for k, v in kw.items() if v is not None})
 
 
-def describe(oracle: Mapping[str, Any]) -> str:
-    kind = oracle.get("kind")
+def describe(oracle: Oracle) -> str:
+    kind = oracle.kind
     if kind == "check":
-        return f"check {oracle['name']} passes"
+        return f"check {oracle.name} passes"
     if kind == "step":
-        return f"step {oracle['name']} succeeds"
+        return f"step {oracle.name} succeeds"
     if kind == "panic":
         return "no guest panics or oopses"
     if kind == "command":
-        return f"'{oracle['command']}' on {oracle.get('guest') or 'the first guest'} exits 0"
+        return f"'{oracle.command}' on {oracle.guest or 'the first guest'} exits 0"
     if kind == "figure":
-        if oracle.get("below") is not None:
-            return f"{oracle['figure']} is not below {oracle['below']:g}"
-        if oracle.get("above") is not None:
-            return f"{oracle['figure']} is not above {oracle['above']:g}"
-        return f"{oracle['figure']} is not worse than the good end's by more than {oracle['worse_than_good']:g}%"
+        if oracle.below is not None:
+            return f"{oracle.figure} is not below {oracle.below:g}"
+        if oracle.above is not None:
+            return f"{oracle.figure} is not above {oracle.above:g}"
+        return f"{oracle.figure} is not worse than the good end's by more than {oracle.worse_than_good:g}%"
     return str(kind)
 
 
-def needs_lab_after_steps(oracle: Mapping[str, Any]) -> bool:
+def needs_lab_after_steps(oracle: Oracle) -> bool:
     """True when the oracle runs something on the guests once the steps are done."""
-    return oracle.get("kind") in ("check", "command")
+    return oracle.kind in ("check", "command")
 
 
-def judge(oracle: Mapping[str, Any], ev: Evidence, reference: Mapping[str, Any] | None = None) -> Judgement:
+def term_of(outcome: str, fixed: bool) -> str:
+    """A decided run's verdict in git bisect's words: a pass is the old behaviour, a failure the new
+    one; looking for the fix (``fixed``), the other way round."""
+    if outcome == PASS:
+        return NEW if fixed else OLD
+    return OLD if fixed else NEW
+
+
+def judge(oracle: Oracle, ev: Evidence, reference: Mapping[str, Any] | None = None) -> Judgement:
     """The oracle's verdict on one run; ``reference`` is the good end's summary (worse_than_good)."""
-    kind = oracle.get("kind")
+    kind = oracle.kind
     if kind == "check":
-        return _check(str(oracle["name"]), ev)
+        return _check(str(oracle.name), ev)
     if kind == "step":
-        return _step(str(oracle["name"]), ev)
+        return _step(str(oracle.name), ev)
     if kind == "panic":
         return _panic(ev)
     if kind == "command":
@@ -197,8 +251,8 @@ def figure_values(summary: Mapping[str, Any], name: str) -> tuple[list[float], s
     return (values, unit) if values else None
 
 
-def _figure(oracle: Mapping[str, Any], ev: Evidence, reference: Mapping[str, Any] | None) -> Judgement:
-    name = str(oracle["figure"])
+def _figure(oracle: Oracle, ev: Evidence, reference: Mapping[str, Any] | None) -> Judgement:
+    name = str(oracle.figure)
     got = figure_values(ev.summary, name)
     if got is None:
         step = name.partition(".")[0]
@@ -206,20 +260,20 @@ def _figure(oracle: Mapping[str, Any], ev: Evidence, reference: Mapping[str, Any
         why = f": step {step} failed ({failed[0].get('reason')})" if failed else ""
         return Judgement(UNDECIDED, f"no value of {name} in the run{why}")
     values, unit = got
-    fig: dict[str, Any] = {"name": name, "unit": unit, "values": values, "spread": spread(values)}
+    fig: FigureRecord = {"name": name, "unit": unit, "values": values, "spread": spread(values)}
     lo, hi = min(values), max(values)
     u = f" {unit}" if unit else ""
     shown = f"{lo:.4g}..{hi:.4g}{u}" if len(values) > 1 else f"{lo:.4g}{u}"
-    if oracle.get("below") is not None or oracle.get("above") is not None:
-        below = oracle.get("below") is not None
-        bound = float(oracle["below"] if below else oracle["above"])
+    if oracle.below is not None or oracle.above is not None:
+        below = oracle.below is not None
+        bound = float(oracle.below if oracle.below is not None else oracle.above)  # type: ignore[arg-type]
         fig["bound"] = bound
         if (hi < bound) if below else (lo > bound):
             return Judgement(FAIL, f"{name} {shown}: {'below' if below else 'above'} {bound:g}", fig)
         if (lo >= bound) if below else (hi <= bound):
             return Judgement(PASS, f"{name} {shown}: not {'below' if below else 'above'} {bound:g}", fig)
         return Judgement(UNDECIDED, f"{name} {shown}: the runs straddle {bound:g}", fig)
-    pct = float(oracle["worse_than_good"])
+    pct = float(oracle.worse_than_good or 0.0)
     ref = figure_values(reference or {}, name)
     if ref is None:
         return Judgement(UNDECIDED, f"no value of {name} in the good end's run", fig)

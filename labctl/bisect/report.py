@@ -78,7 +78,7 @@ def last_old_and_first_new(state: State) -> tuple[Step | None, Step | None]:
 
 def summary(state: State) -> dict[str, Any]:
     return {"lab": state.lab_file, "tree": state.tree, "oracle": state.oracle,
-            "oracle_text": orc.describe(state.oracle), "terms": [state.term_old, state.term_new],
+            "oracle_text": orc.describe(orc.Oracle.from_dict(state.oracle)), "terms": [state.term_old, state.term_new],
             "good": state.good, "bad": state.bad, "done": state.done, "result": state.result,
             "steps": [{"n": s.n, "commit": s.commit, "subject": s.subject,
                        "verdict": state.term(s.verdict) if s.verdict else None, "outcome": s.outcome,
@@ -124,7 +124,7 @@ def write(bundle: Path, state: State) -> None:
                          if new is not None else f"no comparison: {first[:12]} was never run (the {state.term_new} end)")
     head = [f"# labctl bisect: {state.lab_file}", "",
             (f"tree {state.tree}, {state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; "
-             f"oracle: {orc.describe(state.oracle)}"), "", f"**{answer_text(state)}**", ""]
+             f"oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}"), "", f"**{answer_text(state)}**", ""]
     table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     table += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(state)]
     md = "\n".join(head + table + [""] + [e + "\n" for e in extra])

@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labctl.bisect import build as bbuild
 from labctl.bisect import oracle as orc
 from labctl.bisect import report, search
+from labctl.bisect import worktree as bbuild
 from labctl.bisect.engine import Bisector, on_tree, tree_guests
 from labctl.bisect.state import State, load, save
 from labctl.cli.lifecycle_cmds import load_with_kernel
@@ -24,7 +24,7 @@ from labctl.cli.ui import PrepareDisplay, console, out, print_json
 from labctl.errors import UsageError
 from labctl.image.recipe import load_recipe
 from labctl.paths import atomic_write, cache_dir
-from labctl.pipeline import preflight, prepare_image
+from labctl.pipeline import prepare
 from labctl.up.lifecycle import UpOptions
 
 EXIT_UNRESOLVED = 6  # only skipped commits are left: the answer is one of several
@@ -79,7 +79,7 @@ def _bundle_arg(value: str) -> Path:
         raise UsageError("no bisection was started here", hint="name its bundle: labctl bisect --continue DIR") from exc
 
 
-def _oracle(args: argparse.Namespace) -> dict[str, object]:
+def _oracle(args: argparse.Namespace) -> orc.Oracle:
     chosen = [k for k, v in (("check", args.check), ("step", args.step), ("panic", args.panic or None),
                              ("command", args.command), ("figure", args.figure)) if v]
     if len(chosen) != 1:
@@ -124,12 +124,12 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
     if good == bad or not search.is_ancestor(tree, good, bad):
         raise UsageError(f"--good {args.good} must be an ancestor of --bad {args.bad}")
     lab = load_with_kernel(args.file, None, args.trust_dir)
-    if oracle["kind"] == "check" and oracle["name"] not in {c.name for c in lab.checks}:
-        raise UsageError(f"the lab has no check '{oracle['name']}'")
-    if oracle["kind"] == "step" and oracle["name"] not in {s.name for s in lab.steps}:
-        raise UsageError(f"the lab has no step '{oracle['name']}'")
-    if oracle["kind"] == "command" and oracle.get("guest") and oracle["guest"] not in lab.guests:
-        raise UsageError(f"--on {oracle['guest']}: the lab has no such guest")
+    if oracle.kind == "check" and oracle.name not in {c.name for c in lab.checks}:
+        raise UsageError(f"the lab has no check '{oracle.name}'")
+    if oracle.kind == "step" and oracle.name not in {s.name for s in lab.steps}:
+        raise UsageError(f"the lab has no step '{oracle.name}'")
+    if oracle.kind == "command" and oracle.guest and oracle.guest not in lab.guests:
+        raise UsageError(f"--on {oracle.guest}: the lab has no such guest")
     term_old = args.term_old or ("broken" if args.fixed else "good")
     term_new = args.term_new or ("fixed" if args.fixed else "bad")
     if term_old == term_new or {term_old, term_new} & {"skip"}:
@@ -140,7 +140,7 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
         raise UsageError(f"{bundle} already holds a bisection", hint=f"go on with it: labctl bisect --continue {bundle}")
     bundle.mkdir(parents=True, exist_ok=True)
     work = (args.work or bbuild.default_work(tree)).resolve()
-    state = State(lab_file=str(Path(args.file).resolve()), tree=str(tree), good=good, bad=bad, oracle=oracle,
+    state = State(lab_file=str(Path(args.file).resolve()), tree=str(tree), good=good, bad=bad, oracle=oracle.to_dict(),
                   term_old=term_old, term_new=term_new, work=str(work),
                   up={"accel": args.accel, "boot_timeout": args.boot_timeout, "jobs": args.jobs},
                   trust_dirs=[str(Path(d).resolve()) for d in args.trust_dir])
@@ -152,11 +152,11 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
     lab = load_with_kernel(state.lab_file, None, state.trust_dirs)
     _last_file().parent.mkdir(parents=True, exist_ok=True)
     atomic_write(_last_file(), str(bundle) + "\n")
-    image = prepare_image(lab.image, PrepareDisplay())
-    recipe = load_recipe(image.name)
-    # preflight once, on the tree's .config (every commit is built with it)
+    # the front once: capacity, the image, and the lab checked against the tree's .config (every
+    # commit is built with it); each commit's kernel is prepared when it is built
     tree = Path(state.tree)
-    preflight(on_tree(lab, tree, tree), image, PrepareDisplay())
+    image = prepare(on_tree(lab, tree, tree), PrepareDisplay(), kernels=False).image
+    recipe = load_recipe(image.name)
     opts = UpOptions(accel=str(state.up.get("accel") or "auto"),
                      boot_timeout=float(state.up.get("boot_timeout") or 180.0), snapshots=False)
 
@@ -169,7 +169,7 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
             console.print(Text(f"    {s}", style="dim"), soft_wrap=True)
 
     say(f"{Path(state.lab_file).name}: guests {', '.join(tree_guests(lab, tree))} boot {tree}; "
-        f"{state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; oracle: {orc.describe(state.oracle)}")
+        f"{state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}")
     say(f"bundle {bundle}")
     jobs = state.up.get("jobs") or args.jobs or os.cpu_count()
     work = Path(state.work)
@@ -194,7 +194,7 @@ def _show(bundle: Path, state: State, as_json: bool) -> int:
     if as_json:
         print_json({"bundle": str(bundle), **report.summary(state)})
     else:
-        t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {orc.describe(state.oracle)}"),
+        t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {orc.describe(orc.Oracle.from_dict(state.oracle))}"),
                   title_justify="left")
         for col in report.COLUMNS:
             t.add_column(col)

@@ -12,6 +12,7 @@ from rich.text import Text
 from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import ClassUpDisplay, PrepareDisplay, console, out, print_json, safe, warn
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
+from labctl.grading import run_checks, summary
 from labctl.pipeline import prepare
 from labctl.state.runstate import LabState
 from labctl.training.classroom import (
@@ -26,7 +27,6 @@ from labctl.training.classroom import (
     refuse_up_instances,
     student_status,
 )
-from labctl.training.grading import run_checks, summary
 from labctl.training.handout import check_handout_dirs
 from labctl.training.placement import libvirt_free_mib, place
 from labctl.training.reset import reset

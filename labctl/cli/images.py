@@ -101,7 +101,7 @@ def list_images(args: argparse.Namespace) -> int:
     missing = [n for n in current if not any(r["name"] == n and r["current"] for r in rows)]
     for n in missing:
         out.print(f"recipe {n}: not built (labctl image build {n})")
-    from labctl.kernel.store import KernelStore
+    from labctl.kernel.kernel_store import KernelStore
 
     prepared = KernelStore().list()
     if prepared:

@@ -11,8 +11,8 @@ from pathlib import Path
 from labctl import paths
 from labctl.bundle import junit
 from labctl.errors import LabctlError, UsageError
+from labctl.grading import ERROR, FAIL, PASS, TIMEOUT, CheckResult
 from labctl.pipeline import RunOutcome
-from labctl.training.grading import ERROR, FAIL, PASS, TIMEOUT, CheckResult
 
 
 def add_argument(p: argparse.ArgumentParser, what: str) -> None:

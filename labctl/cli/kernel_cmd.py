@@ -23,8 +23,8 @@ from labctl.image.recipe import load_recipe
 from labctl.image.store import ImageStore
 from labctl.kernel import lab as kernel_lab
 from labctl.kernel import prepare as prep
+from labctl.kernel.kernel_store import KernelStore, kernels_root
 from labctl.kernel.requirements import config_fragment
-from labctl.kernel.store import KernelStore, kernels_root
 from labctl.lab import load_lab
 from labctl.lab.model import DEFAULT_IMAGE
 from labctl.state.runstate import LabState, up_labs

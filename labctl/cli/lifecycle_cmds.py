@@ -22,7 +22,7 @@ from labctl.live import capture
 from labctl.pipeline import Prepared, prepare, run_lab
 from labctl.proc import pid_alive
 from labctl.state.runstate import UP, LabState, check_lab_name, run_dir, up_labs
-from labctl.up import shares as guest_shares
+from labctl.up import mounts as guest_shares
 from labctl.up.lifecycle import UpOptions, dry_run, up
 from labctl.up.status import guest_statuses
 from labctl.up.teardown import down

@@ -14,7 +14,7 @@ from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
 from labctl.errors import ImageError, UsageError
 from labctl.image.store import ImageStore
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab import kernels, load_lab_text
 from labctl.lab.model import DEFAULT_IMAGE
 from labctl.pipeline import prepare_kernels

@@ -7,7 +7,7 @@ a kernel the user built. Owns everything labctl knows about that kernel:
   file, modules disk, its share of the initramfs, debug info, config
   (:mod:`.vmlinux`, :mod:`.modules`; the cpio writer is the image's, :mod:`labctl.image.cpio`);
   out-of-tree modules built against a tree (:mod:`.modbuild`);
-* :mod:`.store` -- prepared kernels in the cache;
+* :mod:`.kernel_store` -- prepared kernels in the cache;
 * :mod:`.kconfig` -- reading a kernel's configuration;
 * :mod:`.requirements` -- what a lab needs from it: preflight before any
   QEMU starts, and the config fragment a kernel developer merges;

@@ -20,9 +20,8 @@ from labctl.image.recipe import Recipe
 from labctl.image.store import Image
 from labctl.kernel import prepare as prep
 from labctl.kernel.kconfig import parse_config
-from labctl.kernel.requirements import Preflight
-from labctl.kernel.requirements import preflight as check_requirements
-from labctl.kernel.store import Kernel, kernels_root
+from labctl.kernel.kernel_store import Kernel, kernels_root
+from labctl.kernel.requirements import Preflight, check_requirements
 from labctl.lab import kernels
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import Lab

@@ -5,7 +5,7 @@ configuration is read by :mod:`labctl.kernel.kconfig`.
 
 * :func:`lab_requirements` lists what a lab needs from its guests' kernels,
   each need pointing at the lab-file line it comes from.
-* :func:`preflight` checks those needs against each guest's configuration
+* :func:`check_requirements` (the preflight) checks those needs against each guest's configuration
   before any QEMU starts: refusals (the lab cannot run) and warnings (a lab
   feature will not work).
 * :func:`config_fragment` is the fragment a kernel developer merges with
@@ -45,7 +45,7 @@ The rules (checked against Linux 6.1's Kconfig files)::
 A module (``m``) counts as present: labctl's initramfs loads the disk,
 fw_cfg and NIC drivers, the guest's init modprobes the power-button and
 pvpanic ones and the kernel auto-loads the rest. A rule may carry a
-``module_note`` that :func:`preflight` adds when its option is a module. ``form`` says where a
+``module_note`` that :func:`check_requirements` adds when its option is a module. ``form`` says where a
 module is not enough (a console must be built in) or where only a module
 will do (the driver share counts samples of the driver's module).
 
@@ -74,9 +74,9 @@ __all__ = [
     "Preflight",
     "Requirement",
     "Rule",
+    "check_requirements",
     "config_fragment",
     "lab_requirements",
-    "preflight",
 ]
 
 Severity = Literal["refuse", "warn"]
@@ -375,7 +375,7 @@ def _nics_under_test(lab: Lab, step: Step) -> list[tuple[str, Nic]]:
 
 @dataclass
 class Preflight:
-    """What :func:`preflight` found, each list sorted by line.
+    """What :func:`check_requirements` found, each list sorted by line.
 
     ``refusals``: the lab cannot run on these kernels. ``warnings``: a lab
     feature will not work, or a guest's kernel could not be checked.
@@ -393,7 +393,7 @@ class Preflight:
         return not self.refusals
 
 
-def preflight(lab: Lab, config_for: Callable[[str], KConfig | None],
+def check_requirements(lab: Lab, config_for: Callable[[str], KConfig | None],
               kernel_name_for: Callable[[str], str]) -> Preflight:
     """Check ``lab`` against each guest's kernel configuration before anything starts.
 

@@ -7,7 +7,7 @@
 
 Every value is egress (what the NIC sends). labctl applies them with
 ``tc qdisc replace dev NIC root netem ...`` inside the guest
-(:mod:`labctl.net.impair`), so values use tc's units: times in ``us``,
+(:mod:`labctl.net.netem`), so values use tc's units: times in ``us``,
 ``ms`` or ``s``; shares in percent (``%`` required, ``0`` allowed alone);
 rates in ``bit``, ``kbit``, ``mbit``, ``gbit`` (powers of 1000) or
 ``bps``, ``kbps``, ``mbps``, ``gbps`` (bytes per second); ``limit`` in packets.

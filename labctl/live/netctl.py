@@ -14,7 +14,7 @@ from labctl.backends.base import Backend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.lab.checker import close_match
 from labctl.lab.impair import Impairment
-from labctl.net.impair import apply_command
+from labctl.net.netem import apply_command
 from labctl.ssh import Session
 from labctl.state import netstate
 from labctl.state.runstate import LabState

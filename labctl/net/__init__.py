@@ -1,6 +1,6 @@
 """Lab networks: how each network is wired (:mod:`.plan`), labctl's L2 switch
 (:mod:`.switch`), free ports on 127.0.0.1 (:mod:`.ports`), impairments as
-netem commands (:mod:`.impair`), capture files (:mod:`.pcap`) and the guest's
+netem commands (:mod:`.netem`), capture files (:mod:`.pcap`) and the guest's
 virtual clock that dates them (:mod:`.vmclock`), and pictures of the
 topology (:mod:`.graph`).
 

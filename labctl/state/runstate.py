@@ -27,7 +27,7 @@ from typing import Any
 
 from labctl.backends.base import GuestRecord
 from labctl.errors import LabctlError, LabStateError, UsageError
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab.model import LAB_IDENT, LAB_IDENT_RULE
 from labctl.lab.uri import SshHop
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir, remove_tree, state_dir

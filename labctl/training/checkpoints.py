@@ -43,7 +43,7 @@ from labctl.training.reset import (
     tell_moves,
     wait_ssh,
 )
-from labctl.up import shares, warm
+from labctl.up import mounts, warm
 
 META = "meta.json"
 
@@ -93,7 +93,7 @@ def save(lab: str, name: str) -> Checkpoint:
         names = list(state.guests)
         t0 = time.monotonic()
         # QEMU cannot save a guest with a 9p share mounted: unmounted around the save
-        _map(lambda g: shares.umount(state.endpoint(g), g, _shares(state, g)), names)
+        _map(lambda g: mounts.umount(state.endpoint(g), g, _shares(state, g)), names)
         try:
             with build_into(final) as work:
                 _map(lambda g: qmp_execute(state.guests[g].qmp, "stop"), names)  # one instant for all
@@ -114,12 +114,12 @@ def save(lab: str, name: str) -> Checkpoint:
             for g in names:
                 with contextlib.suppress(LabctlError):
                     qmp_execute(state.guests[g].qmp, "cont")
-            _map(lambda g: shares.mount(state.endpoint(g), g, _shares(state, g)), names)
+            _map(lambda g: mounts.mount(state.endpoint(g), g, _shares(state, g)), names)
         return _load(final)
 
 
 def _shares(state: LabState, guest: str) -> tuple[Share, ...]:
-    return shares.of((state.resolved.get("guests") or {}).get(guest) or {})
+    return mounts.of((state.resolved.get("guests") or {}).get(guest) or {})
 
 
 def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) -> float:
@@ -163,7 +163,7 @@ def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) 
         _map(lambda g: qmp_execute(state.guests[g].qmp, "cont"), names)  # together, as they were saved
         set_clocks(state, names)
         _map(lambda g: wait_ssh(state.endpoint(g), 30.0), names)
-        _map(lambda g: shares.mount(state.endpoint(g), g, _shares(state, g)), names)
+        _map(lambda g: mounts.mount(state.endpoint(g), g, _shares(state, g)), names)
         return round(time.monotonic() - t0, 2)
 
 

@@ -25,7 +25,7 @@ from labctl.errors import HostError
 from labctl.lab.hosts import HostPlace, host_place
 from labctl.lab.model import DEFAULT_HOST, Lab
 from labctl.lab.uri import parse_uri, with_no_verify
-from labctl.training.capacity import QEMU_OVERHEAD_MIB
+from labctl.up.capacity import QEMU_OVERHEAD_MIB
 
 KIB = 1024
 

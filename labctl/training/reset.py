@@ -26,13 +26,13 @@ from pathlib import Path
 
 from labctl.backends import get_backend
 from labctl.backends.base import GuestRecord
-from labctl.backends.qemu.backend import QemuBackend
+from labctl.backends.qemu.qemu_backend import QemuBackend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image.store import Image
 from labctl.ssh import Endpoint, Session
 from labctl.state.runstate import LabState, lab_lock
 from labctl.training import sshport
-from labctl.up import agent, shares, snapshots, warm
+from labctl.up import agent, mounts, snapshots, warm
 
 BOOT_TIMEOUT = 180.0
 
@@ -81,7 +81,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                     moves.append(sshport.repin(state.path, name, port, rec.ssh_port))
                 hows[name] = how
                 wait_ssh(state.endpoint(name), BOOT_TIMEOUT if how == "boot" else 30.0)
-                shares.mount(state.endpoint(name), name, shares.of((state.resolved.get("guests") or {}).get(name) or {}))
+                mounts.mount(state.endpoint(name), name, mounts.of((state.resolved.get("guests") or {}).get(name) or {}))
                 took[name] = round(time.monotonic() - t0, 2)
                 if on_guest:
                     on_guest(name, took[name], how)

@@ -23,11 +23,11 @@ from typing import Any
 
 from labctl.errors import LabctlError
 from labctl.events import UpEvents
+from labctl.grading import checks_of
 from labctl.image.store import Image
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab.model import Lab
 from labctl.training.classroom import ClassRecord, is_up
-from labctl.training.grading import checks_of
 from labctl.training.handout import write_handout
 from labctl.up.lifecycle import UpOptions, up
 from labctl.up.warm import shared_templates

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.backends.base import GuestRecord
-from labctl.backends.qemu.backend import QemuBackend
+from labctl.backends.qemu.qemu_backend import QemuBackend
 from labctl.errors import LabctlError, PortTaken
 from labctl.net.ports import free_port
 from labctl.paths import atomic_write

@@ -1,7 +1,8 @@
 """Bringing a lab up and down: the accelerator (:mod:`.accel`), keys
 (:mod:`.keys`), each guest's configuration (:mod:`.guestconf`) and kernel
 command line (:mod:`.bootargs`), the checks made before anything starts
-(:mod:`.preflight`), starting guests on a backend and waiting for
+(:mod:`.envcheck`) and whether the host holds the guests (:mod:`.capacity`,
+the pipeline's first check), starting guests on a backend and waiting for
 them (:mod:`.lifecycle`, :mod:`.console`), taking them down (:mod:`.teardown`),
 each guest's live status (:mod:`.status`), tap networks (:mod:`.taps`), and the
 warm start every lab gets: post-boot snapshots (:mod:`.snapshots`), restoring

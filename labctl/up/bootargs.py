@@ -7,7 +7,7 @@ benchmarks/boot.py); together they take a guest from ~11 s to ~6 s.
 from __future__ import annotations
 
 from labctl.image.store import Image
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab.model import Guest
 
 CONSOLE = ["console=ttyS0"]

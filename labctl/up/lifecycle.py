@@ -35,7 +35,7 @@ from labctl.errors import (
 from labctl.events import UpEvents
 from labctl.image.store import Image
 from labctl.kernel import prepare as kernel_prep
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab.addresses import mgmt_mac
 from labctl.lab.hosts import HostPlace, place_guests
 from labctl.lab.model import Guest, Lab
@@ -46,7 +46,7 @@ from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing, spawn
 from labctl.ssh import Endpoint, Session
 from labctl.state.runstate import STARTING, UP, LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
-from labctl.up import agent, guestconf, preflight, shares, snapshots, taps, warm
+from labctl.up import agent, envcheck, guestconf, mounts, snapshots, taps, warm
 from labctl.up.accel import choose_accel
 from labctl.up.bootargs import kernel_args
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
@@ -126,7 +126,7 @@ class LabUp:
         """
         with lab_lock(self.lab.ident):
             self._refuse_if_up()
-            self._preflight()
+            self._check_environment()
             accel = choose_accel(self.opts.accel, next(iter(self.kernels.values())).boot)
             if accel.warning:
                 self._warn(accel.warning)
@@ -173,7 +173,7 @@ class LabUp:
             raise failures[0]
         remove_run_dir(self.dir)
 
-    def _preflight(self) -> None:
+    def _check_environment(self) -> None:
         """What only the environment decides, checked before anything is made or started:
         every unix socket fits in ``sun_path`` (107 bytes), and no link would be
         an unencrypted tunnel unless the user accepted that.
@@ -181,8 +181,8 @@ class LabUp:
         :raise LabFileError: naming the guest or network at fault, with its line.
         """
         segments = plan_networks(self.lab, self.dir / "net", self.hosts, udp_port=lambda: 0)
-        problems = (preflight.socket_path_problems(self.lab, self.dir, segments)
-                    + preflight.unencrypted_problems(self.lab, segments, self.opts.unencrypted_links))
+        problems = (envcheck.socket_path_problems(self.lab, self.dir, segments)
+                    + envcheck.unencrypted_problems(self.lab, segments, self.opts.unencrypted_links))
         if problems:
             raise LabFileError(sorted(problems, key=lambda p: p.line))
 
@@ -241,7 +241,7 @@ class LabUp:
                 warm.write_boot_known_hosts(p.dir, self.records[p.guest.name].ssh_port)
         self._wait_all(state)
         for g in self.lab.guests.values():  # after the post-boot snapshot: QEMU cannot save a mounted 9p
-            shares.mount(state.endpoint(g.name), g.name, g.shares)
+            mounts.mount(state.endpoint(g.name), g.name, g.shares)
         self._impair(state)
         state.phase = UP
         state.save()
@@ -300,7 +300,7 @@ class LabUp:
         if self.backend.name != "qemu":
             raise UsageError(f"--dry-run shows QEMU command lines: lab {self.lab.ident} uses the "
                              f"{self.backend.name} backend", hint="labctl up --show-command prints what it defined")
-        self._preflight()
+        self._check_environment()
         accel = choose_accel(self.opts.accel, next(iter(self.kernels.values())).boot).accel
         segments = plan_networks(self.lab, self.dir / "net", self.hosts,
                                  taps=taps.unavailable(self.backend.name) is None)

@@ -45,7 +45,7 @@ from labctl import __version__
 from labctl.backends.base import GuestPlan
 from labctl.backends.monitor import qmp_execute, save_state
 from labctl.backends.qemu.argv import build_argv
-from labctl.backends.qemu.backend import qemu_version
+from labctl.backends.qemu.qemu_backend import qemu_version
 from labctl.errors import LabctlError, MachineError
 from labctl.paths import atomic_write, build_into, cache_dir, exclusive
 from labctl.proc import run

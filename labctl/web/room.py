@@ -16,13 +16,13 @@ from typing import Any
 
 from labctl.debug.crash import CRASH_MARKERS, PANIC, console_end
 from labctl.errors import LabctlError
+from labctl.grading import CheckResult, checks_of, run_checks, summary
 from labctl.live import capture
 from labctl.net.graph import runtime_from_state, to_svg, topology
 from labctl.state import netstate
 from labctl.state.runstate import LabState, run_dir, up_labs
 from labctl.textsafe import safe_text
 from labctl.training.classroom import ClassRecord, class_names
-from labctl.training.grading import CheckResult, checks_of, run_checks, summary
 from labctl.training.handout import README
 from labctl.training.reset import reset
 from labctl.up.status import guest_statuses
@@ -154,9 +154,9 @@ class Room:
                          for c in checks_of(LabState.load(ident))]
             except LabctlError:
                 names = []
-        results = [r.to_dict() for r in run.results] if run and run.results else names
-        for r in results:
-            r.pop("detail", None)  # a check's output may show its command; hints are what students get
+        # a check's output may show its command; hints are what students get
+        results = ([{k: v for k, v in r.to_dict().items() if k != "detail"} for r in run.results]
+                   if run and run.results else names)
         passed = summary(run.results) if run and run.results else {"passed": 0, "total": len(names),
                                                                        "failing": [n["name"] for n in names]}
         return {"checks": results, "ran_at": run.at if run else 0, "running": bool(run and run.running),

@@ -16,8 +16,8 @@ import pytest
 
 from labctl.image.recipe import load_recipe
 from labctl.image.store import Image, ImageStore
+from labctl.kernel.kernel_store import Kernel
 from labctl.kernel.prepare import initrd as prepare_initrd
-from labctl.kernel.store import Kernel
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

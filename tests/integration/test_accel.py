@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.up import accel
 from labctl.up.accel import choose_accel, probe_kvm
 from tests.integration.conftest import pids_matching

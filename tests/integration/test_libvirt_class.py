@@ -204,4 +204,4 @@ def test_a_class_of_four_over_two_libvirt_hosts(cli: Cli, image: Image, sshd: Ss
     for ident in idents:
         assert _leftovers(ident) == NOTHING, ident
         assert not (cli.state_dir / "labs" / ident).exists()
-    assert pids_matching(f"labctl.backends.libvirt.console.*{cli.state_dir}/") == []
+    assert pids_matching(f"labctl.backends.libvirt.relay.*{cli.state_dir}/") == []

@@ -20,7 +20,7 @@ import pytest
 
 from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.state.runstate import LabState
 from tests import harness
 from tests.conftest import Cli, interrupt
@@ -239,7 +239,7 @@ def test_two_hosts_ping_across_the_tunnel(cli: Cli, image: Image, kernel: Kernel
         down = cli("down", HOSTS2)
     assert down.returncode == 0, down.stdout + down.stderr
     assert _leftovers(HOSTS2) == NOTHING
-    assert pids_matching(f"labctl.backends.libvirt.console.*{cli.state_dir}/") == []  # its own console relays
+    assert pids_matching(f"labctl.backends.libvirt.relay.*{cli.state_dir}/") == []  # its own console relays
     assert not (cli.state_dir / "labs" / HOSTS2).exists()
     assert all(v in _pool_volumes() for v in _image_volumes(image, kernel))  # the image stays for later runs
 
@@ -264,7 +264,7 @@ def test_interrupted_up_on_two_hosts_leaves_nothing(cli: Cli, image: Image, kern
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert _leftovers(HOSTS2I) == NOTHING
-    assert pids_matching(f"labctl.backends.libvirt.console.*{cli.state_dir}/") == []  # its own console relays
+    assert pids_matching(f"labctl.backends.libvirt.relay.*{cli.state_dir}/") == []  # its own console relays
     assert not (cli.state_dir / "labs" / HOSTS2I).exists()
 
 

@@ -26,7 +26,7 @@ import pytest
 
 from labctl.debug import Symbolizer, parse_oopses
 from labctl.debug.symbolize import DecodedFrame, DecodedOops
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.paths import cache_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oops"

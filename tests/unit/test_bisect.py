@@ -90,7 +90,8 @@ def test_resolve_refuses_what_is_not_a_commit(history: tuple[Path, list[str]]) -
 
 
 def test_state_round_trips_and_counts_verdicts(tmp_path: Path) -> None:
-    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle=orc.make("check", name="ping"))
+    oracle = orc.make("check", name="ping")
+    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle=oracle.to_dict())
     for n, (commit, verdict) in enumerate((("c" * 40, OLD), ("d" * 40, NEW), ("e" * 40, SKIP)), 1):
         step = Step(n=n, commit=commit, verdict=verdict, times={"build": 1.5})
         st.steps.append(step)
@@ -100,6 +101,7 @@ def test_state_round_trips_and_counts_verdicts(tmp_path: Path) -> None:
     assert back == st
     assert back.olds == ["c" * 40] and back.news == ["d" * 40] and back.skips == ["e" * 40]
     assert back.term(OLD) == "good" and back.term(NEW) == "bad"
+    assert back.oracle == {"kind": "check", "name": "ping"} and orc.Oracle.from_dict(back.oracle) == oracle
 
 
 def test_state_that_is_not_one_is_refused(tmp_path: Path) -> None:
@@ -232,7 +234,7 @@ def test_bisect_refuses_a_good_end_that_is_not_an_ancestor(history: tuple[Path, 
 
 
 def test_one_bisection_at_a_time_in_a_worktree(tmp_path: Path) -> None:
-    from labctl.bisect.build import locked
+    from labctl.bisect.worktree import locked
     from labctl.errors import LabctlError
 
     with locked(tmp_path), pytest.raises(LabctlError, match="another labctl bisect is using"), locked(tmp_path):
@@ -246,7 +248,7 @@ def test_one_bisection_at_a_time_in_a_worktree(tmp_path: Path) -> None:
 def test_the_worktree_builds_each_commit_through_proc(history: tuple[Path, list[str]], tmp_path: Path) -> None:
     """The worktree (a copy of the tree with its files) moves to a commit and runs make there through
     labctl.proc (git and make never through subprocess): a target that fails gives make's error line."""
-    from labctl.bisect.build import Worktree
+    from labctl.bisect.worktree import Worktree
 
     repo, shas = history
     (repo / ".config").write_text("CONFIG_X=y\n")
@@ -263,3 +265,57 @@ def test_the_worktree_builds_each_commit_through_proc(history: tuple[Path, list[
     bad = wt.build(1)
     assert not bad.ok and bad.reason == "f.c:1: error: three"
     assert (repo / "f").read_text() == "16\n"  # the user's checkout is never touched
+
+
+def test_bisects_front_is_prepare_without_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """labctl bisect calls labctl.pipeline.prepare(kernels=False): the capacity check (it skipped it
+    before), the image, the kernels' checks and preflight, and no kernel prepared (each commit's is)."""
+    from labctl import pipeline
+    from labctl.lab import load_lab_text
+
+    calls: list[str] = []
+    monkeypatch.setattr(pipeline, "check_capacity", lambda labs, overcommit: calls.append("capacity"))
+    monkeypatch.setattr(pipeline, "prepare_image", lambda name, events: calls.append("image") or "IMAGE")
+    monkeypatch.setattr(pipeline, "_kernel_checks", lambda lab, image, events: calls.append(f"checks {image}"))
+    monkeypatch.setattr(pipeline, "prepare_kernels", lambda lab, image, events: calls.append("kernels") or {})
+    lab = load_lab_text("name: b\nnetworks: {n: {}}\nguests: {a: {nics: [{name: eth1, model: e1000, network: n}]}}\n", "b.yaml")
+    got = pipeline.prepare(lab, kernels=False)
+    assert calls == ["capacity", "image", "checks IMAGE"] and got.kernels == {} and got.image == "IMAGE"
+    calls.clear()
+    pipeline.prepare(lab)
+    assert calls == ["capacity", "image", "kernels"]
+
+
+@pytest.mark.parametrize("fixed, outcome, verdict", [(False, "pass", OLD), (False, "fail", NEW), (True, "pass", NEW),
+                                                     (True, "fail", OLD), (False, "undecided", SKIP)])
+def test_a_steps_verdict_follows_the_oracle(tmp_path: Path, fixed: bool, outcome: str, verdict: str) -> None:
+    """One step of the bisection loop with its build and lab run stood in for: an oracle that passes
+    makes the commit old (good), one that fails makes it new (bad); --fixed the other way round; an
+    undecided run is run once more, then the commit skipped."""
+    from labctl.bisect import engine
+    from labctl.lab import load_lab_text
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / ".config").write_text("CONFIG_X=y\n")
+    lab = load_lab_text("name: b\nnetworks: {n: {}}\nguests: {a: {nics: [{name: eth1, model: e1000, network: n}]}}\n"
+                        "checks: [{name: ok, guest: a, command: 'true'}]\n", "b.yaml")
+    oracle = orc.make("check", name="ok", fixed=fixed or None)
+    st = State(lab_file="/x/b.yaml", tree=str(tree), good="a" * 40, bad="b" * 40, oracle=oracle.to_dict(),
+               work=str(tmp_path / "work"))
+    bis = engine.Bisector(tmp_path / "bundle", st, lab, None, None, None)  # type: ignore[arg-type]
+    status = {"pass": "pass", "fail": "fail", "undecided": "error"}[outcome]
+    runs: list[Path] = []
+
+    def run_lab(kernel: object, out: Path) -> engine.Run:
+        runs.append(out)
+        record = {"name": "ok", "guest": "a", "status": status, "passed": status == "pass", "exit_status": 0,
+                  "seconds": 0.1, "hint": "", "detail": ""}
+        return engine.Run(orc.Evidence(summary={"steps": []}, checks=[record]), None, {"boot": 1.0})  # type: ignore[list-item]
+
+    bis._kernel = lambda commit, step: (object(), True, "")  # type: ignore[method-assign, assignment, return-value]
+    bis._run_lab = run_lab  # type: ignore[method-assign]
+    step = Step(n=1, commit="c" * 40)
+    bis._step(step)
+    assert (step.outcome or "undecided", step.verdict) == (outcome, verdict)
+    assert len(runs) == (2 if outcome == "undecided" else 1)

@@ -10,7 +10,7 @@ import pytest
 from labctl.errors import HostError
 from labctl.lab import load_lab_text
 from labctl.lab.model import Lab
-from labctl.training import capacity
+from labctl.up import capacity
 
 LAB = """\
 name: room

@@ -329,7 +329,7 @@ def test_a_process_outside_proc_is_caught(line: str) -> None:
 # --------------------------------------------------------------------------- the front
 
 
-FRONT = ("labctl.image.build", "labctl.training.capacity")
+FRONT = ("labctl.image.build", "labctl.up.capacity")
 FRONT_CALLS = ("prepare", "preflight", "refuse", "check", "all_prepared")
 
 
@@ -348,3 +348,24 @@ def test_the_front_of_the_pipeline_is_the_librarys() -> None:
                   and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
                   and node.func.value.id in aliases and node.func.attr in FRONT_CALLS]
     assert not found, "\n".join(found)
+
+
+LAB_UPS = ("lifecycle_cmds.py", "run_cmd.py", "class_cmd.py", "bisect_cmd.py")  # up, run, class up, bisect
+
+
+def front_calls(path: Path) -> set[str]:
+    """The functions of labctl.pipeline a CLI module calls."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = {a.asname or a.name: a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "labctl.pipeline" for a in node.names}
+    return {names[n.func.id] for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id in names}
+
+
+def test_every_command_that_brings_a_lab_up_goes_through_prepare() -> None:
+    """up, run, class up and bisect call labctl.pipeline.prepare (capacity, image, kernels and their
+    preflight), never the front's parts themselves."""
+    for name in LAB_UPS:
+        calls = front_calls(ROOT / "cli" / name)
+        assert "prepare" in calls, f"cli/{name} does not call labctl.pipeline.prepare"
+        assert not calls & {"prepare_image", "prepare_kernels", "_kernel_checks"}, f"cli/{name}: {calls}"

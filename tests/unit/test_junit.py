@@ -14,9 +14,9 @@ from labctl.bundle import junit
 from labctl.cli import junit_out
 from labctl.cli.main import build_parser
 from labctl.errors import GuestError, UsageError
+from labctl.grading import CheckResult
 from labctl.pipeline import RunOutcome
 from labctl.steps.result import StepResult
-from labctl.training.grading import CheckResult
 
 
 def _results() -> list[StepResult]:

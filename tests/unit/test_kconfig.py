@@ -15,7 +15,8 @@ import pytest
 
 from labctl.errors import Problem
 from labctl.kernel.kconfig import KConfig, extract_ikconfig, parse_config
-from labctl.kernel.requirements import DRIVER_OPTIONS, RULES, Preflight, config_fragment, lab_requirements, preflight
+from labctl.kernel.requirements import DRIVER_OPTIONS, RULES, Preflight, config_fragment, lab_requirements
+from labctl.kernel.requirements import check_requirements as preflight
 from labctl.lab import NIC_MODELS, load_lab, load_lab_text
 from labctl.lab.model import Lab
 

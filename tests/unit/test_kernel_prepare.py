@@ -12,8 +12,8 @@ import pytest
 from labctl.errors import ImageError, LabFileError, UsageError
 from labctl.kernel import lab as kernel_lab
 from labctl.kernel import prepare as prep
+from labctl.kernel.kernel_store import KernelStore
 from labctl.kernel.modules import builtin_names, module_load_order
-from labctl.kernel.store import KernelStore
 from labctl.lab import kernels, load_lab_text
 
 OPTS = prep.Options(initramfs_modules=("virtio_blk",))

@@ -24,8 +24,8 @@ import pytest
 from labctl.backends import owned
 from labctl.backends.base import GuestPlan
 from labctl.backends.libvirt import api as lvapi
-from labctl.backends.libvirt import backend as lvb
 from labctl.backends.libvirt import host as hostfs
+from labctl.backends.libvirt import libvirt_backend as lvb
 from labctl.backends.libvirt import storage
 from labctl.backends.libvirt.host import QemuUser
 from labctl.cli.doctor import kvm_access

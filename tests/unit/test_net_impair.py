@@ -11,7 +11,7 @@ from labctl.errors import UsageError
 from labctl.lab import load_lab_text
 from labctl.lab.impair import Impairment, parse_impairment, parse_percent, parse_rate, parse_time
 from labctl.lab.netopts import render_impairment
-from labctl.net.impair import apply_command, netem_argv
+from labctl.net.netem import apply_command, netem_argv
 
 
 @pytest.mark.parametrize("text, canonical", [("20ms", "20ms"), ("0.5ms", "0.5ms"), ("250us", "250us"),

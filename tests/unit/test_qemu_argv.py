@@ -122,7 +122,7 @@ def test_control_channels_for_warm_start_are_private_files_and_the_console_appen
 
 def test_a_restart_keeps_the_command_line_and_toggles_incoming(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from labctl.backends.base import GuestRecord
-    from labctl.backends.qemu.backend import QemuBackend
+    from labctl.backends.qemu.qemu_backend import QemuBackend
 
     launched: list[list[str]] = []
     passed: list[list[int] | None] = []

@@ -14,7 +14,7 @@ from labctl.image.store import Image
 from labctl.lab import load_lab
 from labctl.lab.addresses import mgmt_mac
 from labctl.lab.shares import Share, mount_problem, parse_option
-from labctl.up.shares import mount_script, of, umount_script
+from labctl.up.mounts import mount_script, of, umount_script
 from tests.conftest import fake_kernel
 
 

@@ -170,7 +170,7 @@ def test_status_table_shows_guest_drivers_escaped(monkeypatch: pytest.MonkeyPatc
 
 def test_check_table_shows_guest_output_escaped() -> None:
     from labctl.cli.check_cmd import results_table
-    from labctl.training.grading import ERROR, CheckResult
+    from labctl.grading import ERROR, CheckResult
 
     t = results_table("lab evil", [CheckResult("ping", "a", ERROR, hint="run ping", detail=f"ssh said {CLEAR}{CSI}")])
     got = render(t, terminal=False)

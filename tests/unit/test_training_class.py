@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from labctl import grading
 from labctl.errors import EXIT_CHECKS_FAILED, GuestError, LabFileError, LabStateError, UsageError
+from labctl.grading import CheckResult
 from labctl.lab.model import Check
 from labctl.ssh import Endpoint
 from labctl.state.runstate import LabState
-from labctl.training import classroom, grading, handout
+from labctl.training import classroom, handout
 from labctl.training.classroom import ClassRecord, parse_roster
-from labctl.training.grading import CheckResult
 from tests.conftest import ROOT
 
 

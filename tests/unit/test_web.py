@@ -197,7 +197,7 @@ def test_progress_counts_students_passing_each_check_and_keeps_a_small_history(r
 
 
 def test_the_class_view_carries_its_progress(client: TestClient, record: ClassRecord) -> None:
-    from labctl.training.grading import CheckResult
+    from labctl.grading import CheckResult
 
     tokens = class_tokens(record)
     r = client.get("/api/class/exlab", headers=bearer(tokens.trainer))

@@ -1,11 +1,11 @@
 """The libvirt backend: transient domains on any libvirt URI, on this machine or remote ``qemu+ssh://`` hosts.
 
-:mod:`.backend` (the Backend), :mod:`.api` (connections and the mapping of
+:mod:`.libvirt_backend` (the Backend), :mod:`.api` (connections and the mapping of
 libvirt's errors, hosts' facts, commands on hosts), :mod:`.binding` (the
 Python binding, imported on first use), :mod:`.xml` (domain XML, pure
 functions), :mod:`.storage` (the ``labctl`` pool: images, overlays, fw_cfg
 volumes), :mod:`.host` (QEMU's user and directories on a host),
-:mod:`.console` (the console relay process), :mod:`.saved` (a guest's states
+:mod:`.relay` (the console relay process), :mod:`.saved` (a guest's states
 saved and restored by libvirt, for reset, checkpoints and a class's shared
 post-boot state), :mod:`.saveimage` (libvirt's save-file header, rewritten so
 that one instance's state starts another's domain).

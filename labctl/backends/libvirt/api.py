@@ -35,7 +35,7 @@ URI_ENV = "LABCTL_LIBVIRT_URI"
 DEFAULT_URI = "qemu:///system"
 REMOTE_HINT = ("check that 'virsh -c {uri} version' works from here: the host needs sshd, libvirtd, and "
                "virt-ssh-helper or nc; the URI's user, port and keyfile must log in without a password")
-RELAY = "labctl.backends.libvirt.console"
+RELAY = "labctl.backends.libvirt.relay"
 CONSOLE_ATTACH_TIMEOUT = 60.0
 RUN_DIR = Path("/run/libvirt/qemu")  # qemu:///system's pidfiles
 LOG_DIR = Path("/var/log/libvirt/qemu")  # qemu:///system's per-domain QEMU logs

@@ -290,7 +290,7 @@ def attach_console(gdir: Path, guest: str, host: HostPlace, uuid: str, fresh: bo
 
     :raise MachineError: when the relay exits or does not attach in time.
     """
-    from labctl.backends.libvirt.console import ATTACHED
+    from labctl.backends.libvirt.relay import ATTACHED
 
     console = gdir / "console.log"
     if fresh:

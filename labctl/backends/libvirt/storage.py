@@ -39,7 +39,7 @@ from typing import Any
 from labctl.errors import ImageError
 from labctl.image.apt import sha256_file
 from labctl.image.store import ROOTFS, Image
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 
 log = logging.getLogger(__name__)
 

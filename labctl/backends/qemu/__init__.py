@@ -1,2 +1,2 @@
-"""The embedded backend: labctl starts ``qemu-system-x86_64`` itself (:mod:`.backend`),
+"""The embedded backend: labctl starts ``qemu-system-x86_64`` itself (:mod:`.qemu_backend`),
 from a command line built by pure functions (:mod:`.argv`)."""

@@ -14,7 +14,7 @@ from labctl.backends.monitor import BackendMonitor, Monitor
 from labctl.debug.gdb.stub import GdbStub, target_remote
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.errors import DebugError
-from labctl.kernel.store import Kernel
+from labctl.kernel.kernel_store import Kernel
 from labctl.lab.uri import SshHop
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ is up, optional runtime facts into a small :class:`Topology`. Three renderers
 draw it: :func:`to_svg` (:mod:`.svg`: self-contained, deterministic, no scripts and no
 URLs, in the report's colours), :func:`to_dot` (Graphviz) and
 :func:`to_mermaid` (a Mermaid flowchart), both in :mod:`.text`; the model is
-:mod:`.model`, the shared palette and text helpers :mod:`.style`. Everything here is pure: nothing
+:mod:`.nodes`, the shared palette and text helpers :mod:`.style`. Everything here is pure: nothing
 is read, run or printed.
 
 Runtime facts (every key optional, unknown keys ignored, wrong types treated
@@ -44,7 +44,7 @@ guests and networks ordered by a few rounds of barycentre sorting so that
 links cross little. The canvas grows with the lab.
 """
 
-from labctl.net.graph.model import (
+from labctl.net.graph.nodes import (
     GuestNode,
     NetworkNode,
     NicRow,

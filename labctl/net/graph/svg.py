@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from labctl.net.graph.model import GuestNode, NetworkNode, NicRow, Topology
+from labctl.net.graph.nodes import GuestNode, NetworkNode, NicRow, Topology
 from labctl.net.graph.style import (
     BAD_BG,
     BAR_COLOR,

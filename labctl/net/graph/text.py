@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labctl.net.graph.model import GuestNode, NetworkNode, NicRow, Topology
+from labctl.net.graph.nodes import GuestNode, NetworkNode, NicRow, Topology
 from labctl.net.graph.style import BAD_BG, BAR_COLOR, FAILED_COLOR, FONT, HEAD, INK, MUTED, WARN, XML_BAD
 from labctl.net.graph.style import xml_text as _x
 

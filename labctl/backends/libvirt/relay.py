@@ -1,6 +1,6 @@
 """Copies a libvirt guest's serial console into ``console.log`` in its run directory.
 
-Run as ``python -m labctl.backends.libvirt.console URI UUID LOG``. It opens
+Run as ``python -m labctl.backends.libvirt.relay URI UUID LOG``. It opens
 the domain's console through libvirt (``virDomainOpenConsole``, a
 ``virStream`` over the same connection as everything else), creates ``LOG``
 (mode 0600) once it is attached, and appends everything the guest prints,
@@ -52,7 +52,7 @@ def relay(uri: str, uuid: str, log_path: str) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: python -m labctl.backends.libvirt.console URI UUID LOG", file=sys.stderr)
+        print("usage: python -m labctl.backends.libvirt.relay URI UUID LOG", file=sys.stderr)
         return 2
     return relay(*argv)
 

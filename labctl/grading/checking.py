@@ -1,30 +1,68 @@
-"""Graded checks of a lab that is up (``labctl check``, ``labctl class check``).
+"""Running the graded checks of a lab that is up (``labctl check``, ``labctl class check``, bisect's
+check oracle, the web page's check button).
 
 The checks come from the lab's resolved definition saved in its state when it
-came up (not from the lab file, which may have changed since). Each check's
-command runs on its guest over SSH with the lab's key; exit status 0 means
-that part of the exercise is done. The command is bounded on the guest too
-(``timeout``), so a check that hangs leaves nothing running behind it.
+came up (not from the lab file, which may have changed since). Each check runs
+on its guest over SSH with the lab's key, as its kind says (:data:`KINDS`; the
+lab file's checks are shell commands, :mod:`.shell`), one guest's checks in
+order over one connection, the guests side by side.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypedDict
 
 from labctl.errors import GuestError, LabStateError
+from labctl.grading.shell import ERROR, FAIL, PASS, TIMEOUT, ShellCheck
 from labctl.lab.model import Check
-from labctl.ssh import Session
+from labctl.ssh import Endpoint, Session
 from labctl.state.runstate import LabState
 
-PASS, FAIL, TIMEOUT, ERROR = "pass", "fail", "timeout", "error"
-GUEST_TIMEOUT_STATUS = 124  # coreutils timeout(1): the command ran out of time
 OUTPUT_TAIL = 2000  # bytes of a check's output kept for --json
 CONNECT_TIMEOUT = 10.0
+
+
+class CheckKind(Protocol):
+    """How a kind of check runs on its guest and what its outcome means (:class:`~labctl.grading.shell.ShellCheck`)."""
+
+    name: str
+
+    def command(self, check: Check) -> str:
+        """The command line run on the guest."""
+
+    def judge(self, check: Check, status: int, seconds: float) -> str:
+        """pass, fail or timeout, from its exit status after ``seconds``."""
+
+
+KINDS: dict[str, CheckKind] = {"shell": ShellCheck()}
+
+
+def kind_of(check: Check) -> CheckKind:
+    """The kind of ``check`` (every check of a lab file is a shell command today)."""
+    return KINDS["shell"]
+
+
+class CheckRecord(TypedDict):
+    """A check's result as ``--json``, bisect's oracle and the web page keep it."""
+
+    name: str
+    guest: str
+    status: str
+    passed: bool
+    exit_status: int | None
+    seconds: float
+    hint: str
+    detail: str
+
+
+class Tally(TypedDict):
+    passed: int
+    total: int
+    failing: list[str]
 
 
 @dataclass(frozen=True)
@@ -53,7 +91,7 @@ class CheckResult:
             return f"error: {self.detail}"
         return self.status
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CheckRecord:
         return {"name": self.name, "guest": self.guest, "status": self.status, "passed": self.passed,
                 "exit_status": self.exit_status, "seconds": round(self.seconds, 2), "hint": self.hint,
                 "detail": self.detail}
@@ -74,8 +112,8 @@ def checks_of(state: LabState) -> tuple[Check, ...]:
 
 
 def guest_command(check: Check) -> str:
-    """The command line run on the guest: the check's, bounded by its timeout (then killed)."""
-    return f"timeout -k 2 {check.timeout:g} sh -c {shlex.quote(check.command)}"
+    """The command line run on the guest, as the check's kind says."""
+    return kind_of(check).command(check)
 
 
 def _tail(res_out: bytes, res_err: bytes) -> str:
@@ -83,34 +121,37 @@ def _tail(res_out: bytes, res_err: bytes) -> str:
     return text[-OUTPUT_TAIL:]
 
 
-def run_on_guest(state: LabState, guest: str, checks: Sequence[Check]) -> list[CheckResult]:
-    """Run ``checks`` (all on ``guest``) in order over one SSH connection (a new one after an error)."""
+def _connect(ep: Endpoint) -> Session:
+    return Session(ep, timeout=CONNECT_TIMEOUT)
+
+
+def run_on_guest(state: LabState, guest: str, checks: Sequence[Check], *,
+                 connect: Callable[[Endpoint], Session] = _connect,
+                 clock: Callable[[], float] = time.monotonic) -> list[CheckResult]:
+    """Run ``checks`` (all on ``guest``) in order over one SSH connection (a new one after an error).
+
+    A check whose connection failed after its time was up timed out; before, it could not run (error).
+    """
     results: list[CheckResult] = []
     session: Session | None = None
     try:
         for check in checks:
-            t0 = time.monotonic()
+            t0 = clock()
             try:
                 if session is None:
-                    session = Session(state.endpoint(guest), timeout=CONNECT_TIMEOUT)
+                    session = connect(state.endpoint(guest))
                 res = session.run(guest_command(check), timeout=check.timeout + 10.0)
             except (GuestError, LabStateError) as exc:
-                took = time.monotonic() - t0
+                took = clock() - t0
                 if session is not None:
                     session.close()
                     session = None
                 status = TIMEOUT if took >= check.timeout else ERROR
                 results.append(CheckResult(check.name, guest, status, check.hint, None, took, exc.message))
                 continue
-            took = time.monotonic() - t0
-            if res.status == 0:
-                status = PASS
-            elif res.status == GUEST_TIMEOUT_STATUS and took >= check.timeout - 0.5:
-                status = TIMEOUT
-            else:
-                status = FAIL
-            results.append(CheckResult(check.name, guest, status, check.hint, res.status, took,
-                                       _tail(res.stdout, res.stderr)))
+            took = clock() - t0
+            results.append(CheckResult(check.name, guest, kind_of(check).judge(check, res.status, took), check.hint,
+                                       res.status, took, _tail(res.stdout, res.stderr)))
     finally:
         if session is not None:
             session.close()
@@ -134,7 +175,7 @@ def run_checks(state: LabState, checks: Sequence[Check] | None = None) -> list[C
     return [got[(c.guest, c.name)] for c in checks]
 
 
-def summary(results: Sequence[CheckResult]) -> dict[str, Any]:
+def summary(results: Sequence[CheckResult]) -> Tally:
     """Passed/total and the failing checks' names."""
     return {"passed": sum(r.passed for r in results), "total": len(results),
             "failing": [r.name for r in results if not r.passed]}

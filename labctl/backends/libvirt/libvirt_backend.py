@@ -15,7 +15,7 @@ fw_cfg files are volumes in the host's ``labctl`` pool
 linked here), the gdbstub's socket is in the guest's 0700 directory on its
 host, and the lab's unix sockets are in the lab's 0700 directory, all owned
 by QEMU's user. The console is a pty that a relay process copies into the
-run directory (:mod:`labctl.backends.libvirt.console`), so labctl never
+run directory (:mod:`labctl.backends.libvirt.relay`), so labctl never
 reads a file QEMU could have replaced. A remote guest's SSH goes through
 its host's own sshd. Everything created on a host is written to an
 ownership journal (:mod:`labctl.backends.owned`) first, and
