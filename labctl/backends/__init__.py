@@ -1,28 +1,59 @@
-"""Backends turn a guest plan into a running machine, behind one small interface
+"""Backends turn a guest plan into a running machine, behind one interface
 (:class:`~labctl.backends.base.Backend`): ``qemu`` (labctl starts QEMU itself,
 :mod:`.qemu`) and ``libvirt`` (transient domains on any libvirt URI, several
-hosts, :mod:`.libvirt`).
+hosts, :mod:`.libvirt`). What differs between them is a method of the interface,
+or one of the class attributes that say what their guests can do: no other
+stage asks a backend's name or imports a concrete backend.
 
-Owns: the guest plan and record (:mod:`.base`), the QEMU command line and
-domain XML (pure functions), QMP (:mod:`.monitor`, the one client), and the
-ownership journal of what backends create on hosts (:mod:`.owned`). Must
-not import the ``up`` stage, steps, bundles, reports or the CLI.
+Owns: the guest plan and record and the interface (:mod:`.base`), the QEMU
+command line and domain XML (pure functions), QMP (:mod:`.monitor`, the one
+client), the ownership journal of what backends create on hosts
+(:mod:`.owned`), and the accelerator (:mod:`.accel`: KVM when a probe boot
+works). Must not import the ``up`` stage, steps, bundles, reports or the CLI.
 
 Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.state, labctl.live, labctl.training
 """
 
 from __future__ import annotations
 
-from labctl.backends.base import Backend, GuestPlan, GuestRecord
+from labctl.backends.accel import AccelChoice, choose_accel, kvm_usable, probe_kvm
+from labctl.backends.base import (
+    MGMT_ADDR,
+    MGMT_NET,
+    POSTBOOT,
+    Backend,
+    GuestPlan,
+    GuestRecord,
+    HostCheck,
+    NetDir,
+    netdev_id,
+)
 from labctl.errors import UsageError
+from labctl.lab.validate import BACKENDS as LAB_BACKENDS
 
-__all__ = ["Backend", "GuestPlan", "GuestRecord", "get_backend"]
+__all__ = [
+    "BACKENDS",
+    "MGMT_ADDR",
+    "MGMT_NET",
+    "POSTBOOT",
+    "AccelChoice",
+    "Backend",
+    "GuestPlan",
+    "GuestRecord",
+    "HostCheck",
+    "NetDir",
+    "choose_accel",
+    "get_backend",
+    "kvm_usable",
+    "netdev_id",
+    "probe_kvm",
+]
 
-BACKENDS = ("qemu", "libvirt")
+BACKENDS = LAB_BACKENDS  # what a lab file's backend: may say (labctl.lab), each mapped here
 
 
 def get_backend(name: str) -> Backend:
-    """The backend called ``name``.
+    """The backend called ``name`` (the one place that maps a name to a backend).
 
     :raise UsageError: for an unknown or unavailable backend.
     """

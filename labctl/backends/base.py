@@ -8,14 +8,16 @@ that later commands (``down``, ``status``, ``gdb``) can find the guest again.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
+from labctl.errors import UsageError
 from labctl.image.store import Image
 from labctl.kernel.kernel_store import Kernel
 from labctl.lab.hosts import HostPlace
-from labctl.lab.model import Guest
+from labctl.lab.model import Guest, Lab, Nic
 from labctl.net.plan import Port
 
 MGMT_NET = "10.0.2.0/24"
@@ -130,14 +132,56 @@ class GuestRecord:
         return cls(**d)
 
 
-class Backend(Protocol):
-    """What every backend provides."""
+POSTBOOT = "postboot"  # the label of a guest's state saved once it was up (reset puts it back there)
+
+
+def netdev_id(nic: Nic) -> str:
+    """The QEMU id of a lab NIC's netdev (``set_link`` and ``filter-dump`` name it), on every backend."""
+    return f"lab{nic.index}"
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """One of a backend's prerequisites on a host (``labctl doctor``): its name, whether it is met,
+    what was found or what to do; ``warn``: met, but less safely than it could be."""
 
     name: str
+    ok: bool
+    detail: str
+    warn: bool = False
 
+
+class Backend(abc.ABC):
+    """What every backend provides. labctl's other stages never ask a backend's name: what differs
+    between backends is a method here, or one of the class attributes that say what its guests can do.
+    """
+
+    name: ClassVar[str]
+    runs_here: ClassVar[bool] = False
+    """Its guests' QEMUs run on this machine as labctl's user: their memory counts in this host's
+    capacity (:mod:`labctl.up.capacity`) and their processes can be watched (a step's host cost)."""
+    serves_shares: ClassVar[bool] = False
+    """Host directories reach its guests (a lab file's ``shares:``)."""
+    tap_networks: ClassVar[bool] = False
+    """It can link guests with multi-queue taps (``queues:`` > 1), where the host allows it."""
+    pins_tsc: ClassVar[bool] = False
+    """Its command line gives a TCG guest the host's TSC frequency (a restored guest's clock rate)."""
+    post_boot_snapshots: ClassVar[bool] = False
+    """labctl keeps post-boot snapshots of its guests here (:mod:`labctl.up.snapshots`), restored
+    through the guest agent; reset restarts a guest from one (:meth:`restart`)."""
+    guest_agent: ClassVar[bool] = False
+    """labctl reaches its guests' agent (virtio-serial): keys and the clock go through it; else over SSH."""
+    states_on_hosts: ClassVar[bool] = False
+    """It saves its guests' states itself, on their hosts (:meth:`save_state`): a guest's post-boot
+    state once up (``--save-state``), checkpoints; else labctl keeps the files."""
+    shows_argv: ClassVar[bool] = False
+    """:meth:`command` is the exact argv of a process (``up --dry-run`` prints it)."""
+
+    @abc.abstractmethod
     def command(self, plan: GuestPlan) -> list[str]:
         """The exact command (or description) that would start the guest."""
 
+    @abc.abstractmethod
     def network_dir(self, run_dir: Path, lab: str, hosts: dict[str, HostPlace] | None) -> NetDir:
         """The directory for the lab's unix sockets, which every guest's QEMU can use
         (made, and journaled if it is outside ``run_dir``).
@@ -145,6 +189,7 @@ class Backend(Protocol):
         :raise HostError: when it cannot be made.
         """
 
+    @abc.abstractmethod
     def prepare(self, plans: list[GuestPlan]) -> list[str]:
         """Get the hosts ready for these guests (reachable, images in place) before any starts.
 
@@ -153,34 +198,42 @@ class Backend(Protocol):
         :raise HostError: when a host is unreachable or lacks something.
         """
 
+    @abc.abstractmethod
     def cleanup(self, guest_dir: Path) -> None:
         """Remove what this backend created on its hosts for the guest of ``guest_dir``
         (its ownership journal, :mod:`labctl.backends.owned`): the guest must be stopped first."""
 
+    @abc.abstractmethod
     def start(self, plan: GuestPlan) -> GuestRecord:
         """Start the guest; return as soon as it is launched (not booted).
 
         :raise MachineError: when it cannot be started.
         """
 
+    @abc.abstractmethod
     def alive(self, rec: GuestRecord) -> bool:
         """True while the guest's machine exists."""
 
+    @abc.abstractmethod
     def stop(self, rec: GuestRecord, timeout: float) -> None:
         """Power the guest off cleanly, hard-stop it after ``timeout`` seconds."""
 
+    @abc.abstractmethod
     def kill(self, rec: GuestRecord) -> None:
         """Stop the guest at once (used on failure and Ctrl-C)."""
 
+    @abc.abstractmethod
     def exit_reason(self, rec: GuestRecord) -> str:
         """Why a dead guest's machine stopped, as far as it is known."""
 
+    @abc.abstractmethod
     def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
         """Run one QMP command on the guest's QEMU; return its ``return`` value.
 
         :raise MachineError: when the machine is gone or the command fails.
         """
 
+    @abc.abstractmethod
     def capture_dir(self, rec: GuestRecord) -> Path:
         """A directory, on this machine, where the guest's QEMU may create files (packet
         captures) that labctl reads and removes: private to the lab's owner and QEMU's user.
@@ -188,9 +241,87 @@ class Backend(Protocol):
         :raise HostError: when the guest runs where labctl cannot read such files.
         """
 
+    @abc.abstractmethod
     def qemu_log(self, rec: GuestRecord) -> Path | None:
         """QEMU's own messages about the guest, on this machine (None: not readable here)."""
 
+    @abc.abstractmethod
     def emulator_version(self) -> str:
         """The version of the QEMU this backend would start, for when no running guest can be
         asked (``unknown`` when the backend cannot tell)."""
+
+    # -- where guests run, and what a host needs ---------------------------------------------------
+
+    def place(self, lab: Lab, no_verify_host_keys: bool = False) -> dict[str, HostPlace] | None:
+        """guest -> the host it runs on (None: this machine, for every guest).
+
+        :raise UsageError: when the lab places guests on hosts this backend cannot reach.
+        """
+        if lab.uses_hosts:
+            raise UsageError(f"lab {lab.ident} places guests on hosts, which needs the libvirt backend "
+                             f"(not {self.name})", hint="use --backend libvirt, or drop the lab's hosts")
+        return None
+
+    def free_mib(self, host: HostPlace) -> int:
+        """What ``host`` has free for new guests (MiB), for a class's placement.
+
+        :raise UsageError: when the backend places no guest on hosts.
+        """
+        raise UsageError(f"the {self.name} backend runs every guest on this machine")
+
+    def host_checks(self) -> list[HostCheck]:
+        """What this backend needs on this machine (``labctl doctor``)."""
+        return []
+
+    def lab_checks(self, lab: Lab) -> list[HostCheck]:
+        """What this backend needs on the hosts ``lab`` names (``labctl doctor LAB``)."""
+        return []
+
+    # -- a guest's states: reset and checkpoints (labctl.training) ---------------------------------
+
+    def suspend(self, rec: GuestRecord) -> None:
+        """Pause a running guest. :raise MachineError: when its machine is gone."""
+        self.qmp(rec, "stop")
+
+    def resume(self, rec: GuestRecord) -> None:
+        """Let a paused guest run. :raise MachineError: when its machine is gone."""
+        self.qmp(rec, "cont")
+
+    def restart(self, rec: GuestRecord, incoming: bool, taps: dict[str, tuple[int, ...]] | None = None
+                ) -> GuestRecord:
+        """Start a stopped guest again with the command line it was started with (waiting for a
+        saved state when ``incoming``); its new record (:attr:`post_boot_snapshots` backends).
+
+        :raise UsageError: when this backend cannot. :raise MachineError: when the start fails.
+        """
+        raise UsageError(f"the {self.name} backend cannot start a guest again with its command line")
+
+    def save_state(self, rec: GuestRecord, label: str, resume: bool = True) -> GuestRecord:
+        """Save the running guest as ``label`` on its host (machine and disk), then let it run on
+        unless not ``resume``; its new record (:attr:`states_on_hosts` backends).
+
+        :raise UsageError: when this backend keeps no states. :raise MachineError: when the save fails.
+        """
+        raise UsageError(f"the {self.name} backend keeps no saved states of its guests")
+
+    def restore_state(self, rec: GuestRecord, label: str, fresh_console: bool = True,
+                      resume: bool = True) -> GuestRecord:
+        """Put the guest back to its state ``label`` (resumed unless not ``resume``; a new
+        ``console.log`` when ``fresh_console``, the old one kept); its new record.
+
+        :raise UsageError: when this backend keeps no states. :raise MachineError: when the restore fails.
+        """
+        raise UsageError(f"the {self.name} backend keeps no saved states of its guests")
+
+    def has_state(self, rec: GuestRecord, label: str) -> bool:
+        """Whether the guest's state ``label`` was saved on its host."""
+        return False
+
+    def forget_state(self, rec: GuestRecord, label: str) -> GuestRecord:
+        """Remove the guest's state ``label`` from its host; its new record."""
+        return rec
+
+    def template_of(self, rec: GuestRecord, ident: str, drivers: dict[str, str]) -> Any:
+        """The shared post-boot state a guest of a class saved with throwaway keys, which the next
+        instances on its host start from (:class:`labctl.up.UpOptions` ``templates``); None."""
+        return None

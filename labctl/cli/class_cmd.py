@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from labctl.backends import get_backend
 from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import ClassUpDisplay, PrepareDisplay, console, out, print_json, safe, warn
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
@@ -28,7 +29,7 @@ from labctl.training.classroom import (
     student_status,
 )
 from labctl.training.handout import check_handout_dirs
-from labctl.training.placement import libvirt_free_mib, place
+from labctl.training.placement import place
 from labctl.training.reset import reset
 from labctl.training.roomup import bring_up
 from labctl.up.lifecycle import UpOptions
@@ -95,7 +96,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     refuse_up_instances(lab.name, students)
     check_handout_dirs(args.out, students)  # another user's directory there: refused before anything starts
     # Spread over the lab's libvirt hosts (exit 3 before anything starts when a student fits nowhere).
-    placed = place(lab, students, libvirt_free_mib, args.overcommit, args.no_verify_host_keys)
+    placed = place(lab, students, get_backend(lab.backend).free_mib, args.overcommit, args.no_verify_host_keys)
     hosts = placed.hosts if placed else {}
     copies = [lab.with_instance(s).placed_on(hosts[s]) if s in hosts else lab.with_instance(s) for s in students]
     prepared = prepare(lab, PrepareDisplay(), copies=copies, overcommit=args.overcommit)

@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from labctl.backends import BACKENDS
 from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, console, out, print_json, report_outcome, safe
 from labctl.errors import LabStateError, UsageError
 from labctl.lab import Lab, kernels, load_lab
@@ -59,7 +60,7 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``up`` that ``run`` shares."""
     p.add_argument("--accel", choices=["auto", "kvm", "tcg"], default="auto",
                    help="accelerator (auto: KVM if a probe boot works, else TCG)")
-    p.add_argument("--backend", choices=["qemu", "libvirt"], help="override the lab's backend")
+    p.add_argument("--backend", choices=list(BACKENDS), help="override the lab's backend")
     p.add_argument("--boot-timeout", type=float, default=180.0, metavar="SECONDS")
     p.add_argument("--no-verify-host-keys", action="store_true",
                    help="do not check the SSH host keys of the lab's remote libvirt hosts")

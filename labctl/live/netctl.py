@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from labctl.backends import get_backend
+from labctl.backends import get_backend, netdev_id
 from labctl.backends.base import Backend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.lab.checker import close_match
 from labctl.lab.impair import Impairment
+from labctl.lab.model import Nic
 from labctl.net.netem import apply_command
 from labctl.ssh import Session
 from labctl.state import netstate
@@ -40,9 +41,7 @@ def lab_nic(state: LabState, guest: str, nic: str) -> dict[str, Any]:
 
 
 def netdev(state: LabState, guest: str, nic: str) -> str:
-    """The QEMU netdev id of a lab NIC (as :func:`labctl.backends.qemu.argv.netdev_id` names it)."""
-    from labctl.backends.qemu.argv import netdev_id
-    from labctl.lab.model import Nic
+    """The QEMU netdev id of a lab NIC (as :func:`labctl.backends.netdev_id` names it)."""
 
     n = lab_nic(state, guest, nic)
     return netdev_id(Nic(n["name"], n["model"], n["network"], None, n["mac"], 1, None, int(n["index"])))

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl.backends.monitor import qmp_execute, save_state
+from labctl.backends import get_backend
+from labctl.backends.monitor import save_state
 from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
 from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
 from labctl.lab.shares import Share
@@ -36,7 +37,7 @@ from labctl.state.runstate import LabState, lab_lock
 from labctl.training import sshport
 from labctl.training.reset import (
     copy_disk,
-    need_qemu,
+    need_restart,
     refuse_incomplete,
     restart,
     set_clocks,
@@ -85,9 +86,9 @@ def save(lab: str, name: str) -> Checkpoint:
     _check_name(name)
     with lab_lock(lab):
         state = LabState.load(lab)
-        if state.backend == "libvirt":
-            return _save_libvirt(state, name)
-        need_qemu(state, "a checkpoint")
+        if get_backend(state.backend).states_on_hosts:
+            return _save_on_hosts(state, name)
+        backend = need_restart(state, "a checkpoint")
         root = ensure_private_dir(_root(state))
         final = root / name
         names = list(state.guests)
@@ -96,7 +97,7 @@ def save(lab: str, name: str) -> Checkpoint:
         _map(lambda g: mounts.umount(state.endpoint(g), g, _shares(state, g)), names)
         try:
             with build_into(final) as work:
-                _map(lambda g: qmp_execute(state.guests[g].qmp, "stop"), names)  # one instant for all
+                _map(lambda g: backend.suspend(state.guests[g]), names)  # one instant for all
 
                 def one(g: str) -> None:
                     rec = state.guests[g]
@@ -113,7 +114,7 @@ def save(lab: str, name: str) -> Checkpoint:
         finally:
             for g in names:
                 with contextlib.suppress(LabctlError):
-                    qmp_execute(state.guests[g].qmp, "cont")
+                    backend.resume(state.guests[g])
             _map(lambda g: mounts.mount(state.endpoint(g), g, _shares(state, g)), names)
         return _load(final)
 
@@ -132,9 +133,9 @@ def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) 
     _check_name(name)
     with lab_lock(lab):
         state = LabState.load(lab)
-        if state.backend == "libvirt":
-            return _restore_libvirt(state, find(state, name))
-        backend = need_qemu(state, "a checkpoint")
+        if get_backend(state.backend).states_on_hosts:
+            return _restore_on_hosts(state, find(state, name))
+        backend = need_restart(state, "a checkpoint")
         ckpt = find(state, name)
         missing = [g for g in state.guests if not (ckpt.dir / f"{g}.state").is_file()]
         if missing:
@@ -160,7 +161,7 @@ def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) 
         finally:
             state.save()
             tell_moves(state, moves, on_moved)
-        _map(lambda g: qmp_execute(state.guests[g].qmp, "cont"), names)  # together, as they were saved
+        _map(lambda g: backend.resume(state.guests[g]), names)  # together, as they were saved
         set_clocks(state, names)
         _map(lambda g: wait_ssh(state.endpoint(g), 30.0), names)
         _map(lambda g: mounts.mount(state.endpoint(g), g, _shares(state, g)), names)
@@ -171,21 +172,20 @@ def _label(name: str) -> str:
     return f"ckpt-{name}"
 
 
-def _save_libvirt(state: LabState, name: str) -> Checkpoint:
-    """libvirt guests: every domain paused at one instant, each saved on its own host by libvirt
-    (machine and disk, :mod:`labctl.backends.libvirt.saved`), then all resumed together; only
-    ``meta.json`` is here."""
-    from labctl.backends.libvirt import saved
-
+def _save_on_hosts(state: LabState, name: str) -> Checkpoint:
+    """Guests of a backend that saves states on their hosts (libvirt): every guest paused at one
+    instant, each saved on its own host by the backend (machine and disk), then all resumed
+    together; only ``meta.json`` is here."""
+    backend = get_backend(state.backend)
     refuse_incomplete(state)
     names = list(state.guests)
     final = ensure_private_dir(_root(state)) / name
     t0 = time.monotonic()
-    _map(lambda g: saved.suspend(state.guests[g]), names)  # one instant for all
+    _map(lambda g: backend.suspend(state.guests[g]), names)  # one instant for all
     try:
         with build_into(final) as work:
             def one(g: str) -> None:
-                state.guests[g] = saved.save(state.guests[g], _label(name), resume=False)
+                state.guests[g] = backend.save_state(state.guests[g], _label(name), resume=False)
 
             _map(one, names)
             atomic_write(work / META, json.dumps({
@@ -196,23 +196,23 @@ def _save_libvirt(state: LabState, name: str) -> Checkpoint:
         state.save()
         for g in names:
             with contextlib.suppress(LabctlError):
-                saved.resume(state.guests[g])
+                backend.resume(state.guests[g])
     return _load(final)
 
 
-def _restore_libvirt(state: LabState, ckpt: Checkpoint) -> float:
-    """libvirt guests back to a checkpoint: each restored paused on its host, then all resumed."""
-    from labctl.backends.libvirt import saved
-
+def _restore_on_hosts(state: LabState, ckpt: Checkpoint) -> float:
+    """Guests back to a checkpoint their backend saved on their hosts: each restored paused on its
+    host, then all resumed (their clocks over SSH: no agent)."""
+    backend = get_backend(state.backend)
     label = _label(ckpt.name)
-    missing = [g for g in state.guests if not saved.has_state(state.guests[g], label)]
+    missing = [g for g in state.guests if not backend.has_state(state.guests[g], label)]
     if missing:
         raise LabStateError(f"checkpoint {ckpt.name} of lab {state.lab} has no guest {missing[0]}")
     names = list(state.guests)
     t0 = time.monotonic()
 
     def one(g: str) -> None:
-        state.guests[g] = saved.restore(state.guests[g], label, fresh_console=False, resume=False)
+        state.guests[g] = backend.restore_state(state.guests[g], label, fresh_console=False, resume=False)
         with open(state.guests[g].console, "a") as f:
             f.write(f"labctl: restored checkpoint {ckpt.name}\n")
 
@@ -220,7 +220,7 @@ def _restore_libvirt(state: LabState, ckpt: Checkpoint) -> float:
         _map(one, names)
     finally:
         state.save()
-    _map(lambda g: saved.resume(state.guests[g]), names)  # together, as they were saved
+    _map(lambda g: backend.resume(state.guests[g]), names)  # together, as they were saved
     _map(lambda g: wait_ssh(state.endpoint(g), 30.0, set_clock=True), names)  # the clock: no agent
     return round(time.monotonic() - t0, 2)
 
@@ -254,11 +254,10 @@ def delete(lab: str, name: str) -> None:
     with lab_lock(lab):
         state = LabState.load(lab)
         ckpt = find(state, name)
-        if state.backend == "libvirt":  # its files are on the guests' hosts
-            from labctl.backends.libvirt import saved
-
+        backend = get_backend(state.backend)
+        if backend.states_on_hosts:  # its files are on the guests' hosts
             for g, rec in state.guests.items():
-                if saved.has_state(rec, _label(name)):
-                    state.guests[g] = saved.forget(rec, _label(name))
+                if backend.has_state(rec, _label(name)):
+                    state.guests[g] = backend.forget_state(rec, _label(name))
             state.save()
         shutil.rmtree(ckpt.dir)

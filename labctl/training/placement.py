@@ -27,8 +27,6 @@ from labctl.lab.model import DEFAULT_HOST, Lab
 from labctl.lab.uri import parse_uri, with_no_verify
 from labctl.up.capacity import QEMU_OVERHEAD_MIB
 
-KIB = 1024
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -73,7 +71,7 @@ def place(lab: Lab, students: Sequence[str], free_mib: Callable[[HostPlace], int
     """Each student's host (None when the lab does not spread: no hosts, every guest placed, or no
     host the unplaced guests may go to).
 
-    ``free_mib(host)`` is what the host has left (:func:`libvirt_free_mib`).
+    ``free_mib(host)`` is what the host has left (:meth:`labctl.backends.Backend.free_mib`).
 
     :raise HostError: when an instance fits on no host (exit 3), unless ``overcommit``; or a host
         cannot be reached.
@@ -98,19 +96,3 @@ def place(lab: Lab, students: Sequence[str], free_mib: Callable[[HostPlace], int
         chosen[student] = host
         taken[host] += need
     return Placement(chosen, free, need)
-
-
-def libvirt_free_mib(host: HostPlace) -> int:
-    """What ``host`` has free for new guests: libvirt's free, buffers and cached memory (MiB).
-
-    :raise HostError: when the host cannot be reached.
-    """
-    from labctl.backends.libvirt.api import connection, where
-    from labctl.backends.libvirt.binding import binding
-
-    with connection(host.uri, host.name) as conn:
-        try:
-            stats = conn.getMemoryStats(binding().VIR_NODE_MEMORY_STATS_ALL_CELLS, 0)
-        except binding().libvirtError as exc:
-            raise HostError(f"cannot read the free memory of {where(host.uri, host.name)}: {exc}") from exc
-    return int(sum(stats.get(k, 0) for k in ("free", "buffers", "cached")) // KIB)

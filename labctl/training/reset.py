@@ -11,9 +11,10 @@ back on a new port and its files are updated (:mod:`labctl.training.sshport`).
 A guest without a snapshot (taken at its first cold boot; a kernel without
 virtio-console has none) is booted again instead.
 
-Only the qemu backend restarts guests this way. A libvirt guest is put back
-with libvirt's own restore, from the state saved once it was up
-(:mod:`labctl.backends.libvirt.saved`; ``class up`` saves one per guest).
+That is how a backend with post-boot snapshots puts a guest back
+(:attr:`labctl.backends.Backend.post_boot_snapshots`: the qemu backend). A backend that saves
+its guests' states on their hosts (:attr:`~labctl.backends.Backend.states_on_hosts`: libvirt)
+restores the state saved once the guest was up (``class up`` saves one per guest).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from labctl.backends import get_backend
-from labctl.backends.base import GuestRecord
-from labctl.backends.qemu.qemu_backend import QemuBackend
+from labctl.backends import POSTBOOT, Backend, GuestRecord, get_backend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image.store import Image
 from labctl.ssh import Endpoint, Session
@@ -51,9 +50,9 @@ def reset(lab: str, guests: Sequence[str] | None = None,
     with lab_lock(lab):
         state = LabState.load(lab)
         names = _guests(state, guests)
-        if state.backend == "libvirt":
+        if get_backend(state.backend).states_on_hosts:
             return _reset_saved(state, names, on_guest)
-        backend = need_qemu(state, "reset")
+        backend = need_restart(state, "reset")
         took: dict[str, float] = {}
         hows: dict[str, str] = {}
         errors: list[BaseException] = []
@@ -100,11 +99,10 @@ def reset(lab: str, guests: Sequence[str] | None = None,
 
 def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, float, str], None] | None
                  ) -> dict[str, float]:
-    """Reset libvirt guests from the states saved once they were up (libvirt's own restore)."""
-    from labctl.backends.libvirt import saved
-
+    """Reset guests from the states their backend saved on their hosts once they were up."""
+    backend = get_backend(state.backend)
     refuse_incomplete(state)
-    missing = [n for n in names if not saved.has_state(state.guests[n], saved.POSTBOOT)]
+    missing = [n for n in names if not backend.has_state(state.guests[n], POSTBOOT)]
     if missing:
         raise UsageError(f"guest {missing[0]} of lab {state.lab} has no saved post-boot state (libvirt guests "
                          "have one when 'labctl class up', or 'labctl up --save-state', brought them up)",
@@ -115,8 +113,8 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
     def one(name: str) -> None:
         t0 = time.monotonic()
         try:
-            rec = state.guests[name] = saved.restore(state.guests[name], saved.POSTBOOT)
-            shared = rec.extra.get("throwaway_state") == saved.POSTBOOT
+            rec = state.guests[name] = backend.restore_state(state.guests[name], POSTBOOT)
+            shared = rec.extra.get("throwaway_state") == POSTBOOT
             if shared:  # a class's shared state holds throwaway keys: the guest's own again, and the clock
                 warm.hand_over_shared(Path(rec.dir), state.endpoint(name), time.monotonic() + 30.0)
             wait_ssh(state.endpoint(name), 30.0, set_clock=not shared)
@@ -158,9 +156,13 @@ def _guests(state: LabState, guests: Sequence[str] | None) -> list[str]:
     return names
 
 
-def need_qemu(state: LabState, what: str) -> QemuBackend:
+def need_restart(state: LabState, what: str) -> Backend:
+    """The lab's backend, when it restarts guests from files labctl keeps (post-boot snapshots).
+
+    :raise UsageError: for another backend. :raise LabStateError: for an incomplete lab.
+    """
     backend = get_backend(state.backend)
-    if not isinstance(backend, QemuBackend):
+    if not backend.post_boot_snapshots:
         raise UsageError(f"{what} needs the qemu backend; lab {state.lab} runs on {state.backend}",
                          hint=f"labctl down {state.lab} and up it again")
     refuse_incomplete(state)
@@ -174,7 +176,7 @@ def refuse_incomplete(state: LabState) -> None:
                             hint=f"labctl down {state.lab}")
 
 
-def restart(backend: QemuBackend, rec: GuestRecord, new_disk: Callable[[], None],
+def restart(backend: Backend, rec: GuestRecord, new_disk: Callable[[], None],
             incoming: bool = True, new_console: bool = True) -> GuestRecord:
     """Stop the guest's QEMU, keep its console as ``console.prev.log`` (when ``new_console``;
     else it goes on), give it a new disk (``new_disk``) and start it again (waiting for a saved

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from labctl.backends.base import GuestRecord
-from labctl.backends.qemu.qemu_backend import QemuBackend
+from labctl.backends import Backend, GuestRecord
 from labctl.errors import LabctlError, PortTaken
 from labctl.net.ports import free_port
 from labctl.paths import atomic_write
@@ -56,9 +55,9 @@ def with_port(rec: GuestRecord, port: int) -> GuestRecord:
     return dataclasses.replace(rec, ssh_port=port, argv=argv)
 
 
-def restart(backend: QemuBackend, rec: GuestRecord, incoming: bool,
+def restart(backend: Backend, rec: GuestRecord, incoming: bool,
             pick: Callable[[], int] = free_port) -> tuple[GuestRecord, int | None]:
-    """Start the guest's stopped QEMU again (:meth:`QemuBackend.restart`); when its SSH port was
+    """Start the guest's stopped QEMU again (:meth:`labctl.backends.Backend.restart`); when its SSH port was
     taken meanwhile, on a new one (``pick``). The new record, and the old port when it moved.
 
     :raise PortTaken: when every new port was taken too. :raise MachineError: QEMU failed otherwise.

@@ -1,13 +1,16 @@
-"""Bringing a lab up and down: the accelerator (:mod:`.accel`), keys
+"""Bringing a lab up and down: what ``up`` may be asked (:mod:`.options`), keys
 (:mod:`.keys`), each guest's configuration (:mod:`.guestconf`) and kernel
 command line (:mod:`.bootargs`), the checks made before anything starts
 (:mod:`.envcheck`) and whether the host holds the guests (:mod:`.capacity`,
-the pipeline's first check), starting guests on a backend and waiting for
-them (:mod:`.lifecycle`, :mod:`.console`), taking them down (:mod:`.teardown`),
-each guest's live status (:mod:`.status`), tap networks (:mod:`.taps`), and the
-warm start every lab gets: post-boot snapshots (:mod:`.snapshots`), restoring
-them with the guest's own keys (:mod:`.warm`) through the guest agent
-(:mod:`.agent`), at the clock rate they were taken at (:mod:`.tsc`).
+the pipeline's first check); one ``up`` (:mod:`.lifecycle`): its networks
+(:mod:`.netsetup`, tap networks in :mod:`.taps`), each guest's plan
+(:mod:`.planner`), the guests started on their backend and waited for
+(:mod:`.waiting`, :mod:`.console`); shares mounted in guests (:mod:`.mounts`),
+taking a lab down (:mod:`.teardown`), each guest's live status
+(:mod:`.status`), and the warm start every lab gets: post-boot snapshots
+(:mod:`.snapshots`), restoring them with the guest's own keys (:mod:`.warm`)
+through the guest agent (:mod:`.agent`), at the clock rate they were taken at
+(:mod:`.tsc`). The accelerator is the backends' (:mod:`labctl.backends.accel`).
 
 ``up`` takes each guest's kernel prepared (:func:`labctl.pipeline.prepare`);
 it never builds an image or prepares a kernel itself. What a lab's state on

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from labctl.backends import get_backend
 from labctl.errors import HostError, LabStateError
 from labctl.lab.model import Lab
 from labctl.state.runstate import LabState, up_labs
@@ -106,12 +107,12 @@ def guest_need_mib(memory: int, snapshot_mib: int | None) -> int:
 
 def estimate(labs: Sequence[Lab], meminfo_kib: dict[str, int] | None = None,
              pages: dict[tuple[str, str], int] | None = None) -> Estimate:
-    """What ``labs`` need next to the labs that are up (qemu backend guests: they run here)."""
+    """What ``labs`` need next to the labs that are up (the guests of backends whose guests run here)."""
     info = meminfo_kib if meminfo_kib is not None else meminfo()
     pages = snapshot_pages_mib() if pages is None else pages
     need, count, restored = 0, 0, 0
     for lab in labs:
-        if lab.backend != "qemu":
+        if not get_backend(lab.backend).runs_here:
             continue
         for name, g in lab.guests.items():
             snap = pages.get((lab.name, name))
@@ -124,7 +125,7 @@ def estimate(labs: Sequence[Lab], meminfo_kib: dict[str, int] | None = None,
             state = LabState.load(name)
         except LabStateError:
             continue
-        if state.backend != "qemu":
+        if not get_backend(state.backend).runs_here:
             continue
         for guest, rec in state.guests.items():
             memory = int(state.resolved.get("guests", {}).get(guest, {}).get("memory", 0))

@@ -42,10 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from labctl import __version__
-from labctl.backends.base import GuestPlan
+from labctl.backends.base import Backend, GuestPlan
 from labctl.backends.monitor import qmp_execute, save_state
-from labctl.backends.qemu.argv import build_argv
-from labctl.backends.qemu.qemu_backend import qemu_version
 from labctl.errors import LabctlError, MachineError
 from labctl.paths import atomic_write, build_into, cache_dir, exclusive
 from labctl.proc import run
@@ -101,16 +99,16 @@ class Snapshot:
 _TAP_FDS = re.compile(r"\b(fds?)=[0-9:?]+")
 
 
-def key(plan: GuestPlan) -> str:
-    """The snapshot key of a guest (see the module's docstring)."""
+def key(plan: GuestPlan, backend: Backend) -> str:
+    """The snapshot key of a guest on ``backend`` (see the module's docstring)."""
     run_dir = str(plan.dir.parent.parent)
     # The run directory and the lab's NAME@INSTANCE (in QEMU's process name) are taken out:
     # every instance of a lab restores from the same snapshots.
     # A tap's queues are descriptors opened anew for each QEMU: their numbers are no part of it.
     argv = [_TAP_FDS.sub(r"\1=@", a) if a.startswith("tap,") else a
             for a in (a.replace(run_dir, "@RUN").replace(f"labctl-{plan.lab}-", "labctl-@LAB-")
-                      for a in build_argv(dataclasses.replace(plan, warm=False, ssh_port=0)))]
-    data = [FORMAT, __version__, qemu_version(), plan.image.key, plan.kernel.key, plan.accel,
+                      for a in backend.command(dataclasses.replace(plan, warm=False, ssh_port=0)))]
+    data = [FORMAT, __version__, backend.emulator_version(), plan.image.key, plan.kernel.key, plan.accel,
             plan.guest.to_dict(), argv]
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -149,7 +147,7 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], cons
                 os.chmod(work / STATE, 0o400)
                 atomic_write(work / META, json.dumps({
                     **meta, "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    "labctl_version": __version__, "qemu": qemu_version(),
+                    "labctl_version": __version__,
                     "state_bytes": (work / STATE).stat().st_size, "disk_bytes": (work / DISK).stat().st_size,
                     "save_ms": info.get("total-time"),
                 }, indent=2) + "\n")

@@ -23,6 +23,7 @@ import struct
 import threading
 from pathlib import Path
 
+from labctl.backends import Backend
 from labctl.errors import HostError, ProcessError
 from labctl.net.plan import TapDev
 from labctl.proc import run
@@ -35,10 +36,10 @@ CLONE_NEWNET = 0x40000000
 IP_TIMEOUT = 30
 
 
-def unavailable(backend: str) -> str | None:
+def unavailable(backend: Backend) -> str | None:
     """Why tap networks cannot be used here (None: they can)."""
-    if backend != "qemu":
-        return f"the {backend} backend links guests with dgram sockets only"
+    if not backend.tap_networks:
+        return f"the {backend.name} backend links guests with dgram sockets only"
     if os.geteuid() != 0:
         return "tap devices need root"
     if not os.path.exists(TUN):

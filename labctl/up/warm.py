@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from labctl.backends import get_backend
 from labctl.backends.monitor import load_state, qmp_execute
 from labctl.errors import GuestError, LabctlError
 from labctl.image.store import AGENT_BUILTINS
@@ -66,11 +67,12 @@ def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -
 
 
 def snapshot_after_boot(qmp: Path, overlay: Path, agent_channel: Path, snapshot_key: str, guest: str,
-                        drivers: dict[str, str], lab: str = "") -> Snapshot | str:
+                        drivers: dict[str, str], lab: str = "", emulator: str = "unknown") -> Snapshot | str:
     """Take the guest's post-boot snapshot; the snapshot, or why there is none (a warning).
 
     The guest must have booted with a throwaway host key (:func:`boot_with_throwaway`); its
-    public line is recorded (``boot_host_key`` in the snapshot's meta), nothing else of a key.
+    public line is recorded (``boot_host_key`` in the snapshot's meta), nothing else of a key;
+    so is the QEMU that saved it (``emulator``, its version line).
     """
     if not agent.wait_ready(agent_channel, AGENT_WAIT):
         return (f"guest {guest}: no post-boot snapshot (its agent did not answer: the kernel needs "
@@ -85,7 +87,7 @@ def snapshot_after_boot(qmp: Path, overlay: Path, agent_channel: Path, snapshot_
     try:
         snap = snapshots.take(qmp, overlay, snapshot_key, {"lab": lab, "guest": guest, "drivers": drivers,
                                                            "boot_host_key": _boot_public(overlay.parent),
-                                                           "standby_sshd": standby},
+                                                           "standby_sshd": standby, "qemu": emulator},
                               console=overlay.parent / "console.log")
         with contextlib.suppress(OSError):  # older snapshots that stay are only disk space
             snapshots.prune_older(snap, recorded_snapshots())
@@ -327,15 +329,13 @@ def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> 
 
 
 def shared_templates(state: LabState) -> dict[tuple[str, str], Any]:
-    """(guest, host name) -> the shared post-boot state each guest of ``state`` (a libvirt class
-    instance, just up) saved with throwaway keys: what the next instances on its host start from."""
-    if state.backend != "libvirt":
-        return {}
-    from labctl.backends.libvirt import saved
-
+    """(guest, host name) -> the shared post-boot state each guest of ``state`` (a class instance,
+    just up, on a backend that saves states on its hosts) saved with throwaway keys: what the next
+    instances on its host start from (:meth:`labctl.backends.Backend.template_of`)."""
+    backend = get_backend(state.backend)
     out: dict[tuple[str, str], Any] = {}
     for name, rec in state.guests.items():
-        template = saved.template_of(rec, state.lab, state.drivers.get(name, {}))
+        template = backend.template_of(rec, state.lab, state.drivers.get(name, {}))
         if template is not None:
             out[(name, template.host)] = template
     return out

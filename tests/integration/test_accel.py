@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from labctl.backends import accel
+from labctl.backends.accel import choose_accel, probe_kvm
 from labctl.kernel.kernel_store import Kernel
-from labctl.up import accel
-from labctl.up.accel import choose_accel, probe_kvm
 from tests.integration.conftest import pids_matching
 
 

@@ -369,3 +369,78 @@ def test_every_command_that_brings_a_lab_up_goes_through_prepare() -> None:
         calls = front_calls(ROOT / "cli" / name)
         assert "prepare" in calls, f"cli/{name} does not call labctl.pipeline.prepare"
         assert not calls & {"prepare_image", "prepare_kernels", "_kernel_checks"}, f"cli/{name}: {calls}"
+
+
+def defined_names(module: str) -> set[str] | None:
+    """The names a labctl module defines at its top level (None: no such module)."""
+    rel = Path(*module.split("."))
+    for path in ((ROOT.parent / rel).with_suffix(".py"), ROOT.parent / rel / "__init__.py"):
+        if path.is_file():
+            tree = ast.parse(path.read_text(), str(path))
+            names: set[str] = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(node.name)
+                elif isinstance(node, ast.Import | ast.ImportFrom):
+                    names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+                elif isinstance(node, ast.Assign | ast.AnnAssign):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    for t in targets:
+                        names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+            return names
+    return None
+
+
+def test_every_labctl_import_resolves() -> None:
+    """Every ``import labctl.x`` names a module, every ``from labctl.x import y`` a submodule or a name
+    x defines: mypy (``ignore_missing_imports``) does not see a module that moved."""
+    broken = []
+    for src in sources():
+        for imp in src.labctl_imports():
+            if imp.dynamic:
+                continue
+            if imp.names:
+                names = defined_names(imp.target)
+                if names is None:
+                    broken.append(f"{src.rel}:{imp.line}: no module {imp.target}")
+                    continue
+                broken += [f"{src.rel}:{imp.line}: {imp.target} has no {n}" for n in imp.names
+                           if n != "*" and n not in names and defined_names(f"{imp.target}.{n}") is None]
+            elif defined_names(imp.target) is None and not any(
+                    i.names for i in src.imports() if i.line == imp.line):
+                broken.append(f"{src.rel}:{imp.line}: no module {imp.target}")
+    assert not broken, "\n".join(broken)
+
+
+CONCRETE_BACKENDS = ("labctl.backends.qemu", "labctl.backends.libvirt")
+BACKEND_NAMES = ("qemu", "libvirt")
+
+
+def backend_leaks(src: Source) -> list[str]:
+    """Where a module outside labctl.backends imports a concrete backend, or compares a string with a
+    backend's name (what differs between backends is a method of the interface)."""
+    if is_under(src.module, "labctl.backends"):
+        return []
+    found = [f"{src.rel}:{i.line}: imports {i.target}" for i in src.labctl_imports()
+             if any(is_under(i.target, c) for c in CONCRETE_BACKENDS)]
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Compare):
+            values = [node.left, *node.comparators]
+            consts = [v for v in values if isinstance(v, ast.Constant)]
+            consts += [e for v in values if isinstance(v, ast.Tuple | ast.List | ast.Set)
+                       for e in v.elts if isinstance(e, ast.Constant)]
+            if any(c.value in BACKEND_NAMES for c in consts):
+                found.append(f"{src.rel}:{node.lineno}: compares with a backend's name")
+    return found
+
+
+def test_no_backend_is_named_or_imported_outside_backends() -> None:
+    found = [w for src in sources() for w in backend_leaks(src)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("line", ["if state.backend == 'libvirt': pass", "x = b in ('qemu',)",
+                                  "from labctl.backends.libvirt import saved", "import labctl.backends.qemu.argv"])
+def test_a_backend_leak_is_caught(line: str) -> None:
+    src = Source(ROOT / "training" / "planted.py", "labctl.training.planted", ast.parse(line + "\n"))
+    assert backend_leaks(src)

@@ -25,10 +25,10 @@ from labctl.backends import owned
 from labctl.backends.base import GuestPlan
 from labctl.backends.libvirt import api as lvapi
 from labctl.backends.libvirt import host as hostfs
+from labctl.backends.libvirt import host_checks, starter, storage
 from labctl.backends.libvirt import libvirt_backend as lvb
-from labctl.backends.libvirt import storage
 from labctl.backends.libvirt.host import QemuUser
-from labctl.cli.doctor import kvm_access
+from labctl.backends.libvirt.host_checks import kvm_access
 from labctl.errors import HostError, MachineError
 from labctl.image.store import Image
 from labctl.lab import load_lab_text
@@ -80,10 +80,10 @@ class _Conn:
 
 
 def test_host_facts_name_the_host_when_it_has_no_dac_model() -> None:
-    facts = lvb.host_facts(_Conn(CAPS), "qemu:///system")
+    facts = lvapi.host_facts(_Conn(CAPS), "qemu:///system")
     assert facts.user == USER and facts.models == ("none", "dac")
     with pytest.raises(HostError, match="qemu:///system has no DAC security model"):
-        lvb.host_facts(_Conn("<capabilities><host/></capabilities>"), "qemu:///system")
+        lvapi.host_facts(_Conn("<capabilities><host/></capabilities>"), "qemu:///system")
 
 
 def test_places_on_the_host() -> None:
@@ -181,9 +181,9 @@ def _lab_plan(tmp_path: Path, lab: str = "q", guest: str = "a") -> GuestPlan:
 
 
 def test_socket_paths_that_do_not_fit_are_refused(tmp_path: Path) -> None:
-    lvb.check_socket_paths(_lab_plan(tmp_path))
+    lvapi.check_socket_paths(_lab_plan(tmp_path))
     with pytest.raises(MachineError, match="longer than 107 bytes"):
-        lvb.check_socket_paths(_lab_plan(tmp_path, lab="l" * 32, guest="g" * 31))
+        lvapi.check_socket_paths(_lab_plan(tmp_path, lab="l" * 32, guest="g" * 31))
 
 
 def _backend(monkeypatch: pytest.MonkeyPatch, status: int) -> tuple[lvb.LibvirtBackend, list[Any]]:
@@ -195,10 +195,10 @@ def _backend(monkeypatch: pytest.MonkeyPatch, status: int) -> tuple[lvb.LibvirtB
         return (status, "") if "sh" in argv[:1] else (0, "")
 
     journal: list[Path] = []
-    monkeypatch.setattr(lvb, "host_run", fake_run)
+    monkeypatch.setattr(starter, "host_run", fake_run)
     monkeypatch.setattr(lvapi, "host_run", fake_run)  # host_command reaches it there
     backend = lvb.LibvirtBackend()
-    backend._facts["qemu:///system"] = lvb.HostFacts(USER, ("none", "dac"))
+    backend.starter._facts["qemu:///system"] = lvapi.HostFacts(USER, ("none", "dac"))
     return backend, [calls, journal]
 
 
@@ -305,19 +305,17 @@ def test_the_switch_gives_up_root_before_it_binds() -> None:
 def test_doctor_says_whom_qemu_runs_as_and_why_root_is_weaker(monkeypatch: pytest.MonkeyPatch) -> None:
     from contextlib import contextmanager
 
-    from labctl.cli.doctor import check_qemu_user
-
     caps = [CAPS_ROOT]
 
     @contextmanager
     def fake_connection(_uri: str, _host: str | None = None) -> Any:
         yield _Conn(caps[0])
 
-    monkeypatch.setattr(lvapi, "connection", fake_connection)
-    root = check_qemu_user("qemu+ssh://root@lab2/system", "h2")
+    monkeypatch.setattr(host_checks, "connection", fake_connection)
+    root = host_checks.check_qemu_user("qemu+ssh://root@lab2/system", "h2")
     assert (root.name, root.ok, root.warn) == ("host h2: QEMU's user", True, True)
     assert root.detail.startswith("root (uid 0, gid 0): weaker, because a guest that escapes QEMU")
     assert "fix: drop user/group" in root.detail
     caps[0] = CAPS
-    user = check_qemu_user("qemu+ssh://root@lab2/system", "h2")
+    user = host_checks.check_qemu_user("qemu+ssh://root@lab2/system", "h2")
     assert (user.ok, user.warn) == (True, False) and user.detail.startswith("uid 64055, gid 64055, not root")

@@ -180,7 +180,7 @@ def test_awkward_paths_are_escaped_for_xml_and_qemu(tmp_path: Path) -> None:
 def test_backend_is_registered_and_shows_its_xml(tmp_path: Path) -> None:
     backend = get_backend("libvirt")
     assert backend.name == "libvirt"
-    backend._facts[libvirt_uri()] = HostFacts(QEMU_USER, ("none", "dac"))  # type: ignore[attr-defined]
+    backend.starter._facts[libvirt_uri()] = HostFacts(QEMU_USER, ("none", "dac"))  # type: ignore[attr-defined]
     lines = backend.command(_plans(tmp_path)["a"])
     assert "<label>+64055:+107</label>" in "".join(lines)
     assert lines[0].startswith("<domain") and lines[-1] == "</domain>"

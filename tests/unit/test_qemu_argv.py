@@ -8,6 +8,7 @@ import pytest
 
 from labctl.backends.base import GuestPlan
 from labctl.backends.qemu.argv import build_argv, opt
+from labctl.backends.qemu.qemu_backend import QemuBackend
 from labctl.errors import MachineError
 from labctl.image.store import Image
 from labctl.lab import load_lab
@@ -151,7 +152,10 @@ def test_a_restart_keeps_the_command_line_and_toggles_incoming(tmp_path: Path, m
 def test_snapshot_keys_are_shared_by_instances_and_follow_the_lab(tmp_path: Path) -> None:
     import dataclasses
 
-    from labctl.up.snapshots import key
+    from labctl.up.snapshots import key as snapshot_key
+
+    def key(plan: GuestPlan) -> str:
+        return snapshot_key(plan, QemuBackend())
 
     lab = ROOT / "labs" / "quickstart.yaml"
     plan = _plans(tmp_path / "labs" / "quickstart" / "guests", lab)["a"]

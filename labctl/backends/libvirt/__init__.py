@@ -1,6 +1,8 @@
 """The libvirt backend: transient domains on any libvirt URI, on this machine or remote ``qemu+ssh://`` hosts.
 
-:mod:`.libvirt_backend` (the Backend), :mod:`.api` (connections and the mapping of
+:mod:`.libvirt_backend` (the Backend), :mod:`.starter` (a guest started: volumes,
+directory, domain, console relay), :mod:`.host_checks` (what a host needs,
+``labctl doctor``, and its free memory), :mod:`.api` (connections and the mapping of
 libvirt's errors, hosts' facts, commands on hosts), :mod:`.binding` (the
 Python binding, imported on first use), :mod:`.xml` (domain XML, pure
 functions), :mod:`.storage` (the ``labctl`` pool: images, overlays, fw_cfg

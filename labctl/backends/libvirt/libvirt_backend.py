@@ -34,289 +34,95 @@ from pathlib import Path
 from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
-from labctl.backends.base import GuestPlan, GuestRecord, NetDir
-from labctl.backends.libvirt import saved, saveimage, storage
-from labctl.backends.libvirt.binding import binding
-from labctl.backends.libvirt.host import QemuUser
-from labctl.backends.libvirt.saved import attach_console
-from labctl.backends.libvirt.xml import (
-    FW_CFG_NAMES,
-    DomainFiles,
-    disk_volume,
-    domain_name,
-    domain_xml,
-    fw_cfg_volumes,
-    gdb_socket,
-    planned_files,
-)
-from labctl.backends.owned import entries as owned_entries
-from labctl.backends.owned import forget as forget_owned
-from labctl.backends.owned import record as record_owned
-from labctl.errors import HostError, LabctlError, MachineError
-from labctl.lab.hosts import HostPlace, host_place
-from labctl.paths import ensure_private_dir
-from labctl.proc import pid_cmdline
-
-log = logging.getLogger(__name__)
-
+from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir
+from labctl.backends.libvirt import host_checks, saved, storage
 from labctl.backends.libvirt.api import (
     LOG_DIR,
     RELAY,
-    HostFacts,
-    check_socket_paths,
     connection,
     destroy,
     host_command,
-    host_facts,
-    host_run,
     is_ours,
     is_running,
     libvirt_uri,
     log_reason,
     lookup,
-    message,
-    qemu_pid,
     wait_gone,
     where,
 )
+from labctl.backends.libvirt.binding import binding
+from labctl.backends.libvirt.starter import DomainStarter
+from labctl.backends.owned import entries as owned_entries
+from labctl.errors import HostError, LabctlError, MachineError, UsageError
+from labctl.lab.hosts import HostPlace, host_place, place_guests
+from labctl.lab.model import Lab
 from labctl.proc import stop_pid
 
+log = logging.getLogger(__name__)
 
-class LibvirtBackend:
+
+class LibvirtBackend(Backend):
     """Runs guests as transient libvirt domains, on this machine or on remote hosts."""
 
     name = "libvirt"
+    states_on_hosts = True
 
     def __init__(self) -> None:
-        self._images: dict[str, storage.HostImage] = {}  # host URI -> image volumes there
-        self._kernels: dict[tuple[str, Path], storage.HostKernel] = {}  # (host URI, initrd) -> kernel volumes
-        self._facts: dict[str, HostFacts] = {}  # host URI -> QEMU's user and security drivers
+        self.starter = DomainStarter()
 
     def command(self, plan: GuestPlan) -> list[str]:
         """The domain XML, one line per element (QEMU's user is asked from the host once)."""
-        facts = self._host_facts(self._host(plan))
-        return domain_xml(plan, facts.user, facts.models, self._files_preview(plan)).splitlines()
-
-    @staticmethod
-    def _host(plan: GuestPlan) -> HostPlace:
-        return plan.host or host_place("local", libvirt_uri())
-
-    def _host_facts(self, host: HostPlace, conn: Any = None) -> HostFacts:
-        """The host's :class:`HostFacts`, read once per backend.
-
-        :raise HostError: when the host is unreachable or has no DAC model.
-        """
-        if host.uri not in self._facts:
-            if conn is None:
-                with connection(host.uri, host.name) as c:
-                    self._facts[host.uri] = host_facts(c, where(host.uri, host.name))
-            else:
-                self._facts[host.uri] = host_facts(conn, where(host.uri, host.name))
-        return self._facts[host.uri]
-
-    def _files_preview(self, plan: GuestPlan) -> DomainFiles:
-        """The paths the guest will use on its host (this run's image volumes when known)."""
-        files = planned_files(plan)
-        k = self._kernels.get((self._host(plan).uri, plan.initrd))
-        if k is None:
-            return files
-        return DomainFiles(k.boot, k.initrd, files.disk, files.fw_cfg, files.gdb_socket, k.modules)
+        return self.starter.command(plan)
 
     def network_dir(self, run_dir: Path, lab: str, hosts: dict[str, HostPlace] | None) -> NetDir:
-        """The lab's directory on this machine for its unix sockets, owned by QEMU's user (0700).
-
-        Only guests on a local URI use unix sockets; a lab without any gets
-        the run directory's ``net/``, which nothing uses. The directory is
-        journaled in the lab's run directory before it is made, and refused
-        when it exists: it belongs to a lab of that name from another labctl
-        state directory (or was left behind).
-
-        :raise HostError: when it exists, or cannot be made.
-        """
-        local = next((h for h in (hosts or {}).values() if not h.remote), None)
-        if local is None:
-            return NetDir(ensure_private_dir(run_dir / "net"))
-        user = self._host_facts(local).user
-        path = hostfs.lab_net_dir(lab)
-        self._host_dir(run_dir, local, path, user, replace=False)
-        return NetDir(Path(path), (user.uid, user.gid))
+        return self.starter.network_dir(run_dir, lab, hosts)
 
     def prepare(self, plans: list[GuestPlan]) -> list[str]:
-        """Connect to every host once (an unreachable one is named), learn whom QEMU runs
-        as there, and put the image in its pool when it is not there yet.
-
-        Remote hosts come first: a host that cannot be reached is named before
-        anything else is done, and their uploads are the slow part.
-
-        :raise HostError: when a host is unreachable or lacks something.
-        :raise ImageError: when an upload does not verify.
-        """
-        notes: list[str] = []
-        hosts = {self._host(p).uri: (self._host(p), p.image) for p in plans}
-        for uri, (host, image) in sorted(hosts.items(), key=lambda kv: not kv[1][0].remote):
-            with connection(uri, host.name) as conn:
-                self._host_facts(host, conn)
-                self._passable_pool(conn, host)
-                uploaded: list[tuple[str, float]] = []
-                if uri not in self._images:
-                    img = storage.ensure_image(conn, image, local=not host.remote)
-                    self._images[uri] = img
-                    uploaded += img.uploaded
-                for p in plans:
-                    if self._host(p).uri == uri:
-                        uploaded += self._kernel_files(conn, p, host).uploaded
-                notes += [f"uploaded {vol} to pool {storage.POOL} on host {host.name} in {secs:.1f} s "
-                          "(read back, sha256 matches)" for vol, secs in uploaded]
-        return notes
-
-    def _kernel_files(self, conn: Any, plan: GuestPlan, host: HostPlace) -> storage.HostKernel:
-        """The guest's kernel files in the host's pool (placed once per host and initramfs)."""
-        key = (host.uri, plan.initrd)
-        if key not in self._kernels:
-            self._kernels[key] = storage.ensure_kernel(conn, plan.kernel, plan.initrd, local=not host.remote)
-        return self._kernels[key]
-
-    def _passable_pool(self, conn: Any, host: HostPlace) -> None:
-        """The pool, with a directory QEMU's user may pass through (an older labctl made it 0700).
-
-        :raise HostError: when its mode cannot be changed.
-        """
-        pool = storage.ensure_pool(conn)
-        path, mode = storage.pool_target(pool)
-        if not storage.pool_is_passable(mode):
-            host_command(host, ["chmod", f"{storage.POOL_MODE:04o}", "--", path],
-                         f"let QEMU's user reach the volumes of pool {storage.POOL} ({path})")
-            storage.refresh(pool)
+        return self.starter.prepare(plans)
 
     def start(self, plan: GuestPlan) -> GuestRecord:
-        """Volumes and the guest's directory on its host, the domain started paused,
-        the console relay attached, resume.
+        return self.starter.start(plan)
 
-        :raise MachineError: when libvirt refuses the domain or the console.
-        :raise HostError: when the host lacks something.
+    def place(self, lab: Lab, no_verify_host_keys: bool = False) -> dict[str, HostPlace]:
+        """Every guest on the host the lab names (this machine's URI, ``$LABCTL_LIBVIRT_URI``, by default).
+
+        :raise UsageError: when that URI cannot be used.
         """
-        host = self._host(plan)
-        name = domain_name(plan.lab, plan.guest.name)
-        check_socket_paths(plan)
-        lv = binding()
-        with connection(host.uri, host.name) as conn:
-            facts = self._host_facts(host, conn)
-            self._clear_stale(conn, host.uri, name, plan)
-            img = self._images.get(host.uri) or storage.ensure_image(conn, plan.image, local=not host.remote)
-            self._images[host.uri] = img
-            pool = storage.ensure_pool(conn)
-            files = self._volumes(conn, pool, plan, host, img, facts.user)
-            self._host_dir(plan.dir, host, hostfs.guest_run_dir(name), facts.user, replace=True)
-            xml = domain_xml(plan, facts.user, facts.models, files)
-            (plan.dir / "domain.xml").write_text(xml)
-            # A guest of the same machine as the shared state's starts from it; any other boots.
-            started_from = plan.template is not None and saveimage.shape(xml, plan.lab) == plan.template.shape
-            if started_from:
-                dom = self._start_from(conn, plan, host, name, files.disk)
-            else:
-                dom = self._create(conn, plan, host, name, xml, lv.VIR_DOMAIN_START_PAUSED)
-            uuid = dom.UUIDString()
-            relay = self._attach_console(plan, host, uuid)
-            dom.resume()
-        pid = 0 if host.remote else qemu_pid(name)
-        argv = pid_cmdline(pid) if pid else []
-        hop = host.ssh_hop
-        shared = {"saved": [saved.POSTBOOT], "throwaway_state": saved.POSTBOOT,
-                  "started_from": plan.template.ident} if started_from else {}
-        return GuestRecord(name=plan.guest.name, backend=self.name, pid=pid, dir=str(plan.dir),
-                           console=str(plan.console), qmp="", ssh_port=plan.ssh_port, accel=plan.accel,
-                           argv=argv or xml.splitlines(), gdb=files.gdb_socket,
-                           extra={"uri": host.uri, "host": host.name, "domain": name, "uuid": uuid,
-                                  "remote": host.remote, "relay_pid": relay, "qemu_user": facts.user.label,
-                                  "ssh_via": hop.to_dict() if hop else None,
-                                  "volumes": [files.disk, *files.fw_cfg.values()], **shared})
-
-    def _create(self, conn: Any, plan: GuestPlan, host: HostPlace, name: str, xml: str, flags: int) -> Any:
-        """Create the transient domain, journaled first.
-
-        :raise MachineError: when libvirt refuses it.
-        """
-        record_owned(plan.dir, {"backend": self.name, "kind": "domain", "uri": host.uri, "host": host.name,
-                                "name": name, "run_dir": str(plan.dir)})
         try:
-            return conn.createXML(xml, flags)
-        except binding().libvirtError as exc:
-            raise MachineError(f"libvirt ({where(host.uri, host.name)}) could not start guest "
-                               f"{plan.guest.name} as domain {name}: {message(exc)}") from exc
+            return place_guests(lab, libvirt_uri(), no_verify_host_keys)
+        except ValueError as exc:
+            raise UsageError(str(exc), hint="fix $LABCTL_LIBVIRT_URI or the lab's hosts") from exc
 
-    def _start_from(self, conn: Any, plan: GuestPlan, host: HostPlace, name: str, disk: str) -> Any:
-        """The domain restored (paused) from the shared post-boot state ``plan.template``,
-        journaled first.
+    def free_mib(self, host: HostPlace) -> int:
+        return host_checks.free_mib(host)
 
-        :raise MachineError: when libvirt refuses it.
-        """
-        record_owned(plan.dir, {"backend": self.name, "kind": "domain", "uri": host.uri, "host": host.name,
-                                "name": name, "run_dir": str(plan.dir)})
-        return saved.start_from(conn, plan.template, host, plan.dir, plan.guest.name, name, plan.lab,
-                                plan.ssh_port, disk)
+    def host_checks(self) -> list[HostCheck]:
+        return host_checks.host_checks()
 
-    def _volumes(self, conn: Any, pool: Any, plan: GuestPlan, host: HostPlace, img: storage.HostImage,
-                 user: QemuUser) -> DomainFiles:
-        """The guest's overlay and fw_cfg volumes, owned by QEMU's user (0600), each journaled
-        before it is created."""
-        owner = (user.uid, user.gid)
+    def lab_checks(self, lab: Lab) -> list[HostCheck]:
+        return host_checks.lab_checks(lab)
 
-        def make(vol: str, create: Any) -> str:
-            record_owned(plan.dir, {"backend": self.name, "kind": "volume", "uri": host.uri,
-                                    "host": host.name, "pool": storage.POOL, "name": vol})
-            storage.delete_volume(pool, vol)  # a leftover of this very guest (its domain is gone)
-            return str(create(vol).path())
+    def suspend(self, rec: GuestRecord) -> None:
+        saved.suspend(rec)
 
-        disk = make(disk_volume(plan),
-                    lambda v: storage.create_overlay(pool, v, img.rootfs, img.rootfs_size, owner))
-        keys = (plan.boot_authorized_keys, plan.boot_host_key) if plan.boot_keys else (plan.authorized_keys,
-                                                                                      plan.host_key)
-        local = dict(zip(FW_CFG_NAMES, (plan.config, *keys), strict=True))
-        fw_cfg = {entry: make(vol, lambda v, p=local[entry]: storage.upload_bytes(conn, pool, v, p.read_bytes(),
-                                                                                 owner=owner))
-                  for entry, vol in fw_cfg_volumes(plan).items()}
-        k = self._kernel_files(conn, plan, host)
-        return DomainFiles(k.boot, k.initrd, disk, fw_cfg, gdb_socket(plan), k.modules)
+    def resume(self, rec: GuestRecord) -> None:
+        saved.resume(rec)
 
-    def _host_dir(self, journal_dir: Path, host: HostPlace, path: str, user: QemuUser, replace: bool) -> None:
-        """A 0700 directory below ``RUN_ROOT`` on ``host``, owned by QEMU's user, journaled in
-        ``journal_dir`` first. ``replace`` empties a leftover; otherwise one is refused (and
-        taken out of the journal again: it is not ours).
+    def save_state(self, rec: GuestRecord, label: str, resume: bool = True) -> GuestRecord:
+        return saved.save(rec, label, resume)
 
-        :raise HostError: when the host cannot make it, or it exists and may not be replaced.
-        """
-        entry = {"backend": self.name, "kind": "host-dir", "uri": host.uri, "host": host.name, "path": path}
-        record_owned(journal_dir, entry)
-        status, err = host_run(host, hostfs.mkdir_argv(path, user, replace))
-        if status == hostfs.EXISTS_STATUS and not replace:
-            forget_owned(journal_dir, entry)
-            raise HostError(f"{path} already exists on {where(host.uri, host.name)}: a lab of that name "
-                            "runs there from another labctl state directory, or one was left behind",
-                            hint=f"take that lab down where it was started, or remove {path} if nothing uses it")
-        if status != 0:
-            raise HostError(f"could not make {path} for QEMU's user ({user.describe(not host.remote)}) on "
-                            f"{where(host.uri, host.name)}: {err or f'exit status {status}'}")
+    def restore_state(self, rec: GuestRecord, label: str, fresh_console: bool = True,
+                      resume: bool = True) -> GuestRecord:
+        return saved.restore(rec, label, fresh_console, resume)
 
-    def _attach_console(self, plan: GuestPlan, host: HostPlace, uuid: str) -> int:
-        """Start the console relay and wait until it is attached (it then creates ``console.log``).
+    def has_state(self, rec: GuestRecord, label: str) -> bool:
+        return saved.has_state(rec, label)
 
-        :raise MachineError: when the relay exits or does not attach in time.
-        """
-        return attach_console(plan.dir, plan.guest.name, host, uuid, fresh=True)
+    def forget_state(self, rec: GuestRecord, label: str) -> GuestRecord:
+        return saved.forget(rec, label)
 
-    def _clear_stale(self, conn: Any, uri: str, name: str, plan: GuestPlan) -> None:
-        """Destroy a leftover domain of this very guest; refuse one that belongs elsewhere.
-
-        :raise MachineError: when a domain of that name runs from another run directory.
-        """
-        dom = lookup(conn, name)
-        if dom is None:
-            return
-        if not is_ours(dom.XMLDesc(0), plan.dir, plan.console):
-            raise MachineError(f"libvirt ({uri}) already has a domain named {name}, "
-                               "run from another labctl state directory",
-                               hint=f"take it down there, or: virsh -c {uri} destroy {name}")
-        destroy(dom)
+    def template_of(self, rec: GuestRecord, ident: str, drivers: dict[str, str]) -> saved.Template | None:
+        return saved.template_of(rec, ident, drivers)
 
     def alive(self, rec: GuestRecord) -> bool:
         with connection(rec.extra["uri"], rec.extra.get("host")) as conn:

@@ -1,2 +1,3 @@
 """The embedded backend: labctl starts ``qemu-system-x86_64`` itself (:mod:`.qemu_backend`),
-from a command line built by pure functions (:mod:`.argv`)."""
+from a command line built by pure functions (:mod:`.argv`); what it needs on this machine is
+:mod:`.local_checks` (``labctl doctor``)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from labctl.backends.base import MGMT_NET, GuestPlan
+from labctl.backends.base import MGMT_NET, GuestPlan, netdev_id
 from labctl.lab.model import Nic
 from labctl.lab.shares import tag
 from labctl.net.plan import Port, TapDev, UdpAddr
@@ -125,11 +125,6 @@ def _dgram_addr(side: str, addr: object) -> str:
     if isinstance(addr, UdpAddr):
         return f"{side}.type=inet,{side}.host={opt(addr.host)},{side}.port={addr.port}"
     return f"{side}.type=unix,{side}.path={opt(addr)}"
-
-
-def netdev_id(nic: Nic) -> str:
-    """The QEMU id of a lab NIC's netdev (``set_link`` and ``filter-dump`` name it), on either backend."""
-    return f"lab{nic.index}"
 
 
 def lab_nic_args(nic: Nic, port: Port) -> list[str]:

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labctl.backends.base import GuestPlan, GuestRecord, NetDir
+from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir, netdev_id
 from labctl.backends.monitor import qmp_execute
-from labctl.backends.qemu.argv import build_argv, netdev_id, tap_netdev_fds
+from labctl.backends.qemu.argv import build_argv, tap_netdev_fds
+from labctl.backends.qemu.local_checks import host_checks
 from labctl.errors import MachineError, PortTaken
 from labctl.lab.hosts import HostPlace
 from labctl.net.plan import TapDev
@@ -48,10 +49,20 @@ def agent_fifos(channel: Path) -> None:
         os.mkfifo(fifo, 0o600)
 
 
-class QemuBackend:
+class QemuBackend(Backend):
     """Runs guests as local QEMU processes."""
 
     name = "qemu"
+    runs_here = True
+    serves_shares = True
+    tap_networks = True
+    pins_tsc = True
+    post_boot_snapshots = True
+    guest_agent = True
+    shows_argv = True
+
+    def host_checks(self) -> list[HostCheck]:
+        return host_checks()
 
     def command(self, plan: GuestPlan) -> list[str]:
         return build_argv(plan, QEMU)

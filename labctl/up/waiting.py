@@ -1,0 +1,189 @@
+"""Waiting for the guests of one ``up``, side by side: each one's READY line on its console, then SSH
+with the lab's key and its pinned host key; on the way, a booted guest's post-boot snapshot or saved
+state, its keys handed over when it booted with throwaway ones (:mod:`.warm`), a restored guest
+made this lab's. Ctrl-C, SIGTERM or one guest's failure stop every wait at once."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from labctl.backends import POSTBOOT, Backend, GuestRecord
+from labctl.debug.crash import crashed
+from labctl.errors import GuestError, LabctlError, MachineError
+from labctl.events import UpEvents
+from labctl.lab.model import Lab
+from labctl.ssh import Endpoint, Session
+from labctl.state.runstate import LabState
+from labctl.up import agent, snapshots, warm
+from labctl.up.console import FAILED, READY, console_tail, ready_drivers
+from labctl.up.options import UpOptions
+from labctl.up.planner import GuestPlanner
+
+
+def ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:
+    """A session to ``ep``, tried until ``deadline`` (or ``stop``).
+
+    :raise GuestError: when the guest does not answer in time.
+    """
+    while True:
+        try:
+            return Session(ep, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
+        except GuestError:
+            if time.monotonic() > deadline or stop.is_set():
+                raise
+            time.sleep(0.2)
+
+
+class GuestWaiter:
+    """Waits for the started guests of one ``up`` (see the module docstring)."""
+
+    def __init__(self, lab: Lab, opts: UpOptions, backend: Backend, events: UpEvents, planner: GuestPlanner,
+                 records: dict[str, GuestRecord], warn: Callable[[str], None]) -> None:
+        self.lab, self.opts, self.backend, self.events = lab, opts, backend, events
+        self.planner, self.records, self.warn = planner, records, warn
+        self.stop = threading.Event()
+
+    def wait_all(self, state: LabState) -> None:
+        """Wait for every guest in parallel; the first failure is raised once the others stopped."""
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(self.records))
+        try:
+            futures = {pool.submit(self._wait_guest, state, name): name for name in self.records}
+            errors: list[LabctlError] = []
+            for fut in concurrent.futures.as_completed(futures):
+                try:
+                    fut.result()
+                except LabctlError as exc:
+                    errors.append(exc)
+                    self.stop.set()  # one failure fails the up: no need to wait for the others
+            if errors:
+                raise errors[0]
+        finally:
+            self.stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _ready_line(self, name: str, deadline: float) -> bytes | None:
+        """The console's text once the guest's whole READY line is there (None: stopped meanwhile).
+
+        :raise GuestError: when the guest fails to boot or is not ready in time.
+        :raise MachineError: when its machine dies.
+        """
+        rec = self.records[name]
+        console = Path(rec.console)
+        while True:
+            if self.stop.is_set():
+                return None
+            data = console.read_bytes() if console.exists() else b""
+            if READY in data and b"\n" in data[data.index(READY):]:
+                return data  # the whole READY line is there
+            if FAILED in data or crashed(data):
+                self.events.guest_phase(name, "failed")
+                time.sleep(0.5)  # let the rest of the oops reach the log
+                raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
+            if not self.backend.alive(rec):
+                self.events.guest_phase(name, "failed")
+                raise MachineError(f"QEMU of guest {name} died while booting "
+                                   f"({self.backend.exit_reason(rec)}); last console lines:\n"
+                                   f"{console_tail(console)}")
+            if time.monotonic() > deadline:
+                self.events.guest_phase(name, "failed")
+                raise GuestError(f"guest {name} was not ready after {self.opts.boot_timeout:.0f} s; "
+                                 f"last console lines:\n{console_tail(console)}",
+                                 hint="raise --boot-timeout, or check the image with 'labctl image list'")
+            time.sleep(0.05)
+
+    def _wait_guest(self, state: LabState, name: str) -> None:
+        rec = self.records[name]
+        t0 = time.monotonic()
+        deadline = t0 + self.opts.boot_timeout
+        if name in self.planner.warm:
+            self._resume(state, name, t0, deadline)
+            return
+        if rec.extra.get("started_from"):
+            self._resume_shared(state, name, t0, deadline)
+            return
+        data = self._ready_line(name, deadline)
+        if data is None:
+            return
+        self.events.guest_phase(name, "ssh")
+        state.drivers[name] = ready_drivers(data)
+        gdir = Path(rec.dir)
+        throwaway = name in self.planner.throwaway
+        agent_here = self.backend.guest_agent
+        # A guest booted with the throwaway key answers with it (pinned in boot_known_hosts)
+        # until the snapshot is taken and it has its own.
+        ep = warm.boot_endpoint(state.endpoint(name), gdir) if throwaway else state.endpoint(name)
+        setup = self.lab.guests[name].setup
+        # A guest whose boot becomes the snapshot and that has no setup commands is snapshotted
+        # at once: its one SSH handshake is the one with its own key (this saves one under TCG).
+        # A guest without the agent is saved once SSH answers.
+        if not throwaway or setup or not agent_here:
+            with ssh_retry(ep, deadline, self.stop):
+                pass  # the guest answers SSH with the lab's key and pinned host key
+            state.ready_seconds[name] = round(time.monotonic() - t0, 2)
+            warm.run_setup(ep, setup)
+        if self.opts.saved_states and self.backend.states_on_hosts:
+            if throwaway:  # a shared state: its restores' sshd takes its key without starting again
+                why = warm.start_standby(ep)
+                if why:
+                    self.warn(why)
+            self._save_state(state, name)
+        snapped = False
+        snaps = self.planner.snaps
+        if name in snaps and snapshots.find(snaps[name]) is None:
+            got = warm.snapshot_after_boot(Path(rec.qmp), gdir / "disk.qcow2", agent.channel_of(gdir), snaps[name],
+                                           name, state.drivers[name], self.lab.name, self.backend.emulator_version())
+            if isinstance(got, str):
+                self.warn(got)
+            snapped = True
+        if throwaway:
+            # The snapshot (if one was taken) holds the throwaway key only: now the guest's own.
+            # The agent answered (or not) a moment ago when a snapshot was tried.
+            agent_wait = 0.0 if not agent_here else 2.0 if snapped else warm.AGENT_WAIT
+            warm.hand_over_keys(gdir, ep, agent_wait=agent_wait, clock=not agent_here)
+            with ssh_retry(state.endpoint(name), deadline, self.stop):
+                pass  # now with its own pinned host key
+            state.ready_seconds.setdefault(name, round(time.monotonic() - t0, 2))
+        self.events.guest_phase(name, "ready")
+
+    def _save_state(self, state: LabState, name: str) -> None:
+        """The guest's post-boot state, saved on its host for ``reset`` (a failure only warns)."""
+        self.events.guest_phase(name, "saving")
+        try:
+            self.records[name] = self.backend.save_state(self.records[name], POSTBOOT)
+        except LabctlError as exc:
+            self.warn(f"guest {name}: its post-boot state was not saved ({exc.message}); reset will need "
+                      "the lab brought up again")
+            return
+        if name in self.planner.throwaway:  # saved with throwaway keys: shared with the next instances
+            self.records[name].extra["throwaway_state"] = POSTBOOT  # (its clock is set with its keys)
+        else:  # restored at once, with the clock it was saved with
+            warm.set_clock_over_ssh(state.endpoint(name))
+
+    def _resume_shared(self, state: LabState, name: str, t0: float, deadline: float) -> None:
+        """A guest started from a class's shared post-boot state: its own keys and the clock."""
+        rec = self.records[name]
+        self.events.guest_phase(name, "ssh")
+        template = self.opts.templates[(name, str(rec.extra.get("host") or "local"))]
+        state.drivers[name] = dict(template.drivers)
+        warm.hand_over_shared(Path(rec.dir), state.endpoint(name), deadline)
+        with ssh_retry(state.endpoint(name), deadline, self.stop):
+            pass  # now with its own pinned host key
+        state.ready_seconds[name] = round(time.monotonic() - t0, 2)
+        self.events.guest_phase(name, "ready")
+
+    def _resume(self, state: LabState, name: str, t0: float, deadline: float) -> None:
+        """A guest restored from its snapshot: load it, make it this lab's, check SSH."""
+        rec, snap = self.records[name], self.planner.warm[name]
+        gdir = Path(rec.dir)
+        warm.load(Path(rec.qmp), snap.state)
+        self.events.guest_phase(name, "ssh")
+        warm.adopt(gdir)
+        state.drivers[name] = snap.drivers
+        with ssh_retry(state.endpoint(name), deadline, self.stop):
+            pass
+        state.ready_seconds[name] = round(time.monotonic() - t0, 2)
+        self.events.guest_phase(name, "ready")
