@@ -22,25 +22,33 @@ from typing import Any
 
 import pytest
 
-from tests import harness
+from tests import harness, isolation
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 SESSION_STARTED = time.time()
 _BASELINE: list[harness.Baseline] = []
+_ISOLATION: list[isolation.Isolation] = []
 
 
 _KERNELS_BEFORE: set[str] = set()
 
 
 def _prepared_kernels() -> set[str]:
+    """The prepared kernels in the suite's cache (not the locks and work directories beside them)."""
     from labctl.kernel.kernel_store import kernels_root
 
     try:
-        return {d.name for d in kernels_root().iterdir()}
+        return {d.name for d in kernels_root().iterdir() if not d.name.startswith(".")}
     except OSError:
         return set()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before anything reads a labctl directory: the suite's own cache and state (tests/isolation.py)."""
+    if not _ISOLATION:
+        _ISOLATION.append(isolation.isolate())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -51,13 +59,22 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(trylast=True)  # after pytest's own teardown of what is still set up (an interrupted run)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Check that the run left no lab of its own behind (and say which test made what it left);
-    then remove the post-boot snapshots this run of the suite took (about 90 MB per guest each):
-    a machine that runs the suite often would otherwise fill its disk with them. Those that
-    were there before the run stay, and so does any a running QEMU sits on (another run's,
-    or the outer run's when this is a nested one)."""
+    then remove, from the suite's own cache (tests/isolation.py: never the user's), the post-boot
+    snapshots this run took (about 90 MB per guest each) and the kernels it prepared from trees
+    and files (a rebuilt kernel never has the same content twice; Debian's stay for the next run).
+    Those that were there before the run stay, and so does any a running QEMU sits on (a nested
+    run's outer run's)."""
     if _BASELINE:
         _check_leftovers(session, _BASELINE[0])
+    try:
+        _clean_suite_cache(session)
+    finally:
+        for iso in _ISOLATION:
+            isolation.finish(iso)
 
+
+def _clean_suite_cache(session: pytest.Session) -> None:
+    from labctl.kernel.kernel_store import Kernel, kernels_root
     from labctl.up.snapshots import held_open, list_all
 
     if not any("integration" in str(item.path) for item in session.items):
@@ -66,17 +83,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         with contextlib.suppress(OSError):
             if snap.dir.stat().st_mtime >= SESSION_STARTED and not held_open(snap):
                 shutil.rmtree(snap.dir, ignore_errors=True)
-    # Kernels this run prepared (each bisection step's, the test tree's: about 150 MB each, and
-    # a rebuilt kernel never has the same content twice); those there before the run stay.
-    from labctl.kernel.kernel_store import kernels_root
-
     for name in sorted(_prepared_kernels() - _KERNELS_BEFORE):
         path = kernels_root() / name
-        with contextlib.suppress(OSError):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if path.is_symlink() or not path.is_dir():
                 path.unlink()
+            elif Kernel.at(path).source.get("kind") != "debian":
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_leftovers(session: pytest.Session, base: harness.Baseline) -> None:
@@ -190,3 +203,53 @@ def fake_kernel(directory: Path, modules: bool = True) -> Any:
     if modules:
         (directory / "modules.img").write_bytes(b"")
     return Kernel.at(directory)
+
+
+# -- where the time goes: seconds per test file -------------------------------------------------------
+
+#: A test file that takes longer than this says why at its top, in a module-level ``OVER_3_MIN``.
+FILE_BUDGET_S = 180.0
+_FILE_SECONDS: dict[str, float] = {}
+_FILE_TESTS: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    if report.when == "call":
+        _FILE_TESTS[path] = _FILE_TESTS.get(path, 0) + 1
+
+
+def _over_budget_reason(path: str) -> str | None:
+    import ast
+
+    try:
+        tree = ast.parse((ROOT / path).read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OVER_3_MIN" for t in node.targets)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return node.value.value
+    return None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Seconds per test file (setup, call and teardown of its tests; a session fixture counts where
+    it was first set up), slowest first; a file over :data:`FILE_BUDGET_S` without its reason is
+    flagged."""
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    tr = terminalreporter
+    tr.write_sep("=", f"time per test file ({total / 60:.1f} min in {len(_FILE_SECONDS)} files)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        if seconds < 1.0:
+            continue
+        line = f"{seconds:8.1f} s  {_FILE_TESTS.get(path, 0):4d} tests  {path}"
+        if seconds > FILE_BUDGET_S:
+            reason = _over_budget_reason(path)
+            line += f"  -- over {FILE_BUDGET_S / 60:.0f} min: " + (reason or "NO REASON GIVEN (add OVER_3_MIN at its top)")
+            tr.write_line(line, yellow=reason is not None, red=reason is None)
+        else:
+            tr.write_line(line)

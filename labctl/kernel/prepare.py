@@ -374,30 +374,37 @@ class _Preparer:
         for name in self.opts.extra_modules:
             src = modbuild.build_dir(build, name)
             try:
+                # The copies are made under the lock too: another labctl preparing another kernel
+                # of this tree rebuilds in the same directory (kbuild replaces the .ko).
                 with exclusive(src.with_name(src.name + ".lock")):
-                    if not src.is_dir():  # a new tree, or the module's source changed: a fresh build directory
-                        with build_into(src) as work:
-                            shutil.copytree(resource_dir("guest") / "modules" / name, work, dirs_exist_ok=True)
-                    # Not built when nothing the last build read changed; else incremental: kbuild
-                    # recompiles only what changed since the last kernel of this tree. Source paths
-                    # in the debug info read guest/modules/NAME/FILE.c, not the build dir.
-                    if not modbuild.unchanged(src, build):
-                        (src / modbuild.RECORD).unlink(missing_ok=True)
-                        run(["make", "-C", build, f"M={src}",
-                             f"KCFLAGS=-fdebug-prefix-map={src}=guest/modules/{name}", "modules"], timeout=600)
-                        modbuild.record(src, build)
+                    self._build_extra(src, build, name)
+                    self._copy_extra(src, extra)
             except LabctlError as exc:
                 self.notes.append(f"out-of-tree module {name} did not build against {release}: {exc.message}")
+
+    def _build_extra(self, src: Path, build: Path, name: str) -> None:
+        if not src.is_dir():  # a new tree, or the module's source changed: a fresh build directory
+            with build_into(src) as work:
+                shutil.copytree(resource_dir("guest") / "modules" / name, work, dirs_exist_ok=True)
+        # Not built when nothing the last build read changed; else incremental: kbuild
+        # recompiles only what changed since the last kernel of this tree. Source paths
+        # in the debug info read guest/modules/NAME/FILE.c, not the build dir.
+        if not modbuild.unchanged(src, build):
+            (src / modbuild.RECORD).unlink(missing_ok=True)
+            run(["make", "-C", build, f"M={src}",
+                 f"KCFLAGS=-fdebug-prefix-map={src}=guest/modules/{name}", "modules"], timeout=600)
+            modbuild.record(src, build)
+
+    def _copy_extra(self, src: Path, extra: Path) -> None:
+        for ko in src.glob("*.ko"):
+            shutil.copy(ko, extra / ko.name)
+            dbg = self.work / DEBUG_MODULES / "extra"
+            dbg.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ko, dbg / ko.name)  # built with -g: the oops decoder reads it
+        for c in src.glob("*.c"):  # the source, for gdb's list and readers of decoded oopses
+            if c.name.endswith(".mod.c"):  # kbuild's generated module info, not the module's source
                 continue
-            for ko in src.glob("*.ko"):
-                shutil.copy(ko, extra / ko.name)
-                dbg = self.work / DEBUG_MODULES / "extra"
-                dbg.mkdir(parents=True, exist_ok=True)
-                shutil.copy(ko, dbg / ko.name)  # built with -g: the oops decoder reads it
-            for c in src.glob("*.c"):  # the source, for gdb's list and readers of decoded oopses
-                if c.name.endswith(".mod.c"):  # kbuild's generated module info, not the module's source
-                    continue
-                shutil.copy(c, extra / c.name)
+            shutil.copy(c, extra / c.name)
 
     def _modules_disk(self, release: str, mods: Path) -> None:
         run(["depmod", "-b", self.stage, release], timeout=300)

@@ -152,6 +152,26 @@ def test_preparing_a_tree_once_then_from_the_cache(tmp_path: Path, cache: Path) 
     assert [g.dir for g in gone] == [k.dir] and newer.dir.is_dir() and not k.dir.exists()
 
 
+def test_two_processes_preparing_one_kernel_both_get_it(tmp_path: Path, cache: Path) -> None:
+    """Two labctls (a user's up beside a test run, say) preparing the same kernel at once: one
+    prepares it, the other waits for it; both end with the same complete directory."""
+    import subprocess
+    import sys
+
+    tree = fake_tree(tmp_path)
+    code = ("import sys; from labctl.kernel import prepare as p; from labctl.lab import kernels as k; "
+            "print(p.prepare(k.KernelSpec(k.TREE, tree=__import__('pathlib').Path(sys.argv[1])), "
+            "p.Options(initramfs_modules=('virtio_blk',))).dir)")
+    env = {**os.environ, "LABCTL_CACHE_DIR": str(cache)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tree)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    dirs = {out.strip() for out, _ in outs}
+    assert len(dirs) == 1 and (Path(dirs.pop()) / "manifest.json").is_file()
+    assert [d.name for d in (cache / "kernels").iterdir() if d.name.startswith(".new-")] == []
+
+
 def test_initrd_is_the_image_part_then_the_kernel_part(tmp_path: Path, cache: Path) -> None:
     from tests.conftest import fake_kernel
 

@@ -7,6 +7,7 @@ entries written before anything is made, and the switch that gives up root.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -144,6 +145,7 @@ class _Pool:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root-owned image file is linked")
+@pytest.mark.skipif(importlib.util.find_spec("libvirt") is None, reason="libvirt-python is not installed")
 def test_a_local_image_volume_is_a_hard_link_of_a_root_owned_read_only_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     markers: dict[str, bytes] = {}
