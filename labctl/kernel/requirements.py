@@ -65,7 +65,9 @@ from labctl.errors import Problem
 from labctl.lab.model import Lab, Nic
 from labctl.lab.netopts import LinkSpec
 from labctl.lab.nics import NIC_MODELS
-from labctl.lab.steps import Step, TraceSpec, render
+from labctl.lab.steps import Step
+from labctl.lab.templates import render
+from labctl.lab.tracespec import TraceSpec
 from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
 
 __all__ = [

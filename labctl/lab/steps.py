@@ -43,9 +43,7 @@ NIC's address. Unknown names are reported with their line.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +51,11 @@ from typing import Any
 from labctl.lab.checker import Checker, close_match
 from labctl.lab.kselftest import Kselftest
 from labctl.lab.kselftest import parse as parse_kselftest
-from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs, trace_capture
+from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs
 from labctl.lab.specs import GuestSpec
+from labctl.lab.templates import TEMPLATE as _TEMPLATE
+from labctl.lab.templates import render, yaml_bool, yaml_strings
+from labctl.lab.tracespec import TraceParser, TraceSpec
 from labctl.lab.yamlpos import YamlMap
 
 _STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair", "kselftest")
@@ -64,23 +65,10 @@ STEP_MODES = ("line", "into", "instruction")
 _LOCATION = re.compile(r"[A-Za-z0-9_.:*+/-]{1,200}")
 _REGISTER = re.compile(r"[a-z0-9]{2,8}")
 _RUN_KEYS = ("guest", "command", "background", "timeout", "ready_after")
-_TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "skb_latency", "stats", "capture")
-_SKB_LATENCY_KEYS = ("buffer_kb",)
-_PERF_RECORD_KEYS = ("events", "call_graph", "frequency", "target")
-_PERF_STAT_KEYS = ("events",)
-_FTRACE_KEYS = ("events", "tracer", "functions", "filter", "buffer_kb")
-_MPSTAT_KEYS = ("interval",)
 _STEP_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
 _VAR = re.compile(r"[a-z_][a-z0-9_]{0,31}")
-_EVENT = re.compile(r"[A-Za-z0-9_:.*/=,{}-]{1,128}")
-_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
-_TEMPLATE = re.compile(r"\{\{\s*([A-Za-z0-9_.-]+)\s*\}\}")
-# An ftrace filter expression (trace-cmd -f): fields, numbers, strings, comparisons, && || ( ).
-_FILTER = re.compile(r"[A-Za-z0-9_ .:<>=!&|()'\"*~/-]{1,512}")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-TRACERS = ("function", "function_graph", "nop")
-TARGETS = ("system", "command")
 
 
 @dataclass(frozen=True)
@@ -91,42 +79,6 @@ class RunSpec:
     timeout: float
     ready_after: float
     line: int
-
-
-@dataclass(frozen=True)
-class PerfRecord:
-    events: tuple[str, ...] = ("cpu-clock",)
-    call_graph: bool = False
-    frequency: int | None = None
-    target: str = "system"
-
-
-@dataclass(frozen=True)
-class Ftrace:
-    events: tuple[str, ...] = ()
-    tracer: str | None = None
-    functions: tuple[str, ...] = ()
-    filter: str | None = None
-    buffer_kb: int | None = None
-
-
-@dataclass(frozen=True)
-class SkbLatency:
-    buffer_kb: int | None = None  # trace-cmd's per-CPU buffer (default skbprobes.DEFAULT_BUFFER_KB)
-
-
-@dataclass(frozen=True)
-class TraceSpec:
-    """What to trace on one guest during a step."""
-
-    perf_record: PerfRecord | None = None
-    perf_stat: tuple[str, ...] | None = None
-    ftrace: Ftrace | None = None
-    kprobes: tuple[str, ...] = ()
-    mpstat: float | None = None  # sampling interval in seconds
-    stats: bool = True
-    skb_latency: SkbLatency | None = None
-    capture: tuple[str, ...] = ()  # NIC names whose traffic goes into the bundle as pcapng
 
 
 @dataclass(frozen=True)
@@ -170,44 +122,6 @@ def check_location(value: str) -> str:
     if not _LOCATION.fullmatch(value):
         raise ValueError(f"invalid breakpoint location '{value}' (a function, FILE:LINE or *ADDR)")
     return value
-
-
-def check_filter(value: str) -> str:
-    """An ftrace filter expression as filled in, checked.
-
-    :raise ValueError: for characters a filter never needs (control characters, ``;``, ``$``, backquotes...).
-    """
-    if not _FILTER.fullmatch(value):
-        raise ValueError(f"invalid ftrace filter '{value}' (fields, values, comparisons, && || and parentheses)")
-    return value
-
-
-def render_trace(spec: TraceSpec, row: dict[str, str], addresses: dict[str, str]) -> TraceSpec:
-    """``spec`` with its templates (the ftrace filter) filled in from ``row``, checked again.
-
-    :raise ValueError: when a filled-in value is not allowed.
-    """
-    if spec.ftrace is None or spec.ftrace.filter is None:
-        return spec
-    filt = check_filter(render(spec.ftrace.filter, row, addresses, quote=False))
-    return dataclasses.replace(spec, ftrace=dataclasses.replace(spec.ftrace, filter=filt))
-
-
-def render(template: str, row: dict[str, str], addresses: dict[str, str], quote: bool) -> str:
-    """Replace ``{{var}}`` from the matrix row and ``{{g.nic.ip}}`` from addresses.
-
-    Unknown names are left as they are (validation reported them already).
-    Values are shell-quoted when ``quote`` (commands).
-    """
-
-    def sub(m: re.Match[str]) -> str:
-        key = m.group(1)
-        value = row.get(key, addresses.get(key))
-        if value is None:
-            return m.group(0)
-        return shlex.quote(value) if quote else value
-
-    return _TEMPLATE.sub(sub, template)
 
 
 @dataclass
@@ -259,7 +173,9 @@ class StepParser:
             self._check_nic(nic, matrix, m.value_line("nic"), f"{path}.nic")
         repeat = c.integer(m, "repeat", path, (1, MAX_REPEAT))
         run = self._runs(m, path, known, matrix)
-        trace = self._traces(m, path, known, matrix)
+        trace = TraceParser(self.check, self.guests, lambda text, line, where: self._templates(text, known, line, where),
+                            lambda text, check, line, where: self._each_row(text, matrix, check, line, where)
+                            ).parse(m, path)
         gdb = self._gdb(m, path, known, matrix)
         impair = step_impairs(c, m, path, lambda text, line, where: self._templates(text, known, line, where),
                               lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
@@ -319,7 +235,7 @@ class StepParser:
         mode = c.string(g, "step_mode", gpath) or "line"
         if mode not in STEP_MODES:
             c.add(g.value_line("step_mode"), f"{gpath}.step_mode", f"step_mode must be one of {', '.join(STEP_MODES)}")
-        regs = self._strings(g, "registers", gpath, _REGISTER, "register") or ("rip", "rsp", "rdi", "rsi")
+        regs = yaml_strings(self.check, g, "registers", gpath, _REGISTER, "register") or ("rip", "rsp", "rdi", "rsi")
         hits = c.integer(g, "hits", gpath, (1, 1000))
         step = c.integer(g, "step", gpath, (0, 1000))
         bt = c.integer(g, "backtrace", gpath, (0, 100))
@@ -401,7 +317,7 @@ class StepParser:
             command = c.string(r, "command", rpath, required=True)
             if command is not None:
                 self._templates(command, known, r.value_line("command"), f"{rpath}.command")
-            background = self._bool(r, "background", rpath, False)
+            background = yaml_bool(self.check, r, "background", rpath, False)
             timeout = c.integer(r, "timeout", rpath, (1, 86400), " s")
             ready = c.integer(r, "ready_after", rpath, (0, 600), " s")
             if guest and command is not None:
@@ -415,103 +331,3 @@ class StepParser:
             self.check.add(m.value_line(key), f"{path}.{key}", f"unknown guest '{name}'{close_match(name, self.guests)}")
             return None
         return name
-
-    def _bool(self, m: YamlMap, key: str, path: str, default: bool) -> bool:
-        value = m.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            self.check.add(m.value_line(key), f"{path}.{key}", "expected true or false")
-            return default
-        return value
-
-    def _strings(self, m: YamlMap, key: str, path: str, pattern: re.Pattern[str], what: str) -> tuple[str, ...]:
-        value = m.get(key)
-        items = [value] if isinstance(value, str) else value if isinstance(value, list) else None
-        if value is None:
-            return ()
-        if items is None or not all(isinstance(v, str) for v in items):
-            self.check.add(m.value_line(key), f"{path}.{key}", "expected a list of strings")
-            return ()
-        bad = [v for v in items if not pattern.fullmatch(v)]
-        for v in bad:
-            self.check.add(m.value_line(key), f"{path}.{key}", f"invalid {what} '{v}'")
-        return tuple(v for v in items if v not in bad)
-
-    def _traces(self, m: YamlMap, path: str, known: set[str], matrix: tuple[dict[str, str], ...]) -> dict[str, TraceSpec]:
-        c = self.check
-        if "trace" not in m:
-            return {}
-        tm = c.mapping(m["trace"], m.value_line("trace"), f"{path}.trace")
-        out: dict[str, TraceSpec] = {}
-        if tm is None:
-            return out
-        for guest in tm:
-            gpath = f"{path}.trace.{guest}"
-            if guest not in self.guests:
-                c.add(tm.key_line(guest), gpath, f"unknown guest '{guest}'{close_match(str(guest), self.guests)}")
-                continue
-            body = c.mapping(tm[guest], tm.value_line(guest), gpath)
-            if body is not None:
-                out[str(guest)] = self._trace(body, gpath, known, matrix, self.guests[str(guest)])
-        return out
-
-    def _section(self, body: YamlMap, key: str, path: str, keys: tuple[str, ...]) -> YamlMap | None:
-        """A tracer section: ``true``/``{}`` -> defaults, ``false``/absent -> None."""
-        value = body.get(key)
-        if value is None or value is False:
-            return None
-        if value is True:
-            return YamlMap(body.value_line(key))
-        sec = self.check.mapping(value, body.value_line(key), f"{path}.{key}")
-        if sec is not None:
-            self.check.keys(sec, f"{path}.{key}", keys)
-        return sec
-
-    def _trace(self, body: YamlMap, path: str, known: set[str], matrix: tuple[dict[str, str], ...],
-               guest: GuestSpec) -> TraceSpec:
-        c = self.check
-        c.keys(body, path, _TRACE_KEYS)
-        pr = self._section(body, "perf_record", path, _PERF_RECORD_KEYS)
-        perf_record = None
-        if pr is not None:
-            ppath = f"{path}.perf_record"
-            events = self._strings(pr, "events", ppath, _EVENT, "perf event") or ("cpu-clock",)
-            target = c.string(pr, "target", ppath) or "system"
-            if target not in TARGETS:
-                c.add(pr.value_line("target"), f"{ppath}.target", f"target must be one of {', '.join(TARGETS)}")
-            perf_record = PerfRecord(events, self._bool(pr, "call_graph", ppath, False),
-                                     c.integer(pr, "frequency", ppath, (1, 100000)), target)
-        ps = self._section(body, "perf_stat", path, _PERF_STAT_KEYS)
-        perf_stat = None
-        if ps is not None:
-            perf_stat = self._strings(ps, "events", f"{path}.perf_stat", _EVENT, "perf event") or (
-                "cpu-clock", "context-switches", "irq:softirq_entry")
-        ft = self._section(body, "ftrace", path, _FTRACE_KEYS)
-        ftrace = None
-        if ft is not None:
-            fpath = f"{path}.ftrace"
-            tracer = c.string(ft, "tracer", fpath)
-            if tracer is not None and tracer not in TRACERS:
-                c.add(ft.value_line("tracer"), f"{fpath}.tracer", f"tracer must be one of {', '.join(TRACERS)}")
-            filt = c.string(ft, "filter", fpath)
-            if filt is not None:
-                self._templates(filt, known, ft.value_line("filter"), f"{fpath}.filter")
-                if not self._each_row(filt, matrix, check_filter, ft.value_line("filter"), f"{fpath}.filter"):
-                    filt = None
-            ftrace = Ftrace(self._strings(ft, "events", fpath, _EVENT, "trace event"), tracer,
-                            self._strings(ft, "functions", fpath, _SYMBOL, "function"), filt,
-                            c.integer(ft, "buffer_kb", fpath, (64, 1048576)))
-            if not ftrace.events and not ftrace.tracer:
-                c.add(ft.line, fpath, "ftrace needs events or a tracer")
-        mp = self._section(body, "mpstat", path, _MPSTAT_KEYS)
-        mpstat = None if mp is None else float(c.integer(mp, "interval", f"{path}.mpstat", (1, 60)) or 1)
-        sl = self._section(body, "skb_latency", path, _SKB_LATENCY_KEYS)
-        skb = None
-        if sl is not None:
-            skb = SkbLatency(c.integer(sl, "buffer_kb", f"{path}.skb_latency", (64, 1048576)))
-            if ftrace is not None:
-                c.add(body.key_line("skb_latency"), f"{path}.skb_latency",
-                      "skb_latency records with ftrace itself: trace ftrace events in another step")
-        return TraceSpec(perf_record, perf_stat, ftrace, self._strings(body, "kprobes", path, _SYMBOL, "function"),
-                         mpstat, self._bool(body, "stats", path, True), skb, trace_capture(c, body, path, guest))

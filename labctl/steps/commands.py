@@ -14,7 +14,8 @@ import time
 
 from labctl.errors import GuestError, LabctlError
 from labctl.lab.netopts import LinkSpec
-from labctl.lab.steps import RunSpec, Step, render
+from labctl.lab.steps import RunSpec, Step
+from labctl.lab.templates import render
 from labctl.steps import tracers as tr
 from labctl.steps.netstep import NetworkKind, link_guest
 from labctl.steps.result import CommandRecord

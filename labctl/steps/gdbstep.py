@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from labctl.debug.gdb import GdbSpec, Transcript, gdb_target, guest_module_commands, run_breakpoint_session
 from labctl.errors import LabctlError, UsageError
-from labctl.lab.steps import GdbStep, Step, check_location, render
+from labctl.lab.steps import GdbStep, Step, check_location
+from labctl.lab.templates import render
 from labctl.steps.result import GdbRecord
 from labctl.steps.variant import StepKind, Variant
 

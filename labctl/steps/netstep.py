@@ -21,7 +21,8 @@ from labctl.errors import LabctlError
 from labctl.lab.impair import Impairment
 from labctl.lab.model import Lab
 from labctl.lab.netopts import LinkSpec, render_impairment
-from labctl.lab.steps import Step, render
+from labctl.lab.steps import Step
+from labctl.lab.templates import render
 from labctl.live import capture, netctl
 from labctl.state import netstate
 from labctl.steps.result import CaptureRecord, NetworkRecord, StepResult

@@ -20,7 +20,9 @@ from labctl.backends.base import Backend
 from labctl.bundle.layout import step_dir
 from labctl.errors import LabctlError
 from labctl.lab.model import Lab
-from labctl.lab.steps import Step, render, render_trace
+from labctl.lab.steps import Step
+from labctl.lab.templates import render
+from labctl.lab.tracespec import render_trace
 from labctl.ssh import Session
 from labctl.state.runstate import LabState
 from labctl.steps.hostwatch import Window

@@ -14,7 +14,8 @@ import time
 
 from labctl.errors import GuestError, LabctlError, TraceError
 from labctl.lab.model import Lab
-from labctl.lab.steps import Step, TraceSpec
+from labctl.lab.steps import Step
+from labctl.lab.tracespec import TraceSpec
 from labctl.steps import skbprobes
 from labctl.steps import tracers as tr
 from labctl.steps.variant import StepKind, Variant

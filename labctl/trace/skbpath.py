@@ -30,6 +30,7 @@ disturbed and clears the state, so no packet is stitched across a gap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from labctl.trace.skbevents import Event, TraceLog
@@ -133,7 +134,9 @@ class Correlation:
     orphan_events: dict[str, int] = field(default_factory=dict)  # events for no known packet
 
 
-class _Follower:
+class _State:
+    """What following packets keeps between events, and what receive and transmit share."""
+
     def __init__(self) -> None:
         self.out = Correlation()
         self.rx_live: dict[int, Packet] = {}
@@ -189,7 +192,10 @@ class _Follower:
         self.tx_pending.clear()
         self.gso.clear()
 
-    # -- receive -----------------------------------------------------------
+
+class _Receive(_State):
+    """Received packets, from the driver to the application."""
+
     def rx_start(self, ev: Event) -> None:
         addr = ev.addr("skbaddr")
         if addr is None:
@@ -317,7 +323,10 @@ class _Follower:
         dst.appended.extend(src.appended)  # a backlog skb carries what was appended to it
         del self.rx_live[frm]
 
-    # -- transmit ----------------------------------------------------------
+
+class _Transmit(_State):
+    """Transmitted packets, from the application's write to the driver."""
+
     def sendmsg(self, ev: Event) -> None:
         sk, start, size = ev.addr("sk"), ev.int("wseq"), ev.int("size")
         if sk is None or start is None or size is None:
@@ -388,7 +397,11 @@ class _Follower:
         if point == "xmit":
             del self.tx_live[p.addr]
 
-    # -- context for the timeline ------------------------------------------
+
+class _Follower(_Receive, _Transmit):
+    """Follows every packet of a recording (the handlers of :data:`_HANDLERS`), with the context
+    of the timeline and the frees that end a packet."""
+
     def context(self, ev: Event) -> None:
         if ev.name == "irq_handler_entry":
             self.irq[ev.cpu] = ev.ts
@@ -417,7 +430,7 @@ def _done(p: Packet) -> bool:
     return all(p.point(x) is not None for x in points)
 
 
-_HANDLERS = {
+_HANDLERS: dict[str, Callable[[_Follower, Event], None]] = {
     "netif_receive_skb": _Follower.netif,
     "napi_gro_receive_exit": _Follower.gro_exit,
     "ip_rcv_core": _Follower.ip,

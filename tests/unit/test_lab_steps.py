@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from labctl.lab import load_lab
-from labctl.lab.steps import render
+from labctl.lab.templates import render
 from labctl.steps import tracers as tr
 
 ROOT = Path(__file__).resolve().parents[2]
