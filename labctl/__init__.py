@@ -1,3 +1,18 @@
-"""labctl: reproducible kernel-network debugging labs on QEMU guests."""
+"""labctl: reproducible kernel-network debugging labs on QEMU guests.
+
+The pipeline, one package per stage, each importing the others through their faces (their
+``__init__``'s ``__all__``): lab files (:mod:`labctl.lab`), guest images (:mod:`labctl.image`),
+guest kernels (:mod:`labctl.kernel`), backends (:mod:`labctl.backends`), networks
+(:mod:`labctl.net`), bringing a lab up and down (:mod:`labctl.up`), a lab's state on disk
+(:mod:`labctl.state`), a running lab's links and captures (:mod:`labctl.live`), graded checks
+(:mod:`labctl.grading`), courses (:mod:`labctl.training`), steps (:mod:`labctl.steps`), the
+analysis of their files (:mod:`labctl.trace`), the bundle (:mod:`labctl.bundle`), the report
+(:mod:`labctl.report`), kernel debugging (:mod:`labctl.debug`), bisecting a kernel
+(:mod:`labctl.bisect`), the browser (:mod:`labctl.web`) and the command line (:mod:`labctl.cli`).
+:mod:`labctl.pipeline` chains the stages. Beside them: every exception (:mod:`labctl.errors`),
+the one way to run a host process (:mod:`labctl.proc`), SSH (:mod:`labctl.ssh`), how the
+library reports progress (:mod:`labctl.events`), paths and safe files (:mod:`labctl.paths`),
+guest text shown safely (:mod:`labctl.textsafe`).
+"""
 
 __version__ = "0.1.0"

@@ -1,3 +1,3 @@
-from labctl.cli.main import main
+from labctl.cli import main
 
-raise SystemExit(main())
+raise SystemExit(main.main())

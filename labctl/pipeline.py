@@ -20,20 +20,14 @@ from pathlib import Path
 
 from labctl.bundle import write
 from labctl.events import PrepareEvents, UpEvents
-from labctl.image.build import build_image
-from labctl.image.recipe import load_recipe
-from labctl.image.store import Image, ImageStore
+from labctl.image import Image, ImageStore, build_image, load_recipe
+from labctl.kernel import Kernel
 from labctl.kernel import lab as kernel_lab
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab.model import Lab
-from labctl.report import render_run
-from labctl.report.summary import summarize, write_summary
-from labctl.state.runstate import LabState, lab_lock
-from labctl.steps.result import StepResult
-from labctl.steps.runner import Runner, StepEvents, now
-from labctl.up.capacity import Estimate, check_capacity
-from labctl.up.lifecycle import UpOptions, up
-from labctl.up.teardown import down
+from labctl.lab import Lab
+from labctl.report import render_run, summarize, write_summary
+from labctl.state import LabState, lab_lock
+from labctl.steps import Runner, StepEvents, StepResult, now
+from labctl.up import Estimate, UpOptions, check_capacity, down, up
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Self
 import paramiko
 
 from labctl.errors import GuestError
-from labctl.lab.uri import SshHop
+from labctl.lab import SshHop
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli
 
 from __future__ import annotations
 
+from labctl.backends import owned
 from labctl.backends.accel import AccelChoice, choose_accel, kvm_usable, probe_kvm
 from labctl.backends.base import (
     MGMT_ADDR,
@@ -28,8 +29,19 @@ from labctl.backends.base import (
     NetDir,
     netdev_id,
 )
+from labctl.backends.monitor import (
+    BackendMonitor,
+    Monitor,
+    SocketMonitor,
+    as_monitor,
+    ensure_resumed,
+    load_state,
+    qmp_execute,
+    qmp_running,
+    save_state,
+)
 from labctl.errors import UsageError
-from labctl.lab.validate import BACKENDS as LAB_BACKENDS
+from labctl.lab import BACKENDS as LAB_BACKENDS
 
 __all__ = [
     "BACKENDS",
@@ -38,15 +50,25 @@ __all__ = [
     "POSTBOOT",
     "AccelChoice",
     "Backend",
+    "BackendMonitor",
     "GuestPlan",
     "GuestRecord",
     "HostCheck",
+    "Monitor",
     "NetDir",
+    "SocketMonitor",
+    "as_monitor",
     "choose_accel",
+    "ensure_resumed",
     "get_backend",
     "kvm_usable",
+    "load_state",
     "netdev_id",
+    "owned",
     "probe_kvm",
+    "qmp_execute",
+    "qmp_running",
+    "save_state",
 ]
 
 BACKENDS = LAB_BACKENDS  # what a lab file's backend: may say (labctl.lab), each mapped here

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from labctl.errors import UsageError
-from labctl.image.store import Image
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab.hosts import HostPlace
-from labctl.lab.model import Guest, Lab, Nic
-from labctl.net.plan import Port
+from labctl.image import Image
+from labctl.kernel import Kernel
+from labctl.lab import Guest, HostPlace, Lab, Nic
+from labctl.net import Port
 
 MGMT_NET = "10.0.2.0/24"
 MGMT_ADDR = "10.0.2.15/24"

@@ -11,3 +11,22 @@ file that makes a bisection resumable (:mod:`.state`), the loop itself
 
 Imports never: labctl.cli
 """
+
+from __future__ import annotations
+
+from labctl.bisect import oracle, report, search, worktree
+from labctl.bisect.engine import Bisector, on_tree, tree_guests
+from labctl.bisect.state import State, load, save
+
+__all__ = [
+    "Bisector",
+    "State",
+    "load",
+    "on_tree",
+    "oracle",
+    "report",
+    "save",
+    "search",
+    "tree_guests",
+    "worktree",
+]

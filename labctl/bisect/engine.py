@@ -20,23 +20,20 @@ from labctl.bisect import oracle as orc
 from labctl.bisect import report, search
 from labctl.bisect.state import SKIP, State, Step, save
 from labctl.bisect.worktree import BuildCache, Worktree, config_hash
-from labctl.bundle.layout import CONSOLE, GUESTS, SUMMARY
-from labctl.debug.oops import make_title, parse_oopses
+from labctl.bundle import CONSOLE, GUESTS, SUMMARY
+from labctl.debug import make_title, parse_oopses
 from labctl.errors import LabctlError
 from labctl.events import NullReporter
 from labctl.grading import checks_of, run_checks
-from labctl.image.recipe import Recipe
-from labctl.image.store import Image
+from labctl.image import Image, Recipe
+from labctl.kernel import Kernel
 from labctl.kernel import lab as kernel_lab
 from labctl.kernel import prepare as prep
-from labctl.kernel.kernel_store import Kernel
+from labctl.lab import Check, KernelSpec, Lab
 from labctl.lab import kernels as lab_kernels
-from labctl.lab.kernels import KernelSpec
-from labctl.lab.model import Check, Lab
 from labctl.pipeline import Prepared, run_lab
-from labctl.state.runstate import LabState, up_labs
-from labctl.up.lifecycle import UpOptions
-from labctl.up.teardown import down
+from labctl.state import LabState, up_labs
+from labctl.up import UpOptions, down
 
 STEPS_DIR = "steps"
 REFERENCE_DIR = "reference"

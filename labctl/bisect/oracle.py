@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
 from labctl.bisect.state import NEW, OLD
-from labctl.bundle.figures import BEYOND as BEYOND_NOISE
-from labctl.bundle.figures import repeat_key, run_steps, spread, verdict
+from labctl.bundle import BEYOND as BEYOND_NOISE
+from labctl.bundle import repeat_key, run_steps, spread, verdict
 from labctl.errors import UsageError
 from labctl.grading import CheckRecord
-from labctl.report.registry import step_metrics
+from labctl.report import step_metrics
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
 KINDS = ("check", "step", "panic", "command", "figure")

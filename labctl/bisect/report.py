@@ -21,11 +21,10 @@ from typing import Any
 from labctl.bisect import oracle as orc
 from labctl.bisect import search
 from labctl.bisect.state import NEW, OLD, State, Step
-from labctl.bundle.read import load_run
+from labctl.bundle import load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
-from labctl.report.comparison import compare_blocks, compare_runs
-from labctl.report.html import to_html
+from labctl.report import compare_blocks, compare_runs, to_html
 
 SUMMARY = "summary.json"
 REPORT_MD = "report.md"

@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from labctl import __version__
-from labctl.backends import get_backend
-from labctl.backends.base import Backend
+from labctl.backends import Backend, get_backend
 from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, OOPS_JSON, OOPS_TXT, guest_dir
 from labctl.errors import LabctlError, UsageError
-from labctl.image.store import MANIFEST as IMAGE_MANIFEST
-from labctl.lab.model import Lab
+from labctl.image import MANIFEST as IMAGE_MANIFEST
+from labctl.lab import Lab
 from labctl.paths import atomic_write, checked_dir
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +131,7 @@ def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> dict[str, list[str]]
 
     Returns guest -> titles of the oopses found on its console.
     """
-    from labctl.debug.crash import decode_console
+    from labctl.debug import decode_console
 
     (bundle / LAB_FILE).write_text(lab.text)
     crashes: dict[str, list[str]] = {}

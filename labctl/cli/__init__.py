@@ -1,5 +1,21 @@
-"""The command line: one thin module per command (argument parsing, output with
-rich, ``--json``), the one place that prints, and :mod:`.main`, the one
-place that turns labctl's errors into messages and exit codes. Everything
-else is the library's; nothing in the library imports the CLI.
+"""The command line: one thin module per command (argument parsing, output with rich, ``--json``),
+the one place that prints (:mod:`.ui`, :mod:`.junit_out` for ``--junit``), and :mod:`.main`, the
+one place that turns labctl's errors into messages and exit codes. Everything else is the
+library's; nothing in the library imports the CLI.
+
+Commands: :mod:`.validate_cmd` (validate), :mod:`.lifecycle_cmds` (up, down, status, ...),
+:mod:`.run_cmd` (run), :mod:`.report_cmds` (report, archive), :mod:`.compare_cmd` (compare),
+:mod:`.bisect_cmd` (bisect), :mod:`.oops_cmd` (oops), :mod:`.gdb_cmd` (gdb), :mod:`.doctor`
+(doctor), :mod:`.ssh_cmd` (ssh), :mod:`.exec_cmd` (exec), :mod:`.cp_cmd` (cp), :mod:`.check_cmd`
+(check), :mod:`.class_cmd` (class), :mod:`.capture_cmd` (capture), :mod:`.impair_cmd` (impair),
+:mod:`.link_cmd` (link), :mod:`.graph_cmd` (graph), :mod:`.images` (image), :mod:`.kernel_cmd`
+(kernel), :mod:`.restore_cmds` (reset, checkpoint), :mod:`.serve_cmd` (serve).
 """
+
+from __future__ import annotations
+
+from labctl.cli import main
+
+__all__ = [
+    "main",
+]

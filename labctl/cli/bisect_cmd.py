@@ -14,18 +14,16 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from labctl.bisect import Bisector, State, load, on_tree, report, save, search, tree_guests
 from labctl.bisect import oracle as orc
-from labctl.bisect import report, search
 from labctl.bisect import worktree as bbuild
-from labctl.bisect.engine import Bisector, on_tree, tree_guests
-from labctl.bisect.state import State, load, save
 from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import PrepareDisplay, console, out, print_json
 from labctl.errors import UsageError
-from labctl.image.recipe import load_recipe
+from labctl.image import load_recipe
 from labctl.paths import atomic_write, cache_dir
 from labctl.pipeline import prepare
-from labctl.up.lifecycle import UpOptions
+from labctl.up import UpOptions
 
 EXIT_UNRESOLVED = 6  # only skipped commits are left: the answer is one of several
 

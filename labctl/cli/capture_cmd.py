@@ -24,9 +24,9 @@ from labctl.backends import get_backend
 from labctl.cli.ui import console, warn
 from labctl.errors import LabctlError, UsageError
 from labctl.live import capture, netctl
-from labctl.net.pcap import FORMATS, Frame, summary_line
+from labctl.net import FORMATS, Frame, summary_line
 from labctl.paths import create_new
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -13,8 +13,8 @@ from labctl.cli import junit_out
 from labctl.cli.ui import out, print_json, safe
 from labctl.errors import EXIT_CHECKS_FAILED, UsageError
 from labctl.grading import PASS, CheckResult, checks_of, run_checks, summary
-from labctl.state.runstate import LabState, check_lab_name
-from labctl.training.handout import check_alias_prefix, ssh_config
+from labctl.state import LabState, check_lab_name
+from labctl.training import check_alias_prefix, ssh_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

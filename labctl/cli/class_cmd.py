@@ -15,26 +15,25 @@ from labctl.cli.ui import ClassUpDisplay, PrepareDisplay, console, out, print_js
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
 from labctl.grading import run_checks, summary
 from labctl.pipeline import prepare
-from labctl.state.runstate import LabState
-from labctl.training.classroom import (
+from labctl.state import LabState
+from labctl.training import (
     DOWN,
     UP,
     ClassRecord,
+    bring_up,
+    check_handout_dirs,
     check_student,
     find_class,
     for_students,
     is_up,
+    place,
     read_roster,
     refuse_up_instances,
+    reset,
     student_status,
 )
-from labctl.training.handout import check_handout_dirs
-from labctl.training.placement import place
-from labctl.training.reset import reset
-from labctl.training.roomup import bring_up
-from labctl.up.lifecycle import UpOptions
-from labctl.up.teardown import down
-from labctl.web.access import revoke as revoke_web_tokens
+from labctl.up import UpOptions, down
+from labctl.web import revoke as revoke_web_tokens
 
 STATE_STYLE = {UP: "green", DOWN: "dim", "starting": "yellow"}
 

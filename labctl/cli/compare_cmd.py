@@ -9,21 +9,11 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from labctl.bundle.figures import BEYOND
-from labctl.bundle.read import load_run
+from labctl.bundle import BEYOND, load_run
 from labctl.cli.ui import out, print_json
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
-from labctl.report.comparison import (
-    GROUPS,
-    compare_blocks,
-    compare_runs,
-    fmt_change,
-    fmt_side,
-    group_of,
-    judgement,
-)
-from labctl.report.html import to_html
+from labctl.report import GROUPS, compare_blocks, compare_runs, fmt_change, fmt_side, group_of, judgement, to_html
 
 QUIET = ("snmp.", "tracepoints.")
 STYLES = {"good": "green", "bad": "bold red", "b": "bold", "muted": "dim"}

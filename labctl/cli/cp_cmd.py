@@ -17,7 +17,7 @@ from rich.text import Text
 from labctl.cli.ui import console, out, print_json, safe, warn
 from labctl.errors import UsageError
 from labctl.ssh import Session
-from labctl.state.runstate import LabState, check_lab_name
+from labctl.state import LabState, check_lab_name
 from labctl.steps import transfer
 
 PROGRESS_FROM = 32 << 20  # bytes: smaller copies get no progress bar

@@ -11,7 +11,7 @@ import argparse
 
 from labctl.errors import UsageError
 from labctl.ssh import Session, command_line
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 
 USAGE = "labctl exec LAB GUEST [--timeout S] [--] COMMAND [ARG...]"
 DEFAULT_TIMEOUT = 3600.0

@@ -14,7 +14,7 @@ import shutil
 import signal
 
 from labctl.cli.ui import console, out, safe
-from labctl.debug.gdb import (
+from labctl.debug import (
     DebugError,
     GdbTarget,
     ensure_gdbstub_free,
@@ -28,7 +28,7 @@ from labctl.debug.gdb import (
 )
 from labctl.errors import HostError, ProcessError
 from labctl.proc import foreground, run
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 
 SCRIPT_NAME = "gdb-init.gdb"
 

@@ -16,11 +16,10 @@ from typing import Any
 from labctl.errors import UsageError
 from labctl.lab import load_lab
 from labctl.live import capture
-from labctl.net.graph import runtime_from_state, to_dot, to_mermaid, to_svg, topology
+from labctl.net import runtime_from_state, to_dot, to_mermaid, to_svg, topology
 from labctl.paths import atomic_write
-from labctl.state import netstate
-from labctl.state.runstate import LabState, check_lab_name
-from labctl.up.status import guest_statuses
+from labctl.state import LabState, check_lab_name, netstate
+from labctl.up import guest_statuses
 
 FORMATS = {"svg": to_svg, "dot": to_dot, "mermaid": to_mermaid}
 

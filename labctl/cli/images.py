@@ -9,11 +9,9 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.cli.ui import PrepareDisplay, StepsReporter, out, print_json
-from labctl.image.recipe import load_recipe, recipe_names
-from labctl.image.store import ImageStore
-from labctl.kernel.prepare import add_source
-from labctl.lab import load_lab_text
-from labctl.lab.model import DEFAULT_IMAGE, Lab
+from labctl.image import ImageStore, load_recipe, recipe_names
+from labctl.kernel import add_source
+from labctl.lab import DEFAULT_IMAGE, Lab, load_lab_text
 from labctl.pipeline import prepare_image, prepare_kernels
 
 
@@ -62,7 +60,7 @@ def default_lab() -> Lab:
 def images_in_use() -> list[Path]:
     """The image directories of the labs that are up (never pruned)."""
     from labctl.errors import LabStateError
-    from labctl.state.runstate import LabState, up_labs
+    from labctl.state import LabState, up_labs
 
     used = []
     for lab in up_labs():
@@ -101,7 +99,7 @@ def list_images(args: argparse.Namespace) -> int:
     missing = [n for n in current if not any(r["name"] == n and r["current"] for r in rows)]
     for n in missing:
         out.print(f"recipe {n}: not built (labctl image build {n})")
-    from labctl.kernel.kernel_store import KernelStore
+    from labctl.kernel import KernelStore
 
     prepared = KernelStore().list()
     if prepared:

@@ -14,10 +14,9 @@ from rich.text import Text
 
 from labctl.cli.ui import out, print_json
 from labctl.errors import UsageError
-from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
+from labctl.lab import IMPAIR_KEYS, Impairment, parse_impairment
 from labctl.live import netctl
-from labctl.state import netstate
-from labctl.state.runstate import LabState
+from labctl.state import LabState, netstate
 
 HELP = {"delay": "added delay, e.g. 50ms", "jitter": "delay variation (needs --delay), e.g. 5ms",
         "loss": "share of frames dropped, e.g. 2%", "duplicate": "share of frames sent twice, e.g. 0.1%",

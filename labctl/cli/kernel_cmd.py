@@ -19,15 +19,12 @@ from rich.text import Text
 from labctl.cli.images import default_lab
 from labctl.cli.ui import out, print_json
 from labctl.errors import LabStateError
-from labctl.image.recipe import load_recipe
-from labctl.image.store import ImageStore
+from labctl.image import ImageStore, load_recipe
+from labctl.kernel import KernelStore, config_fragment, kernels_root
 from labctl.kernel import lab as kernel_lab
 from labctl.kernel import prepare as prep
-from labctl.kernel.kernel_store import KernelStore, kernels_root
-from labctl.kernel.requirements import config_fragment
-from labctl.lab import load_lab
-from labctl.lab.model import DEFAULT_IMAGE
-from labctl.state.runstate import LabState, up_labs
+from labctl.lab import DEFAULT_IMAGE, load_lab
+from labctl.state import LabState, up_labs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

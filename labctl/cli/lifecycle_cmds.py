@@ -14,19 +14,14 @@ from rich.text import Text
 from labctl.backends import BACKENDS
 from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, console, out, print_json, report_outcome, safe
 from labctl.errors import LabStateError, UsageError
-from labctl.lab import Lab, kernels, load_lab
-from labctl.lab.impair import Impairment
-from labctl.lab.shares import Share
-from labctl.lab.shares import parse_option as parse_share_option
-from labctl.lab.trust import env_trusted
+from labctl.lab import Impairment, Lab, Share, env_trusted, kernels, load_lab
+from labctl.lab import parse_option as parse_share_option
 from labctl.live import capture
 from labctl.pipeline import Prepared, prepare, run_lab
 from labctl.proc import pid_alive
-from labctl.state.runstate import UP, LabState, check_lab_name, run_dir, up_labs
+from labctl.state import UP, LabState, check_lab_name, run_dir, up_labs
+from labctl.up import UpOptions, down, dry_run, guest_statuses, up
 from labctl.up import mounts as guest_shares
-from labctl.up.lifecycle import UpOptions, dry_run, up
-from labctl.up.status import guest_statuses
-from labctl.up.teardown import down
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -14,8 +14,7 @@ from rich.text import Text
 
 from labctl.cli.ui import out, print_json
 from labctl.live import netctl
-from labctl.state import netstate
-from labctl.state.runstate import LabState
+from labctl.state import LabState, netstate
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -7,16 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from labctl.bundle.layout import MANIFEST
+from labctl.bundle import MANIFEST
 from labctl.cli.ui import PrepareDisplay, out, print_json
-from labctl.debug.oops import parse_oopses
-from labctl.debug.oops_text import render_oops
-from labctl.debug.symbolize import Symbolizer
+from labctl.debug import Symbolizer, parse_oopses, render_oops
 from labctl.errors import ImageError, UsageError
-from labctl.image.store import ImageStore
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab import kernels, load_lab_text
-from labctl.lab.model import DEFAULT_IMAGE
+from labctl.image import ImageStore
+from labctl.kernel import Kernel
+from labctl.lab import DEFAULT_IMAGE, kernels, load_lab_text
 from labctl.pipeline import prepare_kernels
 
 INDENT = "  "

@@ -7,11 +7,9 @@ from pathlib import Path
 
 from rich.text import Text
 
-from labctl.bundle.archive import pack
-from labctl.bundle.layout import SUMMARY, check_bundle_dir
+from labctl.bundle import SUMMARY, check_bundle_dir, pack
 from labctl.cli.ui import console, out
-from labctl.report import render_run
-from labctl.report.summary import resummarize
+from labctl.report import render_run, resummarize
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

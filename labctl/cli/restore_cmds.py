@@ -10,9 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.cli.ui import console, out, print_json, warn
-from labctl.state.runstate import LabState, check_lab_name, recorded_snapshots
-from labctl.training import checkpoints
-from labctl.training.reset import reset
+from labctl.state import LabState, check_lab_name, recorded_snapshots
+from labctl.training import checkpoints, reset
 from labctl.up import snapshots
 
 

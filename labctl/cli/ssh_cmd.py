@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from labctl.proc import replace_with
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -18,12 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.events import PrepareEvents, Reporter, UpEvents
-from labctl.lab.model import Lab
+from labctl.lab import Lab
 from labctl.pipeline import RunOutcome
-from labctl.steps.result import StepResult
-from labctl.steps.runner import StepEvents
+from labctl.steps import StepEvents, StepResult
 from labctl.textsafe import safe_line, safe_text
-from labctl.training.roomup import Arrival, RoomEvents
+from labctl.training import Arrival, RoomEvents
 
 
 class SafeConsole(Console):

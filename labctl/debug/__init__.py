@@ -22,15 +22,64 @@ Typical use::
 
 from __future__ import annotations
 
-from labctl.debug.oops import Frame, Oops, parse_oopses
+from labctl.debug.crash import (
+    CRASH_MARKERS,
+    PANIC,
+    console_crashed,
+    console_end,
+    crashed,
+    decode_console,
+    oops_titles,
+    panicked,
+)
+from labctl.debug.gdb import (
+    DebugError,
+    GdbSpec,
+    GdbTarget,
+    Transcript,
+    ensure_gdbstub_free,
+    ensure_resumed,
+    gdb_target,
+    guest_module_commands,
+    init_script,
+    qmp_running,
+    run_breakpoint_session,
+    source_commands,
+    write_init_script,
+)
+from labctl.debug.oops import Frame, Oops, make_title, parse_oopses
+from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import DecodedFrame, DecodedOops, SourceLocation, Symbolizer
 
 __all__ = [
+    "CRASH_MARKERS",
+    "PANIC",
+    "DebugError",
     "DecodedFrame",
     "DecodedOops",
     "Frame",
+    "GdbSpec",
+    "GdbTarget",
     "Oops",
     "SourceLocation",
     "Symbolizer",
+    "Transcript",
+    "console_crashed",
+    "console_end",
+    "crashed",
+    "decode_console",
+    "ensure_gdbstub_free",
+    "ensure_resumed",
+    "gdb_target",
+    "guest_module_commands",
+    "init_script",
+    "make_title",
+    "oops_titles",
+    "panicked",
     "parse_oopses",
+    "qmp_running",
+    "render_oops",
+    "run_breakpoint_session",
+    "source_commands",
+    "write_init_script",
 ]

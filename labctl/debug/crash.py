@@ -17,7 +17,7 @@ from pathlib import Path
 from labctl.debug.oops import parse_oopses
 from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel import Kernel
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ expression on the guest's kernel) is another entry in :data:`~labctl.grading.che
 Imports never: labctl.training, labctl.bisect, labctl.web, labctl.cli, labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.up
 """
 
+
 from labctl.grading.checking import (
     KINDS,
     CheckKind,

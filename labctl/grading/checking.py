@@ -18,9 +18,9 @@ from typing import Protocol, TypedDict
 
 from labctl.errors import GuestError, LabStateError
 from labctl.grading.shell import ERROR, FAIL, PASS, TIMEOUT, ShellCheck
-from labctl.lab.model import Check
+from labctl.lab import Check
 from labctl.ssh import Endpoint, Session
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 
 OUTPUT_TAIL = 2000  # bytes of a check's output kept for --json
 CONNECT_TIMEOUT = 10.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 
-from labctl.lab.model import Check
+from labctl.lab import Check
 
 PASS, FAIL, TIMEOUT, ERROR = "pass", "fail", "timeout", "error"
 GUEST_TIMEOUT_STATUS = 124  # coreutils timeout(1): the command ran out of time

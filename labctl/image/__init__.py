@@ -10,7 +10,24 @@ nor the kernel stage that comes after it.
 Imports never: labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.state, labctl.live, labctl.training
 """
 
-from labctl.image.recipe import Recipe, load_recipe
-from labctl.image.store import Image, ImageStore
+from labctl.image import cpio
+from labctl.image.apt import apt_download, candidate, sha256_file
+from labctl.image.build import build_image
+from labctl.image.recipe import Recipe, load_recipe, recipe_names
+from labctl.image.store import AGENT_BUILTINS, MANIFEST, ROOTFS, Image, ImageStore
 
-__all__ = ["Image", "ImageStore", "Recipe", "load_recipe"]
+__all__ = [
+    "AGENT_BUILTINS",
+    "MANIFEST",
+    "ROOTFS",
+    "Image",
+    "ImageStore",
+    "Recipe",
+    "apt_download",
+    "build_image",
+    "candidate",
+    "cpio",
+    "load_recipe",
+    "recipe_names",
+    "sha256_file",
+]

@@ -17,3 +17,22 @@ Must not import the ``up`` stage, backends, steps, bundles, reports or the CLI.
 
 Imports never: labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.state, labctl.live, labctl.training
 """
+
+from __future__ import annotations
+
+from labctl.kernel import lab, prepare
+from labctl.kernel.kernel_store import Kernel, KernelStore, kernels_root
+from labctl.kernel.lab import default_kernel
+from labctl.kernel.prepare import add_source
+from labctl.kernel.requirements import config_fragment
+
+__all__ = [
+    "Kernel",
+    "KernelStore",
+    "add_source",
+    "config_fragment",
+    "default_kernel",
+    "kernels_root",
+    "lab",
+    "prepare",
+]

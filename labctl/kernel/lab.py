@@ -16,15 +16,12 @@ from typing import Any
 
 from labctl.errors import LabFileError, Problem, UsageError
 from labctl.events import NullReporter, Reporter
-from labctl.image.recipe import Recipe
-from labctl.image.store import Image
+from labctl.image import Image, Recipe
 from labctl.kernel import prepare as prep
 from labctl.kernel.kconfig import parse_config
 from labctl.kernel.kernel_store import Kernel, kernels_root
 from labctl.kernel.requirements import Preflight, check_requirements
-from labctl.lab import kernels
-from labctl.lab.kernels import KernelSpec
-from labctl.lab.model import Lab
+from labctl.lab import KernelSpec, Lab, kernels
 
 
 def options(recipe: Recipe) -> prep.Options:

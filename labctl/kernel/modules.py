@@ -66,7 +66,7 @@ def nic_driver_rules(modules_dep: str, modules_alias: str) -> tuple[str, list[st
     PCI/virtio alias of every NIC model's drivers, dependencies first) and
     the relative paths of all modules those lines name.
     """
-    from labctl.lab.nics import NIC_MODELS
+    from labctl.lab import NIC_MODELS
 
     drivers = {d.replace("-", "_") for m in NIC_MODELS.values() for d in m.drivers}
     lines: list[str] = []

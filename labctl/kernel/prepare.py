@@ -30,8 +30,8 @@ from typing import Any
 from labctl import __version__
 from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
+from labctl.image import apt_download, candidate, sha256_file
 from labctl.image import cpio as initramfs
-from labctl.image.apt import apt_download, candidate, sha256_file
 from labctl.kernel import modbuild
 from labctl.kernel.kconfig import extract_ikconfig
 from labctl.kernel.kernel_store import (
@@ -47,7 +47,7 @@ from labctl.kernel.kernel_store import (
 )
 from labctl.kernel.modules import builtin_names, module_load_order, nic_driver_rules
 from labctl.kernel.vmlinux import banner, boot_image, build_id, is_elf
-from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
+from labctl.lab import DEBIAN, TREE, KernelSpec
 from labctl.paths import atomic_write, build_into, exclusive, resource_dir
 from labctl.proc import run, run_pipeline, run_pipeline_output
 

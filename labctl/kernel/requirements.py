@@ -62,13 +62,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from labctl.errors import Problem
-from labctl.lab.model import Lab, Nic
-from labctl.lab.netopts import LinkSpec
-from labctl.lab.nics import NIC_MODELS
-from labctl.lab.steps import Step
-from labctl.lab.templates import render
-from labctl.lab.tracespec import TraceSpec
-from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
+from labctl.lab import NIC_MODELS, Lab, LinkSpec, Nic, Step, TraceSpec, YamlMap, YamlSeq, parse_yaml, render
 
 __all__ = [
     "DRIVER_OPTIONS",

@@ -1,6 +1,11 @@
 """Lab files, the pipeline's first stage: a YAML file with line numbers
 (:mod:`.yamlpos`, :mod:`.load`) checked section by section (:mod:`.checker`,
-:mod:`.validate`, :mod:`.addresses`, :mod:`.steps`, :mod:`.uri`) into the
+:mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; addresses:
+:mod:`.addresses`; network options: :mod:`.netopts`, :mod:`.impair`; host
+directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
+:mod:`.checks`; steps: :mod:`.steps`, their trace section :mod:`.tracespec`,
+their templates :mod:`.templates`, their selftests :mod:`.kselftest`; libvirt
+URIs: :mod:`.uri`; which host paths may be used: :mod:`.trust`) into the
 resolved model (:mod:`.model`, :mod:`.nics`), and where each guest runs
 (:mod:`.hosts`).
 
@@ -17,24 +22,94 @@ Typical use::
         for nic in guest.nics: ...
 """
 
-from labctl.lab.addresses import default_mac
+from labctl.lab import kernels
+from labctl.lab.addresses import default_mac, mgmt_mac
+from labctl.lab.checker import close_match
+from labctl.lab.hosts import HostPlace, host_place, place_guests
+from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
+from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
+from labctl.lab.kselftest import SELFTESTS, Kselftest
 from labctl.lab.load import load_lab, load_lab_text
-from labctl.lab.model import MGMT_NIC, MGMT_SUBNET, Guest, Lab, Network, Nic
+from labctl.lab.model import (
+    DEFAULT_HOST,
+    DEFAULT_IMAGE,
+    LAB_IDENT,
+    LAB_IDENT_RULE,
+    LAB_NAME,
+    LAB_NAME_RULE,
+    MGMT_NIC,
+    MGMT_SUBNET,
+    Check,
+    Guest,
+    Lab,
+    Network,
+    Nic,
+)
+from labctl.lab.netopts import LinkSpec, render_impairment
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
+from labctl.lab.shares import Share, parse_option, tag
+from labctl.lab.steps import GdbStep, RunSpec, Step, check_location
+from labctl.lab.templates import render
+from labctl.lab.tracespec import TraceSpec, render_trace
+from labctl.lab.trust import env_trusted
+from labctl.lab.uri import SshHop, parse_uri, with_no_verify
+from labctl.lab.validate import BACKENDS
+from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
 
 __all__ = [
+    "BACKENDS",
+    "DEBIAN",
+    "DEFAULT_HOST",
+    "DEFAULT_IMAGE",
+    "IMPAIR_KEYS",
+    "LAB_IDENT",
+    "LAB_IDENT_RULE",
+    "LAB_NAME",
+    "LAB_NAME_RULE",
     "MGMT_NIC",
     "MGMT_SUBNET",
     "NIC_ALIASES",
     "NIC_MODELS",
+    "SELFTESTS",
+    "TREE",
+    "Check",
+    "GdbStep",
     "Guest",
+    "HostPlace",
+    "Impairment",
+    "KernelSpec",
+    "Kselftest",
     "Lab",
+    "LinkSpec",
     "Network",
     "Nic",
     "NicModel",
+    "RunSpec",
+    "Share",
+    "SshHop",
+    "Step",
+    "TraceSpec",
+    "YamlMap",
+    "YamlSeq",
     "canonical_nic_model",
+    "check_location",
+    "close_match",
     "default_mac",
+    "env_trusted",
     "get_nic_model",
+    "host_place",
+    "kernels",
     "load_lab",
     "load_lab_text",
+    "mgmt_mac",
+    "parse_impairment",
+    "parse_option",
+    "parse_uri",
+    "parse_yaml",
+    "place_guests",
+    "render",
+    "render_impairment",
+    "render_trace",
+    "tag",
+    "with_no_verify",
 ]

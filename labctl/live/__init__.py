@@ -6,3 +6,12 @@ is recorded in :mod:`labctl.state.netstate`, so ``status`` and ``graph`` show it
 
 Imports never: labctl.up, labctl.training, labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.bisect
 """
+
+from __future__ import annotations
+
+from labctl.live import capture, netctl
+
+__all__ = [
+    "capture",
+    "netctl",
+]

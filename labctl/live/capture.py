@@ -37,15 +37,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from labctl.backends.base import Backend, GuestRecord
+from labctl.backends import Backend, GuestRecord
 from labctl.errors import LabctlError, MachineError
 from labctl.live import netctl
-from labctl.net import vmclock
-from labctl.net.pcap import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer
+from labctl.net import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, vmclock
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.proc import pid_alive
-from labctl.state.netstate import CAPTURES
-from labctl.state.runstate import LabState
+from labctl.state import CAPTURES, LabState
 
 log = logging.getLogger(__name__)
 

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from labctl.backends import get_backend, netdev_id
-from labctl.backends.base import Backend
+from labctl.backends import Backend, get_backend, netdev_id
 from labctl.errors import GuestError, LabStateError, UsageError
-from labctl.lab.checker import close_match
-from labctl.lab.impair import Impairment
-from labctl.lab.model import Nic
-from labctl.net.netem import apply_command
+from labctl.lab import Impairment, Nic, close_match
+from labctl.net import apply_command
 from labctl.ssh import Session
-from labctl.state import netstate
-from labctl.state.runstate import LabState
+from labctl.state import LabState, netstate
 
 APPLY_TIMEOUT = 60.0
 

@@ -9,3 +9,40 @@ import backends, the ``up`` stage, steps or the CLI.
 
 Imports never: labctl.backends, labctl.up, labctl.steps, labctl.cli, labctl.state, labctl.live, labctl.training
 """
+
+from __future__ import annotations
+
+from labctl.net import vmclock
+from labctl.net.graph import runtime_from_state, to_dot, to_mermaid, to_svg, topology
+from labctl.net.netem import apply_command
+from labctl.net.pcap import FORMATS, SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, read_pcapng, summary_line
+from labctl.net.plan import SWITCH, TAP, UDP, Port, Segment, TapDev, UdpAddr, plan_networks
+from labctl.net.ports import free_port
+
+__all__ = [
+    "FORMATS",
+    "SNAPLEN",
+    "SWITCH",
+    "TAP",
+    "UDP",
+    "Frame",
+    "PcapError",
+    "PcapReader",
+    "Port",
+    "Retimer",
+    "Segment",
+    "TapDev",
+    "UdpAddr",
+    "Writer",
+    "apply_command",
+    "free_port",
+    "plan_networks",
+    "read_pcapng",
+    "runtime_from_state",
+    "summary_line",
+    "to_dot",
+    "to_mermaid",
+    "to_svg",
+    "topology",
+    "vmclock",
+]

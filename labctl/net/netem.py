@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shlex
 
-from labctl.lab.impair import Impairment
+from labctl.lab import Impairment
 
 
 def netem_argv(nic: str, imp: Impairment) -> list[str]:

@@ -35,8 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.errors import UsageError
-from labctl.lab.hosts import HostPlace
-from labctl.lab.model import Lab
+from labctl.lab import HostPlace, Lab
 from labctl.net.ports import free_port
 
 DIRECT = "unix-dgram"

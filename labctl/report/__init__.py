@@ -20,15 +20,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.bundle.layout import REPORT_HTML, REPORT_MD
-from labctl.bundle.read import load_run
+from labctl.bundle import REPORT_HTML, REPORT_MD, load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
+from labctl.report.comparison import GROUPS, compare_blocks, compare_runs, fmt_change, fmt_side, group_of, judgement
 from labctl.report.content import build_document, lab_name
 from labctl.report.html import to_html
 from labctl.report.markdown import to_markdown
+from labctl.report.registry import step_metrics
+from labctl.report.summary import resummarize, summarize, write_summary
 
-__all__ = ["render_run"]
+__all__ = [
+    "GROUPS",
+    "compare_blocks",
+    "compare_runs",
+    "fmt_change",
+    "fmt_side",
+    "group_of",
+    "judgement",
+    "render_run",
+    "resummarize",
+    "step_metrics",
+    "summarize",
+    "to_html",
+    "write_summary",
+]
 
 
 def _write(path: Path, text: str) -> None:

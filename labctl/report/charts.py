@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from html import escape
 
-from labctl.bundle.figures import fmt_num, usable
+from labctl.bundle import fmt_num, usable
 
 WIDTH = 560
 BAR_HEIGHT = 22

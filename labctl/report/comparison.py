@@ -28,10 +28,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from labctl.bundle.figures import (
+from labctl.bundle import (
     BEYOND,
     NO_REPEATS,
     WITHIN,
+    Run,
     as_dict,
     as_list,
     fmt_num,
@@ -41,7 +42,6 @@ from labctl.bundle.figures import (
     spread,
     verdict,
 )
-from labctl.bundle.read import Run
 from labctl.errors import UsageError
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Row, Span, Table, txt

@@ -15,7 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle.figures import (
+from labctl.bundle import (
+    MANIFEST,
+    SUMMARY,
+    Run,
     as_dict,
     as_list,
     fmt_num,
@@ -26,8 +29,6 @@ from labctl.bundle.figures import (
     usable,
     variant_text,
 )
-from labctl.bundle.layout import MANIFEST, SUMMARY
-from labctl.bundle.read import Run
 from labctl.report.document import (
     Block,
     Bullets,

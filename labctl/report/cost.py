@@ -16,7 +16,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from labctl.bundle.figures import (
+from labctl.bundle import (
+    HOST_DIR,
+    Run,
     as_dict,
     as_list,
     figure,
@@ -28,12 +30,10 @@ from labctl.bundle.figures import (
     usable,
     verdict,
 )
-from labctl.bundle.layout import HOST_DIR
-from labctl.bundle.read import Run
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Para, Row, Span, Table, num, txt
 from labctl.report.sections import HeadlineFigure, Metric, ReportSection, StepFiles, expects_transfer
-from labctl.trace.hostcost import KINDS, guest_cost, nic_bytes, step_cost
+from labctl.trace import KINDS, guest_cost, nic_bytes, step_cost
 
 log = logging.getLogger(__name__)
 COST_FIGURES = ("host_cpu_s_per_gb", "guest_cpu_s_per_gb", "host_cpu_s", "guest_cpu_s")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from labctl.bundle.figures import fmt_num
+from labctl.bundle import fmt_num
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from labctl.trace.flamefold import Frame, Stack
+from labctl.trace import Frame, Stack
 
 # --------------------------------------------------------------------------- the script
 

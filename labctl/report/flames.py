@@ -20,14 +20,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle.figures import as_dict, fmt_num, is_failed, nic_model, run_steps, step_guests
-from labctl.bundle.layout import FLAMEGRAPH_FOLDED, FLAMEGRAPH_SVG, diff_flamegraph
-from labctl.bundle.read import Run
+from labctl.bundle import (
+    FLAMEGRAPH_FOLDED,
+    FLAMEGRAPH_SVG,
+    Run,
+    as_dict,
+    diff_flamegraph,
+    fmt_num,
+    is_failed,
+    nic_model,
+    run_steps,
+    step_guests,
+)
 from labctl.paths import atomic_write
 from labctl.report.document import Block, Graphic, Heading, Para, Span, txt
 from labctl.report.flamegraph import render_diff_svg, render_svg
 from labctl.report.sections import ReportSection, StepFiles
-from labctl.trace.flamefold import Stack, guest_flamegraph, read_folded
+from labctl.trace import Stack, guest_flamegraph, read_folded
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle.figures import as_dict, as_list, fmt_num, step_guests, usable
-from labctl.bundle.read import Run
+from labctl.bundle import Run, as_dict, as_list, fmt_num, step_guests, usable
 from labctl.errors import LabctlError
 from labctl.report.document import Block, Bullets, Heading, Inline, Para, Row, Span, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles, kinds_of
 from labctl.report.tracepoints import symbols_note
-from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
-from labctl.trace.tef import write_trace
+from labctl.trace import TRACE_JSON, guest_trace, trace_summary, write_trace
 
 log = logging.getLogger(__name__)
 LOSS_FIELDS = (("perf_lost", "perf lost events"), ("ftrace_overruns", "ftrace overruns"),

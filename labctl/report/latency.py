@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle.figures import as_dict, fmt_num, full_label, run_steps, step_guests, usable
-from labctl.bundle.read import Run
+from labctl.bundle import Run, as_dict, fmt_num, full_label, run_steps, step_guests, usable
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Span, Table, num, txt
 from labctl.report.sections import Metric, ReportSection

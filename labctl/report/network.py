@@ -13,14 +13,13 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle.figures import as_dict, as_list, full_label, run_steps, step_guests
-from labctl.bundle.read import Run
-from labctl.lab.impair import Impairment
-from labctl.net.graph import runtime_from_state, to_mermaid, to_svg, topology
+from labctl.bundle import Run, as_dict, as_list, full_label, run_steps, step_guests
+from labctl.lab import Impairment
+from labctl.net import runtime_from_state, to_mermaid, to_svg, topology
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Para, Picture, Row, Span, Table, num, txt
 from labctl.report.sections import ReportSection, StepFiles
-from labctl.trace.netfigures import capture_figures
+from labctl.trace import capture_figures
 
 REASM_COLUMNS = ("ReasmReqds", "ReasmOKs", "ReasmFails", "ReasmTimeout")
 

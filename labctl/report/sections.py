@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from labctl.bundle.figures import as_dict, as_list
-from labctl.bundle.read import Run
+from labctl.bundle import Run, as_dict, as_list
 from labctl.report.document import Block, Inline
 
 Metric = tuple[float, str, str, int]

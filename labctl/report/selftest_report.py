@@ -9,8 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle.figures import as_dict
-from labctl.bundle.read import Run
+from labctl.bundle import Run, as_dict
 from labctl.report.document import Block, Heading, Inline, Para, Row, Span, Table, txt
 from labctl.report.sections import Column, ReportSection, kinds_of
 

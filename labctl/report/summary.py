@@ -19,15 +19,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypedDict
 
-from labctl.bundle.figures import as_dict, is_failed, repeat_key, spread
-from labctl.bundle.layout import SUMMARY
+from labctl.bundle import SUMMARY, as_dict, is_failed, repeat_key, spread
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
 from labctl.report.registry import SECTIONS, step_metrics
 from labctl.report.sections import StepFiles, expects_transfer
 from labctl.report.throughput import comparison_sentence
-from labctl.trace.analyze import guest_figures
-from labctl.trace.stats import write_delta
+from labctl.trace import guest_figures, write_delta
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from labctl.bundle.figures import (
+from labctl.bundle import (
+    Run,
     as_dict,
     figure,
     fmt_num,
@@ -25,12 +26,11 @@ from labctl.bundle.figures import (
     step_labels,
     usable,
 )
-from labctl.bundle.read import Run
 from labctl.report.charts import bar_chart_svg
 from labctl.report.cost import cost_sentence
 from labctl.report.document import Block, Heading, Row, Table, num, txt
 from labctl.report.sections import Column, HeadlineFigure, Metric, ReportSection, StepFiles, expects_transfer
-from labctl.trace.analyze import step_figures
+from labctl.trace import step_figures
 
 # (summary key, chart title, unit, results-table header)
 FIGURES: tuple[tuple[str, str, str, str], ...] = (

@@ -7,3 +7,35 @@ Records only: nothing here starts a guest, opens a session or talks to QEMU.
 
 Imports never: labctl.up, labctl.live, labctl.training, labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.bisect
 """
+
+from __future__ import annotations
+
+from labctl.state import netstate
+from labctl.state.netstate import CAPTURES
+from labctl.state.runstate import (
+    STARTING,
+    UP,
+    LabState,
+    SwitchRecord,
+    check_lab_name,
+    lab_lock,
+    recorded_snapshots,
+    remove_run_dir,
+    run_dir,
+    up_labs,
+)
+
+__all__ = [
+    "CAPTURES",
+    "STARTING",
+    "UP",
+    "LabState",
+    "SwitchRecord",
+    "check_lab_name",
+    "lab_lock",
+    "netstate",
+    "recorded_snapshots",
+    "remove_run_dir",
+    "run_dir",
+    "up_labs",
+]

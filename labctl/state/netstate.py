@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.lab.impair import Impairment
+from labctl.lab import Impairment
 from labctl.paths import atomic_write, exclusive
 
 NETWORK = "network.json"

@@ -25,11 +25,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from labctl.backends.base import GuestRecord
+from labctl.backends import GuestRecord
 from labctl.errors import LabctlError, LabStateError, UsageError
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab.model import LAB_IDENT, LAB_IDENT_RULE
-from labctl.lab.uri import SshHop
+from labctl.kernel import Kernel
+from labctl.lab import LAB_IDENT, LAB_IDENT_RULE, SshHop
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir, remove_tree, state_dir
 from labctl.proc import pid_alive
 from labctl.ssh import Endpoint

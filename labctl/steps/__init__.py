@@ -15,3 +15,17 @@ backend module (backends are reached through the lab state's registry).
 
 Imports never: labctl.cli, labctl.report, labctl.backends.qemu, labctl.backends.libvirt
 """
+
+from __future__ import annotations
+
+from labctl.steps import transfer
+from labctl.steps.result import StepResult
+from labctl.steps.runner import Runner, StepEvents, now
+
+__all__ = [
+    "Runner",
+    "StepEvents",
+    "StepResult",
+    "now",
+    "transfer",
+]

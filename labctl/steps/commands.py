@@ -13,9 +13,7 @@ import shlex
 import time
 
 from labctl.errors import GuestError, LabctlError
-from labctl.lab.netopts import LinkSpec
-from labctl.lab.steps import RunSpec, Step
-from labctl.lab.templates import render
+from labctl.lab import LinkSpec, RunSpec, Step, render
 from labctl.steps import tracers as tr
 from labctl.steps.netstep import NetworkKind, link_guest
 from labctl.steps.result import CommandRecord

@@ -41,22 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.backends.base import Backend
-from labctl.bundle.layout import HOST_DIR
+from labctl.backends import Backend
+from labctl.bundle import HOST_DIR
 from labctl.errors import GuestError, LabctlError
 from labctl.paths import atomic_write
 from labctl.proc import Process, interrupt_group, run, spawn_tied
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 from labctl.steps.variant import Variant
-from labctl.trace.hostcost import (
-    PERF_DATA,
-    PERF_LOG,
-    PERF_SCRIPT,
-    PROFILE_UNAVAILABLE,
-    THREADS_FILE,
-    WINDOW_END,
-    WINDOW_START,
-)
+from labctl.trace import PERF_DATA, PERF_LOG, PERF_SCRIPT, PROFILE_UNAVAILABLE, THREADS_FILE, WINDOW_END, WINDOW_START
 
 log = logging.getLogger(__name__)
 

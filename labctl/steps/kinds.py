@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from labctl.lab.model import Lab
-from labctl.lab.steps import Step
+from labctl.lab import Lab, Step
 from labctl.steps.commands import CommandsKind
 from labctl.steps.gdbstep import GdbKind
 from labctl.steps.netstep import NetworkKind

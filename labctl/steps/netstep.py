@@ -16,13 +16,9 @@ import functools
 import logging
 from collections.abc import Callable
 
-from labctl.bundle.layout import capture_file
+from labctl.bundle import capture_file
 from labctl.errors import LabctlError
-from labctl.lab.impair import Impairment
-from labctl.lab.model import Lab
-from labctl.lab.netopts import LinkSpec, render_impairment
-from labctl.lab.steps import Step
-from labctl.lab.templates import render
+from labctl.lab import Impairment, Lab, LinkSpec, Step, render, render_impairment
 from labctl.live import capture, netctl
 from labctl.state import netstate
 from labctl.steps.result import CaptureRecord, NetworkRecord, StepResult

@@ -15,16 +15,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from labctl.backends import get_backend
-from labctl.backends.base import Backend
-from labctl.bundle.layout import step_dir
+from labctl.backends import Backend, get_backend
+from labctl.bundle import step_dir
 from labctl.errors import LabctlError
-from labctl.lab.model import Lab
-from labctl.lab.steps import Step
-from labctl.lab.templates import render
-from labctl.lab.tracespec import render_trace
+from labctl.lab import Lab, Step, render, render_trace
 from labctl.ssh import Session
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 from labctl.steps.hostwatch import Window
 from labctl.steps.kinds import GUEST_ORDER, kinds_of
 from labctl.steps.result import CommandRecord, NicRecord, StepEvents, StepResult

@@ -48,9 +48,7 @@ from typing import Any
 
 from labctl import paths, proc
 from labctl.errors import LabctlError
-from labctl.lab.kselftest import SELFTESTS, Kselftest
-from labctl.lab.steps import Step
-from labctl.lab.templates import render
+from labctl.lab import SELFTESTS, Kselftest, Step, render
 from labctl.steps.result import BuildRecord, SelftestEntry, SelftestRecord, StepResult
 from labctl.steps.transfer import to_guest
 from labctl.steps.variant import GUEST_ROOT, StepKind, Variant, now

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labctl import paths
-from labctl.backends.base import Backend
-from labctl.bundle.layout import CONSOLE, OOPS_TXT, guest_dir
-from labctl.debug.crash import console_end, oops_titles, panicked
+from labctl.backends import Backend
+from labctl.bundle import CONSOLE, OOPS_TXT, guest_dir
+from labctl.debug import console_end, oops_titles, panicked
 from labctl.ssh import Session
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 
 TOOLS = ("perf", "trace-cmd", "mpstat", "ethtool", "nstat", "ss", "netstat", "timeout")
 

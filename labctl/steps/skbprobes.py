@@ -28,7 +28,7 @@ import shlex
 from pathlib import Path
 
 from labctl.errors import TraceError
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel import Kernel
 from labctl.paths import atomic_write
 
 log = logging.getLogger(__name__)

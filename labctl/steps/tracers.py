@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from labctl.lab.tracespec import TraceSpec
+from labctl.lab import TraceSpec
 
 q = shlex.quote
 

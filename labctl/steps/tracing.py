@@ -13,13 +13,11 @@ import shlex
 import time
 
 from labctl.errors import GuestError, LabctlError, TraceError
-from labctl.lab.model import Lab
-from labctl.lab.steps import Step
-from labctl.lab.tracespec import TraceSpec
+from labctl.lab import Lab, Step, TraceSpec
 from labctl.steps import skbprobes
 from labctl.steps import tracers as tr
 from labctl.steps.variant import StepKind, Variant
-from labctl.trace.stats import snapshot_commands
+from labctl.trace import snapshot_commands
 
 q = shlex.quote
 SETTLE = 1.0  # s after the tracers record: mpstat's first interval, and tracers that give no signal

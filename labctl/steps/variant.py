@@ -25,15 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from labctl.errors import GuestError, LabctlError
-from labctl.lab.model import Lab
-from labctl.lab.steps import Step
-from labctl.state.runstate import LabState
+from labctl.lab import Lab, Step
+from labctl.state import LabState
 from labctl.steps import copyback
 from labctl.steps.result import CommandRecord, StepEvents, StepResult
 from labctl.steps.sessions import Sessions
 
 if TYPE_CHECKING:
-    from labctl.backends.base import Backend
+    from labctl.backends import Backend
 
 GUEST_ROOT = "/tmp/labctl"
 COPY_TIMEOUT = 600.0  # copying one guest's step directory back (perf.data can be large)

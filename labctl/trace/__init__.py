@@ -3,7 +3,13 @@
 * :mod:`.parsers`: perf, trace-cmd, mpstat, iperf3 and wget output;
 * :mod:`.stats`: network statistics snapshots, their parsers and before/after deltas;
 * :mod:`.analyze`: one guest's figures for one step (:func:`~.analyze.guest_figures`);
-* :mod:`.skbevents`, :mod:`.skbpath`, :mod:`.skblatency`: per-packet latency.
+* :mod:`.skbevents`, :mod:`.skbpath`, :mod:`.skblatency`: per-packet latency;
+* :mod:`.netfigures`: receive work per CPU, reassembly, UDP loss, a step's captures read back;
+* :mod:`.tpcounts`: tracepoint counts per command and CPU;
+* :mod:`.hostcost`: the whole cost of a step (each QEMU on the host, the guest's CPU, per GB);
+* :mod:`.flamefold`: perf script folded into flame graph stacks;
+* :mod:`.ktap`: the kernel's KTAP test output (selftests);
+* :mod:`.perfetto`, :mod:`.tracks`, :mod:`.tef`: recordings as Perfetto timelines (Trace Event Format).
 
 The guest commands that produce these files are :mod:`labctl.steps`'.
 Standard library only; functions return what they could compute and say
@@ -12,3 +18,54 @@ bundles, reports, backends or the CLI.
 
 Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labctl.cli, labctl.state, labctl.live, labctl.training
 """
+
+from __future__ import annotations
+
+from labctl.trace import ktap
+from labctl.trace.analyze import guest_figures, step_figures
+from labctl.trace.flamefold import Frame, Stack, guest_flamegraph, read_folded
+from labctl.trace.hostcost import (
+    KINDS,
+    PERF_DATA,
+    PERF_LOG,
+    PERF_SCRIPT,
+    PROFILE_UNAVAILABLE,
+    THREADS_FILE,
+    WINDOW_END,
+    WINDOW_START,
+    guest_cost,
+    nic_bytes,
+    step_cost,
+)
+from labctl.trace.netfigures import capture_figures
+from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
+from labctl.trace.stats import snapshot_commands, write_delta
+from labctl.trace.tef import write_trace
+
+__all__ = [
+    "KINDS",
+    "PERF_DATA",
+    "PERF_LOG",
+    "PERF_SCRIPT",
+    "PROFILE_UNAVAILABLE",
+    "THREADS_FILE",
+    "TRACE_JSON",
+    "WINDOW_END",
+    "WINDOW_START",
+    "Frame",
+    "Stack",
+    "capture_figures",
+    "guest_cost",
+    "guest_figures",
+    "guest_flamegraph",
+    "guest_trace",
+    "ktap",
+    "nic_bytes",
+    "read_folded",
+    "snapshot_commands",
+    "step_cost",
+    "step_figures",
+    "trace_summary",
+    "write_delta",
+    "write_trace",
+]

@@ -116,7 +116,7 @@ def capture_figures(bundle: Path, captures: list[Mapping[str, Any]], guests: Map
     its link is down before any filter sees it (``link_down`` says so).
     File names are relative to ``bundle``.
     """
-    from labctl.net.pcap import PcapError, read_pcapng
+    from labctl.net import PcapError, read_pcapng
 
     out = []
     for cap in captures:

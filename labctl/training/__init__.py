@@ -9,3 +9,50 @@ Grading checks are :mod:`labctl.grading`'s, the host's capacity
 
 Imports never: labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.bisect
 """
+
+from __future__ import annotations
+
+from labctl.training import checkpoints
+from labctl.training.classroom import (
+    DOWN,
+    UP,
+    ClassRecord,
+    check_student,
+    class_names,
+    classes_root,
+    find_class,
+    for_students,
+    is_up,
+    read_roster,
+    refuse_up_instances,
+    student_status,
+)
+from labctl.training.handout import README, check_alias_prefix, check_handout_dirs, ssh_config
+from labctl.training.placement import place
+from labctl.training.reset import reset
+from labctl.training.roomup import Arrival, RoomEvents, bring_up
+
+__all__ = [
+    "DOWN",
+    "README",
+    "UP",
+    "Arrival",
+    "ClassRecord",
+    "RoomEvents",
+    "bring_up",
+    "check_alias_prefix",
+    "check_handout_dirs",
+    "check_student",
+    "checkpoints",
+    "class_names",
+    "classes_root",
+    "find_class",
+    "for_students",
+    "is_up",
+    "place",
+    "read_roster",
+    "refuse_up_instances",
+    "reset",
+    "ssh_config",
+    "student_status",
+]

@@ -27,13 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl.backends import get_backend
-from labctl.backends.monitor import save_state
+from labctl.backends import get_backend, save_state
 from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
-from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
-from labctl.lab.shares import Share
+from labctl.lab import LAB_NAME, LAB_NAME_RULE, Share
 from labctl.paths import atomic_write, build_into, ensure_private_dir
-from labctl.state.runstate import LabState, lab_lock
+from labctl.state import LabState, lab_lock
 from labctl.training import sshport
 from labctl.training.reset import (
     copy_disk,

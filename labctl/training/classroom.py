@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from labctl.errors import GuestError, LabFileError, LabStateError, Problem, UsageError
-from labctl.lab.model import LAB_NAME, LAB_NAME_RULE
+from labctl.lab import LAB_NAME, LAB_NAME_RULE
 from labctl.paths import atomic_write, ensure_private_dir, state_dir
 from labctl.ssh import Session
-from labctl.state.runstate import LabState, check_lab_name, run_dir
-from labctl.up.status import guest_statuses
+from labctl.state import LabState, check_lab_name, run_dir
+from labctl.up import guest_statuses
 
 MAX_STUDENTS = 64
 SSH_PROBE_TIMEOUT = 5.0

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import UnsafePath, UsageError
-from labctl.lab.model import Check
+from labctl.lab import Check
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir
 from labctl.ssh import Endpoint, config_quote, hop_stdio_argv
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 
 ALIAS_PREFIX = re.compile(r"[A-Za-z0-9._-]{0,32}")
 ALIAS_PREFIX_RULE = "use up to 32 of A-Z, a-z, 0-9, '.', '_', '-'"

@@ -22,10 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from labctl.errors import HostError
-from labctl.lab.hosts import HostPlace, host_place
-from labctl.lab.model import DEFAULT_HOST, Lab
-from labctl.lab.uri import parse_uri, with_no_verify
-from labctl.up.capacity import QEMU_OVERHEAD_MIB
+from labctl.lab import DEFAULT_HOST, HostPlace, Lab, host_place, parse_uri, with_no_verify
+from labctl.up import QEMU_OVERHEAD_MIB
 
 
 @dataclass(frozen=True)

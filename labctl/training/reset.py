@@ -27,9 +27,9 @@ from pathlib import Path
 
 from labctl.backends import POSTBOOT, Backend, GuestRecord, get_backend
 from labctl.errors import GuestError, LabStateError, UsageError
-from labctl.image.store import Image
+from labctl.image import Image
 from labctl.ssh import Endpoint, Session
-from labctl.state.runstate import LabState, lab_lock
+from labctl.state import LabState, lab_lock
 from labctl.training import sshport
 from labctl.up import agent, mounts, snapshots, warm
 

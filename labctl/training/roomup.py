@@ -24,13 +24,12 @@ from typing import Any
 from labctl.errors import LabctlError
 from labctl.events import UpEvents
 from labctl.grading import checks_of
-from labctl.image.store import Image
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab.model import Lab
+from labctl.image import Image
+from labctl.kernel import Kernel
+from labctl.lab import Lab
 from labctl.training.classroom import ClassRecord, is_up
 from labctl.training.handout import write_handout
-from labctl.up.lifecycle import UpOptions, up
-from labctl.up.warm import shared_templates
+from labctl.up import UpOptions, shared_templates, up
 
 JOIN_PERIOD = 0.2
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from labctl.backends import Backend, GuestRecord
 from labctl.errors import LabctlError, PortTaken
-from labctl.net.ports import free_port
+from labctl.net import free_port
 from labctl.paths import atomic_write
 from labctl.up import taps
 
@@ -105,7 +105,7 @@ def update_handout(moved: Moved, lab: str) -> Moved:
     if "@" not in lab:
         return moved
     name, student = lab.split("@", 1)
-    from labctl.state.runstate import LabState
+    from labctl.state import LabState
     from labctl.training import handout
     from labctl.training.classroom import ClassRecord
 

@@ -20,3 +20,29 @@ disk is belongs to :mod:`labctl.state`; changing a lab that is up to
 
 Imports never: labctl.training, labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.bisect
 """
+
+from __future__ import annotations
+
+from labctl.up import agent, mounts, snapshots, taps, warm
+from labctl.up.capacity import QEMU_OVERHEAD_MIB, Estimate, check_capacity
+from labctl.up.lifecycle import UpOptions, dry_run, up
+from labctl.up.status import guest_statuses
+from labctl.up.teardown import down
+from labctl.up.warm import shared_templates
+
+__all__ = [
+    "QEMU_OVERHEAD_MIB",
+    "Estimate",
+    "UpOptions",
+    "agent",
+    "check_capacity",
+    "down",
+    "dry_run",
+    "guest_statuses",
+    "mounts",
+    "shared_templates",
+    "snapshots",
+    "taps",
+    "up",
+    "warm",
+]

@@ -6,9 +6,9 @@ benchmarks/boot.py); together they take a guest from ~11 s to ~6 s.
 
 from __future__ import annotations
 
-from labctl.image.store import Image
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab.model import Guest
+from labctl.image import Image
+from labctl.kernel import Kernel
+from labctl.lab import Guest
 
 CONSOLE = ["console=ttyS0"]
 POLICY = [

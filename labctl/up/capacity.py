@@ -24,8 +24,8 @@ from pathlib import Path
 
 from labctl.backends import get_backend
 from labctl.errors import HostError, LabStateError
-from labctl.lab.model import Lab
-from labctl.state.runstate import LabState, up_labs
+from labctl.lab import Lab
+from labctl.state import LabState, up_labs
 from labctl.up import snapshots
 
 # What one idle TCG guest's QEMU uses beyond the guest's own memory: translated code,

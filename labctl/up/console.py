@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.debug.crash import CRASH_MARKERS
+from labctl.debug import CRASH_MARKERS
 
 READY = b"LABCTL-READY"
 FAILED = b"LABCTL-FAILED"

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from labctl.errors import Problem
-from labctl.lab.model import Lab
-from labctl.net.plan import UDP, Segment
+from labctl.lab import Lab
+from labctl.net import UDP, Segment
 
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from labctl.backends.base import MGMT_ADDR
-from labctl.lab.model import MGMT_NIC, Guest
+from labctl.backends import MGMT_ADDR
+from labctl.lab import MGMT_NIC, Guest
 
 
 def render(guest: Guest, mgmt_mac: str, standby_sshd: bool = False) -> str:

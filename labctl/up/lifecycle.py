@@ -17,15 +17,14 @@ from pathlib import Path
 from labctl.backends import GuestPlan, GuestRecord, choose_accel, get_backend
 from labctl.errors import LabctlError, LabFileError, LabStateError, PortTaken, UsageError
 from labctl.events import UpEvents
-from labctl.image.store import Image
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab.model import Lab
+from labctl.image import Image
+from labctl.kernel import Kernel
+from labctl.lab import Lab
 from labctl.live import netctl
-from labctl.net.plan import plan_networks
-from labctl.net.ports import free_port
+from labctl.net import free_port, plan_networks
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing
-from labctl.state.runstate import STARTING, UP, LabState, lab_lock, remove_run_dir, run_dir
+from labctl.state import STARTING, UP, LabState, lab_lock, remove_run_dir, run_dir
 from labctl.up import envcheck, mounts, taps, warm
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.netsetup import LabNetworks

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from labctl.errors import GuestError
-from labctl.lab.shares import Share, tag
+from labctl.lab import Share, tag
 from labctl.ssh import Endpoint, Session
 
 MOUNT_TIMEOUT = 60.0

@@ -12,11 +12,10 @@ from pathlib import Path
 
 from labctl.backends import Backend
 from labctl.errors import MachineError
-from labctl.lab.hosts import HostPlace
-from labctl.lab.model import Lab
-from labctl.net.plan import SWITCH, TAP, Port, Segment, TapDev, plan_networks
+from labctl.lab import HostPlace, Lab
+from labctl.net import SWITCH, TAP, Port, Segment, TapDev, plan_networks
 from labctl.proc import spawn
-from labctl.state.runstate import LabState, SwitchRecord
+from labctl.state import LabState, SwitchRecord
 from labctl.up import taps
 from labctl.up.console import console_tail
 from labctl.up.teardown import stop_switches

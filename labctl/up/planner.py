@@ -13,14 +13,11 @@ import secrets
 from pathlib import Path
 
 from labctl.backends import Backend, GuestPlan
-from labctl.image.store import Image
+from labctl.image import Image
+from labctl.kernel import Kernel
 from labctl.kernel import prepare as kernel_prep
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab.addresses import mgmt_mac
-from labctl.lab.hosts import HostPlace
-from labctl.lab.model import Guest, Lab
-from labctl.net.plan import Segment
-from labctl.net.ports import free_port
+from labctl.lab import Guest, HostPlace, Lab, mgmt_mac
+from labctl.net import Segment, free_port
 from labctl.paths import ensure_private_dir
 from labctl.up import guestconf, snapshots, warm
 from labctl.up.bootargs import kernel_args

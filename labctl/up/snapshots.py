@@ -42,8 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl import __version__
-from labctl.backends.base import Backend, GuestPlan
-from labctl.backends.monitor import qmp_execute, save_state
+from labctl.backends import Backend, GuestPlan, qmp_execute, save_state
 from labctl.errors import LabctlError, MachineError
 from labctl.paths import atomic_write, build_into, cache_dir, exclusive
 from labctl.proc import run

@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import get_backend
-from labctl.debug.crash import console_crashed
+from labctl.debug import console_crashed
 from labctl.errors import LabctlError
-from labctl.state import netstate
-from labctl.state.runstate import UP, LabState
+from labctl.state import UP, LabState, netstate
 
 
 @dataclass

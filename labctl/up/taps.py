@@ -25,7 +25,7 @@ from pathlib import Path
 
 from labctl.backends import Backend
 from labctl.errors import HostError, ProcessError
-from labctl.net.plan import TapDev
+from labctl.net import TapDev
 from labctl.proc import run
 
 NETNS_DIR = Path("/run/netns")

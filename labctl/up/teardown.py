@@ -9,11 +9,10 @@ import concurrent.futures
 from collections.abc import Callable
 from pathlib import Path
 
-from labctl.backends import get_backend, owned
-from labctl.backends.base import GuestRecord
+from labctl.backends import GuestRecord, get_backend, owned
 from labctl.errors import LabctlError, LabStateError
 from labctl.proc import kill_pids, pids_referencing, stop_pid
-from labctl.state.runstate import LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
+from labctl.state import LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
 from labctl.up import taps
 
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labctl.backends import POSTBOOT, Backend, GuestRecord
-from labctl.debug.crash import crashed
+from labctl.debug import crashed
 from labctl.errors import GuestError, LabctlError, MachineError
 from labctl.events import UpEvents
-from labctl.lab.model import Lab
+from labctl.lab import Lab
 from labctl.ssh import Endpoint, Session
-from labctl.state.runstate import LabState
+from labctl.state import LabState
 from labctl.up import agent, snapshots, warm
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.options import UpOptions

@@ -31,13 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labctl.backends import get_backend
-from labctl.backends.monitor import load_state, qmp_execute
+from labctl.backends import get_backend, load_state, qmp_execute
 from labctl.errors import GuestError, LabctlError
-from labctl.image.store import AGENT_BUILTINS
+from labctl.image import AGENT_BUILTINS
 from labctl.paths import atomic_write
 from labctl.ssh import Endpoint, Session
-from labctl.state.runstate import LabState, recorded_snapshots
+from labctl.state import LabState, recorded_snapshots
 from labctl.up import agent, snapshots
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.snapshots import Snapshot

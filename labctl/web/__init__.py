@@ -1,5 +1,7 @@
 """The class and the lab in a browser (``labctl serve``): access tokens and who may do what
-(:mod:`.access`), the live view of labs and classes the pages show (:mod:`.room`), terminals
+(:mod:`.access`), the live view of labs and classes the pages show (:mod:`.room`) with a
+class's progress over time (:mod:`.progress`), the engineer's tools on a lab page (console,
+captures, impairments: :mod:`.tools`), terminals
 bridging a websocket to an SSH channel (:mod:`.terminal`), the ASGI application with its pages
 (:mod:`.app`, assets in ``static/``; headers, tokens and the page shell in :mod:`.http`) and
 the server around it (:mod:`.server`).
@@ -9,3 +11,13 @@ no lab and takes none down.
 
 Imports never: labctl.cli, labctl.pipeline, labctl.bisect, labctl.steps, labctl.bundle, labctl.report
 """
+
+from __future__ import annotations
+
+from labctl.web import server
+from labctl.web.access import revoke
+
+__all__ = [
+    "revoke",
+    "server",
+]

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import LabctlError, LabStateError, UsageError
-from labctl.lab.model import LAB_IDENT
+from labctl.lab import LAB_IDENT
 from labctl.paths import atomic_write, ensure_private_dir, state_dir
-from labctl.training.classroom import ClassRecord, class_names, classes_root
+from labctl.training import ClassRecord, class_names, classes_root
 
 OWNER, TRAINER, STUDENT = "owner", "trainer", "student"
 TOKEN_BYTES = 24

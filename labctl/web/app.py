@@ -57,9 +57,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from labctl.errors import LabctlError, LabStateError, UsageError
-from labctl.lab.model import LAB_IDENT
-from labctl.state.runstate import LabState, run_dir
-from labctl.training.classroom import ClassRecord
+from labctl.lab import LAB_IDENT
+from labctl.state import LabState, run_dir
+from labctl.training import ClassRecord
 from labctl.web.access import OWNER, STUDENT, TRAINER, Principal, resolve
 from labctl.web.http import COOKIE, ASGIApp, SecurityHeaders, forbidden, not_found, page, same_origin, token_of
 from labctl.web.room import Room, handout_text, topology_svg

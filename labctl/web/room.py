@@ -14,18 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.debug.crash import CRASH_MARKERS, PANIC, console_end
+from labctl.debug import CRASH_MARKERS, PANIC, console_end
 from labctl.errors import LabctlError
 from labctl.grading import CheckResult, checks_of, run_checks, summary
 from labctl.live import capture
-from labctl.net.graph import runtime_from_state, to_svg, topology
-from labctl.state import netstate
-from labctl.state.runstate import LabState, run_dir, up_labs
+from labctl.net import runtime_from_state, to_svg, topology
+from labctl.state import LabState, netstate, run_dir, up_labs
 from labctl.textsafe import safe_text
-from labctl.training.classroom import ClassRecord, class_names
-from labctl.training.handout import README
-from labctl.training.reset import reset
-from labctl.up.status import guest_statuses
+from labctl.training import README, ClassRecord, class_names, reset
+from labctl.up import guest_statuses
 from labctl.web.progress import Progress
 
 VIEW_TTL = 0.8  # seconds a look at a lab's state serves every page that asks

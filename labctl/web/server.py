@@ -13,7 +13,7 @@ from pathlib import Path
 
 from labctl.errors import UnsafePath, UsageError
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir
-from labctl.training.classroom import ClassRecord, class_names
+from labctl.training import ClassRecord, class_names
 from labctl.web.access import class_tokens, owner_token, web_dir, write_url_file
 
 DEFAULT_PORT = 8470

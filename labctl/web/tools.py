@@ -24,11 +24,10 @@ from typing import Any
 
 from labctl.backends import get_backend
 from labctl.errors import LabctlError, UsageError
-from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
+from labctl.lab import IMPAIR_KEYS, Impairment, parse_impairment
 from labctl.live import capture, netctl
 from labctl.paths import atomic_write, ensure_private_dir
-from labctl.state import netstate
-from labctl.state.runstate import LabState
+from labctl.state import LabState, netstate
 from labctl.textsafe import safe_text
 
 SAVED = "web-captures"

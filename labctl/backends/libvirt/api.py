@@ -25,8 +25,8 @@ from labctl.backends.libvirt.xml import (
     gdb_socket,
 )
 from labctl.errors import HostError, MachineError, ProcessError
-from labctl.lab.hosts import HostPlace
-from labctl.net.plan import UdpAddr
+from labctl.lab import HostPlace
+from labctl.net import UdpAddr
 from labctl.proc import run
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,7 @@ from labctl.backends.libvirt.api import ROOT_FIX, ROOT_WHY, connection, host_fac
 from labctl.backends.libvirt.binding import binding
 from labctl.backends.libvirt.host import QemuUser
 from labctl.errors import HostError, LabctlError
-from labctl.lab.hosts import HostPlace, place_guests
-from labctl.lab.model import Lab
-from labctl.lab.uri import parse_uri
+from labctl.lab import HostPlace, Lab, parse_uri, place_guests
 from labctl.ssh import jump_client
 
 MIN_LIBVIRT = (9, 0, 0)  # fw_cfg sysinfo (6.5), <cpu mode='maximum'> (7.1); tested on 9.0

@@ -54,8 +54,7 @@ from labctl.backends.libvirt.binding import binding
 from labctl.backends.libvirt.starter import DomainStarter
 from labctl.backends.owned import entries as owned_entries
 from labctl.errors import HostError, LabctlError, MachineError, UsageError
-from labctl.lab.hosts import HostPlace, host_place, place_guests
-from labctl.lab.model import Lab
+from labctl.lab import HostPlace, Lab, host_place, place_guests
 from labctl.proc import stop_pid
 
 log = logging.getLogger(__name__)

@@ -58,7 +58,7 @@ from labctl.backends.libvirt.api import (
 from labctl.backends.libvirt.binding import binding
 from labctl.backends.owned import record as record_owned
 from labctl.errors import MachineError
-from labctl.lab.hosts import HostPlace, host_place
+from labctl.lab import HostPlace, host_place
 from labctl.proc import spawn, stop_pid
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")

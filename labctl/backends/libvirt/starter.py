@@ -45,7 +45,7 @@ from labctl.backends.libvirt.xml import (
 from labctl.backends.owned import forget as forget_owned
 from labctl.backends.owned import record as record_owned
 from labctl.errors import HostError, MachineError
-from labctl.lab.hosts import HostPlace, host_place
+from labctl.lab import HostPlace, host_place
 from labctl.paths import ensure_private_dir
 from labctl.proc import pid_cmdline
 

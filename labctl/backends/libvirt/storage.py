@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import ImageError
-from labctl.image.apt import sha256_file
-from labctl.image.store import ROOTFS, Image
-from labctl.kernel.kernel_store import Kernel
+from labctl.image import ROOTFS, Image, sha256_file
+from labctl.kernel import Kernel
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 
 from labctl.backends.base import MGMT_NET, GuestPlan, netdev_id
-from labctl.lab.model import Nic
-from labctl.lab.shares import tag
-from labctl.net.plan import Port, TapDev, UdpAddr
+from labctl.lab import Nic, tag
+from labctl.net import Port, TapDev, UdpAddr
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
 # (7.1 s vs 8.6 s to SSH-ready), but with acpi=noirq its MP table makes PCI

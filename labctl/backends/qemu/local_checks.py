@@ -10,10 +10,9 @@ import shutil
 from labctl.backends.accel import kvm_usable
 from labctl.backends.base import HostCheck
 from labctl.errors import LabctlError
-from labctl.image.recipe import load_recipe
-from labctl.image.store import ImageStore
-from labctl.kernel.lab import default_kernel
-from labctl.lab.model import DEFAULT_IMAGE
+from labctl.image import ImageStore, load_recipe
+from labctl.kernel import default_kernel
+from labctl.lab import DEFAULT_IMAGE
 
 
 def check_binary(name: str) -> HostCheck:

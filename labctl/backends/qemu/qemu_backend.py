@@ -20,8 +20,8 @@ from labctl.backends.monitor import qmp_execute
 from labctl.backends.qemu.argv import build_argv, tap_netdev_fds
 from labctl.backends.qemu.local_checks import host_checks
 from labctl.errors import MachineError, PortTaken
-from labctl.lab.hosts import HostPlace
-from labctl.net.plan import TapDev
+from labctl.lab import HostPlace
+from labctl.net import TapDev
 from labctl.paths import ensure_private_dir
 from labctl.proc import pid_alive, pid_cmdline, run, spawn, stop_pid
 

@@ -43,7 +43,7 @@ Imports never: labctl.cli, labctl.steps.runner
 
 from __future__ import annotations
 
-from labctl.backends.monitor import BackendMonitor, Monitor, SocketMonitor, as_monitor, ensure_resumed, qmp_running
+from labctl.backends import BackendMonitor, Monitor, SocketMonitor, as_monitor, ensure_resumed, qmp_running
 from labctl.debug.gdb.mi import MiResult, MiSession
 from labctl.debug.gdb.session import attach, insert_breakpoint, leave_running, load_symbols, run_breakpoint_session
 from labctl.debug.gdb.stub import GdbStub, ensure_gdbstub_free, gdbstub_clients, target_remote

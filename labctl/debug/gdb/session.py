@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from labctl.backends.monitor import Monitor, as_monitor, ensure_resumed, qmp_running
+from labctl.backends import Monitor, as_monitor, ensure_resumed, qmp_running
 from labctl.debug.gdb.mi import CMD_TIMEOUT, MiSession
 from labctl.debug.gdb.stub import GdbStub, ensure_gdbstub_free, target_remote
 from labctl.debug.gdb.transcript import (

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.errors import DebugError
-from labctl.lab.uri import SshHop
+from labctl.lab import SshHop
 
 FORWARD_TIMEOUT = 30.0  # a remote gdbstub's SSH forward to come up
 

@@ -9,16 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from labctl.backends import get_backend
-from labctl.backends.monitor import BackendMonitor, Monitor
+from labctl.backends import BackendMonitor, Monitor, get_backend
 from labctl.debug.gdb.stub import GdbStub, target_remote
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.errors import DebugError
-from labctl.kernel.kernel_store import Kernel
-from labctl.lab.uri import SshHop
+from labctl.kernel import Kernel
+from labctl.lab import SshHop
 
 if TYPE_CHECKING:
-    from labctl.backends.base import GuestRecord
+    from labctl.backends import GuestRecord
     from labctl.ssh import Endpoint
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labctl.lab.model import DEFAULT_HOST
+from labctl.lab import DEFAULT_HOST
 from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP
 from labctl.textsafe import safe_line
 
@@ -234,7 +234,7 @@ def _guest_node(name: str, guest: Mapping[str, Any], facts: Mapping[str, Any], s
 
 
 def _host_is_remote(uri: object) -> bool:
-    from labctl.lab.uri import parse_uri
+    from labctl.lab import parse_uri
 
     try:
         return isinstance(uri, str) and parse_uri(uri).remote
