@@ -2,7 +2,7 @@
 
 Owns: the bundle's file names (:mod:`.layout`), its directory and manifest
 (:mod:`.write`), reading it back (:mod:`.read`) and summary.json's shape
-(:mod:`.figures`: accessors, number formatting, the spread of repeated runs
+(:mod:`.records`: typed records; :mod:`.figures`: accessors, number formatting, the spread of repeated runs
 and the noise rule), the JUnit file of a run (:mod:`.junit`) and the archive
 (:mod:`.archive`). What summary.json holds is the report sections'
 (:mod:`labctl.report.summary`). Must not import the report, the CLI, the steps
@@ -54,6 +54,20 @@ from labctl.bundle.layout import (
     step_dir,
 )
 from labctl.bundle.read import Run, load_run
+from labctl.bundle.records import (
+    BuildRecord,
+    CaptureRecord,
+    CommandRecord,
+    GdbRecord,
+    NetworkRecord,
+    NicRecord,
+    SelftestEntry,
+    SelftestRecord,
+    Spread,
+    StepSummary,
+    Summary,
+    VariantSpread,
+)
 
 __all__ = [
     "BEYOND",
@@ -69,7 +83,19 @@ __all__ = [
     "REPORT_MD",
     "SUMMARY",
     "WITHIN",
+    "BuildRecord",
+    "CaptureRecord",
+    "CommandRecord",
+    "GdbRecord",
+    "NetworkRecord",
+    "NicRecord",
     "Run",
+    "SelftestEntry",
+    "SelftestRecord",
+    "Spread",
+    "StepSummary",
+    "Summary",
+    "VariantSpread",
     "as_dict",
     "as_list",
     "capture_file",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from labctl.bundle import Run, as_dict, as_list
+from labctl.bundle import Run, StepSummary, as_dict, as_list
 from labctl.report.document import Block, Inline
 
 Metric = tuple[float, str, str, int]
@@ -47,7 +47,7 @@ class StepFiles:
     """One step entry being summarized, with where its raw files are."""
 
     bundle: Path
-    entry: dict[str, Any]  # the summary entry (recorded fields and guests' figures so far)
+    entry: StepSummary  # the summary entry (recorded fields and guests' figures so far)
 
     @property
     def dir(self) -> Path:

@@ -17,9 +17,9 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-from labctl.bundle import SUMMARY, as_dict, is_failed, repeat_key, spread
+from labctl.bundle import SUMMARY, StepSummary, Summary, VariantSpread, as_dict, is_failed, repeat_key, spread
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
 from labctl.report.registry import SECTIONS, step_metrics
@@ -34,39 +34,6 @@ RECORDED = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "
 """What a step entry keeps as the runner recorded it; everything else is computed."""
 
 
-class Spread(TypedDict):
-    """A figure's spread over repeated runs (:func:`labctl.bundle.figures.spread`)."""
-
-    n: int
-    mean: float
-    min: float
-    max: float
-    sd: float
-
-
-class VariantSpread(TypedDict):
-    name: str
-    variant: str | None
-    runs: int
-    metrics: dict[str, Spread]
-
-
-class Summary(TypedDict, total=False):
-    """summary.json: the run's header (lab, status, reason, times, accelerator), its steps (each as
-    recorded, :class:`labctl.steps.result.StepResult`, with the figures of :func:`summarize_step`),
-    the spreads of repeated variants and the comparison sentence."""
-
-    lab: str
-    status: str
-    reason: str | None
-    started_at: str
-    finished_at: str
-    accel: str | None
-    steps: list[dict[str, Any]]
-    spreads: list[VariantSpread]
-    comparison: str | None
-
-
 def _guest_names(guests: object) -> list[str]:
     """A step's guests: the runner's list of names, or a summary's mapping of them."""
     if isinstance(guests, Mapping | list):
@@ -74,19 +41,19 @@ def _guest_names(guests: object) -> list[str]:
     return []
 
 
-def summarize_step(bundle: Path, step: Mapping[str, Any]) -> dict[str, Any]:
+def summarize_step(bundle: Path, step: Mapping[str, Any]) -> StepSummary:
     """One step entry: the recorded fields, every guest's figures, each section's piece.
 
     A guest whose analysis fails gets a warning, never a lost bundle.
     """
-    entry: dict[str, Any] = {k: step.get(k) for k in RECORDED if k in step or k != "kinds"}
+    entry: StepSummary = {k: step.get(k) for k in RECORDED if k in step or k != "kinds"}  # type: ignore[assignment]
     entry["warnings"] = list(step.get("warnings") or [])
     nic = as_dict(step.get("nic"))
     modules = nic.get("modules") or []
     sdir = bundle / str(step.get("dir") or "")
     window = step.get("window_s") if isinstance(step.get("window_s"), int | float) else None
     transfer = expects_transfer(step)
-    guests: dict[str, Any] = {}
+    guests: dict[str, dict[str, Any]] = {}
     for g in _guest_names(step.get("guests")):
         gdir = sdir / g
         if not gdir.is_dir():

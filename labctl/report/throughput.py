@@ -133,7 +133,7 @@ class TransferSection(ReportSection):
 
     def summarize(self, step: StepFiles) -> None:
         e = step.entry
-        e["figures"] = {**as_dict(e.get("figures")), **step_figures(as_dict(e.get("guests")), e.get("nic"))}
+        e["figures"] = {**as_dict(e.get("figures")), **step_figures(as_dict(e.get("guests")), as_dict(e.get("nic")))}
 
     def columns(self, steps: Sequence[Mapping[str, Any]]) -> list[Column]:
         if not any(about(s) for s in steps):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from labctl.bundle import GdbRecord
 from labctl.debug import GdbSpec, Transcript, gdb_target, guest_module_commands, run_breakpoint_session
 from labctl.errors import LabctlError, UsageError
 from labctl.lab import GdbStep, Step, check_location, render
-from labctl.steps.result import GdbRecord
 from labctl.steps.variant import StepKind, Variant
 
 JOIN_TIMEOUT = 600.0

@@ -16,12 +16,12 @@ import functools
 import logging
 from collections.abc import Callable
 
-from labctl.bundle import capture_file
+from labctl.bundle import CaptureRecord, NetworkRecord, capture_file
 from labctl.errors import LabctlError
 from labctl.lab import Impairment, Lab, LinkSpec, Step, render, render_impairment
 from labctl.live import capture, netctl
 from labctl.state import netstate
-from labctl.steps.result import CaptureRecord, NetworkRecord, StepResult
+from labctl.steps.result import StepResult
 from labctl.steps.variant import StepKind, Variant
 
 log = logging.getLogger(__name__)

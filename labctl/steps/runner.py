@@ -16,14 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labctl.backends import Backend, get_backend
-from labctl.bundle import step_dir
+from labctl.bundle import CommandRecord, NicRecord, step_dir
 from labctl.errors import LabctlError
 from labctl.lab import Lab, Step, render, render_trace
 from labctl.ssh import Session
 from labctl.state import LabState
 from labctl.steps.hostwatch import Window
 from labctl.steps.kinds import GUEST_ORDER, kinds_of
-from labctl.steps.result import CommandRecord, NicRecord, StepEvents, StepResult
+from labctl.steps.result import StepEvents, StepResult
 from labctl.steps.sessions import Sessions
 from labctl.steps.variant import GUEST_ROOT, NO_VARIANT, Variant, now
 

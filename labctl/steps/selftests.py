@@ -47,9 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from labctl import paths, proc
+from labctl.bundle import BuildRecord, SelftestEntry, SelftestRecord
 from labctl.errors import LabctlError
 from labctl.lab import SELFTESTS, Kselftest, Step, render
-from labctl.steps.result import BuildRecord, SelftestEntry, SelftestRecord, StepResult
+from labctl.steps.result import StepResult
 from labctl.steps.transfer import to_guest
 from labctl.steps.variant import GUEST_ROOT, StepKind, Variant, now
 from labctl.trace import ktap
