@@ -1,4 +1,5 @@
-"""Shell commands that start, stop and post-process tracers inside a guest.
+"""The trace kinds a guest's ``trace:`` may ask for (:data:`TRACE_KINDS`, each a registered object),
+and the shell commands that start, stop and post-process their tracers inside a guest.
 
 Pure functions from a :class:`~labctl.lab.steps.TraceSpec` to command
 lines; every value is shell-quoted. A tracer runs in the background with its
@@ -13,6 +14,7 @@ import shlex
 from dataclasses import dataclass
 
 from labctl.lab import TraceSpec
+from labctl.steps import skbprobes
 
 q = shlex.quote
 
@@ -43,20 +45,63 @@ def kprobe_events(spec: TraceSpec) -> list[str]:
     return [f"probe:{fn}" for fn in spec.kprobes]
 
 
-def tracers(spec: TraceSpec) -> list[Tracer]:
-    """The background tracers of one guest's trace spec (system-wide ones)."""
-    out: list[Tracer] = []
-    pr = spec.perf_record
-    if pr is not None and pr.target == "system":
-        out.append(Tracer("perf-record", "perf", perf_record_argv(spec, system=True) + _perf_control("perf-record"),
-                          signal="control"))
-    if spec.perf_stat is not None:
+class TraceKind:
+    """One kind of tracer a guest's ``trace:`` may ask for: the background tracers it starts, the
+    guest commands that turn its output into text once stopped, the probes it leaves to remove.
+    :data:`TRACE_KINDS` lists them in order; a new one (say ``follow``, packet journeys) is a class
+    here and a report section (:mod:`labctl.report`) for what it leaves."""
+
+    name = ""
+
+    def tracers(self, spec: TraceSpec) -> list[Tracer]:
+        return []
+
+    def postprocess(self, spec: TraceSpec) -> list[str]:
+        return []
+
+    def cleanup(self, spec: TraceSpec) -> list[str]:
+        return []
+
+
+class PerfRecordKind(TraceKind):
+    """``perf_record``: samples (system-wide, or the step's first command), reports and stacks in the guest."""
+
+    name = "perf_record"
+
+    def tracers(self, spec: TraceSpec) -> list[Tracer]:
+        pr = spec.perf_record
+        if pr is None or pr.target != "system":
+            return []
+        return [Tracer("perf-record", "perf", perf_record_argv(spec, system=True) + _perf_control("perf-record"),
+                       signal="control")]
+
+    def postprocess(self, spec: TraceSpec) -> list[str]:
+        return _perf_reports(spec) if spec.perf_record is not None else []
+
+
+class PerfStatKind(TraceKind):
+    """``perf_stat``: event counts over the step."""
+
+    name = "perf_stat"
+
+    def tracers(self, spec: TraceSpec) -> list[Tracer]:
+        if spec.perf_stat is None:
+            return []
         argv = ["perf", "stat", "-a", "-x,", "-o", "perf-stat.txt"]
         for ev in spec.perf_stat:
             argv += ["-e", ev]
-        out.append(Tracer("perf-stat", "perf", argv + _perf_control("perf-stat"), signal="control"))
-    ft = spec.ftrace
-    if ft is not None:
+        return [Tracer("perf-stat", "perf", argv + _perf_control("perf-stat"), signal="control")]
+
+
+class FtraceKind(TraceKind):
+    """``ftrace``: trace-cmd's recording (events, a tracer and its functions, kprobes as events)."""
+
+    name = "ftrace"
+
+    def tracers(self, spec: TraceSpec) -> list[Tracer]:
+        ft = spec.ftrace
+        if ft is None:
+            return []
         argv = ["trace-cmd", "record", "-o", "trace.dat"]
         if ft.buffer_kb:
             argv += ["-b", str(ft.buffer_kb)]
@@ -70,15 +115,63 @@ def tracers(spec: TraceSpec) -> list[Tracer]:
                 argv += ["-f", ft.filter]
         for ev in kprobe_events(spec):
             argv += ["-e", ev]
-        out.append(Tracer("trace-cmd", "trace-cmd", argv, signal="banner"))
-    if spec.skb_latency is not None:
-        from labctl.steps.skbprobes import record_argv
+        return [Tracer("trace-cmd", "trace-cmd", argv, signal="banner")]
 
-        out.append(Tracer("skb-latency", "trace-cmd", record_argv(spec.skb_latency.buffer_kb), signal="banner"))
-    if spec.mpstat is not None:
-        out.append(Tracer("mpstat", "mpstat", ["mpstat", "-P", "ALL", "-o", "JSON", str(int(spec.mpstat))],
-                          "mpstat.json"))
-    return out
+    def postprocess(self, spec: TraceSpec) -> list[str]:
+        if spec.ftrace is None:
+            return []
+        return ["[ -s trace.dat ] && trace-cmd report -i trace.dat > trace-report.txt 2> trace-report.err",
+                "[ -s trace.dat ] && trace-cmd report -i trace.dat --stat > trace-stat.txt 2>> trace-report.err"]
+
+
+class KprobesKind(TraceKind):
+    """``kprobes``: perf probes on kernel functions, their hit and miss counts."""
+
+    name = "kprobes"
+
+    def postprocess(self, spec: TraceSpec) -> list[str]:
+        return ["cat /sys/kernel/tracing/kprobe_profile > kprobe_profile.txt 2>/dev/null"] if spec.kprobes else []
+
+    def cleanup(self, spec: TraceSpec) -> list[str]:
+        return ["perf probe -q -d 'probe:*' 2>/dev/null; true"] if spec.kprobes else []
+
+
+class SkbLatencyKind(TraceKind):
+    """``skb_latency``: per-packet stage latency (:mod:`labctl.steps.skbprobes`)."""
+
+    name = "skb_latency"
+
+    def tracers(self, spec: TraceSpec) -> list[Tracer]:
+        if spec.skb_latency is None:
+            return []
+        return [Tracer("skb-latency", "trace-cmd", skbprobes.record_argv(spec.skb_latency.buffer_kb), signal="banner")]
+
+    def postprocess(self, spec: TraceSpec) -> list[str]:
+        return [skbprobes.postprocess_command()] if spec.skb_latency is not None else []
+
+    def cleanup(self, spec: TraceSpec) -> list[str]:
+        return [skbprobes.remove_command()] if spec.skb_latency is not None else []
+
+
+class MpstatKind(TraceKind):
+    """``mpstat``: CPU load, per CPU, every interval."""
+
+    name = "mpstat"
+
+    def tracers(self, spec: TraceSpec) -> list[Tracer]:
+        if spec.mpstat is None:
+            return []
+        return [Tracer("mpstat", "mpstat", ["mpstat", "-P", "ALL", "-o", "JSON", str(int(spec.mpstat))], "mpstat.json")]
+
+
+TRACE_KINDS: tuple[TraceKind, ...] = (PerfRecordKind(), PerfStatKind(), FtraceKind(), KprobesKind(), SkbLatencyKind(),
+                                      MpstatKind())
+"""The trace kinds, in the order their tracers start and their output is post-processed."""
+
+
+def tracers(spec: TraceSpec) -> list[Tracer]:
+    """The background tracers of one guest's trace spec (system-wide ones)."""
+    return [t for kind in TRACE_KINDS for t in kind.tracers(spec)]
 
 
 def perf_record_argv(spec: TraceSpec, system: bool) -> list[str]:
@@ -158,55 +251,45 @@ def add_kprobes(spec: TraceSpec) -> str | None:
 
 
 def remove_kprobes(spec: TraceSpec) -> str | None:
-    cmds = []
-    if spec.kprobes:
-        cmds.append("perf probe -q -d 'probe:*' 2>/dev/null; true")
-    if spec.skb_latency is not None:
-        from labctl.steps.skbprobes import remove_command
+    """The commands that remove what the trace kinds left in the kernel (probes), or None."""
+    return "; ".join(c for kind in TRACE_KINDS for c in kind.cleanup(spec)) or None
 
-        cmds.append(remove_command())
-    return "; ".join(cmds) or None
+
+def _perf_reports(spec: TraceSpec) -> list[str]:
+    """perf_record's reports and stacks, as text, in the guest (symbols resolve there)."""
+    assert spec.perf_record is not None
+    ks = "--kallsyms kallsyms.txt"
+    # With call graphs, the tables stay flat (self time); the stacks go to the flame graphs.
+    flat = " --no-children -g none" if spec.perf_record.call_graph else ""
+    cmds = [
+        (f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort dso,sym --percent-limit 0.1 "
+         "> perf-report.txt 2> perf-report.err"),
+        (f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort dso > perf-report-dso.txt "
+         "2>> perf-report.err"),
+        "[ -s perf.data ] && perf report -i perf.data --header-only > perf-report-header.txt 2>> perf-report.err",
+    ]
+    if any(":" in ev for ev in (*spec.perf_record.events, *kprobe_events(spec))):
+        cmds += [(f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort comm "
+                  "> perf-report-events.txt 2>> perf-report.err"),
+                 ("[ -s perf.data ] && perf script -i perf.data 2>> perf-report.err | head -n 20000 "
+                  "> perf-script.txt"),
+                 # every hit counted, per command and CPU (labctl.trace.tpcounts)
+                 ("[ -s perf.data ] && perf script -i perf.data -F comm,cpu,event 2>> perf-report.err "
+                  "| sort | uniq -c > perf-event-counts.txt")]
+    if spec.perf_record.call_graph:  # the stacks of every sample, for flame graphs (labctl.trace.flamefold)
+        cmds.append(f"[ -s perf.data ] && perf script -i perf.data {ks} 2>> perf-report.err "
+                    "| gzip -1 > perf-script-g.txt.gz")
+    return cmds
 
 
 def postprocess(workdir: str, spec: TraceSpec) -> str:
     """Turn binary traces into text inside the guest (symbols resolve there)."""
-    w = q(workdir)
     # Module symbols with their module: perf often files module samples under
     # [kernel.kallsyms]; this map gives each symbol back its driver.
     # Without vmlinux perf reads /proc/kcore and files every module's samples
     # under [kernel.kallsyms]; a copy of kallsyms gives modules their own rows.
-    cmds = [f"cd {w}", "cat /proc/kallsyms > kallsyms.txt", "grep -F '[' kallsyms.txt > kallsyms-modules.txt"]
-    ks = "--kallsyms kallsyms.txt"
-    if spec.perf_record is not None:
-        # With call graphs, the tables stay flat (self time); the stacks go to the flame graphs.
-        flat = " --no-children -g none" if spec.perf_record.call_graph else ""
-        cmds += [
-            (f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort dso,sym --percent-limit 0.1 "
-             "> perf-report.txt 2> perf-report.err"),
-            (f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort dso > perf-report-dso.txt "
-             "2>> perf-report.err"),
-            "[ -s perf.data ] && perf report -i perf.data --header-only > perf-report-header.txt 2>> perf-report.err",
-        ]
-        if any(":" in ev for ev in (*spec.perf_record.events, *kprobe_events(spec))):
-            cmds += [(f"[ -s perf.data ] && perf report -i perf.data {ks}{flat} --stdio --sort comm "
-                      "> perf-report-events.txt 2>> perf-report.err"),
-                     ("[ -s perf.data ] && perf script -i perf.data 2>> perf-report.err | head -n 20000 "
-                      "> perf-script.txt"),
-                     # every hit counted, per command and CPU (labctl.trace.tpcounts)
-                     ("[ -s perf.data ] && perf script -i perf.data -F comm,cpu,event 2>> perf-report.err "
-                      "| sort | uniq -c > perf-event-counts.txt")]
-        if spec.perf_record.call_graph:  # the stacks of every sample, for flame graphs (labctl.trace.flamefold)
-            cmds.append(f"[ -s perf.data ] && perf script -i perf.data {ks} 2>> perf-report.err "
-                        "| gzip -1 > perf-script-g.txt.gz")
-    if spec.ftrace is not None:
-        cmds += ["[ -s trace.dat ] && trace-cmd report -i trace.dat > trace-report.txt 2> trace-report.err",
-                 "[ -s trace.dat ] && trace-cmd report -i trace.dat --stat > trace-stat.txt 2>> trace-report.err"]
-    if spec.kprobes:
-        cmds.append("cat /sys/kernel/tracing/kprobe_profile > kprobe_profile.txt 2>/dev/null")
-    if spec.skb_latency is not None:
-        from labctl.steps.skbprobes import postprocess_command
-
-        cmds.append(postprocess_command())
+    cmds = [f"cd {q(workdir)}", "cat /proc/kallsyms > kallsyms.txt", "grep -F '[' kallsyms.txt > kallsyms-modules.txt"]
+    cmds += [c for kind in TRACE_KINDS for c in kind.postprocess(spec)]
     return "; ".join(cmds) + "; true"
 
 
