@@ -45,10 +45,9 @@ from labctl.bundle import (
 from labctl.errors import UsageError
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Row, Span, Table, txt
-from labctl.report.registry import headline, step_metrics
+from labctl.report.registry import compare_groups, headline, step_metrics
 
-GROUPS = (("", "Headline figures"), ("cost.", "Cost per GB, per guest"), ("latency.", "Per-packet latency"),
-          ("softnet.", "Softnet"), ("tracepoints.", "Tracepoint counts"), ("snmp.", "SNMP counters (nstat)"))
+GROUPS = compare_groups()  # each section's tables (labctl.report.sections), in order
 
 
 def lab_of(run: Run) -> str:

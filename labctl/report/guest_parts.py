@@ -114,6 +114,7 @@ class SoftnetSection(ReportSection):
     """Softnet counters of a step's guests (statistics snapshots); SNMP counters for compare."""
 
     name = "softnet"
+    compare_groups = ((3, "softnet.", "Softnet"), (5, "snmp.", "SNMP counters (nstat)"))
 
     def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
         return softnet_blocks(step_guests(step)) if "stats" in kinds_of(step) else []

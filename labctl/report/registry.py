@@ -40,6 +40,11 @@ def headline() -> tuple[HeadlineFigure, ...]:
     return tuple(h for s in SECTIONS for h in s.headline)
 
 
+def compare_groups() -> tuple[tuple[str, str], ...]:
+    """(key prefix, title) of each table of ``labctl compare``, in order: what every section says."""
+    return tuple((prefix, title) for _, prefix, title in sorted(g for s in SECTIONS for g in s.compare_groups))
+
+
 def step_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:
     """Every number of a step entry worth comparing, flat: key -> (value, label, unit, better).
 

@@ -32,6 +32,10 @@ Metric = tuple[float, str, str, int]
 HeadlineFigure = tuple[str, str, str, int]
 """(summary key, label, unit, which way is better) of a figure the run's spread and charts show."""
 
+CompareGroup = tuple[int, str, str]
+"""(rank, key prefix, title) of a table of ``labctl compare``: the metrics whose keys start with the
+prefix (the longest prefix wins), tables in rank order."""
+
 
 @dataclass(frozen=True)
 class Column:
@@ -79,6 +83,7 @@ class ReportSection:
     name: ClassVar[str] = ""
     placement: ClassVar[str] = "body"  # "lead": before the results
     headline: ClassVar[tuple[HeadlineFigure, ...]] = ()
+    compare_groups: ClassVar[tuple[CompareGroup, ...]] = ()
 
     def summarize(self, step: StepFiles) -> None:
         """Add this section's keys to the step's summary entry."""

@@ -124,6 +124,7 @@ class TransferSection(ReportSection):
     """Throughput, CPU load and the driver's share (see the module docstring)."""
 
     name = "transfer"
+    compare_groups = ((0, "", "Headline figures"),)
     headline: ClassVar[tuple[HeadlineFigure, ...]] = (
         ("throughput_mbit_s", "throughput", "Mbit/s", +1),
         ("cpu_load_pct", "guest CPU load", "%", -1),

@@ -113,6 +113,7 @@ class TracepointSection(ReportSection):
     """Tracepoint counts (see the module docstring)."""
 
     name = "tracepoints"
+    compare_groups = ((4, "tracepoints.", "Tracepoint counts"),)
 
     def blocks(self, run: Run) -> list[Block]:
         return tracepoint_blocks(run)
