@@ -21,11 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import labctl.inspect.debuginfo as debuginfo
+import labctl.inspect.vmcoreinfo as vmcoreinfo
 from labctl.errors import DebugError, GuestError
-from labctl.inspect import debuginfo, vmcoreinfo
 from labctl.inspect.memory import GuestMemory, map_ranges
-from labctl.inspect.program import DebugReport, check_build_id, core_program, core_vmcoreinfo, live_program, \
-    load_debug_info
+from labctl.inspect.program import (
+    DebugReport,
+    check_build_id,
+    core_program,
+    core_vmcoreinfo,
+    live_program,
+    load_debug_info,
+)
 from labctl.inspect.target import GuestTarget, LabState, guest_target
 
 if TYPE_CHECKING:

@@ -31,9 +31,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import labctl.inspect.kdump as kdump
+import labctl.inspect.vmcoreinfo as vmcoreinfo
 from labctl.backends.monitor import dump_guest_memory
 from labctl.errors import DebugError, HostError, LabctlError
-from labctl.inspect import kdump, vmcoreinfo
 from labctl.inspect.target import GuestTarget, LabState, guest_target
 from labctl.paths import atomic_file
 

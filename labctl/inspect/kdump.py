@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import struct
 
+import labctl.inspect.vmcoreinfo as vmcoreinfo
 from labctl.errors import DebugError
-from labctl.inspect import vmcoreinfo
 
 FLAT_SIGNATURE = b"makedumpfile"
 FLAT_HEADER = 4096

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import labctl.inspect.vmcoreinfo as vmci
 from labctl.errors import DebugError, HostError
-from labctl.inspect import vmcoreinfo as vmci
 from labctl.inspect.debuginfo import DebugFiles
 from labctl.inspect.memory import GuestMemory
 
@@ -71,7 +71,7 @@ def live_program(memory: GuestMemory, note: bytes) -> drgn.Program:
         prog.add_memory_segment(gpa, size, read, True)
     try:
         prog.set_linux_kernel_custom(note, True)
-    except (ValueError, d.FaultError, Exception) as exc:  # noqa: BLE001 - libdrgn raises plain Exception too
+    except Exception as exc:  # libdrgn raises plain Exception
         raise DebugError(f"drgn cannot read the guest's kernel: {exc}") from exc
     return prog
 
@@ -88,7 +88,7 @@ def core_program(path: Path) -> drgn.Program:
         prog.set_core_dump(str(path))
     except OSError as exc:
         raise DebugError(f"cannot open {path}: {exc.strerror or exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - libdrgn and libkdumpfile raise plain Exception
+    except Exception as exc:  # libdrgn and libkdumpfile raise plain Exception
         raise DebugError(f"drgn cannot read {path} as a vmcore: {exc}",
                          hint="a vmcore of 'labctl dump' (kdump or ELF with VMCOREINFO)") from exc
     if not prog.flags & d.ProgramFlags.IS_LINUX_KERNEL:

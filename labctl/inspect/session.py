@@ -119,7 +119,7 @@ def _outcome(run: Callable[[], object]) -> Outcome:
         return Outcome(1, message=str(exc.code))
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the user's code: any error is its exit status 1 and its traceback
+    except BaseException as exc:  # noqa: BLE001 - the user's code: any error is its status 1 and its traceback
         return Outcome(1, "".join(traceback.format_exception(type(exc), exc, _users(exc.__traceback__))))
     return Outcome(0)
 

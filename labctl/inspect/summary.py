@@ -193,7 +193,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = []
     for t in s.get("tasks", []):
         head = "crashed task" if t.get("crashed") else f"CPU {t.get('cpu')}"
-        lines.append(f"{head}: pid {t.get('pid', '?')} ({t.get('comm', '?')})" + (f": {t['error']}" if "error" in t else ""))
+        error = f": {t['error']}" if "error" in t else ""
+        lines.append(f"{head}: pid {t.get('pid', '?')} ({t.get('comm', '?')}){error}")
         for i, f in enumerate(t.get("frames", [])):
             lines.append(f"  #{i} {f['function']}" + (f" at {f['source']}" if f["source"] else ""))
             lines += [f"       {k} = {v}" for k, v in f["locals"].items()]
