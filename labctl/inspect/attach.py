@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import labctl.inspect.debuginfo as debuginfo
 import labctl.inspect.vmcoreinfo as vmcoreinfo
-from labctl.errors import DebugError, GuestError
+from labctl.errors import GuestError, HostError
 from labctl.inspect.memory import GuestMemory, map_ranges
 from labctl.inspect.program import (
     DebugReport,
@@ -62,14 +62,14 @@ def read_note_location(target: GuestTarget, timeout: float = 20.0) -> tuple[int,
     """Where the guest's VMCOREINFO note is (``/sys/kernel/vmcoreinfo``, over SSH).
 
     :raise GuestError: when the guest cannot be reached over SSH.
-    :raise DebugError: when its kernel has no such file or says something else.
+    :raise HostError: when its kernel has no such file (exit 3). :raise DebugError: when it says something else.
     """
     from labctl.ssh import Session
 
     with Session(target.endpoint) as s:
         res = s.run(f"cat {vmcoreinfo.SYSFS}", timeout=timeout)
     if res.status != 0:
-        raise DebugError(f"guest {target.guest}'s kernel has no {vmcoreinfo.SYSFS}",
+        raise HostError(f"guest {target.guest}'s kernel has no {vmcoreinfo.SYSFS}",
                          hint="its kernel needs CONFIG_KEXEC=y (VMCOREINFO comes with kexec's crash core)")
     return vmcoreinfo.parse_sysfs(res.stdout[:256].decode("ascii", "replace"))
 
@@ -79,8 +79,9 @@ def open_live(state: LabState, guest: str) -> Iterator[KernelView]:
     """drgn on ``guest``'s running kernel, its memory read from its QEMU while it runs.
 
     :raise LabStateError: no such guest. :raise HostError: it runs where its memory cannot be read,
-        or drgn is missing. :raise GuestError: no SSH to the guest (where its note is).
-    :raise DebugError: no debug info, or a kernel that is not the one prepared.
+        its kernel has no debug info or no VMCOREINFO, or drgn is missing (exit 3).
+    :raise GuestError: no SSH to the guest (where its note is).
+    :raise DebugError: a kernel that is not the one prepared, or memory drgn cannot make sense of.
     :raise MachineError: its QEMU's monitor failed.
     """
     t0 = time.monotonic()
@@ -110,7 +111,8 @@ def open_core(path: Path, vmlinux: Path | None = None, modules: Path | None = No
     """drgn on the vmcore at ``path``, with the debug info of its kernel: ``vmlinux`` (and the
     ``.ko`` files under ``modules``) when given, else the kernel labctl prepared with its build ID.
 
-    :raise DebugError: when it cannot be read or its debug info is not found. :raise HostError: no drgn.
+    :raise UsageError: when it cannot be read, or ``vmlinux`` is not its kernel's (exit 2).
+    :raise HostError: when its debug info is not found, or drgn is missing (exit 3).
     """
     t0 = time.monotonic()
     prog = core_program(path)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.debug.symbolize import ModuleIndex
-from labctl.errors import DebugError
+from labctl.errors import HostError, UsageError
 from labctl.kernel.store import Kernel, KernelStore
 from labctl.paths import cache_dir
 
@@ -29,7 +29,8 @@ class DebugFiles:
 
     vmlinux: Path
     module_dirs: tuple[Path, ...] = ()
-    kernel: Kernel | None = None  # the prepared kernel they come from (None: files the user named)
+    kernel: Kernel | None = None  # the prepared kernel they come from (its modules' .ko files at least)
+    named: bool = False  # vmlinux is a file the user named (--vmlinux), not the prepared kernel's
     _index: ModuleIndex | None = field(default=None, repr=False, compare=False)
 
     def module_file(self, name: str) -> Path | None:
@@ -54,10 +55,10 @@ def missing_hint(kernel: Kernel) -> str:
 def for_kernel(kernel: Kernel) -> DebugFiles:
     """The debug files of a prepared kernel.
 
-    :raise DebugError: when it has no vmlinux with debug info (the hint says what gives it one).
+    :raise HostError: when it has no vmlinux with debug info (exit 3; the hint says what gives it one).
     """
     if not kernel.vmlinux_debug.is_file():
-        raise DebugError(f"kernel {kernel.name} has no vmlinux with debug info ({kernel.vmlinux_debug})",
+        raise HostError(f"kernel {kernel.name} has no vmlinux with debug info ({kernel.vmlinux_debug})",
                          hint=missing_hint(kernel))
     return DebugFiles(kernel.vmlinux_debug, (kernel.debug_modules,), kernel)
 
@@ -77,16 +78,17 @@ def for_vmcore(build_id: str, release: str, vmlinux: Path | None = None,
     """The debug files for a vmcore of kernel ``build_id``: ``vmlinux`` (and ``modules``) when
     given, else the prepared kernel of that build ID.
 
-    :raise DebugError: when neither is there (the hint names ``--vmlinux``).
+    :raise UsageError: when ``vmlinux`` is not a file. :raise HostError: when neither is there
+        (the hint names ``--vmlinux``).
     """
     kernel = kernel_for_build_id(build_id)
     dirs = tuple(d for d in (modules, kernel.debug_modules if kernel else None) if d is not None)
     if vmlinux is not None:
         if not vmlinux.is_file():
-            raise DebugError(f"{vmlinux} is not a file")
-        return DebugFiles(vmlinux, dirs, kernel)
+            raise UsageError(f"{vmlinux} is not a file")
+        return DebugFiles(vmlinux, dirs, kernel, named=True)
     if kernel is None:
-        raise DebugError(f"no kernel prepared on this machine has build ID {build_id or '?'} "
+        raise HostError(f"no kernel prepared on this machine has build ID {build_id or '?'} "
                          f"(release {release or '?'})",
                          hint="name its vmlinux with debug info: --vmlinux PATH (and --modules DIR for its .ko files)")
     return for_kernel(kernel)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import labctl.inspect.vmcoreinfo as vmci
-from labctl.errors import DebugError, HostError
-from labctl.inspect.debuginfo import DebugFiles
+from labctl.errors import DebugError, HostError, UsageError
+from labctl.inspect.debuginfo import DebugFiles, missing_hint
 from labctl.inspect.memory import GuestMemory
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def live_program(memory: GuestMemory, note: bytes) -> drgn.Program:
 def core_program(path: Path) -> drgn.Program:
     """A drgn program of the vmcore at ``path`` (kdump or ELF, with its VMCOREINFO).
 
-    :raise DebugError: when drgn cannot open it.
+    :raise UsageError: when it cannot be opened or is not a kernel's vmcore (exit 2).
     """
     d = require_drgn()
     prog = d.Program()
@@ -87,12 +87,12 @@ def core_program(path: Path) -> drgn.Program:
     try:
         prog.set_core_dump(str(path))
     except OSError as exc:
-        raise DebugError(f"cannot open {path}: {exc.strerror or exc}") from exc
+        raise UsageError(f"cannot open {path}: {exc.strerror or exc}") from exc
     except Exception as exc:  # libdrgn and libkdumpfile raise plain Exception
-        raise DebugError(f"drgn cannot read {path} as a vmcore: {exc}",
+        raise UsageError(f"drgn cannot read {path} as a vmcore: {exc}",
                          hint="a vmcore of 'labctl dump' (kdump or ELF with VMCOREINFO)") from exc
     if not prog.flags & d.ProgramFlags.IS_LINUX_KERNEL:
-        raise DebugError(f"{path} is not a Linux kernel's vmcore (no VMCOREINFO in it)")
+        raise UsageError(f"{path} is not a Linux kernel's vmcore (no VMCOREINFO in it)")
     return prog
 
 
@@ -116,7 +116,8 @@ def load_debug_info(prog: drgn.Program, files: DebugFiles) -> DebugReport:
     """Load the kernel's debug info from ``files.vmlinux``, then that of every loaded module
     that has a ``.ko`` in ``files`` (drgn checks each file's build ID against the module's).
 
-    :raise DebugError: when vmlinux is not the program's kernel (another build ID) or has no DWARF.
+    :raise UsageError: when a vmlinux the user named is not the program's kernel (another build ID)
+        or has no DWARF. :raise DebugError: when the prepared kernel's is not (the guest runs another).
     """
     d = require_drgn()
     t0 = time.monotonic()
@@ -152,10 +153,10 @@ def _load_main(d: Any, module: Any, files: DebugFiles) -> None:
     if module.debug_file_status == d.ModuleFileStatus.HAVE:
         return
     want = module.build_id.hex() if module.build_id else "?"
-    hint = "name the vmlinux of that build: --vmlinux PATH" if files.kernel is None else \
-        "the guest runs another kernel than labctl prepared for it: 'labctl down' and 'labctl up' again"
-    raise DebugError(f"{files.vmlinux} is not the debug file of the kernel being read (build ID {want}), "
-                     "or it has no DWARF", hint=hint)
+    message = f"{files.vmlinux} is not the debug file of the kernel being read (build ID {want}), or it has no DWARF"
+    if files.named or files.kernel is None:
+        raise UsageError(message, hint="name the vmlinux of that build: --vmlinux PATH")
+    raise DebugError(message, hint=missing_hint(files.kernel))
 
 
 def check_build_id(note: bytes, files: DebugFiles) -> None:

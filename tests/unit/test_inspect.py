@@ -259,3 +259,25 @@ def test_options_after_the_guest_are_labctls_and_words_after_the_script_are_its(
     assert _parse(args) == ("dx", "a", []) and args.code == "print(1)" and args.pause
     args = build_parser().parse_args(["drgn", "--core", "v.core", "--summary", "--nic", "eth1"])
     assert _parse(args) == (None, None, []) and args.summary and args.nic == ["eth1"]
+
+
+def test_a_kernel_without_debug_info_says_what_gives_it_one(tmp_path: Path) -> None:
+    import json
+
+    from labctl.inspect import debuginfo
+    from labctl.kernel.store import Kernel
+
+    for source, says in (({"kind": "debian", "release": "6.1.0-56-amd64"}, "linux-image-6.1.0-56-amd64-dbg"),
+                         ({"kind": "tree", "tree": "/src/linux"}, "CONFIG_DEBUG_INFO_DWARF5"),
+                         ({"kind": "files", "image": "/k/bzImage"}, "debug: VMLINUX")):
+        d = tmp_path / source["kind"]
+        d.mkdir()
+        (d / "manifest.json").write_text(json.dumps({"release": "6.1.0-56-amd64", "source": source}))
+        with pytest.raises(HostError, match="has no vmlinux with debug info") as exc:
+            debuginfo.for_kernel(Kernel.at(d))
+        assert exc.value.exit_code == 3 and says in (exc.value.hint or "")
+    with pytest.raises(HostError, match="no kernel prepared on this machine has build ID ab12") as exc:
+        debuginfo.for_vmcore("ab12", "6.9.0", None)
+    assert "--vmlinux" in (exc.value.hint or "")
+    with pytest.raises(UsageError, match="is not a file"):
+        debuginfo.for_vmcore("ab12", "6.9.0", tmp_path / "nope")
