@@ -36,14 +36,17 @@ LAB_YAML = (f"name: {LAB}\nnetworks: {{lan: {{}}}}\nguests:\n"
 PORT = 45678
 
 # What the tests read through drgn, the same code live and on a vmcore: the NIC's MTU, a sysctl
-# (net.core.somaxconn), and the ports of the TCP sockets python3 processes listen on.
+# (net.core.somaxconn), the ports of the TCP sockets python3 processes listen on, and the e1000
+# driver's private struct of the NIC (a type only e1000.ko's debug info has) pointing back at it.
 READ = f"""
 import json
 from drgn import cast
 from drgn.helpers.linux.fs import for_each_file
-from drgn.helpers.linux.net import netdev_get_by_name
+from drgn.helpers.linux.net import netdev_get_by_name, netdev_priv
 from drgn.helpers.linux.pid import for_each_task
 net = prog["init_net"]
+dev = netdev_get_by_name(net, "eth1")
+adapter = netdev_priv(dev, "struct e1000_adapter")
 ports = []
 for task in for_each_task(prog):
     if task.comm.string_() != b"python3":
@@ -51,8 +54,9 @@ for task in for_each_task(prog):
     for fd, f in for_each_file(task):
         if f.f_op == prog["socket_file_ops"].address_of_():
             ports.append(int(cast("struct socket *", f.private_data).sk.__sk_common.skc_num))
-print(json.dumps({{"mtu": int(netdev_get_by_name(net, "eth1").mtu), "somaxconn": int(net.core.sysctl_somaxconn),
-                   "ports": sorted(ports), "jiffies": int(prog["jiffies"])}}))
+print(json.dumps({{"mtu": int(dev.mtu), "somaxconn": int(net.core.sysctl_somaxconn),
+                   "ports": sorted(ports), "jiffies": int(prog["jiffies"]),
+                   "e1000": adapter.netdev.value_() == dev.value_()}}))
 """
 LISTEN = (f"setsid python3 -c 'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", {PORT})); "
           "s.listen(); time.sleep(3600)' </dev/null >/dev/null 2>&1 & echo $! >/run/listener.pid")
@@ -121,7 +125,7 @@ def test_live_drgn_reads_what_the_guest_just_set_and_sees_it_change(lab: tuple[C
     guest_sh(cli, f"ip link set eth1 mtu 1234 && sysctl -qw net.core.somaxconn=1111 && ({LISTEN})")
     with StatusWatch(qmp_of(state)) as watch:
         first = read(cli, LAB, "a")
-    assert (first["mtu"], first["somaxconn"], first["ports"]) == (1234, 1111, [PORT])
+    assert (first["mtu"], first["somaxconn"], first["ports"], first["e1000"]) == (1234, 1111, [PORT], True)
     assert watch.seen and set(watch.seen) == {"running"}  # never paused while drgn read
 
     guest_sh(cli, f"ip link set eth1 mtu 1300 && sysctl -qw net.core.somaxconn=2222 && {UNLISTEN}")
@@ -185,7 +189,7 @@ def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict
     assert qmp_execute(qmp_of(state), "query-status")["status"] == "running"  # QEMU resumed it
 
     dumped = read(cli, "--core", str(core))
-    assert (dumped["mtu"], dumped["somaxconn"], dumped["ports"]) == (1444, 3333, [PORT])
+    assert (dumped["mtu"], dumped["somaxconn"], dumped["ports"], dumped["e1000"]) == (1444, 3333, [PORT], True)
     assert dumped["jiffies"] >= live["jiffies"]
     guest_sh(cli, f"ip link set eth1 mtu 1500 && {UNLISTEN}")
     assert read(cli, "--core", str(core))["mtu"] == 1444  # the vmcore keeps the instant it was taken
