@@ -28,7 +28,7 @@ from labctl.backends.monitor import qmp_execute
 from labctl.kernel.store import Kernel
 from tests import harness
 from tests.conftest import Cli, new_cli
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import require_libvirtd, wait_for
 
 LAB = "drgnlab"
 LAB_YAML = (f"name: {LAB}\nnetworks: {{lan: {{}}}}\nguests:\n"
@@ -282,3 +282,22 @@ def test_drgn_on_a_trees_kernel(cli: Cli, image: object, tree_kernel: Path, tmp_
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["1321", facts["release"]]
     assert shutil.which("crash") is not None
+
+
+def test_libvirt_guests_are_read_live_and_refuse_dumps(cli: Cli, image: object, tmp_path: Path) -> None:
+    """On this machine's libvirt (QEMU runs as libvirt's user): drgn reads the guest live (labctl runs
+    as root here), a dump is refused with exit 3 and a hint, no traceback."""
+    require_libvirtd()
+    name = harness.lab_name("drgnlv")
+    lab_file = tmp_path / "lv.yaml"
+    lab_file.write_text(LAB_YAML.replace(f"name: {LAB}\n", f"name: {name}\n", 1))
+    up = cli("up", str(lab_file), "--backend", "libvirt", "--accel", "tcg")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert cli("exec", name, "a", "--", "ip link set eth1 mtu 1277", timeout=120).returncode == 0
+    res = drgn(cli, name, "a", "-c", READ)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.splitlines()[-1])["mtu"] == 1277
+    dump = cli("dump", name, "a", "-o", str(tmp_path / "a.vmcore"))
+    assert dump.returncode == 3 and "qemu backend only" in " ".join(dump.stderr.split()), dump.stderr
+    assert "Traceback" not in dump.stderr and not (tmp_path / "a.vmcore").exists()
+    assert cli("down", name).returncode == 0

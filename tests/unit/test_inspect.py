@@ -281,3 +281,25 @@ def test_a_kernel_without_debug_info_says_what_gives_it_one(tmp_path: Path) -> N
     assert "--vmlinux" in (exc.value.hint or "")
     with pytest.raises(UsageError, match="is not a file"):
         debuginfo.for_vmcore("ab12", "6.9.0", tmp_path / "nope")
+
+
+def test_a_guest_on_a_remote_libvirt_host_is_refused_with_exit_3() -> None:
+    from labctl.backends.base import GuestRecord
+    from labctl.inspect.target import guest_target
+
+    class State:  # what a lab state records of such a guest
+        lab, backend = "x", "libvirt"
+        guests = {"a": GuestRecord(name="a", backend="libvirt", pid=0, dir="/nonexistent", console="", qmp="",
+                                   ssh_port=22, accel="tcg", extra={"remote": True, "host": "h2",
+                                                                    "domain": "labctl-x-a",
+                                                                    "uri": "qemu+ssh://root@h2/system"})}
+
+        def endpoint(self, guest: str) -> object:
+            return object()
+
+        def kernel(self, guest: str) -> object:
+            raise AssertionError("never asked")
+
+    with pytest.raises(HostError, match="runs on remote libvirt host h2") as exc:
+        guest_target(State(), "a")  # type: ignore[arg-type]
+    assert exc.value.exit_code == 3 and "labctl gdb" in (exc.value.hint or "")
