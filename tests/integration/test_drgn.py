@@ -146,6 +146,29 @@ def test_the_guest_runs_while_drgn_reads_it(lab: tuple[Cli, dict[str, Any]]) -> 
     assert set(watch.seen) == {"running"}
 
 
+def test_where_vmcoreinfo_is_is_asked_once_per_qemu_and_checked(lab: tuple[Cli, dict[str, Any]]) -> None:
+    """The guest says over SSH where its note is; later sessions of the same QEMU read it there. A
+    kept location that holds no note (or is another QEMU's) is asked again, never trusted."""
+    cli, state = lab
+    kept = Path(state["guests"]["a"]["dir"]) / "vmcoreinfo.json"
+
+    def source() -> str:
+        res = drgn(cli, LAB, "a", "--json")
+        assert res.returncode == 0, res.stderr
+        return str(json.loads(res.stdout)["vmcoreinfo_from"])
+
+    kept.unlink(missing_ok=True)
+    assert source() == "ssh"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    where = json.loads(kept.read_text())
+    assert where["pid"] == state["guests"]["a"]["pid"]
+    assert source() == "cache"
+    kept.write_text(json.dumps({**where, "address": where["address"] + 4096}))  # no note there
+    assert source() == "ssh" and json.loads(kept.read_text()) == where
+    kept.write_text(json.dumps({**where, "pid": 1}))  # another process's
+    assert source() == "ssh"
+
+
 def test_pause_stops_the_guest_for_the_code_and_resumes_it(lab: tuple[Cli, dict[str, Any]]) -> None:
     cli, state = lab
     code = "import time; a = int(prog['jiffies']); time.sleep(1.5); print(int(prog['jiffies']) - a)"
