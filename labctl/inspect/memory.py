@@ -26,6 +26,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from labctl.errors import DebugError, HostError
 
@@ -145,8 +146,7 @@ class GuestMemory:
                 fd = os.open("mem", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
             except PermissionError as exc:
                 raise HostError(f"this user may not read the memory of the guest's QEMU (pid {pid}): {exc.strerror}",
-                                hint="QEMU runs as another user (libvirt): run labctl as root, or take a "
-                                     "vmcore with 'labctl dump' and open it with 'labctl drgn --core'") from exc
+                                hint=_permission_hint()) from exc
             except OSError as exc:
                 raise DebugError(f"cannot open /proc/{pid}/mem: {exc.strerror}") from exc
             ok = True
@@ -208,6 +208,21 @@ class GuestMemory:
         """Each RAM range as (guest physical address, size)."""
         for m in self.mapped:
             yield m.range.gpa, m.range.size
+
+
+YAMA = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def _permission_hint() -> str:
+    """Why reading another process's memory is refused here, and what to do instead."""
+    try:
+        scope = int(Path(YAMA).read_text().strip())
+    except (OSError, ValueError):
+        scope = 0
+    why = (f"this host's kernel.yama.ptrace_scope is {scope}: only root may read another process's memory"
+           if scope >= 1 else "QEMU runs as another user (libvirt's)")
+    return (f"{why}; run labctl as root, or take a vmcore with 'labctl dump' (qemu backend) and open it "
+            "with 'labctl drgn --core'")
 
 
 def _argv(dir_fd: int) -> list[str]:

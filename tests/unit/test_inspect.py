@@ -303,3 +303,17 @@ def test_a_guest_on_a_remote_libvirt_host_is_refused_with_exit_3() -> None:
     with pytest.raises(HostError, match="runs on remote libvirt host h2") as exc:
         guest_target(State(), "a")  # type: ignore[arg-type]
     assert exc.value.exit_code == 3 and "labctl gdb" in (exc.value.hint or "")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/sbin/runuser").exists(), reason="plays another user: root only")
+def test_another_user_cannot_read_a_process_memory_and_is_told_what_to_do() -> None:
+    """Another local user running labctl's reader on a process of root's (the role of a lab owner's
+    QEMU) is refused by the kernel: a clear error and the way round it, no traceback."""
+    code = ("import sys; sys.path.insert(0, '.')\nfrom labctl.errors import HostError\n"
+            "from labctl.inspect.memory import GuestMemory\n"
+            f"try:\n    GuestMemory.open({os.getpid()}, lambda argv: True, [])\n"
+            "except HostError as e:\n    print(e.exit_code, e.message, '|', e.hint)\n")
+    res = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", code], cwd=ROOT, check=False,
+                         capture_output=True, text=True, timeout=60)
+    assert res.stdout.startswith("3 this user may not read the memory of the guest's QEMU"), res.stdout + res.stderr
+    assert "labctl dump" in res.stdout and "Traceback" not in res.stderr
