@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ import pytest
 from labctl.backends.monitor import qmp_execute
 from labctl.kernel.store import Kernel
 from tests import harness
-from tests.conftest import Cli, new_cli
+from tests.conftest import ROOT, Cli, new_cli
 from tests.integration.conftest import require_libvirtd, wait_for
 
 LAB = "drgnlab"
@@ -144,6 +145,20 @@ def test_the_guest_runs_while_drgn_reads_it(lab: tuple[Cli, dict[str, Any]]) -> 
     assert res.returncode == 0, res.stderr
     assert int(res.stdout.split()[-1]) > 0
     assert set(watch.seen) == {"running"}
+
+
+def test_the_shell_has_prog_on_the_running_kernel(lab: tuple[Cli, dict[str, Any]]) -> None:
+    """drgn's interactive shell (here on a pipe) with prog, drgn's helpers and labctl's header."""
+    cli, _state = lab
+    res = subprocess.run([sys.executable, "-m", "labctl", "drgn", LAB, "a"], cwd=ROOT, env=cli.env, text=True,
+                         input="print(prog['init_uts_ns'].name.nodename.string_())\n"
+                               "print(netdev_get_by_name(prog['init_net'], 'eth1').name.string_())\n",
+                         capture_output=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "b'a'" in res.stdout and "b'eth1'" in res.stdout, res.stdout + res.stderr
+    both = res.stdout + res.stderr
+    assert f"labctl: drgn on guest a of lab {LAB}, kernel 6.1.0-56-amd64" in both
+    assert "debug info: kernel and 4 modules" in both
 
 
 def test_where_vmcoreinfo_is_is_asked_once_per_qemu_and_checked(lab: tuple[Cli, dict[str, Any]]) -> None:
