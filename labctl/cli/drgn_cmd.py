@@ -102,6 +102,10 @@ def _parse(args: argparse.Namespace) -> tuple[str | None, str | None, list[str]]
         raise UsageError("--vmlinux and --modules go with --core (a running guest's kernel is known)")
     if args.code is not None and script:
         raise UsageError("give -c CODE or SCRIPT, not both")
+    if args.summary and (args.code is not None or script):
+        raise UsageError("--summary prints the summary; give it without code")
+    if args.nic and not args.summary:
+        raise UsageError("--nic goes with --summary")
     if args.json and (args.code is not None or script):
         raise UsageError("--json goes with --summary or alone, not with code")
     if args.pause and args.core is not None:
@@ -120,21 +124,19 @@ def cmd_drgn(args: argparse.Namespace) -> int:
 
 
 def _use(k: KernelView, args: argparse.Namespace, script: list[str]) -> int:
-    if args.summary:
-        return _summary(k, args)
-    if args.json and args.code is None and not script:
+    if args.json and not args.summary and args.code is None and not script:
         print_json(k.facts())
         return 0
-    if args.pause:
-        assert k.target is not None
-        with paused(k.target) as pause:
-            status = _run(k, args, script)
-        if not pause.already and pause.seconds is not None:
-            console.print(Text(f"labctl: guest {k.target.guest} was paused for {pause.seconds:.2f} s"))
-        elif pause.already:
-            warn(f"guest {k.target.guest} was paused already (gdb?): left paused")
-        return status
-    return _run(k, args, script)
+    if not args.pause:
+        return _summary(k, args) if args.summary else _run(k, args, script)
+    assert k.target is not None
+    with paused(k.target) as pause:
+        status = _summary(k, args) if args.summary else _run(k, args, script)
+    if pause.already:
+        warn(f"guest {k.target.guest} was paused already (gdb?): left paused")
+    elif pause.seconds is not None:
+        console.print(Text(f"labctl: guest {k.target.guest} was paused for {pause.seconds:.2f} s"))
+    return status
 
 
 def _run(k: KernelView, args: argparse.Namespace, script: list[str]) -> int:

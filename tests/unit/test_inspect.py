@@ -239,6 +239,8 @@ def test_the_cli_without_drgn_exits_3_without_a_traceback(tmp_path: Path) -> Non
     (["--core", "x", "--pause"], "--pause is for a running guest"),
     (["dx", "a", "--vmlinux", "v"], "go with --core"),
     (["--core", "x", "--modules", "m"], "--modules goes with --vmlinux"),
+    (["dx", "a", "--summary", "-c", "1"], "without code"),
+    (["dx", "a", "--nic", "eth1"], "--nic goes with --summary"),
 ])
 def test_command_line_refusals(argv: list[str], message: str) -> None:
     from labctl.cli.drgn_cmd import _parse
