@@ -137,6 +137,7 @@ def load_debug_info(prog: drgn.Program, files: DebugFiles) -> DebugReport:
         pass  # the modules without a file are listed below
     except (d.FaultError, ValueError, LookupError) as exc:
         raise DebugError(f"drgn cannot list the kernel's modules: {exc}") from exc
+    _module_symbols(d, prog)
     for module in prog.modules():
         if isinstance(module, d.MainModule):
             continue
@@ -146,6 +147,17 @@ def load_debug_info(prog: drgn.Program, files: DebugFiles) -> DebugReport:
     report.missing.sort()
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _module_symbols(d: Any, prog: drgn.Program) -> None:
+    """Names for the functions of modules without debug info, from their kallsyms in memory (a
+    stack through pvpanic or virtio_blk then names each frame)."""
+    try:
+        from drgn.helpers.linux.kallsyms import load_module_kallsyms
+
+        prog.register_symbol_finder("labctl_module_kallsyms", load_module_kallsyms(prog), enable_index=-1)
+    except (LookupError, ValueError, d.FaultError):
+        pass  # the kernel's symbol tables could not be read: frames of such modules show their address
 
 
 def _load_main(d: Any, module: Any, files: DebugFiles) -> None:

@@ -159,7 +159,7 @@ def netdev_state(prog: drgn.Program, names: Sequence[str] | None = None) -> list
     return out
 
 
-def dmesg(prog: drgn.Program, lines: int = 80) -> str:
+def dmesg(prog: drgn.Program, lines: int = 200) -> str:
     """The last ``lines`` lines of the kernel log ('' when it cannot be read)."""
     d = require_drgn()
     from drgn.helpers.linux.printk import get_dmesg
@@ -171,7 +171,7 @@ def dmesg(prog: drgn.Program, lines: int = 80) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def summarize(prog: drgn.Program, nics: Sequence[str] | None = None, log_lines: int = 80) -> dict[str, Any]:
+def summarize(prog: drgn.Program, nics: Sequence[str] | None = None, log_lines: int = 200) -> dict[str, Any]:
     """The summary of a kernel (a vmcore's, usually) as data: ``tasks``, ``netdevs``, ``dmesg``."""
     return {"tasks": tasks(prog), "netdevs": netdev_state(prog, nics), "dmesg": dmesg(prog, log_lines)}
 

@@ -302,6 +302,38 @@ def test_bad_input_is_a_clear_error(lab: tuple[Cli, dict[str, Any]], tmp_path: P
     assert qmp_execute(qmp_of(state), "query-status")["status"] == "running"
 
 
+def test_a_panicked_guests_vmcore_shows_the_crashing_frame_and_its_skb(lab: tuple[Cli, dict[str, Any]],
+                                                                        tmp_path: Path) -> None:
+    """buggy_nf's NULL dereference on the receive path of one UDP packet the test sends (5 bytes of
+    data: 33 at the IP layer); QEMU told to pause a panicked guest (QMP set-action) rather than
+    end. The vmcore's summary: the crashing task's stack, buggy_nf_count on top of the oops, the
+    skb's fields in its callers. Last of the module's lab: the guest stays crashed."""
+    cli, state = lab
+    qmp_execute(qmp_of(state), "set-action", {"panic": "pause"})
+    guest_sh(cli, "modprobe buggy_nf trigger_port=4321 && "
+                  "(setsid sh -c 'sleep 1; echo boom | nc -u -w1 127.0.0.1 4321' </dev/null >/dev/null 2>&1 &)")
+    wait_for(lambda: qmp_execute(qmp_of(state), "query-status")["status"] == "guest-panicked", 120, "the panic")
+    core = tmp_path / "crash.vmcore"
+    assert cli("dump", LAB, "a", "-o", str(core), timeout=600).returncode == 0
+    res = drgn(cli, "--core", str(core), "--summary", "--json")
+    assert res.returncode == 0, res.stderr
+    (task,) = json.loads(res.stdout)["tasks"]
+    assert task["crashed"]
+    frames = task["frames"]
+    names = [f["function"] for f in frames]
+    assert names[0] == "pvpanic_panic_notify" and "panic" in names  # a module without debug info: kallsyms
+    count = names.index("buggy_nf_count")
+    assert frames[count]["source"] == "guest/modules/buggy_nf/buggy_nf.c:45"  # st->packets++
+    assert frames[count]["locals"]["st"] == "(struct port_stats *)0x0"
+    assert frames[count]["locals"]["len"] == "(unsigned int)33"
+    skbs = {v for f in frames[count:] for k, v in f["locals"].items() if k == "skb" and "skb len=" in v}
+    assert skbs and all(v.endswith("(skb len=33 data_len=0 protocol=0x0800 dev=lo)") for v in skbs), skbs
+    assert "BUG: kernel NULL pointer dereference" in json.loads(res.stdout)["dmesg"]
+    text = drgn(cli, "--core", str(core), "--summary")
+    assert text.returncode == 0 and "crashed task: pid " in text.stdout
+    assert "buggy_nf_count at guest/modules/buggy_nf/buggy_nf.c:45" in text.stdout
+
+
 @pytest.mark.timeout(3 * 3600)  # a fresh machine builds the tree first
 def test_drgn_on_a_trees_kernel(cli: Cli, image: object, tree_kernel: Path, tmp_path: Path) -> None:
     """The same on the test kernel built from source: its vmlinux and .ko files are the debug info."""
