@@ -73,7 +73,7 @@ def median(xs: list[float]) -> float:
 def first_session(env: dict[str, str], state: dict[str, Any]) -> dict[str, Any]:
     """A session that asks the guest over SSH where its VMCOREINFO is (as the first one after up does)."""
     (Path(state["guests"]["a"]["dir"]) / "vmcoreinfo.json").unlink(missing_ok=True)
-    took, res = labctl(env, "drgn", LAB, "a", "-c", CODE)
+    took, _ = labctl(env, "drgn", LAB, "a", "-c", CODE)
     facts = json.loads(labctl(env, "drgn", LAB, "a", "--json")[1].stdout)  # from the cache now
     (Path(state["guests"]["a"]["dir"]) / "vmcoreinfo.json").unlink()
     first = json.loads(labctl(env, "drgn", LAB, "a", "--json")[1].stdout)

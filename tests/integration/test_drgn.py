@@ -40,7 +40,7 @@ PORT = 45678
 # (net.core.somaxconn), the ports of the TCP sockets python3 processes listen on, and the e1000
 # driver's private struct of the NIC (a type only e1000.ko's debug info has) pointing back at it, and
 # the lab's out-of-tree module's parameter (buggy_nf.ko, built against the kernel: its debug info).
-READ = f"""
+READ = """
 import json
 from drgn import cast
 from drgn.helpers.linux.fs import for_each_file
@@ -60,9 +60,9 @@ try:
     trigger = int(prog["trigger_port"])
 except KeyError:
     trigger = None
-print(json.dumps({{"mtu": int(dev.mtu), "somaxconn": int(net.core.sysctl_somaxconn), "trigger_port": trigger,
+print(json.dumps({"mtu": int(dev.mtu), "somaxconn": int(net.core.sysctl_somaxconn), "trigger_port": trigger,
                    "ports": sorted(ports), "jiffies": int(prog["jiffies"]),
-                   "e1000": adapter.netdev.value_() == dev.value_()}}))
+                   "e1000": adapter.netdev.value_() == dev.value_()}))
 """
 LISTEN = (f"setsid python3 -c 'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", {PORT})); "
           "s.listen(); time.sleep(3600)' </dev/null >/dev/null 2>&1 & echo $! >/run/listener.pid")
