@@ -168,6 +168,20 @@ def test_the_shell_has_prog_on_the_running_kernel(lab: tuple[Cli, dict[str, Any]
     assert "debug info: kernel and " in both
 
 
+def test_a_script_gets_its_arguments_and_exits_with_its_status(lab: tuple[Cli, dict[str, Any]],
+                                                               tmp_path: Path) -> None:
+    cli, _state = lab
+    script = tmp_path / "mtu.py"
+    script.write_text("import sys\nfrom drgn.helpers.linux.net import netdev_get_by_name\n"
+                      "dev = netdev_get_by_name(prog['init_net'], sys.argv[1])\n"
+                      "print(sys.argv[1:], int(dev.mtu))\nsys.exit(int(dev.mtu) % 7)\n")
+    guest_sh(cli, "ip link set eth1 mtu 1500")
+    res = drgn(cli, LAB, "a", str(script), "eth1", "--pause")  # after SCRIPT, every word is the script's
+    assert res.returncode == 1500 % 7, res.stderr
+    assert res.stdout.strip() == "['eth1', '--pause'] 1500"
+    assert "was paused" not in res.stderr
+
+
 def test_where_vmcoreinfo_is_is_asked_once_per_qemu_and_checked(lab: tuple[Cli, dict[str, Any]]) -> None:
     """The guest says over SSH where its note is; later sessions of the same QEMU read it there. A
     kept location that holds no note (or is another QEMU's) is asked again, never trusted."""
