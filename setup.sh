@@ -23,6 +23,7 @@ PACKAGES=(
     python3 python3-venv                 # labctl itself
     openssh-client                       # labctl ssh
     gdb binutils                         # labctl gdb, oops decoding
+    crash                                # tests: Debian's crash opens labctl dump's vmcores
     make "linux-headers-${ABI}-amd64"    # out-of-tree lab modules (guest/modules/)
     linux-perf                           # the host side of a step: a profile of each guest's QEMU
     chromium                             # tests: report.html in a headless browser

@@ -19,6 +19,7 @@ from labctl.cli import (
     compare_cmd,
     cp_cmd,
     doctor,
+    drgn_cmd,
     gdb_cmd,
     graph_cmd,
     images,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     bisect_cmd.register(sub)
     oops_cmd.register(sub)
     gdb_cmd.register(sub)
+    drgn_cmd.register(sub)
     doctor.register(sub)
     access.register(sub)
     cp_cmd.register(sub)

@@ -82,6 +82,9 @@ def control_args(plan: GuestPlan) -> list[str]:
         "-qmp", f"unix:{opt(plan.qmp_socket)},server=on,wait=off",
         "-pidfile", str(plan.pidfile),
         "-device", "pvpanic",
+        # the guest's fw_cfg driver tells QEMU where its VMCOREINFO note is: a dump-guest-memory
+        # vmcore (labctl dump) then carries it, which drgn and crash need to read the kernel
+        "-device", "vmcoreinfo",
         "-fw_cfg", f"name=opt/labctl/guest,file={opt(plan.config)}",
         "-fw_cfg", f"name=opt/labctl/authorized_keys,file={opt(plan.authorized_keys)}",
         # not host_key: a boot that becomes the post-boot snapshot gets a throwaway key (labctl.up.warm)
