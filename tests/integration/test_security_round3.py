@@ -1,0 +1,166 @@
+"""Issue 34 (safe on a shared host, round three), each finding's attack performed for real.
+
+A throwaway system user (``labctl-r3-NNNNN``, made by ``useradd``, removed by ``userdel`` after
+the module) plays the other local user; root runs labctl. One class of two students (``r3@ann``,
+``r3@bea``, one guest each, with a writable share) is brought up once for the module and shared
+by every finding that needs a guest:
+
+1. shares: a lab file (another user's, or root's own) cannot share root's files; a writable
+   share shows the guest only a new directory, never the files already there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import random
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests import harness
+from tests.conftest import Cli, new_cli
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a second user is made")
+
+NAME = "r3"
+STUDENTS = ("ann", "bea")
+LAB = """\
+name: r3
+networks: {{}}
+guests:
+  a:
+    shares:
+      - {{host: {share}, mount: /mnt/out, writable: true}}
+"""
+
+
+@pytest.fixture(scope="module")
+def shared_tmp() -> Iterator[Path]:
+    """A directory like /tmp (1777) where the other user can make things (pytest's are root's, 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="labctl-r3-", dir="/tmp"))
+    d.chmod(0o1777)
+    yield d
+    subprocess.run(["rm", "-rf", "--one-file-system", str(d)], check=False)
+
+
+@pytest.fixture(scope="module")
+def evil(shared_tmp: Path) -> Iterator[pwd.struct_passwd]:
+    """The other local user, with a home of its own in ``shared_tmp``."""
+    name = f"labctl-r3-{random.randrange(10000, 99999)}"
+    home = shared_tmp / "home"
+    subprocess.run(["useradd", "-r", "-m", "-d", str(home), "-s", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+def as_evil(user: pwd.struct_passwd, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["runuser", "-u", user.pw_name, "--", *argv], check=True, cwd="/", capture_output=True,
+                          text=True)
+
+
+@dataclass
+class Klass:
+    """The module's class: its lab file, the writable share's host directory, the handouts."""
+
+    cli: Cli
+    lab: Path
+    share: Path
+    out: Path
+
+
+@pytest.fixture(scope="module")
+def klass(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Klass]:
+    d = tmp_path_factory.mktemp("r3class")
+    share = d / "results"  # root's, holding root's files: what a guest must never change
+    (share / "cron.d").mkdir(parents=True)
+    (share / "authorized_keys").write_text("ssh-ed25519 AAAA root@host\n")
+    lab = d / "r3.yaml"
+    lab.write_text(LAB.format(share=share))
+    roster = d / "roster.txt"
+    roster.write_text("\n".join(STUDENTS) + "\n")
+    cli = new_cli(tmp_path_factory, "r3")
+    assert cli.tracked is not None
+    cli.tracked.test = f"klass (first used by {harness.current_test()})"
+    try:
+        up = cli("class", "up", str(lab), "--roster", str(roster), "--out", str(d / "handouts"), "--accel", "tcg",
+                 "--cold", timeout=1200)
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield Klass(cli, lab, share, d / "handouts")
+    finally:
+        cli("class", "down", timeout=300)
+        harness.teardown(cli.tracked)
+
+
+# -- 1. shares ----------------------------------------------------------------------------------
+
+def test_a_lab_file_cannot_share_roots_files(evil: pwd.struct_passwd, shared_tmp: Path, cli: Cli) -> None:
+    secret = shared_tmp / "root-only"  # a directory of root's only root may read
+    secret.mkdir(mode=0o700)
+    (secret / "key").write_text("root's secret\n")
+    public = shared_tmp / "roots"  # root's, readable by all
+    public.mkdir(mode=0o755)
+    theirs = shared_tmp / "theirs"
+    as_evil(evil, "mkdir", "-m", "755", str(theirs))
+    cache = Path(os.environ.get("LABCTL_CACHE_DIR") or Path.home() / ".cache" / "labctl")
+    names = {"/etc": "it is the system directory /etc", "/": "the host's root directory",
+             str(public): "belongs to root (uid 0), and the lab file to " + evil.pw_name,
+             str(cache): "labctl's cache", str(cli.state_dir): "labctl's state directory",
+             str(secret): "belongs to root (uid 0)", str(Path.home()): "your whole home directory"}
+    shares = "".join(f"      - {{host: '{h}', mount: /mnt/s{i}, writable: {str(i % 2 == 0).lower()}}}\n"
+                     for i, h in enumerate(names))
+    text = f"name: r3evil\nnetworks: {{}}\nguests:\n  a:\n    shares:\n{shares}"
+    subprocess.run(["runuser", "-u", evil.pw_name, "--", "sh", "-c", f"cat > {theirs}/lab.yaml"], input=text,
+                   text=True, check=True, cwd="/")
+    # root runs the other user's lab file, even trusting that user's directories
+    res = cli("up", str(theirs / "lab.yaml"), "--accel", "tcg", "--trust-dir", str(shared_tmp))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    for i, (host, why) in enumerate(names.items()):
+        line = f"lab.yaml:{6 + i}: guests.a.shares[{i}].host: host directory {Path(host).resolve()}"
+        assert line in res.stderr and why in res.stderr.split(line, 1)[1].splitlines()[0], (line, res.stderr)
+    assert not (cli.state_dir / "labs" / "r3evil").exists()
+    # root's own lab file: the system, another user's home and labctl's own directories stay out too
+    own = shared_tmp / "own.yaml"
+    own.write_text(text.replace("      - {host: '/',", f"      - {{host: '{evil.pw_dir}/x',")
+                   .replace(str(secret), "/usr/share"))
+    Path(evil.pw_dir, "x").mkdir()
+    res = cli("validate", str(own))
+    assert res.returncode == 2, res.stdout + res.stderr
+    for why in ("system directory /etc", f"is in the home directory of {evil.pw_name}", "labctl's cache",
+                "labctl's state directory", "system directory /usr", "your whole home directory"):
+        assert why in res.stderr, (why, res.stderr)
+    assert str(public) not in res.stderr  # root's own lab file may share root's own directory
+
+
+def _exported(cli: Cli, ident: str) -> Path:
+    """The directory guest a of ``ident`` sees at /mnt/out (labctl status --json)."""
+    labs = json.loads(cli("status", ident, "--json", check=True).stdout)["labs"]
+    return Path(labs[0]["guests"][0]["shares"][0]["dir"])
+
+
+def _exec(cli: Cli, ident: str, command: str) -> subprocess.CompletedProcess[str]:
+    return cli("exec", ident, "a", "--timeout", "60", "--", "sh", "-c", command, timeout=120)
+
+
+def test_a_writable_share_shows_the_guest_only_a_new_directory(klass: Klass) -> None:
+    before = {p: p.read_bytes() for p in klass.share.rglob("*") if p.is_file()}
+    exported = _exported(klass.cli, f"{NAME}@ann")
+    assert exported.parent == klass.share and exported.name.startswith(f"{NAME}@ann-a-")
+    # the guest, root there, goes for what it finds in the share
+    res = _exec(klass.cli, f"{NAME}@ann", "ls -A /mnt/out; echo 'ssh-ed25519 AAAA evil' >> /mnt/out/authorized_keys; "
+                                          "mkdir -p /mnt/out/cron.d && echo '* * * * * root id' > /mnt/out/cron.d/x; "
+                                          "chmod 4755 /mnt/out/cron.d/x; echo done")
+    assert res.returncode == 0 and res.stdout.split() == ["done"], res.stdout + res.stderr  # it saw nothing
+    assert {p: p.read_bytes() for p in klass.share.rglob("*") if p.is_file() and exported not in p.parents} == before
+    assert not (klass.share / "cron.d" / "x").exists()
+    made = exported / "cron.d" / "x"  # what it wrote is in its own directory: a plain 0600 file of root's
+    assert made.read_text() == "* * * * * root id\n" and made.stat().st_mode & 0o7777 == 0o600
+    assert (exported / "authorized_keys").read_text() == "ssh-ed25519 AAAA evil\n"
+    assert _exported(klass.cli, f"{NAME}@bea") not in (exported, klass.share)  # each instance its own
