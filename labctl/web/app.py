@@ -213,7 +213,8 @@ class Server:
         klass = class_of(ident)
         if klass:
             record = await asyncio.to_thread(ClassRecord.load, klass)
-            view["handout"] = await asyncio.to_thread(handout_text, record, ident.partition("@")[2])
+            view["handout"], view["handout_note"] = await asyncio.to_thread(handout_text, record,
+                                                                            ident.partition("@")[2])
         view["class"] = klass
         return JSONResponse(view)
 

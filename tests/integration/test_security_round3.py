@@ -7,24 +7,42 @@ by every finding that needs a guest:
 
 1. shares: a lab file (another user's, or root's own) cannot share root's files; a writable
    share shows the guest only a new directory, never the files already there.
+2. serve's handouts: a student's link to /etc/shadow is not followed, a FIFO blocks nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import http.server
 import json
 import os
 import pwd
 import random
+import socket
+import struct
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 from tests import harness
 from tests.conftest import Cli, new_cli
+
+playwright_sync = pytest.importorskip("playwright.sync_api")
+websockets_client = pytest.importorskip("websockets.asyncio.client")
+websockets_errors = pytest.importorskip("websockets.exceptions")
+CHROMIUM = "/usr/bin/chromium"
+T = TypeVar("T")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a second user is made")
 
@@ -77,7 +95,7 @@ class Klass:
 
 
 @pytest.fixture(scope="module")
-def klass(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Klass]:
+def klass(image: object, tmp_path_factory: pytest.TempPathFactory, shared_tmp: Path) -> Iterator[Klass]:
     d = tmp_path_factory.mktemp("r3class")
     share = d / "results"  # root's, holding root's files: what a guest must never change
     (share / "cron.d").mkdir(parents=True)
@@ -90,10 +108,11 @@ def klass(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[K
     assert cli.tracked is not None
     cli.tracked.test = f"klass (first used by {harness.current_test()})"
     try:
-        up = cli("class", "up", str(lab), "--roster", str(roster), "--out", str(d / "handouts"), "--accel", "tcg",
-                 "--cold", timeout=1200)
+        out = shared_tmp / "handouts"  # where the students can reach their own
+        up = cli("class", "up", str(lab), "--roster", str(roster), "--out", str(out), "--accel", "tcg", "--cold",
+                 timeout=1200)
         assert up.returncode == 0, up.stdout + up.stderr
-        yield Klass(cli, lab, share, d / "handouts")
+        yield Klass(cli, lab, share, out)
     finally:
         cli("class", "down", timeout=300)
         harness.teardown(cli.tracked)
@@ -135,8 +154,13 @@ def test_a_lab_file_cannot_share_roots_files(evil: pwd.struct_passwd, shared_tmp
     assert res.returncode == 2, res.stdout + res.stderr
     for why in ("system directory /etc", f"is in the home directory of {evil.pw_name}", "labctl's cache",
                 "labctl's state directory", "system directory /usr", "your whole home directory"):
-        assert why in res.stderr, (why, res.stderr)
-    assert str(public) not in res.stderr  # root's own lab file may share root's own directory
+        assert why in flat(res.stderr), (why, res.stderr)
+    assert str(public) not in flat(res.stderr)  # root's own lab file may share root's own directory
+
+
+def flat(text: str) -> str:
+    """``text`` with its lines joined (the CLI wraps its errors to the terminal's width)."""
+    return " ".join(text.split())
 
 
 def _exported(cli: Cli, ident: str) -> Path:
@@ -164,3 +188,73 @@ def test_a_writable_share_shows_the_guest_only_a_new_directory(klass: Klass) -> 
     assert made.read_text() == "* * * * * root id\n" and made.stat().st_mode & 0o7777 == 0o600
     assert (exported / "authorized_keys").read_text() == "ssh-ed25519 AAAA evil\n"
     assert _exported(klass.cli, f"{NAME}@bea") not in (exported, klass.share)  # each instance its own
+
+
+# -- serve ----------------------------------------------------------------------------------------
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    urls: dict[str, str]
+
+    @property
+    def base(self) -> str:
+        return self.urls["base"]
+
+    def token(self, who: str) -> str:
+        return self.urls[who].split("?t=", 1)[1]
+
+    def raw(self, who: str, timeout: float = 30) -> httpx.Client:
+        return httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {self.token(who)}"},
+                            timeout=timeout)
+
+
+@contextlib.contextmanager
+def serving(klass: Klass) -> Iterator[Served]:
+    """A new ``labctl serve`` of the class (no terminal open yet)."""
+    from tests.integration.test_web_tools import read_serve
+
+    with klass.cli.running("serve", "--listen", "127.0.0.1:0") as proc:
+        yield Served(proc, read_serve(proc, {*STUDENTS, "trainer", "base"}))
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` in a thread of its own (Playwright's sync API keeps a loop in this one)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def chromium(pw: Any) -> Any:
+    return pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+
+
+# -- 2. handouts --------------------------------------------------------------------------------
+
+def test_a_students_handout_is_never_read_through_a_link_or_a_fifo(klass: Klass, evil: pwd.struct_passwd) -> None:
+    handout = klass.out / "ann"
+    subprocess.run(["chown", "-R", f"{evil.pw_uid}:{evil.pw_gid}", str(handout)], check=True)  # given to ann
+    shadow_line = Path("/etc/shadow").read_text().splitlines()[0]
+    with serving(klass) as served, served.raw("ann") as ann, served.raw("bea") as bea:
+        assert "Your own copy of the lab" in ann.get(f"/api/lab/{NAME}@ann").json()["handout"]
+        as_evil(evil, "ln", "-sfn", "/etc/shadow", str(handout / "README.md"))
+        view = ann.get(f"/api/lab/{NAME}@ann").json()
+        assert view["handout"] == "" and "symbolic link" in view["handout_note"], view
+        assert shadow_line not in json.dumps(view)
+        as_evil(evil, "rm", str(handout / "README.md"))
+        as_evil(evil, "mkfifo", str(handout / "README.md"))
+        # more requests than serve has worker threads: none may hang on the FIFO
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            views = list(pool.map(lambda _: ann.get(f"/api/lab/{NAME}@ann").json(), range(8)))
+        assert all(v["handout_note"] == "the handout is not shown: README.md is not a regular file" for v in views)
+        assert bea.get(f"/api/lab/{NAME}@bea").json()["handout"]  # another student's page answers
+        with playwright_sync.sync_playwright() as pw:  # the page says why
+            browser = chromium(pw)
+            page = browser.new_page()
+            page.goto(served.urls["ann"])
+            playwright_sync.expect(page.locator("#handout-note")).to_have_text(
+                "the handout is not shown: README.md is not a regular file", timeout=30_000)
+            browser.close()
+        as_evil(evil, "rm", str(handout / "README.md"))
+        as_evil(evil, "sh", "-c", f"head -c 1000000 /dev/zero | tr '\\0' x > {handout / 'README.md'}")
+        view = ann.get(f"/api/lab/{NAME}@ann").json()
+        assert len(view["handout"]) == 64 * 1024 and "only its start" in view["handout_note"]

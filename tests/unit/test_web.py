@@ -124,6 +124,30 @@ def test_first_visit_moves_the_token_into_a_cookie(client: TestClient, record: C
     assert client.get("/?t=wrong").status_code == 403
 
 
+def test_a_handout_is_read_without_following_links_or_waiting(record: ClassRecord, tmp_path: Path) -> None:
+    from labctl.web.room import HANDOUT_LIMIT, handout_text
+
+    d = Path(record.out) / "ann"
+    (d / "README.md").write_text("# your lab\n")
+    assert handout_text(record, "ann") == ("# your lab\n", "")
+    (tmp_path / "secret").write_text("root:hash\n")
+    (d / "README.md").unlink()
+    (d / "README.md").symlink_to(tmp_path / "secret")
+    text, why = handout_text(record, "ann")
+    assert text == "" and "symbolic link" in why
+    (d / "README.md").unlink()
+    os.mkfifo(d / "README.md")  # no writer: a blocking open would wait for ever
+    assert handout_text(record, "ann") == ("", "the handout is not shown: README.md is not a regular file")
+    (d / "README.md").unlink()
+    (d / "README.md").write_bytes(b"x" * (HANDOUT_LIMIT + 10))
+    text, why = handout_text(record, "ann")
+    assert len(text) == HANDOUT_LIMIT and "only its start" in why
+    os.rename(d, tmp_path / "moved")
+    d.symlink_to(tmp_path / "moved")  # the handout directory itself a link
+    assert "symbolic link" in handout_text(record, "ann")[1]
+    assert handout_text(record, "bea")[1] == "no README.md in the handout directory"
+
+
 def test_a_student_reaches_only_their_own_instance(client: TestClient, record: ClassRecord) -> None:
     tokens = class_tokens(record)
     ann = bearer(tokens.students["ann"])
