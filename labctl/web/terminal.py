@@ -4,14 +4,17 @@ with the instance's key and pinned host key), shared by every page that shows it
 A :class:`Hub` owns the channel. The student's page writes to it; the trainer's page may look
 over their shoulder (read-only: its input is dropped here, on the server) or help (read-write).
 Output goes to every subscriber; the last 64 KiB are kept and replayed to a page that connects
-or reconnects. A hub nobody watches for :data:`IDLE_CLOSE` seconds is closed, as is one whose
-channel ends (the shell exited, the guest went down or was reset): the pages then reconnect to
-a new one.
+or reconnects. Each page's pending output is bounded (:class:`Output`, :data:`PENDING_LIMIT`):
+a page that stops reading (its websocket stalled) loses its oldest output and is told so,
+while the shell and the other pages go on. A hub nobody watches for :data:`IDLE_CLOSE`
+seconds is closed, as is one whose channel ends (the shell exited, the guest went down or was
+reset): the pages then reconnect to a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import time
@@ -24,6 +27,7 @@ from labctl.errors import GuestError
 from labctl.ssh import Endpoint, Session
 
 BACKLOG = 64 * 1024
+PENDING_LIMIT = 1 << 20  # bytes of output waiting for one page
 IDLE_CLOSE = 120.0
 CONNECT_TIMEOUT = 10.0
 MIN_SIZE, MAX_COLS, MAX_ROWS = 2, 500, 200
@@ -36,13 +40,61 @@ def clamp_size(cols: object, rows: object) -> tuple[int, int] | None:
     return max(MIN_SIZE, min(cols, MAX_COLS)), max(MIN_SIZE, min(rows, MAX_ROWS))
 
 
+class Output:
+    """A page's output waiting to be sent: at most ``limit`` bytes. When more arrives than the page
+    takes (its websocket stopped reading), the oldest goes, and the page gets a line saying how
+    much before what follows."""
+
+    def __init__(self, limit: int = PENDING_LIMIT) -> None:
+        self.limit = limit
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.dropped = 0
+        self.ended = False
+        self.ready = asyncio.Event()
+
+    def put_nowait(self, data: bytes | None) -> None:
+        """Queue ``data`` (None: the end, after what is queued)."""
+        if data is None:
+            self.ended = True
+        else:
+            self.chunks.append(data)
+            self.size += len(data)
+            while self.size > self.limit:
+                over, first = self.size - self.limit, self.chunks[0]
+                cut = min(over, len(first))
+                if cut == len(first):
+                    self.chunks.popleft()
+                else:
+                    self.chunks[0] = first[cut:]
+                self.size -= cut
+                self.dropped += cut
+        self.ready.set()
+
+    async def get(self) -> bytes | None:
+        """What is queued, at once (None once it has ended and nothing is left)."""
+        while not self.chunks and not self.dropped:
+            if self.ended:
+                return None
+            self.ready.clear()
+            await self.ready.wait()
+        out = b"".join(self.chunks)
+        self.chunks.clear()
+        self.size = 0
+        if self.dropped:
+            out = (f"\r\n[labctl: {self.dropped} bytes of output dropped: this page fell behind]\r\n"
+                   .encode() + out)
+            self.dropped = 0
+        return out
+
+
 @dataclass(eq=False)
 class Subscriber:
-    """One page's view of a hub: its output queue (None ends it) and whether it may type."""
+    """One page's view of a hub: its output (bounded; None ends it) and whether it may type."""
 
     writable: bool
     token: str
-    queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    queue: Output = field(default_factory=Output)
     close_code: int = 1000
     close_reason: str = ""
 

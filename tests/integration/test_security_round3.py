@@ -8,6 +8,7 @@ by every finding that needs a guest:
 1. shares: a lab file (another user's, or root's own) cannot share root's files; a writable
    share shows the guest only a new directory, never the files already there.
 2. serve's handouts: a student's link to /etc/shadow is not followed, a FIFO blocks nothing.
+3. a websocket that stops reading while its guest floods the terminal: serve's memory stays flat.
 """
 
 from __future__ import annotations
@@ -258,3 +259,64 @@ def test_a_students_handout_is_never_read_through_a_link_or_a_fifo(klass: Klass,
         as_evil(evil, "sh", "-c", f"head -c 1000000 /dev/zero | tr '\\0' x > {handout / 'README.md'}")
         view = ann.get(f"/api/lab/{NAME}@ann").json()
         assert len(view["handout"]) == 64 * 1024 and "only its start" in view["handout_note"]
+
+
+# -- 3. a terminal's output queue -----------------------------------------------------------------
+
+def _rss(pid: int) -> int:
+    """Resident memory of ``pid``, bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _stalled_terminal(served: Served, who: str, ident: str) -> socket.socket:
+    """A websocket to ``ident``'s terminal that will never read (a small receive buffer, no reader)."""
+    port = int(served.base.rsplit(":", 1)[1])
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall((f"GET /ws/term/{ident}/a?mode=rw&cols=80&rows=24 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+               f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+               f"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer {served.token(who)}\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    first = s.recv(2)  # its first frame: the mode, sent once the shell is open
+    assert first[0] == 0x81 and first[1] < 126, first
+    mode = b""
+    while len(mode) < first[1]:
+        mode += s.recv(first[1] - len(mode))
+    assert json.loads(mode) == {"mode": "rw"}, mode
+    return s
+
+
+def _send_frame(s: socket.socket, payload: bytes) -> None:
+    """One masked binary websocket frame (what a page sends for keystrokes)."""
+    mask = os.urandom(4)
+    assert len(payload) < 126
+    s.sendall(struct.pack("!BB", 0x82, 0x80 | len(payload)) + mask
+              + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+
+def test_a_terminal_that_stops_reading_keeps_serves_memory_flat(klass: Klass) -> None:
+    ident = f"{NAME}@bea"
+    with serving(klass) as served:
+        sock = _stalled_terminal(served, "bea", ident)
+        try:
+            before = _rss(served.proc.pid)
+            # 32 MiB of random bytes as base64: 43 MB of output for a page that reads none of it
+            _send_frame(sock, b"head -c 32M /dev/urandom | base64; touch /root/flood-done\r")
+            deadline = time.monotonic() + 900
+            while _exec(klass.cli, ident, "test -f /root/flood-done").returncode != 0:
+                assert time.monotonic() < deadline, "the guest never finished writing"
+                time.sleep(2)
+            grew = _rss(served.proc.pid) - before
+        finally:
+            sock.close()
+        _exec(klass.cli, ident, "rm -f /root/flood-done")
+    print(f"serve's RSS grew {grew / 2**20:.1f} MiB while 43 MB went to a page that did not read")
+    assert grew < 16 << 20, f"serve's memory grew {grew / 2**20:.1f} MiB"

@@ -148,6 +148,28 @@ def test_a_handout_is_read_without_following_links_or_waiting(record: ClassRecor
     assert handout_text(record, "bea")[1] == "no README.md in the handout directory"
 
 
+def test_a_page_that_stops_reading_holds_a_bounded_output() -> None:
+    import asyncio
+
+    from labctl.web.terminal import Output
+
+    async def go() -> None:
+        out = Output(limit=100)
+        for i in range(50):
+            out.put_nowait(bytes([65 + i % 26]) * 30)
+        assert out.size == 100 and out.dropped == 1400
+        got = await out.get()
+        assert got is not None and got.startswith(b"\r\n[labctl: 1400 bytes of output dropped")
+        assert got.endswith(b"U" * 10 + b"V" * 30 + b"W" * 30 + b"X" * 30)
+        out.put_nowait(b"x" * 250)  # one chunk larger than the bound: its end is kept
+        out.put_nowait(None)
+        got = await out.get()
+        assert got is not None and got.endswith(b"x" * 100) and b"150 bytes" in got
+        assert await out.get() is None
+
+    asyncio.run(go())
+
+
 def test_a_student_reaches_only_their_own_instance(client: TestClient, record: ClassRecord) -> None:
     tokens = class_tokens(record)
     ann = bearer(tokens.students["ann"])
