@@ -237,21 +237,30 @@ class Terminals:
 
     def __init__(self) -> None:
         self.hubs: dict[tuple[str, str], Hub] = {}
-        self.lock = asyncio.Lock()
+        self.locks: dict[tuple[str, str], asyncio.Lock] = {}  # one login at a time per guest, never across
 
     async def attach(self, ident: str, guest: str, ep: Endpoint, cols: int, rows: int) -> Hub:
-        """The open hub of ``ident``'s ``guest``, opened now if there is none.
+        """The open hub of ``ident``'s ``guest``, opened now if there is none. Pages of the same
+        guest wait for one login; another guest's login (one that never answers, say) never
+        holds them up: each runs in its hub's own thread, not serve's shared worker pool.
 
         :raise GuestError: when the shell cannot be opened.
         """
-        async with self.lock:
-            hub = self.hubs.get((ident, guest))
+        key = (ident, guest)
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            hub = self.hubs.get(key)
             if hub is not None and not hub.closed:
                 return hub
-            hub = Hub(ident, guest, asyncio.get_running_loop())
-            await asyncio.to_thread(hub.open, ep, cols, rows)
+            loop = asyncio.get_running_loop()
+            hub = Hub(ident, guest, loop)
+            try:
+                await loop.run_in_executor(hub.writer, hub.open, ep, cols, rows)
+            except BaseException:
+                hub.writer.shutdown(wait=False)
+                raise
             hub.start_reading()
-            self.hubs[(ident, guest)] = hub
+            self.hubs[key] = hub
             return hub
 
     def close_where(self, pred: Callable[[str, str], bool], code: int, reason: str) -> int:
@@ -272,6 +281,9 @@ class Terminals:
                 hub.close()
             if hub.closed:
                 self.hubs.pop(key, None)
+        for key, lock in list(self.locks.items()):
+            if key not in self.hubs and not lock.locked():
+                del self.locks[key]
 
     def close_all(self) -> None:
         for hub in list(self.hubs.values()):

@@ -9,6 +9,7 @@ by every finding that needs a guest:
    share shows the guest only a new directory, never the files already there.
 2. serve's handouts: a student's link to /etc/shadow is not followed, a FIFO blocks nothing.
 3. a websocket that stops reading while its guest floods the terminal: serve's memory stays flat.
+4. a guest whose sshd never answers holds up no other student's terminal.
 """
 
 from __future__ import annotations
@@ -320,3 +321,43 @@ def test_a_terminal_that_stops_reading_keeps_serves_memory_flat(klass: Klass) ->
         _exec(klass.cli, ident, "rm -f /root/flood-done")
     print(f"serve's RSS grew {grew / 2**20:.1f} MiB while 43 MB went to a page that did not read")
     assert grew < 16 << 20, f"serve's memory grew {grew / 2**20:.1f} MiB"
+
+
+# -- 4. one guest's SSH login --------------------------------------------------------------------
+
+def test_a_guest_whose_sshd_never_answers_holds_up_no_other_terminal(klass: Klass) -> None:
+    # ann's sshd stops listening for 25 s (a new connection gets no banner), then goes on
+    res = _exec(klass.cli, f"{NAME}@ann", "read -r p < /run/sshd.pid && kill -STOP $p && "
+                                          "setsid sh -c \"sleep 25; kill -CONT $p\" </dev/null >/dev/null 2>&1 &")
+    assert res.returncode == 0, res.stdout + res.stderr
+    with serving(klass) as served:
+        ws_base = served.base.replace("http", "ws")
+
+        def connect(who: str, ident: str) -> Any:
+            return websockets_client.connect(f"{ws_base}/ws/term/{ident}/a",
+                                             additional_headers={"Authorization": f"Bearer {served.token(who)}"},
+                                             open_timeout=30)
+
+        async def go() -> tuple[bool, str]:
+            async with connect("ann", f"{NAME}@ann") as ann:
+                await asyncio.sleep(1)  # ann's login under way: waiting for a banner that never comes
+                async with connect("bea", f"{NAME}@bea") as bea:
+                    first = json.loads(await asyncio.wait_for(bea.recv(), 60))
+                    ann_pending = True
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ann.recv(), 0.05)
+                        ann_pending = False
+                    assert first == {"mode": "rw"}, first
+                try:
+                    ann_end = str(await asyncio.wait_for(ann.recv(), 60))
+                except websockets_errors.ConnectionClosed as exc:
+                    ann_end = f"closed {exc}"
+                return ann_pending, ann_end
+
+        ann_pending, ann_end = run_async(go())
+    assert ann_pending, "bea's terminal opened only once ann's login had failed"
+    assert "cannot SSH" in ann_end or "error" in ann_end, ann_end
+    deadline = time.monotonic() + 120  # ann's sshd back for the next tests
+    while _exec(klass.cli, f"{NAME}@ann", "true").returncode != 0:
+        assert time.monotonic() < deadline
+        time.sleep(2)

@@ -170,6 +170,37 @@ def test_a_page_that_stops_reading_holds_a_bounded_output() -> None:
     asyncio.run(go())
 
 
+def test_one_guests_login_never_holds_up_anothers() -> None:
+    import asyncio
+    import threading
+    from unittest import mock
+
+    from labctl.web.terminal import Hub, Terminals
+
+    stuck, release = threading.Event(), threading.Event()
+
+    def fake_open(hub: Hub, ep: object, cols: int, rows: int) -> None:
+        if hub.ident == "lab@ann":  # a guest whose sshd never answers
+            stuck.set()
+            release.wait(30)
+            raise access.LabctlError("no answer")
+        hub.chan = mock.MagicMock()
+
+    async def go() -> None:
+        terms = Terminals()
+        with mock.patch.object(Hub, "open", fake_open), mock.patch.object(Hub, "start_reading", lambda hub: None):
+            ann = asyncio.create_task(terms.attach("lab@ann", "a", mock.MagicMock(), 80, 24))
+            await asyncio.to_thread(stuck.wait, 10)
+            bea = await asyncio.wait_for(terms.attach("lab@bea", "a", mock.MagicMock(), 80, 24), 10)
+            assert not ann.done() and bea.ident == "lab@bea"
+            release.set()
+            with pytest.raises(access.LabctlError):
+                await ann
+            bea.close()
+
+    asyncio.run(go())
+
+
 def test_a_student_reaches_only_their_own_instance(client: TestClient, record: ClassRecord) -> None:
     tokens = class_tokens(record)
     ann = bearer(tokens.students["ann"])
