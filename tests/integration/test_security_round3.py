@@ -10,6 +10,7 @@ by every finding that needs a guest:
 2. serve's handouts: a student's link to /etc/shadow is not followed, a FIFO blocks nothing.
 3. a websocket that stops reading while its guest floods the terminal: serve's memory stays flat.
 4. a guest whose sshd never answers holds up no other student's terminal.
+5. bisect --continue and --work trust no bundle, state or work directory another user could write.
 """
 
 from __future__ import annotations
@@ -361,3 +362,70 @@ def test_a_guest_whose_sshd_never_answers_holds_up_no_other_terminal(klass: Klas
     while _exec(klass.cli, f"{NAME}@ann", "true").returncode != 0:
         assert time.monotonic() < deadline
         time.sleep(2)
+
+
+# -- 5. bisect's bundle, state and work directory ------------------------------------------------------
+
+def _repo(d: Path) -> list[str]:
+    """A small git history with a kernel tree's .config and Makefile: its two commits."""
+    d.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x"}
+    shas = []
+    for i in range(2):
+        (d / "Makefile").write_text(f"all:\n\t@echo {i}\n")
+        (d / ".config").write_text("CONFIG_X=y\n")
+        for args in ([] if i else [["init", "-q", "-b", "main"]]) + [["add", "-A"], ["commit", "-q", "-m", f"c{i}"]]:
+            subprocess.run(["git", "-C", str(d), *args], check=True, env=env, capture_output=True)
+        shas.append(subprocess.run(["git", "-C", str(d), "rev-parse", "HEAD"], check=True, capture_output=True,
+                                   text=True).stdout.strip())
+    return shas
+
+
+def test_bisect_trusts_no_bundle_state_or_work_directory_of_another_user(
+        evil: pwd.struct_passwd, shared_tmp: Path, cli: Cli, tmp_path: Path) -> None:
+    victim = shared_tmp / "victim"  # root's: what a planted state's "work" would have root delete
+    (victim / "wt").mkdir(parents=True)
+    (victim / "wt" / "precious").write_text("root's\n")
+    quickstart = str(Path(__file__).resolve().parents[2] / "labs" / "quickstart.yaml")
+    state = {"version": 1, "lab_file": quickstart, "tree": str(tmp_path), "good": "a" * 40, "bad": "b" * 40,
+             "oracle": {"kind": "panic"}, "work": str(victim), "trust_dirs": []}
+    theirs = shared_tmp / "evil-bundle"
+    as_evil(evil, "mkdir", "-m", "755", str(theirs))
+    subprocess.run(["runuser", "-u", evil.pw_name, "--", "sh", "-c", f"cat > {theirs}/state.json"],
+                   input=json.dumps(state), text=True, check=True, cwd="/")
+    for args in (("--continue", str(theirs)), ("--log", str(theirs))):
+        res = cli("bisect", *args)
+        assert res.returncode == 3 and "refusing" in res.stderr and str(theirs) in flat(res.stderr), res.stderr
+        assert "Traceback" not in res.stderr
+    open_bundle = shared_tmp / "open-bundle"  # root's, but anyone may write in it
+    open_bundle.mkdir(mode=0o777)
+    open_bundle.chmod(0o777)
+    (open_bundle / "state.json").write_text(json.dumps(state))
+    res = cli("bisect", "--continue", str(open_bundle))
+    assert res.returncode == 3 and "writable by other users" in flat(res.stderr), res.stderr
+    assert (victim / "wt" / "precious").read_text() == "root's\n"
+
+    # root's own bundle whose state says to trust the other user's kernel tree: it does not widen trust
+    tree = shared_tmp / "evil-tree"
+    as_evil(evil, "mkdir", "-m", "755", str(tree))
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(f"name: r3bis\nkernel: {{tree: {tree}}}\nnetworks: {{}}\nguests:\n  a: {{}}\n")
+    mine = tmp_path / "bundle"
+    mine.mkdir()
+    (mine / "state.json").write_text(json.dumps({**state, "lab_file": str(lab), "tree": str(tree),
+                                                 "work": str(tmp_path / "work"), "trust_dirs": [str(tree)]}))
+    res = cli("bisect", "--continue", str(mine))
+    assert res.returncode == 2 and f"kernel tree {tree} is not trusted" in flat(res.stderr), res.stdout + res.stderr
+
+    # a shared --work with a "prepared kernel" and a ready worktree planted in it
+    work = shared_tmp / "work"
+    as_evil(evil, "mkdir", "-m", "755", str(work))
+    as_evil(evil, "sh", "-c", f"mkdir {work}/wt && touch {work}/wt/.git && echo x > {work}/wt.ready && "
+                              f"echo '{{}}' > {work}/builds.json")
+    good, bad = _repo(tmp_path / "linux")
+    out = tmp_path / "out"
+    res = cli("bisect", quickstart, "--tree", str(tmp_path / "linux"), "--good", good, "--bad", bad, "--panic",
+              "--work", str(work), "--out", str(out))
+    assert res.returncode == 3 and "refusing" in res.stderr and str(work) in flat(res.stderr), res.stdout + res.stderr
+    assert not (out / "state.json").exists()
