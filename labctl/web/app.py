@@ -268,15 +268,15 @@ class Server:
         if who is None:
             return forbidden()
         if klass is not None:
-            if not (who.kind == OWNER or (who.kind == TRAINER and who.lab == klass)):
+            if not who.may_see_class(klass):
                 return forbidden()
             key, fn = f"class:{klass}", lambda: self.room.class_view(klass)
-            target = f"{klass}@x"
+            allowed: Callable[[Principal], bool] = lambda w: w.may_see_class(klass)
         elif ident is not None and who.may_reach(ident):
             key, fn = f"lab:{ident}", lambda: self.lab_view(ident)
             if who.kind == OWNER:
                 key, fn = f"owner:{ident}", lambda: self.owner_view(ident)
-            target = ident
+            allowed = lambda w: w.may_reach(ident)
         else:
             return forbidden()
 
@@ -285,7 +285,7 @@ class Server:
             yield "retry: 2000\n\n"
             while not await request.is_disconnected():
                 now_who = resolve(token)
-                if now_who is None or not now_who.may_reach(target):
+                if now_who is None or not allowed(now_who):
                     yield "event: revoked\ndata: {}\n\n"
                     return
                 try:

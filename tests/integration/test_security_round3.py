@@ -11,6 +11,7 @@ by every finding that needs a guest:
 3. a websocket that stops reading while its guest floods the terminal: serve's memory stays flat.
 4. a guest whose sshd never answers holds up no other student's terminal.
 5. bisect --continue and --work trust no bundle, state or work directory another user could write.
+6. the trainer's token reaches the class's current students only.
 """
 
 from __future__ import annotations
@@ -362,6 +363,38 @@ def test_a_guest_whose_sshd_never_answers_holds_up_no_other_terminal(klass: Klas
     while _exec(klass.cli, f"{NAME}@ann", "true").returncode != 0:
         assert time.monotonic() < deadline
         time.sleep(2)
+
+
+# -- 6. the trainer's token ----------------------------------------------------------------------
+
+def test_the_trainers_token_reaches_the_current_students_only(klass: Klass) -> None:
+    record_path = klass.cli.state_dir / "classes" / f"{NAME}.json"
+    record = record_path.read_text()
+    with serving(klass) as served, served.raw("trainer") as trainer:
+        ws_base = served.base.replace("http", "ws")
+
+        async def terminal(ident: str) -> int:
+            try:
+                async with websockets_client.connect(
+                        f"{ws_base}/ws/term/{ident}/a", open_timeout=30,
+                        additional_headers={"Authorization": f"Bearer {served.token('trainer')}"}) as ws:
+                    await ws.recv()
+                    return 101
+            except websockets_errors.InvalidStatus as exc:
+                return int(exc.response.status_code)
+
+        assert run_async(terminal(f"{NAME}@bea")) == 101  # a student's, read-write
+        assert trainer.get(f"/api/lab/{NAME}@zed").status_code == 403  # the owner's own instance
+        try:  # bea leaves the roster (her instance stays up)
+            data = json.loads(record)
+            data["students"] = ["ann"]
+            record_path.write_text(json.dumps(data))
+            time.sleep(1.5)  # serve looks at the record again (its answers live 1 s)
+            assert trainer.get(f"/api/lab/{NAME}@bea").status_code == 403
+            assert run_async(terminal(f"{NAME}@bea")) == 403
+            assert trainer.get(f"/api/lab/{NAME}@ann").status_code == 200
+        finally:
+            record_path.write_text(record)
 
 
 # -- 5. bisect's bundle, state and work directory ------------------------------------------------------

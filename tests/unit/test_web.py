@@ -66,7 +66,7 @@ def test_class_tokens_are_private_and_resolve_to_their_holder(record: ClassRecor
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert class_tokens(record) == tokens  # stable while the class is up
-    assert resolve(tokens.trainer) == Principal(TRAINER, "exlab")
+    assert resolve(tokens.trainer) == Principal(TRAINER, "exlab", students=("ann", "bea"))
     assert resolve(tokens.students["ann"]) == Principal(STUDENT, "exlab", "ann")
     assert resolve("nope") is None and resolve("") is None and resolve(None) is None
     own = owner_token()
@@ -79,9 +79,30 @@ def test_who_may_reach_what() -> None:
     assert ann.may_reach("exlab@ann")
     assert not ann.may_reach("exlab@bea") and not ann.may_reach("exlab") and not ann.may_reach("other@ann")
     assert not ann.may_reach("../exlab@ann")
-    trainer = Principal(TRAINER, "exlab")
+    trainer = Principal(TRAINER, "exlab", students=("ann", "bea"))
     assert trainer.may_reach("exlab@bea") and not trainer.may_reach("exlab") and not trainer.may_reach("other@bea")
+    assert not trainer.may_reach("exlab@zed")  # the owner's own instance, or a student off the roster
+    assert trainer.may_see_class("exlab") and not trainer.may_see_class("other") and not ann.may_see_class("exlab")
     assert Principal(OWNER).may_reach("anything@x") and not Principal(OWNER).may_reach("a/b")
+
+
+def test_the_trainer_reaches_the_current_students_only(client: TestClient, record: ClassRecord) -> None:
+    import dataclasses
+    import json
+
+    tokens = class_tokens(record)
+    trainer = bearer(tokens.trainer)
+    assert client.get("/api/lab/exlab@bea", headers=trainer).status_code == 200
+    assert client.get("/api/lab/exlab@zed", headers=trainer).status_code == 403  # not a student: the owner's
+    with pytest.raises(WebSocketDisconnect) as exc:
+        with client.websocket_connect("/ws/term/exlab@zed/a", headers=trainer):
+            pass
+    assert exc.value.code == 4403
+    # bea leaves the roster: the trainer's token no longer reaches her instance (the class stays)
+    ClassRecord.path_of("exlab").write_text(json.dumps(dataclasses.asdict(record) | {"students": ["ann"]}))
+    access._resolved.clear()
+    assert client.get("/api/lab/exlab@bea", headers=trainer).status_code == 403
+    assert client.get("/api/lab/exlab@ann", headers=trainer).status_code == 200
 
 
 def test_tokens_die_with_the_class_and_never_serve_the_next(record: ClassRecord) -> None:
