@@ -12,6 +12,7 @@ by every finding that needs a guest:
 4. a guest whose sshd never answers holds up no other student's terminal.
 5. bisect --continue and --work trust no bundle, state or work directory another user could write.
 6. the trainer's token reaches the class's current students only.
+7. copies from a guest are capped in entries as well as bytes: ``cp --max-size``, a step's copy-back.
 """
 
 from __future__ import annotations
@@ -462,3 +463,41 @@ def test_bisect_trusts_no_bundle_state_or_work_directory_of_another_user(
               "--work", str(work), "--out", str(out))
     assert res.returncode == 3 and "refusing" in res.stderr and str(work) in flat(res.stderr), res.stdout + res.stderr
     assert not (out / "state.json").exists()
+
+
+# -- 7. copies capped in entries ---------------------------------------------------------------------
+
+STEPS_LAB = """\
+name: r3steps
+networks: {}
+guests:
+  a: {memory: 1024}
+steps:
+  - name: many
+    run:  # more files than the guest's disk has inodes: in a tmpfs
+      - {guest: a, command: "mkdir m && mount -t tmpfs -o nr_inodes=0 none m && cd m && seq 100050 | xargs touch",
+         timeout: 600}
+"""
+
+
+def test_copies_from_a_guest_are_capped_in_entries(image: object, cli: Cli, tmp_path: Path) -> None:
+    lab = tmp_path / "steps.yaml"
+    lab.write_text(STEPS_LAB)
+    up = cli("up", str(lab), "--accel", "tcg", "--out", str(tmp_path / "runs"), "--json", timeout=1800)
+    try:
+        assert up.returncode in (0, 6), up.stdout + up.stderr
+        # the step's copy-back: 100 000 entries at most, the rest named as not copied
+        step = next((tmp_path / "runs").glob("*/steps/many/_/a"))
+        copied = sum(len(files) + len(dirs) for _, dirs, files in os.walk(step))
+        assert 99_000 < copied <= 100_000, copied
+        assert "over the cap of 100000 entries" in (step.parents[3] / "summary.json").read_text()
+        # labctl cp: --max-size counts every entry, empty files too
+        dest = tmp_path / "dest"
+        dest.mkdir()
+        res = cli("cp", "r3steps", "a:/tmp/labctl", str(dest), "--max-size", "1K", "--json", timeout=900)
+        got = json.loads(res.stdout)
+        assert res.returncode == 1 and got["files"] <= 2, res.stdout[-2000:] + res.stderr
+        assert "over the copy budget of 1 KiB" in got["skipped"][-1]["reason"], got["skipped"][-3:]
+        assert sum(len(files) + len(dirs) for _, dirs, files in os.walk(dest)) <= 2
+    finally:
+        cli("down", "r3steps")
