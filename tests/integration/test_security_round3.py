@@ -13,6 +13,7 @@ by every finding that needs a guest:
 5. bisect --continue and --work trust no bundle, state or work directory another user could write.
 6. the trainer's token reaches the class's current students only.
 7. copies from a guest are capped in entries as well as bytes: ``cp --max-size``, a step's copy-back.
+8. a link with a token, opened by another site, signs no browser in (login CSRF).
 """
 
 from __future__ import annotations
@@ -396,6 +397,53 @@ def test_the_trainers_token_reaches_the_current_students_only(klass: Klass) -> N
             assert trainer.get(f"/api/lab/{NAME}@ann").status_code == 200
         finally:
             record_path.write_text(record)
+
+
+# -- 8. login CSRF ----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def attacker_site(link: str) -> Iterator[str]:
+    """Another origin (another port of this host) whose page links to ``link``."""
+    body = f'<!doctype html><a id="go" href="{link}">a prize</a>'.encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+
+
+def test_another_sites_link_with_a_token_signs_no_browser_in(klass: Klass) -> None:
+    with serving(klass) as served, attacker_site(served.urls["ann"]) as evil_page, \
+            playwright_sync.sync_playwright() as pw:
+        browser = chromium(pw)
+        ctx = browser.new_context()
+        page = ctx.new_page()
+        page.set_default_timeout(30_000)
+        page.goto(served.urls["bea"])  # bea signs in with her own link
+        assert page.url == f"{served.base}/lab/{NAME}@bea"
+        page.goto(evil_page)
+        page.click("#go")  # ann's link, from another site
+        playwright_sync.expect(page.locator("body")).to_contain_text("Another site opened it")
+        assert [c["value"] for c in ctx.cookies() if c["name"] == "labctl_token"] == [served.token("bea")]
+        page.goto(served.base + "/")
+        assert page.url == f"{served.base}/lab/{NAME}@bea", page.url  # still bea
+        page.goto(evil_page)
+        page.click("#go")
+        page.click("a")  # followed from serve's own page: that is ann's choice
+        page.wait_for_url(f"{served.base}/lab/{NAME}@ann")
+        browser.close()
 
 
 # -- 5. bisect's bundle, state and work directory ------------------------------------------------------

@@ -145,6 +145,20 @@ def test_first_visit_moves_the_token_into_a_cookie(client: TestClient, record: C
     assert client.get("/?t=wrong").status_code == 403
 
 
+def test_a_link_another_site_opened_signs_nobody_in(client: TestClient, record: ClassRecord) -> None:
+    tokens = class_tokens(record)
+    ann = tokens.students["ann"]
+    for headers in ({"sec-fetch-site": "cross-site"}, {"sec-fetch-site": "same-site"},
+                    {"referer": "http://127.0.0.1:9999/page"}):
+        r = client.get(f"/?t={ann}", headers=headers, follow_redirects=False)
+        assert r.status_code == 200 and "set-cookie" not in r.headers, headers
+        assert "ann (exlab)" in r.text and "Another site opened it" in r.text and f'href="/?t={ann}"' in r.text
+    for headers in ({"sec-fetch-site": "none"}, {"sec-fetch-site": "same-origin"}, {},
+                    {"referer": "http://127.0.0.1:8470/lab/x"}):
+        r = client.get(f"/?t={ann}", headers=headers, follow_redirects=False)
+        assert r.status_code == 303 and COOKIE in r.headers["set-cookie"], headers
+
+
 def test_a_handout_is_read_without_following_links_or_waiting(record: ClassRecord, tmp_path: Path) -> None:
     from labctl.web.room import HANDOUT_LIMIT, handout_text
 
