@@ -282,7 +282,8 @@ def test_the_build_cache_names_only_kernels_of_labctls_store(tmp_path: Path, mon
     planted = tmp_path / "planted"
     planted.mkdir()
     (planted / "manifest.json").write_text("{}")
-    (planted / "modules.img").symlink_to("/dev/null")  # what QEMU would open as the modules disk
+    (tmp_path / "host-file").write_text("root's\n")
+    (planted / "modules.img").symlink_to(tmp_path / "host-file")  # what QEMU would open as the modules disk
     (kernels_root() / "k2").symlink_to(planted)
     work = checked_work(tmp_path / "work")
     cache = BuildCache(work)
