@@ -201,7 +201,8 @@ class BuildCache:
             st = os.lstat(path)
         except OSError:
             return None
-        if Path(d) != path or not stat.S_ISDIR(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+        if os.path.realpath(d) != os.path.realpath(path) or not stat.S_ISDIR(st.st_mode) \
+                or st.st_uid not in (os.geteuid(), 0):
             return None
         return path if (path / "manifest.json").is_file() else None
 

@@ -141,7 +141,7 @@ def extract(stream: BinaryIO, dest: Path, budget: int = DEFAULT_BUDGET,
                 continue  # the step directory itself ("." of ``tar -cf - .``)
             over = _over(result, member, budget, max_entries)
             if over is not None:
-                result.skipped.append(f"{member.name.strip('/')}: {over} (it and the rest were not copied)")
+                result.skipped.append(f"{member.name.strip('/')}: {over}; it and the rest were not copied")
                 result.truncated = True
                 break
             result.entries += 1

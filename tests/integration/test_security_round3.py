@@ -12,7 +12,7 @@ by every finding that needs a guest:
 4. a guest whose sshd never answers holds up no other student's terminal.
 5. bisect --continue and --work trust no bundle, state or work directory another user could write.
 6. the trainer's token reaches the class's current students only.
-7. copies from a guest are capped in entries as well as bytes: ``cp --max-size``, a step's copy-back.
+7. ``cp --max-size`` caps entries as well as bytes (a step's copy-back: in test_security.py).
 8. a link with a token, opened by another site, signs no browser in (login CSRF).
 """
 
@@ -313,8 +313,8 @@ def test_a_terminal_that_stops_reading_keeps_serves_memory_flat(klass: Klass) ->
         sock = _stalled_terminal(served, "bea", ident)
         try:
             before = _rss(served.proc.pid)
-            # 32 MiB of random bytes as base64: 43 MB of output for a page that reads none of it
-            _send_frame(sock, b"head -c 32M /dev/urandom | base64; touch /root/flood-done\r")
+            # 16 MiB of random bytes as base64: 22 MB of output for a page that reads none of it
+            _send_frame(sock, b"head -c 16M /dev/urandom | base64; touch /root/flood-done\r")
             deadline = time.monotonic() + 900
             while _exec(klass.cli, ident, "test -f /root/flood-done").returncode != 0:
                 assert time.monotonic() < deadline, "the guest never finished writing"
@@ -323,8 +323,8 @@ def test_a_terminal_that_stops_reading_keeps_serves_memory_flat(klass: Klass) ->
         finally:
             sock.close()
         _exec(klass.cli, ident, "rm -f /root/flood-done")
-    print(f"serve's RSS grew {grew / 2**20:.1f} MiB while 43 MB went to a page that did not read")
-    assert grew < 16 << 20, f"serve's memory grew {grew / 2**20:.1f} MiB"
+    print(f"serve's RSS grew {grew / 2**20:.1f} MiB while 22 MB went to a page that did not read")
+    assert grew < 10 << 20, f"serve's memory grew {grew / 2**20:.1f} MiB"
 
 
 # -- 4. one guest's SSH login --------------------------------------------------------------------
@@ -361,10 +361,7 @@ def test_a_guest_whose_sshd_never_answers_holds_up_no_other_terminal(klass: Klas
         ann_pending, ann_end = run_async(go())
     assert ann_pending, "bea's terminal opened only once ann's login had failed"
     assert "cannot SSH" in ann_end or "error" in ann_end, ann_end
-    deadline = time.monotonic() + 120  # ann's sshd back for the next tests
-    while _exec(klass.cli, f"{NAME}@ann", "true").returncode != 0:
-        assert time.monotonic() < deadline
-        time.sleep(2)
+    # ann's sshd goes on by itself 25 s after it stopped: the tests after this one need only bea's
 
 
 # -- 6. the trainer's token ----------------------------------------------------------------------
@@ -514,38 +511,12 @@ def test_bisect_trusts_no_bundle_state_or_work_directory_of_another_user(
 
 
 # -- 7. copies capped in entries ---------------------------------------------------------------------
+# (a step's copy-back: test_security.py's hostile guest, whose run has steps, makes 100 050 files)
 
-STEPS_LAB = """\
-name: r3steps
-networks: {}
-guests:
-  a: {memory: 1024}
-steps:
-  - name: many
-    run:  # more files than the guest's disk has inodes: in a tmpfs
-      - {guest: a, command: "mkdir m && mount -t tmpfs -o nr_inodes=0 none m && cd m && seq 100050 | xargs touch",
-         timeout: 600}
-"""
-
-
-def test_copies_from_a_guest_are_capped_in_entries(image: object, cli: Cli, tmp_path: Path) -> None:
-    lab = tmp_path / "steps.yaml"
-    lab.write_text(STEPS_LAB)
-    up = cli("up", str(lab), "--accel", "tcg", "--out", str(tmp_path / "runs"), "--json", timeout=1800)
-    try:
-        assert up.returncode in (0, 6), up.stdout + up.stderr
-        # the step's copy-back: 100 000 entries at most, the rest named as not copied
-        step = next((tmp_path / "runs").glob("*/steps/many/_/a"))
-        copied = sum(len(files) + len(dirs) for _, dirs, files in os.walk(step))
-        assert 99_000 < copied <= 100_000, copied
-        assert "over the cap of 100000 entries" in (step.parents[3] / "summary.json").read_text()
-        # labctl cp: --max-size counts every entry, empty files too
-        dest = tmp_path / "dest"
-        dest.mkdir()
-        res = cli("cp", "r3steps", "a:/tmp/labctl", str(dest), "--max-size", "1K", "--json", timeout=900)
-        got = json.loads(res.stdout)
-        assert res.returncode == 1 and got["files"] <= 2, res.stdout[-2000:] + res.stderr
-        assert "over the copy budget of 1 KiB" in got["skipped"][-1]["reason"], got["skipped"][-3:]
-        assert sum(len(files) + len(dirs) for _, dirs, files in os.walk(dest)) <= 2
-    finally:
-        cli("down", "r3steps")
+def test_cp_max_size_caps_entries_as_well_as_bytes(klass: Klass, tmp_path: Path) -> None:
+    assert _exec(klass.cli, f"{NAME}@bea", "mkdir -p /root/few && cd /root/few && touch $(seq 10)").returncode == 0
+    res = klass.cli("cp", f"{NAME}@bea", "a:/root/few", str(tmp_path), "--max-size", "1K", "--json")
+    got = json.loads(res.stdout)  # ten empty files: no data, but 512 bytes of tar header each
+    assert res.returncode == 1 and got["files"] <= 2, res.stdout + res.stderr
+    assert "over the copy budget of 1 KiB" in got["skipped"][-1]["reason"], got["skipped"]
+    assert sum(len(files) for _, _, files in os.walk(tmp_path / "few")) == got["files"]

@@ -91,7 +91,7 @@ def test_a_budget_stops_a_disk_filling_guest(tmp_path: Path) -> None:
     got = extract(_tar([_file("a", b"x" * 1000), _file("b", b"y" * 1000)]), tmp_path, budget=2000)
     assert (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert got.truncated and got.skipped == ["b: over the copy budget of 1.95 KiB (512 bytes an entry besides "
-                                             "its data) (it and the rest were not copied)"]
+                                             "its data); it and the rest were not copied"]
 
 
 def test_entries_count_against_the_budget_and_the_cap(tmp_path: Path) -> None:
@@ -105,5 +105,5 @@ def test_entries_count_against_the_budget_and_the_cap(tmp_path: Path) -> None:
     (tmp_path / "b").mkdir()
     got = extract(_tar([*links, *many]), tmp_path / "b", max_entries=100)
     assert got.files == 0 and got.entries == 100 and os.listdir(tmp_path / "b") == []
-    assert got.skipped[-1] == "l100: over the cap of 100 entries (it and the rest were not copied)"
+    assert got.skipped[-1] == "l100: over the cap of 100 entries; it and the rest were not copied"
     assert len(got.skipped) == 101
