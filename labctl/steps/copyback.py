@@ -34,7 +34,7 @@ from typing import IO, BinaryIO
 MAX_COMPONENT = 255
 MAX_DEPTH = 32
 DEFAULT_BUDGET = 8 << 30  # bytes per guest and step
-DEFAULT_ENTRIES = 100_000  # entries per guest and step
+DEFAULT_ENTRIES = 10_000  # entries per guest and step (a step's results: logs, traces, captures)
 HEADER = 512  # what an entry counts against the budget besides its data
 _CHUNK = 1 << 20
 

@@ -511,7 +511,7 @@ def test_bisect_trusts_no_bundle_state_or_work_directory_of_another_user(
 
 
 # -- 7. copies capped in entries ---------------------------------------------------------------------
-# (a step's copy-back: test_security.py's hostile guest, whose run has steps, makes 100 050 files)
+# (a step's copy-back: test_security.py's hostile guest, whose run has steps, makes 10 050 files)
 
 def test_cp_max_size_caps_entries_as_well_as_bytes(klass: Klass, tmp_path: Path) -> None:
     assert _exec(klass.cli, f"{NAME}@bea", "mkdir -p /root/few && cd /root/few && touch $(seq 10)").returncode == 0
