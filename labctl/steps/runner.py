@@ -513,7 +513,7 @@ class Runner:
         """Copy the step's guest directory of every reachable guest into the bundle.
 
         The guest sends a tar stream; :mod:`labctl.steps.copyback` keeps every file
-        inside the bundle (no links followed, no names outside, a byte budget).
+        inside the bundle (no links followed, no names outside, a byte budget and a cap on entries).
         """
         for g in guests:
             dest = self.dir / rel / g
@@ -522,7 +522,7 @@ class Runner:
                 continue
             try:
                 with self.ssh(g).stream(f"cd {q(workdir)} && tar -cf - .", timeout=COPY_TIMEOUT) as f:
-                    got = copyback.extract(f, dest)
+                    got = copyback.extract(f, dest, max_entries=copyback.DEFAULT_ENTRIES)
             except (GuestError, OSError, EOFError, tarfile.TarError) as exc:
                 message = exc.message if isinstance(exc, GuestError) else str(exc)
                 res.warnings.append(f"{g}: could not copy the step's files: {message}")

@@ -330,6 +330,7 @@ class LabUp:
 
     def _plan(self, g: Guest, accel: str, segments: dict[str, Segment], client_pub: str) -> GuestPlan:
         gdir = ensure_private_dir(self.dir / "guests" / g.name)
+        shares.make_directories(gdir, self.lab.ident, g.name, g.shares)
         plan = self._guest_plan(g, accel, segments, gdir)
         host = plan.host
         new_keypair(plan.host_key, f"{g.name}.{self.lab.ident}")
