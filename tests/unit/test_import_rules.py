@@ -498,7 +498,7 @@ def test_other_packages_import_only_the_face() -> None:
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize("line", ["from labctl.report.summary import summarize", "import labctl.up.lifecycle",
+@pytest.mark.parametrize("line", ["from labctl.report.run_summary import summarize", "import labctl.up.lifecycle",
                                   "from labctl.report import not_exported",
                                   "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from labctl.up.options import UpOptions"])
 def test_an_import_past_a_face_is_caught(line: str) -> None:
