@@ -538,3 +538,28 @@ def test_no_class_over_250_lines() -> None:
            if isinstance(node, ast.ClassDef) and node.end_lineno and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
            and (src.rel, node.name) not in NOT_YET]
     assert not big, "\n".join(big)
+
+
+def module_graph() -> dict[str, dict[str, str]]:
+    """module -> labctl module it imports -> where; ``from labctl.x import y`` counts as importing the
+    package labctl.x (its face runs) as well as the module labctl.x.y when there is one."""
+    known = {src.module for src in sources()}
+    edges: dict[str, dict[str, str]] = defaultdict(dict)
+    for src in sources():
+        for imp in src.labctl_imports():
+            target = imp.target
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target not in (src.module, "labctl"):
+                edges[src.module].setdefault(target, f"{src.rel}:{imp.line}")
+    return edges
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No loop between modules either, a face included: a module of a package imports its siblings
+    (``import labctl.x.y as y``), never its own package's face, which imports it."""
+    edges = module_graph()
+    found = loops(edges)
+    text = [" -> ".join(c) + ": " + "; ".join(f"{a}->{b} at {edges[a][b]}" for a in c for b in c if b in edges[a])
+            for c in found]
+    assert not found, "\n".join(text)
