@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from labctl.errors import LabctlError
 from labctl.state import LabState, run_dir
 from labctl.training import ClassRecord
-from labctl.web.access import OWNER, resolve
+from labctl.web.access import resolve
 from labctl.web.authz import (
     CLASS_MANAGE,
     CLASS_VIEW,
@@ -85,7 +85,7 @@ class LabApi(Guarded):
         ident = request.path_params["ident"]
         who = self.policy.who(request)
         serve = self.serve
-        if who is not None and who.kind == OWNER:
+        if self.policy.authorize(who, LAB_TOOLS, ident) is None:  # the view with the engineer's tools
             view = dict(await serve.view(f"owner:{ident}", lambda: serve.owner_view(ident)))
         else:
             view = dict(await serve.view(f"lab:{ident}", lambda: serve.lab_view(ident)))
