@@ -175,6 +175,9 @@ class Backend(abc.ABC):
     state once up (``--save-state``), checkpoints; else labctl keeps the files."""
     shows_argv: ClassVar[bool] = False
     """:meth:`command` is the exact argv of a process (``up --dry-run`` prints it)."""
+    memory_dumps: ClassVar[bool] = False
+    """Its QEMU can dump a guest's memory into a vmcore of labctl's that names the guest's kernel
+    (a ``vmcoreinfo`` device; the file written as labctl's user): ``labctl dump``, crash vmcores."""
 
     @abc.abstractmethod
     def command(self, plan: GuestPlan) -> list[str]:
@@ -248,6 +251,14 @@ class Backend(abc.ABC):
     def emulator_version(self) -> str:
         """The version of the QEMU this backend would start, for when no running guest can be
         asked (``unknown`` when the backend cannot tell)."""
+
+    def qemu_pid(self, rec: GuestRecord) -> int:
+        """The pid of the guest's QEMU on this machine now (a restart may have changed it)."""
+        return rec.pid
+
+    def is_qemu(self, rec: GuestRecord, argv: list[str]) -> bool:
+        """Whether a process's command line is this guest's QEMU (guards against a reused pid)."""
+        return bool(rec.qmp) and any(rec.qmp in a for a in argv)
 
     # -- where guests run, and what a host needs ---------------------------------------------------
 

@@ -18,6 +18,7 @@ from labctl.cli import (
     compare_cmd,
     cp_cmd,
     doctor,
+    drgn_cmd,
     exec_cmd,
     gdb_cmd,
     graph_cmd,
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     bisect_cmd.register(sub)
     oops_cmd.register(sub)
     gdb_cmd.register(sub)
+    drgn_cmd.register(sub)
     doctor.register(sub)
     ssh_cmd.register(sub)
     exec_cmd.register(sub)

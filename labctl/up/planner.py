@@ -19,7 +19,7 @@ from labctl.kernel import prepare as kernel_prep
 from labctl.lab import Guest, HostPlace, Lab, mgmt_mac
 from labctl.net import Segment, free_port
 from labctl.paths import ensure_private_dir
-from labctl.up import guestconf, snapshots, warm
+from labctl.up import guestconf, mounts, snapshots, warm
 from labctl.up.bootargs import kernel_args
 from labctl.up.keys import new_keypair
 from labctl.up.options import UpOptions
@@ -62,6 +62,7 @@ class GuestPlanner:
     def plan(self, g: Guest, accel: str, segments: dict[str, Segment], client_pub: str) -> GuestPlan:
         """The guest's plan with its directory, keys, disk and configuration made."""
         gdir = ensure_private_dir(self.dir / "guests" / g.name)
+        mounts.make_directories(gdir, self.lab.ident, g.name, g.shares)
         plan = self.guest_plan(g, accel, segments, gdir)
         new_keypair(plan.host_key, f"{g.name}.{self.lab.ident}")
         plan.authorized_keys.write_text(client_pub + "\n")

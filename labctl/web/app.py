@@ -29,7 +29,8 @@ The engineer's tools (the owner's token only; a class's tokens get 403)::
                                           text frames from the page: {"resize": [cols, rows]})
 
 A token arrives once in the URL (``?t=...``), is put in an HttpOnly, SameSite=Strict cookie
-and the page reloads without it; raw clients send ``Authorization: Bearer TOKEN``. Every
+and the page reloads without it, unless another site opened the link (then the page only
+offers it: :func:`labctl.web.http.first_party`); raw clients send ``Authorization: Bearer TOKEN``. Every
 request resolves its token again (:func:`labctl.web.access.resolve`) and checks the instance it
 names against it: anything else is 403. Requests that change something, and websockets, must
 come from the page's own origin when the browser says where they come from.
@@ -61,7 +62,18 @@ from labctl.lab import LAB_IDENT
 from labctl.state import LabState, run_dir
 from labctl.training import ClassRecord
 from labctl.web.access import OWNER, STUDENT, TRAINER, Principal, resolve
-from labctl.web.http import COOKIE, ASGIApp, SecurityHeaders, forbidden, not_found, page, same_origin, token_of
+from labctl.web.http import (
+    COOKIE,
+    ASGIApp,
+    SecurityHeaders,
+    first_party,
+    forbidden,
+    not_found,
+    page,
+    same_origin,
+    sign_in_page,
+    token_of,
+)
 from labctl.web.room import Room, handout_text, topology_svg
 from labctl.web.terminal import Terminals, clamp_size
 from labctl.web.tools import ConsoleTail, Tools
@@ -136,6 +148,8 @@ class Server:
             who = resolve(token)
             if who is None:
                 return PlainTextResponse("this link's token is unknown or revoked\n", status_code=403)
+            if not first_party(request):  # login CSRF: another site would sign this browser in as who
+                return Response(sign_in_page(who.describe(), f"/?t={token}"), media_type="text/html")
             resp = RedirectResponse(request.url.path, status_code=303)
             resp.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/",
                             secure=request.url.scheme == "https")
@@ -216,7 +230,8 @@ class Server:
         klass = class_of(ident)
         if klass:
             record = await asyncio.to_thread(ClassRecord.load, klass)
-            view["handout"] = await asyncio.to_thread(handout_text, record, ident.partition("@")[2])
+            view["handout"], view["handout_note"] = await asyncio.to_thread(handout_text, record,
+                                                                            ident.partition("@")[2])
         view["class"] = klass
         return JSONResponse(view)
 
@@ -270,15 +285,15 @@ class Server:
         if who is None:
             return forbidden()
         if klass is not None:
-            if not (who.kind == OWNER or (who.kind == TRAINER and who.lab == klass)):
+            if not who.may_see_class(klass):
                 return forbidden()
             key, fn = f"class:{klass}", lambda: self.room.class_view(klass)
-            target = f"{klass}@x"
+            allowed: Callable[[Principal], bool] = lambda w: w.may_see_class(klass)
         elif ident is not None and who.may_reach(ident):
             key, fn = f"lab:{ident}", lambda: self.lab_view(ident)
             if who.kind == OWNER:
                 key, fn = f"owner:{ident}", lambda: self.owner_view(ident)
-            target = ident
+            allowed = lambda w: w.may_reach(ident)
         else:
             return forbidden()
 
@@ -287,7 +302,7 @@ class Server:
             yield "retry: 2000\n\n"
             while not await request.is_disconnected():
                 now_who = resolve(token)
-                if now_who is None or not now_who.may_reach(target):
+                if now_who is None or not allowed(now_who):
                     yield "event: revoked\ndata: {}\n\n"
                     return
                 try:

@@ -47,6 +47,7 @@ from labctl.backends.libvirt.api import (
     libvirt_uri,
     log_reason,
     lookup,
+    qemu_pid,
     wait_gone,
     where,
 )
@@ -223,6 +224,16 @@ class LibvirtBackend(Backend):
         except OSError:
             return f"no log from libvirt ({path} is not readable)"
         return log_reason(lines) or "no message from QEMU"
+
+    def qemu_pid(self, rec: GuestRecord) -> int:
+        """libvirt's pidfile of the domain (a reset restarts the domain's QEMU)."""
+        domain = rec.extra.get("domain")
+        return (qemu_pid(str(domain)) if domain else 0) or rec.pid
+
+    def is_qemu(self, rec: GuestRecord, argv: list[str]) -> bool:
+        domain = rec.extra.get("domain")
+        return bool(domain) and "-name" in argv and any(a == f"guest={domain}" or a.startswith(f"guest={domain},")
+                                                        for a in argv)
 
     def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
         """Run one QMP command through libvirt's monitor passthrough; return its ``return``.

@@ -60,6 +60,7 @@ class QemuBackend(Backend):
     post_boot_snapshots = True
     guest_agent = True
     shows_argv = True
+    memory_dumps = True
 
     def host_checks(self) -> list[HostCheck]:
         return host_checks()
