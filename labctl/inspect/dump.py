@@ -82,8 +82,8 @@ def take_vmcore(target: GuestTarget, dest: Path, fmt: str = "kdump", timeout: fl
     if fmt not in FORMATS:
         raise DebugError(f"unknown vmcore format {fmt!r}", hint=f"one of: {', '.join(FORMATS)}")
     if not target.backend.memory_dumps:
-        raise HostError(f"guest {target.guest} runs on the {target.backend.name} backend, whose guests labctl "
-                        "cannot dump (a libvirt domain has no vmcoreinfo device)",
+        raise HostError(f"guest {target.guest} runs on the {target.backend.name} backend: labctl dump works on "
+                        "the qemu backend only (a libvirt domain has no vmcoreinfo device)",
                         hint="read it live with 'labctl drgn' (as root), or run the lab on the qemu backend")
     t0 = time.monotonic()
     limit = 2 * _ram_bytes(target) + (256 << 20)

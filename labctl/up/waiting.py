@@ -65,7 +65,7 @@ class GuestWaiter:
             self.stop.set()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _ready_line(self, name: str, deadline: float) -> bytes | None:
+    def _ready_line(self, state: LabState, name: str, deadline: float) -> bytes | None:
         """The console's text once the guest's whole READY line is there (None: stopped meanwhile).
 
         :raise GuestError: when the guest fails to boot or is not ready in time.
@@ -82,7 +82,8 @@ class GuestWaiter:
             if FAILED in data or crashed(data):
                 self.events.guest_phase(name, "failed")
                 time.sleep(0.5)  # let the rest of the oops reach the log
-                raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
+                told = self.opts.on_boot_crash(state, name) if crashed(data) and self.opts.on_boot_crash else ""
+                raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}" + (f"\n{told}" if told else ""))
             if not self.backend.alive(rec):
                 self.events.guest_phase(name, "failed")
                 raise MachineError(f"QEMU of guest {name} died while booting "
@@ -105,7 +106,7 @@ class GuestWaiter:
         if rec.extra.get("started_from"):
             self._resume_shared(state, name, t0, deadline)
             return
-        data = self._ready_line(name, deadline)
+        data = self._ready_line(state, name, deadline)
         if data is None:
             return
         self.events.guest_phase(name, "ssh")
