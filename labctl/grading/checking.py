@@ -3,47 +3,53 @@ check oracle, the web page's check button).
 
 The checks come from the lab's resolved definition saved in its state when it
 came up (not from the lab file, which may have changed since). Each check runs
-on its guest over SSH with the lab's key, as its kind says (:data:`KINDS`; the
-lab file's checks are shell commands, :mod:`.shell`), one guest's checks in
-order over one connection, the guests side by side.
+as its kind says (:data:`KINDS`): a shell command on its guest over SSH with the
+lab's key (:mod:`.shell`), or an expression on its guest's running kernel read
+with drgn (:mod:`.drgncheck`). One guest's checks run in order, over one SSH
+connection and one drgn session (:class:`GuestChecks`), the guests side by side.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypedDict
 
+from typing import TYPE_CHECKING
+
 from labctl.errors import GuestError, LabStateError
+from labctl.grading.drgncheck import DrgnCheck
 from labctl.grading.shell import ERROR, FAIL, PASS, TIMEOUT, ShellCheck
 from labctl.lab import Check
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState
+
+if TYPE_CHECKING:
+    from labctl.inspect import KernelView
 
 OUTPUT_TAIL = 2000  # bytes of a check's output kept for --json
 CONNECT_TIMEOUT = 10.0
 
 
 class CheckKind(Protocol):
-    """How a kind of check runs on its guest and what its outcome means (:class:`~labctl.grading.shell.ShellCheck`)."""
+    """How a kind of check runs on its guest and what its outcome means (:class:`~labctl.grading.shell.ShellCheck`,
+    :class:`~labctl.grading.drgncheck.DrgnCheck`)."""
 
     name: str
 
-    def command(self, check: Check) -> str:
-        """The command line run on the guest."""
-
-    def judge(self, check: Check, status: int, seconds: float) -> str:
-        """pass, fail or timeout, from its exit status after ``seconds``."""
+    def run(self, ctx: GuestChecks, check: Check) -> CheckResult:
+        """Run ``check`` on ``ctx``'s guest: its result (pass, fail, timeout or error)."""
 
 
-KINDS: dict[str, CheckKind] = {"shell": ShellCheck()}
+KINDS: dict[str, CheckKind] = {"shell": ShellCheck(), "drgn": DrgnCheck()}
 
 
 def kind_of(check: Check) -> CheckKind:
-    """The kind of ``check`` (every check of a lab file is a shell command today)."""
-    return KINDS["shell"]
+    """The kind of ``check`` (its ``kind``: shell or drgn)."""
+    return KINDS[check.kind]
 
 
 class CheckRecord(TypedDict):
@@ -84,7 +90,7 @@ class CheckResult:
     def summary(self) -> str:
         """The result column: ``pass``, ``fail (exit 1)``, ``timeout (20 s)``, ``error: ...``."""
         if self.status == FAIL:
-            return f"fail (exit {self.exit_status})"
+            return f"fail (exit {self.exit_status})" if self.exit_status is not None else f"fail ({self.detail})"
         if self.status == TIMEOUT:
             return f"timeout ({self.seconds:.0f} s)"
         if self.status == ERROR:
@@ -103,59 +109,75 @@ def checks_of(state: LabState) -> tuple[Check, ...]:
     :raise LabStateError: when the saved definition's checks cannot be read.
     """
     try:
-        return tuple(Check(name=str(c["name"]), guest=str(c["guest"]), command=str(c["command"]),
-                           hint=str(c.get("hint") or ""), timeout=float(c.get("timeout") or 30.0))
-                     for c in state.resolved.get("checks") or [])
+        checks = tuple(Check(name=str(c["name"]), guest=str(c["guest"]), command=str(c["command"]),
+                             hint=str(c.get("hint") or ""), timeout=float(c.get("timeout") or 30.0),
+                             kind=str(c.get("kind") or "shell"))
+                       for c in state.resolved.get("checks") or [])
+        if any(c.kind not in KINDS for c in checks):
+            raise ValueError("a check of an unknown kind")
+        return checks
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LabStateError(f"lab '{state.lab}': the checks in its state cannot be read ({exc})",
                             hint=f"take it down and up again: labctl down {state.lab}") from exc
 
 
 def guest_command(check: Check) -> str:
-    """The command line run on the guest, as the check's kind says."""
-    return kind_of(check).command(check)
-
-
-def _tail(res_out: bytes, res_err: bytes) -> str:
-    text = (res_out + res_err).decode(errors="replace").strip()
-    return text[-OUTPUT_TAIL:]
+    """The command line a shell check runs on its guest."""
+    return ShellCheck.command(check)
 
 
 def _connect(ep: Endpoint) -> Session:
     return Session(ep, timeout=CONNECT_TIMEOUT)
 
 
+@dataclass
+class GuestChecks:
+    """What one guest's checks share as they run in order: one SSH session (a new one after an
+    error), one drgn session on its kernel (opened for its first drgn check), the clock."""
+
+    state: LabState
+    guest: str
+    connect: Callable[[Endpoint], Session] = _connect
+    clock: Callable[[], float] = time.monotonic
+    _session: Session | None = None
+    _kernel: KernelView | None = None
+    _open: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def session(self) -> Session:
+        """The guest's SSH session. :raise GuestError, LabStateError: when it cannot be opened."""
+        if self._session is None:
+            self._session = self.connect(self.state.endpoint(self.guest))
+        return self._session
+
+    def drop_session(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def kernel(self) -> KernelView:
+        """drgn on the guest's running kernel. :raise LabctlError: when it cannot be read."""
+        if self._kernel is None:
+            from labctl.inspect import open_live
+
+            self._kernel = self._open.enter_context(open_live(self.state, self.guest))
+        return self._kernel
+
+    def close(self) -> None:
+        self.drop_session()
+        self._kernel = None
+        self._open.close()
+
+
 def run_on_guest(state: LabState, guest: str, checks: Sequence[Check], *,
                  connect: Callable[[Endpoint], Session] = _connect,
                  clock: Callable[[], float] = time.monotonic) -> list[CheckResult]:
-    """Run ``checks`` (all on ``guest``) in order over one SSH connection (a new one after an error).
-
-    A check whose connection failed after its time was up timed out; before, it could not run (error).
-    """
-    results: list[CheckResult] = []
-    session: Session | None = None
+    """Run ``checks`` (all on ``guest``) in order, as each one's kind says, sharing one SSH
+    connection and one drgn session (:class:`GuestChecks`)."""
+    ctx = GuestChecks(state, guest, connect, clock)
     try:
-        for check in checks:
-            t0 = clock()
-            try:
-                if session is None:
-                    session = connect(state.endpoint(guest))
-                res = session.run(guest_command(check), timeout=check.timeout + 10.0)
-            except (GuestError, LabStateError) as exc:
-                took = clock() - t0
-                if session is not None:
-                    session.close()
-                    session = None
-                status = TIMEOUT if took >= check.timeout else ERROR
-                results.append(CheckResult(check.name, guest, status, check.hint, None, took, exc.message))
-                continue
-            took = clock() - t0
-            results.append(CheckResult(check.name, guest, kind_of(check).judge(check, res.status, took), check.hint,
-                                       res.status, took, _tail(res.stdout, res.stderr)))
+        return [kind_of(check).run(ctx, check) for check in checks]
     finally:
-        if session is not None:
-            session.close()
-    return results
+        ctx.close()
 
 
 def run_checks(state: LabState, checks: Sequence[Check] | None = None) -> list[CheckResult]:

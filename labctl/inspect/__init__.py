@@ -8,7 +8,8 @@ of a guest's kernel and modules as :mod:`labctl.kernel` prepared them
 live guest or a vmcore (:mod:`.attach`), running drgn code and pausing the guest
 around it (:mod:`.drgn_code`), vmcores on demand (:mod:`.dump`; QEMU's kdump stream
 made readable by drgn and crash in :mod:`.kdump`), drgn's summary of a vmcore
-for reports (:mod:`.digest`), and a vmcore of every crash while labctl watches a lab
+for reports (:mod:`.digest`), a drgn check's expression evaluated on a kernel
+(:mod:`.evaluate`), and a vmcore of every crash while labctl watches a lab
 (:mod:`.crashwatch`: the consoles read, a panicked guest paused by QEMU dumped before it goes).
 
 drgn is imported only inside functions (a missing drgn is a :class:`HostError`
@@ -30,17 +31,21 @@ from labctl.inspect.crashwatch import CrashWatch, capture_crash
 from labctl.inspect.digest import format_summary, summarize, vmcore_summary
 from labctl.inspect.drgn_code import Outcome, Pause, interactive, paused, run_code, run_script
 from labctl.inspect.dump import FORMATS, Vmcore, take_guest_vmcore, take_vmcore
+from labctl.inspect.evaluate import ExprError, evaluate, left_side
 
 __all__ = [
     "FORMATS",
     "CrashWatch",
+    "ExprError",
     "KernelView",
     "Outcome",
     "Pause",
     "Vmcore",
     "capture_crash",
+    "evaluate",
     "format_summary",
     "interactive",
+    "left_side",
     "open_core",
     "open_live",
     "paused",

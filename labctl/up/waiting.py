@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labctl.backends import POSTBOOT, Backend, GuestRecord
-from labctl.debug import crashed
+from labctl.debug import console_end, crashed
 from labctl.errors import GuestError, LabctlError, MachineError
 from labctl.events import UpEvents
 from labctl.lab import Lab
@@ -82,8 +82,7 @@ class GuestWaiter:
             if FAILED in data or crashed(data):
                 self.events.guest_phase(name, "failed")
                 time.sleep(0.5)  # let the rest of the oops reach the log
-                told = self.opts.on_boot_crash(state, name) if crashed(data) and self.opts.on_boot_crash else ""
-                raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}" + (f"\n{told}" if told else ""))
+                raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}" + self._crash_kept(state, name))
             if not self.backend.alive(rec):
                 self.events.guest_phase(name, "failed")
                 raise MachineError(f"QEMU of guest {name} died while booting "
@@ -95,6 +94,31 @@ class GuestWaiter:
                                  f"last console lines:\n{console_tail(console)}",
                                  hint="raise --boot-timeout, or check the image with 'labctl image list'")
             time.sleep(0.05)
+
+    def _crashed(self, name: str) -> str | None:
+        """Why the guest's kernel crashed (its console's first crash line), or None."""
+        tail = console_end(Path(self.records[name].console))
+        return f"guest {name} crashed while coming up" if crashed(tail) else None
+
+    def _crash_kept(self, state: LabState, name: str) -> str:
+        """A crashed guest told to ``on_boot_crash`` (its vmcore taken) before up stops it: the line
+        that ends the error, '' when there is nobody to tell or no crash on its console."""
+        if self.opts.on_boot_crash is None or self._crashed(name) is None:
+            return ""
+        told = self.opts.on_boot_crash(state, name)
+        return f"\n{told}" if told else ""
+
+    def _setup(self, state: LabState, name: str, ep: Endpoint) -> None:
+        """The guest's setup commands; a crash meanwhile ends the wait at once (its vmcore kept)."""
+        try:
+            warm.run_setup(ep, self.lab.guests[name].setup, abort=lambda: self._crashed(name))
+        except GuestError as exc:
+            if self._crashed(name) is None:
+                raise
+            time.sleep(0.5)  # let the rest of the oops reach the log
+            raise GuestError(f"guest {name} crashed during its setup:\n"
+                             f"{console_tail(Path(self.records[name].console))}"
+                             + self._crash_kept(state, name)) from exc
 
     def _wait_guest(self, state: LabState, name: str) -> None:
         rec = self.records[name]
@@ -125,7 +149,7 @@ class GuestWaiter:
             with ssh_retry(ep, deadline, self.stop):
                 pass  # the guest answers SSH with the lab's key and pinned host key
             state.ready_seconds[name] = round(time.monotonic() - t0, 2)
-            warm.run_setup(ep, setup)
+            self._setup(state, name, ep)
         if self.opts.saved_states and self.backend.states_on_hosts:
             if throwaway:  # a shared state: its restores' sshd takes its key without starting again
                 why = warm.start_standby(ep)
