@@ -16,11 +16,9 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from typing import TYPE_CHECKING
-
-from labctl.errors import GuestError, LabStateError
+from labctl.errors import LabStateError
 from labctl.grading.drgncheck import DrgnCheck
 from labctl.grading.shell import ERROR, FAIL, PASS, TIMEOUT, ShellCheck
 from labctl.lab import Check

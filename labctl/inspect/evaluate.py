@@ -51,7 +51,7 @@ def names(prog: Any) -> dict[str, Any]:
 
     require_drgn()
     import drgn
-    import drgn.helpers.linux as linux
+    from drgn.helpers import linux
 
     out: dict[str, Any] = {n: getattr(linux, n) for n in (drgnexpr.drgn_helper_names() or ())
                            if not n.startswith("print_")}  # they write to labctl's own output
@@ -112,7 +112,7 @@ class _Walker:
         if self.deadline is not None and self.steps % 256 == 0 and time.monotonic() > self.deadline:
             raise ExprError("the check's time ran out while the expression ran", timed_out=True)
 
-    def value(self, node: ast.expr, scope: dict[str, Any]) -> Any:  # noqa: PLR0911 - one case per node kind
+    def value(self, node: ast.expr, scope: dict[str, Any]) -> Any:
         self.tick()
         if isinstance(node, ast.Constant):
             return node.value

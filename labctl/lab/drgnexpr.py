@@ -47,10 +47,14 @@ _ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.BinOp, *_BINOPS, as
             ast.ListComp, ast.SetComp, ast.comprehension)
 
 
+class BadExpression(ValueError):
+    """What is wrong with an expression, and where in it."""
+
+
 def drgn_helper_names() -> frozenset[str] | None:
     """The public names of drgn's Linux helpers (None when drgn is not installed here)."""
     try:
-        import drgn.helpers.linux as linux
+        from drgn.helpers import linux
     except ImportError:
         return None
     return frozenset(n for n in getattr(linux, "__all__", dir(linux)) if not n.startswith(("_", "print_")))
@@ -59,14 +63,14 @@ def drgn_helper_names() -> frozenset[str] | None:
 def parse(text: str) -> ast.Expression:
     """The expression's tree, its shape checked (see the module docstring).
 
-    :raise ValueError: saying what is wrong, and where in the expression.
+    :raise BadExpression: (a ValueError) saying what is wrong, and where in the expression.
     """
     if len(text) > MAX_EXPRESSION:
-        raise ValueError(f"an expression of {len(text)} characters: at most {MAX_EXPRESSION}")
+        raise BadExpression(f"an expression of {len(text)} characters: at most {MAX_EXPRESSION}")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
-        raise ValueError(f"not an expression: {exc.msg} (column {exc.offset})") from None
+        raise BadExpression(f"not an expression: {exc.msg} (column {exc.offset})") from None
     bound: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.comprehension):
@@ -82,24 +86,24 @@ def _targets(target: ast.expr) -> set[str]:
         return {target.id}
     if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
         return {e.id for e in target.elts if isinstance(e, ast.Name)}
-    raise ValueError(f"column {target.col_offset + 1}: a comprehension binds names (for x in ...), nothing else")
+    raise BadExpression(f"column {target.col_offset + 1}: a comprehension binds names (for x in ...), nothing else")
 
 
 def _check_node(node: ast.AST) -> None:
     where = f"column {getattr(node, 'col_offset', 0) + 1}: "
     if not isinstance(node, _ALLOWED):
-        raise ValueError(where + f"{_what(node)} is not allowed in a drgn check")
+        raise BadExpression(where + f"{_what(node)} is not allowed in a drgn check")
     if isinstance(node, ast.Constant) and not isinstance(node.value, int | float | str | bytes | bool | type(None)):
-        raise ValueError(where + f"the constant {node.value!r} is not allowed")
+        raise BadExpression(where + f"the constant {node.value!r} is not allowed")
     if isinstance(node, ast.Attribute) and node.attr.startswith("__") and node.attr.endswith("__"):
-        raise ValueError(where + f"the attribute '{node.attr}' is not allowed")
+        raise BadExpression(where + f"the attribute '{node.attr}' is not allowed")
     if isinstance(node, ast.Call):
         if not isinstance(node.func, ast.Name | ast.Attribute):
-            raise ValueError(where + "only a function or a method named in the expression can be called")
+            raise BadExpression(where + "only a function or a method named in the expression can be called")
         if any(k.arg is None for k in node.keywords):
-            raise ValueError(where + "** arguments are not allowed")
+            raise BadExpression(where + "** arguments are not allowed")
     if isinstance(node, ast.comprehension) and node.is_async:
-        raise ValueError(where + "async comprehensions are not allowed")
+        raise BadExpression(where + "async comprehensions are not allowed")
 
 
 def _what(node: ast.AST) -> str:
@@ -117,5 +121,5 @@ def _check_names(tree: ast.Expression, bound: set[str]) -> None:
         if helpers is not None and node.id not in helpers:
             close = difflib.get_close_matches(node.id, sorted(known | helpers), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ValueError(f"column {node.col_offset + 1}: unknown name '{node.id}'{hint}: use prog, drgn's Linux "
+            raise BadExpression(f"column {node.col_offset + 1}: unknown name '{node.id}'{hint}: use prog, drgn's Linux "
                              f"helpers, {', '.join(DRGN_FUNCTIONS)} or {', '.join(BUILTINS)}")
