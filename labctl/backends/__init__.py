@@ -29,6 +29,7 @@ from labctl.backends.base import (
     NetDir,
     netdev_id,
 )
+from labctl.backends.libvirt.api import qemu_pid
 from labctl.backends.monitor import (
     BackendMonitor,
     Monitor,
@@ -68,6 +69,7 @@ __all__ = [
     "netdev_id",
     "owned",
     "probe_kvm",
+    "qemu_pid",
     "qmp_execute",
     "qmp_running",
     "save_state",

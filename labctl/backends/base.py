@@ -252,14 +252,6 @@ class Backend(abc.ABC):
         """The version of the QEMU this backend would start, for when no running guest can be
         asked (``unknown`` when the backend cannot tell)."""
 
-    def qemu_pid(self, rec: GuestRecord) -> int:
-        """The pid of the guest's QEMU on this machine now (a restart may have changed it)."""
-        return rec.pid
-
-    def is_qemu(self, rec: GuestRecord, argv: list[str]) -> bool:
-        """Whether a process's command line is this guest's QEMU (guards against a reused pid)."""
-        return bool(rec.qmp) and any(rec.qmp in a for a in argv)
-
     # -- where guests run, and what a host needs ---------------------------------------------------
 
     def place(self, lab: Lab, no_verify_host_keys: bool = False) -> dict[str, HostPlace] | None:

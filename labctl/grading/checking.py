@@ -12,24 +12,18 @@ connection and one drgn session (:class:`GuestChecks`), the guests side by side.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import Protocol
 
 from labctl.errors import LabStateError
+from labctl.grading.check_result import CheckResult, Tally
 from labctl.grading.drgncheck import DrgnCheck
-from labctl.grading.shell import ERROR, FAIL, PASS, TIMEOUT, ShellCheck
+from labctl.grading.guest_checks import GuestChecks, connect_session
+from labctl.grading.shell import ShellCheck
 from labctl.lab import Check
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState
-
-if TYPE_CHECKING:
-    from labctl.inspect import KernelView
-
-OUTPUT_TAIL = 2000  # bytes of a check's output kept for --json
-CONNECT_TIMEOUT = 10.0
 
 
 class CheckKind(Protocol):
@@ -48,57 +42,6 @@ KINDS: dict[str, CheckKind] = {"shell": ShellCheck(), "drgn": DrgnCheck()}
 def kind_of(check: Check) -> CheckKind:
     """The kind of ``check`` (its ``kind``: shell or drgn)."""
     return KINDS[check.kind]
-
-
-class CheckRecord(TypedDict):
-    """A check's result as ``--json``, bisect's oracle and the web page keep it."""
-
-    name: str
-    guest: str
-    status: str
-    passed: bool
-    exit_status: int | None
-    seconds: float
-    hint: str
-    detail: str
-
-
-class Tally(TypedDict):
-    passed: int
-    total: int
-    failing: list[str]
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One check's outcome: ``status`` is pass, fail (non-zero exit), timeout or error (no SSH...)."""
-
-    name: str
-    guest: str
-    status: str
-    hint: str = ""
-    exit_status: int | None = None
-    seconds: float = 0.0
-    detail: str = ""  # why it failed to run (error), or the tail of its output
-
-    @property
-    def passed(self) -> bool:
-        return self.status == PASS
-
-    def summary(self) -> str:
-        """The result column: ``pass``, ``fail (exit 1)``, ``timeout (20 s)``, ``error: ...``."""
-        if self.status == FAIL:
-            return f"fail (exit {self.exit_status})" if self.exit_status is not None else f"fail ({self.detail})"
-        if self.status == TIMEOUT:
-            return f"timeout ({self.seconds:.0f} s)"
-        if self.status == ERROR:
-            return f"error: {self.detail}"
-        return self.status
-
-    def to_dict(self) -> CheckRecord:
-        return {"name": self.name, "guest": self.guest, "status": self.status, "passed": self.passed,
-                "exit_status": self.exit_status, "seconds": round(self.seconds, 2), "hint": self.hint,
-                "detail": self.detail}
 
 
 def checks_of(state: LabState) -> tuple[Check, ...]:
@@ -124,50 +67,8 @@ def guest_command(check: Check) -> str:
     return ShellCheck.command(check)
 
 
-def _connect(ep: Endpoint) -> Session:
-    return Session(ep, timeout=CONNECT_TIMEOUT)
-
-
-@dataclass
-class GuestChecks:
-    """What one guest's checks share as they run in order: one SSH session (a new one after an
-    error), one drgn session on its kernel (opened for its first drgn check), the clock."""
-
-    state: LabState
-    guest: str
-    connect: Callable[[Endpoint], Session] = _connect
-    clock: Callable[[], float] = time.monotonic
-    _session: Session | None = None
-    _kernel: KernelView | None = None
-    _open: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
-
-    def session(self) -> Session:
-        """The guest's SSH session. :raise GuestError, LabStateError: when it cannot be opened."""
-        if self._session is None:
-            self._session = self.connect(self.state.endpoint(self.guest))
-        return self._session
-
-    def drop_session(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
-    def kernel(self) -> KernelView:
-        """drgn on the guest's running kernel. :raise LabctlError: when it cannot be read."""
-        if self._kernel is None:
-            from labctl.inspect import open_live
-
-            self._kernel = self._open.enter_context(open_live(self.state, self.guest))
-        return self._kernel
-
-    def close(self) -> None:
-        self.drop_session()
-        self._kernel = None
-        self._open.close()
-
-
 def run_on_guest(state: LabState, guest: str, checks: Sequence[Check], *,
-                 connect: Callable[[Endpoint], Session] = _connect,
+                 connect: Callable[[Endpoint], Session] = connect_session,
                  clock: Callable[[], float] = time.monotonic) -> list[CheckResult]:
     """Run ``checks`` (all on ``guest``) in order, as each one's kind says, sharing one SSH
     connection and one drgn session (:class:`GuestChecks`)."""

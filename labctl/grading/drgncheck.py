@@ -16,10 +16,11 @@ import time
 from typing import TYPE_CHECKING
 
 from labctl.errors import LabctlError
+from labctl.grading.check_result import ERROR, FAIL, PASS, TIMEOUT, CheckResult
 from labctl.lab import Check
 
 if TYPE_CHECKING:
-    from labctl.grading.checking import CheckResult, GuestChecks
+    from labctl.grading.guest_checks import GuestChecks
 
 MAX_VALUE = 200  # characters of a failing expression's value in the result
 
@@ -30,8 +31,6 @@ class DrgnCheck:
     name = "drgn"
 
     def run(self, ctx: GuestChecks, check: Check) -> CheckResult:
-        from labctl.grading.checking import CheckResult
-        from labctl.grading.shell import ERROR, FAIL, PASS, TIMEOUT
         from labctl.inspect import ExprError, evaluate
 
         t0 = ctx.clock()

@@ -12,12 +12,12 @@ import shlex
 from typing import TYPE_CHECKING
 
 from labctl.errors import GuestError, LabStateError
+from labctl.grading.check_result import ERROR, FAIL, PASS, TIMEOUT, CheckResult
 from labctl.lab import Check
 
 if TYPE_CHECKING:
-    from labctl.grading.checking import CheckResult, GuestChecks
+    from labctl.grading.guest_checks import GuestChecks
 
-PASS, FAIL, TIMEOUT, ERROR = "pass", "fail", "timeout", "error"
 GUEST_TIMEOUT_STATUS = 124  # coreutils timeout(1): the command ran out of time
 TIMEOUT_SLACK = 0.5  # s: a status 124 sooner than the timeout is the command's own
 OUTPUT_TAIL = 2000  # characters of a check's output kept for --json
@@ -45,8 +45,6 @@ class ShellCheck:
     def run(self, ctx: GuestChecks, check: Check) -> CheckResult:
         """Over the guest's one SSH connection (a new one after an error). A check whose connection
         failed after its time was up timed out; before, it could not run (error)."""
-        from labctl.grading.checking import CheckResult
-
         t0 = ctx.clock()
         try:
             res = ctx.session().run(self.command(check), timeout=check.timeout + 10.0)

@@ -2,19 +2,19 @@
 
 Owns: a running guest's physical memory read from its QEMU process (:mod:`.memory`:
 the RAM layout from the monitor, ``/proc/PID/mem``), the kernel's VMCOREINFO note
-(:mod:`.vmcoreinfo`), which guest can be read where (:mod:`.guests`), the debug files
+(:mod:`.vmcoreinfo`), which guest can be read where (:mod:`.guest_target`), the debug files
 of a guest's kernel and modules as :mod:`labctl.kernel` prepared them
 (:mod:`.debuginfo`), drgn programs with that debug info (:mod:`.program`), drgn on a
 live guest or a vmcore (:mod:`.attach`), running drgn code and pausing the guest
-around it (:mod:`.drgn_code`), vmcores on demand (:mod:`.dump`; QEMU's kdump stream
+around it (:mod:`.drgn_session`), vmcores on demand (:mod:`.dump`; QEMU's kdump stream
 made readable by drgn and crash in :mod:`.kdump`), drgn's summary of a vmcore
-for reports (:mod:`.digest`), a drgn check's expression evaluated on a kernel
+for reports (:mod:`.summary`), a drgn check's expression evaluated on a kernel
 (:mod:`.evaluate`), and a vmcore of every crash while labctl watches a lab
 (:mod:`.crashwatch`: the consoles read, a panicked guest paused by QEMU dumped before it goes).
 
 drgn is imported only inside functions (a missing drgn is a :class:`HostError`
 when used, nothing else needs it). Reads what a lab's state records through a
-protocol (:class:`.guests.LabState`), never the state, up or steps stages, so
+protocol (:class:`.guest_target.LabState`), never the state, up or steps stages, so
 that ``up``, steps and bisect can take a vmcore and summarise it on a crash::
 
     from labctl.inspect import take_guest_vmcore, vmcore_summary, format_summary
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from labctl.inspect.attach import KernelView, open_core, open_live
 from labctl.inspect.crashwatch import CrashWatch, capture_crash
-from labctl.inspect.digest import format_summary, summarize, vmcore_summary
-from labctl.inspect.drgn_code import Outcome, Pause, interactive, paused, run_code, run_script
+from labctl.inspect.drgn_session import Outcome, Pause, interactive, paused, run_code, run_script
 from labctl.inspect.dump import FORMATS, Vmcore, take_guest_vmcore, take_vmcore
 from labctl.inspect.evaluate import ExprError, evaluate, left_side
+from labctl.inspect.summary import format_summary, summarize, vmcore_summary
 
 __all__ = [
     "FORMATS",

@@ -35,9 +35,9 @@ from typing import Any
 
 from labctl.debug import CRASH_MARKERS, oops_titles
 from labctl.errors import LabctlError
-from labctl.inspect.digest import vmcore_summary
 from labctl.inspect.dump import take_vmcore
-from labctl.inspect.guests import LabState, guest_target
+from labctl.inspect.guest_target import LabState, guest_target
+from labctl.inspect.summary import vmcore_summary
 from labctl.paths import atomic_write
 
 log = logging.getLogger(__name__)

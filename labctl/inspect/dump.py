@@ -31,10 +31,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import labctl.inspect.kdump as kdump  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.inspect.vmcoreinfo as vmcoreinfo  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import dump_guest_memory
 from labctl.errors import DebugError, HostError, LabctlError
-from labctl.inspect import kdump, vmcoreinfo
-from labctl.inspect.guests import GuestTarget, LabState, guest_target
+from labctl.inspect.guest_target import GuestTarget, LabState, guest_target
 from labctl.paths import atomic_file
 
 FORMATS = {"kdump": "kdump-zlib", "elf": "elf"}
@@ -81,9 +82,9 @@ def take_vmcore(target: GuestTarget, dest: Path, fmt: str = "kdump", timeout: fl
     """A vmcore of the running guest ``target``, written to ``dest`` (see the module's docstring)."""
     if fmt not in FORMATS:
         raise DebugError(f"unknown vmcore format {fmt!r}", hint=f"one of: {', '.join(FORMATS)}")
-    if not target.backend.memory_dumps:
-        raise HostError(f"guest {target.guest} runs on the {target.backend.name} backend: labctl dump works on "
-                        "the qemu backend only (a libvirt domain has no vmcoreinfo device)",
+    if target.domain is not None:
+        raise HostError(f"guest {target.guest} runs on libvirt: labctl dump works on the qemu backend only "
+                        "(a libvirt domain has no vmcoreinfo device)",
                         hint="read it live with 'labctl drgn' (as root), or run the lab on the qemu backend")
     t0 = time.monotonic()
     limit = 2 * _ram_bytes(target) + (256 << 20)

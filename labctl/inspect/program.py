@@ -1,7 +1,7 @@
 """drgn programs of a guest kernel: live (its memory read from QEMU as it runs) or from a vmcore,
 with the kernel's and its loaded modules' debug info.
 
-drgn is imported here and in :mod:`.drgn_code` and :mod:`.digest` only, inside
+drgn is imported here and in :mod:`.drgn_session` and :mod:`.summary` only, inside
 functions (:func:`require_drgn`), so the rest of labctl never needs it.
 drgn's exceptions are mapped to :class:`DebugError` here.
 """

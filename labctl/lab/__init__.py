@@ -22,6 +22,7 @@ Typical use::
         for nic in guest.nics: ...
 """
 
+
 from labctl.lab import drgnexpr, kernels
 from labctl.lab.addresses import default_mac, mgmt_mac
 from labctl.lab.checker import close_match

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from labctl.lab import drgnexpr
+import labctl.lab.drgnexpr as drgnexpr  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.lab.checker import Checker, describe, did_you_mean, join
 from labctl.lab.model import Check
 from labctl.lab.yamlpos import YamlMap, YamlSeq

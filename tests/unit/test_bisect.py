@@ -324,7 +324,7 @@ def test_a_steps_verdict_follows_the_oracle(tmp_path: Path, fixed: bool, outcome
 def test_a_bundle_others_may_write_is_refused_before_its_state_is_read(tmp_path: Path) -> None:
     from labctl.errors import UnsafePath
 
-    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle=orc.make("panic").to_dict())
+    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle=orc.make("panic"))
     save(tmp_path, st)
     os.chmod(tmp_path, 0o777)  # anyone could have put that state there
     with pytest.raises(UnsafePath, match="writable by other users"):
@@ -348,7 +348,7 @@ def test_a_bundle_others_may_write_is_refused_before_its_state_is_read(tmp_path:
 def test_the_build_cache_names_only_kernels_of_labctls_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from labctl.bisect.worktree import BuildCache, checked_work
     from labctl.errors import UnsafePath
-    from labctl.kernel import Kernel, kernels_root
+    from labctl.kernel.kernel_store import Kernel, kernels_root
 
     monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path / "cache"))
     ours = kernels_root() / "k1"

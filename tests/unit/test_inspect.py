@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
@@ -268,7 +267,7 @@ def test_a_kernel_without_debug_info_says_what_gives_it_one(tmp_path: Path) -> N
     import json
 
     from labctl.inspect import debuginfo
-    from labctl.kernel import Kernel
+    from labctl.kernel.kernel_store import Kernel
 
     for source, says in (({"kind": "debian", "release": "6.1.0-56-amd64"}, "linux-image-6.1.0-56-amd64-dbg"),
                          ({"kind": "tree", "tree": "/src/linux"}, "CONFIG_DEBUG_INFO_DWARF5"),
@@ -288,14 +287,15 @@ def test_a_kernel_without_debug_info_says_what_gives_it_one(tmp_path: Path) -> N
 
 def test_a_guest_on_a_remote_libvirt_host_is_refused_with_exit_3() -> None:
     from labctl.backends.base import GuestRecord
-    from labctl.inspect.guests import guest_target
+    from labctl.inspect.guest_target import guest_target
 
     class State:  # what a lab state records of such a guest
         lab, backend = "x", "libvirt"
-        guests: ClassVar[dict[str, GuestRecord]] = {
-            "a": GuestRecord(name="a", backend="libvirt", pid=0, dir="/nonexistent", console="", qmp="", ssh_port=22,
-                             accel="tcg", extra={"remote": True, "host": "h2", "domain": "labctl-x-a",
-                                                 "uri": "qemu+ssh://root@h2/system"})}
+        guests = {  # noqa: RUF012 - a stand-in record, never changed
+            "a": GuestRecord(name="a", backend="libvirt", pid=0, dir="/nonexistent", console="", qmp="",
+                                   ssh_port=22, accel="tcg", extra={"remote": True, "host": "h2",
+                                                                    "domain": "labctl-x-a",
+                                                                    "uri": "qemu+ssh://root@h2/system"})}
 
         def endpoint(self, guest: str) -> object:
             return object()

@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
+import labctl.backends.libvirt.host_checks as host_checks  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.backends.libvirt.saved as saved  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.backends.libvirt.storage as storage  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir
-from labctl.backends.libvirt import host_checks, saved, storage
 from labctl.backends.libvirt.api import (
     LOG_DIR,
     RELAY,
@@ -47,7 +49,6 @@ from labctl.backends.libvirt.api import (
     libvirt_uri,
     log_reason,
     lookup,
-    qemu_pid,
     wait_gone,
     where,
 )
@@ -224,16 +225,6 @@ class LibvirtBackend(Backend):
         except OSError:
             return f"no log from libvirt ({path} is not readable)"
         return log_reason(lines) or "no message from QEMU"
-
-    def qemu_pid(self, rec: GuestRecord) -> int:
-        """libvirt's pidfile of the domain (a reset restarts the domain's QEMU)."""
-        domain = rec.extra.get("domain")
-        return (qemu_pid(str(domain)) if domain else 0) or rec.pid
-
-    def is_qemu(self, rec: GuestRecord, argv: list[str]) -> bool:
-        domain = rec.extra.get("domain")
-        return bool(domain) and "-name" in argv and any(a == f"guest={domain}" or a.startswith(f"guest={domain},")
-                                                        for a in argv)
 
     def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
         """Run one QMP command through libvirt's monitor passthrough; return its ``return``.

@@ -52,6 +52,12 @@ class GuestTarget:
     def monitor(self) -> BackendMonitor:
         return BackendMonitor(self.backend, self.record)
 
+    @property
+    def domain(self) -> str | None:
+        """The libvirt domain's name (None on the qemu backend)."""
+        value = self.record.extra.get("domain")
+        return str(value) if value else None
+
     def qmp(self, command: str, args: dict[str, Any] | None = None) -> Any:
         """One QMP command. :raise MachineError: when it fails or the monitor is gone."""
         return self.backend.qmp(self.record, command, args)
@@ -62,11 +68,18 @@ class GuestTarget:
 
     def qemu_pid(self) -> int:
         """QEMU's pid now (libvirt's pidfile: a reset restarts the domain's QEMU)."""
-        return self.backend.qemu_pid(self.record)
+        if self.domain is None:
+            return self.record.pid
+        from labctl.backends import qemu_pid
+
+        return qemu_pid(self.domain) or self.record.pid
 
     def is_qemu(self, argv: list[str]) -> bool:
         """Whether a process's command line is this guest's QEMU (guards against a reused pid)."""
-        return self.backend.is_qemu(self.record, argv)
+        if self.domain is None:
+            return any(self.record.qmp in a for a in argv)
+        return "-name" in argv and any(a == f"guest={self.domain}" or a.startswith(f"guest={self.domain},")
+                                       for a in argv)
 
     @property
     def private_dir(self) -> Path:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from labctl.backends import qmp_running
 from labctl.errors import DebugError, MachineError
-from labctl.inspect.guests import GuestTarget
+from labctl.inspect.guest_target import GuestTarget
 from labctl.inspect.program import require_drgn
 
 if TYPE_CHECKING:
