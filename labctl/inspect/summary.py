@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     import drgn
 
 MAX_VALUE = 160  # characters of one local variable's value
-IFF_UP, IFF_RUNNING = 0x1, 0x40
+IFF_UP = 0x1
+START_BIT = 0  # __LINK_STATE_START in enum netdev_state_t: netif_running() (dev->flags never holds IFF_RUNNING)
 NOCARRIER_BIT = 2  # __LINK_STATE_NOCARRIER in enum netdev_state_t
 STATS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 
@@ -177,7 +178,7 @@ def netdev_state(prog: drgn.Program, names: Sequence[str] | None = None) -> list
             flags = int(dev.flags)
             state: dict[str, Any] = {
                 "name": name, "ifindex": int(dev.ifindex), "mtu": int(dev.mtu), "flags": flags,
-                "up": bool(flags & IFF_UP), "running": bool(flags & IFF_RUNNING),
+                "up": bool(flags & IFF_UP), "running": bool((int(dev.state) >> START_BIT) & 1),
                 "carrier": not (int(dev.state) >> NOCARRIER_BIT) & 1,
                 # dev->stats: what drivers with their own counters (virtio_net's per queue) leave at 0
                 "stats": {k: int(getattr(dev.stats, k)) for k in STATS}}
