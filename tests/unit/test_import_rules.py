@@ -453,7 +453,9 @@ def face_all(package: str) -> list[str] | None:
     """A package's ``__all__`` (None when it has none)."""
     init = ROOT.parent / Path(*package.split(".")) / "__init__.py"
     for node in ast.parse(init.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            assert isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
             return [str(v) for v in ast.literal_eval(node.value)]
     return None
 
@@ -489,7 +491,8 @@ def past_faces(src: Source) -> list[str]:
 
 
 def test_every_package_has_a_face() -> None:
-    missing = [p for p in stage_packages() if face_all(p) is None]
+    """Subpackages too (a backend's says it has none: it is reached through labctl.backends)."""
+    missing = [p for p in packages() if p != "labctl" and face_all(p) is None]
     assert not missing, f"packages without __all__ in their __init__: {missing}"
 
 
