@@ -18,9 +18,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from labctl.bundle import guest_dir, write
+from labctl.bundle import VmcoreRecord, guest_dir, write
 from labctl.errors import LabctlError
 from labctl.events import PrepareEvents, UpEvents
 from labctl.grading import ERROR, CheckResult, run_checks
@@ -164,17 +163,14 @@ class BootCrashes:
 
     def __init__(self, lab: Lab, bundle: Path) -> None:
         self.lab, self.bundle = lab, bundle
-        self.records: list[dict[str, Any]] = []
+        self.records: list[VmcoreRecord] = []
 
     def keep(self, state: LabState, guest: str) -> str:
         """The guest's vmcore, summary and console into the bundle; the line that ends up's error."""
         where = self.bundle / guest_dir(guest)
         rec = capture_crash(state, guest, where, when="up", nics=[n.name for n in self.lab.guests[guest].nics])
         write.copy_console(self.bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
-        for key in ("file", "summary_file"):
-            if rec.get(key):
-                rec[key] = Path(rec[key]).relative_to(self.bundle).as_posix()
-        self.records.append(rec)
+        self.records.append(write.vmcore_record(self.bundle, rec))
         return f"its vmcore: {where / 'vmcore'}" if rec.get("file") else str(rec.get("error") or "")
 
     def write_bundle(self, started: str, reason: str, kernels: dict[str, Kernel]) -> None:
@@ -243,26 +239,28 @@ def check_lab(state: LabState, checks: Sequence[Check] | None = None, out_root: 
     try:
         results = run_checks(state, checks)
     finally:
-        records = watch.stop()
-    if not records:
+        taken = watch.stop()
+    if not taken:
         return CheckedLab(results)
     bundle = made[0] if made else write.new_bundle_dir(out_root, f"{state.lab}-check")
-    for rec in records:
-        for key in ("file", "summary_file"):
-            if rec.get(key):
-                rec[key] = Path(rec[key]).relative_to(bundle).as_posix()
-        write.copy_console(bundle, rec["guest"], Path(state.guests[rec["guest"]].console), state.kernel(rec["guest"]))
-    crashed = {r["guest"]: r for r in records}
-    why = "; ".join(f"guest {g} crashed during the checks: {r.get('title') or 'see its console'}"
-                    for g, r in crashed.items())
+    crashed = _check_crash_bundle(state, bundle, [write.vmcore_record(bundle, r) for r in taken], started)
+    results = [r if r.passed or r.guest not in crashed else
+               dataclasses.replace(r, status=ERROR, detail=f"guest {r.guest} crashed: {crashed[r.guest]}; bundle {bundle}")
+               for r in results]
+    return CheckedLab(results, bundle)
+
+
+def _check_crash_bundle(state: LabState, bundle: Path, records: list[VmcoreRecord], started: str) -> dict[str, str]:
+    """The bundle of the guests that crashed during a lab's checks: their consoles, the vmcores
+    (there already), manifest, summary and report; guest -> its crash's title."""
+    crashed = {r["guest"]: r.get("title") or "see its console" for r in records}
+    for guest in crashed:
+        write.copy_console(bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
+    why = "; ".join(f"guest {g} crashed during the checks: {title}" for g, title in crashed.items())
     write.write_crash_manifest(bundle, {"name": state.lab, "source": state.source, "resolved": state.resolved},
                                started, now(), why, {g: state.kernel(g) for g in state.guests}, records)
     header = {"lab": state.lab, "status": "failed", "reason": why, "started_at": started, "finished_at": now(),
               "accel": state.accel, "vmcores": records}
     write_summary(bundle, summarize(bundle, header, []))
     render_run(bundle)
-    results = [r if r.passed or r.guest not in crashed else
-               dataclasses.replace(r, status=ERROR, detail=f"guest {r.guest} crashed: "
-                                   f"{crashed[r.guest].get('title') or 'see its console'}; bundle {bundle}")
-               for r in results]
-    return CheckedLab(results, bundle)
+    return crashed

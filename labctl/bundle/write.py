@@ -20,6 +20,7 @@ from typing import Any
 from labctl import __version__
 from labctl.backends import Backend, get_backend
 from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, OOPS_JSON, OOPS_TXT, guest_dir
+from labctl.bundle.records import VmcoreRecord
 from labctl.errors import LabctlError, UsageError
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.kernel import Kernel
@@ -117,6 +118,16 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         **vmcores_note(vmcores),
     }
     atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+
+
+def vmcore_record(bundle: Path, rec: Mapping[str, Any]) -> VmcoreRecord:
+    """A crash's record (:func:`labctl.inspect.capture_crash`) as summary.json keeps it: its files'
+    paths relative to the bundle."""
+    out = dict(rec)
+    for key in ("file", "summary_file"):
+        if out.get(key):
+            out[key] = Path(out[key]).relative_to(bundle).as_posix()
+    return out  # type: ignore[return-value]
 
 
 def vmcores_note(vmcores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

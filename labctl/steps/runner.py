@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labctl.backends import Backend, get_backend
-from labctl.bundle import CommandRecord, NicRecord, VmcoreRecord, guest_dir, step_dir
+from labctl.bundle import CommandRecord, NicRecord, VmcoreRecord, guest_dir, step_dir, write
 from labctl.errors import LabctlError
 from labctl.inspect import CrashWatch
 from labctl.lab import Lab, Step, render, render_trace
@@ -98,11 +98,7 @@ class Runner:
         """The watch's last look; its records, paths relative to the bundle."""
         if self.crashes is None:
             return
-        for rec in self.crashes.stop():
-            for key in ("file", "summary_file"):
-                if rec.get(key):
-                    rec[key] = Path(rec[key]).relative_to(self.dir).as_posix()
-            self.vmcores.append(rec)  # type: ignore[arg-type]
+        self.vmcores += [write.vmcore_record(self.dir, rec) for rec in self.crashes.stop()]
 
     def _variant(self, step: Step, row: dict[str, str], repeat: int) -> Variant | StepResult:
         """The variant to run, or its result when the row's values do not fit the step."""
