@@ -3,7 +3,7 @@
 :mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; addresses:
 :mod:`.addresses`; network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
-:mod:`.checks`; steps: :mod:`.steps`, their trace section :mod:`.tracespec`,
+:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.steps`, their trace section :mod:`.tracespec`,
 their templates :mod:`.templates`, their selftests :mod:`.kselftest`; libvirt
 URIs: :mod:`.uri`; which host paths may be used: :mod:`.trust`) into the
 resolved model (:mod:`.model`, :mod:`.nics`), and where each guest runs
@@ -23,7 +23,7 @@ Typical use::
 """
 
 
-from labctl.lab import kernels
+from labctl.lab import drgnexpr, kernels
 from labctl.lab.addresses import default_mac, mgmt_mac
 from labctl.lab.checker import close_match
 from labctl.lab.hosts import HostPlace, host_place, place_guests
@@ -96,6 +96,7 @@ __all__ = [
     "check_location",
     "close_match",
     "default_mac",
+    "drgnexpr",
     "env_trusted",
     "export_link",
     "get_nic_model",

@@ -182,7 +182,9 @@ class Host:
 
 @dataclass(frozen=True)
 class Check:
-    """A graded check: ``command`` on ``guest`` exits 0 when the exercise is done."""
+    """A graded check: ``command`` on ``guest`` exits 0 when the exercise is done; for a check of
+    kind ``drgn``, ``command`` is an expression on the guest's kernel that is true then
+    (:mod:`labctl.lab.drgnexpr`)."""
 
     name: str
     guest: str
@@ -190,10 +192,11 @@ class Check:
     hint: str = ""
     timeout: float = 30.0
     line: int = 0
+    kind: str = "shell"  # shell, drgn
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "guest": self.guest, "command": self.command, "hint": self.hint,
-                "timeout": self.timeout}
+                "timeout": self.timeout, **({"kind": self.kind} if self.kind != "shell" else {})}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from labctl.report.cost import CostSection
+from labctl.report.crashes import CrashSection
 from labctl.report.flames import FlamesSection
 from labctl.report.guest_parts import LossSection, ProfileSection, SoftnetSection, TimelineSection
 from labctl.report.latency import LatencySection
@@ -21,6 +22,7 @@ from labctl.report.tracepoints import TracepointSection
 
 SECTIONS: tuple[ReportSection, ...] = (
     TopologySection(),  # before the results
+    CrashSection(),  # a guest's crash and drgn's view of its vmcore, before the results
     TransferSection(),  # the results' figures and charts; each step's guests table
     CostSection(),
     TracepointSection(),

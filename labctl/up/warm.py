@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,10 @@ HOST_KEY, BOOT_KEY, BOOT_KNOWN_HOSTS = "ssh_host_ed25519_key", "boot_host_key", 
 SHARED_CLIENT_KEY, SHARED_HOST_PUB = "shared_client_key", "shared_host_key.pub"
 
 
-def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -> None:
-    """Run a guest's ``setup`` commands in order, over SSH.
+def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0,
+              abort: Callable[[], str | None] | None = None) -> None:
+    """Run a guest's ``setup`` commands in order, over SSH (``abort``: polled meanwhile, a reason
+    ends the wait, as :meth:`labctl.ssh.Session.run` says).
 
     :raise GuestError: when one fails (its status and the end of its output).
     """
@@ -59,7 +62,7 @@ def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -
         return
     with Session(ep) as s:
         for i, command in enumerate(commands):
-            res = s.run(command, timeout=timeout)
+            res = s.run(command, timeout=timeout, abort=abort)
             if res.status != 0:
                 tail = (res.stderr or res.stdout).decode(errors="replace").strip()[-500:]
                 raise GuestError(f"guest {ep.guest}: setup[{i}] exited with status {res.status}: {command}"

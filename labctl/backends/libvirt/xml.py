@@ -210,7 +210,7 @@ def build_domain(plan: GuestPlan, user: QemuUser, security_models: Iterable[str]
     _sub(dom, "clock", offset="utc")
     _sub(dom, "on_poweroff", "destroy")
     _sub(dom, "on_reboot", "destroy")  # -no-reboot, as the qemu backend
-    _sub(dom, "on_crash", "destroy")  # pvpanic: the machine stops, as the qemu backend's
+    _sub(dom, "on_crash", "destroy")  # pvpanic: the machine stops (labctl dumps only the qemu backend's guests)
     _devices(dom, files)
     _seclabels(dom, user, security_models)
     _commandline(dom, qemu_extra_args(plan, files))

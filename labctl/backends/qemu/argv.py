@@ -28,6 +28,9 @@ QBOOT = "/usr/share/qemu/qboot.rom"
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
 
+PANIC_ACTION = ("-action", "panic=pause")
+
+
 def opt(value: object) -> str:
     """Escape a value for a QEMU ``key=value,...`` option (``,`` -> ``,,``)."""
     return str(value).replace(",", ",,")
@@ -40,6 +43,9 @@ def machine_args(plan: GuestPlan) -> list[str]:
     return [*bios,
         "-name", f"guest={opt(plan.guest.name)},process=labctl-{plan.lab}-{plan.guest.name},debug-threads=on",
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-sandbox", SANDBOX,
+        # a panic the guest reports through pvpanic pauses the machine (QMP status guest-panicked)
+        # instead of ending QEMU: its memory is there to dump (labctl.inspect.crashwatch)
+        *PANIC_ACTION,
         "-machine", "pc", "-accel", accel, "-cpu", cpu,
         "-m", str(plan.guest.memory), "-smp", str(plan.guest.cpus),
     ]

@@ -60,6 +60,7 @@ class QemuBackend(Backend):
     post_boot_snapshots = True
     guest_agent = True
     shows_argv = True
+    memory_dumps = True
 
     def host_checks(self) -> list[HostCheck]:
         return host_checks()
@@ -160,9 +161,12 @@ class QemuBackend(Backend):
         if not self.alive(rec):
             return
         try:
-            qmp_execute(rec.qmp, "system_powerdown", timeout=3.0)
-            if self._wait_gone(rec, timeout):
-                return
+            # a guest that is not running (paused on a panic, or by gdb) never answers the power
+            # button: QEMU quits at once
+            if qmp_execute(rec.qmp, "query-status", timeout=3.0).get("status") == "running":
+                qmp_execute(rec.qmp, "system_powerdown", timeout=3.0)
+                if self._wait_gone(rec, timeout):
+                    return
             qmp_execute(rec.qmp, "quit", timeout=3.0)
             if self._wait_gone(rec, 3.0):
                 return
