@@ -92,6 +92,10 @@ def lab(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
         harness.teardown(cli.tracked)
 
 
+# e1000 resets itself on an MTU change: the carrier comes back with its watchdog, up to 2 s later
+CARRIER = "for i in $(seq 100); do [ $(cat /sys/class/net/eth1/carrier) = 1 ] && break; sleep 0.1; done"
+
+
 def guest_sh(cli: Cli, command: str) -> None:
     res = cli("exec", LAB, "a", "--", command, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -240,7 +244,7 @@ def test_ctrl_c_during_pause_resumes_the_guest(lab: tuple[Cli, dict[str, Any]]) 
 def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict[str, Any]],
                                                             tmp_path: Path) -> None:
     cli, state = lab
-    guest_sh(cli, f"modprobe buggy_nf trigger_port=4321 && ip link set eth1 mtu 1444 && "
+    guest_sh(cli, f"modprobe buggy_nf trigger_port=4321 && ip link set eth1 mtu 1444 && {CARRIER} && "
                   f"sysctl -qw net.core.somaxconn=3333 && ({LISTEN})")
     live = read(cli, LAB, "a")
     core = tmp_path / "a.vmcore"
