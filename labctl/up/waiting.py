@@ -13,15 +13,22 @@ from pathlib import Path
 
 from labctl.backends import POSTBOOT, Backend, GuestRecord
 from labctl.debug import crashed
-from labctl.errors import GuestError, LabctlError, MachineError
+from labctl.errors import GuestError, LabctlError, LabFileError, MachineError
 from labctl.events import UpEvents
 from labctl.lab import Lab
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState
-from labctl.up import agent, snapshots, warm
+from labctl.up import agent, guestconf, snapshots, warm
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.options import UpOptions
 from labctl.up.planner import GuestPlanner
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:
@@ -77,9 +84,11 @@ class GuestWaiter:
             if self.stop.is_set():
                 return None
             data = console.read_bytes() if console.exists() else b""
+            if FAILED in data:
+                self._config_failed(name, console)
             if READY in data and b"\n" in data[data.index(READY):]:
                 return data  # the whole READY line is there
-            if FAILED in data or crashed(data):
+            if crashed(data):
                 self.events.guest_phase(name, "failed")
                 time.sleep(0.5)  # let the rest of the oops reach the log
                 raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
@@ -94,6 +103,23 @@ class GuestWaiter:
                                  f"last console lines:\n{console_tail(console)}",
                                  hint="raise --boot-timeout, or check the image with 'labctl image list'")
             time.sleep(0.05)
+
+    def _config_failed(self, name: str, console: Path) -> None:
+        """The guest's init said something failed: once it is done saying so (its READY line, or a
+        few seconds), the lab file's settings that failed (exit 2), or why the boot failed.
+
+        :raise LabFileError: naming each failed setting's line. :raise GuestError: otherwise.
+        """
+        self.events.guest_phase(name, "failed")
+        for _ in range(50):
+            data = console.read_bytes()
+            if READY in data or crashed(data) or self.stop.is_set():
+                break
+            time.sleep(0.1)
+        problems = guestconf.config_failures(console.read_bytes(), self.lab.guests[name], self.lab.source)
+        if problems:
+            raise LabFileError(problems)
+        raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
 
     def _wait_guest(self, state: LabState, name: str) -> None:
         rec = self.records[name]
@@ -110,6 +136,7 @@ class GuestWaiter:
             return
         self.events.guest_phase(name, "ssh")
         state.drivers[name] = ready_drivers(data)
+        state.offloads[name] = guestconf.offloads(data)
         gdir = Path(rec.dir)
         throwaway = name in self.planner.throwaway
         agent_here = self.backend.guest_agent
@@ -183,6 +210,7 @@ class GuestWaiter:
         self.events.guest_phase(name, "ssh")
         warm.adopt(gdir)
         state.drivers[name] = snap.drivers
+        state.offloads[name] = guestconf.offloads(_read(snap.console))
         with ssh_retry(state.endpoint(name), deadline, self.stop):
             pass
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
