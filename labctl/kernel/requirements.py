@@ -41,6 +41,8 @@ The rules (checked against Linux 6.1's Kconfig files)::
     MODULES / NET_SCH_NETEM / RPS               a step command's modprobe|insmod /     warn
                                                 netem / rps_cpus
     NET_SCH_NETEM                               a NIC's or a step's impair             warn
+    IPV6 / VLAN_8021Q / BONDING / BRIDGE        a guest's IPv6 addresses and routes,   refuse
+                                                VLANs, bonds, bridges
 
 A module (``m``) counts as present: labctl's initramfs loads the disk,
 fw_cfg and NIC drivers, the guest's init modprobes the power-button and
@@ -62,7 +64,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from labctl.errors import Problem
-from labctl.lab import NIC_MODELS, Lab, LinkSpec, Nic, Step, TraceSpec, YamlMap, YamlSeq, parse_yaml, render
+from labctl.lab import NIC_MODELS, Guest, Lab, LinkSpec, Nic, Step, TraceSpec, YamlMap, YamlSeq, parse_yaml, render
 
 __all__ = [
     "DRIVER_OPTIONS",
@@ -205,6 +207,11 @@ RULES: dict[str, Rule] = {r.key: r for r in (
     _rule("modules", "MODULES", "loadable module support", "the step loads a module", "warn"),
     _rule("netem", "NET_SCH_NETEM", "netem qdisc", "the lab impairs a link with netem", "warn"),
     _rule("rps", "RPS", "receive packet steering", "the step configures RPS (rps_cpus)", "warn"),
+    # A guest's network settings (at the line that asks for them).
+    _rule("ipv6", "IPV6", "IPv6", "the lab gives the guest IPv6 addresses or routes", "refuse"),
+    _rule("vlan", "VLAN_8021Q", "802.1Q VLAN support", "the lab gives the guest VLANs", "refuse"),
+    _rule("bonding", "BONDING", "bonding driver", "the lab bonds the guest's NICs", "refuse"),
+    _rule("bridge", "BRIDGE", "Linux bridge", "the lab bridges the guest's NICs", "refuse"),
 )}
 """Every rule by key; NIC driver rules are made by :func:`_nic_rule` and :func:`_driver_module_rule`."""
 
@@ -287,9 +294,37 @@ def lab_requirements(lab: Lab) -> list[Requirement]:
             if nic.impair is not None:
                 line = lines.of(nic.line, "guests", g.name, "nics", nic.index, "impair")
                 out.append(RULES["netem"].at(g.name, line, f"{gpath}.nics[{nic.index}].impair"))
+        out += [RULES[key].at(g.name, line, path) for key, line, path in _net_needs(g)]
     for i, step in enumerate(lab.steps):
         out += _step_requirements(lab, i, step, lines)
     return list(dict.fromkeys(out))  # a matrix may repeat one need at one place
+
+
+def _net_needs(g: Guest) -> list[tuple[str, int, str]]:
+    """(rule key, line, path) of what a guest's network settings need: IPv6 at its first IPv6
+    address or route, 802.1Q at each interface's VLANs, bonding and bridging at each bond and bridge."""
+    gpath = f"guests.{g.name}"
+    out: list[tuple[str, int, str]] = []
+    v6: list[tuple[int, str]] = []
+    for nic in g.nics:
+        path = f"{gpath}.nics[{nic.index}]"
+        if any(a.version == 6 for a in nic.addresses):
+            v6.append((nic.ip_line or nic.line, f"{path}.ip"))
+        for j, v in enumerate(nic.vlans):
+            out.append(("vlan", v.line, f"{path}.vlans[{j}]"))
+            if any(a.version == 6 for a in v.addresses):
+                v6.append((v.line, f"{path}.vlans[{j}].ip"))
+    for kind, masters in (("bonding", g.bonds), ("bridge", g.bridges)):
+        for m in masters:
+            path = f"{gpath}.{'bonds' if kind == 'bonding' else 'bridges'}.{m.name}"
+            out.append((kind, m.line, path))
+            out += [("vlan", v.line, f"{path}.vlans[{j}]") for j, v in enumerate(m.vlans)]
+            if any(a.version == 6 for a in (*m.addresses, *(a for v in m.vlans for a in v.addresses))):
+                v6.append((m.line, path))
+    v6 += [(r.line, f"{gpath}.routes[{k}]") for k, r in enumerate(g.routes) if r.version == 6]
+    if v6:
+        out.insert(0, ("ipv6", *min(v6)))
+    return out
 
 
 def _step_requirements(lab: Lab, index: int, step: Step, lines: _Lines) -> list[Requirement]:
@@ -472,6 +507,10 @@ _DEPENDS: dict[str, tuple[str, ...]] = {
     "DYNAMIC_FTRACE": ("FUNCTION_TRACER",),
     "DEBUG_INFO_DWARF_TOOLCHAIN_DEFAULT": ("DEBUG_KERNEL",),
     "NET_SCH_NETEM": ("NET_SCHED",),
+    "IPV6": ("INET",),
+    "VLAN_8021Q": ("NET",),
+    "BRIDGE": ("NET", "INET"),
+    "BONDING": ("NETDEVICES", "NET_CORE", "INET"),
     "8139CP": ("NETDEVICES", "ETHERNET", "NET_VENDOR_REALTEK", "PCI"),
     "8139TOO": ("NETDEVICES", "ETHERNET", "NET_VENDOR_REALTEK", "PCI"),
     "E1000": ("NETDEVICES", "ETHERNET", "NET_VENDOR_INTEL", "PCI"),

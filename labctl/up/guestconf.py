@@ -150,7 +150,7 @@ def config_failures(console: bytes, guest: Guest, source: str) -> list[Problem]:
     return out
 
 
-_OFFLOADS = re.compile(rb"LABCTL-OFFLOADS ([A-Za-z0-9_.-]{1,15})((?: [a-z-]+=[a-z]+(?:,fixed)?)*)[ \r]*$", re.M)
+_OFFLOADS = re.compile(rb"LABCTL-OFFLOADS ([A-Za-z0-9_.-]{1,15})((?: [a-z-]+=[a-z]+(?:,fixed)?)*)[ \r]*$", re.MULTILINE)
 
 
 def offloads(console: bytes) -> dict[str, dict[str, str]]:
