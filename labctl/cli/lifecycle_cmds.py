@@ -286,7 +286,7 @@ def print_lab(state: LabState) -> None:
     for g in statuses:
         for sh in _shares(state, g.name):
             out.print(Text(f"{g.name}: {sh.describe()}"))
-        for line in settings_lines(g.name, g.settings):
+        for line in settings_lines(g.name, (state.resolved.get("guests") or {}).get(g.name) or {}):
             out.print(Text(line))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from labctl.lab import guest_interfaces
+from labctl.lab import guest_interfaces, settings_text
 
 _SHORT = {"rx-vlan-offload": "rx", "tx-vlan-offload": "tx", "rx-vlan-filter": "filter"}
 
@@ -34,15 +34,6 @@ def iface_rows(guest: Mapping[str, Any], nics: list[dict[str, Any]]) -> list[tup
     return rows
 
 
-def settings_lines(guest: str, settings: Mapping[str, Any]) -> list[str]:
+def settings_lines(guest: str, resolved: Mapping[str, Any]) -> list[str]:
     """``r routes: default via 10.1.0.254; ...`` and ``r sysctls: net.ipv4.ip_forward=1, ...``."""
-    lines = []
-    routes = [r for r in settings.get("routes") or [] if isinstance(r, Mapping)]
-    if routes:
-        texts = [" ".join([str(r.get("to"))] + [f"{k} {r[k]}" for k in ("via", "dev", "metric") if r.get(k) is not None])
-                 for r in routes]
-        lines.append(f"{guest} routes: " + "; ".join(texts))
-    sysctls = [s for s in settings.get("sysctls") or [] if isinstance(s, Mapping)]
-    if sysctls:
-        lines.append(f"{guest} sysctls: " + ", ".join(f"{s.get('name')}={s.get('value')}" for s in sysctls))
-    return lines
+    return [f"{guest} {line}" for line in settings_text(resolved)]

@@ -39,6 +39,7 @@ from labctl.lab.ifaces import (
     guest_interfaces,
     net_settings,
     nic_addresses,
+    settings_text,
 )
 from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
 from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
@@ -135,6 +136,7 @@ __all__ = [
     "render",
     "render_impairment",
     "render_trace",
+    "settings_text",
     "tag",
     "with_no_verify",
 ]

@@ -29,6 +29,7 @@ __all__ = [
     "guest_interfaces",
     "net_settings",
     "nic_addresses",
+    "settings_text",
     "sysctl_path",
 ]
 
@@ -265,6 +266,14 @@ def net_settings(guest: Mapping[str, Any]) -> dict[str, Any]:
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = {str(k): str(v) for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k}
     return {"interfaces": ifaces, **({"routes": routes} if routes else {}), **({"sysctls": sysctls} if sysctls else {})}
+
+
+def settings_text(guest: Mapping[str, Any]) -> list[str]:
+    """A guest's routes and sysctls (``Guest.to_dict()`` form) as lines: ``routes: default via
+    10.1.0.254; fd00:9::/48 via fd00:1::2`` and ``sysctls: net.ipv4.ip_forward=1, ...`` (none: [])."""
+    routes = [_route_text(r) for r in _list(guest.get("routes"))]
+    sysctls = [f"{k}={v}" for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k]
+    return (["routes: " + "; ".join(routes)] if routes else []) + (["sysctls: " + ", ".join(sysctls)] if sysctls else [])
 
 
 def _route_text(route: object) -> str:
