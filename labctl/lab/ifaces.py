@@ -260,7 +260,7 @@ def address_keys(guest: str, views: Iterable[tuple[str, Sequence[Address]]]) -> 
 def net_settings(guest: Mapping[str, Any]) -> dict[str, Any]:
     """What a guest's network settings are, for comparing two runs: each interface's addresses and
     what it is, its routes and its sysctls (``Guest.to_dict()`` form; empty parts left out)."""
-    ifaces = {v.name: {"what": f"{v.kind} {v.detail}".strip(), "addresses": list(v.addresses),
+    ifaces = {v.name: {"what": v.kind if v.kind == "nic" else f"{v.kind} {v.detail}", "addresses": list(v.addresses),
                        **({"in": v.master} if v.master else {})}
               for v in guest_interfaces(guest)}
     routes = [_route_text(r) for r in _list(guest.get("routes"))]

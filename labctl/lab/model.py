@@ -161,6 +161,13 @@ class Guest:
         bridges, routes, sysctls)."""
         return bool(self.bonds or self.bridges or self.routes or self.sysctls or any(n.vlans for n in self.nics))
 
+    def tagged_nics(self) -> list[str]:
+        """Its NICs whose frames carry VLAN tags: those with VLANs, and members of a bond or bridge
+        with VLANs, in NIC order."""
+        masters: list[Bond | Bridge] = [*self.bonds, *self.bridges]
+        members = {m for master in masters if master.vlans for m in master.members}
+        return [n.name for n in self.nics if n.vlans or n.name in members]
+
     def interfaces(self) -> list[tuple[str, tuple[Address, ...]]]:
         """Every lab interface (NICs, VLANs, bonds, bridges) with its addresses, NICs first."""
         out: list[tuple[str, tuple[Address, ...]]] = []

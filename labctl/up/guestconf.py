@@ -12,7 +12,7 @@ One record per line; every token was validated (no quoting needed, nothing is ev
     sysctl ID PATH VALUE...                           PATH below /proc/sys; VALUE the rest of the line
     addr ID IFACE ADDR/PREFIX
     route ID DEST VIA|- DEV|- METRIC|-
-    offloads NIC                                      say the NIC's VLAN offloads (it carries VLANs)
+    offloads NIC                                      say the NIC's VLAN offloads (its frames carry tags)
     dad wait                                          wait for duplicate address detection to end
 
 Init makes bonds, bridges and VLANs, sets the sysctls, brings every lab interface up with its
@@ -50,7 +50,6 @@ class _Config:
         self.items: list[ConfigItem] = []
         self.links: list[str] = []
         self.addrs: list[str] = []
-        self.late: list[str] = []
 
     def item(self, line: int, path: str, what: str) -> int:
         self.items.append(ConfigItem(line, path, what))
@@ -84,8 +83,6 @@ class _Config:
         path = f"guests.{self.guest.name}.nics[{nic.index}]"
         self.addresses(nic.name, nic.addresses, nic.ip_line or nic.line, path)
         self.vlans(nic.name, nic.vlans, path)
-        if nic.vlans:
-            self.late.append(f"offloads {nic.name}")
 
     def settings(self) -> list[str]:
         g = self.guest
@@ -101,7 +98,8 @@ class _Config:
                   f"{r.via or '-'} {r.dev or '-'} {'-' if r.metric is None else r.metric}"
                   for k, r in enumerate(g.routes)]
         dad = ["dad wait"] if any(a.version == 6 for _, addrs in g.interfaces() for a in addrs) else []
-        return [*self.links, *sysctls, *self.addrs, *routes, *self.late, *dad]
+        offloads = [f"offloads {name}" for name in g.tagged_nics()]
+        return [*self.links, *sysctls, *self.addrs, *routes, *offloads, *dad]
 
 
 def items(guest: Guest) -> list[ConfigItem]:
