@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.backends import BACKENDS
-from labctl.cli.netview import iface_rows, settings_lines
+from labctl.cli.netview import iface_rows, offload_lines, settings_lines
 from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, console, out, print_json, report_outcome, safe
 from labctl.errors import LabStateError, UsageError
 from labctl.lab import Impairment, Lab, Share, env_trusted, kernels, load_lab
@@ -286,7 +286,8 @@ def print_lab(state: LabState) -> None:
     for g in statuses:
         for sh in _shares(state, g.name):
             out.print(Text(f"{g.name}: {sh.describe()}"))
-        for line in settings_lines(g.name, (state.resolved.get("guests") or {}).get(g.name) or {}):
+        for line in [*offload_lines(g.name, g.nics),
+                     *settings_lines(g.name, (state.resolved.get("guests") or {}).get(g.name) or {})]:
             out.print(Text(line))
 
 

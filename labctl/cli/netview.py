@@ -8,29 +8,25 @@ from typing import Any
 
 from labctl.lab import guest_interfaces, settings_text
 
-_SHORT = {"rx-vlan-offload": "rx", "tx-vlan-offload": "tx", "rx-vlan-filter": "filter"}
-
-
-def offload_text(features: Mapping[str, Any]) -> str:
-    """``vlan offload rx on, tx on (fixed), filter on (fixed)`` ('' when unknown)."""
-    parts = [f"{_SHORT.get(k, k)} {str(v).replace(' [fixed]', ' (fixed)')}" for k, v in features.items()]
-    return "vlan offload " + ", ".join(parts) if parts else ""
+def offload_lines(guest: str, nics: list[dict[str, Any]]) -> list[str]:
+    """``r eth1 VLAN offloads: rx-vlan-offload off [fixed], ...`` for each NIC whose guest said them."""
+    return [f"{guest} {n.get('name')} VLAN offloads: " + ", ".join(f"{k} {v}" for k, v in n["vlan_offloads"].items())
+            for n in nics if isinstance(n.get("vlan_offloads"), Mapping) and n["vlan_offloads"]]
 
 
 def iface_rows(guest: Mapping[str, Any], nics: list[dict[str, Any]]) -> list[tuple[str, str, str, str, str, str]]:
-    """(interface, model or what it is, driver, addresses, network, NIC name for its marks) for every
-    lab interface of a guest: each NIC (its driver and VLAN offloads from ``nics``, the live
-    status's), its VLANs, then its bonds and bridges with theirs."""
+    """(interface, model or what it is, driver, addresses one a line, network, NIC name for its marks)
+    for every lab interface of a guest: each NIC (its driver from ``nics``, the live status's), its
+    VLANs, then its bonds and bridges with theirs."""
     live = {str(n.get("name")): n for n in nics}
     rows = []
     for v in guest_interfaces({**guest, "nics": nics or guest.get("nics") or []}):
         if v.kind == "nic":
-            n = live.get(v.name, {})
-            driver = " · ".join(t for t in (str(n.get("driver") or ""), offload_text(n.get("vlan_offloads") or {})) if t)
-            rows.append((v.name, v.detail, driver, v.address_text, v.network, v.name))
+            driver = str(live.get(v.name, {}).get("driver") or "")
+            rows.append((v.name, v.detail, driver, v.address_text.replace(", ", "\n"), v.network, v.name))
         else:
             driver = {"vlan": "8021q", "bond": "bonding", "bridge": "bridge"}[v.kind]
-            rows.append((v.name, v.detail, driver, v.address_text, v.network, ""))
+            rows.append((v.name, v.detail, driver, v.address_text.replace(", ", "\n"), v.network, ""))
     return rows
 
 
