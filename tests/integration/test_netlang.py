@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import harness
-from tests.conftest import ROOT, Cli, new_cli
+from tests.conftest import ROOT, Cli, interrupt, new_cli
 from tests.integration.conftest import qemu_pids_under, wait_for
 
 LAB = ROOT / "labs" / "dual-stack-router.yaml"
@@ -90,10 +90,9 @@ def test_the_router_forwards_v4_and_v6_from_routes_and_sysctls(lab: tuple[Cli, P
     assert manifest["lab"]["resolved"]["guests"]["b"]["bonds"][0]["addresses"] == ["10.2.0.2/24", "fd00:2::2/64"]
 
 
-def _capture(cli: Cli, guest: str, nic: str, seconds: int,
-             out: Path) -> tuple[subprocess.Popen[str], subprocess.Popen[bytes]]:
-    """``labctl capture ... -w - | tcpdump -e -n -r -`` into ``out``, for ``seconds``."""
-    cap = cli.popen("capture", NAME, guest, nic, "-w", "-", "--duration", str(seconds))
+def _capture(cli: Cli, guest: str, nic: str, out: Path) -> tuple[subprocess.Popen[str], subprocess.Popen[bytes]]:
+    """``labctl capture ... -w - | tcpdump -e -n -r -`` into ``out``, until Ctrl-C."""
+    cap = cli.popen("capture", NAME, guest, nic, "-w", "-", "--duration", "120")
     assert cap.stdout is not None
     with open(out, "w") as f:
         dump = subprocess.Popen(["tcpdump", "-e", "-n", "-r", "-"], stdin=cap.stdout, stdout=f,
@@ -105,12 +104,13 @@ def _capture(cli: Cli, guest: str, nic: str, seconds: int,
 def test_a_vlan_carries_tagged_frames_while_the_untagged_network_works(lab: tuple[Cli, Path], tmp_path: Path) -> None:
     cli, _ = lab
     out = tmp_path / "tcpdump.txt"
-    cap, dump = _capture(cli, "r", "eth1", 25, out)
+    cap, dump = _capture(cli, "r", "eth1", out)
     wait_for(lambda: list((cli.state_dir / "labs" / NAME / "captures").glob("*.json")), 60, "the capture to start")
     time.sleep(1)
     assert _pings(cli, "a", "10.10.0.1", "10.1.0.1", "fd00:10::1") == {
         "10.10.0.1": True, "10.1.0.1": True, "fd00:10::1": True}
-    cap.wait(timeout=120)
+    time.sleep(1)
+    interrupt(cap, 60)
     dump.wait(timeout=60)
     lines = out.read_text().splitlines()
     tagged = [ln for ln in lines if "ICMP echo request" in ln and "10.10.0.2 > 10.10.0.1" in ln]
@@ -124,7 +124,7 @@ def test_a_vlan_carries_tagged_frames_while_the_untagged_network_works(lab: tupl
     e1000, virtio = nics[("a", "eth1")]["vlan_offloads"], nics[("r", "eth1")]["vlan_offloads"]
     assert e1000["rx-vlan-offload"] == "on" and virtio["rx-vlan-offload"] == "off [fixed]", (e1000, virtio)
     real = _sh(cli, "a", "ethtool -k eth1").stdout
-    assert re.search(r"^rx-vlan-offload: on$", real, re.M), real
+    assert re.search(r"^rx-vlan-offload: on$", real, re.MULTILINE), real
 
 
 def test_a_bond_keeps_a_ping_flowing_when_its_active_member_goes_down(lab: tuple[Cli, Path]) -> None:
@@ -134,7 +134,7 @@ def test_a_bond_keeps_a_ping_flowing_when_its_active_member_goes_down(lab: tuple
     try:
         time.sleep(3)
         cli("link", NAME, "b", "eth1", "down", check=True)
-        out, err = ping.communicate(timeout=180)
+        out, _ = ping.communicate(timeout=180)
     finally:
         if ping.poll() is None:
             ping.kill()
