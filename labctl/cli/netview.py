@@ -8,6 +8,7 @@ from typing import Any
 
 from labctl.lab import guest_interfaces, settings_text
 
+
 def offload_lines(guest: str, nics: list[dict[str, Any]]) -> list[str]:
     """``r eth1 VLAN offloads: rx-vlan-offload off [fixed], ...`` for each NIC whose guest said them."""
     return [f"{guest} {n.get('name')} VLAN offloads: " + ", ".join(f"{k} {v}" for k, v in n["vlan_offloads"].items())
