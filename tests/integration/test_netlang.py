@@ -7,7 +7,8 @@ VLAN 10 on it, and b, whose e1000 and virtio-net NICs are an active-backup bond)
 * VLAN 10 carries tagged frames (``tcpdump -e`` on a live capture of r's NIC) while the untagged
   network works, and the two NIC models' VLAN offloads are shown and differ;
 * b's bond keeps a ping flowing when ``labctl link`` takes its active member down;
-* ``reset`` brings all of it back, IPv6 settled at once;
+* ``reset`` brings all of it back, IPv6 settled at once; a guest whose DAD takes 6 s (its sysctls)
+  has no tentative address when ``up`` returns;
 * a sysctl the guest's kernel lacks, or refuses, fails ``up`` at its line (exit 2), nothing left.
 """
 
@@ -159,6 +160,19 @@ def test_reset_brings_it_all_back(lab: tuple[Cli, Path]) -> None:
     bonding = _sh(cli, "b", "cat /proc/net/bonding/bond0").stdout
     assert "Slave Interface: eth1" in bonding and "Slave Interface: eth2" in bonding, bonding
     assert _sh(cli, "r", "sysctl -n net.ipv4.ip_forward").stdout.strip() == "1"
+
+
+def test_ipv6_is_settled_when_up_returns_even_when_dad_takes_seconds(cli: Cli, image: object, tmp_path: Path) -> None:
+    """The guest's sysctls make DAD probe 3 times 2 s apart (they are set before its addresses):
+    up returns once that is over, never with a tentative address."""
+    lab = tmp_path / "slow-dad.yaml"
+    lab.write_text("name: slow-dad\nnetworks: {n: {}}\nguests:\n  g:\n    memory: 256\n"
+                   "    nics: [{name: eth1, model: virtio, network: n, ip: [10.9.0.1/24, \"fd00:9::1/64\"]}]\n"
+                   "    sysctls: {net.ipv6.conf.eth1.dad_transmits: 3, net.ipv6.neigh.eth1.retrans_time_ms: 2000}\n")
+    cli("up", str(lab), "--cold", check=True)
+    out = cli("exec", "slow-dad", "g", "--", "ip -6 -o addr show tentative; sysctl -n net.ipv6.conf.eth1.dad_transmits",
+              check=True).stdout
+    assert out.split() == ["3"], out  # nothing tentative
 
 
 def test_a_sysctl_the_kernel_lacks_or_refuses_fails_up_at_its_line(cli: Cli, image: object, tmp_path: Path) -> None:
