@@ -64,7 +64,21 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from labctl.errors import Problem
-from labctl.lab import NIC_MODELS, Guest, Lab, LinkSpec, Nic, Step, TraceSpec, YamlMap, YamlSeq, parse_yaml, render
+from labctl.lab import (
+    NIC_MODELS,
+    Bond,
+    Bridge,
+    Guest,
+    Lab,
+    LinkSpec,
+    Nic,
+    Step,
+    TraceSpec,
+    YamlMap,
+    YamlSeq,
+    parse_yaml,
+    render,
+)
 
 __all__ = [
     "DRIVER_OPTIONS",
@@ -96,7 +110,9 @@ class Rule:
     sentence saying what needs it ('' when ``what`` says it all).
     ``form``: ``any`` (y or m), ``builtin`` (y) or ``module`` (m).
     ``unset``: options that must not be enabled. ``module_note``: said when an
-    option is only a module and nothing in the guest would load it.
+    option is only a module and nothing in the guest would load it. ``fragment_module``: the
+    config fragment asks for a module although either will do (a built-in one would be
+    dropped to a module by Kconfig on some configurations).
     """
 
     key: str
@@ -107,6 +123,7 @@ class Rule:
     form: Form = "any"
     unset: tuple[str, ...] = ()
     module_note: str = ""
+    fragment_module: bool = False
 
     def at(self, guest: str, line: int, path: str) -> Requirement:
         """This rule for ``guest``, coming from ``line``/``path`` of the lab file."""
@@ -210,7 +227,10 @@ RULES: dict[str, Rule] = {r.key: r for r in (
     # A guest's network settings (at the line that asks for them).
     _rule("ipv6", "IPV6", "IPv6", "the lab gives the guest IPv6 addresses or routes", "refuse"),
     _rule("vlan", "VLAN_8021Q", "802.1Q VLAN support", "the lab gives the guest VLANs", "refuse"),
-    _rule("bonding", "BONDING", "bonding driver", "the lab bonds the guest's NICs", "refuse"),
+    # BONDING depends on TLS || TLS_DEVICE=n: where TLS is a module (Debian's cloud kernel) it can
+    # only be one too; the guest's init loads it (ip link add ... type bond).
+    _rule("bonding", "BONDING", "bonding driver", "the lab bonds the guest's NICs", "refuse",
+          fragment_module=True),
     _rule("bridge", "BRIDGE", "Linux bridge", "the lab bridges the guest's NICs", "refuse"),
 )}
 """Every rule by key; NIC driver rules are made by :func:`_nic_rule` and :func:`_driver_module_rule`."""
@@ -302,29 +322,19 @@ def lab_requirements(lab: Lab) -> list[Requirement]:
 
 def _net_needs(g: Guest) -> list[tuple[str, int, str]]:
     """(rule key, line, path) of what a guest's network settings need: IPv6 at its first IPv6
-    address or route, 802.1Q at each interface's VLANs, bonding and bridging at each bond and bridge."""
-    gpath = f"guests.{g.name}"
-    out: list[tuple[str, int, str]] = []
-    v6: list[tuple[int, str]] = []
-    for nic in g.nics:
-        path = f"{gpath}.nics[{nic.index}]"
-        if any(a.version == 6 for a in nic.addresses):
-            v6.append((nic.ip_line or nic.line, f"{path}.ip"))
-        for j, v in enumerate(nic.vlans):
-            out.append(("vlan", v.line, f"{path}.vlans[{j}]"))
-            if any(a.version == 6 for a in v.addresses):
-                v6.append((v.line, f"{path}.vlans[{j}].ip"))
-    for kind, masters in (("bonding", g.bonds), ("bridge", g.bridges)):
-        for m in masters:
-            path = f"{gpath}.{'bonds' if kind == 'bonding' else 'bridges'}.{m.name}"
-            out.append((kind, m.line, path))
-            out += [("vlan", v.line, f"{path}.vlans[{j}]") for j, v in enumerate(m.vlans)]
-            if any(a.version == 6 for a in (*m.addresses, *(a for v in m.vlans for a in v.addresses))):
-                v6.append((m.line, path))
+    address or route, 802.1Q at each VLAN, bonding and bridging at each bond and bridge."""
+    gpath, out, v6 = f"guests.{g.name}", [], []
+    holders: list[tuple[Nic | Bond | Bridge, int, str, str]]
+    holders = [(n, n.ip_line or n.line, f"{gpath}.nics[{n.index}]", "") for n in g.nics]
+    holders += [(m, m.line, f"{gpath}.{kind}s.{m.name}", kind) for kind, ms in (("bond", g.bonds), ("bridge", g.bridges))
+                for m in ms]
+    for h, line, path, kind in holders:
+        out += [("bonding" if kind == "bond" else kind, line, path)] if kind else []
+        out += [("vlan", v.line, f"{path}.vlans[{j}]") for j, v in enumerate(h.vlans)]
+        v6 += [(line, f"{path}.ip")] * any(a.version == 6 for a in h.addresses)
+        v6 += [(v.line, f"{path}.vlans[{j}].ip") for j, v in enumerate(h.vlans) if any(a.version == 6 for a in v.addresses)]
     v6 += [(r.line, f"{gpath}.routes[{k}]") for k, r in enumerate(g.routes) if r.version == 6]
-    if v6:
-        out.insert(0, ("ipv6", *min(v6)))
-    return out
+    return ([("ipv6", *min(v6))] if v6 else []) + out
 
 
 def _step_requirements(lab: Lab, index: int, step: Step, lines: _Lines) -> list[Requirement]:
@@ -557,7 +567,7 @@ def config_fragment(lab: Lab) -> str:
             for option in _HIDDEN.get(group[0], (group[0],)):
                 entry = entries.setdefault(option, _Entry())
                 entry.reasons.add(req.comment())
-                if req.form == "module" and option == group[0]:
+                if (req.form == "module" or req.fragment_module) and option == group[0]:
                     entry.value = "m"
         for option in req.unset:
             entries.setdefault(option, _Entry("n")).reasons.add(req.comment())

@@ -116,10 +116,10 @@ def test_the_inits_failures_become_the_lab_files_lines() -> None:
     problems = [str(p) for p in guestconf.config_failures(console, r, "lab.yaml")]
     line = r.sysctls[0].line
     assert problems == [
-        f"lab.yaml:{line}: guests.r.sysctls.net.ipv4.ip_forward: guest r: sysctl net.ipv4.ip_forward: "
-        "this kernel has no such sysctl (no /proc/sys/net/ipv4/ip_forward)",
-        f"lab.yaml:{r.nics[0].vlans[0].line}: guests.r.nics[0].vlans[0].ip[0]: guest r: address 10.10.0.1/24 on "
-        "eth1.10: Error: Nexthop has invalid gateway."]
+        (f"lab.yaml:{line}: guests.r.sysctls.net.ipv4.ip_forward: guest r: sysctl net.ipv4.ip_forward: "
+        "this kernel has no such sysctl (no /proc/sys/net/ipv4/ip_forward)"),
+        (f"lab.yaml:{r.nics[0].vlans[0].line}: guests.r.nics[0].vlans[0].ip[0]: guest r: address 10.10.0.1/24 on "
+        "eth1.10: Error: Nexthop has invalid gateway.")]
 
 
 def test_the_vlan_offloads_the_guest_said() -> None:
@@ -191,8 +191,9 @@ def test_the_lab_needs_ipv6_vlans_bonding_and_bridges_of_the_kernel() -> None:
     assert needs[("r", "ipv6")][1] == "guests.r.nics[0].ip"
     assert ("b", "vlan") not in needs
     fragment = config_fragment(lab)
-    for option in ("IPV6", "VLAN_8021Q", "BONDING", "BRIDGE", "NETDEVICES"):
+    for option in ("IPV6", "VLAN_8021Q", "BRIDGE", "NETDEVICES", "MODULES"):
         assert f"CONFIG_{option}=y" in fragment, option
+    assert "CONFIG_BONDING=m" in fragment  # Kconfig holds it to a module where TLS is one
 
 
 # --------------------------------------------------------------------------- views
