@@ -23,6 +23,7 @@ PACKAGES=(
     python3 python3-venv                 # labctl itself
     openssh-client                       # labctl ssh
     gdb binutils                         # labctl gdb, oops decoding
+    crash                                # tests: Debian's crash opens labctl dump's vmcores
     make "linux-headers-${ABI}-amd64"    # out-of-tree lab modules (guest/modules/)
     linux-perf                           # the host side of a step: a profile of each guest's QEMU
     chromium                             # tests: report.html in a headless browser
@@ -57,6 +58,9 @@ fi
 say "installing labctl into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 ln -sf "$PWD/.venv/bin/labctl" /usr/local/bin/labctl
+# labctl's own bytecode, once: a shell with PYTHONDONTWRITEBYTECODE set would otherwise compile
+# labctl anew at every command (0.2 s of CPU each; pip compiled the dependencies already).
+.venv/bin/python -m compileall -q -j 0 labctl >/dev/null
 
 # labctl serve's terminal widget: xterm.js and its fit addon, pinned, unpacked into the package.
 XTERM=5.5.0 XTERM_FIT=0.10.0

@@ -7,7 +7,8 @@ guest kernels (:mod:`labctl.kernel`), backends (:mod:`labctl.backends`), network
 (:mod:`labctl.state`), a running lab's links and captures (:mod:`labctl.live`), graded checks
 (:mod:`labctl.grading`), courses (:mod:`labctl.training`), steps (:mod:`labctl.steps`), the
 analysis of their files (:mod:`labctl.trace`), the bundle (:mod:`labctl.bundle`), the report
-(:mod:`labctl.report`), kernel debugging (:mod:`labctl.debug`), bisecting a kernel
+(:mod:`labctl.report`), kernel debugging (:mod:`labctl.debug`), a guest's kernel seen with drgn
+(:mod:`labctl.inspect`), bisecting a kernel
 (:mod:`labctl.bisect`), the browser (:mod:`labctl.web`) and the command line (:mod:`labctl.cli`).
 :mod:`labctl.pipeline` chains the stages. Beside them: every exception (:mod:`labctl.errors`),
 the one way to run a host process (:mod:`labctl.proc`), SSH (:mod:`labctl.ssh`), how the

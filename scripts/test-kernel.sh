@@ -32,6 +32,10 @@ fragment=$("$PYTHON" -m labctl kernel config "$LAB")
 version=$(dpkg-query -W -f '${Version}' linux-source-6.1)
 key=$( { echo "$version"; echo "$fragment"; cat "$0"; } | sha256sum | cut -c1-16)
 tree="$CACHE/$key/linux"
+# One build at a time (pytest-xdist's workers, two runs): the others wait for it, then find it.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock"
+flock 9
 if [ -f "$tree/vmlinux" ] && [ -f "$tree/.built" ]; then
     echo "$tree"
     exit 0

@@ -73,11 +73,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             isolation.finish(iso)
 
 
+def _ran_integration(session: pytest.Session) -> bool:
+    """Whether this run ran integration tests (a pytest-xdist controller collects none itself: its
+    arguments tell)."""
+    if session.items:
+        return any("integration" in str(item.path) for item in session.items)
+    args = session.config.args or [str(a) for a in session.config.getini("testpaths")]
+    return any("integration" in a or Path(a).resolve() in (ROOT, ROOT / "tests") for a in args)
+
+
 def _clean_suite_cache(session: pytest.Session) -> None:
     from labctl.kernel.kernel_store import Kernel, kernels_root
     from labctl.up.snapshots import held_open, list_all
 
-    if not any("integration" in str(item.path) for item in session.items):
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller cleans up once every worker has ended
+    if not _ran_integration(session):
         return  # a unit run takes no snapshot: never remove those of an integration run beside it
     for snap in list_all():
         with contextlib.suppress(OSError):

@@ -29,11 +29,13 @@ from labctl.backends.base import (
     NetDir,
     netdev_id,
 )
+from labctl.backends.libvirt.api import qemu_pid
 from labctl.backends.monitor import (
     BackendMonitor,
     Monitor,
     SocketMonitor,
     as_monitor,
+    dump_guest_memory,
     ensure_resumed,
     load_state,
     qmp_execute,
@@ -59,6 +61,7 @@ __all__ = [
     "SocketMonitor",
     "as_monitor",
     "choose_accel",
+    "dump_guest_memory",
     "ensure_resumed",
     "get_backend",
     "kvm_usable",
@@ -66,6 +69,7 @@ __all__ = [
     "netdev_id",
     "owned",
     "probe_kvm",
+    "qemu_pid",
     "qmp_execute",
     "qmp_running",
     "save_state",

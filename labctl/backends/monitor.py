@@ -8,6 +8,7 @@ Every qemu.qmp exception is mapped to :class:`MachineError` here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -96,6 +97,31 @@ def load_state(socket_path: Path | str, src: Path, timeout: float = 300.0) -> di
         return await _migration_done(client, timeout, "loading")
 
     return _session(socket_path, go, timeout + 10, "migrate-incoming")
+
+
+DUMP_FD = "labctl-dump"
+
+
+def dump_guest_memory(socket_path: Path | str, fd: int, fmt: str, timeout: float = 600.0) -> None:
+    """Write the guest's memory to the file descriptor ``fd`` (passed over the monitor socket) in
+    ``fmt`` (``elf``, ``kdump-zlib``...): QMP ``dump-guest-memory``. QEMU pauses the guest while
+    it writes and resumes it after (one that was paused stays paused); the call returns when
+    the dump is complete.
+
+    :raise MachineError: when QEMU cannot dump it, or not within ``timeout``.
+    """
+
+    async def go(client: QMPClient) -> None:
+        client.send_fd_scm(fd)
+        await client.execute("getfd", {"fdname": DUMP_FD})
+        try:
+            await client.execute("dump-guest-memory", {"paging": False, "protocol": f"fd:{DUMP_FD}", "format": fmt})
+        except QMPError:
+            with contextlib.suppress(QMPError):  # QEMU still holds it when the dump failed before taking it
+                await client.execute("closefd", {"fdname": DUMP_FD})
+            raise
+
+    _session(socket_path, go, timeout, "dump-guest-memory")
 
 
 async def _migration_done(client: QMPClient, timeout: float, doing: str) -> dict[str, Any]:

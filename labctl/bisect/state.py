@@ -1,21 +1,27 @@
 """A bisection's state file (``state.json`` in its bundle): what was asked, every step so far.
 
 Written atomically after every change, so that a bisection stopped by Ctrl-C, a crash or a
-reboot of the host goes on where it stopped (``labctl bisect --continue``).
+reboot of the host goes on where it stopped (``labctl bisect --continue``). It is read only
+from a bundle of the user's (or root's) that nobody else may write (:func:`load`): it names the
+lab file, the tree, the worktree directory labctl deletes from; it never widens what the user
+trusts (its ``trust_dirs`` are a record of the first command line, never read back).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.errors import UsageError
-from labctl.paths import atomic_write
+from labctl.errors import UnsafePath, UsageError
+from labctl.paths import atomic_write, checked_dir
 
 STATE = "state.json"
 VERSION = 1
+MAX_STATE = 16 << 20
 
 # A step's verdict, in git bisect's words (the old/new terms are the user's).
 OLD, NEW, SKIP = "old", "new", "skip"
@@ -56,7 +62,7 @@ class State:
     term_new: str = "bad"
     work: str = ""  # the worktree's directory and build cache
     up: dict[str, Any] = field(default_factory=dict)  # accel, boot_timeout, ...
-    trust_dirs: list[str] = field(default_factory=list)
+    trust_dirs: list[str] = field(default_factory=list)  # the first command line's; --continue takes its own
     olds: list[str] = field(default_factory=list)  # commits judged old (the good end first)
     news: list[str] = field(default_factory=list)  # commits judged new (the bad end first)
     skips: list[str] = field(default_factory=list)
@@ -97,16 +103,32 @@ def save(bundle: Path, state: State) -> None:
 
 
 def load(bundle: Path) -> State:
-    """The state of the bisection whose bundle is ``bundle``.
+    """The state of the bisection whose bundle is ``bundle``: checked before anything is read
+    (the bundle by :func:`labctl.paths.checked_dir`; ``state.json`` a regular file, no link,
+    of the user's or root's, that nobody else may write).
 
+    :raise UnsafePath: when the bundle or its state could be another user's.
     :raise UsageError: when there is none, or it cannot be read.
     """
     path = bundle / STATE
     try:
-        data = json.loads(path.read_text())
-        return State.from_dict(data)
+        real = checked_dir(bundle)
+        fd = os.open(real / STATE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError as exc:
         raise UsageError(f"{bundle} is not a bisection (no {STATE})",
                          hint="start one: labctl bisect LAB.yaml --tree DIR --good REV --bad REV ORACLE") from exc
-    except (OSError, ValueError, TypeError) as exc:
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the bisection's state ({exc.strerror or exc})") from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+            raise UnsafePath(f"refusing to read {path}: it is not a file of yours or root's that only its owner "
+                             f"may write (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+                             hint="continue only bisections you started")
+        text = f.read(MAX_STATE + 1)
+    try:
+        if len(text) > MAX_STATE:
+            raise ValueError(f"over {MAX_STATE >> 20} MiB")
+        return State.from_dict(json.loads(text))
+    except (ValueError, TypeError) as exc:
         raise UsageError(f"{path}: cannot read the bisection's state ({exc})") from exc

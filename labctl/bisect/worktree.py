@@ -10,7 +10,12 @@ release does not change from one commit to the next (which would relink every mo
 
 ``<work>/builds.json`` maps ``commit:config-hash`` to the prepared kernel's directory in
 labctl's kernel store, so a commit built once (by an earlier or an interrupted bisection) is
-never built again while that kernel is prepared.
+never built again while that kernel is prepared. An entry naming anything but a real
+directory of that store is ignored.
+
+``<work>`` must be the user's (or root's) and writable by nobody else (:func:`checked_work`),
+checked before labctl reads ``wt.ready`` or ``builds.json`` there or deletes ``wt``: another
+user's "prepared kernel" is never booted, their Makefile never run.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +33,8 @@ from pathlib import Path
 
 from labctl.bisect.search import git
 from labctl.errors import LabctlError
-from labctl.paths import alone, atomic_write, cache_dir
+from labctl.kernel import kernels_root
+from labctl.paths import alone, atomic_write, cache_dir, checked_dir
 from labctl.proc import run, run_lines
 
 WORKTREE = "wt"
@@ -39,6 +46,15 @@ FAILED = "failed: "  # a build cache entry for a commit that does not build
 COPY_TIMEOUT = 3600.0  # the first copy of the user's tree and its build objects
 OBJTOOL_TIMEOUT = 1800.0
 BUILD_TIMEOUT = 6 * 3600.0  # one make: a commit that touches a common header rebuilds most of the kernel
+
+
+def checked_work(work: Path) -> Path:
+    """``work`` (made when missing, 0700) once every component is the user's or root's and
+    writable by nobody else (:func:`labctl.paths.checked_dir`); its real path.
+
+    :raise UnsafePath: naming the component at fault.
+    """
+    return checked_dir(work, create=True)
 
 
 def default_work(tree: Path) -> Path:
@@ -175,10 +191,21 @@ class BuildCache:
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
     def get(self, commit: str, cfg: str) -> Path | None:
+        """The kernel built for ``commit``: a real directory (no link) of labctl's kernel store
+        with a manifest, else None."""
         d = self._read().get(f"{commit}:{cfg}")
-        if d and not d.startswith(FAILED) and (Path(d) / "manifest.json").is_file():
-            return Path(d)
-        return None
+        if not d or d.startswith(FAILED):
+            return None
+        root = kernels_root()
+        path = root / Path(d).name
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if os.path.realpath(d) != os.path.realpath(path) or not stat.S_ISDIR(st.st_mode) \
+                or st.st_uid not in (os.geteuid(), 0):
+            return None
+        return path if (path / "manifest.json").is_file() else None
 
     def failure(self, commit: str, cfg: str) -> str | None:
         """Why the commit did not build, when it was tried before."""

@@ -5,7 +5,7 @@ Owns: the bundle's file names (:mod:`.layout`), its directory and manifest
 (:mod:`.records`: typed records; :mod:`.figures`: accessors, number formatting, the spread of repeated runs
 and the noise rule), the JUnit file of a run (:mod:`.junit`) and the archive
 (:mod:`.archive`). What summary.json holds is the report sections'
-(:mod:`labctl.report.summary`). Must not import the report, the CLI, the steps
+(:mod:`labctl.report.run_summary`). Must not import the report, the CLI, the steps
 runner or any backend but through the lab state it is handed.
 
 Imports never: labctl.report, labctl.cli, labctl.steps, labctl.backends.qemu, labctl.backends.libvirt

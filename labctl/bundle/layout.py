@@ -6,7 +6,7 @@
         manifest.json   lab file + sha256, resolved lab, image manifest, QEMU
                         version and argv per guest, accelerator, host, labctl
                         version, start/end, every command with status and duration
-        summary.json    figures per step and NIC (labctl.report.summary)
+        summary.json    figures per step and NIC (labctl.report.run_summary)
         report.md, report.html (labctl.report)
         lab.yaml        the lab file as run
         guests/<guest>/console.log, oops.txt, oops.json

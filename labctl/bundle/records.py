@@ -1,6 +1,6 @@
 """The shapes of what a run bundle's summary.json holds, typed where data crosses stages: the runner
 writes a step's records (:mod:`labctl.steps.result`), the report adds its figures
-(:mod:`labctl.report.summary`), ``labctl compare`` and bisect read them back.
+(:mod:`labctl.report.run_summary`), ``labctl compare`` and bisect read them back.
 
 A step entry (:class:`StepSummary`) is what the runner recorded (its kinds' records: the NIC
 under test, gdb, captures, network, selftests) and the figures of each guest and section; the

@@ -1,7 +1,7 @@
 """Writing a run's bundle: its directory, the manifest, the lab file and the guests' consoles.
 
 Where each file goes is :mod:`labctl.bundle.layout`'s; the figures are
-:mod:`labctl.report.summary`'s; the steps' raw files are copied in by the
+:mod:`labctl.report.run_summary`'s; the steps' raw files are copied in by the
 runner (:mod:`labctl.steps`).
 """
 

@@ -6,7 +6,8 @@ library's; nothing in the library imports the CLI.
 Commands: :mod:`.validate_cmd` (validate), :mod:`.lifecycle_cmds` (up, down, status, ...; a
 guest's interfaces, routes and sysctls as status shows them: :mod:`.netview`),
 :mod:`.run_cmd` (run), :mod:`.report_cmds` (report, archive), :mod:`.compare_cmd` (compare),
-:mod:`.bisect_cmd` (bisect), :mod:`.oops_cmd` (oops), :mod:`.gdb_cmd` (gdb), :mod:`.doctor`
+:mod:`.bisect_cmd` (bisect), :mod:`.oops_cmd` (oops), :mod:`.gdb_cmd` (gdb), :mod:`.drgn_cmd`
+(drgn), :mod:`.doctor`
 (doctor), :mod:`.ssh_cmd` (ssh), :mod:`.exec_cmd` (exec), :mod:`.cp_cmd` (cp), :mod:`.check_cmd`
 (check), :mod:`.class_cmd` (class), :mod:`.capture_cmd` (capture), :mod:`.impair_cmd` (impair),
 :mod:`.link_cmd` (link), :mod:`.graph_cmd` (graph), :mod:`.images` (image), :mod:`.kernel_cmd`

@@ -21,7 +21,7 @@ from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import PrepareDisplay, console, out, print_json
 from labctl.errors import UsageError
 from labctl.image import load_recipe
-from labctl.paths import atomic_write, cache_dir
+from labctl.paths import atomic_write, cache_dir, checked_dir
 from labctl.pipeline import prepare
 from labctl.up import UpOptions
 
@@ -136,8 +136,8 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
     bundle = (args.out or Path("runs") / f"bisect-{lab.name}-{stamp}").resolve()
     if (bundle / "state.json").exists():
         raise UsageError(f"{bundle} already holds a bisection", hint=f"go on with it: labctl bisect --continue {bundle}")
-    bundle.mkdir(parents=True, exist_ok=True)
-    work = (args.work or bbuild.default_work(tree)).resolve()
+    work = bbuild.checked_work((args.work or bbuild.default_work(tree)).resolve())
+    bundle = checked_dir(bundle, create=True)
     state = State(lab_file=str(Path(args.file).resolve()), tree=str(tree), good=good, bad=bad, oracle=oracle.to_dict(),
                   term_old=term_old, term_new=term_new, work=str(work),
                   up={"accel": args.accel, "boot_timeout": args.boot_timeout, "jobs": args.jobs},
@@ -147,7 +147,8 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
 
 
 def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
-    lab = load_with_kernel(state.lab_file, None, state.trust_dirs)
+    work = bbuild.checked_work(Path(state.work))
+    lab = load_with_kernel(state.lab_file, None, args.trust_dir)  # never the state's: it cannot widen trust
     _last_file().parent.mkdir(parents=True, exist_ok=True)
     atomic_write(_last_file(), str(bundle) + "\n")
     # the front once: capacity, the image, and the lab checked against the tree's .config (every
@@ -170,7 +171,6 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
         f"{state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}")
     say(f"bundle {bundle}")
     jobs = state.up.get("jobs") or args.jobs or os.cpu_count()
-    work = Path(state.work)
     with bbuild.locked(work):
         bis = Bisector(bundle, state, lab, image, recipe, opts, say, build_line, int(jobs or 1))
         try:

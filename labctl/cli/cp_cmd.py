@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("src", metavar="SRC")
     c.add_argument("dest", metavar="DEST")
     c.add_argument("--max-size", default="4G", metavar="SIZE",
-                   help="the most bytes of file data to copy (default 4G; K, M, G, T)")
+                   help="the most bytes to copy: file data, and 512 for each entry (default 4G; K, M, G, T)")
     c.add_argument("--timeout", type=float, default=transfer.DEFAULT_TIMEOUT, metavar="S",
                    help=f"seconds the whole copy may take (default {transfer.DEFAULT_TIMEOUT:.0f})")
     c.add_argument("--json", action="store_true", help="print what was copied and skipped as JSON")

@@ -228,7 +228,7 @@ def status_data(state: LabState) -> dict[str, Any]:
                     "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name),
                     "started_from": "snapshot" if g.name in state.warm else "boot",
                     "kernel": _kernel_of(state, g.name), "nics": g.nics, **g.settings,
-                    "shares": [sh.to_dict() for sh in _shares(state, g.name)]}
+                    "shares": [{**sh.to_dict(), "dir": str(d)} for sh, d in _exported(state, g.name)]}
                    for g in guest_statuses(state)],
     }
 
@@ -284,15 +284,20 @@ def print_lab(state: LabState) -> None:
             first = False
     out.print(t)
     for g in statuses:
-        for sh in _shares(state, g.name):
-            out.print(Text(f"{g.name}: {sh.describe()}"))
+        for sh, d in _exported(state, g.name):
+            out.print(Text(f"{g.name}: {sh.describe(d)}"))
         for line in [*offload_lines(g.name, g.nics),
                      *settings_lines(g.name, (state.resolved.get("guests") or {}).get(g.name) or {})]:
             out.print(Text(line))
 
 
-def _shares(state: LabState, guest: str) -> tuple[Share, ...]:
-    return guest_shares.of((state.resolved.get("guests") or {}).get(guest) or {})
+def _exported(state: LabState, guest: str) -> list[tuple[Share, Path]]:
+    """The guest's shares, each with the directory it exports (a writable one's of this up)."""
+    shares = guest_shares.of((state.resolved.get("guests") or {}).get(guest) or {})
+    rec = state.guests.get(guest)
+    if rec is None:
+        return [(sh, sh.host) for sh in shares]
+    return list(zip(shares, guest_shares.directories(Path(rec.dir), shares)))
 
 
 def _net_marks(guest: str, nic: dict[str, Any], captured: set[str]) -> str:

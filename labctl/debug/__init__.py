@@ -49,7 +49,7 @@ from labctl.debug.gdb import (
 )
 from labctl.debug.oops import Frame, Oops, make_title, parse_oopses
 from labctl.debug.oops_text import render_oops
-from labctl.debug.symbolize import DecodedFrame, DecodedOops, SourceLocation, Symbolizer
+from labctl.debug.symbolize import DecodedFrame, DecodedOops, ModuleIndex, SourceLocation, Symbolizer
 
 __all__ = [
     "CRASH_MARKERS",
@@ -60,6 +60,7 @@ __all__ = [
     "Frame",
     "GdbSpec",
     "GdbTarget",
+    "ModuleIndex",
     "Oops",
     "SourceLocation",
     "Symbolizer",

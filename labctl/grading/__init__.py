@@ -10,6 +10,7 @@ Imports never: labctl.training, labctl.bisect, labctl.web, labctl.cli, labctl.pi
 """
 
 
+
 from labctl.grading.checking import (
     KINDS,
     CheckKind,

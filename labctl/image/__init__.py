@@ -10,6 +10,7 @@ nor the kernel stage that comes after it.
 Imports never: labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.state, labctl.live, labctl.training
 """
 
+
 from labctl.image import cpio
 from labctl.image.apt import apt_download, candidate, sha256_file
 from labctl.image.build import build_image

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,9 +97,13 @@ class Kernel:
 
     @property
     def modules_img(self) -> Path | None:
-        """The modules disk, or None for a kernel without modules (everything built in)."""
+        """The modules disk, or None for a kernel without modules (everything built in). Only a
+        regular file (a link, which QEMU would follow to a disk of the host's, never is)."""
         p = self.dir / MODULES_IMG
-        return p if p.is_file() else None
+        try:
+            return p if stat.S_ISREG(os.lstat(p).st_mode) else None
+        except OSError:
+            return None
 
     @property
     def vmlinux_debug(self) -> Path:

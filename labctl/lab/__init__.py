@@ -23,6 +23,7 @@ Typical use::
         for nic in guest.nics: ...
 """
 
+
 from labctl.lab import kernels
 from labctl.lab.addresses import default_mac, mgmt_mac
 from labctl.lab.checker import close_match
@@ -62,7 +63,7 @@ from labctl.lab.model import (
 )
 from labctl.lab.netopts import LinkSpec, render_impairment
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
-from labctl.lab.shares import Share, parse_option, tag
+from labctl.lab.shares import Share, export_link, parse_option, tag
 from labctl.lab.steps import GdbStep, RunSpec, Step, check_location
 from labctl.lab.templates import render
 from labctl.lab.tracespec import TraceSpec, render_trace
@@ -118,6 +119,7 @@ __all__ = [
     "close_match",
     "default_mac",
     "env_trusted",
+    "export_link",
     "first_ip",
     "get_nic_model",
     "guest_interfaces",

@@ -23,6 +23,7 @@ class Checker:
 
     file: str
     problems: list[Problem] = field(default_factory=list)
+    owner: int | None = None  # the uid that owns the file (None: text given, not a file)
 
     def add(self, line: int, path: str, message: str) -> None:
         """Record one problem."""

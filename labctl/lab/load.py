@@ -40,7 +40,7 @@ def load_lab(path: str | Path, trusted: Iterable[str | Path] = ()) -> Lab:
     """
     source = str(path)
     try:
-        data = _read_limited(Path(path))
+        data, owner = _read_limited(Path(path))
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise LabFileError([Problem(source, 1, "", f"cannot read lab file: {reason}")]) from None
@@ -52,11 +52,11 @@ def load_lab(path: str | Path, trusted: Iterable[str | Path] = ()) -> Lab:
         line = data.count(b"\n", 0, exc.start) + 1
         message = f"lab file is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
         raise LabFileError([Problem(source, line, "", message)]) from None
-    return _load(text, source, hashlib.sha256(data).hexdigest(), trusted)
+    return _load(text, source, hashlib.sha256(data).hexdigest(), trusted, owner)
 
 
-def _read_limited(path: Path) -> bytes:
-    """The bytes of a lab file: a regular file of at most MAX_BYTES.
+def _read_limited(path: Path) -> tuple[bytes, int]:
+    """The bytes of a lab file (a regular file of at most MAX_BYTES) and the uid that owns it.
 
     Opened without blocking (a FIFO would hang) and checked before reading.
 
@@ -71,7 +71,7 @@ def _read_limited(path: Path) -> bytes:
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise ValueError(f"lab file is larger than {MAX_BYTES // 1024} KiB")
-    return data
+    return data, st.st_uid
 
 
 def load_lab_text(text: str, filename: str, trusted: Iterable[str | Path] = ()) -> Lab:
@@ -83,13 +83,13 @@ def load_lab_text(text: str, filename: str, trusted: Iterable[str | Path] = ()) 
     return _load(text, filename, hashlib.sha256(text.encode("utf-8")).hexdigest(), trusted)
 
 
-def _load(text: str, source: str, sha256: str, trusted: Iterable[str | Path] = ()) -> Lab:
-    """Parse and validate ``text``; raise LabFileError with every problem, by line."""
+def _load(text: str, source: str, sha256: str, trusted: Iterable[str | Path] = (), owner: int | None = None) -> Lab:
+    """Parse and validate ``text`` (of a file ``owner`` owns); raise LabFileError with every problem, by line."""
     data, problems = parse_yaml(text, source)
     if problems and data is None:
         raise LabFileError(sorted(problems, key=lambda p: p.line))
     trust = (*(Path(t).absolute() for t in trusted), *env_trusted())
-    lab, more = build_lab(data, source=source, text=text, sha256=sha256, trusted=trust)
+    lab, more = build_lab(data, source=source, text=text, sha256=sha256, trusted=trust, owner=owner)
     # A value YAML could not construct (bad tag) reads as null: don't report it twice.
     reported = {(p.line, p.path) for p in problems if p.path}
     more = [p for p in more if (p.line, p.path) not in reported]

@@ -30,7 +30,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["TRUST_ENV", "env_trusted", "owner_name", "untrusted_reason"]
+__all__ = ["TRUST_ENV", "env_trusted", "owner_name", "unreadable_reason", "untrusted_reason"]
 
 TRUST_ENV = "LABCTL_TRUSTED_DIRS"
 
@@ -96,4 +96,37 @@ def untrusted_reason(path: Path, trusted: Iterable[Path] = (), uid: int | None =
         here, st = last_existing
         return (f"it does not exist, and {here} (mode {stat.S_IMODE(st.st_mode):04o}) lets other users "
                 "create it")
+    return None
+
+
+def _may(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
+    """Whether ``uid`` (in ``gids``) has every permission of ``bits`` (0o4 read, 0o1 search) on ``st``."""
+    if st.st_uid == uid:
+        return st.st_mode & (bits << 6) == bits << 6
+    if st.st_gid in gids:
+        return st.st_mode & (bits << 3) == bits << 3
+    return st.st_mode & bits == bits
+
+
+def unreadable_reason(path: Path, uid: int) -> str | None:
+    """Why the user ``uid`` could not list directory ``path`` (absolute, resolved), or None: every
+    directory above it must let them search it, and it must let them read and search it (as its
+    owner, a member of its group, or anyone). Root reads everything."""
+    if uid == 0:
+        return None
+    try:
+        entry = pwd.getpwuid(uid)
+        gids = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except KeyError:
+        gids = set()
+    parts = path.parts
+    for depth in range(1, len(parts) + 1):
+        here = Path(*parts[:depth])
+        try:
+            st = os.stat(here)
+        except OSError as exc:
+            return f"{here} cannot be checked ({exc.strerror or exc})"
+        leaf = depth == len(parts)
+        if not _may(st, uid, gids, 0o5 if leaf else 0o1):
+            return f"{owner_name(uid)} cannot {'read' if leaf else 'reach'} {here}"
     return None

@@ -73,17 +73,18 @@ _GUEST_NAME_RULE = "use 1-31 of a-z, 0-9, '-', starting with a letter"
 
 
 def build_lab(data: Any, *, source: str, text: str, sha256: str,
-              trusted: tuple[Path, ...] = ()) -> tuple[Lab | None, list[Problem]]:
+              trusted: tuple[Path, ...] = (), owner: int | None = None) -> tuple[Lab | None, list[Problem]]:
     """Validate parsed lab data and resolve it.
 
     ``trusted``: directories the user trusts (``--trust-dir``) although another
-    user could change them (see :mod:`labctl.lab.trust`).
+    user could change them (see :mod:`labctl.lab.trust`). ``owner``: the uid
+    that owns the lab file (see :mod:`labctl.lab.shares`).
 
     Returns ``(lab, [])`` when the data is valid, else ``(None, problems)``
     with every problem found, in the order they were found.  Never raises
     for bad data.
     """
-    check = Checker(source)
+    check = Checker(source, owner=owner)
     if not isinstance(data, YamlMap):
         _report_not_a_map(check, data)
         return None, check.problems

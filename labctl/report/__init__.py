@@ -7,7 +7,7 @@ throughput, CPU and driver share (:mod:`.throughput`), the whole cost (:mod:`.co
 counts (:mod:`.tracepoints`), flame graphs (:mod:`.flames`, drawn by :mod:`.flamegraph`),
 per-packet latency (:mod:`.latency`), the kernel's selftests (:mod:`.selftest_report`), and a
 step's top symbols, softnet, trace loss and timeline (:mod:`.guest_parts`). summary.json is
-computed one way for ``run`` and ``report`` (:mod:`.summary`); one document model
+computed one way for ``run`` and ``report`` (:mod:`.run_summary`); one document model
 (:mod:`.document`) is built by the frame (:mod:`.content`) and rendered as Markdown
 (:mod:`.markdown`) and as one self-contained HTML page (:mod:`.html`, charts from
 :mod:`.charts`); two runs side by side are :mod:`.comparison`. Reads bundles through
@@ -28,7 +28,7 @@ from labctl.report.content import build_document, lab_name
 from labctl.report.html import to_html
 from labctl.report.markdown import to_markdown
 from labctl.report.registry import step_metrics
-from labctl.report.summary import resummarize, summarize, write_summary
+from labctl.report.run_summary import resummarize, summarize, write_summary
 
 __all__ = [
     "GROUPS",

@@ -12,7 +12,11 @@ directories, each strictly inside the destination:
   host is ever followed or created outside the bundle;
 * files are created with ``O_EXCL | O_NOFOLLOW`` in directories this
   function made itself, mode 0644;
-* a byte budget: a guest cannot fill the host's disk.
+* a budget: a guest cannot fill the host's disk. Every entry counts its tar
+  header (:data:`HEADER`, 512 bytes) besides its data, so the budget bounds
+  entries too (empty files, links, directories), and a cap on entries may be
+  given on top (a step's copy-back: :data:`DEFAULT_ENTRIES`). The first entry
+  over either ends the copy: it and the rest are not copied (one line says so).
 
 Debian 12's Python 3.11.2 has no ``tarfile`` extraction filters, hence the
 rules here rather than ``filter="data"``.
@@ -30,6 +34,8 @@ from typing import IO, BinaryIO
 MAX_COMPONENT = 255
 MAX_DEPTH = 32
 DEFAULT_BUDGET = 8 << 30  # bytes per guest and step
+DEFAULT_ENTRIES = 10_000  # entries per guest and step (a step's results: logs, traces, captures)
+HEADER = 512  # what an entry counts against the budget besides its data
 _CHUNK = 1 << 20
 
 
@@ -40,7 +46,13 @@ class Extracted:
     files: int = 0
     bytes: int = 0
     skipped: list[str] = field(default_factory=list)
-    truncated: bool = False  # the byte budget ran out
+    truncated: bool = False  # the budget or the cap on entries ran out
+    entries: int = 0  # entries of the stream taken (files, directories and those skipped)
+
+    @property
+    def used(self) -> int:
+        """What counts against the budget: the files' bytes, and a header for each entry."""
+        return self.bytes + HEADER * self.entries
 
 
 def safe_parts(name: str) -> tuple[str, ...] | None:
@@ -97,8 +109,28 @@ def _write(src: IO[bytes], target: Path, size: int) -> int:
     return written
 
 
-def extract(stream: BinaryIO, dest: Path, budget: int = DEFAULT_BUDGET) -> Extracted:
-    """Extract the tar ``stream`` into the directory ``dest`` (which must exist), by the rules above.
+def size_text(n: int) -> str:
+    """``n`` bytes as the budget is given: 512 B, 64 KiB, 4 GiB."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{n} B"
+
+
+def _over(result: Extracted, member: tarfile.TarInfo, budget: int, max_entries: int | None) -> str | None:
+    """Why ``member`` (and what follows it) is not taken, or None."""
+    if max_entries is not None and result.entries >= max_entries:
+        return f"over the cap of {max_entries} entries"
+    size = member.size if member.isfile() else 0
+    if result.used + HEADER + size > budget:
+        return f"over the copy budget of {size_text(budget)} (512 bytes an entry besides its data)"
+    return None
+
+
+def extract(stream: BinaryIO, dest: Path, budget: int = DEFAULT_BUDGET,
+            max_entries: int | None = None) -> Extracted:
+    """Extract the tar ``stream`` into the directory ``dest`` (which must exist), by the rules above:
+    at most ``budget`` bytes (headers counted) and ``max_entries`` entries.
 
     :raise tarfile.TarError: when the stream is not a tar archive at all.
     """
@@ -107,6 +139,12 @@ def extract(stream: BinaryIO, dest: Path, budget: int = DEFAULT_BUDGET) -> Extra
         for member in tar:
             if member.isdir() and member.name.strip("/") in ("", "."):
                 continue  # the step directory itself ("." of ``tar -cf - .``)
+            over = _over(result, member, budget, max_entries)
+            if over is not None:
+                result.skipped.append(f"{member.name.strip('/')}: {over}; it and the rest were not copied")
+                result.truncated = True
+                break
+            result.entries += 1
             parts = safe_parts(member.name)
             if parts is None:
                 result.skipped.append(f"{member.name!r}: a name outside the step directory")
@@ -118,10 +156,6 @@ def extract(stream: BinaryIO, dest: Path, budget: int = DEFAULT_BUDGET) -> Extra
                 continue
             if not member.isfile():
                 result.skipped.append(f"{shown}: a {_kind(member)}")
-                continue
-            if result.bytes + member.size > budget:
-                result.skipped.append(f"{shown}: over the copy budget of {budget >> 20} MiB")
-                result.truncated = True
                 continue
             parent = _directory(dest, parts[:-1])
             src = tar.extractfile(member)

@@ -1,6 +1,6 @@
 """What one step variant gave: its status, why it failed, where its files are, what each of its kinds
 recorded (the records' shapes are the bundle's, :mod:`labctl.bundle.records`: summary.json keeps
-them, the report adds its figures, :mod:`labctl.report.summary`); and how the runner's caller
+them, the report adds its figures, :mod:`labctl.report.run_summary`); and how the runner's caller
 hears of it as it goes (:class:`StepEvents`)."""
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Both directions are a tar stream over the lab's SSH session:
 
 * **guest → host**: the guest runs ``tar -cf -`` on the path; the stream goes through
   :func:`labctl.steps.copyback.extract` (regular files and directories only, no absolute
-  names, no ``..``, no links, devices or FIFOs, ``O_EXCL|O_NOFOLLOW``, a byte budget) into a
+  names, no ``..``, no links, devices or FIFOs, ``O_EXCL|O_NOFOLLOW``, a budget that counts 512
+  bytes for every entry besides its data, so it bounds entries as well as bytes) into a
   new private staging directory next to the destination, in a directory that
   :func:`labctl.paths.checked_dir` accepts (the caller's or root's, writable by nobody
   else: not ``/tmp`` itself). Only the path asked for is then renamed into place; whatever
@@ -14,7 +15,8 @@ Both directions are a tar stream over the lab's SSH session:
 * **host → guest**: Python's ``tarfile`` writes the stream here, into ``tar -x`` in the guest.
   Nothing is followed out of SRC: a symbolic link inside it is sent as a link (its target
   text, never what it points to); devices, FIFOs and sockets are skipped. SRC itself may be
-  a link (the user named it). The whole of SRC must fit the budget before anything is sent.
+  a link (the user named it). The whole of SRC must fit the budget (its entries counted the
+  same way) before anything is sent.
 
 Guest names (``GUEST:PATH``) say the direction: exactly one of SRC and DEST has one.
 """
@@ -36,7 +38,7 @@ from typing import IO, Any, cast
 from labctl import paths
 from labctl.errors import GuestError, HostError, LabctlError, UsageError
 from labctl.ssh import Session
-from labctl.steps.copyback import extract, safe_parts
+from labctl.steps.copyback import HEADER, extract, safe_parts
 
 USAGE = "labctl cp LAB[@INSTANCE] GUEST:PATH DEST  |  labctl cp LAB[@INSTANCE] SRC GUEST:PATH"
 DEFAULT_MAX_SIZE = 4 << 30
@@ -377,9 +379,9 @@ def to_guest(session: Session, local: str, remote: str, budget: int = DEFAULT_MA
                          f"({posixpath.dirname(remote.rstrip('/'))})")
     if not arcname:
         raise UsageError(f"cannot name the copy of {local!r} in the guest: give GUEST:PATH as a new path")
-    if total > budget:
-        raise UsageError(f"{local} holds {human(total)}, over the copy budget of {human(budget)}",
-                         hint="raise it with --max-size")
+    if total + HEADER * len(entries) > budget:
+        raise UsageError(f"{local} holds {human(total)} in {len(entries)} entries, over the copy budget of "
+                         f"{human(budget)} (512 bytes an entry besides its data)", hint="raise it with --max-size")
     old = entries[0].arcname
     for e in entries:
         e.arcname = arcname + e.arcname[len(old):]

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import labctl.steps.copyback as copyback  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bundle import CommandRecord
 from labctl.errors import GuestError, LabctlError
 from labctl.lab import Lab, Step
 from labctl.state import LabState
-from labctl.steps import copyback
 from labctl.steps.result import StepEvents, StepResult
 from labctl.steps.sessions import Sessions
 
@@ -113,7 +113,7 @@ class Variant:
         """Copy the step's guest directory of every reachable guest into the bundle.
 
         The guest sends a tar stream; :mod:`labctl.steps.copyback` keeps every file
-        inside the bundle (no links followed, no names outside, a byte budget).
+        inside the bundle (no links followed, no names outside, a byte budget and a cap on entries).
         """
         res = self.res
         for g in self.involved:
@@ -124,7 +124,7 @@ class Variant:
             try:
                 with self.sessions.ssh(g).stream(f"cd {shlex.quote(self.workdir)} && tar -cf - .",
                                                  timeout=COPY_TIMEOUT) as f:
-                    got = copyback.extract(f, dest)
+                    got = copyback.extract(f, dest, max_entries=copyback.DEFAULT_ENTRIES)
             except (GuestError, OSError, EOFError, tarfile.TarError) as exc:
                 message = exc.message if isinstance(exc, GuestError) else str(exc)
                 res.warnings.append(f"{g}: could not copy the step's files: {message}")

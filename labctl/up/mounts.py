@@ -1,4 +1,5 @@
-"""Mounting a guest's shares (:mod:`labctl.lab.shares`) once it answers SSH.
+"""Mounting a guest's shares (:mod:`labctl.lab.shares`) once it answers SSH, and the new
+directory each writable share exports in one up (:func:`make_directories`).
 
 The virtio-9p devices are on QEMU's command line from the start, but the
 guest mounts them only after its post-boot snapshot was taken (or restored):
@@ -10,12 +11,16 @@ save unmounts them around the save.
 
 from __future__ import annotations
 
+import os
 import shlex
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from labctl.errors import GuestError
-from labctl.lab import Share, tag
+from labctl.errors import GuestError, HostError
+from labctl.lab import Share, export_link, tag
+from labctl.paths import checked_dir
 from labctl.ssh import Endpoint, Session
 
 MOUNT_TIMEOUT = 60.0
@@ -25,6 +30,45 @@ MSIZE = 512 * 1024  # bytes per 9p message: 8 KiB (the default) makes large read
 def of(resolved_guest: dict[str, Any]) -> tuple[Share, ...]:
     """The shares of a guest as a lab's recorded (resolved) state has them."""
     return tuple(Share.from_dict(d) for d in resolved_guest.get("shares") or [])
+
+
+def make_directories(guest_dir: Path, ident: str, guest: str, shares: Sequence[Share]) -> None:
+    """For each writable share: a new empty directory in its host directory,
+    ``HOST/IDENT-GUEST-YYYYmmdd-HHMMSS`` (0700), and the link QEMU exports it by
+    (``GUEST_DIR/share<i>``). The guest sees only that directory, so what it can change
+    on the host is what it created there in this up; reset and checkpoint restores keep it.
+
+    :raise UnsafePath: when a host directory is no longer the user's or root's alone.
+    :raise HostError: when no new name is free.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i, share in enumerate(shares):
+        if not share.writable:
+            continue
+        parent = checked_dir(share.host)
+        for n in range(1, 100):
+            target = parent / (f"{ident}-{guest}-{stamp}" + (f"-{n}" if n > 1 else ""))
+            try:
+                os.mkdir(target, 0o700)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise HostError(f"cannot make a new directory in {parent} for guest {guest}'s share {share.mount}")
+        link = guest_dir / export_link(i)
+        link.unlink(missing_ok=True)
+        os.symlink(target, link)
+
+
+def directories(guest_dir: Path, shares: Sequence[Share]) -> list[Path]:
+    """What each share exports: its host directory, or a writable one's directory of this up."""
+    out = []
+    for i, share in enumerate(shares):
+        try:
+            out.append(Path(os.readlink(guest_dir / export_link(i))) if share.writable else share.host)
+        except OSError:
+            out.append(share.host)
+    return out
 
 
 def mount_script(shares: Sequence[Share]) -> str:

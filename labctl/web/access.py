@@ -13,8 +13,10 @@ was made for (same lab, same ``created_at``) is still there and still names the
 student, so a token stops working the moment ``class down`` removes the record,
 and a new class of the same lab never honours the old class's tokens.
 
-A student's token reaches one instance, ``LAB@STUDENT``; the trainer's every
-student's instance of the class; the owner's every lab of this user's.
+A student's token reaches one instance, ``LAB@STUDENT``; the trainer's the
+instances of the class's students as its record names them now (not the
+owner's own ``LAB@X``, nor a student no longer on the roster); the owner's
+every lab of this user's.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Principal:
     kind: str
     lab: str = ""  # the class's lab (trainer, student)
     student: str = ""
+    students: tuple[str, ...] = ()  # the trainer's: the class's roster when the token was resolved
 
     def may_reach(self, ident: str) -> bool:
         """True when this principal may see and act on the lab instance ``ident``."""
@@ -62,8 +65,12 @@ class Principal:
             return True
         if self.kind == TRAINER:
             base, _, student = ident.partition("@")
-            return base == self.lab and bool(student)
+            return base == self.lab and student in self.students
         return self.kind == STUDENT and ident == f"{self.lab}@{self.student}"
+
+    def may_see_class(self, lab: str) -> bool:
+        """True when this principal may see the class of ``lab`` (its owner, or its trainer)."""
+        return self.kind == OWNER or (self.kind == TRAINER and self.lab == lab)
 
     def describe(self) -> str:
         return {OWNER: "lab owner", TRAINER: f"trainer of {self.lab}"}.get(self.kind, f"{self.student} ({self.lab})")
@@ -206,7 +213,7 @@ def resolve_now(token: str | None) -> Principal | None:
             return None
         if who.kind == STUDENT and who.student not in record.students:
             return None
-        return who
+        return Principal(TRAINER, lab, students=tuple(record.students)) if who.kind == TRAINER else who
     return None
 
 

@@ -4,6 +4,7 @@ request's token is, the same-origin check, error responses and the page shell.""
 from __future__ import annotations
 
 import html
+import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -60,12 +61,39 @@ def same_origin(conn: HTTPConnection) -> bool:
     return origin == f"{scheme}://{conn.headers.get('host', '')}"
 
 
+def first_party(conn: HTTPConnection) -> bool:
+    """False when the browser says another site started the request: ``Sec-Fetch-Site`` other
+    than ``none`` (a link typed, pasted, bookmarked or opened from another program) or
+    ``same-origin`` (another port of this host is another origin), or, from a browser that does
+    not send it, a ``Referer`` of another origin. True for clients that say nothing."""
+    site = conn.headers.get("sec-fetch-site")
+    if site is not None:
+        return site in ("none", "same-origin")
+    referer = urllib.parse.urlsplit(conn.headers.get("referer", ""))
+    if not referer.scheme:
+        return True
+    scheme = "https" if conn.url.scheme in ("https", "wss") else "http"
+    return (referer.scheme, referer.netloc) == (scheme, conn.headers.get("host", ""))
+
+
 def forbidden(why: str = "forbidden") -> JSONResponse:
     return JSONResponse({"error": why}, status_code=403)
 
 
 def not_found(why: str) -> JSONResponse:
     return JSONResponse({"error": why}, status_code=404)
+
+
+def sign_in_page(who: str, link: str) -> str:
+    """What a link with a token shows when another site opened it (login CSRF): nobody is signed
+    in; the link, followed from here, signs this browser in as ``who``."""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>labctl: sign in?</title>
+<link rel="stylesheet" href="/static/app.css"></head>
+<body><main><p>This link signs this browser in as <b>{html.escape(who)}</b>. Another site opened it,
+so labctl did not sign you in.</p><p>If it is your own link, <a href="{html.escape(link)}">follow it from
+here</a>, or paste it into the address bar.</p></main></body></html>
+"""
 
 
 def page(title: str, kind: str, **data: str) -> str:

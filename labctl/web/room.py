@@ -8,6 +8,9 @@ it from worker threads.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -69,13 +72,31 @@ def topology_svg(ident: str) -> str:
     return to_svg(topology(state.resolved, runtime))
 
 
-def handout_text(record: ClassRecord, student: str) -> str:
-    """The student's handout README (as text; the page shows it literally)."""
+def handout_text(record: ClassRecord, student: str) -> tuple[str, str]:
+    """The student's handout README as text (the page shows it literally), and why it is not
+    shown whole ('' when it is). The handout directory may be the student's own: the directory
+    and the file are opened without following a link, without waiting (a FIFO), and only a
+    regular file is read, its first ``HANDOUT_LIMIT`` bytes."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with open(record.handout(student) / README, "rb") as f:
-            return f.read(HANDOUT_LIMIT).decode(errors="replace")
-    except OSError:
-        return ""
+        dfd = os.open(record.handout(student), flags | os.O_DIRECTORY)
+        try:
+            fd = os.open(README, flags, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    except FileNotFoundError:
+        return "", f"no {README} in the handout directory"
+    except OSError as exc:
+        why = "a symbolic link" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else exc.strerror or str(exc)
+        return "", f"the handout is not shown: {why}"
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "", f"the handout is not shown: {README} is not a regular file"
+        data = f.read(HANDOUT_LIMIT + 1)
+    if len(data) > HANDOUT_LIMIT:
+        return data[:HANDOUT_LIMIT].decode(errors="replace"), \
+            f"the handout is longer than {HANDOUT_LIMIT // 1024} KiB: only its start is shown"
+    return data.decode(errors="replace"), ""
 
 
 @dataclass

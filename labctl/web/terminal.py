@@ -4,14 +4,17 @@ with the instance's key and pinned host key), shared by every page that shows it
 A :class:`Hub` owns the channel. The student's page writes to it; the trainer's page may look
 over their shoulder (read-only: its input is dropped here, on the server) or help (read-write).
 Output goes to every subscriber; the last 64 KiB are kept and replayed to a page that connects
-or reconnects. A hub nobody watches for :data:`IDLE_CLOSE` seconds is closed, as is one whose
-channel ends (the shell exited, the guest went down or was reset): the pages then reconnect to
-a new one.
+or reconnects. Each page's pending output is bounded (:class:`Output`, :data:`PENDING_LIMIT`):
+a page that stops reading (its websocket stalled) loses its oldest output and is told so,
+while the shell and the other pages go on. A hub nobody watches for :data:`IDLE_CLOSE`
+seconds is closed, as is one whose channel ends (the shell exited, the guest went down or was
+reset): the pages then reconnect to a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import time
@@ -24,6 +27,7 @@ from labctl.errors import GuestError
 from labctl.ssh import Endpoint, Session
 
 BACKLOG = 64 * 1024
+PENDING_LIMIT = 1 << 20  # bytes of output waiting for one page
 IDLE_CLOSE = 120.0
 CONNECT_TIMEOUT = 10.0
 MIN_SIZE, MAX_COLS, MAX_ROWS = 2, 500, 200
@@ -36,13 +40,61 @@ def clamp_size(cols: object, rows: object) -> tuple[int, int] | None:
     return max(MIN_SIZE, min(cols, MAX_COLS)), max(MIN_SIZE, min(rows, MAX_ROWS))
 
 
+class Output:
+    """A page's output waiting to be sent: at most ``limit`` bytes. When more arrives than the page
+    takes (its websocket stopped reading), the oldest goes, and the page gets a line saying how
+    much before what follows."""
+
+    def __init__(self, limit: int = PENDING_LIMIT) -> None:
+        self.limit = limit
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.size = 0
+        self.dropped = 0
+        self.ended = False
+        self.ready = asyncio.Event()
+
+    def put_nowait(self, data: bytes | None) -> None:
+        """Queue ``data`` (None: the end, after what is queued)."""
+        if data is None:
+            self.ended = True
+        else:
+            self.chunks.append(data)
+            self.size += len(data)
+            while self.size > self.limit:
+                over, first = self.size - self.limit, self.chunks[0]
+                cut = min(over, len(first))
+                if cut == len(first):
+                    self.chunks.popleft()
+                else:
+                    self.chunks[0] = first[cut:]
+                self.size -= cut
+                self.dropped += cut
+        self.ready.set()
+
+    async def get(self) -> bytes | None:
+        """What is queued, at once (None once it has ended and nothing is left)."""
+        while not self.chunks and not self.dropped:
+            if self.ended:
+                return None
+            self.ready.clear()
+            await self.ready.wait()
+        out = b"".join(self.chunks)
+        self.chunks.clear()
+        self.size = 0
+        if self.dropped:
+            out = (f"\r\n[labctl: {self.dropped} bytes of output dropped: this page fell behind]\r\n"
+                   .encode() + out)
+            self.dropped = 0
+        return out
+
+
 @dataclass(eq=False)
 class Subscriber:
-    """One page's view of a hub: its output queue (None ends it) and whether it may type."""
+    """One page's view of a hub: its output (bounded; None ends it) and whether it may type."""
 
     writable: bool
     token: str
-    queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    queue: Output = field(default_factory=Output)
     close_code: int = 1000
     close_reason: str = ""
 
@@ -185,21 +237,30 @@ class Terminals:
 
     def __init__(self) -> None:
         self.hubs: dict[tuple[str, str], Hub] = {}
-        self.lock = asyncio.Lock()
+        self.locks: dict[tuple[str, str], asyncio.Lock] = {}  # one login at a time per guest, never across
 
     async def attach(self, ident: str, guest: str, ep: Endpoint, cols: int, rows: int) -> Hub:
-        """The open hub of ``ident``'s ``guest``, opened now if there is none.
+        """The open hub of ``ident``'s ``guest``, opened now if there is none. Pages of the same
+        guest wait for one login; another guest's login (one that never answers, say) never
+        holds them up: each runs in its hub's own thread, not serve's shared worker pool.
 
         :raise GuestError: when the shell cannot be opened.
         """
-        async with self.lock:
-            hub = self.hubs.get((ident, guest))
+        key = (ident, guest)
+        lock = self.locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            hub = self.hubs.get(key)
             if hub is not None and not hub.closed:
                 return hub
-            hub = Hub(ident, guest, asyncio.get_running_loop())
-            await asyncio.to_thread(hub.open, ep, cols, rows)
+            loop = asyncio.get_running_loop()
+            hub = Hub(ident, guest, loop)
+            try:
+                await loop.run_in_executor(hub.writer, hub.open, ep, cols, rows)
+            except BaseException:
+                hub.writer.shutdown(wait=False)
+                raise
             hub.start_reading()
-            self.hubs[(ident, guest)] = hub
+            self.hubs[key] = hub
             return hub
 
     def close_where(self, pred: Callable[[str, str], bool], code: int, reason: str) -> int:
@@ -220,6 +281,9 @@ class Terminals:
                 hub.close()
             if hub.closed:
                 self.hubs.pop(key, None)
+        for key, lock in list(self.locks.items()):
+            if key not in self.hubs and not lock.locked():
+                del self.locks[key]
 
     def close_all(self) -> None:
         for hub in list(self.hubs.values()):

@@ -25,6 +25,9 @@ from labctl.trace.tef import validate_trace
 from tests.integration.conftest import run_bundle, short_lab
 from tests.integration.test_report_html import CHROMIUM, chromium, png_pixels
 
+#: The seed labs' bundles (session fixtures) are shared with the other file of this group: one worker.
+pytestmark = pytest.mark.xdist_group("seed-bundles")
+
 DRIVER_FUNCTIONS = {"rtl8139": "cp_rx_poll", "e1000": "e1000_clean_rx_irq", "virtio-net-pci": "virtnet_poll"}
 DRIVER_PREFIX = {"rtl8139": "cp_", "e1000": "e1000_", "virtio-net-pci": "virtnet_"}
 needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="chromium is not installed (setup.sh installs it)")

@@ -25,6 +25,9 @@ import pytest
 
 from tests.conftest import Cli, interrupt
 
+#: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
+pytestmark = pytest.mark.xdist_group("kernel-tree")
+
 E1000 = "drivers/net/ethernet/intel/e1000"
 MAIN = f"{E1000}/e1000_main.c"
 ANCHOR = "single qdisc implementation, we can look at this again.\n\t */\n"

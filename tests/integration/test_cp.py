@@ -103,11 +103,12 @@ def test_cp_both_ways_and_a_hostile_guest(cli: Cli, image: object, tmp_path: Pat
     assert again.returncode == 2 and "exists" in again.stderr
 
     # budget, both ways: a tree over it is refused before anything is sent; from the guest the
-    # file over it is skipped
+    # file over it ends the copy (it and the rest are listed as not copied)
     assert cli("cp", "cptest", "--max-size", "1M", str(src), "a:/root/small").returncode == 2
     res = cli("cp", "cptest", "--max-size", "1M", "a:/root/tree", str(tmp_path / "small"), "--json")
     assert res.returncode == 1
-    assert {"path": "tree/sub/big", "reason": "over the copy budget of 1 MiB"} in json.loads(res.stdout)["skipped"]
+    assert {"path": "tree/sub/big", "reason": "over the copy budget of 1 MiB (512 bytes an entry besides its data); "
+            "it and the rest were not copied"} in json.loads(res.stdout)["skipped"], res.stdout
     assert not (tmp_path / "small" / "sub" / "big").exists()
 
     # usage and state errors

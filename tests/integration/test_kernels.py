@@ -16,6 +16,9 @@ import pytest
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import qemu_pids_under
 
+#: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
+pytestmark = pytest.mark.xdist_group("kernel-tree")
+
 PREFLIGHT = ROOT / "tests" / "labs" / "preflight"
 
 

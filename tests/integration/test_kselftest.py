@@ -10,9 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from junitparser import Failure, JUnitXml, Skipped
 
 from tests.conftest import Cli
+
+#: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
+pytestmark = pytest.mark.xdist_group("kernel-tree")
 
 TESTS = ["reuseport_bpf", "reuseport_dualstack", "reuseaddr_conflict", "reuseaddr_ports_exhausted.sh",
          "sk_connect_zero_addr", "tun", "run_netsocktests", "udpgso.sh", "ip_defrag.sh", "so_txtime.sh",

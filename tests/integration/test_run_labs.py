@@ -7,7 +7,12 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Cli
+
+#: The seed labs' bundles (session fixtures) are shared with the other file of this group: one worker.
+pytestmark = pytest.mark.xdist_group("seed-bundles")
 from tests.integration.conftest import run_bundle, short_lab
 
 

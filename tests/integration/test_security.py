@@ -7,7 +7,7 @@ Who is the adversary, and what may they not do:
   monitor), the gdbstub and QMP are unix sockets in 0700 directories;
 * **a hostile guest** (every step command runs as root in it) must not
   write outside the bundle when its files are copied back, whatever names,
-  links or tar stream it sends, nor stall the other guests' traffic by
+  links or tar stream it sends, nor more than 10 000 entries a step, nor stall the other guests' traffic by
   stopping, nor hang labctl by never finishing a command;
 * **a careless or hostile command line or lab file** must not remove
   anything but a lab's run directory (``down ..``, ``down /x``), nor start
@@ -179,6 +179,9 @@ def test_a_hostile_guest_cannot_write_outside_the_bundle(cli: Cli, image: object
           - name: plant
             run:
               - {{guest: h, command: {json.dumps(plant)}}}
+          - name: many
+            run:  # more entries than a step's copy-back takes
+              - {{guest: h, command: "seq 10050 | xargs touch"}}
           - name: poison
             run:
               - {{guest: h, command: {json.dumps(install)}}}
@@ -208,8 +211,11 @@ def test_a_hostile_guest_cannot_write_outside_the_bundle(cli: Cli, image: object
     summary = json.loads((bundle / "summary.json").read_text())
     warnings = "\n".join(w for s in summary["steps"] for w in s["warnings"])
     for bit in ("evil-dir: a symbolic link", "evil-file: a symbolic link", "fifo: a FIFO", "null: a device file",
-                "a name outside the step directory", "hard: a hard link"):
+                "a name outside the step directory", "hard: a hard link",
+                "over the cap of 10000 entries; it and the rest were not copied"):
         assert bit in warnings, bit
+    many = sum(len(dirs) + len(files) for _, dirs, files in os.walk(bundle / "steps" / "many" / "_" / "h"))
+    assert 9_000 < many <= 10_000, many  # a step's copy-back: 10 000 entries at most
     assert "[/] not markup" in (poison_dir / "cmd-1.out").read_text()
 
 

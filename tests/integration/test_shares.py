@@ -1,6 +1,6 @@
 """Host directories in guests (``shares:``, ``--share``) with a real guest: a program compiled on the
 host runs there from a read-only share (writing to it fails); a writable share takes the guest's files
-as plain files (a link the guest makes is no link on the host); the mounts are back after a warm
+as plain files (a link the guest makes is no link on the host), in a new directory for each up; the mounts are back after a warm
 restore, a reset and a checkpoint restore; down lets a program write its last file on SIGTERM; bad
 shares are refused before anything starts."""
 
@@ -67,6 +67,8 @@ def test_host_directories_in_a_guest(cli: Cli, image: object, tmp_path: Path) ->
         shares = json.loads(up.stdout)["guests"][0]["shares"]
         assert [(s["mount"], s["writable"]) for s in shares] == [("/mnt/bin", False), ("/mnt/out", True),
                                                                  ("/srv/extra", False)]
+        out = Path(shares[1]["dir"])  # this up's new directory in the writable share's host directory
+        assert out.parent == tmp_path / "out" and out.name.startswith("sharetest-a-")
         assert "a: /mnt/bin ← " in cli("status", "sharetest").stdout
         assert "shares /mnt/bin (ro), /mnt/out (rw), /srv/extra (ro)" in cli("graph", "sharetest", "--format", "dot").stdout
 
@@ -82,9 +84,9 @@ def test_host_directories_in_a_guest(cli: Cli, image: object, tmp_path: Path) ->
                          "&& mknod /mnt/out/null c 1 3 && ls -l /mnt/out/link")
         assert res.returncode == 0, res.stdout + res.stderr
         assert "-> /etc/shadow" in res.stdout  # the guest sees its link
-        assert (tmp_path / "out" / "r.txt").read_text() == "result\n"
-        assert not (tmp_path / "out" / "link").is_symlink() and (tmp_path / "out" / "link").is_file()
-        assert (tmp_path / "out" / "null").is_file() and not (tmp_path / "out" / "null").is_char_device()
+        assert (out / "r.txt").read_text() == "result\n"
+        assert not (out / "link").is_symlink() and (out / "link").is_file()
+        assert (out / "null").is_file() and not (out / "null").is_char_device()
 
         # A checkpoint (QEMU cannot save a mounted 9p: labctl unmounts around the save) and its restore
         assert cli("checkpoint", "save", "sharetest", "c1").returncode == 0
@@ -103,6 +105,8 @@ def test_host_directories_in_a_guest(cli: Cli, image: object, tmp_path: Path) ->
     try:
         assert again.returncode == 0, again.stdout + again.stderr
         assert json.loads(again.stdout)["guests"][0]["started_from"] == "snapshot"
+        out2 = Path(json.loads(again.stdout)["guests"][0]["shares"][1]["dir"])
+        assert out2 != out and (out / "r.txt").is_file() and not any(out2.iterdir())
         _hello_runs(cli, "warm")
         # down powers the guest off cleanly: a program that ends on SIGTERM by writing its last
         # file to a share gets to write it (the power-off waits for it, 0.5 s at most).
@@ -110,7 +114,7 @@ def test_host_directories_in_a_guest(cli: Cli, image: object, tmp_path: Path) ->
                            "while :; do sleep 0.2; done' </dev/null >/dev/null 2>&1")
         assert start.returncode == 0, start.stdout + start.stderr
         assert cli("down", "sharetest").returncode == 0
-        assert (tmp_path / "out" / "term.txt").read_text() == "stopped\n"
+        assert (out2 / "term.txt").read_text() == "stopped\n"
     finally:
         cli("down", "sharetest")
 

@@ -319,3 +319,60 @@ def test_a_steps_verdict_follows_the_oracle(tmp_path: Path, fixed: bool, outcome
     bis._step(step)
     assert (step.outcome or "undecided", step.verdict) == (outcome, verdict)
     assert len(runs) == (2 if outcome == "undecided" else 1)
+
+
+def test_a_bundle_others_may_write_is_refused_before_its_state_is_read(tmp_path: Path) -> None:
+    from labctl.errors import UnsafePath
+
+    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle=orc.make("panic"))
+    save(tmp_path, st)
+    os.chmod(tmp_path, 0o777)  # anyone could have put that state there
+    with pytest.raises(UnsafePath, match="writable by other users"):
+        load(tmp_path)
+    os.chmod(tmp_path, 0o700)
+    os.chmod(tmp_path / "state.json", 0o666)
+    with pytest.raises(UnsafePath, match="refusing to read"):
+        load(tmp_path)
+    os.chmod(tmp_path / "state.json", 0o600)
+    (tmp_path / "real.json").write_text((tmp_path / "state.json").read_text())
+    (tmp_path / "state.json").unlink()
+    (tmp_path / "state.json").symlink_to(tmp_path / "real.json")
+    with pytest.raises(UsageError, match="cannot read"):
+        load(tmp_path)
+    (tmp_path / "state.json").unlink()
+    os.mkfifo(tmp_path / "state.json")  # never waited on
+    with pytest.raises(UnsafePath, match="refusing to read"):
+        load(tmp_path)
+
+
+def test_the_build_cache_names_only_kernels_of_labctls_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from labctl.bisect.worktree import BuildCache, checked_work
+    from labctl.errors import UnsafePath
+    from labctl.kernel.kernel_store import Kernel, kernels_root
+
+    monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path / "cache"))
+    ours = kernels_root() / "k1"
+    ours.mkdir(parents=True)
+    (ours / "manifest.json").write_text("{}")
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "manifest.json").write_text("{}")
+    (tmp_path / "host-file").write_text("root's\n")
+    (planted / "modules.img").symlink_to(tmp_path / "host-file")  # what QEMU would open as the modules disk
+    (kernels_root() / "k2").symlink_to(planted)
+    work = checked_work(tmp_path / "work")
+    cache = BuildCache(work)
+    cache.put("c1", "cfg", ours)
+    cache.put("c2", "cfg", planted)
+    cache.put("c3", "cfg", kernels_root() / "k2")
+    cache.put("c4", "cfg", kernels_root() / ".." / "planted")
+    assert cache.get("c1", "cfg") == ours
+    assert [cache.get(c, "cfg") for c in ("c2", "c3", "c4")] == [None, None, None]
+    assert Kernel.at(planted).modules_img is None
+    (ours / "modules.img").write_bytes(b"")
+    assert Kernel.at(ours).modules_img == ours / "modules.img"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    with pytest.raises(UnsafePath, match="writable by other users"):
+        checked_work(shared)

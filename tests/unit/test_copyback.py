@@ -88,6 +88,22 @@ def test_a_hostile_stream_leaves_the_host_untouched(tmp_path: Path) -> None:
 
 
 def test_a_budget_stops_a_disk_filling_guest(tmp_path: Path) -> None:
-    got = extract(_tar([_file("a", b"x" * 1000), _file("b", b"y" * 1000)]), tmp_path, budget=1500)
+    got = extract(_tar([_file("a", b"x" * 1000), _file("b", b"y" * 1000)]), tmp_path, budget=2000)
     assert (tmp_path / "a").exists() and not (tmp_path / "b").exists()
-    assert got.truncated and "over the copy budget" in got.skipped[0]
+    assert got.truncated and got.skipped == [("b: over the copy budget of 1.95 KiB (512 bytes an entry besides "
+                                              "its data); it and the rest were not copied")]
+
+
+def test_entries_count_against_the_budget_and_the_cap(tmp_path: Path) -> None:
+    many = [_file(f"e{i}", b"") for i in range(1000)]  # empty files: no data, but an inode each
+    (tmp_path / "a").mkdir()
+    got = extract(_tar(many), tmp_path / "a", budget=1024)
+    assert got.files == 2 and got.entries == 2 and got.truncated
+    assert sorted(os.listdir(tmp_path / "a")) == ["e0", "e1"]
+    assert got.skipped[0].startswith("e2: over the copy budget of 1 KiB")
+    links = [_special(f"l{i}", tarfile.SYMTYPE, "/etc") for i in range(1000)]  # skipped ones count too
+    (tmp_path / "b").mkdir()
+    got = extract(_tar([*links, *many]), tmp_path / "b", max_entries=100)
+    assert got.files == 0 and got.entries == 100 and os.listdir(tmp_path / "b") == []
+    assert got.skipped[-1] == "l100: over the cap of 100 entries; it and the rest were not copied"
+    assert len(got.skipped) == 101

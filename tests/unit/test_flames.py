@@ -13,7 +13,7 @@ import pytest
 
 from labctl.report import render_run
 from labctl.report.flamegraph import SCRIPT, script_csp_source
-from labctl.report.summary import resummarize
+from labctl.report.run_summary import resummarize
 from labctl.trace.flamefold import RECORDING, guest_flamegraph, read_folded
 
 ROOT = Path(__file__).resolve().parents[2]

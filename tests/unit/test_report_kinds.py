@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.report import render_run
-from labctl.report.summary import summarize, write_summary
+from labctl.report.run_summary import summarize, write_summary
 from tests.conftest import ROOT
 
 HOSTCOST = ROOT / "tests" / "fixtures" / "hostcost"

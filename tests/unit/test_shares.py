@@ -13,8 +13,8 @@ from labctl.errors import LabFileError
 from labctl.image.store import Image
 from labctl.lab import load_lab
 from labctl.lab.addresses import mgmt_mac
-from labctl.lab.shares import Share, mount_problem, parse_option
-from labctl.up.mounts import mount_script, of, umount_script
+from labctl.lab.shares import Share, mount_problem, parse_option, place_problem
+from labctl.up.mounts import directories, make_directories, mount_script, of, umount_script
 from tests.conftest import fake_kernel
 
 
@@ -106,7 +106,7 @@ def test_each_share_is_a_9p_device_read_only_unless_writable(tmp_path: Path) -> 
     argv = build_argv(plan)
     fsdevs = [argv[i + 1] for i, a in enumerate(argv) if a == "-fsdev"]
     assert fsdevs == [f"local,id=share0,path={tmp_path}/ro,,dir,security_model=none,readonly=on",
-                      f"local,id=share1,path={tmp_path}/rw,security_model=mapped-xattr"]
+                      f"local,id=share1,path={tmp_path}/a/share1,security_model=mapped-xattr"]
     devices = [argv[i + 1] for i, a in enumerate(argv) if a == "-device"]
     assert "virtio-9p-pci,fsdev=share0,mount_tag=labctl0" in devices
     assert "virtio-9p-pci,fsdev=share1,mount_tag=labctl1" in devices
@@ -126,3 +126,94 @@ def test_the_guest_mounts_by_tag_read_only_unless_writable() -> None:
                                                   "! mountpoint -q /mnt/a || umount /mnt/a"]
     assert of({"shares": [{"host": "/h/a", "mount": "/mnt/a", "writable": False}]}) == (Share(Path("/h/a"), "/mnt/a"),)
     assert of({}) == ()
+
+
+HOMES = {Path("/home/bob"): "bob", Path("/var/lib/postgresql"): "postgres", Path("/srv/www"): "www-data"}
+OWN = {Path("/root/.cache/labctl"): "cache", Path("/run/labctl"): "state directory"}
+
+
+@pytest.mark.parametrize("path, why", [
+    ("/", "the host's root directory"),
+    ("/etc", "is the system directory /etc"), ("/etc/cron.d", "is in the system directory /etc"),
+    ("/usr/src/linux", "/usr"), ("/var/tmp/x", "/var"), ("/lib64", "/lib64"), ("/libx32/y", "/libx32"),
+    ("/opt/tools", "/opt"), ("/srv/data", "/srv"), ("/boot", "/boot"), ("/dev/shm/x", "/dev"),
+    ("/proc/1/root", "/proc"), ("/sys", "/sys"), ("/run/user/0", "/run"), ("/bin", "/bin"),
+    ("/home", "is /home, which holds other users' files"), ("/tmp", "is /tmp"), ("/mnt", "/mnt"),
+    ("/media", "/media"),
+    ("/home/bob", "is the home directory of bob"), ("/home/bob/.ssh", "is in the home directory of bob"),
+    ("/root", "your whole home directory"),
+    ("/root/.cache", "holds labctl's cache"), ("/root/.cache/labctl/kernels", "is in labctl's cache"),
+])
+def test_where_a_share_may_never_be(path: str, why: str) -> None:
+    problem = place_problem(Path(path), Path("/root"), HOMES, OWN)
+    assert problem is not None and why in problem, problem
+
+
+@pytest.mark.parametrize("path", ["/root/build", "/tmp/x", "/tmp/pytest-of-root/t0/bin", "/home/alice/x",
+                                  "/mnt/usb/results", "/media/cd", "/data/labs", "/root/.cache/other"])
+def test_where_a_share_may_be(path: str) -> None:
+    assert place_problem(Path(path), Path("/root"), HOMES, OWN) is None
+
+
+def test_a_home_above_a_share_or_below_it(tmp_path: Path) -> None:
+    homes = {tmp_path / "users" / "eve": "eve"}
+    assert "holds the home directory of eve" in str(place_problem(tmp_path / "users", None, homes, {}))
+    assert "is in the home directory of eve" in str(place_problem(tmp_path / "users/eve/x", None, homes, {}))
+
+
+def test_system_directories_are_refused_in_a_lab_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", "/root")
+    problems = _problems(tmp_path, "      - {host: /etc, mount: /mnt/a}\n"
+                                   "      - {host: /, mount: /mnt/b}\n"
+                                   "      - {host: ~/.cache, mount: /mnt/c}\n")
+    text = "\n".join(problems)
+    assert "lab.yaml:6: guests.a.shares[0].host: host directory /etc cannot be shared: it is the system " \
+           "directory /etc" in text
+    assert "lab.yaml:7: guests.a.shares[1].host: host directory / cannot be shared" in text
+    assert "lab.yaml:8: guests.a.shares[2].host:" in text and "labctl's cache" in text
+    with pytest.raises(ValueError, match="system directory /usr"):
+        parse_option("a:/usr/share:/mnt/d", tmp_path)
+
+
+def test_a_writable_share_must_be_the_users_own_even_when_trusted(tmp_path: Path) -> None:
+    d = tmp_path / "open"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    problems = _problems(tmp_path, "      - {host: open, mount: /mnt/a, writable: true}\n")
+    assert "of a writable share is not yours" in problems[0]
+    with pytest.raises(LabFileError, match="writable share is not yours"):
+        load_lab(_lab(tmp_path, "      - {host: open, mount: /mnt/a, writable: true}\n"), trusted=[d])
+
+
+def test_each_up_exports_a_new_directory_for_a_writable_share(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "authorized_keys").write_text("mine\n")
+    gdir = tmp_path / "run" / "a"
+    gdir.mkdir(parents=True)
+    shares = (Share(tmp_path / "ro", "/mnt/ro"), Share(tmp_path / "out", "/mnt/out", True))
+    make_directories(gdir, "lab@ann", "a", shares)
+    made = directories(gdir, shares)
+    assert made[0] == tmp_path / "ro"
+    assert made[1].parent == tmp_path / "out" and made[1].name.startswith("lab@ann-a-")
+    assert list(made[1].iterdir()) == [] and made[1].stat().st_mode & 0o777 == 0o700
+    assert (gdir / "share1").resolve() == made[1]
+    make_directories(gdir, "lab@ann", "a", shares)  # the next up (the same second): another one
+    assert directories(gdir, shares)[1] != made[1] and made[1].is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_lab_file_of_another_user_names_only_directories_that_user_owns_and_reads(tmp_path: Path) -> None:
+    nobody = 65534
+    (tmp_path / "roots").mkdir()
+    (tmp_path / "theirs").mkdir()
+    os.chown(tmp_path / "theirs", nobody, nobody)
+    lab = _lab(tmp_path, "      - {host: roots, mount: /mnt/a}\n      - {host: theirs, mount: /mnt/b}\n")
+    os.chown(lab, nobody, nobody)
+    with pytest.raises(LabFileError) as info:
+        load_lab(lab, trusted=[tmp_path])
+    text = "\n".join(str(p) for p in info.value.problems)
+    assert "shares[0].host: host directory" in text and "belongs to root (uid 0), and the lab file to nobody" in text
+    # theirs, but out of their reach (pytest's directories are root's, 0700)
+    assert "shares[1].host:" in text and "the lab file's owner could not read it" in text
+    os.chown(lab, 0, 0)  # the same file as root's: its owner's choice
+    assert len(load_lab(lab, trusted=[tmp_path]).guests["a"].shares) == 2

@@ -18,6 +18,7 @@ from labctl.training.classroom import ClassRecord
 from labctl.web import access
 from labctl.web.access import OWNER, STUDENT, TRAINER, Principal, class_tokens, owner_token, resolve, revoke
 from labctl.web.app import build_app
+from labctl.web.http import COOKIE
 from labctl.web.server import links, parse_listen
 
 
@@ -65,7 +66,7 @@ def test_class_tokens_are_private_and_resolve_to_their_holder(record: ClassRecor
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert class_tokens(record) == tokens  # stable while the class is up
-    assert resolve(tokens.trainer) == Principal(TRAINER, "exlab")
+    assert resolve(tokens.trainer) == Principal(TRAINER, "exlab", students=("ann", "bea"))
     assert resolve(tokens.students["ann"]) == Principal(STUDENT, "exlab", "ann")
     assert resolve("nope") is None and resolve("") is None and resolve(None) is None
     own = owner_token()
@@ -78,9 +79,29 @@ def test_who_may_reach_what() -> None:
     assert ann.may_reach("exlab@ann")
     assert not ann.may_reach("exlab@bea") and not ann.may_reach("exlab") and not ann.may_reach("other@ann")
     assert not ann.may_reach("../exlab@ann")
-    trainer = Principal(TRAINER, "exlab")
+    trainer = Principal(TRAINER, "exlab", students=("ann", "bea"))
     assert trainer.may_reach("exlab@bea") and not trainer.may_reach("exlab") and not trainer.may_reach("other@bea")
+    assert not trainer.may_reach("exlab@zed")  # the owner's own instance, or a student off the roster
+    assert trainer.may_see_class("exlab") and not trainer.may_see_class("other") and not ann.may_see_class("exlab")
     assert Principal(OWNER).may_reach("anything@x") and not Principal(OWNER).may_reach("a/b")
+
+
+def test_the_trainer_reaches_the_current_students_only(client: TestClient, record: ClassRecord) -> None:
+    import dataclasses
+    import json
+
+    tokens = class_tokens(record)
+    trainer = bearer(tokens.trainer)
+    assert client.get("/api/lab/exlab@bea", headers=trainer).status_code == 200
+    assert client.get("/api/lab/exlab@zed", headers=trainer).status_code == 403  # not a student: the owner's
+    with pytest.raises(WebSocketDisconnect) as exc, client.websocket_connect("/ws/term/exlab@zed/a", headers=trainer):
+        pass
+    assert exc.value.code == 4403
+    # bea leaves the roster: the trainer's token no longer reaches her instance (the class stays)
+    ClassRecord.path_of("exlab").write_text(json.dumps(dataclasses.asdict(record) | {"students": ["ann"]}))
+    access._resolved.clear()
+    assert client.get("/api/lab/exlab@bea", headers=trainer).status_code == 403
+    assert client.get("/api/lab/exlab@ann", headers=trainer).status_code == 200
 
 
 def test_tokens_die_with_the_class_and_never_serve_the_next(record: ClassRecord) -> None:
@@ -121,6 +142,97 @@ def test_first_visit_moves_the_token_into_a_cookie(client: TestClient, record: C
     assert page.headers["referrer-policy"] == "no-referrer"
     assert client.get("/lab/exlab@bea").status_code == 403
     assert client.get("/?t=wrong").status_code == 403
+
+
+def test_a_link_another_site_opened_signs_nobody_in(client: TestClient, record: ClassRecord) -> None:
+    tokens = class_tokens(record)
+    ann = tokens.students["ann"]
+    for headers in ({"sec-fetch-site": "cross-site"}, {"sec-fetch-site": "same-site"},
+                    {"referer": "http://127.0.0.1:9999/page"}):
+        r = client.get(f"/?t={ann}", headers=headers, follow_redirects=False)
+        assert r.status_code == 200 and "set-cookie" not in r.headers, headers
+        assert "ann (exlab)" in r.text and "Another site opened it" in r.text and f'href="/?t={ann}"' in r.text
+    for headers in ({"sec-fetch-site": "none"}, {"sec-fetch-site": "same-origin"}, {},
+                    {"referer": "http://127.0.0.1:8470/lab/x"}):
+        r = client.get(f"/?t={ann}", headers=headers, follow_redirects=False)
+        assert r.status_code == 303 and COOKIE in r.headers["set-cookie"], headers
+
+
+def test_a_handout_is_read_without_following_links_or_waiting(record: ClassRecord, tmp_path: Path) -> None:
+    from labctl.web.room import HANDOUT_LIMIT, handout_text
+
+    d = Path(record.out) / "ann"
+    (d / "README.md").write_text("# your lab\n")
+    assert handout_text(record, "ann") == ("# your lab\n", "")
+    (tmp_path / "secret").write_text("root:hash\n")
+    (d / "README.md").unlink()
+    (d / "README.md").symlink_to(tmp_path / "secret")
+    text, why = handout_text(record, "ann")
+    assert text == "" and "symbolic link" in why
+    (d / "README.md").unlink()
+    os.mkfifo(d / "README.md")  # no writer: a blocking open would wait for ever
+    assert handout_text(record, "ann") == ("", "the handout is not shown: README.md is not a regular file")
+    (d / "README.md").unlink()
+    (d / "README.md").write_bytes(b"x" * (HANDOUT_LIMIT + 10))
+    text, why = handout_text(record, "ann")
+    assert len(text) == HANDOUT_LIMIT and "only its start" in why
+    os.rename(d, tmp_path / "moved")
+    d.symlink_to(tmp_path / "moved")  # the handout directory itself a link
+    assert "symbolic link" in handout_text(record, "ann")[1]
+    assert handout_text(record, "bea")[1] == "no README.md in the handout directory"
+
+
+def test_a_page_that_stops_reading_holds_a_bounded_output() -> None:
+    import asyncio
+
+    from labctl.web.terminal import Output
+
+    async def go() -> None:
+        out = Output(limit=100)
+        for i in range(50):
+            out.put_nowait(bytes([65 + i % 26]) * 30)
+        assert out.size == 100 and out.dropped == 1400
+        got = await out.get()
+        assert got is not None and got.startswith(b"\r\n[labctl: 1400 bytes of output dropped")
+        assert got.endswith(b"U" * 10 + b"V" * 30 + b"W" * 30 + b"X" * 30)
+        out.put_nowait(b"x" * 250)  # one chunk larger than the bound: its end is kept
+        out.put_nowait(None)
+        got = await out.get()
+        assert got is not None and got.endswith(b"x" * 100) and b"150 bytes" in got
+        assert await out.get() is None
+
+    asyncio.run(go())
+
+
+def test_one_guests_login_never_holds_up_anothers() -> None:
+    import asyncio
+    import threading
+    from unittest import mock
+
+    from labctl.web.terminal import Hub, Terminals
+
+    stuck, release = threading.Event(), threading.Event()
+
+    def fake_open(hub: Hub, ep: object, cols: int, rows: int) -> None:
+        if hub.ident == "lab@ann":  # a guest whose sshd never answers
+            stuck.set()
+            release.wait(30)
+            raise access.LabctlError("no answer")
+        hub.chan = mock.MagicMock()
+
+    async def go() -> None:
+        terms = Terminals()
+        with mock.patch.object(Hub, "open", fake_open), mock.patch.object(Hub, "start_reading", lambda hub: None):
+            ann = asyncio.create_task(terms.attach("lab@ann", "a", mock.MagicMock(), 80, 24))
+            await asyncio.to_thread(stuck.wait, 10)
+            bea = await asyncio.wait_for(terms.attach("lab@bea", "a", mock.MagicMock(), 80, 24), 10)
+            assert not ann.done() and bea.ident == "lab@bea"
+            release.set()
+            with pytest.raises(access.LabctlError):
+                await ann
+            bea.close()
+
+    asyncio.run(go())
 
 
 def test_a_student_reaches_only_their_own_instance(client: TestClient, record: ClassRecord) -> None:
@@ -428,3 +540,81 @@ def test_a_stopped_capture_is_saved_as_pcapng_and_downloads(state: Path) -> None
         pos += blen
     assert got == frames
     assert stat.S_IMODE((run / "web-captures").stat().st_mode) == 0o700
+
+
+def test_access_is_one_policy_for_every_route(record: ClassRecord) -> None:
+    """Policy.authorize(principal, action, instance), the table of labctl.web.authz."""
+    from labctl.web.authz import (
+        CLASS_MANAGE,
+        CLASS_VIEW,
+        INDEX,
+        LAB_CHECK,
+        LAB_RESET,
+        LAB_TOOLS,
+        LAB_VIEW,
+        NO_RESETS,
+        Policy,
+    )
+
+    allow: dict[str, bool] = {}
+    policy = Policy(allow)
+    owner = Principal(OWNER)
+    trainer = Principal(TRAINER, "exlab", students=("ann", "bea"))
+    ann = Principal(STUDENT, "exlab", "ann")
+    ok = policy.authorize
+    assert ok(owner, INDEX) is None and ok(trainer, INDEX) and ok(ann, INDEX) and ok(None, INDEX)
+    for action in (CLASS_VIEW, CLASS_MANAGE):
+        assert ok(owner, action, "other") is None and ok(trainer, action, "exlab") is None
+        assert ok(trainer, action, "other") and ok(ann, action, "exlab")  # another class's trainer, a student
+    for action in (LAB_VIEW, LAB_CHECK):
+        assert ok(ann, action, "exlab@ann") is None and ok(ann, action, "exlab@bea")
+        assert ok(trainer, action, "exlab@bea") is None and ok(trainer, action, "exlab@zed")
+        assert ok(trainer, action, "other@ann") and ok(owner, action, "anything@x") is None
+    assert ok(ann, LAB_RESET, "exlab@ann") == NO_RESETS and ok(trainer, LAB_RESET, "exlab@ann") is None
+    allow["exlab"] = True
+    assert ok(ann, LAB_RESET, "exlab@ann") is None and ok(ann, LAB_RESET, "exlab@bea")
+    assert ok(owner, LAB_TOOLS, "exlab@ann") is None and ok(trainer, LAB_TOOLS, "exlab@ann") and ok(ann, LAB_TOOLS,
+                                                                                                     "exlab@ann")
+    assert ok(owner, "no.such.action", "x")
+
+
+def test_a_trainer_sees_only_their_own_class(client: TestClient, record: ClassRecord, tmp_path: Path) -> None:
+    """The trainer of one class is refused every view of another class: its page, its JSON, its
+    events and its settings; the owner sees both."""
+    out = tmp_path / "other-handouts"
+    (out / "cid").mkdir(parents=True, mode=0o700)
+    os.chmod(out, 0o700)
+    other = ClassRecord("other", "/x/other.yaml", ["cid"], str(out))
+    other.create()
+    trainer = bearer(class_tokens(record).trainer)
+    assert client.get("/api/class/exlab", headers=trainer).status_code in (200, 404)  # its own (404: not up)
+    assert client.get("/class/exlab", headers=trainer).status_code == 200
+    for path in ("/api/class/other", "/class/other", "/api/events?class=other"):
+        assert client.get(path, headers=trainer).status_code == 403, path
+    assert client.post("/api/class/other/allow-reset", headers=trainer, json={"allow": True}).status_code == 403
+    assert client.get("/api/lab/other@cid", headers=trainer).status_code == 403
+    owner = bearer(owner_token())
+    assert client.get("/class/other", headers=owner).status_code == 200
+
+
+def test_the_event_stream_ends_when_its_token_is_revoked(client: TestClient, record: ClassRecord,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live page's events: the token is authorized again before every event; once the class is taken
+    down (its tokens revoked) the stream says so and ends, even though the connection stays open.
+    (A stream every 0.1 s, a keepalive after 0.2 s: a stream that goes on is seen within seconds.)"""
+    from labctl.web import lab_api
+
+    monkeypatch.setattr(lab_api, "EVENT_PERIOD", 0.1)
+    monkeypatch.setattr(lab_api, "KEEPALIVE", 0.2)
+    ann = bearer(class_tokens(record).students["ann"])
+    seen: list[str] = []
+    with client.stream("GET", "/api/events?lab=exlab@ann", headers=ann) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            seen.append(line)
+            if line.startswith("data:") and "revoked" not in "".join(seen):
+                revoke("exlab")
+            if line == "event: revoked":
+                break
+            assert len(seen) < 50, seen
+    assert "event: revoked" in seen and any(s.startswith("data:") for s in seen)

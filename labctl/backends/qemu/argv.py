@@ -10,7 +10,7 @@ import os
 import re
 
 from labctl.backends.base import MGMT_NET, GuestPlan, netdev_id
-from labctl.lab import Guest, Nic, tag
+from labctl.lab import Guest, Nic, export_link, tag
 from labctl.net import Port, TapDev, UdpAddr
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
@@ -50,14 +50,17 @@ def share_args(plan: GuestPlan) -> list[str]:
     """Each share as a virtio-9p device the guest mounts by its tag (:func:`labctl.lab.shares.tag`).
 
     Read-only shares are exported read-only, files as they are (``security_model=none``).
-    A writable one stores what the guest sets (owners, modes, links, devices) in extended
-    attributes (``mapped-xattr``): the host directory gets regular files and directories
-    only, owned by QEMU's user, so a guest cannot plant a symbolic link or a device there.
+    A writable one exports the new directory made for this up (through its link in the
+    guest's run directory, :func:`labctl.lab.shares.export_link`: the same path at every up,
+    so the snapshot key stays) and stores what the guest sets (owners, modes, links, devices)
+    in extended attributes (``mapped-xattr``): the host gets regular files (0600) and
+    directories only, owned by QEMU's user, so a guest cannot plant a symbolic link or a device.
     """
     out = []
     for i, share in enumerate(plan.guest.shares):
         model = "mapped-xattr" if share.writable else "none,readonly=on"
-        out += ["-fsdev", f"local,id=share{i},path={opt(share.host)},security_model={model}",
+        path = plan.dir / export_link(i) if share.writable else share.host
+        out += ["-fsdev", f"local,id=share{i},path={opt(path)},security_model={model}",
                 "-device", f"virtio-9p-pci,fsdev=share{i},mount_tag={tag(i)}"]
     return out
 
@@ -82,6 +85,9 @@ def control_args(plan: GuestPlan) -> list[str]:
         "-qmp", f"unix:{opt(plan.qmp_socket)},server=on,wait=off",
         "-pidfile", str(plan.pidfile),
         "-device", "pvpanic",
+        # the guest's fw_cfg driver tells QEMU where its VMCOREINFO note is: a dump-guest-memory
+        # vmcore (labctl dump) then carries it, which drgn and crash need to read the kernel
+        "-device", "vmcoreinfo",
         "-fw_cfg", f"name=opt/labctl/guest,file={opt(plan.config)}",
         "-fw_cfg", f"name=opt/labctl/authorized_keys,file={opt(plan.authorized_keys)}",
         # not host_key: a boot that becomes the post-boot snapshot gets a throwaway key (labctl.up.warm)

@@ -266,7 +266,8 @@ function labPage() {
   const topoImg = el('img', {src: topoSrc, alt: 'topology of ' + ident});
   const topo = el('section', {id: 'topology'}, el('h2', {}, 'Topology'), topoImg);
   let topoState = '';
-  const handout = el('section', {id: 'handout'}, el('h2', {}, 'Handout'), el('pre', {id: 'handout-text'}));
+  const handout = el('section', {id: 'handout'}, el('h2', {}, 'Handout'), el('p', {id: 'handout-note', class: 'bad'}),
+    el('pre', {id: 'handout-text'}));
   const left = el('div', {class: 'left'}, guestsBox);
   main.replaceChildren(el('div', {class: 'cols'}, left, el('div', {class: 'right'}, checksBox, topo, handout)));
   const renderTools = role === 'owner' ? ownerTools(ident, left) : null;
@@ -285,6 +286,7 @@ function labPage() {
     if (!view) return;
     last = view;
     if (view.handout !== undefined) document.getElementById('handout-text').textContent = view.handout;
+    if (view.handout_note !== undefined) document.getElementById('handout-note').textContent = view.handout_note;
     if (!view.up) guestsBox.replaceChildren(el('p', {class: 'bad'}, `lab ${ident} is not up`));
     for (const g of view.guests) {
       let b = boxes[g.name];
@@ -315,7 +317,7 @@ function labPage() {
   fetch('/api/lab/' + encodeURIComponent(ident), {credentials: 'same-origin'})
     .then((r) => r.ok ? r.json() : Promise.reject(new Error('HTTP ' + r.status)))
     .then(render).catch((e) => setLive(e.message, 'bad'));
-  subscribe('lab=' + encodeURIComponent(ident), (v) => { v.handout = undefined; render(v); });
+  subscribe('lab=' + encodeURIComponent(ident), (v) => { v.handout = v.handout_note = undefined; render(v); });
 }
 
 // ---- the class's progress over time: an inline SVG drawn here (no library) -------------------

@@ -1,0 +1,396 @@
+"""``labctl drgn`` and ``labctl dump`` on real guests and real kernels: one booted lab (Debian's
+6.1 kernel and its -dbg) shared by every check that only reads it, and one on the test
+kernel's tree.
+
+drgn reads what the test has just set inside the guest (a sysctl, a NIC's MTU, a listening
+socket's port) and sees it change, while the guest keeps running (its jiffies advance between
+two reads of one drgn session, and QMP says running throughout); ``--pause`` stops it (jiffies
+stand still) and always resumes it, Ctrl-C included; a vmcore of ``labctl dump`` holds the same
+values for ``labctl drgn --core`` and opens in Debian's ``crash``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Self
+
+import pytest
+
+from labctl.backends.monitor import qmp_execute
+from labctl.kernel.kernel_store import Kernel
+from tests import harness
+from tests.conftest import ROOT, Cli, new_cli
+from tests.integration.conftest import require_libvirtd, wait_for
+
+LAB = "drgnlab"
+LAB_YAML = (f"name: {LAB}\nnetworks: {{lan: {{}}}}\nguests:\n"
+            "  a: {memory: 512, nics: [{name: eth1, model: e1000, network: lan, ip: 10.88.0.1/24}]}\n")
+PORT = 45678
+
+# What the tests read through drgn, the same code live and on a vmcore: the NIC's MTU, a sysctl
+# (net.core.somaxconn), the ports of the TCP sockets python3 processes listen on, and the e1000
+# driver's private struct of the NIC (a type only e1000.ko's debug info has) pointing back at it, and
+# the lab's out-of-tree module's parameter (buggy_nf.ko, built against the kernel: its debug info).
+READ = """
+import json
+from drgn import cast
+from drgn.helpers.linux.fs import for_each_file
+from drgn.helpers.linux.net import netdev_get_by_name, netdev_priv
+from drgn.helpers.linux.pid import for_each_task
+net = prog["init_net"]
+dev = netdev_get_by_name(net, "eth1")
+adapter = netdev_priv(dev, "struct e1000_adapter")
+ports = []
+for task in for_each_task(prog):
+    if task.comm.string_() != b"python3":
+        continue
+    for fd, f in for_each_file(task):
+        if f.f_op == prog["socket_file_ops"].address_of_():
+            ports.append(int(cast("struct socket *", f.private_data).sk.__sk_common.skc_num))
+try:
+    trigger = int(prog["trigger_port"])
+except KeyError:
+    trigger = None
+print(json.dumps({"mtu": int(dev.mtu), "somaxconn": int(net.core.sysctl_somaxconn), "trigger_port": trigger,
+                   "ports": sorted(ports), "jiffies": int(prog["jiffies"]),
+                   "e1000": adapter.netdev.value_() == dev.value_()}))
+"""
+LISTEN = (f"setsid python3 -c 'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", {PORT})); "
+          "s.listen(); time.sleep(3600)' </dev/null >/dev/null 2>&1 & echo $! >/run/listener.pid")
+UNLISTEN = "kill $(cat /run/listener.pid)"
+
+
+@pytest.fixture(scope="module")
+def lab(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cli, dict[str, Any]]]:
+    """The one-guest lab, up for the module's checks (they read it or set what they read); always taken down."""
+    cli = new_cli(tmp_path_factory, "drg")
+    assert cli.tracked is not None
+    cli.tracked.test = f"test_drgn lab (first used by {harness.current_test()})"
+    lab_file = tmp_path_factory.mktemp("drgnlab") / "lab.yaml"
+    lab_file.write_text(LAB_YAML)
+    try:
+        up = cli("up", str(lab_file))
+        assert up.returncode == 0, up.stderr
+        state = json.loads((cli.state_dir / "labs" / LAB / "state.json").read_text())
+        yield cli, state
+    finally:
+        harness.teardown(cli.tracked)
+
+
+def guest_sh(cli: Cli, command: str) -> None:
+    res = cli("exec", LAB, "a", "--", command, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def drgn(cli: Cli, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return cli("drgn", *args, timeout=timeout)
+
+
+def read(cli: Cli, *args: str) -> dict[str, Any]:
+    res = drgn(cli, *args, "-c", READ)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+class StatusWatch:
+    """QMP query-status every 50 ms in a thread: what the guest's run state was meanwhile."""
+
+    def __init__(self, qmp: str) -> None:
+        self.qmp, self.seen, self._stop = qmp, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.seen.append(qmp_execute(self.qmp, "query-status")["status"])
+            time.sleep(0.05)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def qmp_of(state: dict[str, Any]) -> str:
+    return str(state["guests"]["a"]["qmp"])
+
+
+def test_live_drgn_reads_what_the_guest_just_set_and_sees_it_change(lab: tuple[Cli, dict[str, Any]]) -> None:
+    cli, state = lab
+    guest_sh(cli, f"modprobe buggy_nf trigger_port=4321 && ip link set eth1 mtu 1234 && "
+                  f"sysctl -qw net.core.somaxconn=1111 && ({LISTEN})")
+    with StatusWatch(qmp_of(state)) as watch:
+        first = read(cli, LAB, "a")
+    assert (first["mtu"], first["somaxconn"], first["ports"], first["e1000"]) == (1234, 1111, [PORT], True)
+    assert first["trigger_port"] == 4321
+    assert watch.seen and set(watch.seen) == {"running"}  # never paused while drgn read
+
+    guest_sh(cli, f"ip link set eth1 mtu 1300 && sysctl -qw net.core.somaxconn=2222 && {UNLISTEN}")
+    then = read(cli, LAB, "a")
+    assert (then["mtu"], then["somaxconn"], then["ports"]) == (1300, 2222, [])
+    assert then["jiffies"] > first["jiffies"]
+
+
+def test_the_guest_runs_while_drgn_reads_it(lab: tuple[Cli, dict[str, Any]]) -> None:
+    """Two reads of jiffies one second apart in one session: they differ (the guest ran, and a
+    live read is never served from a cache)."""
+    cli, state = lab
+    code = "import time; a = int(prog['jiffies']); time.sleep(1); print(int(prog['jiffies']) - a)"
+    with StatusWatch(qmp_of(state)) as watch:
+        res = drgn(cli, LAB, "a", "-c", code)
+    assert res.returncode == 0, res.stderr
+    assert int(res.stdout.split()[-1]) > 0
+    assert set(watch.seen) == {"running"}
+
+
+def test_the_shell_has_prog_on_the_running_kernel(lab: tuple[Cli, dict[str, Any]]) -> None:
+    """drgn's interactive shell (here on a pipe) with prog, drgn's helpers and labctl's header."""
+    cli, _state = lab
+    res = subprocess.run([sys.executable, "-m", "labctl", "drgn", LAB, "a"], cwd=ROOT, env=cli.env, text=True,
+                         input="print(prog['init_uts_ns'].name.nodename.string_())\n"
+                               "print(netdev_get_by_name(prog['init_net'], 'eth1').name.string_())\n",
+                         capture_output=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "b'a'" in res.stdout and "b'eth1'" in res.stdout, res.stdout + res.stderr
+    both = res.stdout + res.stderr
+    assert f"labctl: drgn on guest a of lab {LAB}, kernel 6.1.0-56-amd64" in both
+    assert "debug info: kernel and " in both
+
+
+def test_a_script_gets_its_arguments_and_exits_with_its_status(lab: tuple[Cli, dict[str, Any]],
+                                                               tmp_path: Path) -> None:
+    cli, _state = lab
+    script = tmp_path / "mtu.py"
+    script.write_text("import sys\nfrom drgn.helpers.linux.net import netdev_get_by_name\n"
+                      "dev = netdev_get_by_name(prog['init_net'], sys.argv[1])\n"
+                      "print(sys.argv[1:], int(dev.mtu))\nsys.exit(int(dev.mtu) % 7)\n")
+    guest_sh(cli, "ip link set eth1 mtu 1500")
+    res = drgn(cli, LAB, "a", str(script), "eth1", "--pause")  # after SCRIPT, every word is the script's
+    assert res.returncode == 1500 % 7, res.stderr
+    assert res.stdout.strip() == "['eth1', '--pause'] 1500"
+    assert "was paused" not in res.stderr
+
+
+def test_where_vmcoreinfo_is_is_asked_once_per_qemu_and_checked(lab: tuple[Cli, dict[str, Any]]) -> None:
+    """The guest says over SSH where its note is; later sessions of the same QEMU read it there. A
+    kept location that holds no note (or is another QEMU's) is asked again, never trusted."""
+    cli, state = lab
+    kept = Path(state["guests"]["a"]["dir"]) / "vmcoreinfo.json"
+
+    def source() -> str:
+        res = drgn(cli, LAB, "a", "--json")
+        assert res.returncode == 0, res.stderr
+        return str(json.loads(res.stdout)["vmcoreinfo_from"])
+
+    kept.unlink(missing_ok=True)
+    assert source() == "ssh"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    where = json.loads(kept.read_text())
+    assert where["pid"] == state["guests"]["a"]["pid"]
+    assert source() == "cache"
+    kept.write_text(json.dumps({**where, "address": where["address"] + 4096}))  # no note there
+    assert source() == "ssh" and json.loads(kept.read_text()) == where
+    kept.write_text(json.dumps({**where, "pid": 1}))  # another process's
+    assert source() == "ssh"
+
+
+def test_pause_stops_the_guest_for_the_code_and_resumes_it(lab: tuple[Cli, dict[str, Any]]) -> None:
+    cli, state = lab
+    code = "import time; a = int(prog['jiffies']); time.sleep(1.5); print(int(prog['jiffies']) - a)"
+    with StatusWatch(qmp_of(state)) as watch:
+        res = drgn(cli, LAB, "a", "--pause", "-c", code)
+    assert res.returncode == 0, res.stderr
+    assert int(res.stdout.split()[-1]) == 0  # time stood still in the guest while paused
+    assert "paused" in watch.seen and watch.seen[-1] == "running"
+    assert "guest a was paused for" in res.stderr
+    assert qmp_execute(qmp_of(state), "query-status")["status"] == "running"
+
+    failing = drgn(cli, LAB, "a", "--pause", "-c", "import sys; sys.exit(5)")
+    assert failing.returncode == 5  # the code's status, and the guest resumed after it
+    assert qmp_execute(qmp_of(state), "query-status")["status"] == "running"
+
+
+def test_ctrl_c_during_pause_resumes_the_guest(lab: tuple[Cli, dict[str, Any]]) -> None:
+    cli, state = lab
+    with cli.running("drgn", LAB, "a", "--pause", "-c", "import time; time.sleep(120)") as proc:
+        wait_for(lambda: qmp_execute(qmp_of(state), "query-status")["status"] == "paused", 120, "the pause")
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert qmp_execute(qmp_of(state), "query-status")["status"] == "running"
+
+
+def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict[str, Any]],
+                                                            tmp_path: Path) -> None:
+    cli, state = lab
+    guest_sh(cli, f"modprobe buggy_nf trigger_port=4321 && ip link set eth1 mtu 1444 && "
+                  f"sysctl -qw net.core.somaxconn=3333 && ({LISTEN})")
+    live = read(cli, LAB, "a")
+    core = tmp_path / "a.vmcore"
+    res = cli("dump", LAB, "a", "-o", str(core), "--json", timeout=600)
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["path"] == str(core) and info["size"] == core.stat().st_size and info["format"] == "kdump"
+    assert info["release"] == "6.1.0-56-amd64" and len(info["build_id"]) == 40
+    assert core.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.vmcore"]  # no temporary file left
+    assert core.stat().st_size < 128 << 20  # compressed: a fraction of the guest's 512 MiB
+    assert qmp_execute(qmp_of(state), "query-status")["status"] == "running"  # QEMU resumed it
+
+    dumped = read(cli, "--core", str(core))
+    assert (dumped["mtu"], dumped["somaxconn"], dumped["ports"], dumped["e1000"]) == (1444, 3333, [PORT], True)
+    assert dumped["trigger_port"] == 4321
+    assert dumped["jiffies"] >= live["jiffies"]
+    guest_sh(cli, f"ip link set eth1 mtu 1500 && {UNLISTEN}")
+    assert read(cli, "--core", str(core))["mtu"] == 1444  # the vmcore keeps the instant it was taken
+
+    summary = drgn(cli, "--core", str(core), "--summary", "--json", "--nic", "eth1")
+    assert summary.returncode == 0, summary.stderr
+    s = json.loads(summary.stdout)
+    assert [n["name"] for n in s["netdevs"]] == ["eth1"] and s["netdevs"][0]["mtu"] == 1444
+    assert s["netdevs"][0]["up"] and s["netdevs"][0]["carrier"]
+    cpu0 = s["tasks"][0]
+    assert not cpu0["crashed"] and cpu0["frames"] and cpu0["frames"][0]["source"]  # registers from the vmcore
+    assert "e1000" in s["dmesg"]
+
+    vmlinux = Kernel.at(state["kernels"]["a"]).vmlinux_debug
+    out = subprocess.run(["crash", "-s", str(vmlinux), str(core)], input="sys\nnet\nquit\n", capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert "RELEASE: 6.1.0-56-amd64" in out.stdout, out.stdout + out.stderr
+    assert "NODENAME: a" in out.stdout
+    assert any(line.split()[1:3] == ["eth1", "10.88.0.1"] for line in out.stdout.splitlines()
+               if len(line.split()) >= 3), out.stdout
+
+
+def test_elf_dumps_open_too_and_unsafe_destinations_are_refused(lab: tuple[Cli, dict[str, Any]],
+                                                                tmp_path: Path) -> None:
+    cli, _state = lab
+    elf = tmp_path / "a.elf"
+    res = cli("dump", LAB, "a", "-o", str(elf), "--format", "elf", "--json", timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["release"] == "6.1.0-56-amd64"
+    assert elf.stat().st_size >= 512 << 20 and elf.stat().st_mode & 0o777 == 0o600
+    assert read(cli, "--core", str(elf))["mtu"] > 0
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # writable by anyone, not sticky: another user could swap the file
+    bad = cli("dump", LAB, "a", "-o", str(shared / "x.vmcore"))
+    assert bad.returncode == 3 and "writable by other users" in " ".join(bad.stderr.split()), bad.stderr
+    assert list(shared.iterdir()) == []
+
+
+def test_bad_input_is_a_clear_error(lab: tuple[Cli, dict[str, Any]], tmp_path: Path) -> None:
+    cli, state = lab
+    for args, status, says in (
+            ((LAB, "nope", "-c", "1"), 5, "has no guest 'nope'"),
+            (("nolab", "a", "-c", "1"), 5, "lab 'nolab' is not up"),
+            (("--core", str(tmp_path / "missing.vmcore"), "-c", "1"), 2, "cannot open"),
+            (("--core", os.devnull, "-c", "1"), 2, "cannot read"),
+            ((LAB,), 2, "needs LAB GUEST")):
+        res = drgn(cli, *args)
+        assert (res.returncode, says in res.stderr) == (status, True), (args, res.stderr)
+        assert "Traceback" not in res.stderr
+    assert cli("dump", LAB, "nope").returncode == 5
+
+    core = tmp_path / "a.vmcore"
+    assert cli("dump", LAB, "a", "-o", str(core)).returncode == 0
+    wrong = drgn(cli, "--core", str(core), "--vmlinux", "/bin/true", "-c", "1")  # not that kernel's vmlinux
+    assert wrong.returncode == 2 and "is not the debug file of the kernel" in wrong.stderr, wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    # the user's own error is the user's traceback, exit 1, and nothing of labctl's
+    mine = drgn(cli, LAB, "a", "-c", "prog['no_such_symbol_here']")
+    assert mine.returncode == 1 and "could not find 'no_such_symbol_here'" in mine.stderr, mine.stderr
+    assert 'File "<-c>", line 1' in mine.stderr and "labctl/" not in mine.stderr
+    assert qmp_execute(qmp_of(state), "query-status")["status"] == "running"
+
+
+def test_a_panicked_guests_vmcore_shows_the_crashing_frame_and_its_skb(lab: tuple[Cli, dict[str, Any]],
+                                                                        tmp_path: Path) -> None:
+    """buggy_nf's NULL dereference on the receive path of one UDP packet the test sends (5 bytes of
+    data: 33 at the IP layer); QEMU told to pause a panicked guest (QMP set-action) rather than
+    end. The vmcore's summary: the crashing task's stack, buggy_nf_count on top of the oops, the
+    skb's fields in its callers. Last of the module's lab: the guest stays crashed."""
+    cli, state = lab
+    qmp_execute(qmp_of(state), "set-action", {"panic": "pause"})
+    guest_sh(cli, "modprobe buggy_nf trigger_port=4321 && "
+                  "(setsid sh -c 'sleep 1; echo boom | nc -u -w1 127.0.0.1 4321' </dev/null >/dev/null 2>&1 &)")
+    wait_for(lambda: qmp_execute(qmp_of(state), "query-status")["status"] == "guest-panicked", 120, "the panic")
+    core = tmp_path / "crash.vmcore"
+    assert cli("dump", LAB, "a", "-o", str(core), timeout=600).returncode == 0
+    res = drgn(cli, "--core", str(core), "--summary", "--json")
+    assert res.returncode == 0, res.stderr
+    (task,) = json.loads(res.stdout)["tasks"]
+    assert task["crashed"]
+    frames = task["frames"]
+    names = [f["function"] for f in frames]
+    assert names[0] == "pvpanic_panic_notify" and "panic" in names  # a module without debug info: kallsyms
+    count = names.index("buggy_nf_count")
+    assert frames[count]["source"] == "guest/modules/buggy_nf/buggy_nf.c:45"  # st->packets++
+    assert frames[count]["locals"]["st"] == "(struct port_stats *)0x0"
+    assert frames[count]["locals"]["len"] == "(unsigned int)33"
+    skbs = {v for f in frames[count:] for k, v in f["locals"].items() if k == "skb" and "skb len=" in v}
+    assert skbs and all(v.endswith("(skb len=33 data_len=0 protocol=0x0800 dev=lo)") for v in skbs), skbs
+    assert "BUG: kernel NULL pointer dereference" in json.loads(res.stdout)["dmesg"]
+    text = drgn(cli, "--core", str(core), "--summary")
+    assert text.returncode == 0 and "crashed task: pid " in text.stdout
+    assert "buggy_nf_count at guest/modules/buggy_nf/buggy_nf.c:45" in text.stdout
+
+
+@pytest.mark.timeout(3 * 3600)  # a fresh machine builds the tree first
+def test_drgn_on_a_trees_kernel(cli: Cli, image: object, tree_kernel: Path, tmp_path: Path) -> None:
+    """The same on the test kernel built from source: its vmlinux and .ko files are the debug info."""
+    lab_file = tmp_path / "tree.yaml"
+    lab_file.write_text(f"name: drgntree\nkernel: {{tree: {tree_kernel}}}\nnetworks: {{lan: {{}}}}\n"
+                        "guests:\n  a: {memory: 512, nics: [{name: eth1, model: e1000, network: lan, "
+                        "ip: 10.89.0.1/24}]}\n")
+    up = cli("up", str(lab_file), timeout=1800)
+    assert up.returncode == 0, up.stderr
+    res = cli("exec", "drgntree", "a", "--", "ip link set eth1 mtu 1321", timeout=120)
+    assert res.returncode == 0, res.stderr
+    code = ("from drgn.helpers.linux.net import netdev_get_by_name\n"
+            "print(int(netdev_get_by_name(prog['init_net'], 'eth1').mtu), "
+            "prog['init_uts_ns'].name.release.string_().decode())")
+    live = cli("drgn", "drgntree", "a", "--json", timeout=300)
+    assert live.returncode == 0, live.stderr
+    facts = json.loads(live.stdout)
+    assert facts["release"].endswith("-labctl-test") and "e1000" in facts["debug_info"]["modules"]
+    res = cli("drgn", "drgntree", "a", "-c", code, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["1321", facts["release"]]
+    core = tmp_path / "tree.vmcore"
+    assert cli("dump", "drgntree", "a", "-o", str(core), timeout=600).returncode == 0
+    res = cli("drgn", "--core", str(core), "-c", code, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["1321", facts["release"]]
+    assert shutil.which("crash") is not None
+
+
+def test_libvirt_guests_are_read_live_and_refuse_dumps(cli: Cli, image: object, tmp_path: Path) -> None:
+    """On this machine's libvirt (QEMU runs as libvirt's user): drgn reads the guest live (labctl runs
+    as root here), a dump is refused with exit 3 and a hint, no traceback."""
+    require_libvirtd()
+    name = harness.lab_name("drgnlv")
+    lab_file = tmp_path / "lv.yaml"
+    lab_file.write_text(LAB_YAML.replace(f"name: {LAB}\n", f"name: {name}\n", 1))
+    up = cli("up", str(lab_file), "--backend", "libvirt", "--accel", "tcg")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert cli("exec", name, "a", "--", "ip link set eth1 mtu 1277", timeout=120).returncode == 0
+    res = drgn(cli, name, "a", "-c", READ)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.splitlines()[-1])["mtu"] == 1277
+    dump = cli("dump", name, "a", "-o", str(tmp_path / "a.vmcore"))
+    assert dump.returncode == 3 and "qemu backend only" in " ".join(dump.stderr.split()), dump.stderr
+    assert "Traceback" not in dump.stderr and not (tmp_path / "a.vmcore").exists()
+    assert cli("down", name).returncode == 0
