@@ -64,21 +64,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from labctl.errors import Problem
-from labctl.lab import (
-    NIC_MODELS,
-    Bond,
-    Bridge,
-    Guest,
-    Lab,
-    LinkSpec,
-    Nic,
-    Step,
-    TraceSpec,
-    YamlMap,
-    YamlSeq,
-    parse_yaml,
-    render,
-)
+from labctl.lab import NIC_MODELS, Guest, Lab, LinkSpec, Nic, Step, TraceSpec, YamlMap, YamlSeq, parse_yaml, render
 
 __all__ = [
     "DRIVER_OPTIONS",
@@ -324,7 +310,7 @@ def _net_needs(g: Guest) -> list[tuple[str, int, str]]:
     """(rule key, line, path) of what a guest's network settings need: IPv6 at its first IPv6
     address or route, 802.1Q at each VLAN, bonding and bridging at each bond and bridge."""
     gpath, out, v6 = f"guests.{g.name}", [], []
-    holders: list[tuple[Nic | Bond | Bridge, int, str, str]]
+    holders: list[tuple[Any, int, str, str]]  # a NIC, bond or bridge; its line, path and kind
     holders = [(n, n.ip_line or n.line, f"{gpath}.nics[{n.index}]", "") for n in g.nics]
     holders += [(m, m.line, f"{gpath}.{kind}s.{m.name}", kind) for kind, ms in (("bond", g.bonds), ("bridge", g.bridges))
                 for m in ms]
