@@ -105,6 +105,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "host": host_info(),
         "qemu": _qemu_section(state, backend),
         "drivers": state.drivers,
+        "vlan_offloads": state.offloads,  # guest -> NIC carrying VLANs -> its offloads, as the guest said
         # guests restored from their post-boot snapshot (warm start) instead of booted
         "started_from": {g: "snapshot" if g in state.warm else "boot" for g in state.guests},
         "networks": state.networks,

@@ -59,8 +59,7 @@ class Runner:
         self.sessions = Sessions(state, self.backend, connect)
         self.commands: list[CommandRecord] = []
         self.results: list[StepResult] = []
-        self.addresses = {f"{g.name}.{n.name}.ip": str(n.ip.ip)
-                          for g in lab.guests.values() for n in g.nics if n.ip is not None}
+        self.addresses = {k: v for g in lab.guests.values() for k, v in g.address_keys().items()}
         self.watch_host, self.host_profile = watch_host, host_profile
         self.crashes = CrashWatch(state, lambda g: bundle_dir / guest_dir(g),
                                   {g.name: [n.name for n in g.nics] for g in lab.guests.values()}) \

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.guestconf as guestconf  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord
 from labctl.debug import console_end, crashed
-from labctl.errors import GuestError, LabctlError, MachineError
+from labctl.errors import GuestError, LabctlError, LabFileError, MachineError
 from labctl.events import UpEvents
 from labctl.lab import Lab
 from labctl.ssh import Endpoint, Session
@@ -24,6 +25,13 @@ from labctl.state import LabState
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.options import UpOptions
 from labctl.up.planner import GuestPlanner
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:
@@ -79,9 +87,11 @@ class GuestWaiter:
             if self.stop.is_set():
                 return None
             data = console.read_bytes() if console.exists() else b""
+            if FAILED in data:
+                self._config_failed(name, console)
             if READY in data and b"\n" in data[data.index(READY):]:
                 return data  # the whole READY line is there
-            if FAILED in data or crashed(data):
+            if crashed(data):
                 self.events.guest_phase(name, "failed")
                 time.sleep(0.5)  # let the rest of the oops reach the log
                 raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}" + self._crash_kept(state, name))
@@ -122,6 +132,23 @@ class GuestWaiter:
                              f"{console_tail(Path(self.records[name].console))}"
                              + self._crash_kept(state, name)) from exc
 
+    def _config_failed(self, name: str, console: Path) -> None:
+        """The guest's init said something failed: once it is done saying so (its READY line, or a
+        few seconds), the lab file's settings that failed (exit 2), or why the boot failed.
+
+        :raise LabFileError: naming each failed setting's line. :raise GuestError: otherwise.
+        """
+        self.events.guest_phase(name, "failed")
+        for _ in range(50):
+            data = console.read_bytes()
+            if READY in data or crashed(data) or self.stop.is_set():
+                break
+            time.sleep(0.1)
+        problems = guestconf.config_failures(console.read_bytes(), self.lab.guests[name], self.lab.source)
+        if problems:
+            raise LabFileError(problems)
+        raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
+
     def _wait_guest(self, state: LabState, name: str) -> None:
         rec = self.records[name]
         t0 = time.monotonic()
@@ -137,6 +164,7 @@ class GuestWaiter:
             return
         self.events.guest_phase(name, "ssh")
         state.drivers[name] = ready_drivers(data)
+        state.offloads[name] = guestconf.offloads(data)
         gdir = Path(rec.dir)
         throwaway = name in self.planner.throwaway
         agent_here = self.backend.guest_agent
@@ -210,6 +238,7 @@ class GuestWaiter:
         self.events.guest_phase(name, "ssh")
         warm.adopt(gdir)
         state.drivers[name] = snap.drivers
+        state.offloads[name] = guestconf.offloads(_read(snap.console))
         with ssh_retry(state.endpoint(name), deadline, self.stop):
             pass
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)

@@ -17,7 +17,7 @@ from typing import Any
 
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir, netdev_id
 from labctl.backends.monitor import qmp_execute
-from labctl.backends.qemu.argv import build_argv, tap_netdev_fds
+from labctl.backends.qemu.argv import build_argv, restores_vlan_filter, tap_netdev_fds
 from labctl.backends.qemu.local_checks import host_checks
 from labctl.errors import MachineError, PortTaken
 from labctl.lab import HostPlace
@@ -66,7 +66,7 @@ class QemuBackend(Backend):
         return host_checks()
 
     def command(self, plan: GuestPlan) -> list[str]:
-        return build_argv(plan, QEMU)
+        return build_argv(plan, QEMU, restores_vlan_filter(qemu_version()))
 
     def network_dir(self, run_dir: Path, lab: str, hosts: dict[str, HostPlace] | None) -> NetDir:
         """``net/`` in the run directory: QEMU runs as labctl's own user."""
