@@ -19,9 +19,9 @@ from labctl.live import netctl
 from labctl.state import LabState, netstate
 
 HELP = {"delay": "added delay, e.g. 50ms", "jitter": "delay variation (needs --delay), e.g. 5ms",
-        "loss": "share of frames dropped, e.g. 2%", "duplicate": "share of frames sent twice, e.g. 0.1%",
-        "corrupt": "share of frames with a flipped bit, e.g. 0.1%",
-        "reorder": "share of frames sent at once past delayed ones (needs --delay), e.g. 5%",
+        "loss": "share of frames dropped, e.g. 2%%", "duplicate": "share of frames sent twice, e.g. 0.1%%",
+        "corrupt": "share of frames with a flipped bit, e.g. 0.1%%",
+        "reorder": "share of frames sent at once past delayed ones (needs --delay), e.g. 5%%",
         "rate": "egress rate, e.g. 10mbit", "limit": "netem's queue in packets (default 1000)"}
 
 

@@ -1,0 +1,83 @@
+"""The documentation's generated reference pages match labctl's code (scripts/gen-docs.py), every key
+list of the lab file's validator is in them, and every command's --help prints."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import labctl.lab
+from labctl.cli.main import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gen() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen-docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_pages_match_the_code() -> None:
+    done = subprocess.run([sys.executable, "scripts/gen-docs.py", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_changed_option_makes_the_check_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = _gen()
+    real = gen.build_parser
+
+    def changed() -> argparse.ArgumentParser:
+        parser = real()
+        parser.add_argument("--brand-new-option", help="not in the page")
+        return parser
+
+    monkeypatch.setattr(gen, "build_parser", changed)
+    assert "--brand-new-option" in gen.commands_page()
+    assert gen.main(["gen-docs.py", "--check"]) == 1
+
+
+def _key_lists() -> dict[str, tuple[str, ...]]:
+    """Every module-level tuple of key names in labctl/lab (``KEYS``, ``_STEP_KEYS``, ...)."""
+    found = {}
+    for path in sorted((ROOT / "labctl" / "lab").glob("*.py")):
+        module = importlib.import_module(f"labctl.lab.{path.stem}") if path.stem != "__init__" else labctl.lab
+        for name, value in vars(module).items():
+            if name.rstrip("_").endswith("KEYS") and isinstance(value, tuple):
+                found[f"{path.stem}.{name}"] = value
+    return found
+
+
+def test_every_key_list_of_the_validator_is_documented() -> None:
+    gen = _gen()
+    shown = {keys for _, keys, *_ in (*gen.LAB_SECTIONS, *gen.STEP_SECTIONS)}
+    shown |= {keys for _, keys, _ in gen.TRACE_KINDS if keys is not None}
+    lists = _key_lists()
+    assert len(lists) >= 15
+    missing = {name: keys for name, keys in lists.items() if keys not in shown}
+    assert not missing, f"key lists not in scripts/gen-docs.py's tables: {missing}"
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    out = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _parsers(sub)
+    return out
+
+
+def test_every_command_help_prints() -> None:
+    parsers = _parsers(build_parser())
+    assert len(parsers) > 30
+    for parser in parsers:
+        assert parser.prog in parser.format_help()
