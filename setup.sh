@@ -56,7 +56,8 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 say "installing labctl into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+# docs: MkDocs Material builds the documentation site (docs/, mkdocs.yml; .ci/run builds it).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,docs]"
 ln -sf "$PWD/.venv/bin/labctl" /usr/local/bin/labctl
 # labctl's own bytecode, once: a shell with PYTHONDONTWRITEBYTECODE set would otherwise compile
 # labctl anew at every command (0.2 s of CPU each; pip compiled the dependencies already).

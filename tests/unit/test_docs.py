@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +83,21 @@ def test_every_command_help_prints() -> None:
     assert len(parsers) > 30
     for parser in parsers:
         assert parser.prog in parser.format_help()
+
+
+def test_the_site_builds_strict_and_fetches_nothing_when_viewed(tmp_path: Path) -> None:
+    """mkdocs build --strict (a broken link or anchor fails it); the pages load no script, style
+    sheet or font from the network (theme.font: false, no plugin that downloads)."""
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr
+    pages = list(site.rglob("*.html"))
+    assert len(pages) > 25
+    remote = re.compile(r'<(script|img|iframe)[^>]*\ssrc="(https?:)?//|<link[^>]*\shref="(https?:)?//[^"]*"[^>]*>')
+    for page in pages:
+        text = page.read_text()
+        loads = [m.group(0) for m in remote.finditer(text) if "stylesheet" in m.group(0) or m.group(1)]
+        assert not loads, f"{page.relative_to(site)} fetches {loads}"
+        assert "fonts.googleapis" not in text and "fonts.gstatic" not in text, page
