@@ -32,6 +32,7 @@ PACKAGES=(
     bash-builtins                        # the image: guest/builtins.c, the guest agent's clock and rename
     iproute2                             # ip netns, bridges and taps (multiqueue links, as root)
     git                                  # labctl bisect: worktrees of the user's kernel repository
+    bash-completion                      # labctl's completion in bash (labctl completion bash)
     ca-certificates
 )
 # labctl serve ships xterm.js, fetched from npm here (never by the browser); a Node.js of another
@@ -62,6 +63,11 @@ ln -sf "$PWD/.venv/bin/labctl" /usr/local/bin/labctl
 # labctl's own bytecode, once: a shell with PYTHONDONTWRITEBYTECODE set would otherwise compile
 # labctl anew at every command (0.2 s of CPU each; pip compiled the dependencies already).
 .venv/bin/python -m compileall -q -j 0 labctl >/dev/null
+
+# Shell completion: commands, options, the labs that are up and their guests (labctl completion).
+.venv/bin/labctl completion bash > /usr/share/bash-completion/completions/labctl
+mkdir -p /usr/local/share/zsh/site-functions
+.venv/bin/labctl completion zsh > /usr/local/share/zsh/site-functions/_labctl
 
 # labctl serve's terminal widget: xterm.js and its fit addon, pinned, unpacked into the package.
 XTERM=5.5.0 XTERM_FIT=0.10.0

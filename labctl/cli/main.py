@@ -14,6 +14,7 @@ import labctl.cli.capture_cmd as capture_cmd  # noqa: PLR0402 - a sibling module
 import labctl.cli.check_cmd as check_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.cli.class_cmd as class_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.cli.compare_cmd as compare_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.cli.completion_cmd as completion_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.cli.cp_cmd as cp_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.cli.doctor as doctor  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.cli.drgn_cmd as drgn_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     kernel_cmd.register(sub)
     restore_cmds.register(sub)
     serve_cmd.register(sub)
+    completion_cmd.register(sub, p)
     return p
 
 
