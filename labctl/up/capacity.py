@@ -1,7 +1,7 @@
 """Will the host hold the guests? Checked before anything starts, instead of letting the OOM killer decide.
 
 Each guest is counted at what it will hold, plus room to grow (measured:
-README, "Instances"):
+docs/training.md, "Instances"):
 
 * a guest that boots takes most of its memory while booting: its whole
   memory plus what its QEMU needs itself;

@@ -3,7 +3,7 @@ each student sees only their own guest, types in its terminal, checks turn green
 trainer sees a crash turn red without a reload and resets it; a student's token cannot reach
 another's instance (raw clients: HTTP 403); class down closes the terminals and revokes the tokens.
 
-Set LABCTL_SCREENSHOTS=DIR to keep the two pages' screenshots (the README's come from here)."""
+Set LABCTL_SCREENSHOTS=DIR to keep the two pages' screenshots (docs/serve-trainer.png and docs/serve-student.png, shown in the README and docs/serve.md, come from here)."""
 
 from __future__ import annotations
 
