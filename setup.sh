@@ -68,6 +68,8 @@ ln -sf "$PWD/.venv/bin/labctl" /usr/local/bin/labctl
 .venv/bin/labctl completion bash > /usr/share/bash-completion/completions/labctl
 mkdir -p /usr/local/share/zsh/site-functions
 .venv/bin/labctl completion zsh > /usr/local/share/zsh/site-functions/_labctl
+# The man page, generated from the parser (scripts/gen-docs.py; a unit test keeps it current).
+install -D -m 0644 man/labctl.1 /usr/local/share/man/man1/labctl.1
 
 # labctl serve's terminal widget: xterm.js and its fit addon, pinned, unpacked into the package.
 XTERM=5.5.0 XTERM_FIT=0.10.0

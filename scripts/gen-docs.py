@@ -4,6 +4,7 @@
     docs/reference/commands.md   every command's usage and options, from labctl's argparse parser
     docs/reference/lab-file.md   every section of a lab file with its keys, from the validator's key lists
     docs/reference/steps.md      a step's keys, its run entries, and each trace kind with its keys
+    man/labctl.1                 the man page, from the same parser (setup.sh installs it)
 
     python scripts/gen-docs.py           # (re)write the pages
     python scripts/gen-docs.py --check   # exit 1, naming each page that differs (tests/unit/test_docs.py)
@@ -177,10 +178,64 @@ def steps_page() -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def _roff(text: str) -> str:
+    """Text for a man page line: backslashes and hyphens escaped, no line starting with a control character."""
+    text = " ".join(text.split()).replace("\\", "\\e").replace("-", "\\-")
+    return "\\&" + text if text.startswith((".", "'")) else text
+
+
+def _man_command(parser: argparse.ArgumentParser, helptext: str) -> list[str]:
+    formatter = parser._get_formatter()
+    out = [f'.SS "{parser.prog}"']
+    if helptext:
+        out.append(_roff(helptext[0].upper() + helptext[1:] + "."))
+    if parser.description and parser.description != helptext:
+        out += [".PP", _roff(parser.description)]
+    usage = parser.format_usage().removeprefix("usage: ").strip().splitlines()
+    out += [".PP", ".nf", *(_roff(line) for line in usage), ".fi"]
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
+            continue
+        if action.option_strings == ["-h", "--help"]:
+            continue
+        if action.option_strings:
+            name = ", ".join(action.option_strings)
+            if action.nargs != 0:
+                name += " " + formatter._format_args(action, formatter._get_default_metavar_for_optional(action))
+        else:
+            name = formatter._format_args(action, formatter._get_default_metavar_for_positional(action))
+        out += [".TP", f"\\fB{_roff(name)}\\fR", _roff(formatter._expand_help(action) if action.help else "")]
+    for _, sub_help, sub in _subcommands(parser):
+        out += _man_command(sub, sub_help)
+    return out
+
+
+def man_page() -> str:
+    parser = build_parser()
+    out = ['.TH LABCTL 1 "" "labctl" "User Commands"', ".SH NAME", "labctl \\- " + _roff(parser.description or ""),
+           ".SH SYNOPSIS", ".B labctl", "[\\-\\-debug] COMMAND [OPTIONS]", ".SH DESCRIPTION",
+           _roff("labctl turns a lab file into a running kernel-network debugging lab: QEMU guests with the NIC models "
+                 "the lab asks for, wired into L2 networks, steps traced with perf and ftrace, gdb and drgn on a "
+                 "guest's kernel, a report bundle per run. Generated from labctl's parser by scripts/gen-docs.py; "
+                 "the documentation is in the repository's docs/ (a MkDocs site)."),
+           ".SH COMMANDS"]
+    for _, helptext, sub in _subcommands(parser):
+        out += _man_command(sub, helptext)
+    out += [".SH EXIT STATUS",
+            _roff("0 ok, 1 error, 2 bad lab file or usage, 3 host or image problem, 4 a guest or QEMU failed, 5 a lab "
+                  "state problem (already up, not up), 6 a step of run failed or a graded check did not pass, "
+                  "130 interrupted."),
+            ".SH ENVIRONMENT", ".TP", ".B LABCTL_STATE_DIR",
+            _roff("where the labs that are up keep their state (default /run/labctl for root)."),
+            ".TP", ".B LABCTL_CACHE_DIR", _roff("images, kernels and snapshots (default ~/.cache/labctl).")]
+    return "\n".join(out) + "\n"
+
+
 PAGES = {
     "docs/reference/commands.md": commands_page,
     "docs/reference/lab-file.md": lab_file_page,
     "docs/reference/steps.md": steps_page,
+    "man/labctl.1": man_page,
 }
 
 
