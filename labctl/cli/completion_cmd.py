@@ -40,15 +40,15 @@ _labctl_lab_guest() { _labctl_names lab-guest; }
 _FUNCTION = {LAB: "_labctl_labs", GUEST: "_labctl_guests", LAB_GUEST: "_labctl_lab_guest"}
 
 
-def register(sub: argparse._SubParsersAction, root: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
-    """Add ``completion`` to ``sub``; ``root`` is labctl's whole parser, which the script describes."""
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("completion", help="print the shell completion script (bash or zsh)",
                        description="Prints the completion script for SHELL: commands, options, files, the labs "
                                    "that are up and their guests. setup.sh installs it for bash and zsh; by "
                                    "hand: labctl completion bash > /usr/share/bash-completion/completions/labctl")
     p.add_argument("shell", nargs="?", choices=SHELLS, metavar="SHELL", help="bash or zsh")
     p.add_argument("--next", nargs="+", metavar=("KIND", "WORD"), help=argparse.SUPPRESS)
-    p.set_defaults(func=cmd_completion, root_parser=root)
+    # wants_parser: the CLI's main puts labctl's whole parser there (this module cannot import it).
+    p.set_defaults(func=cmd_completion, wants_parser=True)
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -58,7 +58,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
         return 0
     if args.shell is None:
         raise UsageError("say which shell: labctl completion bash, or labctl completion zsh")
-    print(script(args.root_parser, args.shell))
+    print(script(args.wants_parser, args.shell))
     return 0
 
 
