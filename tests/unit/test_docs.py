@@ -101,3 +101,17 @@ def test_the_site_builds_strict_and_fetches_nothing_when_viewed(tmp_path: Path) 
         loads = [m.group(0) for m in remote.finditer(text) if "stylesheet" in m.group(0) or m.group(1)]
         assert not loads, f"{page.relative_to(site)} fetches {loads}"
         assert "fonts.googleapis" not in text and "fonts.gstatic" not in text, page
+
+
+def test_readme_is_a_front_door() -> None:
+    """README.md: at most 300 lines, its first commands are the setup and the test command (.ci/run runs
+    the latter), and each of its links to the repository's files (docs pages, images) exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    first = text.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    assert first == ["bash setup.sh && labctl up labs/quickstart.yaml", "bash setup.sh && .venv/bin/python -m pytest"]
+    assert ".venv/bin/python -m pytest" in (ROOT / ".ci" / "run").read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert len(links) > 20
+    missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
