@@ -1,8 +1,8 @@
 """A reproducer in one file: a lab packed with its exact kernels and image, and opened again.
 
-Owns the packed file: its layout and index (:mod:`.layout`), writing it from a lab's prepared
-kernels and image or from a run's bundle (:mod:`.write`), reading it back whole or refusing it
-(:mod:`.read`), what it promises about each kernel and the image and the checks of what was
+Owns the packed file: its layout and index (:mod:`.packfile`), writing it from a lab's prepared
+kernels and image or from a run's bundle (:mod:`.packing`), reading it back whole or refusing it
+(:mod:`.unpack`), what it promises about each kernel and the image and the checks of what was
 prepared here against it (:mod:`.identity`), and fetching a lab file or a packed file from an
 http(s) URL (:mod:`.fetch`). It never holds a secret: it is made of the lab file, kernel files,
 the image's files and a run's manifest and summary, nothing of a lab's state directory.
@@ -15,11 +15,11 @@ Imports never: labctl.cli, labctl.pipeline, labctl.up, labctl.backends, labctl.s
 
 from __future__ import annotations
 
-from labctl.pack.fetch import fetch_url, is_url
-from labctl.pack.identity import Pinned, check_image, check_kernels, check_archive
-from labctl.pack.layout import PackIndex, is_pack
-from labctl.pack.read import Opened, open_pack, packed_run
-from labctl.pack.write import PackResult, pack_lab, run_inputs
+from labctl.pack.fetch import fetch_url, is_url, url_lab
+from labctl.pack.identity import Pinned, check_archive, check_image, check_kernels
+from labctl.pack.packfile import PackIndex, is_pack
+from labctl.pack.unpack import Opened, open_pack, packed_run
+from labctl.pack.packing import PackResult, pack_lab, run_inputs
 
 __all__ = [
     "Opened",
@@ -36,4 +36,5 @@ __all__ = [
     "pack_lab",
     "packed_run",
     "run_inputs",
+    "url_lab",
 ]

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from labctl.errors import UsageError
+from labctl.lab import DEBIAN, Lab, load_lab_text
 from labctl.paths import atomic_file, cache_dir
 
 MAX_BYTES = 8 << 30
@@ -55,3 +56,24 @@ def fetch_url(url: str) -> Path:
     except OSError as exc:
         raise UsageError(f"{url}: {exc}") from exc
     return out
+
+
+def url_lab(path: Path, url: str) -> Lab:
+    """The lab file fetched from ``url``, held to a stranger's lab file's rules and more: it names no
+    path of this host (no kernel tree or loose kernel files, no shares), only Debian kernels.
+
+    :raise LabFileError: for a bad lab file. :raise UsageError: for one naming a host path.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise UsageError(f"{url}: not a lab file nor a labctl pack ({exc})") from exc
+    lab = load_lab_text(text, url)
+    named = [f"{where}: {spec.describe()}" for where, spec in
+             [("kernel", lab.kernel), *((f"guests.{g}.kernel", guest.kernel) for g, guest in lab.guests.items())]
+             if spec is not None and spec.kind != DEBIAN]
+    named += [f"guests.{g}.shares: {s.host}" for g, guest in lab.guests.items() for s in guest.shares]
+    if named:
+        raise UsageError(f"{url}: a lab file from a URL may not name a path of this host ({'; '.join(named)})",
+                         hint="ask for a packed file (labctl pack), which carries its kernels")
+    return lab

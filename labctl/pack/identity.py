@@ -26,7 +26,7 @@ from typing import Any
 from labctl.errors import UsageError
 from labctl.image import ROOTFS, Image, apt_download, candidate, sha256_file
 from labctl.kernel import Kernel
-from labctl.pack.layout import PackIndex
+from labctl.pack.packfile import PackIndex
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ SUFFIX = ".labpack"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 #: What a member's name may be: the layout's directories, plain components (no "..", no absolute path).
 MEMBER = re.compile(r"(lab|run|image|kernels/[0-9a-f]{16})(/[A-Za-z0-9_+.,=@-]+)+")
+#: What a directory's may be: the same, or a top directory of the layout.
+DIRECTORY = re.compile(r"(lab|run|image|kernels)(/[A-Za-z0-9_+.,=@-]+)*")
 MAX_INDEX = 4 << 20
 
 
@@ -46,9 +48,10 @@ def is_pack(path: str | Path) -> bool:
         return False
 
 
-def member_ok(name: str) -> bool:
+def member_ok(name: str, directory: bool = False) -> bool:
     """A member name the layout allows: no absolute path, no ``..``, nothing outside its directories."""
-    return name == INDEX or (MEMBER.fullmatch(name) is not None and ".." not in name.split("/"))
+    pattern = DIRECTORY if directory else MEMBER
+    return name == INDEX or (pattern.fullmatch(name) is not None and ".." not in name.split("/"))
 
 
 @dataclass(frozen=True)

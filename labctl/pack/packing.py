@@ -28,7 +28,7 @@ from labctl.image import ROOTFS, Image, sha256_file
 from labctl.kernel import Kernel
 from labctl.lab import Lab
 from labctl.pack.identity import image_record, kernel_record
-from labctl.pack.layout import FORMAT, INDEX, LAB, VERSION, PackIndex
+from labctl.pack.packfile import FORMAT, INDEX, LAB, VERSION, PackIndex
 from labctl.paths import atomic_file, cache_dir
 from labctl.proc import run, run_pipeline
 

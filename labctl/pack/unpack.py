@@ -24,9 +24,9 @@ from typing import IO
 from labctl.errors import LabctlError, UsageError
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.image import Image, ImageStore, sha256_file
-from labctl.lab import Lab, KernelSpec, kernels, load_lab_text
+from labctl.lab import KernelSpec, Lab, kernels, load_lab_text
 from labctl.pack.identity import Pinned, check_host
-from labctl.pack.layout import INDEX, LAB, MAX_INDEX, PackIndex, member_ok
+from labctl.pack.packfile import INDEX, LAB, MAX_INDEX, PackIndex, member_ok
 from labctl.paths import build_into, cache_dir, exclusive
 from labctl.proc import kill_group, run, start_piped
 
@@ -144,8 +144,10 @@ def _members(tar: tarfile.TarFile, work: Path, source: str) -> None:
     (work / INDEX).write_bytes(raw)
     seen: set[str] = set()
     for m in tar:
+        if m is first:  # the stream's iterator starts again at the member already read
+            continue
         name = m.name.rstrip("/")
-        if m.isdir() and member_ok(name):
+        if m.isdir() and member_ok(name, directory=True):
             continue
         want = index.files.get(name)
         if not m.isreg() or not member_ok(name) or want is None or name in seen:
