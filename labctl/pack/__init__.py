@@ -18,8 +18,8 @@ from __future__ import annotations
 from labctl.pack.fetch import fetch_url, is_url, url_lab
 from labctl.pack.identity import Pinned, check_archive, check_image, check_kernels
 from labctl.pack.packfile import PackIndex, is_pack
-from labctl.pack.unpack import Opened, open_pack, packed_run
 from labctl.pack.packing import PackResult, pack_lab, run_inputs
+from labctl.pack.unpack import Opened, open_pack, packed_run
 
 __all__ = [
     "Opened",

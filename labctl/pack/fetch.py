@@ -51,6 +51,8 @@ def fetch_url(url: str) -> Path:
                 if size > MAX_BYTES:
                     raise UsageError(f"{url}: more than {MAX_BYTES >> 30} GiB")
                 f.write(chunk)
+    except urllib.error.HTTPError as exc:
+        raise UsageError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
     except urllib.error.URLError as exc:
         raise UsageError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
     except OSError as exc:
