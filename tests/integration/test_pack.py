@@ -14,6 +14,7 @@ import http.server
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -162,7 +163,7 @@ def _refused(cli: Cli, *args: str) -> str:
     assert "Traceback" not in res.stderr and "nothing started" in res.stderr
     assert not (cli.state_dir / "labs" / "packed").exists()
     assert qemu_pids_under(cli.state_dir) == []
-    return res.stderr.replace("\n", " ")
+    return " ".join(res.stderr.split())  # as one line: the console wraps it
 
 
 def _with_index(src: Path, dst: Path, edit) -> None:  # type: ignore[no-untyped-def]
@@ -195,8 +196,9 @@ def test_a_truncated_pack_or_another_build_id_is_refused(packed: Packed, tmp_pat
     assert "guest a: kernel" in err and f"packed {'0' * 40}" in err
 
 
-def test_a_no_image_pack_needs_the_same_packages(tree_kernel: Path, cli: Cli, tmp_path: Path) -> None:
-    """In the suite's cache (its image is built): the package list is what is checked."""
+def test_a_no_image_pack_needs_the_same_packages_and_build_ids(tree_kernel: Path, cli: Cli, tmp_path: Path) -> None:
+    """In the suite's cache (its image is built): the package list is what is checked; and a
+    kernel prepared from the pack with another build id than the index's is refused."""
     lab = tmp_path / "lab.yaml"
     lab.write_text(LAB.format(tree=tree_kernel))
     res = cli("pack", str(lab), "-o", str(tmp_path / "noimg.labpack"), "--no-image", "--json", timeout=600)
@@ -208,6 +210,10 @@ def test_a_no_image_pack_needs_the_same_packages(tree_kernel: Path, cli: Cli, tm
     _with_index(tmp_path / "noimg.labpack", bad, lambda index: index["image"]["packages"].update(iperf3="3.9-1"))
     err = _refused(cli, "up", str(bad), "--accel", "tcg")
     assert "image debian-12 here is not the packed one (iperf3 3.9-1 packed" in err
+    other = tmp_path / "other-build.labpack"
+    _with_index(tmp_path / "noimg.labpack", other, lambda index: index["guests"]["a"].update(build_id="0" * 40))
+    err = _refused(cli, "up", str(other), "--accel", "tcg")
+    assert re.search(r"guest a: kernel \S+-labctl-test has build id ", err) and f"packed {'0' * 40}" in err
 
 
 @pytest.fixture
@@ -237,9 +243,9 @@ def test_a_pack_from_a_url_is_shown_then_prepared(packed: Packed, served: str) -
     res = packed.fresh("up", f"{served}/run.labpack", "--accel", "tcg", "--dry-run", timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     shown = res.stdout + res.stderr
-    assert f"from {served}/run.labpack: lab packed" in shown.replace("\n", " ")
+    assert f"from {served}/run.labpack: lab packed" in " ".join(shown.split())
     assert "guest a: kernel image" in shown and "build id" in shown and "image debian-12 (packed" in shown
     assert "qemu-system-x86_64" in shown  # prepared and checked, then the commands, nothing started
     assert qemu_pids_under(packed.fresh.state_dir) == []
     res = packed.fresh("up", f"{served}/tree.yaml", "--accel", "tcg", timeout=300)
-    assert res.returncode == 2 and "may not name a path of this host" in res.stderr.replace("\n", " ")
+    assert res.returncode == 2 and "may not name a path of this host" in " ".join(res.stderr.split())
