@@ -153,6 +153,8 @@ def _members(tar: tarfile.TarFile, work: Path, source: str) -> None:
         if not m.isreg() or not member_ok(name) or want is None or name in seen:
             raise UsageError(f"{source}: member {name!r} is not one its index names; nothing started")
         seen.add(name)
+        if not (work / name).resolve().is_relative_to(work.resolve()):  # never, by the names' rule; twice sure
+            raise UsageError(f"{source}: member {name!r} is outside the pack; nothing started")
         src = tar.extractfile(m)
         assert src is not None
         size, digest = _copy_sparse(src, work / name)
