@@ -92,11 +92,15 @@ def pack_lab(lab: Lab, out: Path, events: PrepareEvents | None = None, *, with_i
 
     :raise LabctlError: as :func:`prepare`, or when the lab cannot be packed.
     """
+    events = events or PrepareEvents()
     prepared = prepare(lab, events, capacity=False)
-    return write_pack(lab, prepared.image, prepared.kernels, out, with_image=with_image, debug=debug)
+    with events.slow(f"packing {lab.name}") as rep:
+        return write_pack(lab, prepared.image, prepared.kernels, out, with_image=with_image, debug=debug,
+                          reporter=rep)
 
 
-def pack_run(run_dir: Path, out: Path, *, with_image: bool = True, debug: bool = False) -> PackResult:
+def pack_run(run_dir: Path, out: Path, events: PrepareEvents | None = None, *, with_image: bool = True,
+             debug: bool = False) -> PackResult:
     """``labctl pack RUN_DIR``: the run's lab with the very kernels and image it ran (still in the cache)
     and its manifest and summary.
 
@@ -109,7 +113,9 @@ def pack_run(run_dir: Path, out: Path, *, with_image: bool = True, debug: bool =
         raise UsageError(f"{run_dir}: the run's image {image_ref.get('name')} {image_ref.get('key')} is no longer "
                          "in the cache", hint="pack the lab file instead")
     kernels_ = {g: Kernel.at(d) for g, d in kernel_dirs.items()}
-    return write_pack(lab, image, kernels_, out, with_image=with_image, debug=debug, run_dir=run_dir)
+    with (events or PrepareEvents()).slow(f"packing the run {run_dir.name}") as rep:
+        return write_pack(lab, image, kernels_, out, with_image=with_image, debug=debug, run_dir=run_dir,
+                          reporter=rep)
 
 
 def prepare_image(name: str, events: PrepareEvents | None = None, force: bool = False) -> Image:

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.bundle import BEYOND, load_run
-from labctl.cli.ui import out, print_json
+from labctl.cli.ui import PrepareDisplay, out, print_json
 from labctl.errors import LabctlError
 from labctl.pack import is_pack, open_pack, packed_run
 from labctl.paths import atomic_write
@@ -33,7 +33,8 @@ def _run_dir(path: Path) -> Path:
     """A run's bundle, or a packed run's (unpacked once into the cache)."""
     if not is_pack(path):
         return path
-    return packed_run(open_pack(path))
+    with PrepareDisplay().slow(f"opening {path}") as rep:
+        return packed_run(open_pack(path, reporter=rep))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

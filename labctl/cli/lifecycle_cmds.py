@@ -131,7 +131,8 @@ def load_source(args: argparse.Namespace) -> tuple[Lab, Pinned | None]:
         if args.kernel or getattr(args, "share", []):
             raise UsageError(f"{args.file}: a packed lab boots its own kernels and shares no host directory",
                              hint="leave out --kernel and --share")
-        opened = open_pack(path, args.file)
+        with PrepareDisplay().slow(f"opening {args.file}") as rep:
+            opened = open_pack(path, args.file, rep)
         lab, pinned = opened.lab(), opened.pinned
     else:
         lab = load_with_kernel_spec(url_lab(path, args.file), args.kernel)

@@ -36,7 +36,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.source.is_dir():
         if args.kernel:
             raise UsageError("--kernel: a run is packed with the kernels it ran")
-        result = pack_run(args.source, out_path, with_image=with_image, debug=args.with_debug)
+        result = pack_run(args.source, out_path, PrepareDisplay(), with_image=with_image, debug=args.with_debug)
     else:
         lab = load_with_kernel(str(args.source), args.kernel, args.trust_dir)
         result = pack_lab(lab, out_path, PrepareDisplay(), with_image=with_image, debug=args.with_debug)

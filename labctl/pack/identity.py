@@ -18,6 +18,7 @@ package at the recorded version. Every refusal is a :class:`~labctl.errors.Usage
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 from labctl.errors import UsageError
 from labctl.image import ROOTFS, Image, apt_download, candidate, sha256_file
 from labctl.kernel import Kernel
-from labctl.pack.packfile import PackIndex
+from labctl.pack.packfile import UNPACKED, PackIndex
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def check_image(pinned: Pinned, image: Image) -> None:
     package at the packed version (``--no-image``). :raise UsageError: when it is not."""
     want = pinned.index.image
     if pinned.index.has_image:
-        got = sha256_file(image.rootfs)
+        got = _packed_digest(pinned, image) or sha256_file(image.rootfs)
         if got != want.get("rootfs_sha256"):
             raise pinned.refuse(f"image {image.name}: root file system sha256 {got[:16]}, packed "
                                 f"{str(want.get('rootfs_sha256'))[:16]}")
@@ -79,6 +80,19 @@ def check_image(pinned: Pinned, image: Image) -> None:
         shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
         raise pinned.refuse(f"image {image.name} here is not the packed one ({shown})",
                             hint="ask for a pack with the image (labctl pack without --no-image)")
+
+
+def _packed_digest(pinned: Pinned, image: Image) -> str | None:
+    """The root file system's sha256 as checked when the pack was unpacked, when the image's rootfs
+    is that very file (a hard link of the unpacked member) and unchanged since (not written after
+    the unpacking's end mark): no second pass over 1.3 GB."""
+    member = pinned.dir / "image" / ROOTFS
+    try:
+        same = (os.path.samefile(member, image.rootfs) and not os.path.islink(image.rootfs)
+                and os.stat(image.rootfs).st_mtime_ns <= os.stat(pinned.dir / UNPACKED).st_mtime_ns)
+    except OSError:
+        return None
+    return str(pinned.index.files.get(f"image/{ROOTFS}", {}).get("sha256")) if same else None
 
 
 def package_differences(packed: dict[str, Any], here: dict[str, Any]) -> list[str]:

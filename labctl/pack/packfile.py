@@ -29,6 +29,7 @@ from labctl.errors import UsageError
 FORMAT = "labctl-pack"
 VERSION = 1
 INDEX = "pack.json"
+UNPACKED = ".unpacked"  # written when a pack has been unpacked whole (its time: the end of the unpacking)
 LAB = "lab/lab.yaml"
 SUFFIX = ".labpack"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

@@ -23,6 +23,7 @@ from typing import Any
 
 from labctl import __version__
 from labctl.errors import UsageError
+from labctl.events import NullReporter, Reporter
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.image import ROOTFS, Image, sha256_file
 from labctl.kernel import Kernel
@@ -69,7 +70,7 @@ def run_inputs(run_dir: Path) -> tuple[str, dict[str, Any], dict[str, Path]]:
 
 
 def pack_lab(lab: Lab, image: Image, kernels: Mapping[str, Kernel], out: Path, *, with_image: bool = True,
-             debug: bool = False, run_dir: Path | None = None) -> PackResult:
+             debug: bool = False, run_dir: Path | None = None, reporter: Reporter | None = None) -> PackResult:
     """Write ``out``: ``lab`` with each guest's prepared kernel, ``image`` (or its package list),
     and ``run_dir``'s manifest and summary when given.
 
@@ -79,17 +80,20 @@ def pack_lab(lab: Lab, image: Image, kernels: Mapping[str, Kernel], out: Path, *
     shared = [f"{g}: {s.host}" for g, guest in lab.guests.items() for s in guest.shares]
     if shared:
         raise UsageError(f"{lab.source}: a pack carries no host directory, and the lab shares {', '.join(shared)}")
+    r = reporter or NullReporter()
     t0 = time.monotonic()
     root = cache_dir() / "packs"
     root.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=root))
     try:
         contents: dict[str, int] = {}
-        data = _stage(stage, lab, image, kernels, with_image=with_image, debug=debug, run_dir=run_dir,
-                      contents=contents)
-        index = PackIndex(data)
-        (stage / INDEX).write_text(index.to_json())
-        _write(stage, out, with_image)
+        with r.step("gather and index (sha256 of every file)"):
+            data = _stage(stage, lab, image, kernels, with_image=with_image, debug=debug, run_dir=run_dir,
+                          contents=contents)
+            index = PackIndex(data)
+            (stage / INDEX).write_text(index.to_json())
+        with r.step(f"compress into {out.name} (zstd -3)"):
+            _write(stage, out, with_image)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return PackResult(out, out.stat().st_size, time.monotonic() - t0, contents, index)

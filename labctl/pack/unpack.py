@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import IO
 
 from labctl.errors import LabctlError, UsageError
+from labctl.events import NullReporter, Reporter
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.image import Image, ImageStore, sha256_file
 from labctl.lab import KernelSpec, Lab, kernels, load_lab_text
 from labctl.pack.identity import Pinned, check_host
-from labctl.pack.packfile import INDEX, LAB, MAX_INDEX, PackIndex, member_ok
+from labctl.pack.packfile import INDEX, LAB, MAX_INDEX, UNPACKED, PackIndex, member_ok
 from labctl.paths import build_into, cache_dir, exclusive
 from labctl.proc import kill_group, run, start_piped
 
@@ -81,13 +82,15 @@ class Opened:
                           config=d / "config" if (d / "config").is_file() else None, path=where)
 
 
-def open_pack(path: Path, source: str | None = None) -> Opened:
+def open_pack(path: Path, source: str | None = None, reporter: Reporter | None = None) -> Opened:
     """Test, unpack (once) and index the packed file ``path``; install its image in the cache.
 
     :raise UsageError: for a truncated, damaged or foreign file, or one made for another architecture.
     """
     source = source or str(path)
-    test = run(["zstd", "-tq", "--", path], timeout=3600, check=False)
+    r = reporter or NullReporter()
+    with r.step("test the whole file"):
+        test = run(["zstd", "-tq", "--", path], timeout=3600, check=False)
     if test.returncode != 0:
         why = (test.stderr or b"").decode(errors="replace").strip().splitlines()
         raise UsageError(f"{source}: damaged or truncated pack ({why[-1] if why else 'zstd says so'}); nothing started")
@@ -96,13 +99,14 @@ def open_pack(path: Path, source: str | None = None) -> Opened:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(dest.parent / f".{digest}.lock"):
         if not (dest / INDEX).is_file():
-            with build_into(dest) as work:
+            with r.step("unpack and check every member's sha256"), build_into(dest) as work:
                 _unpack(path, work, source)
     index = PackIndex.parse((dest / INDEX).read_bytes(), source)
     pinned = Pinned(source, index, dest, None)
     check_host(pinned)
     if index.has_image:
-        pinned = dataclasses.replace(pinned, image=_install_image(pinned))
+        with r.step("the packed image into the image cache"):
+            pinned = dataclasses.replace(pinned, image=_install_image(pinned))
     return Opened(pinned)
 
 
@@ -164,6 +168,7 @@ def _members(tar: tarfile.TarFile, work: Path, source: str) -> None:
     missing = sorted(set(index.files) - seen)
     if missing:
         raise UsageError(f"{source}: members missing: {', '.join(missing[:5])}; nothing started")
+    (work / UNPACKED).touch()
 
 
 def _copy_sparse(src: IO[bytes], dst: Path) -> tuple[int, str]:

@@ -29,6 +29,11 @@ from tests import isolation
 from tests.conftest import Cli, new_cli
 from tests.integration.conftest import qemu_pids_under
 
+#: Two runs of a two-guest lab under TCG are the floor of what this file shows (the run that is packed,
+#: and the packed file's run from a new cache); every other check reads them or refuses before a boot.
+#: 8.6 min at load average 12.9 on the 2-core host beside other helpers' guests (5.4 of them the two runs).
+OVER_3_MIN = "two TCG runs of a two-guest lab (the packed run, and the pack's run from a new cache)"
+
 #: On the suite's kernel tree: one worker waits for its build once.
 pytestmark = pytest.mark.xdist_group("kernel-tree")
 
@@ -184,16 +189,11 @@ def _with_index(src: Path, dst: Path, edit) -> None:  # type: ignore[no-untyped-
                                    check=True, timeout=300).stdout)
 
 
-def test_a_truncated_pack_or_another_build_id_is_refused(packed: Packed, tmp_path: Path) -> None:
+def test_a_truncated_pack_is_refused(packed: Packed, tmp_path: Path) -> None:
     cut = tmp_path / "cut.labpack"
     with open(packed.pack, "rb") as f:
         cut.write_bytes(f.read(packed.pack.stat().st_size * 2 // 3))
     assert "damaged or truncated pack" in _refused(packed.fresh, "up", str(cut), "--accel", "tcg")
-
-    other = tmp_path / "other-build.labpack"
-    _with_index(packed.pack, other, lambda index: index["guests"]["a"].update(build_id="0" * 40))
-    err = _refused(packed.fresh, "up", str(other), "--accel", "tcg")
-    assert "guest a: kernel" in err and f"packed {'0' * 40}" in err
 
 
 def test_a_no_image_pack_needs_the_same_packages_and_build_ids(tree_kernel: Path, cli: Cli, tmp_path: Path) -> None:
