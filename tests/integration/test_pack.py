@@ -31,7 +31,8 @@ from tests.integration.conftest import qemu_pids_under
 
 #: Two runs of a two-guest lab under TCG are the floor of what this file shows (the run that is packed,
 #: and the packed file's run from a new cache); every other check reads them or refuses before a boot.
-#: 8.6 min at load average 12.9 on the 2-core host beside other helpers' guests (5.4 of them the two runs).
+#: 3.9 min at load average 9 on the 2-core host beside other helpers' guests (3.1 of them the two runs and the
+#: pack); 8.6 min at load average 12.9.
 OVER_3_MIN = "two TCG runs of a two-guest lab (the packed run, and the pack's run from a new cache)"
 
 #: On the suite's kernel tree: one worker waits for its build once.
