@@ -20,6 +20,7 @@ PACKAGES=(
     qemu-system-x86 qemu-utils          # the guests
     mmdebstrap e2fsprogs dpkg xz-utils   # the image build
     lz4 kmod                             # kernels: cloud kernels are lz4; depmod
+    zstd                                 # labctl pack: packed files are zstd-compressed tars
     python3 python3-venv                 # labctl itself
     openssh-client                       # labctl ssh
     gdb binutils                         # labctl gdb, oops decoding

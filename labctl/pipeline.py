@@ -10,6 +10,8 @@
 first (``up``, ``run``, ``class up``, ``bisect``); :func:`run_lab` does the
 rest (``labctl run``, and ``labctl up`` of a lab with steps, which keeps the
 lab up); :func:`run_steps` the part from steps to report, on a lab that is up.
+A packed lab (:mod:`labctl.pack`) goes through :func:`prepare` too, ``pinned``: its image and
+kernels must be the packed ones; :func:`pack_lab` prepares a lab and packs it.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from labctl.bundle import VmcoreRecord, guest_dir, write
-from labctl.errors import LabctlError
+from labctl.errors import LabctlError, UsageError
 from labctl.events import PrepareEvents, UpEvents
 from labctl.grading import ERROR, CheckResult, run_checks
 from labctl.image import Image, ImageStore, build_image, load_recipe
 from labctl.inspect import CrashWatch, capture_crash
 from labctl.kernel import Kernel
 from labctl.kernel import lab as kernel_lab
-from labctl.lab import Check, Lab
+from labctl.lab import Check, Lab, load_lab_text
+from labctl.pack import PackResult, Pinned, check_archive, check_image, check_kernels, run_inputs
+from labctl.pack import pack_lab as write_pack
 from labctl.report import render_run, summarize, write_summary
 from labctl.state import LabState, lab_lock
 from labctl.steps import Runner, StepEvents, StepResult, now
@@ -44,7 +48,8 @@ class Prepared:
 
 
 def prepare(lab: Lab, events: PrepareEvents | None = None, *, copies: Sequence[Lab] | None = None,
-            overcommit: bool = False, capacity: bool = True, kernels: bool = True) -> Prepared:
+            overcommit: bool = False, capacity: bool = True, kernels: bool = True,
+            pinned: Pinned | None = None) -> Prepared:
     """The front of the pipeline, cheapest refusal first, with an error checkpoint after each
     stage (a stage never runs after an earlier one refused, and nothing is started):
 
@@ -56,17 +61,61 @@ def prepare(lab: Lab, events: PrepareEvents | None = None, *, copies: Sequence[L
        unless not ``kernels``: the caller prepares them later itself (bisect, at each commit;
        the kernels of the result are then none).
 
+    ``pinned``: a packed lab's promises (:mod:`labctl.pack`): its image (packed, else the one
+    built here, which must have its packages) and the Debian kernels it names still in the
+    archive, checked after stage 2; every kernel's build id after stage 4. A refusal is a
+    UsageError (exit 2), nothing started.
+
     :raise HostError: the host cannot hold the guests (exit 3).
     :raise LabFileError: a kernel cannot be had or cannot run the lab (exit 2).
     :raise ImageError: the image or a kernel cannot be made.
     """
     events = events or PrepareEvents()
     estimate = check_capacity(list(copies or [lab]), overcommit=overcommit) if capacity else None
-    image = prepare_image(lab.image, events)
+    image = pinned.image if pinned is not None and pinned.image is not None else prepare_image(lab.image, events)
+    if pinned is not None:
+        check_image(pinned, image)
+        check_archive(pinned)
     if not kernels:
         _kernel_checks(lab, image, events)
         return Prepared(image, {}, estimate)
-    return Prepared(image, prepare_kernels(lab, image, events), estimate)
+    prepared = prepare_kernels(lab, image, events)
+    if pinned is not None:
+        check_kernels(pinned, prepared)
+    return Prepared(image, prepared, estimate)
+
+
+def pack_lab(lab: Lab, out: Path, events: PrepareEvents | None = None, *, with_image: bool = True,
+             debug: bool = False) -> PackResult:
+    """``labctl pack LAB.yaml``: the lab prepared (image and kernels, as :func:`prepare` without the
+    capacity check), then packed into ``out`` (:func:`labctl.pack.pack_lab`).
+
+    :raise LabctlError: as :func:`prepare`, or when the lab cannot be packed.
+    """
+    events = events or PrepareEvents()
+    prepared = prepare(lab, events, capacity=False)
+    with events.slow(f"packing {lab.name}") as rep:
+        return write_pack(lab, prepared.image, prepared.kernels, out, with_image=with_image, debug=debug,
+                          reporter=rep)
+
+
+def pack_run(run_dir: Path, out: Path, events: PrepareEvents | None = None, *, with_image: bool = True,
+             debug: bool = False) -> PackResult:
+    """``labctl pack RUN_DIR``: the run's lab with the very kernels and image it ran (still in the cache)
+    and its manifest and summary.
+
+    :raise UsageError: when the bundle lacks them or its kernels or image are gone from the cache.
+    """
+    text, image_ref, kernel_dirs = run_inputs(run_dir)
+    lab = load_lab_text(text, str(run_dir / "lab.yaml"))
+    image = ImageStore().get(str(image_ref.get("name")), str(image_ref.get("key")))
+    if image is None:
+        raise UsageError(f"{run_dir}: the run's image {image_ref.get('name')} {image_ref.get('key')} is no longer "
+                         "in the cache", hint="pack the lab file instead")
+    kernels_ = {g: Kernel.at(d) for g, d in kernel_dirs.items()}
+    with (events or PrepareEvents()).slow(f"packing the run {run_dir.name}") as rep:
+        return write_pack(lab, image, kernels_, out, with_image=with_image, debug=debug, run_dir=run_dir,
+                          reporter=rep)
 
 
 def prepare_image(name: str, events: PrepareEvents | None = None, force: bool = False) -> Image:

@@ -10,8 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.bundle import BEYOND, load_run
-from labctl.cli.ui import out, print_json
+from labctl.cli.ui import PrepareDisplay, out, print_json
 from labctl.errors import LabctlError
+from labctl.pack import is_pack, open_pack, packed_run
 from labctl.paths import atomic_write
 from labctl.report import GROUPS, compare_blocks, compare_runs, fmt_change, fmt_side, group_of, judgement, to_html
 
@@ -21,15 +22,23 @@ STYLES = {"good": "green", "bad": "bold red", "b": "bold", "muted": "dim"}
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("compare", help="compare two runs of one lab: what differs, and every figure with its change")
-    p.add_argument("run_a", metavar="RUN_A", type=Path, help="the first run's bundle (the baseline)")
+    p.add_argument("run_a", metavar="RUN_A", type=Path, help="the first run's bundle (the baseline), or a packed run")
     p.add_argument("run_b", metavar="RUN_B", type=Path, help="the second run's bundle")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--html", metavar="FILE", type=Path, default=None, help="also write it as one HTML page")
     p.set_defaults(func=cmd_compare)
 
 
+def _run_dir(path: Path) -> Path:
+    """A run's bundle, or a packed run's (unpacked once into the cache)."""
+    if not is_pack(path):
+        return path
+    with PrepareDisplay().slow(f"opening {path}") as rep:
+        return packed_run(open_pack(path, reporter=rep))
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    result = compare_runs(load_run(args.run_a), load_run(args.run_b))
+    result = compare_runs(load_run(_run_dir(args.run_a)), load_run(_run_dir(args.run_b)))
     if args.html is not None:
         try:
             atomic_write(args.html, to_html(compare_blocks(result), f"labctl compare: {result['lab']}"))

@@ -19,6 +19,7 @@ from labctl.errors import LabStateError, UsageError
 from labctl.lab import Impairment, Lab, Share, env_trusted, kernels, load_lab
 from labctl.lab import parse_option as parse_share_option
 from labctl.live import capture
+from labctl.pack import Pinned, fetch_url, is_pack, is_url, open_pack, url_lab
 from labctl.pipeline import Prepared, prepare, run_lab
 from labctl.proc import pid_alive
 from labctl.state import UP, LabState, check_lab_name, run_dir, up_labs
@@ -115,6 +116,57 @@ def load_for_up(args: argparse.Namespace) -> Lab:
         raise UsageError(f"--instance: {exc}") from exc
 
 
+def load_source(args: argparse.Namespace) -> tuple[Lab, Pinned | None]:
+    """``FILE`` of up and run: a lab file, a packed file (its lab on its own kernels and image), or
+    either from an http(s) URL, shown before anything runs.
+
+    :raise LabFileError: for a bad lab file. :raise UsageError: for a bad option, a refused pack or URL.
+    """
+    url = is_url(args.file)
+    if not url and not is_pack(args.file):
+        return load_for_up(args), None
+    path = fetch_url(args.file) if url else Path(args.file)
+    pinned = None
+    if is_pack(path):
+        if args.kernel or getattr(args, "share", []):
+            raise UsageError(f"{args.file}: a packed lab boots its own kernels and shares no host directory",
+                             hint="leave out --kernel and --share")
+        with PrepareDisplay().slow(f"opening {args.file}") as rep:
+            opened = open_pack(path, args.file, rep)
+        lab, pinned = opened.lab(), opened.pinned
+    else:
+        lab = load_with_kernel_spec(url_lab(path, args.file), args.kernel)
+    if url:
+        show_source(args.file, lab, pinned)
+    try:
+        return lab.with_instance(args.instance), pinned
+    except ValueError as exc:
+        raise UsageError(f"--instance: {exc}") from exc
+
+
+def load_with_kernel_spec(lab: Lab, kernel: str | None) -> Lab:
+    try:
+        return lab.with_kernel(kernels.from_command_line(kernel, Path.cwd())) if kernel else lab
+    except ValueError as exc:
+        raise UsageError(f"--kernel: {exc}") from exc
+
+
+def show_source(url: str, lab: Lab, pinned: Pinned | None) -> None:
+    """What a lab from a URL will run: its lab file as written, each guest's kernel and the image."""
+    console.print(Text.assemble(("from ", "bold"), url, (": lab ", "bold"), lab.name), soft_wrap=True)
+    console.print(Text(lab.text.rstrip()), soft_wrap=True)
+    for g in lab.guests:
+        spec = lab.kernel_of(g)
+        rec = pinned.index.guests.get(g, {}) if pinned else {}
+        console.print(Text(f"guest {g}: kernel {spec.describe() if spec else 'the image default'}"
+                           + (f" (release {rec.get('release')}, build id {rec.get('build_id')})" if rec else "")),
+                      soft_wrap=True)
+    if pinned is not None:
+        img = pinned.index.image
+        console.print(Text(f"image {img.get('name')} ({'packed' if pinned.index.has_image else 'built here'}, "
+                           f"sha256 {str(img.get('rootfs_sha256'))[:16]})"), soft_wrap=True)
+
+
 def up_options(args: argparse.Namespace) -> UpOptions:
     return UpOptions(accel=args.accel, backend=args.backend, boot_timeout=args.boot_timeout,
                      no_verify_host_keys=args.no_verify_host_keys, unencrypted_links=args.unencrypted_links,
@@ -140,9 +192,10 @@ MAX_INSTANCES = 64
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    lab = load_for_up(args)
+    lab, pinned = load_source(args)
     copies = instances(args, lab)
-    prepared = prepare(lab, PrepareDisplay(), copies=copies, overcommit=args.overcommit or args.dry_run)
+    prepared = prepare(lab, PrepareDisplay(), copies=copies, overcommit=args.overcommit or args.dry_run,
+                       pinned=pinned)
     if args.dry_run:
         return _dry_run(args, copies, prepared)
     if len(copies) == 1:

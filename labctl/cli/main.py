@@ -47,6 +47,11 @@ def _compare_cmd() -> ModuleType:
     return module
 
 
+def _pack_cmd() -> ModuleType:
+    import labctl.cli.pack_cmd as module
+    return module
+
+
 def _bisect_cmd() -> ModuleType:
     import labctl.cli.bisect_cmd as module
     return module
@@ -148,6 +153,7 @@ MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
     _run_cmd: ("run",),
     _report_cmds: ("report", "bundle",),
     _compare_cmd: ("compare",),
+    _pack_cmd: ("pack",),
     _bisect_cmd: ("bisect",),
     _oops_cmd: ("oops",),
     _gdb_cmd: ("gdb",),

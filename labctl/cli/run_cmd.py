@@ -7,7 +7,7 @@ from pathlib import Path
 
 import labctl.cli.junit_out as junit_out  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.cli.displays import StepLines, report_outcome
-from labctl.cli.lifecycle_cmds import add_up_arguments, load_for_up, up_options
+from labctl.cli.lifecycle_cmds import add_up_arguments, load_source, up_options
 from labctl.cli.ui import PrepareDisplay, UpDisplay
 from labctl.errors import LabctlError, UsageError
 from labctl.pipeline import prepare, run_lab
@@ -27,11 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def cmd_run(args: argparse.Namespace) -> int:
     junit = junit_out.check_path(args.junit)
     started = junit_out.now()
-    lab = load_for_up(args)
+    lab, pinned = load_source(args)
     if not lab.steps:
         raise UsageError(f"{args.file} has no steps to run", hint=f"use: labctl up {args.file}")
     try:
-        prepared = prepare(lab, PrepareDisplay(), overcommit=args.overcommit)
+        prepared = prepare(lab, PrepareDisplay(), overcommit=args.overcommit, pinned=pinned)
         outcome = run_lab(lab, prepared, up_options(args), Path(args.out), UpDisplay(lab.ident, list(lab.guests)),
                           StepLines(), keep=args.keep)
     except LabctlError as exc:  # the lab never reached its steps (image, kernel, boot): one error case

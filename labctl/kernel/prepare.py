@@ -114,7 +114,8 @@ def check(spec: KernelSpec) -> str | None:
         if not (tree / "include" / "config" / "kernel.release").is_file():
             return f"{tree} has no include/config/kernel.release: run make there first"
         return None
-    for what, path in (("image", spec.image), ("modules", spec.modules), ("debug", spec.debug)):
+    for what, path in (("image", spec.image), ("modules", spec.modules), ("debug", spec.debug),
+                       ("config", spec.config)):
         if path is not None and not path.exists():
             return f"the kernel's {what} {path} does not exist"
     if spec.modules is not None and not _modules_layout(spec.modules):
@@ -157,6 +158,8 @@ def config_text(spec: KernelSpec) -> str | None:
     if spec.kind == TREE:
         assert spec.tree is not None
         return (spec.tree / ".config").read_text(errors="replace")
+    if spec.config is not None:
+        return spec.config.read_text(errors="replace")
     assert spec.image is not None
     return extract_ikconfig(spec.image.read_bytes())
 
@@ -179,6 +182,8 @@ def content_key(spec: KernelSpec, opts: Options) -> str:
     else:
         for path in (spec.image, spec.debug):
             h.update(f" {sha256_file(path) if path else '-'}".encode())
+        if spec.config is not None:
+            h.update(f" config {sha256_file(spec.config)}".encode())
         if spec.modules is not None:
             for f in sorted(p for p in spec.modules.rglob("*") if p.is_file()):
                 h.update(f" {f.relative_to(spec.modules)} {f.stat().st_size} {f.stat().st_mtime_ns}".encode())
@@ -315,7 +320,7 @@ class _Preparer:
         assert spec.image is not None
         with self.r.step(f"kernel from {spec.image}"):
             self.manifest["boot"] = boot_image(spec.image, self.work / BOOT)
-            config = extract_ikconfig(spec.image.read_bytes())
+            config = config_text(spec)
             if config:
                 (self.work / CONFIG).write_text(config)
             if spec.debug is not None:

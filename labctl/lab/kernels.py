@@ -4,7 +4,7 @@ Three forms::
 
     kernel: debian:6.1.0-53-amd64                  # a Debian kernel: ABI and flavour (amd64, cloud-amd64, rt-amd64)
     kernel: {tree: ../linux}                       # a built kernel source tree, relative to the lab file
-    kernel: {image: bzImage, modules: mods/, debug: vmlinux}   # loose files; modules and debug optional
+    kernel: {image: bzImage, modules: mods/, debug: vmlinux, config: .config}   # loose files; all but image optional
 
 On the command line (``labctl up --kernel SPEC``): ``debian:ABI-FLAVOUR``,
 ``tree:PATH``, ``image:PATH`` or a plain path (a directory is a tree, a
@@ -28,7 +28,7 @@ FILES = "files"
 FLAVOURS = ("amd64", "cloud-amd64", "rt-amd64")
 _DEBIAN = re.compile(r"debian:(?P<abi>\d+\.\d+\.\d+-\d+)-(?P<flavour>" + "|".join(map(re.escape, FLAVOURS)) + ")")
 DEBIAN_RULE = f"debian:ABI-FLAVOUR, e.g. debian:6.1.0-53-amd64 (flavours: {', '.join(FLAVOURS)})"
-FILE_KEYS = ("image", "modules", "debug")
+FILE_KEYS = ("image", "modules", "debug", "config")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class KernelSpec:
     image: Path | None = None  # FILES: a bzImage or an ELF vmlinux
     modules: Path | None = None  # FILES: a directory holding lib/modules/<release>, or <release> itself
     debug: Path | None = None  # FILES: a vmlinux with debug info
+    config: Path | None = None  # FILES: its .config (else the one the image embeds, if any)
     line: int = 0
     path: str = "kernel"  # where it was given: "kernel", "guests.a.kernel" or "--kernel"
 
@@ -62,7 +63,7 @@ class KernelSpec:
         """JSON-serialisable view."""
         return {"kind": self.kind, **({"release": self.release} if self.release else {}),
                 **{k: str(v) for k, v in (("tree", self.tree), ("image", self.image), ("modules", self.modules),
-                                          ("debug", self.debug)) if v is not None}}
+                                          ("debug", self.debug), ("config", self.config)) if v is not None}}
 
 
 def debian(text: str, line: int = 0, path: str = "kernel") -> KernelSpec:

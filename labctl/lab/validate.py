@@ -348,7 +348,7 @@ def parse_kernel(check: Checker, body: YamlMap, path: str, base: Path,
     if not _trusted_paths(check, m, where, paths, trusted):
         return None
     return KernelSpec(FILES, image=paths["image"], modules=paths["modules"], debug=paths["debug"],
-                      line=line, path=where)
+                      config=paths["config"], line=line, path=where)
 
 
 _KERNEL_PATH_USE = {
@@ -356,6 +356,7 @@ _KERNEL_PATH_USE = {
     "image": ("kernel image", "labctl reads it as you and the guests boot it"),
     "modules": ("kernel modules directory", "labctl copies its files onto the guests' disk as you"),
     "debug": ("kernel debug file", "labctl and gdb read it as you"),
+    "config": ("kernel config file", "labctl reads it as you"),
 }
 
 

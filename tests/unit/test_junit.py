@@ -152,7 +152,8 @@ def test_run_that_never_comes_up_writes_one_error_case(tmp_path: Path, monkeypat
     from labctl.cli import run_cmd
     from labctl.errors import ImageError
 
-    monkeypatch.setattr(run_cmd, "load_for_up", lambda args: SimpleNamespace(ident="lab@ci", steps=[1], image="x"))
+    monkeypatch.setattr(run_cmd, "load_source",
+                        lambda args: (SimpleNamespace(ident="lab@ci", steps=[1], image="x"), None))
 
     def no_image(lab: object, *args: object, **kwargs: object) -> None:
         raise ImageError("the image cannot be built", hint="see setup.sh")
@@ -171,7 +172,7 @@ def test_run_that_never_comes_up_writes_one_error_case(tmp_path: Path, monkeypat
 def test_a_bad_junit_path_fails_before_the_lab_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from labctl.cli import check_cmd, run_cmd
 
-    monkeypatch.setattr(run_cmd, "load_for_up", lambda args: pytest.fail("the lab was loaded"))
+    monkeypatch.setattr(run_cmd, "load_source", lambda args: pytest.fail("the lab was loaded"))
     monkeypatch.setattr(check_cmd.LabState, "load", lambda lab: pytest.fail("the lab was loaded"))
     for argv in (["run", "lab.yaml", "--junit", str(tmp_path / "no" / "r.xml")],
                  ["check", "lab", "--junit", str(tmp_path / "no" / "r.xml")]):

@@ -1,0 +1,81 @@
+"""A lab file or a packed file from an http(s) URL: downloaded into the cache, then treated as a
+file from another user (its lab names no host path that labctl would use: see
+:func:`labctl.lab.load_lab`'s trust rules; a packed lab shares no host directory).
+
+Only ``http://`` and ``https://``; redirects only to those; at most :data:`MAX_BYTES`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from labctl.errors import UsageError
+from labctl.lab import DEBIAN, Lab, load_lab_text
+from labctl.paths import atomic_file, cache_dir
+
+MAX_BYTES = 8 << 30
+TIMEOUT_S = 60
+CHUNK = 1 << 20
+
+
+def is_url(text: str) -> bool:
+    return urlsplit(text).scheme in ("http", "https")
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        if not is_url(newurl):
+            raise UsageError(f"{req.full_url}: redirected to {newurl}, which is not http(s)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def fetch_url(url: str) -> Path:
+    """The file at ``url``, in ``<cache>/fetched/<sha256 of the URL>``.
+
+    :raise UsageError: for another scheme, an HTTP error, or a file over :data:`MAX_BYTES`.
+    """
+    if not is_url(url):
+        raise UsageError(f"{url}: only http:// and https:// URLs")
+    out = cache_dir() / "fetched" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    opener = urllib.request.build_opener(_Redirects)
+    try:
+        with opener.open(url, timeout=TIMEOUT_S) as resp, atomic_file(out, 0o600) as f:
+            size = 0
+            while chunk := resp.read(CHUNK):
+                size += len(chunk)
+                if size > MAX_BYTES:
+                    raise UsageError(f"{url}: more than {MAX_BYTES >> 30} GiB")
+                f.write(chunk)
+    except urllib.error.HTTPError as exc:
+        raise UsageError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+    except urllib.error.URLError as exc:
+        raise UsageError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
+    except OSError as exc:
+        raise UsageError(f"{url}: {exc}") from exc
+    return out
+
+
+def url_lab(path: Path, url: str) -> Lab:
+    """The lab file fetched from ``url``, held to a stranger's lab file's rules and more: it names no
+    path of this host (no kernel tree or loose kernel files, no shares), only Debian kernels.
+
+    :raise LabFileError: for a bad lab file. :raise UsageError: for one naming a host path.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise UsageError(f"{url}: not a lab file nor a labctl pack ({exc})") from exc
+    lab = load_lab_text(text, url)
+    named = [f"{where}: {spec.describe()}" for where, spec in
+             [("kernel", lab.kernel), *((f"guests.{g}.kernel", guest.kernel) for g, guest in lab.guests.items())]
+             if spec is not None and spec.kind != DEBIAN]
+    named += [f"guests.{g}.shares: {s.host}" for g, guest in lab.guests.items() for s in guest.shares]
+    if named:
+        raise UsageError(f"{url}: a lab file from a URL may not name a path of this host ({'; '.join(named)})",
+                         hint="ask for a packed file (labctl pack), which carries its kernels")
+    return lab
