@@ -20,6 +20,7 @@ from typing import Any
 
 import labctl.bisect.oracle as orc
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.bisect.trust as trust  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import NEW, OLD, State, Step
 from labctl.bundle import load_run
 from labctl.errors import LabctlError
@@ -31,8 +32,8 @@ REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 FIRST_BAD = "first-bad.txt"
 COMPARE_HTML = "compare.html"
-COLUMNS = ("#", "commit", "subject", "build s", "prepare s", "boot s", "steps s", "labctl s", "verdict", "figure",
-           "why")
+COLUMNS = ("#", "commit", "subject", "build s", "prepare s", "boot s", "steps s", "labctl s", "tries", "verdict",
+           "figure", "why")
 
 
 def _fig(step: Step) -> str:
@@ -52,7 +53,7 @@ def rows(state: State) -> list[list[str]]:
         t = s.times
         out.append([str(s.n), s.commit[:12], s.subject, _num(t.get("build")) + (" (cached)" if s.cached_build else ""),
                     _num(t.get("prepare")), _num(t.get("boot")), _num(t.get("steps")), _num(t.get("labctl")),
-                    state.term(s.verdict) if s.verdict else "(running)", _fig(s), s.reason])
+                    trust.tries_text([str(x.get("outcome")) for x in s.tries]), state.term(s.verdict) if s.verdict else "(running)", _fig(s), s.reason])
     return out
 
 
@@ -75,13 +76,47 @@ def last_old_and_first_new(state: State) -> tuple[Step | None, Step | None]:
     return old, new
 
 
+def confidence(state: State) -> dict[str, Any] | None:
+    """--tries auto's confidence: of each passing verdict, and (a lower bound) of the answer."""
+    if not state.estimate:
+        return None
+    passes = sum(1 for s in state.steps if s.verdict and s.outcome == orc.PASS)
+    answer = trust.answer_confidence(state.estimate, passes)
+    return {"verdict": state.estimate.get("confidence"), "answer": answer, "passing_verdicts": passes,
+            "below_95": bool(answer is not None and answer < 1 - trust.MISS)}
+
+
+def trust_lines(state: State) -> list[str]:
+    """What the answer rests on: the tries, --tries auto's estimate and confidence, the confirmation."""
+    lines = []
+    if state.tries != 1:
+        lines.append(f"tries: {state.tries_wanted()} a commit" + (" (--tries auto)" if state.tries <= 0 else "")
+                     + f"; a commit is {state.term_new if not state.oracle.get('fixed') else state.term_old} "
+                     "when any try fails, else when all pass")
+    if state.estimate:
+        lines.append(trust.confidence_text(state.estimate))
+        c = confidence(state) or {}
+        if state.done and c.get("answer") is not None:
+            lines.append(f"the answer rests on {c['passing_verdicts']} passing verdicts: at least "
+                         f"{float(c['answer']):.1%} sure" + (" (BELOW 95%)" if c.get("below_95") else ""))
+    conf = state.confirmation
+    if conf:
+        lines.append(f"{str(conf.get('status', '')).upper()}: {conf.get('reason', '')}")
+    elif state.done and state.result.get("first") and not state.confirm:
+        lines.append("not confirmed by a revert (--no-confirm)")
+    return lines
+
+
 def summary(state: State) -> dict[str, Any]:
     return {"lab": state.lab_file, "tree": state.tree, "oracle": state.oracle,
             "oracle_text": orc.describe(orc.Oracle.from_dict(state.oracle)), "terms": [state.term_old, state.term_new],
             "good": state.good, "bad": state.bad, "done": state.done, "result": state.result,
+            "tries": state.tries_wanted() if state.tries > 0 or state.estimate else "auto", "tries_auto": state.tries <= 0,
+            "estimate": state.estimate or None, "confidence": confidence(state),
+            "confirmation": state.confirmation or None, "trust": trust_lines(state),
             "steps": [{"n": s.n, "commit": s.commit, "subject": s.subject,
                        "verdict": state.term(s.verdict) if s.verdict else None, "outcome": s.outcome,
-                       "reason": s.reason, "figure": s.figure, "run": s.run, "attempts": s.attempts,
+                       "reason": s.reason, "figure": s.figure, "run": s.run, "attempts": s.attempts, "tries": s.tries,
                        "cached_build": s.cached_build, "times": s.times} for s in state.steps]}
 
 
@@ -124,6 +159,7 @@ def write(bundle: Path, state: State) -> None:
     head = [f"# labctl bisect: {state.lab_file}", "",
             (f"tree {state.tree}, {state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; "
              f"oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}"), "", f"**{answer_text(state)}**", ""]
+    head += [f"- {line}" for line in trust_lines(state)] + ([""] if trust_lines(state) else [])
     table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     table += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(state)]
     md = "\n".join(head + table + [""] + [e + "\n" for e in extra])
@@ -137,6 +173,7 @@ def write(bundle: Path, state: State) -> None:
             f"table{{border-collapse:collapse}}</style></head><body>"
             f"<h1>labctl bisect: {html.escape(state.lab_file)}</h1>"
             f"<p>{html.escape(head[2])}</p><p><b>{html.escape(answer_text(state))}</b></p>"
+            + "".join(f"<p>{html.escape(line)}</p>" for line in trust_lines(state)) +
             f"<table><tr>{cells}</tr>{body}</table>{extra_html}</body></html>\n")
     atomic_write(bundle / REPORT_HTML, page)
     atomic_write(bundle / SUMMARY, json.dumps(summary(state), indent=2) + "\n")
