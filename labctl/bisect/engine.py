@@ -112,6 +112,8 @@ class Tried:
     run: str = ""  # the run bundle, relative to the bisect bundle
     attempts: int = 0
     warm: bool = False  # a guest of it was restored from its post-boot snapshot
+    boot: float = 0.0  # seconds to the lab being up (booted or restored)
+    seconds: float = 0.0  # the try's, all told
 
 
 @dataclasses.dataclass
@@ -214,7 +216,8 @@ class Bisector:
         log: list[dict[str, Any]] = []
         for i in range(1, k + 1):
             t = self._one_try(kernel, end, self.bundle / ESTIMATE_DIR, i, times)
-            log.append({"n": i, "outcome": t.outcome or "error", "reason": t.reason, "run": t.run, "warm": t.warm})
+            log.append({"n": i, "outcome": t.outcome or "error", "reason": t.reason, "run": t.run, "warm": t.warm,
+                        "boot": t.boot, "seconds": t.seconds})
             self.say(f"  run {i}/{k}: {t.outcome or 'error'}: {t.reason}")
             if not t.outcome:
                 raise LabctlError(f"--tries auto: the failing end {end[:12]} does not run the lab: {t.reason}")
@@ -281,7 +284,7 @@ class Bisector:
         for i in range(1, n + 1):
             last = self._one_try(kernel, commit, out, i, times)
             log.append({"n": i, "outcome": last.outcome or "error", "reason": last.reason, "run": last.run,
-                        "warm": last.warm, "attempts": last.attempts})
+                        "warm": last.warm, "attempts": last.attempts, "boot": last.boot, "seconds": last.seconds})
             if n > 1:
                 self.say(f"  try {i}/{n}: {last.outcome or 'error'}: {last.reason}")
             if not last.outcome:
@@ -301,12 +304,21 @@ class Bisector:
         """One try: a run of the lab judged by the oracle; an undecided run is run once more."""
         reference = self._reference_summary()
         tried = Tried()
+        t0 = time.monotonic()
+        try:
+            return self._attempts(kernel, commit, out, n, times, reference, tried)
+        finally:
+            tried.seconds = round(time.monotonic() - t0, 2)
+
+    def _attempts(self, kernel: Kernel, commit: str, out: Path, n: int, times: dict[str, float],
+                  reference: dict[str, Any] | None, tried: Tried) -> Tried:
         for attempt in (1, 2):
             tried.attempts = attempt
             run = self._run_lab(kernel, out, TryEnv(n, commit))
             for k, v in run.times.items():
                 times[k] = round(times.get(k, 0.0) + v, 2)
             tried.warm = tried.warm or run.warm
+            tried.boot = round(tried.boot + run.times.get("boot", 0.0), 2)
             if run.run_dir is not None:
                 tried.run = str(run.run_dir.relative_to(self.bundle))
             if run.error:
