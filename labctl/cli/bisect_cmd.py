@@ -221,7 +221,7 @@ def _show(bundle: Path, state: State, as_json: bool) -> int:
     if state.done and not (bundle / report.SUMMARY).is_file():
         report.write(bundle, state)
     if as_json:
-        print_json({"bundle": str(bundle), **report.summary(state)})
+        print_json({"bundle": str(bundle), **report.summary(state, bundle)})
     else:
         t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {orc.describe(orc.Oracle.from_dict(state.oracle))}"),
                   title_justify="left")

@@ -174,3 +174,24 @@ def test_tries_auto_refuses_a_failing_end_that_never_fails(history: tuple[Path, 
 
 def test_the_command_oracle_sees_its_try() -> None:
     assert engine.TryEnv(3, "abc").prefix().startswith("LABCTL_TRY=3 LABCTL_COMMIT=abc;")
+
+
+def test_the_first_bad_run_is_explained_by_what_changed_most() -> None:
+    from labctl.bisect.state import Step
+
+    old = Step(n=3, commit="a" * 40, reason="check big-ping passed", run="steps/03/x")
+    new = Step(n=5, commit="b" * 40, reason="check big-ping failed: 100% packet loss", run="steps/05/y")
+    metric = {"key": "softnet_dropped", "label": "softnet drops", "unit": "", "change": 12.0}
+    result = {"differences": [{"what": "kernel of a", "a": "6.1 (a)", "b": "6.1 (b)"}],
+              "pairs": [{"step": "ping", "variant": None, "metrics": [
+                  {**metric, "a": {"mean": 0.0}, "b": {"mean": 12.0}, "change_pct": 100.0, "verdict": "no repeats"},
+                  {**metric, "key": "rtt", "label": "rtt", "unit": "ms", "a": {"mean": 1.0}, "b": {"mean": 1.1},
+                   "change_pct": 10.0, "verdict": "beyond noise"},
+                  {**metric, "key": "same", "change": 0.0, "a": {"mean": 1.0}, "b": {"mean": 1.0}, "change_pct": 0.0,
+                   "verdict": "within noise"}]}]}
+    why = report.explain(old, new, result)
+    assert [r["figure"] for r in why["changed"]] == ["ping.rtt", "ping.softnet_dropped"]  # beyond noise first
+    st = State(lab_file="/x/b.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle={"kind": "panic"})
+    text = report.explained_text(st, why)
+    assert "step 5 (bbbbbbbbbbbb): check big-ping failed: 100% packet loss" in text
+    assert "- kernel of a: 6.1 (a) -> 6.1 (b)" in text and "ping.softnet_dropped (softnet drops): 0 -> 12 (+100%" in text
