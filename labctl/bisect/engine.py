@@ -19,8 +19,9 @@ from typing import Any
 import labctl.bisect.oracle as orc
 import labctl.bisect.report as report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.bisect.trust as trust  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.bisect.state import OLD, SKIP, State, Step, save
+import labctl.bisect.verify as verify  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+from labctl.bisect.state import SKIP, State, Step, save
+from labctl.bisect.verify import Run, TryEnv
 from labctl.bisect.worktree import BuildCache, Worktree, config_hash
 from labctl.bundle import CONSOLE, GUESTS, SUMMARY
 from labctl.debug import make_title, parse_oopses
@@ -39,9 +40,8 @@ from labctl.up import UpOptions, down
 
 STEPS_DIR = "steps"
 REFERENCE_DIR = "reference"
-ESTIMATE_DIR = "estimate"  # --tries auto's runs of the failing end
-CONFIRM_DIR = "confirm"  # the runs of the new end with the answer reverted
-CONFIRMED, NOT_CONFIRMED = "confirmed", "not confirmed"
+CONFIRM_DIR = verify.CONFIRM_DIR
+CONFIRMED, NOT_CONFIRMED = verify.CONFIRMED, verify.NOT_CONFIRMED
 COMMAND_TIMEOUT = 120.0
 
 
@@ -91,42 +91,6 @@ def evidence(run_dir: Path | None) -> orc.Evidence:
     return ev
 
 
-@dataclasses.dataclass(frozen=True)
-class TryEnv:
-    """What the oracle's command sees of the try it judges: ``LABCTL_TRY`` (1..N) and ``LABCTL_COMMIT``."""
-
-    n: int = 1
-    commit: str = ""
-
-    def prefix(self) -> str:
-        return f"LABCTL_TRY={self.n} LABCTL_COMMIT={self.commit}; export LABCTL_TRY LABCTL_COMMIT; "
-
-
-@dataclasses.dataclass
-class Tried:
-    """A try's (or a commit's, over its tries) outcome: pass, fail, undecided, or "" when the lab did not run."""
-
-    outcome: str = ""
-    reason: str = ""
-    figure: dict[str, Any] | None = None
-    run: str = ""  # the run bundle, relative to the bisect bundle
-    attempts: int = 0
-    warm: bool = False  # a guest of it was restored from its post-boot snapshot
-    boot: float = 0.0  # seconds to the lab being up (booted or restored)
-    seconds: float = 0.0  # the try's, all told
-
-
-@dataclasses.dataclass
-class Run:
-    """One run of the lab on one build."""
-
-    evidence: orc.Evidence
-    run_dir: Path | None
-    times: dict[str, float]
-    error: str = ""  # why the lab did not come up (then there is no verdict)
-    warm: bool = False  # a guest was restored from its post-boot snapshot, not booted
-
-
 class Bisector:
     """Runs the bisection whose state is ``state``, writing into the bisect bundle ``bundle``."""
 
@@ -161,7 +125,7 @@ class Bisector:
         if self.oracle.kind == "figure" and self.oracle.worse_than_good is not None and not st.reference:
             self._reference()
         if st.tries <= 0 and not st.estimate:
-            self._estimate()
+            verify.estimate(self)
         while not st.done:
             nxt = search.next_step(self.tree, st.news[-1] if st.news else st.bad, st.olds or [st.good], st.skips)
             if nxt.commit is None:
@@ -185,7 +149,7 @@ class Bisector:
             self.say(f"step {step.n}: {step.commit[:12]} is {st.term(step.verdict)}: {step.reason}  "
                      f"[{_times_text(step.times)}]")
         if st.confirm and st.result.get("first") and not st.confirmation:
-            self._confirm()
+            verify.confirm(self)
             save(self.bundle, st)
             report.write(self.bundle, st)
         return st
@@ -194,68 +158,14 @@ class Bisector:
         """--worse-than-good: the good end run once, its figures the reference."""
         st = self.state
         self.say(f"reference: the {st.term_old} end {st.good[:12]} (for --worse-than-good)")
-        kernel, _, why = self._kernel(st.good, Step(n=0, commit=st.good))
+        kernel, _, why = self.kernel(st.good, Step(n=0, commit=st.good))
         if kernel is None:
             raise LabctlError(f"the {st.term_old} end {st.good[:12]} cannot be built: {why}")
-        run = self._run_lab(kernel, self.bundle / REFERENCE_DIR)
+        run = self.run_lab(kernel, self.bundle / REFERENCE_DIR)
         if run.run_dir is None:
             raise LabctlError(f"the {st.term_old} end {st.good[:12]} does not run the lab: {run.error}")
         st.reference = str(run.run_dir.relative_to(self.bundle))
         save(self.bundle, st)
-
-    def _estimate(self) -> None:
-        """--tries auto: the failing end run K times; its failure rate picks the tries a commit."""
-        st = self.state
-        end = st.good if self.oracle.fixed else st.bad
-        k = st.estimate_runs or trust.ESTIMATE_RUNS
-        self.say(f"--tries auto: running the failing end {end[:12]} {k} times for its failure rate")
-        kernel, _, why = self._kernel(end, Step(n=0, commit=end))
-        if kernel is None:
-            raise LabctlError(f"--tries auto: the failing end {end[:12]} cannot be built: {why}")
-        times: dict[str, float] = {}
-        log: list[dict[str, Any]] = []
-        for i in range(1, k + 1):
-            t = self._one_try(kernel, end, self.bundle / ESTIMATE_DIR, i, times)
-            log.append({"n": i, "outcome": t.outcome or "error", "reason": t.reason, "run": t.run, "warm": t.warm,
-                        "boot": t.boot, "seconds": t.seconds})
-            self.say(f"  run {i}/{k}: {t.outcome or 'error'}: {t.reason}")
-            if not t.outcome:
-                raise LabctlError(f"--tries auto: the failing end {end[:12]} does not run the lab: {t.reason}")
-        est = trust.estimate(end, [t["outcome"] for t in log])
-        if est.fails == 0:
-            raise LabctlError(f"--tries auto: the failing end {end[:12]} did not fail in {k} runs: no rate to read",
-                              hint="give more runs (--estimate-runs K), or check the oracle and the ends")
-        st.estimate = {**est.to_dict(), "log": log, "times": times}
-        save(self.bundle, st)
-        self.say(trust.confidence_text(st.estimate))
-
-    def _confirm(self) -> None:
-        """The first new commit reverted on the new end, built and run as a commit is: confirmed when that is old."""
-        st = self.state
-        first, on, n = str(st.result["first"]), st.bad, st.tries_wanted()
-        self.say(f"confirming: {first[:12]} reverted on the {st.term_new} end {on[:12]}, {n} tries")
-        t0 = time.monotonic()
-        conf: dict[str, Any] = {"reverted": first, "on": on, "tries": [], "times": {}}
-        step = Step(n=0, commit=on)
-        kernel, _, why = self._kernel(on, step, revert_of=first)
-        conf["times"].update(step.times)
-        if kernel is None:
-            conf.update(status=NOT_CONFIRMED, reason=f"with {first[:12]} reverted, {on[:12]} {why}")
-        else:
-            j = self._tries(kernel, on, self.bundle / CONFIRM_DIR, n, conf["times"], conf["tries"])
-            conf["run"] = j.run
-            verdict = self._verdict(j.outcome) if j.outcome in (orc.PASS, orc.FAIL) else SKIP
-            if verdict == OLD:
-                conf.update(status=CONFIRMED, reason=f"with {first[:12]} reverted, {on[:12]} is {st.term_old}: {j.reason}")
-            elif verdict == SKIP:
-                conf.update(status=NOT_CONFIRMED, reason=f"with {first[:12]} reverted, {on[:12]} gave no verdict: "
-                                                         f"{j.reason}")
-            else:
-                conf.update(status=NOT_CONFIRMED,
-                            reason=f"with {first[:12]} reverted, {on[:12]} is still {st.term_new}: {j.reason}")
-        _own_share(conf["times"], t0)
-        st.confirmation = conf
-        self.say(f"{conf['status']}: {conf['reason']}")
 
     # ------------------------------------------------------------------ one step
 
@@ -263,92 +173,27 @@ class Bisector:
         t0 = time.monotonic()
         step.times = {}
         step.tries = []
-        kernel, _built, why = self._kernel(step.commit, step)
+        kernel, _built, why = self.kernel(step.commit, step)
         if kernel is None:
             step.verdict, step.outcome, step.reason = SKIP, "", why
             step.times["total"] = round(time.monotonic() - t0, 2)
             return
         out = self.bundle / STEPS_DIR / f"{step.n:02d}-{step.commit[:12]}"
-        j = self._tries(kernel, step.commit, out, self.state.tries_wanted(), step.times, step.tries)
+        j = verify.run_tries(self, kernel, step.commit, out, self.state.tries_wanted(), step.times, step.tries)
         step.attempts, step.run, step.figure = j.attempts, j.run, j.figure
         step.outcome, step.reason = j.outcome, j.reason
-        step.verdict = SKIP if j.outcome in ("", orc.UNDECIDED) else self._verdict(j.outcome)
-        _own_share(step.times, t0)
+        step.verdict = SKIP if j.outcome in ("", orc.UNDECIDED) else self.verdict(j.outcome)
+        verify.own_share(step.times, t0)
 
-    def _tries(self, kernel: Kernel, commit: str, out: Path, n: int, times: dict[str, float],
-               log: list[dict[str, Any]]) -> Tried:
-        """Up to ``n`` runs of the lab on ``kernel`` (the first fail decides), each in ``log``; the commit's outcome
-        ("" when the lab did not run)."""
-        outcomes: list[str] = []
-        last = Tried()
-        for i in range(1, n + 1):
-            last = self._one_try(kernel, commit, out, i, times)
-            log.append({"n": i, "outcome": last.outcome or "error", "reason": last.reason, "run": last.run,
-                        "warm": last.warm, "attempts": last.attempts, "boot": last.boot, "seconds": last.seconds})
-            if n > 1:
-                self.say(f"  try {i}/{n}: {last.outcome or 'error'}: {last.reason}")
-            if not last.outcome:
-                return last
-            outcomes.append(last.outcome)
-            if trust.should_stop(outcomes, n):
-                break
-        outcome = trust.combine(outcomes)
-        if n > 1:
-            last.reason = (f"try {len(outcomes)} of {n} failed: {last.reason}" if outcome == orc.FAIL else
-                           f"all {n} tries passed: {last.reason}" if outcome == orc.PASS else last.reason)
-        last.outcome = outcome
-        last.attempts = sum(int(t.get("attempts") or 0) for t in log)
-        return last
-
-    def _one_try(self, kernel: Kernel, commit: str, out: Path, n: int, times: dict[str, float]) -> Tried:
-        """One try: a run of the lab judged by the oracle; an undecided run is run once more."""
-        reference = self._reference_summary()
-        tried = Tried()
-        t0 = time.monotonic()
-        try:
-            return self._attempts(kernel, commit, out, n, times, reference, tried)
-        finally:
-            tried.seconds = round(time.monotonic() - t0, 2)
-
-    def _attempts(self, kernel: Kernel, commit: str, out: Path, n: int, times: dict[str, float],
-                  reference: dict[str, Any] | None, tried: Tried) -> Tried:
-        for attempt in (1, 2):
-            tried.attempts = attempt
-            run = self._run_lab(kernel, out, TryEnv(n, commit))
-            for k, v in run.times.items():
-                times[k] = round(times.get(k, 0.0) + v, 2)
-            tried.warm = tried.warm or run.warm
-            tried.boot = round(tried.boot + run.times.get("boot", 0.0), 2)
-            if run.run_dir is not None:
-                tried.run = str(run.run_dir.relative_to(self.bundle))
-            if run.error:
-                if self.oracle.kind == "panic" and "panic" in run.error.lower():
-                    tried.outcome, tried.reason = orc.FAIL, run.error
-                    return tried
-                tried.outcome, tried.reason = "", f"the lab did not run: {run.error}"
-                return tried
-            t1 = time.monotonic()
-            j = orc.judge(self.oracle, run.evidence, reference)
-            times["oracle"] = round(times.get("oracle", 0.0) + time.monotonic() - t1, 2)
-            tried.outcome, tried.reason = j.outcome, j.reason
-            tried.figure = dict(j.figure) if j.figure is not None else None
-            if j.outcome != orc.UNDECIDED:
-                return tried
-            if attempt == 1:
-                self.say(f"  undecided ({j.reason}); running the lab once more")
-            else:
-                tried.reason = f"undecided twice: {j.reason}"
-        return tried
-
-    def _verdict(self, outcome: str) -> str:
+    def verdict(self, outcome: str) -> str:
         return orc.term_of(outcome, self.oracle.fixed)
 
-    def _reference_summary(self) -> dict[str, Any] | None:
+    def reference_summary(self) -> dict[str, Any] | None:
         if not self.state.reference:
             return None
         return dict(evidence(self.bundle / self.state.reference).summary)
 
-    def _kernel(self, commit: str, step: Step, revert_of: str = "") -> tuple[Kernel | None, bool, str]:
+    def kernel(self, commit: str, step: Step, revert_of: str = "") -> tuple[Kernel | None, bool, str]:
         """The commit's kernel (with ``revert_of`` reverted on it), prepared: from the build cache, else checked out,
         built and prepared."""
         key = f"{commit}-revert-{revert_of}" if revert_of else commit
@@ -400,7 +245,7 @@ class Bisector:
             out[g] = tree_kernel if g in guests else prep.prepare(spec, opts, NullReporter())
         return out
 
-    def _run_lab(self, kernel: Kernel, out_root: Path, env: TryEnv | None = None) -> Run:
+    def run_lab(self, kernel: Kernel, out_root: Path, env: TryEnv | None = None) -> Run:
         """Up, the lab's steps into a run bundle under ``out_root``, the oracle's commands, down."""
         times: dict[str, float] = {}
         t0 = time.monotonic()
@@ -464,14 +309,6 @@ class Bisector:
             check = Check(name=o.kind, guest=guest, command=command, timeout=float(o.timeout or COMMAND_TIMEOUT),
                           kind="drgn" if o.kind == "drgn" else "shell")
             ev.command = run_checks(state, [check])[0].to_dict()
-
-
-def _own_share(times: dict[str, float], t0: float) -> None:
-    """The step's total, and labctl's own share of it (what the build, boots, steps and oracle did not take)."""
-    total = time.monotonic() - t0
-    times["total"] = round(total, 2)
-    own = total - sum(times.get(k, 0.0) for k in ("build", "boot", "steps", "oracle_run"))
-    times["labctl"] = round(max(own, 0.0), 2)
 
 
 def _times_text(t: dict[str, float]) -> str:

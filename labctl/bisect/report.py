@@ -22,7 +22,7 @@ from typing import Any
 
 import labctl.bisect.oracle as orc
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.bisect.trust as trust  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.bisect.tries as tries  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import NEW, OLD, State, Step
 from labctl.bundle import BEYOND as BEYOND_NOISE
 from labctl.bundle import load_run
@@ -58,7 +58,7 @@ def rows(state: State) -> list[list[str]]:
         t = s.times
         out.append([str(s.n), s.commit[:12], s.subject, _num(t.get("build")) + (" (cached)" if s.cached_build else ""),
                     _num(t.get("prepare")), _num(t.get("boot")), _num(t.get("steps")), _num(t.get("labctl")),
-                    trust.tries_text([str(x.get("outcome")) for x in s.tries]), state.term(s.verdict) if s.verdict else "(running)", _fig(s), s.reason])
+                    tries.tries_text([str(x.get("outcome")) for x in s.tries]), state.term(s.verdict) if s.verdict else "(running)", _fig(s), s.reason])
     return out
 
 
@@ -86,9 +86,9 @@ def confidence(state: State) -> dict[str, Any] | None:
     if not state.estimate:
         return None
     passes = sum(1 for s in state.steps if s.verdict and s.outcome == orc.PASS)
-    answer = trust.answer_confidence(state.estimate, passes)
+    answer = tries.answer_confidence(state.estimate, passes)
     return {"verdict": state.estimate.get("confidence"), "answer": answer, "passing_verdicts": passes,
-            "below_95": bool(answer is not None and answer < 1 - trust.MISS)}
+            "below_95": bool(answer is not None and answer < 1 - tries.MISS)}
 
 
 def trust_lines(state: State) -> list[str]:
@@ -99,7 +99,7 @@ def trust_lines(state: State) -> list[str]:
                      + f"; a commit is {state.term_new if not state.oracle.get('fixed') else state.term_old} "
                      "when any try fails, else when all pass")
     if state.estimate:
-        lines.append(trust.confidence_text(state.estimate))
+        lines.append(tries.confidence_text(state.estimate))
         c = confidence(state) or {}
         if state.done and c.get("answer") is not None:
             lines.append(f"the answer rests on {c['passing_verdicts']} passing verdicts: at least "

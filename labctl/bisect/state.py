@@ -71,7 +71,7 @@ class State:
     reference: str = ""  # the old end's run bundle, for --worse-than-good
     tries: int = 1  # the oracle's runs a commit (--tries N); 0: auto, read from ``estimate`` once made
     estimate_runs: int = 0  # --tries auto: runs of the failing end (K)
-    estimate: dict[str, Any] = field(default_factory=dict)  # --tries auto's (labctl.bisect.trust.Estimate)
+    estimate: dict[str, Any] = field(default_factory=dict)  # --tries auto's (labctl.bisect.tries.Estimate)
     confirm: bool = True  # revert the first new commit on the new end and run it (--no-confirm: not)
     confirmation: dict[str, Any] = field(default_factory=dict)  # status, reason, tries, run, times
     lab_up: bool = False  # the lab was brought up by a step that has not taken it down yet

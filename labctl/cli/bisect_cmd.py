@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labctl.bisect import Bisector, State, load, on_tree, report, save, search, tree_guests, trust
+from labctl.bisect import Bisector, State, load, on_tree, report, save, search, tree_guests, tries
 from labctl.bisect import oracle as orc
 from labctl.bisect import worktree as bbuild
 from labctl.cli.lifecycle_cmds import load_with_kernel
@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="run the oracle up to N times a commit: bad when any try fails, good when all pass; auto: "
                         "N from the failing end's failure rate, for 95%% confidence (default 1)")
     t.add_argument("--estimate-runs", type=int, default=None, metavar="K",
-                   help=f"--tries auto: run the failing end K times for its failure rate (default {trust.ESTIMATE_RUNS})")
+                   help=f"--tries auto: run the failing end K times for its failure rate (default {tries.ESTIMATE_RUNS})")
     t.add_argument("--no-confirm", action="store_true",
                    help="do not confirm the answer by reverting it on the bad end and running that")
     p.add_argument("--term-old", default=None, metavar="TERM", help="git bisect's old term (default: good)")
@@ -112,14 +112,14 @@ def _tries(args: argparse.Namespace) -> tuple[int, int]:
     """--tries N|auto and --estimate-runs K: (N, K), N 0 for auto."""
     value = str(args.tries).strip().lower()
     if value == "auto":
-        k = trust.ESTIMATE_RUNS if args.estimate_runs is None else args.estimate_runs
+        k = tries.ESTIMATE_RUNS if args.estimate_runs is None else args.estimate_runs
         if not 1 <= k <= 100:
             raise UsageError(f"--estimate-runs {k}: give 1 to 100 runs")
         return 0, k
     if args.estimate_runs is not None:
         raise UsageError("--estimate-runs goes with --tries auto")
-    if not value.isdigit() or not 1 <= int(value) <= trust.MAX_TRIES * 5:
-        raise UsageError(f"--tries {args.tries}: give a number of tries (1 to {trust.MAX_TRIES * 5}) or 'auto'")
+    if not value.isdigit() or not 1 <= int(value) <= tries.MAX_TRIES * 5:
+        raise UsageError(f"--tries {args.tries}: give a number of tries (1 to {tries.MAX_TRIES * 5}) or 'auto'")
     return int(value), 0
 
 

@@ -313,8 +313,8 @@ def test_a_steps_verdict_follows_the_oracle(tmp_path: Path, fixed: bool, outcome
                   "seconds": 0.1, "hint": "", "detail": ""}
         return engine.Run(orc.Evidence(summary={"steps": []}, checks=[record]), None, {"boot": 1.0})  # type: ignore[list-item]
 
-    bis._kernel = lambda commit, step, revert_of="": (object(), True, "")  # type: ignore[method-assign, assignment, return-value]
-    bis._run_lab = run_lab  # type: ignore[method-assign]
+    bis.kernel = lambda commit, step, revert_of="": (object(), True, "")  # type: ignore[method-assign, assignment, return-value]
+    bis.run_lab = run_lab  # type: ignore[method-assign]
     step = Step(n=1, commit="c" * 40)
     bis._step(step)
     assert (step.outcome or "undecided", step.verdict) == (outcome, verdict)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.bisect import engine, report, trust
+from labctl.bisect import engine, report, tries
 from labctl.bisect import oracle as orc
 from labctl.bisect.state import State
 from labctl.errors import LabctlError
@@ -21,31 +21,31 @@ FAIL, PASS, UNDECIDED = orc.FAIL, orc.PASS, orc.UNDECIDED
 
 
 def test_the_first_fail_decides_and_a_pass_needs_every_try() -> None:
-    assert trust.combine([PASS, PASS, FAIL]) == FAIL
-    assert trust.combine([PASS, PASS]) == PASS
-    assert trust.combine([PASS, UNDECIDED]) == UNDECIDED
-    assert trust.combine([]) == UNDECIDED
-    assert not trust.should_stop([PASS, PASS], 3) and trust.should_stop([PASS, PASS, PASS], 3)
-    assert trust.should_stop([PASS, FAIL], 3) and trust.should_stop([UNDECIDED], 3)
+    assert tries.combine([PASS, PASS, FAIL]) == FAIL
+    assert tries.combine([PASS, PASS]) == PASS
+    assert tries.combine([PASS, UNDECIDED]) == UNDECIDED
+    assert tries.combine([]) == UNDECIDED
+    assert not tries.should_stop([PASS, PASS], 3) and tries.should_stop([PASS, PASS, PASS], 3)
+    assert tries.should_stop([PASS, FAIL], 3) and tries.should_stop([UNDECIDED], 3)
 
 
-@pytest.mark.parametrize("p, n", [(0.5, 5), (1 / 3, 8), (2 / 3, 3), (0.9, 2), (1.0, 1), (0.01, trust.MAX_TRIES)])
+@pytest.mark.parametrize("p, n", [(0.5, 5), (1 / 3, 8), (2 / 3, 3), (0.9, 2), (1.0, 1), (0.01, tries.MAX_TRIES)])
 def test_tries_for_a_rate_keep_a_miss_under_five_percent(p: float, n: int) -> None:
-    assert trust.tries_for(p) == n
-    if n < trust.MAX_TRIES:
-        assert (1 - p) ** n < trust.MISS <= (1 - p) ** (n - 1) or n == 1
-        assert trust.confidence(p, n) > 0.95
+    assert tries.tries_for(p) == n
+    if n < tries.MAX_TRIES:
+        assert (1 - p) ** n < tries.MISS <= (1 - p) ** (n - 1) or n == 1
+        assert tries.confidence(p, n) > 0.95
 
 
 def test_the_estimate_never_reads_every_run_failing_as_always() -> None:
-    est = trust.estimate("c" * 40, [FAIL, FAIL, FAIL])
+    est = tries.estimate("c" * 40, [FAIL, FAIL, FAIL])
     assert est.fails == 3 and est.rate == pytest.approx(5 / 6, abs=1e-3) and est.tries == 2
-    est = trust.estimate("c" * 40, [PASS, FAIL, FAIL, UNDECIDED])  # undecided runs are not counted
+    est = tries.estimate("c" * 40, [PASS, FAIL, FAIL, UNDECIDED])  # undecided runs are not counted
     assert (est.runs, est.fails, est.tries) == (3, 2, 3) and est.confidence == pytest.approx(1 - (1 / 3) ** 3, abs=1e-3)
-    low = trust.estimate("c" * 40, [FAIL] + [PASS] * 49)  # 2%: 20 tries are not enough
-    assert low.tries == trust.MAX_TRIES and low.confidence < 0.95
-    assert "below 95%" in trust.confidence_text(low.to_dict())
-    assert "below" not in trust.confidence_text(est.to_dict())
+    low = tries.estimate("c" * 40, [FAIL] + [PASS] * 49)  # 2%: 20 tries are not enough
+    assert low.tries == tries.MAX_TRIES and low.confidence < 0.95
+    assert "below 95%" in tries.confidence_text(low.to_dict())
+    assert "below" not in tries.confidence_text(est.to_dict())
 
 
 class Flaky:
@@ -84,8 +84,8 @@ def _bisector(tmp_path: Path, repo: Path, shas: list[str], flaky: Flaky, tries: 
     bundle.mkdir()
     bis = engine.Bisector(bundle, st, lab, None, None, None)  # type: ignore[arg-type]
     bis.wt.ensure = lambda rev, say=None: None  # type: ignore[method-assign, assignment, misc]
-    bis._kernel = flaky.kernel  # type: ignore[method-assign, assignment]
-    bis._run_lab = flaky.run_lab  # type: ignore[method-assign, assignment]
+    bis.kernel = flaky.kernel  # type: ignore[method-assign, assignment]
+    bis.run_lab = flaky.run_lab  # type: ignore[method-assign, assignment]
     return bis
 
 
@@ -108,7 +108,7 @@ def test_tries_auto_on_a_flaky_oracle_finds_and_confirms_the_commit(history: tup
     st = _bisector(tmp_path, repo, shas, flaky, tries=0, estimate_runs=12).run()
     est = st.estimate
     assert est["commit"] == shas[-1] and est["runs"] == 12 and 0 < est["fails"] <= 12
-    assert est["tries"] == trust.tries_for(est["rate"]) and [r for r in flaky.runs[:12]] == [(shas[-1], i) for i in range(1, 13)]
+    assert est["tries"] == tries.tries_for(est["rate"]) and [r for r in flaky.runs[:12]] == [(shas[-1], i) for i in range(1, 13)]
     assert st.result["first"] == shas[FIRST_BAD]
     n = est["tries"]
     for step in st.steps:  # a good step passed every try; a bad one stopped at its first fail
@@ -160,7 +160,7 @@ def test_a_revert_that_does_not_apply_is_not_confirmed(history: tuple[Path, list
             return None, False, f"cannot be made: the revert does not apply: {why}"
         return (commit, ""), True, ""
 
-    bis._kernel = kernel  # type: ignore[method-assign, assignment]
+    bis.kernel = kernel  # type: ignore[method-assign, assignment]
     st = bis.run()
     assert st.confirmation["status"] == engine.NOT_CONFIRMED and "does not apply" in st.confirmation["reason"]
 
