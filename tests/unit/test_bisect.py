@@ -208,7 +208,9 @@ def test_only_the_guests_on_the_tree_move_to_the_worktree(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("extra", [[], ["--check", "a", "--panic"], ["--panic", "--below", "3"],
-                                   ["--figure", "transfer.throughput"]])
+                                   ["--figure", "transfer.throughput"], ["--panic", "--tries", "many"],
+                                   ["--panic", "--tries", "0"], ["--panic", "--estimate-runs", "3"],
+                                   ["--panic", "--tries", "auto", "--estimate-runs", "0"]])
 def test_bisect_usage_errors_exit_2(history: tuple[Path, list[str]], tmp_path: Path, extra: list[str]) -> None:
     from labctl.cli.main import main
 
