@@ -115,5 +115,6 @@ def confidence_text(est: dict[str, Any] | None) -> str:
             f"{est.get('runs')} runs (rate {float(est.get('rate') or 0):.2f}); {est.get('tries')} tries a commit; "
             f"each passing verdict {conf:.1%} sure")
     if conf < 1 - MISS:
-        text += f" (below {1 - MISS:.0%}: the rate is too low for {MAX_TRIES} tries)"
+        capped = int(est.get("tries") or 0) >= MAX_TRIES
+        text += f" (BELOW {1 - MISS:.0%}" + (f": the rate is too low for {MAX_TRIES} tries)" if capped else ")")
     return text
