@@ -1,20 +1,22 @@
 """``labctl bisect``: the commit of a kernel tree that changed a lab's outcome.
 
 Owns the search over a git history (:mod:`.search`: midpoints, good/bad/skip,
-the first bad commit), the build of each candidate in a worktree of the
+the first bad commit), how far a verdict of a flaky oracle can be trusted (:mod:`.tries`: tries,
+``--tries auto``'s failure rate and confidence), the build of each candidate in a worktree of the
 user's repository that labctl keeps in its cache (:mod:`.worktree`: the user's
 checkout, branch and files are never touched; builds are incremental and
 cached by commit), the oracles that judge a run of the lab (:mod:`.oracle`:
 a graded check, a step, a panic, a command, a figure over repeats), the state
 file that makes a bisection resumable (:mod:`.state`), the loop itself
-(:mod:`.engine`) and the bisect bundle (:mod:`.report`).
+(:mod:`.engine`), the runs that check it (:mod:`.verify`: ``--tries auto``'s reading of the failing
+end, the answer confirmed by reverting it on the bad end) and the bisect bundle (:mod:`.report`).
 
 Imports never: labctl.cli
 """
 
 from __future__ import annotations
 
-from labctl.bisect import oracle, report, search, worktree
+from labctl.bisect import oracle, report, search, tries, worktree
 from labctl.bisect.engine import Bisector, on_tree, tree_guests
 from labctl.bisect.state import State, load, save
 
@@ -28,5 +30,6 @@ __all__ = [
     "save",
     "search",
     "tree_guests",
+    "tries",
     "worktree",
 ]

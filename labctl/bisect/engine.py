@@ -19,7 +19,9 @@ from typing import Any
 import labctl.bisect.oracle as orc
 import labctl.bisect.report as report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.bisect.verify as verify  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import SKIP, State, Step, save
+from labctl.bisect.verify import Run, TryEnv
 from labctl.bisect.worktree import BuildCache, Worktree, config_hash
 from labctl.bundle import CONSOLE, GUESTS, SUMMARY
 from labctl.debug import make_title, parse_oopses
@@ -38,6 +40,8 @@ from labctl.up import UpOptions, down
 
 STEPS_DIR = "steps"
 REFERENCE_DIR = "reference"
+CONFIRM_DIR = verify.CONFIRM_DIR
+CONFIRMED, NOT_CONFIRMED = verify.CONFIRMED, verify.NOT_CONFIRMED
 COMMAND_TIMEOUT = 120.0
 
 
@@ -87,16 +91,6 @@ def evidence(run_dir: Path | None) -> orc.Evidence:
     return ev
 
 
-@dataclasses.dataclass
-class Run:
-    """One run of the lab on one build."""
-
-    evidence: orc.Evidence
-    run_dir: Path | None
-    times: dict[str, float]
-    error: str = ""  # why the lab did not come up (then there is no verdict)
-
-
 class Bisector:
     """Runs the bisection whose state is ``state``, writing into the bisect bundle ``bundle``."""
 
@@ -130,6 +124,8 @@ class Bisector:
         self.wt.ensure(st.good, self.say)
         if self.oracle.kind == "figure" and self.oracle.worse_than_good is not None and not st.reference:
             self._reference()
+        if st.tries <= 0 and not st.estimate:
+            verify.estimate(self)
         while not st.done:
             nxt = search.next_step(self.tree, st.news[-1] if st.news else st.bad, st.olds or [st.good], st.skips)
             if nxt.commit is None:
@@ -152,16 +148,20 @@ class Bisector:
             report.write(self.bundle, st)
             self.say(f"step {step.n}: {step.commit[:12]} is {st.term(step.verdict)}: {step.reason}  "
                      f"[{_times_text(step.times)}]")
+        if st.confirm and st.result.get("first") and not st.confirmation:
+            verify.confirm(self)
+            save(self.bundle, st)
+            report.write(self.bundle, st)
         return st
 
     def _reference(self) -> None:
         """--worse-than-good: the good end run once, its figures the reference."""
         st = self.state
         self.say(f"reference: the {st.term_old} end {st.good[:12]} (for --worse-than-good)")
-        kernel, _, why = self._kernel(st.good, Step(n=0, commit=st.good))
+        kernel, _, why = self.kernel(st.good, Step(n=0, commit=st.good))
         if kernel is None:
             raise LabctlError(f"the {st.term_old} end {st.good[:12]} cannot be built: {why}")
-        run = self._run_lab(kernel, self.bundle / REFERENCE_DIR)
+        run = self.run_lab(kernel, self.bundle / REFERENCE_DIR)
         if run.run_dir is None:
             raise LabctlError(f"the {st.term_old} end {st.good[:12]} does not run the lab: {run.error}")
         st.reference = str(run.run_dir.relative_to(self.bundle))
@@ -172,75 +172,59 @@ class Bisector:
     def _step(self, step: Step) -> None:
         t0 = time.monotonic()
         step.times = {}
-        kernel, _built, why = self._kernel(step.commit, step)
+        step.tries = []
+        kernel, _built, why = self.kernel(step.commit, step)
         if kernel is None:
             step.verdict, step.outcome, step.reason = SKIP, "", why
             step.times["total"] = round(time.monotonic() - t0, 2)
             return
-        reference = self._reference_summary()
-        for attempt in (1, 2):
-            step.attempts = attempt
-            out = self.bundle / STEPS_DIR / f"{step.n:02d}-{step.commit[:12]}"
-            run = self._run_lab(kernel, out)
-            for k, v in run.times.items():
-                step.times[k] = round(step.times.get(k, 0.0) + v, 2)
-            if run.run_dir is not None:
-                step.run = str(run.run_dir.relative_to(self.bundle))
-            if run.error:
-                if self.oracle.kind == "panic" and "panic" in run.error.lower():
-                    step.verdict, step.outcome, step.reason = self._verdict(orc.FAIL), orc.FAIL, run.error
-                    break
-                step.verdict, step.outcome, step.reason = SKIP, "", f"the lab did not run: {run.error}"
-                break
-            t1 = time.monotonic()
-            j = orc.judge(self.oracle, run.evidence, reference)
-            step.times["oracle"] = round(step.times.get("oracle", 0.0) + time.monotonic() - t1, 2)
-            step.outcome, step.reason = j.outcome, j.reason
-            step.figure = dict(j.figure) if j.figure is not None else None
-            if j.outcome != orc.UNDECIDED:
-                step.verdict = self._verdict(j.outcome)
-                break
-            if attempt == 1:
-                self.say(f"step {step.n}: undecided ({j.reason}); running the lab once more")
-            else:
-                step.verdict, step.reason = SKIP, f"undecided twice: {j.reason}"
-        total = time.monotonic() - t0
-        step.times["total"] = round(total, 2)
-        own = total - sum(step.times.get(k, 0.0) for k in ("build", "boot", "steps", "oracle_run"))
-        step.times["labctl"] = round(max(own, 0.0), 2)
+        out = self.bundle / STEPS_DIR / f"{step.n:02d}-{step.commit[:12]}"
+        j = verify.run_tries(self, kernel, step.commit, out, self.state.tries_wanted(), step.times, step.tries)
+        step.attempts, step.run, step.figure = j.attempts, j.run, j.figure
+        step.outcome, step.reason = j.outcome, j.reason
+        step.verdict = SKIP if j.outcome in ("", orc.UNDECIDED) else self.verdict(j.outcome)
+        verify.own_share(step.times, t0)
 
-    def _verdict(self, outcome: str) -> str:
+    def verdict(self, outcome: str) -> str:
         return orc.term_of(outcome, self.oracle.fixed)
 
-    def _reference_summary(self) -> dict[str, Any] | None:
+    def reference_summary(self) -> dict[str, Any] | None:
         if not self.state.reference:
             return None
         return dict(evidence(self.bundle / self.state.reference).summary)
 
-    def _kernel(self, commit: str, step: Step) -> tuple[Kernel | None, bool, str]:
-        """The commit's kernel, prepared: from the build cache, else checked out, built and prepared."""
-        cached = self.cache.get(commit, self.cfg)
+    def kernel(self, commit: str, step: Step, revert_of: str = "") -> tuple[Kernel | None, bool, str]:
+        """The commit's kernel (with ``revert_of`` reverted on it), prepared: from the build cache, else checked out,
+        built and prepared."""
+        key = f"{commit}-revert-{revert_of}" if revert_of else commit
+        cached = self.cache.get(key, self.cfg)
         if cached is not None:
             step.cached_build = True
             step.times.update({"build": 0.0, "prepare": 0.0})
             self.say(f"  {commit[:12]}: built before (kernel {cached.name})")
             return Kernel.at(cached), False, ""
-        failed = self.cache.failure(commit, self.cfg)
+        failed = self.cache.failure(key, self.cfg)
         if failed is not None:
             step.cached_build = True
             step.times["build"] = 0.0
             return None, False, f"does not build: {failed} (built before)"
         t0 = time.monotonic()
         self.wt.checkout(commit)
+        if revert_of:
+            why = self.wt.revert(revert_of)
+            if why:
+                return None, False, f"cannot be made: the revert does not apply: {why}"
         step.times["checkout"] = round(time.monotonic() - t0, 2)
-        self.say(f"  {commit[:12]}: building (make -j{self.jobs} vmlinux modules)")
+        self.say(f"  {commit[:12]}{' with ' + revert_of[:12] + ' reverted' if revert_of else ''}: building "
+                 f"(make -j{self.jobs} vmlinux modules)")
         res = self.wt.build(self.jobs, self.on_build_line)
         step.times["build"] = round(res.seconds, 2)
         if not res.ok:
             (self.bundle / STEPS_DIR).mkdir(parents=True, exist_ok=True)
-            (self.bundle / STEPS_DIR / f"{step.n:02d}-{commit[:12]}-build.log").write_text(res.log + "\n")
+            log = f"{CONFIRM_DIR}-build.log" if revert_of else f"{step.n:02d}-{commit[:12]}-build.log"
+            (self.bundle / STEPS_DIR / log).write_text(res.log + "\n")
             if ": error:" in res.reason:  # the code does not compile (not a killed or out-of-space make)
-                self.cache.put_failure(commit, self.cfg, res.reason)
+                self.cache.put_failure(key, self.cfg, res.reason)
             return None, False, f"does not build: {res.reason}"
         self.say(f"  {commit[:12]}: built in {res.seconds:.0f} s; preparing the kernel")
         t1 = time.monotonic()
@@ -250,7 +234,7 @@ class Bisector:
         except LabctlError as exc:
             return None, True, f"its kernel cannot be prepared: {exc.message}"
         step.times["prepare"] = round(time.monotonic() - t1, 2)
-        self.cache.put(commit, self.cfg, kernel.dir)
+        self.cache.put(key, self.cfg, kernel.dir)
         return kernel, True, ""
 
     def _kernels(self, tree_kernel: Kernel) -> dict[str, Kernel]:
@@ -261,7 +245,7 @@ class Bisector:
             out[g] = tree_kernel if g in guests else prep.prepare(spec, opts, NullReporter())
         return out
 
-    def _run_lab(self, kernel: Kernel, out_root: Path) -> Run:
+    def run_lab(self, kernel: Kernel, out_root: Path, env: TryEnv | None = None) -> Run:
         """Up, the lab's steps into a run bundle under ``out_root``, the oracle's commands, down."""
         times: dict[str, float] = {}
         t0 = time.monotonic()
@@ -270,7 +254,8 @@ class Bisector:
         def on_up(state: LabState) -> None:
             times["boot"] = round(time.monotonic() - t0, 2)
             up_state.append(state)
-            self.say(f"  up in {times['boot']:.1f} s; running the lab's steps")
+            how = "restored" if state.warm else "up"
+            self.say(f"  {how} in {times['boot']:.1f} s; running the lab's steps")
 
         kernels = self._kernels(kernel)
         if self.state.lab_up and self.lab.ident in up_labs():  # left up by this bisection when interrupted
@@ -291,7 +276,7 @@ class Bisector:
                 times["steps"] = round(t1 - t0 - times.get("boot", 0.0), 2)
                 ev = evidence(run_dir)
                 if orc.needs_lab_after_steps(self.oracle) and up_state:
-                    self._after_steps(up_state[0], ev)
+                    self._after_steps(up_state[0], ev, env or TryEnv())
                 times["oracle_run"] = round(time.monotonic() - t1, 2)
             except LabctlError as exc:
                 error = exc.message
@@ -311,16 +296,17 @@ class Bisector:
             times["down"] = round(time.monotonic() - t2, 2)
             self.state.lab_up = False
             save(self.bundle, self.state)
-        return Run(ev, run_dir, times, error)
+        return Run(ev, run_dir, times, error, bool(up_state and up_state[0].warm))
 
-    def _after_steps(self, state: LabState, ev: orc.Evidence) -> None:
+    def _after_steps(self, state: LabState, ev: orc.Evidence, env: TryEnv) -> None:
         o = self.oracle
         if o.kind == "check":
             wanted = [c for c in checks_of(state) if c.name == o.name]
             ev.checks = [r.to_dict() for r in run_checks(state, wanted)] if wanted else []
         elif o.kind in ("command", "drgn"):
             guest = str(o.guest or next(iter(self.lab.guests)))
-            check = Check(name=o.kind, guest=guest, command=str(o.command), timeout=float(o.timeout or COMMAND_TIMEOUT),
+            command = str(o.command) if o.kind == "drgn" else env.prefix() + str(o.command)
+            check = Check(name=o.kind, guest=guest, command=command, timeout=float(o.timeout or COMMAND_TIMEOUT),
                           kind="drgn" if o.kind == "drgn" else "shell")
             ev.command = run_checks(state, [check])[0].to_dict()
 

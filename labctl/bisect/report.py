@@ -7,6 +7,8 @@
                             figure with its spread) and the answer with its diffstat
         first-bad.txt       ``git show --stat`` of the first bad commit
         compare.html        ``labctl compare`` of the last good run and the first bad one
+        explained.json      that comparison in short: each run's oracle words, what differs in the setups,
+                            the figures that changed most (beyond noise first)
         steps/NN-<sha>/<lab>-<time>/   one run bundle per step (NN-<sha>-build.log: a failed build)
         reference/<lab>-<time>/        the good end's run (--worse-than-good)
 """
@@ -20,7 +22,9 @@ from typing import Any
 
 import labctl.bisect.oracle as orc
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.bisect.tries as tries  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import NEW, OLD, State, Step
+from labctl.bundle import BEYOND as BEYOND_NOISE
 from labctl.bundle import load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
@@ -31,8 +35,10 @@ REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 FIRST_BAD = "first-bad.txt"
 COMPARE_HTML = "compare.html"
-COLUMNS = ("#", "commit", "subject", "build s", "prepare s", "boot s", "steps s", "labctl s", "verdict", "figure",
-           "why")
+EXPLAINED = "explained.json"  # the first bad run explained: its oracle's words, the figures that changed most
+MAX_CHANGED = 8
+COLUMNS = ("#", "commit", "subject", "build s", "prepare s", "boot s", "steps s", "labctl s", "tries", "verdict",
+           "figure", "why")
 
 
 def _fig(step: Step) -> str:
@@ -52,7 +58,7 @@ def rows(state: State) -> list[list[str]]:
         t = s.times
         out.append([str(s.n), s.commit[:12], s.subject, _num(t.get("build")) + (" (cached)" if s.cached_build else ""),
                     _num(t.get("prepare")), _num(t.get("boot")), _num(t.get("steps")), _num(t.get("labctl")),
-                    state.term(s.verdict) if s.verdict else "(running)", _fig(s), s.reason])
+                    tries.tries_text([str(x.get("outcome")) for x in s.tries]), state.term(s.verdict) if s.verdict else "(running)", _fig(s), s.reason])
     return out
 
 
@@ -75,13 +81,89 @@ def last_old_and_first_new(state: State) -> tuple[Step | None, Step | None]:
     return old, new
 
 
-def summary(state: State) -> dict[str, Any]:
+def confidence(state: State) -> dict[str, Any] | None:
+    """--tries auto's confidence: of each passing verdict, and (a lower bound) of the answer."""
+    if not state.estimate:
+        return None
+    passes = sum(1 for s in state.steps if s.verdict and s.outcome == orc.PASS)
+    answer = tries.answer_confidence(state.estimate, passes)
+    return {"verdict": state.estimate.get("confidence"), "answer": answer, "passing_verdicts": passes,
+            "below_95": bool(answer is not None and answer < 1 - tries.MISS)}
+
+
+def trust_lines(state: State) -> list[str]:
+    """What the answer rests on: the tries, --tries auto's estimate and confidence, the confirmation."""
+    lines = []
+    if state.tries != 1:
+        lines.append(f"tries: {state.tries_wanted()} a commit" + (" (--tries auto)" if state.tries <= 0 else "")
+                     + f"; a commit is {state.term_new if not state.oracle.get('fixed') else state.term_old} "
+                     "when any try fails, else when all pass")
+    if state.estimate:
+        lines.append(tries.confidence_text(state.estimate))
+        c = confidence(state) or {}
+        if state.done and c.get("answer") is not None:
+            lines.append(f"the answer rests on {c['passing_verdicts']} passing verdicts: at least "
+                         f"{float(c['answer']):.1%} sure" + (" (BELOW 95%)" if c.get("below_95") else ""))
+    conf = state.confirmation
+    if conf:
+        lines.append(f"{str(conf.get('status', '')).upper()}: {conf.get('reason', '')}")
+    elif state.done and state.result.get("first") and not state.confirm:
+        lines.append("not confirmed by a revert (--no-confirm)")
+    return lines
+
+
+def explain(old: Step, new: Step, result: dict[str, Any]) -> dict[str, Any]:
+    """The first bad run against the last good one: what the oracle said of each, how the setups differ, and the
+    figures that changed most (those beyond noise first, then by the size of the change)."""
+    rows = []
+    for pair in result.get("pairs") or []:
+        where = str(pair.get("step")) + (f".{pair['variant']}" if pair.get("variant") else "")
+        for m in pair.get("metrics") or []:
+            if m.get("change_pct") is None or not m.get("change"):
+                continue
+            rows.append({"figure": f"{where}.{m.get('key')}", "label": m.get("label"), "unit": m.get("unit") or "",
+                         "a": (m.get("a") or {}).get("mean"), "b": (m.get("b") or {}).get("mean"),
+                         "change_pct": m.get("change_pct"), "verdict": m.get("verdict")})
+    rows.sort(key=lambda r: (r["verdict"] != BEYOND_NOISE, -abs(float(r["change_pct"] or 0))))
+
+    def side(s: Step) -> dict[str, Any]:
+        return {"step": s.n, "commit": s.commit, "run": s.run, "reason": s.reason}
+
+    return {"last_good": side(old), "first_bad": side(new), "differences": result.get("differences") or [],
+            "changed": rows[:MAX_CHANGED]}
+
+
+def explained_text(state: State, why: dict[str, Any]) -> str:
+    good, bad = why["last_good"], why["first_bad"]
+    lines = [(f"The first {state.term_new} run explained: step {bad['step']} ({bad['commit'][:12]}): {bad['reason']}; "
+              f"step {good['step']} ({good['commit'][:12]}, {state.term_old}): {good['reason']}")]
+    lines += [f"- {d['what']}: {d['a']} -> {d['b']}" for d in why["differences"]]
+    lines += [f"- {r['figure']} ({r['label']}): {r['a']:.4g} -> {r['b']:.4g}{' ' + r['unit'] if r['unit'] else ''} "
+              f"({float(r['change_pct']):+.0f}%, {r['verdict']})" for r in why["changed"]
+              if isinstance(r["a"], int | float) and isinstance(r["b"], int | float)]
+    return "\n".join(lines)
+
+
+def explained(bundle: Path) -> dict[str, Any] | None:
+    """The bundle's explanation of the first bad run (None before the answer, or without a good run to compare)."""
+    try:
+        data = json.loads((bundle / EXPLAINED).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def summary(state: State, bundle: Path | None = None) -> dict[str, Any]:
     return {"lab": state.lab_file, "tree": state.tree, "oracle": state.oracle,
             "oracle_text": orc.describe(orc.Oracle.from_dict(state.oracle)), "terms": [state.term_old, state.term_new],
             "good": state.good, "bad": state.bad, "done": state.done, "result": state.result,
+            "tries": state.tries_wanted() if state.tries > 0 or state.estimate else "auto", "tries_auto": state.tries <= 0,
+            "estimate": state.estimate or None, "confidence": confidence(state),
+            "confirmation": state.confirmation or None, "trust": trust_lines(state),
+            "explained": explained(bundle) if bundle is not None else None,
             "steps": [{"n": s.n, "commit": s.commit, "subject": s.subject,
                        "verdict": state.term(s.verdict) if s.verdict else None, "outcome": s.outcome,
-                       "reason": s.reason, "figure": s.figure, "run": s.run, "attempts": s.attempts,
+                       "reason": s.reason, "figure": s.figure, "run": s.run, "attempts": s.attempts, "tries": s.tries,
                        "cached_build": s.cached_build, "times": s.times} for s in state.steps]}
 
 
@@ -116,6 +198,9 @@ def write(bundle: Path, state: State) -> None:
                 extra.append(f"[{COMPARE_HTML}]({COMPARE_HTML}): labctl compare of step {old.n} "
                              f"({state.term_old}, {old.commit[:12]}) and step {new.n} ({state.term_new}, "
                              f"{new.commit[:12]}), {result.get('flagged', 0)} figures changed beyond noise")
+                why = explain(old, new, result)
+                atomic_write(bundle / EXPLAINED, json.dumps(why, indent=1) + "\n")
+                extra.append(explained_text(state, why))
             except LabctlError as exc:
                 extra.append(f"no comparison: {exc.message}")
         else:
@@ -124,6 +209,7 @@ def write(bundle: Path, state: State) -> None:
     head = [f"# labctl bisect: {state.lab_file}", "",
             (f"tree {state.tree}, {state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; "
              f"oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}"), "", f"**{answer_text(state)}**", ""]
+    head += [f"- {line}" for line in trust_lines(state)] + ([""] if trust_lines(state) else [])
     table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     table += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(state)]
     md = "\n".join(head + table + [""] + [e + "\n" for e in extra])
@@ -137,6 +223,7 @@ def write(bundle: Path, state: State) -> None:
             f"table{{border-collapse:collapse}}</style></head><body>"
             f"<h1>labctl bisect: {html.escape(state.lab_file)}</h1>"
             f"<p>{html.escape(head[2])}</p><p><b>{html.escape(answer_text(state))}</b></p>"
+            + "".join(f"<p>{html.escape(line)}</p>" for line in trust_lines(state)) +
             f"<table><tr>{cells}</tr>{body}</table>{extra_html}</body></html>\n")
     atomic_write(bundle / REPORT_HTML, page)
-    atomic_write(bundle / SUMMARY, json.dumps(summary(state), indent=2) + "\n")
+    atomic_write(bundle / SUMMARY, json.dumps(summary(state, bundle), indent=2) + "\n")

@@ -40,6 +40,7 @@ class Step:
     figure: dict[str, Any] | None = None  # the figure oracle's values and spread
     run: str = ""  # the run bundle, relative to the bisect bundle
     attempts: int = 0
+    tries: list[dict[str, Any]] = field(default_factory=list)  # each try's outcome, reason, run, warm
     cached_build: bool = False
     times: dict[str, float] = field(default_factory=dict)  # build, prepare, boot, steps, oracle, down, total, labctl
 
@@ -68,6 +69,11 @@ class State:
     skips: list[str] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     reference: str = ""  # the old end's run bundle, for --worse-than-good
+    tries: int = 1  # the oracle's runs a commit (--tries N); 0: auto, read from ``estimate`` once made
+    estimate_runs: int = 0  # --tries auto: runs of the failing end (K)
+    estimate: dict[str, Any] = field(default_factory=dict)  # --tries auto's (labctl.bisect.tries.Estimate)
+    confirm: bool = True  # revert the first new commit on the new end and run it (--no-confirm: not)
+    confirmation: dict[str, Any] = field(default_factory=dict)  # status, reason, tries, run, times
     lab_up: bool = False  # the lab was brought up by a step that has not taken it down yet
     done: bool = False
     result: dict[str, Any] = field(default_factory=dict)  # first new commit, or the candidates left
@@ -86,6 +92,10 @@ class State:
                 raise ValueError(f"'{key}' is missing")
         steps = [Step.from_dict(s) for s in d.get("steps") or []]
         return cls(**fields, steps=steps)
+
+    def tries_wanted(self) -> int:
+        """The tries a commit gets: --tries N, or auto's once estimated (1 before)."""
+        return self.tries if self.tries > 0 else int(self.estimate.get("tries") or 1)
 
     def term(self, verdict: str) -> str:
         """A verdict in the user's words: good/bad (or the --term-old/--term-new pair), or skip."""

@@ -148,6 +148,19 @@ class Worktree:
     def checkout(self, rev: str) -> None:
         git(self.path, "checkout", "-q", "-f", "--detach", rev)
 
+    def revert(self, rev: str) -> str:
+        """``git revert --no-commit REV`` on what is checked out: "" when it applied, else git's words (and the
+        worktree back as it was)."""
+        res = run(["git", "-C", str(self.path), "revert", "--no-commit", rev], 600, check=False)
+        if res.returncode == 0:
+            return ""
+        words = " ".join((res.stderr or res.stdout).decode(errors="replace").split())
+        with contextlib.suppress(LabctlError):
+            git(self.path, "revert", "--abort")
+        with contextlib.suppress(LabctlError):
+            git(self.path, "checkout", "-q", "-f", "--detach", "HEAD")
+        return words[:300] or f"git revert exited {res.returncode}"
+
     def build(self, jobs: int, on_line: Callable[[str], None] = lambda _: None) -> BuildResult:
         """``olddefconfig`` with the tree's ``.config``, then ``make vmlinux modules``."""
         t0 = time.monotonic()

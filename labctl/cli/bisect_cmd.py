@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labctl.bisect import Bisector, State, load, on_tree, report, save, search, tree_guests
+from labctl.bisect import Bisector, State, load, on_tree, report, save, search, tree_guests, tries
 from labctl.bisect import oracle as orc
 from labctl.bisect import worktree as bbuild
 from labctl.cli.lifecycle_cmds import load_with_kernel
@@ -26,6 +26,7 @@ from labctl.pipeline import prepare
 from labctl.up import UpOptions
 
 EXIT_UNRESOLVED = 6  # only skipped commits are left: the answer is one of several
+EXIT_NOT_CONFIRMED = 7  # the answer is known, but the bad end with it reverted is not good
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,6 +49,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o.add_argument("--above", type=float, metavar="X", help="--figure: bad when above X")
     o.add_argument("--worse-than-good", type=float, metavar="PCT",
                    help="--figure: bad when worse than the good end's by more than PCT%% and beyond noise")
+    t = p.add_argument_group("trust")
+    t.add_argument("--tries", default="1", metavar="N|auto",
+                   help="run the oracle up to N times a commit: bad when any try fails, good when all pass; auto: "
+                        "N from the failing end's failure rate, for 95%% confidence (default 1)")
+    t.add_argument("--estimate-runs", type=int, default=None, metavar="K",
+                   help=f"--tries auto: run the failing end K times for its failure rate (default {tries.ESTIMATE_RUNS})")
+    t.add_argument("--no-confirm", action="store_true",
+                   help="do not confirm the answer by reverting it on the bad end and running that")
     p.add_argument("--term-old", default=None, metavar="TERM", help="git bisect's old term (default: good)")
     p.add_argument("--term-new", default=None, metavar="TERM", help="git bisect's new term (default: bad)")
     p.add_argument("--fixed", action="store_true",
@@ -99,6 +108,21 @@ def _oracle(args: argparse.Namespace) -> orc.Oracle:
     return orc.make(kind, **kw)
 
 
+def _tries(args: argparse.Namespace) -> tuple[int, int]:
+    """--tries N|auto and --estimate-runs K: (N, K), N 0 for auto."""
+    value = str(args.tries).strip().lower()
+    if value == "auto":
+        k = tries.ESTIMATE_RUNS if args.estimate_runs is None else args.estimate_runs
+        if not 1 <= k <= 100:
+            raise UsageError(f"--estimate-runs {k}: give 1 to 100 runs")
+        return 0, k
+    if args.estimate_runs is not None:
+        raise UsageError("--estimate-runs goes with --tries auto")
+    if not value.isdigit() or not 1 <= int(value) <= tries.MAX_TRIES * 5:
+        raise UsageError(f"--tries {args.tries}: give a number of tries (1 to {tries.MAX_TRIES * 5}) or 'auto'")
+    return int(value), 0
+
+
 def cmd_bisect(args: argparse.Namespace) -> int:
     if args.log is not None:
         bundle = _bundle_arg(args.log)
@@ -107,7 +131,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.cont is not None:
         bundle = _bundle_arg(args.cont)
         state = load(bundle)
-        if state.done:
+        if state.done and (state.confirmation or not state.confirm or not state.result.get("first")):
             return _show(bundle, state, args.json)
         return _go(bundle, state, args)
     return _go(*_start(args), args)
@@ -118,6 +142,7 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
         raise UsageError("labctl bisect LAB.yaml --tree DIR --good REV --bad REV ORACLE",
                          hint="or: labctl bisect --continue [BUNDLE] / --log [BUNDLE]")
     oracle = _oracle(args)
+    tries, estimate_runs = _tries(args)
     tree = args.tree.resolve()
     if not (tree / ".config").is_file() or not (tree / "Makefile").is_file():
         raise UsageError(f"--tree {args.tree}: not a configured kernel tree (no .config)",
@@ -143,7 +168,8 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
     work = bbuild.checked_work((args.work or bbuild.default_work(tree)).resolve())
     bundle = checked_dir(bundle, create=True)
     state = State(lab_file=str(Path(args.file).resolve()), tree=str(tree), good=good, bad=bad, oracle=oracle.to_dict(),
-                  term_old=term_old, term_new=term_new, work=str(work),
+                  term_old=term_old, term_new=term_new, work=str(work), tries=tries, estimate_runs=estimate_runs,
+                  confirm=not args.no_confirm,
                   up={"accel": args.accel, "boot_timeout": args.boot_timeout, "jobs": args.jobs},
                   trust_dirs=[str(Path(d).resolve()) for d in args.trust_dir])
     save(bundle, state)
@@ -161,7 +187,8 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
     image = prepare(on_tree(lab, tree, tree), PrepareDisplay(), kernels=False).image
     recipe = load_recipe(image.name)
     opts = UpOptions(accel=str(state.up.get("accel") or "auto"),
-                     boot_timeout=float(state.up.get("boot_timeout") or 180.0), snapshots=False)
+                     boot_timeout=float(state.up.get("boot_timeout") or 180.0),
+                     snapshots=state.tries != 1)  # tries after the first restore the lab, not boot it
 
     def say(line: str) -> None:
         console.print(Text(f"bisect: {line}", style="dim" if line.startswith("  ") else ""), soft_wrap=True)
@@ -194,7 +221,7 @@ def _show(bundle: Path, state: State, as_json: bool) -> int:
     if state.done and not (bundle / report.SUMMARY).is_file():
         report.write(bundle, state)
     if as_json:
-        print_json({"bundle": str(bundle), **report.summary(state)})
+        print_json({"bundle": str(bundle), **report.summary(state, bundle)})
     else:
         t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {orc.describe(orc.Oracle.from_dict(state.oracle))}"),
                   title_justify="left")
@@ -204,8 +231,12 @@ def _show(bundle: Path, state: State, as_json: bool) -> int:
             t.add_row(*(Text(c) for c in row))
         out.print(t)
         out.print(Text(report.answer_text(state), style="bold"), soft_wrap=True)
+        for line in report.trust_lines(state):
+            out.print(Text(line), soft_wrap=True)
         if state.done:
             out.print(Text(f"bundle: {bundle}"), soft_wrap=True)
     if not state.done:
         return 0
-    return 0 if state.result.get("first") else EXIT_UNRESOLVED
+    if not state.result.get("first"):
+        return EXIT_UNRESOLVED
+    return EXIT_NOT_CONFIRMED if state.confirmation.get("status") == "not confirmed" else 0

@@ -25,6 +25,11 @@ import pytest
 
 from tests.conftest import Cli, interrupt
 
+OVER_3_MIN = ("four bisections of real kernel histories, each commit built and booted under TCG (the builds "
+              "shared through one worktree and cache): one finds a commit by a check, one is interrupted and "
+              "continued, one bisects a throughput figure and ends not confirmed, one a flaky oracle with "
+              "--tries auto and a confirmation")
+
 #: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
 pytestmark = pytest.mark.xdist_group("kernel-tree")
 
@@ -37,6 +42,7 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "labctl tests", "GIT_AUTHOR_EMAIL": "tests@labctl.
 BREAKS = 11  # the commit of the first history that drops every frame over 1000 bytes
 NO_BUILD = 8  # the one that does not compile (fixed by the next): the first midpoint git picks
 SLOW = 5  # the commit of the second history that delays every transmit
+SLOW_TOO = 7  # the one that changes that delay (a revert of SLOW then does not apply)
 
 
 @dataclass(frozen=True)
@@ -63,23 +69,29 @@ def _replace(path: Path, text: str) -> None:
 
 
 def _history(repo: Path, base: str, branch: str, original: str, count: int,
-             change: dict[int, str], no_build: int | None = None) -> list[str]:
-    """``count`` commits on ``branch`` from ``base``, each adding a comment line to e1000_main.c;
-    from commit N on, ``change[N]`` (a statement) is in the transmit path; commit ``no_build``
-    has a syntax error."""
+             change: dict[int, str], no_build: int | None = None,
+             rewrite: dict[int, tuple[str, str]] | None = None) -> list[str]:
+    """``count`` commits on ``branch`` from ``base``, each adding a comment line to e1000_main.c
+    but those of ``change``: from commit N on, ``change[N]`` (a statement, and nothing else) is in
+    the transmit path (so that reverting it on the newest commit applies); from commit M on,
+    ``rewrite[M]`` (old, new) rewrites a statement; commit ``no_build`` has a syntax error."""
     _git(repo, "checkout", "-q", "-B", branch, base)
     shas = [base]
     for i in range(1, count + 1):
-        text = original + "".join(f"/* labctl bisect test: change {k} */\n" for k in range(1, i + 1))
+        text = original + "".join(f"/* labctl bisect test: change {k} */\n" for k in range(1, i + 1)
+                                  if k not in change)
         active = [stmt for n, stmt in sorted(change.items()) if n <= i]
         if active:
             text = text.replace(ANCHOR, ANCHOR + "".join(active), 1)
+        for n, (old, new) in sorted((rewrite or {}).items()):
+            if n <= i:
+                text = text.replace(old, new, 1)
         if i == no_build:
             text += "this does not compile\n"
         _replace(repo / MAIN, text)
         _git(repo, "add", "-f", MAIN)
         subject = {no_build: "e1000: a typo"}.get(i) or next(
-            (f"e1000: transmit change {n}" for n in change if n == i), f"e1000: comment {i}")
+            (f"e1000: transmit change {n}" for n in [*change, *(rewrite or {})] if n == i), f"e1000: comment {i}")
         _git(repo, "commit", "-q", "-m", subject)
         shas.append(_git(repo, "rev-parse", "HEAD"))
     return shas
@@ -108,7 +120,9 @@ def _make_histories(tree_kernel: Path, root: Path) -> Histories:
     drop = "\tif (skb->len > 1000) {\n\t\tdev_kfree_skb_any(skb);\n\t\treturn NETDEV_TX_OK;\n\t}\n"
     net = _history(repo, base, "net-bug", original, 16, {BREAKS: drop}, no_build=NO_BUILD)
     delay = "\tudelay(skb->len * 2);\n"  # at most 4 Mbit/s through it
-    slow = _history(repo, base, "slow-tx", original, 8, {SLOW: delay})
+    # commit SLOW_TOO rewrites the delay: reverting SLOW on the newest commit does not apply
+    slow = _history(repo, base, "slow-tx", original, 8, {SLOW: delay},
+                    rewrite={SLOW_TOO: (delay, "\tudelay(skb->len * 2 + 1);\n")})
     _git(repo, "checkout", "-q", "main")  # the user's checkout: bisect never moves it
     assert _git(repo, "rev-parse", "HEAD") == base
     return Histories(repo, base, net, slow, root / "work")
@@ -140,7 +154,7 @@ checks:
 
 def _bisect_args(h: Histories, lab: Path, out: Path) -> list[str]:
     return ["bisect", str(lab), "--tree", str(h.repo), "--good", h.base, "--bad", "net-bug", "--check", "big-ping",
-            "--out", str(out), "--work", str(h.work), "--accel", "tcg"]
+            "--out", str(out), "--work", str(h.work), "--accel", "tcg", "--no-confirm"]
 
 
 @pytest.mark.timeout(2400)
@@ -171,6 +185,12 @@ def test_bisect_with_a_check_names_the_commit_and_skips_one_that_does_not_build(
     stat = (out / "first-bad.txt").read_text()
     assert f"transmit change {BREAKS}" in stat and "e1000_main.c" in stat
     assert (out / "compare.html").is_file() and (out / "report.html").is_file()
+    assert data["confirmation"] is None and "not confirmed by a revert (--no-confirm)" in data["trust"]
+    # the first bad run explained: what the check said of it and of the last good run
+    ex = data["explained"]
+    assert ex["first_bad"]["commit"] == h.net[BREAKS] and "big-ping" in ex["first_bad"]["reason"], ex
+    assert h.net.index(ex["last_good"]["commit"]) < BREAKS and (out / "explained.json").is_file()
+    assert f"The first bad run explained: step {ex['first_bad']['step']}" in md
     # the user's checkout was never moved, nor its files changed
     assert _git(h.repo, "rev-parse", "HEAD") == h.base
     assert _git(h.repo, "status", "--porcelain", "--untracked-files=no") == ""
@@ -241,9 +261,14 @@ steps:
     res = cli("bisect", str(lab), "--tree", str(h.repo), "--good", h.base, "--bad", "slow-tx",
               "--figure", "transfer.throughput", "--below", "12", "--out", str(out), "--work", str(h.work),
               "--accel", "tcg", "--json", timeout=2400)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == 7, res.stdout + res.stderr  # found, not confirmed
     data = json.loads(res.stdout)
     assert data["result"]["first"] == h.slow[SLOW], res.stderr
+    # commit SLOW_TOO rewrote the delay SLOW added: its revert on the bad end does not apply
+    conf = data["confirmation"]
+    assert conf["status"] == "not confirmed" and "the revert does not apply" in conf["reason"], conf
+    assert conf["reverted"] == h.slow[SLOW] and conf["on"] == h.slow[-1] and conf["tries"] == []
+    assert "NOT CONFIRMED" in (out / "report.md").read_text()
     judged = [s for s in data["steps"] if s["verdict"] in ("good", "bad")]
     for s in judged:
         fig = s["figure"]
@@ -252,21 +277,46 @@ steps:
     assert "Mbit/s" in (out / "report.md").read_text()
 
 
+FLAKY = 'test "$LABCTL_TRY" = 1 || ping -c 2 -W 3 -s 1200 10.61.0.2'
+
+
 @pytest.mark.timeout(1800)
-def test_bisect_with_a_command_oracle_in_its_own_terms(cli: Cli, histories: Histories, tmp_path: Path) -> None:
-    """The first history again (its builds cached by the tests above), judged by a command on guest a,
-    in the user's terms."""
+def test_bisect_with_a_flaky_command_oracle_tries_auto_and_confirmation(
+        cli: Cli, histories: Histories, tmp_path: Path) -> None:
+    """A command oracle that passes the first try of every commit (so that one run of a bad commit
+    says good, as a flaky bug does), in the user's terms, between the commits around the first
+    history's culprit: --tries auto reads its failure rate on the bad end (2 of 3 runs) and picks 3
+    tries; the culprit, whose first try passes, is bad at its second; the answer is confirmed by its
+    revert on the bad end passing all 3 tries. Later tries restore the lab from its post-boot
+    snapshot (guest b's, at least: a's kernel changes with the commit)."""
     h = histories
     lab = _check_lab(tmp_path, h.repo)
     out = tmp_path / "bisect"
-    res = cli("bisect", str(lab), "--tree", str(h.repo), "--good", h.base, "--bad", "net-bug",
-              "--command", "ping -c 2 -W 3 -s 1200 10.61.0.2", "--on", "a", "--term-old", "works",
-              "--term-new", "drops", "--out", str(out), "--work", str(h.work), "--accel", "tcg", "--json",
+    t0 = time.monotonic()
+    res = cli("bisect", str(lab), "--tree", str(h.repo), "--good", h.net[BREAKS - 1], "--bad", h.net[BREAKS + 1],
+              "--command", FLAKY, "--on", "a", "--term-old", "works", "--term-new", "drops", "--tries", "auto",
+              "--estimate-runs", "3", "--out", str(out), "--work", str(h.work), "--accel", "tcg", "--json",
               timeout=1500)
+    took = time.monotonic() - t0
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(res.stdout)
-    assert data["result"]["first"] == h.net[BREAKS]
-    assert data["terms"] == ["works", "drops"]
-    verdicts = {s["verdict"] for s in data["steps"]}
-    assert verdicts <= {"works", "drops", "skip"} and {"works", "drops"} <= verdicts
-    assert "first drops commit" in (out / "report.md").read_text()
+    assert data["result"]["first"] == h.net[BREAKS], res.stderr
+    assert data["terms"] == ["works", "drops"] and "first drops commit" in (out / "report.md").read_text()
+    est = data["estimate"]
+    assert [r["outcome"] for r in est["log"]] == ["pass", "fail", "fail"] and est["commit"] == h.net[BREAKS + 1]
+    assert (est["runs"], est["fails"], est["tries"], data["tries"]) == (3, 2, 3, 3) and est["confidence"] > 0.95
+    assert [r["warm"] for r in est["log"]] == [False, True, True], est["log"]  # the later runs restored, not booted
+    steps = {s["commit"]: s for s in data["steps"]}
+    assert [t["outcome"] for t in steps[h.net[BREAKS]]["tries"]] == ["pass", "fail"]  # the first try misses it
+    assert steps[h.net[BREAKS]]["verdict"] == "drops"
+    conf = data["confirmation"]
+    assert conf["status"] == "confirmed" and conf["reverted"] == h.net[BREAKS], conf
+    assert [t["outcome"] for t in conf["tries"]] == ["pass"] * 3 and "works" in conf["reason"]
+    assert data["confidence"]["verdict"] == est["confidence"] and not data["confidence"]["below_95"]
+    md = (out / "report.md").read_text()
+    assert "CONFIRMED" in md and "2: pass FAIL" in md and "--tries auto" in md and "3 tries a commit" in md
+    runs = sum(len(s["tries"]) for s in data["steps"]) + len(est["log"]) + len(conf["tries"])
+    tries = [*est["log"], *(t for s in data["steps"] for t in s["tries"]), *conf["tries"]]
+    print(f"bisect with a flaky oracle: {len(data['steps'])} steps, {runs} runs of the lab in {took:.0f} s; "
+          f"booted (boot s, try s): {[(t['boot'], t['seconds']) for t in tries if not t['warm']]}; "
+          f"restored: {[(t['boot'], t['seconds']) for t in tries if t['warm']]}")

@@ -208,7 +208,9 @@ def test_only_the_guests_on_the_tree_move_to_the_worktree(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("extra", [[], ["--check", "a", "--panic"], ["--panic", "--below", "3"],
-                                   ["--figure", "transfer.throughput"]])
+                                   ["--figure", "transfer.throughput"], ["--panic", "--tries", "many"],
+                                   ["--panic", "--tries", "0"], ["--panic", "--estimate-runs", "3"],
+                                   ["--panic", "--tries", "auto", "--estimate-runs", "0"]])
 def test_bisect_usage_errors_exit_2(history: tuple[Path, list[str]], tmp_path: Path, extra: list[str]) -> None:
     from labctl.cli.main import main
 
@@ -307,14 +309,14 @@ def test_a_steps_verdict_follows_the_oracle(tmp_path: Path, fixed: bool, outcome
     status = {"pass": "pass", "fail": "fail", "undecided": "error"}[outcome]
     runs: list[Path] = []
 
-    def run_lab(kernel: object, out: Path) -> engine.Run:
+    def run_lab(kernel: object, out: Path, env: object = None) -> engine.Run:
         runs.append(out)
         record = {"name": "ok", "guest": "a", "status": status, "passed": status == "pass", "exit_status": 0,
                   "seconds": 0.1, "hint": "", "detail": ""}
         return engine.Run(orc.Evidence(summary={"steps": []}, checks=[record]), None, {"boot": 1.0})  # type: ignore[list-item]
 
-    bis._kernel = lambda commit, step: (object(), True, "")  # type: ignore[method-assign, assignment, return-value]
-    bis._run_lab = run_lab  # type: ignore[method-assign]
+    bis.kernel = lambda commit, step, revert_of="": (object(), True, "")  # type: ignore[method-assign, assignment, return-value]
+    bis.run_lab = run_lab  # type: ignore[method-assign]
     step = Step(n=1, commit="c" * 40)
     bis._step(step)
     assert (step.outcome or "undecided", step.verdict) == (outcome, verdict)
