@@ -35,9 +35,6 @@ from tests.integration.conftest import qemu_pids_under
 #: pack); 8.6 min at load average 12.9.
 OVER_3_MIN = "two TCG runs of a two-guest lab (the packed run, and the pack's run from a new cache)"
 
-#: On the suite's kernel tree: one worker waits for its build once.
-pytestmark = pytest.mark.xdist_group("kernel-tree")
-
 LAB = """\
 name: packed
 networks:
