@@ -21,6 +21,8 @@ import pytest
 from tests import harness
 from tests.conftest import ROOT, Cli
 
+OVER_3_MIN = ("three guides run as a reader would: two runs and a compare, a class of two students with checks and "
+              "a reset, a run with JUnit; each guide's lab boots once, later boots start warm")
 GUIDES = ROOT / "docs" / "guides"
 _FENCE = re.compile(r"^```(\w*)(.*)$")
 _TITLE = re.compile(r'title="([^"]+)"')
