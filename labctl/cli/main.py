@@ -20,6 +20,7 @@ from labctl.cli import (
     doctor,
     drgn_cmd,
     exec_cmd,
+    follow_cmd,
     gdb_cmd,
     graph_cmd,
     images,
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     check_cmd.register(sub)
     class_cmd.register(sub)
     capture_cmd.register(sub)
+    follow_cmd.register(sub)
     impair_cmd.register(sub)
     link_cmd.register(sub)
     graph_cmd.register(sub)

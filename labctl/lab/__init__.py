@@ -3,7 +3,8 @@
 :mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; addresses:
 :mod:`.addresses`; network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
-:mod:`.checks`; steps: :mod:`.steps`, their trace section :mod:`.tracespec`,
+:mod:`.checks`; steps: :mod:`.steps`, their trace section :mod:`.tracespec`, the packets they
+follow :mod:`.followspec`,
 their templates :mod:`.templates`, their selftests :mod:`.kselftest`; libvirt
 URIs: :mod:`.uri`; which host paths may be used: :mod:`.trust`) into the
 resolved model (:mod:`.model`, :mod:`.nics`), and where each guest runs
@@ -26,6 +27,7 @@ Typical use::
 from labctl.lab import kernels
 from labctl.lab.addresses import default_mac, mgmt_mac
 from labctl.lab.checker import close_match
+from labctl.lab.followspec import FollowSpec
 from labctl.lab.hosts import HostPlace, host_place, place_guests
 from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
 from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
@@ -74,6 +76,7 @@ __all__ = [
     "SELFTESTS",
     "TREE",
     "Check",
+    "FollowSpec",
     "GdbStep",
     "Guest",
     "HostPlace",

@@ -30,6 +30,9 @@
             stats: true                 # statistics snapshots before/after (default true)
             capture: [eth1]             # pcapng of these NICs (true: all of a's) in the bundle
 
+A step may follow packets through the lab's kernels and wires (``follow: {filter: ..., guests: [...]}``,
+:mod:`labctl.lab.followspec`) while it runs.
+
 A step may run the kernel's selftests (``kselftest: {tree: DIR, target: net, tests: [...]}``,
 :mod:`labctl.lab.kselftest`) instead of, or after, its ``run`` commands.
 
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.lab.checker import Checker, close_match
+from labctl.lab.followspec import FollowSpec, parse_follow
 from labctl.lab.kselftest import Kselftest
 from labctl.lab.kselftest import parse as parse_kselftest
 from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs
@@ -58,7 +62,8 @@ from labctl.lab.templates import render, yaml_bool, yaml_strings
 from labctl.lab.tracespec import TraceParser, TraceSpec
 from labctl.lab.yamlpos import YamlMap
 
-_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair", "kselftest")
+_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair", "kselftest",
+              "follow")
 MAX_REPEAT = 100
 _GDB_KEYS = ("guest", "break", "hits", "step", "step_mode", "registers", "backtrace", "timeout")
 STEP_MODES = ("line", "into", "instruction")
@@ -108,6 +113,7 @@ class Step:
     repeat: int = 1  # runs of each variant
     impair: tuple[StepImpair, ...] = ()  # impairments for the step's duration
     kselftest: Kselftest | None = None  # the kernel's selftests, run after the commands
+    follow: FollowSpec | None = None  # packets followed through the lab while the step runs
 
     def variants(self) -> list[dict[str, str]]:
         """The matrix rows, or one empty row when the step has no matrix."""
@@ -184,10 +190,12 @@ class StepParser:
         if "kselftest" in m:
             selftests = parse_kselftest(c, m, path, set(self.guests), self.trusted,
                                  lambda text, line, where: self._each_guest(text, known, matrix, line, where))
+        follow = parse_follow(c, m, path, self.guests, lambda text, line, where: self._templates(text, known, line, where),
+                              lambda text, check, line, where: self._each_row(text, matrix, check, line, where))
         if name is None or ("kselftest" in m and selftests is None):
             return None
         return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb,
-                    repeat or 1, impair, selftests)
+                    repeat or 1, impair, selftests, follow)
 
     def _each_guest(self, template: str, known: set[str], matrix: tuple[dict[str, str], ...], line: int,
                     path: str) -> None:

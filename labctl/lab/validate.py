@@ -36,6 +36,7 @@ from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.shares import parse_shares
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
+from labctl.lab.templates import yaml_bool
 from labctl.lab.trust import TRUST_ENV, untrusted_reason
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
@@ -58,7 +59,7 @@ MAX_NICS = 16  # lab NICs per guest: PCI slots, and what a lab can use
 MAX_NETWORKS = 64
 
 _TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "hosts", "networks", "guests", "steps",
-             "checks")
+             "checks", "drops")
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description", "capture")
 _GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup", "shares")
@@ -111,6 +112,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
     assign_macs(check, header["name"], nics)
     steps = StepParser(check, guests, trusted).parse(data)
     checks = parse_checks(check, data, set(guests))
+    drops = yaml_bool(check, data, "drops", "", True)
     if check.problems:
         return None, check.problems
     lab = Lab(
@@ -118,6 +120,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
         backend=header["backend"], description=header["description"],
         networks=_resolve_networks(networks, guests), guests=_resolve_guests(guests, networks),
         text=text, steps=steps, hosts=hosts, kernel=kernel, checks=checks,
+        drops=drops,
     )
     return lab, []
 

@@ -1,0 +1,57 @@
+"""The last packets a live follow printed, kept in the lab's run directory for ``labctl serve``'s pages.
+
+``<run dir>/follow-recent.json`` (0600): the filter-independent record of the last :data:`KEEP` journeys
+(packet, hops with guest, point, device and times, end), written at most every :data:`EVERY` s and when
+the follow ends. The web pages draw them on the topology; ``down`` removes them with the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from labctl.paths import atomic_write
+from labctl.state import LabState
+from labctl.trace import Journey
+
+RECENT = "follow-recent.json"
+KEEP = 20
+EVERY = 0.25
+
+
+def path_of(run_dir: Path) -> Path:
+    return run_dir / RECENT
+
+
+class Recent:
+    """Journeys in, the file kept current."""
+
+    def __init__(self, state: LabState, keep: int = KEEP) -> None:
+        self.path = path_of(state.path)
+        self.items: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.written = 0.0
+
+    def add(self, j: Journey) -> None:
+        self.items.append({**j.as_dict(), "at": time.time()})
+        if time.monotonic() - self.written >= EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        try:
+            atomic_write(self.path, json.dumps({"packets": list(self.items)}) + "\n", 0o600)
+        except OSError:
+            return
+        self.written = time.monotonic()
+
+
+def read(run_dir: Path) -> list[dict[str, Any]]:
+    """The last followed packets of a lab (newest last; [] when none)."""
+    try:
+        data = json.loads(path_of(run_dir).read_text())
+    except (OSError, ValueError):
+        return []
+    items = data.get("packets") if isinstance(data, dict) else None
+    return [p for p in items if isinstance(p, dict)] if isinstance(items, list) else []
