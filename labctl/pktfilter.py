@@ -334,6 +334,8 @@ class _Parser:
 
     def qualified(self, proto: int | None) -> Node:
         direction = self.direction()
+        if proto is None and _is_value(self.peek() or ""):  # pcap: "dst 10.0.0.1" is a host
+            return self.value("host", direction, None)
         kind = self.take()
         if kind not in ("host", "net", "port"):
             raise FilterError(f"'{self.text}': labctl follow does not follow by '{kind}' "

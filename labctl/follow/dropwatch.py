@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from labctl.errors import LabctlError
 from labctl.follow import probes as pr
-from labctl.follow.session import offsets_of, stale_groups
+from labctl.follow.follower import offsets_of, stale_groups
 from labctl.ssh import Session
 from labctl.state import LabState
 

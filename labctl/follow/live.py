@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from labctl.errors import GuestError
-from labctl.follow.session import Follower
+from labctl.follow.follower import Follower
 from labctl.trace import Clock, Correlator, Event, Journey, netfilter_note, parse_line
 
 log = logging.getLogger(__name__)

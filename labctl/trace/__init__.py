@@ -9,7 +9,7 @@
 * :mod:`.hostcost`: the whole cost of a step (each QEMU on the host, the guest's CPU, per GB);
 * :mod:`.flamefold`: perf script folded into flame graph stacks;
 * :mod:`.ktap`: the kernel's KTAP test output (selftests);
-* :mod:`.hops`, :mod:`.journey`, :mod:`.journeyfiles`: packets followed through the lab's kernels and wires;
+* :mod:`.hops`, :mod:`.clocks`, :mod:`.journey`, :mod:`.journeyfiles`: packets followed through the lab's kernels and wires;
 * :mod:`.drops`: every skb a guest dropped, as a table; which netfilter rule dropped;
 * :mod:`.perfetto`, :mod:`.tracks`, :mod:`.tef`: recordings as Perfetto timelines (Trace Event Format).
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from labctl.trace import drops, hops, journey, ktap
 from labctl.trace.analyze import guest_figures, step_figures
+from labctl.trace.clocks import Clock
 from labctl.trace.drops import netfilter_note
 from labctl.trace.flamefold import Frame, Stack, guest_flamegraph, read_folded
 from labctl.trace.hops import Event, parse_ipv4, parse_line, parse_text
@@ -41,7 +42,7 @@ from labctl.trace.hostcost import (
     nic_bytes,
     step_cost,
 )
-from labctl.trace.journey import Clock, Correlator, Journey, Topology, Wire
+from labctl.trace.journey import Correlator, Journey, Topology, Wire
 from labctl.trace.journeyfiles import FOLLOW_DIR, FOLLOW_INPUTS, JOURNEY_JSON, JOURNEY_TRACE, follow_inputs
 from labctl.trace.journeyfiles import analyze as analyze_follow
 from labctl.trace.netfigures import capture_figures

@@ -4,11 +4,9 @@ Inputs (pure data): each followed guest's probe events (:mod:`.hops`), each gues
 (:class:`Clock`), the lab's topology and impairments (:class:`Topology`) and, optionally, the
 frames QEMU saw on the host side of each NIC (:class:`Wire`).
 
-* **Clocks.** Each guest's trace clock is mapped onto the host's ``CLOCK_MONOTONIC`` from sync
-  samples: the host writes a marker into the guest's trace over one SSH channel and reads the
-  answer; the marker's timestamp lies between the host's send and receive times, so each sample
-  bounds the offset and their intersection bounds it tighter (:class:`Clock`, ``bound_ns``).
-  Rounds taken at different times give a rate as well (guest clocks drift).
+* **Clocks.** Each guest's trace clock is mapped onto the host's ``CLOCK_MONOTONIC`` from marker round
+  trips, within a proven bound, then aligned within that bound by the packets that cross the wire
+  both ways (:mod:`.clocks`).
 * **Identity.** A packet is named by what no kernel changes on the way: addresses, protocol, IP
   id, fragment offset, ICMP type/id/sequence or ports (and TCP's sequence number)
   (:meth:`.hops.Header.key`); skb addresses only tie a drop to the packet within one guest.
@@ -27,85 +25,17 @@ frames QEMU saw on the host side of each NIC (:class:`Wire`).
 from __future__ import annotations
 
 import itertools
-import statistics
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from labctl.trace.clocks import Alignment, Clock
 from labctl.trace.hops import POINTS, Event, Header, drop_header, identity, reason_name
 
 CLUSTER_GAP_NS = 2_000_000_000  # the same identity again after this long: another packet
 DROP_TIE_NS = 2_000_000_000  # a drop belongs to the last hop of its skb in the same guest within this
 QUIET_NS = 500_000_000  # an end by absence (lost, consumed...) once nothing came for this long
-
-
-@dataclass(frozen=True)
-class Round:
-    """One round of clock samples: at guest time ``at``, host = guest + ``offset`` within ±``half``."""
-
-    at: int
-    offset: float
-    half: float
-
-
-@dataclass
-class Clock:
-    """A guest's trace clock mapped onto the host's monotonic clock (ns)."""
-
-    rounds: list[Round] = field(default_factory=list)
-
-    @classmethod
-    def from_samples(cls, samples: Mapping[str, tuple[int, int]], markers: Iterable[Event]) -> Clock:
-        """``samples``: marker text ``R.I`` (round R, sample I) -> host ns before sending and after the
-        answer; ``markers``: the guest's marker events. Each round intersects its samples' intervals."""
-        by_round: dict[str, list[tuple[int, int, int]]] = {}
-        for ev in markers:
-            mark = ev.fields.get("marker", "")
-            if mark in samples:
-                h1, h2 = samples[mark]
-                by_round.setdefault(mark.partition(".")[0], []).append((ev.ts, h1 - ev.ts, h2 - ev.ts))
-        rounds = []
-        for items in by_round.values():
-            lo, hi = max(i[1] for i in items), min(i[2] for i in items)
-            if lo > hi:  # the clock moved within the round (drift, a pause): the tightest sample alone
-                best = min(items, key=lambda i: i[2] - i[1])
-                lo, hi = best[1], best[2]
-            rounds.append(Round(round(statistics.fmean(i[0] for i in items)), (lo + hi) / 2, (hi - lo) / 2))
-        return cls(sorted(rounds, key=lambda r: r.at))
-
-    @property
-    def known(self) -> bool:
-        return bool(self.rounds)
-
-    @property
-    def bound_ns(self) -> float:
-        return max((r.half for r in self.rounds), default=float("inf"))
-
-    def host(self, guest_ns: int) -> int:
-        """The host time of guest time ``guest_ns``: the offset interpolated between rounds (the
-        nearest two beyond them)."""
-        r = self.rounds
-        if not r:
-            return guest_ns
-        if len(r) == 1 or r[-1].at == r[0].at:
-            return round(guest_ns + r[0].offset)
-        i = 1
-        while i < len(r) - 1 and guest_ns > r[i].at:
-            i += 1
-        a, b = r[i - 1], r[i]
-        off = a.offset + (b.offset - a.offset) * (guest_ns - a.at) / (b.at - a.at)
-        return round(guest_ns + off)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"rounds": len(self.rounds), "bound_us": round(self.bound_ns / 1000, 1) if self.rounds else None,
-                "drift_ppm": self.drift_ppm()}
-
-    def drift_ppm(self) -> float | None:
-        if len(self.rounds) < 2 or self.rounds[-1].at == self.rounds[0].at:
-            return None
-        a, b = self.rounds[0], self.rounds[-1]
-        return round((b.offset - a.offset) / (b.at - a.at) * 1e6, 1)
 
 
 @dataclass
@@ -221,6 +151,7 @@ class Correlator:
     clocks: dict[str, Clock]
     wire: Wire = field(default_factory=Wire)
     netfilter: dict[str, str] = field(default_factory=dict)
+    align: Alignment = field(default_factory=Alignment)
     clusters: dict[tuple[object, ...], list[_Cluster]] = field(default_factory=dict)
     last_by_skb: dict[tuple[str, str], tuple[int, _Cluster]] = field(default_factory=dict)
     replies: dict[tuple[object, ...], int] = field(default_factory=dict)  # ICMP echo replies seen, host ns
@@ -277,7 +208,7 @@ class Correlator:
         else:
             slack = max((self._bound(g) for g in marks), default=0.0)
             horizon = min(marks.values(), default=0) - 2 * slack
-        out = []
+        ready = []
         for chain in self.clusters.values():
             for c in chain:
                 if c.done:
@@ -286,14 +217,29 @@ class Correlator:
                     last = max(e.host_ns or 0 for e in c.events)
                     if horizon < last or (not self._ended(c) and horizon - last < quiet_ns):
                         continue
-                c.done = True
-                j = self.journey(c, final=horizon is None)
-                self.count += 1
-                j.id = self.count
-                out.append(j)
+                ready.append(c)
+        self._learn(ready)
+        out = []
+        for c in ready:
+            c.done = True
+            j = self.journey(c, final=horizon is None)
+            self.count += 1
+            j.id = self.count
+            out.append(j)
         out.sort(key=lambda j: j.start)
         self._forget()
         return out
+
+    def _learn(self, clusters: list[_Cluster]) -> None:
+        """The clocks' alignment (:class:`labctl.trace.clocks.Alignment`) from these packets' wire crossings."""
+        for c in clusters:
+            visits = self._visits(c.events)
+            for a, b in itertools.pairwise(visits):
+                tx = next((e for e in reversed(a) if e.point == "xmit"), None)
+                rx = next((e for e in b if e.point == "netif_rx"), None)
+                if tx is not None and rx is not None and tx.host_ns is not None and rx.host_ns is not None:
+                    self.align.learn(tx.guest, rx.guest, rx.host_ns - tx.host_ns)
+        self.align.solve({g: self._bound(g) for g in self.clocks})
 
     def _ended(self, c: _Cluster) -> bool:
         """Whether the packet's end is already known: a process read it, or it is an echo request whose
@@ -302,7 +248,7 @@ class Correlator:
             return True
         h = c.header
         return (h.proto == 1 and len(h.l4) >= 8 and h.l4[0] == 8 and c.events[-1].point == "ip_local"
-                and self._answered(h))
+                and _Ends(self.topo, self.wire, self.netfilter, self.replies).answered(h))
 
     def _forget(self) -> None:
         """Drop settled clusters (a live follow runs for hours)."""
@@ -325,7 +271,7 @@ class Correlator:
                 self._causal(hops[-1], wire, here)
                 hops.append(wire)
             hops += here
-        end = self._end(c, visits, final)
+        end = _Ends(self.topo, self.wire, self.netfilter, self.replies).end(c, visits, final)
         j = Journey(c.header, hops, end)
         j.out_of_order = self._out_of_order(hops)
         return j
@@ -363,7 +309,8 @@ class Correlator:
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
         assert e.host_ns is not None
-        return Hop(e.guest, e.point, p.where, e.dev, e.host_ns, e.comm, e.pid, e.irq, note, e.skb)
+        return Hop(e.guest, e.point, p.where, e.dev, e.host_ns + round(self.align.at(e.guest)), e.comm, e.pid, e.irq,
+                   note, e.skb)
 
     def _wire(self, key: tuple[object, ...], a: list[Event], b: list[Event]) -> Hop:
         tx = next((e for e in reversed(a) if e.point == "xmit" and e.dev), None)
@@ -383,7 +330,7 @@ class Correlator:
         imp = self.topo.impairment(*src) if src else None
         if imp:
             notes.append(f"{imp} in force on {'.'.join(src) if src else ''}")
-        t = (rx.host_ns if rx and rx.host_ns is not None else b[0].host_ns) or 0
+        t = ((rx.host_ns if rx and rx.host_ns is not None else b[0].host_ns) or 0) + round(self.align.at(b[0].guest))
         return Hop(a[0].guest, "wire", name, None, t, note="; ".join(notes))
 
     def _causal(self, last: Hop, wire: Hop, here: list[Hop]) -> None:
@@ -412,9 +359,18 @@ class Correlator:
                 bad += 1
         return bad
 
-    # ------------------------------------------------------------------ ends
+@dataclass
+class _Ends:
+    """How a packet's path ended (see the module docstring): the correlator's view of the lab, its echo
+    replies seen, netfilter's rules."""
 
-    def _end(self, c: _Cluster, visits: list[list[Event]], final: bool) -> End:
+    topo: Topology
+    wire: Wire
+    netfilter: dict[str, str]
+    replies: dict[tuple[object, ...], int]
+
+
+    def end(self, c: _Cluster, visits: list[list[Event]], final: bool) -> End:
         events = [e for v in visits for e in v]
         read = next((e for e in events if POINTS[e.point].role == "read"), None)
         if read is not None:
@@ -432,7 +388,7 @@ class Correlator:
             return self._sent_end(c, tail, final)
         if tail.point in ("ip_local", "tcp_rcv"):
             h = c.header
-            if h.proto == 1 and len(h.l4) >= 8 and h.l4[0] == 8 and self._answered(h):
+            if h.proto == 1 and len(h.l4) >= 8 and h.l4[0] == 8 and self.answered(h):
                 return End("answered", guest, f"answered by {guest}'s kernel (ICMP echo reply sent)",
                            where="icmp_rcv")
             what = "TCP (tcp_v4_rcv)" if tail.point == "tcp_rcv" else "the kernel (ip_local_deliver)"
@@ -441,7 +397,7 @@ class Correlator:
         return End("open", guest, f"last seen at {POINTS[tail.point].where} on {guest}"
                    + (" when the trace ended" if final else ""), where=POINTS[tail.point].where)
 
-    def _answered(self, h: Header) -> bool:
+    def answered(self, h: Header) -> bool:
         """An echo reply to ``h`` (an echo request) was seen: the same id and sequence, the other way."""
         l4 = (0, *struct.unpack(">HH", h.l4[4:8]))
         return any(k[0] == h.daddr and k[1] == h.saddr and k[5] == l4 for k in self.replies)
@@ -482,6 +438,7 @@ class Correlator:
         imp = self.topo.impairment(tx.guest, tx.dev)
         return End("lost", tx.guest, f"lost on the wire {nic} → {to} ({how})" + (f"; {imp} in force" if imp else ""),
                    where=nic)
+
 
 
 # ---------------------------------------------------------------------- paths, figures

@@ -16,9 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from labctl.trace.clocks import Clock
 from labctl.trace.drops import netfilter_note
 from labctl.trace.hops import parse_text
-from labctl.trace.journey import Clock, Correlator, Journey, Topology, Wire, paths, totals
+from labctl.trace.journey import Correlator, Journey, Topology, Wire, paths, totals
 from labctl.trace.tef import us, write_trace
 
 FOLLOW_DIR = "follow"

@@ -40,7 +40,7 @@ from labctl.trace import Clock, Event, Topology, Wire, hops, parse_ipv4
 
 log = logging.getLogger(__name__)
 WIRE_SNAPLEN = 96
-SYNC_SAMPLES = 12
+SYNC_SAMPLES = (10, 40)  # a round's samples: at least, at most
 _SEQ = itertools.count(1)
 T = TypeVar("T")
 
@@ -218,7 +218,9 @@ class Follower:
     # ------------------------------------------------------------------ clocks
 
     def sync(self) -> None:
-        """One round of clock samples on every guest (:data:`SYNC_SAMPLES` each)."""
+        """One round of clock samples on every guest: at least 10, and more (up to 40, or 2 s) until the
+        three fastest round trips are within a quarter of each other (a busy host's slow ones bound
+        nothing)."""
         r = self.rounds
         self.rounds += 1
         parallel(self.guests, lambda g: self._sync_guest(g, r))
@@ -228,7 +230,11 @@ class Follower:
         if pipe is None:
             pipe = self.sync_pipes[g] = self.session(g).pipe(pr.sync_command(self.tag))
         buf = b""
-        for i in range(SYNC_SAMPLES):
+        rtts: list[int] = []
+        until = time.monotonic() + 2.0
+        for i in range(SYNC_SAMPLES[1]):
+            if i >= SYNC_SAMPLES[0] and (time.monotonic() > until or sorted(rtts)[2] <= 1.25 * min(rtts)):
+                break
             mark = f"{r}.{i}"
             h1 = time.monotonic_ns()
             pipe.send(f"{mark}\n".encode())
@@ -243,6 +249,7 @@ class Follower:
                 if line.decode(errors="replace").strip() == mark:
                     break
             self.samples[g][mark] = (h1, time.monotonic_ns())
+            rtts.append(self.samples[g][mark][1] - h1)
 
     def heartbeat(self) -> None:
         """A marker in every guest's trace (``labctl-sync hb``): its stream shows how far it has come even
