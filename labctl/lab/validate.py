@@ -36,7 +36,6 @@ from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.shares import parse_shares
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
-from labctl.lab.templates import yaml_bool
 from labctl.lab.trust import TRUST_ENV, untrusted_reason
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
@@ -112,7 +111,9 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
     assign_macs(check, header["name"], nics)
     steps = StepParser(check, guests, trusted).parse(data)
     checks = parse_checks(check, data, set(guests))
-    drops = yaml_bool(check, data, "drops", "", True)
+    drops = data.get("drops", True)
+    if not isinstance(drops, bool):
+        check.add(data.value_line("drops"), "drops", "expected true or false")
     if check.problems:
         return None, check.problems
     lab = Lab(
@@ -120,7 +121,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
         backend=header["backend"], description=header["description"],
         networks=_resolve_networks(networks, guests), guests=_resolve_guests(guests, networks),
         text=text, steps=steps, hosts=hosts, kernel=kernel, checks=checks,
-        drops=drops,
+        drops=drops is not False,
     )
     return lab, []
 

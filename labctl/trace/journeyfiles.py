@@ -51,7 +51,8 @@ def follow_inputs(filt: str, guests: list[str], topo: Topology, samples: dict[st
             "lost": lost, "rulesets": {g: list(r) for g, r in rulesets.items()}}
 
 
-def _read_inputs(data: dict[str, Any]) -> tuple[Topology, Wire]:
+def read_inputs(data: dict[str, Any]) -> tuple[Topology, Wire]:
+    """The topology and the wire's frames of ``follow/inputs.json``."""
     guests = tuple(str(g) for g in data.get("guests") or [])
     topo = Topology({(str(g), str(n)): str(net) for g, n, net in data.get("nets") or []},
                     {(str(g), str(n)): dict(v) for g, n, v in data.get("impair") or []}, guests)
@@ -67,7 +68,7 @@ def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
         data = json.loads((d / FOLLOW_INPUTS).read_text())
     except (OSError, ValueError):
         return None
-    topo, wire = _read_inputs(data)
+    topo, wire = read_inputs(data)
     clocks: dict[str, Clock] = {}
     events = []
     for g in topo.guests:
