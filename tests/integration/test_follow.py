@@ -1,0 +1,178 @@
+"""Where did my packet go: packets followed through real guests' kernels and wires, and every drop.
+
+One lab, booted once for the module: a — r — b, r a router with strict rp_filter, b with an
+nftables rule that drops UDP to port 9, a with a second address (10.1.9.1) r has no route back to.
+``labctl up`` runs its two steps and leaves it up, so the module reads their bundle and then follows
+live on the same guests:
+
+* step ``paths`` follows ICMP and UDP port 9: two pings a → b (each request answered by b's kernel, each
+  reply delivered to ping on a, with r's forwarding hop), one from 10.1.9.1 (dropped on r for
+  IP_RPFILTER), one datagram to b:9 (dropped on b for NETFILTER_DROP by the rule, named with its table
+  and chain); its drops table says the same;
+* step ``lossy`` loses everything a sends (netem loss 100% on a.eth1): lost on the wire, netem named;
+* live: a ping hop by hop on every guest in order, the wire seen on the host side; a netfilter drop
+  with its rule; bad filters and unknown guests refused with exit 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labctl.trace.tef import validate_trace
+from tests import harness
+from tests.conftest import Cli, new_cli
+from tests.integration.conftest import wait_for
+
+LAB = "followlab"
+LAB_YAML = """\
+name: followlab
+networks: {n1: {}, n2: {}}
+guests:
+  a:
+    nics: [{name: eth1, model: virtio-net-pci, network: n1, ip: 10.1.0.1/24}]
+    setup: ["ip route add 10.2.0.0/24 via 10.1.0.254", "ip addr add 10.1.9.1/32 dev lo"]
+  r:
+    nics:
+      - {name: eth1, model: e1000, network: n1, ip: 10.1.0.254/24}
+      - {name: eth2, model: virtio-net-pci, network: n2, ip: 10.2.0.254/24}
+    setup: ["sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=1 net.ipv4.conf.eth1.rp_filter=1"]
+  b:
+    nics: [{name: eth1, model: virtio-net-pci, network: n2, ip: 10.2.0.1/24}]
+    setup:
+      - ip route add 10.1.0.0/24 via 10.2.0.254
+      - nft add table inet filter
+      - nft add chain inet filter input '{ type filter hook input priority 0; policy accept; }'
+      - nft add rule inet filter input udp dport 9 counter drop
+steps:
+  - name: paths
+    follow: {filter: "icmp or udp port 9"}
+    run:
+      - {guest: a, command: "ping -c 2 -i 0.3 10.2.0.1"}
+      - {guest: a, command: "ping -c 1 -W 1 -I 10.1.9.1 10.2.0.1; true"}
+      - {guest: a, command: "echo x | nc -u -w1 10.2.0.1 9; true"}
+  - name: lossy
+    impair: {a.eth1: {loss: 100%}}
+    follow: {filter: "icmp", guests: [a, r]}
+    run:
+      - {guest: a, command: "ping -c 2 -i 0.3 -W 1 10.2.0.254; true"}
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cli, Path, dict[str, Any]]]:
+    """The lab up with its steps run: the CLI, the steps' bundle and its summary."""
+    cli = new_cli(tmp_path_factory, "fol")
+    assert cli.tracked is not None
+    cli.tracked.test = f"test_follow lab (first used by {harness.current_test()})"
+    d = tmp_path_factory.mktemp("followlab")
+    (d / "lab.yaml").write_text(LAB_YAML)
+    try:
+        up = cli("up", str(d / "lab.yaml"), "--out", str(d / "runs"), "--json", timeout=1500)
+        assert up.returncode == 0, up.stdout + up.stderr
+        bundle = Path(json.loads(up.stdout)["bundle"])
+        yield cli, bundle, json.loads((bundle / "summary.json").read_text())
+    finally:
+        harness.teardown(cli.tracked)
+
+
+def _step(summary: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(s for s in summary["steps"] if s["name"] == name)
+
+
+def test_the_steps_bundle_has_every_drop_with_where_and_why(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    _, bundle, summary = lab
+    rows = {(r["guest"], r["reason"]): r for r in _step(summary, "paths")["drops"]["rows"]}
+    nf = rows[("b", "NETFILTER_DROP")]
+    assert nf["count"] == 1 and nf["dev"] == "eth1" and nf["headers"][0].startswith("UDP 10.1.0.1:")
+    assert nf["rules"] == ["nftables rule 'udp dport 9 counter drop' (table inet filter, chain input, handle 2)"]
+    rp = rows[("r", "IP_RPFILTER")]
+    assert rp["function"].startswith("ip_rcv_finish_core") and len(rp["headers"]) == 1
+    assert rp["headers"][0].startswith("ICMP echo-request 10.1.9.1 > 10.2.0.1")
+    lossy = {(r["guest"], r["reason"], r["protocol"]): r["count"] for r in _step(summary, "lossy")["drops"]["rows"]}
+    assert lossy[("a", "QDISC_DROP", "IPv4")] == 2  # the pings netem lost (IPv6's neighbour discovery too)
+    html = (bundle / "report.html").read_text()
+    assert "Drops" in html and "NETFILTER_DROP" in html and "Followed packets" in html
+
+
+def test_the_step_follows_each_packet_to_its_end(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    _, bundle, summary = lab
+    step = _step(summary, "paths")
+    doc = json.loads((bundle / step["dir"] / "journey.json").read_text())
+    ends = sorted((p["end"]["kind"], p["packet"].split(" id ")[0].split(":")[0]) for p in doc["packets"])
+    assert ends == [("answered", "ICMP echo-request 10.1.0.1 > 10.2.0.1")] * 2 + [
+        ("delivered", "ICMP echo-reply 10.2.0.1 > 10.1.0.1")] * 2 + [
+        ("dropped", "ICMP echo-request 10.1.9.1 > 10.2.0.1"), ("dropped", "UDP 10.1.0.1")], ends
+    by_reason = {p["end"].get("reason"): p["end"] for p in doc["packets"]}
+    assert by_reason["IP_RPFILTER"]["guest"] == "r"
+    assert by_reason["NETFILTER_DROP"]["guest"] == "b" and "table inet filter, chain input" in by_reason[
+        "NETFILTER_DROP"]["text"]
+    assert doc["totals"]["out_of_order_hops"] == 0
+    lossy = json.loads((bundle / _step(summary, "lossy")["dir"] / "journey.json").read_text())
+    assert [p["end"]["kind"] for p in lossy["packets"]] == ["lost", "lost"]
+    assert all("netem loss 100% (labctl's impairment of a.eth1)" in p["end"]["text"] for p in lossy["packets"])
+    timeline = json.loads(gzip.decompress((bundle / step["dir"] / "journey-trace.json.gz").read_bytes()))
+    assert validate_trace(timeline) == [] and any(e["ph"] == "s" for e in timeline["traceEvents"])
+
+
+def _follow(cli: Cli, filt: str, count: int, guest: str, command: str, *extra: str) -> tuple[list[dict[str, Any]], str]:
+    """``labctl follow LAB FILTER -c COUNT --json`` while ``command`` runs on ``guest`` once it follows."""
+    with cli.running("follow", LAB, filt, "-c", str(count), "--json", "--duration", "120", *extra) as proc:
+        out: list[str] = []
+        err: list[str] = []
+        readers = [threading.Thread(target=lambda f=f, into=into: into.extend(iter(f.readline, "")), daemon=True)
+                   for f, into in ((proc.stdout, out), (proc.stderr, err))]
+        for t in readers:
+            t.start()
+        wait_for(lambda: any("following" in line for line in err) or proc.poll() is not None, 180, "follow to start")
+        cli("exec", LAB, guest, "--", command, timeout=120)
+        proc.wait(timeout=180)
+        for t in readers:
+            t.join(timeout=10)
+    assert proc.returncode == 0, "".join(err)
+    return [json.loads(line) for line in out if line.strip()], "".join(err)
+
+
+def test_a_ping_is_followed_live_hop_by_hop_through_the_router(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    cli = lab[0]
+    packets, err = _follow(cli, "icmp and host 10.2.0.1", 2, "a", "ping -c 1 10.2.0.1")
+    request, reply = sorted(packets, key=lambda p: "reply" in p["packet"])
+    assert request["end"]["kind"] == "answered" and request["end"]["guest"] == "b"
+    assert reply["end"]["text"].startswith("delivered to ping (pid ") and reply["end"]["guest"] == "a"
+    hops = [(h["guest"], h["where"], h.get("dev")) for h in request["hops"]]
+    assert hops == [("a", "ip_output", None), ("a", "net_dev_queue", "eth1"), ("a", "dev_hard_start_xmit", "eth1"),
+                    ("a", "a.eth1 → r.eth1", None), ("r", "netif_receive_skb", "eth1"), ("r", "ip_forward", None),
+                    ("r", "ip_output", None), ("r", "net_dev_queue", "eth2"), ("r", "dev_hard_start_xmit", "eth2"),
+                    ("r", "r.eth2 → b.eth1", None), ("b", "netif_receive_skb", "eth1"), ("b", "ip_local_deliver", None)]
+    for p in packets:
+        times = [h["t_us"] for h in p["hops"]]
+        assert times == sorted(times) and p["out_of_order"] == 0
+        assert all("seen on the host side at both ends" in h["note"] for h in p["hops"] if h["point"] == "wire")
+    assert "clocks mapped onto the host's within" not in err  # --json: the bounds are in the last line
+    assert "clock bounds a ±" in err
+
+
+def test_a_netfilter_drop_is_followed_live_to_its_rule(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    cli = lab[0]
+    (packet,), _ = _follow(cli, "udp port 9", 1, "a", "echo y | nc -u -w1 10.2.0.1 9; true")
+    end = packet["end"]
+    assert (end["kind"], end["guest"], end["reason"]) == ("dropped", "b", "NETFILTER_DROP")
+    assert "nftables rule 'udp dport 9 counter drop' (table inet filter, chain input" in end["text"]
+
+
+def test_bad_filters_and_guests_are_refused_before_anything_starts(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    cli = lab[0]
+    for args, says in ((("icmp and hst 1",), "syntax error"), (("portrange 1-9",), "does not follow by 'portrange'"),
+                       (("icmp", "--guests", "a,z"), "has no guest 'z'")):
+        res = cli("follow", LAB, *args, timeout=120)
+        assert res.returncode == 2 and says in res.stderr, res.stderr
+    left = cli("exec", LAB, "a", "--", "grep -c labctl_ /sys/kernel/tracing/dynamic_events; ls /sys/kernel/tracing/instances",
+               timeout=60)
+    assert left.stdout.split() == ["0"], left.stdout
+    assert not list((cli.state_dir / "labs" / LAB / "captures").glob("*.json"))
