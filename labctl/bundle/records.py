@@ -153,6 +153,7 @@ class StepSummary(TypedDict, total=False):
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
     drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.drops_report)
     follow: dict[str, Any]  # the packets the step followed (labctl.report.journeys)
+    bpftrace: dict[str, Any]  # each guest's bpftrace maps and histograms (labctl.report.bpftrace_report)
 
 
 class Summary(TypedDict, total=False):

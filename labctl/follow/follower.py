@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -120,6 +121,7 @@ class Follower:
         self.tails: dict[tuple[str, str], capture.Tail] = {}
         self.warnings: list[str] = []
         self.rounds = 0
+        self.pipes_lock = threading.Lock()  # a clock round and the heartbeats share each guest's channel
         self.wire = Wire()
         self.wall_minus_mono = time.time_ns() - time.monotonic_ns()  # captures are stamped in real time
         self._sessions: dict[str, Session] = {}
@@ -221,9 +223,10 @@ class Follower:
         """One round of clock samples on every guest: at least 10, and more (up to 40, or 2 s) until the
         three fastest round trips are within a quarter of each other (a busy host's slow ones bound
         nothing)."""
-        r = self.rounds
-        self.rounds += 1
-        parallel(self.guests, lambda g: self._sync_guest(g, r))
+        with self.pipes_lock:
+            r = self.rounds
+            self.rounds += 1
+            parallel(self.guests, lambda g: self._sync_guest(g, r))
 
     def _sync_guest(self, g: str, r: int) -> None:
         pipe = self.sync_pipes.get(g)
@@ -253,7 +256,15 @@ class Follower:
 
     def heartbeat(self) -> None:
         """A marker in every guest's trace (``labctl-sync hb``): its stream shows how far it has come even
-        when no packet passes there."""
+        when no packet passes there. Skipped while a clock round runs (its markers do the same)."""
+        if not self.pipes_lock.acquire(blocking=False):
+            return
+        try:
+            self._beat()
+        finally:
+            self.pipes_lock.release()
+
+    def _beat(self) -> None:
         for g, pipe in self.sync_pipes.items():
             try:
                 pipe.send(b"hb\n")
@@ -276,11 +287,15 @@ class Follower:
             topo.impair[(g, nic)] = {str(k): str(v) for k, v in values.items() if v not in (None, "")}
         return topo
 
-    def read_wire(self) -> None:
-        """The frames the captures hold so far, by identity (:class:`labctl.trace.journey.Wire`)."""
+    def read_wire(self, look: bool = True) -> None:
+        """The frames the captures hold so far, by identity (:class:`labctl.trace.journey.Wire`); ``look``
+        False: only read past them (nothing followed is in flight, so unrelated traffic costs no parsing)."""
         for nic, tail in self.tails.items():
             seen = self.wire.seen.setdefault(nic, {})
-            for frame in tail.read():
+            frames = tail.read()
+            if not look:
+                continue
+            for frame in frames:
                 h = _frame_header(frame.data)
                 if h is not None and self.node.match(h.packet()):
                     seen.setdefault(h.key(), []).append(frame.ts_us * 1000 - self.wall_minus_mono)
@@ -308,9 +323,10 @@ class Follower:
 
     def stop(self) -> list[str]:
         """Everything off and removed (probes, instances, captures, channels); best effort, warnings back."""
-        for pipe in self.sync_pipes.values():
-            pipe.close()
-        self.sync_pipes.clear()
+        with self.pipes_lock:
+            for pipe in self.sync_pipes.values():
+                pipe.close()
+            self.sync_pipes.clear()
         for cap in self.captures:
             try:
                 self.warnings += capture.stop(self.state, self.backend, cap)

@@ -123,14 +123,22 @@ class LiveFollow:
         if note:
             j.end.text += f" by {note}"
 
+    def _resync(self, stop: threading.Event) -> None:
+        """A clock round every :data:`RESYNC` s, beside the main loop (a round takes up to 2 s on a busy host)."""
+        while not stop.wait(RESYNC):
+            try:
+                self.f.sync()
+            except GuestError as exc:
+                log.warning("clock round: %s", exc.message)
+
     def run(self, done: Callable[[], bool], count: int | None = None) -> LiveStats:
         lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         stop = threading.Event()
         threads = [threading.Thread(target=_reader, args=(self.f, g, lines, stop), daemon=True, name=f"follow-{g}")
                    for g in self.f.guests]
+        threads.append(threading.Thread(target=self._resync, args=(stop,), daemon=True, name="follow-clocks"))
         for t in threads:
             t.start()
-        next_sync = time.monotonic() + RESYNC
         next_beat = 0.0
         try:
             while not done() and len(self.stats.ended) < len(self.f.guests):
@@ -148,14 +156,11 @@ class LiveFollow:
                 if time.monotonic() >= next_beat:
                     self.f.heartbeat()
                     next_beat = time.monotonic() + HEARTBEAT
-                self.f.read_wire()
+                self.f.read_wire(look=bool(self.corr.clusters))
                 live = [g for g in self.f.guests if g not in self.stats.ended]
                 if live and all(g in self.marks for g in live) and self._hand_over(
                         self.corr.settle({g: self.marks[g] for g in live}, int(QUIET * 1e9)), count):
                     return self.stats
-                if time.monotonic() >= next_sync:
-                    self.f.sync()
-                    next_sync = time.monotonic() + RESYNC
             self._hand_over(self.corr.settle(None), count)  # what was in flight, ended by the stop
             return self.stats
         finally:

@@ -6,11 +6,17 @@ Everything goes through tracefs, with no compiler, BPF or debug info in the gues
   on the ``mono`` clock, without overwriting (the first events are kept when it fills), so that
   the user's own ftrace or trace-cmd is untouched;
 * **event probes** (``e:`` in ``dynamic_events``, Linux 5.15 and later) on the tracepoints
-  ``net:netif_receive_skb``, ``net:net_dev_queue`` and ``skb:kfree_skb``, and **kprobes** (``p:``)
-  on ``ip_output``, ``dev_hard_start_xmit``, ``ip_forward``, ``ip_local_deliver``, ``tcp_v4_rcv``,
-  ``skb_free_datagram`` and ``skb_consume_udp``, each fetching the packet's IPv4 header fields at
+  ``net:net_dev_queue``, ``net:net_dev_start_xmit``, ``net:netif_receive_skb`` and ``skb:kfree_skb``,
+  and ``skb:skb_copy_datagram_iovec``, and **kprobes** (``p:``) on ``ip_forward``,
+  ``ip_local_deliver``, ``tcp_v4_rcv`` and ``skb_consume_udp`` (UDP copies a linear skb without the
+  tracepoint), each fetching the packet's IPv4 header fields at
   ``skb->data`` plus where that header is at that point (:data:`POINTS`); byte offsets of the
-  structs come from the kernel's debug info (:mod:`labctl.kernel.offsets`);
+  structs come from the kernel's debug info (:mod:`labctl.kernel.offsets`). Tracepoints wherever
+  the stack has one: a kprobe hit while another kprobe's handler runs on the CPU is missed (the
+  kernel counts it in ``kprobe_profile``), and a kprobe on ``ip_output`` ran in every sender's context
+  (sshd's too), so that a packet's softirq nested into it lost its hops under TCG (4-12 hops of 2000
+  pings; a ping's reader probe did it too, once in 2000); the kprobes left run in softirq
+  context, but for a UDP socket's reader;
 * each follow point gets the filter as the kernel's own event filter (:mod:`labctl.trace.pktfilter`),
   so unrelated packets are never recorded; drops are recorded unfiltered (they are few);
 * the drop's reason is a field of ``skb:kfree_skb`` from Linux 6.0 on (fewer, older ones: only where);
@@ -55,15 +61,15 @@ class ProbePoint:
 
 
 POINTS = (
-    ProbePoint("ip_out", "p", "ip_output", "%dx", 0),  # ip_output(net, sk, skb)
     ProbePoint("dev_queue", "e", "net.net_dev_queue", "$skbaddr", 14, dev=True),  # after the Ethernet header
-    ProbePoint("xmit", "p", "dev_hard_start_xmit", "%di", 14, dev=True),
+    ProbePoint("xmit", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True),
     ProbePoint("netif_rx", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True),  # eth_type_trans pulled L2
     ProbePoint("ip_fwd", "p", "ip_forward", "%di", 0),
     ProbePoint("ip_local", "p", "ip_local_deliver", "%di", 0),
     ProbePoint("tcp_rcv", "p", "tcp_v4_rcv", "%di", -20),  # IP's header pulled (no options)
-    ProbePoint("raw_read", "p", "skb_free_datagram", "%si", 0),  # a raw socket keeps the IP header
-    ProbePoint("sock_read", "p", "skb_free_datagram", "%si", -20),  # ping sockets: at the ICMP header
+    # the reader's copy, in its context: a raw socket keeps the IP header, a ping socket is at the ICMP header
+    ProbePoint("raw_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", 0),
+    ProbePoint("sock_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", -20),
     ProbePoint("udp_read", "p", "skb_consume_udp", "%si", -20),
 )
 

@@ -27,6 +27,7 @@
             kprobes: [ip_rcv]
             mpstat: true
             skb_latency: true           # per-packet stage latency (or {buffer_kb: 16384}); not with ftrace
+            bpftrace: {script: "kprobe:ip_rcv { @[comm] = count(); }"}   # or {file: prog.bt}
             stats: true                 # statistics snapshots before/after (default true)
             capture: [eth1]             # pcapng of these NICs (true: all of a's) in the bundle
 
@@ -180,8 +181,8 @@ class StepParser:
         repeat = c.integer(m, "repeat", path, (1, MAX_REPEAT))
         run = self._runs(m, path, known, matrix)
         trace = TraceParser(self.check, self.guests, lambda text, line, where: self._templates(text, known, line, where),
-                            lambda text, check, line, where: self._each_row(text, matrix, check, line, where)
-                            ).parse(m, path)
+                            lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
+                            self.trusted).parse(m, path)
         gdb = self._gdb(m, path, known, matrix)
         impair = step_impairs(c, m, path, lambda text, line, where: self._templates(text, known, line, where),
                               lambda text, check, line, where: self._each_row(text, matrix, check, line, where),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from labctl.report.bpftrace_report import BpftraceSection
 from labctl.report.cost import CostSection
 from labctl.report.drops_report import DropsSection
 from labctl.report.flames import FlamesSection
@@ -32,6 +33,7 @@ SECTIONS: tuple[ReportSection, ...] = (
     SelftestSection(),  # each step's selftests; their counts in the results
     FollowSection(),  # each step's followed packets
     DropsSection(),  # each step's drops
+    BpftraceSection(),  # each step's bpftrace maps and histograms
     ProfileSection(),
     SoftnetSection(),
     LossSection(),

@@ -13,7 +13,7 @@ from labctl.debug import console_end, oops_titles, panicked
 from labctl.ssh import Session
 from labctl.state import LabState
 
-TOOLS = ("perf", "trace-cmd", "mpstat", "ethtool", "nstat", "ss", "netstat", "timeout")
+TOOLS = ("perf", "trace-cmd", "mpstat", "ethtool", "nstat", "ss", "netstat", "timeout", "bpftrace")
 
 
 class Sessions:

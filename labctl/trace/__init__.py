@@ -11,6 +11,7 @@
 * :mod:`.ktap`: the kernel's KTAP test output (selftests);
 * :mod:`.hops`, :mod:`.clocks`, :mod:`.journey`, :mod:`.journeyfiles`: packets followed through the lab's kernels and wires;
 * :mod:`.drops`: every skb a guest dropped, as a table; which netfilter rule dropped;
+* :mod:`.bpfmaps`: a bpftrace program's maps and histograms;
 * :mod:`.perfetto`, :mod:`.tracks`, :mod:`.tef`: recordings as Perfetto timelines (Trace Event Format).
 
 The guest commands that produce these files are :mod:`labctl.steps`'.
@@ -23,7 +24,7 @@ Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labc
 
 from __future__ import annotations
 
-from labctl.trace import drops, hops, journey, ktap
+from labctl.trace import bpfmaps, drops, hops, journey, ktap
 from labctl.trace.analyze import guest_figures, step_figures
 from labctl.trace.clocks import Clock
 from labctl.trace.drops import netfilter_note
@@ -73,6 +74,7 @@ __all__ = [
     "Topology",
     "Wire",
     "analyze_follow",
+    "bpfmaps",
     "capture_figures",
     "drops",
     "follow_inputs",

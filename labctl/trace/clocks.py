@@ -37,6 +37,24 @@ class Round:
     half: float
 
 
+MAX_DRIFT = 1e-3  # a guest clock off by more than 1000 ppm is a wrong estimate, not a clock
+
+
+def _round(items: list[tuple[int, int, int]]) -> Round:
+    """A round from its samples (guest time, lowest and highest offset each allows): where most samples
+    agree (a sample the guest answered late, or a moment the host stalled, may disagree with the rest),
+    at the mean guest time."""
+    edges = sorted([(lo, 0) for _, lo, _ in items] + [(hi, 1) for _, _, hi in items])  # opens before closes
+    depth = best = 0
+    lo = hi = 0.0
+    for i, (x, kind) in enumerate(edges):
+        depth += 1 if kind == 0 else -1
+        if kind == 0 and depth > best:
+            best, lo = depth, x
+            hi = next(y for y, k in edges[i + 1:] if k == 1)
+    return Round(round(statistics.fmean(i[0] for i in items)), (lo + hi) / 2, (hi - lo) / 2)
+
+
 @dataclass
 class Clock:
     """A guest's trace clock mapped onto the host's monotonic clock (ns)."""
@@ -53,36 +71,45 @@ class Clock:
             if mark in samples:
                 h1, h2 = samples[mark]
                 by_round.setdefault(mark.partition(".")[0], []).append((ev.ts, h1 - ev.ts, h2 - ev.ts))
-        rounds = []
-        for items in by_round.values():
-            lo, hi = max(i[1] for i in items), min(i[2] for i in items)
-            if lo > hi:  # the clock moved within the round (drift, a pause): the tightest sample alone
-                best = min(items, key=lambda i: i[2] - i[1])
-                lo, hi = best[1], best[2]
-            rounds.append(Round(round(statistics.fmean(i[0] for i in items)), (lo + hi) / 2, (hi - lo) / 2))
+        rounds = [_round(items) for items in by_round.values()]
         return cls(sorted(rounds, key=lambda r: r.at))
 
     @property
     def known(self) -> bool:
         return bool(self.rounds)
 
+    def good(self) -> list[Round]:
+        """The rounds the mapping uses: a round taken on a busy moment (its bound more than three times the
+        best round's, and a millisecond more) would only blur the others."""
+        if not self.rounds:
+            return []
+        best = min(r.half for r in self.rounds)
+        return [r for r in self.rounds if r.half <= max(3 * best, best + 1_000_000)]
+
     @property
     def bound_ns(self) -> float:
-        return max((r.half for r in self.rounds), default=float("inf"))
+        return max((r.half for r in self.good()), default=float("inf"))
+
+    def rate(self) -> float:
+        """The guest clock's drift against the host's (host ns per guest ns, minus 1) from the first and the
+        last good rounds, once they are a second apart; within ±MAX_DRIFT."""
+        r = self.good()
+        if len(r) < 2 or r[-1].at - r[0].at < 1_000_000_000:
+            return 0.0
+        drift = (r[-1].offset - r[0].offset) / (r[-1].at - r[0].at)
+        return max(-MAX_DRIFT, min(MAX_DRIFT, drift))
 
     def host(self, guest_ns: int) -> int:
-        """The host time of guest time ``guest_ns``: the offset interpolated between rounds (the
-        nearest two beyond them)."""
-        r = self.rounds
+        """The host time of guest time ``guest_ns``: the offset interpolated between the good rounds around
+        it; before the first and after the last, that round's offset moved by the drift."""
+        r = self.good()
         if not r:
             return guest_ns
-        if len(r) == 1 or r[-1].at == r[0].at:
-            return round(guest_ns + r[0].offset)
-        if guest_ns <= r[0].at or guest_ns >= r[-1].at:  # beyond the rounds: the rate of the whole span
-            a, b = r[0], r[-1]
-        else:
-            i = next(i for i in range(1, len(r)) if guest_ns <= r[i].at)
-            a, b = r[i - 1], r[i]
+        if guest_ns <= r[0].at or guest_ns >= r[-1].at:
+            edge = r[0] if guest_ns <= r[0].at else r[-1]
+            return round(guest_ns + edge.offset + self.rate() * (guest_ns - edge.at))
+        i = next(i for i in range(1, len(r)) if guest_ns <= r[i].at)
+        a, b = r[i - 1], r[i]
         off = a.offset + (b.offset - a.offset) * (guest_ns - a.at) / (b.at - a.at)
         return round(guest_ns + off)
 
@@ -91,10 +118,10 @@ class Clock:
                 "drift_ppm": self.drift_ppm()}
 
     def drift_ppm(self) -> float | None:
-        if len(self.rounds) < 2 or self.rounds[-1].at == self.rounds[0].at:
+        r = self.good()
+        if len(r) < 2 or r[-1].at == r[0].at:
             return None
-        a, b = self.rounds[0], self.rounds[-1]
-        return round((b.offset - a.offset) / (b.at - a.at) * 1e6, 1)
+        return round((r[-1].offset - r[0].offset) / (r[-1].at - r[0].at) * 1e6, 1)
 
 
 @dataclass

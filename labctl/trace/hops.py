@@ -36,15 +36,15 @@ class Point:
 
 
 POINTS: dict[str, Point] = {p.name: p for p in (
-    Point("ip_out", "ip_output", "tx", "IP output"),
+    Point("ip_out", "ip_output", "tx", "IP output"),  # labctl's first follow probes (bundles of then)
     Point("dev_queue", "net_dev_queue", "tx", "queued to the device (before the qdisc)"),
-    Point("xmit", "dev_hard_start_xmit", "xmit", "handed to the driver"),
+    Point("xmit", "net_dev_start_xmit", "xmit", "handed to the driver"),
     Point("netif_rx", "netif_receive_skb", "rx", "received from the driver"),
     Point("ip_fwd", "ip_forward", "stack", "forwarding"),
     Point("ip_local", "ip_local_deliver", "stack", "local delivery"),
     Point("tcp_rcv", "tcp_v4_rcv", "stack", "TCP receive"),
-    Point("raw_read", "skb_free_datagram", "read", "read by a process (raw socket)"),
-    Point("sock_read", "skb_free_datagram", "read", "read by a process (datagram socket)"),
+    Point("raw_read", "skb_copy_datagram_iovec", "read", "read by a process (raw socket)"),
+    Point("sock_read", "skb_copy_datagram_iovec", "read", "read by a process (ping socket)"),
     Point("udp_read", "skb_consume_udp", "read", "read by a process (UDP socket)"),
     Point("drop", "kfree_skb", "drop", "dropped"),
 )}
