@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from labctl.bisect import oracle as orc
-from labctl.bisect import report, search
+import labctl.bisect.oracle as orc
+import labctl.bisect.report as report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import SKIP, State, Step, save
 from labctl.bisect.worktree import BuildCache, Worktree, config_hash
 from labctl.bundle import CONSOLE, GUESTS, SUMMARY

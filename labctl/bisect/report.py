@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from labctl.bisect import oracle as orc
-from labctl.bisect import search
+import labctl.bisect.oracle as orc
+import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import NEW, OLD, State, Step
 from labctl.bundle import load_run
 from labctl.errors import LabctlError

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from labctl.cli import junit_out
+import labctl.cli.junit_out as junit_out  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.cli.ui import out, print_json, safe
 from labctl.errors import EXIT_CHECKS_FAILED, UsageError
 from labctl.grading import PASS, CheckResult, checks_of, run_checks, summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from labctl.cli import junit_out
+import labctl.cli.junit_out as junit_out  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.cli.lifecycle_cmds import add_up_arguments, load_for_up, up_options
 from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, report_outcome
 from labctl.errors import LabctlError, UsageError

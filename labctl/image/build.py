@@ -24,10 +24,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import labctl.image.cpio as initramfs
 from labctl import __version__
 from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
-from labctl.image import cpio as initramfs
 from labctl.image.apt import sha256_file
 from labctl.image.recipe import Recipe
 from labctl.image.store import AGENT_BUILTINS, INITRAMFS_CPIO, MANIFEST, ROOTFS, Image, ImageStore

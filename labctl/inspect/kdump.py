@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import struct
 
+import labctl.inspect.vmcoreinfo as vmcoreinfo  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.errors import DebugError
-from labctl.inspect import vmcoreinfo
 
 FLAT_SIGNATURE = b"makedumpfile"
 FLAT_HEADER = 4096

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import labctl.kernel.prepare as prep
 from labctl.errors import LabFileError, Problem, UsageError
 from labctl.events import NullReporter, Reporter
 from labctl.image import Image, Recipe
-from labctl.kernel import prepare as prep
 from labctl.kernel.kconfig import parse_config
 from labctl.kernel.kernel_store import Kernel, kernels_root
 from labctl.kernel.requirements import Preflight, check_requirements

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import labctl.kernel.modbuild as modbuild  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import __version__
 from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
 from labctl.image import apt_download, candidate, sha256_file
 from labctl.image import cpio as initramfs
-from labctl.kernel import modbuild
 from labctl.kernel.kconfig import extract_ikconfig
 from labctl.kernel.kernel_store import (
     BOOT,

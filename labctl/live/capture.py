@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import labctl.live.netctl as netctl  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import Backend, GuestRecord
 from labctl.errors import LabctlError, MachineError
-from labctl.live import netctl
 from labctl.net import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, vmclock
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.proc import pid_alive

@@ -12,10 +12,10 @@ from __future__ import annotations
 import shlex
 import time
 
+import labctl.steps.tracers as tr
 from labctl.bundle import CommandRecord
 from labctl.errors import GuestError, LabctlError
 from labctl.lab import LinkSpec, RunSpec, Step, render
-from labctl.steps import tracers as tr
 from labctl.steps.netstep import NetworkKind, link_guest
 from labctl.steps.variant import StepKind, Variant, now
 

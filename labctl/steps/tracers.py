@@ -14,8 +14,8 @@ import base64
 import shlex
 from dataclasses import dataclass
 
+import labctl.steps.skbprobes as skbprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.lab import TraceSpec
-from labctl.steps import skbprobes
 
 q = shlex.quote
 

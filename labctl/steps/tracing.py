@@ -12,10 +12,10 @@ from __future__ import annotations
 import shlex
 import time
 
+import labctl.steps.skbprobes as skbprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.steps.tracers as tr
 from labctl.errors import GuestError, LabctlError, TraceError
 from labctl.lab import Lab, Step, TraceSpec
-from labctl.steps import skbprobes
-from labctl.steps import tracers as tr
 from labctl.steps.variant import StepKind, Variant
 from labctl.trace import snapshot_commands
 

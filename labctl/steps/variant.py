@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import labctl.steps.copyback as copyback  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bundle import CommandRecord
 from labctl.errors import GuestError, LabctlError
 from labctl.lab import Lab, Step
 from labctl.state import LabState
-from labctl.steps import copyback
 from labctl.steps.result import StepEvents, StepResult
 from labctl.steps.sessions import Sessions
 

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import labctl.training.sshport as sshport  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import get_backend, save_state
 from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
 from labctl.lab import LAB_NAME, LAB_NAME_RULE, Share
 from labctl.paths import atomic_write, build_into, ensure_private_dir
 from labctl.state import LabState, lab_lock
-from labctl.training import sshport
 from labctl.training.reset import (
     copy_disk,
     need_restart,

@@ -25,12 +25,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import labctl.training.sshport as sshport  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord, get_backend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image import Image
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState, lab_lock
-from labctl.training import sshport
 from labctl.up import agent, mounts, snapshots, warm
 
 BOOT_TIMEOUT = 180.0

@@ -105,8 +105,8 @@ def update_handout(moved: Moved, lab: str) -> Moved:
     if "@" not in lab:
         return moved
     name, student = lab.split("@", 1)
+    import labctl.training.handout as handout  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
     from labctl.state import LabState
-    from labctl.training import handout
     from labctl.training.classroom import ClassRecord
 
     try:

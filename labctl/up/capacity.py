@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import get_backend
 from labctl.errors import HostError, LabStateError
 from labctl.lab import Lab
 from labctl.state import LabState, up_labs
-from labctl.up import snapshots
 
 # What one idle TCG guest's QEMU uses beyond the guest's own memory: translated code,
 # device models, slirp (measured by benchmarks/training.py: PSS minus the guest RAM touched).

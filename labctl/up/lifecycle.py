@@ -14,6 +14,10 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import labctl.up.envcheck as envcheck  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.mounts as mounts  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import GuestPlan, GuestRecord, choose_accel, get_backend
 from labctl.errors import LabctlError, LabFileError, LabStateError, PortTaken, UsageError
 from labctl.events import UpEvents
@@ -25,7 +29,6 @@ from labctl.net import free_port, plan_networks
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing
 from labctl.state import STARTING, UP, LabState, lab_lock, remove_run_dir, run_dir
-from labctl.up import envcheck, mounts, taps, warm
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.netsetup import LabNetworks
 from labctl.up.options import DEFAULT_BOOT_TIMEOUT, UpOptions

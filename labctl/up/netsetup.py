@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import Backend
 from labctl.errors import MachineError
 from labctl.lab import HostPlace, Lab
 from labctl.net import SWITCH, TAP, Port, Segment, TapDev, plan_networks
 from labctl.proc import spawn
 from labctl.state import LabState, SwitchRecord
-from labctl.up import taps
 from labctl.up.console import console_tail
 from labctl.up.teardown import stop_switches
 

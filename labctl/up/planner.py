@@ -12,6 +12,10 @@ import dataclasses
 import secrets
 from pathlib import Path
 
+import labctl.up.guestconf as guestconf  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.mounts as mounts  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import Backend, GuestPlan
 from labctl.image import Image
 from labctl.kernel import Kernel
@@ -19,7 +23,6 @@ from labctl.kernel import prepare as kernel_prep
 from labctl.lab import Guest, HostPlace, Lab, mgmt_mac
 from labctl.net import Segment, free_port
 from labctl.paths import ensure_private_dir
-from labctl.up import guestconf, mounts, snapshots, warm
 from labctl.up.bootargs import kernel_args
 from labctl.up.keys import new_keypair
 from labctl.up.options import UpOptions

@@ -9,11 +9,11 @@ import concurrent.futures
 from collections.abc import Callable
 from pathlib import Path
 
+import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import GuestRecord, get_backend, owned
 from labctl.errors import LabctlError, LabStateError
 from labctl.proc import kill_pids, pids_referencing, stop_pid
 from labctl.state import LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
-from labctl.up import taps
 
 
 def release_owned(directory: Path) -> list[LabctlError]:

@@ -11,6 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord
 from labctl.debug import crashed
 from labctl.errors import GuestError, LabctlError, MachineError
@@ -18,7 +21,6 @@ from labctl.events import UpEvents
 from labctl.lab import Lab
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState
-from labctl.up import agent, snapshots, warm
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.options import UpOptions
 from labctl.up.planner import GuestPlanner

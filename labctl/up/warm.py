@@ -31,13 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import get_backend, load_state, qmp_execute
 from labctl.errors import GuestError, LabctlError
 from labctl.image import AGENT_BUILTINS
 from labctl.paths import atomic_write
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState, recorded_snapshots
-from labctl.up import agent, snapshots
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.snapshots import Snapshot
 

@@ -6,8 +6,10 @@ import json
 import os
 import socket
 import stat
+import sys
 from pathlib import Path
 
+from tests import harness
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import qemu_pids_under
 
@@ -55,6 +57,13 @@ def test_three_guests_ping_each_other_with_the_right_drivers(cli: Cli, image: ob
         # exec returns the remote command's exit status, and a shell line works.
         assert cli("exec", "quickstart", "a", "--", "sh -c 'exit 7'").returncode == 7
         assert cli("exec", "quickstart", "a", "--", "false").returncode == 1
+
+        # labctl ssh puts OpenSSH in its place: a shell on the guest, here reading its commands from stdin.
+        shell = harness.run([sys.executable, "-m", "labctl", "ssh", "quickstart", "c"], cwd=ROOT, env=cli.env,
+                            input="echo on-$(hostname)-$((6*7))\n", capture_output=True, text=True, timeout=120)
+        assert shell.returncode == 0, shell.stderr
+        name = cli("exec", "quickstart", "c", "--", "hostname", check=True).stdout.strip()
+        assert shell.stdout.strip() == f"on-{name}-42", shell.stdout
 
         # Management traffic never shares a lab NIC: mgmt0 is its own NIC.
         links = cli("exec", "quickstart", "b", "--", "ip", "-o", "link", check=True).stdout

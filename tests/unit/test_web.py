@@ -540,3 +540,81 @@ def test_a_stopped_capture_is_saved_as_pcapng_and_downloads(state: Path) -> None
         pos += blen
     assert got == frames
     assert stat.S_IMODE((run / "web-captures").stat().st_mode) == 0o700
+
+
+def test_access_is_one_policy_for_every_route(record: ClassRecord) -> None:
+    """Policy.authorize(principal, action, instance), the table of labctl.web.authz."""
+    from labctl.web.authz import (
+        CLASS_MANAGE,
+        CLASS_VIEW,
+        INDEX,
+        LAB_CHECK,
+        LAB_RESET,
+        LAB_TOOLS,
+        LAB_VIEW,
+        NO_RESETS,
+        Policy,
+    )
+
+    allow: dict[str, bool] = {}
+    policy = Policy(allow)
+    owner = Principal(OWNER)
+    trainer = Principal(TRAINER, "exlab", students=("ann", "bea"))
+    ann = Principal(STUDENT, "exlab", "ann")
+    ok = policy.authorize
+    assert ok(owner, INDEX) is None and ok(trainer, INDEX) and ok(ann, INDEX) and ok(None, INDEX)
+    for action in (CLASS_VIEW, CLASS_MANAGE):
+        assert ok(owner, action, "other") is None and ok(trainer, action, "exlab") is None
+        assert ok(trainer, action, "other") and ok(ann, action, "exlab")  # another class's trainer, a student
+    for action in (LAB_VIEW, LAB_CHECK):
+        assert ok(ann, action, "exlab@ann") is None and ok(ann, action, "exlab@bea")
+        assert ok(trainer, action, "exlab@bea") is None and ok(trainer, action, "exlab@zed")
+        assert ok(trainer, action, "other@ann") and ok(owner, action, "anything@x") is None
+    assert ok(ann, LAB_RESET, "exlab@ann") == NO_RESETS and ok(trainer, LAB_RESET, "exlab@ann") is None
+    allow["exlab"] = True
+    assert ok(ann, LAB_RESET, "exlab@ann") is None and ok(ann, LAB_RESET, "exlab@bea")
+    assert ok(owner, LAB_TOOLS, "exlab@ann") is None and ok(trainer, LAB_TOOLS, "exlab@ann") and ok(ann, LAB_TOOLS,
+                                                                                                     "exlab@ann")
+    assert ok(owner, "no.such.action", "x")
+
+
+def test_a_trainer_sees_only_their_own_class(client: TestClient, record: ClassRecord, tmp_path: Path) -> None:
+    """The trainer of one class is refused every view of another class: its page, its JSON, its
+    events and its settings; the owner sees both."""
+    out = tmp_path / "other-handouts"
+    (out / "cid").mkdir(parents=True, mode=0o700)
+    os.chmod(out, 0o700)
+    other = ClassRecord("other", "/x/other.yaml", ["cid"], str(out))
+    other.create()
+    trainer = bearer(class_tokens(record).trainer)
+    assert client.get("/api/class/exlab", headers=trainer).status_code in (200, 404)  # its own (404: not up)
+    assert client.get("/class/exlab", headers=trainer).status_code == 200
+    for path in ("/api/class/other", "/class/other", "/api/events?class=other"):
+        assert client.get(path, headers=trainer).status_code == 403, path
+    assert client.post("/api/class/other/allow-reset", headers=trainer, json={"allow": True}).status_code == 403
+    assert client.get("/api/lab/other@cid", headers=trainer).status_code == 403
+    owner = bearer(owner_token())
+    assert client.get("/class/other", headers=owner).status_code == 200
+
+
+def test_the_event_stream_ends_when_its_token_is_revoked(client: TestClient, record: ClassRecord,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live page's events: the token is authorized again before every event; once the class is taken
+    down (its tokens revoked) the stream says so and ends, even though the connection stays open.
+    (A stream every 0.1 s, a keepalive after 0.2 s: a stream that goes on is seen within seconds.)"""
+    from labctl.web import lab_api
+
+    monkeypatch.setattr(lab_api, "EVENT_PERIOD", 0.1)
+    monkeypatch.setattr(lab_api, "KEEPALIVE", 0.2)
+    ann = bearer(class_tokens(record).students["ann"])
+    seen: list[str] = []
+    with client.stream("GET", "/api/events?lab=exlab@ann", headers=ann) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            seen.append(line)
+            if line.startswith("data:") and "revoked" not in "".join(seen):
+                revoke("exlab")
+            if line == "event: revoked":
+                break
+            assert len(seen) < 50, seen
+    assert "event: revoked" in seen and any(s.startswith("data:") for s in seen)

@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
+import labctl.backends.libvirt.host_checks as host_checks  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.backends.libvirt.saved as saved  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.backends.libvirt.storage as storage  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir
-from labctl.backends.libvirt import host_checks, saved, storage
 from labctl.backends.libvirt.api import (
     LOG_DIR,
     RELAY,

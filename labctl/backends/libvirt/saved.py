@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
+import labctl.backends.libvirt.saveimage as saveimage  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends.base import GuestRecord
-from labctl.backends.libvirt import saveimage
 from labctl.backends.libvirt.api import (
     CONSOLE_ATTACH_TIMEOUT,
     RELAY,

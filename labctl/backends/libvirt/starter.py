@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import labctl.backends.libvirt.host as hostfs
+import labctl.backends.libvirt.saved as saved  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.backends.libvirt.saveimage as saveimage  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.backends.libvirt.storage as storage  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends.base import POSTBOOT, GuestPlan, GuestRecord, NetDir
-from labctl.backends.libvirt import saved, saveimage, storage
 from labctl.backends.libvirt.api import (
     HostFacts,
     check_socket_paths,
