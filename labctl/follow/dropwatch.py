@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from labctl.errors import LabctlError
-from labctl.follow import probes as pr
+import labctl.follow.probes as pr
 from labctl.follow.follower import offsets_of, stale_groups
 from labctl.ssh import Session
 from labctl.state import LabState

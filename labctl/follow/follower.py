@@ -31,7 +31,7 @@ from typing import TypeVar
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
-from labctl.follow import probes as pr
+import labctl.follow.probes as pr
 from labctl.kernel import struct_offsets
 from labctl.live import capture
 from labctl.pktfilter import Node, kernel_filter

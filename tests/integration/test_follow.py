@@ -146,10 +146,11 @@ def test_a_ping_is_followed_live_hop_by_hop_through_the_router(lab: tuple[Cli, P
     assert request["end"]["kind"] == "answered" and request["end"]["guest"] == "b"
     assert reply["end"]["text"].startswith("delivered to ping (pid ") and reply["end"]["guest"] == "a"
     hops = [(h["guest"], h["where"], h.get("dev")) for h in request["hops"]]
-    assert hops == [("a", "ip_output", None), ("a", "net_dev_queue", "eth1"), ("a", "dev_hard_start_xmit", "eth1"),
+    assert hops == [("a", "net_dev_queue", "eth1"), ("a", "net_dev_start_xmit", "eth1"),
                     ("a", "a.eth1 → r.eth1", None), ("r", "netif_receive_skb", "eth1"), ("r", "ip_forward", None),
-                    ("r", "ip_output", None), ("r", "net_dev_queue", "eth2"), ("r", "dev_hard_start_xmit", "eth2"),
+                    ("r", "net_dev_queue", "eth2"), ("r", "net_dev_start_xmit", "eth2"),
                     ("r", "r.eth2 → b.eth1", None), ("b", "netif_receive_skb", "eth1"), ("b", "ip_local_deliver", None)]
+    assert request["hops"][0]["task"].startswith("ping (") and reply["hops"][-1]["where"] == "skb_copy_datagram_iovec"
     for p in packets:
         times = [h["t_us"] for h in p["hops"]]
         assert times == sorted(times) and p["out_of_order"] == 0

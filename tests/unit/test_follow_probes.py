@@ -24,8 +24,10 @@ def test_follow_points_fetch_the_ip_header_where_it_is_at_each_point() -> None:
     assert rx.startswith("e:labctl_t/netif_rx net.netif_receive_skb skb=$skbaddr:x64 dev=+0(+16($skbaddr)):string ")
     assert "saddr=+12(+208($skbaddr)):u32" in rx and "l4b=+24(+208($skbaddr)):u32" in rx
     tx = probes.point_definition("labctl_t", by["xmit"], OFF, {"dport"})
-    assert tx.startswith("p:labctl_t/xmit dev_hard_start_xmit skb=%di:x64") and "saddr=+26(+208(%di)):u32" in tx
-    assert "dport=+36(+208(%di)):u16" in tx  # after the Ethernet header
+    assert tx.startswith("e:labctl_t/xmit net.net_dev_start_xmit skb=$skbaddr:x64")
+    assert "saddr=+26(+208($skbaddr)):u32" in tx and "dport=+36(+208($skbaddr)):u16" in tx  # after the Ethernet header
+    fwd = probes.point_definition("labctl_t", by["ip_fwd"], OFF, set())
+    assert fwd.startswith("p:labctl_t/ip_fwd ip_forward skb=%di:x64") and "saddr=+12(+208(%di)):u32" in fwd
     tcp = probes.point_definition("labctl_t", by["tcp_rcv"], OFF, set())
     assert "vi=-20(+208(%di)):u8" in tcp  # IP's header already pulled
 
@@ -42,11 +44,12 @@ def test_the_drop_probe_has_a_window_around_data_and_the_symbol_last() -> None:
 def test_setup_sets_each_filter_and_says_what_the_kernel_refused() -> None:
     filt, extra = kernel_filter(parse("icmp"))
     defs = [probes.point_definition("labctl_t", p, OFF, extra) for p in probes.POINTS[:2]]
-    cmd = probes.setup_command("t", defs, {"ip_out": filt}, 8192)
-    assert "echo 'vi >= 69 && vi <= 79 && proto == 1' > /sys/kernel/tracing/instances/labctl-t/events/labctl_t/ip_out/filter" in cmd
+    cmd = probes.setup_command("t", defs, {"dev_queue": filt}, 8192)
+    assert ("echo 'vi >= 69 && vi <= 79 && proto == 1' > /sys/kernel/tracing/instances/labctl-t/events/labctl_t/"
+            "dev_queue/filter") in cmd
     assert "echo mono > /sys/kernel/tracing/instances/labctl-t/trace_clock" in cmd and "options/overwrite" in cmd
-    assert probes.results("labctl-ok ip_out\nlabctl-fail enable dev_queue\n") == (["ip_out"], ["enable dev_queue"])
-    assert "echo -:labctl_t/ip_out" in probes.remove_command("t", ["ip_out"])
+    assert probes.results("labctl-ok dev_queue\nlabctl-fail enable xmit\n") == (["dev_queue"], ["enable xmit"])
+    assert "echo -:labctl_t/xmit" in probes.remove_command("t", ["xmit"])
 
 
 def test_capabilities_and_a_killed_labctls_groups() -> None:
