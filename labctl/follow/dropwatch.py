@@ -15,8 +15,8 @@ import itertools
 import os
 from dataclasses import dataclass
 
-from labctl.errors import LabctlError
 import labctl.follow.probes as pr
+from labctl.errors import LabctlError
 from labctl.follow.follower import offsets_of, stale_groups
 from labctl.ssh import Session
 from labctl.state import LabState

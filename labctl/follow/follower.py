@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import labctl.follow.probes as pr
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
-import labctl.follow.probes as pr
 from labctl.kernel import struct_offsets
 from labctl.live import capture
 from labctl.pktfilter import Node, kernel_filter
