@@ -10,8 +10,11 @@ live on the same guests:
   IP_RPFILTER), one datagram to b:9 (dropped on b for NETFILTER_DROP by the rule, named with its table
   and chain); its drops table says the same;
 * step ``lossy`` loses everything a sends (netem loss 100% on a.eth1): lost on the wire, netem named;
+* a bpftrace program on b during ``paths``: its map and histogram in the summary and the report;
 * live: a ping hop by hop on every guest in order, the wire seen on the host side; a netfilter drop
-  with its rule; bad filters and unknown guests refused with exit 2 before anything starts.
+  with its rule; bad filters and unknown guests refused with exit 2 before anything starts;
+* in the browser (labctl serve, Debian's chromium): the lab page follows, and the dropped ping's hops
+  are lit in turn on the topology, r marked where it died.
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ networks: {n1: {}, n2: {}}
 guests:
   a:
     nics: [{name: eth1, model: virtio-net-pci, network: n1, ip: 10.1.0.1/24}]
-    setup: ["ip route add 10.2.0.0/24 via 10.1.0.254", "ip addr add 10.1.9.1/32 dev lo"]
+    setup:  # a's ARP names its eth1 address whatever the packet's source (r's rp_filter would drop it)
+      - ip route add 10.2.0.0/24 via 10.1.0.254
+      - ip addr add 10.1.9.1/32 dev lo
+      - sysctl -qw net.ipv4.conf.all.arp_announce=2 net.ipv4.conf.eth1.arp_announce=2
   r:
     nics:
       - {name: eth1, model: e1000, network: n1, ip: 10.1.0.254/24}
@@ -53,6 +59,10 @@ guests:
 steps:
   - name: paths
     follow: {filter: "icmp or udp port 9"}
+    trace:
+      b:
+        stats: false
+        bpftrace: {script: "tracepoint:net:netif_receive_skb { @len = hist(args->len); @rx[str(args->name)] = count(); }"}
     run:
       - {guest: a, command: "ping -c 2 -i 0.3 10.2.0.1"}
       - {guest: a, command: "ping -c 1 -W 1 -I 10.1.9.1 10.2.0.1; true"}
@@ -121,6 +131,14 @@ def test_the_step_follows_each_packet_to_its_end(lab: tuple[Cli, Path, dict[str,
     assert validate_trace(timeline) == [] and any(e["ph"] == "s" for e in timeline["traceEvents"])
 
 
+def test_a_steps_bpftrace_program_leaves_its_maps(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    _, bundle, summary = lab
+    b = _step(summary, "paths")["bpftrace"]["b"]
+    assert b["probes"] == 1 and b["hists"]["@len"][""] and sum(x["count"] for x in b["hists"]["@len"][""]) > 0
+    assert dict(b["maps"]["@rx"]["entries"])["eth1"] >= 3  # two ping requests and the datagram, at least
+    assert "b @len" in (bundle / "report.html").read_text()  # its histogram drawn
+
+
 def _follow(cli: Cli, filt: str, count: int, guest: str, command: str, *extra: str) -> tuple[list[dict[str, Any]], str]:
     """``labctl follow LAB FILTER -c COUNT --json`` while ``command`` runs on ``guest`` once it follows."""
     with cli.running("follow", LAB, filt, "-c", str(count), "--json", "--duration", "120", *extra) as proc:
@@ -177,3 +195,42 @@ def test_bad_filters_and_guests_are_refused_before_anything_starts(lab: tuple[Cl
                timeout=60)
     assert left.stdout.split() == ["0"], left.stdout
     assert not list((cli.state_dir / "labs" / LAB / "captures").glob("*.json"))
+
+
+def test_the_lab_page_lights_each_hop_and_marks_the_drop(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    pw_sync = pytest.importorskip("playwright.sync_api")
+    from tests.integration.test_web_tools import CHROMIUM, browser_page, read_serve
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is missing (setup.sh)")
+    cli = lab[0]
+    csp: list[str] = []
+    with cli.running("serve", "--listen", "127.0.0.1:0") as serve:
+        urls = read_serve(serve, {"base", "owner"})
+        with pw_sync.sync_playwright() as pw:
+            page = browser_page(pw, urls["owner"], csp)
+            page.goto(urls["base"] + "/lab/" + LAB)
+            expect = pw_sync.expect
+            page.fill("#follow-filter", "icmp and src host 10.1.9.1")
+            page.click("#follow-start")
+            expect(page.locator("#follow-status")).to_contain_text("following 'icmp and src", timeout=120_000)
+            res = cli("exec", LAB, "a", "--", "ping -c 1 -W 1 -I 10.1.9.1 10.2.0.1; true", timeout=120)
+            print("PING", res.stdout, res.stderr)
+            import time as _t
+            _t.sleep(8)
+            print("STATUS", page.locator("#follow-status").text_content())
+            print("FILES", list((cli.state_dir / "labs" / LAB).iterdir()))
+            print("A", cli("exec", LAB, "a", "--", "ip neigh; sysctl net.ipv4.conf.eth1.arp_announce", timeout=60).stdout)
+            expect(page.locator("#packets li.dropped").first).to_contain_text("IP_RPFILTER", timeout=30_000)
+            svg = page.locator("#topology svg")
+            expect(svg).to_have_attribute("data-end", "dropped", timeout=30_000)
+            assert svg.get_attribute("data-played") == "a,a.eth1 → r.eth1,r"
+            expect(page.locator('#topology svg g.guest.dropmark[data-guest="r"]')).to_have_count(1)
+            serve.send_signal(2)
+            print("SERVE", serve.communicate(timeout=60))
+            page.click("#follow-stop")
+            expect(page.locator("#follow-status")).to_contain_text("not following", timeout=60_000)
+            page.context.browser.close()
+    assert csp == []
+    left = cli("exec", LAB, "r", "--", "grep -c labctl_ /sys/kernel/tracing/dynamic_events", timeout=60)
+    assert left.stdout.split() == ["0"], left.stdout
