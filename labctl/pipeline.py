@@ -14,16 +14,20 @@ lab up); :func:`run_steps` the part from steps to report, on a lab that is up.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from labctl.bundle import write
+from labctl.bundle import VmcoreRecord, guest_dir, write
+from labctl.errors import LabctlError
 from labctl.events import PrepareEvents, UpEvents
+from labctl.grading import ERROR, CheckResult, run_checks
 from labctl.image import Image, ImageStore, build_image, load_recipe
+from labctl.inspect import CrashWatch, capture_crash
 from labctl.kernel import Kernel
 from labctl.kernel import lab as kernel_lab
-from labctl.lab import Lab
+from labctl.lab import Check, Lab
 from labctl.report import render_run, summarize, write_summary
 from labctl.state import LabState, lab_lock
 from labctl.steps import Runner, StepEvents, StepResult, now
@@ -140,15 +144,45 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
             f" ({failed[0].variant})" if failed[0].variant else "") + f": {failed[0].reason}"
     finished = now()
     write.copy_inputs(bundle, lab, state)
-    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason, runner.backend)
+    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason, runner.backend,
+                         vmcores=runner.vmcores)
     header = {"lab": lab.name, "status": status, "reason": reason, "started_at": started, "finished_at": finished,
-              "accel": state.accel}
+              "accel": state.accel, "vmcores": runner.vmcores}
     write_summary(bundle, summarize(bundle, header, (asdict(r) for r in runner.results)))
     reports = list(render_run(bundle))
     outcome = RunOutcome(bundle, status, reason, runner.results, reports)
     if interrupted is not None:
         raise interrupted
     return outcome
+
+
+class BootCrashes:
+    """A guest that crashes while ``run_lab``'s lab comes up: its vmcore, drgn's summary and its
+    console in the run's bundle, taken before ``up`` stops it; then the bundle of a run that never
+    started its steps (manifest, summary, report), so that the crash is there to read."""
+
+    def __init__(self, lab: Lab, bundle: Path) -> None:
+        self.lab, self.bundle = lab, bundle
+        self.records: list[VmcoreRecord] = []
+
+    def keep(self, state: LabState, guest: str) -> str:
+        """The guest's vmcore, summary and console into the bundle; the line that ends up's error."""
+        where = self.bundle / guest_dir(guest)
+        rec = capture_crash(state, guest, where, when="up", nics=[n.name for n in self.lab.guests[guest].nics])
+        write.copy_console(self.bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
+        self.records.append(write.vmcore_record(self.bundle, rec))
+        return f"its vmcore: {where / 'vmcore'}" if rec.get("file") else str(rec.get("error") or "")
+
+    def write_bundle(self, started: str, reason: str, kernels: dict[str, Kernel]) -> None:
+        """The bundle of a lab that did not come up, when a guest's crash is in it (else nothing)."""
+        if not self.records:
+            return
+        write.write_crash_manifest(self.bundle, write.lab_section(self.lab), started, now(), f"up: {reason}", kernels,
+                                   self.records, self.lab.text)
+        header = {"lab": self.lab.name, "status": "failed", "reason": f"up: {reason}", "started_at": started,
+                  "finished_at": now(), "accel": None, "vmcores": self.records}
+        write_summary(self.bundle, summarize(self.bundle, header, []))
+        render_run(self.bundle)
 
 
 def run_lab(lab: Lab, prepared: Prepared, opts: UpOptions, out_root: Path, up_events: UpEvents | None = None,
@@ -161,7 +195,13 @@ def run_lab(lab: Lab, prepared: Prepared, opts: UpOptions, out_root: Path, up_ev
     """
     with lab_lock(lab.ident):
         bundle = write.new_bundle_dir(out_root, lab.ident)
-        state = up(lab, prepared.image, prepared.kernels, opts, up_events)
+        started, crashes = now(), BootCrashes(lab, bundle)
+        try:
+            state = up(lab, prepared.image, prepared.kernels, dataclasses.replace(opts, on_boot_crash=crashes.keep),
+                       up_events)
+        except LabctlError as exc:
+            crashes.write_bundle(started, exc.message, prepared.kernels)
+            raise
         try:
             if on_up is not None:
                 on_up(state)
@@ -169,3 +209,58 @@ def run_lab(lab: Lab, prepared: Prepared, opts: UpOptions, out_root: Path, up_ev
         finally:
             if not keep:
                 down(lab.ident)
+
+
+@dataclass
+class CheckedLab:
+    """The results of a lab's checks, and the bundle of the guests that crashed meanwhile (None: none did)."""
+
+    results: list[CheckResult]
+    bundle: Path | None = None
+
+
+def check_lab(state: LabState, checks: Sequence[Check] | None = None, out_root: Path | None = None) -> CheckedLab:
+    """The lab's graded checks (:func:`labctl.grading.run_checks`) with the guests' consoles watched:
+    a guest that panics or oopses meanwhile leaves a bundle under ``out_root`` (its console, oopses,
+    vmcore, drgn's summary and a report), and its checks that did not pass say so. No ``out_root``:
+    the checks alone."""
+    if out_root is None:
+        return CheckedLab(run_checks(state, checks))
+    made: list[Path] = []
+
+    def where(guest: str) -> Path:
+        if not made:
+            made.append(write.new_bundle_dir(out_root, f"{state.lab}-check"))
+        return made[0] / guest_dir(guest)
+
+    started = now()
+    watch = CrashWatch(state, where, {g: [str(n["name"]) for n in state.resolved["guests"][g]["nics"]]
+                                      for g in state.guests}, when="labctl check").start()
+    try:
+        results = run_checks(state, checks)
+    finally:
+        taken = watch.stop()
+    if not taken:
+        return CheckedLab(results)
+    bundle = made[0] if made else write.new_bundle_dir(out_root, f"{state.lab}-check")
+    crashed = _check_crash_bundle(state, bundle, [write.vmcore_record(bundle, r) for r in taken], started)
+    results = [r if r.passed or r.guest not in crashed else
+               dataclasses.replace(r, status=ERROR, detail=f"guest {r.guest} crashed: {crashed[r.guest]}; bundle {bundle}")
+               for r in results]
+    return CheckedLab(results, bundle)
+
+
+def _check_crash_bundle(state: LabState, bundle: Path, records: list[VmcoreRecord], started: str) -> dict[str, str]:
+    """The bundle of the guests that crashed during a lab's checks: their consoles, the vmcores
+    (there already), manifest, summary and report; guest -> its crash's title."""
+    crashed = {r["guest"]: r.get("title") or "see its console" for r in records}
+    for guest in crashed:
+        write.copy_console(bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
+    why = "; ".join(f"guest {g} crashed during the checks: {title}" for g, title in crashed.items())
+    write.write_crash_manifest(bundle, {"name": state.lab, "source": state.source, "resolved": state.resolved},
+                               started, now(), why, {g: state.kernel(g) for g in state.guests}, records)
+    header = {"lab": state.lab, "status": "failed", "reason": why, "started_at": started, "finished_at": now(),
+              "accel": state.accel, "vmcores": records}
+    write_summary(bundle, summarize(bundle, header, []))
+    render_run(bundle)
+    return crashed

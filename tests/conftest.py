@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,80 +25,31 @@ from tests import harness, isolation
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SESSION_STARTED = time.time()
 _BASELINE: list[harness.Baseline] = []
 _ISOLATION: list[isolation.Isolation] = []
 
 
-_KERNELS_BEFORE: set[str] = set()
-
-
-def _prepared_kernels() -> set[str]:
-    """The prepared kernels in the suite's cache (not the locks and work directories beside them)."""
-    from labctl.kernel.kernel_store import kernels_root
-
-    try:
-        return {d.name for d in kernels_root().iterdir() if not d.name.startswith(".")}
-    except OSError:
-        return set()
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """Before anything reads a labctl directory: the suite's own cache and state (tests/isolation.py)."""
+    """Before anything reads a labctl directory: the run's own cache and state (tests/isolation.py)."""
     if not _ISOLATION:
-        _ISOLATION.append(isolation.isolate())
+        _ISOLATION.append(isolation.isolate(worker=hasattr(config, "workerinput")))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _BASELINE.append(harness.begin())
-    _KERNELS_BEFORE.update(_prepared_kernels())
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own teardown of what is still set up (an interrupted run)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Check that the run left no lab of its own behind (and say which test made what it left);
-    then remove, from the suite's own cache (tests/isolation.py: never the user's), the post-boot
-    snapshots this run took (about 90 MB per guest each) and the kernels it prepared from trees
-    and files (a rebuilt kernel never has the same content twice; Debian's stay for the next run).
-    Those that were there before the run stay, and so does any a running QEMU sits on (a nested
-    run's outer run's)."""
-    if _BASELINE:
-        _check_leftovers(session, _BASELINE[0])
+    then its cache goes, what a later run can use again kept in the suite's store
+    (tests/isolation.py)."""
     try:
-        _clean_suite_cache(session)
+        if _BASELINE:
+            _check_leftovers(session, _BASELINE[0])
     finally:
         for iso in _ISOLATION:
             isolation.finish(iso)
-
-
-def _ran_integration(session: pytest.Session) -> bool:
-    """Whether this run ran integration tests (a pytest-xdist controller collects none itself: its
-    arguments tell)."""
-    if session.items:
-        return any("integration" in str(item.path) for item in session.items)
-    args = session.config.args or [str(a) for a in session.config.getini("testpaths")]
-    return any("integration" in a or Path(a).resolve() in (ROOT, ROOT / "tests") for a in args)
-
-
-def _clean_suite_cache(session: pytest.Session) -> None:
-    from labctl.kernel.kernel_store import Kernel, kernels_root
-    from labctl.up.snapshots import held_open, list_all
-
-    if hasattr(session.config, "workerinput"):
-        return  # a pytest-xdist worker: the controller cleans up once every worker has ended
-    if not _ran_integration(session):
-        return  # a unit run takes no snapshot: never remove those of an integration run beside it
-    for snap in list_all():
-        with contextlib.suppress(OSError):
-            if snap.dir.stat().st_mtime >= SESSION_STARTED and not held_open(snap):
-                shutil.rmtree(snap.dir, ignore_errors=True)
-    for name in sorted(_prepared_kernels() - _KERNELS_BEFORE):
-        path = kernels_root() / name
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            if path.is_symlink() or not path.is_dir():
-                path.unlink()
-            elif Kernel.at(path).source.get("kind") != "debian":
-                shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_leftovers(session: pytest.Session, base: harness.Baseline) -> None:

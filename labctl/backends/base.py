@@ -175,6 +175,9 @@ class Backend(abc.ABC):
     state once up (``--save-state``), checkpoints; else labctl keeps the files."""
     shows_argv: ClassVar[bool] = False
     """:meth:`command` is the exact argv of a process (``up --dry-run`` prints it)."""
+    memory_dumps: ClassVar[bool] = False
+    """Its QEMU can dump a guest's memory into a vmcore of labctl's that names the guest's kernel
+    (a ``vmcoreinfo`` device; the file written as labctl's user): ``labctl dump``, crash vmcores."""
 
     @abc.abstractmethod
     def command(self, plan: GuestPlan) -> list[str]:

@@ -318,10 +318,10 @@ class Bisector:
         if o.kind == "check":
             wanted = [c for c in checks_of(state) if c.name == o.name]
             ev.checks = [r.to_dict() for r in run_checks(state, wanted)] if wanted else []
-        elif o.kind == "command":
+        elif o.kind in ("command", "drgn"):
             guest = str(o.guest or next(iter(self.lab.guests)))
-            check = Check(name="command", guest=guest, command=str(o.command),
-                          timeout=float(o.timeout or COMMAND_TIMEOUT))
+            check = Check(name=o.kind, guest=guest, command=str(o.command), timeout=float(o.timeout or COMMAND_TIMEOUT),
+                          kind="drgn" if o.kind == "drgn" else "shell")
             ev.command = run_checks(state, [check])[0].to_dict()
 
 

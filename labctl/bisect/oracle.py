@@ -9,6 +9,8 @@ retried once, then skipped, never guessed.
   and no oops or panic on any console;
 * ``panic``: no guest panics or oopses during the run;
 * ``command CMD`` (on a guest): the command exits 0;
+* ``drgn EXPR`` (on a guest): the expression on its running kernel is true, read with drgn after the
+  steps (the language of a lab file's ``drgn:`` check, :mod:`labctl.lab.drgnexpr`);
 * ``figure STEP[.VARIANT].KEY`` with ``below X`` (fail when below), ``above X`` (fail when
   above) or ``worse_than_good PCT`` (fail when worse than the good end's runs by more than PCT
   percent and beyond their noise): judged over the step's ``repeat:`` runs. When the runs'
@@ -32,7 +34,7 @@ from labctl.grading import CheckRecord
 from labctl.report import step_metrics
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
-KINDS = ("check", "step", "panic", "command", "figure")
+KINDS = ("check", "step", "panic", "command", "drgn", "figure")
 ALIASES = {"throughput": "throughput_mbit_s", "cpu_load": "cpu_load_pct", "driver_share": "driver_share_pct"}
 
 
@@ -43,9 +45,9 @@ class Oracle:
 
     kind: str
     name: str | None = None  # check, step
-    command: str | None = None  # command
-    guest: str | None = None  # command's --on
-    timeout: float | None = None  # command
+    command: str | None = None  # command; drgn: the expression
+    guest: str | None = None  # command's and drgn's --on
+    timeout: float | None = None  # command, drgn
     figure: str | None = None  # STEP[.VARIANT].KEY
     below: float | None = None
     above: float | None = None
@@ -108,6 +110,13 @@ def make(kind: str, **kw: Any) -> Oracle:
         raise UsageError(f"--{kind} needs a name")
     if kind == "command" and not kw.get("command"):
         raise UsageError("--command needs a command")
+    if kind == "drgn":
+        from labctl.lab import drgnexpr
+
+        try:
+            drgnexpr.parse(str(kw.get("command") or ""))
+        except ValueError as exc:
+            raise UsageError(f"--drgn: {exc}") from None
     if kind == "figure":
         bounds = [k for k in ("below", "above", "worse_than_good") if kw.get(k) is not None]
         if len(bounds) != 1:
@@ -129,6 +138,8 @@ def describe(oracle: Oracle) -> str:
         return "no guest panics or oopses"
     if kind == "command":
         return f"'{oracle.command}' on {oracle.guest or 'the first guest'} exits 0"
+    if kind == "drgn":
+        return f"'{oracle.command}' is true on {oracle.guest or 'the first guest'}'s kernel"
     if kind == "figure":
         if oracle.below is not None:
             return f"{oracle.figure} is not below {oracle.below:g}"
@@ -140,7 +151,7 @@ def describe(oracle: Oracle) -> str:
 
 def needs_lab_after_steps(oracle: Oracle) -> bool:
     """True when the oracle runs something on the guests once the steps are done."""
-    return oracle.kind in ("check", "command")
+    return oracle.kind in ("check", "command", "drgn")
 
 
 def term_of(outcome: str, fixed: bool) -> str:
@@ -160,8 +171,8 @@ def judge(oracle: Oracle, ev: Evidence, reference: Mapping[str, Any] | None = No
         return _step(str(oracle.name), ev)
     if kind == "panic":
         return _panic(ev)
-    if kind == "command":
-        return _command(ev)
+    if kind in ("command", "drgn"):
+        return _command(ev, "the command" if kind == "command" else "the expression")
     if kind == "figure":
         return _figure(oracle, ev, reference)
     return Judgement(UNDECIDED, f"unknown oracle {kind}")
@@ -210,18 +221,19 @@ def _panic(ev: Evidence) -> Judgement:
     return Judgement(PASS, "no guest panicked or oopsed")
 
 
-def _command(ev: Evidence) -> Judgement:
+def _command(ev: Evidence, what: str = "the command") -> Judgement:
     c = ev.command
     if not c:
-        return Judgement(UNDECIDED, "the command did not run")
+        return Judgement(UNDECIDED, f"{what} did not run")
     status = c.get("status")
     if status == "pass":
-        return Judgement(PASS, "the command exited 0")
+        return Judgement(PASS, f"{what} exited 0" if c.get("exit_status") is not None else f"{what} is true")
     if status == "fail":
-        return Judgement(FAIL, f"the command exited {c.get('exit_status')}")
+        return Judgement(FAIL, f"{what} exited {c.get('exit_status')}" if c.get("exit_status") is not None
+                         else f"{what} is false: {c.get('detail')}")
     if status == "timeout":
-        return Judgement(FAIL, "the command timed out")
-    return Judgement(UNDECIDED, f"the command could not run: {c.get('detail') or status}")
+        return Judgement(FAIL, f"{what} timed out")
+    return Judgement(UNDECIDED, f"{what} could not run: {c.get('detail') or status}")
 
 
 def figure_values(summary: Mapping[str, Any], name: str) -> tuple[list[float], str] | None:

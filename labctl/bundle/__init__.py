@@ -14,7 +14,7 @@ Imports never: labctl.report, labctl.cli, labctl.steps, labctl.backends.qemu, la
 from __future__ import annotations
 
 from labctl.bundle import junit, write
-from labctl.bundle.archive import pack
+from labctl.bundle.archive import pack, vmcores_of
 from labctl.bundle.figures import (
     BEYOND,
     NO_REPEATS,
@@ -51,6 +51,7 @@ from labctl.bundle.layout import (
     check_bundle_dir,
     diff_flamegraph,
     guest_dir,
+    is_vmcore,
     step_dir,
 )
 from labctl.bundle.read import Run, load_run
@@ -67,6 +68,7 @@ from labctl.bundle.records import (
     StepSummary,
     Summary,
     VariantSpread,
+    VmcoreRecord,
 )
 
 __all__ = [
@@ -96,6 +98,7 @@ __all__ = [
     "StepSummary",
     "Summary",
     "VariantSpread",
+    "VmcoreRecord",
     "as_dict",
     "as_list",
     "capture_file",
@@ -106,6 +109,7 @@ __all__ = [
     "full_label",
     "guest_dir",
     "is_failed",
+    "is_vmcore",
     "junit",
     "load_run",
     "nic_model",
@@ -120,5 +124,6 @@ __all__ = [
     "usable",
     "variant_text",
     "verdict",
+    "vmcores_of",
     "write",
 ]

@@ -5,6 +5,10 @@ The archive is reproducible: members in sorted order, each under
 mtimes and a gzip header without a time stamp or file name. Packing the same
 directory twice gives the same bytes. Sockets and FIFOs are left out, and so
 are symbolic links that point outside the run directory.
+
+A guest's vmcore (``guests/<guest>/vmcore``: its whole memory when it crashed, keys and all) is
+left out unless asked (``vmcores``): a bundle handed to a colleague carries no guest's secrets by
+surprise. Its summary, in the report, stays.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from labctl.bundle.layout import check_bundle_dir
+from labctl.bundle.layout import check_bundle_dir, is_vmcore
 from labctl.errors import LabctlError, UsageError
 from labctl.paths import atomic_file, is_temp_of
 
@@ -99,8 +103,16 @@ def _root_info(tar: tarfile.TarFile, root: Path) -> tarfile.TarInfo:
     return info
 
 
-def pack(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
-    """Pack ``run_dir`` into a ``.tar.gz`` (default ``<run_dir>.tar.gz`` beside it) and return its path.
+def vmcores_of(run_dir: Path) -> list[Path]:
+    """The guests' vmcores in a bundle, relative to it."""
+    guests = run_dir / "guests"
+    found = sorted(p.relative_to(run_dir) for p in guests.glob("*/*")) if guests.is_dir() else []
+    return [p for p in found if is_vmcore(p)]
+
+
+def pack(run_dir: Path, out: Path | None = None, force: bool = False, vmcores: bool = False) -> Path:
+    """Pack ``run_dir`` into a ``.tar.gz`` (default ``<run_dir>.tar.gz`` beside it) and return its path;
+    the guests' vmcores only when ``vmcores`` (:func:`vmcores_of` names them).
 
     Refuses (UsageError) a directory without manifest.json, and an ``out``
     file that exists unless ``force``.
@@ -108,10 +120,11 @@ def pack(run_dir: Path, out: Path | None = None, force: bool = False) -> Path:
     root = check_bundle_dir(run_dir)
     dest = archive_path(root, out, force)
     dest = dest.parent.resolve() / dest.name  # a link at dest itself is replaced, never followed
+    left_out = set() if vmcores else {root / p for p in vmcores_of(root)}
     try:
         with atomic_file(dest) as raw:  # O_EXCL|O_NOFOLLOW in a checked directory, then renamed
-            _write_tar(root, raw, skip=lambda p: p == dest or (p.parent == dest.parent
-                                                                and is_temp_of(p.name, dest.name)))
+            _write_tar(root, raw, skip=lambda p: p == dest or p in left_out
+                       or (p.parent == dest.parent and is_temp_of(p.name, dest.name)))
     except OSError as exc:
         raise LabctlError(f"cannot write {dest}: {exc.strerror or exc}") from exc
     return dest

@@ -10,6 +10,9 @@
         report.md, report.html (labctl.report)
         lab.yaml        the lab file as run
         guests/<guest>/console.log, oops.txt, oops.json
+        guests/<guest>/vmcore, vmcore.json   the guest's memory when it crashed (kdump, 0600;
+                        vmcore-2... for later crashes) and drgn's summary of it (the report's
+                        crash section); ``labctl archive`` leaves vmcores out unless asked
         steps/<step>/<variant>/<guest>/...   raw artifacts (``_`` for a step without a matrix;
                         ``<variant>@N`` for run N of a step with ``repeat``), and what the
                         analysis derives from them: flamegraph.folded/.svg, trace.json
@@ -37,6 +40,7 @@ OOPS_TXT = "oops.txt"
 OOPS_JSON = "oops.json"
 NO_VARIANT = "_"
 HOST_DIR = "_host"  # guest names start with a letter: no guest's directory is called this
+VMCORE = "vmcore"
 FLAMEGRAPH_FOLDED = "flamegraph.folded"
 FLAMEGRAPH_SVG = "flamegraph.svg"
 REPEAT_MARK = "@"  # variant labels never hold it
@@ -61,6 +65,15 @@ def capture_file(guest: str, nic: str) -> Path:
 def guest_dir(guest: str) -> Path:
     """A guest's directory, relative to the bundle (``guests/<guest>``)."""
     return Path(GUESTS) / guest
+
+
+def is_vmcore(rel: Path) -> bool:
+    """Whether ``rel`` (relative to the bundle) is a guest's vmcore: ``guests/<guest>/vmcore[-N]``."""
+    parts = rel.parts
+    if len(parts) != 3 or parts[0] != GUESTS:
+        return False
+    name = parts[2]
+    return name == VMCORE or (name.startswith(VMCORE + "-") and name[len(VMCORE) + 1:].isdigit())
 
 
 def check_bundle_dir(path: Path) -> Path:

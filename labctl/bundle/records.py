@@ -121,6 +121,28 @@ class Spread(TypedDict):
     sd: float
 
 
+class VmcoreRecord(TypedDict, total=False):
+    """A guest's crash during the run (:mod:`labctl.inspect.crashwatch`): its vmcore and drgn's summary
+    of it, paths relative to the bundle; ``error`` says why either is missing."""
+
+    guest: str
+    cause: str  # panic, oops
+    when: str  # what ran: up, step NAME (VARIANT), check NAME
+    title: str  # the oops's title
+    seen_at: str
+    file: str | None  # guests/<guest>/vmcore: kdump, 0600
+    summary_file: str | None  # guests/<guest>/vmcore.json: labctl.inspect.digest's summary
+    error: str | None
+    format: str
+    size: int
+    release: str
+    build_id: str
+    dump_s: float
+    paused_s: float
+    summary_s: float
+    ready_after_s: float  # from the crash seen on the console to the summary written
+
+
 class VariantSpread(TypedDict):
     name: str
     variant: str | None
@@ -169,3 +191,4 @@ class Summary(TypedDict, total=False):
     steps: list[StepSummary]
     spreads: list[VariantSpread]
     comparison: str | None
+    vmcores: list[VmcoreRecord]  # the guests' crashes during the run

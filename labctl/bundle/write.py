@@ -20,8 +20,10 @@ from typing import Any
 from labctl import __version__
 from labctl.backends import Backend, get_backend
 from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, OOPS_JSON, OOPS_TXT, guest_dir
+from labctl.bundle.records import VmcoreRecord
 from labctl.errors import LabctlError, UsageError
 from labctl.image import MANIFEST as IMAGE_MANIFEST
+from labctl.kernel import Kernel
 from labctl.lab import Lab
 from labctl.paths import atomic_write, checked_dir
 from labctl.state import LabState
@@ -80,8 +82,9 @@ def host_info() -> dict[str, Any]:
 
 def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finished: str,
                    commands: Sequence[Mapping[str, Any]], status: str, reason: str | None,
-                   backend: Backend | None = None) -> None:
-    """manifest.json: what ran, on what, how it ended (``backend``: the state's, unless given)."""
+                   backend: Backend | None = None, vmcores: Sequence[Mapping[str, Any]] = ()) -> None:
+    """manifest.json: what ran, on what, how it ended (``backend``: the state's, unless given), and
+    the guests' vmcores it holds (:func:`vmcores_note`)."""
     backend = backend or get_backend(state.backend)
     warnings = list(state.warnings)
     try:
@@ -95,14 +98,14 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
                             "(the build was removed while the lab was up?): only its name and key are recorded")
     manifest = {
         "labctl_version": __version__,
-        "lab": {"name": lab.name, "instance": lab.instance, "source": lab.source, "sha256": lab.sha256,
-                "resolved": lab.to_dict()},
+        "lab": lab_section(lab),
         "image": image_manifest,
         "accel": state.accel,
         "backend": state.backend,
         "host": host_info(),
         "qemu": _qemu_section(state, backend),
         "drivers": state.drivers,
+        "vlan_offloads": state.offloads,  # guest -> NIC carrying VLANs -> its offloads, as the guest said
         # guests restored from their post-boot snapshot (warm start) instead of booted
         "started_from": {g: "snapshot" if g in state.warm else "boot" for g in state.guests},
         "networks": state.networks,
@@ -113,8 +116,29 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "commands": list(commands),
         "status": status,
         "reason": reason,
+        **vmcores_note(vmcores),
     }
     atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+
+
+def vmcore_record(bundle: Path, rec: Mapping[str, Any]) -> VmcoreRecord:
+    """A crash's record (:func:`labctl.inspect.capture_crash`) as summary.json keeps it: its files'
+    paths relative to the bundle."""
+    out = dict(rec)
+    for key in ("file", "summary_file"):
+        if out.get(key):
+            out[key] = Path(out[key]).relative_to(bundle).as_posix()
+    return out  # type: ignore[return-value]
+
+
+def vmcores_note(vmcores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the manifest says of the guests' vmcores in the bundle (nothing when there is none)."""
+    files = [str(v["file"]) for v in vmcores if v.get("file")]
+    if not files:
+        return {}
+    return {"vmcores": files,
+            "vmcores_note": "each holds a guest's whole memory when it crashed (readable by the run's user "
+                            "only); 'labctl bundle' leaves them out unless given --with-vmcores"}
 
 
 def _qemu_section(state: LabState, backend: Backend) -> dict[str, Any]:
@@ -131,22 +155,59 @@ def copy_inputs(bundle: Path, lab: Lab, state: LabState) -> dict[str, list[str]]
 
     Returns guest -> titles of the oopses found on its console.
     """
-    from labctl.debug import decode_console
-
     (bundle / LAB_FILE).write_text(lab.text)
     crashes: dict[str, list[str]] = {}
     for name, rec in state.guests.items():
-        d = bundle / guest_dir(name)
-        d.mkdir(parents=True, exist_ok=True)
-        try:
-            shutil.copy(rec.console, d / CONSOLE)
-        except OSError:
-            continue
-        decoded = decode_console(d / CONSOLE, state.kernel(name))
-        if decoded is None:
-            continue
-        (d / OOPS_TXT).write_text(decoded.text)
-        if decoded.json is not None:
-            (d / OOPS_JSON).write_text(decoded.json)
-        crashes[name] = decoded.titles
+        titles = copy_console(bundle, name, Path(rec.console), state.kernel(name))
+        if titles:
+            crashes[name] = titles
     return crashes
+
+
+def copy_console(bundle: Path, guest: str, console: Path, kernel: Kernel) -> list[str]:
+    """One guest's console log into the bundle, its oopses decoded (``oops.txt``, ``oops.json``);
+    the oopses' titles."""
+    from labctl.debug import decode_console
+
+    d = bundle / guest_dir(guest)
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copy(console, d / CONSOLE)
+    except OSError:
+        return []
+    decoded = decode_console(d / CONSOLE, kernel)
+    if decoded is None:
+        return []
+    (d / OOPS_TXT).write_text(decoded.text)
+    if decoded.json is not None:
+        (d / OOPS_JSON).write_text(decoded.json)
+    return decoded.titles
+
+
+def lab_section(lab: Lab) -> dict[str, Any]:
+    """The manifest's ``lab``: name, instance, file and its hash, the resolved definition."""
+    return {"name": lab.name, "instance": lab.instance, "source": lab.source, "sha256": lab.sha256,
+            "resolved": lab.to_dict()}
+
+
+def write_crash_manifest(bundle: Path, lab: Mapping[str, Any], started: str, finished: str, reason: str,
+                         kernels: Mapping[str, Kernel], vmcores: Sequence[Mapping[str, Any]] = (),
+                         lab_text: str | None = None) -> None:
+    """manifest.json of a bundle made for guests' crashes outside a run's steps (while the lab came
+    up, during ``labctl check``): the lab (:func:`lab_section`), its kernels, why it failed, and the
+    vmcores it holds; and the lab file as run, when given."""
+    if lab_text is not None:
+        (bundle / LAB_FILE).write_text(lab_text)
+    manifest = {
+        "labctl_version": __version__,
+        "lab": dict(lab),
+        "host": host_info(),
+        "kernels": {g: k.summary() for g, k in kernels.items()},
+        "started_at": started,
+        "finished_at": finished,
+        "commands": [],
+        "status": "failed",
+        "reason": reason,
+        **vmcores_note(vmcores),
+    }
+    atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")

@@ -3,10 +3,11 @@ the one place that prints (:mod:`.ui`, :mod:`.junit_out` for ``--junit``), and :
 one place that turns labctl's errors into messages and exit codes. Everything else is the
 library's; nothing in the library imports the CLI.
 
-Commands: :mod:`.validate_cmd` (validate), :mod:`.lifecycle_cmds` (up, down, status, ...),
+Commands: :mod:`.validate_cmd` (validate), :mod:`.lifecycle_cmds` (up, down, status, ...; a
+guest's interfaces, routes and sysctls as status shows them: :mod:`.netview`),
 :mod:`.run_cmd` (run), :mod:`.report_cmds` (report, archive), :mod:`.compare_cmd` (compare),
 :mod:`.bisect_cmd` (bisect), :mod:`.oops_cmd` (oops), :mod:`.gdb_cmd` (gdb), :mod:`.drgn_cmd`
-(drgn), :mod:`.doctor`
+(drgn, dump), :mod:`.doctor`
 (doctor), :mod:`.ssh_cmd` (ssh), :mod:`.exec_cmd` (exec), :mod:`.cp_cmd` (cp), :mod:`.check_cmd`
 (check), :mod:`.class_cmd` (class), :mod:`.capture_cmd` (capture), :mod:`.follow_cmd` (follow), :mod:`.impair_cmd` (impair),
 :mod:`.link_cmd` (link), :mod:`.graph_cmd` (graph), :mod:`.images` (image), :mod:`.kernel_cmd`

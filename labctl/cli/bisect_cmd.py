@@ -39,7 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o.add_argument("--step", metavar="NAME", help="step NAME succeeds (exit status, no panic or oops, no timeout)")
     o.add_argument("--panic", action="store_true", help="no guest panics or oopses during the run")
     o.add_argument("--command", metavar="CMD", help="CMD exits 0 on a guest (--on GUEST) after the steps")
-    o.add_argument("--on", metavar="GUEST", help="the guest of --command (default: the lab's first)")
+    o.add_argument("--drgn", metavar="EXPR",
+                   help="EXPR is true on a guest's running kernel (--on GUEST) after the steps, read with drgn "
+                        "(a lab file's drgn: check language)")
+    o.add_argument("--on", metavar="GUEST", help="the guest of --command or --drgn (default: the lab's first)")
     o.add_argument("--figure", metavar="STEP.[VARIANT.]KEY", help="a figure of a step, over its repeat: runs")
     o.add_argument("--below", type=float, metavar="X", help="--figure: bad when below X")
     o.add_argument("--above", type=float, metavar="X", help="--figure: bad when above X")
@@ -79,17 +82,18 @@ def _bundle_arg(value: str) -> Path:
 
 def _oracle(args: argparse.Namespace) -> orc.Oracle:
     chosen = [k for k, v in (("check", args.check), ("step", args.step), ("panic", args.panic or None),
-                             ("command", args.command), ("figure", args.figure)) if v]
+                             ("command", args.command), ("drgn", args.drgn), ("figure", args.figure)) if v]
     if len(chosen) != 1:
-        raise UsageError("give one oracle: --check NAME, --step NAME, --panic, --command CMD or --figure F --below X")
+        raise UsageError("give one oracle: --check NAME, --step NAME, --panic, --command CMD, --drgn EXPR or "
+                         "--figure F --below X")
     kind = chosen[0]
     if kind != "figure" and any(v is not None for v in (args.below, args.above, args.worse_than_good)):
         raise UsageError("--below, --above and --worse-than-good go with --figure")
     kw: dict[str, object] = {"fixed": True} if args.fixed else {}
     if kind in ("check", "step"):
         kw["name"] = args.check or args.step
-    elif kind == "command":
-        kw.update(command=args.command, guest=args.on)
+    elif kind in ("command", "drgn"):
+        kw.update(command=args.command or args.drgn, guest=args.on)
     elif kind == "figure":
         kw.update(figure=args.figure, below=args.below, above=args.above, worse_than_good=args.worse_than_good)
     return orc.make(kind, **kw)
@@ -126,7 +130,7 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
         raise UsageError(f"the lab has no check '{oracle.name}'")
     if oracle.kind == "step" and oracle.name not in {s.name for s in lab.steps}:
         raise UsageError(f"the lab has no step '{oracle.name}'")
-    if oracle.kind == "command" and oracle.guest and oracle.guest not in lab.guests:
+    if oracle.kind in ("command", "drgn") and oracle.guest and oracle.guest not in lab.guests:
         raise UsageError(f"--on {oracle.guest}: the lab has no such guest")
     term_old = args.term_old or ("broken" if args.fixed else "good")
     term_new = args.term_new or ("fixed" if args.fixed else "bad")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
@@ -12,7 +13,8 @@ from rich.text import Text
 import labctl.cli.junit_out as junit_out  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.cli.ui import out, print_json, safe
 from labctl.errors import EXIT_CHECKS_FAILED, UsageError
-from labctl.grading import PASS, CheckResult, checks_of, run_checks, summary
+from labctl.grading import PASS, CheckResult, checks_of, summary
+from labctl.pipeline import check_lab
 from labctl.state import LabState, check_lab_name
 from labctl.training import check_alias_prefix, ssh_config
 
@@ -21,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = sub.add_parser("check", help="run a lab's graded checks on its guests; exit 6 unless all pass")
     c.add_argument("lab", metavar="LAB[@INSTANCE]")
     c.add_argument("--json", action="store_true", help="print the results as JSON")
+    c.add_argument("--out", default="runs", metavar="DIR",
+                   help="where a bundle goes when a guest crashes during the checks (default: ./runs)")
     junit_out.add_argument(c, "results (one case per check and guest)")
     c.set_defaults(func=cmd_check)
     s = sub.add_parser("ssh-config", help="print an OpenSSH config for a lab's guests (ssh -F FILE GUEST)")
@@ -52,14 +56,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     checks = checks_of(state)
     if not checks:
         raise UsageError(f"lab '{state.lab}' declares no checks", hint="add a 'checks:' section to its lab file")
-    results = run_checks(state, checks)
+    checked = check_lab(state, checks, Path(args.out))
+    results = checked.results
     s = summary(results)
     if junit is not None:
         junit_out.write_checks(junit, state.lab, results, started)
     if args.json:
-        print_json(results_json(state.lab, results))
+        print_json({**results_json(state.lab, results), "bundle": str(checked.bundle) if checked.bundle else None})
     else:
         out.print(results_table(f"lab {state.lab}: {s['passed']}/{s['total']} checks pass", results))
+        if checked.bundle is not None:
+            out.print(Text(f"a guest crashed during the checks: its vmcore and report are in {checked.bundle}"),
+                      soft_wrap=True)
     return 0 if s["passed"] == s["total"] else EXIT_CHECKS_FAILED
 
 

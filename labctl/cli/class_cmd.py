@@ -13,8 +13,8 @@ from labctl.backends import get_backend
 from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import ClassUpDisplay, PrepareDisplay, console, out, print_json, safe, warn
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
-from labctl.grading import run_checks, summary
-from labctl.pipeline import prepare
+from labctl.grading import summary
+from labctl.pipeline import check_lab, prepare
 from labctl.state import LabState
 from labctl.training import (
     DOWN,
@@ -76,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = csub.add_parser("check", help="run the lab's checks for every student; exit 6 unless all pass")
     _lab_option(c)
     c.add_argument("--json", action="store_true")
+    c.add_argument("--out", default="runs", metavar="DIR",
+                   help="where a bundle goes for each instance whose guest crashes during the checks (default: ./runs)")
     c.set_defaults(func=cmd_check)
 
     d = csub.add_parser("down", help="take every student's instance down and end the class (handouts stay)")
@@ -170,7 +172,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
-def _student_checks(record: ClassRecord, student: str) -> dict[str, Any]:
+def _student_checks(record: ClassRecord, student: str, out_root: Path) -> dict[str, Any]:
     ident = record.ident(student)
     names = [c["name"] for c in record.checks]
     try:
@@ -178,15 +180,17 @@ def _student_checks(record: ClassRecord, student: str) -> dict[str, Any]:
     except LabStateError:
         return {"student": student, "lab": ident, "state": DOWN, "passed": 0, "total": len(names),
                 "failing": names, "checks": []}
-    results = run_checks(state)
-    return {"student": student, "lab": ident, "state": UP, **summary(results), "checks": [r.to_dict() for r in results]}
+    checked = check_lab(state, None, out_root)
+    results = checked.results
+    return {"student": student, "lab": ident, "state": UP, **summary(results), "checks": [r.to_dict() for r in results],
+            "bundle": str(checked.bundle) if checked.bundle else None}
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     record = find_class(args.lab)
     if not record.checks:
         raise UsageError(f"lab '{record.lab}' declares no checks", hint="add a 'checks:' section to its lab file")
-    rows = for_students(record, lambda s: _student_checks(record, s))
+    rows = for_students(record, lambda s: _student_checks(record, s, Path(args.out)))
     done = sum(r["total"] > 0 and r["passed"] == r["total"] for r in rows)
     if args.json:
         print_json({"lab": record.lab, "done": done, "students": rows})

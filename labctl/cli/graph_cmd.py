@@ -49,7 +49,8 @@ def lab_picture(source: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     record = netstate.load(state.path)
     runtime = runtime_from_state(state.drivers, state.networks, state.hosts,
                                  {g.name: g.state for g in guest_statuses(state)},
-                                 record.impair, record.links, [c.label for c in capture.active(state)])
+                                 record.impair, record.links, [c.label for c in capture.active(state)],
+                                 state.offloads)
     return state.resolved, runtime
 
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.backends import BACKENDS
+from labctl.cli.netview import iface_rows, offload_lines, settings_lines
 from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, console, out, print_json, report_outcome, safe
 from labctl.errors import LabStateError, UsageError
 from labctl.lab import Impairment, Lab, Share, env_trusted, kernels, load_lab
@@ -231,7 +232,7 @@ def status_data(state: LabState) -> dict[str, Any]:
         "guests": [{"name": g.name, "state": g.state, "host": g.host, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid,
                     "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name),
                     "started_from": "snapshot" if g.name in state.warm else "boot",
-                    "kernel": _kernel_of(state, g.name), "nics": g.nics,
+                    "kernel": _kernel_of(state, g.name), "nics": g.nics, **g.settings,
                     "shares": [{**sh.to_dict(), "dir": str(d)} for sh, d in _exported(state, g.name)]}
                    for g in guest_statuses(state)],
     }
@@ -277,20 +278,22 @@ def print_lab(state: LabState) -> None:
         t.add_column(col)
     for g in statuses:
         first = True
-        for n in g.nics or [{}]:
+        resolved = (state.resolved.get("guests") or {}).get(g.name) or {}
+        for name, model, driver, address, network, nic in iface_rows(resolved, g.nics) or [("",) * 6]:
             host = [(g.host or "") if first else ""] if placed else []
             kernel = [releases.get(g.name, "") if first else ""] if several else []
             cells = [g.name if first else "", *host, *kernel, g.state if first else "", g.ssh if first else "",
-                     (g.gdb or "") if first else "",
-                     str(n.get("name", "")), str(n.get("model", "")), str(n.get("driver", "")),
-                     str(n.get("ip") or ""), str(n.get("network", "")),
-                     *([marks.get((g.name, str(n.get("name"))), "")] if shown else [])]
+                     (g.gdb or "") if first else "", name, model, driver, address, network,
+                     *([marks.get((g.name, nic), "")] if shown else [])]
             t.add_row(*(safe(c) for c in cells))  # guest text (drivers from READY): never markup, controls escaped
             first = False
     out.print(t)
     for g in statuses:
         for sh, d in _exported(state, g.name):
             out.print(Text(f"{g.name}: {sh.describe(d)}"))
+        for line in [*offload_lines(g.name, g.nics),
+                     *settings_lines(g.name, (state.resolved.get("guests") or {}).get(g.name) or {})]:
+            out.print(Text(line))
 
 
 def _exported(state: LabState, guest: str) -> list[tuple[Share, Path]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.text import Text
 
-from labctl.bundle import SUMMARY, check_bundle_dir, pack
+from labctl.bundle import SUMMARY, check_bundle_dir, pack, vmcores_of
 from labctl.cli.ui import console, out
 from labctl.report import render_run, resummarize
 
@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("-o", "--output", metavar="FILE", type=Path, default=None,
                    help="archive to write (default: RUN_DIR.tar.gz next to RUN_DIR)")
     b.add_argument("--force", action="store_true", help="replace the -o file if it exists")
+    b.add_argument("--with-vmcores", action="store_true",
+                   help="pack the guests' vmcores too (their whole memory at a crash: left out by default)")
     b.set_defaults(func=bundle)
 
 
@@ -35,6 +37,10 @@ def report(args: argparse.Namespace) -> int:
 
 
 def bundle(args: argparse.Namespace) -> int:
-    archive = pack(args.run_dir, args.output, args.force)
+    archive = pack(args.run_dir, args.output, args.force, vmcores=args.with_vmcores)
+    if not args.with_vmcores:
+        for core in vmcores_of(check_bundle_dir(args.run_dir)):
+            console.print(Text(f"left out {core} (the guest's memory at its crash; --with-vmcores packs it)",
+                               style="yellow"), soft_wrap=True)
     out.print(Text(str(archive)), soft_wrap=True)
     return 0

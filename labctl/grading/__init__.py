@@ -2,28 +2,29 @@
 
 Used by ``labctl check`` and ``labctl class check``, bisect's ``--check`` and ``--command``
 oracles, and the web page's check button. :mod:`.checking` runs a lab's checks (each guest's over
-one SSH connection, the guests side by side) and keeps their results; :mod:`.shell` is the kind
-of check a lab file has today, a shell command bounded by its timeout; another kind (a drgn
-expression on the guest's kernel) is another entry in :data:`~labctl.grading.checking.KINDS`.
+one SSH connection, the guests side by side; what they share on one guest: :mod:`.guest_checks`) and
+keeps their results (:mod:`.check_result`); each kind of check is an entry
+of :data:`~labctl.grading.checking.KINDS`: a shell command on the guest bounded by its timeout
+(:mod:`.shell`), or an expression on the guest's running kernel read with drgn (:mod:`.drgncheck`).
 
 Imports never: labctl.training, labctl.bisect, labctl.web, labctl.cli, labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labctl.up
 """
 
 
 
+from labctl.grading.check_result import ERROR, FAIL, PASS, TIMEOUT, CheckRecord, CheckResult, Tally
 from labctl.grading.checking import (
     KINDS,
     CheckKind,
-    CheckRecord,
-    CheckResult,
-    Tally,
     checks_of,
     guest_command,
     run_checks,
     run_on_guest,
     summary,
 )
-from labctl.grading.shell import ERROR, FAIL, PASS, TIMEOUT, ShellCheck
+from labctl.grading.drgncheck import DrgnCheck
+from labctl.grading.guest_checks import GuestChecks
+from labctl.grading.shell import ShellCheck
 
 __all__ = [
     "ERROR",
@@ -34,6 +35,8 @@ __all__ = [
     "CheckKind",
     "CheckRecord",
     "CheckResult",
+    "DrgnCheck",
+    "GuestChecks",
     "ShellCheck",
     "Tally",
     "checks_of",

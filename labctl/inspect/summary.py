@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     import drgn
 
 MAX_VALUE = 160  # characters of one local variable's value
-IFF_UP, IFF_RUNNING = 0x1, 0x40
+IFF_UP = 0x1
+START_BIT = 0  # __LINK_STATE_START in enum netdev_state_t: netif_running() (dev->flags never holds IFF_RUNNING)
 NOCARRIER_BIT = 2  # __LINK_STATE_NOCARRIER in enum netdev_state_t
 STATS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 
@@ -46,12 +47,38 @@ def _struct_name(obj: drgn.Object) -> str | None:
     return target.tag if target.kind == d.TypeKind.STRUCT else None
 
 
+def _be16(value: int) -> int:
+    return ((value & 0xFF) << 8) | (value >> 8)  # a __be16 read on a little-endian kernel
+
+
+def _ipv4(value: int) -> str:
+    return ".".join(str((value >> s) & 0xFF) for s in (0, 8, 16, 24))  # a __be32, little-endian host
+
+
+def _flow(skb: drgn.Object) -> str:
+    """`` SRC:PORT > DST:PORT udp`` of an IPv4 skb whose headers are set ('' otherwise, or on a fault)."""
+    d = require_drgn()
+    try:
+        if not int(skb.head) or int(skb.network_header) == 0xFFFF:
+            return ""
+        ip = d.cast("struct iphdr *", skb.head + skb.network_header)
+        proto = int(ip.protocol)
+        src, dst = _ipv4(int(ip.saddr)), _ipv4(int(ip.daddr))
+        name = {6: "tcp", 17: "udp", 1: "icmp"}.get(proto, f"proto {proto}")
+        if proto in (6, 17) and int(skb.transport_header) not in (0xFFFF, int(skb.network_header)):
+            ports = d.cast("struct udphdr *", skb.head + skb.transport_header)  # tcp's ports sit alike
+            src, dst = f"{src}:{_be16(int(ports.source))}", f"{dst}:{_be16(int(ports.dest))}"
+        return f" {src} > {dst} {name}"
+    except (d.FaultError, LookupError, ValueError, TypeError):
+        return ""
+
+
 def _skb(skb: drgn.Object) -> str:
     dev = skb.dev
     name = _string(dev.name) if dev else "-"
-    proto = int(skb.protocol)
-    proto = ((proto & 0xFF) << 8) | (proto >> 8)  # __be16 on a little-endian kernel
-    return f"skb len={int(skb.len)} data_len={int(skb.data_len)} protocol={proto:#06x} dev={name}"
+    proto = _be16(int(skb.protocol))
+    flow = _flow(skb) if proto == 0x0800 else ""
+    return f"skb len={int(skb.len)} data_len={int(skb.data_len)} protocol={proto:#06x} dev={name}{flow}"
 
 
 def _netdev(dev: drgn.Object) -> str:
@@ -61,14 +88,16 @@ def _netdev(dev: drgn.Object) -> str:
 def _sock(sk: drgn.Object) -> str:
     c = sk.__sk_common
     return (f"sock family={int(c.skc_family)} state={int(c.skc_state)} "
-            f"local_port={int(c.skc_num)} remote_port={((int(c.skc_dport) & 0xFF) << 8) | (int(c.skc_dport) >> 8)}")
+            f"local_port={int(c.skc_num)} remote_port={_be16(int(c.skc_dport))}")
 
 
 _KEY_FIELDS = {"sk_buff": _skb, "net_device": _netdev, "sock": _sock}
 
 
 def describe(obj: drgn.Object) -> str:
-    """One local variable's value on one line: key fields of an skb, netdev or socket pointer."""
+    """One local variable's value on one line: a number or a pointer (symbolized), an skb, netdev or
+    socket pointer with its key fields; never the contents of a string, array, structure or union
+    (what a guest's memory holds beyond them, such as a buffer's bytes, stays in the vmcore)."""
     d = require_drgn()
     try:
         if obj.absent_:
@@ -76,7 +105,10 @@ def describe(obj: drgn.Object) -> str:
         tag = _struct_name(obj)
         if tag in _KEY_FIELDS and obj.value_():
             return f"{hex(obj.value_())} ({_KEY_FIELDS[tag](obj)})"
-        return _short(obj.format_(dereference=False, symbolize=True))
+        kind = obj.type_.unaliased().kind
+        if kind in (d.TypeKind.STRUCT, d.TypeKind.UNION, d.TypeKind.ARRAY, d.TypeKind.CLASS):
+            return f"({obj.type_.type_name()}) {{...}} ({d.sizeof(obj)} bytes)"
+        return _short(obj.format_(dereference=False, symbolize=True, string=False))
     except (d.FaultError, d.ObjectAbsentError, LookupError, ValueError, TypeError) as exc:
         return f"<fault: {_short(str(exc))}>"
 
@@ -146,7 +178,7 @@ def netdev_state(prog: drgn.Program, names: Sequence[str] | None = None) -> list
             flags = int(dev.flags)
             state: dict[str, Any] = {
                 "name": name, "ifindex": int(dev.ifindex), "mtu": int(dev.mtu), "flags": flags,
-                "up": bool(flags & IFF_UP), "running": bool(flags & IFF_RUNNING),
+                "up": bool(flags & IFF_UP), "running": bool((int(dev.state) >> START_BIT) & 1),
                 "carrier": not (int(dev.state) >> NOCARRIER_BIT) & 1,
                 # dev->stats: what drivers with their own counters (virtio_net's per queue) leave at 0
                 "stats": {k: int(getattr(dev.stats, k)) for k in STATS}}

@@ -41,6 +41,8 @@ The rules (checked against Linux 6.1's Kconfig files)::
     MODULES / NET_SCH_NETEM / RPS               a step command's modprobe|insmod /     warn
                                                 netem / rps_cpus
     NET_SCH_NETEM                               a NIC's or a step's impair             warn
+    IPV6 / VLAN_8021Q / BONDING / BRIDGE        a guest's IPv6 addresses and routes,   refuse
+                                                VLANs, bonds, bridges
 
 A module (``m``) counts as present: labctl's initramfs loads the disk,
 fw_cfg and NIC drivers, the guest's init modprobes the power-button and
@@ -62,7 +64,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from labctl.errors import Problem
-from labctl.lab import NIC_MODELS, Lab, LinkSpec, Nic, Step, TraceSpec, YamlMap, YamlSeq, parse_yaml, render
+from labctl.lab import NIC_MODELS, Guest, Lab, LinkSpec, Nic, Step, TraceSpec, YamlMap, YamlSeq, parse_yaml, render
 
 __all__ = [
     "DRIVER_OPTIONS",
@@ -94,7 +96,9 @@ class Rule:
     sentence saying what needs it ('' when ``what`` says it all).
     ``form``: ``any`` (y or m), ``builtin`` (y) or ``module`` (m).
     ``unset``: options that must not be enabled. ``module_note``: said when an
-    option is only a module and nothing in the guest would load it.
+    option is only a module and nothing in the guest would load it. ``fragment_module``: the
+    config fragment asks for a module although either will do (a built-in one would be
+    dropped to a module by Kconfig on some configurations).
     """
 
     key: str
@@ -105,6 +109,7 @@ class Rule:
     form: Form = "any"
     unset: tuple[str, ...] = ()
     module_note: str = ""
+    fragment_module: bool = False
 
     def at(self, guest: str, line: int, path: str) -> Requirement:
         """This rule for ``guest``, coming from ``line``/``path`` of the lab file."""
@@ -205,6 +210,14 @@ RULES: dict[str, Rule] = {r.key: r for r in (
     _rule("modules", "MODULES", "loadable module support", "the step loads a module", "warn"),
     _rule("netem", "NET_SCH_NETEM", "netem qdisc", "the lab impairs a link with netem", "warn"),
     _rule("rps", "RPS", "receive packet steering", "the step configures RPS (rps_cpus)", "warn"),
+    # A guest's network settings (at the line that asks for them).
+    _rule("ipv6", "IPV6", "IPv6", "the lab gives the guest IPv6 addresses or routes", "refuse"),
+    _rule("vlan", "VLAN_8021Q", "802.1Q VLAN support", "the lab gives the guest VLANs", "refuse"),
+    # BONDING depends on TLS || TLS_DEVICE=n: where TLS is a module (Debian's cloud kernel) it can
+    # only be one too; the guest's init loads it (ip link add ... type bond).
+    _rule("bonding", "BONDING", "bonding driver", "the lab bonds the guest's NICs", "refuse",
+          fragment_module=True),
+    _rule("bridge", "BRIDGE", "Linux bridge", "the lab bridges the guest's NICs", "refuse"),
 )}
 """Every rule by key; NIC driver rules are made by :func:`_nic_rule` and :func:`_driver_module_rule`."""
 
@@ -287,9 +300,27 @@ def lab_requirements(lab: Lab) -> list[Requirement]:
             if nic.impair is not None:
                 line = lines.of(nic.line, "guests", g.name, "nics", nic.index, "impair")
                 out.append(RULES["netem"].at(g.name, line, f"{gpath}.nics[{nic.index}].impair"))
+        out += [RULES[key].at(g.name, line, path) for key, line, path in _net_needs(g)]
     for i, step in enumerate(lab.steps):
         out += _step_requirements(lab, i, step, lines)
     return list(dict.fromkeys(out))  # a matrix may repeat one need at one place
+
+
+def _net_needs(g: Guest) -> list[tuple[str, int, str]]:
+    """(rule key, line, path) of what a guest's network settings need: IPv6 at its first IPv6
+    address or route, 802.1Q at each VLAN, bonding and bridging at each bond and bridge."""
+    gpath, out, v6 = f"guests.{g.name}", [], []
+    holders: list[tuple[Any, int, str, str]]  # a NIC, bond or bridge; its line, path and kind
+    holders = [(n, n.ip_line or n.line, f"{gpath}.nics[{n.index}]", "") for n in g.nics]
+    holders += [(m, m.line, f"{gpath}.{kind}s.{m.name}", kind) for kind, ms in (("bond", g.bonds), ("bridge", g.bridges))
+                for m in ms]
+    for h, line, path, kind in holders:
+        out += [("bonding" if kind == "bond" else kind, line, path)] if kind else []
+        out += [("vlan", v.line, f"{path}.vlans[{j}]") for j, v in enumerate(h.vlans)]
+        v6 += [(line, f"{path}.ip")] * any(a.version == 6 for a in h.addresses)
+        v6 += [(v.line, f"{path}.vlans[{j}].ip") for j, v in enumerate(h.vlans) if any(a.version == 6 for a in v.addresses)]
+    v6 += [(r.line, f"{gpath}.routes[{k}]") for k, r in enumerate(g.routes) if r.version == 6]
+    return ([("ipv6", *min(v6))] if v6 else []) + out
 
 
 def _step_requirements(lab: Lab, index: int, step: Step, lines: _Lines) -> list[Requirement]:
@@ -472,6 +503,10 @@ _DEPENDS: dict[str, tuple[str, ...]] = {
     "DYNAMIC_FTRACE": ("FUNCTION_TRACER",),
     "DEBUG_INFO_DWARF_TOOLCHAIN_DEFAULT": ("DEBUG_KERNEL",),
     "NET_SCH_NETEM": ("NET_SCHED",),
+    "IPV6": ("INET",),
+    "VLAN_8021Q": ("NET",),
+    "BRIDGE": ("NET", "INET"),
+    "BONDING": ("NETDEVICES", "NET_CORE", "INET"),
     "8139CP": ("NETDEVICES", "ETHERNET", "NET_VENDOR_REALTEK", "PCI"),
     "8139TOO": ("NETDEVICES", "ETHERNET", "NET_VENDOR_REALTEK", "PCI"),
     "E1000": ("NETDEVICES", "ETHERNET", "NET_VENDOR_INTEL", "PCI"),
@@ -518,7 +553,7 @@ def config_fragment(lab: Lab) -> str:
             for option in _HIDDEN.get(group[0], (group[0],)):
                 entry = entries.setdefault(option, _Entry())
                 entry.reasons.add(req.comment())
-                if req.form == "module" and option == group[0]:
+                if (req.form == "module" or req.fragment_module) and option == group[0]:
                     entry.value = "m"
         for option in req.unset:
             entries.setdefault(option, _Entry("n")).reasons.add(req.comment())

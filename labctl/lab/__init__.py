@@ -1,14 +1,15 @@
 """Lab files, the pipeline's first stage: a YAML file with line numbers
 (:mod:`.yamlpos`, :mod:`.load`) checked section by section (:mod:`.checker`,
-:mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; addresses:
-:mod:`.addresses`; network options: :mod:`.netopts`, :mod:`.impair`; host
+:mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; NICs: :mod:`.nicparse`;
+addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and sysctls:
+:mod:`.netconf`; network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
-:mod:`.checks`; steps: :mod:`.steps`, their trace section :mod:`.tracespec`, the packets they
-follow :mod:`.followspec`,
+:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.steps`, their trace section
+:mod:`.tracespec`, the packets they follow :mod:`.followspec`,
 their templates :mod:`.templates`, their selftests :mod:`.kselftest`; libvirt
 URIs: :mod:`.uri`; which host paths may be used: :mod:`.trust`) into the
-resolved model (:mod:`.model`, :mod:`.nics`), and where each guest runs
-(:mod:`.hosts`).
+resolved model (:mod:`.model`, :mod:`.nics`; a guest's network settings and their shared views:
+:mod:`.ifaces`), and where each guest runs (:mod:`.hosts`).
 
 Owns every rule of the lab file and every problem's line. Pure: reads the
 file and nothing else, starts nothing; must not import any other stage.
@@ -24,11 +25,25 @@ Typical use::
 """
 
 
-from labctl.lab import kernels
+from labctl.lab import drgnexpr, kernels
 from labctl.lab.addresses import default_mac, mgmt_mac
 from labctl.lab.checker import close_match
 from labctl.lab.followspec import FollowSpec
 from labctl.lab.hosts import HostPlace, host_place, place_guests
+from labctl.lab.ifaces import (
+    Address,
+    Bond,
+    Bridge,
+    IfaceView,
+    Route,
+    Sysctl,
+    Vlan,
+    first_ip,
+    guest_interfaces,
+    net_settings,
+    nic_addresses,
+    settings_text,
+)
 from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
 from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
 from labctl.lab.kselftest import SELFTESTS, Kselftest
@@ -75,11 +90,15 @@ __all__ = [
     "NIC_MODELS",
     "SELFTESTS",
     "TREE",
+    "Address",
+    "Bond",
+    "Bridge",
     "Check",
     "FollowSpec",
     "GdbStep",
     "Guest",
     "HostPlace",
+    "IfaceView",
     "Impairment",
     "KernelSpec",
     "Kselftest",
@@ -88,25 +107,33 @@ __all__ = [
     "Network",
     "Nic",
     "NicModel",
+    "Route",
     "RunSpec",
     "Share",
     "SshHop",
     "Step",
+    "Sysctl",
     "TraceSpec",
+    "Vlan",
     "YamlMap",
     "YamlSeq",
     "canonical_nic_model",
     "check_location",
     "close_match",
     "default_mac",
+    "drgnexpr",
     "env_trusted",
     "export_link",
+    "first_ip",
     "get_nic_model",
+    "guest_interfaces",
     "host_place",
     "kernels",
     "load_lab",
     "load_lab_text",
     "mgmt_mac",
+    "net_settings",
+    "nic_addresses",
     "parse_impairment",
     "parse_option",
     "parse_uri",
@@ -115,6 +142,7 @@ __all__ = [
     "render",
     "render_impairment",
     "render_trace",
+    "settings_text",
     "tag",
     "with_no_verify",
 ]

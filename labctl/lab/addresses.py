@@ -1,4 +1,5 @@
-"""Lab addresses: NIC IPs (usable, unique, one subnet per network, no overlaps in a guest) and MACs."""
+"""Lab addresses: interface IPs, v4 and v6 (usable, unique, one subnet per L2 domain and family, no overlaps in a
+guest) and MACs."""
 
 from __future__ import annotations
 
@@ -6,36 +7,40 @@ import hashlib
 import ipaddress
 import itertools
 from collections.abc import Collection
+from dataclasses import dataclass
 
-from labctl.lab.checker import Checker
+from labctl.lab.checker import Checker, describe, join
+from labctl.lab.ifaces import Address
 from labctl.lab.model import MGMT_SUBNET
-from labctl.lab.specs import NicSpec
+from labctl.lab.specs import AddrSpec, GuestSpec, NicSpec
+from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 _THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 _MGMT_WHY = "reserved for labctl's management network"
+_LINK_LOCAL_WHY = "link-local addresses are the kernel's own (every lab interface has one)"
 
 
-def parse_ip(text: str) -> ipaddress.IPv4Interface:
-    """Parse a lab NIC address ``a.b.c.d/len``.
+def parse_ip(text: str) -> Address:
+    """Parse a lab interface address ``a.b.c.d/len`` or ``x:y::z/len``.
 
     Raises ValueError with a user-facing message if it is malformed, lacks
-    the prefix length, is IPv6, is not a usable host address (network,
-    broadcast, loopback, multicast...) or lies in labctl's management subnet.
+    the prefix length, is not a usable host address (network, broadcast,
+    loopback, multicast, link-local...) or lies in labctl's management subnet.
     """
     address, slash, _prefix = text.partition("/")
-    if ":" in text:
-        raise ValueError(f"only IPv4 is supported, got '{text}'")
+    v6 = ":" in address
+    family = "IPv6" if v6 else "IPv4"
     try:
-        ipaddress.IPv4Address(address)
+        ipaddress.IPv6Address(address) if v6 else ipaddress.IPv4Address(address)
     except ValueError:
-        raise ValueError(f"invalid IPv4 address '{text}'") from None
+        raise ValueError(f"invalid {family} address '{text}'") from None
     if not slash:
-        raise ValueError(f"missing prefix length in '{text}' (e.g. {text}/24)")
+        raise ValueError(f"missing prefix length in '{text}' (e.g. {text}/{64 if v6 else 24})")
     try:
-        iface = ipaddress.IPv4Interface(text)
+        iface: Address = ipaddress.IPv6Interface(text) if v6 else ipaddress.IPv4Interface(text)
     except ValueError:
-        raise ValueError(f"invalid prefix length in '{text}' (expected 0..32)") from None
-    problem = _unusable(iface)
+        raise ValueError(f"invalid prefix length in '{text}' (expected 0..{128 if v6 else 32})") from None
+    problem = _unusable6(iface) if isinstance(iface, ipaddress.IPv6Interface) else _unusable(iface)
     if problem:
         raise ValueError(problem)
     return iface
@@ -60,54 +65,162 @@ def _unusable(iface: ipaddress.IPv4Interface) -> str | None:
     return None
 
 
-def check_ips(check: Checker, nics: list[NicSpec]) -> None:
-    """Lab-wide address rules: unique IPs, one subnet per network, no overlaps in a guest.
+def _unusable6(iface: ipaddress.IPv6Interface) -> str | None:
+    """Why ``iface`` cannot be a lab host address, or None if it can (the management NIC has no IPv6)."""
+    ip, net = iface.ip, iface.network
+    if ip.is_loopback or ip.is_unspecified:
+        return f"{ip} is the {'loopback' if ip.is_loopback else 'unspecified'} address"
+    if ip.is_multicast:
+        return f"{ip} is a multicast address"
+    if ip.is_link_local:
+        return f"{ip} is a link-local address: {_LINK_LOCAL_WHY}"
+    if ip.ipv4_mapped is not None or ip.is_reserved:
+        return f"{ip} is not a usable host address"
+    if net.prefixlen <= 126 and ip == net.network_address:
+        return f"{iface} is the subnet-router anycast address of {net}"
+    return None
 
-    A NIC already reported for a duplicate IP or an unknown network is not
-    checked further, to avoid follow-on noise.
-    """
-    owner: dict[ipaddress.IPv4Address, NicSpec] = {}
-    subnet_of: dict[str, NicSpec] = {}
-    checked: list[NicSpec] = []
-    for nic in nics:
-        if nic.ip is None:
+
+def parse_addresses(check: Checker, m: YamlMap, path: str, key: str = "ip") -> list[AddrSpec]:
+    """``m[key]``: one address or a list of them (IPv4 and IPv6 alike), each usable and listed once."""
+    value, where = m.get(key), join(path, key)
+    if value is None:
+        return []
+    if isinstance(value, YamlSeq):
+        items = [(v, value.item_line(i), f"{where}[{i}]") for i, v in enumerate(value)]
+        if not items:
+            check.add(m.value_line(key), where, "expected an address or a list of addresses, got an empty list")
+    else:
+        items = [(value, m.value_line(key), where)]
+    out: list[AddrSpec] = []
+    for raw, line, at in items:
+        if not isinstance(raw, str):
+            check.add(line, at, f"expected a string, got {describe(raw)}")
             continue
-        first = owner.setdefault(nic.ip.ip, nic)
-        if first is not nic:
-            message = f"{nic.ip.ip} is already used by {first.label} (line {first.ip_line})"
-            check.add(nic.ip_line, f"{nic.path}.ip", message)
-        elif nic.network is not None:
-            _check_subnet(check, nic, subnet_of.setdefault(nic.network, nic))
-            checked.append(nic)
-    for _guest, group in itertools.groupby(checked, key=lambda nic: nic.guest):
-        _check_overlaps(check, list(group))
+        try:
+            address = parse_ip(raw)
+        except ValueError as exc:
+            check.add(line, at, str(exc))
+            continue
+        twice = next((a for a in out if a.address.ip == address.ip), None)
+        if twice is not None:
+            check.add(line, at, f"{address.ip} is listed twice (line {twice.line})")
+            continue
+        out.append(AddrSpec(address, line, at))
+    return out
 
 
-def _check_subnet(check: Checker, nic: NicSpec, first: NicSpec) -> None:
-    """Report ``nic`` if its subnet differs from the one ``first`` set for the network."""
-    assert nic.ip is not None and first.ip is not None
-    subnet = first.ip.network
-    if nic is first or nic.ip.network == subnet:
+@dataclass
+class _Holder:
+    """An interface that holds addresses (a NIC, VLAN, bond or bridge), with its L2 domain."""
+
+    guest: str
+    label: str  # guest.iface
+    domain: tuple[str, int] | None  # (root network, VLAN id or 0); None: unknown (reported elsewhere)
+    addresses: list[AddrSpec]
+
+
+class _Domains:
+    """Which lab networks are one L2 domain: a bridge or bond joins its members' networks."""
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, net: str) -> str:
+        while self.parent.get(net, net) != net:
+            net = self.parent[net]
+        return net
+
+    def join(self, nets: list[str]) -> None:
+        roots = sorted({self.find(n) for n in nets})
+        for r in roots[1:]:
+            self.parent[r] = roots[0]
+
+    def members(self, root: str, networks: list[str]) -> list[str]:
+        return sorted({n for n in networks if self.find(n) == root})
+
+
+def _holders(guests: list[GuestSpec], domains: _Domains) -> list[_Holder]:
+    out: list[_Holder] = []
+    for g in guests:
+        nic_net = {n.name: n.network for n in g.nics if n.name}
+        for m in g.masters:
+            nets = [nic_net[x] for x in m.members if nic_net.get(x)]
+            domains.join([n for n in nets if n])
+    for g in guests:
+        nic_net = {n.name: n.network for n in g.nics if n.name}
+        for nic in g.nics:
+            root = (domains.find(nic.network), 0) if nic.network else None
+            out.append(_Holder(g.name, nic.label, root, nic.addresses))
+            out += [_Holder(g.name, f"{g.name}.{v.name}", (root[0], v.id) if root else None, v.addresses)
+                    for v in nic.vlans if v.name]
+        for m in g.masters:
+            nets = [nic_net[x] for x in m.members if nic_net.get(x)]
+            root = (domains.find(nets[0]), 0) if nets and nets[0] else None
+            out.append(_Holder(g.name, f"{g.name}.{m.name}", root, m.addresses))
+            out += [_Holder(g.name, f"{g.name}.{v.name}", (root[0], v.id) if root else None, v.addresses)
+                    for v in m.vlans if v.name]
+    return out
+
+
+def check_ips(check: Checker, guests: list[GuestSpec], networks: list[str]) -> None:
+    """Lab-wide address rules: unique addresses, one subnet per L2 domain and family (a network, or
+    networks a guest's bridge or bond joins, or a VLAN on them), no overlaps in a guest.
+
+    An address already reported as a duplicate, or of an interface whose network is unknown, is
+    not checked further, to avoid follow-on noise.
+    """
+    domains = _Domains()
+    holders = _holders(guests, domains)
+    owner: dict[ipaddress.IPv4Address | ipaddress.IPv6Address, tuple[_Holder, AddrSpec]] = {}
+    subnet_of: dict[tuple[tuple[str, int], int], tuple[_Holder, AddrSpec]] = {}
+    checked: list[tuple[_Holder, AddrSpec]] = []
+    for h in holders:
+        for a in h.addresses:
+            first = owner.setdefault(a.address.ip, (h, a))
+            if first != (h, a):
+                check.add(a.line, a.path, f"{a.address.ip} is already used by {first[0].label} (line {first[1].line})")
+            elif h.domain is not None:
+                _check_subnet(check, h, a, subnet_of.setdefault((h.domain, a.address.version), (h, a)), domains,
+                              networks)
+                checked.append((h, a))
+    for _guest, group in itertools.groupby(checked, key=lambda item: item[0].guest):
+        _check_overlaps(check, list(group), domains, networks)
+
+
+def _domain_text(domain: tuple[str, int], domains: _Domains, networks: list[str]) -> str:
+    """``lan``, ``lan+wan`` (joined by a bridge or bond), ``VLAN 10 on lan``."""
+    root, vid = domain
+    name = "+".join(domains.members(root, networks)) or root
+    return f"VLAN {vid} on {name}" if vid else name
+
+
+def _check_subnet(check: Checker, h: _Holder, a: AddrSpec, first: tuple[_Holder, AddrSpec], domains: _Domains,
+                  networks: list[str]) -> None:
+    """Report ``a`` if its subnet differs from the one ``first`` set for the domain and family."""
+    assert h.domain is not None
+    subnet = first[1].address.network
+    if first == (h, a) or a.address.network == subnet:
         return
-    why = "has a different prefix length than" if nic.ip.ip in subnet else "is not in"
-    message = (
-        f"{nic.ip} {why} {nic.network}'s subnet {subnet} "
-        f"(set by {first.label}, line {first.ip_line})"
-    )
-    check.add(nic.ip_line, f"{nic.path}.ip", message)
+    why = "has a different prefix length than" if a.address.ip in subnet else "is not in"
+    where = _domain_text(h.domain, domains, networks)
+    whose = f"the subnet {subnet} of {where}" if h.domain[1] else f"{where}'s subnet {subnet}"
+    message = f"{a.address} {why} {whose} (set by {first[0].label}, line {first[1].line})"
+    check.add(a.line, a.path, message)
 
 
-def _check_overlaps(check: Checker, nics: list[NicSpec]) -> None:
-    """Report NICs of one guest whose subnets overlap an earlier NIC's on another network."""
-    for later_index, nic in enumerate(nics):
-        for earlier in nics[:later_index]:
-            assert nic.ip is not None and earlier.ip is not None
-            if nic.network != earlier.network and nic.ip.network.overlaps(earlier.ip.network):
-                message = (
-                    f"{nic.ip} overlaps {earlier.label}'s subnet {earlier.ip.network} "
-                    f"on network {earlier.network} (line {earlier.ip_line})"
-                )
-                check.add(nic.ip_line, f"{nic.path}.ip", message)
+def _check_overlaps(check: Checker, items: list[tuple[_Holder, AddrSpec]], domains: _Domains,
+                    networks: list[str]) -> None:
+    """Report addresses of one guest whose subnets overlap an earlier one's in another L2 domain."""
+    for later_index, (h, a) in enumerate(items):
+        for earlier, ea in items[:later_index]:
+            assert h.domain is not None and earlier.domain is not None
+            if h.domain != earlier.domain and a.address.version == ea.address.version \
+                    and a.address.network.overlaps(ea.address.network):
+                where = _domain_text(earlier.domain, domains, networks)
+                message = (f"{a.address} overlaps {earlier.label}'s subnet {ea.address.network} "
+                           f"on {'network ' if not earlier.domain[1] else ''}{where} (line {ea.line})")
+                check.add(a.line, a.path, message)
                 break
 
 

@@ -12,17 +12,24 @@
         command: ping -c 2 -W 2 -I 10.80.9.1 10.80.1.2
         hint: which counter rises on b while the pings fail?
         timeout: 30                   # seconds (default 30)
+      - name: ttl-64                  # or an expression on the guest's running kernel, read with drgn
+        guest: b
+        drgn: prog['init_net'].ipv4.sysctl_ip_default_ttl == 64
+
+A check has a ``command`` (a shell command on the guest) or a ``drgn`` expression (true when that
+part is done: :mod:`.drgnexpr` says what it may use), not both.
 """
 
 from __future__ import annotations
 
 import re
 
+import labctl.lab.drgnexpr as drgnexpr  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.lab.checker import Checker, describe, did_you_mean, join
 from labctl.lab.model import Check
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
-CHECK_KEYS = ("name", "guest", "command", "hint", "timeout")
+CHECK_KEYS = ("name", "guest", "command", "drgn", "hint", "timeout")
 CHECK_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
 CHECK_NAME_RULE = "use 1-48 of a-z, 0-9, '_', '-', starting with a letter or digit"
 MAX_CHECKS = 64
@@ -79,7 +86,7 @@ def parse_checks(check: Checker, data: YamlMap, guests: set[str]) -> tuple[Check
         m = check.mapping(item, line, path, allow_null=False)
         if m is None:
             continue
-        check.keys(m, path, CHECK_KEYS, ("name", "guest", "command"))
+        check.keys(m, path, CHECK_KEYS, ("name", "guest"))
         name = check.matching(m, "name", path, CHECK_NAME, "check name", CHECK_NAME_RULE, True)
         if name is not None:
             if name in seen:
@@ -91,10 +98,27 @@ def parse_checks(check: Checker, data: YamlMap, guests: set[str]) -> tuple[Check
             check.add(m.value_line("guest"), join(path, "guest"),
                       f"unknown guest '{guest}'{did_you_mean(guest, sorted(guests), 'guests')}")
             guest = None
-        raw = m.get("command")
-        command = _command(check, raw, m.value_line("command"), join(path, "command")) if "command" in m else None
+        kind, command = _what_it_runs(check, m, path, line)
         hint = check.string(m, "hint", path) or ""
         timeout = check.integer(m, "timeout", path, (1, 3600), " s")
         if name and guest and command:
-            out.append(Check(name, guest, command, hint, float(timeout or 30), line))
+            out.append(Check(name, guest, command, hint, float(timeout or 30), line, kind))
     return tuple(out)
+
+
+def _what_it_runs(check: Checker, m: YamlMap, path: str, line: int) -> tuple[str, str | None]:
+    """The check's kind (``shell`` or ``drgn``) and its command or expression (None when bad)."""
+    given = [k for k in ("command", "drgn") if k in m]
+    if len(given) != 1:
+        check.add(line, path, "give one of 'command' (a shell command on the guest) or 'drgn' (an expression "
+                              "on its kernel)" + (", not both" if given else ""))
+        return "shell", None
+    key = given[0]
+    text = _command(check, m.get(key), m.value_line(key), join(path, key))
+    if key == "drgn" and text is not None:
+        try:
+            drgnexpr.parse(text)
+        except ValueError as exc:
+            check.add(m.value_line(key), join(path, key), str(exc))
+            return "drgn", None
+    return ("drgn" if key == "drgn" else "shell"), text

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from labctl.lab.ifaces import Address, Bond, Bridge, Route, Sysctl, Vlan, address_keys, first_ip
 from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
@@ -61,23 +62,31 @@ MGMT_SUBNET = ipaddress.IPv4Network("10.0.2.0/24")
 class Nic:
     """One lab NIC of a guest.
 
-    ``model`` is the canonical NIC model name; ``mac`` is lower-case
+    ``model`` is the canonical NIC model name; ``addresses`` its IPv4 and IPv6
+    addresses in file order; ``vlans`` its 802.1Q sub-interfaces; ``mac`` is lower-case
     ``xx:xx:xx:xx:xx:xx``; ``mtu`` is the NIC's own MTU or else its
     network's (None: leave the default); ``index`` is the 0-based position
-    in the guest's ``nics`` list; ``line`` is where the NIC starts in the file;
-    ``impair`` is what netem does to its egress from ``up`` to ``down`` (None: nothing).
+    in the guest's ``nics`` list; ``line`` is where the NIC starts in the file (``ip_line``: its
+    ``ip``); ``impair`` is what netem does to its egress from ``up`` to ``down`` (None: nothing).
     """
 
     name: str
     model: str
     network: str
-    ip: ipaddress.IPv4Interface | None
+    addresses: tuple[Address, ...]
     mac: str
     queues: int
     mtu: int | None
     index: int
     line: int = 0
     impair: Impairment | None = None
+    vlans: tuple[Vlan, ...] = ()
+    ip_line: int = 0
+
+    @property
+    def ip(self) -> Address | None:
+        """The NIC's first IPv4 address, else its first address (None: it has none)."""
+        return first_ip(self.addresses)
 
     @property
     def nic_model(self) -> NicModel:
@@ -85,12 +94,14 @@ class Nic:
         return NIC_MODELS[self.model]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable view (ip as ``"a.b.c.d/len"`` or None)."""
+        """JSON-serialisable view (``ip``: :attr:`ip` as ``"a.b.c.d/len"`` or None; ``addresses``: all)."""
         return {
             "name": self.name,
             "model": self.model,
             "network": self.network,
             "ip": str(self.ip) if self.ip is not None else None,
+            "addresses": [str(a) for a in self.addresses],
+            "vlans": [v.to_dict() for v in self.vlans],
             "mac": self.mac,
             "queues": self.queues,
             "mtu": self.mtu,
@@ -139,6 +150,36 @@ class Guest:
     kernel: KernelSpec | None = None  # the guest's own kernel (else the lab's, else the image's)
     setup: tuple[str, ...] = ()  # shell commands run once it is up, before its post-boot snapshot
     shares: tuple[Share, ...] = ()  # host directories it sees (virtio-9p), mounted once it is up
+    bonds: tuple[Bond, ...] = ()  # bonds of its lab NICs
+    bridges: tuple[Bridge, ...] = ()  # bridges of its lab NICs
+    routes: tuple[Route, ...] = ()  # static routes, in file order
+    sysctls: tuple[Sysctl, ...] = ()  # set in file order before up returns
+
+    @property
+    def networked(self) -> bool:
+        """Whether it has network settings beyond its NICs' links and addresses (VLANs, bonds,
+        bridges, routes, sysctls)."""
+        return bool(self.bonds or self.bridges or self.routes or self.sysctls or any(n.vlans for n in self.nics))
+
+    def tagged_nics(self) -> list[str]:
+        """Its NICs whose frames carry VLAN tags: those with VLANs, and members of a bond or bridge
+        with VLANs, in NIC order."""
+        masters: list[Bond | Bridge] = [*self.bonds, *self.bridges]
+        members = {m for master in masters if master.vlans for m in master.members}
+        return [n.name for n in self.nics if n.vlans or n.name in members]
+
+    def interfaces(self) -> list[tuple[str, tuple[Address, ...]]]:
+        """Every lab interface (NICs, VLANs, bonds, bridges) with its addresses, NICs first."""
+        out: list[tuple[str, tuple[Address, ...]]] = []
+        holders: list[Nic | Bond | Bridge] = [*self.nics, *self.bonds, *self.bridges]
+        for holder in holders:
+            out.append((holder.name, holder.addresses))
+            out += [(v.name, v.addresses) for v in holder.vlans]
+        return out
+
+    def address_keys(self) -> dict[str, str]:
+        """``{{GUEST.IFACE.ip}}``, ``.ip4`` and ``.ip6`` of its interfaces (:func:`~labctl.lab.ifaces.address_keys`)."""
+        return address_keys(self.name, self.interfaces())
 
     def nic(self, name: str) -> Nic:
         """The NIC called ``name``; raises KeyError if there is none."""
@@ -159,6 +200,10 @@ class Guest:
             "setup": list(self.setup),
             "shares": [sh.to_dict() for sh in self.shares],
             "nics": [nic.to_dict() for nic in self.nics],
+            "bonds": [b.to_dict() for b in self.bonds],
+            "bridges": [b.to_dict() for b in self.bridges],
+            "routes": [r.to_dict() for r in self.routes],
+            "sysctls": [{"name": s.name, "value": s.value} for s in self.sysctls],
         }
 
 
@@ -182,7 +227,9 @@ class Host:
 
 @dataclass(frozen=True)
 class Check:
-    """A graded check: ``command`` on ``guest`` exits 0 when the exercise is done."""
+    """A graded check: ``command`` on ``guest`` exits 0 when the exercise is done; for a check of
+    kind ``drgn``, ``command`` is an expression on the guest's kernel that is true then
+    (:mod:`labctl.lab.drgnexpr`)."""
 
     name: str
     guest: str
@@ -190,10 +237,11 @@ class Check:
     hint: str = ""
     timeout: float = 30.0
     line: int = 0
+    kind: str = "shell"  # shell, drgn
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "guest": self.guest, "command": self.command, "hint": self.hint,
-                "timeout": self.timeout}
+                "timeout": self.timeout, **({"kind": self.kind} if self.kind != "shell" else {})}
 
 
 @dataclass(frozen=True)

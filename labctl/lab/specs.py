@@ -5,13 +5,62 @@ Fields are None where the file's value was invalid (a problem was reported).
 
 from __future__ import annotations
 
-import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from labctl.lab.ifaces import Address, Route, Sysctl
 from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
 from labctl.lab.shares import Share
+
+
+@dataclass(frozen=True)
+class AddrSpec:
+    """One address as read, with where it is written (``path``: ``guests.a.nics[0].ip[1]``)."""
+
+    address: Address
+    line: int
+    path: str
+
+
+@dataclass
+class VlanSpec:
+    """An 802.1Q sub-interface as read (of a NIC, bond or bridge called ``parent``)."""
+
+    id: int
+    name: str | None  # None: the name was invalid (reported)
+    parent: str
+    addresses: list[AddrSpec]
+    line: int
+    path: str
+    name_line: int = 0
+
+
+@dataclass
+class MasterSpec:
+    """A bond or bridge as read; ``members`` are names of the guest's lab NICs (checked later)."""
+
+    kind: str  # "bond" or "bridge"
+    name: str | None  # None: the name was invalid (reported)
+    members: tuple[str, ...]
+    members_line: int
+    addresses: list[AddrSpec]
+    vlans: list[VlanSpec]
+    line: int
+    path: str
+    mode: str = ""
+    miimon: int = 0
+    primary: str | None = None
+    primary_line: int = 0
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """A route as read: its path and the lines of its keys (``to``, ``via``, ``dev``)."""
+
+    route: Route
+    path: str
+    lines: dict[str, int]
 
 
 @dataclass
@@ -26,13 +75,14 @@ class NicSpec:
     name_line: int
     model: str | None
     network: str | None
-    ip: ipaddress.IPv4Interface | None
+    addresses: list[AddrSpec]
     ip_line: int
     mac: str | None
     mac_line: int
     queues: int
     mtu: int | None
     impair: Impairment | None = None
+    vlans: list[VlanSpec] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -55,6 +105,9 @@ class GuestSpec:
     kernel: KernelSpec | None = None
     setup: tuple[str, ...] = ()
     shares: tuple[Share, ...] = ()
+    masters: list[MasterSpec] = field(default_factory=list)  # bonds, then bridges
+    routes: list[RouteSpec] = field(default_factory=list)
+    sysctls: list[tuple[Sysctl, str]] = field(default_factory=list)  # with each one's path
 
 
 @dataclass

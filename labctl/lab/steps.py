@@ -41,8 +41,9 @@ A ``run`` entry may also be ``{link: GUEST.NIC, state: down}`` (QMP
 ``set_link``); links and impairments a step changes are put back when it ends.
 
 ``{{name}}`` in commands, ``nic``, ``impair``, ``link`` and ftrace filters is replaced by the
-matrix row's value (shell-quoted in commands); ``{{GUEST.NIC.ip}}`` by that
-NIC's address. Unknown names are reported with their line.
+matrix row's value (shell-quoted in commands); ``{{GUEST.IFACE.ip}}`` by that interface's
+(a NIC's, VLAN's, bond's or bridge's) first IPv4 address (its first IPv6 one when it has none),
+``.ip4`` and ``.ip6`` by its first of each family. Unknown names are reported with their line.
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ from typing import Any
 
 from labctl.lab.checker import Checker, close_match
 from labctl.lab.followspec import FollowSpec, parse_follow
+from labctl.lab.ifaces import address_keys
 from labctl.lab.kselftest import Kselftest
 from labctl.lab.kselftest import parse as parse_kselftest
 from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs
-from labctl.lab.specs import GuestSpec
+from labctl.lab.specs import GuestSpec, MasterSpec, NicSpec
 from labctl.lab.templates import TEMPLATE as _TEMPLATE
 from labctl.lab.templates import render, yaml_bool, yaml_strings
 from labctl.lab.tracespec import TraceParser, TraceSpec
@@ -161,11 +163,16 @@ class StepParser:
         return tuple(self.steps)
 
     def _addresses(self) -> dict[str, str]:
+        """``{{GUEST.IFACE.ip}}``, ``.ip4``, ``.ip6`` of every interface (NICs, VLANs, bonds, bridges)."""
         out = {}
         for g in self.guests.values():
-            for nic in g.nics:
-                if nic.name and nic.ip is not None:
-                    out[f"{g.name}.{nic.name}.ip"] = str(nic.ip.ip)
+            holders: list[NicSpec | MasterSpec] = [*g.nics, *g.masters]
+            views = []
+            for h in holders:
+                if h.name:
+                    views.append((h.name, [a.address for a in h.addresses]))
+                views += [(v.name, [a.address for a in v.addresses]) for v in h.vlans if v.name]
+            out.update(address_keys(g.name, views))
         return out
 
     def _step(self, m: YamlMap, path: str) -> Step | None:

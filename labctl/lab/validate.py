@@ -8,7 +8,6 @@ or the full list of problems found (never just the first one).
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import shlex
 from pathlib import Path
@@ -24,15 +23,14 @@ from labctl.lab.model import (
     DEFAULT_IMAGE,
     LAB_NAME,
     LAB_NAME_RULE,
-    MGMT_NIC,
     Guest,
     Host,
     Lab,
     Network,
-    Nic,
 )
-from labctl.lab.netopts import check_captures, network_capture, nic_impairment
-from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
+from labctl.lab.netconf import check_guest, parse_masters, parse_routes, parse_sysctls
+from labctl.lab.netopts import check_captures, network_capture
+from labctl.lab.nicparse import parse_nics, resolve_nic, resolve_settings
 from labctl.lab.shares import parse_shares
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.steps import StepParser
@@ -54,19 +52,17 @@ BACKENDS = ("qemu", "libvirt")
 DEFAULT_MEMORY = 512
 DEFAULT_CPUS = 1
 MAX_GUESTS = 64
-MAX_NICS = 16  # lab NICs per guest: PCI slots, and what a lab can use
 MAX_NETWORKS = 64
 
 _TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "hosts", "networks", "guests", "steps",
              "checks", "drops")
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description", "capture")
-_GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup", "shares")
+_GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup", "shares", "bonds", "bridges",
+               "routes", "sysctls")
 _HOST_KEYS = ("uri", "address")
 _HOST_REQUIRED = ("uri",)
 _HOSTS_BACKEND = "libvirt"
-_NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu", "impair")
-_NIC_REQUIRED = ("name", "model", "network")
 
 _LAB_NAME = LAB_NAME
 _LAB_NAME_RULE = LAB_NAME_RULE
@@ -74,11 +70,6 @@ _IMAGE = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _IMAGE_RULE = "use a-z, 0-9, '.', '_', '-', starting with a letter or digit"
 _GUEST_NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 _GUEST_NAME_RULE = "use 1-31 of a-z, 0-9, '-', starting with a letter"
-_IFNAME = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,14}")
-_IFNAME_RULE = "use 1-15 of letters, digits, '_', '.', '-', starting with a letter"
-_MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
-_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
-_MGMT_WHY = "reserved for labctl's management network"
 
 
 def build_lab(data: Any, *, source: str, text: str, sha256: str,
@@ -107,7 +98,9 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
     check_captures(check, networks, guests)
     nics = [nic for guest in guests.values() for nic in guest.nics]
     _check_spans(check, hosts, guests, networks, nics)
-    check_ips(check, nics)
+    for guest in guests.values():
+        check_guest(check, guest, {name: net.mtu for name, net in networks.items()})
+    check_ips(check, list(guests.values()), list(networks))
     assign_macs(check, header["name"], nics)
     steps = StepParser(check, guests, trusted).parse(data)
     checks = parse_checks(check, data, set(guests))
@@ -313,10 +306,13 @@ def _parse_guest(
         memory=DEFAULT_MEMORY if memory is None else memory,
         cpus=DEFAULT_CPUS if cpus is None else cpus,
         kernel_args=_parse_kernel_args(check, body, path),
-        nics=_parse_nics(check, body, path, name, networks),
+        nics=parse_nics(check, body, path, name, networks),
         line=line,
         setup=parse_setup(check, body, path),
         shares=parse_shares(check, body, path, check_dir(check), trusted),
+        masters=parse_masters(check, body, path, "bonds") + parse_masters(check, body, path, "bridges"),
+        routes=parse_routes(check, body, path),
+        sysctls=parse_sysctls(check, body, path),
     )
 
 
@@ -405,146 +401,6 @@ def _parse_kernel_args(check: Checker, body: YamlMap, path: str) -> tuple[str, .
     return tuple(item for item in value if isinstance(item, str) and item.strip())
 
 
-def _parse_nics(
-    check: Checker, body: YamlMap, path: str, guest: str, networks: dict[str, NetSpec],
-) -> list[NicSpec]:
-    """Check a guest's ``nics`` list, including duplicate NIC names."""
-    items = check.sequence(body, "nics", path)
-    if len(items) > MAX_NICS:
-        check.add(body.value_line("nics"), f"{path}.nics",
-                  f"{len(items)} NICs: a guest has at most {MAX_NICS} lab NICs")
-        return []
-    first_line: dict[str, int] = {}
-    result: list[NicSpec] = []
-    for index in range(len(items)):
-        nic = _parse_nic(check, items, index, f"{path}.nics[{index}]", guest, networks)
-        if nic is None:
-            continue
-        if nic.name is not None and nic.name in first_line:
-            message = f"duplicate NIC name '{nic.name}' (first at line {first_line[nic.name]})"
-            check.add(nic.name_line, f"{nic.path}.name", message)
-        elif nic.name is not None:
-            first_line[nic.name] = nic.name_line
-        result.append(nic)
-    return result
-
-
-def _parse_nic(
-    check: Checker, items: YamlSeq, index: int, path: str, guest: str,
-    networks: dict[str, NetSpec],
-) -> NicSpec | None:
-    """Check one NIC mapping; None if it is not a mapping."""
-    line = items.item_line(index)
-    m = check.mapping(items[index], line, path, allow_null=False)
-    if m is None:
-        return None
-    check.keys(m, path, _NIC_KEYS, _NIC_REQUIRED, line)
-    name = _nic_name(check, m, path)
-    model = _nic_model(check, m, path)
-    return NicSpec(
-        guest=guest, index=index, path=path, line=line,
-        name=name, name_line=m.value_line("name"), model=model,
-        network=_nic_network(check, m, path, networks),
-        ip=_nic_ip(check, m, path), ip_line=m.value_line("ip"),
-        mac=_nic_mac(check, m, path), mac_line=m.value_line("mac"),
-        queues=_nic_queues(check, m, path, model),
-        mtu=check.integer(m, "mtu", path, (68, 65535)),
-        impair=nic_impairment(check, m, path),
-    )
-
-
-def _nic_queues(check: Checker, m: YamlMap, path: str, model: str | None) -> int:
-    """The NIC's queue count (default 1); more than 1 needs a multiqueue model."""
-    queues = check.integer(m, "queues", path, (1, 8))
-    if queues is None:
-        return 1
-    if queues > 1 and model is not None and not NIC_MODELS[model].multiqueue:
-        message = f"queues needs a multiqueue model such as virtio-net-pci ({model} is single-queue)"
-        check.add(m.value_line("queues"), f"{path}.queues", message)
-    return queues
-
-
-def _nic_name(check: Checker, m: YamlMap, path: str) -> str | None:
-    """The NIC's interface name, if valid (Linux ifname rules, not lo/mgmt0)."""
-    name = check.string(m, "name", path, required=True)
-    if name is None:
-        return None
-    line, where = m.value_line("name"), f"{path}.name"
-    if name == "lo":
-        check.add(line, where, "'lo' is reserved for the loopback interface")
-    elif name == MGMT_NIC:
-        check.add(line, where, f"'{MGMT_NIC}' is reserved for labctl's management NIC")
-    elif not _IFNAME.fullmatch(name):
-        check.add(line, where, f"invalid interface name '{name}' ({_IFNAME_RULE})")
-    else:
-        return name
-    return None
-
-
-def _nic_model(check: Checker, m: YamlMap, path: str) -> str | None:
-    """The canonical NIC model name, if known (aliases resolved)."""
-    model = check.string(m, "model", path, required=True)
-    if model is None:
-        return None
-    canonical = canonical_nic_model(model)
-    if canonical is None:
-        suggestion = suggest_nic_model(model)
-        hint = f" (did you mean '{suggestion}'?)" if suggestion else f" (known: {', '.join(NIC_MODELS)})"
-        check.add(m.value_line("model"), f"{path}.model", f"unknown NIC model '{model}'{hint}")
-    return canonical
-
-
-def _nic_network(check: Checker, m: YamlMap, path: str, networks: dict[str, NetSpec]) -> str | None:
-    """The NIC's network name, if it is defined under ``networks``."""
-    network = check.string(m, "network", path, required=True)
-    if network is None or network in networks:
-        return network
-    if networks:
-        hint = did_you_mean(network, tuple(networks), "defined")
-    else:
-        hint = " (the lab defines no networks)"
-    check.add(m.value_line("network"), f"{path}.network", f"unknown network '{network}'{hint}")
-    return None
-
-
-def _nic_ip(check: Checker, m: YamlMap, path: str) -> ipaddress.IPv4Interface | None:
-    """The NIC's address with prefix, if given and usable."""
-    text = check.string(m, "ip", path)
-    if text is None:
-        return None
-    try:
-        return parse_ip(text)
-    except ValueError as exc:
-        check.add(m.value_line("ip"), f"{path}.ip", str(exc))
-        return None
-
-
-def _nic_mac(check: Checker, m: YamlMap, path: str) -> str | None:
-    """The NIC's explicit MAC (lower case), if given and a valid unicast address.
-
-    Uses the source text, so an unquoted MAC that YAML 1.1 read as a
-    base-60 integer still works.
-    """
-    if m.get("mac") is None:
-        return None
-    line, where = m.value_line("mac"), f"{path}.mac"
-    text = m.raw.get("mac")
-    if text is None:
-        check.add(line, where, f"expected a string, got {describe(m['mac'])}")
-        return None
-    if not _MAC.fullmatch(text):
-        check.add(line, where, f"invalid MAC address '{text}' (expected xx:xx:xx:xx:xx:xx)")
-        return None
-    mac = text.lower()
-    if int(mac[:2], 16) & 1:
-        check.add(line, where, f"{mac} is a multicast address (the first byte must be even)")
-    elif mac == "00:00:00:00:00:00":
-        check.add(line, where, f"{mac} is not a usable address")
-    else:
-        return mac
-    return None
-
-
 def _resolve_networks(networks: dict[str, NetSpec], guests: dict[str, GuestSpec]) -> dict[str, Network]:
     """Final Network objects, with their (guest, nic) members in lab order."""
     members: dict[str, list[tuple[str, str]]] = {name: [] for name in networks}
@@ -563,22 +419,12 @@ def _resolve_guests(guests: dict[str, GuestSpec], networks: dict[str, NetSpec]) 
     return {
         name: Guest(
             name=name, memory=spec.memory, cpus=spec.cpus,
-            nics=tuple(_resolve_nic(nic, networks) for nic in spec.nics),
+            nics=tuple(resolve_nic(nic, networks[_req(nic.network)].mtu) for nic in spec.nics),
             kernel_args=spec.kernel_args, line=spec.line, host=spec.host, kernel=spec.kernel, setup=spec.setup,
-            shares=spec.shares,
+            shares=spec.shares, **resolve_settings(spec),
         )
         for name, spec in guests.items()
     }
-
-
-def _resolve_nic(nic: NicSpec, networks: dict[str, NetSpec]) -> Nic:
-    """Final Nic object from a NIC that passed validation."""
-    network = _req(nic.network)
-    mtu = nic.mtu if nic.mtu is not None else networks[network].mtu
-    return Nic(
-        name=_req(nic.name), model=_req(nic.model), network=network, ip=nic.ip,
-        mac=_req(nic.mac), queues=nic.queues, mtu=mtu, index=nic.index, line=nic.line, impair=nic.impair,
-    )
 
 
 def _req(value: str | None) -> str:

@@ -40,6 +40,7 @@ from typing import BinaryIO
 import labctl.live.netctl as netctl  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import Backend, GuestRecord
 from labctl.errors import LabctlError, MachineError
+from labctl.lab import nic_addresses
 from labctl.net import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, vmclock
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.proc import pid_alive
@@ -303,9 +304,11 @@ class Tail:
 
 
 def description(state: LabState, guest: str, nic: str) -> str:
-    """``e1000 on network lan, 10.0.0.1/24`` for a capture file's interface."""
+    """``e1000 on network lan, 10.0.0.1/24, fd00::1/64, VLANs 10, 20`` for a capture file's interface."""
     n = netctl.lab_nic(state, guest, nic)
-    return f"{n['model']} on network {n['network']}" + (f", {n['ip']}" if n.get("ip") else "")
+    vlans = [str(v.get("id")) for v in n.get("vlans") or [] if isinstance(v, dict)]
+    return (f"{n['model']} on network {n['network']}" + "".join(f", {a}" for a in nic_addresses(n))
+            + (f", VLANs {', '.join(vlans)}" if vlans else ""))
 
 
 def save(state: LabState, cap: Capture, dest: Path, fmt: str = "pcapng") -> tuple[Written, list[str]]:

@@ -40,7 +40,7 @@ def netdev(state: LabState, guest: str, nic: str) -> str:
     """The QEMU netdev id of a lab NIC (as :func:`labctl.backends.netdev_id` names it)."""
 
     n = lab_nic(state, guest, nic)
-    return netdev_id(Nic(n["name"], n["model"], n["network"], None, n["mac"], 1, None, int(n["index"])))
+    return netdev_id(Nic(n["name"], n["model"], n["network"], (), n["mac"], 1, None, int(n["index"])))
 
 
 def apply_impairment(state: LabState, guest: str, nic: str, imp: Impairment | None,

@@ -43,6 +43,7 @@ from labctl.bundle import (
     verdict,
 )
 from labctl.errors import UsageError
+from labctl.lab import net_settings
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Row, Span, Table, txt
 from labctl.report.registry import compare_groups, headline, step_metrics, zero_when_absent
@@ -85,6 +86,42 @@ def _nics(manifest: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _net_settings(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    guests = as_dict(as_dict(as_dict(manifest.get("lab")).get("resolved")).get("guests"))
+    return {str(g): net_settings(as_dict(spec)) for g, spec in guests.items()}
+
+
+def _net_differences(ma: Mapping[str, Any], mb: Mapping[str, Any]) -> list[tuple[str, object, object]]:
+    """Each guest's network settings that differ: an interface's addresses or what it is (a VLAN, a
+    bond's mode and members), its routes, each sysctl."""
+    sa, sb = _net_settings(ma), _net_settings(mb)
+    out: list[tuple[str, object, object]] = []
+    for g in sorted(set(sa) & set(sb)):
+        a, b = sa[g], sb[g]
+        ia, ib = as_dict(a.get("interfaces")), as_dict(b.get("interfaces"))
+        for name in sorted(set(ia) | set(ib)):
+            x, y = as_dict(ia.get(name)), as_dict(ib.get(name))
+            if x.get("what") != y.get("what") or x.get("in") != y.get("in"):
+                out.append((f"interface {g}.{name}", _iface_text(x), _iface_text(y)))
+            elif x.get("addresses") != y.get("addresses"):
+                out.append((f"addresses of {g}.{name}", ", ".join(x.get("addresses") or []) or "none",
+                            ", ".join(y.get("addresses") or []) or "none"))
+        ra, rb = a.get("routes") or [], b.get("routes") or []
+        if ra != rb:
+            out.append((f"routes of {g}", "; ".join(ra) or "none", "; ".join(rb) or "none"))
+        ka, kb = as_dict(a.get("sysctls")), as_dict(b.get("sysctls"))
+        out += [(f"sysctl {k} of {g}", ka.get(k, "not set"), kb.get(k, "not set"))
+                for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)]
+    return out
+
+
+def _iface_text(iface: Mapping[str, Any]) -> str:
+    if not iface:
+        return "none"
+    where = f" in {iface['in']}" if iface.get("in") else ""
+    return f"{iface.get('what')}{where}" + (f", {', '.join(iface.get('addresses') or [])}" if iface.get("addresses") else "")
+
+
 def differences(a: Run, b: Run) -> list[dict[str, Any]]:
     """What differs between the two runs' setups: [{what, a, b}], empty when nothing does."""
     ma, mb = a.manifest, b.manifest
@@ -100,6 +137,7 @@ def differences(a: Run, b: Run) -> list[dict[str, Any]]:
     pairs += [(f"kernel of {g}", _kernel(ka.get(g)), _kernel(kb.get(g))) for g in sorted(set(ka) | set(kb))]
     na, nb = _nics(ma), _nics(mb)
     pairs += [(f"NIC model of {n}", na.get(n), nb.get(n)) for n in sorted(set(na) | set(nb))]
+    pairs += _net_differences(ma, mb)
     ha, hb = as_dict(ma.get("host")), as_dict(mb.get("host"))
     pairs += [(f"host {k}", ha.get(k), hb.get(k)) for k in ("name", "kernel", "cpus")]
     return [{"what": what, "a": va, "b": vb} for what, va, vb in pairs if va != vb]

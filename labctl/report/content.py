@@ -29,6 +29,7 @@ from labctl.bundle import (
     usable,
     variant_text,
 )
+from labctl.lab import settings_text
 from labctl.report.document import (
     Block,
     Bullets,
@@ -164,10 +165,22 @@ def header_blocks(run: Run) -> list[Block]:
         ("guest kernel", txt(_kernel(run.manifest))),
         ("image", txt(" ".join(str(image[k]) for k in ("name", "key") if image.get(k)) or "unknown")),
         ("host", txt(_host(run.manifest.get("host")))),
+        *_net_settings(run.manifest),
     )
     blocks: list[Block] = [Heading(1, f"labctl report: {lab_name(run)}"), _status_para(run), Meta(rows)]
     blocks += [Para(txt(note), "alert") for note in run.notes]
     return blocks + _failure_blocks(run_steps(run.summary))
+
+
+def _net_settings(manifest: Mapping[str, Any]) -> list[tuple[str, Inline]]:
+    """Each guest's routes and sysctls (from the resolved lab), a row each: what the guests booted with."""
+    guests = as_dict(as_dict(as_dict(manifest.get("lab")).get("resolved")).get("guests"))
+    rows: list[tuple[str, Inline]] = []
+    for name, g in guests.items():
+        for line in settings_text(as_dict(g)):
+            what, _, text = line.partition(": ")
+            rows.append((f"{what} of {name}", txt(text, "code")))
+    return rows
 
 
 def _failure_blocks(steps: Sequence[Mapping[str, Any]]) -> list[Block]:

@@ -90,13 +90,20 @@ class Picture:
 
 
 @dataclass(frozen=True)
+class Pre:
+    """Lines shown as they are, in a fixed-width font (a stack, a kernel log)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Section:
     blocks: tuple[Block, ...]
     cls: str = ""
     anchor: str | None = None
 
 
-Block = Heading | Para | Bullets | Meta | Table | Charts | Graphic | Picture | Section
+Block = Heading | Para | Bullets | Meta | Table | Charts | Graphic | Picture | Pre | Section
 
 
 def txt(text: object, style: str = "") -> Inline:

@@ -21,6 +21,7 @@ from labctl.report.document import (
     Meta,
     Para,
     Picture,
+    Pre,
     Section,
     Span,
     Table,
@@ -41,6 +42,8 @@ h4 { font-size: 12.5px; margin: 20px 0 6px; text-transform: uppercase; letter-sp
 p { margin: 10px 0; }
 a { color: var(--accent); text-decoration: none; }
 a:hover { text-decoration: underline; }
+pre.text { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12px;
+           background: var(--head); padding: 8px 12px; border-radius: 6px; overflow-x: auto; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12.5px;
        background: var(--head); padding: 1px 5px; border-radius: 4px; overflow-wrap: anywhere; }
 .table-wrap { overflow-x: auto; border: 1px solid var(--line); border-radius: 8px; background: var(--card); }
@@ -142,6 +145,8 @@ def html_block(block: Block) -> str:
                 f"<figcaption>{html_inline(block.caption)}{link}</figcaption>\n</figure>")
     if isinstance(block, Picture):
         return f'<figure class="topology">\n{block.svg}\n</figure>'
+    if isinstance(block, Pre):
+        return f'<pre class="text">{escape(block.text)}</pre>'
     anchor = f' id="{escape(block.anchor)}"' if block.anchor else ""
     return f"<section{_cls(block.cls)}{anchor}>\n" + "\n".join(html_block(b) for b in block.blocks) + "\n</section>"
 

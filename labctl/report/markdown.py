@@ -7,7 +7,20 @@ from collections.abc import Sequence
 from urllib.parse import quote
 
 from labctl import __version__
-from labctl.report.document import Block, Bullets, Charts, Graphic, Heading, Inline, Meta, Para, Picture, Span, Table
+from labctl.report.document import (
+    Block,
+    Bullets,
+    Charts,
+    Graphic,
+    Heading,
+    Inline,
+    Meta,
+    Para,
+    Picture,
+    Pre,
+    Span,
+    Table,
+)
 
 MD_SPECIAL = re.compile(r"([\\`*_\[\]<>&#~])")
 
@@ -73,6 +86,9 @@ def md_block(block: Block) -> list[str]:
         return [md_inline(block.caption) + link]
     if isinstance(block, Picture):
         return ["```mermaid", *block.mermaid.rstrip("\n").split("\n"), "```"]
+    if isinstance(block, Pre):  # a fence longer than any run of backticks in the text
+        fence = "`" * max(3, max((len(m) for m in re.findall(r"`+", block.text)), default=0) + 1)
+        return [fence + "text", *block.text.rstrip("\n").split("\n"), fence]
     return [line for i, b in enumerate(block.blocks) for line in ([""] if i else []) + md_block(b)]
 
 

@@ -32,7 +32,7 @@ def topology_blocks(run: Run) -> list[Block]:
     captured = sorted({f"{c.get('guest')}.{c.get('nic')}" for s in run_steps(run.summary)
                        for c in as_list(s.get("captures")) if isinstance(c, dict)})
     runtime = runtime_from_state(as_dict(run.manifest.get("drivers")), as_dict(run.manifest.get("networks")),
-                                 captures=captured)
+                                 captures=captured, offloads=as_dict(run.manifest.get("vlan_offloads")))
     topo = topology(lab, runtime)
     return [Picture(to_svg(topo, standalone=False, id_prefix="topology"), to_mermaid(topo))]
 

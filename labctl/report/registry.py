@@ -11,6 +11,7 @@ from typing import Any
 
 from labctl.report.bpftrace_report import BpftraceSection
 from labctl.report.cost import CostSection
+from labctl.report.crashes import CrashSection
 from labctl.report.drops_report import DropsSection
 from labctl.report.flames import FlamesSection
 from labctl.report.guest_parts import LossSection, ProfileSection, SoftnetSection, TimelineSection
@@ -24,6 +25,7 @@ from labctl.report.tracepoints import TracepointSection
 
 SECTIONS: tuple[ReportSection, ...] = (
     TopologySection(),  # before the results
+    CrashSection(),  # a guest's crash and drgn's view of its vmcore, before the results
     TransferSection(),  # the results' figures and charts; each step's guests table
     CostSection(),
     TracepointSection(),

@@ -125,6 +125,7 @@ class LabState:
     switches: list[SwitchRecord] = field(default_factory=list)
     resolved: dict[str, Any] = field(default_factory=dict)
     drivers: dict[str, dict[str, str]] = field(default_factory=dict)
+    offloads: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # guest -> VLAN NIC -> features
     ready_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # guest -> its host (libvirt)

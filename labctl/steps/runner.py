@@ -4,6 +4,9 @@ For every step, matrix row and repeat, one :class:`~labctl.steps.variant.Variant
 kinds through their phases (:mod:`.variant`, :mod:`.kinds`) and everything is copied into
 ``<bundle>/steps/<step>/<variant>/<guest>/``. A failure (a guest dies, SSH drops, a command fails,
 Ctrl-C) ends the run with what was collected so far and the reason; the bundle is always written.
+A guest that panics or oopses meanwhile leaves its vmcore and drgn's summary of it in
+``<bundle>/guests/<guest>/`` (:mod:`labctl.inspect.crashwatch` watches the consoles throughout),
+recorded in :attr:`Runner.vmcores`.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labctl.backends import Backend, get_backend
-from labctl.bundle import CommandRecord, NicRecord, step_dir
+from labctl.bundle import CommandRecord, NicRecord, VmcoreRecord, guest_dir, step_dir, write
 from labctl.errors import LabctlError
+from labctl.inspect import CrashWatch
 from labctl.lab import Lab, Step, render, render_trace
 from labctl.ssh import Session
 from labctl.state import LabState
@@ -41,12 +45,12 @@ class Runner:
     still runs (default: the state's backend); tests inject their own.
     ``watch_host``: measure each guest's QEMU on the host during every step
     window (:mod:`labctl.steps.hostwatch`); ``host_profile``: and profile it
-    with the host's perf.
+    with the host's perf. ``crash_watch``: take a vmcore of a guest that crashes (:attr:`vmcores`).
     """
 
     def __init__(self, lab: Lab, state: LabState, bundle_dir: Path, events: StepEvents | None = None, *,
                  connect: Callable[[str], Session] | None = None, backend: Backend | None = None,
-                 watch_host: bool = True, host_profile: bool = True) -> None:
+                 watch_host: bool = True, host_profile: bool = True, crash_watch: bool = True) -> None:
         self.lab = lab
         self.state = state
         self.dir = bundle_dir
@@ -55,9 +59,12 @@ class Runner:
         self.sessions = Sessions(state, self.backend, connect)
         self.commands: list[CommandRecord] = []
         self.results: list[StepResult] = []
-        self.addresses = {f"{g.name}.{n.name}.ip": str(n.ip.ip)
-                          for g in lab.guests.values() for n in g.nics if n.ip is not None}
+        self.addresses = {k: v for g in lab.guests.values() for k, v in g.address_keys().items()}
         self.watch_host, self.host_profile = watch_host, host_profile
+        self.crashes = CrashWatch(state, lambda g: bundle_dir / guest_dir(g),
+                                  {g.name: [n.name for n in g.nics] for g in lab.guests.values()}) \
+            if crash_watch else None
+        self.vmcores: list[VmcoreRecord] = []
 
     def run(self) -> list[StepResult]:
         """Run every step and variant in order; after a failure the rest are skipped.
@@ -66,6 +73,8 @@ class Runner:
         (its result is in ``results``, failed).
         """
         failed = False
+        if self.crashes is not None:
+            self.crashes.start()
         try:
             for step in self.lab.steps:
                 for row in step.variants():
@@ -81,7 +90,14 @@ class Runner:
                         failed = result.status == "failed" and not (result.kselftest or {}).get("only_tests_failed")
         finally:
             self.sessions.close()
+            self._crashes_end()
         return self.results
+
+    def _crashes_end(self) -> None:
+        """The watch's last look; its records, paths relative to the bundle."""
+        if self.crashes is None:
+            return
+        self.vmcores += [write.vmcore_record(self.dir, rec) for rec in self.crashes.stop()]
 
     def _variant(self, step: Step, row: dict[str, str], repeat: int) -> Variant | StepResult:
         """The variant to run, or its result when the row's values do not fit the step."""
@@ -121,6 +137,10 @@ class Runner:
         res, label = v.res, row.get("label")
         self.events.step_started(step.name, label if step.repeat == 1 else f"{label or ''} (run {repeat} of "
                                  f"{step.repeat})".lstrip())
+        if self.crashes is not None:
+            self.crashes.when = f"step {step.name}" + (f" ({label})" if label else "") \
+                + (f" run {repeat}" if step.repeat > 1 else "")
+            seen = len(self.crashes.records)
         t0 = time.monotonic()
         try:
             self._phases(v)
@@ -135,12 +155,23 @@ class Runner:
         broken = self.sessions.dead_guests()
         if broken:
             res.fail(broken)
+        if self.crashes is not None:
+            self._crashed_meanwhile(res, seen)
         v.collect()
         for k in v.kinds:
             k.collected(v)
         res.duration_s = round(time.monotonic() - t0, 2)
         self.events.step_finished(res)
         return res
+
+    def _crashed_meanwhile(self, res: StepResult, seen: int) -> None:
+        """The crashes seen during the variant, captured (the watch may be writing a vmcore), in its warnings."""
+        assert self.crashes is not None
+        self.crashes.settle()
+        for rec in self.crashes.records[seen:]:
+            what = "panicked" if rec.get("cause") == "panic" else "oopsed"
+            core = f"vmcore {Path(rec['file']).relative_to(self.dir).as_posix()}" if rec.get("file") else rec.get("error")
+            res.warnings.append(f"guest {rec['guest']} {what}: {rec.get('title') or 'see its console'}; {core}")
 
     def _phases(self, v: Variant) -> None:
         """prepare, the guests' directories, begin, the window around run, settle and end (always)."""

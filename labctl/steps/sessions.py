@@ -1,5 +1,9 @@
 """The guests of a lab that is up, as a step reaches them: one SSH session per guest, the tools each
-has, whether its machine still runs, and why the lab broke when it did."""
+has, whether its machine still runs, and why the lab broke when it did.
+
+A guest whose kernel panicked is gone for a step even while QEMU holds it paused for its vmcore
+(:mod:`labctl.inspect.crashwatch`): it is not alive, and no new command is sent to it (it would
+wait for its whole timeout on a machine that never answers)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from labctl import paths
 from labctl.backends import Backend
 from labctl.bundle import CONSOLE, OOPS_TXT, guest_dir
 from labctl.debug import console_end, oops_titles, panicked
+from labctl.errors import GuestError
 from labctl.ssh import Session
 from labctl.state import LabState
 
@@ -27,6 +32,9 @@ class Sessions:
         self._tools: dict[str, set[str]] = {}
 
     def ssh(self, guest: str) -> Session:
+        """The guest's session. :raise GuestError: when its kernel panicked."""
+        if self._panicked(guest):
+            raise GuestError(self.dead_guests() or f"guest {guest} panicked")
         s = self.open.get(guest)
         if s is None:
             s = self.open[guest] = self.connect(guest)
@@ -42,7 +50,7 @@ class Sessions:
         self.open.clear()
 
     def alive(self, guest: str) -> bool:
-        return self.backend.alive(self.state.guests[guest])
+        return self.backend.alive(self.state.guests[guest]) and not self._panicked(guest)
 
     def _panicked(self, guest: str) -> bool:
         return panicked(console_end(Path(self.state.guests[guest].console)))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import UnsafePath, UsageError
-from labctl.lab import Check
+from labctl.lab import Check, IfaceView, guest_interfaces, settings_text
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir
 from labctl.ssh import Endpoint, config_quote, hop_stdio_argv
 from labctl.state import LabState
@@ -102,8 +102,12 @@ def _readme(state: LabState, student: str, directory: Path, checks: Sequence[Che
     lines += [f"Your own copy of the lab is `{state.lab}`: its guests and networks are yours alone.", "",
               "## Guests", "", "| guest | interface | address | network |", "| --- | --- | --- | --- |"]
     for guest, g in resolved.get("guests", {}).items():
-        for nic in g.get("nics") or [{}]:
-            lines.append(f"| {guest} | {nic.get('name', '')} | {nic.get('ip') or ''} | {nic.get('network', '')} |")
+        for v in guest_interfaces(g) or [IfaceView("", "", "", ())]:
+            what = "" if v.kind in ("nic", "") else f" ({v.detail})"
+            lines.append(f"| {guest} | {v.name}{what} | {v.address_text.replace(', ', '<br>')} | {v.network} |")
+    settings = [f"- {guest} {line}" for guest, g in resolved.get("guests", {}).items() for line in settings_text(g)]
+    if settings:
+        lines += ["", "Set on the guests when they boot:", "", *settings]
     first = next(iter(state.guests), "a")
     lines += ["", "## Logging in", "", "From this directory, with plain OpenSSH:", "", "```sh",
               f"ssh -F ssh_config {first}                     # a shell as root",

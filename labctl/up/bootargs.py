@@ -40,4 +40,7 @@ def kernel_args(image: Image, guest: Guest, kernel: Kernel, extra: tuple[str, ..
     """
     mods = ["labctl.modules=vdb"] if kernel.modules_img else []
     tsc = [f"tsc_early_khz={tsc_khz}"] if tsc_khz else []
-    return (*CONSOLE, *image.boot_args, *mods, *POLICY, *SPEED, *tsc, *guest.kernel_args, *extra)
+    # The bonding driver makes a bond0 of its own when it loads (or boots built in), which a lab's
+    # bond of that name would then clash with: the lab's bonds are all the guest has.
+    bonds = ["bonding.max_bonds=0"] if guest.bonds else []
+    return (*CONSOLE, *image.boot_args, *mods, *POLICY, *SPEED, *tsc, *bonds, *guest.kernel_args, *extra)

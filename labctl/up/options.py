@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from labctl.state import LabState
 
 DEFAULT_BOOT_TIMEOUT = 180.0
 
@@ -24,3 +28,7 @@ class UpOptions:
     # name) -> the backend's template, labctl.backends.Backend.template_of)
     shared_states: bool = False
     templates: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # a guest whose kernel panics or oopses while booting: told before up stops anything (its QEMU
+    # paused on the panic, its memory still there), with the lab's state and the guest's name; what
+    # it returns ends the error's message (labctl.pipeline.run_lab takes a vmcore into the bundle)
+    on_boot_crash: Callable[[LabState, str], str] | None = None

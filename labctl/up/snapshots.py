@@ -12,7 +12,7 @@ later ``up`` restores it instead of booting (warm start) and ``labctl reset`` pu
 
 The key hashes everything that shapes the guest: its resolved definition
 (NICs, MACs, addresses, memory, setup), the QEMU command line with the run's
-paths and ports taken out, the image, the kernel, the QEMU and labctl
+paths and ports (and what QEMU does on a panic) taken out, the image, the kernel, the QEMU and labctl
 versions. Instances of one lab share its snapshots (read-only); a changed
 lab has other keys, so its old snapshots are simply not found. When a
 guest's snapshot is taken, that lab's guest keeps its two newest and older
@@ -98,15 +98,21 @@ class Snapshot:
 _TAP_FDS = re.compile(r"\b(fds?)=[0-9:?]+")
 
 
+def _without_actions(argv: list[str]) -> list[str]:
+    """``argv`` without its ``-action WHAT=HOW`` pairs."""
+    return [a for i, a in enumerate(argv) if a != "-action" and (i == 0 or argv[i - 1] != "-action")]
+
+
 def key(plan: GuestPlan, backend: Backend) -> str:
     """The snapshot key of a guest on ``backend`` (see the module's docstring)."""
     run_dir = str(plan.dir.parent.parent)
     # The run directory and the lab's NAME@INSTANCE (in QEMU's process name) are taken out:
     # every instance of a lab restores from the same snapshots.
     # A tap's queues are descriptors opened anew for each QEMU: their numbers are no part of it.
+    # What QEMU does when the guest panics (-action) is no part of the machine's state.
     argv = [_TAP_FDS.sub(r"\1=@", a) if a.startswith("tap,") else a
             for a in (a.replace(run_dir, "@RUN").replace(f"labctl-{plan.lab}-", "labctl-@LAB-")
-                      for a in backend.command(dataclasses.replace(plan, warm=False, ssh_port=0)))]
+                      for a in _without_actions(backend.command(dataclasses.replace(plan, warm=False, ssh_port=0))))]
     data = [FORMAT, __version__, backend.emulator_version(), plan.image.key, plan.kernel.key, plan.accel,
             plan.guest.to_dict(), argv]
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]

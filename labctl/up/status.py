@@ -21,6 +21,7 @@ class GuestStatus:
     pid: int
     nics: list[dict[str, object]] = field(default_factory=list)
     host: str | None = None  # the libvirt host's name in the lab
+    settings: dict[str, object] = field(default_factory=dict)  # its bonds, bridges, routes and sysctls
 
 
 def guest_statuses(state: LabState) -> list[GuestStatus]:
@@ -37,11 +38,14 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
             else "running" if alive else "stopped"
         if state.phase != UP:
             st = "incomplete" if state.incomplete else "starting"
+        resolved = state.resolved["guests"][name]
         nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], ""),
                  "link": "up" if record.link_up(name, n["name"]) else "down",
-                 "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {}}
-                for n in state.resolved["guests"][name]["nics"]]
+                 "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {},
+                 **({"vlan_offloads": offloads} if (offloads := state.offloads.get(name, {}).get(n["name"])) else {})}
+                for n in resolved["nics"]]
         gdb = rec.gdb
         host = state.hosts.get(name, {}).get("name")
-        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host))
+        settings = {k: resolved.get(k) or [] for k in ("bonds", "bridges", "routes", "sysctls")}
+        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host, settings))
     return out

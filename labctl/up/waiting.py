@@ -12,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.guestconf as guestconf  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord
-from labctl.debug import crashed
-from labctl.errors import GuestError, LabctlError, MachineError
+from labctl.debug import console_end, crashed
+from labctl.errors import GuestError, LabctlError, LabFileError, MachineError
 from labctl.events import UpEvents
 from labctl.lab import Lab
 from labctl.ssh import Endpoint, Session
@@ -24,6 +25,13 @@ from labctl.state import LabState
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.options import UpOptions
 from labctl.up.planner import GuestPlanner
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:
@@ -67,7 +75,7 @@ class GuestWaiter:
             self.stop.set()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _ready_line(self, name: str, deadline: float) -> bytes | None:
+    def _ready_line(self, state: LabState, name: str, deadline: float) -> bytes | None:
         """The console's text once the guest's whole READY line is there (None: stopped meanwhile).
 
         :raise GuestError: when the guest fails to boot or is not ready in time.
@@ -79,12 +87,14 @@ class GuestWaiter:
             if self.stop.is_set():
                 return None
             data = console.read_bytes() if console.exists() else b""
+            if FAILED in data:
+                self._config_failed(name, console)
             if READY in data and b"\n" in data[data.index(READY):]:
                 return data  # the whole READY line is there
-            if FAILED in data or crashed(data):
+            if crashed(data):
                 self.events.guest_phase(name, "failed")
                 time.sleep(0.5)  # let the rest of the oops reach the log
-                raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
+                raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}" + self._crash_kept(state, name))
             if not self.backend.alive(rec):
                 self.events.guest_phase(name, "failed")
                 raise MachineError(f"QEMU of guest {name} died while booting "
@@ -97,6 +107,48 @@ class GuestWaiter:
                                  hint="raise --boot-timeout, or check the image with 'labctl image list'")
             time.sleep(0.05)
 
+    def _crashed(self, name: str) -> str | None:
+        """Why the guest's kernel crashed (its console's first crash line), or None."""
+        tail = console_end(Path(self.records[name].console))
+        return f"guest {name} crashed while coming up" if crashed(tail) else None
+
+    def _crash_kept(self, state: LabState, name: str) -> str:
+        """A crashed guest told to ``on_boot_crash`` (its vmcore taken) before up stops it: the line
+        that ends the error, '' when there is nobody to tell or no crash on its console."""
+        if self.opts.on_boot_crash is None or self._crashed(name) is None:
+            return ""
+        told = self.opts.on_boot_crash(state, name)
+        return f"\n{told}" if told else ""
+
+    def _setup(self, state: LabState, name: str, ep: Endpoint) -> None:
+        """The guest's setup commands; a crash meanwhile ends the wait at once (its vmcore kept)."""
+        try:
+            warm.run_setup(ep, self.lab.guests[name].setup, abort=lambda: self._crashed(name))
+        except GuestError as exc:
+            if self._crashed(name) is None:
+                raise
+            time.sleep(0.5)  # let the rest of the oops reach the log
+            raise GuestError(f"guest {name} crashed during its setup:\n"
+                             f"{console_tail(Path(self.records[name].console))}"
+                             + self._crash_kept(state, name)) from exc
+
+    def _config_failed(self, name: str, console: Path) -> None:
+        """The guest's init said something failed: once it is done saying so (its READY line, or a
+        few seconds), the lab file's settings that failed (exit 2), or why the boot failed.
+
+        :raise LabFileError: naming each failed setting's line. :raise GuestError: otherwise.
+        """
+        self.events.guest_phase(name, "failed")
+        for _ in range(50):
+            data = console.read_bytes()
+            if READY in data or crashed(data) or self.stop.is_set():
+                break
+            time.sleep(0.1)
+        problems = guestconf.config_failures(console.read_bytes(), self.lab.guests[name], self.lab.source)
+        if problems:
+            raise LabFileError(problems)
+        raise GuestError(f"guest {name} failed to boot:\n{console_tail(console)}")
+
     def _wait_guest(self, state: LabState, name: str) -> None:
         rec = self.records[name]
         t0 = time.monotonic()
@@ -107,11 +159,12 @@ class GuestWaiter:
         if rec.extra.get("started_from"):
             self._resume_shared(state, name, t0, deadline)
             return
-        data = self._ready_line(name, deadline)
+        data = self._ready_line(state, name, deadline)
         if data is None:
             return
         self.events.guest_phase(name, "ssh")
         state.drivers[name] = ready_drivers(data)
+        state.offloads[name] = guestconf.offloads(data)
         gdir = Path(rec.dir)
         throwaway = name in self.planner.throwaway
         agent_here = self.backend.guest_agent
@@ -126,7 +179,7 @@ class GuestWaiter:
             with ssh_retry(ep, deadline, self.stop):
                 pass  # the guest answers SSH with the lab's key and pinned host key
             state.ready_seconds[name] = round(time.monotonic() - t0, 2)
-            warm.run_setup(ep, setup)
+            self._setup(state, name, ep)
         if self.opts.saved_states and self.backend.states_on_hosts:
             if throwaway:  # a shared state: its restores' sshd takes its key without starting again
                 why = warm.start_standby(ep)
@@ -185,6 +238,7 @@ class GuestWaiter:
         self.events.guest_phase(name, "ssh")
         warm.adopt(gdir)
         state.drivers[name] = snap.drivers
+        state.offloads[name] = guestconf.offloads(_read(snap.console))
         with ssh_retry(state.endpoint(name), deadline, self.stop):
             pass
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)

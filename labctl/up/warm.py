@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,16 @@ from labctl.up.snapshots import Snapshot
 AGENT_WAIT = 20.0  # the agent starts in the background at boot (it loads virtio_console first)
 STANDBY_WAIT = 20.0  # the agent starts a standby sshd (0.4-0.6 s under TCG, more on a busy host)
 HOST_KEY, BOOT_KEY, BOOT_KNOWN_HOSTS = "ssh_host_ed25519_key", "boot_host_key", "boot_known_hosts"
+CONFIG, STANDBY_RECORD = "guest.conf", "sshd standby"  # the guest's configuration (labctl.up.guestconf)
 # A libvirt class's shared post-boot state (labctl.backends.libvirt.saved.Template): the throwaway
 # client key it authorizes (private, never in a handout) and its throwaway host key's public line.
 SHARED_CLIENT_KEY, SHARED_HOST_PUB = "shared_client_key", "shared_host_key.pub"
 
 
-def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -> None:
-    """Run a guest's ``setup`` commands in order, over SSH.
+def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0,
+              abort: Callable[[], str | None] | None = None) -> None:
+    """Run a guest's ``setup`` commands in order, over SSH (``abort``: polled meanwhile, a reason
+    ends the wait, as :meth:`labctl.ssh.Session.run` says).
 
     :raise GuestError: when one fails (its status and the end of its output).
     """
@@ -59,7 +63,7 @@ def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0) -
         return
     with Session(ep) as s:
         for i, command in enumerate(commands):
-            res = s.run(command, timeout=timeout)
+            res = s.run(command, timeout=timeout, abort=abort)
             if res.status != 0:
                 tail = (res.stderr or res.stdout).decode(errors="replace").strip()[-500:]
                 raise GuestError(f"guest {ep.guest}: setup[{i}] exited with status {res.status}: {command}"
@@ -123,9 +127,17 @@ def boot_with_throwaway(guest_dir: Path, comment: str) -> str:
 
 def boot_with_own_key(guest_dir: Path) -> None:
     """``boot_host_key`` a copy of the guest's own host key: a boot that is not snapshotted
-    (and every later start of its QEMU) comes up with its own key."""
+    (and every later start of its QEMU) comes up with its own key, and with an sshd that listens
+    (a reset that boots it because its snapshot is gone: nobody would hand a standby its key)."""
     atomic_write(guest_dir / BOOT_KEY, (guest_dir / HOST_KEY).read_bytes(), 0o600)
     (guest_dir / (BOOT_KEY + ".pub")).unlink(missing_ok=True)
+    conf = guest_dir / CONFIG
+    try:
+        text = conf.read_text()
+    except OSError:
+        return
+    if STANDBY_RECORD in text.splitlines():
+        atomic_write(conf, "".join(ln for ln in text.splitlines(keepends=True) if ln.strip() != STANDBY_RECORD), 0o644)
 
 
 def write_boot_known_hosts(guest_dir: Path, port: int, public: str = BOOT_KEY + ".pub") -> None:

@@ -67,7 +67,8 @@ def topology_svg(ident: str) -> str:
     record = netstate.load(state.path)
     runtime = runtime_from_state(state.drivers, state.networks, state.hosts,
                                  {g.name: g.state for g in guest_statuses(state)},
-                                 record.impair, record.links, [c.label for c in capture.active(state)])
+                                 record.impair, record.links, [c.label for c in capture.active(state)],
+                                 state.offloads)
     return to_svg(topology(state.resolved, runtime))
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from labctl.backends import get_backend
 from labctl.errors import LabctlError, UsageError
-from labctl.lab import IMPAIR_KEYS, Impairment, parse_impairment
+from labctl.lab import IMPAIR_KEYS, Impairment, nic_addresses, parse_impairment
 from labctl.live import capture, netctl
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.state import LabState, netstate
@@ -227,7 +227,7 @@ class Tools:
                 imp = record.impairment(gname, n["name"])
                 cap = running.get((gname, n["name"]))
                 nics.append({"guest": gname, "nic": n["name"], "network": n.get("network", ""),
-                             "ip": n.get("ip") or "", "link": "up" if record.link_up(gname, n["name"]) else "down",
+                             "ip": ", ".join(nic_addresses(n)), "link": "up" if record.link_up(gname, n["name"]) else "down",
                              "impair": imp.to_dict() if imp else {}, "impair_text": imp.describe() if imp else "",
                              "capture": cap[0] if cap else "", "capture_started": cap[1] if cap else 0})
         return {"nics": nics, "captures": self.saved(ident)}

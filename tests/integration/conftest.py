@@ -82,10 +82,13 @@ def kernel(image: Image) -> Kernel:
 @pytest.fixture(scope="session")
 def tree_kernel() -> Path:
     """A kernel tree built from Debian's linux-source-6.1 with the fragment of
-    tests/labs/valid/tree-kernel.yaml (scripts/test-kernel.sh): about 10 minutes
-    the first time on a 2-core machine, then found in ~/.cache/labctl/test-kernel."""
+    tests/labs/valid/tree-kernel.yaml (scripts/test-kernel.sh): a few minutes the first time
+    on a 2-core machine, then found in the suite's store (~/.cache/labctl-test/test-kernel)."""
+    from tests import isolation
+
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHON": sys.executable}
+    # Built in the suite's store, which outlives the run (tests/isolation.py).
+    env = {**os.environ, "PYTHON": sys.executable, "LABCTL_CACHE_DIR": os.environ[isolation.SUITE_CACHE_ENV]}
     res = subprocess.run(["bash", str(root / "scripts" / "test-kernel.sh")], cwd=root, env=env,
                          capture_output=True, text=True, timeout=3 * 3600, check=False)
     if res.returncode != 0:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import signal
 import subprocess
 import sys
@@ -29,11 +29,17 @@ from labctl.backends.monitor import qmp_execute
 from labctl.kernel.kernel_store import Kernel
 from tests import harness
 from tests.conftest import ROOT, Cli, new_cli
-from tests.integration.conftest import require_libvirtd, wait_for
+from tests.integration.conftest import qemu_pids_under, require_libvirtd, wait_for
 
 LAB = "drgnlab"
 LAB_YAML = (f"name: {LAB}\nnetworks: {{lan: {{}}}}\nguests:\n"
-            "  a: {memory: 512, nics: [{name: eth1, model: e1000, network: lan, ip: 10.88.0.1/24}]}\n")
+            "  a: {memory: 512, nics: [{name: eth1, model: e1000, network: lan, ip: 10.88.0.1/24}]}\n"
+            # graded from the kernel itself: eth1's MTU, and its root qdisc drops nothing
+            "checks:\n"
+            "  - {name: mtu, guest: a, drgn: \"netdev_get_by_name(prog['init_net'], 'eth1').mtu == 1400\"}\n"
+            "  - {name: no-drops, guest: a, drgn: \"netdev_get_by_name(prog['init_net'], 'eth1').qdisc.qstats.drops"
+            " == 0\"}\n"
+            "  - {name: shell, guest: a, command: 'true'}\n")
 PORT = 45678
 
 # What the tests read through drgn, the same code live and on a vmcore: the NIC's MTU, a sysctl
@@ -84,6 +90,10 @@ def lab(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
         yield cli, state
     finally:
         harness.teardown(cli.tracked)
+
+
+# e1000 resets itself on an MTU change: the carrier comes back with its watchdog, up to 2 s later
+CARRIER = "for i in $(seq 100); do [ $(cat /sys/class/net/eth1/carrier) = 1 ] && break; sleep 0.1; done"
 
 
 def guest_sh(cli: Cli, command: str) -> None:
@@ -234,7 +244,7 @@ def test_ctrl_c_during_pause_resumes_the_guest(lab: tuple[Cli, dict[str, Any]]) 
 def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict[str, Any]],
                                                             tmp_path: Path) -> None:
     cli, state = lab
-    guest_sh(cli, f"modprobe buggy_nf trigger_port=4321 && ip link set eth1 mtu 1444 && "
+    guest_sh(cli, f"modprobe buggy_nf trigger_port=4321 && ip link set eth1 mtu 1444 && {CARRIER} && "
                   f"sysctl -qw net.core.somaxconn=3333 && ({LISTEN})")
     live = read(cli, LAB, "a")
     core = tmp_path / "a.vmcore"
@@ -316,14 +326,43 @@ def test_bad_input_is_a_clear_error(lab: tuple[Cli, dict[str, Any]], tmp_path: P
     assert qmp_execute(qmp_of(state), "query-status")["status"] == "running"
 
 
+def test_drgn_checks_pass_and_fail_as_the_kernels_state_changes(lab: tuple[Cli, dict[str, Any]],
+                                                                 tmp_path: Path) -> None:
+    """labctl check grades the lab's drgn checks from the running kernel: eth1's MTU, and the drops
+    of its root qdisc (netem losing every frame drops them; a fresh qdisc drops nothing again)."""
+    cli, _state = lab
+
+    def checks() -> dict[str, dict[str, Any]]:
+        res = cli("check", LAB, "--json", "--out", str(tmp_path), timeout=300)
+        assert res.returncode in (0, 6), res.stderr
+        got = json.loads(res.stdout)
+        assert got["bundle"] is None  # no guest crashed meanwhile
+        return {c["name"]: c for c in got["checks"]}
+
+    guest_sh(cli, "ip link set eth1 mtu 1400")
+    first = checks()
+    assert {n: c["status"] for n, c in first.items()} == {"mtu": "pass", "no-drops": "pass", "shell": "pass"}
+    guest_sh(cli, "ip link set eth1 mtu 1500 && tc qdisc add dev eth1 root netem loss 100% && "
+                  "ip neigh replace 10.88.0.2 lladdr 02:00:00:00:00:02 dev eth1 nud permanent && "
+                  "(ping -c 3 -i 0.2 -W 1 10.88.0.2 || true)")  # frames netem drops, no ARP first
+    then = checks()
+    assert (then["mtu"]["status"], then["no-drops"]["status"], then["shell"]["status"]) == ("fail", "fail", "pass")
+    assert then["mtu"]["detail"] == "netdev_get_by_name(prog['init_net'], 'eth1').mtu is (unsigned int)1500"
+    drops = re.fullmatch(r"netdev_get_by_name\(prog\['init_net'\], 'eth1'\)\.qdisc\.qstats\.drops is \(__u32\)(\d+)",
+                         then["no-drops"]["detail"])
+    assert drops and int(drops.group(1)) >= 1, then["no-drops"]
+    guest_sh(cli, "tc qdisc del dev eth1 root && ip link set eth1 mtu 1400")
+    assert {n: c["status"] for n, c in checks().items()} == {"mtu": "pass", "no-drops": "pass", "shell": "pass"}
+
+
 def test_a_panicked_guests_vmcore_shows_the_crashing_frame_and_its_skb(lab: tuple[Cli, dict[str, Any]],
                                                                         tmp_path: Path) -> None:
     """buggy_nf's NULL dereference on the receive path of one UDP packet the test sends (5 bytes of
-    data: 33 at the IP layer); QEMU told to pause a panicked guest (QMP set-action) rather than
-    end. The vmcore's summary: the crashing task's stack, buggy_nf_count on top of the oops, the
-    skb's fields in its callers. Last of the module's lab: the guest stays crashed."""
+    data: 33 at the IP layer); QEMU pauses a panicked guest (-action panic=pause) rather than end,
+    and nothing else stops it while no labctl watches (the lab idle). The vmcore's summary: the
+    crashing task's stack, buggy_nf_count on top of the oops, the skb's fields in its callers.
+    Last of the module's lab: down then quits the paused QEMU at once."""
     cli, state = lab
-    qmp_execute(qmp_of(state), "set-action", {"panic": "pause"})
     guest_sh(cli, "modprobe buggy_nf trigger_port=4321 && "
                   "(setsid sh -c 'sleep 1; echo boom | nc -u -w1 127.0.0.1 4321' </dev/null >/dev/null 2>&1 &)")
     wait_for(lambda: qmp_execute(qmp_of(state), "query-status")["status"] == "guest-panicked", 120, "the panic")
@@ -341,21 +380,35 @@ def test_a_panicked_guests_vmcore_shows_the_crashing_frame_and_its_skb(lab: tupl
     assert frames[count]["locals"]["st"] == "(struct port_stats *)0x0"
     assert frames[count]["locals"]["len"] == "(unsigned int)33"
     skbs = {v for f in frames[count:] for k, v in f["locals"].items() if k == "skb" and "skb len=" in v}
-    assert skbs and all(v.endswith("(skb len=33 data_len=0 protocol=0x0800 dev=lo)") for v in skbs), skbs
+    assert skbs and all("(skb len=33 data_len=0 protocol=0x0800 dev=lo 127.0.0.1:" in v
+                        and v.endswith(" > 127.0.0.1:4321 udp)") for v in skbs), skbs
     assert "BUG: kernel NULL pointer dereference" in json.loads(res.stdout)["dmesg"]
     text = drgn(cli, "--core", str(core), "--summary")
     assert text.returncode == 0 and "crashed task: pid " in text.stdout
     assert "buggy_nf_count at guest/modules/buggy_nf/buggy_nf.c:45" in text.stdout
+    (status,) = json.loads(cli("status", LAB, "--json").stdout)["labs"]
+    assert [g["state"] for g in status["guests"]] == ["crashed"]
+    t0 = time.monotonic()
+    assert cli("down", LAB, timeout=120).returncode == 0
+    took = time.monotonic() - t0
+    assert qemu_pids_under(cli.state_dir) == []
+    print(f"down of a lab whose guest QEMU holds paused on its panic: {took:.1f} s")
 
 
 @pytest.mark.timeout(3 * 3600)  # a fresh machine builds the tree first
 def test_drgn_on_a_trees_kernel(cli: Cli, image: object, tree_kernel: Path, tmp_path: Path) -> None:
-    """The same on the test kernel built from source: its vmlinux and .ko files are the debug info."""
+    """The same on the test kernel built from source: its vmlinux and .ko files are the debug info;
+    and its lab's drgn check, then a guest crashing during labctl check (sysrq's crash, once the
+    test asks for it): its vmcore in the check's bundle, crash opens it with the tree's vmlinux.
+    TCG: this host's KVM cannot run the test kernel (an emulation failure at its first cmpxchg16b)."""
     lab_file = tmp_path / "tree.yaml"
     lab_file.write_text(f"name: drgntree\nkernel: {{tree: {tree_kernel}}}\nnetworks: {{lan: {{}}}}\n"
                         "guests:\n  a: {memory: 512, nics: [{name: eth1, model: e1000, network: lan, "
-                        "ip: 10.89.0.1/24}]}\n")
-    up = cli("up", str(lab_file), timeout=1800)
+                        "ip: 10.89.0.1/24}]}\n"
+                        "checks:\n  - {name: mtu, guest: a, drgn: \"netdev_get_by_name(prog['init_net'], 'eth1')"
+                        ".mtu == 1321\"}\n"
+                        "  - {name: boom, guest: a, command: 'test ! -e /run/boom || echo c > /proc/sysrq-trigger'}\n")
+    up = cli("up", str(lab_file), "--accel", "tcg", timeout=1800)
     assert up.returncode == 0, up.stderr
     res = cli("exec", "drgntree", "a", "--", "ip link set eth1 mtu 1321", timeout=120)
     assert res.returncode == 0, res.stderr
@@ -374,7 +427,42 @@ def test_drgn_on_a_trees_kernel(cli: Cli, image: object, tree_kernel: Path, tmp_
     res = cli("drgn", "--core", str(core), "-c", code, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["1321", facts["release"]]
-    assert shutil.which("crash") is not None
+    _tree_checks_and_a_crash_during_them(cli, tmp_path)
+
+
+def _tree_checks_and_a_crash_during_them(cli: Cli, tmp_path: Path) -> None:
+    def check() -> dict[str, Any]:
+        res = cli("check", "drgntree", "--json", "--out", str(tmp_path / "runs"), timeout=600)
+        assert res.returncode in (0, 6), res.stderr
+        return dict(json.loads(res.stdout))
+
+    assert [c["status"] for c in check()["checks"]] == ["pass", "pass"]
+    assert cli("exec", "drgntree", "a", "--", "ip link set eth1 mtu 1400", timeout=120).returncode == 0
+    failed = check()["checks"][0]
+    assert failed["status"] == "fail" and failed["detail"].endswith(".mtu is (unsigned int)1400")
+    assert cli("exec", "drgntree", "a", "--", "ip link set eth1 mtu 1321 && touch /run/boom",
+               timeout=120).returncode == 0
+    crashed = check()
+    bundle = Path(crashed["bundle"])
+    assert [c["status"] for c in crashed["checks"]] == ["pass", "error"]
+    assert "guest a crashed: Kernel panic - not syncing: sysrq triggered crash" in crashed["checks"][1]["detail"]
+    (rec,) = json.loads((bundle / "summary.json").read_text())["vmcores"]
+    assert (rec["cause"], rec["when"], rec["file"]) == ("panic", "labctl check", "guests/a/vmcore")
+    core = bundle / "guests" / "a" / "vmcore"
+    assert core.stat().st_mode & 0o777 == 0o600
+    digest = json.loads((bundle / "guests" / "a" / "vmcore.json").read_text())
+    frames = [f["function"] for f in digest["tasks"][0]["frames"]]
+    assert "sysrq_handle_crash" in frames and "write_sysrq_trigger" in frames
+    assert "Guest a panicked during labctl check" in (bundle / "report.md").read_text()
+    (status,) = json.loads(cli("status", "drgntree", "--json").stdout)["labs"]
+    assert [g["state"] for g in status["guests"]] == ["crashed"]
+    vmlinux = Kernel.at(status["guests"][0]["kernel"]["dir"]).vmlinux_debug
+    out = subprocess.run(["crash", "-s", str(vmlinux), str(core)], input="sys\nbt\nquit\n", capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert "PANIC: \"Kernel panic - not syncing: sysrq triggered crash" in out.stdout, out.stdout + out.stderr
+    assert "sysrq_handle_crash" in out.stdout
+    assert cli("down", "drgntree", timeout=120).returncode == 0
+    assert qemu_pids_under(cli.state_dir) == []
 
 
 def test_libvirt_guests_are_read_live_and_refuse_dumps(cli: Cli, image: object, tmp_path: Path) -> None:

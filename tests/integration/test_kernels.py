@@ -100,7 +100,13 @@ def test_a_debian_kernel_next_to_the_images_kernel(cli: Cli, image: object, tmp_
 
 @pytest.mark.timeout(3600)  # a fresh machine downloads (or builds) the kernel first
 def test_nic_driver_cost_runs_on_the_rt_kernel(cli: Cli, image: object, tmp_path: Path) -> None:
-    text = re.sub(r" -t \d+", " -t 3", (ROOT / "labs" / "nic-driver-cost.yaml").read_text())
+    text = re.sub(r" -t \d+", " -t 2", (ROOT / "labs" / "nic-driver-cost.yaml").read_text())
+    # One row of the matrix: the run on the RT kernel is the point; the three NIC models' runs are
+    # test_run_labs.py's (on the image's kernel).
+    for row in ("      - {label: rtl8139, nic: eth1, server: 10.11.0.2}\n",
+                "      - {label: virtio-net-pci, nic: eth3, server: 10.13.0.2}\n"):
+        assert row in text
+        text = text.replace(row, "")
     lab = tmp_path / "nic-driver-cost.yaml"
     lab.write_text(text)
     res = cli("run", str(lab), "--kernel", "debian:6.1.0-56-rt-amd64", "--accel", "tcg",
@@ -117,7 +123,7 @@ def test_nic_driver_cost_runs_on_the_rt_kernel(cli: Cli, image: object, tmp_path
         assert re.fullmatch(r"[0-9a-f]{64}", k["sha256"]["vmlinux.debug"])
         assert "PREEMPT_RT" in k["banner"]
     summary = json.loads((bundle / "summary.json").read_text())
-    assert [s["variant"] for s in summary["steps"]] == ["rtl8139", "e1000", "virtio-net-pci"]
+    assert [s["variant"] for s in summary["steps"]] == ["e1000"]
     for step in summary["steps"]:
         assert step["status"] == "ok"
         client = bundle / step["dir"] / "client"

@@ -51,7 +51,7 @@ SLACK = 5  # datagrams around the end of an iperf3 test that it does not count b
 
 
 def test_ip_fragmentation_reassembly_fails_with_the_loss(cli: Cli, image: object, tmp_path: Path) -> None:
-    bundle, summary = _run(cli, _short("ip-fragmentation.yaml", tmp_path, 5), tmp_path / "runs")
+    bundle, summary = _run(cli, _short("ip-fragmentation.yaml", tmp_path, 3), tmp_path / "runs")
     steps = _variants(summary, "lossy-link")
     assert list(steps) == ["loss-0", "loss-2", "loss-10"]
     reasm = {v: s["guests"]["receiver"]["reassembly"] for v, s in steps.items()}
@@ -95,7 +95,7 @@ def _cpus(step: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_rps_spreads_receive_work_only_when_on(cli: Cli, image: object, tmp_path: Path) -> None:
-    bundle, summary = _run(cli, _short("rps.yaml", tmp_path, 5), tmp_path / "runs")
+    bundle, summary = _run(cli, _short("rps.yaml", tmp_path, 3), tmp_path / "runs")
     steps = _variants(summary, "stream")
     assert list(steps) == ["rps-off", "rps-on", "multiqueue"]
     off, on = _cpus(steps["rps-off"]), _cpus(steps["rps-on"])

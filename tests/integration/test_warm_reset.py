@@ -33,6 +33,8 @@ guests:
     nics:
       - {{name: eth1, model: virtio-net-pci, network: lan, ip: 10.61.0.3/24}}
 """
+#: Every test here that brings this topology up names it "warm": after the first boot, the others start
+#: from its post-boot snapshots (the snapshot's key holds the lab's name), as a class's instances do.
 LINKS = {"a": ["10.61.0.2", "10.61.0.3", "10.62.0.2"], "b": ["10.61.0.1", "10.61.0.3", "10.62.0.1"],
          "c": ["10.61.0.1", "10.61.0.2"]}
 DRIVERS = {"a": {"eth1": "e1000", "eth2": "virtio_net"}, "b": {"eth1": {"8139cp", "8139too"}, "eth2": "virtio_net"},
@@ -62,19 +64,25 @@ def _status(cli: Cli, lab: str) -> dict:
 
 
 def _same_lab_checks(cli: Cli, lab: str) -> dict:
-    """Pings on every link, drivers, SSH, clock; the status table as a comparable dict."""
+    """Pings on every link, drivers, SSH, clock (one exec a guest); the status table as a comparable dict."""
     for guest, addrs in LINKS.items():
-        for ip in addrs:
-            ping = cli("exec", lab, guest, "--", "ping", "-c", "1", "-W", "3", ip)
-            assert ping.returncode == 0, f"{lab}: {guest} -> {ip}: {ping.stdout}{ping.stderr}"
-        for nic, want in DRIVERS[guest].items():
-            line = cli("exec", lab, guest, "--", "ethtool", "-i", nic, check=True).stdout.splitlines()[0]
-            driver = line.split(": ", 1)[1]
-            assert driver in (want if isinstance(want, set) else {want}), (guest, nic, line)
-        # The guest clock is the host's (a restored guest's stopped when it was saved).
+        nics = list(DRIVERS[guest])
+        script = (f"for ip in {' '.join(addrs)}; do ping -c 1 -W 3 $ip >/dev/null && echo ping $ip ok; done; "
+                  f"for nic in {' '.join(nics)}; do echo $nic $(ethtool -i $nic | head -1); done; date +%s.%N")
         before = time.time()
-        guest_now = float(cli("exec", lab, guest, "--", "date", "+%s.%N", check=True).stdout)
+        out = cli("exec", lab, guest, "--", script, check=True).stdout.splitlines()
         after = time.time()
+        for ip in addrs:
+            assert f"ping {ip} ok" in out, f"{lab}: {guest} -> {ip}: {out}"
+        for line in out:
+            nic, _, rest = line.partition(" driver: ")
+            if nic in DRIVERS[guest]:
+                want = DRIVERS[guest][nic]
+                assert rest in (want if isinstance(want, set) else {want}), (guest, nic, line)
+                nics.remove(nic)
+        assert nics == [], (guest, out)
+        # The guest clock is the host's (a restored guest's stopped when it was saved).
+        guest_now = float(out[-1])
         if not before - 1.0 <= guest_now <= after + 1.0:
             why = cli("exec", lab, guest, "--", "dmesg | grep -i 'tsc\\|rtc\\|clocksource'; cat /proc/uptime").stdout
             raise AssertionError(f"{lab} {guest}: clock {guest_now - after:+.3f} s off the host's\n{why}")
@@ -197,79 +205,79 @@ def test_a_guest_keeps_its_two_newest_snapshots_and_one_in_use_is_never_removed(
 
 
 def test_a_crashed_guest_is_reset_while_its_neighbours_keep_pinging(cli: Cli, image: object, tmp_path: Path) -> None:
-    lab = _lab(tmp_path, "rst")
+    lab = _lab(tmp_path, "warm")
     assert cli("up", str(lab), "--accel", "tcg").returncode == 0
-    with _down_after(cli, "rst"):
-        cli("exec", "rst", "a", "--", "ip route add 10.99.0.0/24 via 10.61.0.2 && dd if=/dev/zero of=/root/fill "
+    with _down_after(cli, "warm"):
+        cli("exec", "warm", "a", "--", "ip route add 10.99.0.0/24 via 10.61.0.2 && dd if=/dev/zero of=/root/fill "
             "bs=1M count=64 status=none", check=True)
         # b and c ping each other all through a's reset.
-        back = reset_while_pinging(cli, "rst", "a", "b", "10.61.0.3")
+        back = reset_while_pinging(cli, "warm", "a", "b", "10.61.0.3")
         assert back["guest"] == "a" and back["from"] == "snapshot"
         # a is back at its post-boot state: no route, no file, links working, right clock.
-        assert "10.99.0.0" not in cli("exec", "rst", "a", "--", "ip", "route", check=True).stdout
-        assert cli("exec", "rst", "a", "--", "test", "-e", "/root/fill").returncode == 1
-        statuses = {g["name"]: g["state"] for g in _status(cli, "rst")["guests"]}
+        assert "10.99.0.0" not in cli("exec", "warm", "a", "--", "ip", "route", check=True).stdout
+        assert cli("exec", "warm", "a", "--", "test", "-e", "/root/fill").returncode == 1
+        statuses = {g["name"]: g["state"] for g in _status(cli, "warm")["guests"]}
         assert statuses == {"a": "running", "b": "running", "c": "running"}
-        _same_lab_checks(cli, "rst")
-        gdir = cli.state_dir / "labs" / "rst" / "guests" / "a"
+        _same_lab_checks(cli, "warm")
+        gdir = cli.state_dir / "labs" / "warm" / "guests" / "a"
         assert "sysrq" in (gdir / "console.prev.log").read_text().lower()  # the crash is kept
         # An unknown guest is a usage error.
-        bad = cli("reset", "rst", "zz")
+        bad = cli("reset", "warm", "zz")
         assert bad.returncode == 2 and "no guest 'zz'" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_a_checkpoint_brings_files_and_routes_back(cli: Cli, image: object, tmp_path: Path) -> None:
-    lab = _lab(tmp_path, "ckpt")
+    lab = _lab(tmp_path, "warm")
     assert cli("up", str(lab), "--accel", "tcg").returncode == 0
-    with _down_after(cli, "ckpt"):
-        cli("exec", "ckpt", "a", "--", "echo step3 > /root/notes && ip route add 10.98.0.0/24 via 10.62.0.2",
+    with _down_after(cli, "warm"):
+        cli("exec", "warm", "a", "--", "echo step3 > /root/notes && ip route add 10.98.0.0/24 via 10.62.0.2",
             check=True)
-        cli("exec", "ckpt", "b", "--", "ip link set eth2 mtu 1400", check=True)
-        save = cli("checkpoint", "save", "ckpt", "step3", "--json")
+        cli("exec", "warm", "b", "--", "ip link set eth2 mtu 1400", check=True)
+        save = cli("checkpoint", "save", "warm", "step3", "--json")
         assert save.returncode == 0, save.stderr
         assert json.loads(save.stdout)["guests"] == ["a", "b", "c"]
         # Later changes, on every guest...
-        cli("exec", "ckpt", "a", "--", "rm /root/notes && ip route del 10.98.0.0/24 && touch /root/later", check=True)
-        cli("exec", "ckpt", "b", "--", "ip link set eth2 mtu 1500", check=True)
-        cli("exec", "ckpt", "c", "--", "ip link set eth1 down", check=True)
-        restore = cli("checkpoint", "restore", "ckpt", "step3")
+        cli("exec", "warm", "a", "--", "rm /root/notes && ip route del 10.98.0.0/24 && touch /root/later", check=True)
+        cli("exec", "warm", "b", "--", "ip link set eth2 mtu 1500", check=True)
+        cli("exec", "warm", "c", "--", "ip link set eth1 down", check=True)
+        restore = cli("checkpoint", "restore", "warm", "step3")
         assert restore.returncode == 0, restore.stderr
         # ...are gone.
-        assert cli("exec", "ckpt", "a", "--", "cat", "/root/notes", check=True).stdout == "step3\n"
-        assert cli("exec", "ckpt", "a", "--", "test", "-e", "/root/later").returncode == 1
-        assert "10.98.0.0/24 via 10.62.0.2" in cli("exec", "ckpt", "a", "--", "ip", "route", check=True).stdout
-        assert "mtu 1400" in cli("exec", "ckpt", "b", "--", "ip", "link", "show", "eth2", check=True).stdout
-        _same_lab_checks(cli, "ckpt")
-        listing = json.loads(cli("checkpoint", "list", "ckpt", "--json", check=True).stdout)
+        assert cli("exec", "warm", "a", "--", "cat", "/root/notes", check=True).stdout == "step3\n"
+        assert cli("exec", "warm", "a", "--", "test", "-e", "/root/later").returncode == 1
+        assert "10.98.0.0/24 via 10.62.0.2" in cli("exec", "warm", "a", "--", "ip", "route", check=True).stdout
+        assert "mtu 1400" in cli("exec", "warm", "b", "--", "ip", "link", "show", "eth2", check=True).stdout
+        _same_lab_checks(cli, "warm")
+        listing = json.loads(cli("checkpoint", "list", "warm", "--json", check=True).stdout)
         assert [c["name"] for c in listing["checkpoints"]] == ["step3"]
-        missing = cli("checkpoint", "restore", "ckpt", "nope")
+        missing = cli("checkpoint", "restore", "warm", "nope")
         assert missing.returncode != 0 and "no checkpoint 'nope'" in missing.stderr
-        assert cli("checkpoint", "delete", "ckpt", "step3").returncode == 0
-        assert json.loads(cli("checkpoint", "list", "ckpt", "--json", check=True).stdout)["checkpoints"] == []
+        assert cli("checkpoint", "delete", "warm", "step3").returncode == 0
+        assert json.loads(cli("checkpoint", "list", "warm", "--json", check=True).stdout)["checkpoints"] == []
 
 
 def test_two_instances_are_isolated_and_go_down_alone(cli: Cli, image: object, tmp_path: Path) -> None:
-    lab = _lab(tmp_path, "twin")
+    lab = _lab(tmp_path, "warm")
     for inst in ("alice", "bob"):
         up = cli("up", str(lab), "--accel", "tcg", "--instance", inst)
         assert up.returncode == 0, up.stderr
-    with _down_after(cli, "twin@alice", "twin@bob"):
+    with _down_after(cli, "warm@alice", "warm@bob"):
         labs = {s["lab"]: s for s in json.loads(cli("status", "--json", check=True).stdout)["labs"]}
-        assert set(labs) == {"twin@alice", "twin@bob"}
+        assert set(labs) == {"warm@alice", "warm@bob"}
         ports = [g["ssh"] for s in labs.values() for g in s["guests"]]
         assert len(set(ports)) == 6
         # The second instance restored from the first one's snapshots (instances share them).
-        assert {g["started_from"] for g in labs["twin@bob"]["guests"]} == {"snapshot"}
+        assert {g["started_from"] for g in labs["warm@bob"]["guests"]} == {"snapshot"}
         # The same addresses in both; a marker address on bob's b is reachable from bob's a only.
-        cli("exec", "twin@bob", "b", "--", "ip", "addr", "add", "10.61.0.50/24", "dev", "eth1", check=True)
-        assert cli("exec", "twin@bob", "a", "--", "ping", "-c", "1", "-W", "3", "10.61.0.50").returncode == 0
-        assert cli("exec", "twin@alice", "a", "--", "ping", "-c", "1", "-W", "2", "10.61.0.50").returncode != 0
-        assert cli("exec", "twin@alice", "a", "--", "ping", "-c", "1", "-W", "3", "10.61.0.2").returncode == 0
-        alice_dir = cli.state_dir / "labs" / "twin@alice"
-        assert cli("down", "twin@alice").returncode == 0
+        cli("exec", "warm@bob", "b", "--", "ip", "addr", "add", "10.61.0.50/24", "dev", "eth1", check=True)
+        assert cli("exec", "warm@bob", "a", "--", "ping", "-c", "1", "-W", "3", "10.61.0.50").returncode == 0
+        assert cli("exec", "warm@alice", "a", "--", "ping", "-c", "1", "-W", "2", "10.61.0.50").returncode != 0
+        assert cli("exec", "warm@alice", "a", "--", "ping", "-c", "1", "-W", "3", "10.61.0.2").returncode == 0
+        alice_dir = cli.state_dir / "labs" / "warm@alice"
+        assert cli("down", "warm@alice").returncode == 0
         assert not alice_dir.exists() and qemu_pids_under(alice_dir) == []
-        assert [s["lab"] for s in json.loads(cli("status", "--json", check=True).stdout)["labs"]] == ["twin@bob"]
-        _same_lab_checks(cli, "twin@bob")
+        assert [s["lab"] for s in json.loads(cli("status", "--json", check=True).stdout)["labs"]] == ["warm@bob"]
+        _same_lab_checks(cli, "warm@bob")
 
 
 def test_the_capacity_refusal_starts_nothing(cli: Cli, image: object, tmp_path: Path) -> None:

@@ -63,8 +63,9 @@ def test_guest_config_lines() -> None:
     lines = text.splitlines()
     assert lines[0] == "hostname c"
     assert lines[1] == "nic 52:55:00:00:00:01 mgmt0 10.0.2.15/24"
-    assert lines[2].startswith("nic 52:54:00:") and " eth1 10.10.0.3/24" in lines[2]
+    assert lines[2].startswith("nic 52:54:00:") and " eth1 - " in lines[2]  # its address: an "addr" record
     assert "queues=2" in lines[2]
+    assert "addr 0 eth1 10.10.0.3/24" in lines
     assert not any(line.startswith("sshd ") for line in lines)
     # a boot that becomes the post-boot snapshot with nothing logging in first (guest/init)
     assert "sshd standby" in guestconf.render(lab.guests["c"], "52:55:00:00:00:01", standby_sshd=True).splitlines()

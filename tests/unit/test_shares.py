@@ -163,6 +163,8 @@ def test_a_home_above_a_share_or_below_it(tmp_path: Path) -> None:
 
 def test_system_directories_are_refused_in_a_lab_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", "/root")
+    monkeypatch.delenv("LABCTL_CACHE_DIR", raising=False)  # the suite's run has a cache of its own:
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)  # here labctl's cache is ~/.cache/labctl
     problems = _problems(tmp_path, "      - {host: /etc, mount: /mnt/a}\n"
                                    "      - {host: /, mount: /mnt/b}\n"
                                    "      - {host: ~/.cache, mount: /mnt/c}\n")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from labctl.backends.base import GuestPlan
 from labctl.backends.libvirt.host import QemuUser, guest_run_dir
 from labctl.backends.libvirt.storage import POOL_DIR
-from labctl.backends.qemu.argv import gdb_args, lab_nic_args, mgmt_nic_args
+from labctl.backends.qemu.argv import gdb_args, lab_nic_args, mgmt_nic_args, vlan_carriers
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 EMULATOR = "/usr/bin/qemu-system-x86_64"
@@ -117,10 +117,12 @@ def pin_pci_slot(args: list[str], slot: int) -> list[str]:
 
 def qemu_extra_args(plan: GuestPlan, files: DomainFiles) -> list[str]:
     """What libvirt cannot express: the management NIC, the lab NICs and the gdbstub
-    (a unix socket, as with the qemu backend)."""
+    (a unix socket, as with the qemu backend). A host's QEMU may lose a virtio-net NIC's VLAN
+    filter when it restores a saved state (before 8.1): a NIC that carries VLANs gets none."""
     args = pin_pci_slot(mgmt_nic_args(plan), FIRST_NIC_SLOT)
+    carriers = vlan_carriers(plan.guest)
     for i, nic in enumerate(plan.guest.nics, start=1):
-        args += pin_pci_slot(lab_nic_args(nic, plan.ports[nic.name]), FIRST_NIC_SLOT + i)
+        args += pin_pci_slot(lab_nic_args(nic, plan.ports[nic.name], nic.name not in carriers), FIRST_NIC_SLOT + i)
     return args + gdb_args(files.gdb_socket)
 
 
@@ -210,7 +212,7 @@ def build_domain(plan: GuestPlan, user: QemuUser, security_models: Iterable[str]
     _sub(dom, "clock", offset="utc")
     _sub(dom, "on_poweroff", "destroy")
     _sub(dom, "on_reboot", "destroy")  # -no-reboot, as the qemu backend
-    _sub(dom, "on_crash", "destroy")  # pvpanic: the machine stops, as the qemu backend's
+    _sub(dom, "on_crash", "destroy")  # pvpanic: the machine stops (labctl dumps only the qemu backend's guests)
     _devices(dom, files)
     _seclabels(dom, user, security_models)
     _commandline(dom, qemu_extra_args(plan, files))

@@ -7,9 +7,10 @@ Nothing here touches the host: tests compare the argv directly and
 from __future__ import annotations
 
 import os
+import re
 
 from labctl.backends.base import MGMT_NET, GuestPlan, netdev_id
-from labctl.lab import Nic, export_link, tag
+from labctl.lab import Guest, Nic, export_link, tag
 from labctl.net import Port, TapDev, UdpAddr
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
@@ -28,6 +29,9 @@ QBOOT = "/usr/share/qemu/qboot.rom"
 SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
 
+PANIC_ACTION = ("-action", "panic=pause")
+
+
 def opt(value: object) -> str:
     """Escape a value for a QEMU ``key=value,...`` option (``,`` -> ``,,``)."""
     return str(value).replace(",", ",,")
@@ -40,6 +44,9 @@ def machine_args(plan: GuestPlan) -> list[str]:
     return [*bios,
         "-name", f"guest={opt(plan.guest.name)},process=labctl-{plan.lab}-{plan.guest.name},debug-threads=on",
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-sandbox", SANDBOX,
+        # a panic the guest reports through pvpanic pauses the machine (QMP status guest-panicked)
+        # instead of ending QEMU: its memory is there to dump (labctl.inspect.crashwatch)
+        *PANIC_ACTION,
         "-machine", "pc", "-accel", accel, "-cpu", cpu,
         "-m", str(plan.guest.memory), "-smp", str(plan.guest.cpus),
     ]
@@ -132,9 +139,30 @@ def _dgram_addr(side: str, addr: object) -> str:
     return f"{side}.type=unix,{side}.path={opt(addr)}"
 
 
-def lab_nic_args(nic: Nic, port: Port) -> list[str]:
+def restores_vlan_filter(version: str) -> bool:
+    """Whether QEMU of this ``--version`` line keeps a virtio-net NIC's VLAN filter when it loads a
+    saved state. Before 8.1 it cleared the filter after loading it (``virtio_net_set_features``;
+    QEMU's "virtio-net: do not reset vlan filtering at set_features"), and a guest restored from
+    its post-boot snapshot dropped every tagged frame on such a NIC."""
+    m = re.search(r"version (\d+)\.(\d+)", version)
+    return m is not None and (int(m[1]), int(m[2])) >= (8, 1)
+
+
+def vlan_carriers(guest: Guest) -> set[str]:
+    """The guest's NICs whose device filters VLANs: those with VLANs, and members of a bond with VLANs
+    (the bond adds its VLAN ids to them). A bridge's members need no filter: the bridge makes them
+    promiscuous."""
+    carriers = {n.name for n in guest.nics if n.vlans}
+    return carriers | {m for b in guest.bonds if b.vlans for m in b.members}
+
+
+def lab_nic_args(nic: Nic, port: Port, vlan_filter: bool = True) -> list[str]:
+    """A lab NIC's netdev and device; with ``vlan_filter`` False, a virtio-net NIC without VLAN
+    filtering (``ctrl_vlan=off``: it passes every tag, see :func:`restores_vlan_filter`)."""
     model = nic.nic_model
     device = f"{model.qemu_device},netdev={netdev_id(nic)},mac={nic.mac}"
+    if not vlan_filter and model.qemu_device == "virtio-net-pci":
+        device += ",ctrl_vlan=off"
     if isinstance(port.local, TapDev):
         return ["-netdev", _tap_netdev(nic, port.local), "-device", device + _multiqueue(nic, port.local)]
     netdev = f"dgram,id={netdev_id(nic)},{_dgram_addr('local', port.local)}"
@@ -165,9 +193,12 @@ def _multiqueue(nic: Nic, tap: TapDev) -> str:
     return f",mq=on,vectors={2 * tap.queues + 2}"
 
 
-def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64") -> list[str]:
-    """The complete QEMU command line for ``plan``."""
+def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64", vlan_filter: bool = True) -> list[str]:
+    """The complete QEMU command line for ``plan``; ``vlan_filter`` False: this QEMU loses a virtio-net
+    NIC's VLAN filter when it restores a state, so a NIC that carries VLANs gets none
+    (:func:`restores_vlan_filter`)."""
     argv = [binary, *machine_args(plan), *boot_args(plan), *control_args(plan), *mgmt_nic_args(plan)]
+    carriers = set() if vlan_filter else vlan_carriers(plan.guest)
     for nic in plan.guest.nics:
-        argv += lab_nic_args(nic, plan.ports[nic.name])
+        argv += lab_nic_args(nic, plan.ports[nic.name], nic.name not in carriers)
     return argv + share_args(plan) + incoming_args(plan)

@@ -17,7 +17,7 @@ from typing import Any
 
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir, netdev_id
 from labctl.backends.monitor import qmp_execute
-from labctl.backends.qemu.argv import build_argv, tap_netdev_fds
+from labctl.backends.qemu.argv import build_argv, restores_vlan_filter, tap_netdev_fds
 from labctl.backends.qemu.local_checks import host_checks
 from labctl.errors import MachineError, PortTaken
 from labctl.lab import HostPlace
@@ -60,12 +60,13 @@ class QemuBackend(Backend):
     post_boot_snapshots = True
     guest_agent = True
     shows_argv = True
+    memory_dumps = True
 
     def host_checks(self) -> list[HostCheck]:
         return host_checks()
 
     def command(self, plan: GuestPlan) -> list[str]:
-        return build_argv(plan, QEMU)
+        return build_argv(plan, QEMU, restores_vlan_filter(qemu_version()))
 
     def network_dir(self, run_dir: Path, lab: str, hosts: dict[str, HostPlace] | None) -> NetDir:
         """``net/`` in the run directory: QEMU runs as labctl's own user."""
@@ -160,9 +161,12 @@ class QemuBackend(Backend):
         if not self.alive(rec):
             return
         try:
-            qmp_execute(rec.qmp, "system_powerdown", timeout=3.0)
-            if self._wait_gone(rec, timeout):
-                return
+            # a guest that is not running (paused on a panic, or by gdb) never answers the power
+            # button: QEMU quits at once
+            if qmp_execute(rec.qmp, "query-status", timeout=3.0).get("status") == "running":
+                qmp_execute(rec.qmp, "system_powerdown", timeout=3.0)
+                if self._wait_gone(rec, timeout):
+                    return
             qmp_execute(rec.qmp, "quit", timeout=3.0)
             if self._wait_gone(rec, 3.0):
                 return

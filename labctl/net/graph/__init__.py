@@ -1,4 +1,5 @@
-"""A picture of a lab's topology: guests, their NICs and the networks they join.
+"""A picture of a lab's topology: guests, their NICs (with their addresses and VLANs, and the bonds
+and bridges they are in) and the networks they join.
 
 :func:`topology` turns a resolved lab (``Lab.to_dict()``) and, for a lab that
 is up, optional runtime facts into a small :class:`Topology`. Three renderers
@@ -22,6 +23,7 @@ as missing)::
               "link": "down",            # "up" | "down" (also True/False)
               "impairments": {"delay": "20ms", "loss": "1%"},  # or one string
               "capture": True,           # traffic of this NIC is captured
+              "vlan_offloads": {"rx-vlan-offload": "on"},  # as the guest said them (controls escaped)
             },
           },
         },
@@ -46,9 +48,11 @@ links cross little. The canvas grows with the lab.
 
 from labctl.net.graph.nodes import (
     GuestNode,
+    MasterRow,
     NetworkNode,
     NicRow,
     Topology,
+    VlanRow,
     planned_mechanism,
     runtime_from_state,
     topology,
@@ -58,9 +62,11 @@ from labctl.net.graph.text import to_dot, to_mermaid
 
 __all__ = [
     "GuestNode",
+    "MasterRow",
     "NetworkNode",
     "NicRow",
     "Topology",
+    "VlanRow",
     "planned_mechanism",
     "runtime_from_state",
     "to_dot",

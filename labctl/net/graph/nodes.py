@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labctl.lab import DEFAULT_HOST
+from labctl.lab import DEFAULT_HOST, nic_addresses
 from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP
 from labctl.textsafe import safe_line
 
@@ -21,6 +21,41 @@ MECHANISM_TEXT = {
 }
 # impairments in this order first, any others after them by name
 IMPAIRMENT_ORDER = ("delay", "jitter", "loss", "duplicate", "corrupt", "reorder", "rate", "limit")
+
+@dataclass(frozen=True)
+class VlanRow:
+    """An 802.1Q sub-interface of a NIC, bond or bridge: its id, interface name and addresses."""
+
+    id: int
+    name: str
+    addresses: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """``vlan 10 eth1.10: 10.10.0.1/24, fd00:10::1/64``."""
+        return f"vlan {self.id} {self.name}" + (f": {', '.join(self.addresses)}" if self.addresses else "")
+
+
+@dataclass(frozen=True)
+class MasterRow:
+    """A bond or bridge of a guest's lab NICs."""
+
+    name: str
+    kind: str  # "bond" or "bridge"
+    members: tuple[str, ...]
+    mode: str = ""
+    addresses: tuple[str, ...] = ()
+    vlans: tuple[VlanRow, ...] = ()
+
+    @property
+    def title(self) -> str:
+        """``bond0 active-backup: eth2, eth3`` / ``br0 bridge: eth5, eth6``."""
+        return f"{self.name} {self.mode or self.kind}: {', '.join(self.members)}"
+
+    @property
+    def address_text(self) -> str:
+        return ", ".join(self.addresses) or "no address"
+
 
 @dataclass(frozen=True)
 class NicRow:
@@ -41,6 +76,10 @@ class NicRow:
     link: str | None = None
     impairments: tuple[tuple[str, str], ...] = ()
     captured: bool = False
+    addresses: tuple[str, ...] = ()  # all of them (``ip`` is the first)
+    vlans: tuple[VlanRow, ...] = ()
+    master: str | None = None  # the bond or bridge it is a member of
+    offloads: tuple[tuple[str, str], ...] = ()  # its VLAN offloads, as its guest said them
 
     @property
     def down(self) -> bool:
@@ -54,8 +93,9 @@ class NicRow:
 
     @property
     def address_text(self) -> str:
-        """Address, MTU and queue count as one short line."""
-        parts = [self.ip or "no address"]
+        """Addresses (or the bond or bridge it is in), MTU and queue count as one short line."""
+        parts = [f"in {self.master}" if self.master else ", ".join(self.addresses or ([self.ip] if self.ip else []))
+                 or "no address"]
         if self.mtu is not None:
             parts.append(f"mtu {self.mtu}")
         if self.queues > 1:
@@ -74,6 +114,7 @@ class GuestNode:
     host: str | None = None
     state: str | None = None
     shares: tuple[str, ...] = ()  # "MOUNT (ro)" / "MOUNT (rw)"
+    masters: tuple[MasterRow, ...] = ()  # bonds, then bridges
 
     @property
     def crashed(self) -> bool:
@@ -103,6 +144,7 @@ class NetworkNode:
     description: str = ""
     mechanism: str | None = None
     captured: bool = False
+    tags: tuple[int, ...] = ()  # the VLAN ids its members' NICs carry
 
     @property
     def mechanism_text(self) -> str:
@@ -114,7 +156,8 @@ class NetworkNode:
     @property
     def detail_lines(self) -> list[str]:
         """The lines under the network's name: mechanism, MTU and description (those known)."""
-        lines = [t for t in (self.mechanism_text, f"mtu {self.mtu}" if self.mtu is not None else "") if t]
+        lines = [t for t in (self.mechanism_text, f"mtu {self.mtu}" if self.mtu is not None else "",
+                             "vlans " + ", ".join(str(t) for t in self.tags) if self.tags else "") if t]
         return lines + ([self.description] if self.description else [])
 
 
@@ -202,7 +245,35 @@ def _impairments(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs, key=rank))
 
 
-def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: bool = False) -> NicRow:
+def _vlan_rows(value: object) -> tuple[VlanRow, ...]:
+    out = []
+    for v in value if isinstance(value, Sequence) and not isinstance(value, str) else ():
+        v = _map(v)
+        vid = _int(v.get("id"))
+        if vid is not None:
+            out.append(VlanRow(vid, _str(v.get("name")) or "?", tuple(nic_addresses(v))))
+    return tuple(out)
+
+
+def _master_rows(guest: Mapping[str, Any]) -> tuple[MasterRow, ...]:
+    out = []
+    for kind in ("bonds", "bridges"):
+        value = guest.get(kind)
+        for m in value if isinstance(value, Sequence) and not isinstance(value, str) else ():
+            m = _map(m)
+            members = m.get("members")
+            names = tuple(str(x) for x in members) if isinstance(members, Sequence) and not isinstance(members, str) else ()
+            out.append(MasterRow(_str(m.get("name")) or "?", "bond" if kind == "bonds" else "bridge", names,
+                                 _str(m.get("mode")) or "", tuple(nic_addresses(m)), _vlan_rows(m.get("vlans"))))
+    return tuple(out)
+
+
+def _offloads(value: object) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), _guest_str(v) or "") for k, v in _map(value).items())
+
+
+def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: bool = False,
+             master: str | None = None) -> NicRow:
     """A NIC row: runtime facts first, else what the lab file says (its ``impair``, its network's ``capture``)."""
     return NicRow(
         name=_str(nic.get("name")) or "?",
@@ -216,6 +287,10 @@ def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: boo
         link=_link(facts.get("link")),
         impairments=_impairments(facts["impairments"] if "impairments" in facts else nic.get("impair")),
         captured=_flag(facts.get("capture", facts.get("captured"))) or lab_captured,
+        addresses=tuple(nic_addresses(nic)),
+        vlans=_vlan_rows(nic.get("vlans")),
+        master=master,
+        offloads=_offloads(facts.get("vlan_offloads")),
     )
 
 
@@ -224,9 +299,12 @@ def _guest_node(name: str, guest: Mapping[str, Any], facts: Mapping[str, Any], s
     """A guest; its lab host is shown only when the lab places guests on hosts (runtime's always)."""
     nic_facts = _map(facts.get("nics"))
     nics = [n for n in guest.get("nics") or () if isinstance(n, Mapping)]
-    rows = tuple(_nic_row(n, _map(nic_facts.get(str(n.get("name")))), (name, str(n.get("name"))) in captured)
+    masters = _master_rows(guest)
+    master_of = {member: m.name for m in masters for member in m.members}
+    rows = tuple(_nic_row(n, _map(nic_facts.get(str(n.get("name")))), (name, str(n.get("name"))) in captured,
+                          master_of.get(str(n.get("name"))))
                  for n in nics)
-    return GuestNode(name=name, nics=rows, memory=_int(guest.get("memory")), cpus=_int(guest.get("cpus")),
+    return GuestNode(name=name, nics=rows, masters=masters, memory=_int(guest.get("memory")), cpus=_int(guest.get("cpus")),
                      host=_str(facts.get("host")) or (_str(guest.get("host")) if show_host else None),
                      state=_str(facts.get("state")),
                      shares=tuple(f"{sh.get('mount')} ({'rw' if sh.get('writable') is True else 'ro'})"
@@ -293,9 +371,12 @@ def topology(lab: Mapping[str, Any] | Any, runtime: Mapping[str, Any] | None = N
         facts = _map(rt_nets.get(name))
         mechanism = _str(facts.get("mechanism")) or planned_mechanism(members, lab_hosts, host_uris)
         whole = bool(members) and all(m in captured for m in members)
+        tags = sorted({v.id for g in guests for n in g.nics if n.network == name
+                       for v in (*n.vlans, *(v for m in g.masters if n.name in m.members for v in m.vlans))})
         networks.append(NetworkNode(name=name, members=members, mtu=_int(net.get("mtu")),
                                     description=_str(net.get("description")) or "", mechanism=mechanism,
-                                    captured=_flag(facts.get("capture", facts.get("captured"))) or whole))
+                                    captured=_flag(facts.get("capture", facts.get("captured"))) or whole,
+                                    tags=tuple(tags)))
     return Topology(name=_str(data.get("name")) or "lab", guests=guests, networks=tuple(networks),
                     description=_str(data.get("description")) or "")
 
@@ -316,7 +397,8 @@ def runtime_from_state(drivers: Mapping[str, Mapping[str, str]] | None = None,
                        states: Mapping[str, str] | None = None,
                        impair: Mapping[str, Mapping[str, Any]] | None = None,
                        links: Mapping[str, str] | None = None,
-                       captures: Sequence[str] = ()) -> dict[str, Any]:
+                       captures: Sequence[str] = (),
+                       offloads: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None) -> dict[str, Any]:
     """The runtime dict from what ``labctl up`` records.
 
     :param drivers: ``LabState.drivers`` (guest -> NIC -> driver; '' = unknown).
@@ -327,6 +409,7 @@ def runtime_from_state(drivers: Mapping[str, Mapping[str, str]] | None = None,
         NICs it does not name show none.
     :param links: ``network.json``'s links (``guest.nic`` -> ``down``).
     :param captures: ``guest.nic`` of every capture running.
+    :param offloads: ``LabState.offloads`` (guest -> NIC -> its VLAN offloads).
     """
     guests: dict[str, dict[str, Any]] = {}
     for guest, nics in _map(drivers).items():
@@ -334,6 +417,10 @@ def runtime_from_state(drivers: Mapping[str, Mapping[str, str]] | None = None,
         for nic, driver in _map(nics).items():
             if driver:
                 entry["nics"][str(nic)] = {"driver": str(driver)}
+    for guest, nics in _map(offloads).items():
+        entry = guests.setdefault(str(guest), {"nics": {}})
+        for nic, features in _map(nics).items():
+            entry["nics"].setdefault(str(nic), {})["vlan_offloads"] = dict(_map(features))
     for guest, host in _map(hosts).items():
         if _str(_map(host).get("name")):
             guests.setdefault(str(guest), {"nics": {}})["host"] = str(_map(host)["name"])

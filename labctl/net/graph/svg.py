@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from labctl.net.graph.nodes import GuestNode, NetworkNode, NicRow, Topology
+from labctl.net.graph.nodes import GuestNode, MasterRow, NetworkNode, NicRow, Topology, VlanRow
 from labctl.net.graph.style import (
     BAD_BG,
     BAR_COLOR,
@@ -60,11 +60,16 @@ class _Box:
 
 
 def _nic_h(nic: NicRow) -> float:
-    return ROW_H + (IMPAIR_H if nic.impairments else 0)
+    return ROW_H + (IMPAIR_H if nic.impairments else 0) + IMPAIR_H * len(nic.vlans)
+
+
+def _master_h(m: MasterRow) -> float:
+    return ROW_H + IMPAIR_H * len(m.vlans)
 
 
 def _guest_h(guest: GuestNode) -> float:
-    return HEAD_H + (sum(_nic_h(n) for n in guest.nics) if guest.nics else ROW_H) + 4
+    return (HEAD_H + (sum(_nic_h(n) for n in guest.nics) if guest.nics else ROW_H)
+            + sum(_master_h(m) for m in guest.masters) + 4)
 
 
 def _badges(nic: NicRow) -> list[str]:
@@ -85,7 +90,11 @@ def _guest_w(guest: GuestNode) -> float:
     for nic in guest.nics:
         badges = sum(BADGE_W[b] + 4 for b in _badges(nic))
         need = max(need, sum(len(t) for t, _ in _nic_line1(nic)) * CHAR_WIDTH + badges + 28,
-                   len(nic.address_text) * SMALL_W + 28, len(nic.impairment_text) * SMALL_W + 28)
+                   len(nic.address_text) * SMALL_W + 28, len(nic.impairment_text) * SMALL_W + 28,
+                   *(len(v.text) * SMALL_W + 40 for v in nic.vlans))
+    for m in guest.masters:
+        need = max(need, len(m.title) * CHAR_WIDTH + 28, len(m.address_text) * SMALL_W + 28,
+                   *(len(v.text) * SMALL_W + 40 for v in m.vlans))
     return min(max(need, GUEST_MIN_W), GUEST_MAX_W)
 
 
@@ -229,6 +238,8 @@ def _nic_svg(guest: GuestNode, nic: NicRow, box: _Box, y: float, facing: str) ->
     data = _data(guest=guest.name, nic=nic.name)
     tip = (f"{guest.name}.{nic.name}: {nic.model}" + (f", driver {nic.driver}" if nic.driver else "")
            + f", {nic.address_text}" + (f", mac {nic.mac}" if nic.mac else "") + f", network {nic.network}"
+           + "".join(f", {v.text}" for v in nic.vlans)
+           + (", VLAN offloads " + ", ".join(f"{k} {v}" for k, v in nic.offloads) if nic.offloads else "")
            + (", link down" if nic.down else "") + (", captured" if nic.captured else "")
            + (f", {nic.impairment_text}" if nic.impairments else ""))
     parts = [f'<g class="nic"{data}><title>{_x(tip)}</title>',
@@ -252,13 +263,33 @@ def _nic_svg(guest: GuestNode, nic: NicRow, box: _Box, y: float, facing: str) ->
     parts.append(f'<text x="{_f(box.x + 10)}" y="{_f(y + 15)}" fill="{INK}">{"".join(spans)}</text>')
     room = (box.w - 20) / SMALL_W
     parts.append(_text(box.x + 10, y + 29, _short(nic.address_text, room), fill=MUTED, extra=' font-size="11"'))
+    ly = y + 43
     if nic.impairments:
-        parts.append(_text(box.x + 10, y + 43, _short(nic.impairment_text, room), fill=WARN,
+        parts.append(_text(box.x + 10, ly, _short(nic.impairment_text, room), fill=WARN,
                            extra=' class="impair" font-size="11" font-weight="600"'))
+        ly += IMPAIR_H
+    parts += _vlan_lines(nic.vlans, box, ly, room)
     px = box.x + box.w if facing == "L" else box.x
     color = FAILED_COLOR if nic.down else BAR_COLOR
     parts.append(f'<circle cx="{_f(px)}" cy="{_f(y + ROW_H / 2)}" r="3.5" fill="{color}"/>')
     return parts + ["</g>"]
+
+
+def _vlan_lines(vlans: tuple[VlanRow, ...], box: _Box, y: float, room: float) -> list[str]:
+    """One line per VLAN (``vlan 10 eth1.10: 10.10.0.1/24``), indented, from baseline ``y`` down."""
+    return [_text(box.x + 22, y + IMPAIR_H * i, _short(v.text, room - 2), fill=BAR_COLOR,
+                  extra=' class="vlan" font-size="11"') for i, v in enumerate(vlans)]
+
+
+def _master_svg(guest: GuestNode, m: MasterRow, box: _Box, y: float) -> list[str]:
+    """A bond or bridge: its name, mode or kind and members, then its addresses and VLANs."""
+    tip = f"{guest.name}.{m.title}, {m.address_text}" + "".join(f", {v.text}" for v in m.vlans)
+    room = (box.w - 20) / SMALL_W
+    return [f'<g class="master {m.kind}"{_data(guest=guest.name, iface=m.name)}><title>{_x(tip)}</title>',
+            f'<line x1="{_f(box.x)}" y1="{_f(y)}" x2="{_f(box.x + box.w)}" y2="{_f(y)}" stroke="{GRID_COLOR}"/>',
+            _text(box.x + 10, y + 15, _short(m.title, (box.w - 20) / CHAR_WIDTH), extra=' font-weight="600"'),
+            _text(box.x + 10, y + 29, _short(m.address_text, room), fill=MUTED, extra=' font-size="11"'),
+            *_vlan_lines(m.vlans, box, y + 43, room), "</g>"]
 
 
 def _guest_svg(guest: GuestNode, box: _Box, facing: str, gid: str) -> list[str]:
@@ -289,6 +320,10 @@ def _guest_svg(guest: GuestNode, box: _Box, facing: str, gid: str) -> list[str]:
         cy += _nic_h(nic)
     if not guest.nics:
         parts.append(_text(x + 10, cy + 22, "no lab NICs", fill=MUTED, extra=' font-style="italic"'))
+        cy += ROW_H
+    for m in guest.masters:
+        parts += _master_svg(guest, m, box, cy)
+        cy += _master_h(m)
     dash = ' stroke-dasharray="5 3"' if guest.state == "stopped" else ""
     parts.append(f'<rect x="{_f(x)}" y="{_f(y)}" width="{_f(w)}" height="{_f(h)}" rx="{r:g}" fill="none" '
                  f'stroke="{stroke}" stroke-width="{2 if guest.crashed else 1.2}"{dash}/>')

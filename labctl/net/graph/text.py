@@ -35,7 +35,12 @@ def _dot_guest(guest: GuestNode) -> str:
         cell = f'{line1}<BR ALIGN="LEFT"/><FONT COLOR="{MUTED}">{_h(nic.address_text)}</FONT><BR ALIGN="LEFT"/>'
         if nic.impairments:
             cell += f'<FONT COLOR="{WARN}">{_h(nic.impairment_text)}</FONT><BR ALIGN="LEFT"/>'
+        cell += "".join(f'<FONT COLOR="{BAR_COLOR}">{_h(v.text)}</FONT><BR ALIGN="LEFT"/>' for v in nic.vlans)
         rows.append(f'<TR><TD PORT="p{i}" ALIGN="LEFT" BALIGN="LEFT">{cell}</TD></TR>')
+    for m in guest.masters:
+        cell = f'<B>{_h(m.title)}</B><BR ALIGN="LEFT"/><FONT COLOR="{MUTED}">{_h(m.address_text)}</FONT><BR ALIGN="LEFT"/>'
+        cell += "".join(f'<FONT COLOR="{BAR_COLOR}">{_h(v.text)}</FONT><BR ALIGN="LEFT"/>' for v in m.vlans)
+        rows.append(f'<TR><TD ALIGN="LEFT" BALIGN="LEFT">{cell}</TD></TR>')
     table = (f'<TABLE BORDER="{2 if guest.crashed else 1}" CELLBORDER="0" CELLSPACING="0" CELLPADDING="4" '
              f'COLOR="{color}">' + "".join(rows) + "</TABLE>")
     return f"  {_dot_str('guest:' + guest.name)} [shape=plain, label=<{table}>];"
@@ -90,6 +95,7 @@ def to_mermaid(topo: Topology) -> str:
     out = ["flowchart LR"]
     net_ids = {n.name: f"net{i}" for i, n in enumerate(topo.networks)}
     links: list[tuple[str, str, NicRow]] = []
+    members: list[str] = []  # a bond's or bridge's member NICs, dotted (after the network links)
     styles: list[str] = []
     for gi, g in enumerate(topo.guests):
         gid = f"g{gi}"
@@ -98,10 +104,15 @@ def to_mermaid(topo: Topology) -> str:
         for ni, nic in enumerate(g.nics):
             line1 = " ".join(t for t in (nic.name, nic.model, nic.driver and f"· {nic.driver}",
                                          "[pcap]" if nic.captured else "", "[link down]" if nic.down else "") if t)
-            out.append(f'    {gid}n{ni}["{_m(line1)}<br/>{_m(nic.address_text)}"]')
+            vlans = "".join(f"<br/>{_m(v.text)}" for v in nic.vlans)
+            out.append(f'    {gid}n{ni}["{_m(line1)}<br/>{_m(nic.address_text)}{vlans}"]')
             links.append((f"{gid}n{ni}", nic.network, nic))
         if not g.nics:
             out.append(f'    {gid}none["{_m("no lab NICs")}"]')
+        for mi, m in enumerate(g.masters):
+            vlans = "".join(f"<br/>{_m(v.text)}" for v in m.vlans)
+            out.append(f'    {gid}m{mi}[["{_m(m.title)}<br/>{_m(m.address_text)}{vlans}"]]')
+            members += [f"  {gid}n{ni} -.- {gid}m{mi}" for ni, nic in enumerate(g.nics) if nic.name in m.members]
         out.append("  end")
         if g.crashed:
             styles.append(f"  style {gid} fill:{BAD_BG},stroke:{FAILED_COLOR},stroke-width:2px")
@@ -114,4 +125,4 @@ def to_mermaid(topo: Topology) -> str:
         out.append(f"  {src} {arrow}{label} {net_ids.get(net, 'net_missing')}")
         if nic.down:
             styles.append(f"  linkStyle {k} stroke:{FAILED_COLOR},stroke-width:2px")
-    return "\n".join(out + styles) + "\n"
+    return "\n".join(out + members + styles) + "\n"
