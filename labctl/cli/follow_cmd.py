@@ -86,6 +86,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
         started = time.monotonic()
 
         def done() -> bool:
+            recent.tick()
             return args.duration is not None and time.monotonic() - started >= args.duration
 
         def show(j: Journey) -> None:

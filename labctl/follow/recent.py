@@ -1,8 +1,9 @@
 """The last packets a live follow printed, kept in the lab's run directory for ``labctl serve``'s pages.
 
 ``<run dir>/follow-recent.json`` (0600): the filter-independent record of the last :data:`KEEP` journeys
-(packet, hops with guest, point, device and times, end), written at most every :data:`EVERY` s and when
-the follow ends. The web pages draw them on the topology; ``down`` removes them with the run directory.
+(packet, hops with guest, point, device and times, end), written at most every :data:`EVERY` s (what
+came since is written by the next :meth:`Recent.tick`, which the follow's loop calls) and when the follow
+ends. The web pages draw them on the topology; ``down`` removes them with the run directory.
 """
 
 from __future__ import annotations
@@ -33,10 +34,16 @@ class Recent:
         self.path = path_of(state.path)
         self.items: deque[dict[str, Any]] = deque(maxlen=keep)
         self.written = 0.0
+        self.dirty = False
 
     def add(self, j: Journey) -> None:
         self.items.append({**j.as_dict(), "at": time.time()})
-        if time.monotonic() - self.written >= EVERY:
+        self.dirty = True
+        self.tick()
+
+    def tick(self) -> None:
+        """Write what came since the last write, unless that was less than :data:`EVERY` s ago."""
+        if self.dirty and time.monotonic() - self.written >= EVERY:
             self.flush()
 
     def flush(self) -> None:
@@ -44,7 +51,7 @@ class Recent:
             atomic_write(self.path, json.dumps({"packets": list(self.items)}) + "\n", 0o600)
         except OSError:
             return
-        self.written = time.monotonic()
+        self.written, self.dirty = time.monotonic(), False
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:

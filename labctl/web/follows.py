@@ -89,6 +89,7 @@ class Follows:
             run.packets += 1
 
         def done() -> bool:
+            keep.tick()
             return (run.stop.is_set() or time.time() - run.started > MAX_SECONDS
                     or not run_dir(run.ident).is_dir())
 

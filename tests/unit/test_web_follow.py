@@ -94,3 +94,26 @@ def test_the_last_packets_come_from_the_run_directory(client: TestClient, record
     (run / "follow-recent.json").write_text(json.dumps({"packets": packets}))
     got = client.get("/api/lab/exlab@ann/packets", headers=bearer(owner_token())).json()
     assert [p["id"] for p in got["packets"]] == list(range(3, 13)) and got["running"] is False
+
+
+def test_a_packet_that_follows_another_closely_is_written_by_the_next_tick(tmp_path: Path) -> None:
+    """The page polls the file: the second of two packets 0.1 s apart must not wait for a third."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from labctl.follow import Recent, recent
+
+    class J:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def as_dict(self) -> dict[str, Any]:
+            return {"id": self.i, "packet": "ICMP", "hops": [], "end": {"kind": "dropped"}}
+
+    keep = Recent(cast(Any, SimpleNamespace(path=tmp_path)))
+    keep.add(cast(Any, J(1)))
+    keep.add(cast(Any, J(2)))
+    assert [p["id"] for p in recent.read(tmp_path)] == [1]  # written at most every EVERY s
+    keep.written -= recent.EVERY
+    keep.tick()
+    assert [p["id"] for p in recent.read(tmp_path)] == [1, 2]
