@@ -32,7 +32,7 @@ class Recent:
 
     def __init__(self, state: LabState, keep: int = KEEP) -> None:
         self.path = path_of(state.path)
-        self.items: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.items: deque[dict[str, Any]] = deque(read(self.path.parent), maxlen=keep)  # an earlier follow's too
         self.written = 0.0
         self.dirty = False
 

@@ -1,7 +1,8 @@
 """The routes of following packets from a page (``lab.follow``, :mod:`.authz`; what they do is
 :mod:`.follows`')::
 
-    GET  /api/lab/IDENT/packets           {"running", "filter", "error", "packets": the last ones, newest last}
+    GET  /api/lab/IDENT/packets           {"running", "ready": its probes are on, "filter", "error",
+                                           "packets": the last ones, newest last}
     POST /api/lab/IDENT/follow            {"filter": "icmp"}: follow that on every guest of the instance
     POST /api/lab/IDENT/follow/stop
     POST /api/class/LAB/allow-follow      {"allow": true|false}: the class's students may follow (class.manage)

@@ -38,6 +38,7 @@ class Following:
     stop: threading.Event = field(default_factory=threading.Event)
     error: str = ""
     packets: int = 0
+    ready: bool = False  # the probes are on in every guest: a packet sent from now on is followed
     thread: threading.Thread | None = None
 
 
@@ -73,6 +74,7 @@ class Follows:
             f = Follower(state, get_backend(state.backend), list(state.guests), node, purpose="web-follow")
             f.check()
             f.start()
+            run.ready = True
         except BaseException:
             with self.lock:
                 self.running.pop(ident, None)
@@ -133,7 +135,8 @@ class Follows:
                 run.thread.join(timeout=30)
 
     def view(self, ident: str) -> dict[str, Any]:
-        """What a page shows: whether a follow runs (its filter), the last packets of the instance."""
+        """What a page shows: whether a follow runs (its filter) and is ``ready`` (its probes on: until then
+        a packet sent is not followed, and the page says so), the last packets of the instance."""
         with self.lock:
             run = self.running.get(ident)
             error = self.last_error.get(ident, "")
@@ -141,5 +144,5 @@ class Follows:
             packets = recent.read(run_dir(ident))[-SHOWN:]
         except LabctlError:
             packets = []
-        return {"running": run is not None, "filter": run.filter if run else "", "error": run.error if run else error,
-                "packets": packets}
+        return {"running": run is not None, "ready": run is not None and run.ready, "filter": run.filter if run else "",
+                "error": run.error if run else error, "packets": packets}

@@ -70,7 +70,7 @@ def test_a_student_follows_once_the_trainer_allows(client: TestClient, record: C
     assert r.status_code == 200 and r.json() == {"class": "exlab", "allow_follow": True}
     assert client.get("/api/class/exlab", headers=trainer).json()["allow_follow"] is True
     assert client.get("/api/lab/exlab@ann/packets", headers=ann).json() == {
-        "running": False, "filter": "", "error": "", "packets": []}
+        "running": False, "ready": False, "filter": "", "error": "", "packets": []}
     assert client.get("/api/lab/exlab@ann/packets", headers=bea).status_code == 403  # never another student's
     # a bad filter is refused by name before anything starts; a good one on a lab that is not up: 404
     r = client.post("/api/lab/exlab@ann/follow", headers=ann, json={"filter": "arp"})

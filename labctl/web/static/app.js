@@ -409,7 +409,9 @@ function packetsPanel(ident, topoBox) {
   const list = el('ol', {id: 'packets', reversed: true});
   let shown = '';
   function render(v) {
-    status.textContent = v.running ? `following '${v.filter}' on every guest` : (v.error || 'not following');
+    // a follow being set up (probes going on, several seconds under TCG) does not see packets yet: say so
+    status.textContent = !v.running ? (v.error || 'not following')
+      : v.ready ? `following '${v.filter}' on every guest` : `starting to follow '${v.filter}': probes going on`;
     start.disabled = v.running;
     stop.disabled = !v.running;
     list.replaceChildren(...v.packets.slice().reverse().map((p) => el('li', {
