@@ -19,8 +19,8 @@ live on the same guests:
 
 from __future__ import annotations
 
-OVER_3_MIN = ("one lab of three TCG guests booted and two steps run (130 of 240 s on a host at load 10), then four "
-              "live follows on it (three in a terminal, one from the browser), each putting probes into three guests")
+OVER_3_MIN = ("one lab of three TCG guests booted and two steps run (130 of 240 s on a host at load 10), then three "
+              "live follows on it (two in a terminal, one from the browser), each putting probes into three guests")
 
 import gzip
 import json
@@ -160,11 +160,17 @@ def _follow(cli: Cli, filt: str, count: int, guest: str, command: str, *extra: s
     return [json.loads(line) for line in out if line.strip()], "".join(err)
 
 
-def test_a_ping_is_followed_live_hop_by_hop_through_the_router(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+def test_a_ping_and_a_netfilter_drop_are_followed_live(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    """One live follow: a ping hop by hop through the router, and a datagram to its netfilter rule."""
     cli = lab[0]
     # a's neighbour r made sure first: a request queued for an ARP reply leaves from the softirq, not ping
-    packets, err = _follow(cli, "icmp and host 10.2.0.1", 2, "a", "ping -c 1 -W 5 10.1.0.254 >/dev/null; ping -c 1 10.2.0.1")
-    request, reply = sorted(packets, key=lambda p: "reply" in p["packet"])
+    packets, err = _follow(cli, "(icmp and host 10.2.0.1) or udp port 9", 3, "a",
+                           "ping -c 1 -W 5 10.1.0.254 >/dev/null; ping -c 1 10.2.0.1; echo y | nc -u -w1 10.2.0.1 9; true")
+    (udp,) = [p for p in packets if p["packet"].startswith("UDP")]
+    end = udp["end"]
+    assert (end["kind"], end["guest"], end["reason"]) == ("dropped", "b", "NETFILTER_DROP")
+    assert "nftables rule 'udp dport 9 counter drop' (table inet filter, chain input" in end["text"]
+    request, reply = sorted((p for p in packets if p is not udp), key=lambda p: "reply" in p["packet"])
     assert request["end"]["kind"] == "answered" and request["end"]["guest"] == "b"
     assert reply["end"]["text"].startswith("delivered to ping (pid ") and reply["end"]["guest"] == "a"
     hops = [(h["guest"], h["where"], h.get("dev")) for h in request["hops"]]
@@ -179,14 +185,6 @@ def test_a_ping_is_followed_live_hop_by_hop_through_the_router(lab: tuple[Cli, P
         assert all("seen on the host side at both ends" in h["note"] for h in p["hops"] if h["point"] == "wire")
     assert "clocks mapped onto the host's within" not in err  # --json: the bounds are in the last line
     assert "clock bounds a ±" in err
-
-
-def test_a_netfilter_drop_is_followed_live_to_its_rule(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
-    cli = lab[0]
-    (packet,), _ = _follow(cli, "udp port 9", 1, "a", "echo y | nc -u -w1 10.2.0.1 9; true")
-    end = packet["end"]
-    assert (end["kind"], end["guest"], end["reason"]) == ("dropped", "b", "NETFILTER_DROP")
-    assert "nftables rule 'udp dport 9 counter drop' (table inet filter, chain input" in end["text"]
 
 
 def test_bad_filters_and_guests_are_refused_before_anything_starts(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
