@@ -35,6 +35,16 @@ def pytest_configure(config: pytest.Config) -> None:
         _ISOLATION.append(isolation.isolate(worker=hasattr(config, "workerinput")))
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """--dist loadgroup: a file's tests on one worker, declared groups of files together
+    (tests/xdist_groups.py says why pytest-xdist's own does not, under pytest 9)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_groups import FileGroupScheduling
+
+    return FileGroupScheduling(config, log)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     _BASELINE.append(harness.begin())
 

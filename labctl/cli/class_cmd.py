@@ -10,8 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.backends import get_backend
+from labctl.cli.displays import ClassUpDisplay
 from labctl.cli.lifecycle_cmds import load_with_kernel
-from labctl.cli.ui import ClassUpDisplay, PrepareDisplay, console, out, print_json, safe, warn
+from labctl.cli.ui import PrepareDisplay, console, out, print_json, safe, warn
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
 from labctl.grading import summary
 from labctl.pipeline import check_lab, prepare

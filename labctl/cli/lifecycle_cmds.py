@@ -13,8 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.backends import BACKENDS
+from labctl.cli.displays import StepLines, report_outcome
 from labctl.cli.netview import iface_rows, offload_lines, settings_lines
-from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, console, out, print_json, report_outcome, safe
+from labctl.cli.ui import PrepareDisplay, UpDisplay, console, out, print_json, safe
 from labctl.errors import LabStateError, UsageError
 from labctl.lab import Impairment, Lab, Share, env_trusted, kernels, load_lab
 from labctl.lab import parse_option as parse_share_option

@@ -6,33 +6,10 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import NoReturn
 
-import labctl.cli.bisect_cmd as bisect_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.capture_cmd as capture_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.check_cmd as check_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.class_cmd as class_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.compare_cmd as compare_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.cp_cmd as cp_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.doctor as doctor  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.drgn_cmd as drgn_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.exec_cmd as exec_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.follow_cmd as follow_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.gdb_cmd as gdb_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.graph_cmd as graph_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.images as images  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.impair_cmd as impair_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.kernel_cmd as kernel_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.lifecycle_cmds as lifecycle_cmds  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.link_cmd as link_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.oops_cmd as oops_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.report_cmds as report_cmds  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.restore_cmds as restore_cmds  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.run_cmd as run_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.serve_cmd as serve_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.ssh_cmd as ssh_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.cli.validate_cmd as validate_cmd  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import __version__
 from labctl.cli.ui import error
 from labctl.errors import LabctlError, LabFileError
@@ -41,35 +18,184 @@ from labctl.textsafe import safe_text
 EXIT_INTERRUPTED = 130
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Each command module, in the order `labctl --help` lists them, with the command words it
+# registers: a command imports only its own module (and what that imports), so that `labctl exec`
+# does not pay for bisect, the report and the web server (labctl --version: 0.63 -> 0.1x CPU-s).
+# tests/unit/test_cli_lazy.py checks the words against what each module registers.
+def _validate_cmd() -> ModuleType:
+    import labctl.cli.validate_cmd as module
+    return module
+
+
+def _lifecycle_cmds() -> ModuleType:
+    import labctl.cli.lifecycle_cmds as module
+    return module
+
+
+def _run_cmd() -> ModuleType:
+    import labctl.cli.run_cmd as module
+    return module
+
+
+def _report_cmds() -> ModuleType:
+    import labctl.cli.report_cmds as module
+    return module
+
+
+def _compare_cmd() -> ModuleType:
+    import labctl.cli.compare_cmd as module
+    return module
+
+
+def _bisect_cmd() -> ModuleType:
+    import labctl.cli.bisect_cmd as module
+    return module
+
+
+def _oops_cmd() -> ModuleType:
+    import labctl.cli.oops_cmd as module
+    return module
+
+
+def _gdb_cmd() -> ModuleType:
+    import labctl.cli.gdb_cmd as module
+    return module
+
+
+def _drgn_cmd() -> ModuleType:
+    import labctl.cli.drgn_cmd as module
+    return module
+
+
+def _doctor() -> ModuleType:
+    import labctl.cli.doctor as module
+    return module
+
+
+def _ssh_cmd() -> ModuleType:
+    import labctl.cli.ssh_cmd as module
+    return module
+
+
+def _exec_cmd() -> ModuleType:
+    import labctl.cli.exec_cmd as module
+    return module
+
+
+def _cp_cmd() -> ModuleType:
+    import labctl.cli.cp_cmd as module
+    return module
+
+
+def _check_cmd() -> ModuleType:
+    import labctl.cli.check_cmd as module
+    return module
+
+
+def _class_cmd() -> ModuleType:
+    import labctl.cli.class_cmd as module
+    return module
+
+
+def _capture_cmd() -> ModuleType:
+    import labctl.cli.capture_cmd as module
+    return module
+
+
+def _follow_cmd() -> ModuleType:
+    import labctl.cli.follow_cmd as module
+    return module
+
+
+def _impair_cmd() -> ModuleType:
+    import labctl.cli.impair_cmd as module
+    return module
+
+
+def _link_cmd() -> ModuleType:
+    import labctl.cli.link_cmd as module
+    return module
+
+
+def _graph_cmd() -> ModuleType:
+    import labctl.cli.graph_cmd as module
+    return module
+
+
+def _images() -> ModuleType:
+    import labctl.cli.images as module
+    return module
+
+
+def _kernel_cmd() -> ModuleType:
+    import labctl.cli.kernel_cmd as module
+    return module
+
+
+def _restore_cmds() -> ModuleType:
+    import labctl.cli.restore_cmds as module
+    return module
+
+
+def _serve_cmd() -> ModuleType:
+    import labctl.cli.serve_cmd as module
+    return module
+
+
+MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
+    _validate_cmd: ("validate",),
+    _lifecycle_cmds: ("up", "down", "status",),
+    _run_cmd: ("run",),
+    _report_cmds: ("report", "bundle",),
+    _compare_cmd: ("compare",),
+    _bisect_cmd: ("bisect",),
+    _oops_cmd: ("oops",),
+    _gdb_cmd: ("gdb",),
+    _drgn_cmd: ("drgn", "dump",),
+    _doctor: ("doctor",),
+    _ssh_cmd: ("ssh",),
+    _exec_cmd: ("exec",),
+    _cp_cmd: ("cp",),
+    _check_cmd: ("check", "ssh-config",),
+    _class_cmd: ("class",),
+    _capture_cmd: ("capture",),
+    _follow_cmd: ("follow",),
+    _impair_cmd: ("impair",),
+    _link_cmd: ("link",),
+    _graph_cmd: ("graph",),
+    _images: ("image",),
+    _kernel_cmd: ("kernel",),
+    _restore_cmds: ("reset", "checkpoint", "snapshot",),
+    _serve_cmd: ("serve",),
+}
+COMMANDS: dict[str, Callable[[], ModuleType]] = {word: load for load, words in MODULES.items() for word in words}
+GLOBAL_FLAGS = frozenset({"--debug"})  # options before the command word that take no value
+
+
+def _new_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     p = argparse.ArgumentParser(prog="labctl", description="Kernel-network debugging labs on QEMU guests.")
     p.add_argument("--version", action="version", version=f"labctl {__version__}")
     p.add_argument("--debug", action="store_true", help="log details and show tracebacks")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    validate_cmd.register(sub)
-    lifecycle_cmds.register(sub)
-    run_cmd.register(sub)
-    report_cmds.register(sub)
-    compare_cmd.register(sub)
-    bisect_cmd.register(sub)
-    oops_cmd.register(sub)
-    gdb_cmd.register(sub)
-    drgn_cmd.register(sub)
-    doctor.register(sub)
-    ssh_cmd.register(sub)
-    exec_cmd.register(sub)
-    cp_cmd.register(sub)
-    check_cmd.register(sub)
-    class_cmd.register(sub)
-    capture_cmd.register(sub)
-    follow_cmd.register(sub)
-    impair_cmd.register(sub)
-    link_cmd.register(sub)
-    graph_cmd.register(sub)
-    images.register(sub)
-    kernel_cmd.register(sub)
-    restore_cmds.register(sub)
-    serve_cmd.register(sub)
+    return p, p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole parser: every command's module loaded (--help, a mistyped command, the docs)."""
+    p, sub = _new_parser()
+    for load in MODULES:
+        load().register(sub)
+    return p
+
+
+def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser ``argv`` needs: only its command's module when the command word is known, the
+    whole parser otherwise (help, a mistake: argparse's own messages stay the same)."""
+    words = [a for a in argv if a not in GLOBAL_FLAGS]
+    load = COMMANDS.get(words[0]) if words else None
+    if load is None:
+        return build_parser()
+    p, sub = _new_parser()
+    load().register(sub)
     return p
 
 
@@ -85,8 +211,8 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser_for(argv).parse_args(argv)
     handler = logging.StreamHandler()
     handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])

@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 import labctl.cli.junit_out as junit_out  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+from labctl.cli.displays import StepLines, report_outcome
 from labctl.cli.lifecycle_cmds import add_up_arguments, load_for_up, up_options
-from labctl.cli.ui import PrepareDisplay, StepLines, UpDisplay, report_outcome
+from labctl.cli.ui import PrepareDisplay, UpDisplay
 from labctl.errors import LabctlError, UsageError
 from labctl.pipeline import prepare, run_lab
 

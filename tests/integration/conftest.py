@@ -20,6 +20,7 @@ from labctl.kernel.kernel_store import Kernel
 from labctl.kernel.prepare import initrd as prepare_initrd
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test here ``integration``; and for pytest-xdist (``--dist loadgroup``, as the
     project's pytest options ask), keep each file's tests on one worker (a module's shared lab

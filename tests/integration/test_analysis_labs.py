@@ -25,6 +25,9 @@ from labctl.trace.tef import validate_trace
 from tests.integration.conftest import run_bundle, short_lab
 from tests.integration.test_report_html import CHROMIUM, chromium, png_pixels
 
+OVER_3_MIN = ("two real runs of nic-driver-cost (three NIC models, perf, the whole cost) and skb-latency are "
+              "what the figures are recomputed from; the bundles are shared with test_run_labs.py")
+
 #: The seed labs' bundles (session fixtures) are shared with the other file of this group: one worker.
 pytestmark = pytest.mark.xdist_group("seed-bundles")
 

@@ -31,6 +31,8 @@ from tests import harness
 from tests.conftest import ROOT, Cli, new_cli
 from tests.integration.conftest import qemu_pids_under, require_libvirtd, wait_for
 
+OVER_3_MIN = ("two kernels (Debian's with its 1 GB -dbg, and the test tree's) each booted once; a vmcore "
+              "of 512 MiB written, compressed and read by drgn and crash; a guest crashing during check")
 LAB = "drgnlab"
 LAB_YAML = (f"name: {LAB}\nnetworks: {{lan: {{}}}}\nguests:\n"
             "  a: {memory: 512, nics: [{name: eth1, model: e1000, network: lan, ip: 10.88.0.1/24}]}\n"
@@ -52,6 +54,7 @@ from drgn import cast
 from drgn.helpers.linux.fs import for_each_file
 from drgn.helpers.linux.net import netdev_get_by_name, netdev_priv
 from drgn.helpers.linux.pid import for_each_task
+
 net = prog["init_net"]
 dev = netdev_get_by_name(net, "eth1")
 adapter = netdev_priv(dev, "struct e1000_adapter")

@@ -210,7 +210,7 @@ def test_graph_of_a_running_lab_shows_guest_drivers_escaped() -> None:
 
 
 def test_a_steps_progress_is_printed_literally(capsys: pytest.CaptureFixture[str]) -> None:
-    from labctl.cli.ui import StepLines
+    from labctl.cli.displays import StepLines
 
     StepLines().step_progress("make: 10 programs compiled [bold]x[/bold] \x1b[2J")
     err = capsys.readouterr().err
