@@ -8,12 +8,14 @@ guest kernels (:mod:`labctl.kernel`), backends (:mod:`labctl.backends`), network
 (:mod:`labctl.grading`), courses (:mod:`labctl.training`), steps (:mod:`labctl.steps`), the
 analysis of their files (:mod:`labctl.trace`), the bundle (:mod:`labctl.bundle`), the report
 (:mod:`labctl.report`), kernel debugging (:mod:`labctl.debug`), a guest's kernel seen with drgn
-(:mod:`labctl.inspect`), bisecting a kernel
-(:mod:`labctl.bisect`), a lab packed with its kernels and image into one file (:mod:`labctl.pack`), the browser (:mod:`labctl.web`) and the command line (:mod:`labctl.cli`).
+(:mod:`labctl.inspect`), packets followed through a lab that is up (:mod:`labctl.follow`), bisecting
+a kernel (:mod:`labctl.bisect`), a lab packed with its kernels and image into one file
+(:mod:`labctl.pack`), the browser (:mod:`labctl.web`) and the command line (:mod:`labctl.cli`).
 :mod:`labctl.pipeline` chains the stages. Beside them: every exception (:mod:`labctl.errors`),
 the one way to run a host process (:mod:`labctl.proc`), SSH (:mod:`labctl.ssh`), how the
 library reports progress (:mod:`labctl.events`), paths and safe files (:mod:`labctl.paths`),
-guest text shown safely (:mod:`labctl.textsafe`).
+guest text shown safely (:mod:`labctl.textsafe`), the pcap-filter subset packets are followed by
+(:mod:`labctl.pktfilter`).
 """
 
 __version__ = "0.1.0"

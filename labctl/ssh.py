@@ -230,6 +230,44 @@ class Session:
         finally:
             chan.close()
 
+    def pipe(self, command: str, timeout: float = 30.0) -> Pipe:
+        """Run a long-lived ``command`` whose standard output is read as it comes and whose standard
+        input takes lines (``labctl follow``: a trace's events, clock samples); its stderr is discarded.
+
+        :raise GuestError: when the channel cannot be opened or the command started.
+        """
+        return Pipe(self._exec(command, timeout), self.ep.guest)
+
+
+class Pipe:
+    """A long-lived command on a guest (:meth:`Session.pipe`): quiet for as long as it likes."""
+
+    def __init__(self, chan: paramiko.Channel, guest: str) -> None:
+        self.chan, self.guest = chan, guest
+
+    def send(self, data: bytes) -> None:
+        """:raise GuestError: when the connection is lost."""
+        try:
+            self.chan.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise GuestError(f"the connection to guest {self.guest} was lost: {exc}") from exc
+
+    def recv(self, timeout: float) -> bytes | None:
+        """What arrived within ``timeout`` s (None: nothing yet; b"": the command ended).
+
+        :raise GuestError: when the connection is lost.
+        """
+        try:
+            self.chan.settimeout(max(timeout, 0.001))
+            return bytes(self.chan.recv(1 << 16))
+        except TimeoutError:
+            return None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise GuestError(f"the connection to guest {self.guest} was lost: {exc}") from exc
+
+    def close(self) -> None:
+        self.chan.close()
+
 
 READ_TIMEOUT = 30.0  # one read from a guest's stream
 

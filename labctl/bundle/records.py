@@ -173,6 +173,9 @@ class StepSummary(TypedDict, total=False):
     guests: dict[str, dict[str, Any]]  # guest -> its figures (labctl.trace.analyze.guest_figures)
     cost: dict[str, Any]  # the whole cost (labctl.report.cost)
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
+    drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.drops_report)
+    follow: dict[str, Any]  # the packets the step followed (labctl.report.journeys)
+    bpftrace: dict[str, Any]  # each guest's bpftrace maps and histograms (labctl.report.bpftrace_report)
 
 
 class Summary(TypedDict, total=False):

@@ -10,7 +10,7 @@ guest's interfaces, routes and sysctls as status shows them: :mod:`.netview`),
 :mod:`.bisect_cmd` (bisect), :mod:`.oops_cmd` (oops), :mod:`.gdb_cmd` (gdb), :mod:`.drgn_cmd`
 (drgn, dump), :mod:`.doctor`
 (doctor), :mod:`.ssh_cmd` (ssh), :mod:`.exec_cmd` (exec), :mod:`.cp_cmd` (cp), :mod:`.check_cmd`
-(check), :mod:`.class_cmd` (class), :mod:`.capture_cmd` (capture), :mod:`.impair_cmd` (impair),
+(check), :mod:`.class_cmd` (class), :mod:`.capture_cmd` (capture), :mod:`.follow_cmd` (follow), :mod:`.impair_cmd` (impair),
 :mod:`.link_cmd` (link), :mod:`.graph_cmd` (graph), :mod:`.images` (image), :mod:`.kernel_cmd`
 (kernel), :mod:`.restore_cmds` (reset, checkpoint), :mod:`.serve_cmd` (serve), :mod:`.completion_cmd`
 (completion: the shell's completion script, with the labs that are up and their guests).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +73,8 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="boot every guest, even where a post-boot snapshot would restore it (warm start)")
     p.add_argument("--save-state", action="store_true",
                    help="libvirt: save each guest's post-boot state on its host, for reset (class up always does)")
+    p.add_argument("--no-drops", action="store_true",
+                   help="steps do not record the packets each guest's kernel drops (as drops: false in the lab file)")
     p.add_argument("--overcommit", action="store_true",
                    help="start even when the guests may need more memory than the host has available")
     p.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
@@ -110,6 +113,8 @@ def load_for_up(args: argparse.Namespace) -> Lab:
             lab = lab.with_share(guest, share)
         except ValueError as exc:
             raise UsageError(str(exc) if str(exc).startswith("--share") else f"--share {text}: {exc}") from exc
+    if getattr(args, "no_drops", False):
+        lab = dataclasses.replace(lab, drops=False)
     try:
         return lab.with_instance(args.instance)
     except ValueError as exc:

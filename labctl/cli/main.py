@@ -107,6 +107,11 @@ def _capture_cmd() -> ModuleType:
     return module
 
 
+def _follow_cmd() -> ModuleType:
+    import labctl.cli.follow_cmd as module
+    return module
+
+
 def _impair_cmd() -> ModuleType:
     import labctl.cli.impair_cmd as module
     return module
@@ -165,6 +170,7 @@ MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
     _check_cmd: ("check", "ssh-config",),
     _class_cmd: ("class",),
     _capture_cmd: ("capture",),
+    _follow_cmd: ("follow",),
     _impair_cmd: ("impair",),
     _link_cmd: ("link",),
     _graph_cmd: ("graph",),

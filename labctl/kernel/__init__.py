@@ -9,6 +9,7 @@ a kernel the user built. Owns everything labctl knows about that kernel:
   out-of-tree modules built against a tree (:mod:`.modbuild`);
 * :mod:`.kernel_store` -- prepared kernels in the cache;
 * :mod:`.kconfig` -- reading a kernel's configuration;
+* :mod:`.offsets` -- struct member offsets from its debug info, for probes (drgn, cached);
 * :mod:`.requirements` -- what a lab needs from it: preflight before any
   QEMU starts, and the config fragment a kernel developer merges;
 * :mod:`.lab` -- the kernels of one lab, end to end.
@@ -23,6 +24,7 @@ from __future__ import annotations
 from labctl.kernel import lab, prepare
 from labctl.kernel.kernel_store import Kernel, KernelStore, kernels_root
 from labctl.kernel.lab import default_kernel
+from labctl.kernel.offsets import struct_offsets
 from labctl.kernel.prepare import add_source
 from labctl.kernel.requirements import config_fragment
 
@@ -35,4 +37,5 @@ __all__ = [
     "kernels_root",
     "lab",
     "prepare",
+    "struct_offsets",
 ]

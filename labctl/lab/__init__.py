@@ -4,7 +4,8 @@
 addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and sysctls:
 :mod:`.netconf`; network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
-:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.steps`, their trace section :mod:`.tracespec`,
+:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.steps`, their trace section
+:mod:`.tracespec`, the packets they follow :mod:`.followspec`,
 their templates :mod:`.templates`, their selftests :mod:`.kselftest`; libvirt
 URIs: :mod:`.uri`; which host paths may be used: :mod:`.trust`) into the
 resolved model (:mod:`.model`, :mod:`.nics`; a guest's network settings and their shared views:
@@ -27,6 +28,7 @@ Typical use::
 from labctl.lab import drgnexpr, kernels
 from labctl.lab.addresses import default_mac, mgmt_mac
 from labctl.lab.checker import close_match
+from labctl.lab.followspec import FollowSpec
 from labctl.lab.hosts import HostPlace, host_place, place_guests
 from labctl.lab.ifaces import (
     Address,
@@ -92,6 +94,7 @@ __all__ = [
     "Bond",
     "Bridge",
     "Check",
+    "FollowSpec",
     "GdbStep",
     "Guest",
     "HostPlace",

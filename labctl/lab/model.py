@@ -267,6 +267,7 @@ class Lab:
     kernel: KernelSpec | None = None  # every guest's kernel, unless a guest names its own (None: the image's)
     checks: tuple[Check, ...] = ()
     instance: str | None = None  # one of several copies of the lab on this host (``up --instance``)
+    drops: bool = True  # every step records the skbs each guest's kernel dropped (``drops: false``: not)
 
     @property
     def ident(self) -> str:
@@ -337,4 +338,5 @@ class Lab:
             "steps": [dataclasses.asdict(s) for s in self.steps],
             "checks": [c.to_dict() for c in self.checks],
             "instance": self.instance,
+            "drops": self.drops,
         }

@@ -27,8 +27,12 @@
             kprobes: [ip_rcv]
             mpstat: true
             skb_latency: true           # per-packet stage latency (or {buffer_kb: 16384}); not with ftrace
+            bpftrace: {script: "kprobe:ip_rcv { @[comm] = count(); }"}   # or {file: prog.bt}
             stats: true                 # statistics snapshots before/after (default true)
             capture: [eth1]             # pcapng of these NICs (true: all of a's) in the bundle
+
+A step may follow packets through the lab's kernels and wires (``follow: {filter: ..., guests: [...]}``,
+:mod:`labctl.lab.followspec`) while it runs.
 
 A step may run the kernel's selftests (``kselftest: {tree: DIR, target: net, tests: [...]}``,
 :mod:`labctl.lab.kselftest`) instead of, or after, its ``run`` commands.
@@ -50,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.lab.checker import Checker, close_match
+from labctl.lab.followspec import FollowSpec, parse_follow
 from labctl.lab.ifaces import address_keys
 from labctl.lab.kselftest import Kselftest
 from labctl.lab.kselftest import parse as parse_kselftest
@@ -60,7 +65,8 @@ from labctl.lab.templates import render, yaml_bool, yaml_strings
 from labctl.lab.tracespec import TraceParser, TraceSpec
 from labctl.lab.yamlpos import YamlMap
 
-_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair", "kselftest")
+_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair", "kselftest",
+              "follow")
 MAX_REPEAT = 100
 _GDB_KEYS = ("guest", "break", "hits", "step", "step_mode", "registers", "backtrace", "timeout")
 STEP_MODES = ("line", "into", "instruction")
@@ -110,6 +116,7 @@ class Step:
     repeat: int = 1  # runs of each variant
     impair: tuple[StepImpair, ...] = ()  # impairments for the step's duration
     kselftest: Kselftest | None = None  # the kernel's selftests, run after the commands
+    follow: FollowSpec | None = None  # packets followed through the lab while the step runs
 
     def variants(self) -> list[dict[str, str]]:
         """The matrix rows, or one empty row when the step has no matrix."""
@@ -181,8 +188,8 @@ class StepParser:
         repeat = c.integer(m, "repeat", path, (1, MAX_REPEAT))
         run = self._runs(m, path, known, matrix)
         trace = TraceParser(self.check, self.guests, lambda text, line, where: self._templates(text, known, line, where),
-                            lambda text, check, line, where: self._each_row(text, matrix, check, line, where)
-                            ).parse(m, path)
+                            lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
+                            self.trusted).parse(m, path)
         gdb = self._gdb(m, path, known, matrix)
         impair = step_impairs(c, m, path, lambda text, line, where: self._templates(text, known, line, where),
                               lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
@@ -191,10 +198,12 @@ class StepParser:
         if "kselftest" in m:
             selftests = parse_kselftest(c, m, path, set(self.guests), self.trusted,
                                  lambda text, line, where: self._each_guest(text, known, matrix, line, where))
+        follow = parse_follow(c, m, path, self.guests, lambda text, line, where: self._templates(text, known, line, where),
+                              lambda text, check, line, where: self._each_row(text, matrix, check, line, where))
         if name is None or ("kselftest" in m and selftests is None):
             return None
         return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb,
-                    repeat or 1, impair, selftests)
+                    repeat or 1, impair, selftests, follow)
 
     def _each_guest(self, template: str, known: set[str], matrix: tuple[dict[str, str], ...], line: int,
                     path: str) -> None:

@@ -6,18 +6,23 @@ every problem's line (:class:`TraceParser`), and its templates filled in for a m
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from labctl.lab.checker import Checker, close_match
 from labctl.lab.netopts import trace_capture
 from labctl.lab.specs import GuestSpec
 from labctl.lab.templates import render, yaml_bool, yaml_strings
+from labctl.lab.trust import untrusted_reason
 from labctl.lab.yamlpos import YamlMap
 
-_TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "skb_latency", "stats", "capture")
+_TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "skb_latency", "stats", "capture", "bpftrace")
+_BPFTRACE_KEYS = ("script", "file")
+MAX_SCRIPT = 64 * 1024
 _SKB_LATENCY_KEYS = ("buffer_kb",)
 _PERF_RECORD_KEYS = ("events", "call_graph", "frequency", "target")
 _PERF_STAT_KEYS = ("events",)
@@ -54,6 +59,15 @@ class SkbLatency:
 
 
 @dataclass(frozen=True)
+class Bpftrace:
+    """A bpftrace program run in the guest for the step: its text (from ``script:``, or read from ``file:``,
+    a file of the user's or root's), and where it came from."""
+
+    script: str
+    source: str | None = None  # the file it was read from
+
+
+@dataclass(frozen=True)
 class TraceSpec:
     """What to trace on one guest during a step."""
 
@@ -65,6 +79,7 @@ class TraceSpec:
     stats: bool = True
     skb_latency: SkbLatency | None = None
     capture: tuple[str, ...] = ()  # NIC names whose traffic goes into the bundle as pcapng
+    bpftrace: Bpftrace | None = None
 
 
 def check_filter(value: str) -> str:
@@ -97,6 +112,7 @@ class TraceParser:
     guests: dict[str, GuestSpec]
     templates: Callable[[str, int, str], None]
     each_row: Callable[[str, Any, int, str], bool]
+    trusted: tuple[Path, ...] = ()  # --trust-dir: a bpftrace file: may be under these
 
     def parse(self, m: YamlMap, path: str) -> dict[str, TraceSpec]:
         return self._traces(m, path)
@@ -176,4 +192,40 @@ class TraceParser:
                 c.add(body.key_line("skb_latency"), f"{path}.skb_latency",
                       "skb_latency records with ftrace itself: trace ftrace events in another step")
         return TraceSpec(perf_record, perf_stat, ftrace, yaml_strings(self.check, body, "kprobes", path, _SYMBOL, "function"),
-                         mpstat, yaml_bool(self.check, body, "stats", path, True), skb, trace_capture(c, body, path, guest))
+                         mpstat, yaml_bool(self.check, body, "stats", path, True), skb, trace_capture(c, body, path, guest),
+                         self._bpftrace(body, path))
+
+    def _bpftrace(self, body: YamlMap, path: str) -> Bpftrace | None:
+        """``bpftrace: {script: TEXT}`` or ``{file: PATH}`` (relative to the lab file; the user's or root's)."""
+        sec = self._section(body, "bpftrace", path, _BPFTRACE_KEYS)
+        if sec is None:
+            return None
+        where = f"{path}.bpftrace"
+        script, name = self.check.string(sec, "script", where), self.check.string(sec, "file", where)
+        if (script is None) == (name is None):
+            self.check.add(sec.line, where, "give the program as script: or file:, one of them")
+            return None
+        if name is not None:
+            return self._script_file(name, sec.value_line("file"), f"{where}.file")
+        assert script is not None
+        if len(script.encode()) > MAX_SCRIPT or "\0" in script:
+            self.check.add(sec.value_line("script"), f"{where}.script", f"a program of at most {MAX_SCRIPT} bytes of text")
+            return None
+        return Bpftrace(script)
+
+    def _script_file(self, name: str, line: int, where: str) -> Bpftrace | None:
+        f = (Path(self.check.file).parent / os.path.expanduser(name)).resolve()
+        why = untrusted_reason(f, self.trusted)
+        if why is not None:
+            self.check.add(line, where, f"bpftrace file {f} is not trusted: {why}; pass --trust-dir if you trust it")
+            return None
+        try:
+            data = f.read_bytes()[: MAX_SCRIPT + 1]
+            text = data.decode()
+        except (OSError, UnicodeDecodeError) as exc:
+            self.check.add(line, where, f"cannot read {f}: {getattr(exc, 'strerror', None) or exc}")
+            return None
+        if len(data) > MAX_SCRIPT or "\0" in text:
+            self.check.add(line, where, f"{f}: a program of at most {MAX_SCRIPT} bytes of text")
+            return None
+        return Bpftrace(text, str(f))

@@ -55,7 +55,7 @@ MAX_GUESTS = 64
 MAX_NETWORKS = 64
 
 _TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "hosts", "networks", "guests", "steps",
-             "checks")
+             "checks", "drops")
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description", "capture")
 _GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup", "shares", "bonds", "bridges",
@@ -104,6 +104,9 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
     assign_macs(check, header["name"], nics)
     steps = StepParser(check, guests, trusted).parse(data)
     checks = parse_checks(check, data, set(guests))
+    drops = data.get("drops", True)
+    if not isinstance(drops, bool):
+        check.add(data.value_line("drops"), "drops", "expected true or false")
     if check.problems:
         return None, check.problems
     lab = Lab(
@@ -111,6 +114,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
         backend=header["backend"], description=header["description"],
         networks=_resolve_networks(networks, guests), guests=_resolve_guests(guests, networks),
         text=text, steps=steps, hosts=hosts, kernel=kernel, checks=checks,
+        drops=drops is not False,
     )
     return lab, []
 

@@ -112,8 +112,10 @@ def _qemu_start_second(wall: float) -> int:
     return int(time.mktime(time.gmtime(int(wall))))
 
 
-def start(state: LabState, backend: Backend, guest: str, nic: str, purpose: str = "live") -> Capture:
-    """Start capturing ``guest.nic``: recorded, filter added, timestamps calibrated.
+def start(state: LabState, backend: Backend, guest: str, nic: str, purpose: str = "live",
+          maxlen: int = SNAPLEN) -> Capture:
+    """Start capturing ``guest.nic`` (the first ``maxlen`` bytes of each frame): recorded, filter added,
+    timestamps calibrated.
 
     :raise UsageError: for an unknown NIC. :raise HostError: when the guest runs where labctl
         cannot read captures. :raise MachineError: when QEMU refuses the filter.
@@ -126,7 +128,7 @@ def start(state: LabState, backend: Backend, guest: str, nic: str, purpose: str 
     cap = Capture(cid, guest, nic, netdev, str(backend.capture_dir(rec) / f"{cid}.pcap"), os.getpid(), purpose,
                   log=str(qlog) if qlog else None, log_offset=_size(qlog))
     _save(state, cap)  # recorded before QEMU has anything to remove
-    args = {"qom-type": "filter-dump", "id": cid, "netdev": netdev, "file": cap.file, "maxlen": SNAPLEN}
+    args = {"qom-type": "filter-dump", "id": cid, "netdev": netdev, "file": cap.file, "maxlen": maxlen}
     try:
         for attempt in range(5):  # QEMU's second must be known: add the filter within one wall-clock second
             t0 = time.time()
@@ -278,6 +280,27 @@ class _Stream:
         else:
             self.cap.notes.append(f"{self.cap.label}: the first frame is stamped {t - self.cap.started:+.3f} s "
                                   "from the capture's start; timestamps may be off")
+
+
+class Tail:
+    """A running capture's frames in real time, read as QEMU writes them, piece by piece (``labctl
+    follow``'s wire): each :meth:`read` returns the whole frames written since the last."""
+
+    def __init__(self, cap: Capture) -> None:
+        self.cap, self.stream, self.pos = cap, _Stream(cap), 0
+
+    def read(self, limit: int = 64 * CHUNK) -> list[Frame]:
+        try:
+            with open(self.cap.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read(limit)
+        except FileNotFoundError:
+            return []
+        self.pos += len(data)
+        try:
+            return self.stream.frames(data)
+        except PcapError:
+            return []
 
 
 def description(state: LabState, guest: str, nic: str) -> str:

@@ -6,7 +6,8 @@ figures for ``labctl compare``: the topology and a step's network (:mod:`.networ
 throughput, CPU and driver share (:mod:`.throughput`), the whole cost (:mod:`.cost`), tracepoint
 counts (:mod:`.tracepoints`), flame graphs (:mod:`.flames`, drawn by :mod:`.flamegraph`),
 per-packet latency (:mod:`.latency`), the kernel's selftests (:mod:`.selftest_report`), a guest's
-crash with drgn's view of its vmcore (:mod:`.crashes`), and a
+crash with drgn's view of its vmcore (:mod:`.crashes`), the packets a step followed (:mod:`.journeys`),
+every drop (:mod:`.drops_report`), bpftrace's maps (:mod:`.bpftrace_report`), and a
 step's top symbols, softnet, trace loss and timeline (:mod:`.guest_parts`). summary.json is
 computed one way for ``run`` and ``report`` (:mod:`.run_summary`); one document model
 (:mod:`.document`) is built by the frame (:mod:`.content`) and rendered as Markdown

@@ -46,7 +46,7 @@ from labctl.errors import UsageError
 from labctl.lab import net_settings
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Row, Span, Table, txt
-from labctl.report.registry import compare_groups, headline, step_metrics
+from labctl.report.registry import compare_groups, headline, step_metrics, zero_when_absent
 
 GROUPS = compare_groups()  # each section's tables (labctl.report.sections), in order
 
@@ -160,6 +160,19 @@ def _change(a: float, b: float) -> tuple[float, float | None]:
     return round(b - a, 4), (round(100 * (b - a) / abs(a), 2) if a else None)
 
 
+def _absent_as_zero(values: dict[str, tuple[list[float], list[float]]],
+                    sides: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> None:
+    """A count a section keeps only when non-zero (drops by function) is 0 in the side whose runs all
+    have that section's piece but not the key."""
+    for key, pair in values.items():
+        prefix = next((p for p in zero_when_absent() if key.startswith(p)), None)
+        if prefix is None:
+            continue
+        for side, runs in enumerate(sides):
+            if not pair[side] and runs and all(prefix.rstrip(".") in run for run in runs):
+                pair[side].extend([0.0] * len(runs))
+
+
 def _metric_rows(ra: list[dict[str, Any]], rb: list[dict[str, Any]]) -> list[dict[str, Any]]:
     values: dict[str, tuple[list[float], list[float]]] = {}
     info: dict[str, tuple[str, str, int]] = {}
@@ -172,6 +185,7 @@ def _metric_rows(ra: list[dict[str, Any]], rb: list[dict[str, Any]]) -> list[dic
                     order.append(key)
                 values[key][side].append(value)
                 info[key] = (label, unit, better)
+    _absent_as_zero(values, (ra, rb))
     rows = []
     for key in order:
         va, vb = values[key]

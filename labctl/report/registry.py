@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from labctl.report.bpftrace_report import BpftraceSection
 from labctl.report.cost import CostSection
 from labctl.report.crashes import CrashSection
+from labctl.report.drops_report import DropsSection
 from labctl.report.flames import FlamesSection
 from labctl.report.guest_parts import LossSection, ProfileSection, SoftnetSection, TimelineSection
+from labctl.report.journeys import FollowSection
 from labctl.report.latency import LatencySection
 from labctl.report.network import NetworkSection, TopologySection
 from labctl.report.sections import HeadlineFigure, Metric, ReportSection
@@ -30,6 +33,9 @@ SECTIONS: tuple[ReportSection, ...] = (
     FlamesSection(),
     LatencySection(),
     SelftestSection(),  # each step's selftests; their counts in the results
+    FollowSection(),  # each step's followed packets
+    DropsSection(),  # each step's drops
+    BpftraceSection(),  # each step's bpftrace maps and histograms
     ProfileSection(),
     SoftnetSection(),
     LossSection(),
@@ -45,6 +51,11 @@ def headline() -> tuple[HeadlineFigure, ...]:
 def compare_groups() -> tuple[tuple[str, str], ...]:
     """(key prefix, title) of each table of ``labctl compare``, in order: what every section says."""
     return tuple((prefix, title) for _, prefix, title in sorted(g for s in SECTIONS for g in s.compare_groups))
+
+
+def zero_when_absent() -> tuple[str, ...]:
+    """Key prefixes of counts that are 0 in a run that measured them but has no key (each section's)."""
+    return tuple(p for s in SECTIONS for p in s.zero_when_absent)
 
 
 def step_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:

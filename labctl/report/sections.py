@@ -84,6 +84,7 @@ class ReportSection:
     placement: ClassVar[str] = "body"  # "lead": before the results
     headline: ClassVar[tuple[HeadlineFigure, ...]] = ()
     compare_groups: ClassVar[tuple[CompareGroup, ...]] = ()
+    zero_when_absent: ClassVar[tuple[str, ...]] = ()  # metric key prefixes: absent = 0 where the section ran
 
     def summarize(self, step: StepFiles) -> None:
         """Add this section's keys to the step's summary entry."""

@@ -6,9 +6,11 @@ step's result records.
 =========== =============================================================== ======================
 kind        what                                                            module
 =========== =============================================================== ======================
+drops       every skb each guest's kernel drops (unless ``drops: false``)    :mod:`.follow_kind`
 network     impairments, captures, link changes, all put back after         :mod:`.netstep`
 stats       statistics snapshots before and after                           :mod:`.tracing`
 trace       the tracers of each traced guest                                :mod:`.tracing`
+follow      packets followed through the lab's kernels and wires            :mod:`.follow_kind`
 gdb         a scripted breakpoint session alongside the workload            :mod:`.gdbstep`
 commands    the ``run:`` entries, in order                                  :mod:`.commands`
 kselftest   the kernel's selftests, after the commands                      :mod:`.selftests`
@@ -21,6 +23,7 @@ from collections.abc import Callable
 
 from labctl.lab import Lab, Step
 from labctl.steps.commands import CommandsKind
+from labctl.steps.follow_kind import DropsKind, FollowKind
 from labctl.steps.gdbstep import GdbKind
 from labctl.steps.netstep import NetworkKind
 from labctl.steps.selftests import SelftestsKind
@@ -30,9 +33,11 @@ from labctl.steps.variant import StepKind
 FromStep = Callable[[Lab, Step, dict[str, str]], StepKind | None]
 
 KINDS: tuple[tuple[str, FromStep], ...] = (
+    ("drops", lambda lab, step, row: DropsKind.of(lab)),
     ("network", lambda lab, step, row: NetworkKind.of(lab, step, row)),
     ("stats", lambda lab, step, row: StatsKind.of(lab, step)),
     ("trace", lambda lab, step, row: TracingKind.of(step)),
+    ("follow", lambda lab, step, row: FollowKind.of(lab, step, row)),
     ("gdb", lambda lab, step, row: GdbKind.of(step, row)),
     ("commands", lambda lab, step, row: CommandsKind.of(step, row)),
     ("kselftest", lambda lab, step, row: SelftestsKind.of(step, row)),

@@ -18,7 +18,7 @@ from labctl.errors import GuestError
 from labctl.ssh import Session
 from labctl.state import LabState
 
-TOOLS = ("perf", "trace-cmd", "mpstat", "ethtool", "nstat", "ss", "netstat", "timeout")
+TOOLS = ("perf", "trace-cmd", "mpstat", "ethtool", "nstat", "ss", "netstat", "timeout", "bpftrace")
 
 
 class Sessions:

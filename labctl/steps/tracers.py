@@ -10,6 +10,7 @@ files out cleanly).
 
 from __future__ import annotations
 
+import base64
 import shlex
 from dataclasses import dataclass
 
@@ -31,14 +32,15 @@ class Tracer:
     ``signal`` is how :func:`ready` tells that it records: ``control`` (perf,
     started with its events disabled and enabled through its control FIFO,
     which acknowledges once they are on), ``banner`` (trace-cmd, which prints
-    "Hit Ctrl^C to stop recording" once tracing is on), or "" (starts at once).
+    "Hit Ctrl^C to stop recording" once tracing is on), ``attached`` (bpftrace, whose JSON
+    output says ``attached_probes`` once its probes are in), or "" (starts at once).
     """
 
     name: str  # perf-record, perf-stat, trace-cmd, skb-latency, mpstat
     tool: str  # binary that must exist in the guest
     argv: list[str]
     stdout: str = ""  # file for its standard output (default NAME.log, with stderr)
-    signal: str = ""  # control | banner | ""
+    signal: str = ""  # control | banner | attached | ""
 
 
 def kprobe_events(spec: TraceSpec) -> list[str]:
@@ -153,6 +155,20 @@ class SkbLatencyKind(TraceKind):
         return [skbprobes.remove_command()] if spec.skb_latency is not None else []
 
 
+class BpftraceKind(TraceKind):
+    """``bpftrace``: the step's own eBPF program; its output (maps and histograms printed when it stops) as
+    JSON lines in ``bpftrace.json`` (:mod:`labctl.trace.bpfmaps` reads them)."""
+
+    name = "bpftrace"
+
+    def tracers(self, spec: TraceSpec) -> list[Tracer]:
+        if spec.bpftrace is None:
+            return []
+        b64 = base64.b64encode(spec.bpftrace.script.encode()).decode()
+        write = f"echo {b64} | base64 -d > bpftrace.bt && exec bpftrace -f json bpftrace.bt"
+        return [Tracer("bpftrace", "bpftrace", ["sh", "-c", write], "bpftrace.json", signal="attached")]
+
+
 class MpstatKind(TraceKind):
     """``mpstat``: CPU load, per CPU, every interval."""
 
@@ -165,7 +181,7 @@ class MpstatKind(TraceKind):
 
 
 TRACE_KINDS: tuple[TraceKind, ...] = (PerfRecordKind(), PerfStatKind(), FtraceKind(), KprobesKind(), SkbLatencyKind(),
-                                      MpstatKind())
+                                      BpftraceKind(), MpstatKind())
 """The trace kinds, in the order their tracers start and their output is post-processed."""
 
 
@@ -201,7 +217,7 @@ def _fifos(tracer: Tracer) -> list[str]:
 def start(workdir: str, tracer: Tracer) -> str:
     """Start ``tracer`` in the background in ``workdir``; its pid goes to NAME.pid."""
     # trace-cmd's banner goes to stdout: line-buffered, so it is there as soon as printed
-    inner = "exec " + shlex.join((["stdbuf", "-oL"] if tracer.signal == "banner" else []) + tracer.argv)
+    inner = "exec " + shlex.join((["stdbuf", "-oL"] if tracer.signal in ("banner", "attached") else []) + tracer.argv)
     log = q(tracer.name + ".log")
     redirect = f"> {q(tracer.stdout)} 2> {log}" if tracer.stdout else f"> {log} 2>&1"
     fifos = _fifos(tracer)
@@ -224,6 +240,9 @@ def ready(workdir: str, tracer: Tracer, timeout: int = READY_TIMEOUT) -> str | N
                 f"{alive} || exit 1; sleep 0.1; done; "
                 f"echo enable > {q(ctl)}; "
                 f"while {alive}; do read -r -t 1 answer <&3 && {{ [ \"$answer\" = ack ]; exit; }}; done; exit 1")
+    elif tracer.signal == "attached":
+        wait = (f"until grep -q attached_probes {q(tracer.stdout)} 2>/dev/null; do "
+                f"{alive} || exit 1; sleep 0.1; done")
     elif tracer.signal == "banner":
         wait = (f"until grep -q '^Hit Ctrl^C' {q(tracer.name + '.log')}; do "
                 f"{alive} || exit 1; sleep 0.1; done")

@@ -9,6 +9,9 @@
 * :mod:`.hostcost`: the whole cost of a step (each QEMU on the host, the guest's CPU, per GB);
 * :mod:`.flamefold`: perf script folded into flame graph stacks;
 * :mod:`.ktap`: the kernel's KTAP test output (selftests);
+* :mod:`.hops`, :mod:`.clocks`, :mod:`.journey`, :mod:`.journeyfiles`: packets followed through the lab's kernels and wires;
+* :mod:`.drops`: every skb a guest dropped, as a table; which netfilter rule dropped;
+* :mod:`.bpfmaps`: a bpftrace program's maps and histograms;
 * :mod:`.perfetto`, :mod:`.tracks`, :mod:`.tef`: recordings as Perfetto timelines (Trace Event Format).
 
 The guest commands that produce these files are :mod:`labctl.steps`'.
@@ -21,9 +24,12 @@ Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labc
 
 from __future__ import annotations
 
-from labctl.trace import ktap
+from labctl.trace import bpfmaps, drops, hops, journey, ktap
 from labctl.trace.analyze import guest_figures, step_figures
+from labctl.trace.clocks import Clock
+from labctl.trace.drops import netfilter_note
 from labctl.trace.flamefold import Frame, Stack, guest_flamegraph, read_folded
+from labctl.trace.hops import Event, parse_ipv4, parse_line, parse_text
 from labctl.trace.hostcost import (
     KINDS,
     PERF_DATA,
@@ -37,12 +43,19 @@ from labctl.trace.hostcost import (
     nic_bytes,
     step_cost,
 )
+from labctl.trace.journey import Correlator, Journey, Topology, Wire
+from labctl.trace.journeyfiles import FOLLOW_DIR, FOLLOW_INPUTS, JOURNEY_JSON, JOURNEY_TRACE, follow_inputs
+from labctl.trace.journeyfiles import analyze as analyze_follow
 from labctl.trace.netfigures import capture_figures
 from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
 from labctl.trace.stats import snapshot_commands, write_delta
 from labctl.trace.tef import write_trace
 
 __all__ = [
+    "FOLLOW_DIR",
+    "FOLLOW_INPUTS",
+    "JOURNEY_JSON",
+    "JOURNEY_TRACE",
     "KINDS",
     "PERF_DATA",
     "PERF_LOG",
@@ -52,15 +65,31 @@ __all__ = [
     "TRACE_JSON",
     "WINDOW_END",
     "WINDOW_START",
+    "Clock",
+    "Correlator",
+    "Event",
     "Frame",
+    "Journey",
     "Stack",
+    "Topology",
+    "Wire",
+    "analyze_follow",
+    "bpfmaps",
     "capture_figures",
+    "drops",
+    "follow_inputs",
     "guest_cost",
     "guest_figures",
     "guest_flamegraph",
     "guest_trace",
+    "hops",
+    "journey",
     "ktap",
+    "netfilter_note",
     "nic_bytes",
+    "parse_ipv4",
+    "parse_line",
+    "parse_text",
     "read_folded",
     "snapshot_commands",
     "step_cost",

@@ -5,7 +5,8 @@ live view of labs and classes the pages show (:mod:`.room`) with a class's progr
 :mod:`.tools`), terminals bridging a websocket to an SSH channel (:mod:`.terminal`); the ASGI
 application (:mod:`.app`, assets in ``static/``; headers, tokens and the page shell in :mod:`.http`)
 with its routes grouped by what they serve: the pages (:mod:`.pages`), the JSON and events of
-classes and labs (:mod:`.lab_api`), the engineer's tools (:mod:`.tool_api`), the terminal
+classes and labs (:mod:`.lab_api`), the engineer's tools (:mod:`.tool_api`), packets followed from a page
+(:mod:`.follows`, its routes :mod:`.follow_api`), the terminal
 (:mod:`.term_route`), what they share (:mod:`.serverstate`); and the server around it
 (:mod:`.server`).
 

@@ -25,6 +25,14 @@ The engineer's tools (the owner's token only; a class's tokens get 403)::
     GET  /api/lab/IDENT/captures/ID.pcapng  the saved capture, as an attachment
     POST /api/lab/IDENT/impair            {"guest": G, "nic": N, "impair": {"delay": "20ms"}|null}
     POST /api/lab/IDENT/link              {"guest": G, "nic": N, "up": true|false}
+
+Following packets (the owner, a class's trainer, a student when the trainer allows)::
+
+    GET  /api/lab/IDENT/packets           the last packets followed on the instance, and the follow running
+    POST /api/lab/IDENT/follow            {"filter": "icmp"}: follow that on every guest (one at a time)
+    POST /api/lab/IDENT/follow/stop
+    POST /api/class/LAB/allow-follow      {"allow": true|false}   (trainer, owner)
+
     WS   /ws/term/IDENT/GUEST?mode=rw|ro  the guest's terminal (binary frames both ways;
                                           text frames from the page: {"resize": [cols, rows]})
 
@@ -60,6 +68,7 @@ from labctl.lab import LAB_IDENT
 from labctl.state import run_dir
 from labctl.web.access import resolve
 from labctl.web.authz import LAB_VIEW
+from labctl.web.follow_api import FollowApi
 from labctl.web.http import ASGIApp, SecurityHeaders
 from labctl.web.lab_api import LabApi
 from labctl.web.pages import Pages
@@ -120,6 +129,7 @@ class Server(ServeState):
             self.watcher.cancel()
             self.terminals.close_all()
             await asyncio.to_thread(self.tools.stop_all)
+            await asyncio.to_thread(self.follows.stop_all)
 
 
 def valid_ident(ident: str) -> bool:
@@ -129,7 +139,7 @@ def valid_ident(ident: str) -> bool:
 def build_app(server: Server | None = None) -> ASGIApp:
     """The application, wrapped in the security headers."""
     s = server or Server()
-    pages, api, tools, term = Pages(s.policy), LabApi(s), ToolApi(s), TerminalRoute(s)
+    pages, api, tools, term, follow = Pages(s.policy), LabApi(s), ToolApi(s), TerminalRoute(s), FollowApi(s)
     routes = [
         Route("/", pages.index),
         Route("/class/{lab}", pages.class_page),
@@ -137,6 +147,7 @@ def build_app(server: Server | None = None) -> ASGIApp:
         Route("/api/index", api.api_index),
         Route("/api/class/{lab}", api.api_class),
         Route("/api/class/{lab}/allow-reset", api.api_allow_reset, methods=["POST"]),
+        Route("/api/class/{lab}/allow-follow", follow.api_allow_follow, methods=["POST"]),
         Route("/api/lab/{ident}", api.api_lab),
         Route("/api/lab/{ident}/topology.svg", api.api_topology),
         Route("/api/lab/{ident}/checks", api.api_checks, methods=["POST"]),
@@ -147,6 +158,9 @@ def build_app(server: Server | None = None) -> ASGIApp:
         Route("/api/lab/{ident}/captures/{cid}.pcapng", tools.api_capture_file),
         Route("/api/lab/{ident}/impair", tools.api_impair, methods=["POST"]),
         Route("/api/lab/{ident}/link", tools.api_link, methods=["POST"]),
+        Route("/api/lab/{ident}/packets", follow.api_packets),
+        Route("/api/lab/{ident}/follow", follow.api_follow_start, methods=["POST"]),
+        Route("/api/lab/{ident}/follow/stop", follow.api_follow_stop, methods=["POST"]),
         Route("/api/events", api.events),
         WebSocketRoute("/ws/term/{ident}/{guest}", term.terminal),
         Mount("/static", StaticFiles(directory=static_dir()), name="static"),

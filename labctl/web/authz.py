@@ -13,6 +13,8 @@ action             what                                                 who
 ``lab.reset``      reset a guest of an instance                         whoever reaches it; a student
                                                                         only when the trainer allows
 ``lab.tools``      the engineer's tools (console, captures, links...)   the owner
+``lab.follow``     follow packets on an instance, see the last ones     whoever reaches it; a student
+                                                                        only when the trainer allows
 =================  ==================================================  ============================
 
 Who reaches an instance is the principal's (:meth:`labctl.web.access.Principal.may_reach`): a
@@ -37,17 +39,21 @@ from labctl.web.http import forbidden, same_origin, token_of
 
 INDEX, CLASS_VIEW, CLASS_MANAGE = "index", "class.view", "class.manage"
 LAB_VIEW, LAB_CHECK, LAB_RESET, LAB_TOOLS = "lab.view", "lab.check", "lab.reset", "lab.tools"
+LAB_FOLLOW = "lab.follow"
 CLASS_ACTIONS = (CLASS_VIEW, CLASS_MANAGE)
-ACTIONS = (INDEX, *CLASS_ACTIONS, LAB_VIEW, LAB_CHECK, LAB_RESET, LAB_TOOLS)
+ACTIONS = (INDEX, *CLASS_ACTIONS, LAB_VIEW, LAB_CHECK, LAB_RESET, LAB_TOOLS, LAB_FOLLOW)
 FORBIDDEN = "forbidden"
 NO_RESETS = "your trainer has not allowed resets"
+NO_FOLLOW = "your trainer has not allowed following packets"
 
 
 class Policy:
-    """The rules of the table above; ``allow_reset`` is each class's choice (``class.manage``)."""
+    """The rules of the table above; ``allow_reset`` and ``allow_follow`` are each class's choices
+    (``class.manage``)."""
 
-    def __init__(self, allow_reset: Mapping[str, bool]) -> None:
+    def __init__(self, allow_reset: Mapping[str, bool], allow_follow: Mapping[str, bool] | None = None) -> None:
         self.allow_reset = allow_reset
+        self.allow_follow: Mapping[str, bool] = allow_follow if allow_follow is not None else {}
 
     def authorize(self, who: Principal | None, action: str, instance: str = "") -> str | None:
         """None when ``who`` may do ``action`` on ``instance`` (a class's lab for the ``class``
@@ -64,6 +70,8 @@ class Policy:
             return None if who.kind == OWNER else FORBIDDEN
         if action == LAB_RESET and who.kind == STUDENT and not self.allow_reset.get(who.lab, False):
             return NO_RESETS
+        if action == LAB_FOLLOW and who.kind == STUDENT and not self.allow_follow.get(who.lab, False):
+            return NO_FOLLOW
         return None
 
     def who(self, conn: HTTPConnection) -> Principal | None:

@@ -115,6 +115,7 @@ class Room:
         self.checks: dict[str, ChecksRun] = {}
         self.last_input: dict[str, float] = {}
         self.allow_reset: dict[str, bool] = {}  # class lab -> students may reset their own guests
+        self.allow_follow: dict[str, bool] = {}  # class lab -> students may follow packets on their lab
         self.resetting: dict[str, set[str]] = {}
         self.progress = Progress()
         self.views: dict[str, tuple[float, dict[str, Any]]] = {}  # lab_view's last looks
@@ -204,12 +205,14 @@ class Room:
                                                               "error": ""},
                 "last_input": self.last_input.get(ident, 0.0),
                 "resetting": sorted(self.resetting.get(ident, set())),
-                "allow_reset": self.allow_reset.get(class_lab, False) if class_lab else True}
+                "allow_reset": self.allow_reset.get(class_lab, False) if class_lab else True,
+                "allow_follow": self.allow_follow.get(class_lab, False) if class_lab else True}
 
     def class_view(self, lab: str) -> dict[str, Any]:
         record = ClassRecord.load(lab)
         students = list(record.students)
         return {"class": lab, "allow_reset": self.allow_reset.get(lab, False),
+                "allow_follow": self.allow_follow.get(lab, False),
                 "students": [{"student": s, **self.lab_view(record.ident(s), lab)} for s in students],
                 "progress": self.progress.history(lab, record.created_at).view(students)}
 

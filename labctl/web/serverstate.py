@@ -11,6 +11,7 @@ from typing import Any
 from labctl.errors import LabctlError
 from labctl.training import ClassRecord
 from labctl.web.authz import Policy
+from labctl.web.follows import Follows
 from labctl.web.room import Room
 from labctl.web.terminal import Terminals
 from labctl.web.tools import Tools
@@ -37,8 +38,9 @@ class ServeState:
         self.room = Room()
         self.terminals = Terminals()
         self.tools = Tools()
+        self.follows = Follows()
         self.cache: dict[str, tuple[float, Any]] = {}
-        self.policy = Policy(self.room.allow_reset)
+        self.policy = Policy(self.room.allow_reset, self.room.allow_follow)
 
     def forget(self) -> None:
         """After an action: every view is looked at afresh."""

@@ -263,9 +263,11 @@ function labPage() {
   const checksInner = el('div');
   checksBox.append(checksInner);
   const topoSrc = '/api/lab/' + encodeURIComponent(ident) + '/topology.svg';
-  const topoImg = el('img', {src: topoSrc, alt: 'topology of ' + ident});
-  const topo = el('section', {id: 'topology'}, el('h2', {}, 'Topology'), topoImg);
+  const topoBox = el('div', {id: 'topology-picture'});
+  const topo = el('section', {id: 'topology'}, el('h2', {}, 'Topology'), topoBox);
   let topoState = '';
+  loadTopology(topoSrc, topoBox);
+  let packets = null;
   const handout = el('section', {id: 'handout'}, el('h2', {}, 'Handout'), el('p', {id: 'handout-note', class: 'bad'}),
     el('pre', {id: 'handout-text'}));
   const left = el('div', {class: 'left'}, guestsBox);
@@ -311,13 +313,126 @@ function labPage() {
     if (renderTools && view.up) renderTools(view);
     // the picture shows guests' states, links down, impairments and captures: redrawn when they change
     const now = JSON.stringify([view.guests.map((g) => g.state), view.tools ? view.tools.nics : null]);
-    if (topoState && now !== topoState) topoImg.src = topoSrc + '?v=' + Date.now();
+    if (topoState && now !== topoState) loadTopology(topoSrc + '?v=' + Date.now(), topoBox);
     topoState = now;
+    if (!packets && view.up && (role !== 'student' || view.allow_follow)) {
+      packets = packetsPanel(ident, topoBox);
+      topo.after(packets);
+    }
   }
   fetch('/api/lab/' + encodeURIComponent(ident), {credentials: 'same-origin'})
     .then((r) => r.ok ? r.json() : Promise.reject(new Error('HTTP ' + r.status)))
     .then(render).catch((e) => setLive(e.message, 'bad'));
   subscribe('lab=' + encodeURIComponent(ident), (v) => { v.handout = v.handout_note = undefined; render(v); });
+}
+
+// ---- the topology, inline (so that a followed packet's hops can be lit on it) -----------------
+// The picture is labctl's own SVG (names escaped, no scripts); parsed as XML, never as HTML.
+async function loadTopology(src, box) {
+  try {
+    const r = await fetch(src, {credentials: 'same-origin'});
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+    const doc = new DOMParser().parseFromString(await r.text(), 'image/svg+xml');
+    const svg = doc.documentElement;
+    if (svg.nodeName !== 'svg') throw new Error('not a picture');
+    svg.removeAttribute('width');
+    svg.removeAttribute('height');
+    box.replaceChildren(document.importNode(svg, true));
+    if (box.replay) box.replay();
+  } catch (e) {
+    box.replaceChildren(el('p', {class: 'bad'}, 'topology: ' + e.message));
+  }
+}
+
+// ---- packets followed through the lab, each hop lit in turn on the topology ------------------
+const HOP_MS = 450;
+const esc = (s) => String(s).replace(/["\\]/g, '\\$&');
+
+function hopTargets(svg, hop) {
+  // a guest's hop: the guest and its NIC; a wire hop 'a.eth1 → r.eth1': both NICs' links and the network
+  if (hop.point !== 'wire') {
+    const found = [...svg.querySelectorAll(`g.guest[data-guest="${esc(hop.guest)}"]`)];
+    if (hop.dev) found.push(...svg.querySelectorAll(`g.nic[data-guest="${esc(hop.guest)}"][data-nic="${esc(hop.dev)}"]`));
+    return found;
+  }
+  const found = [];
+  for (const end of hop.where.split(' → ')) {
+    const [guest, nic] = end.split('.');
+    for (const link of svg.querySelectorAll(`path.link[data-guest="${esc(guest)}"][data-nic="${esc(nic || '')}"]`)) {
+      found.push(link, ...svg.querySelectorAll(`g.network[data-network="${esc(link.dataset.network)}"]`));
+    }
+  }
+  return found;
+}
+
+function playPacket(box, p) {
+  const svg = box.querySelector('svg');
+  if (!svg) return;
+  clearTimeout(box.timer);
+  svg.querySelectorAll('.lit, .dropmark, .lostmark').forEach((e) => e.classList.remove('lit', 'dropmark', 'lostmark'));
+  const played = [];
+  svg.dataset.packet = p.id;
+  svg.dataset.played = '';
+  svg.dataset.end = '';
+  const step = (i) => {
+    svg.querySelectorAll('.lit').forEach((e) => e.classList.remove('lit'));
+    if (i >= p.hops.length) {
+      const end = p.end || {};
+      if (end.kind === 'dropped') {
+        svg.querySelectorAll(`g.guest[data-guest="${esc(end.guest)}"]`).forEach((e) => e.classList.add('dropmark'));
+      } else if (end.kind === 'lost') {
+        const nic = (end.text.match(/wire (\S+?)\.(\S+) →/) || []);
+        svg.querySelectorAll(`path.link[data-guest="${esc(nic[1] || '')}"][data-nic="${esc(nic[2] || '')}"]`)
+          .forEach((e) => e.classList.add('lostmark'));
+      }
+      svg.dataset.end = end.kind || '';
+      return;
+    }
+    const hop = p.hops[i];
+    hopTargets(svg, hop).forEach((e) => e.classList.add('lit'));
+    played.push(hop.point === 'wire' ? hop.where : hop.guest);
+    svg.dataset.played = played.filter((x, k) => k === 0 || played[k - 1] !== x).join(',');
+    box.timer = setTimeout(() => step(i + 1), HOP_MS);
+  };
+  box.replay = () => playPacket(box, p);
+  step(0);
+}
+
+function packetsPanel(ident, topoBox) {
+  const base = '/api/lab/' + encodeURIComponent(ident);
+  const filter = el('input', {type: 'text', id: 'follow-filter', value: 'icmp', size: 30, 'aria-label': 'filter (pcap syntax)'});
+  const status = el('span', {id: 'follow-status', class: 'dim'});
+  const start = el('button', {id: 'follow-start', onclick: () => post(base + '/follow', {filter: filter.value})
+    .then(render).catch((e) => { status.textContent = e.message; })}, 'follow');
+  const stop = el('button', {id: 'follow-stop', onclick: () => post(base + '/follow/stop').then(render)
+    .catch((e) => { status.textContent = e.message; })}, 'stop');
+  const list = el('ol', {id: 'packets', reversed: true});
+  let shown = '';
+  function render(v) {
+    // a follow being set up (probes going on, several seconds under TCG) does not see packets yet: say so
+    status.textContent = !v.running ? (v.error || 'not following')
+      : v.ready ? `following '${v.filter}' on every guest` : `starting to follow '${v.filter}': probes going on`;
+    start.disabled = v.running;
+    stop.disabled = !v.running;
+    list.replaceChildren(...v.packets.slice().reverse().map((p) => el('li', {
+      class: 'packet ' + ((p.end || {}).kind || ''), 'data-id': p.id, onclick: () => playPacket(topoBox, p),
+    }, el('b', {}, p.packet), ': ', (p.end || {}).text || '')));
+    const newest = v.packets[v.packets.length - 1];
+    const key = newest ? `${newest.id}@${newest.at}` : '';
+    if (newest && key !== shown) {
+      shown = key;
+      playPacket(topoBox, newest);
+    }
+  }
+  const poll = () => fetch(base + '/packets', {credentials: 'same-origin'})
+    .then((r) => r.ok ? r.json() : Promise.reject(new Error('HTTP ' + r.status))).then(render)
+    .catch((e) => { status.textContent = e.message; });
+  poll();
+  setInterval(poll, 1000);
+  return el('section', {id: 'follow'}, el('h2', {}, 'Packets'),
+    el('p', {}, filter, ' ', start, ' ', stop, ' ', status),
+    el('p', {class: 'dim'}, 'the last packets followed on this lab (here or with labctl follow), newest first; ' +
+      'click one to see its path again'), list);
 }
 
 // ---- the class's progress over time: an inline SVG drawn here (no library) -------------------
@@ -392,11 +507,15 @@ function classPage() {
   const allow = el('input', {type: 'checkbox', id: 'allow-reset'});
   allow.addEventListener('change', () => post(`/api/class/${encodeURIComponent(lab)}/allow-reset`, {allow: allow.checked})
     .catch((e) => alert(e.message)));
+  const allowFollow = el('input', {type: 'checkbox', id: 'allow-follow'});
+  allowFollow.addEventListener('change', () => post(`/api/class/${encodeURIComponent(lab)}/allow-follow`,
+    {allow: allowFollow.checked}).catch((e) => alert(e.message)));
   const table = el('table', {id: 'room'});
   const viewerTitle = el('h2', {id: 'viewer-title'}, 'Terminal');
   const viewer = el('div', {class: 'term', id: 'viewer'}, el('p', {}, 'open a student\'s terminal with “watch” or “help”'));
   const progress = el('div', {id: 'progress-box'});
-  main.replaceChildren(el('p', {}, el('label', {}, allow, ' students may reset their own guests')), table,
+  main.replaceChildren(el('p', {}, el('label', {}, allow, ' students may reset their own guests'), ' ',
+    el('label', {}, allowFollow, ' students may follow packets on their labs')), table,
     el('section', {id: 'progress'}, el('h2', {}, 'Progress: students passing'), progress),
     el('section', {id: 'viewer-box'}, viewerTitle, viewer));
   let lastProgress = null;
@@ -415,6 +534,7 @@ function classPage() {
   function render(view) {
     if (view.error) { table.replaceChildren(el('tr', {}, el('td', {class: 'bad'}, view.error))); return; }
     allow.checked = view.allow_reset;
+    allowFollow.checked = view.allow_follow;
     const guests = [...new Set(view.students.flatMap((s) => s.guests.map((g) => g.name)))];
     const head = el('tr', {}, el('th', {}, 'student'), ...guests.map((g) => el('th', {}, g)),
       el('th', {}, 'checks'), el('th', {}, 'last command'), el('th', {}, ''));

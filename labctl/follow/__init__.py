@@ -1,0 +1,31 @@
+"""Following packets through a lab that is up: probes in every guest's kernel, their clocks, the wire.
+
+Owns the probes that follow packets and catch drops, as guest shell commands (:mod:`.probes`: tracefs
+instances, event probes and kprobes with the filter in the kernel), a following session on some
+guests of a lab (:mod:`.follower`: checks first, clock rounds, wire captures, everything removed
+after), the live follow of ``labctl follow`` (:mod:`.live`), and the drops every step records
+(:mod:`.dropwatch`), the last packets followed for the web pages (:mod:`.recent`). What the events mean, journeys and drop tables, is :mod:`labctl.trace`'s
+(pure); the step kinds that use this are :mod:`labctl.steps`'; the filter language is
+:mod:`labctl.pktfilter`.
+
+Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.up, labctl.training, labctl.pipeline, labctl.bisect, labctl.web
+"""
+
+from __future__ import annotations
+
+from labctl.follow import dropwatch, probes, recent
+from labctl.follow.follower import Follower, libpcap_error, parallel
+from labctl.follow.live import LiveFollow, LiveStats
+from labctl.follow.recent import Recent
+
+__all__ = [
+    "Follower",
+    "LiveFollow",
+    "LiveStats",
+    "Recent",
+    "dropwatch",
+    "libpcap_error",
+    "parallel",
+    "probes",
+    "recent",
+]

@@ -1,0 +1,111 @@
+"""The drops every step records in every guest: ``skb:kfree_skb`` in an instance of labctl's own.
+
+Cheap enough to be on by default: one event probe (:func:`labctl.follow.probes.drop_definition`), no
+filter, enabled in a tracefs instance for the step's span, then read and removed; two SSH commands per
+guest and step, the guests in parallel. Where a kernel has no event probes the tracepoint itself is
+recorded (where as an address, no device or headers); where its debug info is missing, the probe
+goes without the device and the headers. The ruleset (``nft -a list ruleset``) is listed at both
+ends when the guest has nftables, so that a netfilter drop names its rule
+(:func:`labctl.trace.drops.netfilter_note`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+
+import labctl.follow.probes as pr
+from labctl.errors import LabctlError
+from labctl.follow.follower import offsets_of, stale_groups
+from labctl.ssh import Session
+from labctl.state import LabState
+
+_SEQ = itertools.count(1)
+_CAPS: dict[tuple[str, str, str], pr.Caps] = {}
+BEGIN, END = "labctl-ruleset-begin", "labctl-ruleset-end"
+
+
+@dataclass
+class Watch:
+    """One guest's drop recording: its tag, how it records (``probe`` or ``tracepoint``), what it lacks,
+    the ruleset when it started."""
+
+    guest: str
+    tag: str
+    mode: str
+    notes: list[str]
+    ruleset: str = ""
+
+
+def _caps(state: LabState, guest: str, session: Session) -> tuple[pr.Caps, list[str]]:
+    """The guest's tracefs capabilities and the stale groups of a killed labctl there (asked once per
+    lab, guest and kernel in this process: a later step finds what this one left)."""
+    key = (str(state.path), guest, state.kernels.get(guest, ""))
+    if key in _CAPS:
+        return _CAPS[key], []
+    caps = pr.Caps.parse(session.run(pr.caps_command(), timeout=60).stdout.decode(errors="replace"))
+    _CAPS[key] = caps
+    return caps, stale_groups(caps)
+
+
+def start(state: LabState, guest: str, session: Session) -> Watch | None:
+    """Start recording ``guest``'s drops; None when its kernel has no tracefs (nothing to record with).
+
+    :raise GuestError: when the guest cannot be reached.
+    """
+    caps, stale_tags = _caps(state, guest, session)
+    if not caps.tracefs:
+        return None
+    tag = f"d{os.getpid()}x{next(_SEQ)}"
+    notes: list[str] = []
+    stale = "; ".join(pr.remove_command(t) for t in stale_tags)
+    ruleset = (f"command -v nft >/dev/null && {{ echo {BEGIN}; {pr.RULESET}; echo {END}; }}",)
+    if caps.eprobes:
+        try:
+            off: dict[str, int] | None = offsets_of(state, guest)
+        except LabctlError as exc:
+            off = None
+            notes.append(f"no device or headers: {exc.message}")
+        if not caps.reason:
+            notes.append("no drop reasons (a kernel before 6.0)")
+        definition = pr.drop_definition(pr.PREFIX + tag, off, caps.reason, caps.symbol)
+        cmd = pr.setup_command(tag, [definition], {}, pr.DROPS_BUFFER_KB, ruleset)
+        mode = "probe"
+    else:
+        notes.append("the kernel has no event probes (Linux 5.15+): locations as addresses, no device or headers")
+        cmd = pr.tracepoint_setup_command(tag, pr.DROPS_BUFFER_KB, ruleset)
+        mode = "tracepoint"
+    out = session.run((stale + "; " if stale else "") + cmd, timeout=120).stdout.decode(errors="replace")
+    enabled, refused = pr.results(out)
+    watch = Watch(guest, tag, mode, notes, _between(out))
+    if not enabled:
+        notes.append(f"the kernel refused the drop probe ({', '.join(refused)})")
+        session.run(pr.remove_command(tag), timeout=60)
+        watch.mode = ""
+    return watch
+
+
+def finish(watch: Watch, session: Session) -> tuple[str, int, str]:
+    """Stop, read and remove: the recorded text, the events it had no room for, the ruleset now.
+
+    :raise GuestError: when the guest cannot be reached.
+    """
+    if not watch.mode:
+        return "", 0, ""
+    cmd = (pr.read_command(watch.tag) + f"; command -v nft >/dev/null && {{ echo {BEGIN}; {pr.RULESET}; echo {END}; }}; "
+           + pr.remove_command(watch.tag))
+    out = session.run(cmd, timeout=300).stdout.decode(errors="replace")
+    ruleset = _between(out)
+    body = out.partition(BEGIN)[0]
+    text, _, tail = body.rpartition("labctl-lost ")
+    try:
+        lost = int(tail.split()[0])
+    except (ValueError, IndexError):
+        text, lost = body, 0
+    return text, lost, ruleset
+
+
+def _between(text: str) -> str:
+    _, found, rest = text.partition(BEGIN + "\n")
+    return rest.partition(END)[0] if found else ""

@@ -1,0 +1,380 @@
+"""Following packets on some guests of a lab that is up: the probes in each guest, their clocks, the wire.
+
+:class:`Follower` is used by ``labctl follow`` (live, :mod:`.live`) and by a step's ``follow:``
+(:mod:`labctl.steps.follow_kind`). It
+
+1. checks every guest first (tracefs, event probes, kprobes, the kernel's struct offsets) and
+   refuses before anything starts when one cannot follow;
+2. removes what a killed labctl left in a guest (its event groups and instances), defines the
+   probes of :mod:`.probes` with the filter as each event's kernel filter, and enables them in an
+   instance of its own;
+3. takes rounds of clock samples (:meth:`sync`): the host writes ``R.I`` on one SSH channel, the
+   guest writes the marker ``labctl-sync R.I`` into the instance and answers; the marker's time
+   in the guest lies between the host's send and receive (:class:`labctl.trace.journey.Clock`);
+4. captures each followed NIC on the host side (QEMU's filter-dump, the first
+   :data:`WIRE_SNAPLEN` bytes of each frame) for the wire hops;
+5. removes everything again (:meth:`stop`), also after an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import labctl.follow.probes as pr
+from labctl import paths
+from labctl.backends import Backend
+from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
+from labctl.kernel import struct_offsets
+from labctl.live import capture
+from labctl.pktfilter import Node, kernel_filter
+from labctl.ssh import Pipe, Session
+from labctl.state import LabState, netstate
+from labctl.trace import Clock, Event, Topology, Wire, hops, parse_ipv4
+
+log = logging.getLogger(__name__)
+WIRE_SNAPLEN = 96
+SYNC_SAMPLES = (10, 40)  # a round's samples: at least, at most
+_SEQ = itertools.count(1)
+T = TypeVar("T")
+
+
+@dataclass
+class GuestProbes:
+    """One guest's probes: its tag (event group ``labctl_TAG``, instance ``labctl-TAG``), the events the
+    kernel took and refused, the ruleset when they started."""
+
+    guest: str
+    tag: str
+    enabled: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    ruleset: str = ""
+
+
+def parallel(guests: Sequence[str], fn: Callable[[str], T]) -> dict[str, T]:
+    """``fn`` on every guest at once (each guest's SSH round trips overlap); the first error is raised."""
+    if len(guests) <= 1:
+        return {g: fn(g) for g in guests}
+    with ThreadPoolExecutor(max_workers=len(guests)) as pool:
+        futures = {g: pool.submit(fn, g) for g in guests}
+        return {g: f.result() for g, f in futures.items()}
+
+
+def offsets_of(state: LabState, guest: str) -> dict[str, int]:
+    """The struct offsets the probes need, for ``guest``'s kernel (cached per kernel).
+
+    :raise TraceError: when its kernel has no debug info. :raise LabStateError: no record of its kernel.
+    """
+    kernel = state.kernel(guest)
+    cache = paths.cache_dir() / "struct-offsets" / kernel.key
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    return struct_offsets(kernel, pr.OFFSET_FIELDS, pr.OFFSETS_FILE, cache)
+
+
+def stale_groups(caps: pr.Caps) -> list[str]:
+    """labctl's groups in a guest whose labctl (its pid in the tag, ``fPID...``/``dPID...``) is gone."""
+    out = []
+    for g in caps.groups:
+        digits = "".join(itertools.takewhile(str.isdigit, pr.tag_of(g)[1:]))
+        if digits and not _alive(int(digits)):
+            out.append(pr.tag_of(g))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Follower:
+    """Probes for one filter on ``guests`` of the lab in ``state`` (see the module docstring).
+    ``connect`` opens a guest's SSH session (the steps runner passes its own)."""
+
+    def __init__(self, state: LabState, backend: Backend, guests: Sequence[str], node: Node,
+                 connect: Callable[[str], Session] | None = None, *, wire: bool = True,
+                 purpose: str = "follow") -> None:
+        self.state, self.backend, self.guests, self.node = state, backend, list(guests), node
+        self.connect = connect or (lambda g: Session(state.endpoint(g)))
+        self.wire_on, self.purpose = wire, purpose
+        self.tag = f"f{os.getpid()}x{next(_SEQ)}"
+        self.probes: dict[str, GuestProbes] = {}
+        self.caps: dict[str, pr.Caps] = {}
+        self.offsets: dict[str, dict[str, int]] = {}
+        self.samples: dict[str, dict[str, tuple[int, int]]] = {g: {} for g in self.guests}
+        self.sync_pipes: dict[str, Pipe] = {}
+        self.captures: list[capture.Capture] = []
+        self.tails: dict[tuple[str, str], capture.Tail] = {}
+        self.warnings: list[str] = []
+        self.rounds = 0
+        self.pipes_lock = threading.Lock()  # a clock round and the heartbeats share each guest's channel
+        self.wire = Wire()
+        self.wall_minus_mono = time.time_ns() - time.monotonic_ns()  # captures are stamped in real time
+        self._sessions: dict[str, Session] = {}
+
+    # ------------------------------------------------------------------ set up
+
+    def session(self, guest: str) -> Session:
+        if guest not in self._sessions:
+            self._sessions[guest] = self.connect(guest)
+        return self._sessions[guest]
+
+    def check(self) -> None:
+        """Whether every guest can follow: tracefs with event probes and kprobes, its kernel's offsets.
+
+        :raise TraceError: naming each guest that cannot, and why.
+        """
+        def one(g: str) -> tuple[pr.Caps, dict[str, int] | str]:
+            caps = pr.Caps.parse(self.session(g).run(pr.caps_command(), timeout=60).stdout.decode(errors="replace"))
+            try:
+                return caps, offsets_of(self.state, g)
+            except LabctlError as exc:
+                return caps, exc.message
+
+        problems = []
+        for g, (caps, off) in parallel(self.guests, one).items():
+            self.caps[g] = caps
+            if isinstance(off, str):
+                problems.append(f"{g}: {off}")
+            elif not caps.tracefs:
+                problems.append(f"{g}: no tracefs in its kernel (CONFIG_FTRACE)")
+            elif not (caps.eprobes and caps.kprobes):
+                problems.append(f"{g}: its kernel lacks {'event probes (Linux 5.15+)' if not caps.eprobes else ''}"
+                                f"{' and ' if not caps.eprobes and not caps.kprobes else ''}"
+                                f"{'kprobe events (CONFIG_KPROBE_EVENTS)' if not caps.kprobes else ''}")
+            else:
+                self.offsets[g] = off
+        if problems:
+            raise TraceError("cannot follow packets on " + "; ".join(problems),
+                             hint="follow needs tracefs, kprobe events and event probes (Linux 5.15 or later) "
+                                  "and the kernel's debug info on the host")
+
+    def definitions(self, guest: str) -> tuple[list[str], dict[str, str]]:
+        """The guest's ``dynamic_events`` lines and each follow point's filter."""
+        filt, extra = kernel_filter(self.node)
+        off, caps = self.offsets[guest], self.caps[guest]
+        group = pr.PREFIX + self.tag
+        defs = [pr.point_definition(group, p, off, extra) for p in pr.POINTS]
+        defs.append(pr.drop_definition(group, off, caps.reason, caps.symbol))
+        return defs, {p.name: filt for p in pr.POINTS}
+
+    def start(self) -> None:
+        """Probes on in every guest (stale ones of a killed labctl removed first), the first clock round,
+        the wire captures. On an error everything started is removed again.
+
+        :raise TraceError: when a guest's kernel refused every probe.
+        """
+        try:
+            parallel(self.guests, self._start_guest)
+            self.sync()
+            if self.wire_on:
+                self._start_captures()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_guest(self, g: str) -> None:
+        defs, filters = self.definitions(g)
+        stale = "; ".join(pr.remove_command(t) for t in stale_groups(self.caps[g]))
+        extra = (f"echo labctl-ruleset-begin; {pr.RULESET}; echo labctl-ruleset-end",)
+        cmd = (stale + "; " if stale else "") + pr.setup_command(self.tag, defs, filters, pr.FOLLOW_BUFFER_KB, extra)
+        self.probes[g] = gp = GuestProbes(g, self.tag)
+        out = self.session(g).run(cmd, timeout=120).stdout.decode(errors="replace")
+        gp.enabled, gp.refused = pr.results(out)
+        gp.ruleset = _between(out, "labctl-ruleset-begin", "labctl-ruleset-end")
+        if gp.refused:
+            self.warnings.append(f"{g}: the kernel refused {', '.join(gp.refused)}; those hops are not shown")
+        if not gp.enabled:
+            raise TraceError(f"{g}: the kernel refused every follow probe ({', '.join(gp.refused)})")
+
+    def _start_captures(self) -> None:
+        for g in self.guests:
+            for nic in self._nics(g):
+                try:
+                    cap = capture.start(self.state, self.backend, g, nic, purpose=self.purpose, maxlen=WIRE_SNAPLEN)
+                except LabctlError as exc:
+                    self.warnings.append(f"{g}.{nic}: no wire capture: {exc.message}")
+                    continue
+                self.captures.append(cap)
+                self.tails[(g, nic)] = capture.Tail(cap)
+                self.wire.captured.add((g, nic))
+
+    def _nics(self, guest: str) -> list[str]:
+        guests = self.state.resolved.get("guests") or {}
+        return [str(n["name"]) for n in (guests.get(guest) or {}).get("nics") or []]
+
+    # ------------------------------------------------------------------ clocks
+
+    def sync(self) -> None:
+        """One round of clock samples on every guest: at least 10, and more (up to 40, or 2 s) until the
+        three fastest round trips are within a quarter of each other (a busy host's slow ones bound
+        nothing)."""
+        with self.pipes_lock:
+            r = self.rounds
+            self.rounds += 1
+            parallel(self.guests, lambda g: self._sync_guest(g, r))
+
+    def _sync_guest(self, g: str, r: int) -> None:
+        pipe = self.sync_pipes.get(g)
+        if pipe is None:
+            pipe = self.sync_pipes[g] = self.session(g).pipe(pr.sync_command(self.tag))
+        buf = b""
+        rtts: list[int] = []
+        until = time.monotonic() + 2.0
+        for i in range(SYNC_SAMPLES[1]):
+            if i >= SYNC_SAMPLES[0] and (time.monotonic() > until or sorted(rtts)[2] <= 1.25 * min(rtts)):
+                break
+            mark = f"{r}.{i}"
+            h1 = time.monotonic_ns()
+            pipe.send(f"{mark}\n".encode())
+            deadline = time.monotonic() + 10
+            while True:  # heartbeats' answers may come first
+                while b"\n" not in buf:
+                    data = pipe.recv(max(0.01, deadline - time.monotonic()))
+                    if data == b"" or time.monotonic() > deadline:
+                        raise GuestError(f"guest {g} stopped answering labctl's clock samples")
+                    buf += data or b""
+                line, _, buf = buf.partition(b"\n")
+                if line.decode(errors="replace").strip() == mark:
+                    break
+            self.samples[g][mark] = (h1, time.monotonic_ns())
+            rtts.append(self.samples[g][mark][1] - h1)
+
+    def heartbeat(self) -> None:
+        """A marker in every guest's trace (``labctl-sync hb``): its stream shows how far it has come even
+        when no packet passes there. Skipped while a clock round runs (its markers do the same)."""
+        if not self.pipes_lock.acquire(blocking=False):
+            return
+        try:
+            self._beat()
+        finally:
+            self.pipes_lock.release()
+
+    def _beat(self) -> None:
+        for g, pipe in self.sync_pipes.items():
+            try:
+                pipe.send(b"hb\n")
+            except GuestError as exc:
+                log.debug("%s: %s", g, exc.message)
+
+    def clock(self, guest: str, markers: list[Event]) -> Clock:
+        return Clock.from_samples(self.samples.get(guest, {}), markers)
+
+    # ------------------------------------------------------------------ the lab
+
+    def topology(self) -> Topology:
+        """The followed guests' NICs, their networks and labctl's impairments in force now."""
+        topo = Topology(guests=tuple(self.guests))
+        for g, spec in (self.state.resolved.get("guests") or {}).items():
+            for n in spec.get("nics") or []:
+                topo.nets[(str(g), str(n["name"]))] = str(n.get("network"))
+        for key, values in netstate.load(self.state.path).impair.items():
+            g, _, nic = key.partition(".")
+            topo.impair[(g, nic)] = {str(k): str(v) for k, v in values.items() if v not in (None, "")}
+        return topo
+
+    def read_wire(self, look: bool = True) -> None:
+        """The frames the captures hold so far, by identity (:class:`labctl.trace.journey.Wire`); ``look``
+        False: only read past them (nothing followed is in flight, so unrelated traffic costs no parsing)."""
+        for nic, tail in self.tails.items():
+            seen = self.wire.seen.setdefault(nic, {})
+            frames = tail.read()
+            if not look:
+                continue
+            for frame in frames:
+                h = _frame_header(frame.data)
+                if h is not None and self.node.match(h.packet()):
+                    seen.setdefault(h.key(), []).append(frame.ts_us * 1000 - self.wall_minus_mono)
+
+    def ruleset(self, guest: str) -> str:
+        """``nft -a list ruleset`` on the guest now ("" without nftables)."""
+        try:
+            return self.session(guest).run(pr.RULESET + "; true", timeout=30).stdout.decode(errors="replace")
+        except GuestError:
+            return ""
+
+    # ------------------------------------------------------------------ reading, stopping
+
+    def read(self, guest: str) -> tuple[str, int]:
+        """The guest's recorded events as text (step mode), and how many the buffer had no room for."""
+        out = self.session(guest).run(pr.read_command(self.tag), timeout=300).stdout.decode(errors="replace")
+        text, _, tail = out.rpartition("labctl-lost ")
+        try:
+            return text, int(tail.split()[0])
+        except (ValueError, IndexError):
+            return out, 0
+
+    def pipe(self, guest: str) -> Pipe:
+        return self.session(guest).pipe(pr.pipe_command(self.tag))
+
+    def stop(self) -> list[str]:
+        """Everything off and removed (probes, instances, captures, channels); best effort, warnings back."""
+        with self.pipes_lock:
+            for pipe in self.sync_pipes.values():
+                pipe.close()
+            self.sync_pipes.clear()
+        for cap in self.captures:
+            try:
+                self.warnings += capture.stop(self.state, self.backend, cap)
+            except LabctlError as exc:
+                self.warnings.append(f"{cap.label}: {exc.message}")
+            capture.discard(self.state, cap)
+        self.captures.clear()
+
+        def remove(g: str) -> None:
+            try:
+                self.session(g).run(pr.remove_command(self.tag), timeout=60)
+            except LabctlError as exc:
+                self.warnings.append(f"{g}: labctl's follow probes could not be removed: {exc.message}")
+
+        parallel([g for g in self.guests if g in self.probes], remove)
+        self.probes.clear()
+        return self.warnings
+
+    def close(self) -> None:
+        for s in self._sessions.values():
+            s.close()
+        self._sessions.clear()
+
+
+def _between(text: str, begin: str, end: str) -> str:
+    _a, _, rest = text.partition(begin + "\n")
+    return rest.partition(end)[0] if rest else ""
+
+
+def _frame_header(data: bytes) -> hops.Header | None:
+    """The IPv4 header of an Ethernet frame (a VLAN tag skipped), or None."""
+    at, etype = 12, int.from_bytes(data[12:14], "big") if len(data) >= 14 else 0
+    while etype in (0x8100, 0x88A8) and len(data) >= at + 6:
+        at += 4
+        etype = int.from_bytes(data[at:at + 2], "big")
+    return parse_ipv4(data[at + 2:]) if etype == 0x0800 else None
+
+
+def libpcap_error(text: str) -> str | None:
+    """What libpcap says is wrong with the filter ``text`` (``tcpdump -d``), None when it compiles or
+    tcpdump is not there to ask."""
+    from labctl.proc import run
+
+    try:
+        res = run(["tcpdump", "-d", text], timeout=20, check=False)
+    except (ProcessError, LabctlError, OSError):
+        return None
+    if res.returncode == 0:
+        return None
+    lines = [ln for ln in res.stderr.decode(errors="replace").splitlines() if ln and not ln.startswith("Warning")]
+    return lines[-1] if lines else f"tcpdump -d exited with status {res.returncode}"

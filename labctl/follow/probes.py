@@ -1,0 +1,227 @@
+"""The probes that follow packets and catch drops in a guest's kernel, as shell commands: pure functions.
+
+Everything goes through tracefs, with no compiler, BPF or debug info in the guest:
+
+* a **tracefs instance** of labctl's own (``instances/labctl-TAG``) records only labctl's events,
+  on the ``mono`` clock, without overwriting (the first events are kept when it fills), so that
+  the user's own ftrace or trace-cmd is untouched;
+* **event probes** (``e:`` in ``dynamic_events``, Linux 5.15 and later) on the tracepoints
+  ``net:net_dev_queue``, ``net:net_dev_start_xmit``, ``net:netif_receive_skb`` and ``skb:kfree_skb``,
+  and ``skb:skb_copy_datagram_iovec``, and **kprobes** (``p:``) on ``ip_forward``,
+  ``ip_local_deliver``, ``tcp_v4_rcv`` and ``skb_consume_udp`` (UDP copies a linear skb without the
+  tracepoint), each fetching the packet's IPv4 header fields at
+  ``skb->data`` plus where that header is at that point (:data:`POINTS`); byte offsets of the
+  structs come from the kernel's debug info (:mod:`labctl.kernel.offsets`). Tracepoints wherever
+  the stack has one: a kprobe hit while another kprobe's handler runs on the CPU is missed (the
+  kernel counts it in ``kprobe_profile``), and a kprobe on ``ip_output`` ran in every sender's context
+  (sshd's too), so that a packet's softirq nested into it lost its hops under TCG (4-12 hops of 2000
+  pings; a ping's reader probe did it too, once in 2000); the kprobes left run in softirq
+  context, but for a UDP socket's reader;
+* each follow point gets the filter as the kernel's own event filter (:mod:`labctl.trace.pktfilter`),
+  so unrelated packets are never recorded; drops are recorded unfiltered (they are few);
+* the drop's reason is a field of ``skb:kfree_skb`` from Linux 6.0 on (fewer, older ones: only where);
+  its location is symbolized by the kernel (``:symbol``, 6.1); on a kernel without event probes the
+  tracepoint itself is recorded (where as an address, no device or headers).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from labctl.trace import hops
+
+q = shlex.quote
+TRACEFS = "/sys/kernel/tracing"
+PREFIX = "labctl_"  # event groups are labctl_TAG, instances labctl-TAG
+OFFSETS_FILE = "follow-offsets.json"
+OFFSET_FIELDS = {
+    "skb_data": ("struct sk_buff", "data"),
+    "skb_head": ("struct sk_buff", "head"),
+    "skb_nh": ("struct sk_buff", "network_header"),
+    "skb_dev": ("struct sk_buff", "dev"),
+    "dev_name": ("struct net_device", "name"),
+}
+FOLLOW_BUFFER_KB = 8192
+DROPS_BUFFER_KB = 2048
+
+
+@dataclass(frozen=True)
+class ProbePoint:
+    """Where a follow point is probed: an event probe on a tracepoint (``place`` "net.net_dev_queue",
+    the skb ``$skbaddr``) or a kprobe on a function (the skb in a register), and where the IPv4
+    header is from ``skb->data`` there (``ip_at``)."""
+
+    name: str
+    kind: str  # "e" or "p"
+    place: str
+    skb: str  # $skbaddr, %di, %si, %dx
+    ip_at: int
+    dev: bool = False
+
+
+POINTS = (
+    ProbePoint("dev_queue", "e", "net.net_dev_queue", "$skbaddr", 14, dev=True),  # after the Ethernet header
+    ProbePoint("xmit", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True),
+    ProbePoint("netif_rx", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True),  # eth_type_trans pulled L2
+    ProbePoint("ip_fwd", "p", "ip_forward", "%di", 0),
+    ProbePoint("ip_local", "p", "ip_local_deliver", "%di", 0),
+    ProbePoint("tcp_rcv", "p", "tcp_v4_rcv", "%di", -20),  # IP's header pulled (no options)
+    # the reader's copy, in its context: a raw socket keeps the IP header, a ping socket is at the ICMP header
+    ProbePoint("raw_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", 0),
+    ProbePoint("sock_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", -20),
+    ProbePoint("udp_read", "p", "skb_consume_udp", "%si", -20),
+)
+
+
+def _at(offset: int, base: str) -> str:
+    return f"{'+' if offset >= 0 else '-'}{abs(offset)}({base})"
+
+
+def ip_fields(data: str, at: int, extra: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+    """Fetch arguments of the IPv4 header at ``at`` bytes from the pointer ``data`` (``+208(%di)``)."""
+    spec = [("vi", 0, "u8"), ("tl", 2, "u16"), ("id", 4, "u16"), ("fo", 6, "u16"), ("proto", 9, "u8"),
+            ("saddr", 12, "u32"), ("daddr", 16, "u32"), ("l4a", 20, "u32"), ("l4b", 24, "u32")]
+    spec += [(f"{s}b{i}", (12 if s == "s" else 16) + i, "u8") for s in "sd" for i in range(4) if f"{s}b{i}" in extra]
+    spec += [(n, 20 if n == "sport" else 22, "u16") for n in ("sport", "dport") if n in extra]
+    return " ".join(f"{name}={_at(at + off, data)}:{t}" for name, off, t in spec)
+
+
+def point_definition(group: str, p: ProbePoint, off: dict[str, int], extra: set[str]) -> str:
+    """The ``dynamic_events`` line of one follow point."""
+    skb = p.skb
+    data = f"+{off['skb_data']}({skb})"
+    dev = f" dev=+{off['dev_name']}(+{off['skb_dev']}({skb})):string" if p.dev else ""
+    return f"{p.kind}:{group}/{p.name} {p.place} skb={skb}:x64{dev} {ip_fields(data, p.ip_at, extra)}"
+
+
+def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol: bool) -> str:
+    """The event probe on ``skb:kfree_skb``: where, why, the device, and a window of bytes around
+    ``skb->data`` with where the network header is (:func:`labctl.trace.hops.drop_header`)."""
+    parts = [f"e:{group}/drop skb.kfree_skb skb=$skbaddr:x64 proto=$protocol:u16"]
+    if reason:
+        parts.append("reason=$reason:u32")
+    if off is not None:
+        s, d = "$skbaddr", f"+{off['skb_data']}($skbaddr)"
+        parts.append(f"dev=+{off['dev_name']}(+{off['skb_dev']}({s})):string head=+{off['skb_head']}({s}):x64 "
+                     f"data={d}:x64 nh=+{off['skb_nh']}({s}):u16")
+        parts += [f"w{i}={_at(8 * i - hops.WINDOW_BEFORE, d)}:x64" for i in range(hops.WINDOW_WORDS)]
+    parts.append(f"loc=$location:{'symbol' if symbol else 'x64'}")  # last: a symbol has spaces
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What the guest's tracefs offers (:func:`caps_command`'s answer)."""
+
+    tracefs: bool = False
+    eprobes: bool = False
+    reason: bool = False
+    symbol: bool = False
+    kprobes: bool = False
+    groups: tuple[str, ...] = ()  # labctl's event groups and instances found there (a killed labctl's)
+
+    @classmethod
+    def parse(cls, text: str) -> Caps:
+        words = dict(w.split("=", 1) for w in text.split() if "=" in w)
+        groups = tuple(sorted({w for w in text.split() if w.startswith(PREFIX)}))
+        return cls(words.get("tracefs") == "1", words.get("eprobes") == "1", words.get("reason") == "1",
+                   words.get("symbol") == "1", words.get("kprobes") == "1", groups)
+
+
+def caps_command() -> str:
+    """Shell: what tracefs offers, and labctl's groups and instances left there (``labctl_TAG``)."""
+    t = TRACEFS
+    return (f"T={t}; [ -d $T/events ] || mount -t tracefs nodev $T 2>/dev/null; "
+            "[ -d $T/events ] && echo tracefs=1; "
+            "grep -qF 'e[:[<group>/]' $T/README 2>/dev/null && echo eprobes=1; "
+            "grep -q 'reason;' $T/events/skb/kfree_skb/format 2>/dev/null && echo reason=1; "
+            "grep -qw symbol $T/README 2>/dev/null && echo symbol=1; "
+            "[ -w $T/kprobe_events ] && echo kprobes=1; "
+            f"sed -n 's/^[pe]:\\({PREFIX}[A-Za-z0-9_]*\\)\\/.*/\\1/p' $T/dynamic_events 2>/dev/null | sort -u; "
+            f"ls $T/instances 2>/dev/null | sed -n 's/^labctl-\\([A-Za-z0-9_]*\\)$/{PREFIX}\\1/p'; true")
+
+
+def tag_of(group: str) -> str:
+    return group[len(PREFIX):]
+
+
+def remove_command(tag: str, events: list[str] | None = None) -> str:
+    """Shell: disable and remove labctl's instance and events of ``tag`` (all of its group when ``events``
+    is None); never fails."""
+    t, g, inst = TRACEFS, PREFIX + tag, f"{TRACEFS}/instances/labctl-{tag}"
+    parts = [f"T={t}", f"echo 0 > {inst}/tracing_on 2>/dev/null",
+             f"for e in {inst}/events/{g}/*/enable; do echo 0 > \"$e\" 2>/dev/null; done",
+             f"rmdir {inst} 2>/dev/null"]
+    if events is None:
+        parts.append(f"for e in $(sed -n 's/^[pe]:\\({g}\\/[A-Za-z0-9_]*\\) .*/\\1/p' $T/dynamic_events); do "
+                     "echo \"-:$e\" >> $T/dynamic_events 2>/dev/null; done")
+    else:
+        parts += [f"echo {q('-:' + g + '/' + e)} >> $T/dynamic_events 2>/dev/null" for e in events]
+    return "; ".join(parts) + "; true"
+
+
+def setup_command(tag: str, definitions: list[str], filters: dict[str, str], buffer_kb: int,
+                  extra: tuple[str, ...] = ()) -> str:
+    """Shell: define the events, make the instance (mono clock, no overwrite, ``buffer_kb`` per CPU),
+    set each event's filter, enable them. Prints ``labctl-fail WHAT`` for each step the kernel refused
+    (the event then stays off), ``labctl-ok EVENT`` for each event enabled. ``extra``: commands run
+    before enabling (a ruleset listing)."""
+    t, g, inst = TRACEFS, PREFIX + tag, f"{TRACEFS}/instances/labctl-{tag}"
+    parts = [f"T={t}"]
+    for d in definitions:
+        name = d.split()[0].split("/", 1)[1]
+        parts.append(f"echo {q(d)} >> $T/dynamic_events 2>/dev/null || echo labctl-fail define {name}")
+    parts += [f"mkdir -p {inst} || echo labctl-fail instance",
+              f"echo mono > {inst}/trace_clock 2>/dev/null || echo labctl-fail clock",
+              f"echo 0 > {inst}/options/overwrite 2>/dev/null",
+              f"echo {int(buffer_kb)} > {inst}/buffer_size_kb 2>/dev/null"]
+    parts += list(extra)
+    for d in definitions:
+        name = d.split()[0].split("/", 1)[1]
+        ev = f"{inst}/events/{g}/{name}"
+        if name in filters:
+            parts.append(f"{{ echo {q(filters[name])} > {ev}/filter; }} 2>/dev/null || echo labctl-fail filter {name}")
+        parts.append(f"{{ [ -d {ev} ] && echo 1 > {ev}/enable && echo labctl-ok {name}; }} 2>/dev/null || "
+                     f"echo labctl-fail enable {name}")
+    return "; ".join(parts) + "; true"
+
+
+def tracepoint_setup_command(tag: str, buffer_kb: int, extra: tuple[str, ...] = ()) -> str:
+    """Shell: an instance recording ``skb:kfree_skb`` itself (a kernel without event probes)."""
+    inst = f"{TRACEFS}/instances/labctl-{tag}"
+    return "; ".join([f"mkdir -p {inst} || echo labctl-fail instance",
+                      f"echo mono > {inst}/trace_clock 2>/dev/null || echo labctl-fail clock",
+                      f"echo 0 > {inst}/options/overwrite 2>/dev/null",
+                      f"echo {int(buffer_kb)} > {inst}/buffer_size_kb 2>/dev/null", *extra,
+                      (f"{{ echo 1 > {inst}/events/skb/kfree_skb/enable && echo labctl-ok kfree_skb; }} 2>/dev/null "
+                      "|| echo labctl-fail enable kfree_skb")]) + "; true"
+
+
+def read_command(tag: str) -> str:
+    """Shell: the instance's whole buffer, then a line ``labctl-lost N`` (events it had no room for)."""
+    inst = f"{TRACEFS}/instances/labctl-{tag}"
+    return (f"echo 0 > {inst}/tracing_on 2>/dev/null; cat {inst}/trace; "
+            f"echo labctl-lost $(cat {inst}/per_cpu/cpu*/stats 2>/dev/null | "
+            "awk '/^(overrun|dropped events):/ {n += $NF} END {print n + 0}')")
+
+
+def pipe_command(tag: str) -> str:
+    """Shell: the instance's events as they happen (consumed as read)."""
+    return f"exec cat {TRACEFS}/instances/labctl-{tag}/trace_pipe"
+
+
+def sync_command(tag: str) -> str:
+    """Shell: for each line N the host sends, a marker ``labctl-sync N`` in the instance, then N back."""
+    inst = f"{TRACEFS}/instances/labctl-{tag}"
+    return f"cd {inst} && while read -r n; do echo \"labctl-sync $n\" > trace_marker && echo \"$n\"; done"
+
+
+RULESET = "nft -a list ruleset 2>/dev/null"
+
+
+def results(text: str) -> tuple[list[str], list[str]]:
+    """The events a setup enabled, and what the kernel refused (``labctl-ok`` / ``labctl-fail`` lines)."""
+    ok = [ln.split(None, 1)[1] for ln in text.splitlines() if ln.startswith("labctl-ok ")]
+    fail = [ln.split(None, 1)[1] for ln in text.splitlines() if ln.startswith("labctl-fail ")]
+    return ok, fail

@@ -1,0 +1,487 @@
+"""Packets followed through every kernel and wire of a lab: events of several guests → one path each.
+
+Inputs (pure data): each followed guest's probe events (:mod:`.hops`), each guest's clock samples
+(:class:`Clock`), the lab's topology and impairments (:class:`Topology`) and, optionally, the
+frames QEMU saw on the host side of each NIC (:class:`Wire`).
+
+* **Clocks.** Each guest's trace clock is mapped onto the host's ``CLOCK_MONOTONIC`` from marker round
+  trips, within a proven bound, then aligned within that bound by the packets that cross the wire
+  both ways (:mod:`.clocks`).
+* **Identity.** A packet is named by what no kernel changes on the way: addresses, protocol, IP
+  id, fragment offset, ICMP type/id/sequence or ports (and TCP's sequence number)
+  (:meth:`.hops.Header.key`); skb addresses only tie a drop to the packet within one guest.
+* **Order.** Hops within one guest are in that guest's clock order. Guests are chained by the
+  wire: the visit that handed the packet to a driver on a NIC comes before the visit that received
+  it on a NIC of the same network, whatever the clocks say; a hop shown earlier than the one
+  before it by more than both guests' bounds together is counted ``out_of_order``.
+* **Ends** (:class:`End`): ``delivered`` (read by a process: a copy read counts, as a raw
+  socket's clone of a ping reply), ``dropped`` (kfree_skb: where and why; netfilter's rule when
+  counters said it), ``lost`` (left a NIC and never reached the next followed guest, or netem's
+  loss of labctl's impairment in the sender's qdisc), ``answered`` (an ICMP echo request the
+  kernel answered), ``consumed`` (delivered to the kernel, no reader seen), ``left`` (sent out of
+  the followed part of the lab), ``open`` (the trace ended first).
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from labctl.trace.clocks import Alignment, Clock
+from labctl.trace.hops import POINTS, Event, Header, drop_header, identity, reason_name
+
+CLUSTER_GAP_NS = 2_000_000_000  # the same identity again after this long: another packet
+DROP_TIE_NS = 2_000_000_000  # a drop belongs to the last hop of its skb in the same guest within this
+QUIET_NS = 500_000_000  # an end by absence (lost, consumed...) once nothing came for this long
+
+
+@dataclass
+class Topology:
+    """Where each followed NIC is: ``nets[(guest, nic)]`` = network; ``impair[(guest, nic)]`` = the netem
+    settings labctl put in force on its egress (``{"loss": "10%", ...}``); the followed guests."""
+
+    nets: dict[tuple[str, str], str] = field(default_factory=dict)
+    impair: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    guests: tuple[str, ...] = ()
+
+    def peers(self, guest: str, nic: str) -> list[tuple[str, str]]:
+        """The followed NICs on the same network as ``guest.nic``."""
+        net = self.nets.get((guest, nic))
+        return [k for k, n in self.nets.items() if n == net and k != (guest, nic) and k[0] in self.guests]
+
+    def impairment(self, guest: str, nic: str | None) -> str | None:
+        imp = self.impair.get((guest, nic or ""))
+        if not imp:
+            return None
+        return "netem " + " ".join(f"{k} {v}" for k, v in imp.items())
+
+
+@dataclass
+class Wire:
+    """Frames QEMU saw on the host side of each NIC: ``seen[(guest, nic)][key]`` = host ns of each."""
+
+    seen: dict[tuple[str, str], dict[tuple[object, ...], list[int]]] = field(default_factory=dict)
+    captured: set[tuple[str, str]] = field(default_factory=set)
+
+    def at(self, nic: tuple[str, str], key: tuple[object, ...]) -> int | None:
+        times = self.seen.get(nic, {}).get(key)
+        return times[0] if times else None
+
+
+@dataclass
+class Hop:
+    guest: str
+    point: str  # a key of hops.POINTS, or "wire"
+    where: str
+    dev: str | None
+    t: int  # host ns
+    comm: str = ""
+    pid: int = 0
+    irq: bool = False
+    note: str = ""
+    skb: str = ""
+
+    def as_dict(self, t0: int, prev: int | None) -> dict[str, Any]:
+        d: dict[str, Any] = {"guest": self.guest, "point": self.point, "where": self.where, "dev": self.dev,
+                             "t_us": round((self.t - t0) / 1000, 1),
+                             "delta_us": None if prev is None else round((self.t - prev) / 1000, 1)}
+        if self.point != "wire" and not self.irq:
+            d["task"] = f"{self.comm} ({self.pid})"
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@dataclass
+class End:
+    kind: str  # delivered, dropped, lost, answered, consumed, left, open
+    guest: str
+    text: str
+    where: str | None = None
+    reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass
+class Journey:
+    header: Header
+    hops: list[Hop]
+    end: End
+    out_of_order: int = 0
+    id: int = 0
+
+    @property
+    def start(self) -> int:
+        return self.hops[0].t if self.hops else 0
+
+    def signature(self) -> tuple[object, ...]:
+        return (tuple((h.guest, h.where, h.dev) for h in self.hops), self.end.kind, self.end.guest,
+                self.end.where, self.end.reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        t0 = self.start
+        hops, prev = [], None
+        for h in self.hops:
+            hops.append(h.as_dict(t0, prev))
+            prev = h.t
+        return {"id": self.id, "packet": self.header.describe(), "start_ns": t0,
+                "duration_us": round((self.hops[-1].t - t0) / 1000, 1) if self.hops else 0.0,
+                "hops": hops, "end": self.end.as_dict(), "out_of_order": self.out_of_order}
+
+
+@dataclass
+class _Cluster:
+    key: tuple[object, ...]
+    header: Header
+    events: list[Event] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class Correlator:
+    """Events in (any order across guests), journeys out (:meth:`settle`). ``clocks`` map each guest's
+    trace clock; ``netfilter`` names the rules that dropped (guest -> text, from counters)."""
+
+    topo: Topology
+    clocks: dict[str, Clock]
+    wire: Wire = field(default_factory=Wire)
+    netfilter: dict[str, str] = field(default_factory=dict)
+    align: Alignment = field(default_factory=Alignment)
+    clusters: dict[tuple[object, ...], list[_Cluster]] = field(default_factory=dict)
+    last_by_skb: dict[tuple[str, str], tuple[int, _Cluster]] = field(default_factory=dict)
+    replies: dict[tuple[object, ...], int] = field(default_factory=dict)  # ICMP echo replies seen, host ns
+    drops_seen: int = 0
+    count: int = 0
+
+    def add(self, ev: Event) -> None:
+        """One event of a followed guest."""
+        if ev.point == "marker":
+            return
+        clock = self.clocks.get(ev.guest)
+        ev.host_ns = clock.host(ev.ts) if clock else ev.ts
+        cluster = self._cluster_of(ev)
+        if cluster is None:
+            return
+        cluster.events.append(ev)
+        if ev.point != "drop" and ev.skb:
+            self.last_by_skb[(ev.guest, ev.skb)] = (ev.ts, cluster)
+
+    def _cluster_of(self, ev: Event) -> _Cluster | None:
+        if ev.point == "drop":
+            self.drops_seen += 1
+            tie = self.last_by_skb.get((ev.guest, ev.skb))
+            if tie is not None and 0 <= ev.ts - tie[0] <= DROP_TIE_NS and not tie[1].done:
+                return tie[1]
+            header = drop_header(ev)
+            if header is None:
+                return None
+            found = self.clusters.get(header.key())
+            return found[-1] if found and not found[-1].done else None
+        header = identity(ev)
+        if header is None:
+            return None
+        key = header.key()
+        if header.proto == 1 and len(header.l4) >= 8 and header.l4[0] == 0:
+            self.replies[key] = ev.host_ns or 0
+        chain = self.clusters.setdefault(key, [])
+        assert ev.host_ns is not None
+        if chain and not chain[-1].done and ev.host_ns - max(e.host_ns or 0 for e in chain[-1].events) < CLUSTER_GAP_NS:
+            return chain[-1]
+        chain.append(_Cluster(key, header))
+        return chain[-1]
+
+    def settle(self, marks: Mapping[str, int] | None = None, quiet_ns: int = QUIET_NS) -> list[Journey]:
+        """Journeys that ended (``marks`` None: the trace is over, every journey ends now).
+
+        ``marks``: how far each followed guest's stream has come, on the host clock (its latest event or
+        heartbeat); a packet is judged only once every guest in ``marks`` is past its last hop by the
+        clocks' bounds (a slower stream may still bring hops of it), and then at once when its end is
+        known (read by a process, an echo request answered), else after ``quiet_ns`` more.
+        """
+        if marks is None:
+            horizon = None
+        else:
+            slack = max((self._bound(g) for g in marks), default=0.0)
+            horizon = min(marks.values(), default=0) - 2 * slack
+        ready = []
+        for chain in self.clusters.values():
+            for c in chain:
+                if c.done:
+                    continue
+                if horizon is not None:
+                    last = max(e.host_ns or 0 for e in c.events)
+                    if horizon < last or (not self._ended(c) and horizon - last < quiet_ns):
+                        continue
+                ready.append(c)
+        self._learn(ready)
+        out = []
+        for c in ready:
+            c.done = True
+            j = self.journey(c, final=horizon is None)
+            self.count += 1
+            j.id = self.count
+            out.append(j)
+        out.sort(key=lambda j: j.start)
+        self._forget()
+        return out
+
+    def _learn(self, clusters: list[_Cluster]) -> None:
+        """The clocks' alignment (:class:`labctl.trace.clocks.Alignment`) from these packets' wire crossings."""
+        for c in clusters:
+            visits = self._visits(c.events)
+            for a, b in itertools.pairwise(visits):
+                tx = next((e for e in reversed(a) if e.point == "xmit"), None)
+                rx = next((e for e in b if e.point == "netif_rx"), None)
+                if tx is not None and rx is not None and tx.host_ns is not None and rx.host_ns is not None:
+                    self.align.learn(tx.guest, rx.guest, rx.host_ns - tx.host_ns)
+        self.align.solve({g: self._bound(g) for g in self.clocks})
+
+    def _ended(self, c: _Cluster) -> bool:
+        """Whether the packet's end is already known: a process read it, or it is an echo request whose
+        reply left."""
+        if any(POINTS[e.point].role == "read" for e in c.events):
+            return True
+        h = c.header
+        return (h.proto == 1 and len(h.l4) >= 8 and h.l4[0] == 8 and c.events[-1].point == "ip_local"
+                and _Ends(self.topo, self.wire, self.netfilter, self.replies).answered(h))
+
+    def _forget(self) -> None:
+        """Drop settled clusters (a live follow runs for hours)."""
+        for key in [k for k, chain in self.clusters.items() if all(c.done for c in chain)]:
+            del self.clusters[key]
+        self.last_by_skb = {k: v for k, v in self.last_by_skb.items() if not v[1].done}
+        if self.replies:
+            newest = max(self.replies.values())
+            self.replies = {k: t for k, t in self.replies.items() if newest - t < 4 * CLUSTER_GAP_NS}
+
+    # ------------------------------------------------------------------ one journey
+
+    def journey(self, c: _Cluster, final: bool = False) -> Journey:
+        visits = self._visits(c.events)
+        hops: list[Hop] = []
+        for i, visit in enumerate(visits):
+            here = [self._hop(e) for e in visit if e.point != "drop"]
+            if i and hops:
+                wire = self._wire(c.key, visits[i - 1], visit)
+                self._causal(hops[-1], wire, here)
+                hops.append(wire)
+            hops += here
+        end = _Ends(self.topo, self.wire, self.netfilter, self.replies).end(c, visits, final)
+        j = Journey(c.header, hops, end)
+        j.out_of_order = self._out_of_order(hops)
+        return j
+
+    def _visits(self, events: list[Event]) -> list[list[Event]]:
+        """The events per guest (in its clock's order), the guests in the order the wire carried the packet."""
+        by_guest: dict[str, list[Event]] = {}
+        for e in sorted(events, key=lambda e: e.ts):
+            by_guest.setdefault(e.guest, []).append(e)
+        pending = sorted(by_guest.values(), key=lambda v: v[0].host_ns or 0)
+        if not pending:
+            return []
+        # the origin: a visit that does not start by receiving, else the earliest
+        origin = next((v for v in pending if v[0].point != "netif_rx"), pending[0])
+        order = [origin]
+        pending.remove(origin)
+        while pending:
+            nxt = self._next_visit(order[-1], pending) or pending[0]
+            order.append(nxt)
+            pending.remove(nxt)
+        return order
+
+    def _next_visit(self, visit: list[Event], pending: list[list[Event]]) -> list[Event] | None:
+        out = [(visit[0].guest, e.dev) for e in visit if e.point == "xmit" and e.dev]
+        for v in pending:
+            rx = next((e for e in v if e.point == "netif_rx" and e.dev), None)
+            if rx is not None and any((rx.guest, rx.dev) in self.topo.peers(g, d) for g, d in out if d):
+                return v
+        return None
+
+    def _hop(self, e: Event) -> Hop:
+        p = POINTS[e.point]
+        note = ""
+        if e.point == "xmit":
+            imp = self.topo.impairment(e.guest, e.dev)
+            note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
+        assert e.host_ns is not None
+        return Hop(e.guest, e.point, p.where, e.dev, e.host_ns + round(self.align.at(e.guest)), e.comm, e.pid, e.irq,
+                   note, e.skb)
+
+    def _wire(self, key: tuple[object, ...], a: list[Event], b: list[Event]) -> Hop:
+        tx = next((e for e in reversed(a) if e.point == "xmit" and e.dev), None)
+        rx = next((e for e in b if e.point == "netif_rx" and e.dev), None)
+        src = (a[0].guest, tx.dev) if tx and tx.dev else None
+        dst = (b[0].guest, rx.dev) if rx and rx.dev else None
+        name = f"{'.'.join(src) if src else a[0].guest} → {'.'.join(dst) if dst else b[0].guest}"
+        notes = []
+        looked = [n for n in (src, dst) if n is not None and n in self.wire.captured]
+        if looked:
+            seen = [n for n in looked if self.wire.at(n, key) is not None]
+            if len(seen) == len(looked):
+                notes.append("seen on the host side" + (" at both ends" if len(seen) == 2 else f" of {'.'.join(seen[0])}"))
+            else:
+                missing = [".".join(n) for n in looked if n not in seen]
+                notes.append(f"not seen on the host side of {', '.join(missing)}")
+        imp = self.topo.impairment(*src) if src else None
+        if imp:
+            notes.append(f"{imp} in force on {'.'.join(src) if src else ''}")
+        t = ((rx.host_ns if rx and rx.host_ns is not None else b[0].host_ns) or 0) + round(self.align.at(b[0].guest))
+        return Hop(a[0].guest, "wire", name, None, t, note="; ".join(notes))
+
+    def _causal(self, last: Hop, wire: Hop, here: list[Hop]) -> None:
+        """The next guest's hops shown after the last one of the previous guest: moved later by at most
+        both clocks' bounds together (the clocks cannot tell which came first within them); beyond
+        that they stay as measured and count as out of order. The wire hop sits at the receiver's
+        first hop: its delta is the time on the wire."""
+        first = here[0].t if here else wire.t
+        gap = last.t - first
+        guest = here[0].guest if here else wire.guest
+        if 0 < gap <= self._bound(last.guest) + self._bound(guest):
+            for h in here:
+                h.t += gap
+            wire.note = "; ".join(x for x in (wire.note, (f"{guest}'s hops shown {gap / 1000:.0f} µs later, "
+                                              "within the clocks' bounds")) if x)
+        wire.t = here[0].t if here else max(wire.t, last.t)
+
+    def _bound(self, guest: str) -> float:
+        c = self.clocks.get(guest)
+        return c.bound_ns if c and c.known else 0.0
+
+    def _out_of_order(self, hops: list[Hop]) -> int:
+        bad = 0
+        for prev, hop in itertools.pairwise(hops):
+            if hop.t < prev.t - (self._bound(prev.guest) + self._bound(hop.guest)):
+                bad += 1
+        return bad
+
+@dataclass
+class _Ends:
+    """How a packet's path ended (see the module docstring): the correlator's view of the lab, its echo
+    replies seen, netfilter's rules."""
+
+    topo: Topology
+    wire: Wire
+    netfilter: dict[str, str]
+    replies: dict[tuple[object, ...], int]
+
+
+    def end(self, c: _Cluster, visits: list[list[Event]], final: bool) -> End:
+        events = [e for v in visits for e in v]
+        read = next((e for e in events if POINTS[e.point].role == "read"), None)
+        if read is not None:
+            return End("delivered", read.guest, f"delivered to {read.comm} (pid {read.pid}) on {read.guest}",
+                       where=POINTS[read.point].where)
+        if not visits:
+            return End("open", "", "no hop")
+        last = visits[-1]
+        guest = last[0].guest
+        drop = next((e for e in reversed(last) if e.point == "drop"), None)
+        if drop is not None:
+            return self._drop_end(drop, last)
+        tail = next((e for e in reversed(last) if e.point != "drop"), last[-1])
+        if tail.point == "xmit":
+            return self._sent_end(c, tail, final)
+        if tail.point in ("ip_local", "tcp_rcv"):
+            h = c.header
+            if h.proto == 1 and len(h.l4) >= 8 and h.l4[0] == 8 and self.answered(h):
+                return End("answered", guest, f"answered by {guest}'s kernel (ICMP echo reply sent)",
+                           where="icmp_rcv")
+            what = "TCP (tcp_v4_rcv)" if tail.point == "tcp_rcv" else "the kernel (ip_local_deliver)"
+            return End("consumed", guest, f"delivered to {what} on {guest}; no process read it while followed",
+                       where=POINTS[tail.point].where)
+        return End("open", guest, f"last seen at {POINTS[tail.point].where} on {guest}"
+                   + (" when the trace ended" if final else ""), where=POINTS[tail.point].where)
+
+    def answered(self, h: Header) -> bool:
+        """An echo reply to ``h`` (an echo request) was seen: the same id and sequence, the other way."""
+        l4 = (0, *struct.unpack(">HH", h.l4[4:8]))
+        return any(k[0] == h.daddr and k[1] == h.saddr and k[5] == l4 for k in self.replies)
+
+    def _drop_end(self, drop: Event, visit: list[Event]) -> End:
+        reason = reason_name(drop)
+        loc = drop.fields.get("loc") or "?"
+        guest = drop.guest
+        before = next((e for e in reversed(visit) if e.point != "drop" and e.ts <= drop.ts), None)
+        dev = before.dev if before else drop.dev
+        imp = self.topo.impair.get((guest, dev or ""), {})
+        if reason == "QDISC_DROP" and imp.get("loss"):
+            peers = self.topo.peers(guest, dev or "")
+            to = ", ".join(".".join(p) for p in peers) or "its network"
+            return End("lost", guest, f"lost on the wire {guest}.{dev} → {to}: netem loss {imp['loss']} "
+                       f"(labctl's impairment of {guest}.{dev}), dropped in {guest}'s qdisc at {loc}",
+                       where=loc, reason=reason)
+        text = f"dropped on {guest} at {loc}" + (f" for {reason}" if reason else "")
+        rule = self.netfilter.get(guest) if reason == "NETFILTER_DROP" else None
+        if rule:
+            text += f" by {rule}"
+        return End("dropped", guest, text, where=loc, reason=reason)
+
+    def _sent_end(self, c: _Cluster, tx: Event, final: bool) -> End:
+        peers = self.topo.peers(tx.guest, tx.dev or "")
+        nic = f"{tx.guest}.{tx.dev}"
+        if not peers:
+            return End("left", tx.guest, f"sent out of {nic} (no followed guest on its network)", where=nic)
+        to = ", ".join(".".join(p) for p in peers)
+        seen = [p for p in peers if p in self.wire.captured and self.wire.at(p, c.key) is not None]
+        left = (tx.guest, tx.dev or "") in self.wire.captured and self.wire.at((tx.guest, tx.dev or ""), c.key)
+        if seen:
+            how = f"reached {', '.join('.'.join(p) for p in seen)}'s NIC on the host side, never its driver"
+        elif left:
+            how = "seen leaving on the host side, never reaching the other end"
+        else:
+            how = "not seen on the host side"
+        imp = self.topo.impairment(tx.guest, tx.dev)
+        return End("lost", tx.guest, f"lost on the wire {nic} → {to} ({how})" + (f"; {imp} in force" if imp else ""),
+                   where=nic)
+
+
+
+# ---------------------------------------------------------------------- paths, figures
+
+
+def _pcts(values: list[float]) -> dict[str, float]:
+    s = sorted(values)
+
+    def at(q: float) -> float:
+        return round(s[min(len(s) - 1, int(q * len(s)))], 1)
+
+    return {"p50_us": at(0.5), "p90_us": at(0.9), "p99_us": at(0.99), "max_us": round(s[-1], 1)}
+
+
+END_ORDER = ("dropped", "lost", "open", "consumed", "left", "answered", "delivered")
+
+
+def paths(journeys: list[Journey]) -> list[dict[str, Any]]:
+    """Packets grouped by path (the same hops, the same end): count and each hop's delta percentiles;
+    dropped and lost ones first, then by count."""
+    groups: dict[tuple[object, ...], list[Journey]] = {}
+    for j in journeys:
+        groups.setdefault(j.signature(), []).append(j)
+    out = []
+    for group in groups.values():
+        first = group[0]
+        hops = []
+        for i, h in enumerate(first.hops):
+            deltas = [(j.hops[i].t - j.hops[i - 1].t) / 1000 for j in group if i]
+            hops.append({"guest": h.guest, "where": h.where, "dev": h.dev, "point": h.point,
+                         **(_pcts(deltas) if deltas else {})})
+        total = [(j.hops[-1].t - j.hops[0].t) / 1000 for j in group if j.hops]
+        out.append({"count": len(group), "end": first.end.as_dict(), "hops": hops,
+                    "total": _pcts(total) if total else {}, "example": first.header.describe(),
+                    "packets": [j.id for j in group[:20]]})
+    rank = {k: i for i, k in enumerate(END_ORDER)}
+    return sorted(out, key=lambda p: (rank.get(p["end"]["kind"], 9), -p["count"]))
+
+
+def totals(journeys: list[Journey]) -> dict[str, Any]:
+    by_end: dict[str, int] = {}
+    for j in journeys:
+        by_end[j.end.kind] = by_end.get(j.end.kind, 0) + 1
+    return {"packets": len(journeys), "by_end": by_end,
+            "out_of_order_hops": sum(j.out_of_order for j in journeys),
+            "packets_out_of_order": sum(1 for j in journeys if j.out_of_order)}

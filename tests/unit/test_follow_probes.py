@@ -1,0 +1,86 @@
+"""What labctl writes into a guest's tracefs to follow packets and catch drops (labctl.follow.probes), the
+drops section and its figures for labctl compare (labctl.report.drops_report), and labctl follow's refusals
+before anything starts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from labctl.follow import probes
+from labctl.pktfilter import kernel_filter, parse
+from labctl.report.comparison import _metric_rows
+from labctl.report.drops_report import drops_metrics, summarize_drops
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "follow"
+OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 184, "skb_dev": 16, "dev_name": 0}  # Debian's 6.1.0-56
+
+
+def test_follow_points_fetch_the_ip_header_where_it_is_at_each_point() -> None:
+    by = {p.name: p for p in probes.POINTS}
+    rx = probes.point_definition("labctl_t", by["netif_rx"], OFF, set())
+    assert rx.startswith("e:labctl_t/netif_rx net.netif_receive_skb skb=$skbaddr:x64 dev=+0(+16($skbaddr)):string ")
+    assert "saddr=+12(+208($skbaddr)):u32" in rx and "l4b=+24(+208($skbaddr)):u32" in rx
+    tx = probes.point_definition("labctl_t", by["xmit"], OFF, {"dport"})
+    assert tx.startswith("e:labctl_t/xmit net.net_dev_start_xmit skb=$skbaddr:x64")
+    assert "saddr=+26(+208($skbaddr)):u32" in tx and "dport=+36(+208($skbaddr)):u16" in tx  # after the Ethernet header
+    fwd = probes.point_definition("labctl_t", by["ip_fwd"], OFF, set())
+    assert fwd.startswith("p:labctl_t/ip_fwd ip_forward skb=%di:x64") and "saddr=+12(+208(%di)):u32" in fwd
+    tcp = probes.point_definition("labctl_t", by["tcp_rcv"], OFF, set())
+    assert "vi=-20(+208(%di)):u8" in tcp  # IP's header already pulled
+
+
+def test_the_drop_probe_has_a_window_around_data_and_the_symbol_last() -> None:
+    d = probes.drop_definition("labctl_d", OFF, reason=True, symbol=True)
+    assert d.startswith("e:labctl_d/drop skb.kfree_skb skb=$skbaddr:x64 proto=$protocol:u16 reason=$reason:u32 ")
+    assert "w0=-24(+208($skbaddr)):x64" in d and "w8=+40(+208($skbaddr)):x64" in d
+    assert d.endswith(" loc=$location:symbol")
+    old = probes.drop_definition("labctl_d", None, reason=False, symbol=False)
+    assert "reason" not in old and "dev=" not in old and old.endswith("loc=$location:x64")
+
+
+def test_setup_sets_each_filter_and_says_what_the_kernel_refused() -> None:
+    filt, extra = kernel_filter(parse("icmp"))
+    defs = [probes.point_definition("labctl_t", p, OFF, extra) for p in probes.POINTS[:2]]
+    cmd = probes.setup_command("t", defs, {"dev_queue": filt}, 8192)
+    assert ("echo 'vi >= 69 && vi <= 79 && proto == 1' > /sys/kernel/tracing/instances/labctl-t/events/labctl_t/"
+            "dev_queue/filter") in cmd
+    assert "echo mono > /sys/kernel/tracing/instances/labctl-t/trace_clock" in cmd and "options/overwrite" in cmd
+    assert probes.results("labctl-ok dev_queue\nlabctl-fail enable xmit\n") == (["dev_queue"], ["enable xmit"])
+    assert "echo -:labctl_t/xmit" in probes.remove_command("t", ["xmit"])
+
+
+def test_capabilities_and_a_killed_labctls_groups() -> None:
+    caps = probes.Caps.parse("tracefs=1\neprobes=1\nreason=1\nsymbol=1\nkprobes=1\nlabctl_f999999x1\nlabctl_d12x3\n")
+    assert caps.eprobes and caps.reason and caps.groups == ("labctl_d12x3", "labctl_f999999x1")
+    assert not probes.Caps.parse("tracefs=1\n").eprobes
+
+
+def test_the_drops_section_and_compare_count_an_absent_function_as_zero(tmp_path: Path) -> None:
+    shutil.copytree(FIX / "paths", tmp_path / "paths", ignore=shutil.ignore_patterns("follow"))
+    got = summarize_drops(tmp_path / "paths")
+    assert got is not None and got["total"] == 5
+    nf = next(r for r in got["rows"] if r["reason"] == "NETFILTER_DROP")
+    assert nf["rules"] == ["nftables rule 'udp dport 9 counter drop' (table inet filter, chain input, handle 2)"]
+    m = drops_metrics({"drops": got})
+    assert m["drops.r.ip_rcv_finish_core.constprop.0.IP_RPFILTER"][0] == 1.0 and m["drops.b.total"][0] == 1.0
+    quiet = {"drops": {"total": 0, "guests": {g: {"drops": 0} for g in "arb"}, "rows": []}}
+    rows = {r["key"]: r for r in _metric_rows([quiet], [{"drops": got}])}
+    row = rows["drops.b.nft_do_chain.NETFILTER_DROP"]
+    assert (row["change"], row["label"]) == (1.0, "b: nft_do_chain (NETFILTER_DROP)")
+
+
+def _follow(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "labctl", "follow", *args], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_bad_filters_exit_2_before_anything_starts() -> None:
+    res = _follow("no-such-lab", "icmp and hst 10.0.0.1")
+    assert res.returncode == 2 and "bad filter 'icmp and hst 10.0.0.1': tcpdump: syntax error" in res.stderr
+    res = _follow("no-such-lab", "arp")
+    assert res.returncode == 2 and "does not follow by 'arp'" in res.stderr
+    res = _follow("no-such-lab", "icmp", "-c", "0")
+    assert res.returncode == 2 and "-c must be at least 1" in res.stderr

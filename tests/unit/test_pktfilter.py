@@ -1,0 +1,80 @@
+"""The pcap-filter subset labctl follows by (labctl.pktfilter): parsing, matching on the host, and the
+kernel's event filter it becomes (the fields the follow probes fetch, little-endian as a guest's CPU reads
+network-order bytes)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+import pytest
+
+from labctl.pktfilter import FilterError, Packet, kernel_filter, parse
+
+
+def pkt(src: str, dst: str, proto: int, sport: int | None = None, dport: int | None = None) -> Packet:
+    return Packet(int(ipaddress.IPv4Address(src)), int(ipaddress.IPv4Address(dst)), proto, sport, dport)
+
+
+PING = pkt("10.1.0.1", "10.2.0.1", 1)
+REPLY = pkt("10.2.0.1", "10.1.0.1", 1)
+DNS = pkt("10.1.0.1", "10.2.0.53", 17, 40000, 53)
+WEB = pkt("10.1.0.7", "10.3.0.1", 6, 51000, 80)
+
+
+@pytest.mark.parametrize(("text", "matches"), [
+    ("", [PING, REPLY, DNS, WEB]),
+    ("icmp", [PING, REPLY]),
+    ("host 10.2.0.1", [PING, REPLY]),
+    ("src host 10.2.0.1", [REPLY]),
+    ("dst 10.2.0.1", [PING]),
+    ("src and dst net 10.0.0.0/8", [PING, REPLY, DNS, WEB]),
+    ("net 10.2.0.0/24", [PING, REPLY, DNS]),
+    ("net 10.2", [PING, REPLY, DNS]),
+    ("net 10.0.0.0 mask 255.254.0.0", [PING, REPLY, DNS, WEB]),
+    ("dst net 10.2.0.0/31", [PING]),
+    ("port 53", [DNS]),
+    ("udp dst port 53", [DNS]),
+    ("tcp port 53", []),
+    ("tcp or udp", [DNS, WEB]),
+    ("not icmp and not port 80", [DNS]),
+    ("host 10.1.0.1 or 10.1.0.7", [PING, REPLY, DNS, WEB]),  # pcap repeats the qualifier
+    ("icmp && !(src 10.2.0.1)", [PING]),
+    ("ip proto 17", [DNS]),
+    ("ip and tcp port 80", [WEB]),
+])
+def test_filters_match_what_tcpdump_would(text: str, matches: list[Packet]) -> None:
+    node = parse(text)
+    assert [p for p in (PING, REPLY, DNS, WEB) if node.match(p)] == matches
+
+
+@pytest.mark.parametrize(("text", "word"), [
+    ("arp", "arp"), ("ip6 and icmp6", "ip6"), ("portrange 1-100", "portrange"), ("vlan 10", "vlan"),
+    ("ether host 52:54:00:00:00:01", "ether"), ("tcp[13] & 2 != 0", "tcp[13]"), ("less 100", "less"),
+])
+def test_primitives_outside_the_subset_are_refused_by_name(text: str, word: str) -> None:
+    with pytest.raises(FilterError, match=re.escape(f"does not follow by '{word}'") + ".*host, net, port"):
+        parse(text)
+
+
+@pytest.mark.parametrize("text", ["host", "host 10.1.0", "port http", "icmp and", "(icmp", "host example.org",
+                                  "net 10.1.0.0/40", "tcp host 10.0.0.1"])
+def test_bad_filters_are_refused(text: str) -> None:
+    with pytest.raises(FilterError):
+        parse(text)
+
+
+def test_the_kernel_filter_compares_little_endian_fields() -> None:
+    filt, extra = kernel_filter(parse("icmp and host 10.2.0.1"))
+    assert filt == "vi >= 69 && vi <= 79 && (proto == 1 && (saddr == 0x100020a || daddr == 0x100020a))"
+    assert extra == set()
+    filt, extra = kernel_filter(parse("udp dst port 53"))
+    assert "dport == 0x3500" in filt and "proto == 17" in filt and "vi == 69" in filt and "!(fo & 0xff1f)" in filt
+    assert extra == {"sport", "dport", "fo"}
+
+
+def test_networks_become_byte_ranges_in_the_kernel() -> None:
+    filt, extra = kernel_filter(parse("src net 10.2.16.0/20"))
+    assert filt.endswith("(sb0 == 10 && sb1 == 2 && sb2 >= 16 && sb2 <= 31)")
+    assert extra == {"sb0", "sb1", "sb2"}
+    assert kernel_filter(parse("not net 10.0.0.0/8"))[0].endswith("!(((sb0 == 10) || (db0 == 10)))")
