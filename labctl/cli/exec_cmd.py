@@ -8,7 +8,9 @@ escaped, see :mod:`labctl.textsafe`).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from labctl.debug import console_crashed
 from labctl.errors import UsageError
 from labctl.ssh import Session, command_line
 from labctl.state import LabState
@@ -74,7 +76,18 @@ def split_exec(words: list[str], timeout: float) -> tuple[str, str, float, list[
 
 def cmd_exec(args: argparse.Namespace) -> int:
     lab, guest, timeout, cmd = split_exec(args.words, args.timeout)
-    ep = LabState.load(lab).endpoint(guest)
+    state = LabState.load(lab)
+    ep = state.endpoint(guest)
+    console = Path(state.guests[guest].console)
+
+    def crashed() -> str | None:
+        # A kernel that panics pauses its QEMU (the vmcore's -action panic=pause): the SSH session
+        # would wait forever for a paused guest, so its console decides.
+        if not console_crashed(console):
+            return None
+        return (f"guest {guest} crashed (its console shows the crash): 'labctl status {lab}' says so, "
+                f"'labctl dump {lab} {guest}' keeps its memory, 'labctl reset {lab} {guest}' brings it back")
+
     with Session(ep) as s:
         # The command's own output, byte for byte, like ssh: the user asked for it (not escaped).
-        return s.run(command_line(cmd), timeout=timeout, stream=True).status
+        return s.run(command_line(cmd), timeout=timeout, stream=True, abort=crashed).status

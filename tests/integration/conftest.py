@@ -32,35 +32,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).name))
 
 
-@pytest.fixture(autouse=True)
-def _machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
-    """With pytest-xdist's workers side by side on this machine's two cores, a test marked
-    ``alone`` (its assertions hold only with the host's CPUs to itself: a clock within a second,
-    no ping lost during a reset, a throughput threshold) runs with no other test beside it: every
-    test holds a shared lock, an ``alone`` one the exclusive lock (a turnstile in front keeps a
-    stream of shared holders from starving it). Without workers (one process, or a nested run)
-    nothing is locked."""
-    if not hasattr(request.config, "workerinput"):
-        yield
-        return
-    import fcntl
-
-    from tests import isolation
-
-    shared = Path(os.environ[isolation.SHARED_ENV])
-    alone = request.node.get_closest_marker("alone") is not None
-    fds = [os.open(shared / name, os.O_RDWR | os.O_CREAT, 0o600) for name in ("turnstile.lock", "machine.lock")]
-    turnstile, machine = fds
-    try:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        fcntl.flock(turnstile, fcntl.LOCK_UN)
-        yield
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 @pytest.fixture(scope="session")
 def image() -> Image:
     """The default image; built by setup.sh (``labctl image build``) before the tests."""

@@ -86,6 +86,7 @@ def test_parse_stat_line_takes_the_comm_up_to_the_last_parenthesis() -> None:
     assert parse_stat_line("1 (x) R 1 2") is None
 
 
+@pytest.mark.alone("the busy thread's CPU seconds are measured: another worker's test would take its core")
 def test_a_watch_measures_the_busy_thread_as_the_vcpu(busy: Any, tmp_path: Path) -> None:
     proc, tid = busy
     watch = HostWatch(FakeState({"a": _record("a", proc.pid)}), FakeBackend(tid), ["a"], tmp_path,  # type: ignore[arg-type]
@@ -127,6 +128,7 @@ def _skip_if_forbidden(why: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("perf") is None, reason="the host has no perf (apt-get install linux-perf)")
+@pytest.mark.alone("the busy thread's CPU seconds are measured: another worker's test would take its core")
 def test_the_host_profile_records_the_window_and_names_the_busy_thread(busy: Any, tmp_path: Path) -> None:
     proc, tid = busy
     watch = HostWatch(FakeState({"a": _record("a", proc.pid)}), FakeBackend(tid), ["a"], tmp_path)  # type: ignore[arg-type]
