@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from labctl.cli.main import build_parser
-from labctl.lab import checks, kernels, kselftest, netconf, nicparse, shares, steps, tracespec, validate
+from labctl.lab import checks, followspec, kernels, kselftest, netconf, nicparse, shares, steps, tracespec, validate
 from labctl.lab.impair import IMPAIR_KEYS
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS
 
@@ -60,6 +60,7 @@ STEP_SECTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     ("steps[].kselftest", kselftest.KEYS, ("tree",), "../kselftest.md"),
     ("steps[].impair.GUEST.NIC", IMPAIR_KEYS, (), "../networking.md#impairments"),
     ("steps[].trace.GUEST", tracespec._TRACE_KEYS, (), "../steps.md"),
+    ("steps[].follow", followspec._KEYS, ("filter",), "../follow.md"),
 )
 TRACE_KINDS: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("perf_record", tracespec._PERF_RECORD_KEYS, "../steps.md"),
@@ -68,6 +69,7 @@ TRACE_KINDS: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
     ("kprobes", None, "../steps.md"),
     ("mpstat", tracespec._MPSTAT_KEYS, "../steps.md"),
     ("skb_latency", tracespec._SKB_LATENCY_KEYS, "../steps.md#per-packet-latency-skb_latency"),
+    ("bpftrace", tracespec._BPFTRACE_KEYS, "../follow.md"),
     ("stats", None, "../steps.md"),
     ("capture", None, "../networking.md#packet-capture"),
 )

@@ -128,7 +128,7 @@ def test_the_class_in_a_browser(cli: Cli, image: object, tmp_path: Path) -> None
                     page = pages[s]
                     assert page.url == f"{base}/lab/{NAME}@{s}", page.url
                     expect(page.locator("#title")).to_have_text(f"lab {NAME}@{s}")
-                    expect(page.locator(".guest")).to_have_count(1)
+                    expect(page.locator("div.guest")).to_have_count(1)
                     expect(page.locator("#handout-text")).to_contain_text(f"{NAME}@{s}")
                     expect(page.locator(".term-status")).to_contain_text("connected", timeout=60_000)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -24,15 +25,21 @@ class Sent:
 
     runs: list[tuple[str, float]] = field(default_factory=list)
     endpoint: tuple[str, str] | None = None
+    console: Path = Path("/nonexistent/console.log")
+    abort: Callable[[], str | None] | None = None
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
-    record = Sent()
+def sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Sent:
+    record = Sent(console=tmp_path / "console.log")
+
+    class Guest:
+        console = str(record.console)
 
     class State:
         def __init__(self, lab: str) -> None:
             self.lab = lab
+            self.guests = {"g": Guest(), "a": Guest()}
 
         def endpoint(self, guest: str) -> tuple[str, str]:
             record.endpoint = (self.lab, guest)
@@ -51,9 +58,11 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
         def __exit__(self, *exc: object) -> None:
             pass
 
-        def run(self, command: str, timeout: float, stream: bool) -> Result:
+        def run(self, command: str, timeout: float, stream: bool,
+                abort: Callable[[], str | None]) -> Result:
             assert stream  # the command's output goes straight to the user
             record.runs.append((command, timeout))
+            record.abort = abort
             return Result()
 
     monkeypatch.setattr(exec_cmd.LabState, "load", staticmethod(State))
@@ -132,3 +141,15 @@ def test_ssh_puts_openssh_in_labctls_place() -> None:
     res = subprocess.run([sys.executable, "-c", code, "/nonexistent/ssh"], capture_output=True, text=True,
                          timeout=60, cwd=ROOT, check=False)
     assert res.returncode == 3 and "is not installed" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_exec_gives_up_when_its_guest_crashes(sent: Sent) -> None:
+    """A panicked guest's QEMU stays paused (-action panic=pause): the session would wait for it
+    forever, so exec watches the guest's console and ends with the reason once it shows a crash."""
+    assert cli_main.main(["exec", "lab", "g", "--", "echo c > /proc/sysrq-trigger"]) == 0
+    assert sent.abort is not None and sent.abort() is None  # no console yet, no crash
+    sent.console.write_text("[    5.1] eth1: link up\n")
+    assert sent.abort() is None
+    sent.console.write_text("[    9.8] sysrq: Trigger a crash\n[    9.8] Kernel panic - not syncing: sysrq triggered crash\n")
+    why = sent.abort()
+    assert why is not None and why.startswith("guest g crashed") and "labctl reset lab g" in why

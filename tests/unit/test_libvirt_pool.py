@@ -19,6 +19,9 @@ class Pool:
     def refresh(self, flags: int) -> None:
         self.calls += 1
         if self.failures:
+            # libvirtError takes this thread's last libvirt error over its argument: a real call
+            # that failed earlier in this process (another test) would put its words in ours
+            libvirt.virResetLastError()
             raise libvirt.libvirtError(self.failures.pop(0))
 
 
