@@ -119,6 +119,8 @@ def _command(name: str, helptext: str, parser: argparse.ArgumentParser, level: i
     if parser.description and parser.description != helptext:
         out += [cell(parser.description), ""]
     out += ["```text", parser.format_usage().removeprefix("usage: ").rstrip(), "```", ""]
+    if parser.epilog:
+        out += [f"Example: `{parser.epilog.removeprefix('example: ')}`", ""]
     rows = _option_rows(parser)
     if rows:
         out += ["| argument | meaning |", "| --- | --- |", *rows, ""]

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from labctl import __version__
+from labctl.cli.examples import add_examples
 from labctl.cli.ui import error
 from labctl.errors import LabctlError, LabFileError
 from labctl.textsafe import safe_text
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p, sub = _new_parser()
     for load in MODULES:
         load().register(sub)
+    add_examples(sub)
     return p
 
 
@@ -208,6 +210,7 @@ def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
         return build_parser()
     p, sub = _new_parser()
     load().register(sub)
+    add_examples(sub)
     return p
 
 

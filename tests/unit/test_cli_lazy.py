@@ -52,3 +52,18 @@ def test_help_and_mistakes_get_the_whole_parser(capsys: pytest.CaptureFixture[st
         parser_for(["exce"]).parse_args(["exce"])
     assert exc.value.code == 2 and "invalid choice: 'exce'" in capsys.readouterr().err
     assert _words(parser_for(["--help"])) == _words(build_parser())
+
+
+def test_every_command_has_an_example_that_parses() -> None:
+    """``labctl COMMAND --help`` ends with an example line; each one is a valid command line."""
+    import shlex
+
+    from labctl.cli.examples import EXAMPLES
+
+    assert sorted(EXAMPLES) == sorted(COMMANDS)
+    for word, example in EXAMPLES.items():
+        argv = shlex.split(example.split(" | ")[0].split(" > ")[0].split(" >> ")[0])[1:]
+        assert argv[0] == word, example
+        parser_for(argv).parse_args(argv)  # SystemExit (argparse's error) fails the test
+        assert parser_for(argv)._subparsers is not None
+    assert build_parser().parse_args(["exec", "l", "a", "true"]).command == "exec"
