@@ -164,7 +164,7 @@ def test_the_class_in_a_browser(cli: Cli, image: object, tmp_path: Path) -> None
                 expect(bea_cell.locator(".state")).to_have_text("crashed", timeout=20_000)
                 turned_red = time.monotonic() - t0
                 expect(bea_cell.locator(".panic")).to_contain_text("Kernel panic")
-                expect(pages["bea"].locator(".state")).to_have_text("crashed")  # bea sees it too
+                expect(pages["bea"].locator("#guests .state")).to_have_text("crashed")  # bea sees it too
                 trainer.screenshot(path=str(shots / "serve-trainer.png"))
 
                 # -- the trainer's reset brings it back; bea's terminal reconnects ----------------
