@@ -12,6 +12,10 @@ from tests import harness
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import pids_matching, require_libvirtd, virsh
 
+#: One worker for libvirt's tests: they share libvirtd's pool and its kernel volumes
+#: (an up on one worker lost its kernel volume to the other worker's libvirt test once).
+pytestmark = pytest.mark.xdist_group("libvirt")
+
 LAB = ROOT / "labs" / "quickstart.yaml"
 ADDRS = {"a": "10.10.0.1", "b": "10.10.0.2", "c": "10.10.0.3"}
 DRIVERS = {"a": {"8139cp", "8139too"}, "b": {"e1000"}, "c": {"virtio_net"}}

@@ -31,6 +31,10 @@ from tests.integration.test_libvirt_hosts import (  # noqa: F401 - fixtures
     sshd,
 )
 
+#: One worker for libvirt's tests: they share libvirtd's pool and its kernel volumes
+#: (an up on one worker lost its kernel volume to the other worker's libvirt test once).
+pytestmark = pytest.mark.xdist_group("libvirt")
+
 CLASS = harness.lab_name("vclass")
 STUDENTS = ["ann", "bea", "cid", "dan"]
 

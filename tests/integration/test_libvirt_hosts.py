@@ -26,6 +26,10 @@ from tests import harness
 from tests.conftest import Cli, interrupt
 from tests.integration.conftest import pids_matching, pool_volumes_of, require_libvirtd, virsh, wait_for
 
+#: One worker for libvirt's tests: they share libvirtd's pool and its kernel volumes
+#: (an up on one worker lost its kernel volume to the other worker's libvirt test once).
+pytestmark = pytest.mark.xdist_group("libvirt")
+
 LOCAL = "qemu:///system"
 POOL = "labctl"
 POOL_DIR = Path("/var/lib/libvirt/labctl")

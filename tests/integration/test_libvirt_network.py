@@ -21,6 +21,10 @@ from tests import harness
 from tests.conftest import Cli
 from tests.integration.conftest import pids_matching, require_libvirtd, virsh, wait_for
 
+#: One worker for libvirt's tests: they share libvirtd's pool and its kernel volumes
+#: (an up on one worker lost its kernel volume to the other worker's libvirt test once).
+pytestmark = pytest.mark.xdist_group("libvirt")
+
 TAG = f"lvn{harness.RUN_ID}"  # lab names are global on a libvirt host: this run's own
 
 
