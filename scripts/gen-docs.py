@@ -95,11 +95,14 @@ def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, ar
                     yield name, helps.get(name, ""), sub
 
 
-def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
+def _options(parser: argparse.ArgumentParser, with_help: bool = True) -> list[tuple[str, str]]:
+    """Each argument of ``parser`` as argparse's help shows it: its name with its metavar, its help."""
     formatter = parser._get_formatter()
-    rows = []
+    found = []
     for action in parser._actions:
         if action.help == argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
+            continue
+        if not with_help and action.option_strings == ["-h", "--help"]:
             continue
         if action.option_strings:
             name = ", ".join(action.option_strings)
@@ -107,9 +110,12 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
                 name += " " + formatter._format_args(action, formatter._get_default_metavar_for_optional(action))
         else:
             name = formatter._format_args(action, formatter._get_default_metavar_for_positional(action))
-        helptext = formatter._expand_help(action) if action.help else ""
-        rows.append(f"| `{name.replace('|', '&#124;')}` | {cell(helptext)} |")
-    return rows
+        found.append((name, formatter._expand_help(action) if action.help else ""))
+    return found
+
+
+def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
+    return [f"| `{name.replace('|', '&#124;')}` | {cell(helptext)} |" for name, helptext in _options(parser)]
 
 
 def _command(name: str, helptext: str, parser: argparse.ArgumentParser, level: int) -> list[str]:
@@ -189,7 +195,6 @@ def _roff(text: str) -> str:
 
 
 def _man_command(parser: argparse.ArgumentParser, helptext: str) -> list[str]:
-    formatter = parser._get_formatter()
     out = [f'.SS "{parser.prog}"']
     if helptext:
         out.append(_roff(helptext[0].upper() + helptext[1:] + "."))
@@ -197,18 +202,8 @@ def _man_command(parser: argparse.ArgumentParser, helptext: str) -> list[str]:
         out += [".PP", _roff(parser.description)]
     usage = parser.format_usage().removeprefix("usage: ").strip().splitlines()
     out += [".PP", ".nf", *(_roff(line) for line in usage), ".fi"]
-    for action in parser._actions:
-        if action.help == argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
-            continue
-        if action.option_strings == ["-h", "--help"]:
-            continue
-        if action.option_strings:
-            name = ", ".join(action.option_strings)
-            if action.nargs != 0:
-                name += " " + formatter._format_args(action, formatter._get_default_metavar_for_optional(action))
-        else:
-            name = formatter._format_args(action, formatter._get_default_metavar_for_positional(action))
-        out += [".TP", f"\\fB{_roff(name)}\\fR", _roff(formatter._expand_help(action) if action.help else "")]
+    for name, text in _options(parser, with_help=False):
+        out += [".TP", f"\\fB{_roff(name)}\\fR", _roff(text)]
     for _, sub_help, sub in _subcommands(parser):
         out += _man_command(sub, sub_help)
     return out

@@ -23,6 +23,7 @@ q = shlex.quote
 # How long a tracer may take to start recording. perf record -a takes about
 # 4 s under TCG on an idle guest (it reads every process's maps first).
 READY_TIMEOUT = 120
+TRACEFS = "/sys/kernel/tracing"
 
 
 @dataclass(frozen=True)
@@ -251,9 +252,11 @@ def ready(workdir: str, tracer: Tracer, timeout: int = READY_TIMEOUT) -> str | N
     return f"cd {q(workdir)} && timeout {int(timeout)} bash -c {q(wait)}"
 
 
-def stop(workdir: str, names: list[str], timeout: int = 120) -> str:
-    """SIGINT each named background process and wait (up to ``timeout`` s) for it to exit."""
-    parts = [f"cd {q(workdir)}"]
+def stop(workdir: str, names: list[str], timeout: int = 120, flush: tuple[str, ...] = ()) -> str:
+    """SIGINT each named background process and wait (up to ``timeout`` s) for it to exit; the
+    trace-cmd recordings named in ``flush`` first get the events still in the kernel's buffer
+    (:func:`flush_command`)."""
+    parts = [f"cd {q(workdir)}", *(flush_command(name) for name in flush)]
     for name in names:
         pidf = q(name + ".pid")
         parts.append(
@@ -261,6 +264,23 @@ def stop(workdir: str, names: list[str], timeout: int = 120) -> str:
             f"while kill -0 $p 2>/dev/null && [ $i -lt {timeout * 5} ]; do sleep 0.2; i=$((i+1)); done; "
             f"kill -KILL $p 2>/dev/null; fi; rm -f {q(name + '.ctl')} {q(name + '.ack')}")
     return "; ".join(parts) + "; true"
+
+
+def flush_command(name: str, rounds: int = 25) -> str:
+    """Shell: tracing off, then the trace-cmd recording ``name`` takes what is left in the buffer.
+
+    trace-cmd 3.1 (Debian 12) moves whole pages while it records and the last, partial page of each
+    CPU when it stops; under load that last read sometimes fails (its log says ``0 bytes in size``)
+    and trace-cmd then clears the buffer: a short step lost every event. So the events stop first
+    (``tracing_on``: the step's work is over), and each recorder is told (SIGUSR2, trace-cmd's own
+    "flush" signal to its per-CPU recorders) to write what the buffer holds, until the kernel's
+    per-CPU ``entries`` say nothing is left (at most ``rounds`` tries, 0.2 s apart).
+    """
+    pid = q(name + ".pid")
+    left = f"cat {TRACEFS}/per_cpu/cpu*/stats 2>/dev/null | awk '/^entries:/ {{n += $2}} END {{exit n == 0}}'"
+    return (f"if [ -f {pid} ]; then echo 0 > {TRACEFS}/tracing_on; i=0; "
+            f"while [ $i -lt {int(rounds)} ] && {left}; do pkill -USR2 -P \"$(cat {pid})\" 2>/dev/null; "
+            "sleep 0.2; i=$((i+1)); done; fi")
 
 
 def add_kprobes(spec: TraceSpec) -> str | None:

@@ -123,7 +123,9 @@ class TracingKind(StepKind):
                 v.res.fail(v.sessions.dead_guests() or f"guest {g} stopped during the step")
                 continue
             try:
-                v.sh(g, tr.stop(v.workdir, [t.name for t in tr.tracers(spec)]), timeout=200)
+                tracers = tr.tracers(spec)
+                flush = tuple(t.name for t in tracers if t.tool == "trace-cmd")
+                v.sh(g, tr.stop(v.workdir, [t.name for t in tracers], flush=flush), timeout=200)
                 v.sh(g, tr.postprocess(v.workdir, spec), timeout=600)
                 cmd = tr.remove_kprobes(spec)
                 if cmd:

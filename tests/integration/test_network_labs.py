@@ -23,6 +23,10 @@ import pytest
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import qemu_pids_under
 
+OVER_3_MIN = ("two seed labs run for real, each in its own pair of TCG guests: ip-fragmentation's three loss "
+              "rates (at 10% loss iperf3's UDP setup datagram is often lost, and iperf3 retries only after "
+              "30 s), and rps's rows with and without receive packet steering")
+
 
 def _short(lab: str, tmp_path: Path, seconds: int) -> Path:
     text = (ROOT / "labs" / lab).read_text()

@@ -60,6 +60,11 @@ def test_tracers_say_when_they_record() -> None:
     assert "Hit Ctrl^C" in (tr.ready("/w", ftrace) or "")
     assert mpstat.signal == "" and tr.ready("/w", mpstat) is None
     assert "rm -f perf-record.ctl perf-record.ack" in tr.stop("/w", ["perf-record"])
+    # trace-cmd's recorders are told to take what the buffer holds before it is stopped (its own
+    # last read loses a short step's events under load), tracing off first; perf is not
+    stop = tr.stop("/w", ["perf-record", "trace-cmd"], flush=("trace-cmd",))
+    assert stop.index("tracing_on") < stop.index("pkill -USR2 -P \"$(cat trace-cmd.pid)\"") < stop.index("kill -INT")
+    assert "USR2" not in tr.stop("/w", ["perf-record"])
 
 
 def test_skb_latency_lab_traces_both_ends_of_each_nic_model() -> None:
