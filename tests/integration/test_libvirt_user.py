@@ -167,3 +167,51 @@ def test_qemu_runs_unprivileged_and_the_lab_works(cli: Cli, image: Image, kernel
     assert _leftovers() == NOTHING
     assert not (cli.state_dir / "labs" / NAME).exists()
     assert all((POOL_DIR / v).exists() for v in volumes)  # the image stays, as a cache
+
+
+def test_two_labs_placing_the_same_volume_at_once_both_get_it(tmp_path: Path) -> None:
+    """Two ups on one host place the same kernel volume at the same moment (a shared kernel): each
+    gets the one verified volume. Without the lock around the check and the upload, the second took
+    the first's half-uploaded volume (its marker not written yet) for a leftover and deleted it."""
+    require_libvirtd(URI)
+    import hashlib
+    import threading
+
+    from labctl.backends.libvirt import storage
+    from labctl.backends.libvirt.api import connection
+
+    blob = tmp_path / "kernel.bin"
+    blob.write_bytes(os.urandom(24 << 20))
+    sha = hashlib.sha256(blob.read_bytes()).hexdigest()
+    name = f"kernel-racetest{harness.RUN_ID}-{sha[:12]}"
+    results: list[object] = []
+
+    def place() -> None:
+        try:
+            with connection(URI) as conn:
+                pool = storage.ensure_pool(conn)
+                results.append(storage.ensure_file(conn, pool, name, blob, sha, blob.stat().st_size, False))
+        except Exception as exc:  # noqa: BLE001 - the test reports what either side met
+            results.append(exc)
+
+    try:
+        for _ in range(3):
+            threads = [threading.Thread(target=place) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            got = results[-2:]
+            assert all(isinstance(r, tuple) for r in got), got
+            assert {r[0] for r in got if isinstance(r, tuple)} == {str(POOL_DIR / name)}
+            assert sum(r[1] is not None for r in got if isinstance(r, tuple)) <= 1  # uploaded once at most
+            assert hashlib.sha256((POOL_DIR / name).read_bytes()).hexdigest() == sha
+            with connection(URI) as conn:  # the next round starts from nothing again
+                pool = storage.ensure_pool(conn)
+                for vol in (name, name + storage.MARKER):
+                    storage.delete_volume(pool, vol)
+    finally:
+        with connection(URI) as conn:
+            pool = storage.ensure_pool(conn)
+            for vol in (name, name + storage.MARKER):
+                storage.delete_volume(pool, vol)

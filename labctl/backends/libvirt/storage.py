@@ -39,6 +39,7 @@ from typing import Any
 from labctl.errors import ImageError
 from labctl.image import ROOTFS, Image, sha256_file
 from labctl.kernel import Kernel
+from labctl.paths import cache_dir, exclusive
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +235,21 @@ def ensure_file(conn: Any, pool: Any, name: str, path: Path, sha256: str, size: 
     :raise ImageError: when an upload does not read back with that sum.
     """
     secs = None
-    if not _verified(conn, pool, name, sha256) and not (local and link_file(conn, pool, name, path, sha256)):
-        t0 = time.monotonic()
-        upload_file(conn, pool, name, path, size, mode="0644")
-        _verify(conn, pool, name, sha256, path)
-        secs = time.monotonic() - t0
-    return str(pool.storageVolLookupByName(name).path()), secs
+    # Two labs placing the same volume at once (a shared kernel, initramfs or image): without the
+    # lock, one took the other's half-uploaded volume (no marker yet) for a leftover and deleted it.
+    with exclusive(_volume_lock(conn, name)):
+        if not _verified(conn, pool, name, sha256) and not (local and link_file(conn, pool, name, path, sha256)):
+            t0 = time.monotonic()
+            upload_file(conn, pool, name, path, size, mode="0644")
+            _verify(conn, pool, name, sha256, path)
+            secs = time.monotonic() - t0
+        return str(pool.storageVolLookupByName(name).path()), secs
+
+
+def _volume_lock(conn: Any, name: str) -> Path:
+    """The lock file (in labctl's cache) held while a volume of this host's pool is checked and placed."""
+    where = hashlib.sha256(f"{conn.getURI()}\0{POOL}\0{name}".encode()).hexdigest()[:24]
+    return cache_dir() / "locks" / f"libvirt-volume-{where}.lock"
 
 
 def _manifest_sum(image: Image, file: str) -> tuple[str, int]:
