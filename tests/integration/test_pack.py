@@ -247,3 +247,91 @@ def test_a_pack_from_a_url_is_shown_then_prepared(packed: Packed, served: str) -
     assert qemu_pids_under(packed.fresh.state_dir) == []
     res = packed.fresh("up", f"{served}/tree.yaml", "--accel", "tcg", timeout=300)
     assert res.returncode == 2 and "may not name a path of this host" in " ".join(res.stderr.split())
+
+
+GIT_LAB = """\
+name: fromgit
+networks: {}
+guests:
+  a: {}
+steps:
+  - name: hello
+    run:
+      - {guest: a, command: "uname -r"}
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def git_served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``git daemon`` on loopback serving ``repo.git`` (its work tree: the Path, committed by the test)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True, timeout=60)
+    port = _free_port()
+    daemon = subprocess.Popen(["git", "daemon", "--listen=127.0.0.1", f"--port={port}", f"--base-path={tmp_path}",
+                               "--export-all", "--reuseaddr", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"git://127.0.0.1:{port}/repo.git", src
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+
+
+def _commit(src: Path, bare: Path) -> str:
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "add", "-A"], check=True, timeout=60)
+    subprocess.run([*git, "commit", "-qm", "lab"], check=True, timeout=60)
+    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(bare)], check=True, timeout=60)
+    return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                          timeout=60).stdout.strip()
+
+
+def _removed_kept(cli: Cli) -> tuple[dict[str, str], dict[str, str]]:
+    res = cli("cache", "prune", "--json", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    return ({e["path"]: e["kind"] for e in data["removed"]}, {e["path"]: e["kind"] for e in data["kept"]})
+
+
+def test_a_lab_from_git_runs_and_prune_keeps_what_a_lab_up_uses(git_served: tuple[str, Path], cli: Cli) -> None:
+    """A lab file from a git repository served on loopback: refused with exit 2 for a missing revision,
+    path or file; else shown with its commit and run, its bundle naming that commit. A packed file
+    from the same repository is opened (``--dry-run``). ``cache prune`` then removes the unpacked
+    pack, which nothing uses, and keeps the git repository the lab that is up came from; once it is
+    down, prune removes that too."""
+    repo, src = git_served
+    (src / "labs").mkdir()
+    (src / "labs" / "one.yaml").write_text(GIT_LAB)
+    res = cli("pack", str(src / "labs" / "one.yaml"), "-o", str(src / "bug.labpack"), "--no-image", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    commit = _commit(src, src.parent / "repo.git")
+    for url, why in ((f"{repo}@nosuch#labs/one.yaml", "git could not fetch nosuch"),
+                     (f"{repo}#labs/none.yaml", f"no file labs/none.yaml in {repo} at commit {commit}"),
+                     (repo, "no path of a file in the repository")):
+        res = cli("up", url, "--accel", "tcg", timeout=300)
+        assert res.returncode == 2 and why in " ".join(res.stderr.split()), res.stdout + res.stderr
+        assert "Traceback" not in res.stderr and not (cli.state_dir / "labs" / "fromgit").exists()
+    res = cli("up", f"{repo}#bug.labpack", "--accel", "tcg", "--dry-run", timeout=600)
+    assert res.returncode == 0 and f"commit {commit} of {repo}" in res.stdout + res.stderr, res.stdout + res.stderr
+    res = cli("up", f"{repo}#labs/one.yaml", "--accel", "tcg", "--json", timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"commit {commit} of {repo}, file labs/one.yaml" in " ".join(res.stderr.split())
+    bundle = _bundle(res.stdout)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["lab"]["source"] == f"{repo}@{commit}#labs/one.yaml"
+    assert re.fullmatch(r"6\.1\.0-\d+-amd64\n", next((bundle / "steps" / "hello").rglob("cmd-*.out")).read_text())
+    removed, kept = _removed_kept(cli)
+    assert "pack" in removed.values() and "git" not in removed.values(), removed
+    assert list(kept.values()).count("git") == 1, kept
+    cli("down", "fromgit", check=True)
+    removed, _kept = _removed_kept(cli)
+    assert list(removed.values()).count("git") == 1, removed
