@@ -85,8 +85,7 @@ def parse_git_url(text: str) -> GitSource:
     if transport != "file" and not parts.hostname:
         raise UsageError(f"{text}: no host")
     path, rev = parts.path, None
-    tail = path.rsplit("/", 1)[-1]
-    if "@" in tail:
+    if "@" in path:  # pip's rule: the last @ of the path
         path, rev = path.rsplit("@", 1)
         if not REV.fullmatch(rev) or ".." in rev or rev.endswith((".lock", "/", ".")):
             raise UsageError(f"{text}: '{rev}' is not a branch, a tag or a commit id")
