@@ -107,7 +107,7 @@ def _stage(stage: Path, lab: Lab, image: Image, kernels: Mapping[str, Kernel], *
     for guest in lab.guests:
         kernel = kernels[guest]
         if kernel.source.get("kind") == "debian":
-            guests[guest] = kernel_record(kernel)
+            guests[guest] = kernel_record(kernel, debug=debug)
             continue
         where = stage / "kernels" / kernel.key
         if not where.is_dir():
@@ -133,7 +133,8 @@ def _stage(stage: Path, lab: Lab, image: Image, kernels: Mapping[str, Kernel], *
 
 def _stage_kernel(kernel: Kernel, where: Path, debug: bool) -> int:
     """A tree's (or loose) prepared kernel as loose files: boot, config, System.map, its modules
-    (out of the modules disk, with labctl's out-of-tree ones), and with ``debug`` its debug file."""
+    (out of the modules disk, with labctl's out-of-tree ones: a tree's carry their DWARF, and are
+    its debug modules where it is opened with ``debug``), and with ``debug`` its debug file."""
     for name in ("boot", "config", "System.map"):
         if (kernel.dir / name).is_file():
             _link(kernel.dir / name, where / name)
