@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from labctl.kernel.vmlinux import has_dwarf
 from tests import isolation
 from tests.conftest import Cli, new_cli
 from tests.integration.conftest import qemu_pids_under
@@ -109,7 +110,7 @@ def packed(tree_kernel: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         res = cli("run", str(lab), "--out", str(work / "runs"), "--accel", "tcg", "--keep", "--json", timeout=900)
         assert res.returncode == 0, res.stdout + res.stderr
         first = _bundle(res.stdout)
-        res = cli("pack", str(first), "-o", str(work / "run.labpack"), "--json", timeout=600)
+        res = cli("pack", str(first), "-o", str(work / "run.labpack"), "--with-debug", "--json", timeout=600)
         assert res.returncode == 0, res.stdout + res.stderr
         keys = _key_lines(cli.state_dir)
     finally:
@@ -139,6 +140,11 @@ def test_the_packed_run_boots_the_same_kernels_on_the_same_image(packed: Packed)
         assert b["kernels"][guest]["release"] == a["kernels"][guest]["release"]
     assert b["kernels"]["a"]["release"].endswith("-labctl-test") and b["kernels"]["b"]["release"] == "6.1.0-56-amd64"
     assert b["kernels"]["a"]["source"]["kind"] == "files"  # from the pack: the tree is not read
+    # --with-debug: the tree kernel's modules are its debug modules where the pack runs (module symbols for
+    # gdb, drgn, oops decoding), and the Debian kernel's -dbg package was checked by its packed digest
+    e1000 = list((Path(b["kernels"]["a"]["dir"]) / "debug-modules").rglob("e1000.ko"))
+    assert len(e1000) == 1 and has_dwarf(e1000[0])
+    assert len(json.loads(_contents(packed.pack)["pack.json"])["guests"]["b"]["debug_sha256"]) == 64
     assert b["image"]["files"]["rootfs.img"]["sha256"] == a["image"]["files"]["rootfs.img"]["sha256"]
     cache = Path(packed.fresh.env["LABCTL_CACHE_DIR"])
     assert [p.name for p in (cache / "images" / "debian-12").iterdir() if not p.name.startswith(".")] == [
@@ -199,7 +205,8 @@ def test_a_no_image_pack_needs_the_same_packages_and_build_ids(tree_kernel: Path
     kernel prepared from the pack with another build id than the index's is refused."""
     lab = tmp_path / "lab.yaml"
     lab.write_text(LAB.format(tree=tree_kernel))
-    res = cli("pack", str(lab), "-o", str(tmp_path / "noimg.labpack"), "--no-image", "--json", timeout=600)
+    res = cli("pack", str(lab), "-o", str(tmp_path / "noimg.labpack"), "--no-image", "--with-debug", "--json",
+              timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     made = json.loads(res.stdout)
     assert made["image"]["packed"] is False and made["bytes"] < 100 << 20
@@ -212,6 +219,10 @@ def test_a_no_image_pack_needs_the_same_packages_and_build_ids(tree_kernel: Path
     _with_index(tmp_path / "noimg.labpack", other, lambda index: index["guests"]["a"].update(build_id="0" * 40))
     err = _refused(cli, "up", str(other), "--accel", "tcg")
     assert re.search(r"guest a: kernel \S+-labctl-test has build id ", err) and f"packed {'0' * 40}" in err
+    dbg = tmp_path / "other-dbg.labpack"
+    _with_index(tmp_path / "noimg.labpack", dbg, lambda index: index["guests"]["b"].update(debug_sha256="0" * 64))
+    err = _refused(cli, "up", str(dbg), "--accel", "tcg")
+    assert re.search(r"guest b: linux-image-6\.1\.0-56-amd64-dbg \S+ from the archive has sha256 \w+, packed 0{16}", err)
 
 
 @pytest.fixture
