@@ -40,9 +40,13 @@ from labctl.up import UpOptions, down, dry_run, guest_statuses, up
 from labctl.up import mounts as guest_shares
 
 
+FILE_HELP = ("a lab file or a packed file (labctl pack), or either from an http(s) URL or a git repository: "
+             "git+https://HOST/REPO.git[@REV]#PATH")
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("up", help="boot a lab's guests and wait until they answer SSH")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     add_up_arguments(p)
     p.add_argument("--show-command", action="store_true", help="print each guest's QEMU command once it is up")
     p.add_argument("--dry-run", action="store_true",

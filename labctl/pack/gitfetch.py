@@ -160,8 +160,7 @@ def fetch_git(src: GitSource) -> Checkout:
 
 def _git(src: GitSource, args: list[str], check: bool = True) -> tuple[int, bytes, bytes]:
     """``git ARGS`` with no prompt and only the source's transport; its status, output and errors."""
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": src.transport, "LC_ALL": "C",
-           "GIT_CONFIG_NOSYSTEM": "1"}
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": src.transport, "LC_ALL": "C"}
     if src.transport == "ssh" and "GIT_SSH_COMMAND" not in os.environ:
         env["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"
     res = run(["git", *args], timeout=FETCH_TIMEOUT_S, env=env, check=check)

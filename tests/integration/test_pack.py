@@ -5,8 +5,11 @@ fresh cache (no image, no tree kernel), ``labctl run`` of the packed file boots 
 (same ``uname -r``, same build ids) on the same image (same root file system sha256) and the step
 gives the same result; ``labctl compare`` of the packed run and the new one works; the same file
 over http on loopback is shown and prepared (``up --dry-run``); a truncated file, a pack whose
-kernel build id was changed, and a ``--no-image`` pack whose package list differs are refused
-with exit 2 and nothing started."""
+kernel build id was changed, a ``--no-image`` pack whose package list differs and one whose Debian
+``-dbg`` digest differs are refused with exit 2 and nothing started. Packed ``--with-debug``, the tree
+kernel's modules are its debug modules where the pack runs. A lab file from a git repository served
+by ``git daemon`` on loopback runs with its commit recorded, and ``cache prune`` keeps what a lab that
+is up uses."""
 
 from __future__ import annotations
 
