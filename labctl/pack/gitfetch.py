@@ -141,11 +141,12 @@ def fetch_git(src: GitSource) -> Checkout:
         rc, _out, err = _git(src, ["-C", str(bare), "fetch", "--depth", "1", "--no-tags", "--quiet", "--", src.repo,
                                    want], check=False)
         if rc != 0:
-            why = err.decode(errors="replace").strip().splitlines()
+            lines = err.decode(errors="replace").strip().splitlines()
+            why = [ln for ln in lines if ln.startswith(("fatal:", "error:"))][:1] or lines[-1:]
             hint = ("a revision is a branch, a tag or a full commit id" if src.rev and not FULL_COMMIT.fullmatch(src.rev)
                     else None)
             raise UsageError(f"{src.url}: git could not fetch {want} of {src.repo}: "
-                             f"{why[-1].removeprefix('fatal: ') if why else 'no reason given'}; nothing started",
+                             f"{why[0].removeprefix('fatal: ') if why else 'no reason given'}; nothing started",
                              hint=hint)
         commit = _git(src, ["-C", str(bare), "rev-parse", "--verify", "FETCH_HEAD^{commit}"])[1].decode().strip()
         root = base / "trees" / commit

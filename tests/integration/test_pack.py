@@ -342,6 +342,7 @@ def test_a_lab_from_git_runs_and_prune_keeps_what_a_lab_up_uses(git_served: tupl
     bundle = _bundle(res.stdout)
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["lab"]["source"] == f"{repo}@{commit}#labs/one.yaml"
+    assert f"{repo}@{commit}#labs/one.yaml" in (bundle / "report.md").read_text()  # the run card's lab file
     assert re.fullmatch(r"6\.1\.0-\d+-amd64\n", next((bundle / "steps" / "hello").rglob("cmd-*.out")).read_text())
     removed, kept = _removed_kept(cli)
     assert "pack" in removed.values() and "git" not in removed.values(), removed

@@ -139,3 +139,11 @@ def test_prune_keeps_what_is_pinned_or_named_by_a_lab_up(cache: Path, tmp_path: 
     assert (cache / "images" / "debian-12" / "0123").is_dir()  # a built image: image prune's
     removed, _ = prune_cache([])
     assert sorted(e.path.name for e in removed) == ["aaaa", "ffff", "pack-dd"]  # still pinned: cccc
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the repository to another user")
+def test_a_git_file_repository_of_another_user_is_refused_by_git(cache: Path, tmp_path: Path) -> None:
+    url, _ = _repo(tmp_path, {"a.yaml": LAB})
+    subprocess.run(["chown", "-R", "nobody", str(tmp_path / "repo.git")], check=True)
+    with pytest.raises(UsageError, match="dubious ownership in repository at .*; nothing started"):
+        fetch_git(parse_git_url(f"{url}#a.yaml"))
