@@ -147,3 +147,23 @@ def test_a_git_file_repository_of_another_user_is_refused_by_git(cache: Path, tm
     subprocess.run(["chown", "-R", "nobody", str(tmp_path / "repo.git")], check=True)
     with pytest.raises(UsageError, match="dubious ownership in repository at .*; nothing started"):
         fetch_git(parse_git_url(f"{url}#a.yaml"))
+
+
+def test_cache_list_and_prune_on_the_command_line(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from labctl.cli.main import main
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("LABCTL_STATE_DIR", str(state))
+    (cache / "packs" / "aaaa").mkdir(parents=True)
+    (cache / "packs" / "aaaa" / "pack.json").write_bytes(b"x" * 8192)
+    assert main(["cache", "list", "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)["entries"]
+    assert entry["kind"] == "pack" and entry["path"] == str(cache / "packs" / "aaaa") and entry["bytes"] >= 8192
+    assert main(["cache", "prune", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [e["path"] for e in out["removed"]] == [str(cache / "packs" / "aaaa")] and out["bytes_freed"] >= 8192
+    assert main(["cache", "prune"]) == 0 and "nothing to prune" in capsys.readouterr().out
