@@ -343,7 +343,7 @@ class _Preparer:
     def _debug_modules(self, release: str) -> None:
         """A loose kernel given with its debug file: its modules that carry DWARF (a tree's, as
         ``make modules_install`` leaves them; a packed tree kernel's) are its debug modules too
-        (hard links), for gdb, drgn and oops decoding."""
+        (the staged copies, kept when the modules disk is made), for gdb, drgn and oops decoding."""
         staged = self.stage / "lib" / "modules" / release
         for ko in sorted(staged.rglob("*.ko")):
             if ko.is_file() and not ko.is_symlink() and has_dwarf(ko):
