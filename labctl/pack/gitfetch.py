@@ -125,38 +125,49 @@ def repo_dir(repo: str) -> Path:
 
 
 def fetch_git(src: GitSource) -> Checkout:
-    """The commit ``src`` names, fetched and written out (once per commit).
+    """The commit ``src`` names, fetched and written out (once per commit; a full commit id already
+    written out is not fetched again: the pinned URL of a run works offline).
 
     :raise UsageError: when git cannot fetch it, or the path is no regular file of its tree.
     """
     base = repo_dir(src.repo)
     pin(base)
     with exclusive(base.parent / f".{base.name}.lock"):
-        bare = base / "repo.git"
-        if not (bare / "HEAD").is_file():
-            base.mkdir(parents=True, exist_ok=True)
-            (base / "url").write_text(src.repo + "\n")
-            _git(src, ["init", "--bare", "-q", str(bare)])
-        want = src.rev or "HEAD"
-        rc, _out, err = _git(src, ["-C", str(bare), "fetch", "--depth", "1", "--no-tags", "--quiet", "--", src.repo,
-                                   want], check=False)
-        if rc != 0:
-            lines = err.decode(errors="replace").strip().splitlines()
-            why = [ln for ln in lines if ln.startswith(("fatal:", "error:"))][:1] or lines[-1:]
-            hint = ("a revision is a branch, a tag or a full commit id" if src.rev and not FULL_COMMIT.fullmatch(src.rev)
-                    else None)
-            raise UsageError(f"{src.url}: git could not fetch {want} of {src.repo}: "
-                             f"{why[0].removeprefix('fatal: ') if why else 'no reason given'}; nothing started",
-                             hint=hint)
-        commit = _git(src, ["-C", str(bare), "rev-parse", "--verify", "FETCH_HEAD^{commit}"])[1].decode().strip()
+        if src.rev and FULL_COMMIT.fullmatch(src.rev) and (base / "trees" / src.rev).is_dir():
+            commit = src.rev  # a commit is what it is: written out once, no need of the network again
+        else:
+            commit = _fetch(src, base)
         root = base / "trees" / commit
         if not root.is_dir():
             with build_into(root, 0o755) as work:
-                _write_tree(src, bare, commit, work)
+                _write_tree(src, base / "repo.git", commit, work)
     out = Checkout(src, commit, root)
     if not out.file.is_file() or out.file.is_symlink():
         raise UsageError(f"{src.url}: no file {src.path} in {src.repo} at commit {commit}; nothing started")
     return out
+
+
+def _fetch(src: GitSource, base: Path) -> str:
+    """Fetch the commit ``src`` names into ``base``'s bare repository; its full id.
+
+    :raise UsageError: when git cannot.
+    """
+    bare = base / "repo.git"
+    if not (bare / "HEAD").is_file():
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "url").write_text(src.repo + "\n")
+        _git(src, ["init", "--bare", "-q", str(bare)])
+    want = src.rev or "HEAD"
+    rc, _out, err = _git(src, ["-C", str(bare), "fetch", "--depth", "1", "--no-tags", "--quiet", "--", src.repo, want],
+                         check=False)
+    if rc != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        why = [ln for ln in lines if ln.startswith(("fatal:", "error:"))][:1] or lines[-1:]
+        hint = "a revision is a branch, a tag or a full commit id" if src.rev and not FULL_COMMIT.fullmatch(src.rev) \
+            else None
+        raise UsageError(f"{src.url}: git could not fetch {want} of {src.repo}: "
+                         f"{why[0].removeprefix('fatal: ') if why else 'no reason given'}; nothing started", hint=hint)
+    return _git(src, ["-C", str(bare), "rev-parse", "--verify", "FETCH_HEAD^{commit}"])[1].decode().strip()
 
 
 def _git(src: GitSource, args: list[str], check: bool = True) -> tuple[int, bytes, bytes]:

@@ -96,6 +96,11 @@ def test_a_lab_from_git_is_its_tree_s_regular_files_at_a_commit(cache: Path, tmp
     assert lab.source == f"{url}@{commit}#labs/one.yaml"
     assert lab.steps[0].trace["a"].bpftrace is not None and "BEGIN" in lab.steps[0].trace["a"].bpftrace.script
     assert fetch_git(parse_git_url(f"{url}@{commit}#labs/one.yaml")).root == out.root  # by commit id, once
+    os.rename(tmp_path / "repo.git", tmp_path / "gone.git")  # the pinned URL again, offline
+    assert fetch_git(parse_git_url(out.label)).root == out.root
+    with pytest.raises(UsageError, match="git could not fetch HEAD"):
+        fetch_git(parse_git_url(f"{url}#labs/one.yaml"))
+    os.rename(tmp_path / "gone.git", tmp_path / "repo.git")
     with pytest.raises(UsageError, match=f"no file labs/passwd.bt in .* at commit {commit}; nothing started"):
         fetch_git(parse_git_url(f"{url}@main#labs/passwd.bt"))
     with pytest.raises(UsageError, match="git could not fetch nosuch"):
