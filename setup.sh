@@ -32,7 +32,7 @@ PACKAGES=(
     gcc libc6-dev                        # the image: guest/builtins.c; tests: a program built on the host runs in a guest
     bash-builtins                        # the image: guest/builtins.c, the guest agent's clock and rename
     iproute2                             # ip netns, bridges and taps (multiqueue links, as root)
-    git                                  # labctl bisect: worktrees of the user's kernel repository
+    git                                  # labctl bisect: worktrees of the user's kernel repository; up git+https://... (git daemon: the tests)
     bash-completion                      # labctl's completion in bash (labctl completion bash)
     ca-certificates
 )

@@ -14,6 +14,7 @@ EXAMPLES: dict[str, str] = {
     "bundle": "labctl bundle runs/nic-driver-cost-20261127-101500 -o run.tar.gz",
     "compare": "labctl compare runs/lab-20261127-101500 runs/lab-20261127-113000",
     "pack": "labctl pack runs/lab-20261127-101500 -o bug.labpack",
+    "cache": "labctl cache prune",
     "bisect": "labctl bisect lab.yaml --tree ~/linux --good v6.1 --bad HEAD --check reaches-b",
     "oops": "labctl oops decode --kernel debian:6.1.0-56-amd64 console.log",
     "gdb": "labctl gdb quickstart a",

@@ -20,7 +20,19 @@ from labctl.errors import LabStateError, UsageError
 from labctl.lab import Impairment, Lab, Share, env_trusted, kernels, load_lab
 from labctl.lab import parse_option as parse_share_option
 from labctl.live import capture
-from labctl.pack import Pinned, fetch_url, is_pack, is_url, open_pack, url_lab
+from labctl.pack import (
+    Checkout,
+    Pinned,
+    fetch_git,
+    fetch_url,
+    git_lab,
+    is_git_url,
+    is_pack,
+    is_url,
+    open_pack,
+    parse_git_url,
+    url_lab,
+)
 from labctl.pipeline import Prepared, prepare, run_lab
 from labctl.proc import pid_alive
 from labctl.state import UP, LabState, check_lab_name, run_dir, up_labs
@@ -28,9 +40,13 @@ from labctl.up import UpOptions, down, dry_run, guest_statuses, up
 from labctl.up import mounts as guest_shares
 
 
+FILE_HELP = ("a lab file or a packed file (labctl pack), or either from an http(s) URL or a git repository: "
+             "git+https://HOST/REPO.git[@REV]#PATH")
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("up", help="boot a lab's guests and wait until they answer SSH")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     add_up_arguments(p)
     p.add_argument("--show-command", action="store_true", help="print each guest's QEMU command once it is up")
     p.add_argument("--dry-run", action="store_true",
@@ -123,26 +139,34 @@ def load_for_up(args: argparse.Namespace) -> Lab:
 
 def load_source(args: argparse.Namespace) -> tuple[Lab, Pinned | None]:
     """``FILE`` of up and run: a lab file, a packed file (its lab on its own kernels and image), or
-    either from an http(s) URL, shown before anything runs.
+    either from an http(s) URL or a git repository (``git+https://HOST/REPO.git[@REV]#PATH``),
+    shown before anything runs.
 
     :raise LabFileError: for a bad lab file. :raise UsageError: for a bad option, a refused pack or URL.
     """
-    url = is_url(args.file)
-    if not url and not is_pack(args.file):
+    url, git = is_url(args.file), is_git_url(args.file)
+    if not url and not git and not is_pack(args.file):
         return load_for_up(args), None
-    path = fetch_url(args.file) if url else Path(args.file)
+    checkout = None
+    if git:
+        with PrepareDisplay().slow(f"fetching {args.file}"):
+            checkout = fetch_git(parse_git_url(args.file))
+    path = checkout.file if checkout else fetch_url(args.file) if url else Path(args.file)
+    label = checkout.label if checkout else args.file
     pinned = None
     if is_pack(path):
         if args.kernel or getattr(args, "share", []):
             raise UsageError(f"{args.file}: a packed lab boots its own kernels and shares no host directory",
                              hint="leave out --kernel and --share")
-        with PrepareDisplay().slow(f"opening {args.file}") as rep:
-            opened = open_pack(path, args.file, rep)
+        with PrepareDisplay().slow(f"opening {label}") as rep:
+            opened = open_pack(path, label, rep)
         lab, pinned = opened.lab(), opened.pinned
+        if checkout:
+            lab = dataclasses.replace(lab, source=label)
     else:
-        lab = load_with_kernel_spec(url_lab(path, args.file), args.kernel)
-    if url:
-        show_source(args.file, lab, pinned)
+        lab = load_with_kernel_spec(git_lab(checkout) if checkout else url_lab(path, args.file), args.kernel)
+    if url or checkout:
+        show_source(label, lab, pinned, checkout)
     try:
         return lab.with_instance(args.instance), pinned
     except ValueError as exc:
@@ -156,9 +180,12 @@ def load_with_kernel_spec(lab: Lab, kernel: str | None) -> Lab:
         raise UsageError(f"--kernel: {exc}") from exc
 
 
-def show_source(url: str, lab: Lab, pinned: Pinned | None) -> None:
+def show_source(url: str, lab: Lab, pinned: Pinned | None, checkout: Checkout | None = None) -> None:
     """What a lab from a URL will run: its lab file as written, each guest's kernel and the image."""
     console.print(Text.assemble(("from ", "bold"), url, (": lab ", "bold"), lab.name), soft_wrap=True)
+    if checkout is not None:
+        console.print(Text(f"commit {checkout.commit} of {checkout.source.repo}, file {checkout.source.path}"),
+                      soft_wrap=True)
     console.print(Text(lab.text.rstrip()), soft_wrap=True)
     for g in lab.guests:
         spec = lab.kernel_of(g)

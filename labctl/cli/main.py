@@ -148,6 +148,11 @@ def _serve_cmd() -> ModuleType:
     return module
 
 
+def _cache_cmd() -> ModuleType:
+    import labctl.cli.cache_cmd as module
+    return module
+
+
 def _completion_cmd() -> ModuleType:
     import labctl.cli.completion_cmd as module
     return module
@@ -160,6 +165,7 @@ MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
     _report_cmds: ("report", "bundle",),
     _compare_cmd: ("compare",),
     _pack_cmd: ("pack",),
+    _cache_cmd: ("cache",),
     _bisect_cmd: ("bisect",),
     _oops_cmd: ("oops",),
     _gdb_cmd: ("gdb",),

@@ -21,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("-o", "--output", required=True, type=Path, metavar="FILE", help="the packed file to write")
     p.add_argument("--no-image", action="store_true",
                    help="leave the image out: only its package list, which the image where it runs must match")
-    p.add_argument("--with-debug", action="store_true", help="also pack a tree kernel's separate debug file")
+    p.add_argument("--with-debug", action="store_true",
+                   help="debug info travels too: a tree kernel's vmlinux and modules are its debug files where it "
+                        "runs (a separate debug file is packed), a Debian kernel's -dbg package is pinned by digest")
     p.add_argument("--kernel", default=None, metavar="SPEC", help="every guest on this kernel, as up --kernel")
     p.add_argument("--trust-dir", action="append", default=[], metavar="DIR", help="as up --trust-dir")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")

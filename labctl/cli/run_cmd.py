@@ -7,7 +7,7 @@ from pathlib import Path
 
 import labctl.cli.junit_out as junit_out  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.cli.displays import StepLines, report_outcome
-from labctl.cli.lifecycle_cmds import add_up_arguments, load_source, up_options
+from labctl.cli.lifecycle_cmds import FILE_HELP, add_up_arguments, load_source, up_options
 from labctl.cli.ui import PrepareDisplay, UpDisplay
 from labctl.errors import LabctlError, UsageError
 from labctl.pipeline import prepare, run_lab
@@ -15,7 +15,7 @@ from labctl.pipeline import prepare, run_lab
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="bring a lab up, run its steps, write the report bundle, take it down")
-    p.add_argument("file")
+    p.add_argument("file", help=FILE_HELP)
     p.add_argument("--out", default="runs", help="where bundles go (default: ./runs)")
     add_up_arguments(p)
     p.add_argument("--keep", action="store_true", help="leave the lab up afterwards")

@@ -4,8 +4,8 @@
   vmlinux, a tree's own ``vmlinux``, or a loose kernel's ``debug:`` file);
 * its modules: the ``.ko`` files under ``debug-modules/`` (Debian's ``-dbg``
   files of the directories the image's recipe keeps, ``kernel/drivers/net``
-  and ``kernel/net``; every ``.ko`` of a tree; the lab's out-of-tree modules
-  under ``extra/``), ``.ko.xz`` unpacked into the cache as for gdb.
+  and ``kernel/net``; every ``.ko`` of a tree; a loose kernel's modules with DWARF,
+  when it has a debug file; the lab's out-of-tree modules under ``extra/``), ``.ko.xz`` unpacked into the cache as for gdb.
 
 A vmcore names its kernel by build ID (VMCOREINFO's ``BUILD-ID``), which is
 how :func:`kernel_for_build_id` finds the prepared kernel on this machine.

@@ -46,7 +46,7 @@ from labctl.kernel.kernel_store import (
     kernels_root,
 )
 from labctl.kernel.modules import builtin_names, module_load_order, nic_driver_rules
-from labctl.kernel.vmlinux import banner, boot_image, build_id, is_elf
+from labctl.kernel.vmlinux import banner, boot_image, build_id, has_dwarf, is_elf
 from labctl.lab import DEBIAN, TREE, KernelSpec
 from labctl.paths import atomic_write, build_into, exclusive, resource_dir
 from labctl.proc import run, run_pipeline, run_pipeline_output
@@ -182,6 +182,8 @@ def content_key(spec: KernelSpec, opts: Options) -> str:
     else:
         for path in (spec.image, spec.debug):
             h.update(f" {sha256_file(path) if path else '-'}".encode())
+        if spec.debug is not None and spec.modules is not None:
+            h.update(b" debug-modules")  # its modules with DWARF are its debug modules: not a kernel prepared before
         if spec.config is not None:
             h.update(f" config {sha256_file(spec.config)}".encode())
         if spec.modules is not None:
@@ -334,7 +336,20 @@ class _Preparer:
                                          "and are no release directory (no modules.dep or modules.order)")
                     src = spec.modules
                 self._stage_modules(src, release)
+                if spec.debug is not None:
+                    self._debug_modules(release)
         return release
+
+    def _debug_modules(self, release: str) -> None:
+        """A loose kernel given with its debug file: its modules that carry DWARF (a tree's, as
+        ``make modules_install`` leaves them; a packed tree kernel's) are its debug modules too
+        (the staged copies, kept when the modules disk is made), for gdb, drgn and oops decoding."""
+        staged = self.stage / "lib" / "modules" / release
+        for ko in sorted(staged.rglob("*.ko")):
+            if ko.is_file() and not ko.is_symlink() and has_dwarf(ko):
+                dest = self.work / DEBUG_MODULES / ko.relative_to(staged)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.link(ko, dest)
 
     def _files_release(self) -> str:
         """A loose kernel's release: its modules directory's name, else its banner."""

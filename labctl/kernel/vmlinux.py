@@ -127,3 +127,26 @@ def build_id(path: Path) -> str | None:
                     return desc.hex()
                 pos = name_end + ((descsz + 3) & ~3)
     return None
+
+
+def has_dwarf(path: Path) -> bool:
+    """True when ``path`` is a 64-bit ELF file (a module, a vmlinux) with a ``.debug_info`` section."""
+    try:
+        with open(path, "rb") as f:
+            ident = f.read(64)
+            if len(ident) < 64 or ident[:4] != _ELF or ident[4] != 2:
+                return False
+            shoff, = struct.unpack_from("<Q", ident, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", ident, 0x3A)
+            f.seek(shoff)
+            headers = f.read(shentsize * shnum)
+            names_off, names_size = struct.unpack_from("<QQ", headers, shstrndx * shentsize + 0x18)
+            f.seek(names_off)
+            names = f.read(min(names_size, 1 << 20))
+        for i in range(shnum):
+            name_off, = struct.unpack_from("<I", headers, i * shentsize)
+            if names[name_off:names.find(b"\0", name_off)] in (b".debug_info", b".zdebug_info"):
+                return True
+    except (OSError, struct.error):
+        return False
+    return False

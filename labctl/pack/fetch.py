@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from labctl.errors import UsageError
 from labctl.lab import DEBIAN, Lab, load_lab_text
+from labctl.pack.cache import pin
 from labctl.paths import atomic_file, cache_dir
 
 MAX_BYTES = 8 << 30
@@ -42,6 +43,7 @@ def fetch_url(url: str) -> Path:
         raise UsageError(f"{url}: only http:// and https:// URLs")
     out = cache_dir() / "fetched" / hashlib.sha256(url.encode()).hexdigest()[:16]
     out.parent.mkdir(parents=True, exist_ok=True)
+    pin(out)
     opener = urllib.request.build_opener(_Redirects)
     try:
         with opener.open(url, timeout=TIMEOUT_S) as resp, atomic_file(out, 0o600) as f:
@@ -62,7 +64,7 @@ def fetch_url(url: str) -> Path:
 
 def url_lab(path: Path, url: str) -> Lab:
     """The lab file fetched from ``url``, held to a stranger's lab file's rules and more: it names no
-    path of this host (no kernel tree or loose kernel files, no shares), only Debian kernels.
+    path of this host (see :func:`check_foreign`).
 
     :raise LabFileError: for a bad lab file. :raise UsageError: for one naming a host path.
     """
@@ -71,11 +73,28 @@ def url_lab(path: Path, url: str) -> Lab:
     except (OSError, UnicodeError) as exc:
         raise UsageError(f"{url}: not a lab file nor a labctl pack ({exc})") from exc
     lab = load_lab_text(text, url)
+    check_foreign(lab, url)
+    return lab
+
+
+def check_foreign(lab: Lab, url: str, root: Path | None = None) -> None:
+    """A lab file from ``url`` names no path of this host: no kernel tree or loose kernel files (only
+    Debian kernels), no shares, no selftests' tree (labctl would run its ``make``), and no bpftrace
+    file but one of ``root`` (the git checkout it came with; None: none).
+
+    :raise UsageError: naming every path it names.
+    """
     named = [f"{where}: {spec.describe()}" for where, spec in
              [("kernel", lab.kernel), *((f"guests.{g}.kernel", guest.kernel) for g, guest in lab.guests.items())]
              if spec is not None and spec.kind != DEBIAN]
     named += [f"guests.{g}.shares: {s.host}" for g, guest in lab.guests.items() for s in guest.shares]
+    for step in lab.steps:
+        if step.kselftest is not None:
+            named.append(f"steps.{step.name}.kselftest.tree: {step.kselftest.tree}")
+        for guest, trace in step.trace.items():
+            src = trace.bpftrace.source if trace.bpftrace is not None else None
+            if src is not None and (root is None or not Path(src).is_relative_to(root.resolve())):
+                named.append(f"steps.{step.name}.trace.{guest}.bpftrace.file: {src}")
     if named:
         raise UsageError(f"{url}: a lab file from a URL may not name a path of this host ({'; '.join(named)})",
                          hint="ask for a packed file (labctl pack), which carries its kernels")
-    return lab

@@ -4,11 +4,14 @@ was prepared here against it.
 Each guest's kernel is recorded as one of::
 
     {"kind": "debian", "release": "6.1.0-56-amd64", "build_id": ..., "package": ..., "version": ...,
-     "sha256": <the package's digest>, "debug_package": ..., "debug_version": ...}
+     "sha256": <the package's digest>, "debug_package": ..., "debug_version": ...,
+     "debug_sha256": <the -dbg package's digest, packed with --with-debug>}
     {"kind": "files", "key": <the prepared kernel's key>, "release": ..., "build_id": ...,
      "source": {"kind": "tree", "tree": ...}, "commit": <the tree's git commit, or null>, "debug": bool}
 
-A Debian kernel must come from the archive with the same version and package digest; a tree's
+A Debian kernel must come from the archive with the same version and package digest (and, when
+packed ``--with-debug``, its ``-dbg`` package too: its debug info is what gdb, drgn and oops
+decoding read); a tree's
 (or loose) kernel comes from the pack's own files. Either way the kernel prepared here must
 have the recorded build id. The image: with its files packed, the root file system booted must
 have the recorded sha256; without (``--no-image``), the image built here must have every
@@ -57,12 +60,16 @@ def check_archive(pinned: Pinned) -> None:
     for guest, rec in sorted(pinned.index.guests.items()):
         if rec.get("kind") != "debian":
             continue
-        have = candidate(str(rec["package"]))
-        if have != rec.get("version"):
-            raise pinned.refuse(
-                f"guest {guest}: kernel {rec.get('release')} was packed as {rec['package']} {rec.get('version')}, "
-                f"the archive here has {have or 'no such package'}",
-                hint="point apt at an archive with that version (snapshot.debian.org), then apt-get update")
+        packages = [(rec["package"], rec.get("version"))]
+        if rec.get("debug_sha256"):
+            packages.append((rec.get("debug_package"), rec.get("debug_version")))
+        for package, version in packages:
+            have = candidate(str(package))
+            if have != version:
+                raise pinned.refuse(
+                    f"guest {guest}: kernel {rec.get('release')} was packed as {package} {version}, "
+                    f"the archive here has {have or 'no such package'}",
+                    hint="point apt at an archive with that version (snapshot.debian.org), then apt-get update")
 
 
 def check_image(pinned: Pinned, image: Image) -> None:
@@ -124,10 +131,14 @@ def _check_debian(pinned: Pinned, guest: str, rec: dict[str, Any], kernel: Kerne
     deb = dict(kernel.manifest.get("debian") or {})
     if deb.get("version") != rec.get("version"):
         raise pinned.refuse(f"guest {guest}: {rec['package']} {deb.get('version')} here, packed {rec.get('version')}")
-    digest = sha256_file(apt_download(str(rec["package"])))
-    if digest != rec.get("sha256"):
-        raise pinned.refuse(f"guest {guest}: {rec['package']} {rec.get('version')} from the archive has sha256 "
-                            f"{digest[:16]}, packed {str(rec.get('sha256'))[:16]}")
+    checked = [("package", "version", "sha256")] + ([("debug_package", "debug_version", "debug_sha256")]
+                                                    if rec.get("debug_sha256") else [])
+    for package, version, sha in checked:
+        digest = sha256_file(apt_download(str(rec[package])))
+        if digest != rec.get(sha):
+            raise pinned.refuse(f"guest {guest}: {rec[package]} {rec.get(version)} from the archive has sha256 "
+                                f"{digest[:16]}, packed {str(rec.get(sha))[:16]}",
+                                hint="its debug info would not be the packed kernel's" if sha == "debug_sha256" else None)
 
 
 def kernel_record(kernel: Kernel, *, commit: str | None = None, debug: bool = False) -> dict[str, Any]:
@@ -138,9 +149,11 @@ def kernel_record(kernel: Kernel, *, commit: str | None = None, debug: bool = Fa
     if src.get("kind") == "debian":
         deb = dict(kernel.manifest.get("debian") or {})
         package = str(deb.get("package"))
+        dbg = deb.get("debug_package")
         return {"kind": "debian", **base, "package": package, "version": deb.get("version"),
-                "sha256": sha256_file(apt_download(package)), "debug_package": deb.get("debug_package"),
-                "debug_version": deb.get("debug_version")}
+                "sha256": sha256_file(apt_download(package)), "debug_package": dbg,
+                "debug_version": deb.get("debug_version"),
+                **({"debug_sha256": sha256_file(apt_download(str(dbg)))} if debug and dbg else {})}
     return {"kind": "files", **base, "key": kernel.key, "source": src, "commit": commit, "debug": debug}
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl import __version__
-from labctl.errors import UsageError
+from labctl.errors import ProcessError, UsageError
 from labctl.events import NullReporter, Reporter
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.image import ROOTFS, Image, sha256_file
@@ -35,6 +35,7 @@ from labctl.proc import run, run_pipeline
 
 INITRAMFS = "initramfs.cpio"
 RUN_FILES = ("manifest.json", "summary.json", "lab.yaml")
+TAR_ATTEMPTS = 3
 
 
 @dataclass
@@ -107,7 +108,7 @@ def _stage(stage: Path, lab: Lab, image: Image, kernels: Mapping[str, Kernel], *
     for guest in lab.guests:
         kernel = kernels[guest]
         if kernel.source.get("kind") == "debian":
-            guests[guest] = kernel_record(kernel)
+            guests[guest] = kernel_record(kernel, debug=debug)
             continue
         where = stage / "kernels" / kernel.key
         if not where.is_dir():
@@ -133,7 +134,8 @@ def _stage(stage: Path, lab: Lab, image: Image, kernels: Mapping[str, Kernel], *
 
 def _stage_kernel(kernel: Kernel, where: Path, debug: bool) -> int:
     """A tree's (or loose) prepared kernel as loose files: boot, config, System.map, its modules
-    (out of the modules disk, with labctl's out-of-tree ones), and with ``debug`` its debug file."""
+    (out of the modules disk, with labctl's out-of-tree ones: a tree's carry their DWARF, and are
+    its debug modules where it is opened with ``debug``), and with ``debug`` its debug file."""
     for name in ("boot", "config", "System.map"):
         if (kernel.dir / name).is_file():
             _link(kernel.dir / name, where / name)
@@ -163,8 +165,17 @@ def _write(stage: Path, out: Path, with_image: bool) -> None:
     names = [INDEX, "lab", *(n for n in ("kernels", "run") if (stage / n).is_dir()), *(["image"] if with_image else [])]
     tar: list[str | os.PathLike[str]] = ["tar", "-C", stage, "--owner=0", "--group=0", "--numeric-owner", "--sort=name", "--format=gnu",
            "--hard-dereference", "-cf", "-", "--", *names]
-    with atomic_file(out) as f:
-        run_pipeline([tar, ["zstd", "-T0", "-3", "-q", "-c"]], timeout=3600, stdout=f)
+    for attempt in range(1, TAR_ATTEMPTS + 1):
+        try:
+            with atomic_file(out) as f:
+                run_pipeline([tar, ["zstd", "-T0", "-3", "-q", "-c"]], timeout=3600, stdout=f)
+            return
+        except ProcessError as exc:
+            # The staged files are hard links of the cache's: another labctl (or test run) linking the same
+            # image or kernel file meanwhile changes its ctime, which tar reports as a change (exit 1). Nothing
+            # in the cache is written in place, and every member is checked by its digest when opened.
+            if attempt == TAR_ATTEMPTS or "file changed as we read it" not in exc.output:
+                raise
 
 
 def _index_files(stage: Path) -> dict[str, dict[str, Any]]:

@@ -26,6 +26,7 @@ from labctl.events import NullReporter, Reporter
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.image import Image, ImageStore, sha256_file
 from labctl.lab import KernelSpec, Lab, kernels, load_lab_text
+from labctl.pack.cache import pin
 from labctl.pack.identity import Pinned, check_host
 from labctl.pack.packfile import INDEX, LAB, MAX_INDEX, UNPACKED, PackIndex, member_ok
 from labctl.paths import build_into, cache_dir, exclusive
@@ -97,6 +98,7 @@ def open_pack(path: Path, source: str | None = None, reporter: Reporter | None =
     digest = sha256_file(path)[:16]
     dest = cache_dir() / "packs" / digest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    pin(dest)
     with exclusive(dest.parent / f".{digest}.lock"):
         if not (dest / INDEX).is_file():
             with r.step("unpack and check every member's sha256"), build_into(dest) as work:
@@ -199,6 +201,7 @@ def _install_image(pinned: Pinned) -> Image:
     store = ImageStore()
     key = f"pack-{digest[:16]}"
     final = store.path_for(name, key)
+    pin(final)
     with exclusive(final.parent / f".{key}.lock"):
         if not (final / IMAGE_MANIFEST).is_file():
             with build_into(final, 0o755) as work:

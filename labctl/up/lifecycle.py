@@ -137,7 +137,8 @@ class LabUp:
         any point leaves a lab that status calls incomplete and down removes."""
         ensure_private_dir(self.dir)
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        state = LabState(lab=self.lab.ident, source=str(Path(self.lab.source).resolve()), dir=str(self.dir),
+        source = self.lab.source if "://" in self.lab.source else str(Path(self.lab.source).resolve())  # a URL as is
+        state = LabState(lab=self.lab.ident, source=source, dir=str(self.dir),
                          backend=self.backend.name, accel=accel,
                          image={"name": self.image.name, "key": self.image.key, "dir": str(self.image.dir)},
                          started_at=started, guests=self.records, switches=self.networks.switches,

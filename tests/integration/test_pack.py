@@ -5,8 +5,11 @@ fresh cache (no image, no tree kernel), ``labctl run`` of the packed file boots 
 (same ``uname -r``, same build ids) on the same image (same root file system sha256) and the step
 gives the same result; ``labctl compare`` of the packed run and the new one works; the same file
 over http on loopback is shown and prepared (``up --dry-run``); a truncated file, a pack whose
-kernel build id was changed, and a ``--no-image`` pack whose package list differs are refused
-with exit 2 and nothing started."""
+kernel build id was changed, a ``--no-image`` pack whose package list differs and one whose Debian
+``-dbg`` digest differs are refused with exit 2 and nothing started. Packed ``--with-debug``, the tree
+kernel's modules are its debug modules where the pack runs. A lab file from a git repository served
+by ``git daemon`` on loopback runs with its commit recorded, and ``cache prune`` keeps what a lab that
+is up uses."""
 
 from __future__ import annotations
 
@@ -25,14 +28,17 @@ from pathlib import Path
 
 import pytest
 
+from labctl.kernel.vmlinux import has_dwarf
 from tests import isolation
 from tests.conftest import Cli, new_cli
 from tests.integration.conftest import qemu_pids_under
 
 #: Two runs of a two-guest lab under TCG are the floor of what this file shows (the run that is packed,
-#: and the packed file's run from a new cache); every other check reads them or refuses before a boot.
+#: and the packed file's run from a new cache); every other check reads them or refuses before a boot, but
+#: the lab from git (one guest, one step: its run, kept up while the cache is pruned).
 #: 3.9 min at load average 9 on the 2-core host beside other helpers' guests (3.1 of them the two runs and the
-#: pack); 8.6 min at load average 12.9.
+#: pack); 8.6 min at load average 12.9. With the git lab (one guest, 26 s) and the -dbg refusal: 3.6 and 4.4 min at
+#: load average 7.
 OVER_3_MIN = "two TCG runs of a two-guest lab (the packed run, and the pack's run from a new cache)"
 
 LAB = """\
@@ -109,7 +115,7 @@ def packed(tree_kernel: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         res = cli("run", str(lab), "--out", str(work / "runs"), "--accel", "tcg", "--keep", "--json", timeout=900)
         assert res.returncode == 0, res.stdout + res.stderr
         first = _bundle(res.stdout)
-        res = cli("pack", str(first), "-o", str(work / "run.labpack"), "--json", timeout=600)
+        res = cli("pack", str(first), "-o", str(work / "run.labpack"), "--with-debug", "--json", timeout=600)
         assert res.returncode == 0, res.stdout + res.stderr
         keys = _key_lines(cli.state_dir)
     finally:
@@ -139,6 +145,11 @@ def test_the_packed_run_boots_the_same_kernels_on_the_same_image(packed: Packed)
         assert b["kernels"][guest]["release"] == a["kernels"][guest]["release"]
     assert b["kernels"]["a"]["release"].endswith("-labctl-test") and b["kernels"]["b"]["release"] == "6.1.0-56-amd64"
     assert b["kernels"]["a"]["source"]["kind"] == "files"  # from the pack: the tree is not read
+    # --with-debug: the tree kernel's modules are its debug modules where the pack runs (module symbols for
+    # gdb, drgn, oops decoding), and the Debian kernel's -dbg package was checked by its packed digest
+    e1000 = list((Path(b["kernels"]["a"]["dir"]) / "debug-modules").rglob("e1000.ko"))
+    assert len(e1000) == 1 and has_dwarf(e1000[0])
+    assert len(json.loads(_contents(packed.pack)["pack.json"])["guests"]["b"]["debug_sha256"]) == 64
     assert b["image"]["files"]["rootfs.img"]["sha256"] == a["image"]["files"]["rootfs.img"]["sha256"]
     cache = Path(packed.fresh.env["LABCTL_CACHE_DIR"])
     assert [p.name for p in (cache / "images" / "debian-12").iterdir() if not p.name.startswith(".")] == [
@@ -199,7 +210,8 @@ def test_a_no_image_pack_needs_the_same_packages_and_build_ids(tree_kernel: Path
     kernel prepared from the pack with another build id than the index's is refused."""
     lab = tmp_path / "lab.yaml"
     lab.write_text(LAB.format(tree=tree_kernel))
-    res = cli("pack", str(lab), "-o", str(tmp_path / "noimg.labpack"), "--no-image", "--json", timeout=600)
+    res = cli("pack", str(lab), "-o", str(tmp_path / "noimg.labpack"), "--no-image", "--with-debug", "--json",
+              timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     made = json.loads(res.stdout)
     assert made["image"]["packed"] is False and made["bytes"] < 100 << 20
@@ -212,6 +224,10 @@ def test_a_no_image_pack_needs_the_same_packages_and_build_ids(tree_kernel: Path
     _with_index(tmp_path / "noimg.labpack", other, lambda index: index["guests"]["a"].update(build_id="0" * 40))
     err = _refused(cli, "up", str(other), "--accel", "tcg")
     assert re.search(r"guest a: kernel \S+-labctl-test has build id ", err) and f"packed {'0' * 40}" in err
+    dbg = tmp_path / "other-dbg.labpack"
+    _with_index(tmp_path / "noimg.labpack", dbg, lambda index: index["guests"]["b"].update(debug_sha256="0" * 64))
+    err = _refused(cli, "up", str(dbg), "--accel", "tcg")
+    assert re.search(r"guest b: linux-image-6\.1\.0-56-amd64-dbg \S+ from the archive has sha256 \w+, packed 0{16}", err)
 
 
 @pytest.fixture
@@ -247,3 +263,92 @@ def test_a_pack_from_a_url_is_shown_then_prepared(packed: Packed, served: str) -
     assert qemu_pids_under(packed.fresh.state_dir) == []
     res = packed.fresh("up", f"{served}/tree.yaml", "--accel", "tcg", timeout=300)
     assert res.returncode == 2 and "may not name a path of this host" in " ".join(res.stderr.split())
+
+
+GIT_LAB = """\
+name: fromgit
+networks: {}
+guests:
+  a: {}
+steps:
+  - name: hello
+    run:
+      - {guest: a, command: "uname -r"}
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def git_served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``git daemon`` on loopback serving ``repo.git`` (its work tree: the Path, committed by the test)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True, timeout=60)
+    port = _free_port()
+    daemon = subprocess.Popen(["git", "daemon", "--listen=127.0.0.1", f"--port={port}", f"--base-path={tmp_path}",
+                               "--export-all", "--reuseaddr", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"git://127.0.0.1:{port}/repo.git", src
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+
+
+def _commit(src: Path, bare: Path) -> str:
+    git = ["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "add", "-A"], check=True, timeout=60)
+    subprocess.run([*git, "commit", "-qm", "lab"], check=True, timeout=60)
+    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(bare)], check=True, timeout=60)
+    return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                          timeout=60).stdout.strip()
+
+
+def _removed_kept(cli: Cli) -> tuple[dict[str, str], dict[str, str]]:
+    res = cli("cache", "prune", "--json", timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    return ({e["path"]: e["kind"] for e in data["removed"]}, {e["path"]: e["kind"] for e in data["kept"]})
+
+
+def test_a_lab_from_git_runs_and_prune_keeps_what_a_lab_up_uses(git_served: tuple[str, Path], cli: Cli) -> None:
+    """A lab file from a git repository served on loopback: refused with exit 2 for a missing revision,
+    path or file; else shown with its commit and run, its bundle naming that commit. A packed file
+    from the same repository is opened (``--dry-run``). ``cache prune`` then removes the unpacked
+    pack, which nothing uses, and keeps the git repository the lab that is up came from; once it is
+    down, prune removes that too."""
+    repo, src = git_served
+    (src / "labs").mkdir()
+    (src / "labs" / "one.yaml").write_text(GIT_LAB)
+    res = cli("pack", str(src / "labs" / "one.yaml"), "-o", str(src / "bug.labpack"), "--no-image", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    commit = _commit(src, src.parent / "repo.git")
+    for url, why in ((f"{repo}@nosuch#labs/one.yaml", "git could not fetch nosuch"),
+                     (f"{repo}#labs/none.yaml", f"no file labs/none.yaml in {repo} at commit {commit}"),
+                     (repo, "no path of a file in the repository")):
+        res = cli("up", url, "--accel", "tcg", timeout=300)
+        assert res.returncode == 2 and why in " ".join(res.stderr.split()), res.stdout + res.stderr
+        assert "Traceback" not in res.stderr and not (cli.state_dir / "labs" / "fromgit").exists()
+    res = cli("up", f"{repo}#bug.labpack", "--accel", "tcg", "--dry-run", timeout=600)
+    assert res.returncode == 0 and f"commit {commit} of {repo}" in res.stdout + res.stderr, res.stdout + res.stderr
+    res = cli("up", f"{repo}#labs/one.yaml", "--accel", "tcg", "--json", timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"commit {commit} of {repo}, file labs/one.yaml" in " ".join(res.stderr.split())
+    bundle = _bundle(res.stdout)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["lab"]["source"] == f"{repo}@{commit}#labs/one.yaml"
+    assert f"{repo}@{commit}#labs/one.yaml" in (bundle / "report.md").read_text()  # the run card's lab file
+    assert re.fullmatch(r"6\.1\.0-\d+-amd64\n", next((bundle / "steps" / "hello").rglob("cmd-*.out")).read_text())
+    removed, kept = _removed_kept(cli)
+    assert "pack" in removed.values() and "git" not in removed.values(), removed
+    assert list(kept.values()).count("git") == 1, kept
+    cli("down", "fromgit", check=True)
+    removed, _kept = _removed_kept(cli)
+    assert list(removed.values()).count("git") == 1, removed

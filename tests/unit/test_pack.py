@@ -289,3 +289,30 @@ def test_a_packed_file_from_a_url_opens_as_the_file(served: str, packed: Path, t
     got = fetch_url(f"{served}/lab.labpack")
     assert got.read_bytes() == packed.read_bytes() and got.stat().st_mode & 0o077 == 0
     assert open_pack(got).index.lab_name == "packed"
+
+
+def test_tar_reading_a_file_linked_meanwhile_is_tried_again(cache: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another labctl linking a cached file while tar reads it changes its ctime: tar says the file changed
+    (exit 1), and the pack is written again; any other failure is not."""
+    from labctl.errors import ProcessError
+    from labctl.pack import packing
+
+    real, calls = packing.run_pipeline, []
+
+    def flaky(argvs, timeout, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise ProcessError("tar ... exited with status 1", output="tar: image/rootfs.img: file changed as we read it")
+        return real(argvs, timeout, **kw)
+
+    monkeypatch.setattr(packing, "run_pipeline", flaky)
+    lab = load_lab_text(LAB, str(tmp_path / "lab.yaml"))
+    out = tmp_path / "again.labpack"
+    pack_lab(lab, fake_image(tmp_path / "img"), {"a": fake_tree_kernel(tmp_path / "k" / "0123456789abcdef")}, out)
+    assert len(calls) == 2 and open_pack(out).index.lab_name == "packed"
+    monkeypatch.setattr(packing, "run_pipeline", lambda *a, **kw: (_ for _ in ()).throw(ProcessError("tar: disk full")))
+    with pytest.raises(ProcessError, match="disk full"):
+        pack_lab(lab, fake_image(tmp_path / "img2"), {"a": fake_tree_kernel(tmp_path / "k2" / "0123456789abcdef")},
+                 tmp_path / "never.labpack")
+    assert not (tmp_path / "never.labpack").exists()
