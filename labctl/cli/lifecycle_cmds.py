@@ -39,7 +39,6 @@ from labctl.state import UP, LabState, check_lab_name, run_dir, up_labs
 from labctl.up import UpOptions, down, dry_run, guest_statuses, up
 from labctl.up import mounts as guest_shares
 
-
 FILE_HELP = ("a lab file or a packed file (labctl pack), or either from an http(s) URL or a git repository: "
              "git+https://HOST/REPO.git[@REV]#PATH")
 
