@@ -62,8 +62,8 @@ def labctl(*args: str, env: dict[str, str], timeout: float = 900, check: bool = 
 class Follow:
     """``labctl follow`` in the background: its JSON lines, each stamped when read."""
 
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "labctl", "follow", LAB, *args], cwd=ROOT, env=env,
+    def __init__(self, env: dict[str, str], *args: str, lab: str = LAB) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "labctl", "follow", lab, *args], cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[tuple[int, dict[str, Any]]] = []
         self.err: list[str] = []
