@@ -10,7 +10,7 @@ packets are followed (guest clocks drift), every :data:`IDLE_RESYNC` seconds whi
 captures are read as they grow.
 
 What it costs the guests is what it sends through their sshd: each heartbeat and each clock sample
-wakes sshd, a shell and the trace reader. An idle TCG guest spent 6-9% of its CPU on the 5 heartbeats a
+wakes sshd, a shell and the trace reader. An idle TCG guest spent 6-10% of its CPU on the 5 heartbeats a
 second and 1-4% on the rounds when both ran all the time; so heartbeats go only while a followed
 packet is in flight (then they tell how far each stream has come), and rounds slow down while
 nothing is followed: unrelated traffic costs the guests nothing of this.

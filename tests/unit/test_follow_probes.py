@@ -90,6 +90,10 @@ def test_the_drops_section_and_compare_count_an_absent_function_as_zero(tmp_path
     rows = {r["key"]: r for r in _metric_rows([quiet], [{"drops": got}])}
     row = rows["drops.b.nft_do_chain.NETFILTER_DROP"]
     assert (row["change"], row["label"]) == (1.0, "b: nft_do_chain (NETFILTER_DROP)")
+    # a side of two repeats, one without the drop: its mean is over both (found by two real runs)
+    rows = {r["key"]: r for r in _metric_rows([quiet], [{"drops": got}, quiet])}
+    row = rows["drops.b.nft_do_chain.NETFILTER_DROP"]
+    assert (row["a"]["n"], row["b"]["n"], row["b"]["mean"], row["change"]) == (1, 2, 0.5, 0.5)
 
 
 def _follow(*args: str) -> subprocess.CompletedProcess[str]:
