@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What following packets gives and costs (issue 36's targets), on two guests of one direct link.
 
-Usage: python benchmarks/follow.py [--pings 1000] [--seconds 10] [--runs 5] [--json]
+Usage: python benchmarks/follow.py [--pings 1000] [--seconds 10] [--runs 5] [--modes plain,both] [--busy 3] [--json]
        (boots guests: run it under ``flock /tmp/labctl-e2e.lock`` on a shared machine)
 
 1. **Every packet's path.** ``labctl follow LAB icmp --json`` while guest a pings b ``--pings`` times
@@ -10,11 +10,16 @@ Usage: python benchmarks/follow.py [--pings 1000] [--seconds 10] [--runs 5] [--j
    and the reply's way back to ping on a), how many are missing, how many hops are out of order
    beyond the clocks' bounds; and how long after a packet's last hop its path was printed (the
    benchmark stamps each line as it reads it: the same host clock labctl maps the guests onto).
-2. **The cost.** iperf3 a → b for ``--seconds``, alternately with nothing, with what a step and ``labctl
-   follow`` add (every guest's drops recorded, labctl.follow.dropwatch, as each step does, and
-   ``labctl follow LAB icmp --no-wire`` running: its probes filter the TCP stream out in the kernel),
-   and with follow's wire captures too (QEMU writes each frame's first 96 bytes on both NICs).
-   Medians of ``--runs`` each, and labctl follow's CPU time.
+2. **The cost.** iperf3 a → b for ``--seconds``, in alternating runs: with nothing (``plain``), with every
+   guest's drops recorded (``drops``: labctl.follow.dropwatch, as each step does), with ``labctl follow LAB
+   icmp --no-wire`` running (``follow``: its probes filter the TCP stream out in the kernel), with both
+   (``both``: the issue's target), and with both and follow's wire captures (``wire``: QEMU writes each
+   frame's first 96 bytes on both NICs). Mean, spread and range of ``--runs`` each; each mode's mean
+   ratio to the plain run beside it (the host's load moves between rounds); labctl follow's CPU time.
+   Beside throughput, the guests' QEMU CPU seconds per GB moved: what the guests' work costs per byte,
+   which another user's load on the host does not move (throughput does, by ±30% here).
+3. **What following costs an idle guest**: guest a's busy share of 8 s (``/proc/stat``) without and
+   with ``labctl follow`` running: what its heartbeats and clock rounds take, without a stream's noise.
 """
 
 from __future__ import annotations
@@ -57,8 +62,8 @@ def labctl(*args: str, env: dict[str, str], timeout: float = 900, check: bool = 
 class Follow:
     """``labctl follow`` in the background: its JSON lines, each stamped when read."""
 
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "labctl", "follow", LAB, *args], cwd=ROOT, env=env,
+    def __init__(self, env: dict[str, str], *args: str, lab: str = LAB) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "labctl", "follow", lab, *args], cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[tuple[int, dict[str, Any]]] = []
         self.err: list[str] = []
@@ -127,28 +132,46 @@ def ping_paths(env: dict[str, str], pings: int) -> dict[str, Any]:
             "partial": partial[:10]}
 
 
-def stream(env: dict[str, str], seconds: int) -> float:
+def qemu_cpu(env: dict[str, str]) -> float:
+    """CPU seconds both guests' QEMU processes used so far (TCG: the vCPU's emulation, mostly)."""
+    total = 0.0
+    for g in ("a", "b"):
+        pid = (Path(env["LABCTL_STATE_DIR"]) / "labs" / LAB / "guests" / g / "qemu.pid").read_text().strip()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def stream(env: dict[str, str], seconds: int) -> tuple[float, float]:
+    """(Mbit/s, the guests' host CPU seconds per GB moved): the second does not move with the host's load."""
     labctl("exec", LAB, "b", "--", "iperf3 -s -1 -D", env=env)
     time.sleep(1)
+    cpu = qemu_cpu(env)
     out = labctl("exec", LAB, "a", "--", f"iperf3 -c 10.77.0.2 -t {seconds} -J", env=env, timeout=300).stdout
-    return float(json.loads(out)["end"]["sum_received"]["bits_per_second"]) / 1e6
+    cpu = qemu_cpu(env) - cpu
+    got = json.loads(out)["end"]["sum_received"]
+    return float(got["bits_per_second"]) / 1e6, cpu / (float(got["bytes"]) / 1e9)
 
 
-def watched_stream(env: dict[str, str], seconds: int, wire: bool) -> tuple[float, float, dict[str, int]]:
-    """(Mbit/s, labctl follow's CPU s, drops recorded) with drops recorded in both guests and follow running
-    (``wire``: with its captures of both NICs)."""
+MODES = ("plain", "drops", "follow", "both", "wire")
+
+
+def watched_stream(env: dict[str, str], seconds: int, mode: str) -> tuple[tuple[float, float], float, dict[str, int]]:
+    """((Mbit/s, CPU s per GB), labctl follow's CPU s, drops recorded) in one of :data:`MODES`."""
     from labctl.follow import dropwatch
     from labctl.ssh import Session
     from labctl.state import LabState
 
+    if mode == "plain":
+        return stream(env, seconds), 0.0, {}
     state = LabState.load(LAB)
     sessions = {g: Session(state.endpoint(g)) for g in ("a", "b")}
-    watches = {g: dropwatch.start(state, g, s) for g, s in sessions.items()}
-    f = Follow(env, "icmp", "--json", *(() if wire else ("--no-wire",)))
+    watches = {g: dropwatch.start(state, g, s) for g, s in sessions.items()} if mode != "follow" else {}
+    f = Follow(env, "icmp", "--json", *(() if mode == "wire" else ("--no-wire",))) if mode != "drops" else None
     try:
         mbit = stream(env, seconds)
     finally:
-        cpu = f.stop()
+        cpu = f.stop() if f is not None else 0.0
         drops: dict[str, int] = {}
         for g, w in watches.items():
             if w is not None:
@@ -158,8 +181,47 @@ def watched_stream(env: dict[str, str], seconds: int, wire: bool) -> tuple[float
                         where = line.split(" loc=", 1)[-1].split("+")[0] + " reason " + (
                             line.split(" reason=", 1)[-1].split()[0] if " reason=" in line else "?")
                         drops[f"{g} {where}"] = drops.get(f"{g} {where}", 0) + 1
-            sessions[g].close()
+        for session in sessions.values():
+            session.close()
     return mbit, cpu, drops
+
+
+def guest_busy(env: dict[str, str], follow: bool) -> float:
+    """Guest a's busy share (%) of 8 idle seconds, with ``labctl follow`` running or not."""
+    f = Follow(env, "icmp", "--json", "--no-wire") if follow else None
+    try:
+        time.sleep(2)
+        out = labctl("exec", LAB, "a", "--", "head -1 /proc/stat; sleep 8; head -1 /proc/stat", env=env).stdout
+    finally:
+        if f is not None:
+            f.stop()
+    a, b = ([int(x) for x in line.split()[1:]] for line in out.splitlines()[:2])
+    d = [y - x for x, y in zip(a, b, strict=True)]
+    return 100 * (sum(d) - d[3] - d[4]) / sum(d)
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"mean": round(statistics.mean(values), 1), "sd": round(statistics.pstdev(values), 1),
+            "min": round(min(values), 1), "max": round(max(values), 1), "all": [round(v, 1) for v in values]}
+
+
+def compared(runs: dict[str, list[float]]) -> dict[str, Any]:
+    """Each mode's spread, how much lower its mean is than plain's, and the mean of each run's ratio to the
+    plain run of its round."""
+    plain = runs["plain"]
+    return {mode: {**spread(values), "lower_pct": round(100 * (1 - statistics.mean(values) / statistics.mean(plain)), 1),
+                   "paired_lower_pct": round(100 * (1 - statistics.mean(v / p for v, p in zip(values, plain, strict=True))), 1)}
+            for mode, values in runs.items()}
+
+
+def cost_of(runs: dict[str, list[tuple[float, float]]], cpu: list[float], drops: list[dict[str, int]],
+            seconds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"seconds": seconds, "runs": len(runs["plain"]),
+                           "modes": compared({m: [v[0] for v in values] for m, values in runs.items()}),
+                           "cpu_s_per_gb": compared({m: [v[1] for v in values] for m, values in runs.items()})}
+    out["follow_cpu_s"] = round(statistics.median(cpu), 2) if cpu else None
+    out["drops_recorded"] = drops
+    return out
 
 
 def main() -> int:
@@ -167,6 +229,8 @@ def main() -> int:
     parser.add_argument("--pings", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"the cost's modes, of {', '.join(MODES)}")
+    parser.add_argument("--busy", type=int, default=3, help="rounds of the idle guest's busy share")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fbench-") as tmp:
@@ -176,26 +240,25 @@ def main() -> int:
         labctl("up", str(Path(tmp) / "lab.yaml"), "--accel", "tcg", env=env)
         try:
             paths = ping_paths(env, args.pings) if args.pings else None
-            plain, probed, watched, cpu = [], [], [], []
+            busy: dict[str, list[float]] = {"off": [], "on": []}
+            for _ in range(args.busy):
+                busy["off"].append(guest_busy(env, False))
+                busy["on"].append(guest_busy(env, True))
+            runs: dict[str, list[tuple[float, float]]] = {m: [] for m in args.modes.split(",")}
+            cpu: list[float] = []
             drops: list[dict[str, int]] = []
             for _ in range(args.runs):
-                plain.append(stream(env, args.seconds))
-                probed.append(watched_stream(env, args.seconds, wire=False)[0])
-                mbit, secs, n = watched_stream(env, args.seconds, wire=True)
-                watched.append(mbit)
-                cpu.append(secs)
-                drops.append(n)
+                for mode, values in runs.items():
+                    mbit, secs, n = watched_stream(env, args.seconds, mode)
+                    values.append(mbit)
+                    if mode == "both":
+                        cpu.append(secs)
+                        drops.append(n)
         finally:
             labctl("down", LAB, env=env, check=False)
-    cost = None
-    if plain:
-        p, q, w = statistics.median(plain), statistics.median(probed), statistics.median(watched)
-        cost = {"seconds": args.seconds, "runs": args.runs, "plain_mbit_s": round(p, 1),
-                "probes_mbit_s": round(q, 1), "probes_lower_pct": round(100 * (p - q) / p, 1),
-                "watched_mbit_s": round(w, 1), "lower_pct": round(100 * (p - w) / p, 1),
-                "follow_cpu_s": round(statistics.median(cpu), 2),
-                "drops_recorded": drops, "all": {"plain": plain, "probes": probed, "watched": watched}}
-    result = {"paths": paths, "cost": cost}
+    cost = cost_of(runs, cpu, drops, args.seconds) if args.runs and "plain" in runs else None
+    result = {"paths": paths, "cost": cost,
+              "idle_guest_busy_pct": {k: spread(v) for k, v in busy.items()} if args.busy else None}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -204,10 +267,17 @@ def main() -> int:
                   f"replies with their full path, {paths['missing']} missing, {paths['hops_out_of_order']} hops out "
                   f"of order; printed {paths['print_after_end_ms']} ms after their last hop; {paths['clocks']}")
         if cost:
-            print(f"iperf3 {args.seconds} s, median of {args.runs}: {cost['plain_mbit_s']} Mbit/s plain, "
-                  f"{cost['probes_mbit_s']} Mbit/s with drops recorded and labctl follow --no-wire running "
-                  f"({cost['probes_lower_pct']}% lower), {cost['watched_mbit_s']} Mbit/s with its wire captures too "
-                  f"({cost['lower_pct']}% lower; follow used {cost['follow_cpu_s']} s of CPU)")
+            print(f"iperf3 {args.seconds} s, {cost['runs']} alternating runs (Mbit/s mean ± sd, range; lower than plain: "
+                  "of the means, and the mean of each run's ratio to its plain run):")
+            for mode, m in cost["modes"].items():
+                c = cost["cpu_s_per_gb"][mode]
+                print(f"  {mode:<7} {m['mean']:6.1f} ± {m['sd']:<5} ({m['min']}-{m['max']})  {m['lower_pct']:5.1f}%  "
+                      f"paired {m['paired_lower_pct']:5.1f}%;  guests' host CPU {c['mean']} ± {c['sd']} s/GB "
+                      f"({-c['lower_pct']:+.1f}%, paired {-c['paired_lower_pct']:+.1f}%)")
+            print(f"  labctl follow used {cost['follow_cpu_s']} s of CPU a run")
+        if args.busy:
+            print("idle guest busy: " + ", ".join(f"follow {k} {spread(v)['mean']}% ({spread(v)['min']}-{spread(v)['max']})"
+                                                  for k, v in busy.items()))
     return 0
 
 

@@ -169,8 +169,9 @@ class Follower:
         off, caps = self.offsets[guest], self.caps[guest]
         group = pr.PREFIX + self.tag
         defs = [pr.point_definition(group, p, off, extra) for p in pr.POINTS]
-        defs.append(pr.drop_definition(group, off, caps.reason, caps.symbol))
-        return defs, {p.name: filt for p in pr.POINTS}
+        drop_args, drop_filt = pr.drop_filter(off, filt)
+        defs.append(pr.drop_definition(group, off, caps.reason, caps.symbol, drop_args))
+        return defs, {**{p.name: filt for p in pr.POINTS}, "drop": drop_filt}
 
     def start(self) -> None:
         """Probes on in every guest (stale ones of a killed labctl removed first), the first clock round,

@@ -26,6 +26,7 @@ Everything goes through tracefs, with no compiler, BPF or debug info in the gues
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -95,9 +96,10 @@ def point_definition(group: str, p: ProbePoint, off: dict[str, int], extra: set[
     return f"{p.kind}:{group}/{p.name} {p.place} skb={skb}:x64{dev} {ip_fields(data, p.ip_at, extra)}"
 
 
-def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol: bool) -> str:
+def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol: bool, extra: str = "") -> str:
     """The event probe on ``skb:kfree_skb``: where, why, the device, and a window of bytes around
-    ``skb->data`` with where the network header is (:func:`labctl.trace.hops.drop_header`)."""
+    ``skb->data`` with where the network header is (:func:`labctl.trace.hops.drop_header`); ``extra``:
+    more fetch arguments (:func:`drop_filter`'s)."""
     parts = [f"e:{group}/drop skb.kfree_skb skb=$skbaddr:x64 proto=$protocol:u16"]
     if reason:
         parts.append("reason=$reason:u32")
@@ -106,8 +108,33 @@ def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol
         parts.append(f"dev=+{off['dev_name']}(+{off['skb_dev']}({s})):string head=+{off['skb_head']}({s}):x64 "
                      f"data={d}:x64 nh=+{off['skb_nh']}({s}):u16")
         parts += [f"w{i}={_at(8 * i - hops.WINDOW_BEFORE, d)}:x64" for i in range(hops.WINDOW_WORDS)]
+    if extra:
+        parts.append(extra)
     parts.append(f"loc=$location:{'symbol' if symbol else 'x64'}")  # last: a symbol has spaces
     return " ".join(parts)
+
+
+DROP_AT = (0, 14, -20)  # where a dropped skb's IPv4 header is from skb->data: IP's, Ethernet's, after IP's pull
+_FILTER_FIELDS = {"vi": (0, "u8"), "fo": (6, "u16"), "proto": (9, "u8"), "saddr": (12, "u32"), "daddr": (16, "u32"),
+                  "sport": (20, "u16"), "dport": (22, "u16"),
+                  **{f"{s}b{i}": ((12 if s == "s" else 16) + i, "u8") for s in "sd" for i in range(4)}}
+_FIELD_NAME = re.compile(r"\b(" + "|".join(sorted(_FILTER_FIELDS, key=len, reverse=True)) + r")\b")
+
+
+def drop_filter(off: dict[str, int], filt: str) -> tuple[str, str]:
+    """A followed guest's drop event, filtered as the follow points are: the fetch arguments (only the
+    fields ``filt`` reads, at each of :data:`DROP_AT` from ``skb->data``, named ``h0_vi``, ``h14_vi``,
+    ``hm20_vi``...) and the filter that keeps a drop whose IPv4 header matches at one of them. Unrelated
+    drops (a TCP stream's GRO lists: hundreds a second) are never recorded nor sent to the host; a
+    followed packet dropped with its header elsewhere (IP options before a pulled header) is missed."""
+    used = sorted(set(_FIELD_NAME.findall(filt)))
+    data = f"+{off['skb_data']}($skbaddr)"
+    args, alts = [], []
+    for at in DROP_AT:
+        prefix = f"h{'m' if at < 0 else ''}{abs(at)}_"
+        args += [f"{prefix}{n}={_at(at + _FILTER_FIELDS[n][0], data)}:{_FILTER_FIELDS[n][1]}" for n in used]
+        alts.append("(" + _FIELD_NAME.sub(lambda m: prefix + m.group(1), filt) + ")")
+    return " ".join(args), " || ".join(alts)
 
 
 @dataclass(frozen=True)
@@ -212,9 +239,11 @@ def pipe_command(tag: str) -> str:
 
 
 def sync_command(tag: str) -> str:
-    """Shell: for each line N the host sends, a marker ``labctl-sync N`` in the instance, then N back."""
+    """Shell: for each line N the host sends, a marker ``labctl-sync N`` in the instance, then N back
+    (a heartbeat, ``hb``, is not answered: its marker is all it is for)."""
     inst = f"{TRACEFS}/instances/labctl-{tag}"
-    return f"cd {inst} && while read -r n; do echo \"labctl-sync $n\" > trace_marker && echo \"$n\"; done"
+    return (f"cd {inst} && while read -r n; do echo \"labctl-sync $n\" > trace_marker && "
+            "{ [ \"$n\" = hb ] || echo \"$n\"; }; done")
 
 
 RULESET = "nft -a list ruleset 2>/dev/null"

@@ -162,15 +162,17 @@ def _change(a: float, b: float) -> tuple[float, float | None]:
 
 def _absent_as_zero(values: dict[str, tuple[list[float], list[float]]],
                     sides: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> None:
-    """A count a section keeps only when non-zero (drops by function) is 0 in the side whose runs all
-    have that section's piece but not the key."""
+    """A count a section keeps only when non-zero (drops by function) is 0 in each run that has that
+    section's piece but not the key: a side whose runs all lack it, and a repeat that lacks it beside
+    one that has it (its mean is over every repeat)."""
     for key, pair in values.items():
         prefix = next((p for p in zero_when_absent() if key.startswith(p)), None)
         if prefix is None:
             continue
         for side, runs in enumerate(sides):
-            if not pair[side] and runs and all(prefix.rstrip(".") in run for run in runs):
-                pair[side].extend([0.0] * len(runs))
+            having = sum(1 for run in runs if prefix.rstrip(".") in run)  # each run gives a key at most once
+            if pair[side] or having == len(runs):
+                pair[side].extend([0.0] * max(0, having - len(pair[side])))
 
 
 def _metric_rows(ra: list[dict[str, Any]], rb: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -263,6 +263,34 @@ def nic_cost_repeated(session_cli: Any, tmp_path_factory: pytest.TempPathFactory
     return run_bundle(session_cli, lab, d / "runs")
 
 
+def _drops_compared(m: dict[str, Any], steps_a: list[dict[str, Any]], steps_b: list[dict[str, Any]]) -> list[str]:
+    """Compare's drop figures are each run's own drop rows (per guest, function and reason; one that a run
+    lacks counts 0 there), the mean of its repeats; the functions of those that changed (a TCP stream's drops:
+    GRO's merged skbs freed, hundreds a run, never the same count twice)."""
+    functions: dict[str, str] = {}
+
+    def counts(steps: list[dict[str, Any]]) -> dict[str, float]:
+        per: dict[str, float] = {}
+        for step in steps:
+            assert step["drops"]["guests"].keys() == {"client", "server"}, step["drops"]
+            for r in step["drops"]["rows"]:
+                key = f"drops.{r['guest']}.{r['function']}.{r['reason'] or 'none'}"
+                per[key] = per.get(key, 0.0) + r["count"] / len(steps)
+                functions[key] = r["function"]
+        return per
+
+    ca, cb = counts(steps_a), counts(steps_b)
+    assert ca and cb, "a TCP stream of two seconds drops something (its GRO lists at least)"
+    shown = {k for k in m if k.startswith("drops.") and not k.endswith(".total")}
+    assert shown == ca.keys() | cb.keys(), (shown, ca, cb)
+    for key in shown:
+        assert m[key]["a"]["mean"] == pytest.approx(ca.get(key, 0.0)) and m[key]["b"]["mean"] == pytest.approx(cb.get(key, 0.0))
+        assert m[key]["change"] == pytest.approx(cb.get(key, 0.0) - ca.get(key, 0.0))
+    changed = [functions[k] for k in shown if m[k]["change"]]
+    assert changed, (ca, cb)
+    return changed
+
+
 def test_compare_two_real_runs(nic_cost_run: tuple[Path, Path], nic_cost_repeated: Path,
                                skb_latency_run: tuple[Path, Path], session_cli: Any, tmp_path: Path) -> None:
     _, a = nic_cost_run
@@ -292,9 +320,11 @@ def test_compare_two_real_runs(nic_cost_run: tuple[Path, Path], nic_cost_repeate
         outside = not (min(runs) - width <= tput["a"]["mean"] <= max(runs) + width)
         assert tput["verdict"] == ("beyond noise" if outside else "within noise")
         assert any(k.startswith("snmp.client.") for k in m)  # SNMP deltas, paired
+        changed_drops = _drops_compared(m, [sa[pair["variant"]]], [sb[(pair["variant"], r)] for r in (1, 2)])
     # the terminal output names every pair, and the HTML page renders
     text = session_cli("compare", str(a), str(b), timeout=300)
     assert text.returncode == 0 and "transfer / virtio-net-pci" in text.stdout and "beyond run-to-run noise" in text.stdout
+    assert all(function in text.stdout for function in changed_drops), (changed_drops, text.stdout)
     assert "What differs between the runs" in html.read_text()
     # runs of two different labs: exit 2 and one clear sentence, no traceback
     _, skb = skb_latency_run

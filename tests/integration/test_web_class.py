@@ -187,6 +187,22 @@ def test_the_class_in_a_browser(cli: Cli, image: object, tmp_path: Path) -> None
                 time.sleep(1.5)
                 expect(cid.locator(".term[data-guest=a] .xterm-rows")).not_to_contain_text("TRAINER-WAS-HERE")
 
+                # -- packets: a student's page follows only once the trainer allows it --------------
+                cid.reload()  # the page as it starts: no Packets panel (the server refuses too: unit tests)
+                expect(cid.locator(".term-status")).to_contain_text("connected", timeout=60_000)
+                expect(cid.locator("#follow")).to_have_count(0)
+                trainer.locator("#allow-follow").check()
+                expect(cid.locator("#follow")).to_have_count(1, timeout=30_000)  # pushed, no reload
+                cid.fill("#follow-filter", "udp port 9")
+                cid.click("#follow-start")
+                expect(cid.locator("#follow-status")).to_contain_text("following 'udp port 9'", timeout=120_000)
+                cli("exec", f"{NAME}@cid", "a", "--", "echo x > /dev/udp/10.91.0.1/9", timeout=60)
+                expect(cid.locator("#packets li.dropped").first).to_contain_text("NO_SOCKET", timeout=60_000)
+                expect(cid.locator("#topology svg")).to_have_attribute("data-end", "dropped", timeout=30_000)
+                expect(cid.locator('#topology svg g.guest.dropmark[data-guest="a"]')).to_have_count(1)
+                cid.click("#follow-stop")
+                expect(cid.locator("#follow-status")).to_contain_text("not following", timeout=60_000)
+
                 # -- class down: terminals closed, tokens revoked ----------------------------------
                 async def down_closes_terminal() -> float:
                     async with websockets_client.connect(

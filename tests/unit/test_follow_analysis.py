@@ -169,3 +169,66 @@ def test_netfilter_rules_are_named_by_the_counter_that_moved() -> None:
     policy = RULESET_IPT.replace("policy accept", "policy drop")
     assert drops.netfilter_note(policy, policy) == "the policy of table ip filter chain INPUT (no rule's counter moved)"
     assert drops.netfilter_note("", "") is None
+
+
+class _QuietFollower:
+    """A follower whose guests' streams bring a clock round's markers, then ``lines`` (nothing else)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        from labctl.trace import Topology, Wire
+
+        self.guests, self.wire = ["a"], Wire()
+        self.probes: dict[str, object] = {}
+        self.topo = Topology(guests=("a",))
+        marks = [ln for ln in (FIX / "paths" / "follow" / "a.txt").read_text().splitlines() if "labctl-sync 0." in ln]
+        self.samples = {"a": {ln.rsplit(" ", 1)[1]: (0, 1000) for ln in marks}}
+        self.lines = "\n".join(marks + lines) + "\n"
+        self.beats = self.rounds = 0
+
+    def topology(self) -> object:
+        return self.topo
+
+    def pipe(self, guest: str) -> object:
+        data = [self.lines.encode()]
+
+        class Pipe:
+            def recv(self, timeout: float) -> bytes | None:
+                import time
+
+                time.sleep(min(timeout, 0.05))
+                return data.pop() if data else None
+
+            def close(self) -> None:
+                pass
+
+        return Pipe()
+
+    def clock(self, guest: str, markers: list[hops.Event]) -> Clock:
+        return Clock.from_samples(self.samples[guest], markers)
+
+    def heartbeat(self) -> None:
+        self.beats += 1
+
+    def sync(self) -> None:
+        self.rounds += 1
+
+    def read_wire(self, look: bool = True) -> None:
+        pass
+
+
+def test_a_live_follow_sends_heartbeats_only_while_a_followed_packet_is_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each heartbeat and clock sample costs a TCG guest's sshd a wake-up: none while nothing is followed."""
+    import time
+
+    from labctl.follow import live
+
+    monkeypatch.setattr(live, "RESYNC", 0.2)
+    monkeypatch.setattr(live, "IDLE_RESYNC", 60.0)
+    quiet = _QuietFollower([])
+    until = time.monotonic() + 1.5
+    live.LiveFollow(quiet, lambda j: None).run(lambda: time.monotonic() > until)  # type: ignore[arg-type]
+    assert (quiet.beats, quiet.rounds) == (0, 0)
+    busy = _QuietFollower([DEV_QUEUE])  # a ping's first hop: in flight until its end or 0.5 s of quiet
+    until = time.monotonic() + 1.5
+    live.LiveFollow(busy, lambda j: None).run(lambda: time.monotonic() > until)  # type: ignore[arg-type]
+    assert busy.beats >= 2 and busy.rounds >= 1

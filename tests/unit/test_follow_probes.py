@@ -41,6 +41,26 @@ def test_the_drop_probe_has_a_window_around_data_and_the_symbol_last() -> None:
     assert "reason" not in old and "dev=" not in old and old.endswith("loc=$location:x64")
 
 
+def test_a_followed_guests_drops_are_filtered_on_the_header_at_three_places() -> None:
+    """A drop is kept when the filter matches the IPv4 header at skb->data, after an Ethernet header, or
+    20 bytes before it (IP's pulled); only the fields the filter reads are fetched, before the symbol."""
+    filt, _ = kernel_filter(parse("udp port 9"))
+    args, drop_filt = probes.drop_filter(OFF, filt)
+    assert "h0_proto=+9(+208($skbaddr)):u8" in args and "h14_dport=+36(+208($skbaddr)):u16" in args
+    assert "hm20_vi=-20(+208($skbaddr)):u8" in args and "saddr" not in args
+    assert drop_filt.count(" || (h") == 2 and drop_filt.startswith("(h0_vi >= 69 && h0_vi <= 79 && (h0_proto == 17")
+    assert "(hm20_sport == 0x900 || hm20_dport == 0x900)" in drop_filt and " proto" not in drop_filt
+    d = probes.drop_definition("labctl_f", OFF, reason=True, symbol=True, extra=args)
+    assert args in d and d.endswith(" loc=$location:symbol")
+    net = probes.drop_filter(OFF, kernel_filter(parse("net 10.1.0.0/16"))[0])
+    assert "h14_sb1=+27(+208($skbaddr)):u8" in net[0] and "(h14_sb0 == 10 && h14_sb1 == 1)" in net[1]
+
+
+def test_a_heartbeat_is_not_answered() -> None:
+    cmd = probes.sync_command("t")
+    assert 'echo "labctl-sync $n" > trace_marker' in cmd and '[ "$n" = hb ] || echo "$n"' in cmd
+
+
 def test_setup_sets_each_filter_and_says_what_the_kernel_refused() -> None:
     filt, extra = kernel_filter(parse("icmp"))
     defs = [probes.point_definition("labctl_t", p, OFF, extra) for p in probes.POINTS[:2]]
@@ -70,6 +90,10 @@ def test_the_drops_section_and_compare_count_an_absent_function_as_zero(tmp_path
     rows = {r["key"]: r for r in _metric_rows([quiet], [{"drops": got}])}
     row = rows["drops.b.nft_do_chain.NETFILTER_DROP"]
     assert (row["change"], row["label"]) == (1.0, "b: nft_do_chain (NETFILTER_DROP)")
+    # a side of two repeats, one without the drop: its mean is over both (found by two real runs)
+    rows = {r["key"]: r for r in _metric_rows([quiet], [{"drops": got}, quiet])}
+    row = rows["drops.b.nft_do_chain.NETFILTER_DROP"]
+    assert (row["a"]["n"], row["b"]["n"], row["b"]["mean"], row["change"]) == (1, 2, 0.5, 0.5)
 
 
 def _follow(*args: str) -> subprocess.CompletedProcess[str]:
