@@ -133,7 +133,7 @@ def drop_filter(off: dict[str, int], filt: str) -> tuple[str, str]:
     for at in DROP_AT:
         prefix = f"h{'m' if at < 0 else ''}{abs(at)}_"
         args += [f"{prefix}{n}={_at(at + _FILTER_FIELDS[n][0], data)}:{_FILTER_FIELDS[n][1]}" for n in used]
-        alts.append("(" + _FIELD_NAME.sub(lambda m: prefix + m.group(1), filt) + ")")
+        alts.append("(" + _FIELD_NAME.sub(prefix + r"\1", filt) + ")")
     return " ".join(args), " || ".join(alts)
 
 
