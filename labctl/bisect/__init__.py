@@ -16,13 +16,15 @@ Imports never: labctl.cli
 
 from __future__ import annotations
 
-from labctl.bisect import oracle, report, search, tries, worktree
+from labctl.bisect import cfgloop, configs, oracle, report, search, tries, worktree
 from labctl.bisect.engine import Bisector, on_tree, tree_guests
 from labctl.bisect.state import State, load, save
 
 __all__ = [
     "Bisector",
     "State",
+    "cfgloop",
+    "configs",
     "load",
     "on_tree",
     "oracle",
