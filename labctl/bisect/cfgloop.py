@@ -15,22 +15,36 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import labctl.bisect.configs as cf
 import labctl.bisect.report as report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import NEW, OLD, SKIP, State, Step, save
+from labctl.bisect.worktree import Worktree
 from labctl.errors import UsageError
 from labctl.paths import atomic_write
-
-if TYPE_CHECKING:
-    from labctl.bisect.engine import Bisector
 
 DIR = "configs"
 GIVEN = {"good": f"{DIR}/good-given.config", "bad": f"{DIR}/bad-given.config"}
 ENDS = {"good": f"{DIR}/good.config", "bad": f"{DIR}/bad.config"}
 MAX_NOTED = 20  # options olddefconfig changed of a given end, listed at most
+
+
+class Bisector(Protocol):
+    """What the loop needs of the bisection (:class:`labctl.bisect.engine.Bisector`)."""
+
+    bundle: Path
+    state: State
+    wt: Worktree
+    say: Callable[[str], None]
+
+    def prelude(self) -> None: ...
+
+    def one_step(self, step: Step, config: bytes | None = None) -> None: ...
+
+    def times_text(self, t: dict[str, float]) -> str: ...
 
 
 def fingerprint(cfg: cf.Config) -> str:

@@ -23,7 +23,7 @@ import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not t
 import labctl.bisect.verify as verify  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import SKIP, State, Step, save
 from labctl.bisect.verify import Run, TryEnv
-from labctl.bisect.worktree import BuildCache, Worktree, config_hash, hash_bytes
+from labctl.bisect.worktree import OBJTOOL_NOTE, BuildCache, Worktree, config_hash, hash_bytes, objtool_relinked
 from labctl.bundle import CONSOLE, GUESTS, SUMMARY
 from labctl.debug import make_title, parse_oopses
 from labctl.errors import LabctlError
@@ -190,6 +190,7 @@ class Bisector:
         t0 = time.monotonic()
         step.times = {}
         step.tries = []
+        step.notes = []
         kernel, _built, why = self.kernel(step.commit, step, config=config)
         if kernel is None:
             step.verdict, step.outcome, step.reason = SKIP, "", why
@@ -236,7 +237,7 @@ class Bisector:
         step.times["checkout"] = round(time.monotonic() - t0, 2)
         self.say(f"  {commit[:12]}{' with ' + revert_of[:12] + ' reverted' if revert_of else ''}: building "
                  f"(make -j{self.jobs} vmlinux modules)")
-        res = self.wt.build(self.jobs, self.on_build_line, config)
+        res = self.wt.build(self.jobs, self._build_line(step), config)
         step.times["build"] = round(res.seconds, 2)
         if not res.ok:
             (self.bundle / STEPS_DIR).mkdir(parents=True, exist_ok=True)
@@ -255,6 +256,15 @@ class Bisector:
         step.times["prepare"] = round(time.monotonic() - t1, 2)
         self.cache.put(key, cfg, kernel.dir)
         return kernel, True, ""
+
+    def _build_line(self, step: Step) -> Callable[[str], None]:
+        """make's lines to the CLI; the progress says why when objtool is rebuilt (the whole kernel follows)."""
+        def line(text: str) -> None:
+            if objtool_relinked(text) and OBJTOOL_NOTE not in step.notes:
+                step.notes.append(OBJTOOL_NOTE)
+                self.say(f"  {OBJTOOL_NOTE}")
+            self.on_build_line(text)
+        return line
 
     def _kernels(self, tree_kernel: Kernel) -> dict[str, Kernel]:
         guests = set(tree_guests(self.lab, self.wt.path))

@@ -58,7 +58,8 @@ def rows(state: State) -> list[list[str]]:
         t = s.times
         out.append([str(s.n), s.commit[:12], s.subject, _num(t.get("build")) + (" (cached)" if s.cached_build else ""),
                     _num(t.get("prepare")), _num(t.get("boot")), _num(t.get("steps")), _num(t.get("labctl")),
-                    tries.tries_text([str(x.get("outcome")) for x in s.tries]), state.term(s.verdict) if s.verdict else "(running)", _fig(s), s.reason])
+                    tries.tries_text([str(x.get("outcome")) for x in s.tries]), state.term(s.verdict) if s.verdict else "(running)", _fig(s),
+                    "; ".join([s.reason, *s.notes]) if s.notes else s.reason])
     return out
 
 
@@ -191,7 +192,8 @@ def summary(state: State, bundle: Path | None = None) -> dict[str, Any]:
             "steps": [{"n": s.n, "commit": s.commit, "subject": s.subject,
                        "verdict": state.term(s.verdict) if s.verdict else None, "outcome": s.outcome,
                        "reason": s.reason, "figure": s.figure, "run": s.run, "attempts": s.attempts, "tries": s.tries,
-                       "cached_build": s.cached_build, "times": s.times, "options": s.options or None}
+                       "cached_build": s.cached_build, "times": s.times, "options": s.options or None,
+                       "notes": s.notes}
                       for s in state.steps]}
 
 

@@ -46,6 +46,7 @@ class Step:
     # config bisection: the candidate (file, relative to the bundle; options set to the bad values, as
     # [good, bad]; those olddefconfig kept otherwise; options left to each end)
     options: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the progress said of it (e.g. objtool rebuilt)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Step:

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -46,6 +47,16 @@ FAILED = "failed: "  # a build cache entry for a commit that does not build
 COPY_TIMEOUT = 3600.0  # the first copy of the user's tree and its build objects
 OBJTOOL_TIMEOUT = 1800.0
 BUILD_TIMEOUT = 6 * 3600.0  # one make: a commit that touches a common header rebuilds most of the kernel
+# kbuild's line when objtool is linked again: every object of the kernel depends on objtool's time
+# (scripts/Makefile.build, gen_objtooldep), so the build that follows recompiles them all
+_OBJTOOL_LINK = re.compile(r"^\s*LINK\s+\S*tools/objtool/objtool\s*$")
+OBJTOOL_NOTE = ("objtool was rebuilt (its sources or headers differ from the build's): every object of the kernel "
+                "depends on it, so this build recompiles nearly all of them (minutes, not seconds)")
+
+
+def objtool_relinked(line: str) -> bool:
+    """``line`` of make's output says objtool was linked again (a full kernel build follows)."""
+    return bool(_OBJTOOL_LINK.match(line))
 
 
 def checked_work(work: Path) -> Path:

@@ -180,3 +180,13 @@ def test_config_bisection_bad_input_exits_2_before_anything(tree: Path, tmp_path
     argv = ["bisect", str(lab), "--tree", str(tree), "--panic", "--out", str(tmp_path / "out"), *extra]
     assert main(argv) == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_a_rebuilt_objtool_is_recognised_in_makes_output() -> None:
+    """The progress line says why a step recompiles the kernel when kbuild links objtool again."""
+    from labctl.bisect.worktree import objtool_relinked
+
+    assert objtool_relinked("  LINK    /root/.cache/labctl/bisect/x/wt/tools/objtool/objtool")
+    assert not objtool_relinked("  LINK    /x/wt/tools/objtool/fixdep")
+    assert not objtool_relinked("  CC      /x/wt/tools/objtool/check.o")
+    assert not objtool_relinked("  DESCEND objtool")
