@@ -357,12 +357,15 @@ def test_config_bisection_names_the_option_that_breaks_the_lab(cli: Cli, histori
     bad.write_text(_config_with(base, {**CFG_BAD, **{k: "n" for k in CFG_GOOD}}))
     out = tmp_path / "bisect"
     t0 = time.monotonic()
-    res = cli("bisect", str(lab), "--tree", str(h.repo), "--good-config", str(good), "--bad-config", str(bad),
-              "--check", "shaped-ping", "--out", str(out), "--work", str(h.work), "--accel", "tcg", "--json",
-              timeout=2400)
+    proc = cli.popen("bisect", str(lab), "--tree", str(h.repo), "--good-config", str(good), "--bad-config", str(bad),
+                     "--check", "shaped-ping", "--out", str(out), "--work", str(h.work), "--accel", "tcg")
+    first_err = _interrupt_in_step_2(proc, out)
+    res = cli("bisect", "--continue", str(out), "--json", timeout=2400)
     took = time.monotonic() - t0
     assert res.returncode == 0, res.stdout + res.stderr
+    res = subprocess.CompletedProcess(res.args, 0, res.stdout, first_err + res.stderr)
     data = json.loads(res.stdout)
+    assert [s["n"] for s in data["steps"]] == list(range(1, len(data["steps"]) + 1))  # step 2 ran once more, not twice
     assert data["result"]["options"] == {CULPRIT: ["m", "n"]}, res.stderr
     assert data["result"]["text"] == f"{CULPRIT}=m -> n breaks the lab"
     cfg = data["configs"]
@@ -382,17 +385,44 @@ def test_config_bisection_names_the_option_that_breaks_the_lab(cli: Cli, histori
     # objtool and then the whole kernel, about 1,400 objects here): only the modules of its options
     compiled = _compiled_per_step(res.stderr)
     assert len(compiled) == len(data["steps"]) and max(compiled) < 100, compiled
-    print(f"config bisection: {len(data['steps'])} steps in {took:.0f} s; objects compiled: {compiled}; builds (s): "
+    print(f"config bisection (interrupted in step 2, continued): {len(data['steps'])} steps in {took:.0f} s; objects compiled: {compiled}; builds (s): "
           f"{[s['times'].get('build') for s in data['steps']]}; boots (s): {[s['times'].get('boot') for s in data['steps']]}")
 
 
+def _interrupt_in_step_2(proc: subprocess.Popen[str], out: Path) -> str:
+    """Ctrl-C once the first step is judged and the second is running; its progress so far."""
+    try:
+        deadline = time.monotonic() + 1500
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                steps = json.loads((out / "state.json").read_text()).get("steps") or []
+            except (OSError, ValueError):
+                steps = []
+            if len(steps) >= 2 and steps[0].get("verdict") and not steps[-1].get("verdict"):
+                time.sleep(3)
+                break
+            time.sleep(1)
+        assert proc.poll() is None, "the bisection ended before it could be interrupted"
+        _, err = interrupt(proc, timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "--continue" in err, err
+    return err
+
+
 def _compiled_per_step(progress: str) -> list[int]:
-    """The CC lines of make's output the progress shows, step by step."""
-    counts: list[int] = []
+    """The CC lines of make's output the progress shows, step by step (a step run again after an interruption:
+    the most of its runs)."""
+    runs: list[tuple[int, int]] = []
     for line in progress.splitlines():
         text = line.strip()
-        if text.startswith("bisect: step ") and ": the candidate is " not in text and ": building" not in text:
-            counts.append(0)
-        elif counts and text.startswith("CC"):
-            counts[-1] += 1
-    return counts
+        if text.startswith("bisect: step ") and ": the candidate is " not in text:
+            runs.append((int(text.split()[2].rstrip(":")), 0))
+        elif runs and text.startswith("CC"):
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+    most: dict[int, int] = {}
+    for n, count in runs:
+        most[n] = max(most.get(n, 0), count)
+    return [most[n] for n in sorted(most)]
