@@ -11,6 +11,8 @@
                             the figures that changed most (beyond noise first)
         steps/NN-<sha>/<lab>-<time>/   one run bundle per step (NN-<sha>-build.log: a failed build)
         reference/<lab>-<time>/        the good end's run (--worse-than-good)
+        configs/            config bisection: the configs as given (good-given.config, bad-given.config),
+                            through olddefconfig (good.config, bad.config) and each step's (NN.config)
 """
 
 from __future__ import annotations
