@@ -8,7 +8,8 @@ checkout, branch and files are never touched; builds are incremental and
 cached by commit), the oracles that judge a run of the lab (:mod:`.oracle`:
 a graded check, a step, a panic, a command, a figure over repeats), the state
 file that makes a bisection resumable (:mod:`.state`), the loop itself
-(:mod:`.engine`), the runs that check it (:mod:`.verify`: ``--tries auto``'s reading of the failing
+(:mod:`.engine`), config bisection (one commit, a good and a bad ``.config``: :mod:`.configs` splits
+their differences as ktest.pl does, :mod:`.cfgloop` runs it on the engine's builds and runs), the runs that check it (:mod:`.verify`: ``--tries auto``'s reading of the failing
 end, the answer confirmed by reverting it on the bad end) and the bisect bundle (:mod:`.report`).
 
 Imports never: labctl.cli
@@ -16,13 +17,15 @@ Imports never: labctl.cli
 
 from __future__ import annotations
 
-from labctl.bisect import oracle, report, search, tries, worktree
+from labctl.bisect import cfgloop, configs, oracle, report, search, tries, worktree
 from labctl.bisect.engine import Bisector, on_tree, tree_guests
 from labctl.bisect.state import State, load, save
 
 __all__ = [
     "Bisector",
     "State",
+    "cfgloop",
+    "configs",
     "load",
     "on_tree",
     "oracle",

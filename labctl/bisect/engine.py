@@ -16,13 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import labctl.bisect.cfgloop as cfgloop
 import labctl.bisect.oracle as orc
 import labctl.bisect.report as report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.verify as verify  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.state import SKIP, State, Step, save
 from labctl.bisect.verify import Run, TryEnv
-from labctl.bisect.worktree import BuildCache, Worktree, config_hash
+from labctl.bisect.worktree import OBJTOOL_NOTE, BuildCache, Worktree, config_hash, hash_bytes, objtool_relinked
 from labctl.bundle import CONSOLE, GUESTS, SUMMARY
 from labctl.debug import make_title, parse_oopses
 from labctl.errors import LabctlError
@@ -118,14 +119,13 @@ class Bisector:
     def run(self) -> State:
         """Step until the answer is known; the state saved after every step. Ctrl-C re-raised."""
         st = self.state
+        if st.configs:
+            return cfgloop.run(self)
         for done in st.steps:  # a verdict reached just before an interruption, not counted yet
             if done.verdict:
                 st.record(done)
         self.wt.ensure(st.good, self.say)
-        if self.oracle.kind == "figure" and self.oracle.worse_than_good is not None and not st.reference:
-            self._reference()
-        if st.tries <= 0 and not st.estimate:
-            verify.estimate(self)
+        self.prelude()
         while not st.done:
             nxt = search.next_step(self.tree, st.news[-1] if st.news else st.bad, st.olds or [st.good], st.skips)
             if nxt.commit is None:
@@ -142,23 +142,39 @@ class Bisector:
             self.say(f"step {step.n}: {nxt.commit[:12]} {step.subject}  "
                      f"({nxt.remaining} commits left, about {nxt.steps_left} steps)")
             save(self.bundle, st)
-            self._step(step)
+            self.one_step(step)
             st.record(step)
             save(self.bundle, st)
             report.write(self.bundle, st)
             self.say(f"step {step.n}: {step.commit[:12]} is {st.term(step.verdict)}: {step.reason}  "
-                     f"[{_times_text(step.times)}]")
+                     f"[{times_text(step.times)}]")
         if st.confirm and st.result.get("first") and not st.confirmation:
             verify.confirm(self)
             save(self.bundle, st)
             report.write(self.bundle, st)
         return st
 
+    def prelude(self) -> None:
+        """What runs before the first step: the good end for --worse-than-good, the failing end for --tries auto."""
+        if self.oracle.kind == "figure" and self.oracle.worse_than_good is not None and not self.state.reference:
+            self._reference()
+        if self.state.tries <= 0 and not self.state.estimate:
+            verify.estimate(self)
+
+    def end_config(self, new: bool) -> bytes | None:
+        """Config bisection: the new (bad) or old (good) end's ``.config``; None when commits are bisected."""
+        if not self.state.configs:
+            return None
+        return cfgloop.end_bytes(self.bundle, self.state, "bad" if new else "good")
+
+    def times_text(self, t: dict[str, float]) -> str:
+        return times_text(t)
+
     def _reference(self) -> None:
         """--worse-than-good: the good end run once, its figures the reference."""
         st = self.state
         self.say(f"reference: the {st.term_old} end {st.good[:12]} (for --worse-than-good)")
-        kernel, _, why = self.kernel(st.good, Step(n=0, commit=st.good))
+        kernel, _, why = self.kernel(st.good, Step(n=0, commit=st.good), config=self.end_config(False))
         if kernel is None:
             raise LabctlError(f"the {st.term_old} end {st.good[:12]} cannot be built: {why}")
         run = self.run_lab(kernel, self.bundle / REFERENCE_DIR)
@@ -169,11 +185,13 @@ class Bisector:
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self, step: Step) -> None:
+    def one_step(self, step: Step, config: bytes | None = None) -> None:
+        """Build the step's commit (with ``config``, config bisection), run the lab on it, judge it."""
         t0 = time.monotonic()
         step.times = {}
         step.tries = []
-        kernel, _built, why = self.kernel(step.commit, step)
+        step.notes = []
+        kernel, _built, why = self.kernel(step.commit, step, config=config)
         if kernel is None:
             step.verdict, step.outcome, step.reason = SKIP, "", why
             step.times["total"] = round(time.monotonic() - t0, 2)
@@ -193,17 +211,19 @@ class Bisector:
             return None
         return dict(evidence(self.bundle / self.state.reference).summary)
 
-    def kernel(self, commit: str, step: Step, revert_of: str = "") -> tuple[Kernel | None, bool, str]:
-        """The commit's kernel (with ``revert_of`` reverted on it), prepared: from the build cache, else checked out,
-        built and prepared."""
+    def kernel(self, commit: str, step: Step, revert_of: str = "",
+               config: bytes | None = None) -> tuple[Kernel | None, bool, str]:
+        """The commit's kernel (with ``revert_of`` reverted on it; built with ``config``, else the tree's
+        ``.config``), prepared: from the build cache, else checked out, built and prepared."""
         key = f"{commit}-revert-{revert_of}" if revert_of else commit
-        cached = self.cache.get(key, self.cfg)
+        cfg = hash_bytes(config) if config is not None else self.cfg
+        cached = self.cache.get(key, cfg)
         if cached is not None:
             step.cached_build = True
             step.times.update({"build": 0.0, "prepare": 0.0})
             self.say(f"  {commit[:12]}: built before (kernel {cached.name})")
             return Kernel.at(cached), False, ""
-        failed = self.cache.failure(key, self.cfg)
+        failed = self.cache.failure(key, cfg)
         if failed is not None:
             step.cached_build = True
             step.times["build"] = 0.0
@@ -217,14 +237,14 @@ class Bisector:
         step.times["checkout"] = round(time.monotonic() - t0, 2)
         self.say(f"  {commit[:12]}{' with ' + revert_of[:12] + ' reverted' if revert_of else ''}: building "
                  f"(make -j{self.jobs} vmlinux modules)")
-        res = self.wt.build(self.jobs, self.on_build_line)
+        res = self.wt.build(self.jobs, self._build_line(step), config)
         step.times["build"] = round(res.seconds, 2)
         if not res.ok:
             (self.bundle / STEPS_DIR).mkdir(parents=True, exist_ok=True)
             log = f"{CONFIRM_DIR}-build.log" if revert_of else f"{step.n:02d}-{commit[:12]}-build.log"
             (self.bundle / STEPS_DIR / log).write_text(res.log + "\n")
             if ": error:" in res.reason:  # the code does not compile (not a killed or out-of-space make)
-                self.cache.put_failure(key, self.cfg, res.reason)
+                self.cache.put_failure(key, cfg, res.reason)
             return None, False, f"does not build: {res.reason}"
         self.say(f"  {commit[:12]}: built in {res.seconds:.0f} s; preparing the kernel")
         t1 = time.monotonic()
@@ -234,8 +254,17 @@ class Bisector:
         except LabctlError as exc:
             return None, True, f"its kernel cannot be prepared: {exc.message}"
         step.times["prepare"] = round(time.monotonic() - t1, 2)
-        self.cache.put(key, self.cfg, kernel.dir)
+        self.cache.put(key, cfg, kernel.dir)
         return kernel, True, ""
+
+    def _build_line(self, step: Step) -> Callable[[str], None]:
+        """make's lines to the CLI; the progress says why when objtool is rebuilt (the whole kernel follows)."""
+        def line(text: str) -> None:
+            if objtool_relinked(text) and OBJTOOL_NOTE not in step.notes:
+                step.notes.append(OBJTOOL_NOTE)
+                self.say(f"  {OBJTOOL_NOTE}")
+            self.on_build_line(text)
+        return line
 
     def _kernels(self, tree_kernel: Kernel) -> dict[str, Kernel]:
         guests = set(tree_guests(self.lab, self.wt.path))
@@ -311,7 +340,7 @@ class Bisector:
             ev.command = run_checks(state, [check])[0].to_dict()
 
 
-def _times_text(t: dict[str, float]) -> str:
+def times_text(t: dict[str, float]) -> str:
     parts = [f"{k} {t[k]:.1f}s" for k in ("build", "prepare", "boot", "steps", "oracle_run", "down", "labctl",
                                           "total") if k in t]
     return ", ".join(parts)

@@ -11,6 +11,8 @@
                             the figures that changed most (beyond noise first)
         steps/NN-<sha>/<lab>-<time>/   one run bundle per step (NN-<sha>-build.log: a failed build)
         reference/<lab>-<time>/        the good end's run (--worse-than-good)
+        configs/            config bisection: the configs as given (good-given.config, bad-given.config),
+                            through olddefconfig (good.config, bad.config) and each step's (NN.config)
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def rows(state: State) -> list[list[str]]:
         t = s.times
         out.append([str(s.n), s.commit[:12], s.subject, _num(t.get("build")) + (" (cached)" if s.cached_build else ""),
                     _num(t.get("prepare")), _num(t.get("boot")), _num(t.get("steps")), _num(t.get("labctl")),
-                    tries.tries_text([str(x.get("outcome")) for x in s.tries]), state.term(s.verdict) if s.verdict else "(running)", _fig(s), s.reason])
+                    tries.tries_text([str(x.get("outcome")) for x in s.tries]), state.term(s.verdict) if s.verdict else "(running)", _fig(s),
+                    "; ".join([s.reason, *s.notes]) if s.notes else s.reason])
     return out
 
 
@@ -68,6 +71,8 @@ def _num(v: float | None) -> str:
 
 def last_old_and_first_new(state: State) -> tuple[Step | None, Step | None]:
     """The run of the latest old commit before the answer, and the answer's run (None when not run)."""
+    if state.configs:
+        return _config_ends(state)
     first = state.result.get("first")
     if not first:
         return None, None
@@ -79,6 +84,30 @@ def last_old_and_first_new(state: State) -> tuple[Step | None, Step | None]:
     if olds:  # the nearest one: fewest commits between it and the answer
         old = min(olds, key=lambda s: len(search.candidates(tree, first, [s.commit])))
     return old, new
+
+
+def _config_ends(state: State) -> tuple[Step | None, Step | None]:
+    """Config bisection: the runs of the final good and bad ends (None for an end that is a given config)."""
+    def run_of(which: str, verdict: str) -> Step | None:
+        f = state.configs.get(which)
+        return next((s for s in reversed(state.steps) if s.options.get("file") == f and s.verdict == verdict and s.run),
+                    None)
+    return run_of("good", OLD), run_of("bad", NEW)
+
+
+def config_lines(state: State) -> list[str]:
+    """Config bisection: the commit, what olddefconfig changed of the given configs, the ends now."""
+    c = state.configs
+    if not c:
+        return []
+    lines = [f"config bisection at {state.good[:12]}: {c.get('differ', '?')} options differed after olddefconfig"]
+    for which, changed in (c.get("olddefconfig") or {}).items():
+        if changed:
+            lines.append(f"olddefconfig changed the given {which} config: "
+                         + ", ".join(f"{n}={v[0]} -> {v[1]}" for n, v in changed.items()))
+    if c.get("resolved"):
+        lines.append(f"ends: {state.term_old} {c.get('good')}, {state.term_new} {c.get('bad')}")
+    return lines
 
 
 def confidence(state: State) -> dict[str, Any] | None:
@@ -107,7 +136,7 @@ def trust_lines(state: State) -> list[str]:
     conf = state.confirmation
     if conf:
         lines.append(f"{str(conf.get('status', '')).upper()}: {conf.get('reason', '')}")
-    elif state.done and state.result.get("first") and not state.confirm:
+    elif state.done and state.result.get("first") and not state.confirm and not state.configs:
         lines.append("not confirmed by a revert (--no-confirm)")
     return lines
 
@@ -160,15 +189,20 @@ def summary(state: State, bundle: Path | None = None) -> dict[str, Any]:
             "tries": state.tries_wanted() if state.tries > 0 or state.estimate else "auto", "tries_auto": state.tries <= 0,
             "estimate": state.estimate or None, "confidence": confidence(state),
             "confirmation": state.confirmation or None, "trust": trust_lines(state),
+            "configs": state.configs or None,
             "explained": explained(bundle) if bundle is not None else None,
             "steps": [{"n": s.n, "commit": s.commit, "subject": s.subject,
                        "verdict": state.term(s.verdict) if s.verdict else None, "outcome": s.outcome,
                        "reason": s.reason, "figure": s.figure, "run": s.run, "attempts": s.attempts, "tries": s.tries,
-                       "cached_build": s.cached_build, "times": s.times} for s in state.steps]}
+                       "cached_build": s.cached_build, "times": s.times, "options": s.options or None,
+                       "notes": s.notes}
+                      for s in state.steps]}
 
 
 def answer_text(state: State) -> str:
     r = state.result
+    if state.configs:
+        return str(r.get("text") or "not known yet")
     if r.get("first"):
         return f"first {state.term_new} commit: {r['first']} {r.get('subject', '')}"
     if r.get("candidates"):
@@ -177,11 +211,33 @@ def answer_text(state: State) -> str:
     return "not known yet"
 
 
+def _compare(bundle: Path, state: State) -> list[str]:
+    """compare.html and explained.json of the last good and the first bad run; what the report says of them."""
+    old, new = last_old_and_first_new(state)
+    if old is None or new is None or not new.run:
+        what = "the answer's bad end" if state.configs else f"{str(state.result.get('first'))[:12]}"
+        return [f"no comparison: no run of a {state.term_old} {'config' if state.configs else 'commit'}"
+                if new is not None else f"no comparison: {what} was never run (the {state.term_new} end)"]
+    try:
+        result = compare_runs(load_run(bundle / old.run), load_run(bundle / new.run))
+        atomic_write(bundle / COMPARE_HTML, to_html(compare_blocks(result),
+                                                    f"labctl compare: step {old.n} vs step {new.n}"))
+        why = explain(old, new, result)
+        atomic_write(bundle / EXPLAINED, json.dumps(why, indent=1) + "\n")
+        return [f"[{COMPARE_HTML}]({COMPARE_HTML}): labctl compare of step {old.n} ({state.term_old}, "
+                f"{old.commit[:12]}) and step {new.n} ({state.term_new}, {new.commit[:12]}), "
+                f"{result.get('flagged', 0)} figures changed beyond noise", explained_text(state, why)]
+    except LabctlError as exc:
+        return [f"no comparison: {exc.message}"]
+
+
 def write(bundle: Path, state: State) -> None:
     """Every page of the bisect bundle, from the state (the compare page once the answer is known)."""
     tree = Path(state.tree)
-    extra: list[str] = []
-    if state.done and state.result.get("first"):
+    extra: list[str] = list(config_lines(state))
+    if state.done and state.configs:
+        extra += _compare(bundle, state)
+    elif state.done and state.result.get("first"):
         first = state.result["first"]
         try:
             stat = search.diffstat(tree, first)
@@ -189,26 +245,13 @@ def write(bundle: Path, state: State) -> None:
             stat = exc.message
         atomic_write(bundle / FIRST_BAD, stat)
         extra.append(f"`git show --stat` of {first[:12]} ({FIRST_BAD}):\n\n```\n{stat.rstrip()}\n```")
-        old, new = last_old_and_first_new(state)
-        if old is not None and new is not None and new.run:
-            try:
-                result = compare_runs(load_run(bundle / old.run), load_run(bundle / new.run))
-                atomic_write(bundle / COMPARE_HTML, to_html(compare_blocks(result),
-                                                            f"labctl compare: {old.commit[:12]} vs {new.commit[:12]}"))
-                extra.append(f"[{COMPARE_HTML}]({COMPARE_HTML}): labctl compare of step {old.n} "
-                             f"({state.term_old}, {old.commit[:12]}) and step {new.n} ({state.term_new}, "
-                             f"{new.commit[:12]}), {result.get('flagged', 0)} figures changed beyond noise")
-                why = explain(old, new, result)
-                atomic_write(bundle / EXPLAINED, json.dumps(why, indent=1) + "\n")
-                extra.append(explained_text(state, why))
-            except LabctlError as exc:
-                extra.append(f"no comparison: {exc.message}")
-        else:
-            extra.append(f"no comparison: no run of a {state.term_old} commit"
-                         if new is not None else f"no comparison: {first[:12]} was never run (the {state.term_new} end)")
+        extra += _compare(bundle, state)
+    ends = (f"at {state.good[:12]}, {state.term_old} config {state.configs.get('given_good', '')}, {state.term_new} "
+            f"config {state.configs.get('given_bad', '')}" if state.configs else
+            f"{state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}")
     head = [f"# labctl bisect: {state.lab_file}", "",
-            (f"tree {state.tree}, {state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; "
-             f"oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}"), "", f"**{answer_text(state)}**", ""]
+            f"tree {state.tree}, {ends}; oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}", "",
+            f"**{answer_text(state)}**", ""]
     head += [f"- {line}" for line in trust_lines(state)] + ([""] if trust_lines(state) else [])
     table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     table += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(state)]

@@ -43,6 +43,10 @@ class Step:
     tries: list[dict[str, Any]] = field(default_factory=list)  # each try's outcome, reason, run, warm
     cached_build: bool = False
     times: dict[str, float] = field(default_factory=dict)  # build, prepare, boot, steps, oracle, down, total, labctl
+    # config bisection: the candidate (file, relative to the bundle; options set to the bad values, as
+    # [good, bad]; those olddefconfig kept otherwise; options left to each end)
+    options: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the progress said of it (e.g. objtool rebuilt)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Step:
@@ -74,6 +78,9 @@ class State:
     estimate: dict[str, Any] = field(default_factory=dict)  # --tries auto's (labctl.bisect.tries.Estimate)
     confirm: bool = True  # revert the first new commit on the new end and run it (--no-confirm: not)
     confirmation: dict[str, Any] = field(default_factory=dict)  # status, reason, tries, run, times
+    # config bisection (labctl.bisect.cfgloop): the ends' files (relative to the bundle) as they move, what
+    # olddefconfig changed of the given ones, the candidates that could not be judged; empty: commits
+    configs: dict[str, Any] = field(default_factory=dict)
     lab_up: bool = False  # the lab was brought up by a step that has not taken it down yet
     done: bool = False
     result: dict[str, Any] = field(default_factory=dict)  # first new commit, or the candidates left

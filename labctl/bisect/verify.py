@@ -72,7 +72,10 @@ class Runner(Protocol):
     oracle: orc.Oracle
     say: Callable[[str], None]
 
-    def kernel(self, commit: str, step: Step, revert_of: str = "") -> tuple[Kernel | None, bool, str]: ...
+    def kernel(self, commit: str, step: Step, revert_of: str = "",
+               config: bytes | None = None) -> tuple[Kernel | None, bool, str]: ...
+
+    def end_config(self, new: bool) -> bytes | None: ...
 
     def run_lab(self, kernel: Kernel, out_root: Path, env: TryEnv | None = None) -> Run: ...
 
@@ -155,7 +158,7 @@ def estimate(bis: Runner) -> None:
     end = st.good if bis.oracle.fixed else st.bad
     k = st.estimate_runs or tries.ESTIMATE_RUNS
     bis.say(f"--tries auto: running the failing end {end[:12]} {k} times for its failure rate")
-    kernel, _, why = bis.kernel(end, Step(n=0, commit=end))
+    kernel, _, why = bis.kernel(end, Step(n=0, commit=end), config=bis.end_config(not bis.oracle.fixed))
     if kernel is None:
         raise LabctlError(f"--tries auto: the failing end {end[:12]} cannot be built: {why}")
     times: dict[str, float] = {}

@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -46,6 +47,16 @@ FAILED = "failed: "  # a build cache entry for a commit that does not build
 COPY_TIMEOUT = 3600.0  # the first copy of the user's tree and its build objects
 OBJTOOL_TIMEOUT = 1800.0
 BUILD_TIMEOUT = 6 * 3600.0  # one make: a commit that touches a common header rebuilds most of the kernel
+# kbuild's line when objtool is linked again: every object of the kernel depends on objtool's time
+# (scripts/Makefile.build, gen_objtooldep), so the build that follows recompiles them all
+_OBJTOOL_LINK = re.compile(r"^\s*LINK\s+\S*tools/objtool/objtool\s*$")
+OBJTOOL_NOTE = ("objtool was rebuilt (its sources or headers differ from the build's): every object of the kernel "
+                "depends on it, so this build recompiles nearly all of them (minutes, not seconds)")
+
+
+def objtool_relinked(line: str) -> bool:
+    """``line`` of make's output says objtool was linked again (a full kernel build follows)."""
+    return bool(_OBJTOOL_LINK.match(line))
 
 
 def checked_work(work: Path) -> Path:
@@ -82,8 +93,12 @@ class BuildResult:
     log: str = ""  # the tail of make's output
 
 
+def hash_bytes(config: bytes) -> str:
+    return hashlib.sha256(config).hexdigest()[:16]
+
+
 def config_hash(tree: Path) -> str:
-    return hashlib.sha256((tree / ".config").read_bytes()).hexdigest()[:16]
+    return hash_bytes((tree / ".config").read_bytes())
 
 
 class Worktree:
@@ -161,13 +176,34 @@ class Worktree:
             git(self.path, "checkout", "-q", "-f", "--detach", "HEAD")
         return words[:300] or f"git revert exited {res.returncode}"
 
-    def build(self, jobs: int, on_line: Callable[[str], None] = lambda _: None) -> BuildResult:
-        """``olddefconfig`` with the tree's ``.config``, then ``make vmlinux modules``."""
-        t0 = time.monotonic()
-        cfg = self.tree / ".config"
+    def _put_config(self, config: bytes | None) -> None:
+        """The worktree's ``.config``: ``config``, else the tree's; written only when it differs (its time
+        is make's: an unchanged one rebuilds nothing)."""
         dst = self.path / ".config"
-        if not dst.is_file() or dst.read_bytes() != cfg.read_bytes():
-            shutil.copy2(cfg, dst)
+        if config is None:
+            cfg = self.tree / ".config"
+            if not dst.is_file() or dst.read_bytes() != cfg.read_bytes():
+                shutil.copy2(cfg, dst)
+        elif not dst.is_file() or dst.read_bytes() != config:
+            atomic_write(dst, config)
+
+    def olddefconfig(self, config: bytes) -> bytes:
+        """``config`` as ``make olddefconfig`` leaves it at the commit checked out (what a build of it gets).
+
+        :raise LabctlError: when olddefconfig fails (its last words).
+        """
+        self._put_config(config)
+        res = run(["make", "-C", str(self.path), "olddefconfig"], OBJTOOL_TIMEOUT, env=self._env(), check=False)
+        if res.returncode != 0:
+            words = (res.stderr or res.stdout).decode(errors="replace").strip()[-300:]
+            raise LabctlError(f"make olddefconfig failed in {self.path}: {words}")
+        return (self.path / ".config").read_bytes()
+
+    def build(self, jobs: int, on_line: Callable[[str], None] = lambda _: None,
+              config: bytes | None = None) -> BuildResult:
+        """``olddefconfig`` with ``config`` (default: the tree's ``.config``), then ``make vmlinux modules``."""
+        t0 = time.monotonic()
+        self._put_config(config)
         env = self._env()
         lines: list[str] = []
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labctl.bisect import Bisector, State, load, on_tree, report, save, search, tree_guests, tries
+from labctl.bisect import Bisector, State, cfgloop, configs, load, on_tree, report, save, search, tree_guests, tries
 from labctl.bisect import oracle as orc
 from labctl.bisect import worktree as bbuild
 from labctl.cli.lifecycle_cmds import load_with_kernel
@@ -35,6 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--tree", type=Path, help="the kernel tree (a git repository, built, with its .config)")
     p.add_argument("--good", metavar="REV", help="a commit where the lab behaves (the old term)")
     p.add_argument("--bad", metavar="REV", help="a commit where it does not (the new term)")
+    c = p.add_argument_group("config bisection (instead of --good/--bad)")
+    c.add_argument("--good-config", type=Path, metavar="FILE",
+                   help="a .config the lab behaves with: find the option whose change to --bad-config breaks it")
+    c.add_argument("--bad-config", type=Path, metavar="FILE", help="a .config it does not behave with")
+    c.add_argument("--commit", metavar="REV", help="the commit the configs are built at (default: the tree's HEAD)")
     o = p.add_argument_group("oracle (one)")
     o.add_argument("--check", metavar="NAME", help="the lab's graded check NAME passes")
     o.add_argument("--step", metavar="NAME", help="step NAME succeeds (exit status, no panic or oops, no timeout)")
@@ -137,19 +142,69 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     return _go(*_start(args), args)
 
 
+MAX_CONFIG = 16 << 20
+
+
+def _config_mode(args: argparse.Namespace) -> bool:
+    """Config bisection asked for (--good-config/--bad-config): both given, no commits."""
+    if args.good_config is None and args.bad_config is None:
+        if args.commit:
+            raise UsageError("--commit goes with --good-config and --bad-config")
+        return False
+    if args.good_config is None or args.bad_config is None:
+        raise UsageError("--good-config and --bad-config go together",
+                         hint="labctl bisect LAB.yaml --tree DIR --good-config A --bad-config B ORACLE")
+    if args.good or args.bad:
+        raise UsageError("--good-config/--bad-config bisect two configs at one commit: give --commit REV, "
+                         "not --good/--bad")
+    if args.fixed:
+        raise UsageError("--fixed goes with commits: to find the option that fixes the lab, give the config "
+                         "that works as --good-config")
+    return True
+
+
+def _read_config(path: Path, flag: str) -> bytes:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG + 1)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_CONFIG:
+        raise UsageError(f"{flag} {path}: over {MAX_CONFIG >> 20} MiB: not a kernel .config")
+    return data
+
+
+def _configs(args: argparse.Namespace, tree: Path) -> tuple[bytes, bytes]:
+    """The two configs, checked against the tree (its architecture and version) and each other."""
+    good = _read_config(args.good_config, "--good-config")
+    bad = _read_config(args.bad_config, "--bad-config")
+    tree_cfg = configs.parse((tree / ".config").read_text(errors="replace"))
+    version = configs.makefile_version((tree / "Makefile").read_text(errors="replace"))
+    configs.check_pair(good.decode(errors="replace"), bad.decode(errors="replace"), tree_cfg, version,
+                       (f"--good-config {args.good_config}", f"--bad-config {args.bad_config}"))
+    return good, bad
+
+
 def _start(args: argparse.Namespace) -> tuple[Path, State]:
-    if not args.file or args.tree is None or not args.good or not args.bad:
+    config_mode = _config_mode(args)
+    if not args.file or args.tree is None or not (config_mode or (args.good and args.bad)):
         raise UsageError("labctl bisect LAB.yaml --tree DIR --good REV --bad REV ORACLE",
-                         hint="or: labctl bisect --continue [BUNDLE] / --log [BUNDLE]")
+                         hint="or: --good-config FILE --bad-config FILE [--commit REV] instead of --good/--bad; "
+                              "labctl bisect --continue [BUNDLE] / --log [BUNDLE]")
     oracle = _oracle(args)
     tries, estimate_runs = _tries(args)
     tree = args.tree.resolve()
     if not (tree / ".config").is_file() or not (tree / "Makefile").is_file():
         raise UsageError(f"--tree {args.tree}: not a configured kernel tree (no .config)",
                          hint="configure and build it once: make olddefconfig && make vmlinux modules")
-    good, bad = search.resolve(tree, args.good), search.resolve(tree, args.bad)
-    if good == bad or not search.is_ancestor(tree, good, bad):
-        raise UsageError(f"--good {args.good} must be an ancestor of --bad {args.bad}")
+    texts: tuple[bytes, bytes] | None = None
+    if config_mode:
+        texts = _configs(args, tree)
+        good = bad = search.resolve(tree, args.commit or "HEAD")
+    else:
+        good, bad = search.resolve(tree, args.good), search.resolve(tree, args.bad)
+        if good == bad or not search.is_ancestor(tree, good, bad):
+            raise UsageError(f"--good {args.good} must be an ancestor of --bad {args.bad}")
     lab = load_with_kernel(args.file, None, args.trust_dir)
     if oracle.kind == "check" and oracle.name not in {c.name for c in lab.checks}:
         raise UsageError(f"the lab has no check '{oracle.name}'")
@@ -169,9 +224,12 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
     bundle = checked_dir(bundle, create=True)
     state = State(lab_file=str(Path(args.file).resolve()), tree=str(tree), good=good, bad=bad, oracle=oracle.to_dict(),
                   term_old=term_old, term_new=term_new, work=str(work), tries=tries, estimate_runs=estimate_runs,
-                  confirm=not args.no_confirm,
+                  confirm=not args.no_confirm and texts is None,
                   up={"accel": args.accel, "boot_timeout": args.boot_timeout, "jobs": args.jobs},
                   trust_dirs=[str(Path(d).resolve()) for d in args.trust_dir])
+    if texts is not None:
+        state.configs = {**cfgloop.start_files(bundle, *texts), "given_good": str(args.good_config.resolve()),
+                         "given_bad": str(args.bad_config.resolve())}
     save(bundle, state)
     return bundle, state
 
@@ -198,8 +256,11 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
         if s.startswith(("CC", "LD", "AR", "MODPOST")) or ": error:" in s:
             console.print(Text(f"    {s}", style="dim"), soft_wrap=True)
 
-    say(f"{Path(state.lab_file).name}: guests {', '.join(tree_guests(lab, tree))} boot {tree}; "
-        f"{state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}; oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}")
+    ends = (f"at {state.good[:12]}, {state.term_old} config {state.configs.get('given_good')}, {state.term_new} "
+            f"config {state.configs.get('given_bad')}" if state.configs else
+            f"{state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}")
+    say(f"{Path(state.lab_file).name}: guests {', '.join(tree_guests(lab, tree))} boot {tree}; {ends}; "
+        f"oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}")
     say(f"bundle {bundle}")
     jobs = state.up.get("jobs") or args.jobs or os.cpu_count()
     with bbuild.locked(work):
@@ -237,6 +298,8 @@ def _show(bundle: Path, state: State, as_json: bool) -> int:
             out.print(Text(f"bundle: {bundle}"), soft_wrap=True)
     if not state.done:
         return 0
+    if state.configs:
+        return 0 if len(state.result.get("options") or {}) == 1 else EXIT_UNRESOLVED
     if not state.result.get("first"):
         return EXIT_UNRESOLVED
     return EXIT_NOT_CONFIRMED if state.confirmation.get("status") == "not confirmed" else 0

@@ -28,7 +28,8 @@ from tests.conftest import Cli, interrupt
 OVER_3_MIN = ("four bisections of real kernel histories, each commit built and booted under TCG (the builds "
               "shared through one worktree and cache): one finds a commit by a check, one is interrupted and "
               "continued, one bisects a throughput figure and ends not confirmed, one a flaky oracle with "
-              "--tries auto and a confirmation")
+              "--tries auto and a confirmation; and a config bisection at one commit (each candidate built "
+              "incrementally and booted)")
 
 #: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
 pytestmark = pytest.mark.xdist_group("kernel-tree")
@@ -320,3 +321,108 @@ def test_bisect_with_a_flaky_command_oracle_tries_auto_and_confirmation(
     print(f"bisect with a flaky oracle: {len(data['steps'])} steps, {runs} runs of the lab in {took:.0f} s; "
           f"booted (boot s, try s): {[(t['boot'], t['seconds']) for t in tries if not t['warm']]}; "
           f"restored: {[(t['boot'], t['seconds']) for t in tries if t['warm']]}")
+
+
+#: The config pair of the config bisection: the tree's .config with these set. They differ by six options,
+#: each a module nothing built in depends on (an incremental build of a candidate compiles a handful of
+#: files); the bad one also sets an option olddefconfig drops (its dependency VLAN_8021Q is off), and it
+#: turns off the qdisc the lab's check shapes the e1000 NIC's egress with (the culprit).
+CULPRIT = "CONFIG_NET_SCH_TBF"
+CFG_GOOD = {CULPRIT: "m", "CONFIG_DUMMY": "m", "CONFIG_NET_SCH_PRIO": "m"}
+CFG_BAD = {"CONFIG_VETH": "m", "CONFIG_NET_SCH_SFQ": "m", "CONFIG_UNIX_DIAG": "m", "CONFIG_VLAN_8021Q_GVRP": "y"}
+SHAPED = "tc qdisc replace dev eth1 root tbf rate 200mbit burst 64kb latency 100ms && ping -c 2 -W 3 10.61.0.2"
+
+
+def _config_with(text: str, values: dict[str, str]) -> str:
+    keep = [ln for ln in text.splitlines() if not any(ln.startswith(f"{k}=") or ln == f"# {k} is not set"
+                                                       for k in values)]
+    return "\n".join([*keep, *(f"# {k} is not set" if v == "n" else f"{k}={v}" for k, v in values.items())]) + "\n"
+
+
+@pytest.mark.timeout(2400)
+def test_config_bisection_names_the_option_that_breaks_the_lab(cli: Cli, histories: Histories, tmp_path: Path) -> None:
+    """Two configs of the tree at one commit, six options apart: the one that turns off the qdisc the check
+    shapes the lab's NIC with is named, each candidate put through olddefconfig (which drops an option of
+    the bad config: said), built in the worktree and booted."""
+    h = histories
+    lab = _check_lab(tmp_path, h.repo)
+    lab.write_text(lab.read_text() + f"""  - name: shaped-ping
+    guest: a
+    command: {SHAPED}
+    timeout: 30
+""")
+    base = (h.repo / ".config").read_text()
+    good, bad = tmp_path / "good.config", tmp_path / "bad.config"
+    good.write_text(_config_with(base, {**CFG_GOOD, **{k: "n" for k in CFG_BAD}}))
+    bad.write_text(_config_with(base, {**CFG_BAD, **{k: "n" for k in CFG_GOOD}}))
+    out = tmp_path / "bisect"
+    t0 = time.monotonic()
+    proc = cli.popen("bisect", str(lab), "--tree", str(h.repo), "--good-config", str(good), "--bad-config", str(bad),
+                     "--check", "shaped-ping", "--out", str(out), "--work", str(h.work), "--accel", "tcg")
+    first_err = _interrupt_in_step_2(proc, out)
+    res = cli("bisect", "--continue", str(out), "--json", timeout=2400)
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = subprocess.CompletedProcess(res.args, 0, res.stdout, first_err + res.stderr)
+    data = json.loads(res.stdout)
+    assert [s["n"] for s in data["steps"]] == list(range(1, len(data["steps"]) + 1))  # step 2 ran once more, not twice
+    assert data["result"]["options"] == {CULPRIT: ["m", "n"]}, res.stderr
+    assert data["result"]["text"] == f"{CULPRIT}=m -> n breaks the lab"
+    cfg = data["configs"]
+    assert cfg["differ"] == 6 and cfg["olddefconfig"]["bad"] == {"CONFIG_VLAN_8021Q_GVRP": ["y", "n"]}, cfg
+    judged = [s for s in data["steps"] if s["verdict"] in ("good", "bad")]
+    assert judged and len(data["steps"]) <= 4
+    for s in judged:  # each candidate's verdict follows the culprit's value in the config it was built with
+        built = (out / s["options"]["file"]).read_text()
+        assert (f"# {CULPRIT} is not set" in built) == (s["verdict"] == "bad"), s
+        assert s["options"]["set"] and s["subject"].startswith(f"{len(s['options']['set'])} of ")
+        assert (out / s["run"] / "summary.json").is_file()
+    md = (out / "report.md").read_text()
+    assert f"**{CULPRIT}=m -> n breaks the lab**" in md and "olddefconfig changed the given bad config" in md
+    assert _git(h.repo, "status", "--porcelain", "--untracked-files=no") == ""
+    assert (h.repo / ".config").read_text() == base  # the user's tree and .config never touched
+    # every step's build is incremental, the first in the worktree's fresh copy too (issue 39: it recompiled
+    # objtool and then the whole kernel, about 1,400 objects here): only the modules of its options
+    compiled = _compiled_per_step(res.stderr)
+    assert len(compiled) == len(data["steps"]) and max(compiled) < 100, compiled
+    print(f"config bisection (interrupted in step 2, continued): {len(data['steps'])} steps in {took:.0f} s; objects compiled: {compiled}; builds (s): "
+          f"{[s['times'].get('build') for s in data['steps']]}; boots (s): {[s['times'].get('boot') for s in data['steps']]}")
+
+
+def _interrupt_in_step_2(proc: subprocess.Popen[str], out: Path) -> str:
+    """Ctrl-C once the first step is judged and the second is running; its progress so far."""
+    try:
+        deadline = time.monotonic() + 1500
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                steps = json.loads((out / "state.json").read_text()).get("steps") or []
+            except (OSError, ValueError):
+                steps = []
+            if len(steps) >= 2 and steps[0].get("verdict") and not steps[-1].get("verdict"):
+                time.sleep(3)
+                break
+            time.sleep(1)
+        assert proc.poll() is None, "the bisection ended before it could be interrupted"
+        _, err = interrupt(proc, timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "--continue" in err, err
+    return err
+
+
+def _compiled_per_step(progress: str) -> list[int]:
+    """The CC lines of make's output the progress shows, step by step (a step run again after an interruption:
+    the most of its runs)."""
+    runs: list[tuple[int, int]] = []
+    for line in progress.splitlines():
+        text = line.strip()
+        if text.startswith("bisect: step ") and ": the candidate is " not in text:
+            runs.append((int(text.split()[2].rstrip(":")), 0))
+        elif runs and text.startswith("CC"):
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+    most: dict[int, int] = {}
+    for n, count in runs:
+        most[n] = max(most.get(n, 0), count)
+    return [most[n] for n in sorted(most)]

@@ -315,10 +315,10 @@ def test_a_steps_verdict_follows_the_oracle(tmp_path: Path, fixed: bool, outcome
                   "seconds": 0.1, "hint": "", "detail": ""}
         return engine.Run(orc.Evidence(summary={"steps": []}, checks=[record]), None, {"boot": 1.0})  # type: ignore[list-item]
 
-    bis.kernel = lambda commit, step, revert_of="": (object(), True, "")  # type: ignore[method-assign, assignment, return-value]
+    bis.kernel = lambda commit, step, revert_of="", config=None: (object(), True, "")  # type: ignore[method-assign, assignment, return-value]
     bis.run_lab = run_lab  # type: ignore[method-assign]
     step = Step(n=1, commit="c" * 40)
-    bis._step(step)
+    bis.one_step(step)
     assert (step.outcome or "undecided", step.verdict) == (outcome, verdict)
     assert len(runs) == (2 if outcome == "undecided" else 1)
 

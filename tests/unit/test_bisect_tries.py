@@ -59,9 +59,13 @@ class Flaky:
         self.reverted = ""
         self.runs: list[tuple[str, int]] = []  # (commit, LABCTL_TRY)
 
-    def kernel(self, commit: str, step: object, revert_of: str = "") -> tuple[object, bool, str]:
+    def kernel(self, commit: str, step: object, revert_of: str = "",
+               config: bytes | None = None) -> tuple[object, bool, str]:
         self.reverted = revert_of
         return (commit, revert_of), True, ""
+
+    def end_config(self, new: bool) -> bytes | None:
+        return None
 
     def run_lab(self, kernel: tuple[str, str], out: Path, env: engine.TryEnv | None = None) -> engine.Run:
         commit, reverted = kernel
@@ -155,7 +159,7 @@ def test_a_revert_that_does_not_apply_is_not_confirmed(history: tuple[Path, list
     (tmp_path / "b").mkdir()
     bis = _bisector(tmp_path / "b", repo, shas, Flaky(shas, FIRST_BAD, 1.0, seed=0), tries=1)
 
-    def kernel(commit: str, step: object, revert_of: str = "") -> tuple[object, bool, str]:
+    def kernel(commit: str, step: object, revert_of: str = "", config: bytes | None = None) -> tuple[object, bool, str]:
         if revert_of:
             return None, False, f"cannot be made: the revert does not apply: {why}"
         return (commit, ""), True, ""
