@@ -182,8 +182,8 @@ def answer_text(opts: dict[str, list[str]], term_new: str = "bad") -> str:
 
 def makefile_version(text: str) -> str:
     """``major.minor`` from a kernel tree's top Makefile ("" when it has none)."""
-    v = re.search(r"^VERSION = (\d+)$", text, re.M)
-    p = re.search(r"^PATCHLEVEL = (\d+)$", text, re.M)
+    v = re.search(r"^VERSION = (\d+)$", text, re.MULTILINE)
+    p = re.search(r"^PATCHLEVEL = (\d+)$", text, re.MULTILINE)
     return f"{v.group(1)}.{p.group(1)}" if v and p else ""
 
 

@@ -224,9 +224,9 @@ def _compare(bundle: Path, state: State) -> list[str]:
                                                     f"labctl compare: step {old.n} vs step {new.n}"))
         why = explain(old, new, result)
         atomic_write(bundle / EXPLAINED, json.dumps(why, indent=1) + "\n")
-        return [f"[{COMPARE_HTML}]({COMPARE_HTML}): labctl compare of step {old.n} ({state.term_old}, "
-                f"{old.commit[:12]}) and step {new.n} ({state.term_new}, {new.commit[:12]}), "
-                f"{result.get('flagged', 0)} figures changed beyond noise", explained_text(state, why)]
+        return [(f"[{COMPARE_HTML}]({COMPARE_HTML}): labctl compare of step {old.n} ({state.term_old}, "
+                 f"{old.commit[:12]}) and step {new.n} ({state.term_new}, {new.commit[:12]}), "
+                 f"{result.get('flagged', 0)} figures changed beyond noise"), explained_text(state, why)]
     except LabctlError as exc:
         return [f"no comparison: {exc.message}"]
 

@@ -37,7 +37,7 @@ def _bisect(good: cf.Config, bad: cf.Config, breaks: Callable[[cf.Config], bool]
     olddef = _olddef(deps or {})
     good, bad = olddef(good), olddef(bad)
     tried: list[cf.Candidate] = []
-    while len(names := cf.diff(good, bad)) > 1:
+    while len(cf.diff(good, bad)) > 1:
         cand = cf.pick(good, bad, olddef)
         if cand is None:
             break
