@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import labctl.bisect.cfgloop as cfgloop  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.oracle as orc
 import labctl.bisect.report as report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.verify as verify  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.bisect import cfgloop
 from labctl.bisect.state import SKIP, State, Step, save
 from labctl.bisect.verify import Run, TryEnv
 from labctl.bisect.worktree import OBJTOOL_NOTE, BuildCache, Worktree, config_hash, hash_bytes, objtool_relinked

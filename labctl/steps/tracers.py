@@ -255,10 +255,13 @@ def ready(workdir: str, tracer: Tracer, timeout: int = READY_TIMEOUT) -> str | N
 def stop(workdir: str, names: list[str], timeout: int = 120, flush: tuple[str, ...] = ()) -> str:
     """SIGINT each named background process and wait (up to ``timeout`` s) for it to exit; the
     trace-cmd recordings named in ``flush`` first get the events still in the kernel's buffer
-    (:func:`flush_command`)."""
-    parts = [f"cd {q(workdir)}", *(flush_command(name) for name in flush)]
+    (:func:`flush_command`) just before they are stopped, in turn: each tracer's recording ends when it
+    did before, after the ones named before it (perf before trace-cmd)."""
+    parts = [f"cd {q(workdir)}"]
     for name in names:
         pidf = q(name + ".pid")
+        if name in flush:
+            parts.append(flush_command(name))
         parts.append(
             f"if [ -f {pidf} ]; then p=$(cat {pidf}); kill -INT $p 2>/dev/null; i=0; "
             f"while kill -0 $p 2>/dev/null && [ $i -lt {timeout * 5} ]; do sleep 0.2; i=$((i+1)); done; "

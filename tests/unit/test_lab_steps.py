@@ -63,7 +63,9 @@ def test_tracers_say_when_they_record() -> None:
     # trace-cmd's recorders are told to take what the buffer holds before it is stopped (its own
     # last read loses a short step's events under load), tracing off first; perf is not
     stop = tr.stop("/w", ["perf-record", "trace-cmd"], flush=("trace-cmd",))
-    assert stop.index("tracing_on") < stop.index("pkill -USR2 -P \"$(cat trace-cmd.pid)\"") < stop.index("kill -INT")
+    perf_stop = stop.index("kill -INT")
+    assert perf_stop < stop.index("tracing_on") < stop.index("pkill -USR2 -P \"$(cat trace-cmd.pid)\"") \
+        < stop.index("kill -INT", perf_stop + 1)
     assert "USR2" not in tr.stop("/w", ["perf-record"])
 
 
