@@ -68,6 +68,11 @@ def _recording_blocks(title: str, source: Mapping[str, Any]) -> list[Block]:
         return []
     blocks: list[Block] = [Heading(4, f"{title} · {source.get('source')} ({source.get('file')})"),
                            events_table(events)]
+    lost = source.get("lost")
+    if isinstance(lost, int) and lost > 0:
+        blocks.append(Para(txt(f"{source.get('source')} lost {lost} events: its ring buffer filled faster than "
+                               "they were read (trace-stat.txt), so these counts are lower bounds; a larger "
+                               "buffer_kb keeps them"), "callout"))
     per_cpu = cpu_table(events)
     if per_cpu is not None:
         blocks.append(per_cpu)

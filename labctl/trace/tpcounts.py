@@ -11,7 +11,8 @@ Sources, each giving ``{event: {"total", "rate_per_s", "by_comm", "by_cpu"}}``:
 
 * ``perf-event-counts.txt``: ``perf script -F comm,cpu,event | sort | uniq -c``
   run in the guest, exact counts per (command, CPU, event) (:func:`parse_perf_event_counts`);
-* ``trace-report.txt``: ftrace's events as ``trace-cmd report`` prints them (:func:`ftrace_counts`);
+* ``trace-report.txt``: ftrace's events as ``trace-cmd report`` prints them (:func:`ftrace_counts`), with the events
+  its ring buffer lost (``trace-stat.txt``, :func:`ftrace_lost`) as ``lost``: the counts are then lower bounds;
 * ``perf-stat.txt``: ``perf stat``'s totals of tracepoint events (no command or CPU).
 
 Which events are tracepoints: :func:`labctl.trace.parsers.is_tracepoint`.
@@ -27,11 +28,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from labctl.trace.parsers import is_tracepoint, parse_perf_stat_csv
+from labctl.trace.parsers import is_tracepoint, parse_perf_stat_csv, parse_trace_cmd_stat
 from labctl.trace.skbevents import parse_line
 
 PERF_COUNTS = "perf-event-counts.txt"
 FTRACE_REPORT = "trace-report.txt"
+FTRACE_STAT = "trace-stat.txt"
 PERF_STAT = "perf-stat.txt"
 MAX_COMMS = 12  # per event, the rest summed as "(other)"
 OTHER = "(other)"
@@ -101,6 +103,13 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def ftrace_lost(stat_text: str) -> int:
+    """Events ftrace's ring buffer lost (overwritten before trace-cmd read them, or refused when full),
+    from ``trace-cmd report --stat``; 0 when it says nothing."""
+    stat = parse_trace_cmd_stat(stat_text)
+    return int(stat.get("overrun", 0)) + int(stat.get("dropped_events", 0))
+
+
 def guest_tracepoints(guest_dir: Path, seconds: float | None) -> list[dict[str, Any]]:
     """Every tracepoint count source found in ``guest_dir``: [{"source", "file", "events"}]; [] if none.
 
@@ -118,7 +127,11 @@ def guest_tracepoints(guest_dir: Path, seconds: float | None) -> list[dict[str, 
     if text is not None:
         events = tabulate(ftrace_counts(text), seconds)
         if events:
-            out.append({"source": "ftrace", "file": FTRACE_REPORT, "events": events})
+            ftrace: dict[str, Any] = {"source": "ftrace", "file": FTRACE_REPORT, "events": events}
+            lost = ftrace_lost(_read(guest_dir / FTRACE_STAT) or "")
+            if lost:
+                ftrace["lost"] = lost  # its counts are lower bounds
+            out.append(ftrace)
     text = _read(guest_dir / PERF_STAT)
     if text is not None:
         stat = {ev: int(v) for ev, v in parse_perf_stat_csv(text).items() if is_tracepoint(ev)}

@@ -108,6 +108,16 @@ def test_guest_tracepoints_finds_every_source(tmp_path: Path) -> None:
     assert set(sources) == {"perf record", "ftrace", "perf stat"}
     assert sources["perf stat"]["events"] == {"irq:softirq_entry": {"total": 2235, "rate_per_s": 1117.5,
                                                                      "by_comm": {}, "by_cpu": {}}}
+    assert "lost" not in sources["ftrace"]
+    # ftrace's ring buffer overflowed: what it lost is said, and the report says its counts are lower bounds
+    (tmp_path / "trace-stat.txt").write_text("cpus=2\n\nCPU: 0\nentries: 0\noverrun: 3136\ndropped events: 4\n"
+                                             "read events: 35235\n\nCPU: 1\nentries: 0\noverrun: 10\n")
+    ftrace = next(s for s in guest_tracepoints(tmp_path, 2.0) if s["source"] == "ftrace")
+    assert ftrace["lost"] == 3150
+    from labctl.report.document import Para
+    from labctl.report.tracepoints import _recording_blocks
+    notes = [b for b in _recording_blocks("step · a", ftrace) if isinstance(b, Para)]
+    assert any("ftrace lost 3150 events" in "".join(sp.text for sp in n.spans) for n in notes)
 
 
 def test_a_recording_mixing_tracepoints_and_cpu_clock_reads_symbols_of_cpu_clock_only(tmp_path: Path) -> None:
