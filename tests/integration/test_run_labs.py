@@ -119,9 +119,12 @@ def _tracepoint_counts(bundle: Path, summary: dict, script: list[str]) -> None:
         assert e["rate_per_s"] == round(exact / steps["system-wide"]["window_s"], 2)
         short = event.split(":", 1)[1]
         # ftrace's ring buffer may overflow under TCG at thousands of events a second: what it lost is
-        # said (trace-stat.txt's overrun), its counts are then lower bounds by at most that many
+        # said (trace-stat.txt's overrun), its counts are then lower bounds by at most that many. The two
+        # start a moment apart (each waited for over SSH in turn): the packets of that SSH exchange are
+        # counted by one of them only, a dozen or two of each network event (seen: napi_poll 1157 and 1145).
         counted, lost = ftrace["events"][short]["total"], ftrace.get("lost", 0)
-        assert exact - lost - max(5, exact // 100) <= counted <= exact + max(5, exact // 100), (event, counted, lost)
+        slack = max(25, exact // 100)
+        assert exact - lost - slack <= counted <= exact + slack, (event, counted, lost)
     md = (bundle / "report.md").read_text()
     section = md[md.index("## Tracepoint counts"):md.index("## Steps")]
     assert (f"ftrace lost {ftrace['lost']} events" in section) if ftrace.get("lost") else "ftrace lost" not in section
