@@ -207,26 +207,7 @@ def test_bisect_interrupted_and_continued_ends_at_the_same_commit(
     lab = _check_lab(tmp_path, h.repo)
     out = tmp_path / "bisect"
     proc = cli.popen(*_bisect_args(h, lab, out))
-    try:
-        deadline = time.monotonic() + 1500
-        while time.monotonic() < deadline and proc.poll() is None:  # interrupt during the second booted step
-            try:
-                state = json.loads((out / "state.json").read_text())
-            except (OSError, ValueError):
-                state = {}
-            steps = state.get("steps") or []
-            if sum(1 for s in steps if s.get("verdict") in ("old", "new")) >= 1 and steps and not steps[-1]["verdict"]:
-                time.sleep(3)
-                break
-            time.sleep(1)
-        assert proc.poll() is None, "the bisection ended before it could be interrupted"
-        _, err = interrupt(proc, timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
-    assert "--continue" in err
+    _interrupt_in_step_2(proc, out)  # during the second booted step
     state = json.loads((out / "state.json").read_text())
     assert not state["done"]
     assert cli("status", "--json", check=True).stdout.count('"bisect-net"') == 0  # nothing left up
