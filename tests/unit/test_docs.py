@@ -1,12 +1,16 @@
 """The documentation's generated reference pages match labctl's code (scripts/gen-docs.py), every key
-list of the lab file's validator is in them, and every command's --help prints."""
+list of the lab file's validator is in them, every command's --help prints, and every labctl command
+the README and the guides show parses with labctl's parser."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +71,56 @@ def test_every_key_list_of_the_validator_is_documented() -> None:
     assert len(lists) >= 15
     missing = {name: keys for name, keys in lists.items() if keys not in shown}
     assert not missing, f"key lists not in scripts/gen-docs.py's tables: {missing}"
+
+
+def test_every_trace_kind_of_the_validator_has_a_row() -> None:
+    from labctl.lab import tracespec
+
+    assert sorted(kind for kind, _, _ in _gen().TRACE_KINDS) == sorted(tracespec._TRACE_KEYS)
+
+
+def shown_commands(text: str) -> list[str]:
+    """The labctl command lines of a page's fenced blocks (``$ `` prompts dropped; a line's ``&&``,
+    ``;`` and ``&`` parts each; comments, pipes and redirections cut off)."""
+    found, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        row = line.strip().removeprefix("$ ")
+        for part in re.split(r"\s*(?:&&|\|\|)\s*|;\s*|\s&\s", row) if fenced else ():
+            part = re.split(r"\s+#|\s(?:\||>>?|<)\s?", part.strip().lstrip("(").rstrip(")"))[0]
+            if part.startswith("labctl "):
+                found.append(part)
+    return found
+
+
+# The pages a newcomer copies commands from: the README's tour and the guides (the console blocks
+# of three of them also run in tests/integration/test_guides.py; find-the-commit's and the parts
+# that build a kernel do not, so this is what keeps them in step with the parser).
+SHOWN = ["README.md", "docs/getting-started.md",
+         *sorted(f"docs/guides/{p.name}" for p in (ROOT / "docs" / "guides").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", SHOWN)
+def test_commands_shown_parse(page: str) -> None:
+    parser = build_parser()
+    commands = shown_commands((ROOT / page).read_text())
+    assert commands, page
+    for line in commands:
+        argv = [w for word in shlex.split(line)[1:] for w in ((word, word) if "*" in word else (word,))]  # a glob: 2
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                parser.parse_args(argv)
+        except SystemExit as e:
+            assert not e.code, f"{page}: {line}: {err.getvalue().strip().splitlines()[-1]}"
+
+
+def test_shown_commands_are_found() -> None:
+    page = "```sh\nlabctl up a.yaml   # a comment\n```\n```console\n$ (sleep 1; labctl exec l a -- true) & labctl " \
+           "capture l a eth1 -w - | tcpdump -r -\n```\nlabctl prose\n"
+    assert shown_commands(page) == ["labctl up a.yaml", "labctl exec l a -- true", "labctl capture l a eth1 -w -"]
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
