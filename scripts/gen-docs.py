@@ -202,6 +202,8 @@ def _man_command(parser: argparse.ArgumentParser, helptext: str) -> list[str]:
         out += [".PP", _roff(parser.description)]
     usage = parser.format_usage().removeprefix("usage: ").strip().splitlines()
     out += [".PP", ".nf", *(_roff(line) for line in usage), ".fi"]
+    if parser.epilog:
+        out += [".PP", "Example:", ".RS", ".nf", _roff(parser.epilog.removeprefix("example: ")), ".fi", ".RE"]
     for name, text in _options(parser, with_help=False):
         out += [".TP", f"\\fB{_roff(name)}\\fR", _roff(text)]
     for _, sub_help, sub in _subcommands(parser):

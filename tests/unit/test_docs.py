@@ -139,6 +139,16 @@ def test_every_command_help_prints() -> None:
         assert parser.prog in parser.format_help()
 
 
+def test_every_example_is_in_the_reference_and_the_man_page() -> None:
+    from labctl.cli.examples import EXAMPLES
+
+    gen = _gen()
+    commands, man = gen.commands_page(), gen.man_page()
+    for example in EXAMPLES.values():
+        assert f"Example: `{example}`" in commands, example
+        assert gen._roff(example) in man, example
+
+
 def test_the_site_builds_strict_and_fetches_nothing_when_viewed(tmp_path: Path) -> None:
     """mkdocs build --strict (a broken link or anchor fails it); the pages load no script, style
     sheet or font from the network (theme.font: false, no plugin that downloads)."""
