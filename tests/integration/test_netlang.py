@@ -7,8 +7,9 @@ VLAN 10 on it, and b, whose e1000 and virtio-net NICs are an active-backup bond)
 * VLAN 10 carries tagged frames (``tcpdump -e`` on a live capture of r's NIC) while the untagged
   network works, and the two NIC models' VLAN offloads are shown and differ;
 * b's bond keeps a ping flowing when ``labctl link`` takes its active member down;
-* ``reset`` brings all of it back, IPv6 settled at once; a guest whose DAD takes 6 s (its sysctls)
-  has no tentative address when ``up`` returns;
+* ``status`` (and ``--json``) lists every address, bond, bridge, route and sysctl;
+* ``reset`` from the post-boot snapshot (a warm start's) brings all of it back, IPv6 settled at
+  once; a guest whose DAD takes 6 s (its sysctls) has no tentative address when ``up`` returns;
 * a sysctl the guest's kernel lacks, or refuses, fails ``up`` at its line (exit 2), nothing left.
 """
 
@@ -126,6 +127,21 @@ def test_a_vlan_carries_tagged_frames_while_the_untagged_network_works(lab: tupl
     assert e1000["rx-vlan-offload"] == "on" and virtio["rx-vlan-offload"] == "off [fixed]", (e1000, virtio)
     real = _sh(cli, "a", "ethtool -k eth1").stdout
     assert re.search(r"^rx-vlan-offload: on$", real, re.MULTILINE), real
+    # status --json and the table say every address, bond, bridge, route and sysctl the guests have
+    guests = {g["name"]: g for g in status["labs"][0]["guests"]}
+    assert nics[("r", "eth1")]["addresses"] == ["10.1.0.1/24", "fd00:1::1/64"]
+    assert nics[("r", "eth1")]["vlans"][0]["addresses"] == ["10.10.0.1/24", "fd00:10::1/64"]
+    assert [(x["name"], x["mode"], x["members"], x["addresses"]) for x in guests["b"]["bonds"]] == [
+        ("bond0", "active-backup", ["eth1", "eth2"], ["10.2.0.2/24", "fd00:2::2/64"])]
+    assert guests["a"]["bridges"][0]["vlans"][0]["addresses"] == ["10.10.0.2/24", "fd00:10::2/64"]
+    assert [(x["to"], x["via"]) for x in guests["b"]["routes"]] == [("default", "10.2.0.1"), ("default", "fd00:2::1")]
+    assert guests["r"]["sysctls"] == [{"name": "net.ipv4.ip_forward", "value": "1"},
+                                      {"name": "net.ipv6.conf.all.forwarding", "value": "1"}]
+    table = cli("status", NAME, check=True).stdout
+    for line in ("b routes: default via 10.2.0.1; default via fd00:2::1",
+                 "r sysctls: net.ipv4.ip_forward=1, net.ipv6.conf.all.forwarding=1",
+                 "a eth1 VLAN offloads: rx-vlan-offload on"):
+        assert line in table, table
 
 
 def test_a_bond_keeps_a_ping_flowing_when_its_active_member_goes_down(lab: tuple[Cli, Path]) -> None:
@@ -153,7 +169,9 @@ def test_reset_brings_it_all_back(lab: tuple[Cli, Path]) -> None:
     _sh(cli, "b", "ip link del bond0")
     _sh(cli, "a", "ip route flush default; ip -6 route flush default")
     assert _pings(cli, "a", "10.2.0.2", "10.10.0.1") == {"10.2.0.2": False, "10.10.0.1": False}
-    cli("reset", NAME, "a", "r", "b", check=True)
+    reset = json.loads(cli("reset", NAME, "a", "r", "b", "--json", check=True).stdout)
+    # from the post-boot snapshot (what a warm start restores too), not a new boot that applies it all again
+    assert {g["guest"]: g["from"] for g in reset["guests"]} == {"a": "snapshot", "r": "snapshot", "b": "snapshot"}
     # first thing after the reset: IPv6 answers (the snapshot was taken with DAD settled)
     assert _pings(cli, "a", "fd00:1::1", "fd00:2::2", "10.2.0.2", "10.10.0.1") == {
         "fd00:1::1": True, "fd00:2::2": True, "10.2.0.2": True, "10.10.0.1": True}

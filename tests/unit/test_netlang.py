@@ -251,6 +251,14 @@ def test_the_run_card_lists_routes_and_sysctls_and_compare_names_what_changed(tm
     assert diff["routes of b"] == ("default via 10.2.0.1; default via fd00:2::1",
                                    "default via 10.2.0.1; fd00:1::/64 via fd00:2::1")
     assert not any(k.startswith(("interface a.", "addresses of a.", "routes of a")) for k in diff)
+    # an address alone, and a sysctl only one run sets
+    moved = (text.replace('ip: [10.1.0.1/24, "fd00:1::1/64"]', 'ip: [10.1.0.1/24, "fd00:1::3/64"]')
+             .replace("net.ipv6.conf.all.forwarding: 1\n",
+                      "net.ipv6.conf.all.forwarding: 1\n      net.ipv4.conf.all.rp_filter: 2\n"))
+    diff = {d["what"]: (d["a"], d["b"]) for d in differences(a, _run(tmp_path, "c", moved))}
+    assert diff["addresses of r.eth1"] == ("10.1.0.1/24, fd00:1::1/64", "10.1.0.1/24, fd00:1::3/64")
+    assert diff["sysctl net.ipv4.conf.all.rp_filter of r"] == ("not set", "2")
+    assert [k for k in diff if k != "lab file sha256"] == ["addresses of r.eth1", "sysctl net.ipv4.conf.all.rp_filter of r"]
 
 
 def test_a_handout_lists_every_interface_and_the_routes(tmp_path: Path) -> None:
