@@ -13,7 +13,9 @@ by every finding that needs a guest:
 5. bisect --continue and --work trust no bundle, state or work directory another user could write.
 6. the trainer's token reaches the class's current students only.
 7. ``cp --max-size`` caps entries as well as bytes (a step's copy-back: in test_security.py).
-8. a link with a token, opened by another site, signs no browser in (login CSRF).
+8. a link with a token, opened by another site, signs no browser in (login CSRF); a libvirt class's
+   shared state: a second user squatting a guest's SSH port around its restore gets no handover
+   (checked, not real: the restored QEMU binds the port itself; shown with QEMU and that user).
 """
 
 from __future__ import annotations
@@ -520,3 +522,93 @@ def test_cp_max_size_caps_entries_as_well_as_bytes(klass: Klass, tmp_path: Path)
     assert res.returncode == 1 and got["files"] <= 2, res.stdout + res.stderr
     assert "over the copy budget of 1 KiB" in got["skipped"][-1]["reason"], got["skipped"]
     assert sum(len(files) for _, _, files in os.walk(tmp_path / "few")) == got["files"]
+
+
+# -- 8. a libvirt class's shared state: a squatted SSH port --------------------------------------------
+# Checked, not real. A student may dig the shared state's throwaway host key out of their own guest
+# (its RAM and disk came from that state; the first instance of a host even has it in fw_cfg), but
+# the only use labctl makes of it is the key handover after a restore, over the guest's SSH port,
+# and that port is QEMU's own from the restore on: libvirt's QEMU binds it with the management NIC
+# (labctl's mgmt_nic_args, as below) before labctl connects. A port squatted between the stop and
+# the restore makes the restore fail (nothing handed over); once QEMU holds it, nobody else can
+# listen there. What that rests on is shown with the real QEMU and a real second user: the full
+# class (docs/training.md, test_libvirt_class.py) needs libvirtd.
+
+_SQUAT = """\
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+    s.listen()
+    print("listening", flush=True)
+except OSError as exc:
+    print(f"refused: {exc.strerror}", flush=True)
+s.settimeout(float(sys.argv[2]))
+try:
+    c, _ = s.accept()
+    print("got", c.recv(64), flush=True)
+except OSError:
+    print("nothing", flush=True)
+"""
+
+
+def _squat(user: pwd.struct_passwd, port: int, wait: float) -> subprocess.Popen[str]:
+    """The other user binding ``port`` (SO_REUSEADDR, as a squatter would) and listening, for ``wait``
+    seconds; its first line says whether it listens, its last whether a connection came."""
+    p = subprocess.Popen(["python3", "-c", _SQUAT, str(port), str(wait)], user=user.pw_uid, group=user.pw_gid,
+                         extra_groups=[], stdout=subprocess.PIPE, text=True, cwd="/")  # no runuser: kill() ends it
+    assert p.stdout is not None
+    return p
+
+
+def _qemu_with_ssh_port(port: int) -> subprocess.Popen[str]:
+    from types import SimpleNamespace
+
+    from labctl.backends.qemu.argv import mgmt_nic_args
+
+    args = mgmt_nic_args(SimpleNamespace(ssh_port=port, mgmt_mac="52:54:00:12:34:56"))  # type: ignore[arg-type]
+    return subprocess.Popen(["qemu-system-x86_64", "-machine", "q35", "-nodefaults", "-display", "none", "-S",
+                             "-monitor", "none", *args], stderr=subprocess.PIPE, text=True)
+
+
+def test_a_squatted_ssh_port_never_takes_a_restored_guests_keys(evil: pwd.struct_passwd) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    # the other user takes the port in the moment a reset has stopped the guest's QEMU
+    squatter = _squat(evil, port, 30)
+    assert squatter.stdout is not None and squatter.stdout.readline().strip() == "listening"
+    qemu = _qemu_with_ssh_port(port)  # the restore: QEMU will not start, so no handover is tried
+    try:
+        _, err = qemu.communicate(timeout=60)  # it exits at once (a bound only for a QEMU that started)
+    except subprocess.TimeoutExpired:
+        qemu.kill()
+        err = qemu.communicate()[1]
+        pytest.fail(f"QEMU started with its SSH port taken by another user: {err}")
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert qemu.returncode != 0 and "host forwarding rule" in err, (qemu.returncode, err)
+    # the port free again: QEMU binds it, and holds it against the other user from then on
+    qemu = _qemu_with_ssh_port(port)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # QEMU listening (-S: the machine does not run; the forward is bound already)
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert qemu.poll() is None and time.monotonic() < deadline, "QEMU never bound the port"
+            time.sleep(0.2)
+        squatter = _squat(evil, port, 3)
+        assert squatter.stdout is not None
+        first = squatter.stdout.readline().strip()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:  # what labctl's handover does
+            conn.sendall(b"SSH-2.0-labctl\r\n")
+        last = squatter.stdout.read().strip()
+        squatter.wait(timeout=30)
+    finally:
+        qemu.kill()
+        qemu.wait()
+    assert first == "refused: Address already in use", first
+    assert last == "nothing", last
