@@ -267,6 +267,7 @@ def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict
     assert dumped["jiffies"] >= live["jiffies"]
     guest_sh(cli, f"ip link set eth1 mtu 1500 && {UNLISTEN}")
     assert read(cli, "--core", str(core))["mtu"] == 1444  # the vmcore keeps the instant it was taken
+    _the_vmcore_elsewhere(cli, core, Kernel.at(state["kernels"]["a"]), tmp_path / "another-machine")
 
     summary = drgn(cli, "--core", str(core), "--summary", "--json", "--nic", "eth1")
     assert summary.returncode == 0, summary.stderr
@@ -284,6 +285,24 @@ def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict
     assert "NODENAME: a" in out.stdout
     assert any(line.split()[1:3] == ["eth1", "10.88.0.1"] for line in out.stdout.splitlines()
                if len(line.split()) >= 3), out.stdout
+
+
+def _the_vmcore_elsewhere(cli: Cli, core: Path, kernel: Kernel, cache: Path) -> None:
+    """On a machine that has the vmcore and the kernel's debug files but never prepared that kernel
+    (an empty cache): without --vmlinux, exit 3 naming it; with --vmlinux and --modules, the same values."""
+    def drgn_there(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "labctl", "drgn", "--core", str(core), *args], cwd=ROOT,
+                              env={**cli.env, "LABCTL_CACHE_DIR": str(cache)}, capture_output=True, text=True,
+                              timeout=300, check=False)
+
+    lost = drgn_there("-c", "1")
+    assert lost.returncode == 3 and "no kernel prepared on this machine" in lost.stderr, lost.stderr
+    assert "--vmlinux" in lost.stderr and "Traceback" not in lost.stderr
+    named = drgn_there("--vmlinux", str(kernel.vmlinux_debug), "--modules", str(kernel.debug_modules), "-c", READ)
+    assert named.returncode == 0, named.stderr
+    got = json.loads(named.stdout.strip().splitlines()[-1])
+    assert (got["mtu"], got["somaxconn"], got["ports"], got["e1000"], got["trigger_port"]) == (1444, 3333, [PORT],
+                                                                                                True, 4321)
 
 
 def test_elf_dumps_open_too_and_unsafe_destinations_are_refused(lab: tuple[Cli, dict[str, Any]],
