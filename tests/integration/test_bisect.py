@@ -28,8 +28,9 @@ from tests.conftest import Cli, interrupt
 OVER_3_MIN = ("four bisections of real kernel histories, each commit built and booted under TCG (the builds "
               "shared through one worktree and cache): one finds a commit by a check, one is interrupted and "
               "continued, one bisects a throughput figure and ends not confirmed, one a flaky oracle with "
-              "--tries auto and a confirmation; and a config bisection at one commit (each candidate built "
-              "incrementally and booted)")
+              "--tries auto and a confirmation; a config bisection at one commit (each candidate built "
+              "incrementally and booted); and two one-step bisections of one build, by a drgn expression "
+              "and by a panic whose vmcore the run keeps")
 
 #: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
 pytestmark = pytest.mark.xdist_group("kernel-tree")
