@@ -28,8 +28,9 @@ from tests.conftest import Cli, interrupt
 OVER_3_MIN = ("four bisections of real kernel histories, each commit built and booted under TCG (the builds "
               "shared through one worktree and cache): one finds a commit by a check, one is interrupted and "
               "continued, one bisects a throughput figure and ends not confirmed, one a flaky oracle with "
-              "--tries auto and a confirmation; and a config bisection at one commit (each candidate built "
-              "incrementally and booted)")
+              "--tries auto and a confirmation; a config bisection at one commit (each candidate built "
+              "incrementally and booted); and two one-step bisections of one build, by a drgn expression "
+              "and by a panic whose vmcore the run keeps")
 
 #: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
 pytestmark = pytest.mark.xdist_group("kernel-tree")
@@ -44,6 +45,7 @@ BREAKS = 11  # the commit of the first history that drops every frame over 1000 
 NO_BUILD = 8  # the one that does not compile (fixed by the next): the first midpoint git picks
 SLOW = 5  # the commit of the second history that delays every transmit
 SLOW_TOO = 7  # the one that changes that delay (a revert of SLOW then does not apply)
+MAX_MTU = "netdev->max_mtu = MAX_JUMBO_FRAME_SIZE - (ETH_HLEN + ETH_FCS_LEN);"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Histories:
     base: str
     net: list[str]  # net[i]: commit i of the first history (net[0] is base)
     slow: list[str]
+    mtu: list[str]  # mtu[1] lowers e1000's max_mtu (what drgn reads), mtu[2] is a comment
     work: Path
 
 
@@ -112,7 +115,7 @@ def _make_histories(tree_kernel: Path, root: Path) -> Histories:
     repo = root / "linux"
     subprocess.run(["cp", "-al", str(tree_kernel), str(repo)], check=True, timeout=600)
     original = (repo / MAIN).read_text()
-    assert ANCHOR in original
+    assert ANCHOR in original and MAX_MTU in original
     _git(repo, "init", "-q", "-b", "main")
     tracked = [str(p.relative_to(repo)) for p in (repo / E1000).iterdir() if p.suffix in (".c", ".h")]
     _git(repo, "add", "-f", "Makefile", f"{E1000}/Makefile", *tracked)
@@ -124,9 +127,11 @@ def _make_histories(tree_kernel: Path, root: Path) -> Histories:
     # commit SLOW_TOO rewrites the delay: reverting SLOW on the newest commit does not apply
     slow = _history(repo, base, "slow-tx", original, 8, {SLOW: delay},
                     rewrite={SLOW_TOO: (delay, "\tudelay(skb->len * 2 + 1);\n")})
+    # a change only the kernel's state shows: e1000 NICs accept an MTU of at most 9000 (16110 before)
+    mtu = _history(repo, base, "max-mtu", original, 2, {}, rewrite={1: (MAX_MTU, "netdev->max_mtu = 9000;")})
     _git(repo, "checkout", "-q", "main")  # the user's checkout: bisect never moves it
     assert _git(repo, "rev-parse", "HEAD") == base
-    return Histories(repo, base, net, slow, root / "work")
+    return Histories(repo, base, net, slow, mtu, root / "work")
 
 
 def _check_lab(tmp: Path, repo: Path) -> Path:
@@ -407,3 +412,59 @@ def _compiled_per_step(progress: str) -> list[int]:
     for n, count in runs:
         most[n] = max(most.get(n, 0), count)
     return [most[n] for n in sorted(most)]
+
+
+#: A step that panics guest a (sysrq's crash) when its e1000 NIC's largest MTU is not e1000's own.
+CRASH_UNLESS_JUMBO = "ip -d link show eth1 | grep -q 'maxmtu 16110' || echo c > /proc/sysrq-trigger"
+
+
+@pytest.mark.timeout(2400)
+def test_bisect_by_kernel_state_with_drgn_and_a_crashing_runs_vmcore(
+        cli: Cli, histories: Histories, tmp_path: Path) -> None:
+    """Two bisections of the history whose commit 1 lowers e1000's max_mtu (one build, cached for
+    the second): one judged by a drgn expression on the running kernel (--drgn) names it; the other,
+    whose step panics the guest on that commit (--panic), names it too, and the crashing run's bundle
+    holds the guest's vmcore (0600, in the manifest and the summary) with drgn's summary of it."""
+    h = histories
+    lab = tmp_path / "bisect-mtu.yaml"
+    lab.write_text(f"""name: bisect-mtu
+networks:
+  lan: {{}}
+guests:
+  a:
+    kernel: {{tree: {h.repo}}}
+    nics: [{{name: eth1, model: e1000, network: lan, ip: 10.63.0.1/24}}]
+steps:
+  - name: look
+    run:
+      - {{guest: a, command: "ip -d link show eth1", timeout: 30}}
+""")
+    common = ["--tree", str(h.repo), "--good", h.base, "--bad", "max-mtu", "--work", str(h.work), "--accel", "tcg",
+              "--no-confirm", "--json"]
+    out = tmp_path / "by-drgn"
+    res = cli("bisect", str(lab), *common, "--out", str(out), "--on", "a",
+              "--drgn", "netdev_get_by_name(prog['init_net'], 'eth1').max_mtu == 16110", timeout=2400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    assert data["result"]["first"] == h.mtu[1], res.stderr
+    (step,) = data["steps"]
+    assert step["commit"] == h.mtu[1] and step["verdict"] == "bad"
+    assert "the expression is false: " in step["reason"] and ".max_mtu is (unsigned int)9000" in step["reason"], step
+
+    lab.write_text(lab.read_text().replace('"ip -d link show eth1"', f'"{CRASH_UNLESS_JUMBO}"'))
+    out = tmp_path / "by-panic"
+    res = cli("bisect", str(lab), *common, "--out", str(out), "--panic", timeout=2400)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    assert data["result"]["first"] == h.mtu[1], res.stderr
+    (step,) = data["steps"]
+    assert step["verdict"] == "bad" and "sysrq triggered crash" in step["reason"], step
+    run = out / step["run"]
+    (rec,) = json.loads((run / "summary.json").read_text())["vmcores"]
+    assert (rec["guest"], rec["cause"], rec["when"], rec["file"]) == ("a", "panic", "step look", "guests/a/vmcore")
+    assert json.loads((run / "manifest.json").read_text())["vmcores"] == ["guests/a/vmcore"]
+    core = run / "guests" / "a" / "vmcore"
+    assert core.stat().st_mode & 0o777 == 0o600 and core.read_bytes()[:8] == b"KDUMP   "
+    digest = json.loads((run / "guests" / "a" / "vmcore.json").read_text())
+    assert "sysrq_handle_crash" in [f["function"] for f in digest["tasks"][0]["frames"]]
+    assert cli("status", "--json", check=True).stdout.count('"bisect-mtu"') == 0  # nothing left up

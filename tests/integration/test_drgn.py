@@ -47,30 +47,34 @@ PORT = 45678
 # What the tests read through drgn, the same code live and on a vmcore: the NIC's MTU, a sysctl
 # (net.core.somaxconn), the ports of the TCP sockets python3 processes listen on, and the e1000
 # driver's private struct of the NIC (a type only e1000.ko's debug info has) pointing back at it, and
-# the lab's out-of-tree module's parameter (buggy_nf.ko, built against the kernel: its debug info).
+# the lab's out-of-tree module's parameter (buggy_nf.ko, built against the kernel: its debug info); and
+# how a crash's summary shows a socket and a netdev pointer (labctl.inspect.summary.describe).
 READ = """
 import json
 from drgn import cast
 from drgn.helpers.linux.fs import for_each_file
 from drgn.helpers.linux.net import netdev_get_by_name, netdev_priv
 from drgn.helpers.linux.pid import for_each_task
+from labctl.inspect.summary import describe
 
 net = prog["init_net"]
 dev = netdev_get_by_name(net, "eth1")
 adapter = netdev_priv(dev, "struct e1000_adapter")
-ports = []
+ports, socks = [], []
 for task in for_each_task(prog):
     if task.comm.string_() != b"python3":
         continue
     for fd, f in for_each_file(task):
         if f.f_op == prog["socket_file_ops"].address_of_():
-            ports.append(int(cast("struct socket *", f.private_data).sk.__sk_common.skc_num))
+            sk = cast("struct socket *", f.private_data).sk
+            ports.append(int(sk.__sk_common.skc_num))
+            socks.append(describe(sk).split(" ", 1)[1])
 try:
     trigger = int(prog["trigger_port"])
 except KeyError:
     trigger = None
 print(json.dumps({"mtu": int(dev.mtu), "somaxconn": int(net.core.sysctl_somaxconn), "trigger_port": trigger,
-                   "ports": sorted(ports), "jiffies": int(prog["jiffies"]),
+                   "ports": sorted(ports), "socks": socks, "dev": describe(dev).split(" ", 1)[1], "jiffies": int(prog["jiffies"]),
                    "e1000": adapter.netdev.value_() == dev.value_()}))
 """
 LISTEN = (f"setsid python3 -c 'import socket,time; s=socket.socket(); s.bind((\"0.0.0.0\", {PORT})); "
@@ -265,8 +269,12 @@ def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict
     assert (dumped["mtu"], dumped["somaxconn"], dumped["ports"], dumped["e1000"]) == (1444, 3333, [PORT], True)
     assert dumped["trigger_port"] == 4321
     assert dumped["jiffies"] >= live["jiffies"]
+    # a crash summary's view of a socket (TCP, listening) and a netdev pointer
+    assert dumped["socks"] == [f"(sock family=2 state=10 local_port={PORT} remote_port=0)"], dumped
+    assert re.fullmatch(r"\(net_device eth1 mtu=1444 flags=0x1[0-9a-f]{3}\)", dumped["dev"]), dumped
     guest_sh(cli, f"ip link set eth1 mtu 1500 && {UNLISTEN}")
     assert read(cli, "--core", str(core))["mtu"] == 1444  # the vmcore keeps the instant it was taken
+    _the_vmcore_elsewhere(cli, core, Kernel.at(state["kernels"]["a"]), tmp_path / "another-machine")
 
     summary = drgn(cli, "--core", str(core), "--summary", "--json", "--nic", "eth1")
     assert summary.returncode == 0, summary.stderr
@@ -284,6 +292,24 @@ def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict
     assert "NODENAME: a" in out.stdout
     assert any(line.split()[1:3] == ["eth1", "10.88.0.1"] for line in out.stdout.splitlines()
                if len(line.split()) >= 3), out.stdout
+
+
+def _the_vmcore_elsewhere(cli: Cli, core: Path, kernel: Kernel, cache: Path) -> None:
+    """On a machine that has the vmcore and the kernel's debug files but never prepared that kernel
+    (an empty cache): without --vmlinux, exit 3 naming it; with --vmlinux and --modules, the same values."""
+    def drgn_there(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "labctl", "drgn", "--core", str(core), *args], cwd=ROOT,
+                              env={**cli.env, "LABCTL_CACHE_DIR": str(cache)}, capture_output=True, text=True,
+                              timeout=300, check=False)
+
+    lost = drgn_there("-c", "1")
+    assert lost.returncode == 3 and "no kernel prepared on this machine" in lost.stderr, lost.stderr
+    assert "--vmlinux" in lost.stderr and "Traceback" not in lost.stderr
+    named = drgn_there("--vmlinux", str(kernel.vmlinux_debug), "--modules", str(kernel.debug_modules), "-c", READ)
+    assert named.returncode == 0, named.stderr
+    got = json.loads(named.stdout.strip().splitlines()[-1])
+    assert (got["mtu"], got["somaxconn"], got["ports"], got["e1000"], got["trigger_port"]) == (1444, 3333, [PORT],
+                                                                                                True, 4321)
 
 
 def test_elf_dumps_open_too_and_unsafe_destinations_are_refused(lab: tuple[Cli, dict[str, Any]],
