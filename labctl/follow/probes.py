@@ -225,6 +225,14 @@ def tracepoint_setup_command(tag: str, buffer_kb: int, extra: tuple[str, ...] = 
                       "|| echo labctl-fail enable kfree_skb")]) + "; true"
 
 
+def resume_command(tag: str) -> str:
+    """Shell: the instance of ``tag`` emptied and recording again (``labctl-ok resume``), or nothing
+    when it is gone (the guest was reset or rebooted)."""
+    inst = f"{TRACEFS}/instances/labctl-{tag}"
+    return (f"{{ [ -d {inst} ] && echo 0 > {inst}/tracing_on && echo > {inst}/trace && "
+            f"echo 1 > {inst}/tracing_on && echo labctl-ok resume; }} 2>/dev/null; true")
+
+
 def read_command(tag: str) -> str:
     """Shell: the instance's whole buffer, then a line ``labctl-lost N`` (events it had no room for)."""
     inst = f"{TRACEFS}/instances/labctl-{tag}"

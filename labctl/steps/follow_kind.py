@@ -2,7 +2,8 @@
 
 :class:`DropsKind` is part of every step unless the lab says ``drops: false`` (or ``labctl run
 --no-drops``): each guest of the lab that runs records ``skb:kfree_skb`` from before the step's
-workload to after it (:mod:`labctl.follow.dropwatch`), into ``<step>/<guest>/drops.txt`` with the
+workload to after it (:mod:`labctl.follow.dropwatch`; its instance made at the first step and removed when
+the run ends), into ``<step>/<guest>/drops.txt`` with the
 ruleset before and after (``drops-ruleset-before.txt``...) and ``drops.json`` (how it recorded, what
 it lacked, events lost). The report's drops section reads them.
 
@@ -56,13 +57,24 @@ class DropsKind(StepKind):
         guests = [g for g in self.lab.guests if g in v.state.guests and v.sessions.alive(g)]
 
         def one(g: str) -> dropwatch.Watch | None:
+            kept = v.sessions.kept.get((self.name, g))
             try:
-                return dropwatch.start(v.state, g, v.sessions.ssh(g))
+                w = dropwatch.start(v.state, g, v.sessions.ssh(g), kept if isinstance(kept, dropwatch.Watch) else None)
             except LabctlError as exc:
                 v.res.warnings.append(f"{g}: drops not recorded: {exc.message}")
                 return None
+            if w is not None and w.mode and w is not kept:
+                v.sessions.kept[(self.name, g)] = w
+                v.sessions.at_close.append(lambda: self._remove(v, g, w))
+            return w
 
         self.watches = {g: w for g, w in parallel(guests, one).items() if w is not None}
+
+    @staticmethod
+    def _remove(v: Variant, g: str, w: dropwatch.Watch) -> None:
+        """The run is over: the guest's instance and probe go (not from a guest that is gone)."""
+        if v.sessions.alive(g):
+            dropwatch.remove(w, v.sessions.ssh(g))
 
     def end(self, v: Variant) -> None:
         live = [g for g in self.watches if v.sessions.alive(g)]
@@ -70,7 +82,7 @@ class DropsKind(StepKind):
         def one(g: str) -> None:
             w = self.watches[g]
             try:
-                text, lost, after = dropwatch.finish(w, v.sessions.ssh(g))
+                text, lost, after = dropwatch.finish(w, v.sessions.ssh(g), keep=True)
             except LabctlError as exc:
                 v.res.warnings.append(f"{g}: drops could not be read: {exc.message}")
                 return

@@ -21,6 +21,7 @@ from pathlib import Path
 from labctl.backends import Backend, get_backend
 from labctl.bundle import CommandRecord, NicRecord, VmcoreRecord, guest_dir, step_dir, write
 from labctl.errors import LabctlError
+from labctl.follow import parallel
 from labctl.inspect import CrashWatch
 from labctl.lab import Lab, Step, render, render_trace
 from labctl.ssh import Session
@@ -181,8 +182,7 @@ class Runner:
             try:
                 for k in v.kinds:
                     k.prepare(v)
-                for g in v.involved:
-                    v.sh(g, f"rm -rf {q(v.workdir)} && mkdir -p {q(v.workdir)}")
+                parallel(v.involved, lambda g: v.sh(g, f"rm -rf {q(v.workdir)} && mkdir -p {q(v.workdir)}"))
                 for k in v.kinds:
                     began.append(k)
                     k.begin(v)

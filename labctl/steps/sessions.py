@@ -14,7 +14,7 @@ from labctl import paths
 from labctl.backends import Backend
 from labctl.bundle import CONSOLE, OOPS_TXT, guest_dir
 from labctl.debug import console_end, oops_titles, panicked
-from labctl.errors import GuestError
+from labctl.errors import GuestError, LabctlError
 from labctl.ssh import Session
 from labctl.state import LabState
 
@@ -30,6 +30,10 @@ class Sessions:
         self.connect = connect or (lambda guest: Session(state.endpoint(guest)))
         self.open: dict[str, Session] = {}
         self._tools: dict[str, set[str]] = {}
+        #: what a step kind keeps in the guests from one step to the next (the drops' instances), and
+        #: what removes it when the run ends (before the sessions close; best effort)
+        self.kept: dict[tuple[str, str], object] = {}
+        self.at_close: list[Callable[[], None]] = []
 
     def ssh(self, guest: str) -> Session:
         """The guest's session. :raise GuestError: when its kernel panicked."""
@@ -45,6 +49,12 @@ class Sessions:
         return self.ssh(guest).run(command, timeout=timeout).status
 
     def close(self) -> None:
+        for fn in self.at_close:
+            try:
+                fn()
+            except LabctlError:
+                pass
+        self.at_close.clear()
         for s in self.open.values():
             s.close()
         self.open.clear()

@@ -15,6 +15,7 @@ import time
 import labctl.steps.skbprobes as skbprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.steps.tracers as tr
 from labctl.errors import GuestError, LabctlError, TraceError
+from labctl.follow import parallel
 from labctl.lab import Lab, Step, TraceSpec
 from labctl.steps.variant import StepKind, Variant
 from labctl.trace import snapshot_commands
@@ -39,23 +40,24 @@ class StatsKind(StepKind):
 
     def _snapshot(self, v: Variant, guest: str, phase: str) -> None:
         nics = [n.name for n in self.lab.guests[guest].nics]
-        v.sh(guest, tr.snapshot(v.workdir, phase, snapshot_commands(nics)), timeout=120)
+        v.sh(guest, tr.snapshot(v.workdir, phase, snapshot_commands(nics, phase)), timeout=120)
 
     def begin(self, v: Variant) -> None:
-        for g in v.involved:
-            if self.step.trace.get(g, TraceSpec()).stats:
-                self._snapshot(v, g, "before")
-                self.taken.append(g)
+        """The guests' snapshots at once (each guest is its own machine: their round trips overlap)."""
+        self.taken = [g for g in v.involved if self.step.trace.get(g, TraceSpec()).stats]
+        parallel(self.taken, lambda g: self._snapshot(v, g, "before"))
 
     def end(self, v: Variant) -> None:
-        for g in self.taken:
+        def one(g: str) -> None:
             if not v.sessions.alive(g):
                 v.res.fail(v.sessions.dead_guests() or f"guest {g} stopped during the step")
-                continue
+                return
             try:
                 self._snapshot(v, g, "after")
             except GuestError as exc:
                 v.res.fail(v.explain(exc))
+
+        parallel(self.taken, one)
 
 
 class TracingKind(StepKind):
@@ -117,18 +119,20 @@ class TracingKind(StepKind):
         return set()
 
     def end(self, v: Variant) -> None:
-        """Stop the tracers, post-process their files, remove the probes; best effort per guest."""
-        for g, spec in self.specs.items():
+        """Stop the tracers, post-process their files, remove the probes: one command per guest, the
+        guests at once; best effort per guest."""
+        def one(g: str) -> None:
+            spec = self.specs[g]
             if not v.sessions.alive(g):
                 v.res.fail(v.sessions.dead_guests() or f"guest {g} stopped during the step")
-                continue
+                return
+            tracers = tr.tracers(spec)
+            flush = tuple(t.name for t in tracers if t.tool == "trace-cmd")
+            cmds = [tr.stop(v.workdir, [t.name for t in tracers], flush=flush), tr.postprocess(v.workdir, spec),
+                    tr.remove_kprobes(spec)]
             try:
-                tracers = tr.tracers(spec)
-                flush = tuple(t.name for t in tracers if t.tool == "trace-cmd")
-                v.sh(g, tr.stop(v.workdir, [t.name for t in tracers], flush=flush), timeout=200)
-                v.sh(g, tr.postprocess(v.workdir, spec), timeout=600)
-                cmd = tr.remove_kprobes(spec)
-                if cmd:
-                    v.sh(g, cmd)
+                v.sh(g, "; ".join(f"{{ {c}; }}" for c in cmds if c), timeout=800)
             except GuestError as exc:
                 v.res.fail(v.explain(exc))
+
+        parallel(list(self.specs), one)

@@ -38,6 +38,19 @@ SNAPSHOTS: dict[str, str] = {
 }
 """Stem -> command for the snapshots that do not depend on a NIC."""
 
+_CAT = re.compile(r"cat (/proc/[\w/]+)")
+
+
+def _builtin_read(command: str) -> str:
+    """``cat /proc/FILE`` as bash builtins where the guest's shell is bash (the same bytes, no process:
+    under TCG each process a snapshot starts costs about 60 ms of the guest's only CPU), else as is."""
+    m = _CAT.fullmatch(command)
+    if m is None:
+        return command
+    path = m.group(1)
+    return (f'if [ -n "$BASH_VERSION" ]; then mapfile -t _l < {path} && '
+            f'{{ [ ${{#_l[@]}} -eq 0 ] || printf \'%s\\n\' "${{_l[@]}}"; }}; else {command}; fi')
+
 NIC_SNAPSHOTS: dict[str, str] = {
     "ethtool-S": "ethtool -S {nic}",
     "ethtool-i": "ethtool -i {nic}",
@@ -47,6 +60,9 @@ NIC_SNAPSHOTS: dict[str, str] = {
     "link": "ip -s -j link show dev {nic}",
 }
 """Stem prefix -> command template for the per-NIC snapshots (``<prefix>-<nic>``)."""
+
+NIC_SETTINGS = frozenset({"ethtool-i", "ethtool-g", "ethtool-c", "ethtool-k"})
+"""The per-NIC snapshots that describe the NIC's settings (no counters): taken before a step only."""
 
 SOFTNET_COLUMNS: tuple[str, ...] = (
     "processed", "dropped", "time_squeeze", "unused3",
@@ -67,18 +83,23 @@ SOFTNET_COUNTERS: tuple[str, ...] = ("processed", "dropped", "time_squeeze", "re
 """Softnet columns that are live counters in 6.1 (the others are always 0, a gauge or the CPU index)."""
 
 
-def snapshot_commands(nics: list[str]) -> dict[str, str]:
-    """File stem -> shell command for every snapshot, NIC names shell-quoted.
+def snapshot_commands(nics: list[str], phase: str = "before") -> dict[str, str]:
+    """File stem -> shell command for every snapshot of ``phase`` (``before`` or ``after``), NIC names
+    shell-quoted.
 
     Each command ends in ``2>&1`` (see the module docstring), so store
     what the command writes to stdout, e.g. the SSH channel's stdout, or
     run ``( CMD ) > FILE``: appending ``> FILE`` to the command itself
     would send stderr elsewhere. Stems are unique and safe as file names as
-    long as the NIC names are (the lab model validates them). Raises nothing.
+    long as the NIC names are (the lab model validates them). The NIC's settings
+    (:data:`NIC_SETTINGS`: ``ethtool -i/-g/-c/-k``) are taken before the step only: they have no
+    delta, and each is a process that costs the guest about 0.15 s under TCG. Raises nothing.
     """
-    cmds = {stem: f"{cmd} 2>&1" for stem, cmd in SNAPSHOTS.items()}
+    cmds = {stem: f"{_builtin_read(cmd)} 2>&1" for stem, cmd in SNAPSHOTS.items()}
     for nic in nics:
         for prefix, template in NIC_SNAPSHOTS.items():
+            if phase == "after" and prefix in NIC_SETTINGS:
+                continue
             cmds[f"{prefix}-{nic}"] = template.format(nic=shlex.quote(nic)) + " 2>&1"
     return cmds
 

@@ -101,7 +101,7 @@ def _step(summary: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def test_the_steps_bundle_has_every_drop_with_where_and_why(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
-    _, bundle, summary = lab
+    cli, bundle, summary = lab
     rows = {(r["guest"], r["reason"]): r for r in _step(summary, "paths")["drops"]["rows"]}
     nf = rows[("b", "NETFILTER_DROP")]
     assert nf["count"] == 1 and nf["dev"] == "eth1" and nf["headers"][0].startswith("UDP 10.1.0.1:")
@@ -111,6 +111,12 @@ def test_the_steps_bundle_has_every_drop_with_where_and_why(lab: tuple[Cli, Path
     assert rp["headers"][0].startswith("ICMP echo-request 10.1.9.1 > 10.2.0.1")
     lossy = {(r["guest"], r["reason"], r["protocol"]): r["count"] for r in _step(summary, "lossy")["drops"]["rows"]}
     assert lossy[("a", "QDISC_DROP", "IPv4")] == 2  # the pings netem lost (IPv6's neighbour discovery too)
+    # each guest's drop instance is made once and emptied for each step: the first step's drops are its own
+    assert not {k for k in lossy if k[1] in ("NETFILTER_DROP", "IP_RPFILTER")}, lossy
+    # and removed when the steps are over (the lab stays up)
+    for g in ("a", "r", "b"):
+        left = cli("exec", LAB, g, "--", "ls /sys/kernel/tracing/instances; grep labctl /sys/kernel/tracing/dynamic_events")
+        assert "labctl" not in left.stdout, (g, left.stdout)
     html = (bundle / "report.html").read_text()
     assert "Drops" in html and "NETFILTER_DROP" in html and "Followed packets" in html
 

@@ -6,6 +6,7 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,25 @@ def test_snapshot_commands_cover_every_kind_and_nic() -> None:
     assert cmds["nstat"].startswith("nstat -a -s -z")  # absolute, history untouched
     assert all(c.endswith(" 2>&1") for c in cmds.values())
     assert len(cmds) == 9 + 2 * 6
+
+
+def test_the_nic_settings_are_taken_before_the_step_only() -> None:
+    """ethtool -i/-g/-c/-k describe the NIC (no delta): after the step only counters are taken."""
+    before, after = snapshot_commands(["eth1"]), snapshot_commands(["eth1"], "after")
+    assert set(before) - set(after) == {"ethtool-i-eth1", "ethtool-g-eth1", "ethtool-c-eth1", "ethtool-k-eth1"}
+    assert after["ethtool-S-eth1"] == before["ethtool-S-eth1"] and "link-eth1" in after
+
+
+def test_proc_files_are_read_by_bash_itself(tmp_path: Path) -> None:
+    """A /proc file is read with bash's builtins (no process in the guest), byte for byte as cat reads
+    it; a shell that is not bash runs cat."""
+    cmd = snapshot_commands([])["softirqs"]
+    assert "mapfile" in cmd and not cmd.startswith("cat ")
+    for shell in ("bash", "sh"):
+        out = subprocess.run([shell, "-c", cmd], capture_output=True, check=True).stdout
+        assert out.split(b"\n")[0] == Path("/proc/softirqs").read_bytes().split(b"\n")[0], shell
+    assert subprocess.run(["bash", "-c", cmd.replace("/proc/softirqs", str(tmp_path / "none"))],
+                          check=False, capture_output=True).returncode != 0
 
 
 def test_snapshot_commands_match_the_recorded_files() -> None:
