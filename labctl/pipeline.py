@@ -1,6 +1,6 @@
 """The whole pipeline in one place::
 
-    lab file (labctl.lab) -> model -> [prepare: capacity (labctl.training) ->
+    lab file (labctl.lab) -> model -> [prepare: capacity (labctl.up) ->
     image (labctl.image) -> kernels and preflight (labctl.kernel)] -> accelerator
     and network plan (labctl.up, labctl.net) -> backend (labctl.backends) -> up
     -> steps (labctl.steps: tracers, gdb) -> bundle (labctl.bundle) -> report

@@ -35,6 +35,8 @@ PROCESS_CALLS = {"system", "popen", "execv", "execve", "execvp", "execvpe", "exe
                  "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe",
                  "posix_spawn", "posix_spawnp", "fork", "forkpty"}
 PROCESS_HOME = "labctl.proc"
+# asyncio starts processes without importing subprocess (asyncio.create_subprocess_exec, loop.subprocess_exec)
+ASYNC_PROCESS_CALLS = {"create_subprocess_exec", "create_subprocess_shell", "subprocess_exec", "subprocess_shell"}
 
 
 def module_name(path: Path, root: Path | None = None) -> str:
@@ -308,10 +310,14 @@ def process_uses(src: Source) -> Iterator[str]:
             yield f"{src.rel}:{imp.line}: imports {imp.target}"
         elif imp.target == "os" and set(imp.names) & PROCESS_CALLS:
             yield f"{src.rel}:{imp.line}: imports {', '.join(sorted(set(imp.names) & PROCESS_CALLS))} from os"
+        elif is_under(imp.target, "asyncio") and set(imp.names) & ASYNC_PROCESS_CALLS:
+            yield f"{src.rel}:{imp.line}: imports {', '.join(sorted(set(imp.names) & ASYNC_PROCESS_CALLS))} from asyncio"
     for node in ast.walk(src.tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PROCESS_CALLS
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"):
             yield f"{src.rel}:{node.lineno}: calls os.{node.func.attr}"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ASYNC_PROCESS_CALLS:
+            yield f"{src.rel}:{node.lineno}: calls {node.func.attr}"
 
 
 def test_only_proc_runs_host_processes() -> None:
@@ -320,7 +326,10 @@ def test_only_proc_runs_host_processes() -> None:
 
 
 @pytest.mark.parametrize("line", ["import subprocess", "from subprocess import run", "import os\nos.execvp('x', [])",
-                                  "from os import system", "import pty"])
+                                  "from os import system", "import pty",
+                                  "import asyncio\nasyncio.create_subprocess_exec('x')",
+                                  "from asyncio import create_subprocess_shell",
+                                  "import asyncio\nasyncio.get_running_loop().subprocess_exec(f, 'x')"])
 def test_a_process_outside_proc_is_caught(line: str) -> None:
     src = Source(ROOT / "steps" / "planted.py", "labctl.steps.planted", ast.parse(line + "\n"))
     assert list(process_uses(src))
