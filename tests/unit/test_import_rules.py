@@ -1,14 +1,15 @@
 """The pipeline's shape, checked on the source (each rule with a test that feeds it a break).
 
 * each stage package's docstring says what it never imports, in lines ``Imports never: labctl.x,
-  labctl.y`` (any number of them, anywhere in the docstring), and no module of the package does,
+  labctl.y`` (any number of them, anywhere in the docstring; a line that mentions the rule any other
+  way fails, as it would go unread), and no module of the package does,
   however the import is written: ``import x``, ``from x import y``, relative, inside a function,
   under ``TYPE_CHECKING``, or through ``importlib.import_module``/``__import__`` (a dynamic
   import the walk cannot read is refused);
 * no package imports one that imports it back, through any number of others (top-level modules
   such as :mod:`labctl.pipeline` count as packages of their own);
 * only :mod:`labctl.proc` runs host processes (``subprocess``, ``os.exec*``, ``os.system``,
-  ``os.popen``, ``os.spawn*``, ``pty``);
+  ``os.popen``, ``os.spawn*``, ``pty``, asyncio's ``create_subprocess_*``);
 * the CLI never sequences the front of the pipeline itself.
 """
 
@@ -168,6 +169,23 @@ def test_every_stage_package_states_its_rule() -> None:
     stages = [n for n in packages() if n.count(".") == 1 and n not in UNRULED]
     missing = [n for n in stages if n not in rules()]
     assert not missing, f"packages whose docstring has no '{RULE}' line: {missing}"
+
+
+def unread_rules(doc: str) -> list[str]:
+    """Lines of a docstring that mention the rule but that :func:`rule_of` does not read (a rule
+    written mid-line, indented, or in another case would go unenforced)."""
+    return [line for line in doc.splitlines() if RULE.lower() in line.lower() and not line.startswith(RULE)]
+
+
+def test_no_rule_line_goes_unread() -> None:
+    found = {name: lines for name, init in packages().items() if (lines := unread_rules(docstring(init)))}
+    assert not found, found
+
+
+@pytest.mark.parametrize("doc", ["Owns x. Imports never: labctl.cli\n", "  Imports never: labctl.cli\n",
+                                 "imports never: labctl.cli\n", "* Imports never: labctl.cli\n"])
+def test_a_rule_written_where_it_is_not_read_is_caught(doc: str) -> None:
+    assert unread_rules(doc)
 
 
 def test_every_rule_names_real_packages() -> None:
