@@ -11,8 +11,8 @@ import pytest
 
 from labctl.bisect import oracle as orc
 from labctl.bisect import search
+from labctl.bisect.bisect_state import NEW, OLD, SKIP, State, Step, load, save
 from labctl.bisect.engine import on_tree, tree_guests
-from labctl.bisect.state import NEW, OLD, SKIP, State, Step, load, save
 from labctl.errors import UsageError
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",

@@ -10,7 +10,8 @@
   such as :mod:`labctl.pipeline` count as packages of their own);
 * only :mod:`labctl.proc` runs host processes (``subprocess``, ``os.exec*``, ``os.system``,
   ``os.popen``, ``os.spawn*``, ``pty``, asyncio's ``create_subprocess_*``);
-* the CLI never sequences the front of the pipeline itself.
+* the CLI never sequences the front of the pipeline itself;
+* no two modules share a name, and no module is named like a package (``kernel/lab.py`` beside ``lab/``).
 """
 
 from __future__ import annotations
@@ -536,13 +537,34 @@ def test_an_import_past_a_face_is_caught(line: str) -> None:
     assert past_faces(src)
 
 
-def test_module_names_are_unique() -> None:
+def name_clashes(modules: list[str], package_names: list[str]) -> dict[str, list[str]]:
+    """Names that lead a reader to two places: a module name (``labctl/x/name.py``) used twice, or a
+    module named like a package (``labctl/kernel/lab.py`` beside ``labctl/lab/``), whatever their level."""
     names: dict[str, list[str]] = defaultdict(list)
-    for src in sources():
-        if src.path.name not in ("__init__.py", "__main__.py"):
-            names[src.path.name].append(src.rel)
-    repeated = {n: p for n, p in names.items() if len(p) > 1}
-    assert not repeated, repeated
+    for rel in modules:
+        path = Path(rel)
+        if path.name not in ("__init__.py", "__main__.py"):
+            names[path.stem].append(rel)
+    for pkg in package_names:
+        if "." in pkg:
+            names[pkg.rpartition(".")[2]].append(pkg.replace(".", "/") + "/")
+    return {n: p for n, p in names.items() if len(p) > 1}
+
+
+def module_files() -> list[str]:
+    return [str(p.relative_to(ROOT.parent)) for p in sorted(ROOT.rglob("*.py"))]
+
+
+def test_module_names_are_unique() -> None:
+    clashes = name_clashes(module_files(), list(packages()))
+    assert not clashes, clashes
+
+
+@pytest.mark.parametrize("planted", ["labctl/kernel/lab.py", "labctl/bisect/report.py", "labctl/follow/live.py",
+                                     "labctl/up/qemu.py", "labctl/trace/guest_kernels.py"])
+def test_a_module_named_like_a_package_or_another_module_is_caught(planted: str) -> None:
+    clashes = name_clashes([*module_files(), planted], list(packages()))
+    assert planted in [rel for rels in clashes.values() for rel in rels], clashes
 
 
 def test_every_module_is_named_in_its_package_docstring() -> None:
