@@ -39,7 +39,7 @@ from labctl.events import NullReporter
 from labctl.image.apt import apt_download, downloads_dir
 from labctl.image.recipe import load_recipe
 from labctl.image.store import ImageStore
-from labctl.kernel import lab as kernel_lab
+from labctl.kernel import guest_kernels
 from labctl.kernel import prepare as prep
 from labctl.lab import kernels, load_lab_text
 from labctl.paths import cache_dir
@@ -85,7 +85,7 @@ def bring_up(spec: kernels.KernelSpec, accel: str, cold: bool = False) -> dict[s
     recipe = load_recipe("debian-12")
     reporter = NullReporter()
     t0 = time.monotonic()
-    kernel = prep.prepare(spec, kernel_lab.options(recipe), reporter)
+    kernel = prep.prepare(spec, guest_kernels.options(recipe), reporter)
     prepared = time.monotonic() - t0
     lab = load_lab_text(LAB, "bench-kernel.yaml")
     t1 = time.monotonic()

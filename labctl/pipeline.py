@@ -1,6 +1,6 @@
 """The whole pipeline in one place::
 
-    lab file (labctl.lab) -> model -> [prepare: capacity (labctl.training) ->
+    lab file (labctl.lab) -> model -> [prepare: capacity (labctl.up) ->
     image (labctl.image) -> kernels and preflight (labctl.kernel)] -> accelerator
     and network plan (labctl.up, labctl.net) -> backend (labctl.backends) -> up
     -> steps (labctl.steps: tracers, gdb) -> bundle (labctl.bundle) -> report
@@ -27,8 +27,7 @@ from labctl.events import PrepareEvents, UpEvents
 from labctl.grading import ERROR, CheckResult, run_checks
 from labctl.image import Image, ImageStore, build_image, load_recipe
 from labctl.inspect import CrashWatch, capture_crash
-from labctl.kernel import Kernel
-from labctl.kernel import lab as kernel_lab
+from labctl.kernel import Kernel, guest_kernels
 from labctl.lab import Check, Lab, load_lab_text
 from labctl.pack import PackResult, Pinned, check_archive, check_image, check_kernels, run_inputs
 from labctl.pack import pack_lab as write_pack
@@ -143,10 +142,10 @@ def prepare_kernels(lab: Lab, image: Image, events: PrepareEvents | None = None)
     events = events or PrepareEvents()
     _kernel_checks(lab, image, events)
     recipe = load_recipe(image.name)
-    if kernel_lab.all_prepared(lab, image, recipe):
-        return kernel_lab.prepare(lab, image, recipe)
+    if guest_kernels.all_prepared(lab, image, recipe):
+        return guest_kernels.prepare(lab, image, recipe)
     with events.slow(f"preparing kernels for {lab.name} (first use of each; cached afterwards)") as rep:
-        return kernel_lab.prepare(lab, image, recipe, rep)
+        return guest_kernels.prepare(lab, image, recipe, rep)
 
 
 def _kernel_checks(lab: Lab, image: Image, events: PrepareEvents | None = None) -> None:
@@ -156,10 +155,10 @@ def _kernel_checks(lab: Lab, image: Image, events: PrepareEvents | None = None) 
     :raise LabFileError: for refusals (exit 2); warnings and notes go to ``events``.
     """
     events = events or PrepareEvents()
-    kernel_lab.check(lab, image)
-    report = kernel_lab.preflight(lab, image)
-    kernel_lab.refuse(report)
-    for line in kernel_lab.warning_lines(report):
+    guest_kernels.check(lab, image)
+    report = guest_kernels.preflight(lab, image)
+    guest_kernels.refuse(report)
+    for line in guest_kernels.warning_lines(report):
         events.warn(line)
 
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from labctl.cli.main import build_parser
-from labctl.lab import checks, followspec, kernels, kselftest, netconf, nicparse, shares, steps, tracespec, validate
+from labctl.lab import checks, followspec, kernels, kselftest, netconf, nicparse, shares, stepspec, tracespec, validate
 from labctl.lab.impair import IMPAIR_KEYS
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS
 
@@ -50,13 +50,13 @@ LAB_SECTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     ("guests.GUEST.routes[]", netconf._ROUTE_KEYS, ("to",), "../network-config.md"),
     ("guests.GUEST.shares[]", shares.SHARE_KEYS, ("host", "mount"), "../lab-files.md"),
     ("checks[]", checks.CHECK_KEYS, ("name", "guest"), "../kernel-debugging.md#checks-on-kernel-state"),
-    ("steps[]", steps._STEP_KEYS, ("name", "run"), "steps.md"),
+    ("steps[]", stepspec._STEP_KEYS, ("name", "run"), "steps.md"),
 )
 STEP_SECTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
-    ("steps[]", steps._STEP_KEYS, ("name", "run (not with kselftest)"), "../steps.md"),
-    ("steps[].run[]", steps._RUN_KEYS, ("guest", "command"), "../steps.md"),
+    ("steps[]", stepspec._STEP_KEYS, ("name", "run (not with kselftest)"), "../steps.md"),
+    ("steps[].run[]", stepspec._RUN_KEYS, ("guest", "command"), "../steps.md"),
     ("steps[].run[], a link change", ("link", "state"), ("link", "state"), "../steps.md"),
-    ("steps[].gdb", steps._GDB_KEYS, ("guest", "break"), "../kernel-debugging.md"),
+    ("steps[].gdb", stepspec._GDB_KEYS, ("guest", "break"), "../kernel-debugging.md"),
     ("steps[].kselftest", kselftest.KEYS, ("tree",), "../kselftest.md"),
     ("steps[].impair.GUEST.NIC", IMPAIR_KEYS, (), "../networking.md#impairments"),
     ("steps[].trace.GUEST", tracespec._TRACE_KEYS, (), "../steps.md"),

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import labctl.bisect.bisect_report as bisect_report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.cfgloop as cfgloop  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.oracle as orc
-import labctl.bisect.report as report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.verify as verify  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.bisect.state import SKIP, State, Step, save
+from labctl.bisect.bisect_state import SKIP, State, Step, save
 from labctl.bisect.verify import Run, TryEnv
 from labctl.bisect.worktree import OBJTOOL_NOTE, BuildCache, Worktree, config_hash, hash_bytes, objtool_relinked
 from labctl.bundle import CONSOLE, GUESTS, SUMMARY
@@ -30,8 +30,7 @@ from labctl.errors import LabctlError
 from labctl.events import NullReporter
 from labctl.grading import checks_of, run_checks
 from labctl.image import Image, Recipe
-from labctl.kernel import Kernel
-from labctl.kernel import lab as kernel_lab
+from labctl.kernel import Kernel, guest_kernels
 from labctl.kernel import prepare as prep
 from labctl.lab import Check, KernelSpec, Lab
 from labctl.lab import kernels as lab_kernels
@@ -145,13 +144,13 @@ class Bisector:
             self.one_step(step)
             st.record(step)
             save(self.bundle, st)
-            report.write(self.bundle, st)
+            bisect_report.write(self.bundle, st)
             self.say(f"step {step.n}: {step.commit[:12]} is {st.term(step.verdict)}: {step.reason}  "
                      f"[{times_text(step.times)}]")
         if st.confirm and st.result.get("first") and not st.confirmation:
             verify.confirm(self)
             save(self.bundle, st)
-            report.write(self.bundle, st)
+            bisect_report.write(self.bundle, st)
         return st
 
     def prelude(self) -> None:
@@ -250,7 +249,7 @@ class Bisector:
         t1 = time.monotonic()
         spec = KernelSpec(kind=lab_kernels.TREE, tree=self.wt.path, path="--kernel")
         try:
-            kernel = prep.prepare(spec, kernel_lab.options(self.recipe), NullReporter())
+            kernel = prep.prepare(spec, guest_kernels.options(self.recipe), NullReporter())
         except LabctlError as exc:
             return None, True, f"its kernel cannot be prepared: {exc.message}"
         step.times["prepare"] = round(time.monotonic() - t1, 2)
@@ -268,9 +267,9 @@ class Bisector:
 
     def _kernels(self, tree_kernel: Kernel) -> dict[str, Kernel]:
         guests = set(tree_guests(self.lab, self.wt.path))
-        opts = kernel_lab.options(self.recipe)
+        opts = guest_kernels.options(self.recipe)
         out: dict[str, Kernel] = {}
-        for g, spec in kernel_lab.specs(self.lab, self.image).items():
+        for g, spec in guest_kernels.specs(self.lab, self.image).items():
             out[g] = tree_kernel if g in guests else prep.prepare(spec, opts, NullReporter())
         return out
 

@@ -14,7 +14,19 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from labctl.bisect import Bisector, State, cfgloop, configs, load, on_tree, report, save, search, tree_guests, tries
+from labctl.bisect import (
+    Bisector,
+    State,
+    bisect_report,
+    cfgloop,
+    configs,
+    load,
+    on_tree,
+    save,
+    search,
+    tree_guests,
+    tries,
+)
 from labctl.bisect import oracle as orc
 from labctl.bisect import worktree as bbuild
 from labctl.cli.lifecycle_cmds import load_with_kernel
@@ -269,30 +281,30 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
             bis.run()
         except KeyboardInterrupt:
             save(bundle, state)
-            report.write(bundle, state)
+            bisect_report.write(bundle, state)
             console.print(Text(f"bisect: interrupted; go on with: labctl bisect --continue {bundle}"))
             raise
         finally:
             save(bundle, state)
-        report.write(bundle, state)
+        bisect_report.write(bundle, state)
     return _show(bundle, state, args.json)
 
 
 def _show(bundle: Path, state: State, as_json: bool) -> int:
-    if state.done and not (bundle / report.SUMMARY).is_file():
-        report.write(bundle, state)
+    if state.done and not (bundle / bisect_report.SUMMARY).is_file():
+        bisect_report.write(bundle, state)
     if as_json:
-        print_json({"bundle": str(bundle), **report.summary(state, bundle)})
+        print_json({"bundle": str(bundle), **bisect_report.summary(state, bundle)})
     else:
         t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {orc.describe(orc.Oracle.from_dict(state.oracle))}"),
                   title_justify="left")
-        for col in report.COLUMNS:
+        for col in bisect_report.COLUMNS:
             t.add_column(col)
-        for row in report.rows(state):
+        for row in bisect_report.rows(state):
             t.add_row(*(Text(c) for c in row))
         out.print(t)
-        out.print(Text(report.answer_text(state), style="bold"), soft_wrap=True)
-        for line in report.trust_lines(state):
+        out.print(Text(bisect_report.answer_text(state), style="bold"), soft_wrap=True)
+        for line in bisect_report.trust_lines(state):
             out.print(Text(line), soft_wrap=True)
         if state.done:
             out.print(Text(f"bundle: {bundle}"), soft_wrap=True)

@@ -20,8 +20,7 @@ from labctl.cli.images import default_lab
 from labctl.cli.ui import out, print_json
 from labctl.errors import LabStateError
 from labctl.image import ImageStore, load_recipe
-from labctl.kernel import KernelStore, config_fragment, kernels_root
-from labctl.kernel import lab as kernel_lab
+from labctl.kernel import KernelStore, config_fragment, guest_kernels, kernels_root
 from labctl.kernel import prepare as prep
 from labctl.lab import DEFAULT_IMAGE, load_lab
 from labctl.state import LabState, up_labs
@@ -64,8 +63,8 @@ def _default_kernel_dir() -> Path | None:
     image = ImageStore().get(DEFAULT_IMAGE, recipe.key())
     if image is None:
         return None
-    spec = kernel_lab.specs(default_lab(), image)["g"]
-    return kernels_root() / prep.content_key(spec, kernel_lab.options(recipe))
+    spec = guest_kernels.specs(default_lab(), image)["g"]
+    return kernels_root() / prep.content_key(spec, guest_kernels.options(recipe))
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 Owns the probes that follow packets and catch drops, as guest shell commands (:mod:`.probes`: tracefs
 instances, event probes and kprobes with the filter in the kernel), a following session on some
 guests of a lab (:mod:`.follower`: checks first, clock rounds, wire captures, everything removed
-after), the live follow of ``labctl follow`` (:mod:`.live`), and the drops every step records
+after), the live follow of ``labctl follow`` (:mod:`.livefollow`), and the drops every step records
 (:mod:`.dropwatch`), the last packets followed for the web pages (:mod:`.recent`). What the events mean, journeys and drop tables, is :mod:`labctl.trace`'s
 (pure); the step kinds that use this are :mod:`labctl.steps`'; the filter language is
 :mod:`labctl.pktfilter`.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from labctl.follow import dropwatch, probes, recent
 from labctl.follow.follower import Follower, libpcap_error, parallel
-from labctl.follow.live import LiveFollow, LiveStats
+from labctl.follow.livefollow import LiveFollow, LiveStats
 from labctl.follow.recent import Recent
 
 __all__ = [

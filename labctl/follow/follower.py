@@ -1,6 +1,6 @@
 """Following packets on some guests of a lab that is up: the probes in each guest, their clocks, the wire.
 
-:class:`Follower` is used by ``labctl follow`` (live, :mod:`.live`) and by a step's ``follow:``
+:class:`Follower` is used by ``labctl follow`` (live, :mod:`.livefollow`) and by a step's ``follow:``
 (:mod:`labctl.steps.follow_kind`). It
 
 1. checks every guest first (tracefs, event probes, kprobes, the kernel's struct offsets) and

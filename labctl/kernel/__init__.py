@@ -12,7 +12,7 @@ a kernel the user built. Owns everything labctl knows about that kernel:
 * :mod:`.offsets` -- struct member offsets from its debug info, for probes (drgn, cached);
 * :mod:`.requirements` -- what a lab needs from it: preflight before any
   QEMU starts, and the config fragment a kernel developer merges;
-* :mod:`.lab` -- the kernels of one lab, end to end.
+* :mod:`.guest_kernels` -- the kernels of one lab (which one each guest boots), end to end.
 
 Must not import the ``up`` stage, backends, steps, bundles, reports or the CLI.
 
@@ -21,9 +21,9 @@ Imports never: labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.r
 
 from __future__ import annotations
 
-from labctl.kernel import lab, prepare
+from labctl.kernel import guest_kernels, prepare
+from labctl.kernel.guest_kernels import default_kernel
 from labctl.kernel.kernel_store import Kernel, KernelStore, kernels_root
-from labctl.kernel.lab import default_kernel
 from labctl.kernel.offsets import struct_offsets
 from labctl.kernel.prepare import add_source
 from labctl.kernel.requirements import config_fragment
@@ -34,8 +34,8 @@ __all__ = [
     "add_source",
     "config_fragment",
     "default_kernel",
+    "guest_kernels",
     "kernels_root",
-    "lab",
     "prepare",
     "struct_offsets",
 ]

@@ -4,7 +4,7 @@
 addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and sysctls:
 :mod:`.netconf`; network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
-:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.steps`, their trace section
+:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.stepspec`, their trace section
 :mod:`.tracespec`, the packets they follow :mod:`.followspec`,
 their templates :mod:`.templates`, their selftests :mod:`.kselftest`; libvirt
 URIs: :mod:`.uri`; which host paths may be used: :mod:`.trust`) into the
@@ -66,7 +66,7 @@ from labctl.lab.model import (
 from labctl.lab.netopts import LinkSpec, render_impairment
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
 from labctl.lab.shares import Share, export_link, parse_option, tag
-from labctl.lab.steps import GdbStep, RunSpec, Step, check_location
+from labctl.lab.stepspec import GdbStep, RunSpec, Step, check_location
 from labctl.lab.templates import render
 from labctl.lab.tracespec import TraceSpec, render_trace
 from labctl.lab.trust import env_trusted

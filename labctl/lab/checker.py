@@ -1,6 +1,6 @@
 """Checking lab data: problems collected with their line, typed accessors, did-you-mean hints.
 
-Shared by the lab file's sections (:mod:`.validate`, :mod:`.steps`,
+Shared by the lab file's sections (:mod:`.validate`, :mod:`.stepspec`,
 :mod:`.addresses`): every check adds a :class:`~labctl.errors.Problem` and
 carries on, so a file gets all its problems at once.
 """

@@ -262,7 +262,7 @@ class Lab:
     networks: dict[str, Network]
     guests: dict[str, Guest]
     text: str = field(repr=False)
-    steps: tuple[Any, ...] = ()  # tuple[labctl.lab.steps.Step, ...]
+    steps: tuple[Any, ...] = ()  # tuple[labctl.lab.stepspec.Step, ...]
     hosts: dict[str, Host] = field(default_factory=dict)
     kernel: KernelSpec | None = None  # every guest's kernel, unless a guest names its own (None: the image's)
     checks: tuple[Check, ...] = ()

@@ -33,7 +33,7 @@ from labctl.lab.netopts import check_captures, network_capture
 from labctl.lab.nicparse import parse_nics, resolve_nic, resolve_settings
 from labctl.lab.shares import parse_shares
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
-from labctl.lab.steps import StepParser
+from labctl.lab.stepspec import StepParser
 from labctl.lab.trust import TRUST_ENV, untrusted_reason
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq

@@ -38,6 +38,7 @@ class StepResult:
     network: NetworkRecord | None = None  # impairments in force and links changed during the step
     kselftest: SelftestRecord | None = None  # the kernel's selftests: build, guest, one entry per test
     kinds: list[str] = field(default_factory=list)
+    lab_intact: bool = False  # failed, but the lab is as it was (a kind says so): the next variant still runs
 
     def fail(self, reason: str) -> None:
         if self.status != "failed":

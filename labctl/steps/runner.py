@@ -87,8 +87,9 @@ class Runner:
                             continue
                         result = self.run_variant(step, row, repeat)
                         self.results.append(result)
-                        # selftests that failed leave the lab as it was: the next variant still runs
-                        failed = result.status == "failed" and not (result.kselftest or {}).get("only_tests_failed")
+                        # a kind may say its failure left the lab as it was (only selftests failed):
+                        # the next variant still runs
+                        failed = result.status == "failed" and not result.lab_intact
         finally:
             self.sessions.close()
             self._crashes_end()

@@ -434,3 +434,4 @@ def judge(res: StepResult, record: SelftestRecord) -> None:
     res.kselftest = {**(res.kselftest or {}), **record}
     if why:
         res.fail(why)
+        res.lab_intact = record["only_tests_failed"]

@@ -1,7 +1,7 @@
 """The trace kinds a guest's ``trace:`` may ask for (:data:`TRACE_KINDS`, each a registered object),
 and the shell commands that start, stop and post-process their tracers inside a guest.
 
-Pure functions from a :class:`~labctl.lab.steps.TraceSpec` to command
+Pure functions from a :class:`~labctl.lab.tracespec.TraceSpec` to command
 lines; every value is shell-quoted. A tracer runs in the background with its
 pid in ``NAME.pid`` and its messages in ``NAME.log`` in the step's guest
 directory, and is stopped with SIGINT (perf and trace-cmd then write their

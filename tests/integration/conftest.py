@@ -46,9 +46,9 @@ def image() -> Image:
 @pytest.fixture(scope="session")
 def kernel(image: Image) -> Kernel:
     """The image's default kernel, prepared by setup.sh (``labctl image build``)."""
-    from labctl.kernel import lab as kernel_lab
+    from labctl.kernel import guest_kernels
 
-    return kernel_lab.default_kernel(image, load_recipe(image.name))
+    return guest_kernels.default_kernel(image, load_recipe(image.name))
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ import pytest
 
 from labctl.bisect import oracle as orc
 from labctl.bisect import search
+from labctl.bisect.bisect_state import NEW, OLD, SKIP, State, Step, load, save
 from labctl.bisect.engine import on_tree, tree_guests
-from labctl.bisect.state import NEW, OLD, SKIP, State, Step, load, save
 from labctl.errors import UsageError
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
@@ -158,6 +158,8 @@ def test_check_step_panic_and_command_oracles() -> None:
     assert orc.judge(check, orc.Evidence(checks=[passed])).outcome == orc.PASS
     assert orc.judge(check, orc.Evidence(checks=[failed])).outcome == orc.FAIL
     assert orc.judge(check, orc.Evidence(checks=[broken])).outcome == orc.UNDECIDED
+    timed_out = {"name": "big-ping", "status": "timeout", "seconds": 20.0}  # a timeout is a failure, never a pass
+    assert orc.judge(check, orc.Evidence(checks=[timed_out])) == orc.Judgement(orc.FAIL, "check big-ping failed (timed out)")
     assert orc.judge(check, orc.Evidence()).outcome == orc.UNDECIDED
 
     step = orc.make("step", name="transfer")
@@ -175,6 +177,7 @@ def test_check_step_panic_and_command_oracles() -> None:
     assert orc.judge(cmd, orc.Evidence(command={"status": "pass"})).outcome == orc.PASS
     assert orc.judge(cmd, orc.Evidence(command={"status": "fail", "exit_status": 3})).outcome == orc.FAIL
     assert orc.judge(cmd, orc.Evidence(command={"status": "error"})).outcome == orc.UNDECIDED
+    assert orc.judge(cmd, orc.Evidence(command={"status": "timeout"})) == orc.Judgement(orc.FAIL, "the command timed out")
 
 
 def test_oracle_descriptions_are_checked() -> None:

@@ -220,15 +220,15 @@ def test_a_live_follow_sends_heartbeats_only_while_a_followed_packet_is_in_fligh
     """Each heartbeat and clock sample costs a TCG guest's sshd a wake-up: none while nothing is followed."""
     import time
 
-    from labctl.follow import live
+    from labctl.follow import livefollow
 
-    monkeypatch.setattr(live, "RESYNC", 0.2)
-    monkeypatch.setattr(live, "IDLE_RESYNC", 60.0)
+    monkeypatch.setattr(livefollow, "RESYNC", 0.2)
+    monkeypatch.setattr(livefollow, "IDLE_RESYNC", 60.0)
     quiet = _QuietFollower([])
     until = time.monotonic() + 1.5
-    live.LiveFollow(quiet, lambda j: None).run(lambda: time.monotonic() > until)  # type: ignore[arg-type]
+    livefollow.LiveFollow(quiet, lambda j: None).run(lambda: time.monotonic() > until)  # type: ignore[arg-type]
     assert (quiet.beats, quiet.rounds) == (0, 0)
     busy = _QuietFollower([DEV_QUEUE])  # a ping's first hop: in flight until its end or 0.5 s of quiet
     until = time.monotonic() + 1.5
-    live.LiveFollow(busy, lambda j: None).run(lambda: time.monotonic() > until)  # type: ignore[arg-type]
+    livefollow.LiveFollow(busy, lambda j: None).run(lambda: time.monotonic() > until)  # type: ignore[arg-type]
     assert busy.beats >= 2 and busy.rounds >= 1

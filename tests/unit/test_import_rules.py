@@ -1,15 +1,17 @@
 """The pipeline's shape, checked on the source (each rule with a test that feeds it a break).
 
 * each stage package's docstring says what it never imports, in lines ``Imports never: labctl.x,
-  labctl.y`` (any number of them, anywhere in the docstring), and no module of the package does,
+  labctl.y`` (any number of them, anywhere in the docstring; a line that mentions the rule any other
+  way fails, as it would go unread), and no module of the package does,
   however the import is written: ``import x``, ``from x import y``, relative, inside a function,
   under ``TYPE_CHECKING``, or through ``importlib.import_module``/``__import__`` (a dynamic
   import the walk cannot read is refused);
 * no package imports one that imports it back, through any number of others (top-level modules
   such as :mod:`labctl.pipeline` count as packages of their own);
 * only :mod:`labctl.proc` runs host processes (``subprocess``, ``os.exec*``, ``os.system``,
-  ``os.popen``, ``os.spawn*``, ``pty``);
-* the CLI never sequences the front of the pipeline itself.
+  ``os.popen``, ``os.spawn*``, ``pty``, asyncio's ``create_subprocess_*``);
+* the CLI never sequences the front of the pipeline itself;
+* no two modules share a name, and no module is named like a package (``kernel/lab.py`` beside ``lab/``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ PROCESS_CALLS = {"system", "popen", "execv", "execve", "execvp", "execvpe", "exe
                  "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe",
                  "posix_spawn", "posix_spawnp", "fork", "forkpty"}
 PROCESS_HOME = "labctl.proc"
+# asyncio starts processes without importing subprocess (asyncio.create_subprocess_exec, loop.subprocess_exec)
+ASYNC_PROCESS_CALLS = {"create_subprocess_exec", "create_subprocess_shell", "subprocess_exec", "subprocess_shell"}
 
 
 def module_name(path: Path, root: Path | None = None) -> str:
@@ -166,6 +170,23 @@ def test_every_stage_package_states_its_rule() -> None:
     stages = [n for n in packages() if n.count(".") == 1 and n not in UNRULED]
     missing = [n for n in stages if n not in rules()]
     assert not missing, f"packages whose docstring has no '{RULE}' line: {missing}"
+
+
+def unread_rules(doc: str) -> list[str]:
+    """Lines of a docstring that mention the rule but that :func:`rule_of` does not read (a rule
+    written mid-line, indented, or in another case would go unenforced)."""
+    return [line for line in doc.splitlines() if RULE.lower() in line.lower() and not line.startswith(RULE)]
+
+
+def test_no_rule_line_goes_unread() -> None:
+    found = {name: lines for name, init in packages().items() if (lines := unread_rules(docstring(init)))}
+    assert not found, found
+
+
+@pytest.mark.parametrize("doc", ["Owns x. Imports never: labctl.cli\n", "  Imports never: labctl.cli\n",
+                                 "imports never: labctl.cli\n", "* Imports never: labctl.cli\n"])
+def test_a_rule_written_where_it_is_not_read_is_caught(doc: str) -> None:
+    assert unread_rules(doc)
 
 
 def test_every_rule_names_real_packages() -> None:
@@ -308,10 +329,14 @@ def process_uses(src: Source) -> Iterator[str]:
             yield f"{src.rel}:{imp.line}: imports {imp.target}"
         elif imp.target == "os" and set(imp.names) & PROCESS_CALLS:
             yield f"{src.rel}:{imp.line}: imports {', '.join(sorted(set(imp.names) & PROCESS_CALLS))} from os"
+        elif is_under(imp.target, "asyncio") and set(imp.names) & ASYNC_PROCESS_CALLS:
+            yield f"{src.rel}:{imp.line}: imports {', '.join(sorted(set(imp.names) & ASYNC_PROCESS_CALLS))} from asyncio"
     for node in ast.walk(src.tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PROCESS_CALLS
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"):
             yield f"{src.rel}:{node.lineno}: calls os.{node.func.attr}"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ASYNC_PROCESS_CALLS:
+            yield f"{src.rel}:{node.lineno}: calls {node.func.attr}"
 
 
 def test_only_proc_runs_host_processes() -> None:
@@ -320,7 +345,10 @@ def test_only_proc_runs_host_processes() -> None:
 
 
 @pytest.mark.parametrize("line", ["import subprocess", "from subprocess import run", "import os\nos.execvp('x', [])",
-                                  "from os import system", "import pty"])
+                                  "from os import system", "import pty",
+                                  "import asyncio\nasyncio.create_subprocess_exec('x')",
+                                  "from asyncio import create_subprocess_shell",
+                                  "import asyncio\nasyncio.get_running_loop().subprocess_exec(f, 'x')"])
 def test_a_process_outside_proc_is_caught(line: str) -> None:
     src = Source(ROOT / "steps" / "planted.py", "labctl.steps.planted", ast.parse(line + "\n"))
     assert list(process_uses(src))
@@ -509,13 +537,34 @@ def test_an_import_past_a_face_is_caught(line: str) -> None:
     assert past_faces(src)
 
 
-def test_module_names_are_unique() -> None:
+def name_clashes(modules: list[str], package_names: list[str]) -> dict[str, list[str]]:
+    """Names that lead a reader to two places: a module name (``labctl/x/name.py``) used twice, or a
+    module named like a package (``labctl/kernel/lab.py`` beside ``labctl/lab/``), whatever their level."""
     names: dict[str, list[str]] = defaultdict(list)
-    for src in sources():
-        if src.path.name not in ("__init__.py", "__main__.py"):
-            names[src.path.name].append(src.rel)
-    repeated = {n: p for n, p in names.items() if len(p) > 1}
-    assert not repeated, repeated
+    for rel in modules:
+        path = Path(rel)
+        if path.name not in ("__init__.py", "__main__.py"):
+            names[path.stem].append(rel)
+    for pkg in package_names:
+        if "." in pkg:
+            names[pkg.rpartition(".")[2]].append(pkg.replace(".", "/") + "/")
+    return {n: p for n, p in names.items() if len(p) > 1}
+
+
+def module_files() -> list[str]:
+    return [str(p.relative_to(ROOT.parent)) for p in sorted(ROOT.rglob("*.py"))]
+
+
+def test_module_names_are_unique() -> None:
+    clashes = name_clashes(module_files(), list(packages()))
+    assert not clashes, clashes
+
+
+@pytest.mark.parametrize("planted", ["labctl/kernel/lab.py", "labctl/bisect/report.py", "labctl/follow/live.py",
+                                     "labctl/up/qemu.py", "labctl/trace/guest_kernels.py"])
+def test_a_module_named_like_a_package_or_another_module_is_caught(planted: str) -> None:
+    clashes = name_clashes([*module_files(), planted], list(packages()))
+    assert planted in [rel for rels in clashes.values() for rel in rels], clashes
 
 
 def test_every_module_is_named_in_its_package_docstring() -> None:

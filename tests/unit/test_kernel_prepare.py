@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import ImageError, LabFileError, UsageError
-from labctl.kernel import lab as kernel_lab
+from labctl.kernel import guest_kernels
 from labctl.kernel import prepare as prep
 from labctl.kernel.kernel_store import KernelStore
 from labctl.kernel.modules import builtin_names, module_load_order
@@ -93,13 +93,13 @@ def test_a_missing_tree_is_a_lab_file_error_at_its_line(tmp_path: Path, image_st
     lab = load_lab_text("name: l\nnetworks: {}\nguests:\n  a:\n    kernel: {tree: /nonexistent/linux}\n",
                         str(tmp_path / "l.yaml"))
     with pytest.raises(LabFileError) as exc:
-        kernel_lab.check(lab, image_stub)  # type: ignore[arg-type]
+        guest_kernels.check(lab, image_stub)  # type: ignore[arg-type]
     [problem] = exc.value.problems
     assert (problem.line, problem.path) == (5, "guests.a.kernel")
     assert "no kernel tree at /nonexistent/linux" in problem.message
     forced = lab.with_kernel(kernels.KernelSpec(kernels.TREE, tree=tmp_path / "gone", path="--kernel"))
     with pytest.raises(UsageError, match="--kernel: no kernel tree at"):
-        kernel_lab.check(forced, image_stub)  # type: ignore[arg-type]
+        guest_kernels.check(forced, image_stub)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -234,13 +234,13 @@ def test_preflight_reads_each_guests_own_kernel_config(tmp_path: Path, image_stu
         return (tree / ".config").read_text() if spec.kind == kernels.TREE else "CONFIG_E1000=m\n" + bootable_config()
 
     monkeypatch.setattr(prep, "config_text", config_text)
-    report = kernel_lab.preflight(lab, image_stub)  # type: ignore[arg-type]
+    report = guest_kernels.preflight(lab, image_stub)  # type: ignore[arg-type]
     assert sorted(seen) == sorted([f"tree {tree}", "debian:6.1.0-56-amd64"])
     [refusal] = report.refusals
     assert (refusal.line, refusal.path) == (6, "guests.a.nics[0].model")  # b's kernel has the driver
     assert "CONFIG_E1000" in refusal.message and str(tree) in refusal.message
     with pytest.raises(LabFileError):
-        kernel_lab.refuse(report)
+        guest_kernels.refuse(report)
 
 
 def test_kernel_list_json_names_the_prepared_kernels(tmp_path: Path, cache: Path,

@@ -431,7 +431,8 @@ def test_a_failed_selftest_fails_its_step_and_the_next_variant_still_runs(lab_st
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     one, two, after = _selftests_run(lab_state, tmp_path, monkeypatch, {"one": TAP_ONE_FAILS, "two": TAP_ALL_PASS})
     assert (one.status, one.reason) == ("failed", "1 of 2 selftests failed: t2")
-    assert one.kselftest["only_tests_failed"] and one.kinds == ["drops", "network", "stats", "kselftest"]
+    assert one.kselftest["only_tests_failed"] and one.lab_intact
+    assert one.kinds == ["drops", "network", "stats", "kselftest"]
     assert [(t["name"], t["result"]) for t in one.kselftest["tests"]] == [("t1", "pass"), ("t2", "fail")]
     assert (tmp_path / "bundle" / one.kselftest["tests"][1]["log"]).read_text() == "selftests: net: t2\nboom\n"
     assert (two.status, after.status) == ("ok", "ok")  # only selftests failed: the lab is fine
@@ -441,5 +442,5 @@ def test_selftests_that_never_report_fail_the_step_and_stop_the_run(lab_state: A
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     one, two, after = _selftests_run(lab_state, tmp_path, monkeypatch, {"one": TAP_ONE_SILENT, "two": TAP_ALL_PASS})
     assert (one.status, one.reason) == ("failed", "1 selftests never reported a result")
-    assert one.kselftest["missing"] == 1 and not one.kselftest["only_tests_failed"]
+    assert one.kselftest["missing"] == 1 and not one.kselftest["only_tests_failed"] and not one.lab_intact
     assert (two.status, after.status) == ("skipped", "skipped")
