@@ -3,8 +3,8 @@
 Cheap enough to be on by default: one event probe (:func:`labctl.follow.probes.drop_definition`), no
 filter, in a tracefs instance recording for the step's span, then read; two SSH commands per guest and
 step, the guests in parallel. The instance is made once per run (``kept``: a later step empties it and
-records again, 0.1 s instead of 0.9 s under TCG) and removed at its end (:func:`remove`). Where a kernel has no event probes the tracepoint itself is
-recorded (where as an address, no device or headers); where its debug info is missing, the probe
+records again, 0.1 s instead of 0.9 s under TCG) and removed at its end (:func:`remove`). Where a
+kernel has no event probes the tracepoint itself is recorded (where as an address, no device or headers); where its debug info is missing, the probe
 goes without the device and the headers. The ruleset (``nft -a list ruleset``) is listed at both
 ends when the guest has nftables, so that a netfilter drop names its rule
 (:func:`labctl.trace.drops.netfilter_note`).
@@ -25,6 +25,7 @@ from labctl.state import LabState
 _SEQ = itertools.count(1)
 _CAPS: dict[tuple[str, str, str], pr.Caps] = {}
 BEGIN, END = "labctl-ruleset-begin", "labctl-ruleset-end"
+_RULESET = f"command -v nft >/dev/null && {{ echo {BEGIN}; {pr.RULESET}; echo {END}; }}"  # between the markers
 
 
 @dataclass
@@ -57,9 +58,8 @@ def start(state: LabState, guest: str, session: Session, kept: Watch | None = No
 
     :raise GuestError: when the guest cannot be reached.
     """
-    ruleset = (f"command -v nft >/dev/null && {{ echo {BEGIN}; {pr.RULESET}; echo {END}; }}",)
     if kept is not None and kept.mode:
-        out = session.run(f"{pr.resume_command(kept.tag)}; {ruleset[0]}", timeout=60).stdout.decode(errors="replace")
+        out = session.run(f"{pr.resume_command(kept.tag)}; {_RULESET}", timeout=60).stdout.decode(errors="replace")
         if "labctl-ok resume" in out:
             kept.ruleset = _between(out)
             return kept
@@ -78,11 +78,11 @@ def start(state: LabState, guest: str, session: Session, kept: Watch | None = No
         if not caps.reason:
             notes.append("no drop reasons (a kernel before 6.0)")
         definition = pr.drop_definition(pr.PREFIX + tag, off, caps.reason, caps.symbol)
-        cmd = pr.setup_command(tag, [definition], {}, pr.DROPS_BUFFER_KB, ruleset)
+        cmd = pr.setup_command(tag, [definition], {}, pr.DROPS_BUFFER_KB, (_RULESET,))
         mode = "probe"
     else:
         notes.append("the kernel has no event probes (Linux 5.15+): locations as addresses, no device or headers")
-        cmd = pr.tracepoint_setup_command(tag, pr.DROPS_BUFFER_KB, ruleset)
+        cmd = pr.tracepoint_setup_command(tag, pr.DROPS_BUFFER_KB, (_RULESET,))
         mode = "tracepoint"
     out = session.run((stale + "; " if stale else "") + cmd, timeout=120).stdout.decode(errors="replace")
     enabled, refused = pr.results(out)
@@ -94,16 +94,15 @@ def start(state: LabState, guest: str, session: Session, kept: Watch | None = No
     return watch
 
 
-def finish(watch: Watch, session: Session, keep: bool = False) -> tuple[str, int, str]:
-    """Stop and read (and remove, unless ``keep``: see :func:`remove`): the recorded text, the events it
-    had no room for, the ruleset now.
+def finish(watch: Watch, session: Session) -> tuple[str, int, str]:
+    """Stop and read (the instance stays for the next step: see :func:`remove`): the recorded text, the
+    events it had no room for, the ruleset now.
 
     :raise GuestError: when the guest cannot be reached.
     """
     if not watch.mode:
         return "", 0, ""
-    cmd = (pr.read_command(watch.tag) + f"; command -v nft >/dev/null && {{ echo {BEGIN}; {pr.RULESET}; echo {END}; }}"
-           + ("" if keep else "; " + pr.remove_command(watch.tag)))
+    cmd = f"{pr.read_command(watch.tag)}; {_RULESET}"
     out = session.run(cmd, timeout=300).stdout.decode(errors="replace")
     ruleset = _between(out)
     body = out.partition(BEGIN)[0]

@@ -82,7 +82,7 @@ class DropsKind(StepKind):
         def one(g: str) -> None:
             w = self.watches[g]
             try:
-                text, lost, after = dropwatch.finish(w, v.sessions.ssh(g), keep=True)
+                text, lost, after = dropwatch.finish(w, v.sessions.ssh(g))
             except LabctlError as exc:
                 v.res.warnings.append(f"{g}: drops could not be read: {exc.message}")
                 return
