@@ -44,6 +44,7 @@ from typing import Any
 from labctl.backends import Backend
 from labctl.bundle import HOST_DIR
 from labctl.errors import GuestError, LabctlError
+from labctl.follow import parallel
 from labctl.paths import atomic_write
 from labctl.proc import Process, interrupt_group, run, spawn_tied
 from labctl.state import LabState
@@ -103,7 +104,8 @@ class _Profiler:
             self.error = "perf is not installed on the host (Debian: apt-get install linux-perf)"
             return
         ctl, ack = self.dir / "perf.ctl", self.dir / "perf.ack"
-        argv = [perf, "record", "-e", "cpu-clock", "-F", str(PROFILE_FREQUENCY), "-p", str(pid),
+        # --buildid-mmap: no build-id pass over the samples when perf stops (see labctl.steps.tracers)
+        argv = [perf, "record", "--buildid-mmap", "-e", "cpu-clock", "-F", str(PROFILE_FREQUENCY), "-p", str(pid),
                 "-o", str(self.dir / PERF_DATA), "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
         for attempt in range(START_ATTEMPTS):  # a second perf when the first one exits while attaching
             (self.dir / PERF_DATA).unlink(missing_ok=True)  # else perf keeps it as perf.data.old
@@ -244,12 +246,16 @@ class HostWatch:
         if self.seconds is None:
             self.seconds = round(time.monotonic() - self.t0, 3)
             ends = {w.guest: read_task_stats(w.pid) if w.start is not None else None for w in self.watched}
+            # The profilers at once: a host perf takes up to a second to exit after SIGINT (measured,
+            # whatever it recorded), so one after the other that second came once per guest.
+            profiled = {w.guest: w.profiler for w in self.watched if w.profiler is not None}
+
+            def finish(g: str) -> None:
+                profiled[g].stop()
+                profiled[g].script()
+
+            parallel(list(profiled), finish)
             for w in self.watched:
-                if w.profiler is not None:
-                    w.profiler.stop()
-            for w in self.watched:
-                if w.profiler is not None:
-                    w.profiler.script()
                 self._write(w, ends.get(w.guest))
         return self.seconds
 
@@ -273,8 +279,7 @@ class Window:
         self.watch: HostWatch | None = None
 
     def open(self, v: Variant) -> None:
-        for g in v.involved:
-            v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{WINDOW_START}")
+        parallel(v.involved, lambda g: v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{WINDOW_START}"))
         self.watch = HostWatch(v.state, v.backend, v.involved if self.watch_host else [], v.bundle / v.rel / HOST_DIR,
                                profile=self.host_profile)
         self.watch.start()
@@ -283,9 +288,12 @@ class Window:
         if self.watch is None:
             return
         v.res.window_s = self.watch.stop()
-        for g in v.involved:
+
+        def one(g: str) -> None:
             try:
                 if v.sessions.alive(g):
                     v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{WINDOW_END}")
             except GuestError as exc:
                 v.res.warnings.append(f"{g}: /proc/stat not read at the end of the step: {exc.message}")
+
+        parallel(v.involved, one)

@@ -21,7 +21,7 @@ from labctl.steps.variant import StepKind, Variant
 from labctl.trace import snapshot_commands
 
 q = shlex.quote
-SETTLE = 1.0  # s after the tracers record: mpstat's first interval, and tracers that give no signal
+SETTLE = 1.0  # s after the tracers record when one gives no signal that it does (mpstat's first interval)
 
 
 class StatsKind(StepKind):
@@ -85,7 +85,7 @@ class TracingKind(StepKind):
             if wait and v.sh(g, wait, timeout=tr.READY_TIMEOUT + 30) != 0:
                 v.res.warnings.append(f"{g}: {t.name} did not start recording within {tr.READY_TIMEOUT} s "
                                       f"(see {t.name}.log); the step ran without it")
-        if self.started:
+        if any(not t.signal for _, t in self.started):  # the others said they record: no wait for them
             time.sleep(SETTLE)
 
     def _start(self, v: Variant, g: str, spec: TraceSpec) -> None:

@@ -13,6 +13,8 @@ from tests.conftest import Cli
 
 #: The seed labs' bundles (session fixtures) are shared with the other file of this group: one worker.
 pytestmark = pytest.mark.xdist_group("seed-bundles")
+OVER_3_MIN = ("when its tests come first on their worker, the two seed bundles they share with "
+              "test_analysis_labs.py (nic-driver-cost's three NIC models with perf, skb-latency) are made here")
 from tests.integration.conftest import run_bundle, short_lab
 
 

@@ -67,6 +67,9 @@ def test_tracers_say_when_they_record() -> None:
     assert perf_stop < stop.index("tracing_on") < stop.index("pkill -USR2 -P \"$(cat trace-cmd.pid)\"") \
         < stop.index("kill -INT", perf_stop + 1)
     assert "USR2" not in tr.stop("/w", ["perf-record"])
+    # every tracer is told before any is waited for (a perf's write-out no longer delays the others' ends)
+    three = tr.stop("/w", ["perf-record", "trace-cmd", "mpstat"], flush=("trace-cmd",))
+    assert three.count("kill -INT") == 3 and three.rindex("kill -INT") < three.index("while kill -0")
 
 
 def test_skb_latency_lab_traces_both_ends_of_each_nic_model() -> None:
