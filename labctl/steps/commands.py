@@ -50,7 +50,8 @@ class CommandsKind(StepKind):
             trace = v.step.trace.get(spec.guest)
             if (not spec.background and trace and trace.perf_record and trace.perf_record.target == "command"
                     and spec.guest not in wrapped and "perf" in v.sessions.tools(spec.guest)):
-                command = shlex.join(tr.perf_record_argv(trace, system=False)) + " -- sh -c " + q(command)
+                argv = tr.with_build_ids(tr.perf_record_argv(trace, system=False), v.kernel_release(spec.guest))
+                command = shlex.join(argv) + " -- sh -c " + q(command)
                 wrapped.add(spec.guest)
             if spec.background:
                 self._start_background(v, i, spec, command)

@@ -48,6 +48,7 @@ from labctl.follow import parallel
 from labctl.paths import atomic_write
 from labctl.proc import Process, interrupt_group, run, spawn_tied
 from labctl.state import LabState
+from labctl.steps.tracers import with_build_ids
 from labctl.steps.variant import Variant
 from labctl.trace import PERF_DATA, PERF_LOG, PERF_SCRIPT, PROFILE_UNAVAILABLE, THREADS_FILE, WINDOW_END, WINDOW_START
 
@@ -104,9 +105,9 @@ class _Profiler:
             self.error = "perf is not installed on the host (Debian: apt-get install linux-perf)"
             return
         ctl, ack = self.dir / "perf.ctl", self.dir / "perf.ack"
-        # --buildid-mmap: no build-id pass over the samples when perf stops (see labctl.steps.tracers)
-        argv = [perf, "record", "--buildid-mmap", "-e", "cpu-clock", "-F", str(PROFILE_FREQUENCY), "-p", str(pid),
-                "-o", str(self.dir / PERF_DATA), "-D", "-1", "--control", f"fifo:{ctl},{ack}"]
+        argv = with_build_ids([perf, "record", "-e", "cpu-clock", "-F", str(PROFILE_FREQUENCY), "-p", str(pid),
+                               "-o", str(self.dir / PERF_DATA), "-D", "-1", "--control", f"fifo:{ctl},{ack}"],
+                              os.uname().release)
         for attempt in range(START_ATTEMPTS):  # a second perf when the first one exits while attaching
             (self.dir / PERF_DATA).unlink(missing_ok=True)  # else perf keeps it as perf.data.old
             for fifo in (ctl, ack):

@@ -9,6 +9,7 @@ A tracer whose tool the guest lacks is skipped with a warning, never a failure.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 
@@ -95,12 +96,13 @@ class TracingKind(StepKind):
             if cmd and v.sh(g, f"cd {q(v.workdir)} && ({cmd}) > kprobes.log 2>&1") != 0:
                 v.res.warnings.append(f"{g}: some kprobes could not be added (see kprobes.log)")
         skip = set() if spec.skb_latency is None else self._skb_probes(v, g)
+        release = v.kernel_release(g)
         for t in tr.tracers(spec):
             if t.tool not in have:
                 v.res.warnings.append(f"{g}: {t.tool} is not installed in the guest; {t.name} skipped")
                 continue
             if t.name not in skip:
-                v.sh(g, tr.start(v.workdir, t))
+                v.sh(g, tr.start(v.workdir, dataclasses.replace(t, argv=tr.with_build_ids(t.argv, release))))
                 self.started.append((g, t))
 
     @staticmethod

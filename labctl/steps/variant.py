@@ -102,6 +102,13 @@ class Variant:
     def sh(self, guest: str, command: str, timeout: float = 120) -> int:
         return self.sessions.sh(guest, command, timeout)
 
+    def kernel_release(self, guest: str) -> str:
+        """The release of the kernel ``guest`` runs, "" when the lab has no record of it."""
+        try:
+            return self.state.kernel(guest).release
+        except LabctlError:
+            return ""
+
     def explain(self, exc: LabctlError) -> str:
         """Why the variant failed: a guest that died or crashed says more than the error it caused."""
         return self.sessions.dead_guests() or exc.message

@@ -95,3 +95,17 @@ def test_kallsyms_is_copied_only_for_perf_record() -> None:
     spec = next(s for st in perf.steps for s in st.trace.values() if s.perf_record is not None)
     post = tr.postprocess("/tmp/w", spec)
     assert "cat /proc/kallsyms > kallsyms.txt" in post and "kallsyms-modules.txt" in post
+
+
+def test_perf_records_build_ids_in_mmap_events_only_where_the_kernel_can() -> None:
+    """perf 6.1 asks a kernel for build ids in its mmap events with --buildid-mmap and does not fall back
+    when the kernel is older than 5.12 (it would not record at all): the flag goes only to a kernel
+    that has them, the guest's (by its release) or the host's."""
+    argv = ["perf", "record", "-o", "perf.data", "-a"]
+    assert tr.with_build_ids(argv, "6.1.0-56-amd64") == ["perf", "record", "--buildid-mmap", "-o", "perf.data", "-a"]
+    assert tr.with_build_ids(argv, "5.12.0") [2] == "--buildid-mmap"
+    assert tr.with_build_ids(["/usr/bin/perf", "record", "-p", "1"], "6.1.192-heldout")[2] == "--buildid-mmap"
+    for release in ("5.10.0-30-amd64", "4.19.0", "", "?"):
+        assert tr.with_build_ids(argv, release) == argv, release
+    stat = ["perf", "stat", "-a"]
+    assert tr.with_build_ids(stat, "6.1.0") == stat
