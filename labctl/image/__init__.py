@@ -12,7 +12,7 @@ Imports never: labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.b
 
 
 from labctl.image import cpio
-from labctl.image.apt import apt_download, candidate, sha256_file
+from labctl.image.apt import apt_download, candidate, newest_abi, require, sha256_file, versions
 from labctl.image.build import build_image
 from labctl.image.recipe import Recipe, load_recipe, recipe_names
 from labctl.image.store import AGENT_BUILTINS, MANIFEST, ROOTFS, Image, ImageStore
@@ -29,6 +29,9 @@ __all__ = [
     "candidate",
     "cpio",
     "load_recipe",
+    "newest_abi",
     "recipe_names",
+    "require",
     "sha256_file",
+    "versions",
 ]

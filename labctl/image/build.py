@@ -111,6 +111,7 @@ class Builder:
         self.work = self.final.parent / f".build-{self.key}-{os.getpid()}"
         self.root = self.work / "root"
         self.versions: dict[str, str] = {}
+        self.kernel_release = recipe.kernel_release  # the default kernel, as the archive has it when built
 
     def build(self, force: bool = False) -> Image:
         """Build (or find) the image. Idempotent: an up-to-date image is returned as is.
@@ -133,6 +134,9 @@ class Builder:
             return self._build_locked()
 
     def _build_locked(self) -> Image:
+        self.kernel_release, followed = self.recipe.kernel_today()
+        if followed:
+            self.r.note(followed)
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         try:
@@ -241,7 +245,8 @@ class Builder:
             "labctl_version": __version__,
             "host": platform.node(),
             "suite": rc.suite,
-            "default_kernel": f"debian:{rc.kernel_release}",
+            "default_kernel": f"debian:{self.kernel_release}",
+            "pinned_kernel": f"debian:{rc.kernel_release}",
             "boot_args": BOOT_ARGS,
             "files": files,
             "packages": dict(sorted(self.versions.items())),

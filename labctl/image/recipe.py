@@ -37,6 +37,23 @@ class Recipe:
     def kernel_release(self) -> str:
         return f"{self.kernel_abi}-{self.kernel_flavour}"
 
+    def kernel_today(self) -> tuple[str, str | None]:
+        """The release the image boots by default, as the archive is today, and why it is not the
+        pinned one (None when it is): the pinned ABI while the archive carries it, else the newest
+        ABI of its line (``6.1.0-56`` gone: ``6.1.0-57``). Recorded in the image's manifest when it
+        is built; a built image keeps its kernel (a lab that pins an ABI keeps it too)."""
+        from labctl.image.apt import candidate, newest_abi
+
+        if candidate(self.kernel_package) is not None:
+            return self.kernel_release, None
+        line = self.kernel_abi.rsplit("-", 1)[0]
+        newer = newest_abi(line, self.kernel_flavour)
+        if newer is None:
+            return self.kernel_release, None  # nothing to follow: the kernel's own check says so
+        why = (f"the archive no longer carries the pinned kernel {self.kernel_release}: the image follows its "
+               f"line, {newer}-{self.kernel_flavour}")
+        return f"{newer}-{self.kernel_flavour}", why
+
     @property
     def kernel_package(self) -> str:
         return f"linux-image-{self.kernel_release}-unsigned"

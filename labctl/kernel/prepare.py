@@ -86,6 +86,25 @@ def debian_packages(spec: KernelSpec) -> tuple[str, str]:
     return f"linux-image-{spec.release}-unsigned", f"linux-image-{spec.release}-dbg"
 
 
+def debian_version(spec: KernelSpec) -> str | None:
+    """The Debian version a Debian kernel is prepared from (its image, its ``-dbg``, its headers and
+    source all at that one version): the newest the archive carries of its ABI's package, else that
+    of a kernel prepared from it before (the archive dropped the ABI; the cache keeps the kernel),
+    else None."""
+    package, _dbg = debian_packages(spec)
+    return candidate(package) or _prepared_version(package)
+
+
+def _prepared_version(package: str) -> str | None:
+    found: list[str] = []
+    for manifest in kernels_root().glob(f"*/{MANIFEST}"):
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            deb = json.loads(manifest.read_text()).get("debian") or {}
+            if deb.get("package") == package and isinstance(deb.get("version"), str):
+                found.append(deb["version"])
+    return max(found) if found else None
+
+
 def _tree_kernel(tree: Path) -> Path | None:
     """A built tree's kernel: ``vmlinux`` (ELF, boots directly), else ``arch/x86/boot/bzImage``."""
     for candidate_path in (tree / "vmlinux", tree / "arch" / "x86" / "boot" / "bzImage"):
@@ -98,9 +117,9 @@ def check(spec: KernelSpec) -> str | None:
     """Why ``spec`` cannot be prepared here (cheap checks only), or None."""
     if spec.kind == DEBIAN:
         package, _dbg = debian_packages(spec)
-        if candidate(package) is None:
+        if debian_version(spec) is None:
             return (f"Debian has no kernel {spec.release} ({package} is not in the archive; "
-                    "run 'apt-get update', or see 'apt-cache search linux-image-6.1')")
+                    "run 'apt-get update', or see 'labctl kernel list --available')")
         return None
     if spec.kind == TREE:
         tree = spec.tree
@@ -146,7 +165,7 @@ def config_text(spec: KernelSpec) -> str | None:
     """
     if spec.kind == DEBIAN:
         package, _dbg = debian_packages(spec)
-        deb = apt_download(package)
+        deb = apt_download(package, _version(spec))
         kept = deb.with_name(deb.name + ".config")  # extracted once: reading the .deb takes seconds
         if kept.is_file():
             return kept.read_text(errors="replace") or None
@@ -164,6 +183,13 @@ def config_text(spec: KernelSpec) -> str | None:
     return extract_ikconfig(spec.image.read_bytes())
 
 
+def _version(spec: KernelSpec) -> str:
+    version = debian_version(spec)
+    if version is None:
+        raise ImageError(f"Debian has no kernel {spec.release} any more", hint="run 'apt-get update'")
+    return version
+
+
 # -- content keys -----------------------------------------------------------------------------------
 
 def content_key(spec: KernelSpec, opts: Options) -> str:
@@ -171,7 +197,8 @@ def content_key(spec: KernelSpec, opts: Options) -> str:
     h = hashlib.sha256(f"labctl-kernel {PREPARE_VERSION}\n{opts.key_text()}\n".encode())
     if spec.kind == DEBIAN:
         package, dbg = debian_packages(spec)
-        h.update(f"debian {package}={candidate(package)} {dbg}={candidate(dbg)}".encode())
+        version = debian_version(spec)
+        h.update(f"debian {package}={version} {dbg}={version}".encode())  # -dbg at the image's own version
     elif spec.kind == TREE:
         assert spec.tree is not None
         kernel = _tree_kernel(spec.tree)
@@ -264,8 +291,9 @@ class _Preparer:
         spec = self.spec
         release = str(spec.release)
         package, dbg = debian_packages(spec)
-        with self.r.step(f"download {package}"):
-            deb = apt_download(package)
+        version = _version(spec)
+        with self.r.step(f"download {package} {version}"):
+            deb = apt_download(package, version)
         with self.r.step("unpack the kernel"):
             unpacked = self.work / "deb"
             run(["dpkg-deb", "-x", deb, unpacked], timeout=600)
@@ -274,10 +302,10 @@ class _Preparer:
             shutil.copy(unpacked / "boot" / f"System.map-{release}", self.work / SYSTEM_MAP)
             self._stage_modules(unpacked / "lib" / "modules" / release, release)
             shutil.rmtree(unpacked)
-        self.manifest["debian"] = {"package": package, "version": deb.name.split("_")[1], "debug_package": dbg}
-        with self.r.step(f"download {dbg} (large)"):
-            dbg_deb = apt_download(dbg)
-            self.manifest["debian"]["debug_version"] = dbg_deb.name.split("_")[1]
+        self.manifest["debian"] = {"package": package, "version": version, "debug_package": dbg}
+        with self.r.step(f"download {dbg} {version} (large)"):
+            dbg_deb = apt_download(dbg, version)  # the debug info of this very build, never the newest
+            self.manifest["debian"]["debug_version"] = version
         with self.r.step("extract vmlinux with debug info"):
             base = f"./usr/lib/debug/lib/modules/{release}"
             patterns = [f"./usr/lib/debug/boot/vmlinux-{release}", *(f"{base}/{d}/*" for d in self.opts.debug_modules)]
@@ -496,11 +524,11 @@ def add_source(kernel: Kernel, reporter: Reporter | None = None) -> Path:
     major_minor = ".".join(kernel.release.split(".")[:2])
     package = f"linux-source-{major_minor}"
     version = str(debian.get("version", ""))
-    with r.step(f"download {package}"):
-        deb = apt_download(package)
-    if version and f"_{version}_" not in deb.name:
-        raise ImageError(f"{deb.name} does not match the kernel's version {version}",
-                         hint="run 'apt-get update'")
+    if not version:
+        raise ImageError(f"kernel {kernel.name} does not record its Debian version: prepare it again "
+                         "('labctl kernel prune', then use it)")
+    with r.step(f"download {package} {version}"):
+        deb = apt_download(package, version)  # the kernel's own source: line numbers must match its DWARF
     tmp = kernel.dir / f".source-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

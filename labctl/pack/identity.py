@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import UsageError
-from labctl.image import ROOTFS, Image, apt_download, candidate, sha256_file
+from labctl.image import ROOTFS, Image, apt_download, sha256_file, versions
 from labctl.kernel import Kernel
 from labctl.pack.packfile import UNPACKED, PackIndex
 
@@ -64,11 +64,11 @@ def check_archive(pinned: Pinned) -> None:
         if rec.get("debug_sha256"):
             packages.append((rec.get("debug_package"), rec.get("debug_version")))
         for package, version in packages:
-            have = candidate(str(package))
-            if have != version:
+            have = versions(str(package))
+            if version not in have:
                 raise pinned.refuse(
                     f"guest {guest}: kernel {rec.get('release')} was packed as {package} {version}, "
-                    f"the archive here has {have or 'no such package'}",
+                    f"the archive here has {', '.join(have[:4]) or 'no such package'}",
                     hint="point apt at an archive with that version (snapshot.debian.org), then apt-get update")
 
 
@@ -134,7 +134,7 @@ def _check_debian(pinned: Pinned, guest: str, rec: dict[str, Any], kernel: Kerne
     checked = [("package", "version", "sha256")] + ([("debug_package", "debug_version", "debug_sha256")]
                                                     if rec.get("debug_sha256") else [])
     for package, version, sha in checked:
-        digest = sha256_file(apt_download(str(rec[package])))
+        digest = sha256_file(apt_download(str(rec[package]), str(rec.get(version))))
         if digest != rec.get(sha):
             raise pinned.refuse(f"guest {guest}: {rec[package]} {rec.get(version)} from the archive has sha256 "
                                 f"{digest[:16]}, packed {str(rec.get(sha))[:16]}",
@@ -151,9 +151,10 @@ def kernel_record(kernel: Kernel, *, commit: str | None = None, debug: bool = Fa
         package = str(deb.get("package"))
         dbg = deb.get("debug_package")
         return {"kind": "debian", **base, "package": package, "version": deb.get("version"),
-                "sha256": sha256_file(apt_download(package)), "debug_package": dbg,
+                "sha256": sha256_file(apt_download(package, str(deb.get("version")))), "debug_package": dbg,
                 "debug_version": deb.get("debug_version"),
-                **({"debug_sha256": sha256_file(apt_download(str(dbg)))} if debug and dbg else {})}
+                **({"debug_sha256": sha256_file(apt_download(str(dbg), str(deb.get("debug_version"))))}
+                   if debug and dbg else {})}
     return {"kind": "files", **base, "key": kernel.key, "source": src, "commit": commit, "debug": debug}
 
 

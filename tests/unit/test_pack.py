@@ -144,11 +144,13 @@ def test_a_debian_kernel_gone_from_the_archive_is_refused(packed: Path, monkeypa
     guests = {"a": {"kind": "debian", "release": "6.1.0-56-amd64", "package": "linux-image-6.1.0-56-amd64-unsigned",
                     "version": "6.1.192-2"}}
     pinned = identity.Pinned("x.labpack", type(opened.index)({**opened.index.data, "guests": guests}), opened.dir, None)
-    monkeypatch.setattr(identity, "candidate", lambda package: "6.1.192-2")
+    monkeypatch.setattr(identity, "versions", lambda package: ["6.1.192-2"])
     check_archive(pinned)
-    monkeypatch.setattr(identity, "candidate", lambda package: "6.1.200-1")
+    monkeypatch.setattr(identity, "versions", lambda package: ["6.1.200-1", "6.1.192-2"])
+    check_archive(pinned)  # a newer version beside it: the packed one can still be had
+    monkeypatch.setattr(identity, "versions", lambda package: ["6.1.200-1", "6.1.192-1"])
     with pytest.raises(UsageError, match="packed as linux-image-6.1.0-56-amd64-unsigned 6.1.192-2, the archive "
-                                         "here has 6.1.200-1"):
+                                         "here has 6.1.200-1, 6.1.192-1"):
         check_archive(pinned)
 
 

@@ -82,9 +82,11 @@ def test_a_debian_dbg_package_packed_with_debug_is_pinned_by_digest(tmp_path: Pa
     debs = {UNSIGNED: tmp_path / "unsigned.deb", DBG: tmp_path / "dbg.deb"}
     debs[UNSIGNED].write_bytes(b"kernel package")
     debs[DBG].write_bytes(b"debug package")
-    monkeypatch.setattr(identity, "apt_download", lambda package: debs[package])
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(identity, "apt_download", lambda package, version: asked.append((package, version))
+                        or debs[package])
     versions = {UNSIGNED: "6.1.192-2", DBG: "6.1.192-2"}
-    monkeypatch.setattr(identity, "candidate", lambda package: versions[package])
+    monkeypatch.setattr(identity, "versions", lambda package: [versions[package]])
     kernel = _debian_kernel(tmp_path)
     assert "debug_sha256" not in identity.kernel_record(kernel)
     rec = identity.kernel_record(kernel, debug=True)
@@ -97,6 +99,7 @@ def test_a_debian_dbg_package_packed_with_debug_is_pinned_by_digest(tmp_path: Pa
                                          f"{rec['debug_sha256'][:16]}; nothing started") as err:
         check_kernels(pinned, {"b": kernel})
     assert err.value.hint and "debug info" in err.value.hint
+    assert asked and set(asked) == {(UNSIGNED, "6.1.192-2"), (DBG, "6.1.192-2")}  # by exact version, never the newest
     versions[DBG] = "6.1.192-3"
     with pytest.raises(UsageError, match=f"packed as {DBG} 6.1.192-2, the archive here has 6.1.192-3"):
         check_archive(pinned)
