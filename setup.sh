@@ -14,8 +14,6 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-# The kernel ABI the default image pins (its headers build guest/modules/).
-ABI=$(sed -n 's/^abi = "\(.*\)"/\1/p' images/debian-12/recipe.toml)
 PACKAGES=(
     qemu-system-x86 qemu-utils          # the guests
     mmdebstrap e2fsprogs dpkg xz-utils   # the image build
@@ -25,7 +23,7 @@ PACKAGES=(
     openssh-client                       # labctl ssh
     gdb binutils                         # labctl gdb, oops decoding
     crash                                # tests: Debian's crash opens labctl dump's vmcores
-    make "linux-headers-${ABI}-amd64"    # out-of-tree lab modules (guest/modules/)
+    make                                 # out-of-tree lab modules (guest/modules/; the kernel's headers: below)
     linux-perf                           # the host side of a step: a profile of each guest's QEMU
     chromium                             # tests: report.html in a headless browser
     tshark tcpdump                       # tests: reading the captures labctl writes
@@ -87,6 +85,25 @@ if [ "$(cat "$VENDOR/VERSION" 2>/dev/null)" != "xterm $XTERM fit $XTERM_FIT" ]; 
     cp "$tmp/package/lib/addon-fit.js" "$VENDOR/"
     rm -rf "$tmp"
     echo "xterm $XTERM fit $XTERM_FIT" > "$VENDOR/VERSION"
+fi
+
+# The default kernel's headers build guest/modules/ against it: at the kernel's exact version (the
+# archive moves; the image's pinned ABI while the archive carries it, else the newest of its line:
+# scripts/default-kernel.py asks labctl, which decides the same when it builds the image).
+read -r KREL KVER < <(.venv/bin/python scripts/default-kernel.py)
+if [ "$KVER" = "-" ]; then
+    echo "setup.sh: Debian's archive has no kernel $KREL any more and none is cached: run apt-get update" >&2
+    exit 3
+fi
+if [ "$(dpkg-query -W -f '${Version}' "linux-headers-$KREL" 2>/dev/null)" != "$KVER" ]; then
+    if apt-cache policy -- "linux-headers-$KREL" | grep -qF " $KVER "; then
+        say "installing linux-headers-$KREL $KVER"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "linux-headers-$KREL=$KVER" >/dev/null
+    else
+        echo "setup.sh: the archive no longer has linux-headers-$KREL $KVER: guest/modules/ are built only" \
+             "for kernels prepared before" >&2
+    fi
 fi
 
 say "guest image"

@@ -19,7 +19,7 @@ LAB=tests/labs/valid/tree-kernel.yaml
 CACHE="${LABCTL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/labctl}/test-kernel"
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
-PACKAGES=(linux-source-6.1 build-essential flex bison bc libelf-dev libssl-dev xz-utils)
+PACKAGES=(build-essential flex bison bc libelf-dev libssl-dev xz-utils)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -30,7 +30,17 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 fragment=$("$PYTHON" -m labctl kernel config "$LAB")
-version=$(dpkg-query -W -f '${Version}' linux-source-6.1)
+# The source: linux-source-6.1 at the version of the image's own kernel (the tests compare the tree's
+# kernel with Debian's: same code, same line numbers), while the archive carries it; else the newest
+# it has (the archive moved on: the build must work from whatever it serves that day). Downloaded by
+# exact version into labctl's cache, never installed over the host's own.
+read -r _krel kver < <("$PYTHON" scripts/default-kernel.py)
+mapfile -t have < <("$PYTHON" -c 'import sys; from labctl.image import versions; print(*versions(sys.argv[1]), sep="\n")' \
+    linux-source-6.1)
+[ ${#have[@]} -gt 0 ] || { echo "test-kernel.sh: the archive has no linux-source-6.1: run apt-get update" >&2; exit 3; }
+version=${have[0]}
+for v in "${have[@]}"; do [ "$v" = "$kver" ] && version=$kver; done
+[ "$version" = "$kver" ] || say "linux-source-6.1 $kver (the image's kernel) is gone from the archive: building $version"
 # The key: what decides the tree (the source, the configuration, how it is built), not this
 # script's other lines, so that a comment or the locking never costs a build.
 BUILD="allnoconfig+kvm_guest+labctl+test-kernel.config; make vmlinux modules"
@@ -48,7 +58,9 @@ fi
 say "building the test kernel (linux-source $version, a few minutes on 2 cores) in $tree"
 rm -rf "$CACHE/$key.tmp"
 mkdir -p "$CACHE/$key.tmp"
-tar -xJf /usr/src/linux-source-6.1.tar.xz -C "$CACHE/$key.tmp"
+deb=$("$PYTHON" -c 'import sys; from labctl.image import apt_download; print(apt_download(*sys.argv[1:]))' \
+    linux-source-6.1 "$version")
+dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/src/linux-source-6.1.tar.xz | tar -xJ -C "$CACHE/$key.tmp"
 mv "$CACHE/$key.tmp"/linux-source-6.1 "$CACHE/$key.tmp/linux"
 cd "$CACHE/$key.tmp/linux"
 printf '%s\n' "$fragment" > labctl.config

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import Cli
 
 LAB = "name: src\nnetworks: {lan: {}}\nguests:\n  g:\n    nics: [{name: eth1, model: e1000, network: lan, ip: 10.33.0.1/24}]\n"
@@ -9,6 +11,8 @@ LAB = "name: src\nnetworks: {lan: {}}\nguests:\n  g:\n    nics: [{name: eth1, mo
 
 def test_gdb_lists_kernel_source(cli: Cli, image: object, tmp_path: object) -> None:
     built = cli("image", "build", "--with-source", timeout=1800)
+    if built.returncode == 3 and "the archive no longer carries linux-source-" in built.stderr:
+        pytest.skip(built.stderr.strip())  # only the archive's own lack: the kernel's source version is gone
     assert built.returncode == 0, built.stderr
     path = cli.state_dir / "src.yaml"
     path.write_text(LAB)

@@ -26,6 +26,7 @@ import pytest
 
 from labctl.debug import Symbolizer, parse_oopses
 from labctl.debug.symbolize import DecodedFrame, DecodedOops
+from labctl.image import apt
 from labctl.kernel.kernel_store import Kernel
 from labctl.paths import cache_dir
 
@@ -149,6 +150,8 @@ def decode_stacktrace(dbg: Kernel) -> Path:
         dl = subprocess.run(["apt-get", "download", f"{package}={version}"], cwd=tmp, capture_output=True, text=True,
                             timeout=600, check=False)
         debs = list(Path(tmp).glob("*.deb"))
+        if dl.returncode != 0 and version not in apt.versions(package):
+            pytest.skip(f"the archive no longer carries {package} {version}, the image kernel's source")
         if dl.returncode != 0 or not debs:
             pytest.fail(f"apt-get download {package}={version} failed: {dl.stderr.strip()[-500:]}")
         member = f"{package}/scripts/decode_stacktrace.sh"

@@ -95,3 +95,24 @@ def test_a_kernel_prepared_before_outlives_its_abi_in_the_archive(monkeypatch: p
     assert prepare.debian_version(spec) == "6.1.192-2" and prepare.check(spec) is None
     monkeypatch.setattr(prepare, "candidate", lambda p: "6.1.192-3")  # the archive's own wins while it has one
     assert prepare.debian_version(spec) == "6.1.192-3"
+
+
+def test_the_source_of_a_kernel_is_its_own_version_or_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    from labctl.kernel.kernel_store import Kernel
+
+    monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path))
+    kdir = tmp_path / "k"
+    kdir.mkdir()
+    kernel = Kernel(kdir, {"release": "6.1.0-56-amd64", "source": {"kind": "debian"},
+                           "debian": {"package": "linux-image-6.1.0-56-amd64-unsigned", "version": "6.1.192-2"}})
+    asked: list[tuple[str, str]] = []
+
+    def download(package: str, version: str) -> Path:
+        asked.append((package, version))
+        raise ImageError(f"the archive no longer carries {package} {version} (it has 6.1.192-3)")
+
+    monkeypatch.setattr(prepare, "apt_download", download)
+    with pytest.raises(ImageError, match="no longer carries linux-source-6.1 6.1.192-2") as err:
+        prepare.add_source(kernel)
+    assert asked == [("linux-source-6.1", "6.1.192-2")] and err.value.exit_code == 3
