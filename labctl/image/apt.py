@@ -185,13 +185,16 @@ def newest_abi(line: str, flavour: str) -> str | None:
     """The newest Debian kernel ABI of ``line`` (``6.1.0``) in ``flavour`` that the archive carries
     (``6.1.0-57``), or None. Debian names each ABI's packages apart (``linux-image-6.1.0-57-amd64-unsigned``)
     and drops old ones from its archive: a recipe that pins an ABI follows its line from then on."""
+    have = abis(line, flavour)
+    return have[0] if have else None
+
+
+def abis(line: str, flavour: str) -> list[str]:
+    """Every ABI of ``line`` in ``flavour`` the archive carries, newest first (``6.1.0-57``, ``6.1.0-56``, ...)."""
     if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", line) or not _PACKAGE.fullmatch(flavour):
-        return None
+        return []
     prefix = f"linux-image-{line}-"
     out = run(["apt-cache", "pkgnames", "--", prefix], timeout=60, check=False).stdout.decode()
     pattern = re.compile(re.escape(prefix) + r"([0-9]+)-" + re.escape(flavour) + r"-unsigned")
     numbers = sorted((int(m[1]) for m in map(pattern.fullmatch, out.split()) if m), reverse=True)
-    for n in numbers:
-        if versions(f"{prefix}{n}-{flavour}-unsigned"):
-            return f"{line}-{n}"
-    return None
+    return [f"{line}-{n}" for n in numbers if versions(f"{prefix}{n}-{flavour}-unsigned")]

@@ -52,6 +52,38 @@ def kernel(image: Image) -> Kernel:
 
 
 @pytest.fixture(scope="session")
+def release(kernel: Kernel) -> str:
+    """The image's default kernel's release (``6.1.0-56-amd64`` when written): the recipe's pinned
+    ABI while Debian's archive carries it, else the newest of its line. Tests never name it: the
+    archive moves."""
+    return kernel.release
+
+
+@pytest.fixture(scope="session")
+def abi(release: str) -> str:
+    """The default kernel's Debian ABI (``6.1.0-56``)."""
+    return release.removesuffix("-amd64")
+
+
+def another_abi(abi: str, flavour: str = "amd64") -> str:
+    """An ABI of the same line the archive carries in ``flavour`` other than ``abi`` (the newest older
+    one, else a newer one); the test is skipped, saying so, when the archive has none."""
+    from labctl.image import apt
+
+    line = abi.rsplit("-", 1)[0]
+    others = [a for a in apt.abis(line, flavour) if a != abi]
+    older = [a for a in others if int(a.rsplit("-", 1)[1]) < int(abi.rsplit("-", 1)[1])]
+    if not others:
+        pytest.skip(f"Debian's archive carries no {line} kernel in {flavour} besides {abi} today")
+    return (older or others)[0]
+
+
+def with_abi(text: str, abi: str) -> str:
+    """A lab or expected output written for ABI 6.1.0-56, for the default kernel's ABI of today."""
+    return text.replace("6.1.0-56", abi)
+
+
+@pytest.fixture(scope="session")
 def tree_kernel() -> Path:
     """A kernel tree built from Debian's linux-source-6.1 with the fragment of
     tests/labs/valid/tree-kernel.yaml (scripts/test-kernel.sh): a few minutes the first time

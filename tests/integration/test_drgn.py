@@ -171,7 +171,7 @@ def test_the_guest_runs_while_drgn_reads_it(lab: tuple[Cli, dict[str, Any]]) -> 
     assert set(watch.seen) == {"running"}
 
 
-def test_the_shell_has_prog_on_the_running_kernel(lab: tuple[Cli, dict[str, Any]]) -> None:
+def test_the_shell_has_prog_on_the_running_kernel(lab: tuple[Cli, dict[str, Any]], release: str) -> None:
     """drgn's interactive shell (here on a pipe) with prog, drgn's helpers and labctl's header."""
     cli, _state = lab
     res = subprocess.run([sys.executable, "-m", "labctl", "drgn", LAB, "a"], cwd=ROOT, env=cli.env, text=True,
@@ -181,7 +181,7 @@ def test_the_shell_has_prog_on_the_running_kernel(lab: tuple[Cli, dict[str, Any]
     assert res.returncode == 0, res.stderr
     assert "b'a'" in res.stdout and "b'eth1'" in res.stdout, res.stdout + res.stderr
     both = res.stdout + res.stderr
-    assert f"labctl: drgn on guest a of lab {LAB}, kernel 6.1.0-56-amd64" in both
+    assert f"labctl: drgn on guest a of lab {LAB}, kernel {release}" in both
     assert "debug info: kernel and " in both
 
 
@@ -249,7 +249,7 @@ def test_ctrl_c_during_pause_resumes_the_guest(lab: tuple[Cli, dict[str, Any]]) 
 
 
 def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict[str, Any]],
-                                                            tmp_path: Path) -> None:
+                                                            tmp_path: Path, release: str) -> None:
     cli, state = lab
     guest_sh(cli, f"modprobe buggy_nf trigger_port=4321 && ip link set eth1 mtu 1444 && {CARRIER} && "
                   f"sysctl -qw net.core.somaxconn=3333 && ({LISTEN})")
@@ -259,7 +259,7 @@ def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     assert info["path"] == str(core) and info["size"] == core.stat().st_size and info["format"] == "kdump"
-    assert info["release"] == "6.1.0-56-amd64" and len(info["build_id"]) == 40
+    assert info["release"] == release and len(info["build_id"]) == 40
     assert core.stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.vmcore"]  # no temporary file left
     assert core.stat().st_size < 128 << 20  # compressed: a fraction of the guest's 512 MiB
@@ -288,7 +288,7 @@ def test_dump_then_drgn_core_and_crash_read_the_same_kernel(lab: tuple[Cli, dict
     vmlinux = Kernel.at(state["kernels"]["a"]).vmlinux_debug
     out = subprocess.run(["crash", "-s", str(vmlinux), str(core)], input="sys\nnet\nquit\n", capture_output=True,
                          text=True, timeout=600, check=False)
-    assert "RELEASE: 6.1.0-56-amd64" in out.stdout, out.stdout + out.stderr
+    assert f"RELEASE: {release}" in out.stdout, out.stdout + out.stderr
     assert "NODENAME: a" in out.stdout
     assert any(line.split()[1:3] == ["eth1", "10.88.0.1"] for line in out.stdout.splitlines()
                if len(line.split()) >= 3), out.stdout
@@ -313,12 +313,12 @@ def _the_vmcore_elsewhere(cli: Cli, core: Path, kernel: Kernel, cache: Path) -> 
 
 
 def test_elf_dumps_open_too_and_unsafe_destinations_are_refused(lab: tuple[Cli, dict[str, Any]],
-                                                                tmp_path: Path) -> None:
+                                                                tmp_path: Path, release: str) -> None:
     cli, _state = lab
     elf = tmp_path / "a.elf"
     res = cli("dump", LAB, "a", "-o", str(elf), "--format", "elf", "--json", timeout=600)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["release"] == "6.1.0-56-amd64"
+    assert json.loads(res.stdout)["release"] == release
     assert elf.stat().st_size >= 512 << 20 and elf.stat().st_mode & 0o777 == 0o600
     assert read(cli, "--core", str(elf))["mtu"] > 0
 
