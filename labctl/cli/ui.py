@@ -62,14 +62,16 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+# Warnings, errors and hints are one line each whatever the terminal's width (soft_wrap: a terminal
+# wraps them itself; a script or a test reading stderr sees the line whole, never cut at 80 columns).
 def warn(message: str) -> None:
-    console.print(Text("warning: ", style="bold yellow") + safe(message))
+    console.print(Text("warning: ", style="bold yellow") + safe(message), soft_wrap=True)
 
 
 def error(message: str, hint: str | None = None) -> None:
-    console.print(Text("error: ", style="bold red") + safe(message))
+    console.print(Text("error: ", style="bold red") + safe(message), soft_wrap=True)
     if hint:
-        console.print(Text("hint: ", style="cyan") + safe(hint))
+        console.print(Text("hint: ", style="cyan") + safe(hint), soft_wrap=True)
 
 
 class PrepareDisplay(PrepareEvents):

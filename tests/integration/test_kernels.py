@@ -17,6 +17,10 @@ from labctl.image import apt
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import another_abi, qemu_pids_under, with_abi
 
+OVER_3_MIN = ("four kernels booted for real: a second Debian ABI and the RT kernel (each downloaded with its "
+              "~1 GB -dbg and prepared on a new machine), a full nic-driver-cost run on RT, and the test tree's "
+              "kernel with gdb and oops decoding (313 s on a fresh machine, 2026-11-30)")
+
 #: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
 pytestmark = pytest.mark.xdist_group("kernel-tree")
 

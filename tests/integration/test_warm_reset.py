@@ -15,6 +15,10 @@ from labctl.up import agent, warm
 from tests.conftest import Cli
 from tests.integration.conftest import qemu_pids_under, reset_while_pinging
 
+OVER_3_MIN = ("seven labs of two or three TCG guests, each booted cold once to save its post-boot snapshots, then "
+              "warm starts, resets, a checkpoint, two instances and a kernel without the agent (190 s on a fresh "
+              "machine, where no snapshot is cached yet)")
+
 LAB = """\
 name: {name}
 networks:

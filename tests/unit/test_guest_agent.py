@@ -54,6 +54,7 @@ class FakeQemu:
         self.fout = os.open(f"{channel}.out", os.O_RDWR)
         self.seen: list[str] = []
         self.reply = reply
+        self.stopping = False
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -66,7 +67,7 @@ class FakeQemu:
                 chunk = os.read(self.fin, 4096)
             except OSError:
                 return
-            if not chunk:
+            if not chunk or self.stopping:
                 return
             buf += chunk
             while b"\n" in buf:
@@ -77,8 +78,15 @@ class FakeQemu:
                     os.write(self.fout, answer.encode() + b"\n")
 
     def close(self) -> None:
+        """Stop the agent's thread, then close its FIFOs. Closing a descriptor that a thread is
+        blocked reading does not wake it: it would read, and write, whatever file gets the numbers
+        next (another test's), so the thread is woken through its own FIFO and joined first."""
         import os
 
+        self.stopping = True
+        os.write(self.fin, b"\n")
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive(), "the fake agent's thread did not stop"
         os.close(self.fout)
         os.close(self.fin)
 

@@ -450,7 +450,8 @@ def test_serve_refuses_a_key_others_may_read_with_exit_2(state: Path, tmp_path: 
     d.mkdir(mode=0o700)
     cert, key = _make_pair(d)
     os.chmod(key, 0o644)
-    env = {**os.environ, "LABCTL_STATE_DIR": str(state)}
+    # A narrow terminal never cuts an error line: a script (or this test) reads it whole.
+    env = {**os.environ, "LABCTL_STATE_DIR": str(state), "COLUMNS": "40"}
     for argv, what in ((["--cert", str(cert), "--key", str(key)], "readable by other users"),
                        (["--cert", str(cert)], "go together"),
                        (["--tls", "--cert", str(cert), "--key", str(key)], "--tls")):
@@ -458,6 +459,8 @@ def test_serve_refuses_a_key_others_may_read_with_exit_2(state: Path, tmp_path: 
                              capture_output=True, text=True, timeout=60, env=env, check=False)
         assert res.returncode == 2, res.stderr
         assert what in res.stderr and "Traceback" not in res.stderr
+        lines = res.stderr.splitlines()  # each error and hint whole on its line, at any width
+        assert lines and all(line.startswith(("error: ", "hint: ")) for line in lines), lines
 
 
 def test_the_owners_view_shows_links_impairments_and_saved_captures(client: TestClient, state: Path) -> None:
