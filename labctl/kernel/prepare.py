@@ -119,7 +119,7 @@ def check(spec: KernelSpec) -> str | None:
         package, _dbg = debian_packages(spec)
         if debian_version(spec) is None:
             return (f"Debian has no kernel {spec.release} ({package} is not in the archive; "
-                    "run 'apt-get update', or see 'labctl kernel list --available')")
+                    "run 'apt-get update', or see 'apt-cache search linux-image-6.1')")
         return None
     if spec.kind == TREE:
         tree = spec.tree
