@@ -5,6 +5,11 @@ newest of its line). VERSION is ``-`` when neither the archive nor the cache has
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's labctl, whatever is installed
+
 from labctl.image import ImageStore, load_recipe
 from labctl.kernel import prepare
 from labctl.lab import kernels
