@@ -10,12 +10,15 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 from labctl.errors import ImageError
 from labctl.paths import atomic_write, cache_dir
 from labctl.proc import run
+
+PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 
 
 def downloads_dir() -> Path:
@@ -35,6 +38,7 @@ def apt_download(package: str, into: Path | None = None) -> Path:
 
     :raise ImageError: when apt cannot find or fetch it.
     """
+    package_name(package)
     downloads = into or downloads_dir()
     downloads.mkdir(parents=True, exist_ok=True)
     version = _apt_candidate(package)
@@ -46,7 +50,7 @@ def apt_download(package: str, into: Path | None = None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        run(["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", f"{package}={version}"],
+        run(["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", "--", f"{package}={version}"],
             timeout=1800, cwd=tmp)
         debs = list(tmp.glob("*.deb"))
         if len(debs) != 1:
@@ -98,8 +102,18 @@ def candidate(package: str) -> str | None:
     return version
 
 
+def package_name(package: str) -> str:
+    """``package`` when it is a Debian package's name (policy 5.6.1), never an option or a path.
+
+    :raise ImageError: when it is not.
+    """
+    if PACKAGE.fullmatch(package) is None:
+        raise ImageError(f"{package!r} is not a Debian package's name")
+    return package
+
+
 def _ask_apt(package: str) -> str | None:
-    out = run(["apt-cache", "policy", package], timeout=60, check=False).stdout.decode()
+    out = run(["apt-cache", "policy", "--", package_name(package)], timeout=60, check=False).stdout.decode()
     for line in out.splitlines():
         if line.strip().startswith("Candidate:"):
             cand = line.split(":", 1)[1].strip()
