@@ -224,3 +224,19 @@ def test_a_pack_image_without_a_default_kernel_is_a_usage_error(packed: Path, ca
     _craft(packed, bad, no_kernel)
     with pytest.raises(UsageError, match="its image's manifest names no default kernel"):
         open_pack(bad)
+
+
+def test_a_packed_labs_bpftrace_file_is_refused_before_it_is_read(packed: Path, cache: Path, tmp_path: Path) -> None:  # noqa: F811
+    secret = tmp_path / "secret.bt"
+    secret.write_text("BEGIN { printf(\"root's\"); }\n")
+    secret.chmod(0o600)
+    bad = tmp_path / "bad.labpack"
+
+    def bpf(index: dict[str, Any], files: dict[str, bytes]) -> None:
+        files["lab/lab.yaml"] += (f"steps:\n  - name: s\n    run: [{{guest: a, command: 'true'}}]\n    trace:\n"
+                                  f"      a: {{bpftrace: {{file: {secret}}}}}\n").encode()
+    _craft(packed, bad, bpf)
+    with pytest.raises(LabFileError, match=r"bpftrace.file: bpftrace file .*secret.bt is not trusted: a lab file from "
+                                           r".*bad.labpack may not name a path of this host"):
+        open_pack(bad)
+    assert _nothing_unpacked(cache)
