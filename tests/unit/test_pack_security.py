@@ -240,3 +240,43 @@ def test_a_packed_labs_bpftrace_file_is_refused_before_it_is_read(packed: Path, 
                                            r".*bad.labpack may not name a path of this host"):
         open_pack(bad)
     assert _nothing_unpacked(cache)
+
+
+# -- the "Also": prune's pins and locks, pack RUN_DIR's manifest ----------------------------------
+
+def test_prune_removes_the_entrys_pin_and_lock(cache: Path) -> None:  # noqa: F811
+    from labctl.pack import prune_cache
+
+    entry = cache / "packs" / "0123456789abcdef"
+    (entry / "lab").mkdir(parents=True)
+    (entry.parent / f".{entry.name}.lock").write_text("")
+    removed, _ = prune_cache([])
+    assert [e.path for e in removed] == [entry]
+    assert sorted(p.name for p in entry.parent.iterdir()) == []
+    pin(entry)  # a later pin makes its file again
+    assert (entry.parent / f".{entry.name}.pin").is_file()
+
+
+def test_pack_run_dir_trusts_no_manifest_of_another_user_nor_a_path_out_of_the_store(
+        cache: Path, tmp_path: Path) -> None:  # noqa: F811
+    import os
+
+    from labctl.pack import run_inputs
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "lab.yaml").write_text("name: r\n")
+    secret = tmp_path / "root-only"
+    secret.mkdir()
+    (secret / "manifest.json").write_text("{}")
+    (run / "manifest.json").write_text(json.dumps({"kernels": {"a": {"dir": str(secret)}},
+                                                   "image": {"name": "debian-12", "key": "0123456789abcdef"}}))
+    with pytest.raises(UsageError, match=r"names what is not in labctl's store: a \(.*root-only\)"):
+        run_inputs(run)
+    (run / "manifest.json").write_text(json.dumps({"kernels": {}, "image": {"name": "/root", "key": "../x"}}))
+    with pytest.raises(UsageError, match="names what is not in labctl's store: image '/root' '../x'"):
+        run_inputs(run)
+    if os.geteuid() == 0:
+        os.chown(run / "manifest.json", 65534, 65534)
+        with pytest.raises(UsageError, match=r"not a run of yours to pack: it is owned by nobody"):
+            run_inputs(run)
