@@ -280,3 +280,12 @@ def test_pack_run_dir_trusts_no_manifest_of_another_user_nor_a_path_out_of_the_s
         os.chown(run / "manifest.json", 65534, 65534)
         with pytest.raises(UsageError, match=r"not a run of yours to pack: it is owned by nobody"):
             run_inputs(run)
+
+
+def test_an_image_without_a_default_kernel_is_an_image_error(tmp_path: Path) -> None:
+    from labctl.image import Image
+    from labctl.kernel.guest_kernels import default_spec
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "debian-12", "key": "0123456789abcdef"}))
+    with pytest.raises(ImageError, match="its manifest names no default kernel"):
+        default_spec(Image.at(tmp_path))
