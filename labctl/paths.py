@@ -352,14 +352,19 @@ def alone(lock_file: Path, busy: Exception) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def build_into(final: Path, mode: int = 0o700) -> Iterator[Path]:
+def build_into(final: Path, mode: int = 0o700, *, store: Path | None = None) -> Iterator[Path]:
     """A new, empty work directory beside ``final`` for the block, which fills it; when the
     block ends normally the work directory replaces ``final`` whole (readers see the old one or
     the new one, never half of it); otherwise it is removed and ``final`` stays as it was.
 
     The work directory's name (``.new-NAME-PID``) is the caller's process's own; hold a lock
-    when several processes may build the same ``final``.
+    when several processes may build the same ``final``. ``store``: the directory ``final``
+    must be inside (checked before anything is removed or made; see :func:`check_within`).
+
+    :raise UnsafePath: when ``final`` is not inside ``store``.
     """
+    if store is not None:
+        check_within(final, store)
     work = final.with_name(f".new-{final.name}-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work.parent, exist_ok=True)
@@ -370,6 +375,19 @@ def build_into(final: Path, mode: int = 0o700) -> Iterator[Path]:
         work.rename(final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def check_within(path: Path, store: Path) -> None:
+    """``path`` names an entry strictly inside the directory ``store``: a plain last component (no
+    ``..`` anywhere), in a directory that is ``store`` or inside it once both are resolved (no
+    link out of it on the way).
+
+    :raise UnsafePath: when it does not.
+    """
+    real = Path(os.path.realpath(store))
+    parent = Path(os.path.realpath(path.parent))
+    if ".." in path.parts or path.name in ("", ".") or not parent.is_relative_to(real):
+        raise UnsafePath(f"{path} is outside labctl's store {store}; nothing written or removed")
 
 
 @contextlib.contextmanager

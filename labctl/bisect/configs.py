@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from labctl.errors import UsageError
 
@@ -187,9 +188,27 @@ def makefile_version(text: str) -> str:
     return f"{v.group(1)}.{p.group(1)}" if v and p else ""
 
 
-def check_pair(good_text: str, bad_text: str, tree_cfg: Config, tree_version: str, names: tuple[str, str]) -> None:
+def unsafe_value(cfg: Config, tree: PurePosixPath | None = None) -> str | None:
+    """Why building ``cfg`` would run or read what it should not, or None: a value holding ``$(``
+    (Kconfig's macros: ``$(shell ...)`` runs as whoever builds), or ``CONFIG_INITRAMFS_SOURCE``
+    naming anything outside the tree (``tree``, absolute; relative names are the tree's), which the
+    kernel would embed (``/root``)."""
+    for name, value in cfg.values.items():
+        if "$(" in value:
+            return f"{name}={value[:60]}: a value with '$(' (kconfig would run it)"
+    initramfs = cfg.values.get("CONFIG_INITRAMFS_SOURCE", '""').strip('"')
+    for part in initramfs.split():
+        p = PurePosixPath(part)
+        inside = ".." not in p.parts and (not p.is_absolute() or (tree is not None and p.is_relative_to(tree)))
+        if not inside:
+            return f"CONFIG_INITRAMFS_SOURCE names {part}, outside the tree (the kernel would embed it)"
+    return None
+
+
+def check_pair(good_text: str, bad_text: str, tree_cfg: Config, tree_version: str, names: tuple[str, str],
+               tree: PurePosixPath | None = None) -> None:
     """The two configs as given, before anything starts: each is a ``.config`` for this tree's architecture
-    and version, and they differ.
+    and version, safe to build (:func:`unsafe_value`; ``tree``: where it is), and they differ.
 
     :raise UsageError: naming the file and what is wrong.
     """
@@ -198,6 +217,9 @@ def check_pair(good_text: str, bad_text: str, tree_cfg: Config, tree_version: st
         cfg = parse(text)
         if not cfg.values:
             raise UsageError(f"{name}: not a kernel .config (no CONFIG_ line)")
+        why = unsafe_value(cfg, tree)
+        if why is not None:
+            raise UsageError(f"{name}: {why}; nothing started")
         if cfg.arch and tree_cfg.arch and cfg.arch != tree_cfg.arch:
             raise UsageError(f"{name}: a config for {cfg.arch}, the tree's is for {tree_cfg.arch}",
                              hint="give configs of this tree's architecture")

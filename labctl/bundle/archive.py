@@ -110,9 +110,13 @@ def vmcores_of(run_dir: Path) -> list[Path]:
     return [p for p in found if is_vmcore(p)]
 
 
+PRIVATE = 0o600
+
+
 def pack(run_dir: Path, out: Path | None = None, force: bool = False, vmcores: bool = False) -> Path:
     """Pack ``run_dir`` into a ``.tar.gz`` (default ``<run_dir>.tar.gz`` beside it) and return its path;
-    the guests' vmcores only when ``vmcores`` (:func:`vmcores_of` names them).
+    the guests' vmcores only when ``vmcores`` (:func:`vmcores_of` names them). The archive is 0600
+    either way: the bundle's console logs and bpftrace files are, and so is a vmcore.
 
     Refuses (UsageError) a directory without manifest.json, and an ``out``
     file that exists unless ``force``.
@@ -122,7 +126,8 @@ def pack(run_dir: Path, out: Path | None = None, force: bool = False, vmcores: b
     dest = dest.parent.resolve() / dest.name  # a link at dest itself is replaced, never followed
     left_out = set() if vmcores else {root / p for p in vmcores_of(root)}
     try:
-        with atomic_file(dest) as raw:  # O_EXCL|O_NOFOLLOW in a checked directory, then renamed
+        # 0600: it carries the console logs (kernel logs), script text and, asked, the guests' memory
+        with atomic_file(dest, PRIVATE) as raw:  # O_EXCL|O_NOFOLLOW in a checked directory, then renamed
             _write_tar(root, raw, skip=lambda p: p == dest or p in left_out
                        or (p.parent == dest.parent and is_temp_of(p.name, dest.name)))
     except OSError as exc:

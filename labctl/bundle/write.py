@@ -118,7 +118,8 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "reason": reason,
         **vmcores_note(vmcores),
     }
-    atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+    # 0600: the resolved lab holds every bpftrace program's text (a file's too) and the commands run
+    atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n", 0o600)
 
 
 def vmcore_record(bundle: Path, rec: Mapping[str, Any]) -> VmcoreRecord:
@@ -210,4 +211,5 @@ def write_crash_manifest(bundle: Path, lab: Mapping[str, Any], started: str, fin
         "reason": reason,
         **vmcores_note(vmcores),
     }
-    atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+    # 0600: the resolved lab holds every bpftrace program's text (a file's too) and the commands run
+    atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n", 0o600)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from rich.table import Table
 from rich.text import Text
@@ -33,6 +33,7 @@ from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import PrepareDisplay, console, out, print_json
 from labctl.errors import UsageError
 from labctl.image import load_recipe
+from labctl.lab import read_capped, untrusted_reason
 from labctl.paths import atomic_write, cache_dir, checked_dir
 from labctl.pipeline import prepare
 from labctl.up import UpOptions
@@ -175,10 +176,19 @@ def _config_mode(args: argparse.Namespace) -> bool:
     return True
 
 
-def _read_config(path: Path, flag: str) -> bytes:
+def _read_config(path: Path, flag: str, trusted: list[str]) -> bytes:
+    """The config's bytes: yours or root's, as a lab file's kernel config (:mod:`labctl.lab.trust`;
+    ``--trust-dir`` trusts others), read no further than :data:`MAX_CONFIG`.
+
+    :raise UsageError: for another user's file, one writable by others, or one too large.
+    """
+    resolved = path.resolve()
+    why = untrusted_reason(resolved, [Path(d).resolve() for d in trusted])
+    if why is not None:
+        raise UsageError(f"{flag} {path} is not trusted (its options decide what the kernel's make runs): {why}",
+                         hint=f"pass --trust-dir {resolved.parent} if you trust it")
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_CONFIG + 1)
+        data = read_capped(resolved, MAX_CONFIG)
     except OSError as exc:
         raise UsageError(f"{flag} {path}: {exc.strerror or exc}") from exc
     if len(data) > MAX_CONFIG:
@@ -188,12 +198,13 @@ def _read_config(path: Path, flag: str) -> bytes:
 
 def _configs(args: argparse.Namespace, tree: Path) -> tuple[bytes, bytes]:
     """The two configs, checked against the tree (its architecture and version) and each other."""
-    good = _read_config(args.good_config, "--good-config")
-    bad = _read_config(args.bad_config, "--bad-config")
+    good = _read_config(args.good_config, "--good-config", args.trust_dir)
+    bad = _read_config(args.bad_config, "--bad-config", args.trust_dir)
     tree_cfg = configs.parse((tree / ".config").read_text(errors="replace"))
     version = configs.makefile_version((tree / "Makefile").read_text(errors="replace"))
     configs.check_pair(good.decode(errors="replace"), bad.decode(errors="replace"), tree_cfg, version,
-                       (f"--good-config {args.good_config}", f"--bad-config {args.bad_config}"))
+                       (f"--good-config {args.good_config}", f"--bad-config {args.bad_config}"),
+                       PurePosixPath(tree))
     return good, bad
 
 

@@ -368,11 +368,14 @@ def _frame_header(data: bytes) -> hops.Header | None:
 
 def libpcap_error(text: str) -> str | None:
     """What libpcap says is wrong with the filter ``text`` (``tcpdump -d``), None when it compiles or
-    tcpdump is not there to ask."""
+    tcpdump is not there to ask. The filter is data, never an option (``-F/root/x`` would have
+    tcpdump read a file): one that starts with ``-`` is refused, and ``--`` comes before it."""
     from labctl.proc import run
 
+    if text.lstrip().startswith("-"):
+        return "a filter never starts with '-'"
     try:
-        res = run(["tcpdump", "-d", text], timeout=20, check=False)
+        res = run(["tcpdump", "-d", "--", text], timeout=20, check=False)
     except (ProcessError, LabctlError, OSError):
         return None
     if res.returncode == 0:

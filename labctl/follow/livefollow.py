@@ -48,6 +48,41 @@ class LiveStats:
     clocks: dict[str, Clock] = field(default_factory=dict)
 
 
+MAX_LINE = 64 << 10  # a trace_pipe event line is a few hundred bytes
+
+
+class LineSplitter:
+    """Lines out of a byte stream, none longer than :data:`MAX_LINE`: a guest that never sends a
+    newline holds at most that much of labctl's memory; a longer line is dropped whole (counted in
+    ``dropped``), up to its newline."""
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.skipping = False
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The whole lines that ``data`` ends (without their newline)."""
+        out = []
+        *done, rest = data.split(b"\n")
+        for piece in done:
+            if not self.skipping and self.size + len(piece) <= self.max_line:
+                out.append(b"".join([*self.parts, piece]))
+            elif not self.skipping:
+                self.dropped += 1
+            self.parts, self.size, self.skipping = [], 0, False
+        if not self.skipping:
+            if self.size + len(rest) > self.max_line:
+                self.parts, self.size, self.skipping = [], 0, True
+                self.dropped += 1
+            elif rest:
+                self.parts.append(rest)
+                self.size += len(rest)
+        return out
+
+
 def _reader(follower: Follower, guest: str, out: queue.Queue[tuple[str, str | None]],
             stop: threading.Event) -> None:
     """Lines of ``guest``'s trace_pipe into ``out`` (None at its end) until ``stop``."""
@@ -57,7 +92,7 @@ def _reader(follower: Follower, guest: str, out: queue.Queue[tuple[str, str | No
         log.warning("%s: %s", guest, exc.message)
         out.put((guest, None))
         return
-    buf = b""
+    lines = LineSplitter()
     try:
         while not stop.is_set():
             data = pipe.recv(0.2)
@@ -65,10 +100,11 @@ def _reader(follower: Follower, guest: str, out: queue.Queue[tuple[str, str | No
                 continue
             if data == b"":
                 break
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
+            for line in lines.feed(data):
                 out.put((guest, line.decode(errors="replace")))
+            if lines.dropped:
+                log.warning("%s: a trace_pipe line over %d bytes dropped", guest, MAX_LINE)
+                lines.dropped = 0
     except GuestError as exc:
         log.warning("%s: %s", guest, exc.message)
     finally:

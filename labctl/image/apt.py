@@ -18,7 +18,6 @@ from labctl.errors import ImageError
 from labctl.paths import atomic_write, cache_dir
 from labctl.proc import run
 
-
 def downloads_dir() -> Path:
     return cache_dir() / "downloads"
 
@@ -43,7 +42,7 @@ def check_name(package: str, version: str | None = None) -> None:
     :raise ImageError: when either is not.
     """
     if not _PACKAGE.fullmatch(package):
-        raise ImageError(f"'{package}' is not a Debian package name")
+        raise ImageError(f"{package!r} is not a Debian package's name")
     if version is not None and not _VERSION.fullmatch(version):
         raise ImageError(f"'{version}' is not a Debian version (package {package})")
 
@@ -67,7 +66,7 @@ def apt_download(package: str, version: str, into: Path | None = None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        run(["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", f"{package}={version}"],
+        run(["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", "--", f"{package}={version}"],
             timeout=1800, cwd=tmp)
         debs = list(tmp.glob("*.deb"))
         if len(debs) != 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,11 +81,16 @@ def recipe_names() -> list[str]:
     return sorted(p.parent.name for p in root.glob("*/recipe.toml"))
 
 
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
 def load_recipe(name: str) -> Recipe:
     """Load the recipe called ``name``.
 
     :raise ImageError: when there is no such recipe or it is malformed.
     """
+    if _NAME.fullmatch(name) is None:  # a name, never a path: the recipe is labctl's own
+        raise ImageError(f"no image recipe named {name!r}", hint=f"known images: {', '.join(recipe_names()) or 'none'}")
     path = resource_dir("images") / name / "recipe.toml"
     if not path.is_file():
         known = ", ".join(recipe_names()) or "none"

@@ -92,7 +92,8 @@ def capture_crash(state: LabState, guest: str, where: Path, n: int = 1, *, when:
     t1 = time.monotonic()
     try:
         digest = vmcore_summary(where / core_name, nics)
-        atomic_write(where / summary_name, json.dumps(digest, indent=1, default=str) + "\n")
+        # the kernel log and the stack's locals: as private as the vmcore and the console log
+        atomic_write(where / summary_name, json.dumps(digest, indent=1, default=str) + "\n", 0o600)
         rec["summary_file"] = str(where / summary_name)
     except LabctlError as exc:
         rec["error"] = f"no summary: {exc.message}"

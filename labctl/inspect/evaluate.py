@@ -4,7 +4,9 @@ checked again here) walked node by node, never compiled, with only what that mod
 Every name, attribute and call is looked up here: ``prog``'s methods, a kernel object's members
 (``member_``, never ``getattr`` on a name from the expression) and methods, drgn's Linux helpers,
 the allowed builtins. A step budget and the check's timeout bound the walk (a helper's loop over
-a list the guest changes meanwhile included); ``<<`` past :data:`MAX_SHIFT` bits is refused::
+a list the guest changes meanwhile included), and a byte budget (:data:`MAX_BYTES`) what it may
+read and make: every ``prog.read`` counts its size before it reads, every text or bytes a call or
+an operator makes its length; ``<<`` past :data:`MAX_SHIFT` bits is refused::
 
     with open_live(state, "b") as k:
         value = evaluate(k.prog, "netdev_get_by_name(prog['init_net'], 'eth1').mtu == 1500", deadline)
@@ -23,6 +25,7 @@ from labctl.inspect.program import require_drgn
 from labctl.lab import drgnexpr
 
 MAX_STEPS = 2_000_000
+MAX_BYTES = 64 << 20  # text and memory an expression may hold in all (prog.read's sizes counted before reading)
 MAX_SHIFT = 4096
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -103,7 +106,14 @@ def _evaluate(prog: Any, text: str, deadline: float | None, left: bool) -> Any:
 class _Walker:
     def __init__(self, prog: Any, env: dict[str, Any], deadline: float | None) -> None:
         self.prog, self.env, self.deadline, self.steps = prog, env, deadline, 0
+        self.bytes = 0
         self.d = require_drgn()
+
+    def charge(self, n: int) -> None:
+        """``n`` more bytes held or about to be read. :raise ExprError: past :data:`MAX_BYTES`."""
+        self.bytes += max(0, n)
+        if self.bytes > MAX_BYTES:
+            raise ExprError(f"more than {MAX_BYTES >> 20} MiB read or made: the expression gave up")
 
     def tick(self) -> None:
         self.steps += 1
@@ -167,6 +177,8 @@ class _Walker:
             raise ExprError("'*' is for numbers and kernel objects only")
         if isinstance(node.op, ast.LShift) and int(right) > MAX_SHIFT:
             raise ExprError(f"a shift of more than {MAX_SHIFT} bits")
+        if isinstance(left, str | bytes) and isinstance(right, str | bytes):
+            self.charge(len(left) + len(right))
         return _BINOPS[type(node.op)](left, right)
 
     def _compare(self, node: ast.Compare, scope: dict[str, Any]) -> bool:
@@ -215,7 +227,15 @@ class _Walker:
                 raise ExprError(f"'{node.func.id}' cannot be called")
         args = [self.value(a, scope) for a in node.args]
         kwargs = {str(k.arg): self.value(k.value, scope) for k in node.keywords}
+        owner = getattr(func, "__self__", None)
+        if isinstance(owner, self.d.Object) and getattr(func, "__name__", "") in ("read_", "to_bytes_", "value_"):
+            try:
+                self.charge(self.d.sizeof(owner))  # before drgn reads (and holds) it
+            except (TypeError, ValueError):
+                pass  # an incomplete type: what it makes is counted below
         result = func(*args, **kwargs)
+        if isinstance(result, str | bytes):
+            self.charge(len(result))
         return self._bounded(result) if isinstance(result, Iterator) else result
 
     def _bounded(self, items: Iterator[Any]) -> Iterator[Any]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import labctl.kernel.prepare as prep
-from labctl.errors import LabFileError, Problem, UsageError
+from labctl.errors import ImageError, LabFileError, Problem, UsageError
 from labctl.events import NullReporter, Reporter
 from labctl.image import Image, Recipe
 from labctl.kernel.kconfig import parse_config
@@ -31,8 +31,14 @@ def options(recipe: Recipe) -> prep.Options:
 
 
 def default_spec(image: Image) -> KernelSpec:
-    """The image's default kernel (its recipe's Debian ABI and flavour)."""
-    return kernels.debian(image.default_kernel, path="image")
+    """The image's default kernel (its recipe's Debian ABI and flavour).
+
+    :raise ImageError: when its manifest names none (a damaged or foreign image: exit 3, no traceback).
+    """
+    try:
+        return kernels.debian(image.default_kernel, path="image")
+    except ValueError as exc:
+        raise ImageError(f"image {image.name} ({image.dir}): its manifest names no default kernel ({exc})") from None
 
 
 def default_kernel(image: Image, recipe: Recipe, reporter: Reporter | None = None) -> Kernel:

@@ -69,7 +69,7 @@ from labctl.lab.shares import Share, export_link, parse_option, tag
 from labctl.lab.stepspec import GdbStep, RunSpec, Step, check_location
 from labctl.lab.templates import render
 from labctl.lab.tracespec import TraceSpec, render_trace
-from labctl.lab.trust import env_trusted
+from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
 from labctl.lab.uri import SshHop, parse_uri, with_no_verify
 from labctl.lab.validate import BACKENDS
 from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
@@ -132,6 +132,7 @@ __all__ = [
     "load_lab",
     "load_lab_text",
     "mgmt_mac",
+    "named_path_reason",
     "net_settings",
     "nic_addresses",
     "parse_impairment",
@@ -139,10 +140,12 @@ __all__ = [
     "parse_uri",
     "parse_yaml",
     "place_guests",
+    "read_capped",
     "render",
     "render_impairment",
     "render_trace",
     "settings_text",
     "tag",
+    "untrusted_reason",
     "with_no_verify",
 ]

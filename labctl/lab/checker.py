@@ -11,6 +11,7 @@ import difflib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from labctl.errors import Problem
@@ -24,6 +25,8 @@ class Checker:
     file: str
     problems: list[Problem] = field(default_factory=list)
     owner: int | None = None  # the uid that owns the file (None: text given, not a file)
+    remote: str | None = None  # the URL, git repository or pack the file came from (None: this host's)
+    remote_root: Path | None = None  # a git lab's checkout: the only host files it may name
 
     def add(self, line: int, path: str, message: str) -> None:
         """Record one problem."""

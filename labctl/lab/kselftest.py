@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.lab.checker import Checker, join
-from labctl.lab.trust import TRUST_ENV, untrusted_reason
+from labctl.lab.trust import TRUST_ENV, named_path_reason
 from labctl.lab.yamlpos import YamlMap
 
 KEYS = ("guest", "tree", "target", "tests", "timeout")
@@ -89,7 +89,7 @@ def _tree(check: Checker, body: YamlMap, where: str, trusted: tuple[Path, ...]) 
         return None
     line, key = body.value_line("tree"), join(where, "tree")
     tree = (Path(check.file).parent / os.path.expanduser(text)).resolve()
-    why = untrusted_reason(tree, trusted)
+    why = named_path_reason(tree, trusted, check.owner, check.remote, check.remote_root)
     if why is not None:
         check.add(line, key, f"kernel tree {tree} is not trusted (labctl runs make there as you): {why}; "
                              f"pass --trust-dir {shlex.quote(str(tree))} (or {TRUST_ENV}) if you trust it")

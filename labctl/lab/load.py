@@ -25,7 +25,8 @@ MAX_BYTES = 1 << 20
 """The largest lab file labctl reads (the bundled ones are a few KiB)."""
 
 
-def load_lab(path: str | Path, trusted: Iterable[str | Path] = ()) -> Lab:
+def load_lab(path: str | Path, trusted: Iterable[str | Path] = (), *, remote: str | None = None,
+             remote_root: Path | None = None) -> Lab:
     """Load the lab file at ``path``.
 
     ``trusted``: directories the user trusts (``--trust-dir``; ``$LABCTL_TRUSTED_DIRS`` too)
@@ -52,7 +53,7 @@ def load_lab(path: str | Path, trusted: Iterable[str | Path] = ()) -> Lab:
         line = data.count(b"\n", 0, exc.start) + 1
         message = f"lab file is not valid UTF-8 (byte 0x{data[exc.start]:02x})"
         raise LabFileError([Problem(source, line, "", message)]) from None
-    return _load(text, source, hashlib.sha256(data).hexdigest(), trusted, owner)
+    return _load(text, source, hashlib.sha256(data).hexdigest(), trusted, owner, remote, remote_root)
 
 
 def _read_limited(path: Path) -> tuple[bytes, int]:
@@ -74,22 +75,25 @@ def _read_limited(path: Path) -> tuple[bytes, int]:
     return data, st.st_uid
 
 
-def load_lab_text(text: str, filename: str, trusted: Iterable[str | Path] = ()) -> Lab:
+def load_lab_text(text: str, filename: str, trusted: Iterable[str | Path] = (), *, remote: str | None = None) -> Lab:
     """Load a lab from ``text``; ``filename`` is used in problems and as ``Lab.source``.
+    ``remote``: the URL or pack it came from (it then names no host path, refused before read).
 
     Raises LabFileError (all problems, by line) if it is not a valid lab.
     ``Lab.sha256`` is the digest of the UTF-8 encoded text.
     """
-    return _load(text, filename, hashlib.sha256(text.encode("utf-8")).hexdigest(), trusted)
+    return _load(text, filename, hashlib.sha256(text.encode("utf-8")).hexdigest(), trusted, remote=remote)
 
 
-def _load(text: str, source: str, sha256: str, trusted: Iterable[str | Path] = (), owner: int | None = None) -> Lab:
+def _load(text: str, source: str, sha256: str, trusted: Iterable[str | Path] = (), owner: int | None = None,
+          remote: str | None = None, remote_root: Path | None = None) -> Lab:
     """Parse and validate ``text`` (of a file ``owner`` owns); raise LabFileError with every problem, by line."""
     data, problems = parse_yaml(text, source)
     if problems and data is None:
         raise LabFileError(sorted(problems, key=lambda p: p.line))
     trust = (*(Path(t).absolute() for t in trusted), *env_trusted())
-    lab, more = build_lab(data, source=source, text=text, sha256=sha256, trusted=trust, owner=owner)
+    lab, more = build_lab(data, source=source, text=text, sha256=sha256, trusted=trust, owner=owner,
+                           remote=remote, remote_root=remote_root)
     # A value YAML could not construct (bad tag) reads as null: don't report it twice.
     reported = {(p.line, p.path) for p in problems if p.path}
     more = [p for p in more if (p.line, p.path) not in reported]

@@ -42,7 +42,7 @@ from typing import Any
 
 from labctl.errors import LabctlError
 from labctl.lab.checker import Checker, describe, join
-from labctl.lab.trust import TRUST_ENV, owner_name, unreadable_reason, untrusted_reason
+from labctl.lab.trust import TRUST_ENV, owner_reason, remote_reason, untrusted_reason
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 SHARE_KEYS = ("host", "mount", "writable")
@@ -160,16 +160,6 @@ def _labctl_dirs() -> dict[Path, str]:
     return out
 
 
-def _owner_problem(host: Path, owner: int) -> str | None:
-    """Why a lab file of ``owner``'s (another user's) cannot name ``host``, or None."""
-    uid = os.lstat(host).st_uid
-    if uid != owner:
-        return (f"it belongs to {owner_name(uid)}, and the lab file to {owner_name(owner)}: a lab file "
-                "of another user names only directories that user owns")
-    why = unreadable_reason(host, owner)
-    return f"the lab file's owner could not read it: {why}" if why else None
-
-
 def host_problem(host: Path, trusted: tuple[Path, ...], owner: int | None = None,
                  writable: bool = False) -> str | None:
     """Why ``host`` (absolute, resolved) cannot be shared, or None.
@@ -185,7 +175,7 @@ def host_problem(host: Path, trusted: tuple[Path, ...], owner: int | None = None
     me = os.geteuid()
     why = place_problem(host, *_homes(me), _labctl_dirs())
     if why is None and owner is not None and owner not in (me, 0):
-        why = _owner_problem(host, owner)
+        why = owner_reason(host, owner)  # the one rule of labctl.lab.trust, as every path a lab file names
     if why is not None:
         return f"host directory {host} cannot be shared: {why}"
     why = untrusted_reason(host, () if writable else trusted)
@@ -231,7 +221,9 @@ def parse_shares(check: Checker, body: YamlMap, path: str, base: Path,
         if not host or not mount:
             continue
         resolved = resolve_host(host, base)
-        why = host_problem(resolved, trusted, check.owner, writable)
+        why = remote_reason(resolved, check.remote)
+        why = f"host directory {resolved} cannot be shared: {why}" if why else \
+            host_problem(resolved, trusted, check.owner, writable)
         if why is not None:
             check.add(m.value_line("host"), join(at, "host"), why)
             continue

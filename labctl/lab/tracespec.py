@@ -17,7 +17,7 @@ from labctl.lab.checker import Checker, close_match
 from labctl.lab.netopts import trace_capture
 from labctl.lab.specs import GuestSpec
 from labctl.lab.templates import render, yaml_bool, yaml_strings
-from labctl.lab.trust import untrusted_reason
+from labctl.lab.trust import named_path_reason, read_capped
 from labctl.lab.yamlpos import YamlMap
 
 _TRACE_KEYS = ("perf_record", "perf_stat", "ftrace", "kprobes", "mpstat", "skb_latency", "stats", "capture", "bpftrace")
@@ -214,18 +214,20 @@ class TraceParser:
         return Bpftrace(script)
 
     def _script_file(self, name: str, line: int, where: str) -> Bpftrace | None:
-        f = (Path(self.check.file).parent / os.path.expanduser(name)).resolve()
-        why = untrusted_reason(f, self.trusted)
+        c = self.check
+        f = (Path(c.file).parent / os.path.expanduser(name)).resolve()
+        why = named_path_reason(f, self.trusted, c.owner, c.remote, c.remote_root)
         if why is not None:
-            self.check.add(line, where, f"bpftrace file {f} is not trusted: {why}; pass --trust-dir if you trust it")
+            c.add(line, where, f"bpftrace file {f} is not trusted: {why}" +
+                  ("" if c.remote else "; pass --trust-dir if you trust it"))
             return None
         try:
-            data = f.read_bytes()[: MAX_SCRIPT + 1]
-            text = data.decode()
+            data = read_capped(f, MAX_SCRIPT)  # never read further than the cap
+            text = "" if len(data) > MAX_SCRIPT else data.decode()
         except (OSError, UnicodeDecodeError) as exc:
-            self.check.add(line, where, f"cannot read {f}: {getattr(exc, 'strerror', None) or exc}")
+            c.add(line, where, f"cannot read {f}: {getattr(exc, 'strerror', None) or exc}")
             return None
         if len(data) > MAX_SCRIPT or "\0" in text:
-            self.check.add(line, where, f"{f}: a program of at most {MAX_SCRIPT} bytes of text")
+            c.add(line, where, f"{f}: a program of at most {MAX_SCRIPT} bytes of text")
             return None
         return Bpftrace(text, str(f))

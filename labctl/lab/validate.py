@@ -34,7 +34,7 @@ from labctl.lab.nicparse import parse_nics, resolve_nic, resolve_settings
 from labctl.lab.shares import parse_shares
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.stepspec import StepParser
-from labctl.lab.trust import TRUST_ENV, untrusted_reason
+from labctl.lab.trust import TRUST_ENV, named_path_reason
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
@@ -73,18 +73,21 @@ _GUEST_NAME_RULE = "use 1-31 of a-z, 0-9, '-', starting with a letter"
 
 
 def build_lab(data: Any, *, source: str, text: str, sha256: str,
-              trusted: tuple[Path, ...] = (), owner: int | None = None) -> tuple[Lab | None, list[Problem]]:
+              trusted: tuple[Path, ...] = (), owner: int | None = None, remote: str | None = None,
+              remote_root: Path | None = None) -> tuple[Lab | None, list[Problem]]:
     """Validate parsed lab data and resolve it.
 
     ``trusted``: directories the user trusts (``--trust-dir``) although another
     user could change them (see :mod:`labctl.lab.trust`). ``owner``: the uid
-    that owns the lab file (see :mod:`labctl.lab.shares`).
+    that owns the lab file, ``remote`` where it came from when not from this host
+    (a URL, a git repository, a pack) and ``remote_root`` its git checkout: the one
+    rule on the host paths it names (:func:`labctl.lab.trust.named_path_reason`).
 
     Returns ``(lab, [])`` when the data is valid, else ``(None, problems)``
     with every problem found, in the order they were found.  Never raises
     for bad data.
     """
-    check = Checker(source, owner=owner)
+    check = Checker(source, owner=owner, remote=remote, remote_root=remote_root)
     if not isinstance(data, YamlMap):
         _report_not_a_map(check, data)
         return None, check.problems
@@ -371,7 +374,7 @@ def _trusted_paths(check: Checker, m: YamlMap, where: str, paths: dict[str, Path
     for key, target in paths.items():
         if target is None:
             continue
-        why = untrusted_reason(target, trusted)
+        why = named_path_reason(target, trusted, check.owner)  # a pack's kernels are its own (remote: see check_foreign)
         if why is None:
             continue
         what, use = _KERNEL_PATH_USE[key]

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from labctl.paths import cache_dir
+from labctl.paths import cache_dir, check_within
 from labctl.proc import files_open_under
 
 _PINS: list[int] = []  # this process's pins: held until it exits
@@ -35,10 +35,22 @@ def _pin_file(entry: Path) -> Path:
 
 def pin(entry: Path) -> None:
     """Keep ``entry`` (made or not yet) from :func:`prune` for as long as this process lives;
-    waits while a prune is deciding about it."""
+    waits while a prune is deciding about it.
+
+    :raise UnsafePath: for an entry outside the cache.
+    """
+    check_within(entry, cache_dir())
     entry.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(_pin_file(entry), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    while True:
+        fd = os.open(_pin_file(entry), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            same = os.path.samestat(os.fstat(fd), os.lstat(_pin_file(entry)))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # a prune removed the entry and its pin file meanwhile: pin the new one
     _PINS.append(fd)
 
 
@@ -90,6 +102,8 @@ def prune(in_use: Iterable[str]) -> tuple[list[Entry], list[Entry]]:
                 shutil.rmtree(entry.path)
             else:
                 entry.path.unlink()
+            for extra in (entry.path.parent / f".{entry.path.name}.lock", _pin_file(entry.path)):
+                extra.unlink(missing_ok=True)  # the pin last, still locked: pin() then makes a new one
             removed.append(entry)
         finally:
             os.close(fd)

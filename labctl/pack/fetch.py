@@ -72,21 +72,23 @@ def url_lab(path: Path, url: str) -> Lab:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeError) as exc:
         raise UsageError(f"{url}: not a lab file nor a labctl pack ({exc})") from exc
-    lab = load_lab_text(text, url)
+    lab = load_lab_text(text, url, remote=url)
     check_foreign(lab, url)
     return lab
 
 
-def check_foreign(lab: Lab, url: str, root: Path | None = None) -> None:
+def check_foreign(lab: Lab, url: str, root: Path | None = None, *, kernels: bool = True) -> None:
     """A lab file from ``url`` names no path of this host: no kernel tree or loose kernel files (only
-    Debian kernels), no shares, no selftests' tree (labctl would run its ``make``), and no bpftrace
-    file but one of ``root`` (the git checkout it came with; None: none).
+    Debian kernels; not checked without ``kernels``: a pack's lab, whose kernels are the pack's own),
+    no shares, no selftests' tree (labctl would run its ``make``), and no bpftrace file but one of
+    ``root`` (the git checkout it came with; None: none). The loader (``remote=``) has refused such
+    a bpftrace file already, before reading it.
 
     :raise UsageError: naming every path it names.
     """
     named = [f"{where}: {spec.describe()}" for where, spec in
              [("kernel", lab.kernel), *((f"guests.{g}.kernel", guest.kernel) for g, guest in lab.guests.items())]
-             if spec is not None and spec.kind != DEBIAN]
+             if kernels and spec is not None and spec.kind != DEBIAN]
     named += [f"guests.{g}.shares: {s.host}" for g, guest in lab.guests.items() for s in guest.shares]
     for step in lab.steps:
         if step.kselftest is not None:

@@ -139,7 +139,7 @@ def fetch_git(src: GitSource) -> Checkout:
             commit = _fetch(src, base)
         root = base / "trees" / commit
         if not root.is_dir():
-            with build_into(root, 0o755) as work:
+            with build_into(root, 0o755, store=base / "trees") as work:
                 _write_tree(src, base / "repo.git", commit, work)
     out = Checkout(src, commit, root)
     if not out.file.is_file() or out.file.is_symlink():
@@ -223,7 +223,7 @@ def git_lab(checkout: Checkout) -> Lab:
     """
     label = checkout.label
     try:
-        lab = load_lab(checkout.file)
+        lab = load_lab(checkout.file, remote=label, remote_root=checkout.root)
     except LabFileError as exc:
         raise LabFileError([dataclasses.replace(p, file=label) if p.file == str(checkout.file) else p
                             for p in exc.problems]) from None

@@ -26,8 +26,8 @@ from labctl.errors import ProcessError, UsageError
 from labctl.events import NullReporter, Reporter
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.image import ROOTFS, Image, sha256_file
-from labctl.kernel import Kernel
-from labctl.lab import Lab
+from labctl.kernel import Kernel, kernels_root
+from labctl.lab import Lab, untrusted_reason
 from labctl.pack.identity import image_record, kernel_record
 from labctl.pack.packfile import FORMAT, INDEX, LAB, VERSION, PackIndex
 from labctl.paths import atomic_file, cache_dir
@@ -56,13 +56,26 @@ def run_inputs(run_dir: Path) -> tuple[str, dict[str, Any], dict[str, Path]]:
     :raise UsageError: when the bundle lacks them or its kernels are no longer in the cache.
     """
     import json
+    import re
 
+    for p in (run_dir.resolve(), run_dir.resolve() / "manifest.json", run_dir.resolve() / "lab.yaml"):
+        why = untrusted_reason(p)  # a bundle of another user's would name what it likes to pack
+        if why is not None:
+            raise UsageError(f"{run_dir}: not a run of yours to pack: {why}")
     try:
         manifest = json.loads((run_dir / "manifest.json").read_text())
         text = (run_dir / "lab.yaml").read_text()
     except (OSError, ValueError) as exc:
         raise UsageError(f"{run_dir}: not a run's bundle ({exc})") from exc
     kernels = {g: Path(str(k.get("dir"))) for g, k in dict(manifest.get("kernels") or {}).items()}
+    store = Path(os.path.realpath(kernels_root()))
+    outside = [f"{g} ({d})" for g, d in kernels.items() if Path(os.path.realpath(d)).parent != store]
+    image = dict(manifest.get("image") or {})
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", str(image.get("name"))) or \
+            not re.fullmatch(r"(pack-)?[0-9a-f]{16}", str(image.get("key"))):
+        outside.append(f"image {image.get('name')!r} {image.get('key')!r}")
+    if outside:
+        raise UsageError(f"{run_dir}: its manifest names what is not in labctl's store: {', '.join(outside)}")
     gone = [f"{g} ({d})" for g, d in kernels.items() if not (d / "manifest.json").is_file()]
     if gone:
         raise UsageError(f"{run_dir}: the run's kernels are no longer prepared here: {', '.join(gone)}",

@@ -27,6 +27,7 @@ from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.image import Image, ImageStore, sha256_file
 from labctl.lab import KernelSpec, Lab, kernels, load_lab_text
 from labctl.pack.cache import pin
+from labctl.pack.fetch import check_foreign
 from labctl.pack.identity import Pinned, check_host
 from labctl.pack.packfile import INDEX, LAB, MAX_INDEX, UNPACKED, PackIndex, member_ok
 from labctl.paths import build_into, cache_dir, exclusive
@@ -51,17 +52,20 @@ class Opened:
         return self.pinned.dir
 
     def lab(self) -> Lab:
-        """The packed lab, each guest on its packed kernel.
+        """The packed lab, each guest on its packed kernel: held to a stranger's lab file's rules
+        (:func:`~labctl.pack.fetch.check_foreign`: no share, no selftests' tree, no bpftrace file;
+        its kernels are the pack's own), refused before any file it names is read.
 
         :raise LabFileError: for a lab file labctl refuses. :raise UsageError: for a packed lab that
-            shares a host directory.
+            names a host path (a share, a tree, a file).
         """
         text = (self.dir / LAB).read_text()
-        lab = load_lab_text(text, str(self.dir / LAB))
+        lab = load_lab_text(text, str(self.dir / LAB), remote=self.pinned.source)
         shared = [g for g, guest in lab.guests.items() if guest.shares]
         if shared:
             raise UsageError(f"{self.pinned.source}: its lab shares host directories ({', '.join(shared)}); "
                              "a packed lab may not")
+        check_foreign(lab, self.pinned.source, kernels=False)
         guests = {g: dataclasses.replace(guest, kernel=self.kernel_spec(g)) for g, guest in lab.guests.items()}
         return dataclasses.replace(lab, kernel=None, guests=guests)
 
@@ -96,19 +100,23 @@ def open_pack(path: Path, source: str | None = None, reporter: Reporter | None =
         why = (test.stderr or b"").decode(errors="replace").strip().splitlines()
         raise UsageError(f"{source}: damaged or truncated pack ({why[-1] if why else 'zstd says so'}); nothing started")
     digest = sha256_file(path)[:16]
-    dest = cache_dir() / "packs" / digest
+    store = cache_dir() / "packs"
+    dest = store / digest
     dest.parent.mkdir(parents=True, exist_ok=True)
     pin(dest)
     with exclusive(dest.parent / f".{digest}.lock"):
         if not (dest / INDEX).is_file():
-            with r.step("unpack and check every member's sha256"), build_into(dest) as work:
+            # whatever refuses the pack, here or in its lab, leaves nothing of it in the cache
+            with r.step("unpack and check every member's sha256"), build_into(dest, store=store) as work:
                 _unpack(path, work, source)
+                Opened(Pinned(source, PackIndex.parse((work / INDEX).read_bytes(), source), work, None)).lab()
     index = PackIndex.parse((dest / INDEX).read_bytes(), source)
     pinned = Pinned(source, index, dest, None)
     check_host(pinned)
+    lab = Opened(pinned).lab()
     if index.has_image:
         with r.step("the packed image into the image cache"):
-            pinned = dataclasses.replace(pinned, image=_install_image(pinned))
+            pinned = dataclasses.replace(pinned, image=_install_image(pinned, lab.image))
     return Opened(pinned)
 
 
@@ -146,7 +154,8 @@ def _members(tar: tarfile.TarFile, work: Path, source: str) -> None:
     f = tar.extractfile(first)
     assert f is not None
     raw = f.read()
-    index = PackIndex.parse(raw, source)
+    index = PackIndex.parse(raw, source)  # the whole index, of its known shapes, before anything is written
+    check_host(Pinned(source, index, work, None))
     (work / INDEX).write_bytes(raw)
     seen: set[str] = set()
     for m in tar:
@@ -161,6 +170,9 @@ def _members(tar: tarfile.TarFile, work: Path, source: str) -> None:
         seen.add(name)
         if not (work / name).resolve().is_relative_to(work.resolve()):  # never, by the names' rule; twice sure
             raise UsageError(f"{source}: member {name!r} is outside the pack; nothing started")
+        if m.size != want.get("size"):  # never more bytes than the index names (their total is capped)
+            raise UsageError(f"{source}: member {name} has {m.size} bytes, its index {want.get('size')}; "
+                             "nothing started")
         src = tar.extractfile(m)
         assert src is not None
         size, digest = _copy_sparse(src, work / name)
@@ -193,18 +205,25 @@ def _copy_sparse(src: IO[bytes], dst: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def _install_image(pinned: Pinned) -> Image:
+def _install_image(pinned: Pinned, name: str) -> Image:
     """The packed image in the image cache (``<name>/pack-<rootfs digest>``), hard links to the
-    unpacked files; its rootfs checked against the index when it is installed."""
+    unpacked files; its rootfs checked against the index when it is installed. ``name``: the packed
+    lab's ``image:`` (validated as a lab file's), never the index's: an image and its recipe are
+    never taken from a pack by name.
+
+    :raise UsageError: when the index names another image, or its manifest names no Debian kernel.
+    """
     want = pinned.index.image
-    name, digest = str(want.get("name")), str(want.get("rootfs_sha256"))
+    if want.get("name") != name:
+        raise pinned.refuse(f"its index packs image {want.get('name')!r}, its lab runs on {name!r}")
+    digest = str(want.get("rootfs_sha256"))  # 64 hex digits (PackIndex.parse)
     store = ImageStore()
     key = f"pack-{digest[:16]}"
     final = store.path_for(name, key)
     pin(final)
     with exclusive(final.parent / f".{key}.lock"):
         if not (final / IMAGE_MANIFEST).is_file():
-            with build_into(final, 0o755) as work:
+            with build_into(final, 0o755, store=store.root) as work:
                 for f in (pinned.dir / "image").iterdir():
                     try:
                         os.link(f, work / f.name)
@@ -213,4 +232,8 @@ def _install_image(pinned: Pinned) -> Image:
     image = Image.at(final)
     if not image.manifest:
         raise LabctlError(f"{pinned.source}: its image has no readable manifest")
+    try:
+        kernels.debian(image.default_kernel, path="image")
+    except ValueError as exc:
+        raise pinned.refuse(f"its image's manifest names no default kernel ({exc})") from None
     return dataclasses.replace(image, name=name, key=key)

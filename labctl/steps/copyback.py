@@ -11,7 +11,8 @@ directories, each strictly inside the destination:
   devices, FIFOs and sockets are skipped (and reported), so nothing on the
   host is ever followed or created outside the bundle;
 * files are created with ``O_EXCL | O_NOFOLLOW`` in directories this
-  function made itself, mode 0644;
+  function made itself, mode 0644, but 0600 for what holds a program's text,
+  its output or the kernel's log (:func:`private`: ``bpftrace*``, ``dmesg*``);
 * a budget: a guest cannot fill the host's disk. Every entry counts its tar
   header (:data:`HEADER`, 512 bytes) besides its data, so the budget bounds
   entries too (empty files, links, directories), and a cap on entries may be
@@ -96,8 +97,18 @@ def _directory(dest: Path, parts: tuple[str, ...]) -> Path | None:
     return path
 
 
+PRIVATE_PREFIXES = ("bpftrace", "dmesg")
+
+
+def private(name: str) -> bool:
+    """A file the bundle keeps 0600: a bpftrace program (which may come from a root-only file), its
+    output and log, the guest kernel's log."""
+    return name.startswith(PRIVATE_PREFIXES)
+
+
 def _write(src: IO[bytes], target: Path, size: int) -> int:
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    mode = 0o600 if private(target.name) else 0o644
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     written = 0
     with os.fdopen(fd, "wb") as out:
         while written < size:

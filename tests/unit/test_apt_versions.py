@@ -54,7 +54,7 @@ def test_a_downloaded_version_is_found_without_asking_the_archive(monkeypatch: p
 
 @pytest.mark.parametrize("name", ["-oDir::Cache::pkgcache=/root/x", "/root/r", "../x", "Linux", "a"])
 def test_a_package_name_is_data_never_an_option_or_a_path(name: str) -> None:
-    with pytest.raises(ImageError, match="is not a Debian package name"):
+    with pytest.raises(ImageError, match="is not a Debian package's name"):
         apt.check_name(name)
     with pytest.raises(ImageError, match="is not a Debian version"):
         apt.check_name("linux-source-6.1", "-oAPT::x=1")

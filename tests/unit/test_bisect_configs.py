@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -190,3 +190,39 @@ def test_a_rebuilt_objtool_is_recognised_in_makes_output() -> None:
     assert not objtool_relinked("  LINK    /x/wt/tools/objtool/fixdep")
     assert not objtool_relinked("  CC      /x/wt/tools/objtool/check.o")
     assert not objtool_relinked("  DESCEND objtool")
+
+
+def test_a_config_that_would_run_or_embed_something_is_refused() -> None:
+    """Issue 47, Medium 6: kconfig keeps ``$(shell ...)`` in a string option and the kernel's make runs
+    it; ``CONFIG_INITRAMFS_SOURCE=/root`` would embed root's files in the kernel."""
+    tree = cf.parse(HEAD + "CONFIG_A=y\n")
+    ok = HEAD + "CONFIG_A=y\n"
+    linux = PurePosixPath("/src/linux")
+    for evil, why in [('CONFIG_LOCALVERSION="$(shell id > /tmp/pwned)"\n', "a value with '\\$\\(' \\(kconfig would run it\\)"),
+                      ('CONFIG_INITRAMFS_SOURCE="/root"\n', "CONFIG_INITRAMFS_SOURCE names /root, outside the tree"),
+                      ('CONFIG_INITRAMFS_SOURCE="usr/x ../../root"\n', "names ../../root, outside the tree")]:
+        with pytest.raises(UsageError, match=f"b: .*{why}"):
+            cf.check_pair(ok, HEAD + "CONFIG_A=m\n" + evil, tree, "6.1", ("g", "b"), linux)
+    cf.check_pair(ok, HEAD + 'CONFIG_A=m\nCONFIG_INITRAMFS_SOURCE="usr/initramfs_data.cpio /src/linux/x"\n',
+                  tree, "6.1", ("g", "b"), linux)
+
+
+def test_another_users_config_is_refused(tmp_path: Path) -> None:
+    """Issue 47, Medium 6: ``--good-config`` of another user (here: a file others may write, as
+    another user's own would be refused for its owner) is never built."""
+    import os
+
+    from labctl.cli.bisect_cmd import _read_config
+
+    cfg = tmp_path / "good.config"
+    cfg.write_text(HEAD + "CONFIG_A=y\n")
+    assert _read_config(cfg, "--good-config", []).startswith(b"#")
+    cfg.chmod(0o666)
+    with pytest.raises(UsageError, match=r"--good-config .* is not trusted .*other-writable"):
+        _read_config(cfg, "--good-config", [])
+    if os.geteuid() == 0:
+        cfg.chmod(0o644)
+        os.chown(cfg, 65534, 65534)
+        with pytest.raises(UsageError, match=r"is owned by nobody \(uid 65534\)"):
+            _read_config(cfg, "--good-config", [])
+        assert _read_config(cfg, "--good-config", [str(tmp_path)])  # --trust-dir trusts it

@@ -182,7 +182,7 @@ def test_a_member_whose_digest_differs_is_refused(packed: Path, tmp_path: Path) 
     bad = tmp_path / "bad.labpack"
     _repack(packed, bad, lambda m, d: [(_replace(m, b"\x7fELF another kernel"), b"\x7fELF another kernel")]
             if m.name.endswith("/boot") else [(m, d)])
-    with pytest.raises(UsageError, match="member kernels/0123456789abcdef/boot has sha256 .* its index"):
+    with pytest.raises(UsageError, match="member kernels/0123456789abcdef/boot has .* its index"):
         open_pack(bad)
 
 
