@@ -26,6 +26,7 @@ from labctl.backends.base import (
     GuestPlan,
     GuestRecord,
     HostCheck,
+    LabState,
     NetDir,
     netdev_id,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "GuestPlan",
     "GuestRecord",
     "HostCheck",
+    "LabState",
     "Monitor",
     "NetDir",
     "SocketMonitor",
