@@ -17,7 +17,7 @@ Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli
 from __future__ import annotations
 
 from labctl.backends import owned
-from labctl.backends.accel import AccelChoice, choose_accel, kvm_usable, probe_kvm
+from labctl.backends.accel import AccelChoice, choose_accel, choose_accels, kvm_usable, lab_accel, probe_kvm
 from labctl.backends.base import (
     MGMT_ADDR,
     MGMT_NET,
@@ -63,10 +63,12 @@ __all__ = [
     "SocketMonitor",
     "as_monitor",
     "choose_accel",
+    "choose_accels",
     "dump_guest_memory",
     "ensure_resumed",
     "get_backend",
     "kvm_usable",
+    "lab_accel",
     "load_state",
     "netdev_id",
     "owned",
