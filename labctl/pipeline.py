@@ -193,7 +193,7 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
             f" ({failed[0].variant})" if failed[0].variant else "") + f": {failed[0].reason}"
     finished = now()
     write.copy_inputs(bundle, lab, state)
-    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason, runner.backend,
+    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason,
                          vmcores=runner.vmcores)
     header = {"lab": lab.name, "status": status, "reason": reason, "started_at": started, "finished_at": finished,
               "accel": state.accel, "vmcores": runner.vmcores}

@@ -41,6 +41,7 @@ from labctl.backends.monitor import (
     load_state,
     qmp_execute,
     qmp_running,
+    running_version,
     save_state,
 )
 from labctl.errors import UsageError
@@ -76,6 +77,7 @@ __all__ = [
     "qemu_pid",
     "qmp_execute",
     "qmp_running",
+    "running_version",
     "save_state",
 ]
 

@@ -18,7 +18,7 @@ import labctl.up.envcheck as envcheck  # noqa: PLR0402 - a sibling module, not t
 import labctl.up.mounts as mounts  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.backends import GuestPlan, GuestRecord, choose_accels, get_backend, lab_accel
+from labctl.backends import GuestPlan, GuestRecord, choose_accels, get_backend, lab_accel, running_version
 from labctl.errors import LabctlError, LabFileError, LabStateError, PortTaken, UsageError
 from labctl.events import UpEvents
 from labctl.image import Image
@@ -181,6 +181,9 @@ class LabUp:
             mounts.mount(state.endpoint(g.name), g.name, g.shares)
         for (guest, nic), imp in netctl.lab_impairments(state).items():  # netem, once SSH answers
             netctl.apply_impairment(state, guest, nic, imp)
+        # what a run's manifest says of the QEMUs: recorded here, never asked by the bundle
+        state.emulators = {g: running_version(self.backend, rec) for g, rec in self.records.items()}
+        state.emulator = self.backend.emulator_version()
         state.phase = UP
         state.save()
         return state
