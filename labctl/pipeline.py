@@ -17,7 +17,7 @@ kernels must be the packed ones; :func:`pack_lab` prepares a lab and packs it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from labctl.grading import ERROR, CheckResult, run_checks
 from labctl.image import Image, ImageStore, build_image, load_recipe
 from labctl.inspect import CrashWatch, capture_crash
 from labctl.kernel import Kernel, guest_kernels
-from labctl.lab import Check, Lab, load_lab_text
+from labctl.lab import Check, KernelSpec, Lab, load_lab_text
 from labctl.pack import PackResult, Pinned, check_archive, check_image, check_kernels, run_inputs
 from labctl.pack import pack_lab as write_pack
 from labctl.report import render_run, summarize, write_summary
@@ -76,7 +76,7 @@ def prepare(lab: Lab, events: PrepareEvents | None = None, *, copies: Sequence[L
         check_image(pinned, image)
         check_archive(pinned)
     if not kernels:
-        _kernel_checks(lab, image, events)
+        _kernel_checks(lab, guest_kernels.specs(lab, image), events)
         return Prepared(image, {}, estimate)
     prepared = prepare_kernels(lab, image, events)
     if pinned is not None:
@@ -140,23 +140,24 @@ def prepare_kernels(lab: Lab, image: Image, events: PrepareEvents | None = None)
     :raise ImageError: when preparing one fails.
     """
     events = events or PrepareEvents()
-    _kernel_checks(lab, image, events)
+    by_guest = guest_kernels.specs(lab, image)  # once: each step below reads it
+    _kernel_checks(lab, by_guest, events)
     recipe = load_recipe(image.name)
-    if guest_kernels.all_prepared(lab, image, recipe):
-        return guest_kernels.prepare(lab, image, recipe)
+    if guest_kernels.all_prepared(by_guest, recipe):
+        return guest_kernels.prepare(by_guest, recipe)
     with events.slow(f"preparing kernels for {lab.name} (first use of each; cached afterwards)") as rep:
-        return guest_kernels.prepare(lab, image, recipe, rep)
+        return guest_kernels.prepare(by_guest, recipe, rep)
 
 
-def _kernel_checks(lab: Lab, image: Image, events: PrepareEvents | None = None) -> None:
+def _kernel_checks(lab: Lab, by_guest: Mapping[str, KernelSpec], events: PrepareEvents | None = None) -> None:
     """Each guest's kernel can be had (the lab file's lines), and the lab checked against each
     kernel's ``.config`` (a Debian kernel's package is fetched for it, nothing is built).
 
     :raise LabFileError: for refusals (exit 2); warnings and notes go to ``events``.
     """
     events = events or PrepareEvents()
-    guest_kernels.check(lab, image)
-    report = guest_kernels.preflight(lab, image)
+    guest_kernels.check(lab, by_guest)
+    report = guest_kernels.preflight(lab, by_guest)
     guest_kernels.refuse(report)
     for line in guest_kernels.warning_lines(report):
         events.warn(line)
@@ -192,7 +193,7 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
             f" ({failed[0].variant})" if failed[0].variant else "") + f": {failed[0].reason}"
     finished = now()
     write.copy_inputs(bundle, lab, state)
-    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason, runner.backend,
+    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason,
                          vmcores=runner.vmcores)
     header = {"lab": lab.name, "status": status, "reason": reason, "started_at": started, "finished_at": finished,
               "accel": state.accel, "vmcores": runner.vmcores}

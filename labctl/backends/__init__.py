@@ -17,7 +17,7 @@ Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli
 from __future__ import annotations
 
 from labctl.backends import owned
-from labctl.backends.accel import AccelChoice, choose_accel, kvm_usable, probe_kvm
+from labctl.backends.accel import AccelChoice, choose_accel, choose_accels, kvm_usable, lab_accel, probe_kvm
 from labctl.backends.base import (
     MGMT_ADDR,
     MGMT_NET,
@@ -26,6 +26,7 @@ from labctl.backends.base import (
     GuestPlan,
     GuestRecord,
     HostCheck,
+    LabState,
     NetDir,
     netdev_id,
 )
@@ -40,6 +41,7 @@ from labctl.backends.monitor import (
     load_state,
     qmp_execute,
     qmp_running,
+    running_version,
     save_state,
 )
 from labctl.errors import UsageError
@@ -56,15 +58,18 @@ __all__ = [
     "GuestPlan",
     "GuestRecord",
     "HostCheck",
+    "LabState",
     "Monitor",
     "NetDir",
     "SocketMonitor",
     "as_monitor",
     "choose_accel",
+    "choose_accels",
     "dump_guest_memory",
     "ensure_resumed",
     "get_backend",
     "kvm_usable",
+    "lab_accel",
     "load_state",
     "netdev_id",
     "owned",
@@ -72,6 +77,7 @@ __all__ = [
     "qemu_pid",
     "qmp_execute",
     "qmp_running",
+    "running_version",
     "save_state",
 ]
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,18 +81,23 @@ def _probe_key(kernel: Path) -> str:
 
 
 def kvm_usable(kernel: Path) -> tuple[bool, str]:
-    """Cached :func:`probe_kvm` (cached per host boot, QEMU binary and kernel)."""
+    """Cached :func:`probe_kvm` (cached per host boot, QEMU binary and kernel: one verdict per
+    kernel, those of this boot and QEMU kept)."""
     cache = cache_dir() / "accel-probe.json"
     key = _probe_key(kernel)
+    probes: dict[str, dict[str, object]] = {}
     try:
         data = json.loads(cache.read_text())
-        if data.get("key") == key:
-            return bool(data["usable"]), str(data["reason"])
-    except (OSError, ValueError, KeyError):
-        pass
+        probes = {k: v for k, v in data.get("probes", {}).items() if isinstance(v, dict)}
+        if key in probes:
+            return bool(probes[key]["usable"]), str(probes[key]["reason"])
+    except (OSError, ValueError, KeyError, AttributeError):
+        probes = {}
     usable, reason = probe_kvm(kernel)
+    here = key.rsplit(":", 1)[0] + ":"  # this boot and QEMU: older verdicts are dropped
+    probes = {k: v for k, v in probes.items() if k.startswith(here)} | {key: {"usable": usable, "reason": reason}}
     cache.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(cache, json.dumps({"key": key, "usable": usable, "reason": reason}))
+    atomic_write(cache, json.dumps({"probes": probes}))
     return usable, reason
 
 
@@ -112,3 +118,22 @@ def choose_accel(requested: str, kernel: Path) -> AccelChoice:
         return AccelChoice("kvm", None)
     return AccelChoice("tcg", f"KVM is not usable here ({reason}); using TCG, which is slower. "
                               "Pass --accel tcg to skip this check.")
+
+
+def choose_accels(requested: str, boots: Mapping[str, Path]) -> tuple[dict[str, str], list[str]]:
+    """Each guest's accelerator from its own kernel (``boots``: guest -> its kernel's boot image; each
+    distinct kernel probed once), and the warnings, each once.
+
+    :raise UsageError: as :func:`choose_accel`.
+    """
+    by_boot: dict[Path, AccelChoice] = {}
+    for boot in boots.values():
+        if boot not in by_boot:
+            by_boot[boot] = choose_accel(requested, boot)
+    warnings = list(dict.fromkeys(c.warning for c in by_boot.values() if c.warning))
+    return {g: by_boot[b].accel for g, b in boots.items()}, warnings
+
+
+def lab_accel(accels: Mapping[str, str]) -> str:
+    """The lab's accelerator, as its state and reports say it: ``kvm`` only when every guest runs under KVM."""
+    return "kvm" if accels and all(a == "kvm" for a in accels.values()) else "tcg"

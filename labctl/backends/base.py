@@ -11,13 +11,16 @@ from __future__ import annotations
 import abc
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from labctl.errors import UsageError
 from labctl.image import Image
 from labctl.kernel import Kernel
 from labctl.lab import Guest, HostPlace, Lab, Nic
 from labctl.net import Port
+
+if TYPE_CHECKING:
+    from labctl.ssh import Endpoint
 
 MGMT_NET = "10.0.2.0/24"
 MGMT_ADDR = "10.0.2.15/24"
@@ -129,6 +132,19 @@ class GuestRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GuestRecord:
         return cls(**d)
+
+
+class LabState(Protocol):
+    """What the stages after ``up`` (gdb, drgn, dumps, the crash watch) need of a lab that is up:
+    :class:`labctl.state.runstate.LabState` is one; they never import the state stage itself."""
+
+    lab: str
+    backend: str
+    guests: dict[str, GuestRecord]
+
+    def kernel(self, guest: str) -> Kernel: ...
+
+    def endpoint(self, guest: str) -> Endpoint: ...
 
 
 POSTBOOT = "postboot"  # the label of a guest's state saved once it was up (reset puts it back there)

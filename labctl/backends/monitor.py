@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from qemu.qmp import QMPClient, QMPError
 
-from labctl.errors import MachineError
+from labctl.errors import LabctlError, MachineError
 
 if TYPE_CHECKING:
     from labctl.backends.base import Backend, GuestRecord
@@ -182,6 +182,19 @@ class BackendMonitor:
 
     def execute(self, command: str) -> Any:
         return self.backend.qmp(self.record, command)
+
+
+def running_version(backend: Backend, rec: GuestRecord) -> str:
+    """The version of the QEMU that runs the guest, asked over its QMP (``query-version``, so a guest
+    on a remote libvirt host says that host's QEMU), as ``--version`` says it; ``unknown`` when it
+    does not answer."""
+    try:
+        v = backend.qmp(rec, "query-version")
+        q = v["qemu"]
+        package = str(v.get("package") or "").strip()
+        return f"QEMU emulator version {q['major']}.{q['minor']}.{q['micro']}" + (f" ({package})" if package else "")
+    except (LabctlError, KeyError, TypeError):
+        return "unknown"
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ Owns: the bundle's file names (:mod:`.layout`), its directory and manifest
 and the noise rule), the JUnit file of a run (:mod:`.junit`) and the archive
 (:mod:`.archive`). What summary.json holds is the report sections'
 (:mod:`labctl.report.run_summary`). Must not import the report, the CLI, the steps
-runner or any backend but through the lab state it is handed.
+runner or any backend: the manifest is written from what the run recorded (the lab state,
+with the QEMU versions ``up`` asked), never by asking a guest's QEMU.
 
-Imports never: labctl.report, labctl.cli, labctl.steps, labctl.backends.qemu, labctl.backends.libvirt
+Imports never: labctl.report, labctl.cli, labctl.steps, labctl.backends
 """
 
 from __future__ import annotations

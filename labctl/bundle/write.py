@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from labctl import __version__
-from labctl.backends import Backend, get_backend
 from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, OOPS_JSON, OOPS_TXT, guest_dir
 from labctl.bundle.records import VmcoreRecord
-from labctl.errors import LabctlError, UsageError
+from labctl.errors import UsageError
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.kernel import Kernel
 from labctl.lab import Lab
@@ -58,23 +57,6 @@ def new_bundle_dir(root: Path, lab: str) -> Path:
 
 
 
-def running_qemu_versions(state: LabState, backend: Backend) -> dict[str, str]:
-    """guest -> the version of the QEMU that runs it, asked over its QMP
-    (``query-version``), so a guest on a remote libvirt host reports that
-    host's QEMU. ``unknown`` for a guest that no longer answers."""
-    versions = {}
-    for name, rec in state.guests.items():
-        try:
-            v = backend.qmp(rec, "query-version")
-            q = v["qemu"]
-            package = str(v.get("package") or "").strip()
-            versions[name] = (f"QEMU emulator version {q['major']}.{q['minor']}.{q['micro']}"  # as --version says
-                              + (f" ({package})" if package else ""))
-        except (LabctlError, KeyError, TypeError):
-            versions[name] = "unknown"
-    return versions
-
-
 def host_info() -> dict[str, Any]:
     return {"name": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
             "python": platform.python_version()}
@@ -82,10 +64,10 @@ def host_info() -> dict[str, Any]:
 
 def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finished: str,
                    commands: Sequence[Mapping[str, Any]], status: str, reason: str | None,
-                   backend: Backend | None = None, vmcores: Sequence[Mapping[str, Any]] = ()) -> None:
-    """manifest.json: what ran, on what, how it ended (``backend``: the state's, unless given), and
-    the guests' vmcores it holds (:func:`vmcores_note`)."""
-    backend = backend or get_backend(state.backend)
+                   vmcores: Sequence[Mapping[str, Any]] = ()) -> None:
+    """manifest.json: what ran, on what, how it ended, and the guests' vmcores it holds
+    (:func:`vmcores_note`); all of it from what the run recorded (the state, the commands), nothing
+    asked of a guest or its QEMU here."""
     warnings = list(state.warnings)
     try:
         image_manifest: dict[str, Any] = json.loads((Path(state.image["dir"]) / IMAGE_MANIFEST).read_text())
@@ -103,7 +85,7 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
         "accel": state.accel,
         "backend": state.backend,
         "host": host_info(),
-        "qemu": _qemu_section(state, backend),
+        "qemu": _qemu_section(state),
         "drivers": state.drivers,
         "vlan_offloads": state.offloads,  # guest -> NIC carrying VLANs -> its offloads, as the guest said
         # guests restored from their post-boot snapshot (warm start) instead of booted
@@ -142,12 +124,12 @@ def vmcores_note(vmcores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                             "only); 'labctl bundle' leaves them out unless given --with-vmcores"}
 
 
-def _qemu_section(state: LabState, backend: Backend) -> dict[str, Any]:
-    """The QEMU each guest ran on, and how: ``version`` is the one version
-    all guests ran (the local binary's when none answered), ``guests`` each one's."""
-    versions = running_qemu_versions(state, backend)
+def _qemu_section(state: LabState) -> dict[str, Any]:
+    """The QEMU each guest ran on, and how, as ``up`` recorded it: ``version`` is the one version
+    all guests ran (this host's binary's when none answered), ``guests`` each one's."""
+    versions = {g: state.emulators.get(g, "unknown") for g in state.guests}
     known = {v for v in versions.values() if v != "unknown"}
-    version = known.pop() if len(known) == 1 else ("mixed" if known else backend.emulator_version())
+    version = known.pop() if len(known) == 1 else ("mixed" if known else state.emulator or "unknown")
     return {"version": version, "guests": versions, "argv": {n: r.argv for n, r in state.guests.items()}}
 
 

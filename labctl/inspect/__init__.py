@@ -14,7 +14,7 @@ for reports (:mod:`.summary`), a drgn check's expression evaluated on a kernel
 
 drgn is imported only inside functions (a missing drgn is a :class:`HostError`
 when used, nothing else needs it). Reads what a lab's state records through a
-protocol (:class:`.guest_target.LabState`), never the state, up or steps stages, so
+protocol (:class:`labctl.backends.LabState`), never the state, up or steps stages, so
 that ``up``, steps and bisect can take a vmcore and summarise it on a crash::
 
     from labctl.inspect import take_guest_vmcore, vmcore_summary, format_summary

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import labctl.inspect.debuginfo as debuginfo  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.inspect.vmcoreinfo as vmcoreinfo  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+from labctl.backends import LabState
 from labctl.errors import DebugError, GuestError, HostError, LabctlError
-from labctl.inspect.guest_target import GuestTarget, LabState, guest_target
+from labctl.inspect.guest_target import GuestTarget, guest_target
 from labctl.inspect.memory import GuestMemory, map_ranges
 from labctl.inspect.program import (
     DebugReport,

@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labctl.backends import LabState
 from labctl.debug import CRASH_MARKERS, oops_titles
 from labctl.errors import LabctlError
 from labctl.inspect.dump import take_vmcore
-from labctl.inspect.guest_target import LabState, guest_target
+from labctl.inspect.guest_target import guest_target
 from labctl.inspect.summary import vmcore_summary
 from labctl.paths import atomic_write
 

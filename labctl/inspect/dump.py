@@ -33,9 +33,9 @@ from typing import Any
 
 import labctl.inspect.kdump as kdump  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.inspect.vmcoreinfo as vmcoreinfo  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.backends import dump_guest_memory
+from labctl.backends import LabState, dump_guest_memory
 from labctl.errors import DebugError, HostError, LabctlError
-from labctl.inspect.guest_target import GuestTarget, LabState, guest_target
+from labctl.inspect.guest_target import GuestTarget, guest_target
 from labctl.paths import atomic_file
 
 FORMATS = {"kdump": "kdump-zlib", "elf": "elf"}

@@ -14,27 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from labctl.backends import BackendMonitor, get_backend
+from labctl.backends import BackendMonitor, LabState, get_backend
 from labctl.errors import HostError, MachineError
 from labctl.kernel import Kernel
 
 if TYPE_CHECKING:
     from labctl.backends import Backend, GuestRecord
     from labctl.ssh import Endpoint
-
-
-class LabState(Protocol):
-    """What this package needs of a lab that is up (:class:`labctl.state.runstate.LabState` is one)."""
-
-    lab: str
-    backend: str
-    guests: dict[str, GuestRecord]
-
-    def kernel(self, guest: str) -> Kernel: ...
-
-    def endpoint(self, guest: str) -> Endpoint: ...
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The kernels of a lab: which one each guest boots, whether they can be had, preparing them, preflight.
 
 A guest boots its own ``kernel:``, else the lab's, else ``--kernel`` for
-every guest, else the image's default Debian kernel. Before anything is
-started, :func:`check` reports kernels that cannot be had (a missing tree,
+every guest, else the image's default Debian kernel (:func:`specs`, worked out once
+and handed to the rest). Before anything is started, :func:`check` reports kernels that cannot be had (a missing tree,
 one that was not built, an unknown Debian ABI) at the lab file's line (exit
 2), :func:`prepare` prepares each distinct kernel once (cached), and
 :func:`preflight` refuses a kernel the lab cannot run on, from its
@@ -11,7 +11,7 @@ configuration.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import labctl.kernel.prepare as prep
@@ -55,7 +55,7 @@ def specs(lab: Lab, image: Image) -> dict[str, KernelSpec]:
     return {g: lab.kernel_of(g) or default for g in lab.guests}
 
 
-def _distinct(specs_by_guest: dict[str, KernelSpec]) -> list[KernelSpec]:
+def _distinct(specs_by_guest: Mapping[str, KernelSpec]) -> list[KernelSpec]:
     seen: dict[tuple[Any, ...], KernelSpec] = {}
     for spec in specs_by_guest.values():
         seen.setdefault(_identity(spec), spec)
@@ -66,14 +66,14 @@ def _identity(spec: KernelSpec) -> tuple[Any, ...]:
     return (spec.kind, spec.abi, spec.flavour, spec.tree, spec.image, spec.modules, spec.debug)
 
 
-def check(lab: Lab, image: Image) -> None:
-    """Refuse kernels that cannot be had, each at the line that names it.
+def check(lab: Lab, by_guest: Mapping[str, KernelSpec]) -> None:
+    """Refuse kernels that cannot be had, each at the line that names it (``by_guest``: :func:`specs`).
 
     :raise LabFileError: for kernels named in the lab file (exit 2).
     :raise UsageError: for ``--kernel`` (exit 2).
     """
     problems: list[Problem] = []
-    for spec in _distinct(specs(lab, image)):
+    for spec in _distinct(by_guest):
         why = prep.check(spec)
         if why is None:
             continue
@@ -84,29 +84,30 @@ def check(lab: Lab, image: Image) -> None:
         raise LabFileError(sorted(problems, key=lambda p: p.line))
 
 
-def prepare(lab: Lab, image: Image, recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Kernel]:
-    """guest -> its prepared kernel (each distinct kernel prepared once, from the cache when it can).
+def prepare(by_guest: Mapping[str, KernelSpec], recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Kernel]:
+    """guest -> its prepared kernel (``by_guest``: :func:`specs`; each distinct kernel prepared once,
+    from the cache when it can).
 
     :raise ImageError: when preparing one fails.
     """
     r = reporter or NullReporter()
-    by_spec = {_identity(s): prep.prepare(s, options(recipe), r) for s in _distinct(specs(lab, image))}
-    return {g: by_spec[_identity(s)] for g, s in specs(lab, image).items()}
+    by_spec = {_identity(s): prep.prepare(s, options(recipe), r) for s in _distinct(by_guest)}
+    return {g: by_spec[_identity(s)] for g, s in by_guest.items()}
 
 
-def all_prepared(lab: Lab, image: Image, recipe: Recipe) -> bool:
-    """True when every kernel the lab needs is in the cache (nothing to download or build)."""
+def all_prepared(by_guest: Mapping[str, KernelSpec], recipe: Recipe) -> bool:
+    """True when every kernel of ``by_guest`` (:func:`specs`) is in the cache (nothing to download or build)."""
     return all((kernels_root() / prep.content_key(s, options(recipe)) / "manifest.json").is_file()
-               for s in _distinct(specs(lab, image)))
+               for s in _distinct(by_guest))
 
 
-def preflight(lab: Lab, image: Image) -> Preflight:
-    """What the lab needs, checked against each guest's kernel configuration, before any
-    kernel is prepared (a Debian kernel's package is downloaded for its config) or any QEMU starts.
+def preflight(lab: Lab, by_guest: Mapping[str, KernelSpec]) -> Preflight:
+    """What the lab needs, checked against each guest's kernel configuration (``by_guest``:
+    :func:`specs`), before any kernel is prepared (a Debian kernel's package is downloaded for its
+    config) or any QEMU starts.
 
     :raise ImageError: when a Debian kernel's package cannot be downloaded.
     """
-    by_guest = specs(lab, image)
     configs = {_identity(s): prep.config_text(s) for s in _distinct(by_guest)}
     parsed = {k: parse_config(v) if v else None for k, v in configs.items()}
     return check_requirements(lab, lambda g: parsed[_identity(by_guest[g])], lambda g: _name(by_guest[g]))

@@ -134,6 +134,8 @@ class LabState:
     kernels: dict[str, str] = field(default_factory=dict)  # guest -> its prepared kernel's directory
     snapshots: dict[str, str] = field(default_factory=dict)  # guest -> its post-boot snapshot's key (qemu)
     warm: list[str] = field(default_factory=list)  # guests restored from their snapshot instead of booted
+    emulators: dict[str, str] = field(default_factory=dict)  # guest -> its QEMU's version, asked once it was up
+    emulator: str = ""  # this host's QEMU's version (the bundle's when no guest's QEMU answered)
     netns: str | None = None  # the lab's network namespace (tap networks; labctl.up.taps)
     phase: str = UP  # STARTING while ``up`` runs; UP once every guest answered
     owner_pid: int = 0  # the ``labctl up`` that is bringing the lab up (while STARTING)

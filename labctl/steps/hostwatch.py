@@ -261,7 +261,8 @@ class HostWatch:
         return self.seconds
 
     def _write(self, w: _Watched, end: dict[str, Any] | None = None) -> None:
-        doc = {"guest": w.guest, "pid": w.pid or None, "accel": self.state.accel,
+        rec = self.state.guests.get(w.guest)
+        doc = {"guest": w.guest, "pid": w.pid or None, "accel": rec.accel if rec is not None else self.state.accel,
                "clock_ticks_per_s": os.sysconf("SC_CLK_TCK"), "window_s": self.seconds,
                "vcpu_threads": w.vcpus, "start": w.start, "end": end, "note": w.note}
         atomic_write(w.dir / THREADS_FILE, json.dumps(doc, indent=1) + "\n")

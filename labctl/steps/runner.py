@@ -119,8 +119,9 @@ class Runner:
         by_name = {k.name: k.guests() for k in kinds} | {"nic": [res.nic["guest"]] if res.nic else []}
         res.guests = list(dict.fromkeys(g for name in GUEST_ORDER for g in by_name.get(name, [])))
         res.kinds = [k.name for k in kinds]
-        return Variant(self.lab, self.state, self.backend, self.dir, self.sessions, self.events, self.commands,
-                       self.addresses, step, row, res, rel, workdir, kinds, res.guests)
+        return Variant(lab=self.lab, state=self.state, backend=self.backend, bundle=self.dir, sessions=self.sessions,
+                       events=self.events, commands=self.commands, addresses=self.addresses, step=step, row=row,
+                       res=res, rel=rel, workdir=workdir, kinds=kinds, involved=res.guests)
 
     def _nic(self, step: Step, row: dict[str, str]) -> NicRecord | None:
         if step.nic is None:

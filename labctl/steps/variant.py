@@ -74,10 +74,11 @@ class StepKind:
         """The guests' files are in the bundle."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Variant:
     """What every kind of one variant reads and writes: the step (its trace filled in for the row),
-    the row, where its files go in the guests (``workdir``) and in the bundle (``rel``), the result."""
+    the row, where its files go in the guests (``workdir``) and in the bundle (``rel``), the result.
+    Made by keyword only: fifteen fields of which several share a type are not to be told by position."""
 
     lab: Lab
     state: LabState

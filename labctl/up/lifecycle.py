@@ -18,7 +18,7 @@ import labctl.up.envcheck as envcheck  # noqa: PLR0402 - a sibling module, not t
 import labctl.up.mounts as mounts  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.backends import GuestPlan, GuestRecord, choose_accel, get_backend
+from labctl.backends import GuestPlan, GuestRecord, choose_accels, get_backend, lab_accel, running_version
 from labctl.errors import LabctlError, LabFileError, LabStateError, PortTaken, UsageError
 from labctl.events import UpEvents
 from labctl.image import Image
@@ -84,11 +84,9 @@ class LabUp:
         with lab_lock(self.lab.ident):
             self._refuse_if_up()
             self._check_environment()
-            accel = choose_accel(self.opts.accel, next(iter(self.kernels.values())).boot)
-            if accel.warning:
-                self._warn(accel.warning)
+            accels = self._accels()
             try:
-                state = self._up(accel.accel)
+                state = self._up(accels)
             except BaseException:
                 self.teardown()
                 raise
@@ -132,6 +130,13 @@ class LabUp:
         self.warnings.append(message)
         self.events.warn(message)
 
+    def _accels(self, warn: bool = True) -> dict[str, str]:
+        """guest -> its accelerator, each from its own kernel (a KVM probe per distinct kernel)."""
+        accels, warnings = choose_accels(self.opts.accel, {g: self.kernels[g].boot for g in self.lab.guests})
+        for w in warnings if warn else ():
+            self._warn(w)
+        return accels
+
     def _new_state(self, accel: str) -> LabState:
         """The state, saved before anything is started (and after every start): a labctl killed at
         any point leaves a lab that status calls incomplete and down removes."""
@@ -149,11 +154,11 @@ class LabUp:
         state.save()
         return state
 
-    def _up(self, accel: str) -> LabState:
-        state = self._new_state(accel)
+    def _up(self, accels: dict[str, str]) -> LabState:
+        state = self._new_state(lab_accel(accels))
         client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.ident}")
         segments = self.networks.make(state)
-        plans = [self.planner.plan(g, accel, segments, client.public_line) for g in self.lab.guests.values()]
+        plans = [self.planner.plan(g, accels[g.name], segments, client.public_line) for g in self.lab.guests.values()]
         state.warm = sorted(self.planner.warm)
         state.uploads = self.backend.prepare(plans)
         state.save()
@@ -176,6 +181,9 @@ class LabUp:
             mounts.mount(state.endpoint(g.name), g.name, g.shares)
         for (guest, nic), imp in netctl.lab_impairments(state).items():  # netem, once SSH answers
             netctl.apply_impairment(state, guest, nic, imp)
+        # what a run's manifest says of the QEMUs: recorded here, never asked by the bundle
+        state.emulators = {g: running_version(self.backend, rec) for g, rec in self.records.items()}
+        state.emulator = self.backend.emulator_version()
         state.phase = UP
         state.save()
         return state
@@ -192,12 +200,12 @@ class LabUp:
             raise UsageError(f"--dry-run shows QEMU command lines: lab {self.lab.ident} uses the "
                              f"{self.backend.name} backend", hint="labctl up --show-command prints what it defined")
         self._check_environment()
-        accel = choose_accel(self.opts.accel, next(iter(self.kernels.values())).boot).accel
+        accels = self._accels(warn=False)
         segments = plan_networks(self.lab, self.dir / "net", self.hosts,
                                  taps=taps.unavailable(self.backend) is None)
         out = []
         for g in self.lab.guests.values():
-            plan = self.planner.dry_plan(g, accel, segments)
+            plan = self.planner.dry_plan(g, accels[g.name], segments)
             out.append(PlannedGuest(g.name, self.backend.command(plan), plan.warm))
         return out
 

@@ -226,3 +226,52 @@ def test_another_users_config_is_refused(tmp_path: Path) -> None:
         with pytest.raises(UsageError, match=r"is owned by nobody \(uid 65534\)"):
             _read_config(cfg, "--good-config", [])
         assert _read_config(cfg, "--good-config", [str(tmp_path)])  # --trust-dir trusts it
+
+
+def test_a_part_whose_candidate_makes_no_progress_is_passed_over() -> None:
+    """Four options, olddefconfig (a stand-in) answering each part differently: {A, B} comes back as the good
+    config, {C, D} as the bad one, {A} with B, C and a new X set (off the line between the ends), {B}
+    as asked: only {B} makes progress, and what was passed over is said."""
+    good = _cfg(A="n", B="n", C="n", D="n")
+    bad = _cfg(A="y", B="y", C="y", D="y")
+
+    def olddef(c: cf.Config) -> cf.Config:
+        on = {k for k, v in c.values.items() if v == "y"}
+        if on == {"CONFIG_A", "CONFIG_B"}:
+            return good
+        if on == {"CONFIG_C", "CONFIG_D"}:
+            return bad
+        if on == {"CONFIG_A"}:
+            # as far from the good end as the bad end is (A, B, C and X), though nearer the bad one (D, X)
+            return cf.Config({**c.values, "CONFIG_B": "y", "CONFIG_C": "y", "CONFIG_X": "y"}, c.arch, c.version)
+        return c
+
+    cand = cf.pick(good, bad, olddef)
+    assert cand is not None and cand.names == ["CONFIG_B"] and (cand.left_good, cand.left_bad) == (1, 3)
+    assert cand.tried == ["CONFIG_A, CONFIG_B: olddefconfig gave back the good config",
+                          "CONFIG_C, CONFIG_D: olddefconfig gave the bad config",
+                          "CONFIG_A: olddefconfig moved it off the line between the ends"]
+    assert cf.pick(good, bad, lambda c: good if c != bad else bad) is None  # every part undone: no candidate
+
+
+@pytest.mark.parametrize("culprit", NAMES)
+def test_every_candidate_lies_strictly_between_the_ends(culprit: str) -> None:
+    """With olddefconfig dropping options whose dependency is off, each candidate is nearer each end than
+    the ends are to each other, and the bisection still ends at the culprit."""
+    deps = {"CONFIG_NET_SCH_SFQ": "CONFIG_NET_SCH_PRIO", "CONFIG_E1000E": "CONFIG_E1000", "CONFIG_VETH": "CONFIG_DUMMY"}
+    good = cf.Config({n: "n" for n in NAMES}, "x86", "6.1")
+    bad = cf.Config({n: "y" for n in NAMES}, "x86", "6.1")
+    olddef = _olddef(deps)
+    lo, hi = olddef(good), olddef(bad)
+    while len(cf.diff(lo, hi)) > 1:
+        total = len(cf.diff(lo, hi))
+        cand = cf.pick(lo, hi, olddef)
+        if cand is None:
+            break
+        assert 0 < cand.left_good < total and 0 < cand.left_bad < total, cand
+        assert cf.progress(lo, hi, cand.config) == (cand.left_good, cand.left_bad)
+        if cand.config.get(culprit) == "y":
+            hi = cand.config
+        else:
+            lo = cand.config
+    assert cf.diff(lo, hi) == [culprit]

@@ -152,6 +152,45 @@ def test_the_drops_table_counts_network_drops_and_leaves_local_frees_out() -> No
     assert local > 0 and rows[2].headers == ["ICMP echo-request 10.1.9.1 > 10.2.0.1 id 204 seq 1"]
 
 
+DROPS = Path(__file__).resolve().parents[1] / "fixtures" / "drops"  # one 6.1 guest: see its README
+
+
+def test_two_reasons_at_one_drop_site_are_two_rows_and_a_swapped_protocol_is_read() -> None:
+    events, _ = hops.parse_text((DROPS / "a" / "drops.txt").read_text(), "a")
+    rows, local = drops.table(events)
+    assert [(r.where, r.reason, r.dev, r.protocol, r.count) for r in rows] == [
+        ("ip_rcv_core+0x236/0x310", "IP_CSUM", "lo", "IPv4", 3),
+        ("ip_rcv_core+0x236/0x310", "IP_INHDR", "lo", "IPv4", 3),
+        ("kfree_skb_list_reason+0x1e/0x30", "QDISC_DROP", "dummy9", "IPv4", 1),  # proto=8: 0x0800 in host order
+        ("kfree_skb_list_reason+0x1e/0x30", "QDISC_DROP", "dummy9", "IPv6", 1)]  # proto=34525: network order
+    assert local == 4 and rows[0].headers == ["UDP 127.0.0.1:4000 > 127.0.0.1:9"] * 3
+
+
+def test_the_drops_summary_and_compare_keep_each_reason_of_a_site(tmp_path: Path) -> None:
+    from labctl.report.drops_report import drops_metrics, summarize_drops
+
+    step = tmp_path / "step"
+    shutil.copytree(DROPS / "a", step / "a")
+    got = summarize_drops(step)
+    assert got is not None and got["total"] == 8 and got["guests"]["a"]["local_frees"] == 4
+    assert [(r["function"], r["reason"], r["protocol"]) for r in got["rows"]] == [
+        ("ip_rcv_core", "IP_CSUM", "IPv4"), ("ip_rcv_core", "IP_INHDR", "IPv4"),
+        ("kfree_skb_list_reason", "QDISC_DROP", "IPv4"), ("kfree_skb_list_reason", "QDISC_DROP", "IPv6")]
+    m = drops_metrics({"drops": got})
+    assert {k: v[0] for k, v in m.items()} == {
+        "drops.a.total": 8.0, "drops.a.ip_rcv_core.IP_CSUM": 3.0, "drops.a.ip_rcv_core.IP_INHDR": 3.0,
+        "drops.a.kfree_skb_list_reason.QDISC_DROP": 2.0}
+
+
+@pytest.mark.parametrize("proto, name", [("2048", "IPv4"), ("8", "IPv4"), ("34525", "IPv6"), ("56710", "IPv6"),
+                                         ("1544", "ARP"), ("0", "none"), ("4660", "0x1234")])
+def test_a_drops_protocol_is_named_in_either_byte_order(proto: str, name: str) -> None:
+    line = ("  python3-174 [000] b..1.  47.554116: drop: (skb.kfree_skb) skb=0xffff888017132300 "
+            f"proto={proto} reason=45 dev=\"dummy9\" loc=kfree_skb_list_reason+0x1e/0x30")
+    ev = hops.parse_line(line, "a")
+    assert ev is not None and drops.protocol_name(ev) == name
+
+
 RULESET_IPT = """table ip filter { # handle 3
 \tchain INPUT { # handle 1
 \t\ttype filter hook input priority filter; policy accept;

@@ -257,6 +257,17 @@ def test_a_forbidden_import_is_caught_however_written(line: str, monkeypatch: py
     assert any("labctl.trace.planted" in b or "trace/planted.py" in b for b in broken_rules(rules()))
 
 
+@pytest.mark.parametrize("line", ["from labctl.backends import get_backend", "import labctl.backends.monitor"])
+def test_the_bundle_imports_no_backend(line: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest is written from what the run recorded: labctl.bundle imports no backend, not even
+    the interface (it asked every guest's QEMU its version over QMP once)."""
+    assert "labctl.backends" in rules()["labctl.bundle"]
+    planted = Source(ROOT / "bundle" / "planted.py", "labctl.bundle.planted", ast.parse(line + "\n"))
+    real = sources()
+    monkeypatch.setattr(sys.modules[__name__], "sources", lambda: (*real, planted))
+    assert any("labctl.bundle.planted" in b for b in broken_rules(rules()))
+
+
 # --------------------------------------------------------------------------- loops
 
 

@@ -93,13 +93,13 @@ def test_a_missing_tree_is_a_lab_file_error_at_its_line(tmp_path: Path, image_st
     lab = load_lab_text("name: l\nnetworks: {}\nguests:\n  a:\n    kernel: {tree: /nonexistent/linux}\n",
                         str(tmp_path / "l.yaml"))
     with pytest.raises(LabFileError) as exc:
-        guest_kernels.check(lab, image_stub)  # type: ignore[arg-type]
+        guest_kernels.check(lab, guest_kernels.specs(lab, image_stub))  # type: ignore[arg-type]
     [problem] = exc.value.problems
     assert (problem.line, problem.path) == (5, "guests.a.kernel")
     assert "no kernel tree at /nonexistent/linux" in problem.message
     forced = lab.with_kernel(kernels.KernelSpec(kernels.TREE, tree=tmp_path / "gone", path="--kernel"))
     with pytest.raises(UsageError, match="--kernel: no kernel tree at"):
-        guest_kernels.check(forced, image_stub)  # type: ignore[arg-type]
+        guest_kernels.check(forced, guest_kernels.specs(forced, image_stub))  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -234,7 +234,7 @@ def test_preflight_reads_each_guests_own_kernel_config(tmp_path: Path, image_stu
         return (tree / ".config").read_text() if spec.kind == kernels.TREE else "CONFIG_E1000=m\n" + bootable_config()
 
     monkeypatch.setattr(prep, "config_text", config_text)
-    report = guest_kernels.preflight(lab, image_stub)  # type: ignore[arg-type]
+    report = guest_kernels.preflight(lab, guest_kernels.specs(lab, image_stub))  # type: ignore[arg-type]
     assert sorted(seen) == sorted([f"tree {tree}", "debian:6.1.0-56-amd64"])
     [refusal] = report.refusals
     assert (refusal.line, refusal.path) == (6, "guests.a.nics[0].model")  # b's kernel has the driver
@@ -262,3 +262,37 @@ def test_manifest_records_sha256_of_boot_and_debug(tmp_path: Path) -> None:
     assert summary["release"] == "6.1.0-56-amd64" and summary["sha256"]["boot"] == "a" * 64
     json.dumps(summary)
     assert os.fspath(k.dir) == summary["dir"]
+
+
+def test_prepare_kernels_works_out_each_guests_kernel_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks, the preflight, the cache look-up and the preparation all read one guest -> kernel map."""
+    from labctl import pipeline
+    from labctl.image import load_recipe
+
+    lab = load_lab_text("name: l\nnetworks: {}\nguests:\n  a: {}\n  b: {}\n", str(tmp_path / "l.yaml"))
+
+    class Image:
+        name, default_kernel = "debian-12", "debian:6.1.0-56-amd64"
+
+    calls: list[str] = []
+    real_specs = guest_kernels.specs
+
+    def specs(lab_: object, image: object) -> dict[str, kernels.KernelSpec]:
+        calls.append("specs")
+        return real_specs(lab_, image)  # type: ignore[arg-type]
+
+    prepared: list[str] = []
+
+    def prepare(spec: kernels.KernelSpec, options: object, reporter: object = None) -> str:
+        prepared.append(spec.describe())
+        return f"kernel {spec.describe()}"
+
+    monkeypatch.setattr(guest_kernels, "specs", specs)
+    monkeypatch.setattr(prep, "check", lambda spec: None)
+    monkeypatch.setattr(prep, "config_text", lambda spec: bootable_config())
+    monkeypatch.setattr(prep, "prepare", prepare)
+    monkeypatch.setattr(pipeline, "load_recipe", lambda name: load_recipe(name))
+    monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path / "cache"))
+    got = pipeline.prepare_kernels(lab, Image())  # type: ignore[arg-type]
+    assert got == {"a": "kernel debian:6.1.0-56-amd64", "b": "kernel debian:6.1.0-56-amd64"}
+    assert calls == ["specs"] and prepared == ["debian:6.1.0-56-amd64"]  # one kernel for both guests, prepared once

@@ -67,6 +67,30 @@ def test_an_ipv6_only_nic_is_its_own_ip_and_unknown_address_keys_are_refused() -
     assert lab.guests["g"].address_keys() == {"g.eth1.ip": "fd00::1", "g.eth1.ip6": "fd00::1"}
 
 
+ROUTES = ("name: t\nnetworks: {n: {}}\nguests:\n  g:\n    nics: [{name: eth1, model: e1000, network: n, "
+          "ip: [10.0.0.2/24, \"fd00::2/64\"]}]\n    routes:\n      - {to: default, via: VIA1}\n"
+          "      - {to: default, via: VIA2, metric: METRIC}\n")
+
+
+@pytest.mark.parametrize("via1, via2, metric, clash", [
+    ("\"fd00::1\"", "\"fd00::3\"", 1024, True),  # the kernel gives an IPv6 route without a metric 1024
+    ("\"fd00::1\"", "\"fd00::3\"", 0, False),
+    ("10.0.0.1", "10.0.0.3", 0, True),  # ... and an IPv4 one 0
+    ("10.0.0.1", "10.0.0.3", 1024, False),
+])
+def test_two_routes_to_one_destination_with_the_kernels_metric_are_refused(via1: str, via2: str, metric: int,
+                                                                           clash: bool) -> None:
+    text = ROUTES.replace("VIA1", via1).replace("VIA2", via2).replace("METRIC", str(metric))
+    if not clash:
+        routes = load_lab_text(text, "t.yaml").guests["g"].routes
+        assert [r.metric for r in routes] == [None, metric]
+        return
+    with pytest.raises(LabFileError) as err:
+        load_lab_text(text, "t.yaml")
+    assert str(err.value) == (f"t.yaml:8: guests.g.routes[1]: a route to default with metric {metric} is already "
+                              "given at line 7 (give this one another metric)")
+
+
 def test_the_views_read_an_older_labctls_dicts() -> None:
     old = {"nics": [{"name": "eth1", "model": "e1000", "network": "lan", "ip": "10.0.0.1/24"}]}
     assert nic_addresses(old["nics"][0]) == ["10.0.0.1/24"]

@@ -186,6 +186,32 @@ def test_a_member_whose_digest_differs_is_refused(packed: Path, tmp_path: Path) 
         open_pack(bad)
 
 
+def test_a_member_of_the_right_size_with_another_digest_is_refused(packed: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.labpack"
+
+    def flip(m: tarfile.TarInfo, d: bytes | None) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+        if not m.name.endswith("/boot") or d is None:
+            return [(m, d)]
+        same_size = d[:-1] + bytes([d[-1] ^ 1])  # one bit of the kernel changed, its size as the index says
+        return [(_replace(m, same_size), same_size)]
+
+    _repack(packed, bad, flip)
+    with pytest.raises(UsageError, match=r"member kernels/0123456789abcdef/boot has sha256 \w+ \(17 bytes\), its "
+                                         r"index \w+ \(17 bytes\); nothing started"):
+        open_pack(bad)
+    assert not list((tmp_path / "cache" / "packs").glob("*/kernels"))  # nothing left unpacked
+
+
+@pytest.mark.parametrize("gone", ["kernels/0123456789abcdef/config", "lab/lab.yaml"])
+def test_a_member_its_index_lists_but_the_file_lacks_is_refused(packed: Path, tmp_path: Path, gone: str) -> None:
+    bad = tmp_path / "bad.labpack"
+    assert gone in members(packed)
+    _repack(packed, bad, lambda m, d: [] if m.name == gone else [(m, d)])
+    assert gone not in members(bad)
+    with pytest.raises(UsageError, match=f"members missing: {gone}; nothing started"):
+        open_pack(bad)
+
+
 @pytest.mark.parametrize("name", ["../evil", "/etc/evil", "kernels/0123456789abcdef/../../x", "lab/a b"])
 def test_a_member_outside_the_layout_is_refused(packed: Path, tmp_path: Path, name: str) -> None:
     bad = tmp_path / "bad.labpack"

@@ -146,6 +146,33 @@ def test_prune_keeps_what_is_pinned_or_named_by_a_lab_up(cache: Path, tmp_path: 
     assert sorted(e.path.name for e in removed) == ["aaaa", "ffff", "pack-dd"]  # still pinned: cccc
 
 
+def test_prune_keeps_an_entry_whose_file_a_running_process_has_open(cache: Path, tmp_path: Path) -> None:
+    """A pack's image whose root file system a QEMU reads (through a guest's overlay), as a real process
+    holding it open: kept while it runs, removed once it has ended; a pack beside it nothing holds is removed."""
+    import sys
+
+    disk = cache / "images" / "debian-12" / "pack-dd" / "rootfs.img"
+    disk.parent.mkdir(parents=True)
+    disk.write_bytes(b"x" * 5000)
+    (cache / "packs" / "bbbb" / "lab").mkdir(parents=True)
+    (cache / "packs" / "bbbb" / "lab" / "lab.yaml").write_text("name: b\n")
+    hold = "import sys; f = open(sys.argv[1], 'rb'); print('open', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(disk)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        removed, kept = prune_cache([])
+        assert [e.path.name for e in removed] == ["bbbb"] and [(e.kind, e.path) for e in kept] == [
+            ("pack image", disk.parent)]
+        assert disk.is_file()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    removed, kept = prune_cache([])
+    assert [e.path for e in removed] == [disk.parent] and not kept and not disk.parent.exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="gives the repository to another user")
 def test_a_git_file_repository_of_another_user_is_refused_by_git(cache: Path, tmp_path: Path) -> None:
     url, _ = _repo(tmp_path, {"a.yaml": LAB})

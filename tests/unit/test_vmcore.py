@@ -86,6 +86,11 @@ def test_a_bad_check_is_reported_with_its_line() -> None:
     ("'ab'.upper().startswith('A') and not 0", True),
     ("sizeof(prog.type('int')) * 2", 8),
     ("3 if 1 < 2 < 3 else 4", 3),
+    ("1 < 5 < 3", False),  # a chain false in its last link: each link compares the one before it
+    ("5 > 3 > 4", False),
+    ("1 < 2 < 3 < 2", False),
+    ("3 > 2 > 1", True),
+    ("1 == 1 != 2 < 3", True),
 ])
 def test_an_expression_is_walked_to_its_value(text: str, value: object) -> None:
     from labctl.inspect import evaluate

@@ -7,32 +7,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from labctl.backends import BackendMonitor, Monitor, get_backend
+from labctl.backends import BackendMonitor, LabState, Monitor, get_backend
 from labctl.debug.gdb.stub import GdbStub, target_remote
 from labctl.debug.modsyms import add_symbol_file_commands, module_sections
 from labctl.errors import DebugError
 from labctl.kernel import Kernel
 from labctl.lab import SshHop
-
-if TYPE_CHECKING:
-    from labctl.backends import GuestRecord
-    from labctl.ssh import Endpoint
-
-
-class LabState(Protocol):
-    """What gdb needs of a lab that is up (:class:`labctl.state.runstate.LabState` is one): the
-    up stage comes before this one and is never imported from here."""
-
-    lab: str
-    backend: str
-    guests: dict[str, GuestRecord]
-
-    def kernel(self, guest: str) -> Kernel: ...
-
-    def endpoint(self, guest: str) -> Endpoint: ...
-
 
 # -- labs: finding a guest's gdbstub and symbols, the interactive init script --------
 
