@@ -174,7 +174,7 @@ class Correlator:
     clusters: dict[tuple[object, ...], list[_Cluster]] = field(default_factory=dict)
     last_by_skb: dict[tuple[str, str], tuple[int, _Cluster]] = field(default_factory=dict)
     replies: dict[tuple[object, ...], int] = field(default_factory=dict)  # ICMP echo replies seen, host ns
-    errors: list[tuple[str, int, Header]] = field(default_factory=list)  # ICMP errors: origin guest, its ts
+    errors: list[_Cluster] = field(default_factory=list)  # the ICMP errors seen (what may answer a drop)
     arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
     drops_seen: int = 0
     count: int = 0
@@ -225,7 +225,7 @@ class Correlator:
         c = _Cluster(header.key(), header)
         self.clusters.setdefault(c.key, []).append(c)
         if header.is_error():
-            self.errors.append((ev.guest, ev.ts, header))
+            self.errors.append(c)
         elif header.family == ARP and header.proto == 2:
             self.arp_replies.setdefault((header.saddr, header.daddr), []).append((ev.host_ns or 0, ev.guest, header.hw))
         return c
@@ -314,7 +314,7 @@ class Correlator:
             newest = max(self.replies.values())
             self.replies = {k: t for k, t in self.replies.items() if newest - t < 4 * CLUSTER_GAP_NS}
         if len(self.errors) > 1000:
-            self.errors = self.errors[-500:]
+            self.errors = [c for c in self.errors[-500:] if not c.done]
         for k, seen in list(self.arp_replies.items()):
             if len(seen) > 50:
                 self.arp_replies[k] = seen[-20:]
@@ -429,20 +429,31 @@ def quoted(events: list[Event]) -> tuple[list[Event], list[Event]]:
     its error queue (ping's ``IP_RECVERR``) reads the packet the error quotes, header and all: that read
     is the answer coming back, not the packet's delivery. A read is a delivery when the last hop before
     it in the same guest took the packet in (received, or handed to the local stack); after a send (or
-    nothing), it is a quoted copy."""
+    with only its drop before it there), it is a quoted copy."""
     kept: list[Event] = []
     copies: list[Event] = []
     last: dict[str, Event] = {}
+    dropped: set[str] = set()  # guests where it was dropped before any other hop (never sent, never received)
     for e in sorted(events, key=lambda e: e.ts):
         if POINTS[e.point].role == "read":
             before = last.get(e.guest)
-            if before is not None and POINTS[before.point].role in ("tx", "xmit"):
+            if (before.point in ("dev_queue", "xmit") if before else e.guest in dropped):
                 copies.append(e)
                 continue
-        elif e.point != "drop":
+        elif e.point == "drop":
+            dropped.add(e.guest)
+        else:
             last[e.guest] = e
         kept.append(e)
     return kept, copies
+
+
+def _handled_error(drop: Event, visit: list[Event]) -> bool:
+    """An ICMP or ICMPv6 error freed by icmp_rcv/icmpv6_rcv once it reached the local stack: the kernel's
+    way to end an error it passed to the socket of the packet it quotes (6.1's icmpv6_rcv frees every
+    error with kfree_skb, NOT_SPECIFIED)."""
+    fn = (drop.fields.get("loc") or "").split("+")[0]
+    return fn in ("icmp_rcv", "icmpv6_rcv") and any(e.point in ("ip_local", "ip6_local") for e in visit)
 
 
 @dataclass
@@ -454,7 +465,7 @@ class _Ends:
     wire: Wire
     netfilter: dict[str, str]
     replies: dict[tuple[object, ...], int]
-    errors: list[tuple[str, int, Header]] = field(default_factory=list)
+    errors: list[_Cluster] = field(default_factory=list)
     arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
 
     def end(self, c: _Cluster, visits: list[list[Event]], final: bool, copies: list[Event] | None = None) -> End:
@@ -469,6 +480,8 @@ class _Ends:
         guest = last[0].guest
         h = c.header
         drop = next((e for e in reversed(last) if e.point == "drop"), None)
+        if drop is not None and h.is_error() and _handled_error(drop, last):
+            drop = None  # ICMPv6 frees an error it handed to the socket with kfree_skb: not a drop
         if drop is not None:
             end = self._drop_end(drop, last)
             if end.kind == "dropped":
@@ -477,6 +490,8 @@ class _Ends:
         if h.family == ARP and h.proto == 1:
             return self._arp_end(h, visits)
         tail = next((e for e in reversed(last) if e.point != "drop"), last[-1])
+        if tail.point == "drop":
+            return self._drop_end(tail, last)
         if tail.point == "xmit":
             return self._sent_end(c, tail, final)
         if tail.point in LOCAL:
@@ -486,6 +501,9 @@ class _Ends:
                            where="icmpv6_rcv" if v6 else "icmp_rcv")
             what = {"tcp_rcv": "TCP (tcp_v4_rcv)", "tcp6_rcv": "TCP (tcp_v6_rcv)", "arp_rcv": "ARP (arp_rcv)",
                     "ip6_local": "the kernel (ip6_input)"}.get(tail.point, "the kernel (ip_local_deliver)")
+            if h.is_error() and tail.point in ("ip_local", "ip6_local"):
+                return End("consumed", guest, f"delivered to {what} on {guest}: an ICMP{'v6' if v6 else ''} error, "
+                           "for the socket that sent the packet it quotes (its error queue)", where=POINTS[tail.point].where)
             return End("consumed", guest, f"delivered to {what} on {guest}; no process read it while followed",
                        where=POINTS[tail.point].where)
         return End("open", guest, f"last seen at {POINTS[tail.point].where} on {guest}"
@@ -519,10 +537,10 @@ class _Ends:
         (seen as a packet of its own, or as the copy its reader got), or ""."""
         before = [e.ts for e in visit if e.point != "drop" and e.ts <= drop.ts]
         lo = before[-1] if before else drop.ts - ANSWER_NS
-        for g, ts, err in self.errors:
-            if (g == drop.guest and err.family == h.family and err.daddr == h.saddr
-                    and lo <= ts <= drop.ts + ANSWER_NS):
-                return f"; {error_name(err)} sent to {origin}"
+        for err in self.errors:  # its events on the dropping guest: sent from there (in any stream order)
+            if (err.header.family == h.family and err.header.daddr == h.saddr
+                    and any(e.guest == drop.guest and lo <= e.ts <= drop.ts + ANSWER_NS for e in err.events)):
+                return f"; {error_name(err.header)} sent to {origin}"
         if copies:
             r = copies[0]
             return f"; an ICMP error quoting it reached {r.comm} (pid {r.pid}) on {r.guest}"
