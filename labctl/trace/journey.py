@@ -449,11 +449,13 @@ def quoted(events: list[Event]) -> tuple[list[Event], list[Event]]:
 
 
 def _handled_error(drop: Event, visit: list[Event]) -> bool:
-    """An ICMP or ICMPv6 error freed by icmp_rcv/icmpv6_rcv once it reached the local stack: the kernel's
-    way to end an error it passed to the socket of the packet it quotes (6.1's icmpv6_rcv frees every
-    error with kfree_skb, NOT_SPECIFIED)."""
+    """An ICMP or ICMPv6 error freed once it reached the local stack, the kernel's way to end an error it
+    passed to the socket of the packet it quotes: 6.1's icmpv6_rcv frees every error with kfree_skb
+    (NOT_SPECIFIED), and a socket closed with the error still in its error queue frees it in
+    inet_sock_destruct (ping reads the error's copy, not the queue's end)."""
     fn = (drop.fields.get("loc") or "").split("+")[0]
-    return fn in ("icmp_rcv", "icmpv6_rcv") and any(e.point in ("ip_local", "ip6_local") for e in visit)
+    return (fn in ("icmp_rcv", "icmpv6_rcv", "inet_sock_destruct")
+            and any(e.point in ("ip_local", "ip6_local") for e in visit))
 
 
 @dataclass
@@ -484,7 +486,7 @@ class _Ends:
             drop = None  # ICMPv6 frees an error it handed to the socket with kfree_skb: not a drop
         if drop is not None:
             end = self._drop_end(drop, last)
-            if end.kind == "dropped":
+            if end.kind == "dropped" and not h.is_error():  # no error is sent about an error
                 end.text += self._answer(h, drop, last, visits[0][0].guest, copies or [])
             return end
         if h.family == ARP and h.proto == 1:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+from pathlib import Path
 
 from labctl.follow import probes
 from labctl.trace import hops
 from labctl.trace.clocks import Clock
 from labctl.trace.journey import Correlator, Journey, Topology
+from labctl.trace.journeyfiles import journeys_of
 
 
 def _fields(raw: bytes, family: int, at: int = 0) -> dict[str, str]:
@@ -222,3 +224,63 @@ def test_a_copy_read_after_the_packets_own_drop_is_not_its_delivery() -> None:
     (j,) = _run([d, ev("a", 3001.0, "raw_read", req, comm="ping")])
     assert j.end.kind == "dropped" and j.end.text.endswith(
         "for NEIGH_FAILED; an ICMP error quoting it reached ping (pid 301) on a")
+
+
+# Recorded on real guests (tests/fixtures/follow6: labs/dual-stack-router.yaml on Debian's 6.1 under TCG,
+# the steps of tests/integration/test_follow_ipv6.py: three IPv6 pings a → b through r; a ping with TTL 1
+# and one with hop limit 1; a ping to 10.1.0.99, which nobody has)
+FIX6 = Path(__file__).resolve().parents[1] / "fixtures" / "follow6"
+
+
+def _recorded(step: str) -> list[Journey]:
+    got = journeys_of(FIX6 / step)
+    assert got is not None
+    return got[0]
+
+
+def _where(j: Journey) -> list[tuple[str, str, str | None]]:
+    return [(h.guest, h.where, h.dev) for h in j.hops]
+
+
+A_OUT = [("a", "net_dev_queue", "br0"), ("a", "net_dev_start_xmit", "br0"), ("a", "net_dev_queue", "eth1"),
+         ("a", "net_dev_start_xmit", "eth1"), ("a", "a.eth1 → r.eth1", None), ("r", "netif_receive_skb", "eth1")]
+
+
+def test_recorded_ipv6_pings_through_the_router_each_with_its_full_path() -> None:
+    js = _recorded("ipv6")
+    requests = [j for j in js if j.header.is_echo(1)]
+    replies = [j for j in js if j.header.is_echo(2)]
+    assert len(requests) == len(replies) == 3 and len(js) == 6
+    for j in requests:
+        assert j.end.kind == "answered" and j.end.text == "answered by b's kernel (ICMPv6 echo reply sent)"
+        assert _where(j) == [*A_OUT, ("r", "ip6_forward", None), ("r", "net_dev_queue", "eth2"),
+                             ("r", "net_dev_start_xmit", "eth2"), ("r", "r.eth2 → b.eth1", None),
+                             ("b", "netif_receive_skb", "eth1"), ("b", "ip6_input", None)] and j.out_of_order == 0
+    for j in replies:
+        assert j.end.kind == "delivered" and j.end.guest == "a" and j.out_of_order == 0
+        assert _where(j)[-1] == ("a", "skb_copy_datagram_iovec", None)
+
+
+def test_recorded_ttl_and_hop_limit_exceeded_on_the_router() -> None:
+    by = {j.header.describe().split(" id ")[0]: j for j in _recorded("ttl")}
+    assert by["ICMP echo-request 10.1.0.2 > 10.2.0.2"].end.text == (
+        "dropped on r at ip_forward: TTL exceeded; time-exceeded sent to a")
+    assert by["ICMPv6 echo-request fd00:1::2 > fd00:2::2"].end.text == (
+        "dropped on r at ip6_forward: hop limit exceeded; time-exceeded sent to a")
+    assert _where(by["ICMP echo-request 10.1.0.2 > 10.2.0.2"]) == [*A_OUT, ("r", "ip_forward", None)]
+    for name in ("ICMP time-exceeded 10.1.0.1 > 10.1.0.2", "ICMPv6 time-exceeded fd00:1::1 > fd00:1::2"):
+        assert by[name].end.kind == "consumed" and by[name].end.text.endswith("(its error queue)"), by[name].end
+    # the copy of the request ping read from its error queue is in the raw trace, and is not a hop
+    assert any("ping-247" in ln and " sock_read: " in ln for ln in (FIX6 / "ttl" / "follow" / "a.txt").open())
+    assert not [j for j in by.values() if j.end.kind == "delivered"]
+
+
+def test_recorded_arp_for_an_address_nobody_has() -> None:
+    js = _recorded("arp")
+    asks = [j for j in js if j.header.describe() == "ARP who-has 10.1.0.99 tell 10.1.0.2"]
+    assert len(asks) == 3 and all(j.end.kind == "unanswered" for j in asks)
+    assert all(_where(j) == [*A_OUT, ("r", "arp_rcv", None)] for j in asks)
+    (ping,) = [j for j in js if j.header.is_echo(1)]
+    assert ping.end.text == "dropped on a at neigh_invalidate+0x7f/0x120 for NEIGH_FAILED; host-unreachable sent to a"
+    (unreach,) = [j for j in js if j.header.is_error()]
+    assert unreach.end.kind == "consumed" and "error queue" in unreach.end.text
