@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 
 from labctl.follow import probes
-from labctl.trace import hops
+from labctl.trace import drops, hops
 from labctl.trace.clocks import Clock
 from labctl.trace.journey import Correlator, Journey, Topology
 from labctl.trace.journeyfiles import journeys_of
@@ -284,3 +284,19 @@ def test_recorded_arp_for_an_address_nobody_has() -> None:
     assert ping.end.text == "dropped on a at neigh_invalidate+0x7f/0x120 for NEIGH_FAILED; host-unreachable sent to a"
     (unreach,) = [j for j in js if j.header.is_error()]
     assert unreach.end.kind == "consumed" and "error queue" in unreach.end.text
+
+
+def test_a_dropped_ipv6_packets_header_is_found_where_ipv6_pulled_it() -> None:
+    """The drop probe's window reaches 40 bytes before skb->data (wm2, wm1): an IPv6 header already
+    pulled (a TCP or UDP socket's drop) is read there; the drop table shows it."""
+    pkt = v6("fd00:1::2", "fd00:2::2", 63, struct.pack(">HHHH", 40000, 9, 16, 0x1234))
+    pkt = pkt[:6] + b"\x11" + pkt[7:]  # next header UDP
+    window = pkt + b"\0" * (112 - len(pkt))  # from skb->data - 40: skb->data at the UDP header
+    names = hops.window_words()
+    fields = {n: str(int.from_bytes(window[8 * i:8 * i + 8], "little")) for i, (n, _) in enumerate(names)}
+    d = hops.Event("b", 1, "drop", "<idle>", 0, 0, True,
+                   {"skb": "0x1", "proto": str(0x86DD), "reason": "2", "loc": "udpv6_rcv+0x1/0x2", **fields})
+    h = hops.drop_header(d)
+    assert h is not None and h.describe() == "UDP [fd00:1::2]:40000 > [fd00:2::2]:9"
+    (row,), _ = drops.table([d])
+    assert row.protocol == "IPv6" and row.headers == ["UDP [fd00:1::2]:40000 > [fd00:2::2]:9"]
