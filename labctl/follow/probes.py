@@ -19,6 +19,9 @@ Everything goes through tracefs, with no compiler, BPF or debug info in the gues
   context, but for a UDP socket's reader;
 * each follow point gets the filter as the kernel's own event filter (:mod:`labctl.trace.pktfilter`),
   so unrelated packets are never recorded; drops are recorded unfiltered (they are few);
+* IPv6 and ARP (:data:`POINTS`' ``family``): a probe of their own on each tracepoint and kprobes on
+  ``ip6_forward``, ``ip6_input``, ``tcp_v6_rcv`` and ``arp_rcv``, each fetching its family's header
+  (:data:`FIELDS`) and ``skb->protocol``; a family the filter cannot match gets no probe at all;
 * the drop's reason is a field of ``skb:kfree_skb`` from Linux 6.0 on (fewer, older ones: only where);
   its location is symbolized by the kernel (``:symbol``, 6.1); on a kernel without event probes the
   tracepoint itself is recorded (where as an address, no device or headers).
@@ -162,6 +165,11 @@ _PREFIX = {4: "h", 6: "h6_", ARP: "ha_"}
 _PR = re.compile(r"\bpr == (0x[0-9a-f]+)")
 
 
+def _host_order(m: re.Match[str]) -> str:
+    """``pr == 0xdd86`` (skb->protocol read little-endian) as the drop tracepoint's ``proto == 0x86dd``."""
+    return f"proto == {int.from_bytes(int(m.group(1), 16).to_bytes(2, 'little'), 'big'):#x}"
+
+
 def _field_names(family: int) -> re.Pattern[str]:
     return re.compile(r"\b(" + "|".join(sorted(FIELDS[family], key=len, reverse=True)) + r")\b")
 
@@ -186,8 +194,7 @@ def drop_filter(off: dict[str, int], filt: str | dict[int, str]) -> tuple[str, s
             prefix = f"{_PREFIX[family]}{'m' if at < 0 else ''}{abs(at)}_"
             args += [f"{prefix}{n}={_at(at + spec[n][0], data)}:{spec[n][1]}" for n in used]
             body = names.sub(prefix + r"\1", text)
-            alts.append("(" + _PR.sub(lambda m: f"proto == {int.from_bytes(int(m.group(1), 16).to_bytes(2, 'little'), 'big'):#x}",
-                                      body) + ")")
+            alts.append("(" + _PR.sub(_host_order, body) + ")")
     return " ".join(args), " || ".join(alts)
 
 
