@@ -57,7 +57,8 @@ def ping_paths(env: dict[str, str], pings: int, interval: float) -> dict[str, An
     f.stop()
     packets = [p for _, p in f.lines]
     full: dict[str, set[str]] = {"request": set(), "reply": set()}
-    partial = []
+    partial: list[dict[str, Any]] = []
+    disordered: list[dict[str, Any]] = []
     for p in packets:
         seq = p["packet"].rsplit(" seq ", 1)[-1]
         if _shape(p) == A_OUT and p["end"]["kind"] == "answered":
@@ -66,6 +67,9 @@ def ping_paths(env: dict[str, str], pings: int, interval: float) -> dict[str, An
             full["reply"].add(seq)
         else:
             partial.append({"packet": p["packet"], "end": p["end"]["text"], "hops": _shape(p)})
+        if p["out_of_order"]:
+            disordered.append({"packet": p["packet"], "hops": [(h["guest"], h["point"], h["t_us"], h.get("note", ""))
+                                                               for h in p["hops"]]})
     lat = [(t - (p["start_ns"] + round(p["duration_us"] * 1000))) / 1e6 for t, p in f.lines]
     bounds = [e for e in f.err if "clock bounds" in e]
     return {"pings": pings, "interval_s": interval, "packets_printed": len(packets),
@@ -75,7 +79,8 @@ def ping_paths(env: dict[str, str], pings: int, interval: float) -> dict[str, An
             "print_after_end_ms": {"p50": round(statistics.median(lat), 1),
                                    "p99": round(sorted(lat)[int(0.99 * len(lat))], 1), "max": round(max(lat), 1),
                                    "over_1s": sum(1 for x in lat if x > 1000)} if lat else None,
-            "clocks": bounds[-1].strip() if bounds else None, "partial": partial[:10]}
+            "clocks": bounds[-1].strip() if bounds else None, "partial": partial[:10],
+            "packets_out_of_order": len(disordered), "disordered": disordered[:5]}
 
 
 def main() -> int:
