@@ -34,10 +34,10 @@ from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import struct_offsets
 from labctl.live import capture
-from labctl.pktfilter import Node, kernel_filter
+from labctl.pktfilter import FilterError, Node, kernel_filter, refuse_options
 from labctl.ssh import Pipe, Session
 from labctl.state import LabState, netstate
-from labctl.trace import Clock, Event, Topology, Wire, hops, parse_ipv4
+from labctl.trace import Clock, Event, Topology, Wire, hops
 
 log = logging.getLogger(__name__)
 WIRE_SNAPLEN = 96
@@ -165,13 +165,20 @@ class Follower:
 
     def definitions(self, guest: str) -> tuple[list[str], dict[str, str]]:
         """The guest's ``dynamic_events`` lines and each follow point's filter."""
-        filt, extra = kernel_filter(self.node)
         off, caps = self.offsets[guest], self.caps[guest]
         group = pr.PREFIX + self.tag
-        defs = [pr.point_definition(group, p, off, extra) for p in pr.POINTS]
-        drop_args, drop_filt = pr.drop_filter(off, filt)
+        defs, filters, by_family = [], {}, {}
+        for family in sorted({p.family for p in pr.POINTS}):
+            filt, extra = kernel_filter(self.node, family)
+            if filt is None:  # the filter matches nothing of this family: no probes for it
+                continue
+            by_family[family] = filt
+            for p in (p for p in pr.POINTS if p.family == family):
+                defs.append(pr.point_definition(group, p, off, extra))
+                filters[p.name] = filt
+        drop_args, drop_filt = pr.drop_filter(off, dict(sorted(by_family.items())))
         defs.append(pr.drop_definition(group, off, caps.reason, caps.symbol, drop_args))
-        return defs, {**{p.name: filt for p in pr.POINTS}, "drop": drop_filt}
+        return defs, {**filters, "drop": drop_filt}
 
     def start(self) -> None:
         """Probes on in every guest (stale ones of a killed labctl removed first), the first clock round,
@@ -297,7 +304,7 @@ class Follower:
             if not look:
                 continue
             for frame in frames:
-                h = _frame_header(frame.data)
+                h = hops.parse_frame(frame.data)
                 if h is not None and self.node.match(h.packet()):
                     seen.setdefault(h.key(), []).append(frame.ts_us * 1000 - self.wall_minus_mono)
 
@@ -357,23 +364,16 @@ def _between(text: str, begin: str, end: str) -> str:
     return rest.partition(end)[0] if rest else ""
 
 
-def _frame_header(data: bytes) -> hops.Header | None:
-    """The IPv4 header of an Ethernet frame (a VLAN tag skipped), or None."""
-    at, etype = 12, int.from_bytes(data[12:14], "big") if len(data) >= 14 else 0
-    while etype in (0x8100, 0x88A8) and len(data) >= at + 6:
-        at += 4
-        etype = int.from_bytes(data[at:at + 2], "big")
-    return parse_ipv4(data[at + 2:]) if etype == 0x0800 else None
-
-
 def libpcap_error(text: str) -> str | None:
-    """What libpcap says is wrong with the filter ``text`` (``tcpdump -d``), None when it compiles or
-    tcpdump is not there to ask. The filter is data, never an option (``-F/root/x`` would have
-    tcpdump read a file): one that starts with ``-`` is refused, and ``--`` comes before it."""
+    """What libpcap says is wrong with the filter ``text`` (``tcpdump -d -- TEXT``), None when it compiles
+    or tcpdump is not there to ask. A filter that starts with ``-`` never reaches tcpdump
+    (:func:`labctl.pktfilter.refuse_options`)."""
     from labctl.proc import run
 
-    if text.lstrip().startswith("-"):
-        return "a filter never starts with '-'"
+    try:
+        refuse_options(text)
+    except FilterError as exc:
+        return str(exc)
     try:
         res = run(["tcpdump", "-d", "--", text], timeout=20, check=False)
     except (ProcessError, LabctlError, OSError):

@@ -19,6 +19,9 @@ Everything goes through tracefs, with no compiler, BPF or debug info in the gues
   context, but for a UDP socket's reader;
 * each follow point gets the filter as the kernel's own event filter (:mod:`labctl.trace.pktfilter`),
   so unrelated packets are never recorded; drops are recorded unfiltered (they are few);
+* IPv6 and ARP (:data:`POINTS`' ``family``): a probe of their own on each tracepoint and kprobes on
+  ``ip6_forward``, ``ip6_input``, ``tcp_v6_rcv`` and ``arp_rcv``, each fetching its family's header
+  (:data:`FIELDS`) and ``skb->protocol``; a family the filter cannot match gets no probe at all;
 * the drop's reason is a field of ``skb:kfree_skb`` from Linux 6.0 on (fewer, older ones: only where);
   its location is symbolized by the kernel (``:symbol``, 6.1); on a kernel without event probes the
   tracepoint itself is recorded (where as an address, no device or headers).
@@ -30,6 +33,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from labctl.pktfilter import ARP
 from labctl.trace import hops
 
 q = shlex.quote
@@ -42,6 +46,7 @@ OFFSET_FIELDS = {
     "skb_nh": ("struct sk_buff", "network_header"),
     "skb_dev": ("struct sk_buff", "dev"),
     "dev_name": ("struct net_device", "name"),
+    "skb_protocol": ("struct sk_buff", "protocol"),
 }
 FOLLOW_BUFFER_KB = 8192
 DROPS_BUFFER_KB = 2048
@@ -50,8 +55,10 @@ DROPS_BUFFER_KB = 2048
 @dataclass(frozen=True)
 class ProbePoint:
     """Where a follow point is probed: an event probe on a tracepoint (``place`` "net.net_dev_queue",
-    the skb ``$skbaddr``) or a kprobe on a function (the skb in a register), and where the IPv4
-    header is from ``skb->data`` there (``ip_at``)."""
+    the skb ``$skbaddr``) or a kprobe on a function (the skb in a register), the family of the packets
+    it follows (``4``, ``6``, :data:`ARP`) and where their network header is from ``skb->data`` there
+    (``ip_at``). An IPv6 or ARP point on a tracepoint another family's point also has is an event of
+    its own (``xmit6``, ``xmit_arp``): each fetches its family's fields and has its family's filter."""
 
     name: str
     kind: str  # "e" or "p"
@@ -59,6 +66,7 @@ class ProbePoint:
     skb: str  # $skbaddr, %di, %si, %dx
     ip_at: int
     dev: bool = False
+    family: int = 4
 
 
 POINTS = (
@@ -72,28 +80,64 @@ POINTS = (
     ProbePoint("raw_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", 0),
     ProbePoint("sock_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", -20),
     ProbePoint("udp_read", "p", "skb_consume_udp", "%si", -20),
+    # IPv6: no header options assumed past the fixed 40 bytes; a raw ICMPv6 socket is at the ICMPv6 header too
+    ProbePoint("dev_queue6", "e", "net.net_dev_queue", "$skbaddr", 14, dev=True, family=6),
+    ProbePoint("xmit6", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True, family=6),
+    ProbePoint("netif_rx6", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True, family=6),
+    ProbePoint("ip6_fwd", "p", "ip6_forward", "%di", 0, family=6),
+    ProbePoint("ip6_local", "p", "ip6_input", "%di", 0, family=6),
+    ProbePoint("tcp6_rcv", "p", "tcp_v6_rcv", "%di", -40, family=6),
+    ProbePoint("read6", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", -40, family=6),
+    ProbePoint("udp6_read", "p", "skb_consume_udp", "%si", -40, family=6),
+    # ARP: on the wire and into arp_rcv (what the kernel then does with it: a reply, or nothing)
+    ProbePoint("dev_queue_arp", "e", "net.net_dev_queue", "$skbaddr", 14, dev=True, family=ARP),
+    ProbePoint("xmit_arp", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True, family=ARP),
+    ProbePoint("netif_rx_arp", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True, family=ARP),
+    ProbePoint("arp_rcv", "p", "arp_rcv", "%di", 0, family=ARP),
 )
+
+# each family's header fields by name: (offset from the network header, type); BASE: fetched by every
+# point of the family (what names a packet), the others only when the filter reads them
+FIELDS: dict[int, dict[str, tuple[int, str]]] = {
+    4: {"vi": (0, "u8"), "tl": (2, "u16"), "id": (4, "u16"), "fo": (6, "u16"), "ttl": (8, "u8"), "proto": (9, "u8"),
+        "saddr": (12, "u32"), "daddr": (16, "u32"), "l4a": (20, "u32"), "l4b": (24, "u32"),
+        **{f"{s}b{i}": ((12 if s == "s" else 16) + i, "u8") for s in "sd" for i in range(4)},
+        "sport": (20, "u16"), "dport": (22, "u16")},
+    6: {"vi": (0, "u8"), "plen": (4, "u16"), "nxt": (6, "u8"), "hl": (7, "u8"),
+        **{f"s6{c}": (8 + 4 * i, "u32") for i, c in enumerate("abcd")},
+        **{f"d6{c}": (24 + 4 * i, "u32") for i, c in enumerate("abcd")},
+        "l4a": (40, "u32"), "l4b": (44, "u32"),
+        **{f"{s}6b{i}": ((8 if s == "s" else 24) + i, "u8") for s in "sd" for i in range(16)},
+        "sport": (40, "u16"), "dport": (42, "u16")},
+    ARP: {"op": (6, "u16"), "sha": (8, "u32"), "shb": (12, "u16"), "spa": (14, "u32"), "tha": (18, "u16"),
+          "thb": (20, "u32"), "tpa": (24, "u32"),
+          **{f"{s}pb{i}": ((14 if s == "s" else 24) + i, "u8") for s in "st" for i in range(4)}},
+}
+BASE = {4: ("vi", "tl", "id", "fo", "ttl", "proto", "saddr", "daddr", "l4a", "l4b"),
+        6: ("vi", "plen", "nxt", "hl", "s6a", "s6b", "s6c", "s6d", "d6a", "d6b", "d6c", "d6d", "l4a", "l4b"),
+        ARP: ("op", "sha", "shb", "spa", "tha", "thb", "tpa")}
 
 
 def _at(offset: int, base: str) -> str:
     return f"{'+' if offset >= 0 else '-'}{abs(offset)}({base})"
 
 
-def ip_fields(data: str, at: int, extra: set[str] = frozenset()) -> str:  # type: ignore[assignment]
-    """Fetch arguments of the IPv4 header at ``at`` bytes from the pointer ``data`` (``+208(%di)``)."""
-    spec = [("vi", 0, "u8"), ("tl", 2, "u16"), ("id", 4, "u16"), ("fo", 6, "u16"), ("proto", 9, "u8"),
-            ("saddr", 12, "u32"), ("daddr", 16, "u32"), ("l4a", 20, "u32"), ("l4b", 24, "u32")]
-    spec += [(f"{s}b{i}", (12 if s == "s" else 16) + i, "u8") for s in "sd" for i in range(4) if f"{s}b{i}" in extra]
-    spec += [(n, 20 if n == "sport" else 22, "u16") for n in ("sport", "dport") if n in extra]
-    return " ".join(f"{name}={_at(at + off, data)}:{t}" for name, off, t in spec)
+def ip_fields(data: str, at: int, extra: set[str] = frozenset(), family: int = 4) -> str:  # type: ignore[assignment]
+    """Fetch arguments of the ``family`` header at ``at`` bytes from the pointer ``data`` (``+208(%di)``):
+    its :data:`BASE` fields, then those of ``extra`` it has."""
+    spec = FIELDS[family]
+    names = list(BASE[family]) + [n for n in spec if n in extra and n not in BASE[family]]
+    return " ".join(f"{n}={_at(at + spec[n][0], data)}:{spec[n][1]}" for n in names)
 
 
 def point_definition(group: str, p: ProbePoint, off: dict[str, int], extra: set[str]) -> str:
-    """The ``dynamic_events`` line of one follow point."""
+    """The ``dynamic_events`` line of one follow point (IPv6 and ARP points also fetch ``skb->protocol``,
+    ``pr``: network order read little-endian)."""
     skb = p.skb
     data = f"+{off['skb_data']}({skb})"
     dev = f" dev=+{off['dev_name']}(+{off['skb_dev']}({skb})):string" if p.dev else ""
-    return f"{p.kind}:{group}/{p.name} {p.place} skb={skb}:x64{dev} {ip_fields(data, p.ip_at, extra)}"
+    pr = f" pr=+{off['skb_protocol']}({skb}):u16" if p.family != 4 else ""
+    return f"{p.kind}:{group}/{p.name} {p.place} skb={skb}:x64{dev}{pr} {ip_fields(data, p.ip_at, extra, p.family)}"
 
 
 def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol: bool, extra: str = "") -> str:
@@ -107,33 +151,50 @@ def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol
         s, d = "$skbaddr", f"+{off['skb_data']}($skbaddr)"
         parts.append(f"dev=+{off['dev_name']}(+{off['skb_dev']}({s})):string head=+{off['skb_head']}({s}):x64 "
                      f"data={d}:x64 nh=+{off['skb_nh']}({s}):u16")
-        parts += [f"w{i}={_at(8 * i - hops.WINDOW_BEFORE, d)}:x64" for i in range(hops.WINDOW_WORDS)]
+        parts += [f"{name}={_at(at, d)}:x64" for name, at in hops.window_words()]
     if extra:
         parts.append(extra)
     parts.append(f"loc=$location:{'symbol' if symbol else 'x64'}")  # last: a symbol has spaces
     return " ".join(parts)
 
 
-DROP_AT = (0, 14, -20)  # where a dropped skb's IPv4 header is from skb->data: IP's, Ethernet's, after IP's pull
-_FILTER_FIELDS = {"vi": (0, "u8"), "fo": (6, "u16"), "proto": (9, "u8"), "saddr": (12, "u32"), "daddr": (16, "u32"),
-                  "sport": (20, "u16"), "dport": (22, "u16"),
-                  **{f"{s}b{i}": ((12 if s == "s" else 16) + i, "u8") for s in "sd" for i in range(4)}}
-_FIELD_NAME = re.compile(r"\b(" + "|".join(sorted(_FILTER_FIELDS, key=len, reverse=True)) + r")\b")
+# where a dropped skb's network header is from skb->data: the network layer's, after an Ethernet header,
+# before it once the network layer pulled its header (IPv4's 20 bytes, IPv6's 40)
+DROP_AT = {4: (0, 14, -20), 6: (0, 14, -40), ARP: (0, 14)}
+_PREFIX = {4: "h", 6: "h6_", ARP: "ha_"}
+_PR = re.compile(r"\bpr == (0x[0-9a-f]+)")
 
 
-def drop_filter(off: dict[str, int], filt: str) -> tuple[str, str]:
+def _host_order(m: re.Match[str]) -> str:
+    """``pr == 0xdd86`` (skb->protocol read little-endian) as the drop tracepoint's ``proto == 0x86dd``."""
+    return f"proto == {int.from_bytes(int(m.group(1), 16).to_bytes(2, 'little'), 'big'):#x}"
+
+
+def _field_names(family: int) -> re.Pattern[str]:
+    return re.compile(r"\b(" + "|".join(sorted(FIELDS[family], key=len, reverse=True)) + r")\b")
+
+
+def drop_filter(off: dict[str, int], filt: str | dict[int, str]) -> tuple[str, str]:
     """A followed guest's drop event, filtered as the follow points are: the fetch arguments (only the
-    fields ``filt`` reads, at each of :data:`DROP_AT` from ``skb->data``, named ``h0_vi``, ``h14_vi``,
-    ``hm20_vi``...) and the filter that keeps a drop whose IPv4 header matches at one of them. Unrelated
+    fields each family's filter reads, at each of its :data:`DROP_AT` from ``skb->data``, named
+    ``h0_vi``, ``h14_vi``, ``hm20_vi``... for IPv4, ``h6_0_vi``... for IPv6, ``ha_0_tpa``... for ARP) and
+    the filter that keeps a drop whose header matches at one of them; ``filt``: the IPv4 filter, or
+    each family's (:func:`labctl.pktfilter.kernel_filter`). The probes' ``pr`` (``skb->protocol`` read
+    little-endian) becomes the tracepoint's ``proto``, which the kernel gives in host order. Unrelated
     drops (a TCP stream's GRO lists: hundreds a second) are never recorded nor sent to the host; a
     followed packet dropped with its header elsewhere (IP options before a pulled header) is missed."""
-    used = sorted(set(_FIELD_NAME.findall(filt)))
+    filters = {4: filt} if isinstance(filt, str) else filt
     data = f"+{off['skb_data']}($skbaddr)"
     args, alts = [], []
-    for at in DROP_AT:
-        prefix = f"h{'m' if at < 0 else ''}{abs(at)}_"
-        args += [f"{prefix}{n}={_at(at + _FILTER_FIELDS[n][0], data)}:{_FILTER_FIELDS[n][1]}" for n in used]
-        alts.append("(" + _FIELD_NAME.sub(prefix + r"\1", filt) + ")")
+    for family, text in filters.items():
+        names = _field_names(family)
+        used = sorted(set(names.findall(text)))
+        spec = FIELDS[family]
+        for at in DROP_AT[family]:
+            prefix = f"{_PREFIX[family]}{'m' if at < 0 else ''}{abs(at)}_"
+            args += [f"{prefix}{n}={_at(at + spec[n][0], data)}:{spec[n][1]}" for n in used]
+            body = names.sub(prefix + r"\1", text)
+            alts.append("(" + _PR.sub(_host_order, body) + ")")
     return " ".join(args), " || ".join(alts)
 
 

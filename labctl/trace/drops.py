@@ -2,7 +2,7 @@
 
 A drop is a hit of ``skb:kfree_skb`` (labctl's probe on it, :mod:`.hops`): where (the caller of
 kfree_skb, ``function+offset/size [module]``), why (the kernel's drop reason, 6.0 and later), the
-device, the protocol (EtherType) and, for IPv4, the packet's headers. :func:`table` groups them by
+device, the protocol (EtherType) and, for IPv4, IPv6 and ARP, the packet's headers. :func:`table` groups them by
 (where, reason, device, protocol) with a count and the first few packets' headers. Frees of skbs
 that never were network packets (no device, no protocol: unix sockets, netlink) are counted apart
 (``local``): kfree_skb is also how the kernel frees those.

@@ -16,11 +16,13 @@ header is, so its headers are found wherever the packet was in the stack (:func:
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
 import re
 import struct
 from dataclasses import dataclass, field
 
-from labctl.pktfilter import Packet
+from labctl.pktfilter import ARP, Packet
 
 MARKER = "labctl-sync"
 
@@ -46,8 +48,17 @@ POINTS: dict[str, Point] = {p.name: p for p in (
     Point("raw_read", "skb_copy_datagram_iovec", "read", "read by a process (raw socket)"),
     Point("sock_read", "skb_copy_datagram_iovec", "read", "read by a process (ping socket)"),
     Point("udp_read", "skb_consume_udp", "read", "read by a process (UDP socket)"),
+    Point("ip6_fwd", "ip6_forward", "stack", "forwarding (IPv6)"),
+    Point("ip6_local", "ip6_input", "stack", "local delivery (IPv6)"),
+    Point("tcp6_rcv", "tcp_v6_rcv", "stack", "TCP receive (IPv6)"),
+    Point("arp_rcv", "arp_rcv", "stack", "ARP receive"),
     Point("drop", "kfree_skb", "drop", "dropped"),
 )}
+# the IPv6 and ARP probes on a point another family's probe also has: their events are that point's
+VARIANTS = {"dev_queue6": "dev_queue", "xmit6": "xmit", "netif_rx6": "netif_rx", "read6": "sock_read",
+            "udp6_read": "udp_read", "dev_queue_arp": "dev_queue", "xmit_arp": "xmit", "netif_rx_arp": "netif_rx"}
+FORWARD = ("ip_fwd", "ip6_fwd")
+LOCAL = ("ip_local", "ip6_local", "tcp_rcv", "tcp6_rcv", "arp_rcv")  # taken in by the receiving guest's stack
 
 # 6.1's enum skb_drop_reason, for kernels whose trace prints the number (a probe's u32 field)
 DROP_REASONS = (
@@ -66,8 +77,15 @@ DROP_REASONS = (
 _LINE = re.compile(r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+(?:\(\s*[\d-]+\)\s+)?\[(?P<cpu>\d+)\]\s+"
                    r"(?:(?P<flags>[.\w]{4,6})\s+)?(?P<ts>\d+(?:\.\d+)?):\s+(?P<event>[\w.]+):\s?(?P<rest>.*)$")
 _FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
-WINDOW_BEFORE = 24  # a drop's window of bytes starts this far before skb->data
-WINDOW_WORDS = 9  # ... and is this many 8-byte words long
+WINDOW_BEFORE = 24  # a drop's window of bytes w0.. starts this far before skb->data
+WINDOW_WORDS = 12  # ... and is this many 8-byte words long (9 in bundles before IPv6: w0-w8)
+WINDOW_LOW = 2  # words wm1, wm2 before w0: an IPv6 header pulled (40 bytes before skb->data)
+
+
+def window_words() -> list[tuple[str, int]]:
+    """The drop probe's window: each word's name and offset from ``skb->data``, lowest first."""
+    return ([(f"wm{i}", -WINDOW_BEFORE - 8 * i) for i in range(WINDOW_LOW, 0, -1)]
+            + [(f"w{i}", 8 * i - WINDOW_BEFORE) for i in range(WINDOW_WORDS)])
 
 
 @dataclass
@@ -140,6 +158,7 @@ def parse_line(line: str, guest: str, names: dict[str, str] | None = None) -> Ev
         point, fields = "drop", _tracepoint_fields(rest)
     else:
         point = (names or {}).get(event, event)
+        point = VARIANTS.get(point, point)
         if point not in POINTS:
             return None
         fields = parse_fields(rest)
@@ -177,74 +196,153 @@ def _le_bytes(value: int | None, size: int) -> bytes | None:
     return (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
 
 
+ICMP_NAMES = {0: "echo-reply", 8: "echo-request", 3: "unreachable", 11: "time-exceeded", 4: "source-quench",
+              5: "redirect", 12: "parameter-problem"}
+ICMP_UNREACH = {0: "net-unreachable", 1: "host-unreachable", 2: "protocol-unreachable", 3: "port-unreachable",
+                4: "fragmentation-needed", 9: "net-prohibited", 10: "host-prohibited", 13: "admin-prohibited"}
+ICMP6_NAMES = {128: "echo-request", 129: "echo-reply", 1: "unreachable", 2: "packet-too-big", 3: "time-exceeded",
+               4: "parameter-problem", 133: "router-solicitation", 134: "router-advertisement",
+               135: "neighbour-solicitation", 136: "neighbour-advertisement", 137: "redirect"}
+ICMP6_UNREACH = {0: "no-route", 1: "admin-prohibited", 3: "address-unreachable", 4: "port-unreachable"}
+ICMP_ERRORS = {4: (3, 4, 5, 11, 12), 6: (1, 2, 3, 4)}  # ICMP and ICMPv6 types that quote a packet
+ECHO = {4: (1, 8, 0), 6: (58, 128, 129)}  # protocol, echo request, echo reply
+ND = (133, 134, 135, 136, 137)
+
+
 @dataclass(frozen=True)
 class Header:
-    """An IPv4 packet's identity and what a path shows of it."""
+    """A packet's identity and what a path shows of it: an IPv4 or IPv6 header with the transport
+    header's first 8 bytes, or an ARP message (``family`` :data:`ARP`: ``saddr``/``daddr`` the sender's
+    and target's IPv4 addresses, ``proto`` the operation, ``hw`` the sender's and target's MACs)."""
 
     saddr: int
     daddr: int
-    proto: int
+    proto: int  # IPv4's protocol, IPv6's next header, ARP's operation
     ipid: int
     frag: int  # flags and fragment offset, as in the header
     length: int | None
     l4: bytes  # the first 8 bytes of the transport header (fewer when not fetched)
     ihl: int = 5
+    family: int = 4
+    ttl: int | None = None  # IPv4's TTL, IPv6's hop limit
+    hw: bytes = b""
 
     @property
     def offset(self) -> int:
-        return (self.frag & 0x1FFF) * 8
+        return (self.frag & 0x1FFF) * 8 if self.family == 4 else 0
 
     @property
     def first_fragment(self) -> bool:
         return self.offset == 0
 
+    @property
+    def icmp(self) -> int | None:
+        """The ICMP (IPv4) or ICMPv6 (IPv6) type, None for any other packet."""
+        if self.family in ECHO and self.proto == ECHO[self.family][0] and self.l4 and self.first_fragment:
+            return self.l4[0]
+        return None
+
+    def is_error(self) -> bool:
+        """An ICMP or ICMPv6 error: it quotes the packet it answers."""
+        return self.icmp is not None and self.icmp in ICMP_ERRORS[self.family]
+
+    def is_echo(self, which: int) -> bool:
+        """An echo request (``which`` 1) or reply (2), ICMP or ICMPv6, with its id and sequence."""
+        return self.icmp is not None and len(self.l4) >= 8 and self.icmp == ECHO[self.family][which]
+
+    def repeats(self) -> bool:
+        """Whether the same message is sent again unchanged (ARP, neighbour discovery): nothing in it tells
+        one sending from the next, the time does."""
+        return self.family == ARP or (self.family == 6 and self.icmp in ND)
+
     def ports(self) -> tuple[int, int] | None:
-        if self.proto in (6, 17) and self.first_fragment and self.ihl == 5 and len(self.l4) >= 4:
+        if self.proto in (6, 17) and self.family != ARP and self.first_fragment and self.ihl == 5 and len(self.l4) >= 4:
             sport, dport = struct.unpack(">HH", self.l4[:4])
             return sport, dport
         return None
 
     def key(self) -> tuple[object, ...]:
         """What names this packet in every kernel it crosses (skb addresses change between kernels;
-        the TTL and checksum change on every router)."""
+        the TTL and checksum change on every router). IPv4's is (saddr, daddr, proto, id, offset,
+        transport); IPv6's and ARP's have their family after those."""
+        if self.family == ARP:
+            return (self.saddr, self.daddr, self.proto, 0, 0, (int.from_bytes(self.hw, "big"),), ARP)
         l4: tuple[object, ...] = ()
         if self.first_fragment and self.ihl == 5 and len(self.l4) >= 8:
             if self.proto == 6:
                 l4 = struct.unpack(">HHI", self.l4[:8])  # ports, sequence number
             elif self.proto == 17:
                 l4 = struct.unpack(">HHHH", self.l4[:8])  # ports, length, checksum
-            elif self.proto == 1:
+            elif self.is_echo(1) or self.is_echo(2) or (self.family == 4 and self.proto == 1):
                 l4 = (self.l4[0], *struct.unpack(">HH", self.l4[4:8]))  # type, id, sequence
+            elif self.family == 6 and self.proto == 58:  # type, code, checksum (no router changes it), the rest
+                l4 = (self.l4[0], self.l4[1], *struct.unpack(">HI", self.l4[2:8]))
+        if self.family == 6:
+            return (self.saddr, self.daddr, self.proto, 0, self.length or 0, l4, 6)
         return (self.saddr, self.daddr, self.proto, self.ipid, self.offset, l4)
 
     def packet(self) -> Packet:
-        ports = self.ports()
-        return Packet(self.saddr, self.daddr, self.proto, *(ports or (None, None)))
+        sport, dport = self.ports() or (None, None)
+        return Packet(self.saddr, self.daddr, 0 if self.family == ARP else self.proto, sport, dport, self.family)
 
     def describe(self) -> str:
-        """``ICMP echo-request 10.1.0.1 > 10.2.0.1 id 3 seq 1`` and the like."""
-        s, d = _ip(self.saddr), _ip(self.daddr)
+        """``ICMP echo-request 10.1.0.1 > 10.2.0.1 id 3 seq 1``, ``ICMPv6 echo-request fd00:1::2 >
+        fd00:2::2 id 5 seq 1``, ``ARP who-has 10.1.0.99 tell 10.1.0.2`` and the like."""
+        if self.family == ARP:
+            return self._describe_arp()
+        s, d = _ip(self.saddr, self.family), _ip(self.daddr, self.family)
         frag = f" frag@{self.offset}" if self.offset else ""
         ports = self.ports()
-        if self.proto == 1 and len(self.l4) >= 8 and self.first_fragment:
-            kind = {0: "echo-reply", 8: "echo-request", 3: "unreachable", 11: "time-exceeded"}.get(
-                self.l4[0], f"type {self.l4[0]}")
-            ident, seq = struct.unpack(">HH", self.l4[4:8])
-            return f"ICMP {kind} {s} > {d} id {ident} seq {seq}{frag}"
+        kind = self.icmp
+        if kind is not None and len(self.l4) >= 8:
+            v6 = self.family == 6
+            name = (ICMP6_NAMES if v6 else ICMP_NAMES).get(kind, f"type {kind}")
+            if kind == (1 if v6 else 3):
+                name = (ICMP6_UNREACH if v6 else ICMP_UNREACH).get(self.l4[1], name)
+            head = f"{'ICMPv6' if v6 else 'ICMP'} {name} {s} > {d}"
+            if self.is_echo(1) or self.is_echo(2):
+                ident, seq = struct.unpack(">HH", self.l4[4:8])
+                return f"{head} id {ident} seq {seq}{frag}"
+            return head + frag
         if ports is not None:
             name = "TCP" if self.proto == 6 else "UDP"
             extra = f" seq {struct.unpack('>I', self.l4[4:8])[0]}" if self.proto == 6 and len(self.l4) >= 8 else ""
+            if self.family == 6:
+                return f"{name} [{s}]:{ports[0]} > [{d}]:{ports[1]}{extra}"
             return f"{name} {s}:{ports[0]} > {d}:{ports[1]}{extra}"
-        name = {1: "ICMP", 6: "TCP", 17: "UDP"}.get(self.proto, f"proto {self.proto}")
+        name = {1: "ICMP", 6: "TCP", 17: "UDP", 58: "ICMPv6"}.get(self.proto, f"proto {self.proto}")
+        if self.family == 6:
+            return f"IPv6 {name} {s} > {d}"
         return f"{name} {s} > {d} ipid {self.ipid}{frag}"
 
+    def _describe_arp(self) -> str:
+        s, d = _ip(self.saddr, 4), _ip(self.daddr, 4)
+        if self.proto == 1:
+            return f"ARP who-has {d} tell {s}"
+        if self.proto == 2:
+            mac = ":".join(f"{b:02x}" for b in self.hw[:6])
+            return f"ARP reply {s} is-at {mac} to {d}"
+        return f"ARP op {self.proto} {s} > {d}"
 
-def _ip(addr: int) -> str:
+
+def _ip(addr: int, family: int = 4) -> str:
+    if family == 6:
+        return str(ipaddress.IPv6Address(addr))
     return ".".join(str(b) for b in addr.to_bytes(4, "big"))
 
 
+def _le_int(ev: Event, name: str, size: int) -> int | None:
+    raw = _le_bytes(ev.num(name), size)
+    return None if raw is None else int.from_bytes(raw, "big")
+
+
 def identity(ev: Event) -> Header | None:
-    """The header a follow probe fetched (None: not an IPv4 packet, or fields missing)."""
+    """The header a follow probe fetched (None: not an IPv4, IPv6 or ARP packet, or fields missing);
+    the family from the fields the probe has (IPv6's ``s6a``, ARP's ``op``)."""
+    if "op" in ev.fields:
+        return _arp_identity(ev)
+    if "s6a" in ev.fields:
+        return _ipv6_identity(ev)
     vi = ev.num("vi")
     if vi is None or vi >> 4 != 4 or (vi & 15) < 5:
         return None
@@ -254,7 +352,27 @@ def identity(ev: Event) -> Header | None:
     fo, tl = _le_bytes(ev.num("fo"), 2), _le_bytes(ev.num("tl"), 2)
     l4 = (_le_bytes(ev.num("l4a"), 4) or b"") + (_le_bytes(ev.num("l4b"), 4) or b"")
     return Header(int.from_bytes(sa, "big"), int.from_bytes(da, "big"), proto[0], int.from_bytes(ipid, "big"),
-                  int.from_bytes(fo, "big") if fo else 0, int.from_bytes(tl, "big") if tl else None, l4, vi & 15)
+                  int.from_bytes(fo, "big") if fo else 0, int.from_bytes(tl, "big") if tl else None, l4, vi & 15,
+                  ttl=ev.num("ttl"))
+
+
+def _ipv6_identity(ev: Event) -> Header | None:
+    vi, nxt = ev.num("vi"), ev.num("nxt")
+    words = [_le_bytes(ev.num(f"{s}6{c}"), 4) for s in "sd" for c in "abcd"]
+    if vi is None or vi >> 4 != 6 or nxt is None or any(w is None for w in words):
+        return None
+    raw = b"".join(w or b"" for w in words)
+    l4 = (_le_bytes(ev.num("l4a"), 4) or b"") + (_le_bytes(ev.num("l4b"), 4) or b"")
+    return Header(int.from_bytes(raw[:16], "big"), int.from_bytes(raw[16:], "big"), nxt & 0xFF, 0, 0,
+                  _le_int(ev, "plen", 2), l4, 5, family=6, ttl=ev.num("hl"))
+
+
+def _arp_identity(ev: Event) -> Header | None:
+    op, spa, tpa = _le_int(ev, "op", 2), _le_int(ev, "spa", 4), _le_int(ev, "tpa", 4)
+    parts = [_le_bytes(ev.num(n), k) for n, k in (("sha", 4), ("shb", 2), ("tha", 2), ("thb", 4))]
+    if op is None or spa is None or tpa is None or any(x is None for x in parts):
+        return None
+    return Header(spa, tpa, op, 0, 0, None, b"", family=ARP, hw=b"".join(x or b"" for x in parts))
 
 
 def parse_ipv4(data: bytes) -> Header | None:
@@ -264,24 +382,61 @@ def parse_ipv4(data: bytes) -> Header | None:
     ihl = data[0] & 15
     tl, ipid, frag = struct.unpack(">HHH", data[2:8])
     return Header(int.from_bytes(data[12:16], "big"), int.from_bytes(data[16:20], "big"), data[9], ipid, frag, tl,
-                  data[4 * ihl:4 * ihl + 8], ihl)
+                  data[4 * ihl:4 * ihl + 8], ihl, ttl=data[8])
+
+
+def parse_ipv6(data: bytes) -> Header | None:
+    """An IPv6 header (and the next header's first 8 bytes) at the start of ``data``."""
+    if len(data) < 40 or data[0] >> 4 != 6:
+        return None
+    plen = struct.unpack(">H", data[4:6])[0]
+    return Header(int.from_bytes(data[8:24], "big"), int.from_bytes(data[24:40], "big"), data[6], 0, 0, plen,
+                  data[40:48], 5, family=6, ttl=data[7])
+
+
+def parse_arp(data: bytes) -> Header | None:
+    """An Ethernet/IPv4 ARP message at the start of ``data``."""
+    if len(data) < 28 or data[0:6] != b"\x00\x01\x08\x00\x06\x04":
+        return None
+    return Header(int.from_bytes(data[14:18], "big"), int.from_bytes(data[24:28], "big"),
+                  struct.unpack(">H", data[6:8])[0], 0, 0, None, b"", family=ARP, hw=data[8:14] + data[18:24])
+
+
+PARSERS = {0x0800: parse_ipv4, 0x86DD: parse_ipv6, 0x0806: parse_arp}
+
+
+def parse_frame(data: bytes) -> Header | None:
+    """The IPv4, IPv6 or ARP header of an Ethernet frame (VLAN tags skipped), or None."""
+    at, etype = 12, int.from_bytes(data[12:14], "big") if len(data) >= 14 else 0
+    while etype in (0x8100, 0x88A8) and len(data) >= at + 6:
+        at += 4
+        etype = int.from_bytes(data[at:at + 2], "big")
+    parser = PARSERS.get(etype)
+    return parser(data[at + 2:]) if parser else None
 
 
 def drop_header(ev: Event) -> Header | None:
-    """The IPv4 header of a dropped skb, from the window of bytes its probe fetched around ``skb->data``
-    and where ``skb->network_header`` points (``nh``, from ``skb->head``; 65535: not set)."""
-    words = [ev.num(f"w{i}") for i in range(WINDOW_WORDS)]
-    if any(w is None for w in words) or ev.num("proto") != 0x0800:
+    """The IPv4, IPv6 or ARP header of a dropped skb, from the window of bytes its probe fetched around
+    ``skb->data`` and where ``skb->network_header`` points (``nh``, from ``skb->head``; 65535: not set).
+    The family is the tracepoint's protocol (host order)."""
+    parser = PARSERS.get(ev.num("proto") or 0)
+    present = [(name, at) for name, at in window_words() if name in ev.fields]
+    if parser is None or not present or any(b[1] - a[1] != 8 for a, b in itertools.pairwise(present)):
+        return None
+    words = [ev.num(name) for name, _ in present]
+    if any(w is None for w in words):
         return None
     window = b"".join((w or 0).to_bytes(8, "little") for w in words)
+    before = -present[0][1]  # skb->data is this far into the window
     head, data, nh = ev.num("head"), ev.num("data"), ev.num("nh")
     candidates = []
     if head is not None and data is not None and nh is not None and nh != 0xFFFF:
-        candidates.append(head + nh - data + WINDOW_BEFORE)
-    candidates += [WINDOW_BEFORE, WINDOW_BEFORE + 14, WINDOW_BEFORE - 20]  # rx, tx (Ethernet), after IP's pull
+        candidates.append(head + nh - data + before)
+    # rx, tx (Ethernet), after IP's pull (IPv4's 20 bytes, IPv6's 40)
+    candidates += [before, before + 14, before - (40 if parser is parse_ipv6 else 20)]
     for at in candidates:
-        if 0 <= at <= len(window) - 20:
-            h = parse_ipv4(window[at:])
+        if 0 <= at < len(window):
+            h = parser(window[at:])
             if h is not None:
                 return h
     return None

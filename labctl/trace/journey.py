@@ -30,12 +30,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from labctl.pktfilter import ARP
 from labctl.trace.clocks import Alignment, Clock
-from labctl.trace.hops import POINTS, Event, Header, drop_header, identity, reason_name
+from labctl.trace.hops import (
+    ECHO,
+    FORWARD,
+    ICMP6_NAMES,
+    ICMP6_UNREACH,
+    ICMP_NAMES,
+    ICMP_UNREACH,
+    LOCAL,
+    POINTS,
+    Event,
+    Header,
+    drop_header,
+    identity,
+    reason_name,
+)
 
 CLUSTER_GAP_NS = 2_000_000_000  # the same identity again after this long: another packet
 DROP_TIE_NS = 2_000_000_000  # a drop belongs to the last hop of its skb in the same guest within this
 QUIET_NS = 500_000_000  # an end by absence (lost, consumed...) once nothing came for this long
+REPEAT_NS = 500_000_000  # a message sent again unchanged (ARP, ND) is another one once this much later
+ANSWER_NS = 50_000_000  # an ICMP error answers a drop of the same guest within this
+ARP_REPLY_NS = 1_000_000_000  # an ARP reply answers a request sent at most this much earlier
+_NO_TTL = Header(0, 0, 0, 0, 0, None, b"")
 
 
 @dataclass
@@ -155,6 +174,8 @@ class Correlator:
     clusters: dict[tuple[object, ...], list[_Cluster]] = field(default_factory=dict)
     last_by_skb: dict[tuple[str, str], tuple[int, _Cluster]] = field(default_factory=dict)
     replies: dict[tuple[object, ...], int] = field(default_factory=dict)  # ICMP echo replies seen, host ns
+    errors: list[_Cluster] = field(default_factory=list)  # the ICMP errors seen (what may answer a drop)
+    arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
     drops_seen: int = 0
     count: int = 0
 
@@ -181,19 +202,47 @@ class Correlator:
             if header is None:
                 return None
             found = self.clusters.get(header.key())
-            return found[-1] if found and not found[-1].done else None
+            if found and not found[-1].done:
+                return found[-1]
+            # a packet dropped before any follow point saw it (queued for a neighbour that never answered)
+            return self._new(header, ev)
         header = identity(ev)
         if header is None:
             return None
         key = header.key()
-        if header.proto == 1 and len(header.l4) >= 8 and header.l4[0] == 0:
+        if header.is_echo(2):
             self.replies[key] = ev.host_ns or 0
         chain = self.clusters.setdefault(key, [])
         assert ev.host_ns is not None
+        if header.repeats():
+            return self._repeated(chain, ev) or self._new(header, ev)
         if chain and not chain[-1].done and ev.host_ns - max(e.host_ns or 0 for e in chain[-1].events) < CLUSTER_GAP_NS:
             return chain[-1]
-        chain.append(_Cluster(key, header))
-        return chain[-1]
+        return self._new(header, ev)
+
+    def _new(self, header: Header, ev: Event) -> _Cluster:
+        """A new packet, first seen at ``ev``; an ICMP error or an ARP reply is kept as what may answer another."""
+        c = _Cluster(header.key(), header)
+        self.clusters.setdefault(c.key, []).append(c)
+        if header.is_error():
+            self.errors.append(c)
+        elif header.family == ARP and header.proto == 2:
+            self.arp_replies.setdefault((header.saddr, header.daddr), []).append((ev.host_ns or 0, ev.guest, header.hw))
+        return c
+
+    def _repeated(self, chain: list[_Cluster], ev: Event) -> _Cluster | None:
+        """Which sending of a message sent again unchanged ``ev`` belongs to: the latest one that started
+        before it (within the clocks' bounds), less than :data:`REPEAT_NS` earlier, not yet seen at this
+        point of this guest."""
+        assert ev.host_ns is not None
+        slack = 2 * max((self._bound(g) for g in self.clocks), default=0.0) + 1_000_000
+        for c in reversed(chain):
+            start = min(e.host_ns or 0 for e in c.events)
+            if c.done or start > ev.host_ns + slack or ev.host_ns - start >= REPEAT_NS:
+                continue
+            if not any((e.guest, e.point, e.dev) == (ev.guest, ev.point, ev.dev) for e in c.events):
+                return c
+        return None
 
     def settle(self, marks: Mapping[str, int] | None = None, quiet_ns: int = QUIET_NS) -> list[Journey]:
         """Journeys that ended (``marks`` None: the trace is over, every journey ends now).
@@ -242,13 +291,19 @@ class Correlator:
         self.align.solve({g: self._bound(g) for g in self.clocks})
 
     def _ended(self, c: _Cluster) -> bool:
-        """Whether the packet's end is already known: a process read it, or it is an echo request whose
-        reply left."""
-        if any(POINTS[e.point].role == "read" for e in c.events):
+        """Whether the packet's end is already known: a process read it (not a copy an ICMP error quoted),
+        it is an echo request whose reply left, or an ARP request answered."""
+        events, _ = quoted(c.events)
+        if any(POINTS[e.point].role == "read" for e in events):
             return True
         h = c.header
-        return (h.proto == 1 and len(h.l4) >= 8 and h.l4[0] == 8 and c.events[-1].point == "ip_local"
-                and _Ends(self.topo, self.wire, self.netfilter, self.replies).answered(h))
+        ends = self._ends()
+        if h.family == ARP:
+            return h.proto == 1 and ends.arp_reply(h, min(e.host_ns or 0 for e in events)) is not None
+        return h.is_echo(1) and events[-1].point in ("ip_local", "ip6_local") and ends.answered(h)
+
+    def _ends(self) -> _Ends:
+        return _Ends(self.topo, self.wire, self.netfilter, self.replies, self.errors, self.arp_replies)
 
     def _forget(self) -> None:
         """Drop settled clusters (a live follow runs for hours)."""
@@ -258,20 +313,27 @@ class Correlator:
         if self.replies:
             newest = max(self.replies.values())
             self.replies = {k: t for k, t in self.replies.items() if newest - t < 4 * CLUSTER_GAP_NS}
+        if len(self.errors) > 1000:
+            self.errors = [c for c in self.errors[-500:] if not c.done]
+        for k, seen in list(self.arp_replies.items()):
+            if len(seen) > 50:
+                self.arp_replies[k] = seen[-20:]
 
     # ------------------------------------------------------------------ one journey
 
     def journey(self, c: _Cluster, final: bool = False) -> Journey:
-        visits = self._visits(c.events)
+        events, copies = quoted(c.events)
+        visits = self._visits(events)
         hops: list[Hop] = []
+        only_drop = all(e.point == "drop" for e in events)  # dropped before any follow point saw it
         for i, visit in enumerate(visits):
-            here = [self._hop(e) for e in visit if e.point != "drop"]
+            here = [self._hop(e) for e in visit if e.point != "drop" or only_drop]
             if i and hops:
                 wire = self._wire(c.key, visits[i - 1], visit)
                 self._causal(hops[-1], wire, here)
                 hops.append(wire)
             hops += here
-        end = _Ends(self.topo, self.wire, self.netfilter, self.replies).end(c, visits, final)
+        end = self._ends().end(c, visits, final, copies)
         j = Journey(c.header, hops, end)
         j.out_of_order = self._out_of_order(hops)
         return j
@@ -305,6 +367,9 @@ class Correlator:
     def _hop(self, e: Event) -> Hop:
         p = POINTS[e.point]
         note = ""
+        if e.point == "drop":
+            return Hop(e.guest, e.point, (e.fields.get("loc") or p.where).split("+")[0], e.dev,
+                       (e.host_ns or 0) + round(self.align.at(e.guest)), e.comm, e.pid, e.irq, note, e.skb)
         if e.point == "xmit":
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
@@ -359,18 +424,53 @@ class Correlator:
                 bad += 1
         return bad
 
+def quoted(events: list[Event]) -> tuple[list[Event], list[Event]]:
+    """A packet's events without the copies an ICMP error quoted, and those copies. A process that reads
+    its error queue (ping's ``IP_RECVERR``) reads the packet the error quotes, header and all: that read
+    is the answer coming back, not the packet's delivery. A read is a delivery when the last hop before
+    it in the same guest took the packet in (received, or handed to the local stack); after a send (or
+    with only its drop before it there), it is a quoted copy."""
+    kept: list[Event] = []
+    copies: list[Event] = []
+    last: dict[str, Event] = {}
+    dropped: set[str] = set()  # guests where it was dropped before any other hop (never sent, never received)
+    for e in sorted(events, key=lambda e: e.ts):
+        if POINTS[e.point].role == "read":
+            before = last.get(e.guest)
+            if (before.point in ("dev_queue", "xmit") if before else e.guest in dropped):
+                copies.append(e)
+                continue
+        elif e.point == "drop":
+            dropped.add(e.guest)
+        else:
+            last[e.guest] = e
+        kept.append(e)
+    return kept, copies
+
+
+def _handled_error(drop: Event, visit: list[Event]) -> bool:
+    """An ICMP or ICMPv6 error freed once it reached the local stack, the kernel's way to end an error it
+    passed to the socket of the packet it quotes: 6.1's icmpv6_rcv frees every error with kfree_skb
+    (NOT_SPECIFIED), and a socket closed with the error still in its error queue frees it in
+    inet_sock_destruct (ping reads the error's copy, not the queue's end)."""
+    fn = (drop.fields.get("loc") or "").split("+")[0]
+    return (fn in ("icmp_rcv", "icmpv6_rcv", "inet_sock_destruct")
+            and any(e.point in ("ip_local", "ip6_local") for e in visit))
+
+
 @dataclass
 class _Ends:
     """How a packet's path ended (see the module docstring): the correlator's view of the lab, its echo
-    replies seen, netfilter's rules."""
+    replies, ICMP errors and ARP replies seen, netfilter's rules."""
 
     topo: Topology
     wire: Wire
     netfilter: dict[str, str]
     replies: dict[tuple[object, ...], int]
+    errors: list[_Cluster] = field(default_factory=list)
+    arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
 
-
-    def end(self, c: _Cluster, visits: list[list[Event]], final: bool) -> End:
+    def end(self, c: _Cluster, visits: list[list[Event]], final: bool, copies: list[Event] | None = None) -> End:
         events = [e for v in visits for e in v]
         read = next((e for e in events if POINTS[e.point].role == "read"), None)
         if read is not None:
@@ -380,18 +480,32 @@ class _Ends:
             return End("open", "", "no hop")
         last = visits[-1]
         guest = last[0].guest
+        h = c.header
         drop = next((e for e in reversed(last) if e.point == "drop"), None)
+        if drop is not None and h.is_error() and _handled_error(drop, last):
+            drop = None  # ICMPv6 frees an error it handed to the socket with kfree_skb: not a drop
         if drop is not None:
-            return self._drop_end(drop, last)
+            end = self._drop_end(drop, last)
+            if end.kind == "dropped" and not h.is_error():  # no error is sent about an error
+                end.text += self._answer(h, drop, last, visits[0][0].guest, copies or [])
+            return end
+        if h.family == ARP and h.proto == 1:
+            return self._arp_end(h, visits)
         tail = next((e for e in reversed(last) if e.point != "drop"), last[-1])
+        if tail.point == "drop":
+            return self._drop_end(tail, last)
         if tail.point == "xmit":
             return self._sent_end(c, tail, final)
-        if tail.point in ("ip_local", "tcp_rcv"):
-            h = c.header
-            if h.proto == 1 and len(h.l4) >= 8 and h.l4[0] == 8 and self.answered(h):
-                return End("answered", guest, f"answered by {guest}'s kernel (ICMP echo reply sent)",
-                           where="icmp_rcv")
-            what = "TCP (tcp_v4_rcv)" if tail.point == "tcp_rcv" else "the kernel (ip_local_deliver)"
+        if tail.point in LOCAL:
+            v6 = h.family == 6
+            if h.is_echo(1) and self.answered(h):
+                return End("answered", guest, f"answered by {guest}'s kernel (ICMP{'v6' if v6 else ''} echo reply sent)",
+                           where="icmpv6_rcv" if v6 else "icmp_rcv")
+            what = {"tcp_rcv": "TCP (tcp_v4_rcv)", "tcp6_rcv": "TCP (tcp_v6_rcv)", "arp_rcv": "ARP (arp_rcv)",
+                    "ip6_local": "the kernel (ip6_input)"}.get(tail.point, "the kernel (ip_local_deliver)")
+            if h.is_error() and tail.point in ("ip_local", "ip6_local"):
+                return End("consumed", guest, f"delivered to {what} on {guest}: an ICMP{'v6' if v6 else ''} error, "
+                           "for the socket that sent the packet it quotes (its error queue)", where=POINTS[tail.point].where)
             return End("consumed", guest, f"delivered to {what} on {guest}; no process read it while followed",
                        where=POINTS[tail.point].where)
         return End("open", guest, f"last seen at {POINTS[tail.point].where} on {guest}"
@@ -399,8 +513,40 @@ class _Ends:
 
     def answered(self, h: Header) -> bool:
         """An echo reply to ``h`` (an echo request) was seen: the same id and sequence, the other way."""
-        l4 = (0, *struct.unpack(">HH", h.l4[4:8]))
+        l4 = (ECHO[h.family][2], *struct.unpack(">HH", h.l4[4:8]))
         return any(k[0] == h.daddr and k[1] == h.saddr and k[5] == l4 for k in self.replies)
+
+    def arp_reply(self, h: Header, start: int) -> tuple[int, str, bytes] | None:
+        """The ARP reply to the request ``h`` sent at ``start`` (host ns): from its target, to its sender."""
+        return next((r for r in self.arp_replies.get((h.daddr, h.saddr), [])
+                     if 0 <= r[0] - start <= ARP_REPLY_NS), None)
+
+    def _arp_end(self, h: Header, visits: list[list[Event]]) -> End:
+        start = min(e.host_ns or 0 for v in visits for e in v)
+        target = h.describe().split()[2]
+        reply = self.arp_reply(h, start)
+        if reply is not None:
+            mac = ":".join(f"{b:02x}" for b in reply[2][:6])
+            return End("answered", reply[1], f"answered by {reply[1]} ({target} is-at {mac})", where="arp_rcv")
+        took = [v[0].guest for v in visits[1:] if any(e.point == "arp_rcv" for e in v)]
+        heard = [v[0].guest for v in visits[1:]]
+        who = f"{', '.join(took or heard)} {'took it in' if took else 'received it'}" if heard else "no followed guest received it"
+        return End("unanswered", (took or heard or [visits[0][0].guest])[-1],
+                   f"unanswered: nobody has {target} ({who}, none replied)", where="arp_rcv" if took else None)
+
+    def _answer(self, h: Header, drop: Event, visit: list[Event], origin: str, copies: list[Event]) -> str:
+        """``; time-exceeded sent to a``: the ICMP error the dropping guest sent back to the packet's source
+        (seen as a packet of its own, or as the copy its reader got), or ""."""
+        before = [e.ts for e in visit if e.point != "drop" and e.ts <= drop.ts]
+        lo = before[-1] if before else drop.ts - ANSWER_NS
+        for err in self.errors:  # its events on the dropping guest: sent from there (in any stream order)
+            if (err.header.family == h.family and err.header.daddr == h.saddr
+                    and any(e.guest == drop.guest and lo <= e.ts <= drop.ts + ANSWER_NS for e in err.events)):
+                return f"; {error_name(err.header)} sent to {origin}"
+        if copies:
+            r = copies[0]
+            return f"; an ICMP error quoting it reached {r.comm} (pid {r.pid}) on {r.guest}"
+        return ""
 
     def _drop_end(self, drop: Event, visit: list[Event]) -> End:
         reason = reason_name(drop)
@@ -415,6 +561,10 @@ class _Ends:
             return End("lost", guest, f"lost on the wire {guest}.{dev} → {to}: netem loss {imp['loss']} "
                        f"(labctl's impairment of {guest}.{dev}), dropped in {guest}'s qdisc at {loc}",
                        where=loc, reason=reason)
+        if before is not None and before.point in FORWARD and (identity(before) or _NO_TTL).ttl in (0, 1):
+            fn = POINTS[before.point].where
+            what = "hop limit exceeded" if before.point == "ip6_fwd" else "TTL exceeded"
+            return End("dropped", guest, f"dropped on {guest} at {fn}: {what}", where=fn, reason=reason)
         text = f"dropped on {guest} at {loc}" + (f" for {reason}" if reason else "")
         rule = self.netfilter.get(guest) if reason == "NETFILTER_DROP" else None
         if rule:
@@ -453,7 +603,15 @@ def _pcts(values: list[float]) -> dict[str, float]:
     return {"p50_us": at(0.5), "p90_us": at(0.9), "p99_us": at(0.99), "max_us": round(s[-1], 1)}
 
 
-END_ORDER = ("dropped", "lost", "open", "consumed", "left", "answered", "delivered")
+END_ORDER = ("dropped", "lost", "unanswered", "open", "consumed", "left", "answered", "delivered")
+
+
+def error_name(h: Header) -> str:
+    """``time-exceeded``, ``host-unreachable``... of an ICMP or ICMPv6 error."""
+    kind, code = h.l4[0], h.l4[1] if len(h.l4) > 1 else 0
+    if h.family == 6:
+        return ICMP6_UNREACH.get(code, "unreachable") if kind == 1 else ICMP6_NAMES.get(kind, f"ICMPv6 type {kind}")
+    return ICMP_UNREACH.get(code, "unreachable") if kind == 3 else ICMP_NAMES.get(kind, f"ICMP type {kind}")
 
 
 def paths(journeys: list[Journey]) -> list[dict[str, Any]]:

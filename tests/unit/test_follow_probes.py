@@ -15,7 +15,8 @@ from labctl.report.comparison import _metric_rows
 from labctl.report.drops_report import drops_metrics, summarize_drops
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "follow"
-OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 184, "skb_dev": 16, "dev_name": 0}  # Debian's 6.1.0-56
+OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 184, "skb_dev": 16, "dev_name": 0,
+       "skb_protocol": 180}  # Debian's 6.1.0-56
 
 
 def test_follow_points_fetch_the_ip_header_where_it_is_at_each_point() -> None:
@@ -104,7 +105,37 @@ def _follow(*args: str) -> subprocess.CompletedProcess[str]:
 def test_bad_filters_exit_2_before_anything_starts() -> None:
     res = _follow("no-such-lab", "icmp and hst 10.0.0.1")
     assert res.returncode == 2 and "bad filter 'icmp and hst 10.0.0.1': tcpdump: syntax error" in res.stderr
-    res = _follow("no-such-lab", "arp")
-    assert res.returncode == 2 and "does not follow by 'arp'" in res.stderr
+    res = _follow("no-such-lab", "vlan 10")
+    assert res.returncode == 2 and "does not follow by 'vlan'" in res.stderr
+    res = _follow("no-such-lab", "--", "-w/tmp/x")  # never handed to tcpdump as an option
+    assert res.returncode == 2 and "cannot start with '-'" in res.stderr, res.stderr
     res = _follow("no-such-lab", "icmp", "-c", "0")
     assert res.returncode == 2 and "-c must be at least 1" in res.stderr
+
+
+def test_ipv6_and_arp_points_fetch_skb_protocol_and_their_own_header() -> None:
+    by = {p.name: p for p in probes.POINTS}
+    rx6 = probes.point_definition("labctl_t", by["netif_rx6"], OFF, set())
+    assert rx6.startswith("e:labctl_t/netif_rx6 net.netif_receive_skb skb=$skbaddr:x64 dev=+0(+16($skbaddr)):string "
+                          "pr=+180($skbaddr):u16 vi=+0(+208($skbaddr)):u8 ")
+    assert "nxt=+6(+208($skbaddr)):u8" in rx6 and "d6d=+36(+208($skbaddr)):u32" in rx6 and "l4a=+40(" in rx6
+    tcp6 = probes.point_definition("labctl_t", by["tcp6_rcv"], OFF, {"dport"})
+    assert tcp6.startswith("p:labctl_t/tcp6_rcv tcp_v6_rcv ") and "vi=-40(+208(%di)):u8" in tcp6
+    assert "dport=+2(+208(%di)):u16" in tcp6
+    arp = probes.point_definition("labctl_t", by["xmit_arp"], OFF, {"tpb0"})
+    assert "pr=+180($skbaddr):u16" in arp and "tpa=+38(+208($skbaddr)):u32" in arp and "tpb0=+38(" in arp
+    assert "vi=" not in arp
+    assert "pr=" not in probes.point_definition("labctl_t", by["xmit"], OFF, set())  # IPv4's as before
+
+
+def test_drops_are_filtered_per_family_with_the_tracepoints_own_protocol() -> None:
+    """The probes' ``pr`` is skb->protocol read little-endian; the drop tracepoint's ``proto`` is host order."""
+    f6, _ = kernel_filter(parse("icmp6 and host fd00::1"), 6)
+    fa, _ = kernel_filter(parse("arp host 10.1.0.99"), 0x806)
+    assert f6 is not None and fa is not None
+    args, filt = probes.drop_filter(OFF, {6: f6, 0x806: fa})
+    assert "h6_m40_nxt=-34(+208($skbaddr)):u8" in args and "ha_14_tpa=+38(+208($skbaddr)):u32" in args
+    assert "(proto == 0x86dd && h6_0_vi >= 96" in filt and "(proto == 0x806 && (ha_0_spa == 0x6300010a" in filt
+    assert filt.count("(proto == ") == 5 and " pr " not in filt and "pr ==" not in filt.replace("proto ==", "")
+    d = probes.drop_definition("labctl_d", OFF, reason=True, symbol=True)
+    assert "wm2=-40(+208($skbaddr)):x64" in d and "w11=+64(+208($skbaddr)):x64" in d

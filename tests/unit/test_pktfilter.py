@@ -49,16 +49,17 @@ def test_filters_match_what_tcpdump_would(text: str, matches: list[Packet]) -> N
 
 
 @pytest.mark.parametrize(("text", "word"), [
-    ("arp", "arp"), ("ip6 and icmp6", "ip6"), ("portrange 1-100", "portrange"), ("vlan 10", "vlan"),
+    ("rarp", "rarp"), ("portrange 1-100", "portrange"), ("vlan 10", "vlan"),
     ("ether host 52:54:00:00:00:01", "ether"), ("tcp[13] & 2 != 0", "tcp[13]"), ("less 100", "less"),
 ])
 def test_primitives_outside_the_subset_are_refused_by_name(text: str, word: str) -> None:
-    with pytest.raises(FilterError, match=re.escape(f"does not follow by '{word}'") + ".*host, net, port"):
+    with pytest.raises(FilterError, match=re.escape(f"does not follow by '{word}'") + ".*IPv6 and ARP.*host, net, port"):
         parse(text)
 
 
 @pytest.mark.parametrize("text", ["host", "host 10.1.0", "port http", "icmp and", "(icmp", "host example.org",
-                                  "net 10.1.0.0/40", "tcp host 10.0.0.1"])
+                                  "net 10.1.0.0/40", "tcp host 10.0.0.1", "ip6 host 10.0.0.1", "arp host fd00::1",
+                                  "icmp and ip6", "-w /tmp/x", " --version", "ip6 port 80"])
 def test_bad_filters_are_refused(text: str) -> None:
     with pytest.raises(FilterError):
         parse(text)
@@ -78,3 +79,60 @@ def test_networks_become_byte_ranges_in_the_kernel() -> None:
     assert filt.endswith("(sb0 == 10 && sb1 == 2 && sb2 >= 16 && sb2 <= 31)")
     assert extra == {"sb0", "sb1", "sb2"}
     assert kernel_filter(parse("not net 10.0.0.0/8"))[0].endswith("!(((sb0 == 10) || (db0 == 10)))")
+
+
+def pkt6(src: str, dst: str, proto: int, sport: int | None = None, dport: int | None = None) -> Packet:
+    return Packet(int(ipaddress.IPv6Address(src)), int(ipaddress.IPv6Address(dst)), proto, sport, dport, family=6)
+
+
+PING6 = pkt6("fd00:1::2", "fd00:2::2", 58)
+WEB6 = pkt6("fd00:1::2", "fd00:3::1", 6, 51000, 80)
+NS = pkt6("fe80::1", "ff02::1:ff00:2", 58)
+WHO = Packet(int(ipaddress.IPv4Address("10.1.0.2")), int(ipaddress.IPv4Address("10.1.0.99")), 0, family=0x806)
+ALL = (PING, REPLY, DNS, WEB, PING6, WEB6, NS, WHO)
+
+
+@pytest.mark.parametrize(("text", "matches"), [
+    ("", list(ALL)),
+    ("ip", [PING, REPLY, DNS, WEB]),
+    ("ip6", [PING6, WEB6, NS]),
+    ("arp", [WHO]),
+    ("icmp6", [PING6, NS]),
+    ("icmp", [PING, REPLY]),
+    ("host fd00:1::2", [PING6, WEB6]),
+    ("dst host fd00:2::2 or fd00:3::1", [PING6, WEB6]),
+    ("net fd00::/16", [PING6, WEB6]),
+    ("src net fe80::/10", [NS]),
+    ("ip6 net fd00:2::/64", [PING6]),
+    ("host 10.1.0.99", [WHO]),  # pcap's host: IPv4 and ARP
+    ("ip host 10.1.0.99", []),
+    ("arp dst host 10.1.0.99", [WHO]),
+    ("net 10.1.0.0/24", [PING, REPLY, DNS, WEB, WHO]),
+    ("port 80", [WEB, WEB6]),
+    ("tcp port 80 and ip6", [WEB6]),
+    ("ip6 proto 6", [WEB6]),
+    ("proto 6", [WEB, WEB6]),
+    ("not ip6 and not arp", [PING, REPLY, DNS, WEB]),
+])
+def test_ipv6_and_arp_filters_match_what_tcpdump_would(text: str, matches: list[Packet]) -> None:
+    node = parse(text)
+    assert [p for p in ALL if node.match(p)] == matches
+
+
+def test_each_family_gets_its_own_kernel_filter_or_none() -> None:
+    node = parse("icmp6 and host fd00:1::2")
+    assert kernel_filter(node, 4)[0] is None and kernel_filter(node, 0x806)[0] is None
+    filt, extra = kernel_filter(node, 6)
+    # skb->protocol in network order read little-endian (0x86dd: 0xdd86), the version nibble, next header 58
+    assert filt == ("pr == 0xdd86 && vi >= 96 && vi <= 111 && (nxt == 58 && ((s6a == 0x10000fd && s6b == 0x0 && "
+                    "s6c == 0x0 && s6d == 0x2000000) || (d6a == 0x10000fd && d6b == 0x0 && d6c == 0x0 && d6d == 0x2000000)))")
+    assert extra == set()
+    filt, extra = kernel_filter(parse("arp host 10.1.0.99"), 0x806)
+    assert filt == "pr == 0x608 && (spa == 0x6300010a || tpa == 0x6300010a)" and extra == {"spa", "tpa"}
+    filt, extra = kernel_filter(parse("src net fd00:1::/56"), 6)
+    assert filt is not None and filt.endswith("(s6a == 0x10000fd && s6b4 == 0 && s6b5 == 0 && s6b6 == 0)")
+    assert extra == {"s6b4", "s6b5", "s6b6"}
+    filt, _ = kernel_filter(parse("udp port 53"), 6)
+    assert filt is not None and filt.endswith("(nxt == 17 && (sport == 0x3500 || dport == 0x3500))")
+    assert kernel_filter(parse("ip6"), 6)[0] == "pr == 0xdd86 && vi >= 96 && vi <= 111"
+    assert kernel_filter(parse("not ip6"), 6)[0] is None
