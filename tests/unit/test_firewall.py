@@ -169,3 +169,13 @@ def test_a_bad_firewall_is_exit_2_at_its_lines() -> None:
         ("lab.yaml:10: guests.r.firewall.nat.masquerade[0].out: guest r has no interface 'wan0' "
          "(its interfaces: eth1, eth2)")]
     assert info.value.exit_code == 2
+
+
+def test_the_graph_marks_a_guest_with_a_firewall_and_lists_it_in_its_tooltip() -> None:
+    from labctl.net.graph import to_svg, topology
+
+    lab = load_lab_text(LAB, "lab.yaml")
+    node = topology(lab).guest("r")
+    assert node.firewall_mark == "firewall masquerade, snat, dnat, input, forward"
+    assert node.firewall_mark in node.info_text
+    assert "firewall: filter input (policy drop): 2 rules" in to_svg(topology(lab))
