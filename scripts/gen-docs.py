@@ -26,7 +26,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from labctl.cli.main import build_parser
-from labctl.lab import checks, followspec, kernels, kselftest, netconf, nicparse, shares, stepspec, tracespec, validate
+from labctl.lab import (
+    checks,
+    firewall,
+    followspec,
+    kernels,
+    kselftest,
+    netconf,
+    nicparse,
+    shares,
+    stepspec,
+    tracespec,
+    validate,
+)
 from labctl.lab.impair import IMPAIR_KEYS
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS
 
@@ -49,6 +61,13 @@ LAB_SECTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     ("guests.GUEST.bridges.BRIDGE", netconf._BRIDGE_KEYS, ("members",), "../network-config.md"),
     ("guests.GUEST.routes[]", netconf._ROUTE_KEYS, ("to",), "../network-config.md"),
     ("guests.GUEST.shares[]", shares.SHARE_KEYS, ("host", "mount"), "../lab-files.md"),
+    ("guests.GUEST.firewall", firewall.FIREWALL_KEYS, (), "../network-config.md#firewall-and-nat"),
+    ("guests.GUEST.firewall.filter.HOOK", firewall.CHAIN_KEYS, (), "../network-config.md#firewall-and-nat"),
+    ("guests.GUEST.firewall.nat", firewall.NAT_KEYS, (), "../network-config.md#firewall-and-nat"),
+    ("guests.GUEST.firewall.nat.masquerade[]", firewall.MASQUERADE_KEYS, ("out",),
+     "../network-config.md#firewall-and-nat"),
+    ("guests.GUEST.firewall.nat.snat[]", firewall.SNAT_KEYS, ("out", "to"), "../network-config.md#firewall-and-nat"),
+    ("guests.GUEST.firewall.nat.dnat[]", firewall.DNAT_KEYS, ("in", "to"), "../network-config.md#firewall-and-nat"),
     ("checks[]", checks.CHECK_KEYS, ("name", "guest"), "../kernel-debugging.md#checks-on-kernel-state"),
     ("steps[]", stepspec._STEP_KEYS, ("name", "run"), "steps.md"),
 )

@@ -2,7 +2,7 @@
 (:mod:`.yamlpos`, :mod:`.load`) checked section by section (:mod:`.checker`,
 :mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; NICs: :mod:`.nicparse`;
 addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and sysctls:
-:mod:`.netconf`; network options: :mod:`.netopts`, :mod:`.impair`; host
+:mod:`.netconf`; firewall and NAT (nftables): :mod:`.firewall`; network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
 :mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.stepspec`, their trace section
 :mod:`.tracespec`, the packets they follow :mod:`.followspec`,
@@ -28,6 +28,7 @@ Typical use::
 from labctl.lab import drgnexpr, kernels
 from labctl.lab.addresses import default_mac, mgmt_mac
 from labctl.lab.checker import close_match
+from labctl.lab.firewall import Firewall, ScriptLine
 from labctl.lab.followspec import FollowSpec
 from labctl.lab.hosts import HostPlace, host_place, place_guests
 from labctl.lab.ifaces import (
@@ -38,6 +39,7 @@ from labctl.lab.ifaces import (
     Route,
     Sysctl,
     Vlan,
+    firewall_lines,
     first_ip,
     guest_interfaces,
     net_settings,
@@ -94,6 +96,7 @@ __all__ = [
     "Bond",
     "Bridge",
     "Check",
+    "Firewall",
     "FollowSpec",
     "GdbStep",
     "Guest",
@@ -109,6 +112,7 @@ __all__ = [
     "NicModel",
     "Route",
     "RunSpec",
+    "ScriptLine",
     "Share",
     "SshHop",
     "Step",
@@ -124,6 +128,7 @@ __all__ = [
     "drgnexpr",
     "env_trusted",
     "export_link",
+    "firewall_lines",
     "first_ip",
     "get_nic_model",
     "guest_interfaces",

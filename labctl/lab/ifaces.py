@@ -25,6 +25,7 @@ __all__ = [
     "Sysctl",
     "Vlan",
     "address_keys",
+    "firewall_lines",
     "first_ip",
     "guest_interfaces",
     "net_settings",
@@ -265,15 +266,38 @@ def net_settings(guest: Mapping[str, Any]) -> dict[str, Any]:
               for v in guest_interfaces(guest)}
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = {str(k): str(v) for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k}
-    return {"interfaces": ifaces, **({"routes": routes} if routes else {}), **({"sysctls": sysctls} if sysctls else {})}
+    firewall = firewall_lines(guest, detail=True)
+    return {"interfaces": ifaces, **({"routes": routes} if routes else {}), **({"sysctls": sysctls} if sysctls else {}),
+            **({"firewall": firewall} if firewall else {})}
+
+
+def firewall_lines(guest: Mapping[str, Any], detail: bool = False) -> list[str]:
+    """A guest's firewall (``Guest.to_dict()`` form) as short lines (:meth:`~labctl.lab.firewall.Firewall.summary`),
+    or with ``detail`` each line of the nft script labctl writes (for comparing two runs); an nft
+    file's line says its sha256 too, so two runs whose files differ compare different."""
+    from labctl.lab.firewall import Firewall  # here: firewall.py imports the model, which imports this module
+
+    fw = guest.get("firewall")
+    if not isinstance(fw, Mapping):
+        return []
+    parsed = Firewall.from_dict(dict(fw))
+    out = parsed.summary()
+    if detail:
+        out = [ln.strip() for ln in parsed.script()[0].splitlines()] + [ln for ln in out if ln.startswith("nft file ")]
+    f = fw.get("file")
+    if isinstance(f, Mapping) and f.get("sha256"):
+        out = [f"{line} sha256 {str(f['sha256'])[:12]}" if line.startswith("nft file ") else line for line in out]
+    return out
 
 
 def settings_text(guest: Mapping[str, Any]) -> list[str]:
-    """A guest's routes and sysctls (``Guest.to_dict()`` form) as lines: ``routes: default via
-    10.1.0.254; fd00:9::/48 via fd00:1::2`` and ``sysctls: net.ipv4.ip_forward=1, ...`` (none: [])."""
+    """A guest's routes, sysctls and firewall (``Guest.to_dict()`` form) as lines: ``routes: default via
+    10.1.0.254; fd00:9::/48 via fd00:1::2``, ``sysctls: net.ipv4.ip_forward=1, ...`` and
+    ``firewall: nat: masquerade out eth2`` (none: [])."""
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = [f"{k}={v}" for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k]
-    return (["routes: " + "; ".join(routes)] if routes else []) + (["sysctls: " + ", ".join(sysctls)] if sysctls else [])
+    return ((["routes: " + "; ".join(routes)] if routes else []) + (["sysctls: " + ", ".join(sysctls)] if sysctls else [])
+            + [f"firewall: {line}" for line in firewall_lines(guest)])
 
 
 def _route_text(route: object) -> str:

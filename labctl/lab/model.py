@@ -10,13 +10,16 @@ import dataclasses
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labctl.lab.ifaces import Address, Bond, Bridge, Route, Sysctl, Vlan, address_keys, first_ip
 from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
 from labctl.lab.shares import Share
+
+if TYPE_CHECKING:
+    from labctl.lab.firewall import Firewall
 
 __all__ = [
     "DEFAULT_HOST",
@@ -154,12 +157,14 @@ class Guest:
     bridges: tuple[Bridge, ...] = ()  # bridges of its lab NICs
     routes: tuple[Route, ...] = ()  # static routes, in file order
     sysctls: tuple[Sysctl, ...] = ()  # set in file order before up returns
+    firewall: Firewall | None = None  # nftables rules loaded (checked by nft -c first) before up returns
 
     @property
     def networked(self) -> bool:
         """Whether it has network settings beyond its NICs' links and addresses (VLANs, bonds,
-        bridges, routes, sysctls)."""
-        return bool(self.bonds or self.bridges or self.routes or self.sysctls or any(n.vlans for n in self.nics))
+        bridges, routes, sysctls, a firewall)."""
+        return bool(self.bonds or self.bridges or self.routes or self.sysctls or self.firewall
+                    or any(n.vlans for n in self.nics))
 
     def tagged_nics(self) -> list[str]:
         """Its NICs whose frames carry VLAN tags: those with VLANs, and members of a bond or bridge
@@ -204,6 +209,7 @@ class Guest:
             "bridges": [b.to_dict() for b in self.bridges],
             "routes": [r.to_dict() for r in self.routes],
             "sysctls": [{"name": s.name, "value": s.value} for s in self.sysctls],
+            "firewall": self.firewall.to_dict() if self.firewall else None,
         }
 
 

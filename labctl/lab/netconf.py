@@ -41,6 +41,7 @@ import re
 
 from labctl.lab.addresses import parse_addresses
 from labctl.lab.checker import Checker, close_match, describe, did_you_mean, join
+from labctl.lab.firewall import check_interfaces
 from labctl.lab.ifaces import BOND_MODES, DEFAULT_MIIMON, PRIMARY_MODES, Address, Route, Sysctl
 from labctl.lab.model import MGMT_NIC, MGMT_SUBNET
 from labctl.lab.specs import GuestSpec, MasterSpec, NicSpec, RouteSpec, VlanSpec
@@ -309,12 +310,14 @@ def _sysctl_value(check: Checker, value: object, line: int, path: str) -> str | 
 
 def check_guest(check: Checker, g: GuestSpec, network_mtu: dict[str, int | None]) -> None:
     """What spans a guest's sections: interface names unique, bond and bridge members its own
-    free NICs, routes through its interfaces and subnets, per-interface sysctls on its interfaces.
+    free NICs, routes through its interfaces and subnets, per-interface sysctls and NAT rules on
+    its interfaces.
     ``network_mtu``: each network's MTU (a NIC without its own has its network's)."""
     names = _interface_names(check, g)
     enslaved = _check_members(check, g, network_mtu)
     _check_routes(check, g, enslaved)
     _check_sysctls(check, g, set(names))
+    check_interfaces(check, g.firewall, g.name, set(names), MGMT_NIC, MGMT_SUBNET)
 
 
 def _interface_names(check: Checker, g: GuestSpec) -> dict[str, int]:

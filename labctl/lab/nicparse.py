@@ -170,4 +170,5 @@ def resolve_settings(g: GuestSpec) -> dict[str, Any]:
     masters = [_master(m) for m in g.masters]
     return {"bonds": tuple(m for m in masters if isinstance(m, Bond)),
             "bridges": tuple(m for m in masters if isinstance(m, Bridge)),
-            "routes": tuple(r.route for r in g.routes), "sysctls": tuple(s for s, _ in g.sysctls)}
+            "routes": tuple(r.route for r in g.routes), "sysctls": tuple(s for s, _ in g.sysctls),
+            "firewall": g.firewall}

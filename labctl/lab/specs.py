@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from labctl.lab.firewall import Firewall
 from labctl.lab.ifaces import Address, Route, Sysctl
 from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
@@ -108,6 +109,7 @@ class GuestSpec:
     masters: list[MasterSpec] = field(default_factory=list)  # bonds, then bridges
     routes: list[RouteSpec] = field(default_factory=list)
     sysctls: list[tuple[Sysctl, str]] = field(default_factory=list)  # with each one's path
+    firewall: Firewall | None = None
 
 
 @dataclass

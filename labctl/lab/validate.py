@@ -17,6 +17,7 @@ from labctl.errors import Problem
 from labctl.lab.addresses import assign_macs, check_ips, default_mac, parse_ip
 from labctl.lab.checker import Checker, describe, did_you_mean, join
 from labctl.lab.checks import parse_checks, parse_setup
+from labctl.lab.firewall import parse_firewall
 from labctl.lab.kernels import FILE_KEYS, FILES, TREE, KernelSpec, debian
 from labctl.lab.model import (
     DEFAULT_HOST,
@@ -59,7 +60,7 @@ _TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "ho
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description", "capture")
 _GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup", "shares", "bonds", "bridges",
-               "routes", "sysctls")
+               "routes", "sysctls", "firewall")
 _HOST_KEYS = ("uri", "address")
 _HOST_REQUIRED = ("uri",)
 _HOSTS_BACKEND = "libvirt"
@@ -316,6 +317,7 @@ def _parse_guest(
         masters=parse_masters(check, body, path, "bonds") + parse_masters(check, body, path, "bridges"),
         routes=parse_routes(check, body, path),
         sysctls=parse_sysctls(check, body, path),
+        firewall=parse_firewall(check, body, path, check_dir(check), trusted),
     )
 
 

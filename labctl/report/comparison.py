@@ -93,7 +93,7 @@ def _net_settings(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _net_differences(ma: Mapping[str, Any], mb: Mapping[str, Any]) -> list[tuple[str, object, object]]:
     """Each guest's network settings that differ: an interface's addresses or what it is (a VLAN, a
-    bond's mode and members), its routes, each sysctl."""
+    bond's mode and members), its routes, each sysctl, its firewall's rules."""
     sa, sb = _net_settings(ma), _net_settings(mb)
     out: list[tuple[str, object, object]] = []
     for g in sorted(set(sa) & set(sb)):
@@ -112,6 +112,10 @@ def _net_differences(ma: Mapping[str, Any], mb: Mapping[str, Any]) -> list[tuple
         ka, kb = as_dict(a.get("sysctls")), as_dict(b.get("sysctls"))
         out += [(f"sysctl {k} of {g}", ka.get(k, "not set"), kb.get(k, "not set"))
                 for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)]
+        fa, fb = list(a.get("firewall") or []), list(b.get("firewall") or [])
+        if fa != fb:  # the lines of each run's nft script that the other's lacks
+            out.append((f"firewall of {g}", "; ".join(x for x in fa if x not in fb) or ("none" if not fa else "same rules"),
+                        "; ".join(x for x in fb if x not in fa) or ("none" if not fb else "same rules")))
     return out
 
 

@@ -29,9 +29,10 @@ import labctl.training.sshport as sshport  # noqa: PLR0402 - a sibling module, n
 from labctl.backends import POSTBOOT, Backend, GuestRecord, get_backend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image import Image
+from labctl.lab import Firewall
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState, lab_lock
-from labctl.up import agent, mounts, snapshots, warm
+from labctl.up import agent, mounts, nftload, snapshots, warm
 
 BOOT_TIMEOUT = 180.0
 
@@ -80,6 +81,8 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                     moves.append(sshport.repin(state.path, name, port, rec.ssh_port))
                 hows[name] = how
                 wait_ssh(state.endpoint(name), BOOT_TIMEOUT if how == "boot" else 30.0)
+                if how == "boot":  # a snapshot holds the firewall; a boot loads it again
+                    nftload.load(state.endpoint(name), firewall_of(state, name), state.source)
                 mounts.mount(state.endpoint(name), name, mounts.of((state.resolved.get("guests") or {}).get(name) or {}))
                 took[name] = round(time.monotonic() - t0, 2)
                 if on_guest:
@@ -95,6 +98,12 @@ def reset(lab: str, guests: Sequence[str] | None = None,
         if errors:
             raise errors[0]
         return took
+
+
+def firewall_of(state: LabState, name: str) -> Firewall | None:
+    """The firewall of guest ``name`` as the lab's recorded state has it (None: it has none)."""
+    fw = ((state.resolved.get("guests") or {}).get(name) or {}).get("firewall")
+    return Firewall.from_dict(fw) if isinstance(fw, dict) else None
 
 
 def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, float, str], None] | None

@@ -84,11 +84,11 @@ class GuestPlanner:
                 self.throwaway.add(g.name)
             else:
                 warm.boot_with_own_key(gdir)
-        # A boot that becomes the snapshot with no setup commands is not logged into before the
+        # A boot that becomes the snapshot with no setup commands (nor firewall) is not logged into before the
         # snapshot: its sshd waits for the guest's own key (one sshd start fewer under TCG).
         # (a guest without the agent starts its sshd with the throwaway key)
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac, standby_sshd=g.name in self.throwaway
-                                                and not g.setup and self.backend.guest_agent))
+                                                and not (g.setup or g.firewall) and self.backend.guest_agent))
         return plan
 
     def _shared_state(self, plan: GuestPlan) -> GuestPlan:

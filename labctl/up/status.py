@@ -21,7 +21,7 @@ class GuestStatus:
     pid: int
     nics: list[dict[str, object]] = field(default_factory=list)
     host: str | None = None  # the libvirt host's name in the lab
-    settings: dict[str, object] = field(default_factory=dict)  # its bonds, bridges, routes and sysctls
+    settings: dict[str, object] = field(default_factory=dict)  # its bonds, bridges, routes, sysctls and firewall
 
 
 def guest_statuses(state: LabState) -> list[GuestStatus]:
@@ -46,6 +46,7 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
                 for n in resolved["nics"]]
         gdb = rec.gdb
         host = state.hosts.get(name, {}).get("name")
-        settings = {k: resolved.get(k) or [] for k in ("bonds", "bridges", "routes", "sysctls")}
+        settings: dict[str, object] = {k: resolved.get(k) or [] for k in ("bonds", "bridges", "routes", "sysctls")}
+        settings["firewall"] = resolved.get("firewall")
         out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host, settings))
     return out

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labctl.lab import DEFAULT_HOST, nic_addresses
+from labctl.lab import DEFAULT_HOST, firewall_lines, nic_addresses
 from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP
 from labctl.textsafe import safe_line
 
@@ -115,6 +115,22 @@ class GuestNode:
     state: str | None = None
     shares: tuple[str, ...] = ()  # "MOUNT (ro)" / "MOUNT (rw)"
     masters: tuple[MasterRow, ...] = ()  # bonds, then bridges
+    firewall: tuple[str, ...] = ()  # its firewall's summary lines (labctl.lab.ifaces.firewall_lines)
+
+    @property
+    def firewall_mark(self) -> str:
+        """``firewall masquerade, dnat, input`` (what its firewall has, in short), or ''."""
+        if not self.firewall:
+            return ""
+        kinds: list[str] = []
+        for line in self.firewall:
+            if line.startswith("nat: "):
+                kinds += [r.split()[0] for r in line[5:].split("; ")]
+            elif line.startswith("filter "):
+                kinds.append(line.split()[1])
+            elif line.startswith("nft file "):
+                kinds.append(line.split()[2])
+        return "firewall " + ", ".join(dict.fromkeys(kinds))
 
     @property
     def crashed(self) -> bool:
@@ -131,6 +147,8 @@ class GuestNode:
             parts.append(f"{self.cpus} CPU" + ("s" if self.cpus != 1 else ""))
         if self.shares:
             parts.append("shares " + ", ".join(self.shares))
+        if self.firewall:
+            parts.append(self.firewall_mark)
         return " · ".join(parts)
 
 
@@ -308,7 +326,8 @@ def _guest_node(name: str, guest: Mapping[str, Any], facts: Mapping[str, Any], s
                      host=_str(facts.get("host")) or (_str(guest.get("host")) if show_host else None),
                      state=_str(facts.get("state")),
                      shares=tuple(f"{sh.get('mount')} ({'rw' if sh.get('writable') is True else 'ro'})"
-                                  for sh in guest.get("shares") or () if isinstance(sh, Mapping)))
+                                  for sh in guest.get("shares") or () if isinstance(sh, Mapping)),
+                     firewall=tuple(safe_line(x) for x in firewall_lines(guest)))
 
 
 def _host_is_remote(uri: object) -> bool:

@@ -297,7 +297,7 @@ def _guest_svg(guest: GuestNode, box: _Box, facing: str, gid: str) -> list[str]:
     head = BAD_BG if guest.crashed else HEAD
     x, y, w, h, r = box.x, box.y, box.w, box.h, 6.0
     tip = f"guest {guest.name}" + (f" ({guest.info_text})" if guest.info_text else "") + (
-        f", {guest.state}" if guest.state else "")
+        f", {guest.state}" if guest.state else "") + "".join(f"\nfirewall: {line}" for line in guest.firewall)
     parts = [f'<g class="guest{" crashed" if guest.crashed else ""}" id="{gid}"{_data(guest=guest.name)}>',
              f"<title>{_x(tip)}</title>",
              f'<rect x="{_f(x)}" y="{_f(y)}" width="{_f(w)}" height="{_f(h)}" rx="{r:g}" fill="{CARD}"/>',
