@@ -18,6 +18,7 @@ from labctl.errors import ImageError
 from labctl.paths import atomic_write, cache_dir
 from labctl.proc import run
 
+
 def downloads_dir() -> Path:
     return cache_dir() / "downloads"
 
