@@ -76,7 +76,7 @@ def prepare(lab: Lab, events: PrepareEvents | None = None, *, copies: Sequence[L
         check_image(pinned, image)
         check_archive(pinned)
     if not kernels:
-        _kernel_checks(lab, guest_kernels.specs(lab, image), events)
+        _kernel_checks(lab, image, events)
         return Prepared(image, {}, estimate)
     prepared = prepare_kernels(lab, image, events)
     if pinned is not None:
@@ -141,7 +141,7 @@ def prepare_kernels(lab: Lab, image: Image, events: PrepareEvents | None = None)
     """
     events = events or PrepareEvents()
     by_guest = guest_kernels.specs(lab, image)  # once: each step below reads it
-    _kernel_checks(lab, by_guest, events)
+    _kernel_checks(lab, image, events, by_guest)
     recipe = load_recipe(image.name)
     if guest_kernels.all_prepared(by_guest, recipe):
         return guest_kernels.prepare(by_guest, recipe)
@@ -149,13 +149,15 @@ def prepare_kernels(lab: Lab, image: Image, events: PrepareEvents | None = None)
         return guest_kernels.prepare(by_guest, recipe, rep)
 
 
-def _kernel_checks(lab: Lab, by_guest: Mapping[str, KernelSpec], events: PrepareEvents | None = None) -> None:
+def _kernel_checks(lab: Lab, image: Image, events: PrepareEvents | None = None,
+                   by_guest: Mapping[str, KernelSpec] | None = None) -> None:
     """Each guest's kernel can be had (the lab file's lines), and the lab checked against each
     kernel's ``.config`` (a Debian kernel's package is fetched for it, nothing is built).
 
     :raise LabFileError: for refusals (exit 2); warnings and notes go to ``events``.
     """
     events = events or PrepareEvents()
+    by_guest = guest_kernels.specs(lab, image) if by_guest is None else by_guest
     guest_kernels.check(lab, by_guest)
     report = guest_kernels.preflight(lab, by_guest)
     guest_kernels.refuse(report)

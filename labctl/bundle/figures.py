@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from labctl.bundle.records import StepSummary
 
 
 def fmt_num(value: object) -> str:
@@ -45,12 +48,18 @@ def as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def run_steps(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def as_step(value: object) -> StepSummary:
+    """``value`` as a step entry of summary.json when it is a dict (read back from JSON: its keys are
+    the entry's, each read with ``get``), else an empty one."""
+    return cast("StepSummary", as_dict(value))
+
+
+def run_steps(summary: Mapping[str, Any]) -> list[StepSummary]:
     """The summary's steps (malformed entries skipped)."""
-    return [s for s in as_list(summary.get("steps")) if isinstance(s, dict)]
+    return [as_step(s) for s in as_list(summary.get("steps")) if isinstance(s, dict)]
 
 
-def step_guests(step: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def step_guests(step: StepSummary | Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """A step's guests with their measurements, in summary order."""
     return [(str(name), g) for name, g in as_dict(step.get("guests")).items() if isinstance(g, dict)]
 

@@ -7,11 +7,10 @@ biggest entries), histograms and stats, from ``bpftrace.json`` in the guest's st
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle import Run, as_dict, as_list, fmt_num
+from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles
@@ -31,7 +30,7 @@ def summarize_bpftrace(step_dir: Path, guests: list[str]) -> dict[str, Any] | No
     return out or None
 
 
-def bpftrace_blocks(step: Mapping[str, Any]) -> list[Block]:
+def bpftrace_blocks(step: StepSummary) -> list[Block]:
     per_guest = as_dict(step.get("bpftrace"))
     if not per_guest:
         return []
@@ -69,7 +68,7 @@ def bpftrace_blocks(step: Mapping[str, Any]) -> list[Block]:
     return blocks
 
 
-def bpftrace_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:
+def bpftrace_metrics(step: StepSummary) -> dict[str, Metric]:
     out: dict[str, Metric] = {}
     for g, s in as_dict(step.get("bpftrace")).items():
         for name, m in as_dict(as_dict(s).get("maps")).items():
@@ -92,8 +91,8 @@ class BpftraceSection(ReportSection):
         if got is not None:
             step.entry["bpftrace"] = got
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return bpftrace_blocks(step)
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         return bpftrace_metrics(step)

@@ -33,6 +33,7 @@ from labctl.bundle import (
     NO_REPEATS,
     WITHIN,
     Run,
+    StepSummary,
     as_dict,
     as_list,
     fmt_num,
@@ -150,9 +151,9 @@ def differences(a: Run, b: Run) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- figures
 
 
-def _groups(run: Run) -> dict[tuple[str, str | None], list[dict[str, Any]]]:
+def _groups(run: Run) -> dict[tuple[str, str | None], list[StepSummary]]:
     """(step, variant) -> the runs of it that did not fail or get skipped, in order."""
-    out: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    out: dict[tuple[str, str | None], list[StepSummary]] = {}
     for s in run_steps(run.summary):
         out.setdefault(repeat_key(s), [])
         if not is_failed(s.get("status")) and s.get("status") != "skipped":
@@ -165,7 +166,7 @@ def _change(a: float, b: float) -> tuple[float, float | None]:
 
 
 def _absent_as_zero(values: dict[str, tuple[list[float], list[float]]],
-                    sides: tuple[list[dict[str, Any]], list[dict[str, Any]]]) -> None:
+                    sides: tuple[list[StepSummary], list[StepSummary]]) -> None:
     """A count a section keeps only when non-zero (drops by function) is 0 in each run that has that
     section's piece but not the key: a side whose runs all lack it, and a repeat that lacks it beside
     one that has it (its mean is over every repeat)."""
@@ -179,7 +180,7 @@ def _absent_as_zero(values: dict[str, tuple[list[float], list[float]]],
                 pair[side].extend([0.0] * max(0, having - len(pair[side])))
 
 
-def _metric_rows(ra: list[dict[str, Any]], rb: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _metric_rows(ra: list[StepSummary], rb: list[StepSummary]) -> list[dict[str, Any]]:
     values: dict[str, tuple[list[float], list[float]]] = {}
     info: dict[str, tuple[str, str, int]] = {}
     order: list[str] = []

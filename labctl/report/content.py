@@ -19,6 +19,7 @@ from labctl.bundle import (
     MANIFEST,
     SUMMARY,
     Run,
+    StepSummary,
     as_dict,
     as_list,
     fmt_num,
@@ -183,7 +184,7 @@ def _net_settings(manifest: Mapping[str, Any]) -> list[tuple[str, Inline]]:
     return rows
 
 
-def _failure_blocks(steps: Sequence[Mapping[str, Any]]) -> list[Block]:
+def _failure_blocks(steps: Sequence[StepSummary]) -> list[Block]:
     failed = [s for s in steps if is_failed(s.get("status"))]
     if not failed:
         return []
@@ -199,7 +200,7 @@ def _status_cell(status: object) -> Inline:
     return txt(text.upper() if is_failed(status) else text, "bad" if is_failed(status) else "")
 
 
-def results_table(steps: Sequence[Mapping[str, Any]]) -> Table:
+def results_table(steps: Sequence[StepSummary]) -> Table:
     """One row per step: its status, and each section's columns (the driver when a step names a NIC)."""
     driver = any(as_dict(s.get("nic")) for s in steps)
     frame = [Column("step", lambda s: txt(s.get("name") or "?"), False),
@@ -264,7 +265,7 @@ def _nic_line(nic: Mapping[str, Any]) -> Inline:
     return tuple(spans)
 
 
-def _step_meta(step: Mapping[str, Any], step_dir: str) -> Meta:
+def _step_meta(step: StepSummary, step_dir: str) -> Meta:
     rows: list[tuple[str, Inline]] = [("status", _status_cell(step.get("status")))]
     if step.get("reason"):
         rows.append(("reason", txt(step["reason"], "bad" if is_failed(step.get("status")) else "")))
@@ -273,7 +274,7 @@ def _step_meta(step: Mapping[str, Any], step_dir: str) -> Meta:
     return Meta(tuple(rows))
 
 
-def warning_blocks(step: Mapping[str, Any], guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+def warning_blocks(step: StepSummary, guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
     """Warnings of the step and of its guests."""
     items = [txt(str(w)) for w in as_list(step.get("warnings"))]
     items += [(Span(f"{name}: ", "b"), Span(str(w))) for name, g in guests for w in as_list(g.get("warnings"))]
@@ -307,7 +308,7 @@ def artifact_links(root: Path, rel_dir: str) -> list[Block]:
     return blocks
 
 
-def step_section(run: Run, step: Mapping[str, Any], index: int) -> Section:
+def step_section(run: Run, step: StepSummary, index: int) -> Section:
     """Everything about one step: its meta, each section's part, its warnings and its files."""
     failed = is_failed(step.get("status"))
     guests = step_guests(step)

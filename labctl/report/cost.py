@@ -13,12 +13,13 @@ emulated NIC's device model, which runs in QEMU.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from labctl.bundle import (
     HOST_DIR,
     Run,
+    StepSummary,
     as_dict,
     as_list,
     figure,
@@ -69,7 +70,7 @@ def _bytes(value: object) -> str:
     return f"{v / 1e9:.3f} GB" if v >= 1e8 else f"{v / 1e6:.1f} MB"
 
 
-def cost_table(steps: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> Table:
+def cost_table(steps: Sequence[StepSummary], labels: Sequence[str]) -> Table:
     """One row per step variant and guest: window, bytes, host CPU (vCPU, main loop, other), guest CPU, per GB."""
     rows = []
     for s, label in zip(steps, labels, strict=True):
@@ -90,7 +91,7 @@ def cost_table(steps: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> Tab
     return Table(headers, tuple(rows), frozenset(range(2, 11)), "cost")
 
 
-def cost_charts(steps: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> Charts:
+def cost_charts(steps: Sequence[StepSummary], labels: Sequence[str]) -> Charts:
     failed = [is_failed(s.get("status")) for s in steps]
     return Charts(tuple(
         bar_chart_svg(title, list(labels), [usable(as_dict(s.get("cost")).get(key)) for s in steps], "s/GB",
@@ -99,7 +100,7 @@ def cost_charts(steps: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> Ch
                            ("guest_cpu_s_per_gb", "Guest CPU per GB moved (every guest)"))))
 
 
-def profile_blocks(steps: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> list[Block]:
+def profile_blocks(steps: Sequence[StepSummary], labels: Sequence[str]) -> list[Block]:
     """What each QEMU's host profile saw: a row of shares per variant and guest, then the hottest named functions."""
     shares, top, missing = [], [], []
     for s, label in zip(steps, labels, strict=True):
@@ -132,7 +133,7 @@ def profile_blocks(steps: Sequence[Mapping[str, Any]], labels: Sequence[str]) ->
     return blocks
 
 
-def moved(step: Mapping[str, Any]) -> bool:
+def moved(step: StepSummary) -> bool:
     """Whether the step moved bytes (its cost has a count of them)."""
     return (usable(as_dict(step.get("cost")).get("bytes")) or 0) > 0
 
@@ -171,7 +172,7 @@ def fmt_cost(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def cost_points(steps: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[float], list[float]]]:
+def cost_points(steps: Sequence[StepSummary]) -> dict[str, tuple[list[float], list[float]]]:
     """NIC variant -> (host CPU s/GB of each run, guest CPU s/GB of each run) over its runs that did
     not fail and measured the host side of every involved guest."""
     out: dict[str, tuple[list[float], list[float]]] = {}
@@ -190,7 +191,7 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def cost_sentence(steps: Sequence[Mapping[str, Any]]) -> str | None:
+def cost_sentence(steps: Sequence[StepSummary]) -> str | None:
     """Which NIC variant cost the least and the most host CPU per GB moved (all the step's QEMUs), with
     the guests' own CPU per GB beside, and whether the difference is beyond the run-to-run noise
     (``repeat:``); None with fewer than two variants measured."""
@@ -258,7 +259,7 @@ class CostSection(ReportSection):
     def blocks(self, run: Run) -> list[Block]:
         return cost_blocks(run)
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         out: dict[str, Metric] = {}
         for key, label, unit, better in self.headline:
             value = usable(figure(step, key))

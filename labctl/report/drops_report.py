@@ -10,11 +10,10 @@ a function absent from one run counting as 0 there when that run recorded drops.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle import Run, as_dict, as_list
+from labctl.bundle import Run, StepSummary, as_dict, as_list
 from labctl.report.document import Block, Heading, Para, Row, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles
 from labctl.trace import drops, netfilter_note, parse_text
@@ -56,7 +55,7 @@ def summarize_drops(step_dir: Path) -> dict[str, Any] | None:
             "rows_left_out": max(0, len(rows) - ROWS_KEPT)}
 
 
-def drops_blocks(step: Mapping[str, Any]) -> list[Block]:
+def drops_blocks(step: StepSummary) -> list[Block]:
     d = as_dict(step.get("drops"))
     if not d:
         return []
@@ -89,7 +88,7 @@ def drops_blocks(step: Mapping[str, Any]) -> list[Block]:
     return blocks
 
 
-def drops_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:
+def drops_metrics(step: StepSummary) -> dict[str, Metric]:
     out: dict[str, Metric] = {}
     d = as_dict(step.get("drops"))
     for g, info in as_dict(d.get("guests")).items():
@@ -115,8 +114,8 @@ class DropsSection(ReportSection):
         if got is not None:
             step.entry["drops"] = got
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return drops_blocks(step)
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         return drops_metrics(step)

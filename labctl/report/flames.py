@@ -24,6 +24,7 @@ from labctl.bundle import (
     FLAMEGRAPH_FOLDED,
     FLAMEGRAPH_SVG,
     Run,
+    StepSummary,
     as_dict,
     diff_flamegraph,
     fmt_num,
@@ -48,9 +49,9 @@ def _id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.:-]", "-", text)
 
 
-def _graphs(run: Run) -> list[tuple[Mapping[str, Any], str, dict[str, Any], Path]]:
+def _graphs(run: Run) -> list[tuple[StepSummary, str, dict[str, Any], Path]]:
     """(step, guest, flame figures, guest directory) of every guest with folded stacks."""
-    out: list[tuple[Mapping[str, Any], str, dict[str, Any], Path]] = []
+    out: list[tuple[StepSummary, str, dict[str, Any], Path]] = []
     for step in run_steps(run.summary):
         for guest, figs in step_guests(step):
             fg = as_dict(figs.get("flamegraph"))
@@ -61,7 +62,7 @@ def _graphs(run: Run) -> list[tuple[Mapping[str, Any], str, dict[str, Any], Path
     return out
 
 
-def _subtitle(step: Mapping[str, Any], guest: str, fg: Mapping[str, Any]) -> str:
+def _subtitle(step: StepSummary, guest: str, fg: Mapping[str, Any]) -> str:
     driver = as_dict(fg.get("driver"))
     mods = ", ".join(driver.get("modules") or [])
     share = f"; driver {mods}: {fmt_num(driver.get('pct'))}% of samples" if mods and driver.get("pct") else ""
@@ -77,7 +78,7 @@ def _write(path: Path, text: str) -> bool:
         return False
 
 
-def _variant_graph(run: Run, step: Mapping[str, Any], guest: str, fg: Mapping[str, Any], gdir: Path,
+def _variant_graph(run: Run, step: StepSummary, guest: str, fg: Mapping[str, Any], gdir: Path,
                    stacks: dict[Stack, int], n: int) -> Graphic:
     label = f"{step.get('name')} / {nic_model(step) or '–'}" + (f" (run {step['repeat']})"
                                                                 if (step.get("repeat") or 1) > 1 else "")
@@ -92,7 +93,7 @@ def _variant_graph(run: Run, step: Mapping[str, Any], guest: str, fg: Mapping[st
                    href, script=True)
 
 
-def _diff_graph(run: Run, step: Mapping[str, Any], base: Mapping[str, Any], guest: str,
+def _diff_graph(run: Run, step: StepSummary, base: Mapping[str, Any], guest: str,
                 before: dict[Stack, int], after: dict[Stack, int], n: int) -> Graphic:
     a, b = nic_model(base) or "first", nic_model(step) or "second"
     title = f"Differential flame graph: {b} against {a}"

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle import Run, as_dict, as_list, fmt_num, step_guests, usable
+from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num, step_guests, usable
 from labctl.errors import LabctlError
 from labctl.report.document import Block, Bullets, Heading, Inline, Para, Row, Span, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles, kinds_of
@@ -93,7 +93,7 @@ def timeline_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]], step_dir: s
             Bullets(tuple(items))]
 
 
-def step_dir_of(step: Mapping[str, Any]) -> str:
+def step_dir_of(step: StepSummary) -> str:
     """The step's directory in the bundle (``steps/<step>/<variant>``)."""
     given = step.get("dir")
     if isinstance(given, str) and given:
@@ -106,7 +106,7 @@ class ProfileSection(ReportSection):
 
     name = "profile"
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return symbols_blocks(step_guests(step)) if "trace" in kinds_of(step) else []
 
 
@@ -116,10 +116,10 @@ class SoftnetSection(ReportSection):
     name = "softnet"
     compare_groups = ((3, "softnet.", "Softnet"), (5, "snmp.", "SNMP counters (nstat)"))
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return softnet_blocks(step_guests(step)) if "stats" in kinds_of(step) else []
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         out: dict[str, Metric] = {}
         for guest, figs in step_guests(step):
             sn = as_dict(figs.get("softnet"))
@@ -138,7 +138,7 @@ class LossSection(ReportSection):
 
     name = "loss"
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return loss_blocks(step_guests(step)) if "trace" in kinds_of(step) else []
 
 
@@ -158,5 +158,5 @@ class TimelineSection(ReportSection):
             except (OSError, LabctlError) as exc:
                 figs.setdefault("warnings", []).append(f"trace.json: {exc}")
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return timeline_blocks(step_guests(step), step_dir_of(step))

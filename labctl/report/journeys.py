@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from labctl.bundle import Run, as_dict, as_list, fmt_num
+from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num
 from labctl.report.document import Block, Heading, Para, Row, Span, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles
 from labctl.trace import analyze_follow
@@ -34,7 +34,7 @@ def _clocks(f: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def follow_blocks(step: Mapping[str, Any], step_dir: str) -> list[Block]:
+def follow_blocks(step: StepSummary, step_dir: str) -> list[Block]:
     f = as_dict(step.get("follow"))
     if not f:
         return []
@@ -69,7 +69,7 @@ def follow_blocks(step: Mapping[str, Any], step_dir: str) -> list[Block]:
     return blocks
 
 
-def follow_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:
+def follow_metrics(step: StepSummary) -> dict[str, Metric]:
     f = as_dict(step.get("follow"))
     t = as_dict(f.get("totals"))
     if not t:
@@ -93,8 +93,8 @@ class FollowSection(ReportSection):
         if got is not None:
             step.entry["follow"] = got
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return follow_blocks(step, str(step.get("dir") or ""))
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         return follow_metrics(step)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle import Run, as_dict, fmt_num, full_label, run_steps, step_guests, usable
+from labctl.bundle import Run, StepSummary, as_dict, fmt_num, full_label, run_steps, step_guests, usable
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Span, Table, num, txt
 from labctl.report.sections import Metric, ReportSection
@@ -22,7 +22,7 @@ DIRECTIONS = (("rx", "Receive: driver → app"), ("tx", "Transmit: app → drive
 LATENCY_PCTS = ("p50", "p90", "p99")
 
 
-def _focus(step: Mapping[str, Any], direction: str) -> list[tuple[str, str, dict[str, Any]]]:
+def _focus(step: StepSummary, direction: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(column label, guest, figures) of the step's guest with the most data segments in ``direction``
     (the receiver for rx, the sender for tx); figures of the NIC under test when it has any."""
     nic = as_dict(step.get("nic")).get("name")
@@ -38,7 +38,7 @@ def _focus(step: Mapping[str, Any], direction: str) -> list[tuple[str, str, dict
     return [] if best is None else [best[1:]]
 
 
-def _columns(steps: Sequence[Mapping[str, Any]], direction: str) -> list[tuple[str, str, dict[str, Any]]]:
+def _columns(steps: Sequence[StepSummary], direction: str) -> list[tuple[str, str, dict[str, Any]]]:
     return [c for s in steps for c in _focus(s, direction)]
 
 
@@ -134,7 +134,7 @@ def latency_blocks(run: Run) -> list[Block]:
     return [Heading(2, "Per-packet latency"), intro, *blocks]
 
 
-def latency_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:
+def latency_metrics(step: StepSummary) -> dict[str, Metric]:
     """Every stage's percentiles, per guest and direction: of the NIC under test when it has them."""
     out: dict[str, Metric] = {}
     nic = as_dict(step.get("nic")).get("name")
@@ -167,5 +167,5 @@ class LatencySection(ReportSection):
     def blocks(self, run: Run) -> list[Block]:
         return latency_blocks(run)
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         return latency_metrics(step)

@@ -13,7 +13,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle import Run, as_dict, as_list, full_label, run_steps, step_guests
+from labctl.bundle import Run, StepSummary, as_dict, as_list, full_label, run_steps, step_guests
 from labctl.lab import Impairment
 from labctl.net import runtime_from_state, to_mermaid, to_svg, topology
 from labctl.report.charts import bar_chart_svg
@@ -51,7 +51,7 @@ def _time(us: object) -> str:
     return moment.strftime("%H:%M:%S.%f")[:-3]
 
 
-def step_network_blocks(step: Mapping[str, Any]) -> list[Block]:
+def step_network_blocks(step: StepSummary) -> list[Block]:
     """Impairments in force and links changed during a step, and its captures."""
     network = as_dict(step.get("network"))
     blocks: list[Block] = []
@@ -80,7 +80,7 @@ def step_network_blocks(step: Mapping[str, Any]) -> list[Block]:
     return blocks
 
 
-def _reasm_rows(steps: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], str, dict[str, Any]]]:
+def _reasm_rows(steps: Sequence[StepSummary]) -> list[tuple[StepSummary, str, dict[str, Any]]]:
     """(step, guest, figures) of every guest that reassembled or fragmented IP datagrams."""
     out = []
     for s in steps:
@@ -118,7 +118,7 @@ def reassembly_blocks(run: Run) -> list[Block]:
             note, Charts((chart, lost))]
 
 
-def _udp_of(step: Mapping[str, Any]) -> dict[str, Any]:
+def _udp_of(step: StepSummary) -> dict[str, Any]:
     """The step's iperf3 UDP figures, from whichever guest ran the test."""
     return next((as_dict(f.get("udp")) for _, f in step_guests(step) if f.get("udp")), {})
 
@@ -186,5 +186,5 @@ class NetworkSection(ReportSection):
     def blocks(self, run: Run) -> list[Block]:
         return reassembly_blocks(run) + per_cpu_blocks(run)
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return step_network_blocks(step)

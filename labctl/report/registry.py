@@ -6,9 +6,7 @@ report, ``labctl compare``, the run-to-run spread and bisect's figure oracle all
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from labctl.bundle import StepSummary
 from labctl.report.bpftrace_report import BpftraceSection
 from labctl.report.cost import CostSection
 from labctl.report.crashes import CrashSection
@@ -58,7 +56,7 @@ def zero_when_absent() -> tuple[str, ...]:
     return tuple(p for s in SECTIONS for p in s.zero_when_absent)
 
 
-def step_metrics(step: Mapping[str, Any]) -> dict[str, Metric]:
+def step_metrics(step: StepSummary) -> dict[str, Metric]:
     """Every number of a step entry worth comparing, flat: key -> (value, label, unit, better).
 
     Each section's: the headline figures; each guest's host CPU per GB; per-packet latency

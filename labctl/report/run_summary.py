@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle import SUMMARY, StepSummary, Summary, VariantSpread, as_dict, is_failed, repeat_key, spread
+from labctl.bundle import SUMMARY, StepSummary, Summary, VariantSpread, as_dict, as_step, is_failed, repeat_key, spread
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
 from labctl.report.registry import SECTIONS, step_metrics
@@ -52,7 +52,7 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> StepSummary:
     modules = nic.get("modules") or []
     sdir = bundle / str(step.get("dir") or "")
     window = step.get("window_s") if isinstance(step.get("window_s"), int | float) else None
-    transfer = expects_transfer(step)
+    transfer = expects_transfer(as_step(step))
     guests: dict[str, dict[str, Any]] = {}
     for g in _guest_names(step.get("guests")):
         gdir = sdir / g
@@ -75,9 +75,9 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> StepSummary:
     return entry
 
 
-def spreads(entries: Iterable[Mapping[str, Any]]) -> list[VariantSpread]:
+def spreads(entries: Iterable[StepSummary]) -> list[VariantSpread]:
     """For each variant run more than once (``repeat:``): every metric's spread over its runs that did not fail."""
-    groups: dict[tuple[str, str | None], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, str | None], list[StepSummary]] = {}
     for e in entries:
         if (e.get("repeats") or 1) > 1 and not is_failed(e.get("status")) and e.get("status") != "skipped":
             groups.setdefault(repeat_key(e), []).append(e)

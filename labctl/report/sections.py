@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from labctl.bundle import Run, StepSummary, as_dict, as_list
 from labctl.report.document import Block, Inline
@@ -42,7 +42,7 @@ class Column:
     """One column of the results table: its header, the cell of a step, whether it holds numbers."""
 
     header: str
-    cell: Callable[[Mapping[str, Any]], Inline]
+    cell: Callable[[StepSummary], Inline]
     numeric: bool = True
 
 
@@ -62,7 +62,7 @@ class StepFiles:
         return [(g, self.dir / g) for g in as_dict(self.entry.get("guests")) if (self.dir / g).is_dir()]
 
 
-def kinds_of(step: Mapping[str, Any]) -> list[str]:
+def kinds_of(step: StepSummary) -> list[str]:
     """What the step ran (its result's ``kinds``); for a bundle of an older labctl, which did not
     record them: its selftests and statistics when it has the selftests' record, else commands,
     statistics and tracers (what its report showed then)."""
@@ -72,7 +72,7 @@ def kinds_of(step: Mapping[str, Any]) -> list[str]:
     return ["stats", "kselftest"] if isinstance(step.get("kselftest"), Mapping) else ["stats", "trace", "commands"]
 
 
-def expects_transfer(step: Mapping[str, Any]) -> bool:
+def expects_transfer(step: StepSummary) -> bool:
     """Whether the step is a transfer to measure: it runs commands and names the NIC under test."""
     return "commands" in kinds_of(step) and bool(as_dict(step.get("nic")).get("name"))
 
@@ -89,11 +89,11 @@ class ReportSection:
     def summarize(self, step: StepFiles) -> None:
         """Add this section's keys to the step's summary entry."""
 
-    def columns(self, steps: Sequence[Mapping[str, Any]]) -> list[Column]:
+    def columns(self, steps: Sequence[StepSummary]) -> list[Column]:
         """This section's columns of the results table (none when no step is about it)."""
         return []
 
-    def charts(self, steps: Sequence[Mapping[str, Any]]) -> list[str]:
+    def charts(self, steps: Sequence[StepSummary]) -> list[str]:
         """Its charts under the results table (SVG)."""
         return []
 
@@ -101,10 +101,10 @@ class ReportSection:
         """Its part of the report."""
         return []
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         """Its part of one step's section."""
         return []
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         """Its figures of one step entry worth comparing, flat: key -> metric (unmeasured ones left out)."""
         return {}

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle import Run, as_dict
+from labctl.bundle import Run, StepSummary, as_dict
 from labctl.report.document import Block, Heading, Inline, Para, Row, Span, Table, txt
 from labctl.report.sections import Column, ReportSection, kinds_of
 
@@ -25,12 +25,12 @@ def _log_tail(root: Path, rel: str) -> str:
     return "\n".join((["[...]"] if len(lines) > MAX_LOG_LINES else []) + lines[-MAX_LOG_LINES:])
 
 
-def kselftest_blocks(root: Path, step: Mapping[str, Any]) -> list[Block]:
+def kselftest_blocks(root: Path, step: StepSummary) -> list[Block]:
     record = step.get("kselftest")
     if not isinstance(record, Mapping) or not record.get("tests"):
         return []
     counts = record.get("counts") or {}
-    build = record.get("build") or {}
+    build: Mapping[str, Any] = record.get("build") or {}
     blocks: list[Block] = [
         Heading(4, f"Kernel selftests ({record.get('target')}, on {record.get('guest')})"),
         Para(txt(", ".join(f"{v} {k}" for k, v in counts.items()) + f"; built from {record.get('tree')}"
@@ -55,7 +55,7 @@ def kselftest_blocks(root: Path, step: Mapping[str, Any]) -> list[Block]:
     return blocks
 
 
-def _counts(step: Mapping[str, Any]) -> Inline:
+def _counts(step: StepSummary) -> Inline:
     counts = as_dict(as_dict(step.get("kselftest")).get("counts"))
     text = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     return txt(text or "–", "bad" if counts.get("fail") else "")
@@ -66,10 +66,10 @@ class SelftestSection(ReportSection):
 
     name = "kselftest"
 
-    def columns(self, steps: Sequence[Mapping[str, Any]]) -> list[Column]:
+    def columns(self, steps: Sequence[StepSummary]) -> list[Column]:
         if not any("kselftest" in kinds_of(s) for s in steps):
             return []
         return [Column("selftests", lambda s: _counts(s) if "kselftest" in kinds_of(s) else txt("–"), numeric=False)]
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return kselftest_blocks(run.dir, step)

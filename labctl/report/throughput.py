@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from labctl.bundle import (
     Run,
+    StepSummary,
     as_dict,
     figure,
     fmt_num,
@@ -43,12 +44,12 @@ TCG_NOTE = ("Under TCG the emulated NICs' device models run inside QEMU on the h
             "profiler's sight: the guest driver's share is not the NIC's cost.")
 
 
-def is_transfer(step: Mapping[str, Any]) -> bool:
+def is_transfer(step: StepSummary) -> bool:
     """Whether the step is about a transfer: it measured one, or was meant to."""
     return expects_transfer(step) or usable(figure(step, "throughput_mbit_s")) is not None
 
 
-def about(step: Mapping[str, Any]) -> bool:
+def about(step: StepSummary) -> bool:
     """Whether the section is about the step: a transfer, or a step that measured one of its figures
     (a baseline's CPU load)."""
     return is_transfer(step) or any(usable(figure(step, key)) is not None for key, *_ in FIGURES)
@@ -59,7 +60,7 @@ def _mbyte_s(mbit_s: float | None) -> str:
     return f"{mb:.0f}" if mb >= 10 else f"{mb:.1f}"
 
 
-def driver_sentence(steps: Sequence[Mapping[str, Any]]) -> str | None:
+def driver_sentence(steps: Sequence[StepSummary]) -> str | None:
     """The seed's sentence: which NIC variant spent the least and the most guest CPU in its driver.
 
     Only steps that did not fail and have a ``driver_cpu_pct`` figure count;
@@ -85,7 +86,7 @@ def driver_sentence(steps: Sequence[Mapping[str, Any]]) -> str | None:
     return f"{best} used {ratio} times less CPU in its driver than {worst} ({cpus}){speed}."
 
 
-def comparison_sentence(steps: Sequence[Mapping[str, Any]], accel: object = None) -> str | None:
+def comparison_sentence(steps: Sequence[StepSummary], accel: object = None) -> str | None:
     """The run's headline: what the data shows about the NIC variants' cost, no more.
 
     Under TCG it is based on the whole cost (the QEMUs' host CPU per GB, see
@@ -107,7 +108,7 @@ def comparison_sentence(steps: Sequence[Mapping[str, Any]], accel: object = None
     return driver or cost
 
 
-def _primary(step: Mapping[str, Any], key: str) -> Any:
+def _primary(step: StepSummary, key: str) -> Any:
     primary = primary_guest(step)
     return primary[1].get(key) if primary else None
 
@@ -136,7 +137,7 @@ class TransferSection(ReportSection):
         e = step.entry
         e["figures"] = {**as_dict(e.get("figures")), **step_figures(as_dict(e.get("guests")), as_dict(e.get("nic")))}
 
-    def columns(self, steps: Sequence[Mapping[str, Any]]) -> list[Column]:
+    def columns(self, steps: Sequence[StepSummary]) -> list[Column]:
         if not any(about(s) for s in steps):
             return []
 
@@ -147,7 +148,7 @@ class TransferSection(ReportSection):
                 Column("samples", lambda s: num(_primary(s, "samples"))),
                 Column("lost", lambda s: num(_primary(s, "lost_samples")))]
 
-    def charts(self, steps: Sequence[Mapping[str, Any]]) -> list[str]:
+    def charts(self, steps: Sequence[StepSummary]) -> list[str]:
         """One bar chart per figure, one bar per step the section is about."""
         steps = [s for s in steps if about(s)]
         if not steps:
@@ -157,7 +158,7 @@ class TransferSection(ReportSection):
         return [bar_chart_svg(title, labels, [usable(figure(s, key)) for s in steps], unit,
                               axis_label=f"{title} ({unit})", failed=failed) for key, title, unit, _ in FIGURES]
 
-    def step_blocks(self, run: Run, step: Mapping[str, Any]) -> list[Block]:
+    def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         guests = step_guests(step)
         measured = any(g.get(f[0]) is not None for _, g in guests for f in FIGURES) or any(
             g.get("samples") is not None for _, g in guests)
@@ -165,7 +166,7 @@ class TransferSection(ReportSection):
             return []
         return [Heading(4, "Guests"), guests_table(guests)]
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         out: dict[str, Metric] = {}
         for key, label, unit, better in self.headline:
             value = usable(figure(step, key))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from labctl.bundle import Run, as_dict, as_list, fmt_num, full_label, run_steps, step_guests, usable
+from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num, full_label, run_steps, step_guests, usable
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Table, num, txt
 from labctl.report.sections import Metric, ReportSection
@@ -123,7 +123,7 @@ class TracepointSection(ReportSection):
     def blocks(self, run: Run) -> list[Block]:
         return tracepoint_blocks(run)
 
-    def metrics(self, step: Mapping[str, Any]) -> dict[str, Metric]:
+    def metrics(self, step: StepSummary) -> dict[str, Metric]:
         out: dict[str, Metric] = {}
         for guest, figs in step_guests(step):
             for source in as_list(figs.get("tracepoints")):
