@@ -34,7 +34,7 @@ from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import struct_offsets
 from labctl.live import capture
-from labctl.pktfilter import FilterError, Node, kernel_filter, refuse_options
+from labctl.pktfilter import FilterError, Node, refuse_options
 from labctl.ssh import Pipe, Session
 from labctl.state import LabState, netstate
 from labctl.trace import Clock, Event, Topology, Wire, hops
@@ -165,20 +165,8 @@ class Follower:
 
     def definitions(self, guest: str) -> tuple[list[str], dict[str, str]]:
         """The guest's ``dynamic_events`` lines and each follow point's filter."""
-        off, caps = self.offsets[guest], self.caps[guest]
-        group = pr.PREFIX + self.tag
-        defs, filters, by_family = [], {}, {}
-        for family in sorted({p.family for p in pr.POINTS}):
-            filt, extra = kernel_filter(self.node, family)
-            if filt is None:  # the filter matches nothing of this family: no probes for it
-                continue
-            by_family[family] = filt
-            for p in (p for p in pr.POINTS if p.family == family):
-                defs.append(pr.point_definition(group, p, off, extra))
-                filters[p.name] = filt
-        drop_args, drop_filt = pr.drop_filter(off, dict(sorted(by_family.items())))
-        defs.append(pr.drop_definition(group, off, caps.reason, caps.symbol, drop_args))
-        return defs, {**filters, "drop": drop_filt}
+        caps = self.caps[guest]
+        return pr.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], caps.reason, caps.symbol)
 
     def start(self) -> None:
         """Probes on in every guest (stale ones of a killed labctl removed first), the first clock round,

@@ -33,7 +33,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from labctl.pktfilter import ARP
+from labctl.pktfilter import ARP, Node, kernel_filter
 from labctl.trace import hops
 
 q = shlex.quote
@@ -196,6 +196,23 @@ def drop_filter(off: dict[str, int], filt: str | dict[int, str]) -> tuple[str, s
             body = names.sub(prefix + r"\1", text)
             alts.append("(" + _PR.sub(_host_order, body) + ")")
     return " ".join(args), " || ".join(alts)
+
+
+def definitions(group: str, node: Node, off: dict[str, int], reason: bool, symbol: bool) -> tuple[list[str], dict[str, str]]:
+    """A followed guest's ``dynamic_events`` lines for the filter ``node`` and each event's filter: the
+    points of each family the filter can match (none for another), then the drop event."""
+    defs, filters, by_family = [], {}, {}
+    for family in sorted({p.family for p in POINTS}):
+        filt, extra = kernel_filter(node, family)
+        if filt is None:  # the filter matches nothing of this family: no probes for it
+            continue
+        by_family[family] = filt
+        for p in (p for p in POINTS if p.family == family):
+            defs.append(point_definition(group, p, off, extra))
+            filters[p.name] = filt
+    drop_args, drop_filt = drop_filter(off, by_family)
+    defs.append(drop_definition(group, off, reason, symbol, drop_args))
+    return defs, {**filters, "drop": drop_filt}
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,8 @@ class Correlator:
         chain = self.clusters.setdefault(key, [])
         assert ev.host_ns is not None
         if header.repeats():
-            return self._repeated(chain, ev) or self._new(header, ev)
+            slack = 2 * max((self._bound(g) for g in self.clocks), default=0.0) + 1_000_000
+            return _sending(chain, ev, slack) or self._new(header, ev)
         if chain and not chain[-1].done and ev.host_ns - max(e.host_ns or 0 for e in chain[-1].events) < CLUSTER_GAP_NS:
             return chain[-1]
         return self._new(header, ev)
@@ -229,20 +230,6 @@ class Correlator:
         elif header.family == ARP and header.proto == 2:
             self.arp_replies.setdefault((header.saddr, header.daddr), []).append((ev.host_ns or 0, ev.guest, header.hw))
         return c
-
-    def _repeated(self, chain: list[_Cluster], ev: Event) -> _Cluster | None:
-        """Which sending of a message sent again unchanged ``ev`` belongs to: the latest one that started
-        before it (within the clocks' bounds), less than :data:`REPEAT_NS` earlier, not yet seen at this
-        point of this guest."""
-        assert ev.host_ns is not None
-        slack = 2 * max((self._bound(g) for g in self.clocks), default=0.0) + 1_000_000
-        for c in reversed(chain):
-            start = min(e.host_ns or 0 for e in c.events)
-            if c.done or start > ev.host_ns + slack or ev.host_ns - start >= REPEAT_NS:
-                continue
-            if not any((e.guest, e.point, e.dev) == (ev.guest, ev.point, ev.dev) for e in c.events):
-                return c
-        return None
 
     def settle(self, marks: Mapping[str, int] | None = None, quiet_ns: int = QUIET_NS) -> list[Journey]:
         """Journeys that ended (``marks`` None: the trace is over, every journey ends now).
@@ -423,6 +410,20 @@ class Correlator:
             if hop.t < prev.t - (self._bound(prev.guest) + self._bound(hop.guest)):
                 bad += 1
         return bad
+
+def _sending(chain: list[_Cluster], ev: Event, slack: float) -> _Cluster | None:
+    """Which sending of a message sent again unchanged ``ev`` belongs to: the latest one that started
+    before it (within ``slack``, the clocks' bounds), less than :data:`REPEAT_NS` earlier, not yet seen
+    at this point of this guest."""
+    assert ev.host_ns is not None
+    for c in reversed(chain):
+        start = min(e.host_ns or 0 for e in c.events)
+        if c.done or start > ev.host_ns + slack or ev.host_ns - start >= REPEAT_NS:
+            continue
+        if not any((e.guest, e.point, e.dev) == (ev.guest, ev.point, ev.dev) for e in c.events):
+            return c
+    return None
+
 
 def quoted(events: list[Event]) -> tuple[list[Event], list[Event]]:
     """A packet's events without the copies an ICMP error quoted, and those copies. A process that reads
