@@ -81,7 +81,7 @@ def test_an_ipv6_ping_is_dropped_by_the_labs_rule(lab: Cli) -> None:
     # the lab's nft file was loaded too (its table counts what r forwards)
     assert "forwarded by r" in _sh(cli, "r", "nft list table inet fwdcount").stdout
     status = json.loads(cli("status", NAME, "--json", check=True).stdout)
-    (r,) = [g for g in status["guests"] if g["name"] == "r"]
+    (r,) = [g for g in status["labs"][0]["guests"] if g["name"] == "r"]
     assert r["firewall"]["nat"][0] == {"type": "masquerade", "out": "eth2"}
     assert r["firewall"]["filter"]["input"]["rules"] == [
         'ip6 saddr fd00:1::2 icmpv6 type echo-request counter drop comment "no IPv6 pings from a"']
