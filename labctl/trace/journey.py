@@ -145,12 +145,14 @@ class _Cluster:
 @dataclass
 class Correlator:
     """Events in (any order across guests), journeys out (:meth:`settle`). ``clocks`` map each guest's
-    trace clock; ``netfilter`` names the rules that dropped (guest -> text, from counters)."""
+    trace clock; ``netfilter`` names the rules that dropped (guest -> text, from counters); ``reasons``:
+    each guest's drop reasons by number (6.1's where not given)."""
 
     topo: Topology
     clocks: dict[str, Clock]
     wire: Wire = field(default_factory=Wire)
     netfilter: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, list[str]] = field(default_factory=dict)  # guest -> its kernel's drop reasons by number
     align: Alignment = field(default_factory=Alignment)
     clusters: dict[tuple[object, ...], list[_Cluster]] = field(default_factory=dict)
     last_by_skb: dict[tuple[str, str], tuple[int, _Cluster]] = field(default_factory=dict)
@@ -271,7 +273,7 @@ class Correlator:
                 self._causal(hops[-1], wire, here)
                 hops.append(wire)
             hops += here
-        end = _Ends(self.topo, self.wire, self.netfilter, self.replies).end(c, visits, final)
+        end = _Ends(self.topo, self.wire, self.netfilter, self.replies, self.reasons).end(c, visits, final)
         j = Journey(c.header, hops, end)
         j.out_of_order = self._out_of_order(hops)
         return j
@@ -368,6 +370,7 @@ class _Ends:
     wire: Wire
     netfilter: dict[str, str]
     replies: dict[tuple[object, ...], int]
+    reasons: dict[str, list[str]] = field(default_factory=dict)
 
 
     def end(self, c: _Cluster, visits: list[list[Event]], final: bool) -> End:
@@ -403,7 +406,7 @@ class _Ends:
         return any(k[0] == h.daddr and k[1] == h.saddr and k[5] == l4 for k in self.replies)
 
     def _drop_end(self, drop: Event, visit: list[Event]) -> End:
-        reason = reason_name(drop)
+        reason = reason_name(drop, self.reasons.get(drop.guest))
         loc = drop.fields.get("loc") or "?"
         guest = drop.guest
         before = next((e for e in reversed(visit) if e.point != "drop" and e.ts <= drop.ts), None)
