@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import labctl.follow.probes as pr
 from labctl.errors import LabctlError
-from labctl.follow.follower import offsets_of, stale_groups
+from labctl.follow.follower import drop_reasons_of, offsets_of, stale_groups
 from labctl.ssh import Session
 from labctl.state import LabState
 
@@ -38,6 +38,7 @@ class Watch:
     mode: str
     notes: list[str]
     ruleset: str = ""
+    reasons: list[str] | None = None  # the kernel's drop reasons by number (None: 6.1's, as before)
 
 
 def _caps(state: LabState, guest: str, session: Session) -> tuple[pr.Caps, list[str]]:
@@ -75,18 +76,24 @@ def start(state: LabState, guest: str, session: Session, kept: Watch | None = No
         except LabctlError as exc:
             off = None
             notes.append(f"no device or headers: {exc.message}")
+        reasons: list[str] | None = None
         if not caps.reason:
             notes.append("no drop reasons (a kernel before 6.0)")
+        else:
+            try:
+                reasons = drop_reasons_of(state, guest)
+            except LabctlError as exc:
+                notes.append(f"drop reasons by number only: {exc.message}")
         definition = pr.drop_definition(pr.PREFIX + tag, off, caps.reason, caps.symbol)
         cmd = pr.setup_command(tag, [definition], {}, pr.DROPS_BUFFER_KB, (_RULESET,))
         mode = "probe"
     else:
         notes.append("the kernel has no event probes (Linux 5.15+): locations as addresses, no device or headers")
         cmd = pr.tracepoint_setup_command(tag, pr.DROPS_BUFFER_KB, (_RULESET,))
-        mode = "tracepoint"
+        mode, reasons = "tracepoint", None  # the tracepoint prints each reason's name
     out = session.run((stale + "; " if stale else "") + cmd, timeout=120).stdout.decode(errors="replace")
     enabled, refused = pr.results(out)
-    watch = Watch(guest, tag, mode, notes, _between(out))
+    watch = Watch(guest, tag, mode, notes, _between(out), reasons)
     if not enabled:
         notes.append(f"the kernel refused the drop probe ({', '.join(refused)})")
         session.run(pr.remove_command(tag), timeout=60)

@@ -32,7 +32,7 @@ import labctl.follow.probes as pr
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
-from labctl.kernel import struct_offsets
+from labctl.kernel import enum_names, struct_offsets
 from labctl.live import capture
 from labctl.pktfilter import FilterError, Node, refuse_options
 from labctl.ssh import Pipe, Session
@@ -81,6 +81,29 @@ def offsets_of(state: LabState, guest: str) -> dict[str, int]:
     return struct_offsets(kernel, pr.OFFSET_FIELDS, pr.OFFSETS_FILE, cache)
 
 
+def drop_reasons_of(state: LabState, guest: str) -> list[str]:
+    """The names of ``guest``'s kernel's drop reasons by number (its ``enum skb_drop_reason``: 6.12's
+    is not 6.1's), for the numbers its drop probe records.
+
+    :raise TraceError: when its kernel has no debug info. :raise LabStateError: no record of its kernel.
+    """
+    kernel = state.kernel(guest)
+    cache = paths.cache_dir() / "struct-offsets" / kernel.key
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    return enum_names(kernel, "enum skb_drop_reason", "SKB_DROP_REASON_", pr.REASONS_FILE, cache)
+
+
+def _drop_reasons(state: LabState, guest: str) -> list[str]:
+    """:func:`drop_reasons_of`, or none (6.1's names then) for a kernel whose debug info lacks the enum."""
+    try:
+        return drop_reasons_of(state, guest)
+    except LabctlError:
+        return []
+
+
 def stale_groups(caps: pr.Caps) -> list[str]:
     """labctl's groups in a guest whose labctl (its pid in the tag, ``fPID...``/``dPID...``) is gone."""
     out = []
@@ -115,6 +138,7 @@ class Follower:
         self.probes: dict[str, GuestProbes] = {}
         self.caps: dict[str, pr.Caps] = {}
         self.offsets: dict[str, dict[str, int]] = {}
+        self.reasons: dict[str, list[str]] = {}  # each kernel's drop reasons by number
         self.samples: dict[str, dict[str, tuple[int, int]]] = {g: {} for g in self.guests}
         self.sync_pipes: dict[str, Pipe] = {}
         self.captures: list[capture.Capture] = []
@@ -157,7 +181,7 @@ class Follower:
                                 f"{' and ' if not caps.eprobes and not caps.kprobes else ''}"
                                 f"{'kprobe events (CONFIG_KPROBE_EVENTS)' if not caps.kprobes else ''}")
             else:
-                self.offsets[g] = off
+                self.offsets[g], self.reasons[g] = off, _drop_reasons(self.state, g) if caps.reason else []
         if problems:
             raise TraceError("cannot follow packets on " + "; ".join(problems),
                              hint="follow needs tracefs, kprobe events and event probes (Linux 5.15 or later) "

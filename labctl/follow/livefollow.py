@@ -121,7 +121,7 @@ class LiveFollow:
         self.markers: dict[str, list[Event]] = {g: [] for g in follower.guests}
         self.pending: dict[str, list[Event]] = {g: [] for g in follower.guests}
         self.marks: dict[str, int] = {}
-        self.corr = Correlator(follower.topology(), self.clocks, follower.wire)
+        self.corr = Correlator(follower.topology(), self.clocks, follower.wire, reasons=follower.reasons)
         self.stats = LiveStats(clocks=self.clocks)
         self.rulesets = {g: p.ruleset for g, p in follower.probes.items()}
         self.followed = 0  # events of followed packets seen (the clock rounds' pace)

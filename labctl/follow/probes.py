@@ -40,6 +40,7 @@ q = shlex.quote
 TRACEFS = "/sys/kernel/tracing"
 PREFIX = "labctl_"  # event groups are labctl_TAG, instances labctl-TAG
 OFFSETS_FILE = "follow-offsets.json"
+REASONS_FILE = "drop-reasons.json"  # enum skb_drop_reason's names by value
 OFFSET_FIELDS = {
     "skb_data": ("struct sk_buff", "data"),
     "skb_head": ("struct sk_buff", "head"),

@@ -24,7 +24,7 @@ from __future__ import annotations
 from labctl.kernel import guest_kernels, prepare
 from labctl.kernel.guest_kernels import default_kernel
 from labctl.kernel.kernel_store import Kernel, KernelStore, kernels_root
-from labctl.kernel.offsets import struct_offsets
+from labctl.kernel.offsets import enum_names, struct_offsets
 from labctl.kernel.prepare import add_source
 from labctl.kernel.requirements import config_fragment
 
@@ -34,6 +34,7 @@ __all__ = [
     "add_source",
     "config_fragment",
     "default_kernel",
+    "enum_names",
     "guest_kernels",
     "kernels_root",
     "prepare",

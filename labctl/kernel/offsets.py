@@ -57,6 +57,48 @@ def struct_offsets(kernel: Kernel, fields: Fields, cache_name: str, cache_dir: P
     return out
 
 
+def enum_names(kernel: Kernel, enum: str, prefix: str, cache_name: str, cache_dir: Path | None = None) -> list[str]:
+    """The names of ``enum``'s values in ``kernel``, by value, ``prefix`` taken off (``""`` where no
+    name has that value): ``enum skb_drop_reason``'s ``NETFILTER_DROP`` is 7 on 6.1, 12 on 6.12.
+    Read from the kernel's debug info like the offsets (cached in ``cache_name``).
+
+    :raise TraceError: the kernel has no debug info, or no such enum.
+    """
+    for d in (kernel.dir, cache_dir):
+        if d is not None:
+            try:
+                data = json.loads((d / cache_name).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, list) and all(isinstance(n, str) for n in data):
+                return [str(n) for n in data]
+    vmlinux = kernel.vmlinux_debug
+    if not vmlinux.is_file():
+        raise TraceError(f"kernel {kernel.name} has no vmlinux with debug info: the names of its {enum} are needed",
+                         hint="give the lab's kernel its debug file")
+    try:
+        import drgn
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise TraceError(f"drgn is not installed: {exc}") from exc
+    try:
+        prog = drgn.Program(drgn.host_platform)
+        module = prog.extra_module("vmlinux", create=True)
+        module.try_file(str(vmlinux), force=True)
+        values = {int(e.value): e.name.removeprefix(prefix) for e in prog.type(enum).enumerators or ()}
+    except (LookupError, ValueError, drgn.FaultError, OSError) as exc:
+        raise TraceError(f"cannot read {enum} from {vmlinux}: {exc}") from exc
+    out = [values.get(i, "") for i in range(max(v for v in values if v < 1 << 16) + 1)] if values else []
+    for d in (kernel.dir, cache_dir):
+        if d is None:
+            continue
+        try:
+            atomic_write(d / cache_name, json.dumps(out) + "\n")
+            break
+        except OSError:
+            continue
+    return out
+
+
 def _read(path: Path, fields: Fields) -> dict[str, int] | None:
     try:
         data = json.loads(path.read_text())

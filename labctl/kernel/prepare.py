@@ -22,7 +22,10 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import shutil
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ import labctl.kernel.modbuild as modbuild  # noqa: PLR0402 - a sibling module, n
 from labctl import __version__
 from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
-from labctl.image import apt_download, candidate, sha256_file
+from labctl.image import apt_download, candidate, sha256_file, versions
 from labctl.image import cpio as initramfs
 from labctl.kernel.kconfig import extract_ikconfig
 from labctl.kernel.kernel_store import (
@@ -82,7 +85,8 @@ def _extra_sources(names: tuple[str, ...]) -> list[str]:
 
 
 def debian_packages(spec: KernelSpec) -> tuple[str, str]:
-    """The kernel and debug packages of a Debian kernel."""
+    """The kernel and debug packages of a Debian kernel: ``linux-image-6.1.0-56-amd64-unsigned`` and
+    ``-dbg``, ``linux-image-6.12.117+deb12-amd64-unsigned`` and ``-dbg`` (its release as the name)."""
     return f"linux-image-{spec.release}-unsigned", f"linux-image-{spec.release}-dbg"
 
 
@@ -105,6 +109,38 @@ def _prepared_version(package: str) -> str | None:
     return max(found) if found else None
 
 
+def archive_releases(names: Iterable[str], line: str, flavour: str) -> list[str]:
+    """The ABIs of kernel ``line`` (``6.12``) and ``flavour`` that ``names`` (the archive's package
+    names) has both packages of (:func:`debian_packages`), oldest first: ``6.12.107+deb12``..."""
+    pattern = re.compile(rf"linux-image-(?P<abi>{re.escape(line)}\.\d+(?:-\d+|\+deb\d+))-{re.escape(flavour)}"
+                         r"-(?P<kind>unsigned|dbg)")
+    kinds: dict[str, set[str]] = {}
+    for name in names:
+        if m := pattern.fullmatch(name.strip()):
+            kinds.setdefault(m["abi"], set()).add(m["kind"])
+    return sorted((abi for abi, k in kinds.items() if k == {"unsigned", "dbg"}), key=_version_key)
+
+
+def _version_key(abi: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", abi))
+
+
+def _archive_names(line: str) -> list[str]:
+    """The package names apt knows that start with ``linux-image-LINE`` (from its lists, no network)."""
+    out = run(["apt-cache", "pkgnames", "--", f"linux-image-{line}"], timeout=60, check=False).stdout
+    return out.decode(errors="replace").split()
+
+
+def _not_in_archive(spec: KernelSpec, package: str) -> str:
+    """Why a Debian kernel cannot be had, with the releases of its line and flavour the archive has."""
+    line, flavour = str(spec.series), str(spec.flavour)
+    have = archive_releases(_archive_names(line), line, flavour)
+    listed = (f"the archive has {line} {flavour} kernels {', '.join(have)}" if have
+              else f"the archive has no {line} kernel of flavour {flavour}")
+    return (f"Debian has no kernel {spec.release} ({package} is not in the archive); {listed} "
+            "(run 'apt-get update' for newer ones)")
+
+
 def _tree_kernel(tree: Path) -> Path | None:
     """A built tree's kernel: ``vmlinux`` (ELF, boots directly), else ``arch/x86/boot/bzImage``."""
     for candidate_path in (tree / "vmlinux", tree / "arch" / "x86" / "boot" / "bzImage"):
@@ -117,9 +153,11 @@ def check(spec: KernelSpec) -> str | None:
     """Why ``spec`` cannot be prepared here (cheap checks only), or None."""
     if spec.kind == DEBIAN:
         package, _dbg = debian_packages(spec)
-        if debian_version(spec) is None:
-            return (f"Debian has no kernel {spec.release} ({package} is not in the archive; "
-                    "run 'apt-get update', or see 'apt-cache search linux-image-6.1')")
+        version = debian_version(spec)
+        if version is None:
+            return _not_in_archive(spec, package)
+        if candidate(package) is not None and version not in versions(_dbg):  # its debug info at its version
+            return _not_in_archive(spec, _dbg)
         return None
     if spec.kind == TREE:
         tree = spec.tree
@@ -188,6 +226,16 @@ def _version(spec: KernelSpec) -> str:
     if version is None:
         raise ImageError(f"Debian has no kernel {spec.release} any more", hint="run 'apt-get update'")
     return version
+
+
+def data_tar(deb: Path) -> list[list[str | os.PathLike[str]]]:
+    """The commands that write a .deb's files as a tar to their standard output: ``dpkg-deb
+    --fsys-tarfile``, or for an xz-compressed one (Debian's -dbg: 6.5 GB in 24 MiB blocks) ``ar p``
+    into ``xz -T0``, which decompresses its blocks on every CPU (dpkg-deb 1.21 uses one)."""
+    members = run(["ar", "t", deb], timeout=60, check=False).stdout.decode(errors="replace").split()
+    if "data.tar.xz" in members:
+        return [["ar", "p", deb, "data.tar.xz"], ["xz", "-T0", "-dc"]]
+    return [["dpkg-deb", "--fsys-tarfile", deb]]
 
 
 # -- content keys -----------------------------------------------------------------------------------
@@ -292,27 +340,30 @@ class _Preparer:
         release = str(spec.release)
         package, dbg = debian_packages(spec)
         version = _version(spec)
-        with self.r.step(f"download {package} {version}"):
-            deb = apt_download(package, version)
-        with self.r.step("unpack the kernel"):
-            unpacked = self.work / "deb"
-            run(["dpkg-deb", "-x", deb, unpacked], timeout=600)
-            self.manifest["boot"] = boot_image(unpacked / "boot" / f"vmlinuz-{release}", self.work / BOOT)
-            shutil.copy(unpacked / "boot" / f"config-{release}", self.work / CONFIG)
-            shutil.copy(unpacked / "boot" / f"System.map-{release}", self.work / SYSTEM_MAP)
-            self._stage_modules(unpacked / "lib" / "modules" / release, release)
-            shutil.rmtree(unpacked)
-        self.manifest["debian"] = {"package": package, "version": version, "debug_package": dbg}
-        with self.r.step(f"download {dbg} {version} (large)"):
-            dbg_deb = apt_download(dbg, version)  # the debug info of this very build, never the newest
-            self.manifest["debian"]["debug_version"] = version
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # the large -dbg downloads while the kernel is unpacked (the network's time, not the CPU's),
+            # at the kernel's own version: the debug info of this very build, never the newest
+            dbg_future = pool.submit(apt_download, dbg, version)
+            with self.r.step(f"download {package} {version}"):
+                deb = apt_download(package, version)
+            with self.r.step("unpack the kernel"):
+                unpacked = self.work / "deb"
+                run(["dpkg-deb", "-x", deb, unpacked], timeout=600)
+                self.manifest["boot"] = boot_image(unpacked / "boot" / f"vmlinuz-{release}", self.work / BOOT)
+                shutil.copy(unpacked / "boot" / f"config-{release}", self.work / CONFIG)
+                shutil.copy(unpacked / "boot" / f"System.map-{release}", self.work / SYSTEM_MAP)
+                self._stage_modules(unpacked / "lib" / "modules" / release, release)
+                shutil.rmtree(unpacked)
+            self.manifest["debian"] = {"package": package, "version": version, "debug_package": dbg}
+            with self.r.step(f"download {dbg} {version} (large)"):
+                dbg_deb = dbg_future.result()
+        self.manifest["debian"]["debug_version"] = version
         with self.r.step("extract vmlinux with debug info"):
             base = f"./usr/lib/debug/lib/modules/{release}"
             patterns = [f"./usr/lib/debug/boot/vmlinux-{release}", *(f"{base}/{d}/*" for d in self.opts.debug_modules)]
             out = self.work / "dbg"
             out.mkdir()
-            run_pipeline([["dpkg-deb", "--fsys-tarfile", dbg_deb],
-                          ["tar", "-x", "-C", out, "--wildcards", *patterns]], timeout=1800)
+            run_pipeline([*data_tar(dbg_deb), ["tar", "-x", "-C", out, "--wildcards", *patterns]], timeout=1800)
             (out / patterns[0]).rename(self.work / VMLINUX_DEBUG)
             if (out / base).is_dir():
                 (out / base).rename(self.work / DEBUG_MODULES)

@@ -3,8 +3,13 @@
 Three forms::
 
     kernel: debian:6.1.0-53-amd64                  # a Debian kernel: ABI and flavour (amd64, cloud-amd64, rt-amd64)
+    kernel: debian:6.12.117+deb12-amd64            # Debian 12's 6.12 line: its version and the +deb12 tag
     kernel: {tree: ../linux}                       # a built kernel source tree, relative to the lab file
     kernel: {image: bzImage, modules: mods/, debug: vmlinux, config: .config}   # loose files; all but image optional
+
+A Debian kernel is named as ``uname -r`` names it: 6.1's ``6.1.0-ABI`` and the 6.12 line's
+``6.12.VERSION+debN`` (bookworm-backports' and -security's ``linux-image-6.12.117+deb12-amd64``) are
+the two forms Debian uses.
 
 On the command line (``labctl up --kernel SPEC``): ``debian:ABI-FLAVOUR``,
 ``tree:PATH``, ``image:PATH`` or a plain path (a directory is a tree, a
@@ -26,8 +31,11 @@ DEBIAN = "debian"
 TREE = "tree"
 FILES = "files"
 FLAVOURS = ("amd64", "cloud-amd64", "rt-amd64")
-_DEBIAN = re.compile(r"debian:(?P<abi>\d+\.\d+\.\d+-\d+)-(?P<flavour>" + "|".join(map(re.escape, FLAVOURS)) + ")")
-DEBIAN_RULE = f"debian:ABI-FLAVOUR, e.g. debian:6.1.0-53-amd64 (flavours: {', '.join(FLAVOURS)})"
+# 6.1.0-53 (an ABI number) or 6.12.117+deb12 (a stable version and the release it was built for)
+_DEBIAN = re.compile(r"debian:(?P<abi>\d+\.\d+\.\d+(?:-\d+|\+deb\d+))-(?P<flavour>"
+                     + "|".join(map(re.escape, FLAVOURS)) + ")")
+DEBIAN_RULE = ("debian:ABI-FLAVOUR, e.g. debian:6.1.0-53-amd64 or debian:6.12.117+deb12-amd64 "
+               f"(flavours: {', '.join(FLAVOURS)})")
 FILE_KEYS = ("image", "modules", "debug", "config")
 
 
@@ -36,7 +44,7 @@ class KernelSpec:
     """One kernel as a lab file (or ``--kernel``) names it; paths are absolute."""
 
     kind: str  # DEBIAN, TREE or FILES
-    abi: str | None = None  # DEBIAN: "6.1.0-53"
+    abi: str | None = None  # DEBIAN: "6.1.0-53", "6.12.117+deb12"
     flavour: str | None = None  # DEBIAN: "amd64", "cloud-amd64", "rt-amd64"
     tree: Path | None = None  # TREE
     image: Path | None = None  # FILES: a bzImage or an ELF vmlinux
@@ -45,6 +53,11 @@ class KernelSpec:
     config: Path | None = None  # FILES: its .config (else the one the image embeds, if any)
     line: int = 0
     path: str = "kernel"  # where it was given: "kernel", "guests.a.kernel" or "--kernel"
+
+    @property
+    def series(self) -> str | None:
+        """A Debian kernel's line (``6.1``, ``6.12``): what its ``linux-source-X.Y`` and archive listing go by."""
+        return ".".join(str(self.abi).split(".")[:2]) if self.kind == DEBIAN else None
 
     @property
     def release(self) -> str | None:

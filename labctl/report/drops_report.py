@@ -35,17 +35,20 @@ def summarize_drops(step_dir: Path) -> dict[str, Any] | None:
     rows: list[drops.DropRow] = []
     guests: dict[str, Any] = {}
     for d in sorted(p for p in step_dir.iterdir() if (p / DROPS_TXT).is_file()) if step_dir.is_dir() else []:
+        try:
+            info = json.loads(_read(d / DROPS_JSON) or "{}")
+        except ValueError:
+            info = {}
+        info = info if isinstance(info, dict) else {}
+        names = info.get("reasons")
+        reasons = [str(n) for n in names] if isinstance(names, list) else None  # None: 6.1's, as before
         events, _ = parse_text(_read(d / DROPS_TXT), d.name)
-        got, local = drops.table(events)
+        got, local = drops.table(events, reasons)
         note = netfilter_note(_read(d / RULESET_BEFORE), _read(d / RULESET_AFTER))
         for r in got:
             if r.reason == "NETFILTER_DROP" and note:
                 r.rules.append(note)
         rows += got
-        try:
-            info = json.loads(_read(d / DROPS_JSON) or "{}")
-        except ValueError:
-            info = {}
         guests[d.name] = {"drops": sum(r.count for r in got), "local_frees": local,
                           "lost": info.get("lost", 0), "mode": info.get("mode"), "notes": info.get("notes") or []}
     if not guests:

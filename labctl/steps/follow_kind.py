@@ -91,7 +91,8 @@ class DropsKind(StepKind):
             if w.ruleset or after:
                 _write(out / RULESET_BEFORE, w.ruleset)
                 _write(out / RULESET_AFTER, after)
-            _write(out / DROPS_JSON, json.dumps({"mode": w.mode, "notes": w.notes, "lost": lost}) + "\n")
+            _write(out / DROPS_JSON, json.dumps({"mode": w.mode, "notes": w.notes, "lost": lost,
+                                                  **({"reasons": w.reasons} if w.reasons else {})}) + "\n")
 
         parallel(live, one)
 
@@ -140,7 +141,7 @@ class FollowKind(StepKind):
                 _write(out / f"{g}.txt", text)
             inputs = follow_inputs(self.filter, f.guests, f.topology(), f.samples, f.wire,
                                    {g: lost for g, (_, lost) in texts.items()},
-                                   {g: (p.ruleset, after.get(g, "")) for g, p in f.probes.items()})
+                                   {g: (p.ruleset, after.get(g, "")) for g, p in f.probes.items()}, f.reasons)
         except LabctlError as exc:
             v.res.warnings.append(f"follow: {exc.message}")
         finally:

@@ -16,6 +16,7 @@ verdict whose counter moved, with its table and chain (iptables' rules appear th
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +66,9 @@ def is_local(ev: Event) -> bool:
     return ev.dev is None and ev.num("proto") in (0, None)
 
 
-def table(events: list[Event]) -> tuple[list[DropRow], int]:
-    """Drop rows, most counted first, and how many local (non-network) frees were left out."""
+def table(events: list[Event], reasons: Sequence[str] | None = None) -> tuple[list[DropRow], int]:
+    """Drop rows, most counted first, and how many local (non-network) frees were left out; ``reasons``:
+    the kernel's drop reasons by number (:func:`labctl.trace.hops.reason_name`)."""
     rows: dict[tuple[object, ...], DropRow] = {}
     local = 0
     for ev in events:
@@ -75,7 +77,7 @@ def table(events: list[Event]) -> tuple[list[DropRow], int]:
         if is_local(ev):
             local += 1
             continue
-        row = DropRow(ev.guest, ev.fields.get("loc") or "?", reason_name(ev), ev.dev, protocol_name(ev))
+        row = DropRow(ev.guest, ev.fields.get("loc") or "?", reason_name(ev, reasons), ev.dev, protocol_name(ev))
         key = (row.guest, row.where, row.reason, row.dev, row.protocol)
         row = rows.setdefault(key, row)
         row.count += 1

@@ -20,6 +20,7 @@ import ipaddress
 import itertools
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from labctl.pktfilter import ARP, Packet
@@ -60,7 +61,8 @@ VARIANTS = {"dev_queue6": "dev_queue", "xmit6": "xmit", "netif_rx6": "netif_rx",
 FORWARD = ("ip_fwd", "ip6_fwd")
 LOCAL = ("ip_local", "ip6_local", "tcp_rcv", "tcp6_rcv", "arp_rcv")  # taken in by the receiving guest's stack
 
-# 6.1's enum skb_drop_reason, for kernels whose trace prints the number (a probe's u32 field)
+# 6.1's enum skb_drop_reason, for kernels whose trace prints the number (a probe's u32 field) when the
+# kernel's own names are not known (a bundle of before, a kernel without debug info); 6.12's differ
 DROP_REASONS = (
     "", "NOT_SPECIFIED", "NO_SOCKET", "PKT_TOO_SMALL", "TCP_CSUM", "SOCKET_FILTER", "UDP_CSUM", "NETFILTER_DROP",
     "OTHERHOST", "IP_CSUM", "IP_INHDR", "IP_RPFILTER", "UNICAST_IN_L2_MULTICAST", "XFRM_POLICY", "IP_NOPROTO",
@@ -442,12 +444,13 @@ def drop_header(ev: Event) -> Header | None:
     return None
 
 
-def reason_name(ev: Event) -> str | None:
-    """The drop's reason (6.1: ``NETFILTER_DROP``...); None on a kernel without reasons."""
+def reason_name(ev: Event, names: Sequence[str] | None = None) -> str | None:
+    """The drop's reason (``NETFILTER_DROP``...) by ``names``, its kernel's enum by value (default:
+    6.1's, :data:`DROP_REASONS`); None on a kernel without reasons."""
     r = ev.fields.get("reason")
     if r is None:
         return None
     if r.isdigit():
-        n = int(r)
-        return DROP_REASONS[n] if 0 < n < len(DROP_REASONS) else f"reason {n}"
+        n, table = int(r), names or DROP_REASONS
+        return table[n] if 0 < n < len(table) and table[n] else f"reason {n}"
     return r

@@ -164,12 +164,14 @@ class _Cluster:
 @dataclass
 class Correlator:
     """Events in (any order across guests), journeys out (:meth:`settle`). ``clocks`` map each guest's
-    trace clock; ``netfilter`` names the rules that dropped (guest -> text, from counters)."""
+    trace clock; ``netfilter`` names the rules that dropped (guest -> text, from counters); ``reasons``:
+    each guest's drop reasons by number (6.1's where not given)."""
 
     topo: Topology
     clocks: dict[str, Clock]
     wire: Wire = field(default_factory=Wire)
     netfilter: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, list[str]] = field(default_factory=dict)  # guest -> its kernel's drop reasons by number
     align: Alignment = field(default_factory=Alignment)
     clusters: dict[tuple[object, ...], list[_Cluster]] = field(default_factory=dict)
     last_by_skb: dict[tuple[str, str], tuple[int, _Cluster]] = field(default_factory=dict)
@@ -290,7 +292,7 @@ class Correlator:
         return h.is_echo(1) and events[-1].point in ("ip_local", "ip6_local") and ends.answered(h)
 
     def _ends(self) -> _Ends:
-        return _Ends(self.topo, self.wire, self.netfilter, self.replies, self.errors, self.arp_replies)
+        return _Ends(self.topo, self.wire, self.netfilter, self.replies, self.errors, self.arp_replies, self.reasons)
 
     def _forget(self) -> None:
         """Drop settled clusters (a live follow runs for hours)."""
@@ -470,6 +472,7 @@ class _Ends:
     replies: dict[tuple[object, ...], int]
     errors: list[_Cluster] = field(default_factory=list)
     arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
+    reasons: dict[str, list[str]] = field(default_factory=dict)
 
     def end(self, c: _Cluster, visits: list[list[Event]], final: bool, copies: list[Event] | None = None) -> End:
         events = [e for v in visits for e in v]
@@ -550,7 +553,7 @@ class _Ends:
         return ""
 
     def _drop_end(self, drop: Event, visit: list[Event]) -> End:
-        reason = reason_name(drop)
+        reason = reason_name(drop, self.reasons.get(drop.guest))
         loc = drop.fields.get("loc") or "?"
         guest = drop.guest
         before = next((e for e in reversed(visit) if e.point != "drop" and e.ts <= drop.ts), None)

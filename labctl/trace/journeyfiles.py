@@ -40,7 +40,8 @@ def _key_in(value: list[Any]) -> tuple[object, ...]:
 
 
 def follow_inputs(filt: str, guests: list[str], topo: Topology, samples: dict[str, dict[str, tuple[int, int]]],
-                  wire: Wire, lost: dict[str, int], rulesets: dict[str, tuple[str, str]]) -> dict[str, Any]:
+                  wire: Wire, lost: dict[str, int], rulesets: dict[str, tuple[str, str]],
+                  reasons: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """What ``follow/inputs.json`` holds (JSON)."""
     return {"filter": filt, "guests": guests,
             "nets": [[g, n, net] for (g, n), net in topo.nets.items()],
@@ -48,7 +49,8 @@ def follow_inputs(filt: str, guests: list[str], topo: Topology, samples: dict[st
             "samples": {g: {m: list(v) for m, v in s.items()} for g, s in samples.items()},
             "captured": [list(k) for k in sorted(wire.captured)],
             "wire": [[g, n, [[_key_out(k), t] for k, t in seen.items()]] for (g, n), seen in wire.seen.items()],
-            "lost": lost, "rulesets": {g: list(r) for g, r in rulesets.items()}}
+            "lost": lost, "rulesets": {g: list(r) for g, r in rulesets.items()},
+            **({"reasons": reasons} if reasons else {})}
 
 
 def read_inputs(data: dict[str, Any]) -> tuple[Topology, Wire]:
@@ -82,7 +84,9 @@ def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
         events += [e for e in evs if e.point != "marker"]
     notes = {g: n for g, (before, after) in (data.get("rulesets") or {}).items()
              if (n := netfilter_note(before, after))}
-    corr = Correlator(topo, clocks, wire, notes)
+    reasons = {str(g): [str(n) for n in names] for g, names in (data.get("reasons") or {}).items()
+               if isinstance(names, list)}
+    corr = Correlator(topo, clocks, wire, notes, reasons=reasons)
     for ev in sorted(events, key=lambda e: clocks[e.guest].host(e.ts) if e.guest in clocks else e.ts):
         corr.add(ev)
     facts = {"filter": data.get("filter", ""), "guests": list(topo.guests),

@@ -218,6 +218,7 @@ class _QuietFollower:
 
         self.guests, self.wire = ["a"], Wire()
         self.probes: dict[str, object] = {}
+        self.reasons: dict[str, list[str]] = {}
         self.topo = Topology(guests=("a",))
         marks = [ln for ln in (FIX / "paths" / "follow" / "a.txt").read_text().splitlines() if "labctl-sync 0." in ln]
         self.samples = {"a": {ln.rsplit(" ", 1)[1]: (0, 1000) for ln in marks}}
@@ -271,3 +272,26 @@ def test_a_live_follow_sends_heartbeats_only_while_a_followed_packet_is_in_fligh
     until = time.monotonic() + 1.5
     livefollow.LiveFollow(busy, lambda j: None).run(lambda: time.monotonic() > until)  # type: ignore[arg-type]
     assert busy.beats >= 2 and busy.rounds >= 1
+
+
+# enum skb_drop_reason of 6.12.117+deb12-amd64, read by labctl.kernel.enum_names from its -dbg (first 13)
+REASONS_612 = ["SKB_NOT_DROPPED_YET", "SKB_CONSUMED", "NOT_SPECIFIED", "NO_SOCKET", "SOCKET_CLOSE", "SOCKET_FILTER",
+               "SOCKET_RCVBUFF", "UNIX_DISCONNECT", "UNIX_SKIP_OOB", "PKT_TOO_SMALL", "TCP_CSUM", "NETFILTER_DROP",
+               "OTHERHOST"]
+
+
+def test_a_drop_reason_is_named_by_its_own_kernels_enum() -> None:
+    """6.12's numbers are not 6.1's: 11 is NETFILTER_DROP on 6.12, IP_RPFILTER on 6.1."""
+    line = ("  <idle>-0 [000] ..s2. 9.5: drop: (skb.kfree_skb) skb=0xffff888005e85b00 reason=11 proto=2048 "
+            'dev="eth1" loc=nft_do_chain+0x47f/0x5e0 [nf_tables]')
+    ev = hops.parse_line(line, "new")
+    assert ev is not None
+    assert hops.reason_name(ev, REASONS_612) == "NETFILTER_DROP"
+    assert hops.reason_name(ev) == hops.DROP_REASONS[11] == "IP_RPFILTER"  # 6.1's table: a bundle of before
+    ev.fields["reason"] = "99"
+    assert hops.reason_name(ev, REASONS_612) == "reason 99"
+    ev.fields["reason"] = "7"  # a value the kernel's enum leaves unnamed is shown by number
+    assert hops.reason_name(ev, [*REASONS_612[:7], "", *REASONS_612[8:]]) == "reason 7"
+    ev.fields["reason"] = "11"
+    rows, _ = drops.table([ev], REASONS_612)
+    assert [(r.guest, r.function, r.reason) for r in rows] == [("new", "nft_do_chain", "NETFILTER_DROP")]

@@ -53,7 +53,14 @@ def test_command_line_forms(tmp_path: Path) -> None:
     spec = kernels.from_command_line("bzImage", tmp_path)
     assert (spec.kind, spec.image) == (kernels.FILES, tmp_path / "bzImage")
     assert kernels.from_command_line("image:bzImage", tmp_path).image == tmp_path / "bzImage"
-    for bad in ("debian:6.1.0-53-arm64", "debian:latest", ""):
+    k612 = kernels.from_command_line("debian:6.12.117+deb12-cloud-amd64", tmp_path)
+    assert (k612.abi, k612.flavour, k612.series, k612.release) == (
+        "6.12.117+deb12", "cloud-amd64", "6.12", "6.12.117+deb12-cloud-amd64")
+    assert prep.debian_packages(k612) == ("linux-image-6.12.117+deb12-cloud-amd64-unsigned",
+                                          "linux-image-6.12.117+deb12-cloud-amd64-dbg")
+    assert kernels.debian("debian:6.1.0-56-amd64").series == "6.1"
+    for bad in ("debian:6.1.0-53-arm64", "debian:latest", "", "debian:6.12.117+deb12-arm64",
+                "debian:6.12.117-amd64", "debian:6.12.117+deb-amd64", "debian:6.12+deb12-amd64"):
         with pytest.raises(ValueError):
             kernels.from_command_line(bad, tmp_path)
 
@@ -87,6 +94,46 @@ def test_check_names_what_is_missing(tmp_path: Path) -> None:
     assert prep.check(kernels.KernelSpec(kernels.TREE, tree=fake_tree(tmp_path))) is None
     why = prep.check(kernels.KernelSpec(kernels.FILES, image=tmp_path / "bz", modules=tmp_path / "m"))
     assert why is not None and "image" in why and str(tmp_path / "bz") in why
+
+
+# ``apt-cache pkgnames linux-image-6.12`` here (Debian 12 with bookworm-security, 2026-12-01), cut
+ARCHIVE_612 = ["linux-image-6.12-amd64-dbg", "linux-image-6.12.115+deb12-amd64-unsigned", "linux-image-6.12.107+deb12-amd64-dbg", "linux-image-6.12.107+deb12-amd64-unsigned", "linux-image-6.12.117+deb12-rt-amd64-unsigned", "linux-image-6.12.117+deb12-amd64-dbg", "linux-image-6.12.117+deb12-amd64-unsigned", "linux-image-6.12.117+deb12-rt-amd64-dbg", "linux-image-6.12.111+deb12-amd64-unsigned", "linux-image-6.12.111+deb12-amd64-dbg", "linux-image-6.12.100+deb12-amd64", "linux-image-6.12-amd64"]
+
+
+def test_archive_releases_have_both_packages_in_version_order() -> None:
+    # 6.12.115 has no -dbg here, 6.12.100 only the signed image: neither can be prepared
+    assert prep.archive_releases(ARCHIVE_612, "6.12", "amd64") == ["6.12.107+deb12", "6.12.111+deb12",
+                                                                   "6.12.117+deb12"]
+    assert prep.archive_releases(ARCHIVE_612, "6.12", "rt-amd64") == ["6.12.117+deb12"]
+    assert prep.archive_releases(ARCHIVE_612, "6.12", "cloud-amd64") == []
+    assert prep.archive_releases(["linux-image-6.1.0-9-amd64-unsigned", "linux-image-6.1.0-9-amd64-dbg",
+                                  "linux-image-6.1.0-10-amd64-unsigned", "linux-image-6.1.0-10-amd64-dbg",
+                                  *ARCHIVE_612], "6.1", "amd64") == ["6.1.0-9", "6.1.0-10"]
+
+
+def test_an_unknown_6_12_kernel_is_refused_at_its_line_with_what_the_archive_has(
+        tmp_path: Path, image_stub: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    known = {f"linux-image-{r}-amd64-{k}" for r in ("6.12.111+deb12", "6.12.117+deb12") for k in ("unsigned", "dbg")}
+    known.add("linux-image-6.1.0-56-amd64-unsigned")
+    known.add("linux-image-6.1.0-56-amd64-dbg")
+    monkeypatch.setattr(prep, "candidate", lambda package: "1" if package in known else None)
+    monkeypatch.setattr(prep, "_archive_names", lambda series: ARCHIVE_612)
+    lab = load_lab_text("name: l\nnetworks: {}\nguests:\n  a: {}\n  b:\n    kernel: debian:6.12.118+deb12-amd64\n"
+                        "  c:\n    kernel: debian:6.12.117+deb12-cloud-amd64\n  d:\n"
+                        "    kernel: debian:6.12.117+deb12-amd64\n", str(tmp_path / "l.yaml"))
+    with pytest.raises(LabFileError) as exc:
+        guest_kernels.check(lab, image_stub)  # type: ignore[arg-type]
+    assert [str(p) for p in exc.value.problems] == [
+        (f"{tmp_path}/l.yaml:6: guests.b.kernel: Debian has no kernel 6.12.118+deb12-amd64 "
+        "(linux-image-6.12.118+deb12-amd64-unsigned is not in the archive); the archive has 6.12 amd64 kernels "
+        "6.12.107+deb12, 6.12.111+deb12, 6.12.117+deb12 (run 'apt-get update' for newer ones)"),
+        (f"{tmp_path}/l.yaml:8: guests.c.kernel: Debian has no kernel 6.12.117+deb12-cloud-amd64 "
+        "(linux-image-6.12.117+deb12-cloud-amd64-unsigned is not in the archive); the archive has no 6.12 kernel "
+        "of flavour cloud-amd64 (run 'apt-get update' for newer ones)"),
+    ]  # a and d (6.1's default, 6.12.117) are there
+    known.discard("linux-image-6.12.117+deb12-amd64-dbg")
+    with pytest.raises(LabFileError, match="6.12.117[+]deb12-amd64-dbg is not in the archive"):
+        guest_kernels.check(lab.with_kernel(kernels.debian("debian:6.12.117+deb12-amd64", 10)), image_stub)  # type: ignore[arg-type]
 
 
 def test_a_missing_tree_is_a_lab_file_error_at_its_line(tmp_path: Path, image_stub: object) -> None:
