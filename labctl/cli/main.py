@@ -35,6 +35,11 @@ def _lifecycle_cmds() -> ModuleType:
     return module
 
 
+def _status_cmd() -> ModuleType:
+    import labctl.cli.status_cmd as module
+    return module
+
+
 def _run_cmd() -> ModuleType:
     import labctl.cli.run_cmd as module
     return module
@@ -162,7 +167,8 @@ def _completion_cmd() -> ModuleType:
 
 MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
     _validate_cmd: ("validate",),
-    _lifecycle_cmds: ("up", "down", "status",),
+    _lifecycle_cmds: ("up", "down",),
+    _status_cmd: ("status",),
     _run_cmd: ("run",),
     _report_cmds: ("report", "bundle",),
     _compare_cmd: ("compare",),
@@ -277,11 +283,7 @@ def _log_handler() -> logging.Handler:
     """Log records (which may quote guest output) with control characters shown escaped."""
     import logging
 
-    from labctl.textsafe import safe_text
-
-    class SafeFormatter(logging.Formatter):
-        def format(self, record: logging.LogRecord) -> str:
-            return safe_text(super().format(record))
+    from labctl.cli.ui import SafeFormatter
 
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))

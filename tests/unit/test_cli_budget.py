@@ -43,3 +43,12 @@ def test_exec_loads_neither_the_pipeline_nor_the_report(tmp_path: Path) -> None:
     mods = imported(["exec", "--help"], tmp_path)
     assert "labctl.cli.exec_cmd" in mods
     assert heavy(mods, ("labctl.pipeline", "labctl.report", "labctl.web", "labctl.bisect", "rich.table")) == []
+
+
+def test_status_loads_neither_the_pipeline_nor_a_pack_nor_the_report(tmp_path: Path) -> None:
+    """``status`` reads the labs' state; what brings a lab up (the pipeline, packs) stays out. (The
+    state package still loads the backends, paramiko and the image store: not yet pinned out.)"""
+    mods = imported(["status", "--json"], tmp_path)
+    assert "labctl.cli.status_cmd" in mods and "labctl.cli.lifecycle_cmds" not in mods
+    assert heavy(mods, ("labctl.pipeline", "labctl.pack", "labctl.report", "labctl.web", "labctl.bisect",
+                        "labctl.bundle", "labctl.cli.displays")) == []
