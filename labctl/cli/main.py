@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from labctl import __version__
 from labctl.cli.examples import add_examples
-from labctl.cli.ui import error
-from labctl.errors import LabctlError, LabFileError
-from labctl.textsafe import safe_text
+
+if TYPE_CHECKING:
+    import logging
+
+# Nothing else of labctl (nor rich, logging, the errors) is imported here: `labctl --version` and
+# `labctl --help` load only this module, and a command loads its own module when it runs
+# (tests/unit/test_cli_budget.py pins what each imports).
 
 EXIT_INTERRUPTED = 130
 
@@ -30,6 +32,11 @@ def _validate_cmd() -> ModuleType:
 
 def _lifecycle_cmds() -> ModuleType:
     import labctl.cli.lifecycle_cmds as module
+    return module
+
+
+def _status_cmd() -> ModuleType:
+    import labctl.cli.status_cmd as module
     return module
 
 
@@ -160,7 +167,8 @@ def _completion_cmd() -> ModuleType:
 
 MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
     _validate_cmd: ("validate",),
-    _lifecycle_cmds: ("up", "down", "status",),
+    _lifecycle_cmds: ("up", "down",),
+    _status_cmd: ("status",),
     _run_cmd: ("run",),
     _report_cmds: ("report", "bundle",),
     _compare_cmd: ("compare",),
@@ -188,6 +196,45 @@ MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
     _completion_cmd: ("completion",),
 }
 COMMANDS: dict[str, Callable[[], ModuleType]] = {word: load for load, words in MODULES.items() for word in words}
+# Each command's one-line help as `labctl --help` lists it, so that the top-level help loads no
+# command's module (tests/unit/test_cli_lazy.py checks it against what the modules register).
+HELP: dict[str, str] = {
+    'validate': 'check a lab file without starting anything',
+    'up': "boot a lab's guests and wait until they answer SSH",
+    'down': "power a lab's guests off and remove its state",
+    'status': 'show labs that are up',
+    'run': 'bring a lab up, run its steps, write the report bundle, take it down',
+    'report': 'recompute summary.json and (re)write report.md and report.html of a bundle',
+    'bundle': 'pack a run directory into one .tar.gz',
+    'compare': 'compare two runs of one lab: what differs, and every figure with its change',
+    'pack': 'pack a lab (or a run) with its exact kernels and image into one file',
+    'cache': "list or prune the unpacked packs and fetched lab files in labctl's cache",
+    'bisect': "find the commit of a kernel tree that changed a lab's outcome",
+    'oops': 'decode kernel oopses found in console logs',
+    'gdb': "gdb attached to a guest's kernel (symbols, modules, source)",
+    'drgn': "drgn on a guest's running kernel (or a vmcore), with its debug info",
+    'dump': 'a vmcore of a guest (drgn and crash open it)',
+    'doctor': 'check the host for what the backends need',
+    'ssh': 'interactive shell on a guest',
+    'exec': 'run a command on a guest; exits with its status',
+    'cp': 'copy files and directories between the host and a guest (GUEST:PATH says which side)',
+    'check': "run a lab's graded checks on its guests; exit 6 unless all pass",
+    'ssh-config': "print an OpenSSH config for a lab's guests (ssh -F FILE GUEST)",
+    'class': 'a class: one instance of a lab per student, with handouts',
+    'capture': "capture a lab NIC's traffic live (pcapng to a file or to stdout)",
+    'follow': "follow matching packets through every guest's kernel and wire, live",
+    'impair': "impair a lab NIC's egress (netem in the guest), or show or clear it",
+    'link': "take a lab NIC's link down or up (the guest sees carrier loss)",
+    'graph': "draw a lab's topology (SVG, Graphviz DOT or Mermaid)",
+    'image': 'build and list guest images',
+    'kernel': "the guests' kernels: the config a lab needs, prepared kernels",
+    'reset': 'put guests of a lab that is up back to their post-boot state',
+    'checkpoint': 'save or restore the whole lab at one instant',
+    'snapshot': 'post-boot snapshots (warm start, reset)',
+    'serve': "the trainer's page, each student's lab and terminals, your labs: in a browser",
+    'completion': 'print the shell completion script (bash or zsh)',
+}
+HELP_FLAGS = frozenset({"-h", "--help"})
 GLOBAL_FLAGS = frozenset({"--debug"})  # options before the command word that take no value
 
 
@@ -212,6 +259,10 @@ def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
     whole parser otherwise (help, a mistake: argparse's own messages stay the same)."""
     words = [a for a in argv if a not in GLOBAL_FLAGS]
     load = COMMANDS.get(words[0]) if words else None
+    if load is None and words and words[0] == "--version":
+        return _new_parser()[0]  # argparse prints the version and exits before it needs a command
+    if load is None and words and words[0] in HELP_FLAGS:
+        return help_parser()
     if load is None:
         return build_parser()
     p, sub = _new_parser()
@@ -220,11 +271,23 @@ def parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
     return p
 
 
-class _SafeFormatter(logging.Formatter):
-    """Log records (which may quote guest output) with control characters shown escaped."""
+def help_parser() -> argparse.ArgumentParser:
+    """``labctl --help``'s parser: every command word with its help line, no command's module loaded."""
+    p, sub = _new_parser()
+    for word, text in HELP.items():
+        sub.add_parser(word, help=text)
+    return p
 
-    def format(self, record: logging.LogRecord) -> str:
-        return safe_text(super().format(record))
+
+def _log_handler() -> logging.Handler:
+    """Log records (which may quote guest output) with control characters shown escaped."""
+    import logging
+
+    from labctl.cli.ui import SafeFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
+    return handler
 
 
 def _sigterm_as_interrupt(signum: int, frame: object) -> NoReturn:
@@ -236,9 +299,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser_for(argv).parse_args(argv)
     if getattr(args, "wants_parser", False):  # labctl completion describes the whole parser
         args.wants_parser = build_parser()
-    handler = logging.StreamHandler()
-    handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[handler])
+    import logging
+    import signal
+
+    from labctl.cli.ui import error
+    from labctl.errors import LabctlError, LabFileError
+    from labctl.textsafe import safe_text
+
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, handlers=[_log_handler()])
     if not args.debug:  # refused connections while sshd starts are expected
         logging.getLogger("paramiko").setLevel(logging.CRITICAL)
         # qemu.qmp logs each refused connection while labctl waits for a starting QEMU's monitor

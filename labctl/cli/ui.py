@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import threading
 import time
@@ -50,6 +51,13 @@ class SafeConsole(Console):
 console = SafeConsole(stderr=True, highlight=False, markup=False)
 # Tables stay whole when stdout is a pipe or a file.
 out = SafeConsole(highlight=False, markup=False, width=None if sys.stdout.isatty() else 160)
+
+
+class SafeFormatter(logging.Formatter):
+    """Log records (which may quote guest output) with control characters shown escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return safe_text(super().format(record))
 
 
 def safe(s: str, style: str = "", multiline: bool = True) -> Text:

@@ -67,3 +67,13 @@ def test_every_command_has_an_example_that_parses() -> None:
         parser_for(argv).parse_args(argv)  # SystemExit (argparse's error) fails the test
         assert parser_for(argv)._subparsers is not None
     assert build_parser().parse_args(["exec", "l", "a", "true"]).command == "exec"
+
+
+def test_the_top_level_help_lists_what_the_modules_register() -> None:
+    """``labctl --help`` is drawn from main.HELP without loading a command's module: the same text."""
+    from labctl.cli.main import HELP, help_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {a.dest: a.help for a in sub._choices_actions} == HELP
+    assert help_parser().format_help() == build_parser().format_help()
+    assert parser_for(["--help"]).format_help() == build_parser().format_help()

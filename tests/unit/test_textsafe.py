@@ -149,7 +149,7 @@ def test_status_table_shows_guest_drivers_escaped(monkeypatch: pytest.MonkeyPatc
     """A guest's READY line names its NICs' drivers: whatever it wrote there is shown, escaped, in its column."""
     from types import SimpleNamespace
 
-    from labctl.cli import lifecycle_cmds
+    from labctl.cli import status_cmd as lifecycle_cmds
     from labctl.up.status import GuestStatus
 
     nic = {"name": "eth1", "model": "virtio", "driver": f"virtio_net{TITLE}{CLEAR}", "ip": "10.0.0.1/24",
@@ -190,10 +190,10 @@ def test_lab_file_problems_name_a_hostile_file_escaped(labctl, tmp_path: Path) -
 def test_log_records_are_escaped() -> None:
     import logging
 
-    from labctl.cli.main import _SafeFormatter
+    from labctl.cli.ui import SafeFormatter
 
     record = logging.LogRecord("labctl.x", logging.WARNING, __file__, 1, "guest said %s", (TITLE + CLEAR,), None)
-    got = _SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    got = SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
     assert got == "WARNING labctl.x: guest said \\x1b]0;pwned\\x07\\x1b[2J"
 
 
