@@ -20,7 +20,7 @@ def test_a_filter_is_never_an_option_to_tcpdump(tmp_path: Path) -> None:
     present = tmp_path / "present"
     present.write_text("secret words here\n")
     for text in (f"-F{present}", f"-F{tmp_path / 'absent'}", f"  -F{present}", "-d"):
-        assert libpcap_error(text) == "a filter never starts with '-'"
+        assert str(libpcap_error(text)).endswith("a filter cannot start with '-'")
     assert libpcap_error("tcp port 80") is None
     assert libpcap_error("tcp port") is not None  # a real syntax error still reaches the user
 

@@ -136,7 +136,7 @@ def runtime_marks() -> dict[str, Any]:
 
 @pytest.mark.parametrize("path", LAB_FILES, ids=lambda p: p.stem)
 def test_svg_of_every_lab_shows_every_guest_nic_model_address_and_network(path: Path) -> None:
-    lab = lab_dict(path.read_text(), path.name)
+    lab = lab_dict(path.read_text(), str(path))
     for standalone in (True, False):
         root = parse(to_svg(topology(lab), standalone=standalone))
         shown = texts(root)
@@ -157,7 +157,7 @@ def test_svg_of_every_lab_shows_every_guest_nic_model_address_and_network(path: 
 
 @pytest.mark.parametrize("path", LAB_FILES, ids=lambda p: p.stem)
 def test_links_join_each_nic_row_to_its_network_without_crossings(path: Path) -> None:
-    lab = lab_dict(path.read_text(), path.name)
+    lab = lab_dict(path.read_text(), str(path))
     root = parse(to_svg(topology(lab)))
     rects = {}
     for g in by_class(root, "network"):
@@ -461,7 +461,7 @@ def dot_nodes(dot: str) -> list[str]:
 
 @pytest.mark.parametrize("path", LAB_FILES, ids=lambda p: p.stem)
 def test_dot_has_one_node_per_guest_and_network_and_an_edge_per_nic(path: Path) -> None:
-    lab = lab_dict(path.read_text(), path.name)
+    lab = lab_dict(path.read_text(), str(path))
     dot = to_dot(topology(lab))
     check_dot_syntax(dot)
     assert dot.startswith(f'graph "{lab["name"]}" {{') and dot.rstrip().endswith("}")
@@ -477,7 +477,7 @@ def test_dot_has_one_node_per_guest_and_network_and_an_edge_per_nic(path: Path) 
 
 @pytest.mark.parametrize("path", LAB_FILES, ids=lambda p: p.stem)
 def test_mermaid_declares_every_node_and_edge(path: Path) -> None:
-    lab = lab_dict(path.read_text(), path.name)
+    lab = lab_dict(path.read_text(), str(path))
     mermaid = to_mermaid(topology(lab))
     lines = mermaid.splitlines()
     assert lines[0] == "flowchart LR"

@@ -117,12 +117,13 @@ def test_an_unknown_6_12_kernel_is_refused_at_its_line_with_what_the_archive_has
     known.add("linux-image-6.1.0-56-amd64-unsigned")
     known.add("linux-image-6.1.0-56-amd64-dbg")
     monkeypatch.setattr(prep, "candidate", lambda package: "1" if package in known else None)
+    monkeypatch.setattr(prep, "versions", lambda package: ["1"] if package in known else [])
     monkeypatch.setattr(prep, "_archive_names", lambda series: ARCHIVE_612)
     lab = load_lab_text("name: l\nnetworks: {}\nguests:\n  a: {}\n  b:\n    kernel: debian:6.12.118+deb12-amd64\n"
                         "  c:\n    kernel: debian:6.12.117+deb12-cloud-amd64\n  d:\n"
                         "    kernel: debian:6.12.117+deb12-amd64\n", str(tmp_path / "l.yaml"))
     with pytest.raises(LabFileError) as exc:
-        guest_kernels.check(lab, image_stub)  # type: ignore[arg-type]
+        guest_kernels.check(lab, guest_kernels.specs(lab, image_stub))  # type: ignore[arg-type]
     assert [str(p) for p in exc.value.problems] == [
         (f"{tmp_path}/l.yaml:6: guests.b.kernel: Debian has no kernel 6.12.118+deb12-amd64 "
         "(linux-image-6.12.118+deb12-amd64-unsigned is not in the archive); the archive has 6.12 amd64 kernels "
@@ -133,7 +134,8 @@ def test_an_unknown_6_12_kernel_is_refused_at_its_line_with_what_the_archive_has
     ]  # a and d (6.1's default, 6.12.117) are there
     known.discard("linux-image-6.12.117+deb12-amd64-dbg")
     with pytest.raises(LabFileError, match="6.12.117[+]deb12-amd64-dbg is not in the archive"):
-        guest_kernels.check(lab.with_kernel(kernels.debian("debian:6.12.117+deb12-amd64", 10)), image_stub)  # type: ignore[arg-type]
+        other = lab.with_kernel(kernels.debian("debian:6.12.117+deb12-amd64", 10))
+        guest_kernels.check(other, guest_kernels.specs(other, image_stub))  # type: ignore[arg-type]
 
 
 def test_a_missing_tree_is_a_lab_file_error_at_its_line(tmp_path: Path, image_stub: object) -> None:
