@@ -39,7 +39,7 @@ PACKAGES=(
 command -v npm >/dev/null || PACKAGES+=(npm)
 missing=()
 for p in "${PACKAGES[@]%%#*}"; do
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    [[ "$(dpkg-query -W -f '${Status}' "$p" 2>/dev/null)" == *"ok installed"* ]] || missing+=("$p")
 done
 # apt-get download needs fresh package lists for the pinned kernel packages.
 say "apt-get update"
@@ -96,7 +96,10 @@ if [ "$KVER" = "-" ]; then
     exit 3
 fi
 if [ "$(dpkg-query -W -f '${Version}' "linux-headers-$KREL" 2>/dev/null)" != "$KVER" ]; then
-    if apt-cache policy -- "linux-headers-$KREL" | grep -qF " $KVER "; then
+    # Read the table whole before matching: `apt-cache policy | grep -q` under pipefail fails when grep
+    # exits at its first match and apt-cache dies of SIGPIPE (17 times in 20 on a fresh machine).
+    policy=$(apt-cache policy -- "linux-headers-$KREL")
+    if grep -qF " $KVER " <<<"$policy"; then
         say "installing linux-headers-$KREL $KVER"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
             "linux-headers-$KREL=$KVER" >/dev/null

@@ -21,7 +21,7 @@ fi
 PACKAGES=(libvirt-daemon-system libvirt-clients libvirt-dev pkg-config gcc openssh-server)
 missing=()
 for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    [[ "$(dpkg-query -W -f '${Status}' "$p" 2>/dev/null)" == *"ok installed"* ]] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"

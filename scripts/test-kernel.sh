@@ -22,7 +22,7 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 PACKAGES=(build-essential flex bison bc libelf-dev libssl-dev xz-utils)
 missing=()
 for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    [[ "$(dpkg-query -W -f '${Status}' "$p" 2>/dev/null)" == *"ok installed"* ]] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
