@@ -136,6 +136,7 @@ if ! "$PY" -c 'import libvirt' 2>/dev/null; then
 fi
 "$PY" -c 'import libvirt, libvirt_qemu' || { echo "the libvirt Python binding does not import in $PY" >&2; exit 1; }
 say "libvirt ready: $(virsh -c "$URI" version | grep -i 'running hypervisor' || true)"
-label=$(virsh -c "$URI" capabilities | sed -n "s|.*<baselabel type='qemu'>\(.*\)</baselabel>.*|\1|p" | head -n1)
+label=$(virsh -c "$URI" capabilities | sed -n "s|.*<baselabel type='qemu'>\(.*\)</baselabel>.*|\1|p")
+label=${label%%$'\n'*}  # the first; no `| head` (under pipefail its early exit can fail the pipeline)
 uid=${label%%:*}; uid=${uid#+}
 say "QEMU runs as: $(getent passwd "$uid" | cut -d: -f1 || true) ($label)"
