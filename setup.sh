@@ -28,6 +28,7 @@ PACKAGES=(
     chromium                             # tests: report.html in a headless browser
     tshark tcpdump                       # tests: reading the captures labctl writes
     gcc libc6-dev                        # the image: guest/builtins.c; tests: a program built on the host runs in a guest
+    clang llvm libbpf-dev                # a lab's XDP and tc programs built from C in its directory (-target bpf)
     bash-builtins                        # the image: guest/builtins.c, the guest agent's clock and rename
     iproute2                             # ip netns, bridges and taps (multiqueue links, as root)
     git                                  # labctl bisect: worktrees of the user's kernel repository; up git+https://... (git daemon: the tests)
