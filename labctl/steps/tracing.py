@@ -19,6 +19,7 @@ from labctl.errors import GuestError, LabctlError, TraceError
 from labctl.follow import parallel
 from labctl.lab import Lab, Step, TraceSpec
 from labctl.steps.variant import StepKind, Variant
+from labctl.textsafe import safe_line
 from labctl.trace import snapshot_commands
 
 q = shlex.quote
@@ -61,6 +62,23 @@ class StatsKind(StepKind):
         parallel(self.taken, one)
 
 
+def _not_recording(v: Variant, guest: str, t: tr.Tracer) -> str:
+    """The warning for a tracer that never said it records: it exited (its own first error line, as
+    the guest wrote it, made safe to print: a bpftrace program the guest's kernel types otherwise
+    fails to compile) or it took longer than :data:`~labctl.steps.tracers.READY_TIMEOUT`."""
+    pid, log = q(t.name + ".pid"), q(t.name + ".log")
+    probe = (f"cd {q(v.workdir)} && if kill -0 \"$(cat {pid})\" 2>/dev/null; then echo running; "
+             f"else grep -m1 -i 'error' {log} || tail -n1 {log}; fi")
+    try:
+        said = v.sessions.ssh(guest).run(probe, timeout=30).stdout.decode(errors="replace").strip()
+    except LabctlError:
+        said = ""
+    if said == "running" or not said:
+        return (f"{guest}: {t.name} did not start recording within {tr.READY_TIMEOUT} s "
+                f"(see {t.name}.log); the step ran without it")
+    return f"{guest}: {t.name} exited before it recorded: {safe_line(said[:400])} (see {t.name}.log); the step ran without it"
+
+
 class TracingKind(StepKind):
     """The tracers of every guest the step traces (see the module docstring)."""
 
@@ -84,8 +102,7 @@ class TracingKind(StepKind):
         for g, t in self.started:
             wait = tr.ready(v.workdir, t)
             if wait and v.sh(g, wait, timeout=tr.READY_TIMEOUT + 30) != 0:
-                v.res.warnings.append(f"{g}: {t.name} did not start recording within {tr.READY_TIMEOUT} s "
-                                      f"(see {t.name}.log); the step ran without it")
+                v.res.warnings.append(_not_recording(v, g, t))
         if any(not t.signal for _, t in self.started):  # the others said they record: no wait for them
             time.sleep(SETTLE)
 
