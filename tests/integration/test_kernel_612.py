@@ -5,7 +5,9 @@
   and another number on 6.12) and its bpftrace program, reading the skb through ``struct sk_buff`` as the kernel's BTF types it,
   leaves its map;
 * ``labctl follow`` shows a ping hop by hop from the 6.1 guest into the 6.12 one and back;
-* ``labctl drgn`` reads the 6.12 guest's ``init_net``;
+* the net seeds' perf events and skb_latency's per-packet stages (its kprobes' argument offsets are
+  6.12's own) on a TCP stream into the 6.12 guest;
+* ``labctl drgn`` reads the 6.12 guest's ``init_net``, live and from a vmcore of ``labctl dump``;
 * an unknown 6.12 version is refused at its line, listing the versions the archive has, nothing started.
 
 The first use of 6.12.117 downloads its ``-dbg`` (1,034 MB; 68 s with the preparation here): the
@@ -56,6 +58,15 @@ steps:
     run:
       - {{guest: old, command: "ping -c 2 -i 0.3 10.61.0.2"}}
       - {{guest: old, command: "echo x | nc -u -w1 10.61.0.2 9; true"}}
+  - name: stack
+    trace:
+      new:
+        stats: false
+        perf_record: {{events: [net:net_dev_queue, net:netif_receive_skb, net:net_dev_xmit, napi:napi_poll]}}
+        skb_latency: true
+    run:
+      - {{guest: old, command: "iperf3 -s -1 -B 10.61.0.1", background: true, ready_after: 1, timeout: 120}}
+      - {{guest: new, command: "iperf3 -c 10.61.0.1 -R -t 2 -b 10M -J", timeout: 120}}
 """
 
 
@@ -88,8 +99,8 @@ def test_both_kernels_boot_and_ping(lab: tuple[Cli, Path, dict[str, Any]], relea
     assert len(mine) == 1 and mine[0]["debug"] and mine[0]["used_by"] == [LAB], listed
 
 
-def _step(summary: dict[str, Any]) -> dict[str, Any]:
-    return next(s for s in summary["steps"] if s["name"] == "drops")
+def _step(summary: dict[str, Any], name: str = "drops") -> dict[str, Any]:
+    return next(s for s in summary["steps"] if s["name"] == name)
 
 
 def test_the_drops_table_names_a_6_12_reason(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
@@ -136,15 +147,44 @@ def test_follow_shows_a_ping_hop_by_hop_on_6_12(lab: tuple[Cli, Path, dict[str, 
     assert reply["end"]["kind"] == "delivered" and reply["end"]["guest"] == "old", reply
 
 
-def test_drgn_reads_init_net_on_6_12(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+def test_the_net_seeds_events_and_skb_latency_on_6_12(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    _, _, summary = lab
+    new = _step(summary, "stack")["guests"]["new"]
+    assert not [w for w in new["warnings"] if "perf" in w or "skb" in w], new["warnings"]
+    perf = next(s for s in new["tracepoints"] if s["source"] == "perf record")
+    for event in ("net:net_dev_queue", "net:netif_receive_skb", "net:net_dev_xmit", "napi:napi_poll"):
+        assert perf["events"][event]["total"] > 0, (event, perf["events"])
+    assert perf["events"]["net:netif_receive_skb"]["total"] > 100  # 2 s of a 10 Mbit/s stream into it
+    rx = new["skb_latency"]["rx"]["by_nic"]["eth1"]
+    assert rx["data_segments"] > 100 and rx["followed_pct"] >= 90, rx
+    for stage in ("driver_netif", "netif_ip", "ip_tcp", "tcp_app"):
+        assert rx["stages"][stage]["count"] == rx["followed"], (stage, rx["stages"])
+
+
+DEVS = ("import json; from drgn.helpers.linux.net import for_each_netdev; "
+        "names = sorted(d.name.string_().decode() for d in for_each_netdev(prog['init_net'].address_of_())); "
+        "mtu = next(d.mtu.value_() for d in for_each_netdev(prog['init_net'].address_of_()) "
+        "if d.name.string_() == b'eth1'); "
+        "print(json.dumps({'release': prog['init_uts_ns'].name.release.string_().decode(), 'devs': names, "
+        "'mtu': mtu}))")
+
+
+def test_drgn_reads_init_net_on_6_12_live_and_from_a_vmcore(lab: tuple[Cli, Path, dict[str, Any]],
+                                                            tmp_path: Path) -> None:
     cli = lab[0]
-    code = ("import json; from drgn.helpers.linux.net import for_each_netdev; "
-            "names = sorted(d.name.string_().decode() for d in for_each_netdev(prog['init_net'].address_of_())); "
-            "print(json.dumps({'release': prog['init_uts_ns'].name.release.string_().decode(), 'devs': names}))")
-    res = cli("drgn", LAB, "new", "-c", code, timeout=300)
+    cli("exec", LAB, "new", "--", "ip link set eth1 mtu 1432", check=True)
+    res = cli("drgn", LAB, "new", "-c", DEVS, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert got["release"] == K612 and "eth1" in got["devs"] and "lo" in got["devs"], got
+    assert got["release"] == K612 and "eth1" in got["devs"] and "lo" in got["devs"] and got["mtu"] == 1432, got
+    core = tmp_path / "new.vmcore"
+    dumped = cli("dump", LAB, "new", "-o", str(core), "--json", timeout=600)
+    assert dumped.returncode == 0, dumped.stdout + dumped.stderr
+    assert json.loads(dumped.stdout)["release"] == K612 and core.stat().st_mode & 0o777 == 0o600
+    cli("exec", LAB, "new", "--", "ip link set eth1 mtu 1500", check=True)
+    res = cli("drgn", "--core", str(core), "-c", DEVS, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == got  # the instant the vmcore was taken
 
 
 def test_an_unknown_6_12_version_is_refused_at_its_line(lab: tuple[Cli, Path, dict[str, Any]],
