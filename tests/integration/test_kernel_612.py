@@ -198,3 +198,11 @@ def test_an_unknown_6_12_version_is_refused_at_its_line(lab: tuple[Cli, Path, di
     assert "the archive has 6.12 amd64 kernels " in res.stderr and "6.12.117+deb12" in res.stderr, res.stderr
     assert not (cli.state_dir / "labs" / "bad612").exists()
     assert len(qemu_pids_under(cli.state_dir)) == 2  # the k612 lab's guests only
+
+
+def test_gdb_has_the_6_12_modules_symbols(lab: tuple[Cli, Path, dict[str, Any]]) -> None:
+    cli = lab[0]
+    res = cli("gdb", LAB, "new", "--batch", "bt 2", "info symbol virtnet_poll", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "#0  " in res.stdout and "virtnet_poll in section .text of " in res.stdout, res.stdout  # virtio_net.ko's
+    assert cli("exec", LAB, "new", "--", "ping -c 1 -W 5 10.61.0.1", timeout=120).returncode == 0  # it runs on
