@@ -43,6 +43,13 @@ def as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def kind_record(step: Mapping[str, object], key: str) -> object:
+    """A step entry's record of a kind at ``key`` (the kind declares it, :mod:`labctl.lab.stepkinds`), None
+    when it has none: for a kind whose record is not a typed field of :class:`StepSummary` (its section
+    checks its shape)."""
+    return step.get(key)
+
+
 def as_list(value: object) -> list[Any]:
     """``value`` when it is a list, else an empty one."""
     return value if isinstance(value, list) else []

@@ -105,6 +105,7 @@ class ProfileSection(ReportSection):
     """The top symbols of a traced step's CPU samples."""
 
     name = "profile"
+    kinds = ("trace",)
 
     def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return symbols_blocks(step_guests(step)) if "trace" in kinds_of(step) else []
@@ -114,6 +115,7 @@ class SoftnetSection(ReportSection):
     """Softnet counters of a step's guests (statistics snapshots); SNMP counters for compare."""
 
     name = "softnet"
+    kinds = ("stats",)
     compare_groups = ((3, "softnet.", "Softnet"), (5, "snmp.", "SNMP counters (nstat)"))
 
     def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
@@ -137,6 +139,7 @@ class LossSection(ReportSection):
     """What a traced step's tracers lost."""
 
     name = "loss"
+    kinds = ("trace",)
 
     def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return loss_blocks(step_guests(step)) if "trace" in kinds_of(step) else []

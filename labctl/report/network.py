@@ -173,6 +173,7 @@ class NetworkSection(ReportSection):
     """A step's network changes and captures; reassembly and receive work per CPU over the run."""
 
     name = "network"
+    kinds = ("network",)
 
     def summarize(self, step: StepFiles) -> None:
         e = step.entry

@@ -21,6 +21,7 @@ from typing import Any
 
 from labctl.bundle import SUMMARY, StepSummary, Summary, VariantSpread, as_dict, as_step, is_failed, repeat_key, spread
 from labctl.errors import LabctlError
+from labctl.lab import recorded_keys
 from labctl.paths import atomic_write
 from labctl.report.registry import SECTIONS, step_metrics
 from labctl.report.sections import StepFiles, expects_transfer
@@ -29,9 +30,12 @@ from labctl.trace import guest_figures, write_delta
 
 log = logging.getLogger(__name__)
 
-RECORDED = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "warnings", "gdb", "repeat", "repeats",
-            "window_s", "captures", "network", "kselftest", "kinds")
-"""What a step entry keeps as the runner recorded it; everything else is computed."""
+RUNNER_FIELDS = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "warnings", "repeat", "repeats",
+                 "window_s", "kinds")
+"""A step entry's fields of the runner's own (:class:`labctl.steps.result.StepResult`)."""
+RECORDED = (*RUNNER_FIELDS, *recorded_keys())
+"""What a step entry keeps as the runner recorded it: its own fields and every kind's records, at the
+keys the kinds declare (:mod:`labctl.lab.stepkinds`); everything else is computed."""
 
 
 def _guest_names(guests: object) -> list[str]:

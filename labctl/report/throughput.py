@@ -125,6 +125,7 @@ class TransferSection(ReportSection):
     """Throughput, CPU load and the driver's share (see the module docstring)."""
 
     name = "transfer"
+    kinds = ("commands",)
     compare_groups = ((0, "", "Headline figures"),)
     headline: ClassVar[tuple[HeadlineFigure, ...]] = (
         ("throughput_mbit_s", "throughput", "Mbit/s", +1),

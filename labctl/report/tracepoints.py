@@ -118,6 +118,7 @@ class TracepointSection(ReportSection):
     """Tracepoint counts (see the module docstring)."""
 
     name = "tracepoints"
+    kinds = ("trace",)
     compare_groups = ((4, "tracepoints.", "Tracepoint counts"),)
 
     def blocks(self, run: Run) -> list[Block]:
