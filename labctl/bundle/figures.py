@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from labctl.bundle.records import StepSummary
+    from labctl.bundle.records import Spread, StepSummary
 
 
 def fmt_num(value: object) -> str:
@@ -151,7 +151,7 @@ def verdict(va: Sequence[float], vb: Sequence[float]) -> str:
     return NO_REPEATS
 
 
-def spread(values: Sequence[float]) -> dict[str, float | int]:
+def spread(values: Sequence[float]) -> Spread:
     """n, mean, min, max and sample standard deviation of a figure over repeated runs."""
     n = len(values)
     mean = sum(values) / n

@@ -25,7 +25,16 @@ from pathlib import Path
 from labctl.bundle import REPORT_HTML, REPORT_MD, load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
-from labctl.report.comparison import GROUPS, compare_blocks, compare_runs, fmt_change, fmt_side, group_of, judgement
+from labctl.report.comparison import (
+    GROUPS,
+    Comparison,
+    compare_blocks,
+    compare_runs,
+    fmt_change,
+    fmt_side,
+    group_of,
+    judgement,
+)
 from labctl.report.content import build_document, lab_name
 from labctl.report.html import to_html
 from labctl.report.markdown import to_markdown
@@ -34,6 +43,7 @@ from labctl.report.run_summary import resummarize, summarize, write_summary
 
 __all__ = [
     "GROUPS",
+    "Comparison",
     "compare_blocks",
     "compare_runs",
     "fmt_change",

@@ -92,7 +92,7 @@ def spreads(entries: Iterable[StepSummary]) -> list[VariantSpread]:
             for key, (value, *_rest) in step_metrics(run).items():
                 values.setdefault(key, []).append(value)
         out.append({"name": name, "variant": variant, "runs": len(runs),
-                    "metrics": {k: spread(v) for k, v in values.items() if len(v) == len(runs)}})  # type: ignore[misc]
+                    "metrics": {k: spread(v) for k, v in values.items() if len(v) == len(runs)}})
     return out
 
 
