@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from labctl.bundle.records import Spread, StepSummary
+    from labctl.trace import GuestFigures
 
 
 def fmt_num(value: object) -> str:
@@ -66,9 +67,10 @@ def run_steps(summary: Mapping[str, Any]) -> list[StepSummary]:
     return [as_step(s) for s in as_list(summary.get("steps")) if isinstance(s, dict)]
 
 
-def step_guests(step: StepSummary | Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def step_guests(step: StepSummary | Mapping[str, Any]) -> list[tuple[str, GuestFigures]]:
     """A step's guests with their measurements, in summary order."""
-    return [(str(name), g) for name, g in as_dict(step.get("guests")).items() if isinstance(g, dict)]
+    return [(str(name), cast("GuestFigures", g)) for name, g in as_dict(step.get("guests")).items()
+            if isinstance(g, dict)]
 
 
 def is_failed(status: object) -> bool:
@@ -90,7 +92,7 @@ def variant_text(step: Mapping[str, Any]) -> str:
     return str(variant or model or "–")
 
 
-def primary_guest(step: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+def primary_guest(step: Mapping[str, Any]) -> tuple[str, GuestFigures] | None:
     """The guest the step's figures are about: the NIC's guest, else the first one."""
     guests = step_guests(step)
     nic_guest = as_dict(step.get("nic")).get("guest")

@@ -11,7 +11,7 @@ comparison sentence. Figures the report's sections compute are kept as JSON obje
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from labctl.lab import (  # each kind's record is declared with the kind (labctl.lab.stepkinds)
     BuildRecord,
@@ -21,6 +21,9 @@ from labctl.lab import (  # each kind's record is declared with the kind (labctl
     SelftestEntry,
     SelftestRecord,
 )
+
+if TYPE_CHECKING:  # labctl.trace is not loaded with the bundle
+    from labctl.trace import GuestFigures
 
 __all__ = ["BuildRecord", "CaptureRecord", "CommandRecord", "GdbRecord", "NetworkRecord", "NicRecord", "SelftestEntry",
            "SelftestRecord", "Spread", "StepSummary", "Summary", "VariantSpread", "VmcoreRecord"]
@@ -120,7 +123,7 @@ class StepSummary(TypedDict, total=False):
     network: NetworkRecord | None
     kselftest: SelftestRecord | None
     kinds: list[str]
-    guests: dict[str, dict[str, Any]]  # guest -> its figures (labctl.trace.analyze.guest_figures)
+    guests: dict[str, GuestFigures]  # guest -> its figures (labctl.trace.analyze.guest_figures)
     cost: dict[str, Any]  # the whole cost (labctl.report.cost)
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
     drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.drops_report)

@@ -26,7 +26,7 @@ from labctl.paths import atomic_write
 from labctl.report.registry import SECTIONS, step_metrics
 from labctl.report.sections import StepFiles, expects_transfer
 from labctl.report.throughput import comparison_sentence
-from labctl.trace import guest_figures, write_delta
+from labctl.trace import GuestFigures, guest_figures, write_delta
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> StepSummary:
     sdir = bundle / str(step.get("dir") or "")
     window = step.get("window_s") if isinstance(step.get("window_s"), int | float) else None
     transfer = expects_transfer(as_step(step))
-    guests: dict[str, dict[str, Any]] = {}
+    guests: dict[str, GuestFigures] = {}
     for g in _guest_names(step.get("guests")):
         gdir = sdir / g
         if not gdir.is_dir():

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from labctl.backends.base import GuestRecord
-from labctl.bundle import Run, StepSummary
+from labctl.bundle import Run
 from labctl.errors import LabFileError
-from labctl.lab import STEP_KINDS, KindDecl, load_lab_text
+from labctl.lab import STEP_KINDS, GdbRecord, KindDecl, load_lab_text
 from labctl.lab.stepsysctl import StepSysctls
 from labctl.report.document import Table
 from labctl.report.registry import SECTIONS
@@ -61,7 +61,7 @@ def test_every_declared_kind_runs_is_typed_kept_and_shown() -> None:
 @pytest.mark.parametrize(("decl", "sections", "recorded", "missing"), [
     (KindDecl("xdp", ("xdp",), records=(("xdp", None),)), SECTIONS, (*RECORDED, "xdp"), "no record type"),
     (KindDecl("xdp", ("xdp",), records=(("xdp", dict[str, int]),)), SECTIONS, (*RECORDED, "xdp"), "no record type"),
-    (KindDecl("gdb2", records=(("gdb", typing.get_type_hints(StepSummary)["gdb"]),)), SECTIONS, RECORDED,
+    (KindDecl("gdb2", records=(("gdb", GdbRecord),)), SECTIONS, RECORDED,
      "no report section"),
     (KindDecl("sysctls", records=(("sysctls2", dict),)), SECTIONS, RECORDED, "not kept in summary.json"),
 ])
