@@ -75,6 +75,7 @@ from labctl.lab.stepkinds import KINDS as STEP_KINDS
 from labctl.lab.stepkinds import KindDecl, StepContext, recorded_keys
 from labctl.lab.stepnetwork import CaptureRecord, NetworkRecord
 from labctl.lab.stepspec import RunSpec, Step
+from labctl.lab.stepsysctl import StepSysctls, SysctlRecord, SysctlValue
 from labctl.lab.templates import render
 from labctl.lab.tracespec import TraceSpec, render_trace
 from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
@@ -131,7 +132,10 @@ __all__ = [
     "SshHop",
     "Step",
     "StepContext",
+    "StepSysctls",
     "Sysctl",
+    "SysctlRecord",
+    "SysctlValue",
     "TraceSpec",
     "Vlan",
     "YamlMap",
