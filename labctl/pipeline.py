@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.bundle import VmcoreRecord, guest_dir, write
@@ -199,7 +199,7 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
                          vmcores=runner.vmcores)
     header = {"lab": lab.name, "status": status, "reason": reason, "started_at": started, "finished_at": finished,
               "accel": state.accel, "vmcores": runner.vmcores}
-    write_summary(bundle, summarize(bundle, header, (asdict(r) for r in runner.results)))
+    write_summary(bundle, summarize(bundle, header, (r.entry() for r in runner.results)))
     reports = list(render_run(bundle))
     outcome = RunOutcome(bundle, status, reason, runner.results, reports)
     if interrupted is not None:

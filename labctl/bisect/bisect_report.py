@@ -30,7 +30,7 @@ from labctl.bundle import BEYOND as BEYOND_NOISE
 from labctl.bundle import load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
-from labctl.report import compare_blocks, compare_runs, to_html
+from labctl.report import Comparison, compare_blocks, compare_runs, to_html
 
 SUMMARY = "summary.json"
 REPORT_MD = "report.md"
@@ -141,24 +141,25 @@ def trust_lines(state: State) -> list[str]:
     return lines
 
 
-def explain(old: Step, new: Step, result: dict[str, Any]) -> dict[str, Any]:
+def explain(old: Step, new: Step, result: Comparison) -> dict[str, Any]:
     """The first bad run against the last good one: what the oracle said of each, how the setups differ, and the
     figures that changed most (those beyond noise first, then by the size of the change)."""
     rows = []
-    for pair in result.get("pairs") or []:
-        where = str(pair.get("step")) + (f".{pair['variant']}" if pair.get("variant") else "")
-        for m in pair.get("metrics") or []:
-            if m.get("change_pct") is None or not m.get("change"):
+    for pair in result["pairs"]:
+        where = pair["step"] + (f".{pair['variant']}" if pair["variant"] else "")
+        for m in pair["metrics"]:
+            if m["change_pct"] is None or not m["change"]:
                 continue
-            rows.append({"figure": f"{where}.{m.get('key')}", "label": m.get("label"), "unit": m.get("unit") or "",
-                         "a": (m.get("a") or {}).get("mean"), "b": (m.get("b") or {}).get("mean"),
-                         "change_pct": m.get("change_pct"), "verdict": m.get("verdict")})
+            a, b = m["a"], m["b"]
+            rows.append({"figure": f"{where}.{m['key']}", "label": m["label"], "unit": m["unit"] or "",
+                         "a": a["mean"] if a else None, "b": b["mean"] if b else None,
+                         "change_pct": m["change_pct"], "verdict": m["verdict"]})
     rows.sort(key=lambda r: (r["verdict"] != BEYOND_NOISE, -abs(float(r["change_pct"] or 0))))
 
     def side(s: Step) -> dict[str, Any]:
         return {"step": s.n, "commit": s.commit, "run": s.run, "reason": s.reason}
 
-    return {"last_good": side(old), "first_bad": side(new), "differences": result.get("differences") or [],
+    return {"last_good": side(old), "first_bad": side(new), "differences": result["differences"],
             "changed": rows[:MAX_CHANGED]}
 
 

@@ -28,7 +28,7 @@ from typing import Any, TypedDict
 
 from labctl.bisect.bisect_state import NEW, OLD
 from labctl.bundle import BEYOND as BEYOND_NOISE
-from labctl.bundle import repeat_key, run_steps, spread, verdict
+from labctl.bundle import Spread, repeat_key, run_steps, spread, verdict
 from labctl.errors import UsageError
 from labctl.grading import CheckRecord
 from labctl.report import step_metrics
@@ -75,7 +75,7 @@ class FigureRecord(TypedDict, total=False):
     name: str
     unit: str
     values: list[float]
-    spread: dict[str, float | int]
+    spread: Spread
     bound: float
     reference: list[float]
     change_pct: float

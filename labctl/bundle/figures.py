@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from labctl.bundle.records import StepSummary
+    from labctl.bundle.records import Spread, StepSummary
+    from labctl.trace import GuestFigures
 
 
 def fmt_num(value: object) -> str:
@@ -43,6 +44,13 @@ def as_dict(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def kind_record(step: Mapping[str, object], key: str) -> object:
+    """A step entry's record of a kind at ``key`` (the kind declares it, :mod:`labctl.lab.stepkinds`), None
+    when it has none: for a kind whose record is not a typed field of :class:`StepSummary` (its section
+    checks its shape)."""
+    return step.get(key)
+
+
 def as_list(value: object) -> list[Any]:
     """``value`` when it is a list, else an empty one."""
     return value if isinstance(value, list) else []
@@ -59,9 +67,10 @@ def run_steps(summary: Mapping[str, Any]) -> list[StepSummary]:
     return [as_step(s) for s in as_list(summary.get("steps")) if isinstance(s, dict)]
 
 
-def step_guests(step: StepSummary | Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def step_guests(step: StepSummary | Mapping[str, Any]) -> list[tuple[str, GuestFigures]]:
     """A step's guests with their measurements, in summary order."""
-    return [(str(name), g) for name, g in as_dict(step.get("guests")).items() if isinstance(g, dict)]
+    return [(str(name), cast("GuestFigures", g)) for name, g in as_dict(step.get("guests")).items()
+            if isinstance(g, dict)]
 
 
 def is_failed(status: object) -> bool:
@@ -83,7 +92,7 @@ def variant_text(step: Mapping[str, Any]) -> str:
     return str(variant or model or "–")
 
 
-def primary_guest(step: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+def primary_guest(step: Mapping[str, Any]) -> tuple[str, GuestFigures] | None:
     """The guest the step's figures are about: the NIC's guest, else the first one."""
     guests = step_guests(step)
     nic_guest = as_dict(step.get("nic")).get("guest")
@@ -144,7 +153,7 @@ def verdict(va: Sequence[float], vb: Sequence[float]) -> str:
     return NO_REPEATS
 
 
-def spread(values: Sequence[float]) -> dict[str, float | int]:
+def spread(values: Sequence[float]) -> Spread:
     """n, mean, min, max and sample standard deviation of a figure over repeated runs."""
     n = len(values)
     mean = sum(values) / n

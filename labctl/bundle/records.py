@@ -11,7 +11,22 @@ comparison sentence. Figures the report's sections compute are kept as JSON obje
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from labctl.lab import (  # each kind's record is declared with the kind (labctl.lab.stepkinds)
+    BuildRecord,
+    CaptureRecord,
+    GdbRecord,
+    NetworkRecord,
+    SelftestEntry,
+    SelftestRecord,
+)
+
+if TYPE_CHECKING:  # labctl.trace is not loaded with the bundle
+    from labctl.trace import GuestFigures
+
+__all__ = ["BuildRecord", "CaptureRecord", "CommandRecord", "GdbRecord", "NetworkRecord", "NicRecord", "SelftestEntry",
+           "SelftestRecord", "Spread", "StepSummary", "Summary", "VariantSpread", "VmcoreRecord"]
 
 
 class NicRecord(TypedDict):
@@ -24,77 +39,15 @@ class NicRecord(TypedDict):
     modules: list[str]
 
 
-class GdbRecord(TypedDict):
-    """The step's scripted gdb session (:mod:`.gdbstep`): the breakpoint as gdb described it, its hits."""
-
-    breakpoint: dict[str, Any]
-    hits: int
-    timed_out: bool
-    message: str
-    transcript: str
 
 
-class CaptureRecord(TypedDict, total=False):
-    """One NIC captured during the step (:mod:`.netstep`): its pcapng file and what it holds."""
-
-    guest: str
-    nic: str
-    file: str | None
-    calibrated: bool
-    frames: int
-    bytes: int
-    first_us: int | None
-    last_us: int | None
-    warnings: list[str]
 
 
-class NetworkRecord(TypedDict):
-    """Impairments in force during the step, and links it changed (``GUEST.NIC`` -> up/down)."""
-
-    impair: dict[str, Any]
-    links: dict[str, str]
 
 
-class BuildRecord(TypedDict):
-    """How the selftests were built (:class:`labctl.steps.selftests.Build`)."""
-
-    key: str
-    seconds: float
-    cached: bool
-    make_status: int
-    not_built: list[str]
-    tests: int
 
 
-class SelftestEntry(TypedDict):
-    """One selftest's outcome, from the guest's KTAP output."""
 
-    name: str
-    collection: str
-    number: int | None
-    result: str  # pass, fail, skip, xfail (labctl.trace.ktap)
-    directive: str | None
-    reason: str | None
-    time_s: float | None
-    log: str  # its log file, relative to the bundle
-    subtests: dict[str, int] | None
-    failed_subtests: list[str]
-
-
-class SelftestRecord(TypedDict, total=False):
-    """A ``kselftest:`` step's record (:mod:`.selftests`): the build, then the results."""
-
-    guest: str
-    tree: str
-    target: str
-    build: BuildRecord
-    tests: list[SelftestEntry]
-    counts: dict[str, int]
-    missing: int  # selftests the plan announced that never reported
-    plan: int | None
-    bailed: str | None  # the 'Bail out!' line's text
-    error: str  # the runner did not run (no KTAP output)
-    only_tests_failed: bool  # the lab was fine: only selftests failed (the next variant still runs)
 
 
 class CommandRecord(TypedDict):
@@ -170,7 +123,7 @@ class StepSummary(TypedDict, total=False):
     network: NetworkRecord | None
     kselftest: SelftestRecord | None
     kinds: list[str]
-    guests: dict[str, dict[str, Any]]  # guest -> its figures (labctl.trace.analyze.guest_figures)
+    guests: dict[str, GuestFigures]  # guest -> its figures (labctl.trace.analyze.guest_figures)
     cost: dict[str, Any]  # the whole cost (labctl.report.cost)
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
     drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.drops_report)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -14,7 +13,17 @@ from labctl.cli.ui import PrepareDisplay, out, print_json
 from labctl.errors import LabctlError
 from labctl.pack import is_pack, open_pack, packed_run
 from labctl.paths import atomic_write
-from labctl.report import GROUPS, compare_blocks, compare_runs, fmt_change, fmt_side, group_of, judgement, to_html
+from labctl.report import (
+    GROUPS,
+    Comparison,
+    compare_blocks,
+    compare_runs,
+    fmt_change,
+    fmt_side,
+    group_of,
+    judgement,
+    to_html,
+)
 
 QUIET = ("snmp.", "tracepoints.")
 STYLES = {"good": "green", "bad": "bold red", "b": "bold", "muted": "dim"}
@@ -51,7 +60,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(result: dict[str, Any], html: Path | None) -> None:
+def _print(result: Comparison, html: Path | None) -> None:
     out.print(Text.assemble(("compare ", "bold"), str(result["lab"]), f": A {result['a']['dir']}",
                             f"  B {result['b']['dir']}"), soft_wrap=True)
     if result["differences"]:
@@ -64,9 +73,9 @@ def _print(result: dict[str, Any], html: Path | None) -> None:
     else:
         out.print(Text("nothing recorded differs between the runs (kernel, NIC models, lab file, versions, "
                        "accelerator, image, host)", style="dim"))
-    for side in ("a", "b"):
-        for s in result[f"only_in_{side}"]:
-            out.print(Text(f"only in {side.upper()}: {s['step']} / {s['variant'] or '-'}", style="yellow"))
+    for side, refs in (("A", result["only_in_a"]), ("B", result["only_in_b"])):
+        for s in refs:
+            out.print(Text(f"only in {side}: {s['step']} / {s['variant'] or '-'}", style="yellow"))
     for pair in result["pairs"]:
         t = Table(title=Text(f"{pair['step']} / {pair['variant'] or '-'}  (A: {pair['runs']['a']} runs, "
                              f"B: {pair['runs']['b']} runs)"), title_justify="left")

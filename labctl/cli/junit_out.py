@@ -42,10 +42,9 @@ def check_path(path: str | None) -> Path | None:
 
 
 def write_run(path: Path, lab: str, outcome: RunOutcome, started: str) -> None:
-    from dataclasses import asdict
 
-    cases = junit.step_cases(lab, (asdict(r) for r in outcome.results), outcome.bundle)
-    cases += junit.selftest_cases(lab, (asdict(r) for r in outcome.results), outcome.bundle)
+    cases = junit.step_cases(lab, (r.entry() for r in outcome.results), outcome.bundle)
+    cases += junit.selftest_cases(lab, (r.entry() for r in outcome.results), outcome.bundle)
     if not cases and outcome.status != "ok":  # failed before any step ran (Ctrl-C...)
         cases = [junit.Case("run", f"{lab}.steps", junit.ERROR, message=outcome.reason or "failed",
                             details=f"{outcome.reason}\nbundle: {outcome.bundle}")]

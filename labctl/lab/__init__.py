@@ -4,7 +4,9 @@
 addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and sysctls:
 :mod:`.netconf`; firewall and NAT (nftables): :mod:`.firewall`; network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
-:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.stepspec`, their trace section
+:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.stepspec`, their kinds
+:mod:`.stepkinds` (each kind's keys, parser and records: :mod:`.stepgdb`, :mod:`.stepnetwork`,
+:mod:`.stepsysctl`), their trace section
 :mod:`.tracespec`, the packets they follow :mod:`.followspec`,
 their templates :mod:`.templates`, their selftests :mod:`.kselftest`; libvirt
 URIs: :mod:`.uri`; which host paths may be used: :mod:`.trust`) into the
@@ -48,7 +50,7 @@ from labctl.lab.ifaces import (
 )
 from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
 from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
-from labctl.lab.kselftest import SELFTESTS, Kselftest
+from labctl.lab.kselftest import SELFTESTS, BuildRecord, Kselftest, SelftestEntry, SelftestRecord
 from labctl.lab.load import load_lab, load_lab_text
 from labctl.lab.model import (
     DEFAULT_HOST,
@@ -68,7 +70,12 @@ from labctl.lab.model import (
 from labctl.lab.netopts import LinkSpec, render_impairment
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
 from labctl.lab.shares import Share, export_link, parse_option, tag
-from labctl.lab.stepspec import GdbStep, RunSpec, Step, check_location
+from labctl.lab.stepgdb import GdbRecord, GdbStep, check_location
+from labctl.lab.stepkinds import KINDS as STEP_KINDS
+from labctl.lab.stepkinds import KindDecl, StepContext, recorded_keys
+from labctl.lab.stepnetwork import CaptureRecord, NetworkRecord
+from labctl.lab.stepspec import RunSpec, Step
+from labctl.lab.stepsysctl import StepSysctls, SysctlRecord, SysctlValue
 from labctl.lab.templates import render
 from labctl.lab.tracespec import TraceSpec, render_trace
 from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
@@ -91,32 +98,44 @@ __all__ = [
     "NIC_ALIASES",
     "NIC_MODELS",
     "SELFTESTS",
+    "STEP_KINDS",
     "TREE",
     "Address",
     "Bond",
     "Bridge",
+    "BuildRecord",
+    "CaptureRecord",
     "Check",
     "Firewall",
     "FollowSpec",
+    "GdbRecord",
     "GdbStep",
     "Guest",
     "HostPlace",
     "IfaceView",
     "Impairment",
     "KernelSpec",
+    "KindDecl",
     "Kselftest",
     "Lab",
     "LinkSpec",
     "Network",
+    "NetworkRecord",
     "Nic",
     "NicModel",
     "Route",
     "RunSpec",
     "ScriptLine",
+    "SelftestEntry",
+    "SelftestRecord",
     "Share",
     "SshHop",
     "Step",
+    "StepContext",
+    "StepSysctls",
     "Sysctl",
+    "SysctlRecord",
+    "SysctlValue",
     "TraceSpec",
     "Vlan",
     "YamlMap",
@@ -146,6 +165,7 @@ __all__ = [
     "parse_yaml",
     "place_guests",
     "read_capped",
+    "recorded_keys",
     "render",
     "render_impairment",
     "render_trace",

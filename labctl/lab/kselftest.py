@@ -27,6 +27,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from labctl.lab.checker import Checker, join
 from labctl.lab.trust import TRUST_ENV, named_path_reason
@@ -39,6 +40,48 @@ SELFTESTS = Path("tools/testing/selftests")
 _TARGET = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}(/[a-z0-9][a-z0-9_-]{0,63}){0,3}")
 _TEST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 
+
+
+class BuildRecord(TypedDict):
+    """How the selftests were built (:class:`labctl.steps.selftests.Build`)."""
+
+    key: str
+    seconds: float
+    cached: bool
+    make_status: int
+    not_built: list[str]
+    tests: int
+
+
+class SelftestEntry(TypedDict):
+    """One selftest's outcome, from the guest's KTAP output."""
+
+    name: str
+    collection: str
+    number: int | None
+    result: str  # pass, fail, skip, xfail (labctl.trace.ktap)
+    directive: str | None
+    reason: str | None
+    time_s: float | None
+    log: str  # its log file, relative to the bundle
+    subtests: dict[str, int] | None
+    failed_subtests: list[str]
+
+
+class SelftestRecord(TypedDict, total=False):
+    """A ``kselftest:`` step's record (:mod:`labctl.steps.selftests`): the build, then the results."""
+
+    guest: str
+    tree: str
+    target: str
+    build: BuildRecord
+    tests: list[SelftestEntry]
+    counts: dict[str, int]
+    missing: int  # selftests the plan announced that never reported
+    plan: int | None
+    bailed: str | None  # the 'Bail out!' line's text
+    error: str  # the runner did not run (no KTAP output)
+    only_tests_failed: bool  # the lab was fine: only selftests failed (the next variant still runs)
 
 @dataclass(frozen=True)
 class Kselftest:

@@ -51,27 +51,24 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from labctl.lab.checker import Checker, close_match
-from labctl.lab.followspec import FollowSpec, parse_follow
+from labctl.lab.followspec import FollowSpec
 from labctl.lab.ifaces import address_keys
 from labctl.lab.kselftest import Kselftest
-from labctl.lab.kselftest import parse as parse_kselftest
 from labctl.lab.netopts import LinkSpec, StepImpair, link_spec, step_impairs
 from labctl.lab.specs import GuestSpec, MasterSpec, NicSpec
+from labctl.lab.stepgdb import GdbStep
+from labctl.lab.stepkinds import KINDS, StepContext, kind_keys
 from labctl.lab.templates import TEMPLATE as _TEMPLATE
-from labctl.lab.templates import render, yaml_bool, yaml_strings
+from labctl.lab.templates import render, yaml_bool
 from labctl.lab.tracespec import TraceParser, TraceSpec
 from labctl.lab.yamlpos import YamlMap
 
-_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", "run", "trace", "gdb", "impair", "kselftest",
-              "follow")
+_STEP_KEYS = ("name", "description", "matrix", "nic", "repeat", *kind_keys())  # the kinds' own: labctl.lab.stepkinds
 MAX_REPEAT = 100
-_GDB_KEYS = ("guest", "break", "hits", "step", "step_mode", "registers", "backtrace", "timeout")
-STEP_MODES = ("line", "into", "instruction")
-_LOCATION = re.compile(r"[A-Za-z0-9_.:*+/-]{1,200}")
-_REGISTER = re.compile(r"[a-z0-9]{2,8}")
+T = TypeVar("T")
 _RUN_KEYS = ("guest", "command", "background", "timeout", "ready_after")
 _STEP_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
@@ -90,20 +87,6 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class GdbStep:
-    """A scripted gdb breakpoint session that runs alongside the step's commands."""
-
-    guest: str
-    location: str  # template
-    hits: int = 1
-    step: int = 0
-    step_mode: str = "line"
-    registers: tuple[str, ...] = ("rip", "rsp", "rdi", "rsi")
-    backtrace: int = 10
-    timeout: float = 60.0
-
-
-@dataclass(frozen=True)
 class Step:
     name: str
     description: str
@@ -112,25 +95,33 @@ class Step:
     run: tuple[RunSpec | LinkSpec, ...]
     trace: dict[str, TraceSpec]
     line: int
-    gdb: GdbStep | None = None
     repeat: int = 1  # runs of each variant
     impair: tuple[StepImpair, ...] = ()  # impairments for the step's duration
-    kselftest: Kselftest | None = None  # the kernel's selftests, run after the commands
-    follow: FollowSpec | None = None  # packets followed through the lab while the step runs
+    specs: dict[str, object] = field(default_factory=dict)  # a kind's name -> its spec (labctl.lab.stepkinds)
 
     def variants(self) -> list[dict[str, str]]:
         """The matrix rows, or one empty row when the step has no matrix."""
         return list(self.matrix) or [{}]
 
+    def spec(self, kind: str, cls: type[T]) -> T | None:
+        """The spec of the step's kind ``kind`` (its parser's, :mod:`labctl.lab.stepkinds`), None when it has none."""
+        value = self.specs.get(kind)
+        return value if isinstance(value, cls) else None
 
-def check_location(value: str) -> str:
-    """A gdb breakpoint location (a function, FILE:LINE or *ADDR) as filled in, checked.
+    @property
+    def gdb(self) -> GdbStep | None:
+        """A scripted gdb breakpoint session alongside the commands."""
+        return self.spec("gdb", GdbStep)
 
-    :raise ValueError: for anything else (it would be gdb syntax of its own).
-    """
-    if not _LOCATION.fullmatch(value):
-        raise ValueError(f"invalid breakpoint location '{value}' (a function, FILE:LINE or *ADDR)")
-    return value
+    @property
+    def kselftest(self) -> Kselftest | None:
+        """The kernel's selftests, run after the commands."""
+        return self.spec("kselftest", Kselftest)
+
+    @property
+    def follow(self) -> FollowSpec | None:
+        """Packets followed through the lab while the step runs."""
+        return self.spec("follow", FollowSpec)
 
 
 @dataclass
@@ -190,20 +181,17 @@ class StepParser:
         trace = TraceParser(self.check, self.guests, lambda text, line, where: self._templates(text, known, line, where),
                             lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
                             self.trusted).parse(m, path)
-        gdb = self._gdb(m, path, known, matrix)
         impair = step_impairs(c, m, path, lambda text, line, where: self._templates(text, known, line, where),
                               lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
                               lambda nic, line, where: self._check_nic(nic, matrix, line, where))
-        selftests = None
-        if "kselftest" in m:
-            selftests = parse_kselftest(c, m, path, set(self.guests), self.trusted,
-                                 lambda text, line, where: self._each_guest(text, known, matrix, line, where))
-        follow = parse_follow(c, m, path, self.guests, lambda text, line, where: self._templates(text, known, line, where),
-                              lambda text, check, line, where: self._each_row(text, matrix, check, line, where))
-        if name is None or ("kselftest" in m and selftests is None):
+        ctx = StepContext(c, self.guests, self.trusted, lambda text, line, where: self._templates(text, known, line, where),
+                          lambda text, check, line, where: self._each_row(text, matrix, check, line, where),
+                          lambda text, line, where: self._each_guest(text, known, matrix, line, where), self._guest)
+        specs = {d.name: spec for d in KINDS if d.parse is not None and (spec := d.parse(ctx, m, path)) is not None}
+        if name is None or ("kselftest" in m and "kselftest" not in specs):
             return None
-        return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, gdb,
-                    repeat or 1, impair, selftests, follow)
+        return Step(name, c.string(m, "description", path) or "", matrix, nic, run, trace, m.line, repeat or 1, impair,
+                    specs)
 
     def _each_guest(self, template: str, known: set[str], matrix: tuple[dict[str, str], ...], line: int,
                     path: str) -> None:
@@ -232,34 +220,6 @@ class StepParser:
                 self.check.add(line, path, f"{exc}{where}")
                 return False
         return True
-
-    def _gdb(self, m: YamlMap, path: str, known: set[str], matrix: tuple[dict[str, str], ...]) -> GdbStep | None:
-        c = self.check
-        if m.get("gdb") is None:
-            return None
-        gpath = f"{path}.gdb"
-        g = c.mapping(m["gdb"], m.value_line("gdb"), gpath, allow_null=False)
-        if g is None:
-            return None
-        c.keys(g, gpath, _GDB_KEYS, ("guest", "break"))
-        guest = self._guest(g, "guest", gpath)
-        loc = c.string(g, "break", gpath, required=True)
-        if loc is not None:
-            self._templates(loc, known, g.value_line("break"), f"{gpath}.break")
-            if not self._each_row(loc, matrix, check_location, g.value_line("break"), f"{gpath}.break"):
-                loc = None
-        mode = c.string(g, "step_mode", gpath) or "line"
-        if mode not in STEP_MODES:
-            c.add(g.value_line("step_mode"), f"{gpath}.step_mode", f"step_mode must be one of {', '.join(STEP_MODES)}")
-        regs = yaml_strings(self.check, g, "registers", gpath, _REGISTER, "register") or ("rip", "rsp", "rdi", "rsi")
-        hits = c.integer(g, "hits", gpath, (1, 1000))
-        step = c.integer(g, "step", gpath, (0, 1000))
-        bt = c.integer(g, "backtrace", gpath, (0, 100))
-        timeout = c.integer(g, "timeout", gpath, (1, 3600), " s")
-        if guest is None or loc is None:
-            return None
-        return GdbStep(guest, loc, hits or 1, step or 0, mode, regs, 10 if bt is None else bt,
-                       float(timeout or 60))
 
     def _matrix(self, m: YamlMap, path: str) -> tuple[dict[str, str], ...]:
         c = self.check

@@ -1,5 +1,5 @@
 """Lab networks: how each network is wired (:mod:`.plan`), labctl's L2 switch
-(:mod:`.switch`), free ports on 127.0.0.1 (:mod:`.ports`), impairments as
+(:mod:`.switch`), each NIC's netdev by its kind (:mod:`.netdevs`), free ports on 127.0.0.1 (:mod:`.ports`), impairments as
 netem commands (:mod:`.netem`), capture files (:mod:`.pcap`) and the guest's
 virtual clock that dates them (:mod:`.vmclock`), and pictures of the
 topology (:mod:`.graph`).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from labctl.net import vmclock
 from labctl.net.graph import runtime_from_state, to_dot, to_mermaid, to_svg, topology
+from labctl.net.netdevs import NETDEVS, NetdevKind, kind_of_option, netdev_kind, option_id
 from labctl.net.netem import apply_command
 from labctl.net.pcap import FORMATS, SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, read_pcapng, summary_line
 from labctl.net.plan import SWITCH, TAP, UDP, Port, Segment, TapDev, UdpAddr, plan_networks
@@ -21,11 +22,13 @@ from labctl.net.ports import free_port
 
 __all__ = [
     "FORMATS",
+    "NETDEVS",
     "SNAPLEN",
     "SWITCH",
     "TAP",
     "UDP",
     "Frame",
+    "NetdevKind",
     "PcapError",
     "PcapReader",
     "Port",
@@ -36,6 +39,9 @@ __all__ = [
     "Writer",
     "apply_command",
     "free_port",
+    "kind_of_option",
+    "netdev_kind",
+    "option_id",
     "plan_networks",
     "read_pcapng",
     "runtime_from_state",

@@ -5,7 +5,8 @@ order), each owning one concern from its piece of summary.json to its part of th
 figures for ``labctl compare``: the topology and a step's network (:mod:`.network`), the transfer's
 throughput, CPU and driver share (:mod:`.throughput`), the whole cost (:mod:`.cost`), tracepoint
 counts (:mod:`.tracepoints`), flame graphs (:mod:`.flames`, drawn by :mod:`.flamegraph`),
-per-packet latency (:mod:`.latency`), the kernel's selftests (:mod:`.selftest_report`), a guest's
+per-packet latency (:mod:`.latency`), the kernel's selftests (:mod:`.selftest_report`), a step's gdb
+session (:mod:`.gdb_report`) and sysctls (:mod:`.sysctl_report`), a guest's
 crash with drgn's view of its vmcore (:mod:`.crashes`), the packets a step followed (:mod:`.journeys`),
 every drop (:mod:`.drops_report`), bpftrace's maps (:mod:`.bpftrace_report`), and a
 step's top symbols, softnet, trace loss and timeline (:mod:`.guest_parts`). summary.json is
@@ -25,7 +26,16 @@ from pathlib import Path
 from labctl.bundle import REPORT_HTML, REPORT_MD, load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
-from labctl.report.comparison import GROUPS, compare_blocks, compare_runs, fmt_change, fmt_side, group_of, judgement
+from labctl.report.comparison import (
+    GROUPS,
+    Comparison,
+    compare_blocks,
+    compare_runs,
+    fmt_change,
+    fmt_side,
+    group_of,
+    judgement,
+)
 from labctl.report.content import build_document, lab_name
 from labctl.report.html import to_html
 from labctl.report.markdown import to_markdown
@@ -34,6 +44,7 @@ from labctl.report.run_summary import resummarize, summarize, write_summary
 
 __all__ = [
     "GROUPS",
+    "Comparison",
     "compare_blocks",
     "compare_runs",
     "fmt_change",

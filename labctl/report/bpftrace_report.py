@@ -84,6 +84,7 @@ class BpftraceSection(ReportSection):
     """Each step's bpftrace maps and histograms (see the module docstring)."""
 
     name = "bpftrace"
+    kinds = ("trace",)
     compare_groups = ((10, "bpftrace.", "bpftrace maps"),)
 
     def summarize(self, step: StepFiles) -> None:

@@ -26,16 +26,16 @@ Runs that failed are left out of the figures. The result is JSON-able.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from labctl.bundle import (
     BEYOND,
     NO_REPEATS,
     WITHIN,
     Run,
+    Spread,
     StepSummary,
     as_dict,
-    as_list,
     fmt_num,
     is_failed,
     repeat_key,
@@ -50,6 +50,67 @@ from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta
 from labctl.report.registry import compare_groups, headline, step_metrics, zero_when_absent
 
 GROUPS = compare_groups()  # each section's tables (labctl.report.sections), in order
+
+
+class Difference(TypedDict):
+    """One thing that differs between the runs' setups."""
+
+    what: str
+    a: object
+    b: object
+
+
+class MetricRow(TypedDict):
+    """One figure of a step and variant in both runs: each side's spread, the change and its verdict."""
+
+    key: str
+    label: str
+    unit: str
+    better: int
+    a: Spread | None
+    b: Spread | None
+    change: float | None
+    change_pct: float | None
+    verdict: str
+
+
+class Runs(TypedDict):
+    a: int
+    b: int
+
+
+class Pair(TypedDict):
+    """A step and variant present in both runs, with its runs per side and its figures."""
+
+    step: str
+    variant: str | None
+    runs: Runs
+    metrics: list[MetricRow]
+
+
+class Side(TypedDict):
+    dir: str
+    status: object
+    started_at: object
+    accel: object
+
+
+class StepRef(TypedDict):
+    step: str
+    variant: str | None
+
+
+class Comparison(TypedDict):
+    """Everything ``labctl compare`` shows (:func:`compare_runs`), JSON-able."""
+
+    lab: str
+    a: Side
+    b: Side
+    differences: list[Difference]
+    pairs: list[Pair]
+    only_in_a: list[StepRef]
+    only_in_b: list[StepRef]
+    flagged: int
 
 
 def lab_of(run: Run) -> str:
@@ -127,7 +188,7 @@ def _iface_text(iface: Mapping[str, Any]) -> str:
     return f"{iface.get('what')}{where}" + (f", {', '.join(iface.get('addresses') or [])}" if iface.get("addresses") else "")
 
 
-def differences(a: Run, b: Run) -> list[dict[str, Any]]:
+def differences(a: Run, b: Run) -> list[Difference]:
     """What differs between the two runs' setups: [{what, a, b}], empty when nothing does."""
     ma, mb = a.manifest, b.manifest
     pairs: list[tuple[str, object, object]] = [
@@ -180,7 +241,7 @@ def _absent_as_zero(values: dict[str, tuple[list[float], list[float]]],
                 pair[side].extend([0.0] * max(0, having - len(pair[side])))
 
 
-def _metric_rows(ra: list[StepSummary], rb: list[StepSummary]) -> list[dict[str, Any]]:
+def _metric_rows(ra: list[StepSummary], rb: list[StepSummary]) -> list[MetricRow]:
     values: dict[str, tuple[list[float], list[float]]] = {}
     info: dict[str, tuple[str, str, int]] = {}
     order: list[str] = []
@@ -193,23 +254,18 @@ def _metric_rows(ra: list[StepSummary], rb: list[StepSummary]) -> list[dict[str,
                 values[key][side].append(value)
                 info[key] = (label, unit, better)
     _absent_as_zero(values, (ra, rb))
-    rows = []
+    rows: list[MetricRow] = []
     for key in order:
         va, vb = values[key]
         label, unit, better = info[key]
-        row: dict[str, Any] = {"key": key, "label": label, "unit": unit, "better": better,
-                               "a": spread(va) if va else None, "b": spread(vb) if vb else None}
-        if va and vb:
-            row["change"], row["change_pct"] = _change(float(row["a"]["mean"]), float(row["b"]["mean"]))
-            row["verdict"] = verdict(va, vb)
-        else:
-            row["change"] = row["change_pct"] = None
-            row["verdict"] = "only in A" if va else "only in B"
-        rows.append(row)
+        sa, sb = (spread(va) if va else None), (spread(vb) if vb else None)
+        change, pct = _change(float(sa["mean"]), float(sb["mean"])) if sa and sb else (None, None)
+        rows.append({"key": key, "label": label, "unit": unit, "better": better, "a": sa, "b": sb, "change": change,
+                     "change_pct": pct, "verdict": verdict(va, vb) if va and vb else ("only in A" if va else "only in B")})
     return rows
 
 
-def compare_runs(a: Run, b: Run) -> dict[str, Any]:
+def compare_runs(a: Run, b: Run) -> Comparison:
     """Everything ``labctl compare`` shows, JSON-able.
 
     Keys: ``lab``, ``a``/``b`` (directory, status, started), ``differences``
@@ -223,7 +279,7 @@ def compare_runs(a: Run, b: Run) -> dict[str, Any]:
     """
     check_same_lab(a, b)
     ga, gb = _groups(a), _groups(b)
-    pairs: list[dict[str, Any]] = []
+    pairs: list[Pair] = []
     flagged = 0
     for key in [k for k in ga if k in gb]:
         metrics = _metric_rows(ga[key], gb[key])
@@ -231,7 +287,7 @@ def compare_runs(a: Run, b: Run) -> dict[str, Any]:
         pairs.append({"step": key[0], "variant": key[1], "runs": {"a": len(ga[key]), "b": len(gb[key])},
                       "metrics": metrics})
 
-    def side(r: Run) -> dict[str, Any]:
+    def side(r: Run) -> Side:
         return {"dir": str(r.dir), "status": r.summary.get("status") or r.manifest.get("status"),
                 "started_at": r.summary.get("started_at") or r.manifest.get("started_at"),
                 "accel": r.summary.get("accel") or r.manifest.get("accel")}
@@ -262,7 +318,7 @@ def fmt_side(s: object) -> str:
     return _num(s.get("mean"))
 
 
-def fmt_change(m: Mapping[str, Any]) -> str:
+def fmt_change(m: MetricRow) -> str:
     """``+3.2 (+12.5%)``, ``0`` when unchanged, ``–`` when one side is missing."""
     change = m.get("change")
     if change is None:
@@ -274,7 +330,7 @@ def fmt_change(m: Mapping[str, Any]) -> str:
     return f"{sign}{_num(change)}" + (f" ({sign}{fmt_num(pct)}%)" if pct is not None else "")
 
 
-def judgement(m: Mapping[str, Any]) -> tuple[str, str]:
+def judgement(m: MetricRow) -> tuple[str, str]:
     """(text, style) of a figure's verdict: better/worse beyond noise is said when the figure has a direction."""
     verdict, better, change = m.get("verdict"), m.get("better") or 0, m.get("change") or 0
     if verdict == BEYOND:
@@ -296,10 +352,9 @@ def group_of(key: str) -> str:
     return GROUPS[0][1]
 
 
-def _pair_tables(pair: Mapping[str, Any]) -> list[Block]:
+def _pair_tables(pair: Pair) -> list[Block]:
     rows: dict[str, list[Row]] = {title: [] for _, title in GROUPS}
-    for m in as_list(pair.get("metrics")):
-        m = as_dict(m)
+    for m in pair["metrics"]:
         text, style = judgement(m)
         unit = f" {m['unit']}" if m.get("unit") else ""
         rows[group_of(str(m.get("key")))].append(Row((
@@ -313,33 +368,33 @@ def _pair_tables(pair: Mapping[str, Any]) -> list[Block]:
     return out
 
 
-def _charts(result: Mapping[str, Any]) -> Charts | None:
+def _charts(result: Comparison) -> Charts | None:
     svgs = []
-    pairs = [as_dict(p) for p in as_list(result.get("pairs"))]
     for key, label, unit, _ in headline():
-        labels, values = [], []
-        for p in pairs:
-            m = next((as_dict(x) for x in as_list(p.get("metrics")) if as_dict(x).get("key") == key), None)
+        labels: list[str] = []
+        values: list[float | None] = []
+        for p in result["pairs"]:
+            m = next((x for x in p["metrics"] if x["key"] == key), None)
             if m is None:
                 continue
-            name = str(p.get("variant") or p.get("step"))
-            for side in ("a", "b"):
-                labels.append(f"{name} {side.upper()}")
-                values.append(as_dict(m.get(side)).get("mean"))
+            name = str(p["variant"] or p["step"])
+            for side in (m["a"], m["b"]):
+                labels.append(f"{name} {'A' if side is m['a'] else 'B'}")
+                values.append(side["mean"] if side else None)
         if labels:
             svgs.append(bar_chart_svg(f"{label}: A vs B", labels, values, unit, axis_label=f"{label} ({unit})"))
     return Charts(tuple(svgs)) if svgs else None
 
 
-def compare_blocks(result: Mapping[str, Any]) -> list[Block]:
+def compare_blocks(result: Comparison) -> list[Block]:
     """The comparison as document blocks."""
-    a, b = as_dict(result.get("a")), as_dict(result.get("b"))
+    a, b = result["a"], result["b"]
     blocks: list[Block] = [Heading(1, f"labctl compare: {result.get('lab')}"), Meta((
         ("A", (Span(str(a.get("dir")), "code"), Span(f" {a.get('started_at') or ''} ({a.get('status')})", "muted"))),
         ("B", (Span(str(b.get("dir")), "code"), Span(f" {b.get('started_at') or ''} ({b.get('status')})", "muted"))),
         ("changes beyond noise", txt(result.get("flagged"))),
     ))]
-    diffs = [as_dict(d) for d in as_list(result.get("differences"))]
+    diffs = result["differences"]
     blocks.append(Heading(2, "What differs between the runs"))
     if diffs:
         blocks.append(Table(("", "A", "B"), tuple(Row((txt(d.get("what")), txt(d.get("a") if d.get("a") is not None
@@ -349,8 +404,8 @@ def compare_blocks(result: Mapping[str, Any]) -> list[Block]:
     else:
         blocks.append(Para(txt("Nothing recorded differs: same kernel, NIC models, lab file, labctl, QEMU, "
                                "accelerator, image and host."), "muted"))
-    missing: list[Inline] = [txt(f"only in {side.upper()}: {s.get('step')} / {s.get('variant') or '–'}")
-                             for side in ("a", "b") for s in map(as_dict, as_list(result.get(f"only_in_{side}")))]
+    missing: list[Inline] = [txt(f"only in {side}: {s['step']} / {s['variant'] or '–'}")
+                             for side, refs in (("A", result["only_in_a"]), ("B", result["only_in_b"])) for s in refs]
     if missing:
         blocks.append(Bullets(tuple(missing), "warnings"))
     blocks.append(Para(txt(
@@ -360,10 +415,10 @@ def compare_blocks(result: Mapping[str, Any]) -> list[Block]:
     charts = _charts(result)
     if charts is not None:
         blocks.append(charts)
-    for p in map(as_dict, as_list(result.get("pairs"))):
-        runs = as_dict(p.get("runs"))
-        blocks.append(Heading(2, f"{p.get('step')} / {p.get('variant') or '–'} "
-                                 f"(A: {runs.get('a')} run{'s' if runs.get('a') != 1 else ''}, "
-                                 f"B: {runs.get('b')} run{'s' if runs.get('b') != 1 else ''})"))
+    for p in result["pairs"]:
+        runs = p["runs"]
+        blocks.append(Heading(2, f"{p['step']} / {p['variant'] or '–'} "
+                                 f"(A: {runs['a']} run{'s' if runs['a'] != 1 else ''}, "
+                                 f"B: {runs['b']} run{'s' if runs['b'] != 1 else ''})"))
         blocks += _pair_tables(p) or [Para(txt("no figures on either side"), "muted")]
     return blocks

@@ -50,6 +50,7 @@ from labctl.report.guest_parts import step_dir_of
 from labctl.report.registry import SECTIONS, headline
 from labctl.report.sections import Column
 from labctl.report.throughput import comparison_sentence
+from labctl.trace import GuestFigures
 
 MAX_ARTIFACTS = 200
 
@@ -274,7 +275,7 @@ def _step_meta(step: StepSummary, step_dir: str) -> Meta:
     return Meta(tuple(rows))
 
 
-def warning_blocks(step: StepSummary, guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+def warning_blocks(step: StepSummary, guests: Sequence[tuple[str, GuestFigures]]) -> list[Block]:
     """Warnings of the step and of its guests."""
     items = [txt(str(w)) for w in as_list(step.get("warnings"))]
     items += [(Span(f"{name}: ", "b"), Span(str(w))) for name, g in guests for w in as_list(g.get("warnings"))]

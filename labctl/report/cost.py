@@ -237,6 +237,7 @@ class CostSection(ReportSection):
     """The whole cost (see the module docstring)."""
 
     name = "cost"
+    kinds = ("stats",)
     compare_groups = ((1, "cost.", "Cost per GB, per guest"),)
     headline: ClassVar[tuple[HeadlineFigure, ...]] = (
         ("host_cpu_s_per_gb", "host CPU (all QEMUs) per GB", "s/GB", -1),

@@ -109,6 +109,7 @@ class DropsSection(ReportSection):
     """Every drop of every guest, step by step (see the module docstring)."""
 
     name = "drops"
+    kinds = ("drops",)
     compare_groups = ((8, "drops.", "Drops"),)
     zero_when_absent = ("drops.",)
 

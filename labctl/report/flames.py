@@ -142,6 +142,7 @@ class FlamesSection(ReportSection):
     """Flame graphs (see the module docstring)."""
 
     name = "flames"
+    kinds = ("trace",)
 
     def summarize(self, step: StepFiles) -> None:
         modules = as_dict(step.entry.get("nic")).get("modules") or []

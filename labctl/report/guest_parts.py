@@ -6,22 +6,21 @@ each guest's ``trace_json``, :mod:`labctl.trace.perfetto`, written beside the re
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num, step_guests, usable
 from labctl.errors import LabctlError
 from labctl.report.document import Block, Bullets, Heading, Inline, Para, Row, Span, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles, kinds_of
 from labctl.report.tracepoints import symbols_note
-from labctl.trace import TRACE_JSON, guest_trace, trace_summary, write_trace
+from labctl.trace import TRACE_JSON, GuestFigures, guest_trace, trace_summary, write_trace
 
 log = logging.getLogger(__name__)
 LOSS_FIELDS = (("perf_lost", "perf lost events"), ("ftrace_overruns", "ftrace overruns"),
                ("kprobe_misses", "kprobe misses"))
 
 
-def symbols_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+def symbols_blocks(guests: Sequence[tuple[str, GuestFigures]]) -> list[Block]:
     """Top symbols of every guest (CPU samples only, never tracepoint hits), or a note when there are none."""
     rows = tuple(Row((txt(name), txt(sym.get("symbol") or "?", "code"), txt(sym.get("dso") or "?", "code"),
                       num(sym.get("pct"))))
@@ -37,7 +36,7 @@ def symbols_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Bloc
     return blocks
 
 
-def softnet_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+def softnet_blocks(guests: Sequence[tuple[str, GuestFigures]]) -> list[Block]:
     """softnet_stat deltas of every guest."""
     rows = []
     for name, g in guests:
@@ -53,7 +52,7 @@ def softnet_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Bloc
                                          frozenset({1, 2, 3}))]
 
 
-def _loss_item(name: str, guest: Mapping[str, Any]) -> Inline:
+def _loss_item(name: str, guest: GuestFigures) -> Inline:
     loss = guest.get("trace_loss")
     lost_samples = usable(guest.get("lost_samples"))
     if not isinstance(loss, dict) and lost_samples is None:
@@ -67,14 +66,14 @@ def _loss_item(name: str, guest: Mapping[str, Any]) -> Inline:
     return (Span(f"{name}: "), Span(", ".join(f"{label} {fmt_num(v)}" for label, v in lossy), "bad"))
 
 
-def loss_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Block]:
+def loss_blocks(guests: Sequence[tuple[str, GuestFigures]]) -> list[Block]:
     """Trace loss per guest: always present, 'none' when nothing was lost."""
     if not guests:
         return [Heading(4, "Trace loss"), Para(txt("not measured (no guest data)"), "muted")]
     return [Heading(4, "Trace loss"), Bullets(tuple(_loss_item(n, g) for n, g in guests))]
 
 
-def timeline_blocks(guests: Sequence[tuple[str, Mapping[str, Any]]], step_dir: str) -> list[Block]:
+def timeline_blocks(guests: Sequence[tuple[str, GuestFigures]], step_dir: str) -> list[Block]:
     """Links to each guest's Perfetto trace (its skb_latency or ftrace recording as a timeline)."""
     items = []
     for name, g in guests:
@@ -105,6 +104,7 @@ class ProfileSection(ReportSection):
     """The top symbols of a traced step's CPU samples."""
 
     name = "profile"
+    kinds = ("trace",)
 
     def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return symbols_blocks(step_guests(step)) if "trace" in kinds_of(step) else []
@@ -114,6 +114,7 @@ class SoftnetSection(ReportSection):
     """Softnet counters of a step's guests (statistics snapshots); SNMP counters for compare."""
 
     name = "softnet"
+    kinds = ("stats",)
     compare_groups = ((3, "softnet.", "Softnet"), (5, "snmp.", "SNMP counters (nstat)"))
 
     def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
@@ -137,6 +138,7 @@ class LossSection(ReportSection):
     """What a traced step's tracers lost."""
 
     name = "loss"
+    kinds = ("trace",)
 
     def step_blocks(self, run: Run, step: StepSummary) -> list[Block]:
         return loss_blocks(step_guests(step)) if "trace" in kinds_of(step) else []

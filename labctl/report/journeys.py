@@ -86,6 +86,7 @@ class FollowSection(ReportSection):
     """A step's followed packets (see the module docstring)."""
 
     name = "follow"
+    kinds = ("follow",)
     compare_groups = ((9, "follow.", "Followed packets"),)
 
     def summarize(self, step: StepFiles) -> None:

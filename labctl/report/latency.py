@@ -162,6 +162,7 @@ class LatencySection(ReportSection):
     """Per-packet latency, stage by stage (see the module docstring)."""
 
     name = "latency"
+    kinds = ("trace",)
     compare_groups = ((2, "latency.", "Per-packet latency"),)
 
     def blocks(self, run: Run) -> list[Block]:

@@ -19,7 +19,7 @@ from labctl.net import runtime_from_state, to_mermaid, to_svg, topology
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Para, Picture, Row, Span, Table, num, txt
 from labctl.report.sections import ReportSection, StepFiles
-from labctl.trace import capture_figures
+from labctl.trace import GuestFigures, capture_figures
 
 REASM_COLUMNS = ("ReasmReqds", "ReasmOKs", "ReasmFails", "ReasmTimeout")
 
@@ -80,7 +80,7 @@ def step_network_blocks(step: StepSummary) -> list[Block]:
     return blocks
 
 
-def _reasm_rows(steps: Sequence[StepSummary]) -> list[tuple[StepSummary, str, dict[str, Any]]]:
+def _reasm_rows(steps: Sequence[StepSummary]) -> list[tuple[StepSummary, str, GuestFigures]]:
     """(step, guest, figures) of every guest that reassembled or fragmented IP datagrams."""
     out = []
     for s in steps:
@@ -173,6 +173,7 @@ class NetworkSection(ReportSection):
     """A step's network changes and captures; reassembly and receive work per CPU over the run."""
 
     name = "network"
+    kinds = ("network",)
 
     def summarize(self, step: StepFiles) -> None:
         e = step.entry

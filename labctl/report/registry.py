@@ -12,12 +12,14 @@ from labctl.report.cost import CostSection
 from labctl.report.crashes import CrashSection
 from labctl.report.drops_report import DropsSection
 from labctl.report.flames import FlamesSection
+from labctl.report.gdb_report import GdbSection
 from labctl.report.guest_parts import LossSection, ProfileSection, SoftnetSection, TimelineSection
 from labctl.report.journeys import FollowSection
 from labctl.report.latency import LatencySection
 from labctl.report.network import NetworkSection, TopologySection
 from labctl.report.sections import HeadlineFigure, Metric, ReportSection
 from labctl.report.selftest_report import SelftestSection
+from labctl.report.sysctl_report import SysctlSection
 from labctl.report.throughput import TransferSection
 from labctl.report.tracepoints import TracepointSection
 
@@ -28,9 +30,11 @@ SECTIONS: tuple[ReportSection, ...] = (
     CostSection(),
     TracepointSection(),
     NetworkSection(),  # reassembly, receive work per CPU; each step's network and captures
+    SysctlSection(),  # each step's sysctls
     FlamesSection(),
     LatencySection(),
     SelftestSection(),  # each step's selftests; their counts in the results
+    GdbSection(),  # each step's gdb session
     FollowSection(),  # each step's followed packets
     DropsSection(),  # each step's drops
     BpftraceSection(),  # each step's bpftrace maps and histograms

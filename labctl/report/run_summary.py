@@ -21,17 +21,21 @@ from typing import Any
 
 from labctl.bundle import SUMMARY, StepSummary, Summary, VariantSpread, as_dict, as_step, is_failed, repeat_key, spread
 from labctl.errors import LabctlError
+from labctl.lab import recorded_keys
 from labctl.paths import atomic_write
 from labctl.report.registry import SECTIONS, step_metrics
 from labctl.report.sections import StepFiles, expects_transfer
 from labctl.report.throughput import comparison_sentence
-from labctl.trace import guest_figures, write_delta
+from labctl.trace import GuestFigures, guest_figures, write_delta
 
 log = logging.getLogger(__name__)
 
-RECORDED = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "warnings", "gdb", "repeat", "repeats",
-            "window_s", "captures", "network", "kselftest", "kinds")
-"""What a step entry keeps as the runner recorded it; everything else is computed."""
+RUNNER_FIELDS = ("name", "variant", "status", "reason", "duration_s", "dir", "nic", "warnings", "repeat", "repeats",
+                 "window_s", "kinds")
+"""A step entry's fields of the runner's own (:class:`labctl.steps.result.StepResult`)."""
+RECORDED = (*RUNNER_FIELDS, *recorded_keys())
+"""What a step entry keeps as the runner recorded it: its own fields and every kind's records, at the
+keys the kinds declare (:mod:`labctl.lab.stepkinds`); everything else is computed."""
 
 
 def _guest_names(guests: object) -> list[str]:
@@ -53,7 +57,7 @@ def summarize_step(bundle: Path, step: Mapping[str, Any]) -> StepSummary:
     sdir = bundle / str(step.get("dir") or "")
     window = step.get("window_s") if isinstance(step.get("window_s"), int | float) else None
     transfer = expects_transfer(as_step(step))
-    guests: dict[str, dict[str, Any]] = {}
+    guests: dict[str, GuestFigures] = {}
     for g in _guest_names(step.get("guests")):
         gdir = sdir / g
         if not gdir.is_dir():
@@ -88,7 +92,7 @@ def spreads(entries: Iterable[StepSummary]) -> list[VariantSpread]:
             for key, (value, *_rest) in step_metrics(run).items():
                 values.setdefault(key, []).append(value)
         out.append({"name": name, "variant": variant, "runs": len(runs),
-                    "metrics": {k: spread(v) for k, v in values.items() if len(v) == len(runs)}})  # type: ignore[misc]
+                    "metrics": {k: spread(v) for k, v in values.items() if len(v) == len(runs)}})
     return out
 
 

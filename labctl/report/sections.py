@@ -12,8 +12,9 @@ A :class:`ReportSection` may (every method has a default that does nothing):
   figure oracle (:meth:`~ReportSection.metrics`).
 
 :mod:`.registry` lists the sections in the report's order. A step's *kinds* (what it ran:
-``commands``, ``kselftest``, ``trace``...; :mod:`labctl.steps.kinds`) are in its summary entry, so
-that a section shows only what the step asked for.
+``commands``, ``kselftest``, ``trace``...; declared in :mod:`labctl.lab.stepkinds`) are in its
+summary entry, so that a section shows only what the step asked for; a section names the kinds it
+shows (``kinds``), and every declared kind is shown by one (``tests/unit/test_step_kinds.py``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class ReportSection:
     headline: ClassVar[tuple[HeadlineFigure, ...]] = ()
     compare_groups: ClassVar[tuple[CompareGroup, ...]] = ()
     zero_when_absent: ClassVar[tuple[str, ...]] = ()  # metric key prefixes: absent = 0 where the section ran
+    kinds: ClassVar[tuple[str, ...]] = ()  # the step kinds (labctl.lab.stepkinds) whose records or files it shows
 
     def summarize(self, step: StepFiles) -> None:
         """Add this section's keys to the step's summary entry."""

@@ -65,6 +65,7 @@ class SelftestSection(ReportSection):
     """The kernel's selftests of a step (see the module docstring)."""
 
     name = "kselftest"
+    kinds = ("kselftest",)
 
     def columns(self, steps: Sequence[StepSummary]) -> list[Column]:
         if not any("kselftest" in kinds_of(s) for s in steps):

@@ -11,7 +11,7 @@ NIC variants' driver CPU, and their whole cost (:mod:`.cost`) when it was measur
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from labctl.bundle import (
@@ -31,7 +31,7 @@ from labctl.report.charts import bar_chart_svg
 from labctl.report.cost import cost_sentence
 from labctl.report.document import Block, Heading, Row, Table, num, txt
 from labctl.report.sections import Column, HeadlineFigure, Metric, ReportSection, StepFiles, expects_transfer
-from labctl.trace import step_figures
+from labctl.trace import GuestFigures, step_figures
 
 # (summary key, chart title, unit, results-table header)
 FIGURES: tuple[tuple[str, str, str, str], ...] = (
@@ -113,7 +113,7 @@ def _primary(step: StepSummary, key: str) -> Any:
     return primary[1].get(key) if primary else None
 
 
-def guests_table(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> Table:
+def guests_table(guests: Sequence[tuple[str, GuestFigures]]) -> Table:
     """Per-guest figures of one step."""
     rows = tuple(Row((txt(name),) + tuple(num(g.get(f[0])) for f in FIGURES)
                      + (num(g.get("samples")), num(g.get("lost_samples")))) for name, g in guests)
@@ -125,6 +125,7 @@ class TransferSection(ReportSection):
     """Throughput, CPU load and the driver's share (see the module docstring)."""
 
     name = "transfer"
+    kinds = ("commands",)
     compare_groups = ((0, "", "Headline figures"),)
     headline: ClassVar[tuple[HeadlineFigure, ...]] = (
         ("throughput_mbit_s", "throughput", "Mbit/s", +1),

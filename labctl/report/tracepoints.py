@@ -18,6 +18,7 @@ from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num, full_labe
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Table, num, txt
 from labctl.report.sections import Metric, ReportSection
+from labctl.trace import GuestFigures
 
 MAX_COLUMNS = 6  # commands shown as columns; the rest are summed in "other"
 
@@ -99,13 +100,13 @@ def tracepoint_blocks(run: Run) -> list[Block]:
     return [Heading(2, "Tracepoint counts"), intro, *blocks]
 
 
-def is_tracepoint_recording(guest: Mapping[str, Any]) -> bool:
+def is_tracepoint_recording(guest: GuestFigures) -> bool:
     """Whether the guest's perf recording held tracepoints only (no CPU samples to show symbols of)."""
     events = as_dict(guest.get("perf_events"))
     return bool(events.get("tracepoints")) and not events.get("sampling")
 
 
-def symbols_note(guests: Sequence[tuple[str, Mapping[str, Any]]]) -> str | None:
+def symbols_note(guests: Sequence[tuple[str, GuestFigures]]) -> str | None:
     """Why a step has no top symbols although perf ran: it recorded tracepoints only."""
     names = [name for name, g in guests if is_tracepoint_recording(g)]
     if not names:
@@ -118,6 +119,7 @@ class TracepointSection(ReportSection):
     """Tracepoint counts (see the module docstring)."""
 
     name = "tracepoints"
+    kinds = ("trace",)
     compare_groups = ((4, "tracepoints.", "Tracepoint counts"),)
 
     def blocks(self, run: Run) -> list[Block]:

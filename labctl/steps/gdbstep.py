@@ -93,4 +93,4 @@ class GdbKind(StepKind):
                 res.warnings.append(t.message or "the gdb breakpoint was never hit")
             record: GdbRecord = {"breakpoint": t.breakpoint, "hits": t.hits, "timed_out": t.timed_out,
                                  "message": t.message, "transcript": "gdb-transcript.txt"}
-            res.gdb = record
+            res.records["gdb"] = record

@@ -49,6 +49,8 @@ class NetworkKind(StepKind):
         self.captures: list[capture.Capture] = []
         self.impaired: dict[tuple[str, str], Impairment | None] = {}  # NIC -> what was in force before
         self.links: dict[tuple[str, str], bool] = {}  # NIC -> link up before the step
+        self.network: NetworkRecord = {"impair": {}, "links": {}}  # the step's records: network, captures
+        self.saved: list[CaptureRecord] = []
 
     @classmethod
     def of(cls, lab: Lab, step: Step, row: dict[str, str]) -> NetworkKind:
@@ -66,8 +68,8 @@ class NetworkKind(StepKind):
         for label in capture.reap(state, backend):
             res.warnings.append(f"removed a capture of {label} left by a labctl that was killed")
         before = netstate.load(state.path)
-        network: NetworkRecord = {"impair": {}, "links": {}}
-        res.network = network
+        network = self.network
+        res.records["network"], res.records["captures"] = network, self.saved
         for spec in self.step.impair:
             guest, _, nic = render(spec.nic, row, {}, quote=False).partition(".")
             try:
@@ -88,8 +90,7 @@ class NetworkKind(StepKind):
         guest, _, nic = render(spec.nic, self.row, {}, quote=False).partition(".")
         self.links.setdefault((guest, nic), netstate.load(v.state.path).link_up(guest, nic))
         netctl.set_link(v.state, guest, nic, spec.up, v.backend)
-        if v.res.network is not None:
-            v.res.network["links"][f"{guest}.{nic}"] = "up" if spec.up else "down"
+        self.network["links"][f"{guest}.{nic}"] = "up" if spec.up else "down"
         return f"labctl link {v.state.lab} {guest} {nic} {'up' if spec.up else 'down'}"
 
     def end(self, v: Variant) -> None:
@@ -126,7 +127,7 @@ class NetworkKind(StepKind):
             entry["first_us"], entry["last_us"] = written.first_us, written.last_us
         entry["warnings"] = warnings
         res.warnings += warnings
-        res.captures.append(entry)
+        self.saved.append(entry)
 
     @staticmethod
     def _impairer(v: Variant, guest: str, nic: str, imp: Impairment | None) -> Callable[[], None]:

@@ -27,7 +27,7 @@ from labctl.lab import Lab, Step, render, render_trace
 from labctl.ssh import Session
 from labctl.state import LabState
 from labctl.steps.hostwatch import Window
-from labctl.steps.kinds import GUEST_ORDER, kinds_of
+from labctl.steps.kinds import guest_order, kinds_of
 from labctl.steps.result import StepEvents, StepResult
 from labctl.steps.sessions import Sessions
 from labctl.steps.variant import GUEST_ROOT, NO_VARIANT, Variant, now
@@ -117,7 +117,7 @@ class Runner:
         kinds = kinds_of(self.lab, step, row)
         res.nic = self._nic(step, row)
         by_name = {k.name: k.guests() for k in kinds} | {"nic": [res.nic["guest"]] if res.nic else []}
-        res.guests = list(dict.fromkeys(g for name in GUEST_ORDER for g in by_name.get(name, [])))
+        res.guests = guest_order(by_name)
         res.kinds = [k.name for k in kinds]
         return Variant(lab=self.lab, state=self.state, backend=self.backend, bundle=self.dir, sessions=self.sessions,
                        events=self.events, commands=self.commands, addresses=self.addresses, step=step, row=row,

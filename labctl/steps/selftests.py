@@ -395,8 +395,8 @@ class SelftestsKind(StepKind):
         """
         spec, guest, say = self.spec, self.guest, v.events.step_progress
         b = self.build = build(spec, say)
-        v.res.kselftest = {"guest": guest, "tree": str(spec.tree), "target": spec.target, "build": b.to_dict(),
-                           "tests": [], "counts": {}}
+        v.res.records["kselftest"] = {"guest": guest, "tree": str(spec.tree), "target": spec.target,
+                                      "build": b.to_dict(), "tests": [], "counts": {}}
         where = guest_dir(b)
         if v.sh(guest, f"test -f {shlex.quote(where)}/.complete") != 0:
             say(f"copying the selftests into {guest}")
@@ -431,7 +431,8 @@ def judge(res: StepResult, record: SelftestRecord) -> None:
     lab_ok = res.status != "failed"
     why = verdict(record)
     record["only_tests_failed"] = bool(lab_ok and why and not record.get("error") and not record.get("missing"))
-    res.kselftest = {**(res.kselftest or {}), **record}
+    before = res.records.get("kselftest")
+    res.records["kselftest"] = {**(before if isinstance(before, dict) else {}), **record}
     if why:
         res.fail(why)
         res.lab_intact = record["only_tests_failed"]

@@ -25,7 +25,7 @@ Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labc
 from __future__ import annotations
 
 from labctl.trace import bpfmaps, drops, hops, journey, ktap
-from labctl.trace.analyze import guest_figures, step_figures
+from labctl.trace.analyze import GuestFigures, guest_figures, step_figures
 from labctl.trace.clocks import Clock
 from labctl.trace.drops import netfilter_note
 from labctl.trace.flamefold import Frame, Stack, guest_flamegraph, read_folded
@@ -69,6 +69,7 @@ __all__ = [
     "Correlator",
     "Event",
     "Frame",
+    "GuestFigures",
     "Journey",
     "Stack",
     "Topology",

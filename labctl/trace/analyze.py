@@ -33,9 +33,9 @@ avoids that. A report without any module dso is therefore treated as
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from labctl.trace.netfigures import network_figures
 from labctl.trace.parsers import (
@@ -289,8 +289,8 @@ def _mbit(bps: float | None) -> float | None:
 
 
 def _driver_figures(g: _Guest, modules: list[str], reports: dict[str, PerfReport],
-                    load: float | None) -> dict[str, float | None]:
-    """driver_share_all_pct, idle_pct, driver_share_pct and driver_cpu_pct (see the module docstring)."""
+                    load: float | None) -> tuple[float | None, float | None, float | None, float | None]:
+    """driver_share_pct, driver_cpu_pct, driver_share_all_pct and idle_pct (see the module docstring)."""
     share_all = _driver_share_all(g, modules, reports)
     idle = _idle_pct(reports.get("perf-report.txt"))
     share = None
@@ -299,11 +299,41 @@ def _driver_figures(g: _Guest, modules: list[str], reports: dict[str, PerfReport
     elif share_all is not None:
         g.warnings.append("driver_share_pct: no idle share (perf-report.txt with symbols needed)")
     cpu = None if share is None or load is None else round(share * load / 100, 4)
-    return {"driver_share_pct": share, "driver_cpu_pct": cpu, "driver_share_all_pct": share_all, "idle_pct": idle}
+    return share, cpu, share_all, idle
+
+
+class GuestFigures(TypedDict, total=False):
+    """One guest's figures of one step (:func:`guest_figures`; summary.json's ``steps[].guests.GUEST``),
+    what the report reads of them; the report's sections add ``flamegraph`` and ``trace_json``."""
+
+    throughput_mbit_s: float | None
+    throughput_source: str | None
+    transfer_bytes: int | None
+    cpu_load_pct: float | None
+    driver_share_pct: float | None
+    driver_cpu_pct: float | None
+    driver_share_all_pct: float | None
+    idle_pct: float | None
+    samples: int | None
+    lost_samples: int | None
+    top_symbols: list[dict[str, Any]]
+    softnet: dict[str, int] | None
+    snmp: dict[str, int] | None
+    trace_loss: dict[str, int | None]
+    perf_events: dict[str, Any]
+    skb_latency: dict[str, Any]
+    tracepoints: list[dict[str, Any]]
+    per_cpu: list[dict[str, Any]]
+    reassembly: dict[str, int] | None
+    udp: dict[str, Any] | None
+    nic_counters: dict[str, dict[str, int]]
+    warnings: list[str]
+    flamegraph: dict[str, Any]  # labctl.report.flames
+    trace_json: dict[str, Any]  # labctl.report.guest_parts
 
 
 def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | None = None, *,
-                  expect_transfer: bool = True) -> dict[str, Any]:
+                  expect_transfer: bool = True) -> GuestFigures:
     """The figures of one guest and step, JSON-able.
 
     Keys: ``throughput_mbit_s`` (receiver side, else sender), ``throughput_source``
@@ -331,12 +361,13 @@ def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | 
     recording = _recording(g)
     reports = _load_reports(g)
     samples, lost = _samples(g, reports)
-    figures: dict[str, Any] = {
+    share, cpu, share_all, idle = _driver_figures(g, driver_modules, reports, load)
+    figures: GuestFigures = {
         "throughput_mbit_s": _mbit(tput.bps) if tput else None,
         "throughput_source": f"{source} ({tput.tool})" if tput else None,
         "transfer_bytes": tput.bytes if tput else None,
         "cpu_load_pct": load,
-        **_driver_figures(g, driver_modules, reports, load),
+        "driver_share_pct": share, "driver_cpu_pct": cpu, "driver_share_all_pct": share_all, "idle_pct": idle,
         "samples": samples,
         "lost_samples": lost,
         "top_symbols": _top_symbols(reports.get("perf-report.txt")),
@@ -346,24 +377,25 @@ def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | 
     }
     if recording is not None:
         figures["perf_events"] = recording
-    figures.update(network_figures(guest_dir))
+    figures.update(network_figures(guest_dir))  # type: ignore[typeddict-item]
     skb = _skb_latency(g)
     if skb is not None:
         figures["skb_latency"] = skb
-    figures.update(_derived(g, window_s))
+    tracepoints = _derived(g, window_s)
+    if tracepoints:
+        figures["tracepoints"] = tracepoints
     figures["warnings"] = g.warnings
     return figures
 
 
-def _derived(g: _Guest, window_s: float | None) -> dict[str, Any]:
+def _derived(g: _Guest, window_s: float | None) -> list[dict[str, Any]]:
     """Tracepoint counts, where the step recorded tracepoints."""
     from labctl.trace.tpcounts import guest_tracepoints
 
-    tracepoints = guest_tracepoints(g.path, window_s)
-    return {"tracepoints": tracepoints} if tracepoints else {}
+    return guest_tracepoints(g.path, window_s)
 
 
-def step_figures(guests: dict[str, dict[str, Any]], nic: dict[str, Any] | None) -> dict[str, Any]:
+def step_figures(guests: Mapping[str, GuestFigures], nic: Mapping[str, Any] | None) -> dict[str, Any]:
     """A step's headline figures: those of the NIC's guest (else the first guest)."""
     focus = (nic or {}).get("guest") or next(iter(guests), None)
     fig = guests.get(focus, {}) if focus else {}

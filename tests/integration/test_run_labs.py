@@ -96,6 +96,19 @@ def test_perf_net_events(cli: Cli, image: object, tmp_path: Path) -> None:
     assert "[k]" in (hot / "perf-report.txt").read_text()
     assert "cpu-clock" in (hot / "perf-stat.txt").read_text()
     _tracepoint_counts(bundle, summary, script)
+    _sysctls(bundle, summary)
+
+
+def _sysctls(bundle: Path, summary: dict) -> None:
+    """The hot-functions step ran with TCP Reno (its sysctls), the guest's default before and after."""
+    step = next(s for s in summary["steps"] if s["name"] == "hot-functions")
+    assert (bundle / step["dir"] / "a" / "cmd-2.out").read_text().strip() == "reno"
+    value = step["sysctls"]["guests"]["a"]["net.ipv4.tcp_congestion_control"]
+    assert value["set"] == "reno" and value["before"] not in (None, "reno") and value["restored"], value
+    md = (bundle / "report.md").read_text()
+    assert "Sysctls during the step" in md and "net.ipv4.tcp_congestion_control" in md
+    others = [s for s in summary["steps"] if s["name"] != "hot-functions"]
+    assert all("sysctls" not in s["kinds"] for s in others)
 
 
 def _tracepoint_counts(bundle: Path, summary: dict, script: list[str]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import xml.etree.ElementTree as ET
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -111,7 +110,7 @@ def test_a_run_that_failed_before_any_step(tmp_path: Path) -> None:
 
 
 def test_step_cases_from_summary_dicts() -> None:
-    cases = junit.step_cases("l", (asdict(r) for r in _results()), None)
+    cases = junit.step_cases("l", (r.entry() for r in _results()), None)
     assert [c.status for c in cases] == ["passed", "failed", "skipped", "passed", "passed"]
     assert cases[1].message == "a: command 1 exited with status 1"
 

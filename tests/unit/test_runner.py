@@ -336,12 +336,12 @@ def test_a_step_impairs_captures_and_takes_a_link_down_then_puts_everything_back
     links = [(g, args) for g, cmd, args in backend.calls if cmd == "set_link"]
     assert links == [("a", {"name": "lab0", "up": False}), ("a", {"name": "lab0", "up": True})]
     assert [c["command"] for c in runner.commands] == ["ping -c 1 10.5.0.2", "labctl link unet a eth1 down", "true"]
-    assert result.network == {"impair": {"a.eth1": {"loss": "10%"}}, "links": {"a.eth1": "down"}}
+    assert result.records["network"] == {"impair": {"a.eth1": {"loss": "10%"}}, "links": {"a.eth1": "down"}}
     after = netstate.load(run_dir)
     assert after.impair == {"a.eth1": {"delay": "5ms"}} and after.links == {}
 
     # b.eth1 was captured (the network's capture), its frames moved to real time; QEMU's filter removed.
-    (cap,) = result.captures
+    (cap,) = result.records["captures"]  # type: ignore[misc]
     assert (cap["guest"], cap["nic"], cap["frames"], cap["calibrated"]) == ("b", "eth1", 2, True)
     frames = list(read_pcapng(tmp_path / "bundle" / cap["file"]))
     assert [f.interface for f in frames] == ["b.eth1"] * 2
@@ -432,10 +432,10 @@ def test_a_failed_selftest_fails_its_step_and_the_next_variant_still_runs(lab_st
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     one, two, after = _selftests_run(lab_state, tmp_path, monkeypatch, {"one": TAP_ONE_FAILS, "two": TAP_ALL_PASS})
     assert (one.status, one.reason) == ("failed", "1 of 2 selftests failed: t2")
-    assert one.kselftest["only_tests_failed"] and one.lab_intact
+    assert one.records["kselftest"]["only_tests_failed"] and one.lab_intact
     assert one.kinds == ["drops", "network", "stats", "kselftest"]
-    assert [(t["name"], t["result"]) for t in one.kselftest["tests"]] == [("t1", "pass"), ("t2", "fail")]
-    assert (tmp_path / "bundle" / one.kselftest["tests"][1]["log"]).read_text() == "selftests: net: t2\nboom\n"
+    assert [(t["name"], t["result"]) for t in one.records["kselftest"]["tests"]] == [("t1", "pass"), ("t2", "fail")]
+    assert (tmp_path / "bundle" / one.records["kselftest"]["tests"][1]["log"]).read_text() == "selftests: net: t2\nboom\n"
     assert (two.status, after.status) == ("ok", "ok")  # only selftests failed: the lab is fine
 
 
@@ -443,5 +443,5 @@ def test_selftests_that_never_report_fail_the_step_and_stop_the_run(lab_state: A
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     one, two, after = _selftests_run(lab_state, tmp_path, monkeypatch, {"one": TAP_ONE_SILENT, "two": TAP_ALL_PASS})
     assert (one.status, one.reason) == ("failed", "1 selftests never reported a result")
-    assert one.kselftest["missing"] == 1 and not one.kselftest["only_tests_failed"] and not one.lab_intact
+    assert one.records["kselftest"]["missing"] == 1 and not one.records["kselftest"]["only_tests_failed"] and not one.lab_intact
     assert (two.status, after.status) == ("skipped", "skipped")

@@ -11,7 +11,7 @@ import re
 
 from labctl.backends.base import MGMT_NET, GuestPlan, netdev_id
 from labctl.lab import Guest, Nic, export_link, tag
-from labctl.net import Port, TapDev, UdpAddr
+from labctl.net import Port, netdev_kind
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
 # (7.1 s vs 8.6 s to SSH-ready), but with acpi=noirq its MP table makes PCI
@@ -132,13 +132,6 @@ def mgmt_nic_args(plan: GuestPlan) -> list[str]:
     ]
 
 
-def _dgram_addr(side: str, addr: object) -> str:
-    """One end of a ``dgram`` netdev: a unix socket path or a UDP address."""
-    if isinstance(addr, UdpAddr):
-        return f"{side}.type=inet,{side}.host={opt(addr.host)},{side}.port={addr.port}"
-    return f"{side}.type=unix,{side}.path={opt(addr)}"
-
-
 def restores_vlan_filter(version: str) -> bool:
     """Whether QEMU of this ``--version`` line keeps a virtio-net NIC's VLAN filter when it loads a
     saved state. Before 8.1 it cleared the filter after loading it (``virtio_net_set_features``;
@@ -163,34 +156,8 @@ def lab_nic_args(nic: Nic, port: Port, vlan_filter: bool = True) -> list[str]:
     device = f"{model.qemu_device},netdev={netdev_id(nic)},mac={nic.mac}"
     if not vlan_filter and model.qemu_device == "virtio-net-pci":
         device += ",ctrl_vlan=off"
-    if isinstance(port.local, TapDev):
-        return ["-netdev", _tap_netdev(nic, port.local), "-device", device + _multiqueue(nic, port.local)]
-    netdev = f"dgram,id={netdev_id(nic)},{_dgram_addr('local', port.local)}"
-    if port.remote is not None:
-        netdev += f",{_dgram_addr('remote', port.remote)}"
-    # ``queues`` > 1 needs a multi-queue netdev (tap); a dgram link has one
-    # queue pair, so the guest sees one (labctl up warns about it).
-    return ["-netdev", netdev, "-device", device]
-
-
-def _tap_netdev(nic: Nic, tap: TapDev) -> str:
-    """A tap netdev on the queues labctl opened (QEMU inherits the descriptors; it opens nothing)."""
-    fds = ":".join(str(fd) for fd in tap.fds) or "?"
-    return f"tap,id={netdev_id(nic)},{'fds' if len(tap.fds) > 1 else 'fd'}={fds},vhost=off"
-
-
-def tap_netdev_fds(netdev: str, fds: tuple[int, ...]) -> str:
-    """A ``tap,...`` netdev option (as :func:`_tap_netdev` wrote it) on other descriptors."""
-    opts = [o for o in netdev.split(",") if not o.startswith(("fd=", "fds="))]
-    opts.insert(2, f"{'fds' if len(fds) > 1 else 'fd'}={':'.join(str(fd) for fd in fds)}")
-    return ",".join(opts)
-
-
-def _multiqueue(nic: Nic, tap: TapDev) -> str:
-    """virtio-net's options for several queue pairs (MSI-X vectors: one per queue, config and control)."""
-    if tap.queues <= 1 or not nic.nic_model.multiqueue:
-        return ""
-    return f",mq=on,vectors={2 * tap.queues + 2}"
+    kind = netdev_kind(port)  # its host side: labctl.net.netdevs
+    return ["-netdev", kind.netdev(netdev_id(nic), port), "-device", device + kind.device_options(port, model.multiqueue)]
 
 
 def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64", vlan_filter: bool = True) -> list[str]:

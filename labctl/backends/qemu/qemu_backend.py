@@ -17,11 +17,11 @@ from typing import Any
 
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir, netdev_id
 from labctl.backends.monitor import qmp_execute
-from labctl.backends.qemu.argv import build_argv, restores_vlan_filter, tap_netdev_fds
+from labctl.backends.qemu.argv import build_argv, restores_vlan_filter
 from labctl.backends.qemu.local_checks import host_checks
 from labctl.errors import MachineError, PortTaken
 from labctl.lab import HostPlace
-from labctl.net import TapDev
+from labctl.net import kind_of_option, netdev_kind, option_id
 from labctl.paths import ensure_private_dir
 from labctl.proc import pid_alive, pid_cmdline, run, spawn, stop_pid
 
@@ -80,17 +80,16 @@ class QemuBackend(Backend):
         """Nothing outside the run directory to remove."""
 
     def start(self, plan: GuestPlan) -> GuestRecord:
-        # A tap network's queues are descriptors QEMU inherits (named by number in its argv);
-        # the record keeps which tap each netdev is on, so a restart can open them again.
-        tapped = [(nic, port.local) for nic in plan.guest.nics for port in [plan.ports[nic.name]]
-                  if isinstance(port.local, TapDev)]
-        extra = {"taps": [{"netdev": netdev_id(nic), "name": tap.name, "bridge": tap.bridge, "queues": tap.queues}
-                          for nic, tap in tapped]} if tapped else {}
+        # A netdev whose host side labctl opened (a tap's queues) is descriptors QEMU inherits (named
+        # by number in its argv); the record keeps what each kind needs to open them again at a restart.
+        ports = [(nic, plan.ports[nic.name]) for nic in plan.guest.nics]
+        kept = [k for nic, port in ports if (k := netdev_kind(port).kept(netdev_id(nic), port)) is not None]
+        extra: dict[str, object] = {"taps": kept} if kept else {}
         rec = GuestRecord(name=plan.guest.name, backend=self.name, pid=0, dir=str(plan.dir),
                           console=str(plan.console), qmp=str(plan.qmp_socket),
                           ssh_port=plan.ssh_port, accel=plan.accel, argv=self.command(plan),
                           gdb=str(plan.gdb_socket), extra=extra)
-        return self._launch(rec, [fd for _, tap in tapped for fd in tap.fds])
+        return self._launch(rec, [fd for _, port in ports for fd in netdev_kind(port).fds(port)])
 
     def restart(self, rec: GuestRecord, incoming: bool, taps: dict[str, tuple[int, ...]] | None = None) -> GuestRecord:
         """Start a stopped guest again with the command line it was started with, waiting for a
@@ -106,12 +105,14 @@ class QemuBackend(Backend):
         argv = list(rec.argv)
         fds: list[int] = []
         for i, arg in enumerate(argv):
-            if arg.startswith("tap,"):
-                netdev = dict(kv.partition("=")[::2] for kv in arg.split(",")[1:]).get("id", "")
-                if not taps or netdev not in taps:
-                    raise MachineError(f"guest {rec.name}: the tap of its netdev {netdev} was not opened again")
-                argv[i] = tap_netdev_fds(arg, taps[netdev])
-                fds += taps[netdev]
+            kind = kind_of_option(arg) if i and argv[i - 1] == "-netdev" else None
+            if kind is None or not kind.opened_by_labctl:
+                continue
+            netdev = option_id(arg)
+            if not taps or netdev not in taps:
+                raise MachineError(f"guest {rec.name}: the {kind.name} of its netdev {netdev} was not opened again")
+            argv[i] = kind.reattach(arg, taps[netdev])
+            fds += taps[netdev]
         while "-incoming" in argv:
             i = argv.index("-incoming")
             del argv[i:i + 2]

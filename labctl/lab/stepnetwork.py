@@ -1,0 +1,28 @@
+"""The records of a step's network kind (:mod:`labctl.steps.netstep`): the impairments in force and
+the links it changed, and one record per NIC it captured. Its lab-file keys are ``impair`` and the
+``{link: ..., state: ...}`` entries of ``run`` (:mod:`.netopts`)."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class CaptureRecord(TypedDict, total=False):
+    """One NIC captured during the step: its pcapng file and what it holds."""
+
+    guest: str
+    nic: str
+    file: str | None
+    calibrated: bool
+    frames: int
+    bytes: int
+    first_us: int | None
+    last_us: int | None
+    warnings: list[str]
+
+
+class NetworkRecord(TypedDict):
+    """Impairments in force during the step, and links it changed (``GUEST.NIC`` -> up/down)."""
+
+    impair: dict[str, Any]
+    links: dict[str, str]
