@@ -81,6 +81,15 @@ class SelftestEntry(TypedDict):
     failed_subtests: list[str]
 
 
+class HardwareRecord(TypedDict):
+    """The two ends of a hardware-mode kselftest step's link (:mod:`labctl.steps.drivertests`)."""
+
+    netif: str
+    peer: str
+    local: str
+    remote: str
+
+
 class SelftestRecord(TypedDict, total=False):
     """A ``kselftest:`` step's record (:mod:`.selftests`): the build, then the results."""
 
@@ -95,6 +104,7 @@ class SelftestRecord(TypedDict, total=False):
     bailed: str | None  # the 'Bail out!' line's text
     error: str  # the runner did not run (no KTAP output)
     only_tests_failed: bool  # the lab was fine: only selftests failed (the next variant still runs)
+    hardware: HardwareRecord  # drivers/net's hardware mode: the NIC under test and its peer
 
 
 class CommandRecord(TypedDict):

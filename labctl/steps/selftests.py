@@ -50,6 +50,7 @@ from labctl import paths, proc
 from labctl.bundle import BuildRecord, SelftestEntry, SelftestRecord
 from labctl.errors import LabctlError
 from labctl.lab import SELFTESTS, Kselftest, Step, render
+from labctl.steps import drivertests
 from labctl.steps.result import StepResult
 from labctl.steps.transfer import to_guest
 from labctl.steps.variant import GUEST_ROOT, StepKind, Variant, now
@@ -110,6 +111,9 @@ def build_key(spec: Kselftest) -> str:
     for d in _HEADER_DIRS:
         if (tree / d).is_dir():
             _hash_tree(h, tree, d)
+    for rel, _ in drivertests.extras(spec.target):
+        if (tree / rel).exists():
+            _hash_tree(h, tree, rel)
     return h.hexdigest()[:16]
 
 
@@ -265,6 +269,23 @@ def _install(tree: Path, src: Path, built: Path, root: Path, target: str) -> Non
         for p in sorted(built.iterdir()):
             if p.is_file() and not p.is_symlink():
                 shutil.copy2(p, dest / p.name)
+    for rel, into in drivertests.extras(target):  # what the target's tests import from elsewhere in the tree
+        _copy_plain(tree / rel, root / into)
+
+
+def _copy_plain(src: Path, dest: Path) -> None:
+    """``src`` (a file, or a directory's regular files) to ``dest``; links and build leftovers not followed."""
+    if src.is_file() and not src.is_symlink():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+        return
+    for d, dirs, files in os.walk(src):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for name in sorted(files):
+            p = Path(d) / name
+            if p.is_file() and not p.is_symlink():
+                (dest / p.parent.relative_to(src)).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, dest / p.relative_to(src))
 
 
 # -- in the guest ---------------------------------------------------------------------------------------
@@ -375,18 +396,20 @@ class SelftestsKind(StepKind):
 
     name = "kselftest"
 
-    def __init__(self, spec: Kselftest, guest: str) -> None:
-        self.spec, self.guest = spec, guest
+    def __init__(self, spec: Kselftest, guest: str, netif: str = "", peer: str = "") -> None:
+        self.spec, self.guest, self.netif, self.peer = spec, guest, netif, peer
         self.build: Build | None = None
 
     @classmethod
     def of(cls, step: Step, row: dict[str, str]) -> SelftestsKind | None:
-        if step.kselftest is None:
+        k = step.kselftest
+        if k is None:
             return None
-        return cls(step.kselftest, render(step.kselftest.guest, row, {}, quote=False))
+        return cls(k, render(k.guest, row, {}, quote=False), render(k.netif, row, {}, quote=False),
+                   render(k.peer, row, {}, quote=False))
 
     def guests(self) -> list[str]:
-        return [self.guest]
+        return [self.guest, self.peer] if self.peer else [self.guest]
 
     def prepare(self, v: Variant) -> None:
         """The selftests built (or found in the cache) and copied into the guest (once per build).
@@ -403,6 +426,25 @@ class SelftestsKind(StepKind):
             v.sh(guest, f"rm -rf {shlex.quote(where)} && mkdir -p {shlex.quote(GUEST_ROOT)}")
             to_guest(v.sessions.ssh(guest), str(b.install), where)
             v.sh(guest, f"touch {shlex.quote(where)}/.complete")
+        if self.peer:
+            self._hardware_mode(v, where)
+
+    def _hardware_mode(self, v: Variant, where: str) -> None:
+        """``net.config`` for the NIC under test and its peer, and the guest's SSH to the peer
+        (:mod:`labctl.steps.drivertests`). :raise LabctlError: when the two cannot be joined."""
+        e = drivertests.endpoints(v.lab, self.guest, self.netif, self.peer)
+        assert v.res.kselftest is not None
+        v.res.kselftest["hardware"] = {"netif": e.netif, "peer": e.peer, "local": e.local_v4 or e.local_v6,
+                                       "remote": e.remote_v4 or e.remote_v6}
+        said = v.sessions.ssh(self.guest).run(drivertests.key_command(), timeout=60)
+        public = drivertests.checked_public_key(said.stdout.decode(errors="replace"), self.guest)
+        said = v.sessions.ssh(self.peer).run(drivertests.authorize_command(public), timeout=60)
+        host_key = drivertests.checked_host_key(said.stdout.decode(errors="replace"), self.peer)
+        command = drivertests.client_command(e, host_key, drivertests.config_path(where, self.spec.target))
+        done = v.sessions.ssh(self.guest).run(command, timeout=120)
+        if done.status != 0:
+            raise LabctlError(f"kselftest: {self.guest} cannot reach its peer {self.peer} by SSH at "
+                              f"{e.remotes[0]}: {done.stderr.decode(errors='replace').strip()[:300]}")
 
     def run(self, v: Variant) -> None:
         b, spec, guest = self.build, self.spec, self.guest
