@@ -9,7 +9,8 @@
           - {label: virtio, guest: b}
         kselftest:
           guest: "{{guest}}"                  # default: the lab's only guest
-          tree: ~/linux                       # a kernel source tree (~ expanded, relative to the lab file)
+          tree: ~/linux                       # a kernel source tree (~ expanded, relative to the lab file),
+                                              # or "debian": the guest's Debian kernel's own linux-source
           target: net                         # tools/testing/selftests/<target> (default net)
           tests: [fib_tests.sh, tls]          # default: every test of the target
           timeout: 300                        # seconds, each test (default 300)
@@ -42,6 +43,7 @@ from labctl.lab.yamlpos import YamlMap
 
 KEYS = ("guest", "tree", "target", "tests", "timeout", "netif", "peer")
 DEFAULT_TARGET = "net"
+DEBIAN = "debian"  # tree: the guest's own Debian kernel's source (linux-source-X.Y at its version)
 DEFAULT_TIMEOUT = 300
 SELFTESTS = Path("tools/testing/selftests")
 _TARGET = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}(/[a-z0-9][a-z0-9_-]{0,63}){0,3}")
@@ -60,6 +62,11 @@ class Kselftest:
     line: int = 0
     netif: str = ""  # hardware mode (drivers/net): the guest's NIC under test (a template) ...
     peer: str = ""  # ... and the guest at the other end of its network (a template)
+
+    @property
+    def from_debian(self) -> bool:
+        """The tree is the guest's Debian kernel's source, unpacked when the step first needs it."""
+        return self.tree == DEBIAN
 
     @property
     def source(self) -> Path:
@@ -86,8 +93,9 @@ def parse(check: Checker, m: YamlMap, path: str, guests: set[str], trusted: tupl
     target = check.matching(body, "target", where, _TARGET, "selftest target",
                             "a directory of tools/testing/selftests, e.g. net or net/forwarding") or DEFAULT_TARGET
     timeout = check.integer(body, "timeout", where, (1, 86400), " s")
-    tree = _tree(check, body, where, trusted)
-    tests = _tests(check, body, where, tree, target)
+    debian = body.get("tree") == DEBIAN
+    tree = Path(DEBIAN) if debian else _tree(check, body, where, trusted)
+    tests = _tests(check, body, where, None if debian else tree, target)
     netif, peer = _hardware(check, body, where, each_guest)
     if guest is None or tree is None or tests is None or netif is None or peer is None:
         return None

@@ -34,6 +34,7 @@ step's record and one log file per test (``kselftest/TEST.log``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -417,6 +418,8 @@ class SelftestsKind(StepKind):
         :raise LabctlError: when they cannot be built (the step fails).
         """
         spec, guest, say = self.spec, self.guest, v.events.step_progress
+        if spec.from_debian:
+            spec = self.spec = dataclasses.replace(spec, tree=str(debian_tree(v, guest, say)))
         b = self.build = build(spec, say)
         v.res.kselftest = {"guest": guest, "tree": str(spec.tree), "target": spec.target, "build": b.to_dict(),
                            "tests": [], "counts": {}}
@@ -465,6 +468,23 @@ class SelftestsKind(StepKind):
         if self.build is None:
             return
         judge(v.res, results(v.bundle / v.rel / self.guest, f"{v.rel.as_posix()}/{self.guest}", self.spec.target))
+
+
+def debian_tree(v: Variant, guest: str, say: Callable[[str], None]) -> Path:
+    """The source tree of ``guest``'s Debian kernel (``tree: debian``): its ``linux-source-X.Y`` at the
+    kernel's own version, unpacked once beside the prepared kernel (as ``labctl kernel source`` does).
+
+    :raise LabctlError: when the guest runs no Debian kernel or the archive lacks its source.
+    """
+    from labctl.kernel import add_source
+
+    kernel = v.state.kernel(guest)
+    say(f"the selftests from {kernel.release}'s own source (linux-source, unpacked once)")
+    unpacked = add_source(kernel)
+    trees = sorted(p for p in unpacked.iterdir() if (p / SELFTESTS / "Makefile").is_file())
+    if not trees:
+        raise LabctlError(f"kselftest: {unpacked} holds no kernel source tree")
+    return trees[0]
 
 
 def judge(res: StepResult, record: SelftestRecord) -> None:
