@@ -128,11 +128,12 @@ def checked_public_key(text: str, guest: str) -> str:
 
 
 def authorize_command(public_key: str) -> str:
-    """On the peer: ``public_key`` authorised for root (once), and the peer's ed25519 host key printed."""
+    """On the peer: ``public_key`` authorised for root (once), and the public half of the host key its
+    sshd serves (the one labctl's connection to it pinned) printed."""
     line = q(public_key)
     return (f"mkdir -p -m 700 /root/.ssh && touch /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys "
             f"&& {{ grep -qxF {line} /root/.ssh/authorized_keys || echo {line} >> /root/.ssh/authorized_keys; }} "
-            "&& cat /etc/ssh/ssh_host_ed25519_key.pub")
+            "&& ssh-keygen -y -f /etc/ssh/ssh_host_ed25519_key")  # labctl's guests keep only the private half
 
 
 def checked_host_key(text: str, peer: str) -> str:

@@ -410,7 +410,7 @@ class SelftestsKind(StepKind):
                    render(k.peer, row, {}, quote=False))
 
     def guests(self) -> list[str]:
-        return [self.guest, self.peer] if self.peer else [self.guest]
+        return [self.guest]  # the peer runs what the tests send it; its files are not the step's
 
     def prepare(self, v: Variant) -> None:
         """The selftests built (or found in the cache) and copied into the guest (once per build).
