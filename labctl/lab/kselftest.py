@@ -9,10 +9,19 @@
           - {label: virtio, guest: b}
         kselftest:
           guest: "{{guest}}"                  # default: the lab's only guest
-          tree: ~/linux                       # a kernel source tree (~ expanded, relative to the lab file)
+          tree: ~/linux                       # a kernel source tree (~ expanded, relative to the lab file),
+                                              # or "debian": the guest's Debian kernel's own linux-source
           target: net                         # tools/testing/selftests/<target> (default net)
           tests: [fib_tests.sh, tls]          # default: every test of the target
           timeout: 300                        # seconds, each test (default 300)
+          netif: "{{nic}}"                    # drivers/net in hardware mode: the NIC under test ...
+          peer: b                             # ... and the guest at its other end (over the lab's SSH)
+
+With ``netif`` and ``peer`` (both or neither) labctl writes the target's ``net.config`` (``NETIF``,
+``LOCAL_V4``/``REMOTE_V4`` and ``_V6`` of the two NICs on one network, ``REMOTE_TYPE=ssh``,
+``REMOTE_ARGS``) and lets the guest reach its peer by SSH with a key made for the step
+(:mod:`labctl.steps.drivertests`): the kernel's driver tests (``drivers/net``, ``drivers/net/hw``) then
+run against the emulated NIC instead of netdevsim.
 
 The tree is a host path the lab file names: labctl runs ``make`` there (as the user
 running labctl), so it goes through :mod:`labctl.lab.trust` like a kernel tree.
@@ -33,8 +42,9 @@ from labctl.lab.checker import Checker, join
 from labctl.lab.trust import TRUST_ENV, named_path_reason
 from labctl.lab.yamlpos import YamlMap
 
-KEYS = ("guest", "tree", "target", "tests", "timeout")
+KEYS = ("guest", "tree", "target", "tests", "timeout", "netif", "peer")
 DEFAULT_TARGET = "net"
+DEBIAN = "debian"  # tree: the guest's own Debian kernel's source (linux-source-X.Y at its version)
 DEFAULT_TIMEOUT = 300
 SELFTESTS = Path("tools/testing/selftests")
 _TARGET = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}(/[a-z0-9][a-z0-9_-]{0,63}){0,3}")
@@ -68,6 +78,15 @@ class SelftestEntry(TypedDict):
     failed_subtests: list[str]
 
 
+class HardwareRecord(TypedDict):
+    """The two ends of a hardware-mode kselftest step's link (:mod:`labctl.steps.drivertests`)."""
+
+    netif: str
+    peer: str
+    local: str
+    remote: str
+
+
 class SelftestRecord(TypedDict, total=False):
     """A ``kselftest:`` step's record (:mod:`labctl.steps.selftests`): the build, then the results."""
 
@@ -82,6 +101,7 @@ class SelftestRecord(TypedDict, total=False):
     bailed: str | None  # the 'Bail out!' line's text
     error: str  # the runner did not run (no KTAP output)
     only_tests_failed: bool  # the lab was fine: only selftests failed (the next variant still runs)
+    hardware: HardwareRecord  # drivers/net's hardware mode: the NIC under test and its peer
 
 @dataclass(frozen=True)
 class Kselftest:
@@ -93,6 +113,13 @@ class Kselftest:
     tests: tuple[str, ...] = ()  # () = all of the target's
     timeout: int = DEFAULT_TIMEOUT
     line: int = 0
+    netif: str = ""  # hardware mode (drivers/net): the guest's NIC under test (a template) ...
+    peer: str = ""  # ... and the guest at the other end of its network (a template)
+
+    @property
+    def from_debian(self) -> bool:
+        """The tree is the guest's Debian kernel's source, unpacked when the step first needs it."""
+        return self.tree == DEBIAN
 
     @property
     def source(self) -> Path:
@@ -119,11 +146,37 @@ def parse(check: Checker, m: YamlMap, path: str, guests: set[str], trusted: tupl
     target = check.matching(body, "target", where, _TARGET, "selftest target",
                             "a directory of tools/testing/selftests, e.g. net or net/forwarding") or DEFAULT_TARGET
     timeout = check.integer(body, "timeout", where, (1, 86400), " s")
-    tree = _tree(check, body, where, trusted)
-    tests = _tests(check, body, where, tree, target)
-    if guest is None or tree is None or tests is None:
+    debian = body.get("tree") == DEBIAN
+    tree = Path(DEBIAN) if debian else _tree(check, body, where, trusted)
+    tests = _tests(check, body, where, None if debian else tree, target)
+    netif, peer = _hardware(check, body, where, each_guest)
+    if guest is None or tree is None or tests is None or netif is None or peer is None:
         return None
-    return Kselftest(guest, str(tree), target, tests, timeout or DEFAULT_TIMEOUT, body.line)
+    if peer and peer == guest:
+        check.add(body.value_line("peer"), join(where, "peer"), f"the peer is the guest under test ('{guest}')")
+        return None
+    return Kselftest(guest, str(tree), target, tests, timeout or DEFAULT_TIMEOUT, body.line, netif, peer)
+
+
+_NIC_TEMPLATE = re.compile(r"[A-Za-z0-9_.{}-]{1,64}")
+
+
+def _hardware(check: Checker, body: YamlMap, where: str,
+              each_guest: Callable[[str, int, str], None]) -> tuple[str | None, str | None]:
+    """``netif`` and ``peer``, both or neither: ("", "") for software mode, None for a problem."""
+    netif = check.matching(body, "netif", where, _NIC_TEMPLATE, "NIC name", "a NIC of the guest, e.g. eth1")
+    peer = check.string(body, "peer", where)
+    if ("netif" in body) != ("peer" in body):
+        have, lack = ("netif", "peer") if "netif" in body else ("peer", "netif")
+        check.add(body.value_line(have), join(where, lack),
+                  f"'{have}' needs '{lack}' too: the driver tests' hardware mode has a NIC under test and a peer")
+        return None, None
+    if "netif" not in body:
+        return "", ""
+    if netif is None or peer is None:
+        return None, None
+    each_guest(peer, body.value_line("peer"), join(where, "peer"))
+    return netif, peer
 
 
 def _tree(check: Checker, body: YamlMap, where: str, trusted: tuple[Path, ...]) -> Path | None:

@@ -34,6 +34,7 @@ step's record and one log file per test (``kselftest/TEST.log``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -50,6 +51,7 @@ from labctl import paths, proc
 from labctl.bundle import BuildRecord, SelftestEntry, SelftestRecord
 from labctl.errors import LabctlError
 from labctl.lab import SELFTESTS, Kselftest, Step, render
+from labctl.steps import drivertests
 from labctl.steps.result import StepResult
 from labctl.steps.transfer import to_guest
 from labctl.steps.variant import GUEST_ROOT, StepKind, Variant, now
@@ -110,6 +112,9 @@ def build_key(spec: Kselftest) -> str:
     for d in _HEADER_DIRS:
         if (tree / d).is_dir():
             _hash_tree(h, tree, d)
+    for rel, _ in drivertests.extras(spec.target):
+        if (tree / rel).exists():
+            _hash_tree(h, tree, rel)
     return h.hexdigest()[:16]
 
 
@@ -265,6 +270,23 @@ def _install(tree: Path, src: Path, built: Path, root: Path, target: str) -> Non
         for p in sorted(built.iterdir()):
             if p.is_file() and not p.is_symlink():
                 shutil.copy2(p, dest / p.name)
+    for rel, into in drivertests.extras(target):  # what the target's tests import from elsewhere in the tree
+        _copy_plain(tree / rel, root / into)
+
+
+def _copy_plain(src: Path, dest: Path) -> None:
+    """``src`` (a file, or a directory's regular files) to ``dest``; links and build leftovers not followed."""
+    if src.is_file() and not src.is_symlink():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+        return
+    for d, dirs, files in os.walk(src):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for name in sorted(files):
+            p = Path(d) / name
+            if p.is_file() and not p.is_symlink():
+                (dest / p.parent.relative_to(src)).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, dest / p.relative_to(src))
 
 
 # -- in the guest ---------------------------------------------------------------------------------------
@@ -375,18 +397,20 @@ class SelftestsKind(StepKind):
 
     name = "kselftest"
 
-    def __init__(self, spec: Kselftest, guest: str) -> None:
-        self.spec, self.guest = spec, guest
+    def __init__(self, spec: Kselftest, guest: str, netif: str = "", peer: str = "") -> None:
+        self.spec, self.guest, self.netif, self.peer = spec, guest, netif, peer
         self.build: Build | None = None
 
     @classmethod
     def of(cls, step: Step, row: dict[str, str]) -> SelftestsKind | None:
-        if step.kselftest is None:
+        k = step.kselftest
+        if k is None:
             return None
-        return cls(step.kselftest, render(step.kselftest.guest, row, {}, quote=False))
+        return cls(k, render(k.guest, row, {}, quote=False), render(k.netif, row, {}, quote=False),
+                   render(k.peer, row, {}, quote=False))
 
     def guests(self) -> list[str]:
-        return [self.guest]
+        return [self.guest]  # the peer runs what the tests send it; its files are not the step's
 
     def prepare(self, v: Variant) -> None:
         """The selftests built (or found in the cache) and copied into the guest (once per build).
@@ -394,6 +418,8 @@ class SelftestsKind(StepKind):
         :raise LabctlError: when they cannot be built (the step fails).
         """
         spec, guest, say = self.spec, self.guest, v.events.step_progress
+        if spec.from_debian:
+            spec = self.spec = dataclasses.replace(spec, tree=str(debian_tree(v, guest, say)))
         b = self.build = build(spec, say)
         v.res.records["kselftest"] = {"guest": guest, "tree": str(spec.tree), "target": spec.target,
                                       "build": b.to_dict(), "tests": [], "counts": {}}
@@ -403,6 +429,26 @@ class SelftestsKind(StepKind):
             v.sh(guest, f"rm -rf {shlex.quote(where)} && mkdir -p {shlex.quote(GUEST_ROOT)}")
             to_guest(v.sessions.ssh(guest), str(b.install), where)
             v.sh(guest, f"touch {shlex.quote(where)}/.complete")
+        if self.peer:
+            self._hardware_mode(v, where)
+
+    def _hardware_mode(self, v: Variant, where: str) -> None:
+        """``net.config`` for the NIC under test and its peer, and the guest's SSH to the peer
+        (:mod:`labctl.steps.drivertests`). :raise LabctlError: when the two cannot be joined."""
+        e = drivertests.endpoints(v.lab, self.guest, self.netif, self.peer)
+        record = v.res.records["kselftest"]
+        assert isinstance(record, dict)
+        record["hardware"] = {"netif": e.netif, "peer": e.peer, "local": e.local_v4 or e.local_v6,
+                              "remote": e.remote_v4 or e.remote_v6}
+        said = v.sessions.ssh(self.guest).run(drivertests.key_command(), timeout=60)
+        public = drivertests.checked_public_key(said.stdout.decode(errors="replace"), self.guest)
+        said = v.sessions.ssh(self.peer).run(drivertests.authorize_command(public), timeout=60)
+        host_key = drivertests.checked_host_key(said.stdout.decode(errors="replace"), self.peer)
+        command = drivertests.client_command(e, host_key, drivertests.config_path(where, self.spec.target))
+        done = v.sessions.ssh(self.guest).run(command, timeout=120)
+        if done.status != 0:
+            raise LabctlError(f"kselftest: {self.guest} cannot reach its peer {self.peer} by SSH at "
+                              f"{e.remotes[0]}: {done.stderr.decode(errors='replace').strip()[:300]}")
 
     def run(self, v: Variant) -> None:
         b, spec, guest = self.build, self.spec, self.guest
@@ -423,6 +469,23 @@ class SelftestsKind(StepKind):
         if self.build is None:
             return
         judge(v.res, results(v.bundle / v.rel / self.guest, f"{v.rel.as_posix()}/{self.guest}", self.spec.target))
+
+
+def debian_tree(v: Variant, guest: str, say: Callable[[str], None]) -> Path:
+    """The source tree of ``guest``'s Debian kernel (``tree: debian``): its ``linux-source-X.Y`` at the
+    kernel's own version, unpacked once beside the prepared kernel (as ``labctl kernel source`` does).
+
+    :raise LabctlError: when the guest runs no Debian kernel or the archive lacks its source.
+    """
+    from labctl.kernel import add_source
+
+    kernel = v.state.kernel(guest)
+    say(f"the selftests from {kernel.release}'s own source (linux-source, unpacked once)")
+    unpacked = add_source(kernel)
+    trees = sorted(p for p in unpacked.iterdir() if (p / SELFTESTS / "Makefile").is_file())
+    if not trees:
+        raise LabctlError(f"kselftest: {unpacked} holds no kernel source tree")
+    return trees[0]
 
 
 def judge(res: StepResult, record: SelftestRecord) -> None:

@@ -1,0 +1,58 @@
+"""The kernel's own driver tests against emulated NICs (labs/driver-tests.yaml, trimmed to one
+test a model): 6.12's ``drivers/net`` in hardware mode, from the 6.12 guest's own Debian source,
+on an e1000 and then a virtio-net-pci NIC, each with a 6.1 peer that the framework drives over
+SSH. Each model's result is in the summary, the JUnit file and the report, with the framework's
+SKIP reasons; the guest's key for its peer never reaches the bundle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from junitparser import JUnitXml
+
+from tests.conftest import ROOT, Cli
+
+OVER_3_MIN = ("a 6.12 and a 6.1 guest; the 6.12 source unpacked (linux-source, 150 MB) and its drivers/net "
+              "selftests installed once; ping.py on two NIC models under TCG")
+
+MODELS = ("e1000", "virtio-net-pci")
+
+
+def test_drivers_net_in_hardware_mode_on_two_nic_models(cli: Cli, image: object, tmp_path: Path) -> None:
+    text = (ROOT / "labs" / "driver-tests.yaml").read_text()
+    lab = tmp_path / "driver-tests.yaml"
+    lab.write_text(text.replace("tests: [ping.py, stats.py, queues.py]", "tests: [ping.py]"))
+    xml = tmp_path / "results.xml"
+    res = cli("run", str(lab), "--out", str(tmp_path / "runs"), "--accel", "tcg", "--json", "--junit", str(xml),
+              timeout=2400)
+    assert res.returncode in (0, 6), res.stdout + res.stderr
+    bundle = Path(json.loads(res.stdout)["bundle"])
+    summary = json.loads((bundle / "summary.json").read_text())
+    steps = {s["variant"]: s for s in summary["steps"]}
+    assert list(steps) == list(MODELS)
+    for model, step in steps.items():
+        k = step["kselftest"]
+        nic = "eth1" if model == "e1000" else "eth2"
+        assert k["target"] == "drivers/net" and k["tree"].endswith("linux-source-6.12"), k["tree"]
+        assert k["hardware"] == {"netif": nic, "peer": "peer", "local": f"10.7{nic[-1]}.0.1",
+                                 "remote": f"10.7{nic[-1]}.0.2"}, k["hardware"]
+        (ping,) = k["tests"]
+        assert ping["name"] == "ping.py", ping
+        # ping.py's subtests ran against the NIC and its peer: v4 and v6 pings, and TCP through socat
+        assert ping["result"] == "pass", (model, ping, (bundle / ping["log"]).read_text()[-3000:])
+        assert ping["subtests"]["pass"] >= 3, ping["subtests"]
+        log = (bundle / ping["log"]).read_text()
+        assert "ok 1 ping.test_v4" in log and "ok 2 ping.test_v6" in log, log[-2000:]
+        config = (bundle / step["dir"] / "dut").glob("**/net.config")
+        assert not list(config)  # net.config stays in the guest's install
+    cases = {(c.classname, c.name): c for suite in JUnitXml.fromfile(str(xml)) for c in suite}
+    for model in MODELS:
+        case = cases[(f"driver-tests.drivers-net[{model}]", "drivers/net:ping.py")]
+        assert case.is_passed, case
+    # the guest's key for its peer stays in the guests
+    for p in bundle.rglob("*"):
+        if p.is_file() and p.stat().st_size < 8 << 20:
+            assert b"labctl-peer" not in p.read_bytes() and b"OPENSSH PRIVATE KEY" not in p.read_bytes(), p
+    report = (bundle / "report.md").read_text()
+    assert "ping.py" in report and "drivers/net" in report
