@@ -1,5 +1,5 @@
 """The kernel's own driver tests against emulated NICs (labs/driver-tests.yaml, trimmed to one
-test a model): 6.12's ``drivers/net`` in hardware mode, from the 6.12 guest's own Debian source,
+test, stats.py, a model): 6.12's ``drivers/net`` in hardware mode, from the 6.12 guest's own Debian source,
 on an e1000 and then a virtio-net-pci NIC, each with a 6.1 peer that the framework drives over
 SSH. Each model's result is in the summary, the JUnit file and the report, with the framework's
 SKIP reasons; the guest's key for its peer never reaches the bundle."""
@@ -14,7 +14,7 @@ from junitparser import JUnitXml
 from tests.conftest import ROOT, Cli
 
 OVER_3_MIN = ("a 6.12 and a 6.1 guest; the 6.12 source unpacked (linux-source, 150 MB) and its drivers/net "
-              "selftests installed once; ping.py on two NIC models under TCG")
+              "selftests installed once; stats.py on two NIC models under TCG (88 and 62 s on a busy host)")
 
 MODELS = ("e1000", "virtio-net-pci")
 
@@ -22,7 +22,7 @@ MODELS = ("e1000", "virtio-net-pci")
 def test_drivers_net_in_hardware_mode_on_two_nic_models(cli: Cli, image: object, tmp_path: Path) -> None:
     text = (ROOT / "labs" / "driver-tests.yaml").read_text()
     lab = tmp_path / "driver-tests.yaml"
-    lab.write_text(text.replace("tests: [ping.py, stats.py, queues.py]", "tests: [ping.py]"))
+    lab.write_text(text.replace("tests: [stats.py, queues.py, ping.py]", "tests: [stats.py]"))
     xml = tmp_path / "results.xml"
     res = cli("run", str(lab), "--out", str(tmp_path / "runs"), "--accel", "tcg", "--json", "--junit", str(xml),
               timeout=2400)
@@ -37,22 +37,24 @@ def test_drivers_net_in_hardware_mode_on_two_nic_models(cli: Cli, image: object,
         assert k["target"] == "drivers/net" and k["tree"].endswith("linux-source-6.12"), k["tree"]
         assert k["hardware"] == {"netif": nic, "peer": "peer", "local": f"10.7{nic[-1]}.0.1",
                                  "remote": f"10.7{nic[-1]}.0.2"}, k["hardware"]
-        (ping,) = k["tests"]
-        assert ping["name"] == "ping.py", ping
-        # ping.py's subtests ran against the NIC and its peer: v4 and v6 pings, and TCP through socat
-        assert ping["result"] == "pass", (model, ping, (bundle / ping["log"]).read_text()[-3000:])
-        assert ping["subtests"]["pass"] >= 3, ping["subtests"]
-        log = (bundle / ping["log"]).read_text()
-        assert "ok 1 ping.test_v4" in log and "ok 2 ping.test_v6" in log, log[-2000:]
-        config = (bundle / step["dir"] / "dut").glob("**/net.config")
-        assert not list(config)  # net.config stays in the guest's install
+        (stats,) = k["tests"]
+        assert stats["name"] == "stats.py" and stats["subtests"] is not None, stats
+        log = (bundle / stats["log"]).read_text()
+        # what each driver reports, as the kernel's own test finds it through the NIC and its peer
+        if model == "e1000":  # e1000 gives no pause statistics over netlink, nor queue statistics
+            assert stats["result"] == "fail" and stats["failed_subtests"] == ["stats.check_pause"], (stats, log)
+            assert "driver does not report stats" in log and "# SKIP qstats not supported by the device" in log
+        else:
+            assert stats["result"] == "pass", (stats, log[-3000:])
+            assert "ok 3 stats.pkt_byte_sum" in log and "SKIP" not in log.split("pkt_byte_sum", 1)[1].split("\n", 1)[0]
+        assert not list((bundle / step["dir"] / "dut").glob("**/net.config"))  # net.config stays in the guest
     cases = {(c.classname, c.name): c for suite in JUnitXml.fromfile(str(xml)) for c in suite}
     for model in MODELS:
-        case = cases[(f"driver-tests.drivers-net[{model}]", "drivers/net:ping.py")]
-        assert case.is_passed, case
+        case = cases[(f"driver-tests.drivers-net[{model}]", "drivers/net:stats.py")]
+        assert case.is_passed == (model != "e1000"), case
     # the guest's key for its peer stays in the guests
     for p in bundle.rglob("*"):
         if p.is_file() and p.stat().st_size < 8 << 20:
             assert b"labctl-peer" not in p.read_bytes() and b"OPENSSH PRIVATE KEY" not in p.read_bytes(), p
     report = (bundle / "report.md").read_text()
-    assert "ping.py" in report and "drivers/net" in report
+    assert "stats.py" in report and "drivers/net" in report
