@@ -26,13 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import labctl.follow.probes as pr
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
-from labctl.kernel import enum_names, struct_offsets
+from labctl.kernel import Kernel, enum_names, struct_offsets
 from labctl.live import capture
 from labctl.pktfilter import FilterError, Node, refuse_options
 from labctl.ssh import Pipe, Session
@@ -78,7 +79,22 @@ def offsets_of(state: LabState, guest: str) -> dict[str, int]:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass
-    return struct_offsets(kernel, pr.OFFSET_FIELDS, pr.OFFSETS_FILE, cache)
+    out = struct_offsets(kernel, pr.OFFSET_FIELDS, pr.OFFSETS_FILE, cache)
+    return {**out, **_optional_offsets(kernel, cache)}
+
+
+def _optional_offsets(kernel: Kernel, cache: Path) -> dict[str, int]:
+    """Netfilter's offsets, each set where the kernel has it: the skb's conntrack entry (vmlinux), the
+    nftables chain's and table's names (the nf_tables module's debug file); none on a kernel without
+    netfilter or without its modules' debug files (no conntrack state, no nftables hops then)."""
+    out: dict[str, int] = {}
+    for fields, name, modules in ((pr.CT_FIELDS, pr.CT_OFFSETS_FILE, ()),
+                                  (pr.NFT_FIELDS, pr.NFT_OFFSETS_FILE, (pr.NFT_MODULE,))):
+        try:
+            out.update(struct_offsets(kernel, fields, name, cache, modules=modules))
+        except LabctlError as exc:
+            log.debug("kernel %s: %s", kernel.name, exc.message)
+    return out
 
 
 def drop_reasons_of(state: LabState, guest: str) -> list[str]:
@@ -216,6 +232,8 @@ class Follower:
         out = self.session(g).run(cmd, timeout=120).stdout.decode(errors="replace")
         gp.enabled, gp.refused = pr.results(out)
         gp.ruleset = _between(out, "labctl-ruleset-begin", "labctl-ruleset-end")
+        if not gp.ruleset.strip():  # nf_tables not loaded (no ruleset): nothing for its chains' probes to see
+            gp.refused = [r for r in gp.refused if r.split()[-1] not in pr.NFT_POINTS]
         if gp.refused:
             self.warnings.append(f"{g}: the kernel refused {', '.join(gp.refused)}; those hops are not shown")
         if not gp.enabled:

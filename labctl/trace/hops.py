@@ -53,11 +53,12 @@ POINTS: dict[str, Point] = {p.name: p for p in (
     Point("ip6_local", "ip6_input", "stack", "local delivery (IPv6)"),
     Point("tcp6_rcv", "tcp_v6_rcv", "stack", "TCP receive (IPv6)"),
     Point("arp_rcv", "arp_rcv", "stack", "ARP receive"),
+    Point("nft", "nft_do_chain", "stack", "an nftables chain"),
     Point("drop", "kfree_skb", "drop", "dropped"),
 )}
 # the IPv6 and ARP probes on a point another family's probe also has: their events are that point's
 VARIANTS = {"dev_queue6": "dev_queue", "xmit6": "xmit", "netif_rx6": "netif_rx", "read6": "sock_read",
-            "udp6_read": "udp_read", "dev_queue_arp": "dev_queue", "xmit_arp": "xmit", "netif_rx_arp": "netif_rx"}
+            "udp6_read": "udp_read", "dev_queue_arp": "dev_queue", "xmit_arp": "xmit", "netif_rx_arp": "netif_rx", "nft6": "nft"}
 FORWARD = ("ip_fwd", "ip6_fwd")
 LOCAL = ("ip_local", "ip6_local", "tcp_rcv", "tcp6_rcv", "arp_rcv")  # taken in by the receiving guest's stack
 

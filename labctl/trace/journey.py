@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.pktfilter import ARP
+from labctl.trace import nfhops
 from labctl.trace.clocks import Alignment, Clock
 from labctl.trace.hops import (
     ECHO,
@@ -54,6 +55,7 @@ QUIET_NS = 500_000_000  # an end by absence (lost, consumed...) once nothing cam
 REPEAT_NS = 500_000_000  # a message sent again unchanged (ARP, ND) is another one once this much later
 ANSWER_NS = 50_000_000  # an ICMP error answers a drop of the same guest within this
 ARP_REPLY_NS = 1_000_000_000  # an ARP reply answers a request sent at most this much earlier
+NAT_TIE_NS = 1_000_000_000  # a rewritten skb is the same packet when seen again in the same guest within this
 _NO_TTL = Header(0, 0, 0, 0, 0, None, b"")
 
 
@@ -159,13 +161,19 @@ class _Cluster:
     header: Header
     events: list[Event] = field(default_factory=list)
     done: bool = False
+    rewritten: list[Header] = field(default_factory=list)  # what NAT made of it, in order (:mod:`.nfhops`)
+
+    @property
+    def headers(self) -> list[Header]:
+        return [self.header, *self.rewritten]
 
 
 @dataclass
 class Correlator:
     """Events in (any order across guests), journeys out (:meth:`settle`). ``clocks`` map each guest's
     trace clock; ``netfilter`` names the rules that dropped (guest -> text, from counters); ``reasons``:
-    each guest's drop reasons by number (6.1's where not given)."""
+    each guest's drop reasons by number (6.1's where not given); ``rulesets``: each guest's ``nft -a list
+    ruleset`` when the follow started (which rule of a chain dropped, :func:`.nfhops.dropping_rule`)."""
 
     topo: Topology
     clocks: dict[str, Clock]
@@ -180,6 +188,10 @@ class Correlator:
     arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
     drops_seen: int = 0
     count: int = 0
+    rulesets: dict[str, str] = field(default_factory=dict)
+    rulesets_after: dict[str, str] = field(default_factory=dict)  # a later listing (its counters), step mode
+    skb_last: dict[tuple[str, str], tuple[Event, Header]] = field(default_factory=dict)  # each skb's last event
+    tracked: set[str] = field(default_factory=set)  # guests where a followed packet had a conntrack entry
 
     def add(self, ev: Event) -> None:
         """One event of a followed guest."""
@@ -214,7 +226,15 @@ class Correlator:
         key = header.key()
         if header.is_echo(2):
             self.replies[key] = ev.host_ns or 0
-        chain = self.clusters.setdefault(key, [])
+        if ev.num("ct"):
+            self.tracked.add(ev.guest)
+        cluster = self._rewritten(ev, header) or self._by_key(ev, header)
+        if ev.skb:
+            self.skb_last[(ev.guest, ev.skb)] = (ev, header)
+        return cluster
+
+    def _by_key(self, ev: Event, header: Header) -> _Cluster:
+        chain = self.clusters.setdefault(header.key(), [])
         assert ev.host_ns is not None
         if header.repeats():
             slack = 2 * max((self._bound(g) for g in self.clocks), default=0.0) + 1_000_000
@@ -222,6 +242,37 @@ class Correlator:
         if chain and not chain[-1].done and ev.host_ns - max(e.host_ns or 0 for e in chain[-1].events) < CLUSTER_GAP_NS:
             return chain[-1]
         return self._new(header, ev)
+
+    def _rewritten(self, ev: Event, header: Header) -> _Cluster | None:
+        """The packet ``ev`` is when NAT rewrote its skb since its last event in this guest
+        (:func:`.nfhops.continues`): the hop notes the rewrite, the packet is known by its new name too,
+        and what was already seen by that name (another guest's stream may come first) is merged in."""
+        tie = self.last_by_skb.get((ev.guest, ev.skb)) if ev.skb else None
+        prev = self.skb_last.get((ev.guest, ev.skb)) if ev.skb else None
+        if tie is None or prev is None or tie[1].done or not 0 <= ev.ts - tie[0] <= NAT_TIE_NS:
+            return None
+        old = prev[1]
+        if not nfhops.continues(prev[0], ev, old, header):
+            return None
+        c = tie[1]
+        reply = "reply" in f"{nfhops.ct_state(ev)} {nfhops.ct_state(prev[0])}"
+        ev.fields["nat"] = nfhops.rewrite(old, header, reply)
+        c.rewritten.append(header)
+        chain = self.clusters.setdefault(header.key(), [])
+        for other in [o for o in chain if not o.done and o is not c]:
+            if abs(min(e.host_ns or 0 for e in other.events) - (ev.host_ns or 0)) < CLUSTER_GAP_NS:
+                self._merge(c, other, chain)
+        if c not in chain:
+            chain.append(c)
+        return c
+
+    def _merge(self, into: _Cluster, other: _Cluster, chain: list[_Cluster]) -> None:
+        into.events += other.events
+        other.done = True
+        chain.remove(other)
+        for k, (ts, cl) in list(self.last_by_skb.items()):
+            if cl is other:
+                self.last_by_skb[k] = (ts, into)
 
     def _new(self, header: Header, ev: Event) -> _Cluster:
         """A new packet, first seen at ``ev``; an ICMP error or an ARP reply is kept as what may answer another."""
@@ -246,11 +297,13 @@ class Correlator:
         else:
             slack = max((self._bound(g) for g in marks), default=0.0)
             horizon = min(marks.values(), default=0) - 2 * slack
-        ready = []
+        ready: list[_Cluster] = []
+        seen: set[int] = set()  # a packet NAT rewrote is in the chains of each of its names
         for chain in self.clusters.values():
             for c in chain:
-                if c.done:
+                if c.done or id(c) in seen:
                     continue
+                seen.add(id(c))
                 if horizon is not None:
                     last = max(e.host_ns or 0 for e in c.events)
                     if horizon < last or (not self._ended(c) and horizon - last < quiet_ns):
@@ -289,16 +342,20 @@ class Correlator:
         ends = self._ends()
         if h.family == ARP:
             return h.proto == 1 and ends.arp_reply(h, min(e.host_ns or 0 for e in events)) is not None
-        return h.is_echo(1) and events[-1].point in ("ip_local", "ip6_local") and ends.answered(h)
+        last = max(events, key=lambda e: e.host_ns or 0)  # the last hop on the host's clock, not a guest's
+        return (h.is_echo(1) and last.point in ("ip_local", "ip6_local")
+                and any(ends.answered(x) for x in c.headers))
 
     def _ends(self) -> _Ends:
-        return _Ends(self.topo, self.wire, self.netfilter, self.replies, self.errors, self.arp_replies, self.reasons)
+        return _Ends(self.topo, self.wire, self.netfilter, self.replies, self.errors, self.arp_replies, self.reasons,
+                     self.rulesets, self.rulesets_after)
 
     def _forget(self) -> None:
         """Drop settled clusters (a live follow runs for hours)."""
         for key in [k for k, chain in self.clusters.items() if all(c.done for c in chain)]:
             del self.clusters[key]
         self.last_by_skb = {k: v for k, v in self.last_by_skb.items() if not v[1].done}
+        self.skb_last = {k: v for k, v in self.skb_last.items() if k in self.last_by_skb}
         if self.replies:
             newest = max(self.replies.values())
             self.replies = {k: t for k, t in self.replies.items() if newest - t < 4 * CLUSTER_GAP_NS}
@@ -362,13 +419,22 @@ class Correlator:
         if e.point == "xmit":
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
+        notes = [note, e.fields.get("nat", "")]
+        state = nfhops.ct_state(e)
+        if state == "none":
+            state = "invalid (no entry)" if e.guest in self.tracked and e.point != "nft" else None
+        if state:
+            notes.append(f"conntrack {state}")
+        where = nfhops.chain_name(e) if e.point == "nft" else p.where
         assert e.host_ns is not None
-        return Hop(e.guest, e.point, p.where, e.dev, e.host_ns + round(self.align.at(e.guest)), e.comm, e.pid, e.irq,
-                   note, e.skb)
+        return Hop(e.guest, e.point, where, e.dev, e.host_ns + round(self.align.at(e.guest)), e.comm, e.pid, e.irq,
+                   "; ".join(n for n in notes if n), e.skb)
 
     def _wire(self, key: tuple[object, ...], a: list[Event], b: list[Event]) -> Hop:
         tx = next((e for e in reversed(a) if e.point == "xmit" and e.dev), None)
         rx = next((e for e in b if e.point == "netif_rx" and e.dev), None)
+        sent = identity(tx) if tx is not None else None
+        key = sent.key() if sent is not None else key  # its name on this wire (NAT may have renamed it)
         src = (a[0].guest, tx.dev) if tx and tx.dev else None
         dst = (b[0].guest, rx.dev) if rx and rx.dev else None
         name = f"{'.'.join(src) if src else a[0].guest} → {'.'.join(dst) if dst else b[0].guest}"
@@ -473,6 +539,8 @@ class _Ends:
     errors: list[_Cluster] = field(default_factory=list)
     arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
     reasons: dict[str, list[str]] = field(default_factory=dict)
+    rulesets: dict[str, str] = field(default_factory=dict)
+    rulesets_after: dict[str, str] = field(default_factory=dict)
 
     def end(self, c: _Cluster, visits: list[list[Event]], final: bool, copies: list[Event] | None = None) -> End:
         events = [e for v in visits for e in v]
@@ -502,7 +570,7 @@ class _Ends:
             return self._sent_end(c, tail, final)
         if tail.point in LOCAL:
             v6 = h.family == 6
-            if h.is_echo(1) and self.answered(h):
+            if h.is_echo(1) and any(self.answered(x) for x in c.headers):
                 return End("answered", guest, f"answered by {guest}'s kernel (ICMP{'v6' if v6 else ''} echo reply sent)",
                            where="icmpv6_rcv" if v6 else "icmp_rcv")
             what = {"tcp_rcv": "TCP (tcp_v4_rcv)", "tcp6_rcv": "TCP (tcp_v6_rcv)", "arp_rcv": "ARP (arp_rcv)",
@@ -569,6 +637,11 @@ class _Ends:
             fn = POINTS[before.point].where
             what = "hop limit exceeded" if before.point == "ip6_fwd" else "TTL exceeded"
             return End("dropped", guest, f"dropped on {guest} at {fn}: {what}", where=fn, reason=reason)
+        nft = next((e for e in reversed(visit) if e.point == "nft" and e.ts <= drop.ts
+                    and e.skb == drop.skb), None) if reason == "NETFILTER_DROP" else None
+        if nft is not None:  # the last chain it entered dropped it
+            by = nfhops.dropping_rule(nft, self.rulesets.get(guest, ""), self.rulesets_after.get(guest, ""))
+            return End("dropped", guest, f"dropped on {guest} by {by} ({reason} at {loc})", where=loc, reason=reason)
         text = f"dropped on {guest} at {loc}" + (f" for {reason}" if reason else "")
         rule = self.netfilter.get(guest) if reason == "NETFILTER_DROP" else None
         if rule:
@@ -581,8 +654,9 @@ class _Ends:
         if not peers:
             return End("left", tx.guest, f"sent out of {nic} (no followed guest on its network)", where=nic)
         to = ", ".join(".".join(p) for p in peers)
-        seen = [p for p in peers if p in self.wire.captured and self.wire.at(p, c.key) is not None]
-        left = (tx.guest, tx.dev or "") in self.wire.captured and self.wire.at((tx.guest, tx.dev or ""), c.key)
+        key = (identity(tx) or c.header).key()  # its name on this wire (NAT may have renamed it)
+        seen = [p for p in peers if p in self.wire.captured and self.wire.at(p, key) is not None]
+        left = (tx.guest, tx.dev or "") in self.wire.captured and self.wire.at((tx.guest, tx.dev or ""), key)
         if seen:
             how = f"reached {', '.join('.'.join(p) for p in seen)}'s NIC on the host side, never its driver"
         elif left:

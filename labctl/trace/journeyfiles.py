@@ -86,7 +86,9 @@ def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
              if (n := netfilter_note(before, after))}
     reasons = {str(g): [str(n) for n in names] for g, names in (data.get("reasons") or {}).items()
                if isinstance(names, list)}
-    corr = Correlator(topo, clocks, wire, notes, reasons=reasons)
+    rulesets = {str(g): (str(r[0]), str(r[1])) for g, r in (data.get("rulesets") or {}).items() if len(r) == 2}
+    corr = Correlator(topo, clocks, wire, notes, reasons=reasons, rulesets={g: r[0] for g, r in rulesets.items()},
+                      rulesets_after={g: r[1] for g, r in rulesets.items()})
     for ev in sorted(events, key=lambda e: clocks[e.guest].host(e.ts) if e.guest in clocks else e.ts):
         corr.add(ev)
     facts = {"filter": data.get("filter", ""), "guests": list(topo.guests),
