@@ -309,6 +309,11 @@ class Correlator:
                     if horizon < last or (not self._ended(c) and horizon - last < quiet_ns):
                         continue
                 ready.append(c)
+        for c in ready:  # mapped again: a clock round since its events came maps them better
+            for e in c.events:
+                clock = self.clocks.get(e.guest)
+                if clock is not None and clock.known:
+                    e.host_ns = clock.host(e.ts)
         self._learn(ready)
         out = []
         for c in ready:
@@ -329,8 +334,9 @@ class Correlator:
                 tx = next((e for e in reversed(a) if e.point == "xmit"), None)
                 rx = next((e for e in b if e.point == "netif_rx"), None)
                 if tx is not None and rx is not None and tx.host_ns is not None and rx.host_ns is not None:
-                    self.align.learn(tx.guest, rx.guest, rx.host_ns - tx.host_ns)
-        self.align.solve({g: self._bound(g) for g in self.clocks})
+                    self.align.learn(tx.guest, rx.guest, rx.host_ns - tx.host_ns, tx.host_ns)
+        latest = max((e.host_ns or 0 for c in clusters for e in c.events), default=0)
+        self.align.solve({g: self._bound(g, latest) for g in self.clocks})
 
     def _ended(self, c: _Cluster) -> bool:
         """Whether the packet's end is already known: a process read it (not a copy an ICMP error quoted),
@@ -372,10 +378,11 @@ class Correlator:
         visits = self._visits(events)
         hops: list[Hop] = []
         only_drop = all(e.point == "drop" for e in events)  # dropped before any follow point saw it
+        t = min((e.host_ns or 0 for e in events), default=0)  # the alignment around the packet's time
         for i, visit in enumerate(visits):
-            here = [self._hop(e) for e in visit if e.point != "drop" or only_drop]
+            here = [self._hop(e, t) for e in visit if e.point != "drop" or only_drop]
             if i and hops:
-                wire = self._wire(c.key, visits[i - 1], visit)
+                wire = self._wire(c.key, visits[i - 1], visit, t)
                 self._causal(hops[-1], wire, here)
                 hops.append(wire)
             hops += here
@@ -410,12 +417,12 @@ class Correlator:
                 return v
         return None
 
-    def _hop(self, e: Event) -> Hop:
+    def _hop(self, e: Event, t: int | None = None) -> Hop:
         p = POINTS[e.point]
         note = ""
         if e.point == "drop":
             return Hop(e.guest, e.point, (e.fields.get("loc") or p.where).split("+")[0], e.dev,
-                       (e.host_ns or 0) + round(self.align.at(e.guest)), e.comm, e.pid, e.irq, note, e.skb)
+                       (e.host_ns or 0) + round(self.align.at(e.guest, t)), e.comm, e.pid, e.irq, note, e.skb)
         if e.point == "xmit":
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
@@ -427,10 +434,10 @@ class Correlator:
             notes.append(f"conntrack {state}")
         where = nfhops.chain_name(e) if e.point == "nft" else p.where
         assert e.host_ns is not None
-        return Hop(e.guest, e.point, where, e.dev, e.host_ns + round(self.align.at(e.guest)), e.comm, e.pid, e.irq,
+        return Hop(e.guest, e.point, where, e.dev, e.host_ns + round(self.align.at(e.guest, t)), e.comm, e.pid, e.irq,
                    "; ".join(n for n in notes if n), e.skb)
 
-    def _wire(self, key: tuple[object, ...], a: list[Event], b: list[Event]) -> Hop:
+    def _wire(self, key: tuple[object, ...], a: list[Event], b: list[Event], at: int | None = None) -> Hop:
         tx = next((e for e in reversed(a) if e.point == "xmit" and e.dev), None)
         rx = next((e for e in b if e.point == "netif_rx" and e.dev), None)
         sent = identity(tx) if tx is not None else None
@@ -450,7 +457,7 @@ class Correlator:
         imp = self.topo.impairment(*src) if src else None
         if imp:
             notes.append(f"{imp} in force on {'.'.join(src) if src else ''}")
-        t = ((rx.host_ns if rx and rx.host_ns is not None else b[0].host_ns) or 0) + round(self.align.at(b[0].guest))
+        t = ((rx.host_ns if rx and rx.host_ns is not None else b[0].host_ns) or 0) + round(self.align.at(b[0].guest, at))
         return Hop(a[0].guest, "wire", name, None, t, note="; ".join(notes))
 
     def _causal(self, last: Hop, wire: Hop, here: list[Hop]) -> None:
@@ -461,21 +468,24 @@ class Correlator:
         first = here[0].t if here else wire.t
         gap = last.t - first
         guest = here[0].guest if here else wire.guest
-        if 0 < gap <= self._bound(last.guest) + self._bound(guest):
+        if 0 < gap <= self._bound(last.guest, last.t) + self._bound(guest, first):
             for h in here:
                 h.t += gap
             wire.note = "; ".join(x for x in (wire.note, (f"{guest}'s hops shown {gap / 1000:.0f} µs later, "
                                               "within the clocks' bounds")) if x)
         wire.t = here[0].t if here else max(wire.t, last.t)
 
-    def _bound(self, guest: str) -> float:
+    def _bound(self, guest: str, at: int | None = None) -> float:
+        """How well ``guest``'s mapped clock is known (at host time ``at``: past its last round, less)."""
         c = self.clocks.get(guest)
-        return c.bound_ns if c and c.known else 0.0
+        if not c or not c.known:
+            return 0.0
+        return c.bound_ns if at is None else c.bound_at(at)
 
     def _out_of_order(self, hops: list[Hop]) -> int:
         bad = 0
         for prev, hop in itertools.pairwise(hops):
-            if hop.t < prev.t - (self._bound(prev.guest) + self._bound(hop.guest)):
+            if hop.t < prev.t - (self._bound(prev.guest, prev.t) + self._bound(hop.guest, hop.t)):
                 bad += 1
         return bad
 
