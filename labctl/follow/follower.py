@@ -23,17 +23,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import labctl.follow.probes as pr
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import Kernel, enum_names, struct_offsets
+from labctl.lab import guest_interfaces
 from labctl.live import capture
 from labctl.pktfilter import FilterError, Node, refuse_options
 from labctl.ssh import Pipe, Session
@@ -320,6 +321,8 @@ class Follower:
         for g, spec in (self.state.resolved.get("guests") or {}).items():
             for n in spec.get("nics") or []:
                 topo.nets[(str(g), str(n["name"]))] = str(n.get("network"))
+        for g, spec in (self.state.resolved.get("guests") or {}).items():
+            topo.ifaces.update({(str(g), k): v for k, v in iface_roles(spec).items()})
         for key, values in netstate.load(self.state.path).impair.items():
             g, _, nic = key.partition(".")
             topo.impair[(g, nic)] = {str(k): str(v) for k, v in values.items() if v not in (None, "")}
@@ -387,6 +390,22 @@ class Follower:
         for s in self._sessions.values():
             s.close()
         self._sessions.clear()
+
+
+def iface_roles(guest: Mapping[str, Any]) -> dict[str, str]:
+    """What each of a guest's lab interfaces is to another (its ``Guest.to_dict()``): a bridge's ports, a
+    bond's members (and its mode), a VLAN on its parent."""
+    views = guest_interfaces(guest)
+    kinds = {v.name: v for v in views}
+    out = {}
+    for v in views:
+        if v.master:
+            m = kinds.get(v.master)
+            out[v.name] = (f"member of {v.master} ({m.detail.split(' bond of ')[0]})" if m and m.kind == "bond"
+                           else f"port of {v.master}")
+        elif v.kind == "vlan" and v.parent:
+            out[v.name] = f"VLAN {v.detail.split()[1]} on {v.parent}"
+    return out
 
 
 def _between(text: str, begin: str, end: str) -> str:

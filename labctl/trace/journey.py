@@ -62,11 +62,14 @@ _NO_TTL = Header(0, 0, 0, 0, 0, None, b"")
 @dataclass
 class Topology:
     """Where each followed NIC is: ``nets[(guest, nic)]`` = network; ``impair[(guest, nic)]`` = the netem
-    settings labctl put in force on its egress (``{"loss": "10%", ...}``); the followed guests."""
+    settings labctl put in force on its egress (``{"loss": "10%", ...}``); the followed guests;
+    ``ifaces[(guest, dev)]``: what a lab interface is to another (``port of br0``, ``member of bond0
+    (active-backup)``, ``VLAN 10 on eth1``), said at each hop on it."""
 
     nets: dict[tuple[str, str], str] = field(default_factory=dict)
     impair: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     guests: tuple[str, ...] = ()
+    ifaces: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def peers(self, guest: str, nic: str) -> list[tuple[str, str]]:
         """The followed NICs on the same network as ``guest.nic``."""
@@ -426,7 +429,7 @@ class Correlator:
         if e.point == "xmit":
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
-        notes = [note, e.fields.get("nat", "")]
+        notes = [note, self.topo.ifaces.get((e.guest, e.dev or ""), ""), e.fields.get("nat", "")]
         state = nfhops.ct_state(e)
         if state == "none":
             state = "invalid (no entry)" if e.guest in self.tracked and e.point != "nft" else None

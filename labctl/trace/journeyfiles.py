@@ -46,6 +46,7 @@ def follow_inputs(filt: str, guests: list[str], topo: Topology, samples: dict[st
     return {"filter": filt, "guests": guests,
             "nets": [[g, n, net] for (g, n), net in topo.nets.items()],
             "impair": [[g, n, v] for (g, n), v in topo.impair.items()],
+            "ifaces": [[g, n, v] for (g, n), v in topo.ifaces.items()],
             "samples": {g: {m: list(v) for m, v in s.items()} for g, s in samples.items()},
             "captured": [list(k) for k in sorted(wire.captured)],
             "wire": [[g, n, [[_key_out(k), t] for k, t in seen.items()]] for (g, n), seen in wire.seen.items()],
@@ -57,7 +58,8 @@ def read_inputs(data: dict[str, Any]) -> tuple[Topology, Wire]:
     """The topology and the wire's frames of ``follow/inputs.json``."""
     guests = tuple(str(g) for g in data.get("guests") or [])
     topo = Topology({(str(g), str(n)): str(net) for g, n, net in data.get("nets") or []},
-                    {(str(g), str(n)): dict(v) for g, n, v in data.get("impair") or []}, guests)
+                    {(str(g), str(n)): dict(v) for g, n, v in data.get("impair") or []}, guests,
+                    {(str(g), str(n)): str(v) for g, n, v in data.get("ifaces") or []})
     wire = Wire({(str(g), str(n)): {_key_in(k): list(t) for k, t in seen} for g, n, seen in data.get("wire") or []},
                 {(str(g), str(n)) for g, n in data.get("captured") or []})
     return topo, wire

@@ -17,7 +17,7 @@ from labctl.follow import probes
 from labctl.pktfilter import parse
 from labctl.trace import hops, nfhops
 from labctl.trace.clocks import BUCKET_NS, Alignment, Clock, Round
-from labctl.trace.journey import Correlator, Journey
+from labctl.trace.journey import Correlator, Journey, Topology
 from labctl.trace.journeyfiles import journeys_of
 from tests.unit.test_follow_answers import ECHO, TOPO, ev, v4
 
@@ -185,3 +185,21 @@ def test_what_another_guests_stream_brought_first_under_the_new_name_joins_the_p
         ("r", "net_dev_start_xmit"), ("r", "r.eth2 → b.eth1"), ("b", "netif_receive_skb"), ("b", "ip_local_deliver")]
     assert [h.note for h in j.hops if h.where == "net_dev_queue" and h.guest == "r"] == [
         "SNAT 10.1.0.2 id 301 → 10.2.0.1 id 301"]
+
+
+def test_a_hop_on_a_bridge_port_a_bond_member_or_a_vlan_says_so() -> None:
+    from labctl.follow.follower import iface_roles
+    from labctl.lab import load_lab
+
+    lab = load_lab(str(Path(__file__).resolve().parents[2] / "labs" / "dual-stack-router.yaml")).to_dict()
+    roles = {g: iface_roles(spec) for g, spec in lab["guests"].items()}
+    assert roles == {"a": {"eth1": "port of br0", "br0.10": "VLAN 10 on br0"}, "r": {"eth1.10": "VLAN 10 on eth1"},
+                     "b": {"eth1": "member of bond0 (active-backup)", "eth2": "member of bond0 (active-backup)"}}
+    topo = Topology(TOPO.nets, guests=TOPO.guests, ifaces={("a", "eth1"): "port of br0"})
+    corr = Correlator(topo, {g: Clock() for g in topo.guests})
+    req = v4("10.1.0.1", "10.2.0.1", 64, ECHO)
+    for e in (ev("a", 0.0, "dev_queue", b"\0" * 14 + req, dev="br0", at=14),
+              ev("a", 0.1, "dev_queue", b"\0" * 14 + req, dev="eth1", at=14)):
+        corr.add(e)
+    (j,) = corr.settle(None)
+    assert [(h.dev, h.note) for h in j.hops] == [("br0", ""), ("eth1", "port of br0")]
