@@ -718,6 +718,7 @@ def paths(journeys: list[Journey]) -> list[dict[str, Any]]:
         for i, h in enumerate(first.hops):
             deltas = [(j.hops[i].t - j.hops[i - 1].t) / 1000 for j in group if i]
             hops.append({"guest": h.guest, "where": h.where, "dev": h.dev, "point": h.point,
+                         **({"note": h.note} if h.note and h.point != "wire" else {}),  # the example's
                          **(_pcts(deltas) if deltas else {})})
         total = [(j.hops[-1].t - j.hops[0].t) / 1000 for j in group if j.hops]
         out.append({"count": len(group), "end": first.end.as_dict(), "hops": hops,
@@ -731,6 +732,13 @@ def totals(journeys: list[Journey]) -> dict[str, Any]:
     by_end: dict[str, int] = {}
     for j in journeys:
         by_end[j.end.kind] = by_end.get(j.end.kind, 0) + 1
+    rules: dict[str, int] = {}
+    for j in journeys:
+        if j.end.kind == "dropped" and j.end.text.startswith(f"dropped on {j.end.guest} by nft "):
+            rule = j.end.text.removeprefix(f"dropped on {j.end.guest} by ").rsplit(" (NETFILTER_DROP", 1)[0]
+            rules[f"{j.end.guest}: {rule}"] = rules.get(f"{j.end.guest}: {rule}", 0) + 1
     return {"packets": len(journeys), "by_end": by_end,
             "out_of_order_hops": sum(j.out_of_order for j in journeys),
-            "packets_out_of_order": sum(1 for j in journeys if j.out_of_order)}
+            "packets_out_of_order": sum(1 for j in journeys if j.out_of_order),
+            "nat_rewritten": sum(1 for j in journeys if any("NAT " in h.note for h in j.hops)),
+            **({"dropped_by_rule": rules} if rules else {})}

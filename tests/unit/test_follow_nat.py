@@ -203,3 +203,17 @@ def test_a_hop_on_a_bridge_port_a_bond_member_or_a_vlan_says_so() -> None:
         corr.add(e)
     (j,) = corr.settle(None)
     assert [(h.dev, h.note) for h in j.hops] == [("br0", ""), ("eth1", "port of br0")]
+
+
+def test_the_totals_compare_counts_and_the_reports_paths_carry_the_rewrites_and_the_rules() -> None:
+    from labctl.report.journeys import _hop_name, follow_metrics
+    from labctl.trace.journey import paths, totals
+
+    masq, drop6 = _recorded("masq"), _recorded("drop6")
+    assert totals(masq)["nat_rewritten"] == 4 and "dropped_by_rule" not in totals(masq)
+    rule = "r: nft inet labctl input handle 4 (comment 'no IPv6 pings from a')"
+    assert totals(drop6)["dropped_by_rule"] == {rule: 1}
+    metrics = follow_metrics({"follow": {"totals": totals(drop6)}})
+    assert metrics[f"follow.rule.{rule}"][0] == 1.0 and metrics["follow.nat"][0] == 0.0
+    names = [_hop_name(h) for p in paths(masq) for h in p["hops"]]
+    assert any(n.startswith("r net_dev_queue eth2 · SNAT 10.1.0.2 id ") for n in names), names
