@@ -22,6 +22,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from labctl.pktfilter import ARP, Packet
 
@@ -238,7 +239,7 @@ class Header:
     def first_fragment(self) -> bool:
         return self.offset == 0
 
-    @property
+    @cached_property
     def icmp(self) -> int | None:
         """The ICMP (IPv4) or ICMPv6 (IPv6) type, None for any other packet."""
         if self.family in ECHO and self.proto == ECHO[self.family][0] and self.l4 and self.first_fragment:
@@ -268,6 +269,10 @@ class Header:
         """What names this packet in every kernel it crosses (skb addresses change between kernels;
         the TTL and checksum change on every router). IPv4's is (saddr, daddr, proto, id, offset,
         transport); IPv6's and ARP's have their family after those."""
+        return self._key
+
+    @cached_property
+    def _key(self) -> tuple[object, ...]:  # a follow asks each packet's many times (a header never changes)
         if self.family == ARP:
             return (self.saddr, self.daddr, self.proto, 0, 0, (int.from_bytes(self.hw, "big"),), ARP)
         l4: tuple[object, ...] = ()

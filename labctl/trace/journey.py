@@ -186,7 +186,7 @@ class Correlator:
     align: Alignment = field(default_factory=Alignment)
     clusters: dict[tuple[object, ...], list[_Cluster]] = field(default_factory=dict)
     last_by_skb: dict[tuple[str, str], tuple[int, _Cluster]] = field(default_factory=dict)
-    replies: dict[tuple[object, ...], int] = field(default_factory=dict)  # ICMP echo replies seen, host ns
+    replies: dict[tuple[object, ...], int] = field(default_factory=dict)  # ICMP echo replies seen (from, to, l4), host ns
     errors: list[_Cluster] = field(default_factory=list)  # the ICMP errors seen (what may answer a drop)
     arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
     drops_seen: int = 0
@@ -195,6 +195,7 @@ class Correlator:
     rulesets_after: dict[str, str] = field(default_factory=dict)  # a later listing (its counters), step mode
     skb_last: dict[tuple[str, str], tuple[Event, Header]] = field(default_factory=dict)  # each skb's last event
     tracked: set[str] = field(default_factory=set)  # guests where a followed packet had a conntrack entry
+    _bounds: dict[str, float] = field(default_factory=dict)  # each guest's bound at the journey being made
 
     def add(self, ev: Event) -> None:
         """One event of a followed guest."""
@@ -228,7 +229,7 @@ class Correlator:
             return None
         key = header.key()
         if header.is_echo(2):
-            self.replies[key] = ev.host_ns or 0
+            self.replies[(key[0], key[1], key[5])] = ev.host_ns or 0  # what answered() looks up
         if ev.num("ct"):
             self.tracked.add(ev.guest)
         cluster = self._rewritten(ev, header) or self._by_key(ev, header)
@@ -382,6 +383,7 @@ class Correlator:
         hops: list[Hop] = []
         only_drop = all(e.point == "drop" for e in events)  # dropped before any follow point saw it
         t = min((e.host_ns or 0 for e in events), default=0)  # the alignment around the packet's time
+        self._bounds = {g: self._bound(g, t) for g in {e.guest for e in events}}  # a packet takes milliseconds
         for i, visit in enumerate(visits):
             here = [self._hop(e, t) for e in visit if e.point != "drop" or only_drop]
             if i and hops:
@@ -471,7 +473,7 @@ class Correlator:
         first = here[0].t if here else wire.t
         gap = last.t - first
         guest = here[0].guest if here else wire.guest
-        if 0 < gap <= self._bound(last.guest, last.t) + self._bound(guest, first):
+        if 0 < gap <= self._bounds.get(last.guest, 0.0) + self._bounds.get(guest, 0.0):
             for h in here:
                 h.t += gap
             wire.note = "; ".join(x for x in (wire.note, (f"{guest}'s hops shown {gap / 1000:.0f} µs later, "
@@ -488,7 +490,7 @@ class Correlator:
     def _out_of_order(self, hops: list[Hop]) -> int:
         bad = 0
         for prev, hop in itertools.pairwise(hops):
-            if hop.t < prev.t - (self._bound(prev.guest, prev.t) + self._bound(hop.guest, hop.t)):
+            if hop.t < prev.t - (self._bounds.get(prev.guest, 0.0) + self._bounds.get(hop.guest, 0.0)):
                 bad += 1
         return bad
 
@@ -599,7 +601,7 @@ class _Ends:
     def answered(self, h: Header) -> bool:
         """An echo reply to ``h`` (an echo request) was seen: the same id and sequence, the other way."""
         l4 = (ECHO[h.family][2], *struct.unpack(">HH", h.l4[4:8]))
-        return any(k[0] == h.daddr and k[1] == h.saddr and k[5] == l4 for k in self.replies)
+        return (h.daddr, h.saddr, l4) in self.replies
 
     def arp_reply(self, h: Header, start: int) -> tuple[int, str, bytes] | None:
         """The ARP reply to the request ``h`` sent at ``start`` (host ns): from its target, to its sender."""
