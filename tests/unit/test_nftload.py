@@ -1,7 +1,7 @@
 """Loading a guest's firewall (labctl.up.nftload): the command writes exactly the script and the lab's
 nft file, checks the whole before loading it, and ``load`` turns nft's answer into nothing, lab-file
-problems or a guest error. The guest's answers are nft 1.0.6's own (a Debian 12 guest); the session
-is a stand-in that records the command."""
+problems or a guest error. The guest's answer is nft 1.0.6's own (a Debian 12 guest, recorded in
+tests/unit/test_firewall.py); the session is a stand-in that records the command."""
 
 from __future__ import annotations
 
@@ -18,18 +18,18 @@ from labctl.errors import GuestError, LabFileError
 from labctl.lab import Firewall, load_lab
 from labctl.ssh import Endpoint, Result
 from labctl.up import nftload
+from tests.unit.test_firewall import NFT_OUTPUT
 
-# nft 1.0.6 in labs/nat-router.yaml's r, for `nft -c -f` of a script whose second rule is misspelt
-REFUSED = (b"/run/labctl-fw/main.nft:8:34-38: Error: syntax error, unexpected newline\n"
-           b"  ip6 saddr fd00:1::/64 tcp dport 22 dropp\n                                 ^^^^^\n")
+# nft 1.0.6's own answer in a Debian 12 guest to `nft -c -f` of the script of _fw's lab (its rules misspelt)
+REFUSED = NFT_OUTPUT.encode()
 
 
 def _fw(tmp_path: Path) -> Firewall:
-    (tmp_path / "r.nft").write_text("table inet fwdcount {\n  chain forward { type filter hook forward priority 0; }\n}\n")
+    (tmp_path / "r.nft").write_text("table ip z {\n  chain c\n}\n")
     (tmp_path / "lab.yaml").write_text(
         "name: fw\nnetworks: {n: {}}\nguests:\n  r:\n    nics: [{name: eth1, model: e1000, network: n}]\n"
         "    firewall:\n      file: r.nft\n      filter:\n        input:\n          rules:\n"
-        "            - ip6 saddr fd00:5::/64 accept\n            - ip6 saddr fd00:1::/64 tcp dport 22 dropp\n")
+        "            - tcp dport 22 dropp\n            - meta foo bar\n")
     fw = load_lab(str(tmp_path / "lab.yaml")).guests["r"].firewall
     assert fw is not None and fw.file is not None
     return fw
@@ -53,7 +53,7 @@ def test_the_command_writes_the_script_and_the_file_then_checks_before_it_loads(
     assert all(shlex.split(s) for s in steps)  # each step one well-formed shell word list
     script = written[nftload.MAIN].splitlines()
     assert [script[n - 1].strip() for n, ref in lines.items() if ref.what.startswith("rule")] == [
-        "ip6 saddr fd00:5::/64 accept", "ip6 saddr fd00:1::/64 tcp dport 22 dropp"]
+        "tcp dport 22 dropp", "meta foo bar"]
 
 
 class _Session:
@@ -96,8 +96,12 @@ def test_load_runs_the_command_once_and_a_refused_rule_is_its_lab_line(tmp_path:
     with pytest.raises(LabFileError) as exc:
         nftload.load(_ep(tmp_path), fw, "lab.yaml")
     assert [str(p) for p in exc.value.problems] == [
-        ("lab.yaml:12: guests.r.firewall.filter.input.rules[1]: guest r: nft refused rule "
-         "'ip6 saddr fd00:1::/64 tcp dport 22 dropp': syntax error, unexpected newline")]
+        ("lab.yaml:11: guests.r.firewall.filter.input.rules[0]: guest r: nft refused rule 'tcp dport 22 dropp': "
+         "syntax error, unexpected newline"),
+        ("lab.yaml:12: guests.r.firewall.filter.input.rules[1]: guest r: nft refused rule 'meta foo bar': "
+         "syntax error, unexpected foo, known keys are length, protocol"),
+        (f"{tmp_path / 'r.nft'}:2: guests.r.firewall.file: guest r: nft refused line 2 of r.nft: "
+         "Could not process rule: Operation not supported")]
 
 
 def test_load_without_a_firewall_does_nothing_and_other_failures_are_the_guests(tmp_path: Path,
