@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.pktfilter import ARP
-from labctl.trace import nfhops
 from labctl.trace.clocks import Alignment, Clock
 from labctl.trace.hops import (
     ECHO,
@@ -48,6 +47,7 @@ from labctl.trace.hops import (
     identity,
     reason_name,
 )
+from labctl.trace.nfhops import chain_name, continues, ct_state, dropping_rule, rewrite
 
 CLUSTER_GAP_NS = 2_000_000_000  # the same identity again after this long: another packet
 DROP_TIE_NS = 2_000_000_000  # a drop belongs to the last hop of its skb in the same guest within this
@@ -195,7 +195,9 @@ class Correlator:
     rulesets_after: dict[str, str] = field(default_factory=dict)  # a later listing (its counters), step mode
     skb_last: dict[tuple[str, str], tuple[Event, Header]] = field(default_factory=dict)  # each skb's last event
     tracked: set[str] = field(default_factory=set)  # guests where a followed packet had a conntrack entry
-    _bounds: dict[str, float] = field(default_factory=dict)  # each guest's bound at the journey being made
+
+    def __post_init__(self) -> None:
+        self.path = _Hops(self.topo, self.clocks, self.wire, self.align, self.tracked)
 
     def add(self, ev: Event) -> None:
         """One event of a followed guest."""
@@ -241,7 +243,7 @@ class Correlator:
         chain = self.clusters.setdefault(header.key(), [])
         assert ev.host_ns is not None
         if header.repeats():
-            slack = 2 * max((self._bound(g) for g in self.clocks), default=0.0) + 1_000_000
+            slack = 2 * max((self.path._bound(g) for g in self.clocks), default=0.0) + 1_000_000
             return _sending(chain, ev, slack) or self._new(header, ev)
         if chain and not chain[-1].done and ev.host_ns - max(e.host_ns or 0 for e in chain[-1].events) < CLUSTER_GAP_NS:
             return chain[-1]
@@ -256,11 +258,11 @@ class Correlator:
         if tie is None or prev is None or tie[1].done or not 0 <= ev.ts - tie[0] <= NAT_TIE_NS:
             return None
         old = prev[1]
-        if not nfhops.continues(prev[0], ev, old, header):
+        if not continues(prev[0], ev, old, header):
             return None
         c = tie[1]
-        reply = "reply" in f"{nfhops.ct_state(ev)} {nfhops.ct_state(prev[0])}"
-        ev.fields["nat"] = nfhops.rewrite(old, header, reply)
+        reply = "reply" in f"{ct_state(ev)} {ct_state(prev[0])}"
+        ev.fields["nat"] = rewrite(old, header, reply)
         c.rewritten.append(header)
         chain = self.clusters.setdefault(header.key(), [])
         for other in [o for o in chain if not o.done and o is not c]:
@@ -299,7 +301,7 @@ class Correlator:
         if marks is None:
             horizon = None
         else:
-            slack = max((self._bound(g) for g in marks), default=0.0)
+            slack = max((self.path._bound(g) for g in marks), default=0.0)
             horizon = min(marks.values(), default=0) - 2 * slack
         ready: list[_Cluster] = []
         seen: set[int] = set()  # a packet NAT rewrote is in the chains of each of its names
@@ -333,14 +335,14 @@ class Correlator:
     def _learn(self, clusters: list[_Cluster]) -> None:
         """The clocks' alignment (:class:`labctl.trace.clocks.Alignment`) from these packets' wire crossings."""
         for c in clusters:
-            visits = self._visits(c.events)
+            visits = self.path._visits(c.events)
             for a, b in itertools.pairwise(visits):
                 tx = next((e for e in reversed(a) if e.point == "xmit"), None)
                 rx = next((e for e in b if e.point == "netif_rx"), None)
                 if tx is not None and rx is not None and tx.host_ns is not None and rx.host_ns is not None:
                     self.align.learn(tx.guest, rx.guest, rx.host_ns - tx.host_ns, tx.host_ns)
         latest = max((e.host_ns or 0 for c in clusters for e in c.events), default=0)
-        self.align.solve({g: self._bound(g, latest) for g in self.clocks})
+        self.align.solve({g: self.path._bound(g, latest) for g in self.clocks})
 
     def _ended(self, c: _Cluster) -> bool:
         """Whether the packet's end is already known: a process read it (not a copy an ICMP error quoted),
@@ -379,22 +381,39 @@ class Correlator:
 
     def journey(self, c: _Cluster, final: bool = False) -> Journey:
         events, copies = quoted(c.events)
-        visits = self._visits(events)
+        p = self.path
+        visits = p._visits(events)
         hops: list[Hop] = []
         only_drop = all(e.point == "drop" for e in events)  # dropped before any follow point saw it
         t = min((e.host_ns or 0 for e in events), default=0)  # the alignment around the packet's time
-        self._bounds = {g: self._bound(g, t) for g in {e.guest for e in events}}  # a packet takes milliseconds
+        p._bounds = {g: p._bound(g, t) for g in {e.guest for e in events}}  # a packet takes milliseconds
         for i, visit in enumerate(visits):
-            here = [self._hop(e, t) for e in visit if e.point != "drop" or only_drop]
+            here = [p._hop(e, t) for e in visit if e.point != "drop" or only_drop]
             if i and hops:
-                wire = self._wire(c.key, visits[i - 1], visit, t)
-                self._causal(hops[-1], wire, here)
+                wire = p._wire(c.key, visits[i - 1], visit, t)
+                p._causal(hops[-1], wire, here)
                 hops.append(wire)
             hops += here
         end = self._ends().end(c, visits, final, copies)
         j = Journey(c.header, hops, end)
-        j.out_of_order = self._out_of_order(hops)
+        j.out_of_order = p._out_of_order(hops)
         return j
+
+
+
+@dataclass
+class _Hops:
+    """One packet's events as hops (:meth:`Correlator.journey`): the guests' visits in the order the wire
+    carried it, each event a hop at its mapped and aligned time, the wire hops between, the causal
+    order within the clocks' bounds (see the module docstring). Shares the correlator's view of the
+    lab, its clocks and their alignment, the guests whose packets had a conntrack entry."""
+
+    topo: Topology
+    clocks: dict[str, Clock]
+    wire: Wire
+    align: Alignment
+    tracked: set[str]
+    _bounds: dict[str, float] = field(default_factory=dict)  # each guest's bound at the journey being made
 
     def _visits(self, events: list[Event]) -> list[list[Event]]:
         """The events per guest (in its clock's order), the guests in the order the wire carried the packet."""
@@ -432,12 +451,12 @@ class Correlator:
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
         notes = [note, self.topo.ifaces.get((e.guest, e.dev or ""), ""), e.fields.get("nat", "")]
-        state = nfhops.ct_state(e)
+        state = ct_state(e)
         if state == "none":
             state = "invalid (no entry)" if e.guest in self.tracked and e.point != "nft" else None
         if state:
             notes.append(f"conntrack {state}")
-        where = nfhops.chain_name(e) if e.point == "nft" else p.where
+        where = chain_name(e) if e.point == "nft" else p.where
         assert e.host_ns is not None
         return Hop(e.guest, e.point, where, e.dev, e.host_ns + round(self.align.at(e.guest, t)), e.comm, e.pid, e.irq,
                    "; ".join(n for n in notes if n), e.skb)
@@ -655,7 +674,7 @@ class _Ends:
         nft = next((e for e in reversed(visit) if e.point == "nft" and e.ts <= drop.ts
                     and e.skb == drop.skb), None) if reason == "NETFILTER_DROP" else None
         if nft is not None:  # the last chain it entered dropped it
-            by = nfhops.dropping_rule(nft, self.rulesets.get(guest, ""), self.rulesets_after.get(guest, ""))
+            by = dropping_rule(nft, self.rulesets.get(guest, ""), self.rulesets_after.get(guest, ""))
             return End("dropped", guest, f"dropped on {guest} by {by} ({reason} at {loc})", where=loc, reason=reason)
         text = f"dropped on {guest} at {loc}" + (f" for {reason}" if reason else "")
         rule = self.netfilter.get(guest) if reason == "NETFILTER_DROP" else None
