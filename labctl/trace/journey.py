@@ -40,6 +40,7 @@ from labctl.trace.hops import (
     ICMP_NAMES,
     ICMP_UNREACH,
     LOCAL,
+    ND,
     POINTS,
     Event,
     Header,
@@ -588,8 +589,8 @@ class _Ends:
         guest = last[0].guest
         h = c.header
         drop = next((e for e in reversed(last) if e.point == "drop"), None)
-        if drop is not None and h.is_error() and _handled_error(drop, last):
-            drop = None  # ICMPv6 frees an error it handed to the socket with kfree_skb: not a drop
+        if drop is not None and (h.is_error() or (h.family == 6 and h.icmp in ND)) and _handled_error(drop, last):
+            drop = None  # ICMPv6 frees an error it handed to the socket, or an ND message ndisc took, with kfree_skb
         if drop is not None:
             end = self._drop_end(drop, last)
             if end.kind == "dropped" and not h.is_error():  # no error is sent about an error
@@ -597,7 +598,7 @@ class _Ends:
             return end
         if h.family == ARP and h.proto == 1:
             return self._arp_end(h, visits)
-        tail = next((e for e in reversed(last) if e.point != "drop"), last[-1])
+        tail = next((e for e in reversed(last) if e.point not in ("drop", "nft")), last[-1])  # a chain is on the way
         if tail.point == "drop":
             return self._drop_end(tail, last)
         if tail.point == "xmit":

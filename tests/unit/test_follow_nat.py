@@ -68,6 +68,9 @@ def test_an_ipv6_ping_dropped_by_an_nft_rule_names_the_rule() -> None:
     assert j.end.text == ("dropped on r by nft inet labctl input handle 4 (comment 'no IPv6 pings from a') "
                           "(NETFILTER_DROP at nft_do_chain+0x47f/0x5e0 [nf_tables])")
     assert _hops(j)[-1] == ("r", "nft inet labctl input", None, "conntrack new")
+    # the neighbour discovery around it: taken in by ndisc (6.1's icmpv6_rcv frees it with kfree_skb), not dropped
+    nd = [x for x in _recorded("drop6") if "neighbour" in x.header.describe()]
+    assert len(nd) == 4 and {x.end.kind for x in nd} == {"consumed"}, [x.end.text for x in nd]
 
 
 def _tcp(src: str, dst: str, sport: int, dport: int, seq: int = 1000, ipid: int = 7) -> bytes:
