@@ -23,16 +23,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import labctl.follow.probes as pr
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
-from labctl.kernel import enum_names, struct_offsets
+from labctl.kernel import Kernel, enum_names, struct_offsets
+from labctl.lab import guest_interfaces
 from labctl.live import capture
 from labctl.pktfilter import FilterError, Node, refuse_options
 from labctl.ssh import Pipe, Session
@@ -78,7 +80,22 @@ def offsets_of(state: LabState, guest: str) -> dict[str, int]:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass
-    return struct_offsets(kernel, pr.OFFSET_FIELDS, pr.OFFSETS_FILE, cache)
+    out = struct_offsets(kernel, pr.OFFSET_FIELDS, pr.OFFSETS_FILE, cache)
+    return {**out, **_optional_offsets(kernel, cache)}
+
+
+def _optional_offsets(kernel: Kernel, cache: Path) -> dict[str, int]:
+    """Netfilter's offsets, each set where the kernel has it: the skb's conntrack entry (vmlinux), the
+    nftables chain's and table's names (the nf_tables module's debug file); none on a kernel without
+    netfilter or without its modules' debug files (no conntrack state, no nftables hops then)."""
+    out: dict[str, int] = {}
+    for fields, name, modules in ((pr.CT_FIELDS, pr.CT_OFFSETS_FILE, ()),
+                                  (pr.NFT_FIELDS, pr.NFT_OFFSETS_FILE, (pr.NFT_MODULE,))):
+        try:
+            out.update(struct_offsets(kernel, fields, name, cache, modules=modules))
+        except LabctlError as exc:
+            log.debug("kernel %s: %s", kernel.name, exc.message)
+    return out
 
 
 def drop_reasons_of(state: LabState, guest: str) -> list[str]:
@@ -216,6 +233,8 @@ class Follower:
         out = self.session(g).run(cmd, timeout=120).stdout.decode(errors="replace")
         gp.enabled, gp.refused = pr.results(out)
         gp.ruleset = _between(out, "labctl-ruleset-begin", "labctl-ruleset-end")
+        if not gp.ruleset.strip():  # nf_tables not loaded (no ruleset): nothing for its chains' probes to see
+            gp.refused = [r for r in gp.refused if r.split()[-1] not in pr.NFT_POINTS]
         if gp.refused:
             self.warnings.append(f"{g}: the kernel refused {', '.join(gp.refused)}; those hops are not shown")
         if not gp.enabled:
@@ -302,6 +321,8 @@ class Follower:
         for g, spec in (self.state.resolved.get("guests") or {}).items():
             for n in spec.get("nics") or []:
                 topo.nets[(str(g), str(n["name"]))] = str(n.get("network"))
+        for g, spec in (self.state.resolved.get("guests") or {}).items():
+            topo.ifaces.update({(str(g), k): v for k, v in iface_roles(spec).items()})
         for key, values in netstate.load(self.state.path).impair.items():
             g, _, nic = key.partition(".")
             topo.impair[(g, nic)] = {str(k): str(v) for k, v in values.items() if v not in (None, "")}
@@ -369,6 +390,22 @@ class Follower:
         for s in self._sessions.values():
             s.close()
         self._sessions.clear()
+
+
+def iface_roles(guest: Mapping[str, Any]) -> dict[str, str]:
+    """What each of a guest's lab interfaces is to another (its ``Guest.to_dict()``): a bridge's ports, a
+    bond's members (and its mode), a VLAN on its parent."""
+    views = guest_interfaces(guest)
+    kinds = {v.name: v for v in views}
+    out = {}
+    for v in views:
+        if v.master:
+            m = kinds.get(v.master)
+            out[v.name] = (f"member of {v.master} ({m.detail.split(' bond of ')[0]})" if m and m.kind == "bond"
+                           else f"port of {v.master}")
+        elif v.kind == "vlan" and v.parent:
+            out[v.name] = f"VLAN {v.detail.split()[1]} on {v.parent}"
+    return out
 
 
 def _between(text: str, begin: str, end: str) -> str:

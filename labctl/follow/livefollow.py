@@ -121,9 +121,10 @@ class LiveFollow:
         self.markers: dict[str, list[Event]] = {g: [] for g in follower.guests}
         self.pending: dict[str, list[Event]] = {g: [] for g in follower.guests}
         self.marks: dict[str, int] = {}
-        self.corr = Correlator(follower.topology(), self.clocks, follower.wire, reasons=follower.reasons)
-        self.stats = LiveStats(clocks=self.clocks)
         self.rulesets = {g: p.ruleset for g, p in follower.probes.items()}
+        self.corr = Correlator(follower.topology(), self.clocks, follower.wire, reasons=follower.reasons,
+                               rulesets=dict(self.rulesets))
+        self.stats = LiveStats(clocks=self.clocks)
         self.followed = 0  # events of followed packets seen (the clock rounds' pace)
 
     def _line(self, guest: str, line: str) -> None:
@@ -162,7 +163,10 @@ class LiveFollow:
         return False
 
     def _netfilter(self, j: Journey) -> None:
-        """Which rule dropped: the counters now against the last listing of that guest."""
+        """Which rule dropped, where the chain that dropped did not say (:mod:`labctl.trace.nfhops`): the
+        counters now against the last listing of that guest."""
+        if " handle " in j.end.text:
+            return
         g = j.end.guest
         now = self.f.ruleset(g)
         note = netfilter_note(self.rulesets.get(g, ""), now)

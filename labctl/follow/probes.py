@@ -49,6 +49,14 @@ OFFSET_FIELDS = {
     "dev_name": ("struct net_device", "name"),
     "skb_protocol": ("struct sk_buff", "protocol"),
 }
+# netfilter's, each optional (a kernel without netfilter has neither): the skb's conntrack entry and
+# state (``_nfct``, in vmlinux) and nftables' chain and table names (types of the nf_tables module)
+CT_FIELDS = {"skb_nfct": ("struct sk_buff", "_nfct")}
+NFT_FIELDS = {"chain_table": ("struct nft_chain", "table"), "chain_name": ("struct nft_chain", "name"),
+              "table_name": ("struct nft_table", "name"), "table_family": ("struct nft_table", "family")}
+NFT_MODULE = "net/netfilter/nf_tables.ko"
+CT_OFFSETS_FILE = "follow-ct-offsets.json"
+NFT_OFFSETS_FILE = "follow-nft-offsets.json"
 FOLLOW_BUFFER_KB = 8192
 DROPS_BUFFER_KB = 2048
 
@@ -68,14 +76,16 @@ class ProbePoint:
     ip_at: int
     dev: bool = False
     family: int = 4
+    ct: bool = False  # fetches the skb's conntrack entry (``ct``: its address, the state in the low 3 bits)
+    nft: bool = False  # nft_do_chain: the chain and table (``%si``: the chain) too
 
 
 POINTS = (
     ProbePoint("dev_queue", "e", "net.net_dev_queue", "$skbaddr", 14, dev=True),  # after the Ethernet header
     ProbePoint("xmit", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True),
     ProbePoint("netif_rx", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True),  # eth_type_trans pulled L2
-    ProbePoint("ip_fwd", "p", "ip_forward", "%di", 0),
-    ProbePoint("ip_local", "p", "ip_local_deliver", "%di", 0),
+    ProbePoint("ip_fwd", "p", "ip_forward", "%di", 0, ct=True),
+    ProbePoint("ip_local", "p", "ip_local_deliver", "%di", 0, ct=True),
     ProbePoint("tcp_rcv", "p", "tcp_v4_rcv", "%di", -20),  # IP's header pulled (no options)
     # the reader's copy, in its context: a raw socket keeps the IP header, a ping socket is at the ICMP header
     ProbePoint("raw_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", 0),
@@ -85,8 +95,8 @@ POINTS = (
     ProbePoint("dev_queue6", "e", "net.net_dev_queue", "$skbaddr", 14, dev=True, family=6),
     ProbePoint("xmit6", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True, family=6),
     ProbePoint("netif_rx6", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True, family=6),
-    ProbePoint("ip6_fwd", "p", "ip6_forward", "%di", 0, family=6),
-    ProbePoint("ip6_local", "p", "ip6_input", "%di", 0, family=6),
+    ProbePoint("ip6_fwd", "p", "ip6_forward", "%di", 0, family=6, ct=True),
+    ProbePoint("ip6_local", "p", "ip6_input", "%di", 0, family=6, ct=True),
     ProbePoint("tcp6_rcv", "p", "tcp_v6_rcv", "%di", -40, family=6),
     ProbePoint("read6", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", -40, family=6),
     ProbePoint("udp6_read", "p", "skb_consume_udp", "%si", -40, family=6),
@@ -95,7 +105,12 @@ POINTS = (
     ProbePoint("xmit_arp", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True, family=ARP),
     ProbePoint("netif_rx_arp", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True, family=ARP),
     ProbePoint("arp_rcv", "p", "arp_rcv", "%di", 0, family=ARP),
+    # an nftables base chain (its rules run; a drop by one of them is the next event of the skb): the
+    # packet (``pkt->skb``, at its network header), its conntrack state, the chain and table
+    ProbePoint("nft", "p", "nft_do_chain", "+0(%di)", 0, ct=True, nft=True),
+    ProbePoint("nft6", "p", "nft_do_chain", "+0(%di)", 0, family=6, ct=True, nft=True),
 )
+NFT_POINTS = tuple(p.name for p in POINTS if p.nft)
 
 # each family's header fields by name: (offset from the network header, type); BASE: fetched by every
 # point of the family (what names a packet), the others only when the filter reads them
@@ -138,7 +153,14 @@ def point_definition(group: str, p: ProbePoint, off: dict[str, int], extra: set[
     data = f"+{off['skb_data']}({skb})"
     dev = f" dev=+{off['dev_name']}(+{off['skb_dev']}({skb})):string" if p.dev else ""
     pr = f" pr=+{off['skb_protocol']}({skb}):u16" if p.family != 4 else ""
-    return f"{p.kind}:{group}/{p.name} {p.place} skb={skb}:x64{dev}{pr} {ip_fields(data, p.ip_at, extra, p.family)}"
+    ct = f" ct=+{off['skb_nfct']}({skb}):x64" if p.ct and "skb_nfct" in off else ""
+    nft = ""
+    if p.nft:
+        table = f"+{off['chain_table']}(%si)"
+        nft = (f" chain=+0(+{off['chain_name']}(%si)):string table=+0(+{off['table_name']}({table})):string"
+               f" tfam=+{off['table_family']}({table}):u8")
+    return (f"{p.kind}:{group}/{p.name} {p.place} skb={skb}:x64{dev}{pr}{ct}{nft} "
+            f"{ip_fields(data, p.ip_at, extra, p.family)}")
 
 
 def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol: bool, extra: str = "") -> str:
@@ -208,7 +230,7 @@ def definitions(group: str, node: Node, off: dict[str, int], reason: bool, symbo
         if filt is None:  # the filter matches nothing of this family: no probes for it
             continue
         by_family[family] = filt
-        for p in (p for p in POINTS if p.family == family):
+        for p in (p for p in POINTS if p.family == family and (not p.nft or "chain_name" in off)):
             defs.append(point_definition(group, p, off, extra))
             filters[p.name] = filt
     drop_args, drop_filt = drop_filter(off, by_family)

@@ -23,8 +23,11 @@ Fields = Mapping[str, tuple[str, str]]
 """name -> (C type, member path): ``{"skb_data": ("struct sk_buff", "data")}``."""
 
 
-def struct_offsets(kernel: Kernel, fields: Fields, cache_name: str, cache_dir: Path | None = None) -> dict[str, int]:
-    """The byte offset of every field of ``fields`` in ``kernel`` (cached in ``cache_name``).
+def struct_offsets(kernel: Kernel, fields: Fields, cache_name: str, cache_dir: Path | None = None,
+                   modules: tuple[str, ...] = ()) -> dict[str, int]:
+    """The byte offset of every field of ``fields`` in ``kernel`` (cached in ``cache_name``); ``modules``:
+    debug files of modules (``net/netfilter/nf_tables.ko``, under its ``debug-modules/kernel``) whose
+    types are read too.
 
     :raise TraceError: the kernel has no debug info, or a type or member is not in it.
     """
@@ -43,6 +46,11 @@ def struct_offsets(kernel: Kernel, fields: Fields, cache_name: str, cache_dir: P
         prog = drgn.Program(drgn.host_platform)
         module = prog.extra_module("vmlinux", create=True)
         module.try_file(str(vmlinux), force=True)
+        for name in modules:
+            ko = kernel.debug_modules / "kernel" / name
+            if not ko.is_file():
+                raise TraceError(f"kernel {kernel.name} has no debug file of {name}")
+            prog.extra_module(ko.stem, create=True).try_file(str(ko), force=True)
         out = {name: int(drgn.offsetof(prog.type(ctype), member)) for name, (ctype, member) in fields.items()}
     except (LookupError, ValueError, drgn.FaultError, OSError) as exc:
         raise TraceError(f"cannot read struct offsets from {vmlinux}: {exc}") from exc

@@ -22,7 +22,8 @@ PATHS_SHOWN = 8
 def _hop_name(h: Mapping[str, Any]) -> str:
     if h.get("point") == "wire":
         return f"wire {h.get('where')}"
-    return f"{h.get('guest')} {h.get('where')}" + (f" {h.get('dev')}" if h.get("dev") else "")
+    return (f"{h.get('guest')} {h.get('where')}" + (f" {h.get('dev')}" if h.get("dev") else "")
+            + (f" · {h.get('note')}" if h.get("note") else ""))
 
 
 def _clocks(f: Mapping[str, Any]) -> str:
@@ -76,7 +77,10 @@ def follow_metrics(step: StepSummary) -> dict[str, Metric]:
         return {}
     out: dict[str, Metric] = {"follow.packets": (float(t.get("packets") or 0), "followed packets", "packets", 0),
                               "follow.out_of_order": (float(t.get("out_of_order_hops") or 0),
-                                                      "hops out of order", "hops", -1)}
+                                                      "hops out of order", "hops", -1),
+                              "follow.nat": (float(t.get("nat_rewritten") or 0), "packets rewritten by NAT", "packets", 0)}
+    for rule, n in as_dict(t.get("dropped_by_rule")).items():
+        out[f"follow.rule.{rule}"] = (float(n), f"packets dropped by {rule}", "packets", -1)
     for kind, n in as_dict(t.get("by_end")).items():
         out[f"follow.end.{kind}"] = (float(n), f"packets {kind}", "packets", -1 if kind in ("dropped", "lost") else 0)
     return out

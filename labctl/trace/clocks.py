@@ -15,6 +15,13 @@ smallest (receive on y − send on x) and ``min_yx`` the other way, shifting y b
 ``(min_yx − min_xy) / 2`` makes both directions' fastest packets take equal times. Each guest's shift
 is kept within the round trips' bounds (relative to the guest with the tightest bound), so a
 mapping never leaves what the round trips proved.
+
+Both drift: a guest's rate is known only as well as its rounds' bounds over their span allow, so a
+time mapped past the last round (a live follow maps each event as it comes, up to a round's period
+later) is known within the round's bound plus that rate's uncertainty times the distance
+(:meth:`Clock.bound_at`); and the alignment is learned per half second (:data:`BUCKET_NS`) and each
+packet shifted by the crossings of the seconds around it (:data:`WINDOW_BUCKETS`), not by the whole
+run's fastest ones, which a drifting mapping had made 14-20 ms wrong by the end of a 1,000-ping run.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ class Round:
 
 
 MAX_DRIFT = 1e-3  # a guest clock off by more than 1000 ppm is a wrong estimate, not a clock
+BUCKET_NS = 500_000_000  # the alignment's crossings are kept per half second
+WINDOW_BUCKETS = 4  # ... and a packet aligned by those of the 2 s before and after it
 
 
 def _round(items: list[tuple[int, int, int]]) -> Round:
@@ -60,6 +69,7 @@ class Clock:
     """A guest's trace clock mapped onto the host's monotonic clock (ns)."""
 
     rounds: list[Round] = field(default_factory=list)
+    _good: tuple[int, int, list[Round]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_samples(cls, samples: Mapping[str, tuple[int, int]], markers: Iterable[Event]) -> Clock:
@@ -83,12 +93,28 @@ class Clock:
         best round's, and a millisecond more) would only blur the others."""
         if not self.rounds:
             return []
+        if self._good is not None and self._good[:2] == (id(self.rounds), len(self.rounds)):
+            return self._good[2]  # every mapped time asks: once per set of rounds
         best = min(r.half for r in self.rounds)
-        return [r for r in self.rounds if r.half <= max(3 * best, best + 1_000_000)]
+        good = [r for r in self.rounds if r.half <= max(3 * best, best + 1_000_000)]
+        self._good = (id(self.rounds), len(self.rounds), good)
+        return good
 
     @property
     def bound_ns(self) -> float:
         return max((r.half for r in self.good()), default=float("inf"))
+
+    def bound_at(self, host_ns: int) -> float:
+        """How well a time mapped at ``host_ns`` is known: :attr:`bound_ns`, and past the good rounds'
+        span, the uncertainty of the rate (:meth:`rate`) times the distance to the nearest."""
+        r = self.good()
+        if not r:
+            return float("inf")
+        first, last = r[0].at + r[0].offset, r[-1].at + r[-1].offset
+        beyond = max(0.0, first - host_ns, host_ns - last)
+        span = r[-1].at - r[0].at
+        unsure = (r[0].half + r[-1].half) / span if len(r) >= 2 and span >= 1_000_000_000 else MAX_DRIFT
+        return self.bound_ns + min(unsure, 2 * MAX_DRIFT) * beyond
 
     def rate(self) -> float:
         """The guest clock's drift against the host's (host ns per guest ns, minus 1) from the first and the
@@ -130,37 +156,70 @@ class Alignment:
 
     mins: dict[tuple[str, str], int] = field(default_factory=dict)  # (sender, receiver) -> smallest raw delta
     shift: dict[str, float] = field(default_factory=dict)
+    buckets: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)  # pair -> half second -> min
+    bounds: dict[str, float] = field(default_factory=dict)
+    _near: dict[int, dict[str, float]] = field(default_factory=dict)  # each half second's shifts, as solved
 
-    def learn(self, sender: str, receiver: str, delta_ns: int) -> None:
+    def learn(self, sender: str, receiver: str, delta_ns: int, t: int | None = None) -> None:
+        """A crossing from ``sender`` to ``receiver`` that took ``delta_ns`` on the mapped clocks, sent at
+        host time ``t`` (None: counted in the whole run's only)."""
         key = (sender, receiver)
         if key not in self.mins or delta_ns < self.mins[key]:
             self.mins[key] = delta_ns
+        if t is not None:
+            per = self.buckets.setdefault(key, {})
+            b = t // BUCKET_NS
+            if b not in per or delta_ns < per[b]:
+                per[b] = delta_ns
+                self._near.clear()
 
-    def at(self, guest: str) -> float:
-        return self.shift.get(guest, 0.0)
+    def at(self, guest: str, t: int | None = None) -> float:
+        """``guest``'s shift: by the crossings around host time ``t`` where some were learned with their time,
+        else by the whole run's."""
+        if t is None or not self.buckets:
+            return self.shift.get(guest, 0.0)
+        b = t // BUCKET_NS
+        if b not in self._near:
+            mins = {}
+            for pair, per in self.buckets.items():
+                near = [per[i] for i in range(b - WINDOW_BUCKETS, b + WINDOW_BUCKETS + 1) if i in per]
+                if near:
+                    mins[pair] = min(near)
+            self._near[b] = _solve(mins, self.bounds) or self.shift
+        return self._near[b].get(guest, self.shift.get(guest, 0.0))
 
     def solve(self, bounds: Mapping[str, float]) -> None:
         """Each guest's shift from the pairs seen, anchored at the guest with the tightest bound."""
-        edges: dict[str, dict[str, float]] = {}
-        for (x, y), m in self.mins.items():
-            back = self.mins.get((y, x))
-            d = (back - m) / 2 if back is not None else max(0.0, -float(m))  # y relative to x
-            edges.setdefault(x, {})[y] = d
-            edges.setdefault(y, {})[x] = -d
-        if not edges:
-            return
-        anchor = min(edges, key=lambda g: (bounds.get(g, float("inf")), g))
-        shift = {anchor: 0.0}
-        todo = deque([anchor])
-        while todo:
-            x = todo.popleft()
-            for y, d in sorted(edges[x].items()):
-                if y in shift:
-                    continue
-                limit = bounds.get(y, 0.0) + bounds.get(anchor, 0.0)
-                shift[y] = max(-limit, min(limit, shift[x] + d))
-                todo.append(y)
-        self.shift = shift
+        self.bounds = dict(bounds)
+        self._near.clear()
+        shift = _solve(self.mins, bounds)
+        if shift:
+            self.shift = shift
 
     def as_dict(self) -> dict[str, Any]:
         return {g: round(s / 1000, 1) for g, s in self.shift.items()}
+
+
+def _solve(mins: Mapping[tuple[str, str], int], bounds: Mapping[str, float]) -> dict[str, float]:
+    """Each guest's shift from the smallest deltas of the pairs in ``mins``, anchored at the guest with
+    the tightest bound, each within the bounds of it and the anchor ({}: no pair)."""
+    edges: dict[str, dict[str, float]] = {}
+    for (x, y), m in mins.items():
+        back = mins.get((y, x))
+        d = (back - m) / 2 if back is not None else max(0.0, -float(m))  # y relative to x
+        edges.setdefault(x, {})[y] = d
+        edges.setdefault(y, {})[x] = -d
+    if not edges:
+        return {}
+    anchor = min(edges, key=lambda g: (bounds.get(g, float("inf")), g))
+    shift = {anchor: 0.0}
+    todo = deque([anchor])
+    while todo:
+        x = todo.popleft()
+        for y, d in sorted(edges[x].items()):
+            if y in shift:
+                continue
+            limit = bounds.get(y, 0.0) + bounds.get(anchor, 0.0)
+            shift[y] = max(-limit, min(limit, shift[x] + d))
+            todo.append(y)
+    return shift

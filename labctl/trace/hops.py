@@ -22,6 +22,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from labctl.pktfilter import ARP, Packet
 
@@ -53,11 +54,12 @@ POINTS: dict[str, Point] = {p.name: p for p in (
     Point("ip6_local", "ip6_input", "stack", "local delivery (IPv6)"),
     Point("tcp6_rcv", "tcp_v6_rcv", "stack", "TCP receive (IPv6)"),
     Point("arp_rcv", "arp_rcv", "stack", "ARP receive"),
+    Point("nft", "nft_do_chain", "stack", "an nftables chain"),
     Point("drop", "kfree_skb", "drop", "dropped"),
 )}
 # the IPv6 and ARP probes on a point another family's probe also has: their events are that point's
 VARIANTS = {"dev_queue6": "dev_queue", "xmit6": "xmit", "netif_rx6": "netif_rx", "read6": "sock_read",
-            "udp6_read": "udp_read", "dev_queue_arp": "dev_queue", "xmit_arp": "xmit", "netif_rx_arp": "netif_rx"}
+            "udp6_read": "udp_read", "dev_queue_arp": "dev_queue", "xmit_arp": "xmit", "netif_rx_arp": "netif_rx", "nft6": "nft"}
 FORWARD = ("ip_fwd", "ip6_fwd")
 LOCAL = ("ip_local", "ip6_local", "tcp_rcv", "tcp6_rcv", "arp_rcv")  # taken in by the receiving guest's stack
 
@@ -237,7 +239,7 @@ class Header:
     def first_fragment(self) -> bool:
         return self.offset == 0
 
-    @property
+    @cached_property
     def icmp(self) -> int | None:
         """The ICMP (IPv4) or ICMPv6 (IPv6) type, None for any other packet."""
         if self.family in ECHO and self.proto == ECHO[self.family][0] and self.l4 and self.first_fragment:
@@ -267,6 +269,10 @@ class Header:
         """What names this packet in every kernel it crosses (skb addresses change between kernels;
         the TTL and checksum change on every router). IPv4's is (saddr, daddr, proto, id, offset,
         transport); IPv6's and ARP's have their family after those."""
+        return self._key
+
+    @cached_property
+    def _key(self) -> tuple[object, ...]:  # a follow asks each packet's many times (a header never changes)
         if self.family == ARP:
             return (self.saddr, self.daddr, self.proto, 0, 0, (int.from_bytes(self.hw, "big"),), ARP)
         l4: tuple[object, ...] = ()

@@ -40,6 +40,7 @@ from labctl.trace.hops import (
     ICMP_NAMES,
     ICMP_UNREACH,
     LOCAL,
+    ND,
     POINTS,
     Event,
     Header,
@@ -47,6 +48,7 @@ from labctl.trace.hops import (
     identity,
     reason_name,
 )
+from labctl.trace.nfhops import chain_name, continues, ct_state, dropping_rule, rewrite
 
 CLUSTER_GAP_NS = 2_000_000_000  # the same identity again after this long: another packet
 DROP_TIE_NS = 2_000_000_000  # a drop belongs to the last hop of its skb in the same guest within this
@@ -54,17 +56,21 @@ QUIET_NS = 500_000_000  # an end by absence (lost, consumed...) once nothing cam
 REPEAT_NS = 500_000_000  # a message sent again unchanged (ARP, ND) is another one once this much later
 ANSWER_NS = 50_000_000  # an ICMP error answers a drop of the same guest within this
 ARP_REPLY_NS = 1_000_000_000  # an ARP reply answers a request sent at most this much earlier
+NAT_TIE_NS = 1_000_000_000  # a rewritten skb is the same packet when seen again in the same guest within this
 _NO_TTL = Header(0, 0, 0, 0, 0, None, b"")
 
 
 @dataclass
 class Topology:
     """Where each followed NIC is: ``nets[(guest, nic)]`` = network; ``impair[(guest, nic)]`` = the netem
-    settings labctl put in force on its egress (``{"loss": "10%", ...}``); the followed guests."""
+    settings labctl put in force on its egress (``{"loss": "10%", ...}``); the followed guests;
+    ``ifaces[(guest, dev)]``: what a lab interface is to another (``port of br0``, ``member of bond0
+    (active-backup)``, ``VLAN 10 on eth1``), said at each hop on it."""
 
     nets: dict[tuple[str, str], str] = field(default_factory=dict)
     impair: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     guests: tuple[str, ...] = ()
+    ifaces: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def peers(self, guest: str, nic: str) -> list[tuple[str, str]]:
         """The followed NICs on the same network as ``guest.nic``."""
@@ -159,13 +165,19 @@ class _Cluster:
     header: Header
     events: list[Event] = field(default_factory=list)
     done: bool = False
+    rewritten: list[Header] = field(default_factory=list)  # what NAT made of it, in order (:mod:`.nfhops`)
+
+    @property
+    def headers(self) -> list[Header]:
+        return [self.header, *self.rewritten]
 
 
 @dataclass
 class Correlator:
     """Events in (any order across guests), journeys out (:meth:`settle`). ``clocks`` map each guest's
     trace clock; ``netfilter`` names the rules that dropped (guest -> text, from counters); ``reasons``:
-    each guest's drop reasons by number (6.1's where not given)."""
+    each guest's drop reasons by number (6.1's where not given); ``rulesets``: each guest's ``nft -a list
+    ruleset`` when the follow started (which rule of a chain dropped, :func:`.nfhops.dropping_rule`)."""
 
     topo: Topology
     clocks: dict[str, Clock]
@@ -175,11 +187,18 @@ class Correlator:
     align: Alignment = field(default_factory=Alignment)
     clusters: dict[tuple[object, ...], list[_Cluster]] = field(default_factory=dict)
     last_by_skb: dict[tuple[str, str], tuple[int, _Cluster]] = field(default_factory=dict)
-    replies: dict[tuple[object, ...], int] = field(default_factory=dict)  # ICMP echo replies seen, host ns
+    replies: dict[tuple[object, ...], int] = field(default_factory=dict)  # ICMP echo replies seen (from, to, l4), host ns
     errors: list[_Cluster] = field(default_factory=list)  # the ICMP errors seen (what may answer a drop)
     arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
     drops_seen: int = 0
     count: int = 0
+    rulesets: dict[str, str] = field(default_factory=dict)
+    rulesets_after: dict[str, str] = field(default_factory=dict)  # a later listing (its counters), step mode
+    skb_last: dict[tuple[str, str], tuple[Event, Header]] = field(default_factory=dict)  # each skb's last event
+    tracked: set[str] = field(default_factory=set)  # guests where a followed packet had a conntrack entry
+
+    def __post_init__(self) -> None:
+        self.path = _Hops(self.topo, self.clocks, self.wire, self.align, self.tracked)
 
     def add(self, ev: Event) -> None:
         """One event of a followed guest."""
@@ -213,15 +232,54 @@ class Correlator:
             return None
         key = header.key()
         if header.is_echo(2):
-            self.replies[key] = ev.host_ns or 0
-        chain = self.clusters.setdefault(key, [])
+            self.replies[(key[0], key[1], key[5])] = ev.host_ns or 0  # what answered() looks up
+        if ev.num("ct"):
+            self.tracked.add(ev.guest)
+        cluster = self._rewritten(ev, header) or self._by_key(ev, header)
+        if ev.skb:
+            self.skb_last[(ev.guest, ev.skb)] = (ev, header)
+        return cluster
+
+    def _by_key(self, ev: Event, header: Header) -> _Cluster:
+        chain = self.clusters.setdefault(header.key(), [])
         assert ev.host_ns is not None
         if header.repeats():
-            slack = 2 * max((self._bound(g) for g in self.clocks), default=0.0) + 1_000_000
+            slack = 2 * max((self.path._bound(g) for g in self.clocks), default=0.0) + 1_000_000
             return _sending(chain, ev, slack) or self._new(header, ev)
         if chain and not chain[-1].done and ev.host_ns - max(e.host_ns or 0 for e in chain[-1].events) < CLUSTER_GAP_NS:
             return chain[-1]
         return self._new(header, ev)
+
+    def _rewritten(self, ev: Event, header: Header) -> _Cluster | None:
+        """The packet ``ev`` is when NAT rewrote its skb since its last event in this guest
+        (:func:`.nfhops.continues`): the hop notes the rewrite, the packet is known by its new name too,
+        and what was already seen by that name (another guest's stream may come first) is merged in."""
+        tie = self.last_by_skb.get((ev.guest, ev.skb)) if ev.skb else None
+        prev = self.skb_last.get((ev.guest, ev.skb)) if ev.skb else None
+        if tie is None or prev is None or tie[1].done or not 0 <= ev.ts - tie[0] <= NAT_TIE_NS:
+            return None
+        old = prev[1]
+        if not continues(prev[0], ev, old, header):
+            return None
+        c = tie[1]
+        reply = "reply" in f"{ct_state(ev)} {ct_state(prev[0])}"
+        ev.fields["nat"] = rewrite(old, header, reply)
+        c.rewritten.append(header)
+        chain = self.clusters.setdefault(header.key(), [])
+        for other in [o for o in chain if not o.done and o is not c]:
+            if abs(min(e.host_ns or 0 for e in other.events) - (ev.host_ns or 0)) < CLUSTER_GAP_NS:
+                self._merge(c, other, chain)
+        if c not in chain:
+            chain.append(c)
+        return c
+
+    def _merge(self, into: _Cluster, other: _Cluster, chain: list[_Cluster]) -> None:
+        into.events += other.events
+        other.done = True
+        chain.remove(other)
+        for k, (ts, cl) in list(self.last_by_skb.items()):
+            if cl is other:
+                self.last_by_skb[k] = (ts, into)
 
     def _new(self, header: Header, ev: Event) -> _Cluster:
         """A new packet, first seen at ``ev``; an ICMP error or an ARP reply is kept as what may answer another."""
@@ -244,18 +302,25 @@ class Correlator:
         if marks is None:
             horizon = None
         else:
-            slack = max((self._bound(g) for g in marks), default=0.0)
+            slack = max((self.path._bound(g) for g in marks), default=0.0)
             horizon = min(marks.values(), default=0) - 2 * slack
-        ready = []
+        ready: list[_Cluster] = []
+        seen: set[int] = set()  # a packet NAT rewrote is in the chains of each of its names
         for chain in self.clusters.values():
             for c in chain:
-                if c.done:
+                if c.done or id(c) in seen:
                     continue
+                seen.add(id(c))
                 if horizon is not None:
                     last = max(e.host_ns or 0 for e in c.events)
                     if horizon < last or (not self._ended(c) and horizon - last < quiet_ns):
                         continue
                 ready.append(c)
+        for c in ready:  # mapped again: a clock round since its events came maps them better
+            for e in c.events:
+                clock = self.clocks.get(e.guest)
+                if clock is not None and clock.known:
+                    e.host_ns = clock.host(e.ts)
         self._learn(ready)
         out = []
         for c in ready:
@@ -271,13 +336,14 @@ class Correlator:
     def _learn(self, clusters: list[_Cluster]) -> None:
         """The clocks' alignment (:class:`labctl.trace.clocks.Alignment`) from these packets' wire crossings."""
         for c in clusters:
-            visits = self._visits(c.events)
+            visits = self.path._visits(c.events)
             for a, b in itertools.pairwise(visits):
                 tx = next((e for e in reversed(a) if e.point == "xmit"), None)
                 rx = next((e for e in b if e.point == "netif_rx"), None)
                 if tx is not None and rx is not None and tx.host_ns is not None and rx.host_ns is not None:
-                    self.align.learn(tx.guest, rx.guest, rx.host_ns - tx.host_ns)
-        self.align.solve({g: self._bound(g) for g in self.clocks})
+                    self.align.learn(tx.guest, rx.guest, rx.host_ns - tx.host_ns, tx.host_ns)
+        latest = max((e.host_ns or 0 for c in clusters for e in c.events), default=0)
+        self.align.solve({g: self.path._bound(g, latest) for g in self.clocks})
 
     def _ended(self, c: _Cluster) -> bool:
         """Whether the packet's end is already known: a process read it (not a copy an ICMP error quoted),
@@ -289,16 +355,20 @@ class Correlator:
         ends = self._ends()
         if h.family == ARP:
             return h.proto == 1 and ends.arp_reply(h, min(e.host_ns or 0 for e in events)) is not None
-        return h.is_echo(1) and events[-1].point in ("ip_local", "ip6_local") and ends.answered(h)
+        last = max(events, key=lambda e: e.host_ns or 0)  # the last hop on the host's clock, not a guest's
+        return (h.is_echo(1) and last.point in ("ip_local", "ip6_local")
+                and any(ends.answered(x) for x in c.headers))
 
     def _ends(self) -> _Ends:
-        return _Ends(self.topo, self.wire, self.netfilter, self.replies, self.errors, self.arp_replies, self.reasons)
+        return _Ends(self.topo, self.wire, self.netfilter, self.replies, self.errors, self.arp_replies, self.reasons,
+                     self.rulesets, self.rulesets_after)
 
     def _forget(self) -> None:
         """Drop settled clusters (a live follow runs for hours)."""
         for key in [k for k, chain in self.clusters.items() if all(c.done for c in chain)]:
             del self.clusters[key]
         self.last_by_skb = {k: v for k, v in self.last_by_skb.items() if not v[1].done}
+        self.skb_last = {k: v for k, v in self.skb_last.items() if k in self.last_by_skb}
         if self.replies:
             newest = max(self.replies.values())
             self.replies = {k: t for k, t in self.replies.items() if newest - t < 4 * CLUSTER_GAP_NS}
@@ -312,20 +382,39 @@ class Correlator:
 
     def journey(self, c: _Cluster, final: bool = False) -> Journey:
         events, copies = quoted(c.events)
-        visits = self._visits(events)
+        p = self.path
+        visits = p._visits(events)
         hops: list[Hop] = []
         only_drop = all(e.point == "drop" for e in events)  # dropped before any follow point saw it
+        t = min((e.host_ns or 0 for e in events), default=0)  # the alignment around the packet's time
+        p._bounds = {g: p._bound(g, t) for g in {e.guest for e in events}}  # a packet takes milliseconds
         for i, visit in enumerate(visits):
-            here = [self._hop(e) for e in visit if e.point != "drop" or only_drop]
+            here = [p._hop(e, t) for e in visit if e.point != "drop" or only_drop]
             if i and hops:
-                wire = self._wire(c.key, visits[i - 1], visit)
-                self._causal(hops[-1], wire, here)
+                wire = p._wire(c.key, visits[i - 1], visit, t)
+                p._causal(hops[-1], wire, here)
                 hops.append(wire)
             hops += here
         end = self._ends().end(c, visits, final, copies)
         j = Journey(c.header, hops, end)
-        j.out_of_order = self._out_of_order(hops)
+        j.out_of_order = p._out_of_order(hops)
         return j
+
+
+
+@dataclass
+class _Hops:
+    """One packet's events as hops (:meth:`Correlator.journey`): the guests' visits in the order the wire
+    carried it, each event a hop at its mapped and aligned time, the wire hops between, the causal
+    order within the clocks' bounds (see the module docstring). Shares the correlator's view of the
+    lab, its clocks and their alignment, the guests whose packets had a conntrack entry."""
+
+    topo: Topology
+    clocks: dict[str, Clock]
+    wire: Wire
+    align: Alignment
+    tracked: set[str]
+    _bounds: dict[str, float] = field(default_factory=dict)  # each guest's bound at the journey being made
 
     def _visits(self, events: list[Event]) -> list[list[Event]]:
         """The events per guest (in its clock's order), the guests in the order the wire carried the packet."""
@@ -353,22 +442,31 @@ class Correlator:
                 return v
         return None
 
-    def _hop(self, e: Event) -> Hop:
+    def _hop(self, e: Event, t: int | None = None) -> Hop:
         p = POINTS[e.point]
         note = ""
         if e.point == "drop":
             return Hop(e.guest, e.point, (e.fields.get("loc") or p.where).split("+")[0], e.dev,
-                       (e.host_ns or 0) + round(self.align.at(e.guest)), e.comm, e.pid, e.irq, note, e.skb)
+                       (e.host_ns or 0) + round(self.align.at(e.guest, t)), e.comm, e.pid, e.irq, note, e.skb)
         if e.point == "xmit":
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
+        notes = [note, self.topo.ifaces.get((e.guest, e.dev or ""), ""), e.fields.get("nat", "")]
+        state = ct_state(e)
+        if state == "none":
+            state = "invalid (no entry)" if e.guest in self.tracked and e.point != "nft" else None
+        if state:
+            notes.append(f"conntrack {state}")
+        where = chain_name(e) if e.point == "nft" else p.where
         assert e.host_ns is not None
-        return Hop(e.guest, e.point, p.where, e.dev, e.host_ns + round(self.align.at(e.guest)), e.comm, e.pid, e.irq,
-                   note, e.skb)
+        return Hop(e.guest, e.point, where, e.dev, e.host_ns + round(self.align.at(e.guest, t)), e.comm, e.pid, e.irq,
+                   "; ".join(n for n in notes if n), e.skb)
 
-    def _wire(self, key: tuple[object, ...], a: list[Event], b: list[Event]) -> Hop:
+    def _wire(self, key: tuple[object, ...], a: list[Event], b: list[Event], at: int | None = None) -> Hop:
         tx = next((e for e in reversed(a) if e.point == "xmit" and e.dev), None)
         rx = next((e for e in b if e.point == "netif_rx" and e.dev), None)
+        sent = identity(tx) if tx is not None else None
+        key = sent.key() if sent is not None else key  # its name on this wire (NAT may have renamed it)
         src = (a[0].guest, tx.dev) if tx and tx.dev else None
         dst = (b[0].guest, rx.dev) if rx and rx.dev else None
         name = f"{'.'.join(src) if src else a[0].guest} → {'.'.join(dst) if dst else b[0].guest}"
@@ -384,7 +482,7 @@ class Correlator:
         imp = self.topo.impairment(*src) if src else None
         if imp:
             notes.append(f"{imp} in force on {'.'.join(src) if src else ''}")
-        t = ((rx.host_ns if rx and rx.host_ns is not None else b[0].host_ns) or 0) + round(self.align.at(b[0].guest))
+        t = ((rx.host_ns if rx and rx.host_ns is not None else b[0].host_ns) or 0) + round(self.align.at(b[0].guest, at))
         return Hop(a[0].guest, "wire", name, None, t, note="; ".join(notes))
 
     def _causal(self, last: Hop, wire: Hop, here: list[Hop]) -> None:
@@ -395,21 +493,24 @@ class Correlator:
         first = here[0].t if here else wire.t
         gap = last.t - first
         guest = here[0].guest if here else wire.guest
-        if 0 < gap <= self._bound(last.guest) + self._bound(guest):
+        if 0 < gap <= self._bounds.get(last.guest, 0.0) + self._bounds.get(guest, 0.0):
             for h in here:
                 h.t += gap
             wire.note = "; ".join(x for x in (wire.note, (f"{guest}'s hops shown {gap / 1000:.0f} µs later, "
                                               "within the clocks' bounds")) if x)
         wire.t = here[0].t if here else max(wire.t, last.t)
 
-    def _bound(self, guest: str) -> float:
+    def _bound(self, guest: str, at: int | None = None) -> float:
+        """How well ``guest``'s mapped clock is known (at host time ``at``: past its last round, less)."""
         c = self.clocks.get(guest)
-        return c.bound_ns if c and c.known else 0.0
+        if not c or not c.known:
+            return 0.0
+        return c.bound_ns if at is None else c.bound_at(at)
 
     def _out_of_order(self, hops: list[Hop]) -> int:
         bad = 0
         for prev, hop in itertools.pairwise(hops):
-            if hop.t < prev.t - (self._bound(prev.guest) + self._bound(hop.guest)):
+            if hop.t < prev.t - (self._bounds.get(prev.guest, 0.0) + self._bounds.get(hop.guest, 0.0)):
                 bad += 1
         return bad
 
@@ -473,6 +574,8 @@ class _Ends:
     errors: list[_Cluster] = field(default_factory=list)
     arp_replies: dict[tuple[int, int], list[tuple[int, str, bytes]]] = field(default_factory=dict)
     reasons: dict[str, list[str]] = field(default_factory=dict)
+    rulesets: dict[str, str] = field(default_factory=dict)
+    rulesets_after: dict[str, str] = field(default_factory=dict)
 
     def end(self, c: _Cluster, visits: list[list[Event]], final: bool, copies: list[Event] | None = None) -> End:
         events = [e for v in visits for e in v]
@@ -486,8 +589,8 @@ class _Ends:
         guest = last[0].guest
         h = c.header
         drop = next((e for e in reversed(last) if e.point == "drop"), None)
-        if drop is not None and h.is_error() and _handled_error(drop, last):
-            drop = None  # ICMPv6 frees an error it handed to the socket with kfree_skb: not a drop
+        if drop is not None and (h.is_error() or (h.family == 6 and h.icmp in ND)) and _handled_error(drop, last):
+            drop = None  # ICMPv6 frees an error it handed to the socket, or an ND message ndisc took, with kfree_skb
         if drop is not None:
             end = self._drop_end(drop, last)
             if end.kind == "dropped" and not h.is_error():  # no error is sent about an error
@@ -495,14 +598,14 @@ class _Ends:
             return end
         if h.family == ARP and h.proto == 1:
             return self._arp_end(h, visits)
-        tail = next((e for e in reversed(last) if e.point != "drop"), last[-1])
+        tail = next((e for e in reversed(last) if e.point not in ("drop", "nft")), last[-1])  # a chain is on the way
         if tail.point == "drop":
             return self._drop_end(tail, last)
         if tail.point == "xmit":
             return self._sent_end(c, tail, final)
         if tail.point in LOCAL:
             v6 = h.family == 6
-            if h.is_echo(1) and self.answered(h):
+            if h.is_echo(1) and any(self.answered(x) for x in c.headers):
                 return End("answered", guest, f"answered by {guest}'s kernel (ICMP{'v6' if v6 else ''} echo reply sent)",
                            where="icmpv6_rcv" if v6 else "icmp_rcv")
             what = {"tcp_rcv": "TCP (tcp_v4_rcv)", "tcp6_rcv": "TCP (tcp_v6_rcv)", "arp_rcv": "ARP (arp_rcv)",
@@ -518,7 +621,7 @@ class _Ends:
     def answered(self, h: Header) -> bool:
         """An echo reply to ``h`` (an echo request) was seen: the same id and sequence, the other way."""
         l4 = (ECHO[h.family][2], *struct.unpack(">HH", h.l4[4:8]))
-        return any(k[0] == h.daddr and k[1] == h.saddr and k[5] == l4 for k in self.replies)
+        return (h.daddr, h.saddr, l4) in self.replies
 
     def arp_reply(self, h: Header, start: int) -> tuple[int, str, bytes] | None:
         """The ARP reply to the request ``h`` sent at ``start`` (host ns): from its target, to its sender."""
@@ -569,6 +672,11 @@ class _Ends:
             fn = POINTS[before.point].where
             what = "hop limit exceeded" if before.point == "ip6_fwd" else "TTL exceeded"
             return End("dropped", guest, f"dropped on {guest} at {fn}: {what}", where=fn, reason=reason)
+        nft = next((e for e in reversed(visit) if e.point == "nft" and e.ts <= drop.ts
+                    and e.skb == drop.skb), None) if reason == "NETFILTER_DROP" else None
+        if nft is not None:  # the last chain it entered dropped it
+            by = dropping_rule(nft, self.rulesets.get(guest, ""), self.rulesets_after.get(guest, ""))
+            return End("dropped", guest, f"dropped on {guest} by {by} ({reason} at {loc})", where=loc, reason=reason)
         text = f"dropped on {guest} at {loc}" + (f" for {reason}" if reason else "")
         rule = self.netfilter.get(guest) if reason == "NETFILTER_DROP" else None
         if rule:
@@ -581,8 +689,9 @@ class _Ends:
         if not peers:
             return End("left", tx.guest, f"sent out of {nic} (no followed guest on its network)", where=nic)
         to = ", ".join(".".join(p) for p in peers)
-        seen = [p for p in peers if p in self.wire.captured and self.wire.at(p, c.key) is not None]
-        left = (tx.guest, tx.dev or "") in self.wire.captured and self.wire.at((tx.guest, tx.dev or ""), c.key)
+        key = (identity(tx) or c.header).key()  # its name on this wire (NAT may have renamed it)
+        seen = [p for p in peers if p in self.wire.captured and self.wire.at(p, key) is not None]
+        left = (tx.guest, tx.dev or "") in self.wire.captured and self.wire.at((tx.guest, tx.dev or ""), key)
         if seen:
             how = f"reached {', '.join('.'.join(p) for p in seen)}'s NIC on the host side, never its driver"
         elif left:
@@ -631,6 +740,7 @@ def paths(journeys: list[Journey]) -> list[dict[str, Any]]:
         for i, h in enumerate(first.hops):
             deltas = [(j.hops[i].t - j.hops[i - 1].t) / 1000 for j in group if i]
             hops.append({"guest": h.guest, "where": h.where, "dev": h.dev, "point": h.point,
+                         **({"note": h.note} if h.note and h.point != "wire" else {}),  # the example's
                          **(_pcts(deltas) if deltas else {})})
         total = [(j.hops[-1].t - j.hops[0].t) / 1000 for j in group if j.hops]
         out.append({"count": len(group), "end": first.end.as_dict(), "hops": hops,
@@ -644,6 +754,13 @@ def totals(journeys: list[Journey]) -> dict[str, Any]:
     by_end: dict[str, int] = {}
     for j in journeys:
         by_end[j.end.kind] = by_end.get(j.end.kind, 0) + 1
+    rules: dict[str, int] = {}
+    for j in journeys:
+        if j.end.kind == "dropped" and j.end.text.startswith(f"dropped on {j.end.guest} by nft "):
+            rule = j.end.text.removeprefix(f"dropped on {j.end.guest} by ").rsplit(" (NETFILTER_DROP", 1)[0]
+            rules[f"{j.end.guest}: {rule}"] = rules.get(f"{j.end.guest}: {rule}", 0) + 1
     return {"packets": len(journeys), "by_end": by_end,
             "out_of_order_hops": sum(j.out_of_order for j in journeys),
-            "packets_out_of_order": sum(1 for j in journeys if j.out_of_order)}
+            "packets_out_of_order": sum(1 for j in journeys if j.out_of_order),
+            "nat_rewritten": sum(1 for j in journeys if any("NAT " in h.note for h in j.hops)),
+            **({"dropped_by_rule": rules} if rules else {})}

@@ -46,6 +46,7 @@ def follow_inputs(filt: str, guests: list[str], topo: Topology, samples: dict[st
     return {"filter": filt, "guests": guests,
             "nets": [[g, n, net] for (g, n), net in topo.nets.items()],
             "impair": [[g, n, v] for (g, n), v in topo.impair.items()],
+            "ifaces": [[g, n, v] for (g, n), v in topo.ifaces.items()],
             "samples": {g: {m: list(v) for m, v in s.items()} for g, s in samples.items()},
             "captured": [list(k) for k in sorted(wire.captured)],
             "wire": [[g, n, [[_key_out(k), t] for k, t in seen.items()]] for (g, n), seen in wire.seen.items()],
@@ -57,7 +58,8 @@ def read_inputs(data: dict[str, Any]) -> tuple[Topology, Wire]:
     """The topology and the wire's frames of ``follow/inputs.json``."""
     guests = tuple(str(g) for g in data.get("guests") or [])
     topo = Topology({(str(g), str(n)): str(net) for g, n, net in data.get("nets") or []},
-                    {(str(g), str(n)): dict(v) for g, n, v in data.get("impair") or []}, guests)
+                    {(str(g), str(n)): dict(v) for g, n, v in data.get("impair") or []}, guests,
+                    {(str(g), str(n)): str(v) for g, n, v in data.get("ifaces") or []})
     wire = Wire({(str(g), str(n)): {_key_in(k): list(t) for k, t in seen} for g, n, seen in data.get("wire") or []},
                 {(str(g), str(n)) for g, n in data.get("captured") or []})
     return topo, wire
@@ -86,7 +88,9 @@ def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
              if (n := netfilter_note(before, after))}
     reasons = {str(g): [str(n) for n in names] for g, names in (data.get("reasons") or {}).items()
                if isinstance(names, list)}
-    corr = Correlator(topo, clocks, wire, notes, reasons=reasons)
+    rulesets = {str(g): (str(r[0]), str(r[1])) for g, r in (data.get("rulesets") or {}).items() if len(r) == 2}
+    corr = Correlator(topo, clocks, wire, notes, reasons=reasons, rulesets={g: r[0] for g, r in rulesets.items()},
+                      rulesets_after={g: r[1] for g, r in rulesets.items()})
     for ev in sorted(events, key=lambda e: clocks[e.guest].host(e.ts) if e.guest in clocks else e.ts):
         corr.add(ev)
     facts = {"filter": data.get("filter", ""), "guests": list(topo.guests),

@@ -5,6 +5,9 @@ b has no route back to a's network).
 * a's ping reaches b with r's address as its source, as a capture in b shows, and is answered;
 * an IPv6 ping from a to r is dropped by the lab's nft rule (its counter says so, its comment
   names it) while IPv6 through r to b works; ``status --json`` has the firewall;
+* followed live, a's masqueraded ping is one journey each way, r's hop saying the rewrite (SNAT
+  out, the reply's rewrite back) and the conntrack state, and the IPv6 ping r drops is "dropped on r
+  by nft inet labctl input handle N (comment 'no IPv6 pings from a')";
 * ``reset`` of r brings its rules back after they were flushed;
 * a rule nft refuses fails ``up`` at its lab line (exit 2), nothing left running.
 """
@@ -13,16 +16,20 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests import harness
 from tests.conftest import ROOT, Cli, new_cli
-from tests.integration.conftest import qemu_pids_under
+from tests.integration.conftest import qemu_pids_under, wait_for
 
+OVER_3_MIN = ("one lab of three TCG guests booted, one live follow with probes in all three, a guest reset and a "
+              "second lab that nft refuses (booted until the check)")
 LAB = ROOT / "labs" / "nat-router.yaml"
 NAME = "nat-router"
 
@@ -87,6 +94,64 @@ def test_an_ipv6_ping_is_dropped_by_the_labs_rule(lab: Cli) -> None:
         'ip6 saddr fd00:1::2 icmpv6 type echo-request counter drop comment "no IPv6 pings from a"']
     text = cli("status", NAME, check=True).stdout
     assert "r firewall: nat: masquerade out eth2; dnat in eth2 tcp 8080 → 10.1.0.2:80" in " ".join(text.split()), text
+
+
+def _follow(cli: Cli, filt: str, seconds: int, guest: str, command: str) -> list[dict[str, Any]]:
+    """``labctl follow LAB FILTER --json`` for ``seconds`` while ``command`` runs on ``guest`` once it follows."""
+    with cli.running("follow", NAME, filt, "--json", "--duration", str(seconds)) as proc:
+        out: list[str] = []
+        err: list[str] = []
+        readers = [threading.Thread(target=lambda f=f, into=into: into.extend(iter(f.readline, "")), daemon=True)
+                   for f, into in ((proc.stdout, out), (proc.stderr, err))]
+        for t in readers:
+            t.start()
+        wait_for(lambda: any("following" in line for line in err) or proc.poll() is not None, 180, "follow to start")
+        _sh(cli, guest, command)
+        proc.wait(timeout=180)
+        for t in readers:
+            t.join(timeout=10)
+    assert proc.returncode == 0, "".join(err)
+    return [json.loads(line) for line in out if line.strip()]
+
+
+def _notes(p: dict[str, Any]) -> dict[tuple[str, str], str]:
+    return {(h["guest"], h["where"]): h.get("note", "") for h in p["hops"]}
+
+
+@pytest.fixture(scope="module")
+def followed(lab: Cli) -> list[dict[str, Any]]:
+    """One live follow (its set-up costs most) of a's masqueraded ping to b and its IPv6 ping r drops."""
+    return _follow(lab, "(icmp and host 10.2.0.2) or (icmp6 and host fd00:1::2 and host fd00:1::1)", 30, "a",
+                   "ping -c 1 -W 3 10.2.0.2; ping -6 -c 1 -W 2 fd00:1::1; true")
+
+
+def test_a_masqueraded_ping_is_followed_as_one_journey_with_its_snat_hop(followed: list[dict[str, Any]]) -> None:
+    packets = [p for p in followed if p["packet"].startswith("ICMP ")]
+    (request,) = [p for p in packets if "echo-request" in p["packet"]]
+    (reply,) = [p for p in packets if "echo-reply" in p["packet"]]
+    assert request["packet"].startswith("ICMP echo-request 10.1.0.2 > 10.2.0.2 id "), request["packet"]
+    ident = request["packet"].split(" id ")[1].split()[0]
+    assert request["end"]["text"] == "answered by b's kernel (ICMP echo reply sent)", request["end"]
+    notes = _notes(request)
+    assert notes[("r", "net_dev_queue")] == f"SNAT 10.1.0.2 id {ident} → 10.2.0.1 id {ident}", notes
+    assert ("b", "ip_local_deliver") in notes and ("a", "net_dev_queue") in notes  # both sides of r: one journey
+    assert "conntrack " in notes[("r", "ip_forward")], notes
+    assert notes[("r", "ip_forward")] in ("conntrack new", "conntrack established"), notes  # a's earlier pings
+    rnotes = _notes(reply)
+    assert rnotes[("r", "ip_forward")] == (f"DNAT 10.2.0.1 id {ident} → 10.1.0.2 id {ident} (the reply, rewritten "
+                                           "back); conntrack established, reply"), rnotes
+    assert reply["end"]["kind"] == "delivered" and reply["end"]["guest"] == "a", reply["end"]
+    assert request["out_of_order"] == reply["out_of_order"] == 0
+
+
+def test_an_ipv6_ping_dropped_by_an_nft_rule_is_named_with_its_rule(lab: Cli, followed: list[dict[str, Any]]) -> None:
+    (request,) = [p for p in followed if p["packet"].startswith("ICMPv6 echo-request")]
+    chain = _sh(lab, "r", "nft -a list chain inet labctl input").stdout
+    (handle,) = [ln.rsplit("# handle ", 1)[1].strip() for ln in chain.splitlines() if "no IPv6 pings" in ln]
+    assert request["end"]["kind"] == "dropped" and request["end"]["text"].startswith(
+        f"dropped on r by nft inet labctl input handle {handle} (comment 'no IPv6 pings from a') (NETFILTER_DROP at "
+    ), request["end"]
+    assert request["hops"][-1]["where"] == "nft inet labctl input", request["hops"]
 
 
 def test_reset_of_the_router_brings_its_rules_back(lab: Cli) -> None:
