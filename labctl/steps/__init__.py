@@ -3,7 +3,7 @@
 Owns: running the steps (:mod:`.runner`: every step, row and repeat), one run of one row
 (:mod:`.variant`: its phases) through the kinds a step is made of (:mod:`.kinds` lists them, each
 an object owning its part of the run and its record in the step's result, :mod:`.result`): the
-commands (:mod:`.commands`), the kernel's selftests (:mod:`.selftests`), the network's changes
+commands (:mod:`.commands`), the kernel's selftests (:mod:`.selftests`; the driver tests' hardware mode, :mod:`.drivertests`), the network's changes
 and captures (:mod:`.netstep`), the statistics and tracers (:mod:`.tracing`, their guest commands
 in :mod:`.tracers` and :mod:`.skbprobes`), every drop and the packets a step follows
 (:mod:`.follow_kind`, through :mod:`labctl.follow`), the scripted gdb session (:mod:`.gdbstep`), the sysctls set for the step (:mod:`.sysctl_kind`); the

@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import labctl.steps.drivertests as drivertests  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import paths, proc
 from labctl.bundle import BuildRecord, SelftestEntry, SelftestRecord
 from labctl.errors import LabctlError
 from labctl.lab import SELFTESTS, Kselftest, Step, render
-from labctl.steps import drivertests
 from labctl.steps.result import StepResult
 from labctl.steps.transfer import to_guest
 from labctl.steps.variant import GUEST_ROOT, StepKind, Variant, now
