@@ -315,6 +315,9 @@ def check_guest(check: Checker, g: GuestSpec, network_mtu: dict[str, int | None]
     ``network_mtu``: each network's MTU (a NIC without its own has its network's)."""
     names = _interface_names(check, g)
     enslaved = _check_members(check, g, network_mtu)
+    from labctl.lab.tunnels.parse import check_guest as check_tunnels  # it imports this module
+
+    check_tunnels(check, g, names, enslaved, _connected(g, enslaved))
     _check_routes(check, g, enslaved)
     _check_sysctls(check, g, set(names))
     check_interfaces(check, g.firewall, g.name, set(names), MGMT_NIC, MGMT_SUBNET)
@@ -382,7 +385,7 @@ def _connected(g: GuestSpec, enslaved: dict[str, str]) -> dict[str, list[Address
             continue
         out[holder.name] = [a.address for a in holder.addresses]
         out.update({v.name: [a.address for a in v.addresses] for v in holder.vlans if v.name})
-    return out
+    return out | {t.name: list(t.addresses) for t in g.tunnels}
 
 
 def _check_routes(check: Checker, g: GuestSpec, enslaved: dict[str, str]) -> None:
