@@ -72,6 +72,7 @@ from labctl.lab.stepspec import GdbStep, RunSpec, Step, check_location
 from labctl.lab.templates import render
 from labctl.lab.tracespec import TraceSpec, render_trace
 from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
+from labctl.lab.tunnels.views import summary_lines as tunnel_lines
 from labctl.lab.uri import SshHop, parse_uri, with_no_verify
 from labctl.lab.validate import BACKENDS
 from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
@@ -151,6 +152,7 @@ __all__ = [
     "render_trace",
     "settings_text",
     "tag",
+    "tunnel_lines",
     "untrusted_reason",
     "with_no_verify",
 ]

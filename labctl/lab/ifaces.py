@@ -242,7 +242,9 @@ def guest_interfaces(guest: Mapping[str, Any]) -> list[IfaceView]:
             out.append(IfaceView(name, "bond" if kind == "bonds" else "bridge", detail,
                                  tuple(nic_addresses(m)), network))
             out += _vlan_views(name, network, m.get("vlans"))
-    return out
+    from labctl.lab.tunnels.views import views  # here: the tunnels' model imports this module
+
+    return out + views(guest)
 
 
 def address_keys(guest: str, views: Iterable[tuple[str, Sequence[Address]]]) -> dict[str, str]:
@@ -296,8 +298,10 @@ def settings_text(guest: Mapping[str, Any]) -> list[str]:
     ``firewall: nat: masquerade out eth2`` (none: [])."""
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = [f"{k}={v}" for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k]
+    from labctl.lab.tunnels.views import settings_lines  # here: the tunnels' model imports this module
+
     return ((["routes: " + "; ".join(routes)] if routes else []) + (["sysctls: " + ", ".join(sysctls)] if sysctls else [])
-            + [f"firewall: {line}" for line in firewall_lines(guest)])
+            + settings_lines(guest) + [f"firewall: {line}" for line in firewall_lines(guest)])
 
 
 def _route_text(route: object) -> str:

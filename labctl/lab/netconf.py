@@ -385,7 +385,7 @@ def _connected(g: GuestSpec, enslaved: dict[str, str]) -> dict[str, list[Address
             continue
         out[holder.name] = [a.address for a in holder.addresses]
         out.update({v.name: [a.address for a in v.addresses] for v in holder.vlans if v.name})
-    return out | {t.name: list(t.addresses) for t in g.tunnels}
+    return {t.name: list(t.addresses) for t in g.tunnels} | out
 
 
 def _check_routes(check: Checker, g: GuestSpec, enslaved: dict[str, str]) -> None:

@@ -91,6 +91,19 @@ class Vrf:
         return {"name": self.name, "table": self.table, "members": list(self.members),
                 "routes": [r.to_dict() for r in self.routes]}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Vrf:
+        """From :meth:`to_dict`'s form (a lab's recorded state)."""
+        routes = []
+        for r in d.get("routes") or ():
+            to = str(r.get("to"))
+            if to == "default":
+                to = "::/0" if r.get("family") == "ipv6" else "0.0.0.0/0"
+            routes.append(Route(ipaddress.ip_network(to), ipaddress.ip_address(r["via"]) if r.get("via") else None,
+                                r.get("dev"), r.get("metric")))
+        return cls(str(d.get("name")), int(d.get("table") or 0), tuple(str(m) for m in d.get("members") or ()),
+                   tuple(routes))
+
 
 class Kind:
     """What one tunnel kind is: its lab-file keys (beyond :data:`COMMON_KEYS`), which are required,

@@ -143,7 +143,7 @@ def check_guest(check: Checker, g: GuestSpec, names: dict[str, int], enslaved: d
     guest's own go where they can. ``ifaces``: each routable interface's addresses (tunnels added)."""
     for t in g.tunnels:
         _new_name(check, names, g.name, t.name, t.line, t.path)
-        ifaces[t.name] = list(t.addresses)
+        ifaces.setdefault(t.name, list(t.addresses))
     for v in g.vrfs:
         _new_name(check, names, g.name, v.name, v.line, v.path)
     own = {a.ip for addrs in ifaces.values() for a in addrs}
