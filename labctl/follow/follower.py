@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import labctl.follow.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face
 import labctl.follow.probes as pr
 from labctl import paths
 from labctl.backends import Backend
@@ -190,7 +191,10 @@ class Follower:
     def definitions(self, guest: str) -> tuple[list[str], dict[str, str]]:
         """The guest's ``dynamic_events`` lines and each follow point's filter."""
         caps = self.caps[guest]
-        return pr.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], caps.reason, caps.symbol)
+        defs, filters = pr.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], caps.reason, caps.symbol)
+        more, more_filters = encap.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], self.state.resolved,
+                                               guest)  # tunnels: the outer packet, encap and decap (labctl.follow.encap)
+        return defs + more, {**filters, **more_filters}
 
     def start(self) -> None:
         """Probes on in every guest (stale ones of a killed labctl removed first), the first clock round,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labctl.pktfilter import ARP
+from labctl.trace import encap
 from labctl.trace.clocks import Alignment, Clock
 from labctl.trace.hops import (
     ECHO,
@@ -363,6 +364,7 @@ class Correlator:
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
         assert e.host_ns is not None
+        note = "; ".join(x for x in (note, encap.note(e.point, e.fields)) if x)  # tunnels (labctl.trace.encap)
         return Hop(e.guest, e.point, p.where, e.dev, e.host_ns + round(self.align.at(e.guest)), e.comm, e.pid, e.irq,
                    note, e.skb)
 
