@@ -201,12 +201,21 @@ def hand_keys(run_dir: Path, lab: Nets, guest: str, ep: Endpoint, timeout: float
 
     :raise GuestError: when the guest refuses (no wg, a lost connection).
     """
-    mine = [t for g, t in wireguard(lab) if g == guest]
-    if not mine:
+    jobs = key_jobs(run_dir, lab, guest)
+    if not jobs:
         return
     with Session(ep) as s:
-        for t in mine:
-            peer_guest, _, peer_name = str(t.opt("peer")).partition(".")
-            cmd = key_command(lab, t, public_key(run_dir, peer_guest, peer_name))
+        for cmd, key in jobs:
             with s.feed(cmd, timeout) as w:
-                w.write(_key_path(run_dir, guest, t.name).read_bytes())
+                w.write(key.read_bytes())
+
+
+def key_jobs(run_dir: Path, lab: Nets, guest: str) -> list[tuple[str, Path]]:
+    """For each wireguard tunnel of ``guest``: the command that sets it up (:func:`key_command`, its
+    peer's public key in it) and the private key file its standard input gets."""
+    out = []
+    for g, t in wireguard(lab):
+        if g == guest:
+            peer_guest, _, peer_name = str(t.opt("peer")).partition(".")
+            out.append((key_command(lab, t, public_key(run_dir, peer_guest, peer_name)), _key_path(run_dir, guest, t.name)))
+    return out
