@@ -182,9 +182,9 @@ def test_bad_tunnels_fail_up_at_their_lines_and_start_nothing(cli: Cli, image: o
     assert up.stderr.splitlines() == [
         f"{lab}:8: guests.g.tunnels.vx0.type: unknown tunnel type 'vxlen' (did you mean 'vxlan'?)",
         f"{lab}:9: guests.g.tunnels.vx1.vni: vni 16777216 is out of range (0..16777215)",
-        f"{lab}:13: guests.g.vrfs.green.table: table 5 is VRF red's too (line 12): each VRF has a table of its own",
         (f"{lab}:10: guests.g.tunnels.vx2.remote: 10.6.0.9 is not an address of the lab (a tunnel's remote is an "
-        "address of another guest)"),
+         "address of another guest)"),
+        f"{lab}:13: guests.g.vrfs.green.table: table 5 is VRF red's too (line 12): each VRF has a table of its own",
     ], up.stderr
     assert "Traceback" not in up.stderr
     assert not (cli.state_dir / "labs" / "bad-tunnels").exists() and qemu_pids_under(cli.state_dir) == []
