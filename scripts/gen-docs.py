@@ -198,7 +198,7 @@ def lab_file_page() -> str:
            "## Backends", "",
            f"`backend:` takes one of {', '.join(f'`{b}`' for b in validate.BACKENDS)}.", "",
            "## Tunnel types", "",
-           f"A tunnel's `type:` takes one of {', '.join(f'`{k}`' for k in KINDS)} (labctl/lab/tunnels/kinds.py).", ""]
+           f"A tunnel's `type:` takes one of {', '.join(f'`{k}`' for k in KINDS)} (labctl/lab/tunnels/known.py).", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

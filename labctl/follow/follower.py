@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import labctl.follow.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face
 import labctl.follow.probes as pr
+import labctl.follow.tunnelprobes as tunnelprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
@@ -192,8 +192,8 @@ class Follower:
         """The guest's ``dynamic_events`` lines and each follow point's filter."""
         caps = self.caps[guest]
         defs, filters = pr.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], caps.reason, caps.symbol)
-        more, more_filters = encap.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], self.state.resolved,
-                                               guest)  # tunnels: the outer packet, encap and decap (labctl.follow.encap)
+        more, more_filters = tunnelprobes.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest],
+                                                      self.state.resolved, guest)  # the outer packet, encap, decap
         return defs + more, {**filters, **more_filters}
 
     def start(self) -> None:

@@ -20,7 +20,7 @@ from labctl.lab.shares import Share
 
 if TYPE_CHECKING:
     from labctl.lab.firewall import Firewall
-    from labctl.lab.tunnels.model import Tunnel, Vrf
+    from labctl.lab.tunnels.devices import Tunnel, Vrf
 
 __all__ = [
     "DEFAULT_HOST",

@@ -315,9 +315,6 @@ def check_guest(check: Checker, g: GuestSpec, network_mtu: dict[str, int | None]
     ``network_mtu``: each network's MTU (a NIC without its own has its network's)."""
     names = _interface_names(check, g)
     enslaved = _check_members(check, g, network_mtu)
-    from labctl.lab.tunnels.parse import check_guest as check_tunnels  # it imports this module
-
-    check_tunnels(check, g, names, enslaved, _connected(g, enslaved))
     _check_routes(check, g, enslaved)
     _check_sysctls(check, g, set(names))
     check_interfaces(check, g.firewall, g.name, set(names), MGMT_NIC, MGMT_SUBNET)
@@ -331,6 +328,7 @@ def _interface_names(check: Checker, g: GuestSpec) -> dict[str, int]:
     for m in g.masters:
         later.append((m.name, m.line, m.path))
         later += [(v.name, v.name_line or v.line, v.path) for v in m.vlans]
+    later += [(t.name, t.line, t.path) for t in g.tunnels] + [(v.name, v.line, v.path) for v in g.vrfs]  # labctl.lab.tunnels
     for name, line, path in later:
         if name is None:
             continue
@@ -376,7 +374,7 @@ def _free_member(check: Checker, m: MasterSpec, nic: NicSpec) -> None:
                                                             f"give its VLANs to {m.name}")
 
 
-def _connected(g: GuestSpec, enslaved: dict[str, str]) -> dict[str, list[Address]]:
+def connected(g: GuestSpec, enslaved: dict[str, str]) -> dict[str, list[Address]]:
     """Each interface that may carry routes (not a bond's or bridge's member) -> its addresses."""
     out: dict[str, list[Address]] = {}
     holders: list[NicSpec | MasterSpec] = [*g.nics, *g.masters]
@@ -389,7 +387,7 @@ def _connected(g: GuestSpec, enslaved: dict[str, str]) -> dict[str, list[Address
 
 
 def _check_routes(check: Checker, g: GuestSpec, enslaved: dict[str, str]) -> None:
-    ifaces = _connected(g, enslaved)
+    ifaces = connected(g, enslaved)
     every = [a for addrs in ifaces.values() for a in addrs]
     for spec in g.routes:
         r, lines = spec.route, spec.lines

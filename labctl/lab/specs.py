@@ -13,7 +13,7 @@ from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
 from labctl.lab.shares import Share
-from labctl.lab.tunnels.model import Tunnel, Vrf
+from labctl.lab.tunnels.devices import Tunnel, Vrf
 
 
 @dataclass(frozen=True)

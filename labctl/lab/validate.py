@@ -36,6 +36,7 @@ from labctl.lab.shares import parse_shares
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.stepspec import StepParser
 from labctl.lab.trust import TRUST_ENV, named_path_reason
+from labctl.lab.tunnels.parse import check_guest as check_guest_tunnels
 from labctl.lab.tunnels.parse import check_lab as check_tunnels
 from labctl.lab.tunnels.parse import parse_tunnels, parse_vrfs
 from labctl.lab.uri import parse_uri, valid_address
@@ -106,6 +107,7 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
     _check_spans(check, hosts, guests, networks, nics)
     for guest in guests.values():
         check_guest(check, guest, {name: net.mtu for name, net in networks.items()})
+        check_guest_tunnels(check, guest)
     check_ips(check, list(guests.values()), list(networks))
     check_tunnels(check, guests)
     assign_macs(check, header["name"], nics)

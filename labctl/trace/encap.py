@@ -1,6 +1,6 @@
 """Following a packet through encapsulation: the inner packet is the one followed, the outer one is
 the wire that carries it, and encapsulation and decapsulation are hops of its path. Pure: what the
-events mean (the probes are :mod:`labctl.follow.encap`'s).
+events mean (the probes are :mod:`labctl.follow.tunnelprobes`'s).
 
 VXLAN over IPv4 (an IPv4 packet inside): the outer packet's events are the points it passes
 (``xmit_vx`` is ``xmit``, ``netif_rx_vx`` is ``netif_rx``...: :data:`VARIANTS`), each fetching the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
-__all__ = ["OUTER", "POINTS", "VARIANTS", "note"]
+__all__ = ["OUTER", "POINTS", "VARIANTS", "note", "noted"]
 
 POINTS = (  # (name, where, role, title), as labctl.trace.hops.Point takes them
     ("encap", "udp_tunnel_xmit_skb", "stack", "encapsulated (VXLAN)"),
@@ -47,6 +47,11 @@ def _port(value: int | None) -> str:
 def vni(value: int | None) -> int | None:
     """A VXLAN header's second word (VNI and a reserved byte), read little-endian, as the VNI."""
     return None if value is None else int.from_bytes((value & 0xFFFFFFFF).to_bytes(4, "little"), "big") >> 8
+
+
+def noted(text: str, point: str, fields: Mapping[str, str]) -> str:
+    """``text`` (a hop's note) with :func:`note`'s after it."""
+    return "; ".join(x for x in (text, note(point, fields)) if x)
 
 
 def note(point: str, fields: Mapping[str, str]) -> str:

@@ -23,8 +23,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import labctl.trace.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.pktfilter import ARP, Packet
-from labctl.trace import encap
 
 MARKER = "labctl-sync"
 

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import labctl.trace.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.pktfilter import ARP
-from labctl.trace import encap
 from labctl.trace.clocks import Alignment, Clock
 from labctl.trace.hops import (
     ECHO,
@@ -364,9 +364,8 @@ class Correlator:
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
         assert e.host_ns is not None
-        note = "; ".join(x for x in (note, encap.note(e.point, e.fields)) if x)  # tunnels (labctl.trace.encap)
         return Hop(e.guest, e.point, p.where, e.dev, e.host_ns + round(self.align.at(e.guest)), e.comm, e.pid, e.irq,
-                   note, e.skb)
+                   encap.noted(note, e.point, e.fields), e.skb)  # a tunnel's outer header (labctl.trace.encap)
 
     def _wire(self, key: tuple[object, ...], a: list[Event], b: list[Event]) -> Hop:
         tx = next((e for e in reversed(a) if e.point == "xmit" and e.dev), None)

@@ -15,7 +15,7 @@ import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the pac
 import labctl.up.guestconf as guestconf  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.nftload as nftload  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.up.tunnels as tunnels  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.tunsetup as tunsetup  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord
 from labctl.debug import console_end, crashed
@@ -126,7 +126,7 @@ class GuestWaiter:
         """The guest's firewall (checked by nft -c, then loaded), then its setup commands; a crash
         meanwhile ends the wait at once (its vmcore kept)."""
         try:
-            tunnels.configure(ep, tunnels.GuestNet.of(self.lab.guests[name]), self.lab.source)  # before nft: rules name them
+            tunsetup.configure(ep, tunsetup.GuestNet.of(self.lab.guests[name]), self.lab.source)  # before nft: rules name them
             nftload.load(ep, self.lab.guests[name].firewall, self.lab.source)
             warm.run_setup(ep, self.lab.guests[name].setup, abort=lambda: self._crashed(name))
         except GuestError as exc:

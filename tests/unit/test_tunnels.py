@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import LabFileError
-from labctl.follow import encap as follow_encap
+from labctl.follow import tunnelprobes as follow_encap
 from labctl.lab import guest_interfaces, load_lab_text, settings_text, tunnel_lines
 from labctl.lab.tunnels import KINDS
 from labctl.pktfilter import parse as parse_filter
 from labctl.trace import encap, hops
-from labctl.up import tunnels
+from labctl.up import tunsetup as tunnels
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = """\

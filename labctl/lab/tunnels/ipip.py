@@ -8,9 +8,9 @@
 
 from __future__ import annotations
 
+import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker, did_you_mean, join
-from labctl.lab.tunnels import options as o
-from labctl.lab.tunnels.model import Kind, Tunnel
+from labctl.lab.tunnels.devices import Kind, Tunnel
 from labctl.lab.yamlpos import YamlMap
 
 MODES = ("ip6ip6", "ipip6", "any")

@@ -11,7 +11,7 @@
           blue: {table: 10, members: [eth2], routes: [{to: default, via: 10.3.0.1}]}
 
 A tunnel's name is an interface name of the guest (unique among its NICs, VLANs, bonds, bridges,
-tunnels and VRFs); ``type`` is a kind of :data:`~labctl.lab.tunnels.kinds.KINDS`; its ``remote`` is
+tunnels and VRFs); ``type`` is a kind of :data:`~labctl.lab.tunnels.known.KINDS`; its ``remote`` is
 an address of another guest of the lab, its ``local`` one of this guest's, its ``dev`` an interface
 of this guest. A VRF's ``table`` is its own (not another VRF's of the guest, nor the kernel's
 ``local``, ``main`` or ``default``), its members interfaces of the guest in no other VRF (nor a
@@ -25,10 +25,10 @@ import ipaddress
 from labctl.lab.addresses import parse_addresses
 from labctl.lab.checker import Checker, close_match, describe, did_you_mean, join
 from labctl.lab.ifaces import Address
-from labctl.lab.netconf import iface_name, parse_routes
+from labctl.lab.netconf import connected, iface_name, parse_routes
 from labctl.lab.specs import GuestSpec
-from labctl.lab.tunnels.kinds import KINDS
-from labctl.lab.tunnels.model import COMMON_KEYS, Tunnel, Vrf
+from labctl.lab.tunnels.devices import COMMON_KEYS, Tunnel, Vrf
+from labctl.lab.tunnels.known import KINDS
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 __all__ = ["RESERVED_TABLES", "VRF_KEYS", "check_guest", "check_lab", "parse_tunnels", "parse_vrfs"]
@@ -135,17 +135,20 @@ def _members(check: Checker, m: YamlMap, path: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- one guest
 
 
-def check_guest(check: Checker, g: GuestSpec, names: dict[str, int], enslaved: dict[str, str],
-                ifaces: dict[str, list[Address]]) -> None:
-    """What a guest's tunnels and VRFs say of its other interfaces: their names are new (added to
-    ``names``), a tunnel's ``dev`` and ``local`` are the guest's, a VRF's members are its
-    interfaces (``enslaved``: a bond's or bridge's members, which cannot be), its routes and the
-    guest's own go where they can. ``ifaces``: each routable interface's addresses (tunnels added)."""
-    for t in g.tunnels:
-        _new_name(check, names, g.name, t.name, t.line, t.path)
-        ifaces.setdefault(t.name, list(t.addresses))
-    for v in g.vrfs:
-        _new_name(check, names, g.name, v.name, v.line, v.path)
+def check_guest(check: Checker, g: GuestSpec) -> None:
+    """What a guest's tunnels and VRFs say of its other interfaces (their names are checked with the
+    others', :func:`labctl.lab.netconf.check_guest`): a tunnel's ``dev`` and ``local`` are the
+    guest's, a VRF's members are its interfaces (not a bond's or bridge's members), its routes and
+    the guest's own go where they can."""
+    enslaved = {x: m.name for m in g.masters if m.name for x in m.members}
+    ifaces = connected(g, enslaved)
+    names: dict[str, int] = {}
+    for name, line in [(n.name, n.name_line) for n in g.nics if n.name] + [
+            (v.name, v.line) for n in g.nics for v in n.vlans if v.name] + [
+            (m.name, m.line) for m in g.masters if m.name] + [
+            (v.name, v.line) for m in g.masters for v in m.vlans if v.name] + [
+            (t.name, t.line) for t in g.tunnels] + [(v.name, v.line) for v in g.vrfs]:
+        names.setdefault(name, line)
     own = {a.ip for addrs in ifaces.values() for a in addrs}
     for t in g.tunnels:
         dev = t.opt("dev")
@@ -156,13 +159,6 @@ def check_guest(check: Checker, g: GuestSpec, names: dict[str, int], enslaved: d
         if local is not None and ipaddress.ip_address(local) not in own:
             check.add(t.line, f"{t.path}.local", f"{local} is not an address of guest {g.name}")
     _check_vrfs(check, g, names, enslaved, ifaces)
-
-
-def _new_name(check: Checker, names: dict[str, int], guest: str, name: str, line: int, path: str) -> None:
-    if name in names:
-        check.add(line, path, f"interface name '{name}' is already used in guest {guest} (line {names[name]})")
-    else:
-        names[name] = line
 
 
 def _check_vrfs(check: Checker, g: GuestSpec, names: dict[str, int], enslaved: dict[str, str],

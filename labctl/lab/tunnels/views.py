@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from labctl.lab.ifaces import IfaceView, Route
-from labctl.lab.tunnels.kinds import KINDS
-from labctl.lab.tunnels.model import Tunnel, Vrf
+from labctl.lab.tunnels.devices import Tunnel, Vrf
+from labctl.lab.tunnels.known import KINDS
 
 __all__ = ["settings_lines", "summary_lines", "views"]
 

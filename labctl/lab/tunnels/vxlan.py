@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
+import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker
-from labctl.lab.tunnels import options as o
-from labctl.lab.tunnels.model import Kind, Tunnel
+from labctl.lab.tunnels.devices import Kind, Tunnel
 from labctl.lab.yamlpos import YamlMap
 
 MAX_VNI = 2**24 - 1

@@ -9,7 +9,7 @@ end at least says where the other is; WireGuard learns the rest); ``port`` the U
 listens on (its peer sends there); ``allowed_ips`` what the peer may send and is sent to (default:
 the subnets of the peer's tunnel addresses). The key pairs are made by ``labctl up`` for each
 instance and each ``up`` (never the same twice, never in the lab's state, a bundle or a pack; files
-0600 in the lab's run directory), and handed to the guests once they are up (:mod:`labctl.up.tunnels`).
+0600 in the lab's run directory), and handed to the guests once they are up (:mod:`labctl.up.tunsetup`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 import ipaddress
 import re
 
+import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker, describe, join
-from labctl.lab.tunnels import options as o
-from labctl.lab.tunnels.model import Kind, Tunnel
+from labctl.lab.tunnels.devices import Kind, Tunnel
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 PORT = 51820

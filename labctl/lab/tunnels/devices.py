@@ -110,7 +110,7 @@ class Kind:
     how its options are checked, how it is made in a guest and described to people.
 
     A kind is one module of :mod:`labctl.lab.tunnels` that defines one instance (or two, for a pair
-    of kinds such as gre and gretap), listed in :data:`labctl.lab.tunnels.kinds.KINDS`.
+    of kinds such as gre and gretap), listed in :data:`labctl.lab.tunnels.known.KINDS`.
     """
 
     name: str = ""

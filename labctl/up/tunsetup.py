@@ -31,8 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from labctl.errors import GuestError, LabFileError, Problem
-from labctl.lab import Address, Guest, guest_interfaces
-from labctl.lab.tunnels import KINDS, Tunnel, Vrf
+from labctl.lab import KINDS, Address, Guest, Tunnel, Vrf, guest_interfaces
 from labctl.ssh import Endpoint, Session
 
 TIMEOUT = 120.0
