@@ -196,3 +196,12 @@ def test_an_outer_event_is_its_points_with_the_outer_header_in_its_note() -> Non
     assert encap.note("encap", {"ovni": "2752512"}) == "VXLAN vni 42"
     assert encap.note("xmit", {}) == ""
     assert hops.POINTS["decap"].where == "vxlan_rcv" and hops.POINTS["encap"].where == "udp_tunnel_xmit_skb"
+
+
+def test_the_graph_lists_a_guests_tunnels_and_vrfs() -> None:
+    from labctl.net.graph import to_svg, topology
+
+    node = topology(_lab()).guest("a")
+    assert node.tunnels[0] == "tunnel vx0: vxlan 42 to 10.2.0.2:4789 via eth1"
+    assert "vrf blue: table 10 of vx0; 1 route" in node.info_text
+    assert "tunnel vx0: vxlan 42 to 10.2.0.2:4789 via eth1" in to_svg(topology(_lab()))
