@@ -26,7 +26,7 @@ def iface_rows(guest: Mapping[str, Any], nics: list[dict[str, Any]]) -> list[tup
             driver = str(live.get(v.name, {}).get("driver") or "")
             rows.append((v.name, v.detail, driver, v.address_text.replace(", ", "\n"), v.network, v.name))
         else:
-            driver = {"vlan": "8021q", "bond": "bonding", "bridge": "bridge"}[v.kind]
+            driver = {"vlan": "8021q", "bond": "bonding", "bridge": "bridge", "vrf": "vrf"}.get(v.kind) or v.detail.split()[0]
             rows.append((v.name, v.detail, driver, v.address_text.replace(", ", "\n"), v.network, ""))
     return rows
 

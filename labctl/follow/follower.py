@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import labctl.follow.probes as pr
+import labctl.follow.tunnelprobes as tunnelprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
@@ -207,7 +208,10 @@ class Follower:
     def definitions(self, guest: str) -> tuple[list[str], dict[str, str]]:
         """The guest's ``dynamic_events`` lines and each follow point's filter."""
         caps = self.caps[guest]
-        return pr.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], caps.reason, caps.symbol)
+        defs, filters = pr.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], caps.reason, caps.symbol)
+        more, more_filters = tunnelprobes.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest],
+                                                      self.state.resolved, guest)  # the outer packet, encap, decap
+        return defs + more, {**filters, **more_filters}
 
     def start(self) -> None:
         """Probes on in every guest (stale ones of a killed labctl removed first), the first clock round,

@@ -2,7 +2,7 @@
 (:mod:`.yamlpos`, :mod:`.load`) checked section by section (:mod:`.checker`,
 :mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; NICs: :mod:`.nicparse`;
 addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and sysctls:
-:mod:`.netconf`; firewall and NAT (nftables): :mod:`.firewall`; network options: :mod:`.netopts`, :mod:`.impair`; host
+:mod:`.netconf`; firewall and NAT (nftables): :mod:`.firewall`; tunnels and VRFs: :mod:`.tunnels`; network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
 :mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.stepspec`, their kinds
 :mod:`.stepkinds` (each kind's keys, parser and records: :mod:`.stepgdb`, :mod:`.stepnetwork`,
@@ -41,6 +41,7 @@ from labctl.lab.ifaces import (
     Route,
     Sysctl,
     Vlan,
+    add_views,
     firewall_lines,
     first_ip,
     guest_interfaces,
@@ -79,9 +80,15 @@ from labctl.lab.stepsysctl import StepSysctls, SysctlRecord, SysctlValue
 from labctl.lab.templates import render
 from labctl.lab.tracespec import TraceSpec, render_trace
 from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
+from labctl.lab.tunnels import KINDS, Tunnel, Vrf
+from labctl.lab.tunnels.views import settings_lines as _tunnel_settings
+from labctl.lab.tunnels.views import summary_lines as tunnel_lines
+from labctl.lab.tunnels.views import views as _tunnel_views
 from labctl.lab.uri import SshHop, parse_uri, with_no_verify
 from labctl.lab.validate import BACKENDS
 from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
+
+add_views(_tunnel_views, _tunnel_settings)  # the tunnels' and VRFs' rows and lines wherever interfaces show
 
 __all__ = [
     "BACKENDS",
@@ -89,6 +96,7 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_IMAGE",
     "IMPAIR_KEYS",
+    "KINDS",
     "LAB_IDENT",
     "LAB_IDENT_RULE",
     "LAB_NAME",
@@ -137,7 +145,9 @@ __all__ = [
     "SysctlRecord",
     "SysctlValue",
     "TraceSpec",
+    "Tunnel",
     "Vlan",
+    "Vrf",
     "YamlMap",
     "YamlSeq",
     "canonical_nic_model",
@@ -171,6 +181,7 @@ __all__ = [
     "render_trace",
     "settings_text",
     "tag",
+    "tunnel_lines",
     "untrusted_reason",
     "with_no_verify",
 ]

@@ -9,7 +9,7 @@ older labctl wrote (a NIC's single ``ip``, no ``addresses``, no bonds).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "Route",
     "Sysctl",
     "Vlan",
+    "add_views",
     "address_keys",
     "firewall_lines",
     "first_ip",
@@ -217,6 +218,16 @@ def _vlan_views(parent: str, network: str, vlans: object) -> list[IfaceView]:
     return out
 
 
+_MORE: list[tuple[Callable[[Mapping[str, Any]], list[IfaceView]], Callable[[Mapping[str, Any]], list[str]]]] = []
+
+
+def add_views(views: Callable[[Mapping[str, Any]], list[IfaceView]], lines: Callable[[Mapping[str, Any]], list[str]]) -> None:
+    """A section of a guest whose interfaces :func:`guest_interfaces` shows after the others and whose
+    lines :func:`settings_text` shows after the sysctls (the tunnels' and VRFs': :mod:`labctl.lab`'s face
+    adds them, as :mod:`labctl.lab.tunnels` imports this module)."""
+    _MORE.append((views, lines))
+
+
 def guest_interfaces(guest: Mapping[str, Any]) -> list[IfaceView]:
     """Every lab interface of a guest (``Guest.to_dict()``): each NIC followed by its VLANs, then
     each bond and each bridge followed by theirs."""
@@ -242,7 +253,7 @@ def guest_interfaces(guest: Mapping[str, Any]) -> list[IfaceView]:
             out.append(IfaceView(name, "bond" if kind == "bonds" else "bridge", detail,
                                  tuple(nic_addresses(m)), network))
             out += _vlan_views(name, network, m.get("vlans"))
-    return out
+    return out + [v for views, _ in _MORE for v in views(guest)]
 
 
 def address_keys(guest: str, views: Iterable[tuple[str, Sequence[Address]]]) -> dict[str, str]:
@@ -297,7 +308,7 @@ def settings_text(guest: Mapping[str, Any]) -> list[str]:
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = [f"{k}={v}" for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k]
     return ((["routes: " + "; ".join(routes)] if routes else []) + (["sysctls: " + ", ".join(sysctls)] if sysctls else [])
-            + [f"firewall: {line}" for line in firewall_lines(guest)])
+            + [x for _, lines in _MORE for x in lines(guest)] + [f"firewall: {line}" for line in firewall_lines(guest)])
 
 
 def _route_text(route: object) -> str:

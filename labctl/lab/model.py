@@ -20,6 +20,7 @@ from labctl.lab.shares import Share
 
 if TYPE_CHECKING:
     from labctl.lab.firewall import Firewall
+    from labctl.lab.tunnels.devices import Tunnel, Vrf
 
 __all__ = [
     "DEFAULT_HOST",
@@ -158,12 +159,14 @@ class Guest:
     routes: tuple[Route, ...] = ()  # static routes, in file order
     sysctls: tuple[Sysctl, ...] = ()  # set in file order before up returns
     firewall: Firewall | None = None  # nftables rules loaded (checked by nft -c first) before up returns
+    tunnels: tuple[Tunnel, ...] = ()  # tunnel devices made once it answers SSH (labctl.up.tunnels)
+    vrfs: tuple[Vrf, ...] = ()  # VRF devices, their members and routes, made with the tunnels
 
     @property
     def networked(self) -> bool:
         """Whether it has network settings beyond its NICs' links and addresses (VLANs, bonds,
         bridges, routes, sysctls, a firewall)."""
-        return bool(self.bonds or self.bridges or self.routes or self.sysctls or self.firewall
+        return bool(self.bonds or self.bridges or self.routes or self.sysctls or self.firewall or self.tunnels or self.vrfs
                     or any(n.vlans for n in self.nics))
 
     def tagged_nics(self) -> list[str]:
@@ -180,7 +183,7 @@ class Guest:
         for holder in holders:
             out.append((holder.name, holder.addresses))
             out += [(v.name, v.addresses) for v in holder.vlans]
-        return out
+        return out + [(t.name, t.addresses) for t in self.tunnels]
 
     def address_keys(self) -> dict[str, str]:
         """``{{GUEST.IFACE.ip}}``, ``.ip4`` and ``.ip6`` of its interfaces (:func:`~labctl.lab.ifaces.address_keys`)."""
@@ -210,6 +213,8 @@ class Guest:
             "routes": [r.to_dict() for r in self.routes],
             "sysctls": [{"name": s.name, "value": s.value} for s in self.sysctls],
             "firewall": self.firewall.to_dict() if self.firewall else None,
+            **({"tunnels": [t.to_dict() for t in self.tunnels]} if self.tunnels else {}),
+            **({"vrfs": [v.to_dict() for v in self.vrfs]} if self.vrfs else {}),
         }
 
 

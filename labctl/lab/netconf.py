@@ -328,6 +328,7 @@ def _interface_names(check: Checker, g: GuestSpec) -> dict[str, int]:
     for m in g.masters:
         later.append((m.name, m.line, m.path))
         later += [(v.name, v.name_line or v.line, v.path) for v in m.vlans]
+    later += [(t.name, t.line, t.path) for t in g.tunnels] + [(v.name, v.line, v.path) for v in g.vrfs]  # labctl.lab.tunnels
     for name, line, path in later:
         if name is None:
             continue
@@ -373,7 +374,7 @@ def _free_member(check: Checker, m: MasterSpec, nic: NicSpec) -> None:
                                                             f"give its VLANs to {m.name}")
 
 
-def _connected(g: GuestSpec, enslaved: dict[str, str]) -> dict[str, list[Address]]:
+def connected(g: GuestSpec, enslaved: dict[str, str]) -> dict[str, list[Address]]:
     """Each interface that may carry routes (not a bond's or bridge's member) -> its addresses."""
     out: dict[str, list[Address]] = {}
     holders: list[NicSpec | MasterSpec] = [*g.nics, *g.masters]
@@ -382,11 +383,11 @@ def _connected(g: GuestSpec, enslaved: dict[str, str]) -> dict[str, list[Address
             continue
         out[holder.name] = [a.address for a in holder.addresses]
         out.update({v.name: [a.address for a in v.addresses] for v in holder.vlans if v.name})
-    return out
+    return {t.name: list(t.addresses) for t in g.tunnels} | out
 
 
 def _check_routes(check: Checker, g: GuestSpec, enslaved: dict[str, str]) -> None:
-    ifaces = _connected(g, enslaved)
+    ifaces = connected(g, enslaved)
     every = [a for addrs in ifaces.values() for a in addrs]
     for spec in g.routes:
         r, lines = spec.route, spec.lines

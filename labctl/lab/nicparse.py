@@ -171,4 +171,4 @@ def resolve_settings(g: GuestSpec) -> dict[str, Any]:
     return {"bonds": tuple(m for m in masters if isinstance(m, Bond)),
             "bridges": tuple(m for m in masters if isinstance(m, Bridge)),
             "routes": tuple(r.route for r in g.routes), "sysctls": tuple(s for s, _ in g.sysctls),
-            "firewall": g.firewall}
+            "firewall": g.firewall, "tunnels": g.tunnels, "vrfs": g.vrfs}

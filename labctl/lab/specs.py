@@ -13,6 +13,7 @@ from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
 from labctl.lab.shares import Share
+from labctl.lab.tunnels.devices import Tunnel, Vrf
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ class GuestSpec:
     routes: list[RouteSpec] = field(default_factory=list)
     sysctls: list[tuple[Sysctl, str]] = field(default_factory=list)  # with each one's path
     firewall: Firewall | None = None
+    tunnels: tuple[Tunnel, ...] = ()  # labctl.lab.tunnels
+    vrfs: tuple[Vrf, ...] = ()
 
 
 @dataclass

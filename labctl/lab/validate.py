@@ -36,6 +36,9 @@ from labctl.lab.shares import parse_shares
 from labctl.lab.specs import GuestSpec, NetSpec, NicSpec
 from labctl.lab.stepspec import StepParser
 from labctl.lab.trust import TRUST_ENV, named_path_reason
+from labctl.lab.tunnels.parse import check_guest as check_guest_tunnels
+from labctl.lab.tunnels.parse import check_lab as check_tunnels
+from labctl.lab.tunnels.parse import parse_tunnels, parse_vrfs
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
@@ -60,7 +63,7 @@ _TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "ho
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description", "capture")
 _GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup", "shares", "bonds", "bridges",
-               "routes", "sysctls", "firewall")
+               "routes", "sysctls", "firewall", "tunnels", "vrfs")
 _HOST_KEYS = ("uri", "address")
 _HOST_REQUIRED = ("uri",)
 _HOSTS_BACKEND = "libvirt"
@@ -104,7 +107,9 @@ def build_lab(data: Any, *, source: str, text: str, sha256: str,
     _check_spans(check, hosts, guests, networks, nics)
     for guest in guests.values():
         check_guest(check, guest, {name: net.mtu for name, net in networks.items()})
+        check_guest_tunnels(check, guest)
     check_ips(check, list(guests.values()), list(networks))
+    check_tunnels(check, guests)
     assign_macs(check, header["name"], nics)
     steps = StepParser(check, guests, trusted).parse(data)
     checks = parse_checks(check, data, set(guests))
@@ -318,6 +323,7 @@ def _parse_guest(
         routes=parse_routes(check, body, path),
         sysctls=parse_sysctls(check, body, path),
         firewall=parse_firewall(check, body, path, check_dir(check), trusted),
+        tunnels=parse_tunnels(check, body, path), vrfs=parse_vrfs(check, body, path),
     )
 
 

@@ -11,6 +11,7 @@
 * :mod:`.ktap`: the kernel's KTAP test output (selftests);
 * :mod:`.hops`, :mod:`.clocks`, :mod:`.journey`, :mod:`.journeyfiles`: packets followed through the lab's kernels and wires;
   :mod:`.nfhops`: their NAT rewrites, conntrack states and nftables chains and rules;
+  :mod:`.encap`: through a tunnel (the inner packet followed, the outer one its wire);
 * :mod:`.drops`: every skb a guest dropped, as a table; which netfilter rule dropped;
 * :mod:`.bpfmaps`: a bpftrace program's maps and histograms;
 * :mod:`.perfetto`, :mod:`.tracks`, :mod:`.tef`: recordings as Perfetto timelines (Trace Event Format).

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import labctl.trace.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.pktfilter import ARP, Packet
 
 MARKER = "labctl-sync"
@@ -60,6 +61,8 @@ POINTS: dict[str, Point] = {p.name: p for p in (
 # the IPv6 and ARP probes on a point another family's probe also has: their events are that point's
 VARIANTS = {"dev_queue6": "dev_queue", "xmit6": "xmit", "netif_rx6": "netif_rx", "read6": "sock_read",
             "udp6_read": "udp_read", "dev_queue_arp": "dev_queue", "xmit_arp": "xmit", "netif_rx_arp": "netif_rx", "nft6": "nft"}
+POINTS.update({p[0]: Point(*p) for p in encap.POINTS})  # tunnels: encap and decap (labctl.trace.encap)
+VARIANTS.update(encap.VARIANTS)  # ... and the outer packet's points
 FORWARD = ("ip_fwd", "ip6_fwd")
 LOCAL = ("ip_local", "ip6_local", "tcp_rcv", "tcp6_rcv", "arp_rcv")  # taken in by the receiving guest's stack
 
@@ -161,11 +164,13 @@ def parse_line(line: str, guest: str, names: dict[str, str] | None = None) -> Ev
     elif event == "kfree_skb":  # the tracepoint itself (a kernel without event probes)
         point, fields = "drop", _tracepoint_fields(rest)
     else:
-        point = (names or {}).get(event, event)
-        point = VARIANTS.get(point, point)
+        raw = (names or {}).get(event, event)
+        point = VARIANTS.get(raw, raw)
         if point not in POINTS:
             return None
         fields = parse_fields(rest)
+        if raw in encap.OUTER:  # the outer packet of a tunnel (labctl.trace.encap)
+            fields["outer"] = encap.OUTER[raw]
     flags = m.group("flags") or ""
     return Event(guest, _ts_ns(m.group("ts")), point, m.group("comm").strip(), int(m.group("pid")),
                  int(m.group("cpu")), len(flags) >= 3 and flags[2] in "sShHzZ", fields)

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import labctl.trace.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.pktfilter import ARP
 from labctl.trace.clocks import Alignment, Clock
 from labctl.trace.hops import (
@@ -451,7 +452,8 @@ class _Hops:
         if e.point == "xmit":
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
-        notes = [note, self.topo.ifaces.get((e.guest, e.dev or ""), ""), e.fields.get("nat", "")]
+        notes = [encap.noted(note, e.point, e.fields),  # a tunnel's outer header (labctl.trace.encap)
+                 self.topo.ifaces.get((e.guest, e.dev or ""), ""), e.fields.get("nat", "")]
         state = ct_state(e)
         if state == "none":
             state = "invalid (no entry)" if e.guest in self.tracked and e.point != "nft" else None

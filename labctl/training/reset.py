@@ -32,7 +32,7 @@ from labctl.image import Image
 from labctl.lab import Firewall
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState, lab_lock
-from labctl.up import agent, mounts, nftload, snapshots, warm
+from labctl.up import agent, mounts, nftload, snapshots, tunsetup, warm
 
 BOOT_TIMEOUT = 180.0
 
@@ -81,8 +81,11 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                     moves.append(sshport.repin(state.path, name, port, rec.ssh_port))
                 hows[name] = how
                 wait_ssh(state.endpoint(name), BOOT_TIMEOUT if how == "boot" else 30.0)
-                if how == "boot":  # a snapshot holds the firewall; a boot loads it again
+                nets = tunsetup.lab_nets(state.resolved.get("guests") or {})
+                if how == "boot":  # a snapshot holds the firewall (and tunnels); a boot loads it again
+                    tunsetup.configure(state.endpoint(name), nets[name], state.source)
                     nftload.load(state.endpoint(name), firewall_of(state, name), state.source)
+                tunsetup.hand_keys(Path(state.dir), nets, name, state.endpoint(name))  # no snapshot holds keys
                 mounts.mount(state.endpoint(name), name, mounts.of((state.resolved.get("guests") or {}).get(name) or {}))
                 took[name] = round(time.monotonic() - t0, 2)
                 if on_guest:
@@ -127,6 +130,8 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
             if shared:  # a class's shared state holds throwaway keys: the guest's own again, and the clock
                 warm.hand_over_shared(Path(rec.dir), state.endpoint(name), time.monotonic() + 30.0)
             wait_ssh(state.endpoint(name), 30.0, set_clock=not shared)
+            tunsetup.hand_keys(Path(state.dir), tunsetup.lab_nets(state.resolved.get("guests") or {}), name,
+                              state.endpoint(name))
             took[name] = round(time.monotonic() - t0, 2)
             if on_guest:
                 on_guest(name, took[name], "saved state")

@@ -17,6 +17,7 @@ from pathlib import Path
 import labctl.up.envcheck as envcheck  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.mounts as mounts  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.tunsetup as tunsetup  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import GuestPlan, GuestRecord, choose_accels, get_backend, lab_accel, running_version
 from labctl.errors import LabctlError, LabFileError, LabStateError, PortTaken, UsageError
@@ -157,6 +158,8 @@ class LabUp:
     def _up(self, accels: dict[str, str]) -> LabState:
         state = self._new_state(lab_accel(accels))
         client = new_keypair(self.dir / "id_ed25519", f"labctl-{self.lab.ident}")
+        nets = tunsetup.lab_nets(self.lab.guests)
+        tunsetup.make_keys(self.dir, nets)  # this instance's own wireguard keys, handed over once it is up
         segments = self.networks.make(state)
         plans = [self.planner.plan(g, accels[g.name], segments, client.public_line) for g in self.lab.guests.values()]
         state.warm = sorted(self.planner.warm)
@@ -177,6 +180,8 @@ class LabUp:
             if p.guest.name in self.planner.throwaway:
                 warm.write_boot_known_hosts(p.dir, self.records[p.guest.name].ssh_port)
         self.waiter.wait_all(state)
+        for name in sorted({n for n, _ in tunsetup.wireguard(nets)}):  # after the post-boot snapshot: it holds no key
+            tunsetup.hand_keys(self.dir, nets, name, state.endpoint(name))
         for g in self.lab.guests.values():  # after the post-boot snapshot: QEMU cannot save a mounted 9p
             mounts.mount(state.endpoint(g.name), g.name, g.shares)
         for (guest, nic), imp in netctl.lab_impairments(state).items():  # netem, once SSH answers

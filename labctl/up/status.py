@@ -48,5 +48,6 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
         host = state.hosts.get(name, {}).get("name")
         settings: dict[str, object] = {k: resolved.get(k) or [] for k in ("bonds", "bridges", "routes", "sysctls")}
         settings["firewall"] = resolved.get("firewall")
+        settings.update({k: resolved[k] for k in ("tunnels", "vrfs") if resolved.get(k)})  # labctl.lab.tunnels
         out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host, settings))
     return out

@@ -15,6 +15,7 @@ import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the pac
 import labctl.up.guestconf as guestconf  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.nftload as nftload  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.tunsetup as tunsetup  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord
 from labctl.debug import console_end, crashed
@@ -125,6 +126,7 @@ class GuestWaiter:
         """The guest's firewall (checked by nft -c, then loaded), then its setup commands; a crash
         meanwhile ends the wait at once (its vmcore kept)."""
         try:
+            tunsetup.configure(ep, tunsetup.GuestNet.of(self.lab.guests[name]), self.lab.source)  # before nft: rules name them
             nftload.load(ep, self.lab.guests[name].firewall, self.lab.source)
             warm.run_setup(ep, self.lab.guests[name].setup, abort=lambda: self._crashed(name))
         except GuestError as exc:
@@ -174,7 +176,8 @@ class GuestWaiter:
         # A guest booted with the throwaway key answers with it (pinned in boot_known_hosts)
         # until the snapshot is taken and it has its own.
         ep = warm.boot_endpoint(state.endpoint(name), gdir) if throwaway else state.endpoint(name)
-        setup = self.lab.guests[name].setup or self.lab.guests[name].firewall
+        g = self.lab.guests[name]
+        setup = g.setup or g.firewall or g.tunnels or g.vrfs
         # A guest whose boot becomes the snapshot and that has no setup commands (or firewall) is snapshotted
         # at once: its one SSH handshake is the one with its own key (this saves one under TCG).
         # A guest without the agent is saved once SSH answers.

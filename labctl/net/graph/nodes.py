@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from labctl.lab import DEFAULT_HOST, firewall_lines, nic_addresses
+from labctl.lab import DEFAULT_HOST, firewall_lines, nic_addresses, tunnel_lines
 from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP
 from labctl.textsafe import safe_line
 
@@ -116,6 +116,7 @@ class GuestNode:
     shares: tuple[str, ...] = ()  # "MOUNT (ro)" / "MOUNT (rw)"
     masters: tuple[MasterRow, ...] = ()  # bonds, then bridges
     firewall: tuple[str, ...] = ()  # its firewall's summary lines (labctl.lab.ifaces.firewall_lines)
+    tunnels: tuple[str, ...] = ()  # its tunnels and VRFs, a line each (labctl.lab.tunnels.views)
 
     @property
     def firewall_mark(self) -> str:
@@ -149,6 +150,7 @@ class GuestNode:
             parts.append("shares " + ", ".join(self.shares))
         if self.firewall:
             parts.append(self.firewall_mark)
+        parts += list(self.tunnels)
         return " · ".join(parts)
 
 
@@ -327,7 +329,8 @@ def _guest_node(name: str, guest: Mapping[str, Any], facts: Mapping[str, Any], s
                      state=_str(facts.get("state")),
                      shares=tuple(f"{sh.get('mount')} ({'rw' if sh.get('writable') is True else 'ro'})"
                                   for sh in guest.get("shares") or () if isinstance(sh, Mapping)),
-                     firewall=tuple(safe_line(x) for x in firewall_lines(guest)))
+                     firewall=tuple(safe_line(x) for x in firewall_lines(guest)),
+                     tunnels=tuple(safe_line(x) for x in tunnel_lines(guest)))
 
 
 def _host_is_remote(uri: object) -> bool:

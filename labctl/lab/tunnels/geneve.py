@@ -1,0 +1,42 @@
+"""Geneve: Ethernet over UDP (RFC 8926), a 24-bit VNI, to one remote.
+
+::
+
+    gnv0: {type: geneve, vni: 7, remote: 10.2.0.2, ip: 192.168.7.1/24}   # dstport: 6081
+"""
+
+from __future__ import annotations
+
+import labctl.lab.tunnels.fields as o
+from labctl.lab.checker import Checker
+from labctl.lab.tunnels.devices import Kind, Tunnel
+from labctl.lab.tunnels.vxlan import MAX_VNI
+from labctl.lab.yamlpos import YamlMap
+
+DSTPORT = 6081
+
+
+class Geneve(Kind):
+    name = "geneve"
+    keys = ("vni", "remote", "dstport", "ttl")
+    required = ("vni", "remote")
+    layer2 = True
+
+    def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        o.put(out, "vni", o.integer(check, m, "vni", path, 0, MAX_VNI))
+        o.put(out, "remote", o.address(check, m, "remote", path))
+        o.put(out, "dstport", o.port(check, m, "dstport", path) or DSTPORT)
+        o.put(out, "ttl", o.integer(check, m, "ttl", path, 1, 255))
+        return out
+
+    def link(self, t: Tunnel) -> list[str]:
+        argv = ["ip", "link", "add", t.name, "type", "geneve", "id", str(t.opt("vni")),
+                "remote", str(t.opt("remote")), "dstport", str(t.opt("dstport") or DSTPORT)]
+        return argv + (["ttl", str(t.opt("ttl"))] if t.opt("ttl") else [])
+
+    def describe(self, t: Tunnel) -> str:
+        return f"geneve {t.opt('vni')} to {t.opt('remote')}:{t.opt('dstport') or DSTPORT}"
+
+
+KIND = Geneve()

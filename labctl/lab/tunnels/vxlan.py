@@ -1,0 +1,54 @@
+"""VXLAN: Ethernet over UDP (RFC 7348), a 24-bit VNI, to one remote or a multicast group.
+
+::
+
+    vx0: {type: vxlan, vni: 42, remote: 10.2.0.2, dev: eth1, ip: 192.168.42.1/24}   # dstport: 4789, local
+"""
+
+from __future__ import annotations
+
+import labctl.lab.tunnels.fields as o
+from labctl.lab.checker import Checker
+from labctl.lab.tunnels.devices import Kind, Tunnel
+from labctl.lab.yamlpos import YamlMap
+
+MAX_VNI = 2**24 - 1
+DSTPORT = 4789  # IANA's; the kernel's default is 8472 (Linux's before IANA's)
+
+
+class Vxlan(Kind):
+    name = "vxlan"
+    keys = ("vni", "remote", "group", "local", "dstport", "dev", "ttl")
+    required = ("vni",)
+    layer2 = True
+
+    def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        o.put(out, "vni", o.integer(check, m, "vni", path, 0, MAX_VNI))
+        if ("remote" in m) == ("group" in m):
+            check.add(m.line, path, "a vxlan tunnel needs a remote or a group (one of them)")
+        o.put(out, "remote", o.address(check, m, "remote", path))
+        o.put(out, "group", o.address(check, m, "group", path, multicast=True))
+        o.put(out, "local", o.address(check, m, "local", path))
+        o.put(out, "dstport", o.port(check, m, "dstport", path) or DSTPORT)
+        o.put(out, "dev", o.interface(check, m, "dev", path))
+        o.put(out, "ttl", o.integer(check, m, "ttl", path, 1, 255))
+        if "group" in m and "dev" not in m:
+            check.add(m.line, path, "a vxlan tunnel to a multicast group needs the device it is on (dev)")
+        return out
+
+    def link(self, t: Tunnel) -> list[str]:
+        argv = ["ip", "link", "add", t.name, "type", "vxlan", "id", str(t.opt("vni")),
+                "dstport", str(t.opt("dstport") or DSTPORT)]
+        for key in ("remote", "group", "local", "dev", "ttl"):
+            if t.opt(key) is not None:
+                argv += [key, str(t.opt(key))]
+        return argv
+
+    def describe(self, t: Tunnel) -> str:
+        to = f"to {t.opt('remote')}" if t.opt("remote") else f"group {t.opt('group')}"
+        return (f"vxlan {t.opt('vni')} {to}:{t.opt('dstport') or DSTPORT}"
+                + (f" via {t.opt('dev')}" if t.opt("dev") else ""))
+
+
+KIND = Vxlan()

@@ -1,0 +1,190 @@
+"""Tunnels and a VRF as data on real guests: labs/vxlan-router.yaml, booted once for the module with
+one follow step (a pings b over VXLAN), its bundle written by ``up``.
+
+* a's ping over VXLAN reaches b through r, which has no tunnel of its own; the step's journeys show
+  the inner packet encapsulated on a (udp_tunnel_xmit_skb), the outer one forwarded by r (its hops
+  say the outer header), decapsulated on b (vxlan_rcv), answered; ``status`` shows the tunnels;
+* b's VRF blue routes 10.77.0.0/24 over WireGuard with its own table (the main table has no route);
+* the WireGuard keys are this instance's: files 0600 in its run directory, in neither the lab's
+  state nor the bundle; a second instance of the lab (warm, from the same post-boot snapshot) has
+  other keys and its tunnel works;
+* ``reset`` of b brings its tunnels, its VRF and its keys back;
+* bad tunnels and VRFs: exit 2 at their lines, nothing started.
+"""
+
+from __future__ import annotations
+
+OVER_3_MIN = ("one lab of three TCG guests booted with a follow step, then a second instance of it (warm) and a "
+              "reset of one guest: the keys of two instances and a reset are the point")
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import harness
+from tests.conftest import ROOT, Cli, new_cli
+from tests.integration.conftest import qemu_pids_under, wait_for
+
+NAME = "vxlan-router"
+STEPS = """
+steps:
+  - name: vxlan
+    follow: {filter: "icmp and host 192.168.42.2"}
+    run:
+      - {guest: a, command: "ping -c 2 -i 0.5 -W 3 192.168.42.2", timeout: 60}
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cli, Path]]:
+    """The lab up, with its follow step run and its bundle."""
+    cli = new_cli(tmp_path_factory, "tun")
+    assert cli.tracked is not None
+    cli.tracked.test = f"test_tunnels lab (first used by {harness.current_test()})"
+    d = tmp_path_factory.mktemp("tunnels")
+    (d / "lab.yaml").write_text((ROOT / "labs" / "vxlan-router.yaml").read_text() + STEPS)
+    try:
+        up = cli("up", str(d / "lab.yaml"), "--out", str(d / "runs"), "--json", timeout=1800)
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield cli, Path(json.loads(up.stdout)["bundle"])
+    finally:
+        harness.teardown(cli.tracked)
+
+
+def _sh(cli: Cli, guest: str, command: str, lab: str = NAME, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return cli("exec", lab, guest, "--timeout", str(timeout), "--", command, timeout=timeout + 60)
+
+
+def _ok(cli: Cli, guest: str, command: str, lab: str = NAME) -> bool:
+    return "ok" in _sh(cli, guest, f"{command} >/dev/null 2>&1 && echo ok || echo failed", lab).stdout.split()
+
+
+def _packets(bundle: Path) -> list[dict[str, Any]]:
+    summary = json.loads((bundle / "summary.json").read_text())
+    step = next(s for s in summary["steps"] if s["name"] == "vxlan")
+    doc = json.loads((bundle / step["dir"] / "journey.json").read_text())
+    assert doc["totals"]["out_of_order_hops"] == 0, doc["totals"]
+    return list(doc["packets"])
+
+
+def test_a_ping_over_vxlan_goes_through_the_router(lab: tuple[Cli, Path]) -> None:
+    cli, _ = lab
+    assert _ok(cli, "a", "ping -c 1 -W 3 192.168.42.2")
+    assert "vxlan id 42 remote 10.2.0.2 dev eth1" in _sh(cli, "a", "ip -d link show vx0").stdout
+    assert "vxlan" not in _sh(cli, "r", "ip -d link show").stdout  # r only forwards the outer packets
+    status = json.loads(cli("status", NAME, "--json", check=True).stdout)
+    (b,) = [g for g in status["labs"][0]["guests"] if g["name"] == "b"]
+    assert [(t["name"], t["type"]) for t in b["tunnels"]] == [("vx0", "vxlan"), ("wg0", "wireguard")]
+    assert b["vrfs"][0]["table"] == 10 and b["vrfs"][0]["members"] == ["wg0"]
+    text = " ".join(cli("status", NAME, check=True).stdout.split())  # a row per tunnel and VRF (wrapped as wide as it is)
+    assert "│ vx0 │ vxlan 42 to" in text and "│ blue │ vrf table 10" in text, text
+    assert "b vrf blue routes: 10.77.0.0/24 via 10.99.0.1" in text, text
+
+
+def test_follow_shows_the_inner_packet_encapsulated_carried_and_decapsulated(lab: tuple[Cli, Path]) -> None:
+    _, bundle = lab
+    packets = _packets(bundle)
+    requests = [p for p in packets if "echo-request" in p["packet"]]
+    replies = [p for p in packets if "echo-reply" in p["packet"]]
+    assert len(requests) == 2 and len(replies) == 2, [p["packet"] for p in packets]
+    for p in requests:
+        hops = [(h["guest"], h["point"], h.get("dev"), h.get("note", "")) for h in p["hops"] if h["point"] != "wire"]
+        points = [(g, pt) for g, pt, _, _ in hops]
+        assert ("a", "encap") in points and ("r", "ip_fwd") in points and ("b", "decap") in points, hops
+        assert points.index(("a", "encap")) < points.index(("r", "ip_fwd")) < points.index(("b", "decap")), hops
+        (fwd,) = [h for h in hops if h[:2] == ("r", "ip_fwd")]
+        assert fwd[3] == "outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42", hops
+        assert ("b", "netif_rx", "vx0", "") in hops and ("a", "xmit", "vx0", "") in hops, hops  # the inner one
+        assert [h["where"] for h in p["hops"] if h["point"] == "wire"] == ["a.eth1 → r.eth1", "r.eth2 → b.eth1"]
+        assert p["end"]["kind"] == "answered", p["end"]
+    for p in replies:
+        assert [h["guest"] for h in p["hops"] if h["point"] in ("encap", "decap")] == ["b", "a"], p["hops"]
+        assert p["end"]["kind"] == "delivered", p["end"]
+
+
+def test_the_vrf_routes_with_its_own_table_over_wireguard(lab: tuple[Cli, Path]) -> None:
+    cli, _ = lab
+    assert _ok(cli, "b", "ping -c 1 -W 3 -I blue 10.77.0.1")
+    assert not _ok(cli, "b", "ip route get 10.77.0.1")  # not in the main table
+    assert "10.77.0.0/24 via 10.99.0.1 dev wg0" in _sh(cli, "b", "ip route show vrf blue").stdout
+
+
+def _keys(cli: Cli, lab: str) -> dict[str, str]:
+    """Each guest's wireguard public key, as the guest says it."""
+    return {g: _sh(cli, g, "wg show wg0 public-key", lab).stdout.strip() for g in ("a", "b")}
+
+
+def test_wireguard_keys_are_the_instances_own_and_never_in_the_bundle(lab: tuple[Cli, Path]) -> None:
+    cli, bundle = lab
+    run = cli.state_dir / "labs" / NAME
+    files = sorted((run / "wireguard").iterdir())
+    assert [f.name for f in files] == ["a.wg0.key", "a.wg0.pub", "b.wg0.key", "b.wg0.pub"]
+    private = [f.read_text().strip() for f in files if f.suffix == ".key"]
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files if f.suffix == ".key")
+    assert (run / "wireguard").stat().st_mode & 0o777 == 0o700
+    mine = _keys(cli, NAME)
+    assert mine == {"a": (run / "wireguard" / "a.wg0.pub").read_text().strip(),
+                    "b": (run / "wireguard" / "b.wg0.pub").read_text().strip()}
+    for f in [*bundle.rglob("*"), run / "state.json"]:
+        if f.is_file():
+            data = f.read_bytes()
+            assert not any(k.encode() in data for k in private), f
+    up = cli("up", str(ROOT / "labs" / "vxlan-router.yaml"), "--instance", "two", "--json", timeout=1200)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        other = _keys(cli, f"{NAME}@two")
+        assert other["a"] and other["a"] != mine["a"] and other["b"] != mine["b"], (mine, other)
+        assert _ok(cli, "a", "ping -c 1 -W 3 10.99.0.2", f"{NAME}@two")  # its keys were exchanged
+    finally:
+        cli("down", f"{NAME}@two", timeout=300)
+
+
+def test_reset_brings_the_tunnels_the_vrf_and_the_keys_back(lab: tuple[Cli, Path]) -> None:
+    cli, _ = lab
+    before = _keys(cli, NAME)["b"]
+    _sh(cli, "b", "ip link del vx0; ip link del wg0; ip link del blue")
+    assert not _ok(cli, "a", "ping -c 1 -W 2 192.168.42.2")
+    cli("reset", NAME, "b", "--json", check=True, timeout=600)
+    assert _ok(cli, "a", "ping -c 1 -W 3 192.168.42.2")
+    assert _keys(cli, NAME)["b"] == before  # the instance's key, given again (the snapshot holds none)
+    wait_for(lambda: _ok(cli, "b", "ping -c 1 -W 3 -I blue 10.77.0.1"), 60, "b's VRF over WireGuard after reset")
+
+
+BAD = """\
+name: bad-tunnels
+networks: {n: {}}
+guests:
+  g:
+    memory: 256
+    nics: [{name: eth1, model: virtio, network: n, ip: 10.5.0.1/24}]
+    tunnels:
+      vx0: {type: vxlen, vni: 1, remote: 10.5.0.2}
+      vx1: {type: vxlan, vni: 16777216, remote: 10.5.0.2}
+      vx2: {type: vxlan, vni: 3, remote: 10.6.0.9}
+    vrfs:
+      red: {table: 5, members: [eth1]}
+      green: {table: 5}
+  h:
+    memory: 256
+    nics: [{name: eth1, model: virtio, network: n, ip: 10.5.0.2/24}]
+"""
+
+
+def test_bad_tunnels_fail_up_at_their_lines_and_start_nothing(cli: Cli, image: object, tmp_path: Path) -> None:
+    lab = tmp_path / "bad-tunnels.yaml"
+    lab.write_text(BAD)
+    up = cli("up", str(lab))
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert up.stderr.splitlines() == [
+        f"{lab}:8: guests.g.tunnels.vx0.type: unknown tunnel type 'vxlen' (did you mean 'vxlan'?)",
+        f"{lab}:9: guests.g.tunnels.vx1.vni: vni 16777216 is out of range (0..16777215)",
+        (f"{lab}:10: guests.g.tunnels.vx2.remote: 10.6.0.9 is not an address of the lab (a tunnel's remote is an "
+         "address of another guest)"),
+        f"{lab}:13: guests.g.vrfs.green.table: table 5 is VRF red's too (line 12): each VRF has a table of its own",
+    ], up.stderr
+    assert "Traceback" not in up.stderr
+    assert not (cli.state_dir / "labs" / "bad-tunnels").exists() and qemu_pids_under(cli.state_dir) == []
