@@ -142,6 +142,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _definitions(f: Follower, guest: str) -> tuple[list[str], dict[str, str]]:
+    """:meth:`Follower.definitions`: the follow points' probes, then the tunnels' (the outer packet,
+    encap, decap: :mod:`labctl.follow.tunnelprobes`)."""
+    caps, prefix = f.caps[guest], pr.PREFIX + f.tag
+    defs, filters = pr.definitions(prefix, f.node, f.offsets[guest], caps.reason, caps.symbol)
+    more, more_filters = tunnelprobes.definitions(prefix, f.node, f.offsets[guest], f.state.resolved, guest)
+    return defs + more, {**filters, **more_filters}
+
+
 class Follower:
     """Probes for one filter on ``guests`` of the lab in ``state`` (see the module docstring).
     ``connect`` opens a guest's SSH session (the steps runner passes its own)."""
@@ -207,11 +216,7 @@ class Follower:
 
     def definitions(self, guest: str) -> tuple[list[str], dict[str, str]]:
         """The guest's ``dynamic_events`` lines and each follow point's filter."""
-        caps = self.caps[guest]
-        defs, filters = pr.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest], caps.reason, caps.symbol)
-        more, more_filters = tunnelprobes.definitions(pr.PREFIX + self.tag, self.node, self.offsets[guest],
-                                                      self.state.resolved, guest)  # the outer packet, encap, decap
-        return defs + more, {**filters, **more_filters}
+        return _definitions(self, guest)
 
     def start(self) -> None:
         """Probes on in every guest (stale ones of a killed labctl removed first), the first clock round,
