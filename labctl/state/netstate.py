@@ -19,10 +19,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from labctl.lab import Impairment
 from labctl.paths import atomic_write, exclusive
+
+if TYPE_CHECKING:
+    from labctl.lab import Impairment
 
 NETWORK = "network.json"
 LOCK = ".network.lock"
@@ -43,6 +45,8 @@ class NetRuntime:
 
     def impairment(self, guest: str, nic: str) -> Impairment | None:
         """The impairment in force on a NIC (None: none)."""
+        from labctl.lab import Impairment
+
         values = self.impair.get(nic_key(guest, nic))
         try:
             return Impairment.from_dict(values) if values else None
