@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from labctl.errors import GuestError
 
@@ -87,3 +88,16 @@ class Result:
     stdout: bytes
     stderr: bytes
     duration: float
+
+
+class Remote(Protocol):
+    """Commands on one guest, as ``labctl cp`` (:mod:`labctl.steps.transfer`) uses them: a paramiko
+    :class:`labctl.ssh.Session`, or the kept connection's :class:`labctl.mux.MuxSession`."""
+
+    ep: Endpoint
+
+    def run(self, command: str, timeout: float = ...) -> Result: ...
+
+    def stream(self, command: str, timeout: float) -> AbstractContextManager[BinaryIO]: ...
+
+    def feed(self, command: str, timeout: float) -> AbstractContextManager[BinaryIO]: ...

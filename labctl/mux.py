@@ -29,7 +29,6 @@ import os
 import re
 import select
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +36,8 @@ from pathlib import Path
 from typing import IO, BinaryIO, Self
 
 from labctl.endpoint import Endpoint, Result, config_quote
-from labctl.errors import GuestError
+from labctl.errors import GuestError, LabctlError
+from labctl.proc import DEVNULL, PIPE, Process, TimeoutExpired, run, start_child
 
 PERSIST = 600  # seconds an idle master stays
 ALIVE_INTERVAL, ALIVE_COUNT = 15, 8  # a guest silent for 2 minutes loses its master (and its sessions)
@@ -82,11 +82,10 @@ def _control_argv(control: Path, op: str) -> list[str]:
 def master_pid(control: Path, timeout: float = 5.0) -> int | None:
     """The pid of the master listening at ``control`` (None: none answers)."""
     try:
-        res = subprocess.run(_control_argv(control, "check"), capture_output=True, text=True, timeout=timeout,
-                             check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
+        res = run(_control_argv(control, "check"), timeout, check=False)
+    except (OSError, LabctlError):
         return None
-    m = re.search(r"pid=(\d+)", res.stdout + res.stderr)
+    m = re.search(r"pid=(\d+)", (res.stdout + res.stderr).decode(errors="replace"))
     return int(m.group(1)) if res.returncode == 0 and m else None
 
 
@@ -108,9 +107,8 @@ def close(guest_dir: Path, timeout: float = 5.0) -> None:
     for sock in sockets:
         pid = master_pid(sock, timeout)
         if pid is not None:
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(_control_argv(sock, "exit"), capture_output=True, timeout=timeout, check=False,
-                               stdin=subprocess.DEVNULL)
+            with contextlib.suppress(OSError, LabctlError):
+                run(_control_argv(sock, "exit"), timeout, check=False)
             deadline = time.monotonic() + timeout
             while _is_master(pid, sock) and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -164,13 +162,13 @@ def _failure(ep: Endpoint, said: str) -> GuestError:
                       hint="'labctl status' shows whether the guest runs")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: Process[bytes]) -> None:
     """End an ssh client (the master, if any, stays for the next call)."""
     if proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
+        except TimeoutExpired:
             proc.kill()
             proc.wait()
 
@@ -202,14 +200,14 @@ class MuxSession:
         :raise GuestError: when ssh itself fails (it cannot connect, the host key does not match...).
         """
         with _ssh_log(self.guest_dir) as log:
-            proc = subprocess.Popen(self.argv(command, log))
+            proc = start_child(self.argv(command, log))
             try:
                 deadline = time.monotonic() + timeout
                 while True:
                     try:
                         status = proc.wait(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
                         break
-                    except subprocess.TimeoutExpired:
+                    except TimeoutExpired:
                         reason = abort() if abort else None
                         if reason:
                             raise GuestError(reason) from None
@@ -230,10 +228,9 @@ class MuxSession:
         t0 = time.monotonic()
         with _ssh_log(self.guest_dir) as log:
             try:
-                res = subprocess.run(self.argv(command, log), capture_output=True, stdin=subprocess.DEVNULL,
-                                     timeout=timeout, check=False)
-            except subprocess.TimeoutExpired as exc:
-                raise GuestError(f"command on guest {self.ep.guest} failed: no exit after {timeout:.0f} s") from exc
+                res = run(self.argv(command, log), timeout, check=False)
+            except LabctlError as exc:  # a timeout (ssh is installed: the caller found it)
+                raise GuestError(f"command on guest {self.ep.guest} failed: {exc.message}") from exc
             if res.returncode == SSH_FAILED and (said := _said(log)):
                 raise _failure(self.ep, said)
         return Result(res.returncode, res.stdout, res.stderr, time.monotonic() - t0)
@@ -247,8 +244,7 @@ class MuxSession:
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status.
         """
         with _ssh_log(self.guest_dir) as log, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(self.argv(command, log), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=err)
+            proc = start_child(self.argv(command, log), stdin=DEVNULL, stdout=PIPE, stderr=err)
             assert proc.stdout is not None
             reader = _Reader(proc.stdout, time.monotonic() + timeout, self.ep.guest)
             try:
@@ -267,8 +263,7 @@ class MuxSession:
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status (with its stderr).
         """
         with _ssh_log(self.guest_dir) as log, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(self.argv(command, log), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=err)
+            proc = start_child(self.argv(command, log), stdin=PIPE, stdout=DEVNULL, stderr=err)
             assert proc.stdin is not None
             writer = _Writer(proc, time.monotonic() + timeout, self.ep.guest)
             try:
@@ -283,10 +278,10 @@ class MuxSession:
             finally:
                 _stop(proc)
 
-    def _check(self, proc: subprocess.Popen[bytes], deadline: float, log: Path, err: IO[bytes]) -> None:
+    def _check(self, proc: Process[bytes], deadline: float, log: Path, err: IO[bytes]) -> None:
         try:
             status = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired as exc:
+        except TimeoutExpired as exc:
             raise GuestError(f"command on guest {self.ep.guest} failed: no exit status in time") from exc
         if status == SSH_FAILED and (said := _said(log)):
             raise _failure(self.ep, said)
@@ -328,7 +323,7 @@ class _Reader:
 class _Writer:
     """An ssh client's standard input as a binary file whose writes are bounded by a deadline."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], deadline: float, guest: str) -> None:
+    def __init__(self, proc: Process[bytes], deadline: float, guest: str) -> None:
         assert proc.stdin is not None
         self.proc, self.fd, self.deadline, self.guest = proc, proc.stdin.fileno(), deadline, guest
 

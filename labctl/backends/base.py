@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from labctl.errors import UsageError
+from labctl.guestrecord import GuestRecord as GuestRecord  # noqa: PLC0414 - re-exported; a leaf the state reads without this package
 from labctl.image import Image
 from labctl.kernel import Kernel
 from labctl.lab import Guest, HostPlace, Lab, Nic
 from labctl.net import Port
-from labctl.records import GuestRecord as GuestRecord  # noqa: PLC0414 - re-exported; a leaf the state reads without this package
 
 if TYPE_CHECKING:
     from labctl.ssh import Endpoint

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from labctl.crashwatch import console_crashed
+from labctl.crashcheck import console_crashed
 from labctl.endpoint import command_line
 from labctl.errors import UsageError
 from labctl.mux import MuxSession

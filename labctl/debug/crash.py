@@ -14,14 +14,14 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-# The detector itself is a leaf (labctl.crashwatch): exec and status watch a console without this package.
-from labctl.crashwatch import CRASH_MARKERS as CRASH_MARKERS  # noqa: PLC0414
-from labctl.crashwatch import PANIC as PANIC  # noqa: PLC0414
-from labctl.crashwatch import TAIL_BYTES as TAIL_BYTES  # noqa: PLC0414
-from labctl.crashwatch import console_crashed as console_crashed  # noqa: PLC0414
-from labctl.crashwatch import console_end as console_end  # noqa: PLC0414
-from labctl.crashwatch import crashed as crashed  # noqa: PLC0414
-from labctl.crashwatch import panicked as panicked  # noqa: PLC0414
+# The detector itself is a leaf (labctl.crashcheck): exec and status watch a console without this package.
+from labctl.crashcheck import CRASH_MARKERS as CRASH_MARKERS  # noqa: PLC0414
+from labctl.crashcheck import PANIC as PANIC  # noqa: PLC0414
+from labctl.crashcheck import TAIL_BYTES as TAIL_BYTES  # noqa: PLC0414
+from labctl.crashcheck import console_crashed as console_crashed  # noqa: PLC0414
+from labctl.crashcheck import console_end as console_end  # noqa: PLC0414
+from labctl.crashcheck import crashed as crashed  # noqa: PLC0414
+from labctl.crashcheck import panicked as panicked  # noqa: PLC0414
 from labctl.debug.oops import parse_oopses
 from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 # package or paramiko (tests/unit/test_cli_budget.py).
 from labctl.endpoint import Endpoint
 from labctl.errors import LabctlError, LabStateError, UsageError
+from labctl.guestrecord import GuestRecord
 from labctl.names import LAB_IDENT, LAB_IDENT_RULE
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir, remove_tree, state_dir
-from labctl.records import GuestRecord
 
 if TYPE_CHECKING:
     from labctl.kernel import Kernel
