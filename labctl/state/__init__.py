@@ -1,7 +1,9 @@
 """A lab's state on disk, shared by every stage that acts on a lab that is up:
-its run directory, lock and recorded guests (:mod:`.runstate`), and what is in
-force on its links, impairments, links down and live captures
-(:mod:`.netstate`).
+its run directory, lock and recorded guests (:mod:`.runstate`), what is in
+force on its links, impairments, links down and live captures' records
+(:mod:`.netstate`), and each guest's live status (:mod:`.status`: the one
+place that asks a backend, imported when asked). Leaves only at import:
+``status`` and ``exec`` read a lab without paramiko or the backends.
 
 Records only: nothing here starts a guest, opens a session or talks to QEMU.
 

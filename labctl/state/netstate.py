@@ -25,6 +25,7 @@ from labctl.paths import atomic_write, exclusive
 
 if TYPE_CHECKING:
     from labctl.lab import Impairment
+    from labctl.state.runstate import LabState
 
 NETWORK = "network.json"
 LOCK = ".network.lock"
@@ -98,3 +99,42 @@ def update(run_dir: Path) -> Iterator[NetRuntime]:
         record = load(run_dir)
         yield record
         atomic_write(run_dir / NETWORK, json.dumps(record.to_dict(), indent=2) + "\n", 0o600)
+
+
+@dataclass
+class Capture:
+    """One capture's record (``captures/<id>.json``)."""
+
+    id: str
+    guest: str
+    nic: str
+    netdev: str
+    file: str
+    owner: int
+    purpose: str
+    started: float = 0.0  # wall time once the filter is in place
+    second: int = 0  # the wall-clock second QEMU took as the filter's start
+    shift_us: int | None = None  # QEMU's timestamp minus the real time (None: not known)
+    log: str | None = None  # QEMU's log, and its size when the capture started
+    log_offset: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.guest}.{self.nic}"
+
+    @property
+    def path(self) -> Path:
+        return Path(self.file)
+
+
+def active(state: LabState) -> list[Capture]:
+    """The captures recorded for a lab (live ones, and dead ones not reaped yet)."""
+    out = []
+    d = state.path / CAPTURES
+    for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            out.append(Capture(**json.loads(p.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
