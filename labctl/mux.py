@@ -25,11 +25,11 @@ Imports never: paramiko, labctl.backends, labctl.state, labctl.lab, labctl.cli
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import select
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -129,16 +129,24 @@ def close_lab(run_dir: Path) -> None:
         close(gdir)
 
 
+_LOGS = itertools.count()
+
+
 @contextlib.contextmanager
 def _ssh_log(guest_dir: Path) -> Iterator[Path]:
-    """A private file (0600, in the guest's directory) for ssh's own messages of one call."""
+    """A new private file (0600, ``O_EXCL``, in the guest's 0700 directory) for ssh's own messages
+    of one call (no tempfile module: exec loads as little as it can)."""
+    while True:
+        name = guest_dir / f".ssh-{os.getpid()}-{next(_LOGS)}-{os.urandom(4).hex()}.log"
+        try:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise GuestError(f"cannot write in {guest_dir}: {exc.strerror}") from exc
     try:
-        fd, name = tempfile.mkstemp(prefix=".ssh-", suffix=".log", dir=guest_dir)
-    except OSError:
-        fd, name = tempfile.mkstemp(prefix="labctl-ssh-", suffix=".log")
-    os.close(fd)
-    try:
-        yield Path(name)
+        yield name
     finally:
         with contextlib.suppress(OSError):
             os.unlink(name)
@@ -243,7 +251,7 @@ class MuxSession:
 
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status.
         """
-        with _ssh_log(self.guest_dir) as log, tempfile.TemporaryFile() as err:
+        with _ssh_log(self.guest_dir) as log, _scratch() as err:
             proc = start_child(self.argv(command, log), stdin=DEVNULL, stdout=PIPE, stderr=err)
             assert proc.stdout is not None
             reader = _Reader(proc.stdout, time.monotonic() + timeout, self.ep.guest)
@@ -262,7 +270,7 @@ class MuxSession:
 
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status (with its stderr).
         """
-        with _ssh_log(self.guest_dir) as log, tempfile.TemporaryFile() as err:
+        with _ssh_log(self.guest_dir) as log, _scratch() as err:
             proc = start_child(self.argv(command, log), stdin=PIPE, stdout=DEVNULL, stderr=err)
             assert proc.stdin is not None
             writer = _Writer(proc, time.monotonic() + timeout, self.ep.guest)
@@ -287,6 +295,13 @@ class MuxSession:
             raise _failure(self.ep, said)
         if status != 0:
             raise GuestError(f"command on guest {self.ep.guest} exited with status {status}: {_tail(err)}")
+
+
+def _scratch() -> IO[bytes]:
+    """An unnamed file for a command's standard error (a pipe could fill and stall the guest)."""
+    import tempfile
+
+    return tempfile.TemporaryFile()
 
 
 def _tail(err: IO[bytes]) -> str:

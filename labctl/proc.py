@@ -21,7 +21,6 @@ labctl imports ``subprocess``.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import re
@@ -29,7 +28,6 @@ import resource
 import shlex
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -185,6 +183,8 @@ def run_pipeline_output(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeo
 
     :raise ProcessError: on timeout or when any stage fails.
     """
+    import tempfile
+
     with tempfile.TemporaryFile() as out:
         run_pipeline(argvs, timeout, stdout=out)
         out.seek(0)
@@ -209,6 +209,8 @@ _PR_SET_PDEATHSIG = 1
 def _tie_to(parent: int, cpu_seconds: int | None) -> Callable[[], None]:
     """A ``preexec_fn``: the child gets SIGKILL when labctl dies (``PR_SET_PDEATHSIG``),
     even by SIGKILL or the OOM killer, and optionally a hard CPU-time limit."""
+    import ctypes  # here, not in the child (an import after fork), nor for every command
+
     def tie() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
