@@ -3,7 +3,8 @@
 ::
 
     <run dir>/network.json       {"impair": {"a.eth1": {"delay": "20ms"}}, "links": {"a.eth1": "down"}}
-    <run dir>/captures/<id>.json  one live capture: its QEMU filter, file, owner pid (see labctl.live.capture)
+    <run dir>/captures/<id>.json  one live capture: its QEMU filter, file, owner pid (:class:`Capture`;
+                                  labctl.live.capture starts and stops them, status lists them: :func:`active`)
 
 ``network.json`` is changed by ``up`` (the lab file's impairments), by
 ``labctl impair`` and ``labctl link``, and by a step for its duration, from
