@@ -14,9 +14,7 @@ from labctl.cli.netview import iface_rows, offload_lines, settings_lines
 from labctl.cli.ui import out, print_json, safe
 from labctl.errors import LabStateError
 from labctl.proc import pid_alive
-from labctl.state import UP, LabState, check_lab_name, run_dir, up_labs
-from labctl.state.netstate import active as active_captures
-from labctl.state.status import guest_statuses
+from labctl.state import UP, LabState, active_captures, check_lab_name, guest_statuses, run_dir, up_labs
 
 if TYPE_CHECKING:
     from labctl.lab import Share

@@ -44,9 +44,10 @@ from labctl.lab import nic_addresses
 from labctl.net import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, vmclock
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.proc import pid_alive
-from labctl.state import CAPTURES, LabState
-from labctl.state.netstate import Capture as Capture  # noqa: PLC0414 - the record is the state's (status reads it)
-from labctl.state.netstate import active as active  # noqa: PLC0414
+from labctl.state import CAPTURES, LabState, active_captures
+from labctl.state import Capture as Capture  # noqa: PLC0414 - the record is the state's (status reads it)
+
+active = active_captures  # the captures recorded for a lab: the state's (status reads them)
 
 log = logging.getLogger(__name__)
 
