@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import labctl.state.netstate as netstate  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.crashcheck import console_crashed
 from labctl.errors import LabctlError
-from labctl.state import netstate
 from labctl.state.runstate import UP, LabState
 
 
