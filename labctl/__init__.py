@@ -12,7 +12,11 @@ analysis of their files (:mod:`labctl.trace`), the bundle (:mod:`labctl.bundle`)
 a kernel (:mod:`labctl.bisect`), a lab packed with its kernels and image into one file
 (:mod:`labctl.pack`), the browser (:mod:`labctl.web`) and the command line (:mod:`labctl.cli`).
 :mod:`labctl.pipeline` chains the stages. Beside them: every exception (:mod:`labctl.errors`),
-the one way to run a host process (:mod:`labctl.proc`), SSH (:mod:`labctl.ssh`), how the
+the one way to run a host process (:mod:`labctl.proc`), SSH (:mod:`labctl.ssh`; where a guest's
+sshd is and the OpenSSH command lines to it, :mod:`labctl.endpoint`; the kept connection of
+``exec`` and ``cp``, :mod:`labctl.mux`), leaves the quick commands read a lab's state with (a
+started guest's record, :mod:`labctl.guestrecord`; a lab's name, :mod:`labctl.names`; a crash on a
+console, :mod:`labctl.crashcheck`), how the
 library reports progress (:mod:`labctl.events`), paths and safe files (:mod:`labctl.paths`),
 guest text shown safely (:mod:`labctl.textsafe`), the pcap-filter subset packets are followed by
 (:mod:`labctl.pktfilter`).

@@ -16,7 +16,6 @@ import contextlib
 import fcntl
 import os
 import pwd
-import secrets
 import shutil
 import stat
 from collections.abc import Iterator
@@ -217,7 +216,7 @@ def _temp_in(dir_fd: int, name: str) -> str:
     """A new empty file (mode 0600) under an unguessable name in ``dir_fd``, created with
     ``O_EXCL|O_NOFOLLOW`` (what ``mkstemp`` does, relative to a directory descriptor)."""
     for _ in range(100):
-        tmp = f".{name[:100]}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        tmp = f".{name[:100]}.{os.urandom(8).hex()}{TEMP_SUFFIX}"
         try:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd))
             return tmp

@@ -21,7 +21,6 @@ labctl imports ``subprocess``.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import re
@@ -29,11 +28,10 @@ import resource
 import shlex
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 from labctl.errors import HostError, ProcessError
 
@@ -185,6 +183,8 @@ def run_pipeline_output(argvs: Sequence[Sequence[str | os.PathLike[str]]], timeo
 
     :raise ProcessError: on timeout or when any stage fails.
     """
+    import tempfile
+
     with tempfile.TemporaryFile() as out:
         run_pipeline(argvs, timeout, stdout=out)
         out.seek(0)
@@ -209,6 +209,8 @@ _PR_SET_PDEATHSIG = 1
 def _tie_to(parent: int, cpu_seconds: int | None) -> Callable[[], None]:
     """A ``preexec_fn``: the child gets SIGKILL when labctl dies (``PR_SET_PDEATHSIG``),
     even by SIGKILL or the OOM killer, and optionally a hard CPU-time limit."""
+    import ctypes  # here, not in the child (an import after fork), nor for every command
+
     def tie() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -236,6 +238,7 @@ def spawn_tied(argv: Sequence[str | os.PathLike[str]], log_path: Path, *, cpu_se
 
 Process = subprocess.Popen
 TimeoutExpired = subprocess.TimeoutExpired
+PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL  # for start_child's streams
 
 
 def start_piped(argv: Sequence[str | os.PathLike[str]]) -> subprocess.Popen[bytes]:
@@ -245,6 +248,24 @@ def start_piped(argv: Sequence[str | os.PathLike[str]]) -> subprocess.Popen[byte
     :raise HostError: when the program does not exist.
     """
     return _popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def start_child(argv: Sequence[str | os.PathLike[str]], *, stdin: int | IO[bytes] | None = None,
+                stdout: int | IO[bytes] | None = None, stderr: int | IO[bytes] | None = None
+                ) -> subprocess.Popen[bytes]:
+    """A child in labctl's own session (a Ctrl-C at the terminal reaches it too) with the given
+    standard streams (None: labctl's own; ``subprocess.PIPE``, ``DEVNULL`` or a file): the
+    client of a guest's kept connection (:mod:`labctl.mux`), whose input and output are the
+    user's. The caller owns it and waits for it.
+
+    :raise HostError: when the program does not exist.
+    """
+    args = [os.fspath(a) for a in argv]
+    log.debug("start: %s", shlex.join(args))
+    try:
+        return subprocess.Popen(args, stdin=stdin, stdout=stdout, stderr=stderr)
+    except FileNotFoundError as exc:
+        raise HostError(f"'{args[0]}' is not installed", hint="run the README's setup command") from exc
 
 
 def replace_with(argv: Sequence[str | os.PathLike[str]]) -> NoReturn:

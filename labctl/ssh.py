@@ -15,84 +15,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, BinaryIO, Self
 
 import paramiko
 
+# Endpoints and the OpenSSH command lines that reach them: a leaf (exec and status read them without paramiko).
+from labctl.endpoint import Endpoint as Endpoint  # noqa: PLC0414
+from labctl.endpoint import Result as Result  # noqa: PLC0414
+from labctl.endpoint import command_line as command_line  # noqa: PLC0414
+from labctl.endpoint import config_quote as config_quote  # noqa: PLC0414
+from labctl.endpoint import hop_forward_argv as hop_forward_argv  # noqa: PLC0414
+from labctl.endpoint import hop_stdio_argv as hop_stdio_argv  # noqa: PLC0414
 from labctl.errors import GuestError
 from labctl.lab import SshHop
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to reach one guest's sshd."""
-
-    guest: str
-    port: int
-    key: Path
-    known_hosts: Path
-    host: str = "127.0.0.1"
-    user: str = "root"
-    via: SshHop | None = None  # the libvirt host whose loopback the guest's port is on
-
-    def openssh_argv(self, extra: Sequence[str] = ()) -> list[str]:
-        """An ``ssh`` command line reaching this guest (for interactive use)."""
-        return ["ssh", "-i", str(self.key), "-p", str(self.port),
-                "-o", f"UserKnownHostsFile={config_quote(str(self.known_hosts))}", "-o", "StrictHostKeyChecking=yes",
-                "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", *self._proxy_options(), *extra,
-                f"{self.user}@{self.host}"]
-
-    def _proxy_options(self) -> list[str]:
-        """``-o ProxyCommand=ssh ... -W`` through the libvirt host, for a remote guest."""
-        if self.via is None:
-            return []
-        return ["-o", f"ProxyCommand={shlex.join(hop_stdio_argv(self.via, self.host, self.port))}"]
-
-
-def config_quote(value: str) -> str:
-    """A value for an OpenSSH ``-o KEY=VALUE`` option: double-quoted, so a path with spaces stays one word.
-
-    :raise GuestError: for a value OpenSSH cannot quote (a double quote or a newline in it).
-    """
-    if '"' in value or "\n" in value:
-        raise GuestError(f"OpenSSH cannot be given the path {value!r}")
-    return f'"{value}"'
-
-
-def _hop_login(hop: SshHop) -> list[str]:
-    """``ssh`` options that log in to the libvirt host ``hop`` as its URI does."""
-    return ["ssh", "-p", str(hop.port), "-l", hop.user, "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-            *(["-i", hop.keyfile] if hop.keyfile else []),
-            *(["-o", "StrictHostKeyChecking=no"] if hop.no_verify else [])]
-
-
-def hop_stdio_argv(hop: SshHop, host: str, port: int) -> list[str]:
-    """An OpenSSH command line that logs in to the libvirt host ``hop`` (as its
-    URI does) and connects its stdin/stdout to ``host:port`` as seen from there."""
-    return [*_hop_login(hop), "-W", f"{host}:{port}", "--", hop.host]
-
-
-def hop_forward_argv(hop: SshHop, local_socket: str, remote_socket: str) -> list[str]:
-    """An OpenSSH command line forwarding the unix socket ``local_socket`` here
-    (made 0600 by ssh) to ``remote_socket`` on the libvirt host ``hop``, until killed."""
-    return [*_hop_login(hop), "-N", "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
-            "-L", f"{local_socket}:{remote_socket}", "--", hop.host]
-
-
-@dataclass(frozen=True)
-class Result:
-    status: int
-    stdout: bytes
-    stderr: bytes
-    duration: float
-
-
-def command_line(argv: Sequence[str]) -> str:
-    """A remote command from argv: one argument is taken as a shell command
-    line as the user typed it; several are quoted word by word."""
-    return argv[0] if len(argv) == 1 else shlex.join(argv)
 
 
 class Session:

@@ -9,11 +9,12 @@ that later commands (``down``, ``status``, ``gdb``) can find the guest again.
 from __future__ import annotations
 
 import abc
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from labctl.errors import UsageError
+from labctl.guestrecord import GuestRecord as GuestRecord  # noqa: PLC0414 - re-exported; a leaf the state reads without this package
 from labctl.image import Image
 from labctl.kernel import Kernel
 from labctl.lab import Guest, HostPlace, Lab, Nic
@@ -108,30 +109,6 @@ class NetDir:
 
     path: Path
     owner: tuple[int, int] | None = None
-
-
-@dataclass
-class GuestRecord:
-    """A started guest as the lab's state remembers it."""
-
-    name: str
-    backend: str
-    pid: int
-    dir: str
-    console: str
-    qmp: str
-    ssh_port: int
-    accel: str
-    argv: list[str] = field(default_factory=list)
-    gdb: str | None = None  # the gdbstub's unix socket, on the machine that runs the guest
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GuestRecord:
-        return cls(**d)
 
 
 class LabState(Protocol):

@@ -10,13 +10,14 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.text import Text
 
 from labctl.cli.ui import console, out, print_json, safe, warn
 from labctl.errors import UsageError
-from labctl.ssh import Session
+from labctl.mux import MuxSession
 from labctl.state import LabState, check_lab_name
 from labctl.steps import transfer
 
@@ -65,7 +66,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
     state = LabState.load(check_lab_name(args.lab))
     ep = state.endpoint(p.guest)
     interactive = not args.json and sys.stderr.isatty()
-    with Session(ep) as s:
+    with MuxSession(ep, Path(state.guests[p.guest].dir)) as s:  # the guest's kept connection (labctl.mux)
         if p.to_guest:
             total = transfer.local_size(p.local) if interactive else 0
             with _progress(interactive and total >= PROGRESS_FROM, f"to {p.guest}", total) as progress:

@@ -1,8 +1,10 @@
 """``labctl exec LAB GUEST [--timeout S] -- CMD`` (``labctl ssh`` is :mod:`.ssh_cmd`).
 
-It passes the guest command's output through byte for byte, as ``ssh`` does:
+It passes the guest command's input and output through byte for byte, as ``ssh`` does:
 it is the user's own command's output, not text labctl prints (which is
-escaped, see :mod:`labctl.textsafe`).
+escaped, see :mod:`labctl.textsafe`). It goes over the guest's kept connection
+(OpenSSH's ControlMaster, :mod:`labctl.mux`), and imports neither paramiko nor the
+backends (tests/unit/test_cli_budget.py): a command of the quick loop.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from labctl.debug import console_crashed
+from labctl.crashcheck import console_crashed
+from labctl.endpoint import command_line
 from labctl.errors import UsageError
-from labctl.ssh import Session, command_line
+from labctl.mux import MuxSession
 from labctl.state import LabState
 
 USAGE = "labctl exec LAB GUEST [--timeout S] [--] COMMAND [ARG...]"
@@ -78,7 +81,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     lab, guest, timeout, cmd = split_exec(args.words, args.timeout)
     state = LabState.load(lab)
     ep = state.endpoint(guest)
-    console = Path(state.guests[guest].console)
+    rec = state.guests[guest]
+    console = Path(rec.console)
 
     def crashed() -> str | None:
         # A kernel that panics pauses its QEMU (the vmcore's -action panic=pause): the SSH session
@@ -88,6 +92,5 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return (f"guest {guest} crashed (its console shows the crash): 'labctl status {lab}' says so, "
                 f"'labctl dump {lab} {guest}' keeps its memory, 'labctl reset {lab} {guest}' brings it back")
 
-    with Session(ep) as s:
-        # The command's own output, byte for byte, like ssh: the user asked for it (not escaped).
-        return s.run(command_line(cmd), timeout=timeout, stream=True, abort=crashed).status
+    # The command's own input and output, byte for byte, like ssh: the user asked for it (not escaped).
+    return MuxSession(ep, Path(rec.dir)).call(command_line(cmd), timeout=timeout, abort=crashed)

@@ -283,7 +283,11 @@ def _log_handler() -> logging.Handler:
     """Log records (which may quote guest output) with control characters shown escaped."""
     import logging
 
-    from labctl.cli.ui import SafeFormatter
+    from labctl.textsafe import safe_text
+
+    class SafeFormatter(logging.Formatter):  # labctl.cli.ui's, without rich (exec loads none)
+        def format(self, record: logging.LogRecord) -> str:
+            return safe_text(super().format(record))
 
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))
@@ -302,7 +306,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import logging
     import signal
 
-    from labctl.cli.ui import error
     from labctl.errors import LabctlError, LabFileError
     from labctl.textsafe import safe_text
 
@@ -316,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
+        from labctl.cli.ui import error  # rich: loaded when there is something to say
+
         error("interrupted; everything this command started was stopped")
         return EXIT_INTERRUPTED
     except LabFileError as exc:
@@ -325,5 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LabctlError as exc:
         if args.debug:
             raise
+        from labctl.cli.ui import error
+
         error(exc.message, exc.hint)
         return exc.exit_code

@@ -1,11 +1,11 @@
-"""``labctl status``: the labs that are up, read from their state (no backend, pipeline or pack
+"""``labctl status``: the labs that are up, read from their state (no paramiko, pipeline or pack
 loaded: a command of the quick loop, like exec); ``up`` prints a lab the same way."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
@@ -13,12 +13,11 @@ from rich.text import Text
 from labctl.cli.netview import iface_rows, offload_lines, settings_lines
 from labctl.cli.ui import out, print_json, safe
 from labctl.errors import LabStateError
-from labctl.lab import Impairment, Share
-from labctl.live import capture
 from labctl.proc import pid_alive
-from labctl.state import UP, LabState, check_lab_name, run_dir, up_labs
-from labctl.up import guest_statuses
-from labctl.up import mounts as guest_shares
+from labctl.state import UP, LabState, active_captures, check_lab_name, guest_statuses, run_dir, up_labs
+
+if TYPE_CHECKING:
+    from labctl.lab import Share
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,7 +33,7 @@ def status_data(state: LabState) -> dict[str, Any]:
         "image": state.image, "started_at": state.started_at, "run_dir": state.dir,
         "warnings": state.warnings, "networks": state.networks, "uploads": state.uploads,
         "captures": [{"guest": c.guest, "nic": c.nic, "purpose": c.purpose, "pid": c.owner,
-                      "running": pid_alive(c.owner)} for c in capture.active(state)],
+                      "running": pid_alive(c.owner)} for c in active_captures(state)],
         "hosts": {h["name"]: {k: v for k, v in h.items() if k != "name"} for h in state.hosts.values()},
         "guests": [{"name": g.name, "state": g.state, "host": g.host, "ssh": g.ssh, "gdb": g.gdb, "pid": g.pid,
                     "accel": g.accel, "ready_seconds": state.ready_seconds.get(g.name),
@@ -76,7 +75,7 @@ def print_lab(state: LabState) -> None:
         title += f" · kernel {next(iter(releases.values())) or '?'}"
     t = Table(title=Text(title), title_justify="left")
     placed = any(h.get("name") != "local" for h in state.hosts.values())
-    captured = {c.label for c in capture.active(state) if pid_alive(c.owner)}
+    captured = {c.label for c in active_captures(state) if pid_alive(c.owner)}
     statuses = guest_statuses(state)
     marks = {(g.name, str(n.get("name"))): _net_marks(g.name, n, captured) for g in statuses for n in g.nics}
     shown = any(marks.values())
@@ -105,6 +104,10 @@ def print_lab(state: LabState) -> None:
 
 def _exported(state: LabState, guest: str) -> list[tuple[Share, Path]]:
     """The guest's shares, each with the directory it exports (a writable one's of this up)."""
+    if not ((state.resolved.get("guests") or {}).get(guest) or {}).get("shares"):
+        return []  # no share: the lab-file package and the up stage stay unloaded
+    from labctl.up import mounts as guest_shares
+
     shares = guest_shares.of((state.resolved.get("guests") or {}).get(guest) or {})
     rec = state.guests.get(guest)
     if rec is None:
@@ -118,6 +121,8 @@ def _net_marks(guest: str, nic: dict[str, Any], captured: set[str]) -> str:
     if nic.get("link") == "down":
         parts.append("link down")
     if nic.get("impair"):
+        from labctl.lab import Impairment
+
         try:
             parts.append(Impairment.from_dict(nic["impair"]).describe())
         except ValueError:

@@ -14,63 +14,20 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+# The detector itself is a leaf (labctl.crashcheck): exec and status watch a console without this package.
+from labctl.crashcheck import CRASH_MARKERS as CRASH_MARKERS  # noqa: PLC0414
+from labctl.crashcheck import PANIC as PANIC  # noqa: PLC0414
+from labctl.crashcheck import TAIL_BYTES as TAIL_BYTES  # noqa: PLC0414
+from labctl.crashcheck import console_crashed as console_crashed  # noqa: PLC0414
+from labctl.crashcheck import console_end as console_end  # noqa: PLC0414
+from labctl.crashcheck import crashed as crashed  # noqa: PLC0414
+from labctl.crashcheck import panicked as panicked  # noqa: PLC0414
 from labctl.debug.oops import parse_oopses
 from labctl.debug.oops_text import render_oops
 from labctl.debug.symbolize import Symbolizer
 from labctl.kernel import Kernel
 
 log = logging.getLogger(__name__)
-
-CRASH_MARKERS = (b"Kernel panic", b"BUG:", b"Oops:", b"general protection fault")
-PANIC = b"Kernel panic - not syncing"
-TAIL_BYTES = 65536
-
-
-def console_end(path: Path, size: int = TAIL_BYTES) -> bytes:
-    """The last ``size`` bytes of a console log (b'' when it cannot be read)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - size))
-            return f.read()
-    except OSError:
-        return b""
-
-
-def crashed(console: bytes) -> bool:
-    """True when console text shows an oops, BUG, general protection fault or panic."""
-    return any(m in console for m in CRASH_MARKERS)
-
-
-_SEEN: dict[str, tuple[int, int, bool]] = {}  # console -> size, mtime, crashed
-
-
-def console_crashed(console: Path) -> bool:
-    """Whether the last 64 KiB of a guest's console file show a crash; the file is read again only
-    once it changed (the status of a room's guests is asked each second by its live pages)."""
-    try:
-        st = console.stat()
-    except OSError:
-        return False
-    seen = _SEEN.get(str(console))
-    if seen is not None and seen[:2] == (st.st_size, st.st_mtime_ns):
-        return seen[2]
-    try:
-        with console.open("rb") as f:
-            f.seek(max(0, st.st_size - 65536))
-            result = crashed(f.read())
-    except OSError:
-        return False
-    if len(_SEEN) > 4096:
-        _SEEN.clear()
-    _SEEN[str(console)] = (st.st_size, st.st_mtime_ns, result)
-    return result
-
-
-def panicked(console: bytes) -> bool:
-    """True when the kernel panicked (the guest is dead, whatever else runs)."""
-    return PANIC in console
-
 
 def oops_titles(console_text: str) -> list[str]:
     """Short titles of the oopses in a console log ("BUG: ... in cp_start_xmit")."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
 from labctl.lab.shares import Share
+from labctl.names import LAB_IDENT, LAB_IDENT_RULE, LAB_NAME, LAB_NAME_RULE  # a leaf (the state reads it)
 
 if TYPE_CHECKING:
     from labctl.lab.firewall import Firewall
@@ -38,16 +38,6 @@ __all__ = [
     "Network",
     "Nic",
 ]
-
-LAB_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
-"""A lab's name: also its run directory's name, so nothing else may pass (no ``/``, ``.``, ``..``)."""
-
-LAB_NAME_RULE = "use 1-32 of a-z, 0-9, '_', '-', starting with a letter or digit"
-
-LAB_IDENT = re.compile(rf"{LAB_NAME.pattern}(?:@{LAB_NAME.pattern})?")
-"""A lab that is up: its name, or ``NAME@INSTANCE`` for one of several copies of it (``up --instance``)."""
-
-LAB_IDENT_RULE = f"a lab's name or NAME@INSTANCE; each part: {LAB_NAME_RULE}"
 
 DEFAULT_IMAGE = "debian-12"
 """The image a lab runs on when it names none (``images/debian-12/recipe.toml``)."""

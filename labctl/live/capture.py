@@ -33,7 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -44,7 +44,10 @@ from labctl.lab import nic_addresses
 from labctl.net import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, vmclock
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.proc import pid_alive
-from labctl.state import CAPTURES, LabState
+from labctl.state import CAPTURES, LabState, active_captures
+from labctl.state import Capture as Capture  # noqa: PLC0414 - the record is the state's (status reads it)
+
+active = active_captures  # the captures recorded for a lab: the state's (status reads them)
 
 log = logging.getLogger(__name__)
 
@@ -56,51 +59,12 @@ PAUSE_US = 250_000  # clock readings differ by a few ms (monitor round trips); a
 _SEQ = itertools.count(1)
 
 
-@dataclass
-class Capture:
-    """One capture's record (``captures/<id>.json``)."""
-
-    id: str
-    guest: str
-    nic: str
-    netdev: str
-    file: str
-    owner: int
-    purpose: str
-    started: float = 0.0  # wall time once the filter is in place
-    second: int = 0  # the wall-clock second QEMU took as the filter's start
-    shift_us: int | None = None  # QEMU's timestamp minus the real time (None: not known)
-    log: str | None = None  # QEMU's log, and its size when the capture started
-    log_offset: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return f"{self.guest}.{self.nic}"
-
-    @property
-    def path(self) -> Path:
-        return Path(self.file)
-
-
 def _registry(state: LabState) -> Path:
     return ensure_private_dir(state.path / CAPTURES)
 
 
 def _save(state: LabState, cap: Capture) -> None:
     atomic_write(_registry(state) / f"{cap.id}.json", json.dumps(asdict(cap), indent=2) + "\n", 0o600)
-
-
-def active(state: LabState) -> list[Capture]:
-    """The captures recorded for a lab (live ones, and dead ones not reaped yet)."""
-    out = []
-    d = state.path / CAPTURES
-    for p in sorted(d.glob("*.json")) if d.is_dir() else []:
-        try:
-            out.append(Capture(**json.loads(p.read_text())))
-        except (OSError, ValueError, TypeError):
-            continue
-    return out
 
 
 def _hmp(backend: Backend, rec: GuestRecord) -> Callable[[str], str]:

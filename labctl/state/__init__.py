@@ -1,7 +1,9 @@
 """A lab's state on disk, shared by every stage that acts on a lab that is up:
-its run directory, lock and recorded guests (:mod:`.runstate`), and what is in
-force on its links, impairments, links down and live captures
-(:mod:`.netstate`).
+its run directory, lock and recorded guests (:mod:`.runstate`), what is in
+force on its links, impairments, links down and live captures' records
+(:mod:`.netstate`), and each guest's live status (:mod:`.gueststatus`: the one
+place that asks a backend, imported when asked). Leaves only at import:
+``status`` and ``exec`` read a lab without paramiko or the backends.
 
 Records only: nothing here starts a guest, opens a session or talks to QEMU.
 
@@ -11,7 +13,9 @@ Imports never: labctl.up, labctl.live, labctl.training, labctl.pipeline, labctl.
 from __future__ import annotations
 
 from labctl.state import netstate
-from labctl.state.netstate import CAPTURES
+from labctl.state.gueststatus import GuestStatus, guest_statuses
+from labctl.state.netstate import CAPTURES, Capture
+from labctl.state.netstate import active as active_captures
 from labctl.state.runstate import (
     STARTING,
     UP,
@@ -29,9 +33,13 @@ __all__ = [
     "CAPTURES",
     "STARTING",
     "UP",
+    "Capture",
+    "GuestStatus",
     "LabState",
     "SwitchRecord",
+    "active_captures",
     "check_lab_name",
+    "guest_statuses",
     "lab_lock",
     "netstate",
     "recorded_snapshots",

@@ -3,7 +3,8 @@
 ::
 
     <run dir>/network.json       {"impair": {"a.eth1": {"delay": "20ms"}}, "links": {"a.eth1": "down"}}
-    <run dir>/captures/<id>.json  one live capture: its QEMU filter, file, owner pid (see labctl.live.capture)
+    <run dir>/captures/<id>.json  one live capture: its QEMU filter, file, owner pid (:class:`Capture`;
+                                  labctl.live.capture starts and stops them, status lists them: :func:`active`)
 
 ``network.json`` is changed by ``up`` (the lab file's impairments), by
 ``labctl impair`` and ``labctl link``, and by a step for its duration, from
@@ -19,10 +20,13 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from labctl.lab import Impairment
 from labctl.paths import atomic_write, exclusive
+
+if TYPE_CHECKING:
+    from labctl.lab import Impairment
+    from labctl.state.runstate import LabState
 
 NETWORK = "network.json"
 LOCK = ".network.lock"
@@ -43,6 +47,8 @@ class NetRuntime:
 
     def impairment(self, guest: str, nic: str) -> Impairment | None:
         """The impairment in force on a NIC (None: none)."""
+        from labctl.lab import Impairment
+
         values = self.impair.get(nic_key(guest, nic))
         try:
             return Impairment.from_dict(values) if values else None
@@ -94,3 +100,42 @@ def update(run_dir: Path) -> Iterator[NetRuntime]:
         record = load(run_dir)
         yield record
         atomic_write(run_dir / NETWORK, json.dumps(record.to_dict(), indent=2) + "\n", 0o600)
+
+
+@dataclass
+class Capture:
+    """One capture's record (``captures/<id>.json``)."""
+
+    id: str
+    guest: str
+    nic: str
+    netdev: str
+    file: str
+    owner: int
+    purpose: str
+    started: float = 0.0  # wall time once the filter is in place
+    second: int = 0  # the wall-clock second QEMU took as the filter's start
+    shift_us: int | None = None  # QEMU's timestamp minus the real time (None: not known)
+    log: str | None = None  # QEMU's log, and its size when the capture started
+    log_offset: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.guest}.{self.nic}"
+
+    @property
+    def path(self) -> Path:
+        return Path(self.file)
+
+
+def active(state: LabState) -> list[Capture]:
+    """The captures recorded for a lab (live ones, and dead ones not reaped yet)."""
+    out = []
+    d = state.path / CAPTURES
+    for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            out.append(Capture(**json.loads(p.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out

@@ -23,15 +23,18 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from labctl.backends import GuestRecord
+# Leaves only: status and exec read a lab's state without the backends, the kernels, the lab-file
+# package or paramiko (tests/unit/test_cli_budget.py).
+from labctl.endpoint import Endpoint
 from labctl.errors import LabctlError, LabStateError, UsageError
-from labctl.kernel import Kernel
-from labctl.lab import LAB_IDENT, LAB_IDENT_RULE, SshHop
+from labctl.guestrecord import GuestRecord
+from labctl.names import LAB_IDENT, LAB_IDENT_RULE
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir, remove_tree, state_dir
-from labctl.proc import pid_alive
-from labctl.ssh import Endpoint
+
+if TYPE_CHECKING:
+    from labctl.kernel import Kernel
 
 STATE = "state.json"
 STARTING = "starting"
@@ -143,6 +146,8 @@ class LabState:
     @property
     def incomplete(self) -> bool:
         """True when the ``up`` that started this lab died before it finished (SIGKILL, OOM)."""
+        from labctl.proc import pid_alive
+
         return self.phase != UP and not pid_alive(self.owner_pid)
 
     @property
@@ -157,6 +162,8 @@ class LabState:
         if guest not in self.kernels:
             raise LabStateError(f"lab '{self.lab}' has no kernel recorded for guest '{guest}'",
                                 hint="it was brought up by an older labctl: take it down and up again")
+        from labctl.kernel import Kernel
+
         return Kernel.at(self.kernels[guest])
 
     def endpoint(self, guest: str) -> Endpoint:
@@ -169,8 +176,12 @@ class LabState:
             known = ", ".join(self.guests) or "none"
             raise LabStateError(f"lab '{self.lab}' has no guest '{guest}'", hint=f"guests: {known}")
         via = rec.extra.get("ssh_via")
+        if not via:
+            return Endpoint(guest, rec.ssh_port, self.path / "id_ed25519", self.path / "known_hosts")
+        from labctl.lab import SshHop  # a remote guest's hop (libvirt)
+
         return Endpoint(guest, rec.ssh_port, self.path / "id_ed25519", self.path / "known_hosts",
-                        via=SshHop.from_dict(via) if via else None)
+                        via=SshHop.from_dict(via))
 
     def save(self) -> None:
         """Write ``state.json`` atomically (called after every guest or switch ``up`` starts)."""

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from labctl import paths
+from labctl.endpoint import Remote
 from labctl.errors import GuestError, HostError, LabctlError, UsageError
-from labctl.ssh import Session
 from labctl.steps.copyback import HEADER, extract, safe_parts
 
 USAGE = "labctl cp LAB[@INSTANCE] GUEST:PATH DEST  |  labctl cp LAB[@INSTANCE] SRC GUEST:PATH"
@@ -135,7 +135,7 @@ def _name(path: str) -> str:
 
 # --------------------------------------------------------------------------- guest → host
 
-def _probe_remote(session: Session, remote: str) -> tuple[bool, str]:
+def _probe_remote(session: Remote, remote: str) -> tuple[bool, str]:
     """(is a directory, real path) of ``remote`` in the guest (links resolved, relative to root's home).
 
     :raise UsageError: when it does not exist. :raise GuestError: when the guest cannot tell.
@@ -214,7 +214,7 @@ def _walk_counts(root: Path) -> tuple[int, int]:
     return files, size
 
 
-def from_guest(session: Session, remote: str, local: str, budget: int = DEFAULT_MAX_SIZE,
+def from_guest(session: Remote, remote: str, local: str, budget: int = DEFAULT_MAX_SIZE,
                timeout: float = DEFAULT_TIMEOUT, progress: Progress | None = None) -> Copied:
     """Copy ``remote`` (a file or directory of the guest) to ``local`` on the host, by the rules above.
 
@@ -323,7 +323,7 @@ def _walk_local(src: str, arcname: str, copied: Copied) -> tuple[list[_Entry], i
     return entries, total
 
 
-def _probe_guest_dest(session: Session, remote: str) -> str:
+def _probe_guest_dest(session: Remote, remote: str) -> str:
     """``d`` (a directory), ``f`` (exists, not a directory), ``p`` (missing, its parent a
     directory) or ``n`` (no such parent) for ``remote`` in the guest."""
     q = shlex.quote(remote)
@@ -354,7 +354,7 @@ def local_size(src: str) -> int:
     return _walk_local(src, "x", Copied())[1]
 
 
-def to_guest(session: Session, local: str, remote: str, budget: int = DEFAULT_MAX_SIZE,
+def to_guest(session: Remote, local: str, remote: str, budget: int = DEFAULT_MAX_SIZE,
              timeout: float = DEFAULT_TIMEOUT, progress: Progress | None = None) -> Copied:
     """Copy ``local`` (a file or directory of the host) to ``remote`` in the guest: into it when
     it is a directory, else as it (its parent must exist).

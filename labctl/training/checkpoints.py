@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import labctl.training.sshport as sshport  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+from labctl import mux
 from labctl.backends import get_backend, save_state
 from labctl.errors import LabctlError, LabStateError, MachineError, UsageError
 from labctl.lab import LAB_NAME, LAB_NAME_RULE, Share
@@ -210,6 +211,7 @@ def _restore_on_hosts(state: LabState, ckpt: Checkpoint) -> float:
     t0 = time.monotonic()
 
     def one(g: str) -> None:
+        mux.close(Path(state.guests[g].dir))  # its kept connection goes with the machine under it
         state.guests[g] = backend.restore_state(state.guests[g], label, fresh_console=False, resume=False)
         with open(state.guests[g].console, "a") as f:
             f.write(f"labctl: restored checkpoint {ckpt.name}\n")

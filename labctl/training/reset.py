@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import labctl.training.sshport as sshport  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+from labctl import mux
 from labctl.backends import POSTBOOT, Backend, GuestRecord, get_backend
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image import Image
@@ -125,6 +126,7 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
     def one(name: str) -> None:
         t0 = time.monotonic()
         try:
+            mux.close(Path(state.guests[name].dir))  # its kept connection goes with the machine under it
             rec = state.guests[name] = backend.restore_state(state.guests[name], POSTBOOT)
             shared = rec.extra.get("throwaway_state") == POSTBOOT
             if shared:  # a class's shared state holds throwaway keys: the guest's own again, and the clock
@@ -196,8 +198,9 @@ def restart(backend: Backend, rec: GuestRecord, new_disk: Callable[[], None],
     else it goes on), give it a new disk (``new_disk``) and start it again (waiting for a saved
     state when ``incoming``); its new record. When its SSH port was taken meanwhile, it is started
     on a new one (the record's ``ssh_port``; the caller updates its files: :mod:`labctl.training.sshport`)."""
-    backend.kill(rec)
     gdir = Path(rec.dir)
+    mux.close(gdir)  # its kept connection goes with the machine under it (labctl.mux)
+    backend.kill(rec)
     console = Path(rec.console)
     if new_console and console.exists():
         console.replace(gdir / "console.prev.log")

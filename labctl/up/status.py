@@ -1,53 +1,7 @@
-"""The live status of each guest of a lab that is up (``labctl status``, the class, the web)."""
+"""The live status of each guest of a lab that is up: :mod:`labctl.state.gueststatus`'s (``status`` reads
+it without this package), re-exported for the class and the web."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from labctl.backends import get_backend
-from labctl.debug import console_crashed
-from labctl.errors import LabctlError
-from labctl.state import UP, LabState, netstate
-
-
-@dataclass
-class GuestStatus:
-    name: str
-    state: str  # running, stopped, crashed
-    ssh: str
-    gdb: str | None
-    accel: str
-    pid: int
-    nics: list[dict[str, object]] = field(default_factory=list)
-    host: str | None = None  # the libvirt host's name in the lab
-    settings: dict[str, object] = field(default_factory=dict)  # its bonds, bridges, routes, sysctls and firewall
-
-
-def guest_statuses(state: LabState) -> list[GuestStatus]:
-    """Live status of every guest of a lab that is up."""
-    backend = get_backend(state.backend)
-    record = netstate.load(state.path)
-    out = []
-    for name, rec in state.guests.items():
-        try:
-            alive: bool | None = backend.alive(rec)
-        except LabctlError:
-            alive = None  # its host is unreachable
-        st = "crashed" if console_crashed(Path(rec.console)) else "unreachable" if alive is None \
-            else "running" if alive else "stopped"
-        if state.phase != UP:
-            st = "incomplete" if state.incomplete else "starting"
-        resolved = state.resolved["guests"][name]
-        nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], ""),
-                 "link": "up" if record.link_up(name, n["name"]) else "down",
-                 "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {},
-                 **({"vlan_offloads": offloads} if (offloads := state.offloads.get(name, {}).get(n["name"])) else {})}
-                for n in resolved["nics"]]
-        gdb = rec.gdb
-        host = state.hosts.get(name, {}).get("name")
-        settings: dict[str, object] = {k: resolved.get(k) or [] for k in ("bonds", "bridges", "routes", "sysctls")}
-        settings["firewall"] = resolved.get("firewall")
-        settings.update({k: resolved[k] for k in ("tunnels", "vrfs") if resolved.get(k)})  # labctl.lab.tunnels
-        out.append(GuestStatus(name, st, f"127.0.0.1:{rec.ssh_port}", gdb, rec.accel, rec.pid, nics, host, settings))
-    return out
+from labctl.state import GuestStatus as GuestStatus  # noqa: PLC0414
+from labctl.state import guest_statuses as guest_statuses  # noqa: PLC0414

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+from labctl import mux
 from labctl.backends import GuestRecord, get_backend, owned
 from labctl.errors import LabctlError, LabStateError
 from labctl.proc import kill_pids, pids_referencing, stop_pid
@@ -48,6 +49,7 @@ def down(lab_name: str, timeout: float = 10.0,
     """
     with lab_lock(lab_name):
         d = run_dir(lab_name)
+        mux.close_lab(d)  # the kept connections of exec and cp (their masters: labctl.mux)
         try:
             state = LabState.load(lab_name)
         except LabStateError:

@@ -39,16 +39,51 @@ def test_version_and_help_import_nothing_of_labctls_machinery(args: list[str], t
     assert heavy(mods, ("logging", "dataclasses", *HEAVY)) == []
 
 
-def test_exec_loads_neither_the_pipeline_nor_the_report(tmp_path: Path) -> None:
+def test_exec_loads_neither_paramiko_nor_the_backends_nor_rich(tmp_path: Path) -> None:
+    """``exec`` runs OpenSSH over the guest's kept connection (labctl.mux): no paramiko, no backend,
+    no lab-file package, no rich (its output is the guest command's own)."""
     mods = imported(["exec", "--help"], tmp_path)
-    assert "labctl.cli.exec_cmd" in mods
-    assert heavy(mods, ("labctl.pipeline", "labctl.report", "labctl.web", "labctl.bisect", "rich.table")) == []
+    assert "labctl.cli.exec_cmd" in mods and "labctl.mux" in mods
+    assert heavy(mods, (*HEAVY, "labctl.lab", "labctl.up", "labctl.live", "labctl.debug", "labctl.ssh",
+                        "labctl.kernel", "labctl.image", "labctl.steps")) == []
 
 
-def test_status_loads_neither_the_pipeline_nor_a_pack_nor_the_report(tmp_path: Path) -> None:
-    """``status`` reads the labs' state; what brings a lab up (the pipeline, packs) stays out. (The
-    state package still loads the backends, paramiko and the image store: not yet pinned out.)"""
+def test_exec_of_a_lab_that_is_not_up_loads_no_more(tmp_path: Path) -> None:
+    """The state read and the error printed: rich comes in to print it, nothing else."""
+    env = {**os.environ, "LABCTL_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "labctl", "exec", "nolab", "g", "--", "true"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+    assert res.returncode == 5 and "lab 'nolab' is not up" in res.stderr, res.stderr[-2000:]
+    mods = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert "labctl.state.runstate" in mods
+    assert heavy(mods, tuple(b for b in HEAVY if b != "rich")) == []
+
+
+def test_status_loads_neither_paramiko_nor_the_pipeline_nor_a_pack_nor_the_report(tmp_path: Path) -> None:
+    """``status`` reads the labs' state; what brings a lab up (the pipeline, packs, the up stage),
+    paramiko and the live stage stay out; with no lab up, no backend either (one that is up loads
+    its backend, which says whether each machine exists: labctl.state.status)."""
     mods = imported(["status", "--json"], tmp_path)
     assert "labctl.cli.status_cmd" in mods and "labctl.cli.lifecycle_cmds" not in mods
-    assert heavy(mods, ("labctl.pipeline", "labctl.pack", "labctl.report", "labctl.web", "labctl.bisect",
-                        "labctl.bundle", "labctl.cli.displays")) == []
+    allowed = ("rich",)  # its tables and JSON are status's output
+    assert heavy(mods, (*(b for b in HEAVY if b not in allowed), "labctl.pack", "labctl.up", "labctl.live",
+                        "labctl.debug", "labctl.ssh", "labctl.cli.displays")) == []
+
+
+def test_an_eager_import_in_the_command_table_fails_the_budget(tmp_path: Path) -> None:
+    """The budget catches what it is for: a copy of the tree whose command table imports paramiko
+    eagerly (one line) loads it for every command."""
+    import shutil
+
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "labctl", tree / "labctl", ignore=shutil.ignore_patterns("__pycache__"))
+    main = tree / "labctl" / "cli" / "main.py"
+    text = main.read_text()
+    main.write_text(text.replace("from labctl.cli.examples import add_examples\n",
+                                 "from labctl.cli.examples import add_examples\nimport paramiko  # noqa\n", 1))
+    env = {**os.environ, "LABCTL_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(tree)}
+    for args in (["--version"], ["status", "--json"], ["exec", "--help"]):
+        res = subprocess.run([sys.executable, "-X", "importtime", "-m", "labctl", *args], capture_output=True,
+                             text=True, cwd=tree, env=env, timeout=120, check=False)
+        mods = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+        assert "labctl.cli.main" in mods and heavy(mods, HEAVY) != [], args

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import pytest
 
@@ -35,6 +35,7 @@ def sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Sent:
 
     class Guest:
         console = str(record.console)
+        dir = str(tmp_path)
 
     class State:
         def __init__(self, lab: str) -> None:
@@ -45,28 +46,17 @@ def sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Sent:
             record.endpoint = (self.lab, guest)
             return record.endpoint
 
-    class Result:
-        status = 0
-
-    class Session:
-        def __init__(self, ep: Any) -> None:
+    class MuxSession:  # the kept connection (labctl.mux): the command's input and output are the user's
+        def __init__(self, ep: Any, guest_dir: Path) -> None:
             pass
 
-        def __enter__(self) -> Self:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def run(self, command: str, timeout: float, stream: bool,
-                abort: Callable[[], str | None]) -> Result:
-            assert stream  # the command's output goes straight to the user
+        def call(self, command: str, timeout: float, abort: Callable[[], str | None]) -> int:
             record.runs.append((command, timeout))
             record.abort = abort
-            return Result()
+            return 0
 
     monkeypatch.setattr(exec_cmd.LabState, "load", staticmethod(State))
-    monkeypatch.setattr(exec_cmd, "Session", Session)
+    monkeypatch.setattr(exec_cmd, "MuxSession", MuxSession)
     return record
 
 

@@ -157,7 +157,7 @@ def test_status_table_shows_guest_drivers_escaped(monkeypatch: pytest.MonkeyPatc
     statuses = [GuestStatus("a", "running", "127.0.0.1:2222", None, "tcg", 1, [nic])]
     monkeypatch.setattr(lifecycle_cmds, "guest_statuses", lambda state: statuses)
     monkeypatch.setattr(lifecycle_cmds, "_kernel_of", lambda state, guest: {"release": "6.1.0-x"})
-    monkeypatch.setattr(lifecycle_cmds.capture, "active", lambda state: [])
+    monkeypatch.setattr(lifecycle_cmds, "active_captures", lambda state: [])
     state = SimpleNamespace(lab="evil", resolved={}, incomplete=False, phase=lifecycle_cmds.UP, guests={"a": None},
                             hosts={})
     lifecycle_cmds.print_lab(state)  # type: ignore[arg-type]
