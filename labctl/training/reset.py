@@ -67,8 +67,9 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                 port = rec.ssh_port
                 disk = Path(rec.dir) / "disk.qcow2"
                 if snap is not None:
+                    warm.check_memory(snap)  # before its QEMU is stopped: a broken snapshot changes nothing
                     rec = restart(backend, rec, lambda: warm.restore_disk(snap, disk, Path(rec.console)))
-                    warm.load(Path(rec.qmp), snap.state)
+                    warm.load(Path(rec.qmp), snap.state, snapshot=True)
                     warm.adopt(Path(rec.dir))  # its own keys: the snapshot holds none
                     how = "snapshot"
                 else:

@@ -237,7 +237,7 @@ class GuestWaiter:
         """A guest restored from its snapshot: load it, make it this lab's, check SSH."""
         rec, snap = self.records[name], self.planner.warm[name]
         gdir = Path(rec.dir)
-        warm.load(Path(rec.qmp), snap.state)
+        warm.load(Path(rec.qmp), snap.state, snapshot=True)
         self.events.guest_phase(name, "ssh")
         warm.adopt(gdir)
         state.drivers[name] = snap.drivers
