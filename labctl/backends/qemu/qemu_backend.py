@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from labctl.backends.base import GUEST_MEMORY as MEMORY
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir, netdev_id
 from labctl.backends.monitor import qmp_execute
 from labctl.backends.qemu.argv import build_argv, restores_vlan_filter, tap_netdev_fds
-from labctl.backends.base import GUEST_MEMORY as MEMORY
 from labctl.backends.qemu.clone import new_generation, shares_memory, with_share
 from labctl.backends.qemu.local_checks import host_checks
 from labctl.errors import MachineError, PortTaken
