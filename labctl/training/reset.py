@@ -86,6 +86,8 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                     nftload.load(state.endpoint(name), firewall_of(state, name), state.source)
                 mounts.mount(state.endpoint(name), name, mounts.of((state.resolved.get("guests") or {}).get(name) or {}))
                 took[name] = round(time.monotonic() - t0, 2)
+                if snap is not None:
+                    snapshots.record_clone(snap, rec.pid)  # what a clone holds (labctl.up.capacity)
                 if on_guest:
                     on_guest(name, took[name], how)
             except BaseException as exc:  # noqa: BLE001 - reported after the others are back

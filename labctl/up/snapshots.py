@@ -208,6 +208,42 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], cons
     return Snapshot(final)
 
 
+CLONES = "clones.json"  # what a guest restored from the snapshot was measured to hold (labctl.up.capacity)
+
+
+def private_kib(pid: int) -> int:
+    """The process's anonymous memory in KiB (``Anonymous`` in /proc/PID/smaps_rollup; 0 when it cannot
+    be read): a restored guest's own copy-on-write pages, QEMU's heap and its translated code, without
+    the snapshot's memory file it maps (page cache every clone of it shares, even while only one
+    maps a page and ``Private_Clean`` or ``Private_Dirty`` count it)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def record_clone(snap: Snapshot, pid: int) -> None:
+    """Record what the guest restored from ``snap`` (QEMU ``pid``) holds now, when it is more than
+    recorded (the capacity estimate's figure when no clone of it is up)."""
+    kib = private_kib(pid)
+    if kib <= recorded_clone_kib(snap):
+        return
+    with contextlib.suppress(OSError):
+        atomic_write(snap.dir / CLONES, json.dumps({"private_kib": kib, "measured_at": datetime.datetime.now(
+            datetime.UTC).isoformat(timespec="seconds")}) + "\n", 0o600)
+
+
+def recorded_clone_kib(snap: Snapshot) -> int:
+    try:
+        data = json.loads((snap.dir / CLONES).read_text())
+        return int(data.get("private_kib", 0)) if isinstance(data, dict) else 0
+    except (OSError, ValueError, TypeError):
+        return 0
+
+
 def copy_sparse(src: Path, dest: Path) -> None:
     """``dest`` (new, 0600) a copy of ``src`` of the same size in which only the pages that are not
     zero take room (the rest are holes: a guest's untouched or freed RAM costs no disk and no page cache)."""

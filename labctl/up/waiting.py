@@ -245,4 +245,5 @@ class GuestWaiter:
         with ssh_retry(state.endpoint(name), deadline, self.stop):
             pass
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
+        snapshots.record_clone(snap, rec.pid)  # what a clone holds, for the next capacity estimate
         self.events.guest_phase(name, "ready")
