@@ -62,7 +62,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
         def one(name: str) -> None:
             t0 = time.monotonic()
             try:
-                snap = snapshots.find(state.snapshots.get(name))
+                snap = snapshots.find_restorable(state.snapshots.get(name))
                 rec = state.guests[name]
                 port = rec.ssh_port
                 disk = Path(rec.dir) / "disk.qcow2"

@@ -165,6 +165,16 @@ def find(snapshot_key: str | None) -> Snapshot | None:
     return snap if snap.complete() else None
 
 
+def find_restorable(snapshot_key: str | None) -> Snapshot | None:
+    """What a restore of that key is to use: the complete snapshot, or one whose memory file alone
+    is gone (its ``meta.json``, state and disk there: :meth:`Snapshot.memory_problem` says why it
+    cannot be restored); None when there is none (the guest boots instead)."""
+    if not snapshot_key:
+        return None
+    snap = Snapshot(snapshots_root() / snapshot_key)
+    return snap if (snap.dir / META).is_file() and snap.state.is_file() and snap.disk.is_file() else None
+
+
 def _lock(snapshot_key: str) -> contextlib.AbstractContextManager[None]:
     return exclusive(snapshots_root() / f".{snapshot_key}.lock")
 
@@ -180,7 +190,7 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], cons
     """
     final = snapshots_root() / snapshot_key
     with _lock(snapshot_key):
-        if Snapshot(final).complete():
+        if Snapshot(final).complete() and Snapshot(final).memory_problem() is None:
             return Snapshot(final)
         try:
             with build_into(final) as work:

@@ -352,8 +352,7 @@ def check_memory(snap: Snapshot) -> None:
     why = snap.memory_problem()
     if why:
         raise SnapshotBroken(f"the post-boot snapshot {snap.key} cannot be restored: {why}",
-                             hint=f"remove {snap.dir} (the guests restored from it keep their own mapping); "
-                                  "the next up boots the guest and saves a new one")
+                             hint=f"remove {snap.dir}: the next up boots the guest and saves a new one")
 
 
 def link_memory(snap: Snapshot, dest: Path) -> None:
