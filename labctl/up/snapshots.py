@@ -294,6 +294,29 @@ def _identity(final: Path, built: Path) -> dict[str, int]:
     return {"bytes": st.st_size, "dev": st.st_dev, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
 
 
+EMPTY_OVERLAY = "overlay.qcow2"  # an empty overlay on the snapshot's disk: each restore's is a copy of it
+
+
+def restored_overlay(snap: Snapshot, overlay: Path) -> None:
+    """``overlay`` a fresh copy-on-write overlay on the snapshot's disk: a copy of the empty one kept
+    beside it (made by ``qemu-img`` at the first restore; a copy spares each later restore that
+    process: its header names the same backing file whoever restores it)."""
+    empty = snap.dir / EMPTY_OVERLAY
+    try:
+        st = os.lstat(empty)
+        usable = stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    except FileNotFoundError:
+        usable = False
+    if not usable:
+        tmp = snap.dir / f".{EMPTY_OVERLAY}.{os.getpid()}"
+        new_overlay(snap.disk, tmp)
+        os.chmod(tmp, 0o400)
+        os.replace(tmp, empty)
+    overlay.unlink(missing_ok=True)
+    shutil.copyfile(empty, overlay)
+    os.chmod(overlay, 0o600)
+
+
 def new_overlay(backing: Path, overlay: Path, backing_format: str = "qcow2") -> None:
     """A fresh copy-on-write overlay on ``backing`` (a snapshot's disk, or the image's root file system)."""
     overlay.unlink(missing_ok=True)

@@ -334,7 +334,7 @@ def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> 
     :raise SnapshotBroken: when the snapshot's memory file is not as it was saved (nothing changed).
     """
     link_memory(snap, overlay.with_name(GUEST_MEMORY))
-    snapshots.new_overlay(snap.disk, overlay)
+    snapshots.restored_overlay(snap, overlay)
     if console is not None:
         try:
             boot = snap.console.read_bytes()

@@ -122,3 +122,21 @@ def test_a_truncated_or_replaced_memory_file_is_refused_with_the_reason(tmp_path
     assert "open to other users" in (other.memory_problem() or "")
     other.memory.unlink()
     assert "is gone" in (other.memory_problem() or "") and not other.complete()
+
+
+def test_a_restored_overlay_is_a_copy_of_one_empty_overlay_on_the_snapshots_disk(tmp_path: Path) -> None:
+    import subprocess
+
+    d = tmp_path / "snap"
+    d.mkdir()
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(d / snapshots.DISK), "16M"], check=True)
+    snap = snapshots.Snapshot(d)
+    first, second = tmp_path / "a.qcow2", tmp_path / "b.qcow2"
+    snapshots.restored_overlay(snap, first)
+    made = (d / snapshots.EMPTY_OVERLAY).stat()
+    snapshots.restored_overlay(snap, second)
+    assert (d / snapshots.EMPTY_OVERLAY).stat().st_ino == made.st_ino  # made once, then copied
+    assert first.read_bytes() == second.read_bytes() and (second.stat().st_mode & 0o777) == 0o600
+    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(second)], check=True,
+                                     capture_output=True, text=True).stdout)
+    assert info["backing-filename"] == str(d / snapshots.DISK) and info["virtual-size"] == 16 << 20
