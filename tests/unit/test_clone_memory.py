@@ -140,3 +140,37 @@ def test_a_restored_overlay_is_a_copy_of_one_empty_overlay_on_the_snapshots_disk
     info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(second)], check=True,
                                      capture_output=True, text=True).stdout)
     assert info["backing-filename"] == str(d / snapshots.DISK) and info["virtual-size"] == 16 << 20
+
+
+def test_a_reset_waits_for_sshds_banner_through_the_port(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    from labctl.errors import GuestError
+    from labctl.ssh import Endpoint
+    from labctl.training.reset import wait_banner
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+    answers = [b"", b"HTTP/1.0 400\r\n", b"SSH-2.0-OpenSSH_9.2p1 Debian\r\n"]  # slirp's empty close first
+
+    served: list[bytes] = []
+
+    def serve() -> None:
+        for answer in answers:
+            conn, _ = srv.accept()
+            conn.sendall(answer)
+            conn.close()
+            served.append(answer)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    ep = Endpoint("g", port, tmp_path / "key", tmp_path / "known_hosts")
+    wait_banner(ep, 10.0)
+    t.join(5)
+    assert served == answers  # it took neither the empty close nor another program's line for sshd's
+    srv.close()
+    with pytest.raises(GuestError, match=f"sshd did not answer on 127.0.0.1:{port} after its restore"):
+        wait_banner(ep, 0.3)
