@@ -75,10 +75,10 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def pss_kib(pid: int) -> int:
+def pss_kib(pid: int, field: str = "Pss") -> int:
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
         pass
@@ -219,7 +219,10 @@ def main() -> int:
             out["idle"] = idle_window(pids, args.idle)
             mem1 = meminfo()
             each = sorted(pss_kib(p) / 1024 for p in pids)
-            out["memory"] = {"mem_available_drop_mib": round((mem0["MemAvailable"] - mem1["MemAvailable"]) / 1024),
+            anon = sorted(pss_kib(p, "Anonymous") / 1024 for p in pids)  # a guest's own (a clone's: issue 52)
+            out["memory"] = {"qemu_anonymous_per_guest_mib": {"median": round(anon[len(anon) // 2]),
+                                                              "min": round(anon[0]), "max": round(anon[-1])}
+                             if anon else None,"mem_available_drop_mib": round((mem0["MemAvailable"] - mem1["MemAvailable"]) / 1024),
                              "qemu_pss_total_mib": round(sum(each)),
                              "qemu_pss_per_guest_mib": {"median": round(each[len(each) // 2]), "min": round(each[0]),
                                                         "max": round(each[-1])} if each else None}

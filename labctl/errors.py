@@ -11,6 +11,7 @@
      +-- ProcessError           a host process failed or timed out
      +-- MachineError           a guest's QEMU failed (start, QMP, died)
      |    +-- PortTaken         a port labctl picked was taken before QEMU bound it
+     |    +-- SnapshotBroken    a snapshot's memory file is not as it was saved
      +-- GuestError             a guest misbehaved (never ready, SSH failed)
      +-- LabStateError          lab already up / not up / state unreadable
      +-- TraceError             a tracer could not be set up (kernel facts, probes)
@@ -104,6 +105,11 @@ class MachineError(LabctlError):
     """A guest's virtual machine failed (start, monitor, died)."""
 
     exit_code = 4
+
+
+class SnapshotBroken(MachineError):
+    """A post-boot snapshot's memory file is not as it was saved (truncated, replaced, another's):
+    no guest is restored from it (exit status 4)."""
 
 
 class PortTaken(MachineError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from labctl.backends import owned
 from labctl.backends.accel import AccelChoice, choose_accel, choose_accels, kvm_usable, lab_accel, probe_kvm
 from labctl.backends.base import (
+    GUEST_MEMORY,
     MGMT_ADDR,
     MGMT_NET,
     POSTBOOT,
@@ -49,6 +50,7 @@ from labctl.lab import BACKENDS as LAB_BACKENDS
 
 __all__ = [
     "BACKENDS",
+    "GUEST_MEMORY",
     "MGMT_ADDR",
     "MGMT_NET",
     "POSTBOOT",

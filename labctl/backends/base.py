@@ -124,6 +124,7 @@ class LabState(Protocol):
     def endpoint(self, guest: str) -> Endpoint: ...
 
 
+GUEST_MEMORY = "memory"  # a qemu guest's RAM file in its run directory (a link to a snapshot's when restored)
 POSTBOOT = "postboot"  # the label of a guest's state saved once it was up (reset puts it back there)
 
 

@@ -53,12 +53,22 @@ _DONE = "completed"
 _FAILED = ("failed", "cancelled")
 
 
-def save_state(socket_path: Path | str, dest: Path, timeout: float = 300.0) -> dict[str, Any]:
+def _ignore_shared(client: QMPClient, on: bool) -> Awaitable[object]:
+    """Migration capability ``x-ignore-shared``: RAM mapped shared from a file is left out of the
+    stream (saved), and expected to be in its place already (loaded: the restored guest maps the
+    same file)."""
+    return client.execute("migrate-set-capabilities",
+                          {"capabilities": [{"capability": "x-ignore-shared", "state": on}]})
+
+
+def save_state(socket_path: Path | str, dest: Path, timeout: float = 300.0,
+               ignore_shared: bool = False) -> dict[str, Any]:
     """Write the guest's RAM and device state to ``dest`` (a QMP ``migrate`` to a file
     descriptor passed over the monitor socket: QEMU's sandbox forbids ``exec:``, and
     QEMU 7.2 has no ``file:``). The guest is paused first and stays paused; the
     caller resumes it (``cont``) once it has copied the disk. Returns QEMU's
-    final ``query-migrate``.
+    final ``query-migrate``. With ``ignore_shared``, RAM the guest maps shared from a file
+    is not written (the caller copies that file).
 
     :raise MachineError: when QEMU cannot save it, or not within ``timeout``.
     """
@@ -66,6 +76,7 @@ def save_state(socket_path: Path | str, dest: Path, timeout: float = 300.0) -> d
     async def go(client: QMPClient) -> dict[str, Any]:
         await client.execute("stop")
         await client.execute("migrate-set-parameters", {"max-bandwidth": 1 << 40})
+        await _ignore_shared(client, ignore_shared)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             client.send_fd_scm(fd)
@@ -78,10 +89,12 @@ def save_state(socket_path: Path | str, dest: Path, timeout: float = 300.0) -> d
     return _session(socket_path, go, timeout + 10, "migrate")
 
 
-def load_state(socket_path: Path | str, src: Path, timeout: float = 300.0) -> dict[str, Any]:
+def load_state(socket_path: Path | str, src: Path, timeout: float = 300.0,
+               ignore_shared: bool = False) -> dict[str, Any]:
     """Load RAM and device state saved by :func:`save_state` into a QEMU started with
     ``-incoming defer`` (``migrate-incoming`` from a descriptor of ``src``). The guest
-    runs afterwards unless QEMU was started with ``-S``.
+    runs afterwards unless QEMU was started with ``-S``. With ``ignore_shared``, ``src`` was
+    saved without the RAM shared from a file: the guest's RAM is already mapped from its copy.
 
     :raise MachineError: when QEMU cannot load it, or not within ``timeout``.
     """
@@ -93,6 +106,7 @@ def load_state(socket_path: Path | str, src: Path, timeout: float = 300.0) -> di
             await client.execute("getfd", {"fdname": MIGRATION_FD})
         finally:
             os.close(fd)
+        await _ignore_shared(client, ignore_shared)
         await client.execute("migrate-incoming", {"uri": f"fd:{MIGRATION_FD}"})
         return await _migration_done(client, timeout, "loading")
 

@@ -120,7 +120,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         return 0
     used = snapshots.in_use(recorded_snapshots())
     rows = [{"key": s.key, "lab": s.meta.get("lab"), "guest": s.meta.get("guest"), "created_at": s.meta.get("created_at"),
-             "bytes": sum(f.stat().st_size for f in s.dir.iterdir() if f.is_file()), "in_use": s.key in used}
+             # allocated bytes: the memory file is sparse (its holes take no room)
+             "bytes": sum(f.stat().st_blocks * 512 for f in s.dir.iterdir() if f.is_file()), "in_use": s.key in used}
             for s in snapshots.list_all() if s.complete()]
     if args.json:
         print_json({"snapshots": rows})

@@ -5,12 +5,19 @@ docs/training.md, "Instances"):
 
 * a guest that boots takes most of its memory while booting: its whole
   memory plus what its QEMU needs itself;
-* a guest restored from a post-boot snapshot holds only the pages the
-  snapshot carries: the newest snapshot of that lab's guest tells how many,
-  plus QEMU's own, plus a quarter of its memory to grow into (never more
-  than its whole memory);
-* a guest already up holds what it holds now (its QEMU's resident memory):
-  a quarter of its memory, at most what it has left, is kept for it to grow.
+* a guest restored from a post-boot snapshot is a clone: it maps the
+  snapshot's memory file privately (labctl.backends.qemu.clone), so what it
+  adds is its QEMU's *anonymous* memory (its own copy-on-write pages, QEMU's
+  heap, translated code), as measured on a guest restored from that snapshot
+  (one running now, else the figure recorded at the last restore:
+  :func:`labctl.up.snapshots.record_clone`), plus an eighth of its memory to
+  grow into (never more than a boot); the snapshot's memory file is counted
+  once for all the guests restored from it (its page cache copy, at most its
+  allocated size). A snapshot no clone was measured of counts its clones as
+  QEMU's overhead plus its device state plus a quarter of their memory;
+* a guest already up holds what it holds now (its QEMU's anonymous memory):
+  a quarter of its memory (an eighth for a clone), at most what it has left,
+  is kept for it to grow.
 
 The guests asked for must fit in what the host has available
 (``MemAvailable``) less what the guests already up are kept to grow into.
@@ -31,8 +38,20 @@ from labctl.state import LabState, up_labs
 # What one idle TCG guest's QEMU uses beyond the guest's own memory: translated code,
 # device models, slirp (measured by benchmarks/training.py: PSS minus the guest RAM touched).
 QEMU_OVERHEAD_MIB = 64
-GROWTH = 0.25  # of a guest's memory, kept for a restored or running guest to grow into
+GROWTH = 0.25  # of a guest's memory, kept for a booted guest (or an unmeasured clone) to grow into
+CLONE_GROWTH = 0.125  # of a clone's memory, kept for it to grow into beyond its measured private memory
 MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CloneCost:
+    """What the guests restored from one snapshot cost: each its own private memory, all together
+    the snapshot's memory file once."""
+
+    key: str  # the snapshot's
+    private_mib: int  # one clone's anonymous memory as measured (or the unmeasured guess, see ``measured``)
+    template_mib: int  # the snapshot's memory file (its allocated size): one page cache copy for them all
+    measured: bool = True
 
 
 @dataclass(frozen=True)
@@ -42,7 +61,8 @@ class Estimate:
     available_mib: int  # MemAvailable
     reserved_mib: int  # what guests already up are kept to grow into
     running: int  # guests already up
-    restored: int = 0  # of the new guests, those counted at their snapshot's pages
+    restored: int = 0  # of the new guests, those restored from snapshots (counted as clones)
+    templates_mib: int = 0  # of ``need_mib``: the snapshots' memory files, once each
 
     @property
     def fits(self) -> bool:
@@ -53,8 +73,9 @@ class Estimate:
             return f"{mib / 1024:.1f} GiB"
 
         left = self.available_mib - self.reserved_mib
-        how = (f"{self.restored} of them restored from snapshots, counted at the snapshot's pages plus "
-               f"{GROWTH:.0%} of their memory to grow into; the others at their whole memory; all plus about "
+        how = (f"{self.restored} of them restored from snapshots, counted at a restored guest's measured private "
+               f"memory plus {CLONE_GROWTH:.1%} of their memory to grow into, and {gib(self.templates_mib)} for the "
+               f"snapshots' memory files, shared; the others at their whole memory plus about "
                f"{QEMU_OVERHEAD_MIB} MiB of QEMU each" if self.restored else
                f"their memory plus about {QEMU_OVERHEAD_MIB} MiB of QEMU each")
         return (f"{self.guests} guests need up to {gib(self.need_mib)} ({how}), "
@@ -74,51 +95,81 @@ def meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
     return out
 
 
-def _rss_mib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) // 1024
-    except (OSError, ValueError):
-        pass
-    return 0
+def _private_mib(pid: int) -> int:
+    """The process's anonymous memory in MiB (0 when it cannot be read): see :func:`snapshots.private_kib`."""
+    return snapshots.private_kib(pid) // 1024
 
 
-def snapshot_pages_mib() -> dict[tuple[str, str], int]:
-    """(lab, guest) -> MiB of guest pages its newest complete snapshot carries."""
-    newest: dict[tuple[str, str], tuple[str, int]] = {}
+def _running_clones() -> dict[str, int]:
+    """Snapshot key -> the largest anonymous memory (MiB) of a guest up now that was restored from it."""
+    out: dict[str, int] = {}
+    for name in up_labs():
+        try:
+            state = LabState.load(name)
+        except LabStateError:
+            continue
+        for guest, rec in state.guests.items():
+            key = state.snapshots.get(guest)
+            if key and guest in state.warm and rec.pid:
+                out[key] = max(out.get(key, 0), _private_mib(rec.pid))
+    return out
+
+
+def clone_costs(running: dict[str, int] | None = None) -> dict[tuple[str, str], CloneCost]:
+    """(lab, guest) -> what a guest restored from its newest complete snapshot costs (see the module)."""
+    newest: dict[tuple[str, str], tuple[str, snapshots.Snapshot]] = {}
     for snap in snapshots.list_all():
         meta = snap.meta
-        size, taken = meta.get("state_bytes"), str(meta.get("created_at", ""))
-        if not isinstance(size, int) or not snap.complete():
+        taken = str(meta.get("created_at", ""))
+        if not snap.complete():
             continue
         at = (str(meta.get("lab")), str(meta.get("guest")))
         if at not in newest or taken > newest[at][0]:
-            newest[at] = (taken, size)
-    return {at: -(-size // MIB) for at, (_, size) in newest.items()}
+            newest[at] = (taken, snap)
+    running = _running_clones() if running is None else running
+    out = {}
+    for at, (_, snap) in newest.items():
+        try:
+            template = -(-snap.memory.stat().st_blocks * 512 // MIB)
+        except OSError:
+            template = 0
+        measured = max(running.get(snap.key, 0), snapshots.recorded_clone_kib(snap) // 1024)
+        if measured:
+            out[at] = CloneCost(snap.key, measured, template)
+        else:
+            state = snap.meta.get("state_bytes")
+            guess = QEMU_OVERHEAD_MIB + -(-(state if isinstance(state, int) else 0) // MIB)
+            out[at] = CloneCost(snap.key, guess, template, measured=False)
+    return out
 
 
-def guest_need_mib(memory: int, snapshot_mib: int | None) -> int:
-    """What a new guest of ``memory`` MiB is counted at (see the module)."""
-    if snapshot_mib is None:
-        return memory + QEMU_OVERHEAD_MIB
-    return min(memory, snapshot_mib + int(GROWTH * memory)) + QEMU_OVERHEAD_MIB
+def guest_need_mib(memory: int, clone: CloneCost | None) -> int:
+    """What a new guest of ``memory`` MiB is counted at, the snapshot's memory file apart (see the module)."""
+    boot = memory + QEMU_OVERHEAD_MIB
+    if clone is None:
+        return boot
+    growth = CLONE_GROWTH if clone.measured else GROWTH
+    return min(boot, clone.private_mib + int(growth * memory))
 
 
 def estimate(labs: Sequence[Lab], meminfo_kib: dict[str, int] | None = None,
-             pages: dict[tuple[str, str], int] | None = None) -> Estimate:
+             clones: dict[tuple[str, str], CloneCost] | None = None) -> Estimate:
     """What ``labs`` need next to the labs that are up (the guests of backends whose guests run here)."""
     info = meminfo_kib if meminfo_kib is not None else meminfo()
-    pages = snapshot_pages_mib() if pages is None else pages
+    clones = clone_costs() if clones is None else clones
     need, count, restored = 0, 0, 0
+    templates: dict[str, int] = {}
     for lab in labs:
         if not get_backend(lab.backend).runs_here:
             continue
         for name, g in lab.guests.items():
-            snap = pages.get((lab.name, name))
-            need += guest_need_mib(g.memory, snap)
+            clone = clones.get((lab.name, name))
+            need += guest_need_mib(g.memory, clone)
             count += 1
-            restored += snap is not None
+            if clone is not None:
+                restored += 1
+                templates[clone.key] = clone.template_mib
+    need += sum(templates.values())
     reserved, running = 0, 0
     for name in up_labs():
         try:
@@ -129,18 +180,25 @@ def estimate(labs: Sequence[Lab], meminfo_kib: dict[str, int] | None = None,
             continue
         for guest, rec in state.guests.items():
             memory = int(state.resolved.get("guests", {}).get(guest, {}).get("memory", 0))
-            reserved += max(0, min(int(GROWTH * memory), memory + QEMU_OVERHEAD_MIB - _rss_mib(rec.pid)))
+            growth = CLONE_GROWTH if guest in state.warm else GROWTH
+            reserved += reserve_mib(memory, _private_mib(rec.pid), growth)
             running += 1
-    return Estimate(count, need, info.get("MemAvailable", 0) // 1024, reserved, running, restored)
+    return Estimate(count, need, info.get("MemAvailable", 0) // 1024, reserved, running, restored,
+                    sum(templates.values()))
+
+
+def reserve_mib(memory: int, private_mib: int, growth: float) -> int:
+    """What a guest up now is kept to grow into: ``growth`` of its memory, at most what it has left."""
+    return max(0, min(int(growth * memory), memory + QEMU_OVERHEAD_MIB - private_mib))
 
 
 def check_capacity(labs: Sequence[Lab], overcommit: bool = False, meminfo_kib: dict[str, int] | None = None,
-                   pages: dict[tuple[str, str], int] | None = None) -> Estimate:
+                   clones: dict[tuple[str, str], CloneCost] | None = None) -> Estimate:
     """Refuse (exit 3) when the host cannot hold the guests, unless ``overcommit``.
 
     :raise HostError: with the figures.
     """
-    est = estimate(labs, meminfo_kib, pages)
+    est = estimate(labs, meminfo_kib, clones)
     if not est.fits and not overcommit:
         raise HostError(est.sentence(), hint="take labs down, give the guests less memory, or pass --overcommit")
     return est

@@ -4,7 +4,10 @@ later ``up`` restores it instead of booting (warm start) and ``labctl reset`` pu
 ::
 
     <cache>/snapshots/<key>/
-        state          QEMU's migration stream: RAM and device state (read by every restore)
+        state          QEMU's migration stream: device state only (x-ignore-shared; read by every restore)
+        memory         the guest's RAM at that instant (0600, sparse): every restored guest maps it
+                       privately, copy-on-write (labctl.backends.qemu.clone), so a room of guests
+                       restored from it shares one page cache copy of it
         console.log    the guest's console up to that instant (its boot), the start of a restored one's
         disk.qcow2     the guest's disk overlay at that instant (backing: the image's root file
                        system); each restored guest gets its own overlay on top of it
@@ -36,19 +39,22 @@ import json
 import os
 import re
 import shutil
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from labctl import __version__
-from labctl.backends import Backend, GuestPlan, qmp_execute, save_state
+from labctl.backends import GUEST_MEMORY, Backend, GuestPlan, qmp_execute, save_state
 from labctl.errors import LabctlError, MachineError
 from labctl.paths import atomic_write, build_into, cache_dir, exclusive
 from labctl.proc import run
 
-FORMAT = "3"  # bump when what a snapshot holds changes (2: booted with a throwaway host key; 3: a standby sshd)
-STATE, DISK, META, CONSOLE = "state", "disk.qcow2", "meta.json", "console.log"
+FORMAT = "4"  # bump when what a snapshot holds changes (2: booted with a throwaway host key; 3: a standby sshd;
+#                4: RAM as a file mapped by every restore, and a vmgenid device)
+STATE, DISK, META, CONSOLE, MEMORY = "state", "disk.qcow2", "meta.json", "console.log", GUEST_MEMORY
+PAGE = 4096
 
 
 def snapshots_root() -> Path:
@@ -78,6 +84,10 @@ class Snapshot:
         return self.dir / CONSOLE
 
     @property
+    def memory(self) -> Path:
+        return self.dir / MEMORY
+
+    @property
     def meta(self) -> dict[str, Any]:
         try:
             data = json.loads((self.dir / META).read_text())
@@ -92,7 +102,36 @@ class Snapshot:
         return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}
 
     def complete(self) -> bool:
-        return (self.dir / META).is_file() and self.state.is_file() and self.disk.is_file()
+        return (self.dir / META).is_file() and self.state.is_file() and self.disk.is_file() \
+            and self.memory.is_file()
+
+    def memory_problem(self) -> str | None:
+        """Why the snapshot's memory file must not be mapped (None: it is as it was saved).
+
+        A restored guest maps it privately: a file truncated under it would make QEMU fault on
+        the pages gone, and one rewritten would hand the guest other RAM. So before each restore
+        it must be the same file (device, inode, modification time) of the size it was saved
+        with, a regular file of this user's, readable and writable by nobody else.
+        """
+        ident = self.meta.get("memory")
+        if not isinstance(ident, dict):
+            return f"its meta.json records no memory file ({self.dir / META})"
+        try:
+            st = os.lstat(self.memory)
+        except OSError as exc:
+            return f"its memory file {self.memory} is gone ({exc.strerror})"
+        if not stat.S_ISREG(st.st_mode):
+            return f"its memory file {self.memory} is not a regular file"
+        if st.st_uid != os.geteuid():
+            return f"its memory file {self.memory} belongs to uid {st.st_uid}, not to you"
+        if st.st_mode & 0o077:
+            return f"its memory file {self.memory} is open to other users (mode {stat.S_IMODE(st.st_mode):04o})"
+        if st.st_size != ident.get("bytes"):
+            return (f"its memory file {self.memory} is {st.st_size} bytes, but it was saved with "
+                    f"{ident.get('bytes')}: it was truncated or replaced")
+        if [st.st_dev, st.st_ino, st.st_mtime_ns] != [ident.get("dev"), ident.get("ino"), ident.get("mtime_ns")]:
+            return f"its memory file {self.memory} was changed or replaced since it was saved"
+        return None
 
 
 _TAP_FDS = re.compile(r"\b(fds?)=[0-9:?]+")
@@ -126,12 +165,24 @@ def find(snapshot_key: str | None) -> Snapshot | None:
     return snap if snap.complete() else None
 
 
+def find_restorable(snapshot_key: str | None) -> Snapshot | None:
+    """What a restore of that key is to use: the complete snapshot, or one whose memory file alone
+    is gone (its ``meta.json``, state and disk there: :meth:`Snapshot.memory_problem` says why it
+    cannot be restored); None when there is none (the guest boots instead)."""
+    if not snapshot_key:
+        return None
+    snap = Snapshot(snapshots_root() / snapshot_key)
+    return snap if (snap.dir / META).is_file() and snap.state.is_file() and snap.disk.is_file() else None
+
+
 def _lock(snapshot_key: str) -> contextlib.AbstractContextManager[None]:
     return exclusive(snapshots_root() / f".{snapshot_key}.lock")
 
 
-def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], console: Path | None = None) -> Snapshot:
-    """Snapshot a running guest (paused for the moment it takes, then resumed).
+def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], console: Path | None = None,
+         memory: Path | None = None) -> Snapshot:
+    """Snapshot a running guest (paused for the moment it takes, then resumed): its device state,
+    and its RAM copied from ``memory`` (the file it maps shared; default: ``memory`` beside ``overlay``).
 
     Another labctl taking the same snapshot meanwhile makes this one a no-op.
 
@@ -139,12 +190,14 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], cons
     """
     final = snapshots_root() / snapshot_key
     with _lock(snapshot_key):
-        if Snapshot(final).complete():
+        if Snapshot(final).complete() and Snapshot(final).memory_problem() is None:
             return Snapshot(final)
         try:
             with build_into(final) as work:
-                info = save_state(qmp, work / STATE)
-                # Paused: the overlay is what the saved RAM (its page cache) expects on disk.
+                info = save_state(qmp, work / STATE, ignore_shared=True)
+                # Paused: the RAM file is what the device state expects, the overlay what the
+                # saved RAM (its page cache) expects on disk.
+                copy_sparse(memory or overlay.with_name(MEMORY), work / MEMORY)
                 shutil.copyfile(overlay, work / DISK)
                 os.chmod(work / DISK, 0o400)
                 if console is not None and console.is_file():
@@ -154,6 +207,7 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], cons
                     **meta, "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                     "labctl_version": __version__,
                     "state_bytes": (work / STATE).stat().st_size, "disk_bytes": (work / DISK).stat().st_size,
+                    "memory": _identity(final / MEMORY, work / MEMORY),
                     "save_ms": info.get("total-time"),
                 }, indent=2) + "\n")
         except OSError as exc:
@@ -162,6 +216,105 @@ def take(qmp: Path, overlay: Path, snapshot_key: str, meta: dict[str, Any], cons
             with contextlib.suppress(LabctlError):
                 qmp_execute(qmp, "cont")
     return Snapshot(final)
+
+
+CLONES = "clones.json"  # what a guest restored from the snapshot was measured to hold (labctl.up.capacity)
+
+
+def private_kib(pid: int) -> int:
+    """The process's anonymous memory in KiB (``Anonymous`` in /proc/PID/smaps_rollup; 0 when it cannot
+    be read): a restored guest's own copy-on-write pages, QEMU's heap and its translated code, without
+    the snapshot's memory file it maps (page cache every clone of it shares, even while only one
+    maps a page and ``Private_Clean`` or ``Private_Dirty`` count it)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def record_clone(snap: Snapshot, pid: int) -> None:
+    """Record what the guest restored from ``snap`` (QEMU ``pid``) holds now, when it is more than
+    recorded (the capacity estimate's figure when no clone of it is up)."""
+    kib = private_kib(pid)
+    if kib <= recorded_clone_kib(snap):
+        return
+    with contextlib.suppress(OSError):
+        atomic_write(snap.dir / CLONES, json.dumps({"private_kib": kib, "measured_at": datetime.datetime.now(
+            datetime.UTC).isoformat(timespec="seconds")}) + "\n", 0o600)
+
+
+def recorded_clone_kib(snap: Snapshot) -> int:
+    try:
+        data = json.loads((snap.dir / CLONES).read_text())
+        return int(data.get("private_kib", 0)) if isinstance(data, dict) else 0
+    except (OSError, ValueError, TypeError):
+        return 0
+
+
+def copy_sparse(src: Path, dest: Path) -> None:
+    """``dest`` (new, 0600) a copy of ``src`` of the same size in which only the pages that are not
+    zero take room (the rest are holes: a guest's untouched or freed RAM costs no disk and no page cache)."""
+    zero = bytes(PAGE)
+    fd_in = os.open(src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fd_out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd_in).st_size
+            pos = 0
+            while pos < size:
+                try:
+                    pos = os.lseek(fd_in, pos, os.SEEK_DATA)
+                except OSError:  # ENXIO: only a hole is left
+                    break
+                end = os.lseek(fd_in, pos, os.SEEK_HOLE)
+                while pos < end:
+                    chunk = os.pread(fd_in, min(1 << 21, end - pos), pos)
+                    if not chunk:
+                        break
+                    if chunk.count(0) != len(chunk):
+                        for off in range(0, len(chunk), PAGE):
+                            page = chunk[off:off + PAGE]
+                            if page != zero[:len(page)]:
+                                os.pwrite(fd_out, page, pos + off)
+                    pos += len(chunk)
+            os.ftruncate(fd_out, size)
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
+
+
+def _identity(final: Path, built: Path) -> dict[str, int]:
+    """What :meth:`Snapshot.memory_problem` compares: the file's size, device, inode and time (a
+    rename into ``final`` keeps them)."""
+    st = os.stat(built)
+    return {"bytes": st.st_size, "dev": st.st_dev, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+
+
+EMPTY_OVERLAY = "overlay.qcow2"  # an empty overlay on the snapshot's disk: each restore's is a copy of it
+
+
+def restored_overlay(snap: Snapshot, overlay: Path) -> None:
+    """``overlay`` a fresh copy-on-write overlay on the snapshot's disk: a copy of the empty one kept
+    beside it (made by ``qemu-img`` at the first restore; a copy spares each later restore that
+    process: its header names the same backing file whoever restores it)."""
+    empty = snap.dir / EMPTY_OVERLAY
+    try:
+        st = os.lstat(empty)
+        usable = stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    except FileNotFoundError:
+        usable = False
+    if not usable:
+        tmp = snap.dir / f".{EMPTY_OVERLAY}.{os.getpid()}"
+        new_overlay(snap.disk, tmp)
+        os.chmod(tmp, 0o400)
+        os.replace(tmp, empty)
+    overlay.unlink(missing_ok=True)
+    shutil.copyfile(empty, overlay)
+    os.chmod(overlay, 0o600)
 
 
 def new_overlay(backing: Path, overlay: Path, backing_format: str = "qcow2") -> None:

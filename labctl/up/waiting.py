@@ -240,7 +240,7 @@ class GuestWaiter:
         """A guest restored from its snapshot: load it, make it this lab's, check SSH."""
         rec, snap = self.records[name], self.planner.warm[name]
         gdir = Path(rec.dir)
-        warm.load(Path(rec.qmp), snap.state)
+        warm.load(Path(rec.qmp), snap.state, snapshot=True)
         self.events.guest_phase(name, "ssh")
         warm.adopt(gdir)
         state.drivers[name] = snap.drivers
@@ -248,4 +248,5 @@ class GuestWaiter:
         with ssh_retry(state.endpoint(name), deadline, self.stop):
             pass
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
+        snapshots.record_clone(snap, rec.pid)  # what a clone holds, for the next capacity estimate
         self.events.guest_phase(name, "ready")

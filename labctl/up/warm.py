@@ -34,8 +34,8 @@ from typing import Any
 
 import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.backends import get_backend, load_state, qmp_execute
-from labctl.errors import GuestError, LabctlError
+from labctl.backends import GUEST_MEMORY, get_backend, load_state, qmp_execute
+from labctl.errors import GuestError, LabctlError, SnapshotBroken
 from labctl.image import AGENT_BUILTINS
 from labctl.paths import atomic_write
 from labctl.ssh import Endpoint, Session
@@ -102,11 +102,13 @@ def snapshot_after_boot(qmp: Path, overlay: Path, agent_channel: Path, snapshot_
         return f"guest {guest}: no post-boot snapshot: {exc}"
 
 
-def load(qmp: Path, state_file: Path, paused: bool = False) -> float:
+def load(qmp: Path, state_file: Path, paused: bool = False, snapshot: bool = False) -> float:
     """Load a saved state into a QEMU started with ``-incoming defer`` and (unless ``paused``)
-    let the guest run; seconds taken."""
+    let the guest run; seconds taken. ``snapshot``: a post-boot snapshot's device state, its
+    RAM already mapped from the snapshot's memory file (:func:`restore_disk`); else a whole
+    stream (a checkpoint's), loaded over whatever the guest maps."""
     t0 = time.monotonic()
-    load_state(qmp, state_file)
+    load_state(qmp, state_file, ignore_shared=snapshot)
     if not paused:
         qmp_execute(qmp, "cont")
     return time.monotonic() - t0
@@ -325,9 +327,14 @@ def adopt(guest_dir: Path) -> None:
 
 
 def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> None:
-    """The guest's disk as it was at the snapshot: a new overlay on the snapshot's; and its
-    console starting with the boot the snapshot was taken after (QEMU appends to it)."""
-    snapshots.new_overlay(snap.disk, overlay)
+    """The guest's disk as it was at the snapshot: a new overlay on the snapshot's; its RAM the
+    snapshot's memory file (``memory`` beside the overlay a link to it, mapped privately); and its
+    console starting with the boot the snapshot was taken after (QEMU appends to it).
+
+    :raise SnapshotBroken: when the snapshot's memory file is not as it was saved (nothing changed).
+    """
+    link_memory(snap, overlay.with_name(GUEST_MEMORY))
+    snapshots.restored_overlay(snap, overlay)
     if console is not None:
         try:
             boot = snap.console.read_bytes()
@@ -338,6 +345,25 @@ def restore_disk(snap: Snapshot, overlay: Path, console: Path | None = None) -> 
             f.write(boot + (b"" if not boot or boot.endswith(b"\n") else b"\n"))
             f.write(f"labctl: restored from the post-boot snapshot {snap.key} (taken {when}); "
                     "the boot above is that one\n".encode())
+
+
+def check_memory(snap: Snapshot) -> None:
+    """:raise SnapshotBroken: with the reason, when the snapshot's memory file is not as it was saved."""
+    why = snap.memory_problem()
+    if why:
+        raise SnapshotBroken(f"the post-boot snapshot {snap.key} cannot be restored: {why}",
+                             hint=f"remove {snap.dir}: the next up boots the guest and saves a new one")
+
+
+def link_memory(snap: Snapshot, dest: Path) -> None:
+    """``dest`` a link to the snapshot's memory file, once that file is checked to be as it was
+    saved (its size and identity: a truncated one would fault under the guest mapping it).
+
+    :raise SnapshotBroken: with the reason, when it is not.
+    """
+    check_memory(snap)
+    dest.unlink(missing_ok=True)
+    dest.symlink_to(snap.memory)
 
 
 def shared_templates(state: LabState) -> dict[tuple[str, str], Any]:

@@ -3,6 +3,7 @@ tests/integration/test_warm_reset.py refuses a real lab, benchmarks/room.py fill
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -41,24 +42,67 @@ def _mem(mib: int) -> dict[str, int]:
 
 
 def test_a_guest_that_boots_is_counted_at_its_whole_memory() -> None:
-    est = capacity.estimate(_copies(3), _mem(10_000), pages={})
+    est = capacity.estimate(_copies(3), _mem(10_000), clones={})
     assert (est.guests, est.restored) == (6, 0)
     assert est.need_mib == 6 * (256 + capacity.QEMU_OVERHEAD_MIB)
 
 
-def test_a_restored_guest_is_counted_at_its_snapshot_pages_plus_room_to_grow() -> None:
-    est = capacity.estimate(_copies(3), _mem(10_000), pages={("room", "a"): 90})
-    assert (est.guests, est.restored) == (6, 3)
-    assert est.need_mib == 3 * (90 + 64 + 64) + 3 * (256 + 64)
-    # never more than its whole memory
-    assert capacity.guest_need_mib(256, 250) == 256 + 64
+def _clone(key: str, private: int, template: int = 80, measured: bool = True) -> capacity.CloneCost:
+    return capacity.CloneCost(key, private, template, measured)
+
+
+def test_a_clone_is_counted_at_its_measured_private_memory_and_its_template_once() -> None:
+    est = capacity.estimate(_copies(3), _mem(10_000), clones={("room", "a"): _clone("ka", 90)})
+    assert (est.guests, est.restored, est.templates_mib) == (6, 3, 80)
+    # three clones of a: 90 MiB each plus an eighth of 256 to grow; its memory file once; b boots
+    assert est.need_mib == 3 * (90 + 32) + 80 + 3 * (256 + 64)
+    # two snapshots: two memory files
+    both = capacity.estimate(_copies(2), _mem(10_000), clones={("room", "a"): _clone("ka", 90),
+                                                              ("room", "b"): _clone("kb", 70, 60)})
+    assert both.need_mib == 2 * (90 + 32) + 2 * (70 + 32) + 80 + 60 and both.templates_mib == 140
+    # never more than a boot; an unmeasured clone gets a quarter of its memory to grow into
+    assert capacity.guest_need_mib(256, _clone("k", 300)) == 256 + 64
+    assert capacity.guest_need_mib(256, _clone("k", 65, measured=False)) == 65 + 64
 
 
 def test_what_cannot_fit_is_refused_with_the_figures() -> None:
-    pages = {("room", "a"): 90, ("room", "b"): 90}
-    fits = capacity.check_capacity(_copies(36), meminfo_kib=_mem(16_000), pages=pages)
-    assert fits.fits and fits.need_mib == 72 * 218
+    clones = {("room", "a"): _clone("ka", 90), ("room", "b"): _clone("kb", 90)}
+    each = 90 + 32
+    fits = capacity.check_capacity(_copies(64), meminfo_kib=_mem(16_000), clones=clones)
+    assert fits.fits and fits.need_mib == 128 * each + 160
     with pytest.raises(HostError) as err:
-        capacity.check_capacity(_copies(37), meminfo_kib=_mem(16_000), pages=pages)
-    assert "74 guests need up to" in str(err.value) and "74 of them restored from snapshots" in str(err.value)
-    assert capacity.check_capacity(_copies(37), overcommit=True, meminfo_kib=_mem(16_000), pages=pages).fits is False
+        capacity.check_capacity(_copies(65), meminfo_kib=_mem(16_000), clones=clones)
+    assert "130 guests need up to" in str(err.value) and "130 of them restored from snapshots" in str(err.value)
+    assert capacity.check_capacity(_copies(65), overcommit=True, meminfo_kib=_mem(16_000), clones=clones).fits is False
+
+
+def test_a_guest_up_is_kept_room_to_grow_by_what_it_holds() -> None:
+    assert capacity.reserve_mib(256, 100, capacity.CLONE_GROWTH) == 32
+    assert capacity.reserve_mib(256, 100, capacity.GROWTH) == 64
+    assert capacity.reserve_mib(256, 300, capacity.GROWTH) == 20  # what is left of memory + QEMU's
+    assert capacity.reserve_mib(256, 400, capacity.GROWTH) == 0
+
+
+def test_clone_costs_come_from_the_snapshot_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from labctl.up import snapshots
+
+    monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path / "cache"))
+    d = snapshots.snapshots_root() / "k1"
+    d.mkdir(parents=True)
+    for name in (snapshots.STATE, snapshots.DISK):
+        (d / name).write_bytes(b"x" * 3000)
+    with open(d / snapshots.MEMORY, "wb") as f:
+        f.truncate(256 << 20)
+        f.write(b"\1" * (3 << 20))  # 3 MiB of RAM not zero: 3 MiB to map
+    (d / snapshots.META).write_text(json.dumps({"lab": "room", "guest": "a", "state_bytes": 3000}))
+    snap = snapshots.Snapshot(d)
+    guess = capacity.clone_costs(running={})[("room", "a")]
+    assert guess == _clone("k1", capacity.QEMU_OVERHEAD_MIB + 1, 3, measured=False)
+    (d / snapshots.CLONES).write_text(json.dumps({"private_kib": 50 * 1024}))
+    assert capacity.clone_costs(running={})[("room", "a")] == _clone("k1", 50, 3)
+    assert capacity.clone_costs(running={"k1": 70})[("room", "a")] == _clone("k1", 70, 3)  # one up now
+    (d / snapshots.CLONES).write_text(json.dumps({"private_kib": 1024}))
+    snapshots.record_clone(snap, os.getpid())  # this process holds more than 1 MiB: recorded
+    assert 1024 < snapshots.recorded_clone_kib(snap) <= snapshots.private_kib(os.getpid())

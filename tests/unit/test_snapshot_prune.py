@@ -32,6 +32,7 @@ def fake(root: Path, key: str, lab: str, guest: str, created: str, qcow2: bool =
     d = root / key
     d.mkdir(parents=True)
     (d / snapshots.STATE).write_bytes(b"state")
+    (d / snapshots.MEMORY).write_bytes(b"memory")
     if qcow2:
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(d / snapshots.DISK), "16M"], check=True)
     else:

@@ -1,5 +1,6 @@
 """The embedded backend: labctl starts ``qemu-system-x86_64`` itself (:mod:`.qemu_backend`),
-from a command line built by pure functions (:mod:`.argv`); what it needs on this machine is
+from a command line built by pure functions (:mod:`.argv`; the guest's RAM as a file and its VM
+generation ID in :mod:`.clone`); what it needs on this machine is
 :mod:`.local_checks` (``labctl doctor``)."""
 
 __all__: list[str] = []  # no face: other packages reach this backend through labctl.backends.get_backend

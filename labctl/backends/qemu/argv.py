@@ -10,6 +10,7 @@ import os
 import re
 
 from labctl.backends.base import MGMT_NET, GuestPlan, netdev_id
+from labctl.backends.qemu.clone import clone_args
 from labctl.lab import Guest, Nic, export_link, tag
 from labctl.net import Port, netdev_kind
 
@@ -168,4 +169,5 @@ def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64", vlan_filter:
     carriers = set() if vlan_filter else vlan_carriers(plan.guest)
     for nic in plan.guest.nics:
         argv += lab_nic_args(nic, plan.ports[nic.name], nic.name not in carriers)
-    return argv + share_args(plan) + incoming_args(plan)
+    # clone_args: RAM as a file, mapped privately by restored guests; a new VM generation ID (issue 52)
+    return argv + share_args(plan) + clone_args(plan) + incoming_args(plan)

@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from labctl.backends.base import GUEST_MEMORY as MEMORY
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir, netdev_id
 from labctl.backends.monitor import qmp_execute
 from labctl.backends.qemu.argv import build_argv, restores_vlan_filter
+from labctl.backends.qemu.clone import new_generation, shares_memory, with_share
 from labctl.backends.qemu.local_checks import host_checks
 from labctl.errors import MachineError, PortTaken
 from labctl.lab import HostPlace
@@ -47,6 +49,13 @@ def agent_fifos(channel: Path) -> None:
         fifo = channel.with_name(channel.name + suffix)
         fifo.unlink(missing_ok=True)
         os.mkfifo(fifo, 0o600)
+
+
+def fresh_memory(path: Path) -> None:
+    """A new empty RAM file (0600) for a guest that boots and maps it shared: whatever was there
+    (a link to a snapshot's memory file, an older boot's RAM) is unlinked first, never written."""
+    path.unlink(missing_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
 
 
 class QemuBackend(Backend):
@@ -118,12 +127,19 @@ class QemuBackend(Backend):
             del argv[i:i + 2]
         if incoming:
             argv += ["-incoming", "defer"]
+        # a restore maps its memory file privately (a snapshot's, or a checkpoint's stream loaded over it);
+        # a boot maps a fresh one of its own, shared
+        argv = with_share(argv, not incoming)
         return self._launch(dataclasses.replace(rec, argv=argv, pid=0), fds)
 
     def _launch(self, rec: GuestRecord, fds: list[int] | None = None) -> GuestRecord:
         """Spawn QEMU for ``rec`` and wait until its monitor answers; the record with its pid."""
         qmp_socket = Path(rec.qmp)
         agent_fifos(Path(rec.dir) / "agent")
+        argv, guid = new_generation(rec.argv)  # every start a new VM generation ID: the guest reseeds
+        rec = dataclasses.replace(rec, argv=argv, extra={**rec.extra, "vmgenid": guid} if guid else rec.extra)
+        if shares_memory(argv):
+            fresh_memory(Path(rec.dir) / MEMORY)
         old = os.umask(0o077)  # QMP socket, console and pidfile: owner only
         try:
             proc = spawn(rec.argv, Path(rec.dir) / "qemu.log", pass_fds=fds or [])
