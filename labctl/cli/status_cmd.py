@@ -124,6 +124,8 @@ def _net_marks(guest: str, nic: dict[str, Any], captured: set[str]) -> str:
             parts.append("impaired")
     if f"{guest}.{nic.get('name')}" in captured:
         parts.append("capturing")
+    if isinstance(nic.get("xdp"), dict):
+        parts.append(str(nic["xdp"].get("summary") or "XDP"))
     return " · ".join(parts)
 
 

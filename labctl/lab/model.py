@@ -20,6 +20,7 @@ from labctl.lab.shares import Share
 
 if TYPE_CHECKING:
     from labctl.lab.firewall import Firewall
+    from labctl.lab.xdp import Xdp
 
 __all__ = [
     "DEFAULT_HOST",
@@ -85,6 +86,7 @@ class Nic:
     impair: Impairment | None = None
     vlans: tuple[Vlan, ...] = ()
     ip_line: int = 0
+    xdp: Xdp | None = None  # an XDP program attached once the guest is up (labctl.lab.xdp)
 
     @property
     def ip(self) -> Address | None:
@@ -110,6 +112,7 @@ class Nic:
             "mtu": self.mtu,
             "index": self.index,
             "impair": self.impair.to_dict() if self.impair else None,
+            **({"xdp": self.xdp.to_dict()} if self.xdp else {}),
         }
 
 

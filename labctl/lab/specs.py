@@ -13,6 +13,7 @@ from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
 from labctl.lab.shares import Share
+from labctl.lab.xdp import Xdp
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class NicSpec:
     mtu: int | None
     impair: Impairment | None = None
     vlans: list[VlanSpec] = field(default_factory=list)
+    xdp: Xdp | None = None
 
     @property
     def label(self) -> str:

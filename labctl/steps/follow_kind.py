@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import LabctlError
-from labctl.follow import Follower, dropwatch, parallel
+from labctl.follow import Follower, dropwatch, parallel, xdpwatch
 from labctl.lab import Lab, Step, render
 from labctl.paths import atomic_write
 from labctl.pktfilter import parse
@@ -32,6 +32,7 @@ from labctl.trace import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs
 
 log = logging.getLogger(__name__)
 DROPS_TXT, DROPS_JSON = "drops.txt", "drops.json"
+XDP_JSON = "xdp-drops.json"  # the XDP programs' drops (labctl.follow.xdpwatch)
 RULESET_BEFORE, RULESET_AFTER = "drops-ruleset-before.txt", "drops-ruleset-after.txt"
 
 
@@ -48,6 +49,7 @@ class DropsKind(StepKind):
     def __init__(self, lab: Lab) -> None:
         self.lab = lab
         self.watches: dict[str, dropwatch.Watch] = {}
+        self.xdp: dict[str, xdpwatch.XdpWatch] = {}
 
     @classmethod
     def of(cls, lab: Lab) -> DropsKind | None:
@@ -69,6 +71,15 @@ class DropsKind(StepKind):
             return w
 
         self.watches = {g: w for g, w in parallel(guests, one).items() if w is not None}
+        self.xdp = {g: w for g, w in parallel(guests, lambda g: self._xdp_start(v, g)).items() if w is not None}
+
+    def _xdp_start(self, v: Variant, g: str) -> xdpwatch.XdpWatch | None:
+        nics = ((v.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
+        try:
+            return xdpwatch.start(v.sessions.ssh(g), g, nics)
+        except LabctlError as exc:
+            v.res.warnings.append(f"{g}: XDP drops not recorded: {exc.message}")
+            return None
 
     @staticmethod
     def _remove(v: Variant, g: str, w: dropwatch.Watch) -> None:
@@ -93,6 +104,15 @@ class DropsKind(StepKind):
                 _write(out / RULESET_AFTER, after)
             _write(out / DROPS_JSON, json.dumps({"mode": w.mode, "notes": w.notes, "lost": lost,
                                                   **({"reasons": w.reasons} if w.reasons else {})}) + "\n")
+            xw = self.xdp.get(g)
+            if xw is not None:
+                try:
+                    got = xdpwatch.finish(v.sessions.ssh(g), xw)
+                except LabctlError as exc:
+                    v.res.warnings.append(f"{g}: XDP drops could not be read: {exc.message}")
+                    return
+                v.res.warnings += [f"{g}: {n}" for n in xw.notes]
+                _write(out / XDP_JSON, json.dumps([r.as_dict() for r in got]) + "\n")
 
         parallel(live, one)
 

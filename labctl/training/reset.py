@@ -32,7 +32,7 @@ from labctl.image import Image
 from labctl.lab import Firewall
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState, lab_lock
-from labctl.up import agent, mounts, nftload, snapshots, warm
+from labctl.up import agent, mounts, nftload, snapshots, warm, xdpload
 
 BOOT_TIMEOUT = 180.0
 
@@ -83,6 +83,8 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                 wait_ssh(state.endpoint(name), BOOT_TIMEOUT if how == "boot" else 30.0)
                 if how == "boot":  # a snapshot holds the firewall; a boot loads it again
                     nftload.load(state.endpoint(name), firewall_of(state, name), state.source)
+                    xdpload.attach(state.endpoint(name), ((state.resolved.get("guests") or {}).get(name) or {})
+                                   .get("nics") or [], state.source)
                 mounts.mount(state.endpoint(name), name, mounts.of((state.resolved.get("guests") or {}).get(name) or {}))
                 took[name] = round(time.monotonic() - t0, 2)
                 if on_guest:

@@ -16,6 +16,7 @@ import labctl.up.guestconf as guestconf  # noqa: PLR0402 - a sibling module, not
 import labctl.up.nftload as nftload  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.xdpload as xdpload  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord
 from labctl.debug import console_end, crashed
 from labctl.errors import GuestError, LabctlError, LabFileError, MachineError
@@ -126,6 +127,7 @@ class GuestWaiter:
         meanwhile ends the wait at once (its vmcore kept)."""
         try:
             nftload.load(ep, self.lab.guests[name].firewall, self.lab.source)
+            xdpload.attach(ep, self.lab.guests[name].nics, self.lab.source)
             warm.run_setup(ep, self.lab.guests[name].setup, abort=lambda: self._crashed(name))
         except GuestError as exc:
             if self._crashed(name) is None:
@@ -174,7 +176,7 @@ class GuestWaiter:
         # A guest booted with the throwaway key answers with it (pinned in boot_known_hosts)
         # until the snapshot is taken and it has its own.
         ep = warm.boot_endpoint(state.endpoint(name), gdir) if throwaway else state.endpoint(name)
-        setup = self.lab.guests[name].setup or self.lab.guests[name].firewall
+        setup = self.lab.guests[name].setup or self.lab.guests[name].firewall or any(n.xdp for n in self.lab.guests[name].nics)
         # A guest whose boot becomes the snapshot and that has no setup commands (or firewall) is snapshotted
         # at once: its one SSH handshake is the one with its own key (this saves one under TCG).
         # A guest without the agent is saved once SSH answers.
