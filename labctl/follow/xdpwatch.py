@@ -115,11 +115,12 @@ def finish(session: Session, w: XdpWatch) -> list[XdpRow]:
     :raise GuestError: when the guest cannot be reached.
     """
     stop = "; ".join(f"kill -INT $(cat {DIR}/dump-{n}.pid) 2>/dev/null" for n in w.nics)
-    wait = " && ".join(f"grep -q 'dropped by perf ring' {DIR}/dump-{n}.txt" for n in w.nics)
-    session.run(f"{stop}; for i in $(seq 100); do {{ {wait}; }} && break; sleep 0.2; done; true", timeout=60)
+    wait = " && ".join(f"grep -q 'dropped by perf ring' {DIR}/dump-{n}.err" for n in w.nics)  # its last words
+    session.run(f"{stop}; for i in $(seq 120); do {{ {wait}; }} && break; sleep 0.5; done; true", timeout=120)
     after = _read_counters(session, w.nics)
     out: list[XdpRow] = []
     for nic, x in w.nics.items():
-        text = session.run(f"cat {DIR}/dump-{nic}.txt; rm -f {DIR}/dump-{nic}.*", timeout=120).stdout.decode(errors="replace")
+        text = session.run(f"cat {DIR}/dump-{nic}.txt {DIR}/dump-{nic}.err; rm -f {DIR}/dump-{nic}.*",
+                           timeout=120).stdout.decode(errors="replace")
         out += rows(w.guest, nic, x.program, x.mode, parse_dump(text), w.before.get(nic), after.get(nic))
     return out

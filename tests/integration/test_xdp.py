@@ -1,0 +1,104 @@
+"""XDP programs on NICs as data, on real guests: labs/xdp-drop.c (built by labctl with the host's
+clang) on b's virtio-net NIC in native mode and on its e1000 in generic mode, xdp-filter on a third
+NIC; one lab booted once for the module, whose one step floods each NIC with UDP to port 9.
+
+* the step's drop table has each NIC's XDP drops, labctl's count (xdpdump's verdicts) equal to the
+  program's own counters and to what a sent;
+* status shows each NIC's program and its mode; the kernel has each attached in its mode;
+* bad input (native XDP on an e1000, a source that does not compile) fails ``up`` with exit 2 at the
+  lab line, nothing started.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import harness
+from tests.conftest import ROOT, Cli, new_cli
+from tests.integration.conftest import qemu_pids_under
+
+NAME = "xdp-drop"
+SENT = {"eth1": 1000, "eth2": 1000, "eth3": 300}  # UDP datagrams to b's port 9 on each of its NICs
+FLOOD = ("python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+         "for a, n in ((\"10.9.1.2\", {eth1}), (\"10.9.2.2\", {eth2}), (\"10.9.3.2\", {eth3})):\n"
+         "    [s.sendto(b\"x\", (a, 9)) for _ in range(n)]'").format(**SENT)
+
+
+def _lab_text() -> str:
+    text = (ROOT / "labs" / "xdp-drop.yaml").read_text()
+    return text + ("steps:\n  - name: flood\n    run:\n      - guest: a\n        command: |\n"
+                   + "".join(f"          {ln}\n" for ln in FLOOD.splitlines()))
+
+
+@pytest.fixture(scope="module")
+def lab(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cli, dict[str, Any]]]:
+    """The lab up with its step run: the CLI and the steps' summary."""
+    cli = new_cli(tmp_path_factory, "xdp")
+    assert cli.tracked is not None
+    cli.tracked.test = "tests/integration/test_xdp.py (the module's lab)"
+    d = tmp_path_factory.mktemp("xdplab")
+    (d / "lab.yaml").write_text(_lab_text())
+    shutil.copy(ROOT / "labs" / "xdp-drop.c", d / "xdp-drop.c")
+    try:
+        up = cli("up", str(d / "lab.yaml"), "--out", str(d / "runs"), "--json", timeout=1500)
+        assert up.returncode == 0, up.stdout + up.stderr
+        bundle = Path(json.loads(up.stdout)["bundle"])
+        yield cli, json.loads((bundle / "summary.json").read_text())
+    finally:
+        harness.teardown(cli.tracked)
+
+
+def test_labctls_count_of_xdp_drops_is_the_programs_own(lab: tuple[Cli, dict[str, Any]]) -> None:
+    _, summary = lab
+    step = next(s for s in summary["steps"] if s["name"] == "flood")
+    rows = {r["dev"]: r for r in step["drops"]["rows"] if r["guest"] == "b" and r.get("xdp")}
+    assert set(rows) == set(SENT), step["drops"]
+    for nic, sent in SENT.items():
+        r = rows[nic]
+        assert r["reason"] == "XDP_DROP" and r["count"] == r["xdp"]["own_count"] == sent, r
+        assert r["xdp"]["missed"] == 0
+    assert rows["eth1"]["where"] == "XDP xdp-drop.c (xdp_drop_icmp, native) on eth1"
+    assert rows["eth2"]["where"] == "XDP xdp-drop.c (xdp_drop_icmp, generic) on eth2"
+    assert rows["eth3"]["xdp"]["program"] == "xdp-filter"
+
+
+def test_status_and_the_kernel_have_each_program_in_its_mode(lab: tuple[Cli, dict[str, Any]]) -> None:
+    cli, _ = lab
+    st = json.loads(cli("status", NAME, "--json", check=True).stdout)
+    (b,) = [g for g in st["guests"] if g["name"] == "b"] if isinstance(st, dict) else [
+        g for lab_ in st for g in lab_["guests"] if g["name"] == "b"]
+    modes = {n["name"]: n["xdp"]["mode"] for n in b["nics"] if n.get("xdp")}
+    assert modes == {"eth1": "native", "eth2": "generic", "eth3": "generic"}
+    assert all("object" not in n["xdp"] for n in b["nics"] if n.get("xdp"))
+    links = cli("exec", NAME, "b", "--", "ip -d link show", check=True).stdout
+    assert "xdp qdisc" in links and links.count("xdpgeneric") == 2, links
+    assert "name xdp_drop_icmp" in links
+
+
+def _bad_lab(tmp_path: Path, xdp: str, name: str) -> Path:
+    shutil.copy(ROOT / "labs" / "xdp-drop.c", tmp_path / "xdp-drop.c")
+    (tmp_path / "bad.c").write_text('#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n'
+                                    'SEC("xdp") int f(struct xdp_md *c) { return XDP_DRP; }\n')
+    lab = tmp_path / f"{name}.yaml"
+    lab.write_text(f"name: {name}\nnetworks: {{n: {{}}}}\nguests:\n  g:\n    memory: 256\n"
+                   f"    nics:\n      - {{name: eth1, model: e1000, network: n, xdp: {xdp}}}\n")
+    return lab
+
+
+@pytest.mark.parametrize(("xdp", "said"), [
+    ("{source: xdp-drop.c, mode: native}", "guests.g.nics[0].xdp.mode: e1000's driver (e1000) has no native XDP"),
+    ("{source: bad.c}", "guests.g.nics[0].xdp.source: XDP source bad.c does not compile: bad.c:3:"),
+], ids=["native-on-e1000", "does-not-compile"])
+def test_bad_xdp_input_fails_up_at_its_line(cli: Cli, image: object, tmp_path: Path, xdp: str, said: str) -> None:
+    lab = _bad_lab(tmp_path, xdp, "bad-xdp")
+    up = cli("up", str(lab))
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert f"{lab}:7: {said}" in up.stderr, up.stderr
+    assert "Traceback" not in up.stderr
+    assert not (cli.state_dir / "labs" / "bad-xdp").exists() and qemu_pids_under(cli.state_dir) == []
