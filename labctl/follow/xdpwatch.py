@@ -34,6 +34,10 @@ class XdpWatch:
     nics: dict[str, Xdp]
     before: dict[str, dict[str, int] | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    tag: str = "d"  # its files' prefix: a step's drops (d) and its follow (f) watch the same NICs
+
+    def file(self, nic: str, ext: str) -> str:
+        return f"{DIR}/dump-{self.tag}-{nic}.{ext}"
 
 
 def programs(nics: Sequence[Mapping[str, Any]]) -> dict[str, Xdp]:
@@ -79,7 +83,8 @@ def _read_counters(session: Session, nics: Mapping[str, Xdp]) -> dict[str, dict[
     return _counters(session.run(cmd, timeout=60).stdout.decode(errors="replace"), nics)
 
 
-def start(session: Session, guest: str, nics: Sequence[Mapping[str, Any]]) -> XdpWatch | None:
+def start(session: Session, guest: str, nics: Sequence[Mapping[str, Any]], tag: str = "d",
+          counters: bool = True) -> XdpWatch | None:
     """Start watching ``guest``'s XDP verdicts; None when none of its NICs has a program.
 
     :raise GuestError: when the guest cannot be reached.
@@ -87,26 +92,41 @@ def start(session: Session, guest: str, nics: Sequence[Mapping[str, Any]]) -> Xd
     progs = programs(nics)
     if not progs:
         return None
-    w = XdpWatch(guest, progs)
-    w.before = _read_counters(session, progs)
+    w = XdpWatch(guest, progs, tag=tag)
+    w.before = _read_counters(session, progs) if counters else {}
     cmds = [f"umask 077; mkdir -p {DIR}"]
     for nic in progs:
-        q, out = shlex.quote(nic), shlex.quote(f"{DIR}/dump-{nic}")
-        cmds.append(f"rm -f {out}.txt {out}.err; setsid sh -c 'exec stdbuf -oL xdpdump -i {q} --rx-capture exit -x "
-                    f"> {out}.txt 2> {out}.err' </dev/null >/dev/null 2>&1 & echo $! > {out}.pid")
+        q, txt, err, pid = (shlex.quote(x) for x in (nic, w.file(nic, "txt"), w.file(nic, "err"), w.file(nic, "pid")))
+        cmds.append(f"rm -f {txt} {err}; setsid sh -c 'exec stdbuf -oL xdpdump -i {q} --rx-capture exit -x "
+                    f"> {txt} 2> {err}' </dev/null >/dev/null 2>&1 & echo $! > {pid}")
     session.run("; ".join(cmds), timeout=60)
     deadline = time.monotonic() + START_TIMEOUT
     waiting = set(progs)
     while waiting and time.monotonic() < deadline:
-        check = "; ".join(f"grep -q 'listening on' {DIR}/dump-{n}.err && echo ok {n}" for n in sorted(waiting))
+        check = "; ".join(f"grep -q 'listening on' {w.file(n, 'err')} && echo ok {n}" for n in sorted(waiting))
         out = session.run(check + "; true", timeout=60).stdout.decode(errors="replace")
         waiting -= {ln.split()[1] for ln in out.splitlines() if ln.startswith("ok ")}
         if waiting:
             time.sleep(0.5)
     for nic in sorted(waiting):
-        err = session.run(f"cat {DIR}/dump-{nic}.err", timeout=30).stdout.decode(errors="replace").strip()
+        err = session.run(f"cat {w.file(nic, 'err')}", timeout=30).stdout.decode(errors="replace").strip()
         w.notes.append(f"{nic}: xdpdump did not start: {err[-300:] or 'no answer'}")
     return w
+
+
+def stop_texts(session: Session, w: XdpWatch) -> dict[str, str]:
+    """Stop the watch's xdpdumps; what each printed, by NIC (its files removed).
+
+    :raise GuestError: when the guest cannot be reached.
+    """
+    stop = "; ".join(f"kill -INT $(cat {w.file(n, 'pid')}) 2>/dev/null" for n in w.nics)
+    wait = " && ".join(f"grep -q 'dropped by perf ring' {w.file(n, 'err')}" for n in w.nics)  # its last words
+    session.run(f"{stop}; for i in $(seq 120); do {{ {wait}; }} && break; sleep 0.5; done; true", timeout=120)
+    out = {}
+    for nic in w.nics:
+        out[nic] = session.run(f"cat {w.file(nic, 'txt')} {w.file(nic, 'err')}; rm -f {DIR}/dump-{w.tag}-{nic}.*",
+                               timeout=120).stdout.decode(errors="replace")
+    return out
 
 
 def finish(session: Session, w: XdpWatch) -> list[XdpRow]:
@@ -114,13 +134,9 @@ def finish(session: Session, w: XdpWatch) -> list[XdpRow]:
 
     :raise GuestError: when the guest cannot be reached.
     """
-    stop = "; ".join(f"kill -INT $(cat {DIR}/dump-{n}.pid) 2>/dev/null" for n in w.nics)
-    wait = " && ".join(f"grep -q 'dropped by perf ring' {DIR}/dump-{n}.err" for n in w.nics)  # its last words
-    session.run(f"{stop}; for i in $(seq 120); do {{ {wait}; }} && break; sleep 0.5; done; true", timeout=120)
+    texts = stop_texts(session, w)
     after = _read_counters(session, w.nics)
     out: list[XdpRow] = []
     for nic, x in w.nics.items():
-        text = session.run(f"cat {DIR}/dump-{nic}.txt {DIR}/dump-{nic}.err; rm -f {DIR}/dump-{nic}.*",
-                           timeout=120).stdout.decode(errors="replace")
-        out += rows(w.guest, nic, x.program, x.mode, parse_dump(text), w.before.get(nic), after.get(nic))
+        out += rows(w.guest, nic, x.program, x.mode, parse_dump(texts[nic]), w.before.get(nic), after.get(nic))
     return out

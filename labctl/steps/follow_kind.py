@@ -29,6 +29,7 @@ from labctl.paths import atomic_write
 from labctl.pktfilter import parse
 from labctl.steps.variant import StepKind, Variant
 from labctl.trace import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs
+from labctl.trace.xdphops import XDP_FILE
 
 log = logging.getLogger(__name__)
 DROPS_TXT, DROPS_JSON = "drops.txt", "drops.json"
@@ -127,6 +128,7 @@ class FollowKind(StepKind):
         self.lab, self.spec, self.row = lab, step.follow, row
         self.follower: Follower | None = None
         self.filter = ""
+        self.xdp: dict[str, xdpwatch.XdpWatch] = {}  # XDP verdicts of the followed guests (labctl.trace.xdphops)
 
     @classmethod
     def of(cls, lab: Lab, step: Step, row: dict[str, str]) -> FollowKind | None:
@@ -145,6 +147,16 @@ class FollowKind(StepKind):
             return
         self.follower = f
 
+        def xdp(g: str) -> xdpwatch.XdpWatch | None:
+            nics = ((v.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
+            try:
+                return xdpwatch.start(v.sessions.ssh(g), g, nics, tag="f", counters=False)
+            except LabctlError as exc:
+                v.res.warnings.append(f"follow: {g}: XDP verdicts not followed: {exc.message}")
+                return None
+
+        self.xdp = {g: w for g, w in parallel(guests, xdp).items() if w is not None}
+
     def end(self, v: Variant) -> None:
         f = self.follower
         if f is None:
@@ -159,6 +171,10 @@ class FollowKind(StepKind):
             out = v.bundle / v.rel / FOLLOW_DIR
             for g, (text, _) in texts.items():
                 _write(out / f"{g}.txt", text)
+            for g, xw in self.xdp.items():
+                dumps = xdpwatch.stop_texts(v.sessions.ssh(g), xw)
+                _write(out / XDP_FILE.format(guest=g), json.dumps({"wall_minus_mono": f.wall_minus_mono, "nics": {
+                    n: {"program": x.program, "mode": x.mode, "text": dumps.get(n, "")} for n, x in xw.nics.items()}}))
             inputs = follow_inputs(self.filter, f.guests, f.topology(), f.samples, f.wire,
                                    {g: lost for g, (_, lost) in texts.items()},
                                    {g: (p.ruleset, after.get(g, "")) for g, p in f.probes.items()}, f.reasons)

@@ -5,6 +5,7 @@ NIC; one lab booted once for the module, whose one step floods each NIC with UDP
 * the step's drop table has each NIC's XDP drops, labctl's count (xdpdump's verdicts) equal to the
   program's own counters and to what a sent;
 * status shows each NIC's program and its mode; the kernel has each attached in its mode;
+* ``labctl follow``: a ping dropped by XDP ends at the program's verdict, named with its NIC and mode;
 * bad input (native XDP on an e1000, a source that does not compile) fails ``up`` with exit 2 at the
   lab line, nothing started.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pytest
 
 from tests import harness
 from tests.conftest import ROOT, Cli, new_cli
-from tests.integration.conftest import qemu_pids_under
+from tests.integration.conftest import qemu_pids_under, wait_for
 
 NAME = "xdp-drop"
 SENT = {"eth1": 1000, "eth2": 1000, "eth3": 300}  # UDP datagrams to b's port 9 on each of its NICs
@@ -71,14 +73,42 @@ def test_labctls_count_of_xdp_drops_is_the_programs_own(lab: tuple[Cli, dict[str
 def test_status_and_the_kernel_have_each_program_in_its_mode(lab: tuple[Cli, dict[str, Any]]) -> None:
     cli, _ = lab
     st = json.loads(cli("status", NAME, "--json", check=True).stdout)
-    (b,) = [g for g in st["guests"] if g["name"] == "b"] if isinstance(st, dict) else [
-        g for lab_ in st for g in lab_["guests"] if g["name"] == "b"]
+    (b,) = [g for lab_ in st["labs"] for g in lab_["guests"] if g["name"] == "b"]
     modes = {n["name"]: n["xdp"]["mode"] for n in b["nics"] if n.get("xdp")}
     assert modes == {"eth1": "native", "eth2": "generic", "eth3": "generic"}
     assert all("object" not in n["xdp"] for n in b["nics"] if n.get("xdp"))
     links = cli("exec", NAME, "b", "--", "ip -d link show", check=True).stdout
     assert "xdp qdisc" in links and links.count("xdpgeneric") == 2, links
     assert "name xdp_drop_icmp" in links
+
+
+def test_follow_ends_a_packet_at_its_xdp_verdict(lab: tuple[Cli, dict[str, Any]]) -> None:
+    """A live follow of two pings: each ends at the XDP program that dropped it, with its NIC and mode."""
+    cli, _ = lab
+    with cli.running("follow", NAME, "icmp", "-c", "2", "--json", "--duration", "240") as proc:
+        out: list[str] = []
+        err: list[str] = []
+        readers = [threading.Thread(target=lambda f=f, into=into: into.extend(iter(f.readline, "")), daemon=True)
+                   for f, into in ((proc.stdout, out), (proc.stderr, err))]
+        for t in readers:
+            t.start()
+        wait_for(lambda: any("following" in line for line in err) or proc.poll() is not None, 300, "follow to start")
+        cli("exec", NAME, "a", "--", "ping -c 1 -W 1 10.9.1.2; ping -c 1 -W 1 10.9.2.2; true", timeout=120)
+        proc.wait(timeout=240)
+        for t in readers:
+            t.join(timeout=10)
+    assert proc.returncode == 0, "".join(err)
+    packets = {p["packet"].split()[3]: p for p in (json.loads(line) for line in out if line.strip())}
+    assert set(packets) == {"10.9.1.2", "10.9.2.2"}, packets
+    for dest, nic, mode in (("10.9.1.2", "eth1", "native"), ("10.9.2.2", "eth2", "generic")):
+        p = packets[dest]
+        assert p["end"]["kind"] == "dropped" and p["end"]["reason"] == "XDP_DROP", p
+        assert p["end"]["text"] == f"dropped on b by XDP program xdp_drop_icmp (xdp-drop.c, {mode}) on {nic}: XDP_DROP"
+        last = p["hops"][-1]
+        assert (last["guest"], last["point"], last["dev"], last["note"]) == ("b", "xdp", nic, "DROP"), p["hops"]
+        assert p["hops"][0]["guest"] == "a"
+    left = cli("exec", NAME, "b", "--", "pgrep -c xdpdump; ls /run/labctl-xdp", timeout=60).stdout.split()
+    assert left[0] == "0" and not [x for x in left if x.startswith("dump-")], left
 
 
 def _bad_lab(tmp_path: Path, xdp: str, name: str) -> Path:

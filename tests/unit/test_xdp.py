@@ -116,3 +116,34 @@ def test_counters_of_a_per_cpu_map_and_xdp_filter_and_the_rows() -> None:
     (r,) = rows("b", "eth2", "drop.c", "generic", parse_dump(DUMP), {"DROP": 5}, {"DROP": 7})
     assert (r.action, r.count, r.own, r.lost, r.where) == ("DROP", 2, 2, 1, "XDP drop.c (drop_all, generic) on eth2")
     assert r.as_dict()["reason"] == "XDP_DROP" and r.as_dict()["xdp"]["own_count"] == 2
+
+
+def _frame() -> bytes:
+    ip = bytes.fromhex("4500001c1234400040010000") + bytes([10, 9, 1, 1, 10, 9, 1, 2])
+    return b"\xff" * 6 + b"\x52\x54\x00\x00\x00\x01" + b"\x08\x00" + ip + bytes.fromhex("0800f7ff00010001")
+
+
+def test_a_journey_lost_at_an_xdp_nic_ends_at_the_programs_verdict(tmp_path: Path) -> None:
+    import json
+
+    from labctl.trace.hops import parse_frame
+    from labctl.trace.journey import End, Hop, Journey
+    from labctl.trace.xdphops import XDP_FILE, apply_step
+
+    header = parse_frame(_frame())
+    assert header is not None
+    lost = Journey(header, [Hop("a", "xmit", "net_dev_start_xmit", "eth1", 1_000_000)],
+                   End("lost", "a", "lost on the wire a.eth1 → b.eth1"))
+    hexdump = "".join(f"  0x{i:04x}:  {' '.join(f'{b:02x}' for b in _frame()[i:i + 16])}\n"
+                      for i in range(0, len(_frame()), 16))
+    text = ("0.001100: xdp_drop_icmp()@exit[DROP]: packet size 42 bytes, captured 42 bytes on if_index 2, rx queue 0, "
+            f"id 1\n{hexdump}")
+    (tmp_path / XDP_FILE.format(guest="b")).write_text(json.dumps(
+        {"wall_minus_mono": 0, "nics": {"eth1": {"program": "xdp-drop.c", "mode": "native", "text": text}}}))
+    other = Journey(header, [], End("delivered", "b", "delivered"))
+    apply_step(tmp_path, ["a", "b"], [lost, other])
+    assert lost.end.text == "dropped on b by XDP program xdp_drop_icmp (xdp-drop.c, native) on eth1: XDP_DROP"
+    assert (lost.end.kind, lost.end.reason, lost.end.guest) == ("dropped", "XDP_DROP", "b")
+    xdp = lost.hops[-1]
+    assert (xdp.guest, xdp.point, xdp.dev, xdp.note, xdp.t) == ("b", "xdp", "eth1", "DROP", 1_100_000)
+    assert other.end.kind == "delivered" and other.hops == []  # a delivered packet met no XDP verdict
