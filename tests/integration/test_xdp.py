@@ -98,7 +98,7 @@ def test_follow_ends_a_packet_at_its_xdp_verdict(lab: tuple[Cli, dict[str, Any]]
         for t in readers:
             t.join(timeout=10)
     assert proc.returncode == 0, "".join(err)
-    packets = {p["packet"].split()[3]: p for p in (json.loads(line) for line in out if line.strip())}
+    packets = {p["packet"].split()[4]: p for p in (json.loads(line) for line in out if line.strip())}
     assert set(packets) == {"10.9.1.2", "10.9.2.2"}, packets
     for dest, nic, mode in (("10.9.1.2", "eth1", "native"), ("10.9.2.2", "eth2", "generic")):
         p = packets[dest]
