@@ -115,7 +115,9 @@ def build(source: Path, top: Path, section: str = "xdp") -> Build:
         for name, target in SYSTEM_DIRS.items():
             os.symlink(target, inc / name)
         out = Path(tmp) / "prog.o"
-        argv = [clang, *CFLAGS, "-isystem", str(inc), "-I", ".", "-MD", "-MF", str(Path(tmp) / "deps"),
+        # the same source builds the same object (its digest is in the snapshot key): no temporary path in it
+        argv = [clang, *CFLAGS, f"-fdebug-prefix-map={tmp}=/labctl", f"-fmacro-prefix-map={tmp}=/labctl",
+                "-isystem", str(inc), "-I", ".", "-MD", "-MF", str(Path(tmp) / "deps"),
                 "-c", rel, "-o", str(out)]
         try:
             res = run(argv, timeout=TIMEOUT, cwd=top, check=False)

@@ -147,3 +147,17 @@ def test_a_journey_lost_at_an_xdp_nic_ends_at_the_programs_verdict(tmp_path: Pat
     xdp = lost.hops[-1]
     assert (xdp.guest, xdp.point, xdp.dev, xdp.note, xdp.t) == ("b", "xdp", "eth1", "DROP", 1_100_000)
     assert other.end.kind == "delivered" and other.hops == []  # a delivered packet met no XDP verdict
+
+
+@needs_clang
+def test_compare_names_a_nics_xdp_program_that_differs(tmp_path: Path) -> None:
+    from labctl.report.comparison import _net_differences
+
+    def manifest(xdp: str) -> dict[str, object]:
+        lab = load_lab(_lab(tmp_path, xdp))
+        return {"lab": {"resolved": lab.to_dict()}}
+
+    diff = _net_differences(manifest("{source: drop.c}"), manifest("{filter: {ports: [9]}}"))
+    ((what, a, b),) = diff
+    assert what == "XDP of g.eth1" and a.startswith("XDP drop.c (native) sha256 ") and b == "XDP xdp-filter allow ports 9 (native)"
+    assert _net_differences(manifest("{source: drop.c}"), manifest("{source: drop.c}")) == []
