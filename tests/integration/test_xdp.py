@@ -6,6 +6,7 @@ NIC; one lab booted once for the module, whose one step floods each NIC with UDP
   program's own counters and to what a sent;
 * status shows each NIC's program and its mode; the kernel has each attached in its mode;
 * ``labctl follow``: a ping dropped by XDP ends at the program's verdict, named with its NIC and mode;
+* ``reset`` of b brings back a program that was taken off;
 * bad input (native XDP on an e1000, a source that does not compile) fails ``up`` with exit 2 at the
   lab line, nothing started.
 """
@@ -109,6 +110,14 @@ def test_follow_ends_a_packet_at_its_xdp_verdict(lab: tuple[Cli, dict[str, Any]]
         assert p["hops"][0]["guest"] == "a"
     left = cli("exec", NAME, "b", "--", "pgrep -c xdpdump; ls /run/labctl-xdp", timeout=60).stdout.split()
     assert left[0] == "0" and not [x for x in left if x.startswith("dump-")], left
+
+
+def test_reset_attaches_a_program_that_was_taken_off(lab: tuple[Cli, dict[str, Any]]) -> None:
+    cli, _ = lab
+    cli("exec", NAME, "b", "--", "ip link set dev eth1 xdp off", check=True)
+    assert "prog/xdp" not in cli("exec", NAME, "b", "--", "ip -d link show dev eth1", check=True).stdout
+    cli("reset", NAME, "b", check=True)
+    assert "name xdp_drop_icmp" in cli("exec", NAME, "b", "--", "ip -d link show dev eth1", check=True).stdout
 
 
 def _bad_lab(tmp_path: Path, xdp: str, name: str) -> Path:

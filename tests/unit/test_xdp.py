@@ -161,3 +161,13 @@ def test_compare_names_a_nics_xdp_program_that_differs(tmp_path: Path) -> None:
     ((what, a, b),) = diff
     assert what == "XDP of g.eth1" and a.startswith("XDP drop.c (native) sha256 ") and b == "XDP xdp-filter allow ports 9 (native)"
     assert _net_differences(manifest("{source: drop.c}"), manifest("{source: drop.c}")) == []
+
+
+def test_the_graph_and_status_show_a_nics_program() -> None:
+    from labctl.cli.status_cmd import _net_marks
+    from labctl.net.graph.nodes import _nic_row
+
+    nic = {"name": "eth1", "model": "e1000", "network": "n", "ip": "10.0.0.1/24", "addresses": ["10.0.0.1/24"],
+           "xdp": {"summary": "XDP drop.c (generic)"}}
+    assert _nic_row(nic, {}).address_text == "10.0.0.1/24 · XDP drop.c (generic)"
+    assert _net_marks("g", nic, set()) == "XDP drop.c (generic)"
