@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +47,11 @@ class Build:
     error: str = ""
 
 
-def include_problem(text: str, name: str, top: Path, seen: set[Path] | None = None) -> str | None:
+def include_problem(text: str, name: str, top: Path, seen: set[Path] | None = None,
+                    trust: Callable[[Path], str | None] | None = None) -> str | None:
     """Why the C file ``name`` (relative to ``top``, the lab's directory; ``text`` its contents) may not
-    be built, following its ``"..."`` includes in the lab's directory; None if it may."""
+    be built, following its ``"..."`` includes in the lab's directory; None if it may. ``trust``: why
+    an included file may not be used (the rule of every host path a lab file names), or None."""
     seen = set() if seen is None else seen
     here = (top / name).resolve()
     if here in seen:
@@ -78,11 +81,14 @@ def include_problem(text: str, name: str, top: Path, seen: set[Path] | None = No
         inc = (here.parent / target).resolve()
         if top not in inc.parents:
             return f"{name}:{i}: #include {arg} is not inside the lab's directory"
+        why = trust(inc) if trust is not None else None
+        if why is not None:
+            return f"{name}:{i}: #include {arg}: {inc} is not trusted: {why}"
         try:
             sub = inc.read_bytes()[:MAX_SOURCE].decode()
         except (OSError, UnicodeDecodeError) as exc:
             return f"{name}:{i}: #include {arg} cannot be read as text: {exc}"
-        why = include_problem(sub, str(inc.relative_to(top)), top, seen)
+        why = include_problem(sub, str(inc.relative_to(top)), top, seen, trust)
         if why is not None:
             return why
     return None

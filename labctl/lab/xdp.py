@@ -235,7 +235,8 @@ def _source(check: Checker, x: YamlMap, path: str, section: str, trusted: tuple[
     if len(data) > MAX_SOURCE:
         check.add(line, where, f"XDP source {name} has over {MAX_SOURCE} bytes")
         return None
-    why = include_problem(text, str(target.relative_to(top)), top)
+    why = include_problem(text, str(target.relative_to(top)), top,
+                          trust=lambda p: named_path_reason(p, trusted, check.owner, check.remote, check.remote_root))
     if why is not None:
         check.add(line, where, f"XDP source {name} is not built: {why}")
         return None

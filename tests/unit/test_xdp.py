@@ -4,6 +4,7 @@ the lab file's problems are golden too (tests/labs/invalid/xdp-problems)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -171,3 +172,19 @@ def test_the_graph_and_status_show_a_nics_program() -> None:
            "xdp": {"summary": "XDP drop.c (generic)"}}
     assert _nic_row(nic, {}).address_text == "10.0.0.1/24 · XDP drop.c (generic)"
     assert _net_marks("g", nic, set()) == "XDP drop.c (generic)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_source_or_header_another_user_could_change_is_not_trusted(tmp_path: Path) -> None:
+    lab = _lab(tmp_path, "{source: drop.c}")
+    os.chown(tmp_path / "drop.c", 65534, 65534)
+    with pytest.raises(LabFileError) as info:
+        load_lab(lab)
+    assert "XDP source" in str(info.value) and "is not trusted (labctl builds it and a guest runs it)" in str(info.value)
+    os.chown(tmp_path / "drop.c", 0, 0)
+    (tmp_path / "drop.c").write_text('#include "h.h"\n' + (tmp_path / "drop.c").read_text())
+    (tmp_path / "h.h").write_text("\n")
+    os.chown(tmp_path / "h.h", 65534, 65534)
+    with pytest.raises(LabFileError) as info:
+        load_lab(lab)
+    assert 'drop.c:1: #include "h.h":' in str(info.value) and "is not trusted" in str(info.value)
