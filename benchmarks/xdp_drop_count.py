@@ -51,7 +51,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="xdpbench-") as tmp:
         env = {**os.environ, "LABCTL_STATE_DIR": f"{tmp}/st", "PYTHONPATH": str(ROOT)}
         (Path(tmp) / "lab.yaml").write_text(lab_yaml(args.packets))
-        shutil.copy(ROOT / "labs" / "xdp-drop.c", Path(tmp) / "xdp-drop.c")
+        for c in ("xdp-drop.c", "tc-drop.c"):
+            shutil.copy(ROOT / "labs" / c, Path(tmp) / c)
         t0 = time.monotonic()
         try:
             up = labctl("up", str(Path(tmp) / "lab.yaml"), "--accel", "tcg", "--out", f"{tmp}/runs", "--json",

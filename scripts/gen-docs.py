@@ -59,6 +59,7 @@ LAB_SECTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     ("guests.GUEST.nics[].impair", IMPAIR_KEYS, (), "../networking.md#impairments"),
     ("guests.GUEST.nics[].xdp", xdp.XDP_KEYS, (), "../xdp.md"),
     ("guests.GUEST.nics[].xdp.filter", xdp.FILTER_KEYS, (), "../xdp.md#keys"),
+    ("guests.GUEST.nics[].tc", xdp.TC_KEYS, ("source",), "../xdp.md#tc-programs"),
     ("guests.GUEST.nics[].vlans[], bonds/bridges vlans[]", netconf._VLAN_KEYS, ("id",), "../network-config.md"),
     ("guests.GUEST.bonds.BOND", netconf._BOND_KEYS, ("mode", "members"), "../network-config.md"),
     ("guests.GUEST.bridges.BRIDGE", netconf._BRIDGE_KEYS, ("members",), "../network-config.md"),

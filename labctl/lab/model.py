@@ -20,7 +20,7 @@ from labctl.lab.shares import Share
 
 if TYPE_CHECKING:
     from labctl.lab.firewall import Firewall
-    from labctl.lab.xdp import Xdp
+    from labctl.lab.xdp import Tc, Xdp
 
 __all__ = [
     "DEFAULT_HOST",
@@ -87,6 +87,7 @@ class Nic:
     vlans: tuple[Vlan, ...] = ()
     ip_line: int = 0
     xdp: Xdp | None = None  # an XDP program attached once the guest is up (labctl.lab.xdp)
+    tc: Tc | None = None  # a tc BPF program (clsact) attached once the guest is up
 
     @property
     def ip(self) -> Address | None:
@@ -113,6 +114,7 @@ class Nic:
             "index": self.index,
             "impair": self.impair.to_dict() if self.impair else None,
             **({"xdp": self.xdp.to_dict()} if self.xdp else {}),
+            **({"tc": self.tc.to_dict()} if self.tc else {}),
         }
 
 

@@ -15,11 +15,11 @@ from labctl.lab.netconf import iface_name, parse_vlans
 from labctl.lab.netopts import nic_impairment
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.specs import GuestSpec, MasterSpec, NetSpec, NicSpec, VlanSpec
-from labctl.lab.xdp import parse_xdp
+from labctl.lab.xdp import parse_tc, parse_xdp
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 MAX_NICS = 16  # lab NICs per guest: PCI slots, and what a lab can use
-NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu", "impair", "vlans", "xdp")
+NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu", "impair", "vlans", "xdp", "tc")
 _NIC_REQUIRED = ("name", "model", "network")
 _MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
 
@@ -72,6 +72,7 @@ def _parse_nic(
         impair=nic_impairment(check, m, path),
         vlans=parse_vlans(check, m, path, name),
         xdp=parse_xdp(check, m, path, model, trusted),
+        tc=parse_tc(check, m, path, trusted),
     )
 
 
@@ -158,7 +159,7 @@ def resolve_nic(nic: NicSpec, network_mtu: int | None) -> Nic:
         name=nic.name, model=nic.model, network=nic.network, addresses=tuple(a.address for a in nic.addresses),
         mac=nic.mac, queues=nic.queues, mtu=nic.mtu if nic.mtu is not None else network_mtu, index=nic.index,
         line=nic.line, impair=nic.impair, vlans=tuple(_vlan(v) for v in nic.vlans), ip_line=nic.ip_line,
-        xdp=nic.xdp,
+        xdp=nic.xdp, tc=nic.tc,
     )
 
 

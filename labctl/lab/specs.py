@@ -13,7 +13,7 @@ from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
 from labctl.lab.shares import Share
-from labctl.lab.xdp import Xdp
+from labctl.lab.xdp import Tc, Xdp
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class NicSpec:
     impair: Impairment | None = None
     vlans: list[VlanSpec] = field(default_factory=list)
     xdp: Xdp | None = None
+    tc: Tc | None = None
 
     @property
     def label(self) -> str:

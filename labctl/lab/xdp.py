@@ -44,9 +44,11 @@ from labctl.lab.nics import NIC_MODELS
 from labctl.lab.trust import TRUST_ENV, named_path_reason, read_capped
 from labctl.lab.yamlpos import YamlMap
 
-__all__ = ["ACTIONS", "FILTER_KEYS", "MODES", "XDP_KEYS", "Xdp", "parse_xdp"]
+__all__ = ["ACTIONS", "DIRECTIONS", "FILTER_KEYS", "MODES", "TC_KEYS", "XDP_KEYS", "Tc", "Xdp", "parse_tc", "parse_xdp"]
 
 XDP_KEYS = ("source", "section", "mode", "counters", "filter")
+TC_KEYS = ("source", "section", "direction")
+DIRECTIONS = ("ingress", "egress")
 FILTER_KEYS = ("ports", "ips", "policy")
 MODES = ("native", "generic")
 POLICIES = ("allow", "deny")
@@ -109,6 +111,40 @@ class Xdp:
                    counters=str(d["counters"]) if d.get("counters") else None)
 
 
+@dataclass(frozen=True)
+class Tc:
+    """A tc BPF program on one NIC (clsact, direct action), built from ``source``, on ``direction``."""
+
+    source: str
+    object: bytes
+    section: str = "tc"
+    direction: str = "ingress"
+    line: int = 0
+    path: str = ""
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.object).hexdigest()
+
+    def summary(self) -> str:
+        return f"tc {self.source} ({self.direction})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "section": self.section, "direction": self.direction, "summary": self.summary(),
+                "sha256": self.sha256, "object": base64.b64encode(self.object).decode()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Tc:
+        return cls(str(d.get("source")), base64.b64decode(str(d.get("object") or "")), str(d.get("section") or "tc"),
+                   str(d.get("direction") or "ingress"))
+
+
+def nic_tc(nic: dict[str, Any]) -> Tc | None:
+    """A NIC's tc program from its ``to_dict()`` form (None: it has none)."""
+    x = nic.get("tc")
+    return Tc.from_dict(x) if isinstance(x, dict) else None
+
+
 def nic_xdp(nic: dict[str, Any]) -> Xdp | None:
     """A NIC's XDP program from its ``to_dict()`` form (None: it has none)."""
     x = nic.get("xdp")
@@ -153,6 +189,33 @@ def parse_xdp(check: Checker, m: YamlMap, path: str, model: str | None, trusted:
         return None
     return Xdp(mode, source=check.string(x, "source", where), section=section, object=obj, counters=counters,
                line=line, path=where)
+
+
+def parse_tc(check: Checker, m: YamlMap, path: str, trusted: tuple[Path, ...] = ()) -> Tc | None:
+    """A NIC's ``tc``: ``{source: C of the lab's directory, section: tc, direction: ingress|egress}``, built
+    as an XDP source is; None when it has none or it is invalid (reported)."""
+    if m.get("tc") is None:
+        return None
+    where, line = join(path, "tc"), m.value_line("tc")
+    x = check.mapping(m["tc"], line, where, allow_null=False)
+    if x is None:
+        return None
+    before = len(check.problems)
+    check.keys(x, where, TC_KEYS, ("source",), line)
+    section = check.string(x, "section", where) or "tc"
+    if not _NAME.fullmatch(section):
+        check.add(x.value_line("section"), join(where, "section"), f"invalid section name '{section}'")
+    direction = check.string(x, "direction", where) or "ingress"
+    if direction not in DIRECTIONS:
+        check.add(x.value_line("direction"), join(where, "direction"),
+                  f"unknown direction '{direction}'{did_you_mean(direction, DIRECTIONS, 'expected one of')}")
+    if len(check.problems) > before or "source" not in x:
+        return None
+    obj = _source(check, x, where, section, trusted, "tc")
+    name = check.string(x, "source", where)
+    if obj is None or name is None:
+        return None
+    return Tc(name, obj, section, direction, line, where)
 
 
 def _mode(check: Checker, x: YamlMap, path: str, model: str | None) -> str | None:
@@ -206,7 +269,8 @@ def _filter(check: Checker, x: YamlMap, path: str) -> tuple[tuple[int, ...], tup
     return tuple(ports), tuple(ips), policy
 
 
-def _source(check: Checker, x: YamlMap, path: str, section: str, trusted: tuple[Path, ...]) -> bytes | None:
+def _source(check: Checker, x: YamlMap, path: str, section: str, trusted: tuple[Path, ...],
+            kind: str = "XDP") -> bytes | None:
     """The built object of ``source``, or None (reported: where it is, whether it is trusted, what the
     compiler said)."""
     name = check.string(x, "source", path, required=True)
@@ -216,32 +280,32 @@ def _source(check: Checker, x: YamlMap, path: str, section: str, trusted: tuple[
     top = Path(check.file).parent.resolve()
     target = (top / name).resolve()
     if name.startswith(("/", "~")) or top not in target.parents:
-        check.add(line, where, f"XDP source {name}: write a path relative to the lab file's directory (inside it)")
+        check.add(line, where, f"{kind} source {name}: write a path relative to the lab file's directory (inside it)")
         return None
     if not target.is_file():
-        check.add(line, where, f"XDP source {name} does not exist in the lab file's directory")
+        check.add(line, where, f"{kind} source {name} does not exist in the lab file's directory")
         return None
     why = named_path_reason(target, trusted, check.owner, check.remote, check.remote_root)
     if why is not None:
-        check.add(line, where, f"XDP source {target} is not trusted (labctl builds it and a guest runs it): {why}; "
+        check.add(line, where, f"{kind} source {target} is not trusted (labctl builds it and a guest runs it): {why}; "
                                f"pass --trust-dir {shlex.quote(str(target.parent))} (or {TRUST_ENV}) if you trust it")
         return None
     try:
         data = read_capped(target, MAX_SOURCE)
         text = data.decode()
     except (OSError, UnicodeDecodeError) as exc:
-        check.add(line, where, f"XDP source {target} cannot be read as text: {exc}")
+        check.add(line, where, f"{kind} source {target} cannot be read as text: {exc}")
         return None
     if len(data) > MAX_SOURCE:
-        check.add(line, where, f"XDP source {name} has over {MAX_SOURCE} bytes")
+        check.add(line, where, f"{kind} source {name} has over {MAX_SOURCE} bytes")
         return None
     why = include_problem(text, str(target.relative_to(top)), top,
                           trust=lambda p: named_path_reason(p, trusted, check.owner, check.remote, check.remote_root))
     if why is not None:
-        check.add(line, where, f"XDP source {name} is not built: {why}")
+        check.add(line, where, f"{kind} source {name} is not built: {why}")
         return None
     built = build(target, top, section)
     if built.error:
-        check.add(line, where, f"XDP source {name} does not compile: {built.error}")
+        check.add(line, where, f"{kind} source {name} does not compile: {built.error}")
         return None
     return built.object

@@ -43,7 +43,7 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
                  "link": "up" if record.link_up(name, n["name"]) else "down",
                  "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {},
                  **({"vlan_offloads": offloads} if (offloads := state.offloads.get(name, {}).get(n["name"])) else {}),
-                 **({"xdp": {k: v for k, v in n["xdp"].items() if k != "object"}} if n.get("xdp") else {})}
+                 **{kind: {k: v for k, v in n[kind].items() if k != "object"} for kind in ("xdp", "tc") if n.get(kind)}}
                 for n in resolved["nics"]]
         gdb = rec.gdb
         host = state.hosts.get(name, {}).get("name")

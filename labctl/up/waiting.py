@@ -176,7 +176,7 @@ class GuestWaiter:
         # A guest booted with the throwaway key answers with it (pinned in boot_known_hosts)
         # until the snapshot is taken and it has its own.
         ep = warm.boot_endpoint(state.endpoint(name), gdir) if throwaway else state.endpoint(name)
-        setup = self.lab.guests[name].setup or self.lab.guests[name].firewall or any(n.xdp for n in self.lab.guests[name].nics)
+        setup = self.lab.guests[name].setup or self.lab.guests[name].firewall or any(n.xdp or n.tc for n in self.lab.guests[name].nics)
         # A guest whose boot becomes the snapshot and that has no setup commands (or firewall) is snapshotted
         # at once: its one SSH handshake is the one with its own key (this saves one under TCG).
         # A guest without the agent is saved once SSH answers.

@@ -3,7 +3,7 @@ clang) on b's virtio-net NIC in native mode and on its e1000 in generic mode, xd
 NIC; one lab booted once for the module, whose one step floods each NIC with UDP to port 9.
 
 * the step's drop table has each NIC's XDP drops, labctl's count (xdpdump's verdicts) equal to the
-  program's own counters and to what a sent;
+  program's own counters and to what a sent, and the tc program's (labs/tc-drop.c on b.eth1's ingress);
 * status shows each NIC's program and its mode; the kernel has each attached in its mode;
 * ``labctl follow``: a ping dropped by XDP ends at the program's verdict, named with its NIC and mode;
 * ``reset`` of b brings back a program that was taken off;
@@ -28,9 +28,11 @@ from tests.integration.conftest import qemu_pids_under, wait_for
 
 NAME = "xdp-drop"
 SENT = {"eth1": 1000, "eth2": 1000, "eth3": 300}  # UDP datagrams to b's port 9 on each of its NICs
+ECHO = 50  # UDP datagrams to b.eth1's port 7: its tc program drops them
 FLOOD = ("python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
          "for a, n in ((\"10.9.1.2\", {eth1}), (\"10.9.2.2\", {eth2}), (\"10.9.3.2\", {eth3})):\n"
-         "    [s.sendto(b\"x\", (a, 9)) for _ in range(n)]'").format(**SENT)
+         "    [s.sendto(b\"x\", (a, 9)) for _ in range(n)]\n"
+         "[s.sendto(b\"x\", (\"10.9.1.2\", 7)) for _ in range({echo})]'").format(**SENT, echo=ECHO)
 
 
 def _lab_text() -> str:
@@ -47,7 +49,8 @@ def lab(image: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
     cli.tracked.test = "tests/integration/test_xdp.py (the module's lab)"
     d = tmp_path_factory.mktemp("xdplab")
     (d / "lab.yaml").write_text(_lab_text())
-    shutil.copy(ROOT / "labs" / "xdp-drop.c", d / "xdp-drop.c")
+    for c in ("xdp-drop.c", "tc-drop.c"):
+        shutil.copy(ROOT / "labs" / c, d / c)
     try:
         up = cli("up", str(d / "lab.yaml"), "--out", str(d / "runs"), "--json", timeout=1500)
         assert up.returncode == 0, up.stdout + up.stderr
@@ -69,6 +72,8 @@ def test_labctls_count_of_xdp_drops_is_the_programs_own(lab: tuple[Cli, dict[str
     assert rows["eth1"]["where"] == "XDP xdp-drop.c (xdp_drop_icmp, native) on eth1"
     assert rows["eth2"]["where"] == "XDP xdp-drop.c (xdp_drop_icmp, generic) on eth2"
     assert rows["eth3"]["xdp"]["program"] == "xdp-filter"
+    tc = [r for r in step["drops"]["rows"] if r["guest"] == "b" and r["reason"] == "TC_INGRESS"]
+    assert [(r["dev"], r["count"]) for r in tc] == [("eth1", ECHO)], step["drops"]
 
 
 def test_status_and_the_kernel_have_each_program_in_its_mode(lab: tuple[Cli, dict[str, Any]]) -> None:
@@ -77,10 +82,13 @@ def test_status_and_the_kernel_have_each_program_in_its_mode(lab: tuple[Cli, dic
     (b,) = [g for lab_ in st["labs"] for g in lab_["guests"] if g["name"] == "b"]
     modes = {n["name"]: n["xdp"]["mode"] for n in b["nics"] if n.get("xdp")}
     assert modes == {"eth1": "native", "eth2": "generic", "eth3": "generic"}
+    assert [(n["name"], n["tc"]["summary"]) for n in b["nics"] if n.get("tc")] == [("eth1", "tc tc-drop.c (ingress)")]
     assert all("object" not in n["xdp"] for n in b["nics"] if n.get("xdp"))
     links = cli("exec", NAME, "b", "--", "ip -d link show", check=True).stdout
     assert "xdp qdisc" in links and links.count("xdpgeneric") == 2, links
     assert "name xdp_drop_icmp" in links
+    tc = cli("exec", NAME, "b", "--", "tc filter show dev eth1 ingress", check=True).stdout
+    assert "tc_drop_echo" in tc and "direct-action" in tc, tc
 
 
 def test_follow_ends_a_packet_at_its_xdp_verdict(lab: tuple[Cli, dict[str, Any]]) -> None:

@@ -188,3 +188,25 @@ def test_a_source_or_header_another_user_could_change_is_not_trusted(tmp_path: P
     with pytest.raises(LabFileError) as info:
         load_lab(lab)
     assert 'drop.c:1: #include "h.h":' in str(info.value) and "is not trusted" in str(info.value)
+
+
+@needs_clang
+def test_a_tc_program_is_built_checked_and_attached_on_clsact(tmp_path: Path) -> None:
+    from labctl.lab.xdp import Tc
+
+    shutil.copy(ROOT / "labs" / "tc-drop.c", tmp_path / "tc-drop.c")
+    lab = tmp_path / "lab.yaml"
+    lab.write_text("name: x\nnetworks: {n: {}}\nguests:\n  g:\n    nics:\n"
+                   "      - {name: eth1, model: e1000, network: n, tc: {source: tc-drop.c, direction: egress}}\n"
+                   "      - {name: eth2, model: e1000, network: n, tc: {source: tc-drop.c, direction: up}}\n")
+    with pytest.raises(LabFileError) as info:
+        load_lab(lab)
+    (p,) = info.value.problems
+    assert (p.line, p.path) == (7, "guests.g.nics[1].tc.direction") and "unknown direction 'up'" in p.message
+    lab.write_text("\n".join(lab.read_text().splitlines()[:-1]) + "\n")
+    tc = load_lab(lab).guests["g"].nics[0].tc
+    assert tc is not None and tc.object.startswith(b"\x7fELF") and tc.summary() == "tc tc-drop.c (egress)"
+    assert Tc.from_dict(tc.to_dict()).object == tc.object
+    cmd = xdpload.tc_command("eth1", tc)
+    assert "tc qdisc replace dev eth1 clsact" in cmd
+    assert "tc filter replace dev eth1 egress pref 49152 handle 1 bpf direct-action obj /run/labctl-xdp/eth1-tc.o sec tc" in cmd

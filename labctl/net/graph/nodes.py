@@ -81,6 +81,7 @@ class NicRow:
     master: str | None = None  # the bond or bridge it is a member of
     offloads: tuple[tuple[str, str], ...] = ()  # its VLAN offloads, as its guest said them
     xdp: str | None = None  # its XDP program's summary (labctl.lab.xdp.Xdp.summary)
+    tc: str | None = None  # its tc program's (labctl.lab.xdp.Tc.summary)
 
     @property
     def down(self) -> bool:
@@ -103,6 +104,8 @@ class NicRow:
             parts.append(f"{self.queues} queues")
         if self.xdp:
             parts.append(self.xdp)
+        if self.tc:
+            parts.append(self.tc)
         return " · ".join(parts)
 
 
@@ -313,6 +316,7 @@ def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: boo
         master=master,
         offloads=_offloads(facts.get("vlan_offloads")),
         xdp=safe_line(str(nic["xdp"].get("summary") or "XDP")) if isinstance(nic.get("xdp"), Mapping) else None,
+        tc=safe_line(str(nic["tc"].get("summary") or "tc")) if isinstance(nic.get("tc"), Mapping) else None,
     )
 
 
