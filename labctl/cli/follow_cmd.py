@@ -20,8 +20,7 @@ from rich.text import Text
 from labctl.backends import get_backend
 from labctl.cli.ui import console, out, safe, warn
 from labctl.errors import UsageError
-from labctl.follow import Follower, LiveFollow, Recent, libpcap_error
-from labctl.follow.xdpfollow import XdpFollow
+from labctl.follow import Follower, LiveFollow, Recent, XdpFollow, libpcap_error
 from labctl.lab import close_match
 from labctl.pktfilter import FilterError, parse
 from labctl.state import LabState

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from labctl.lab.xdp import Xdp, nic_xdp
+from labctl.lab import Xdp, nic_xdp
 from labctl.ssh import Session
-from labctl.trace.xdpverdicts import XdpRow, counter_values, filter_status, parse_dump, rows
+from labctl.trace import xdpverdicts
 
 DIR = "/run/labctl-xdp"
 START_TIMEOUT = 90.0
@@ -72,7 +72,7 @@ def _counters(out: str, nics: Mapping[str, Xdp]) -> dict[str, dict[str, int] | N
         x = nics.get(nic.strip())
         if x is None:
             continue
-        found[nic.strip()] = filter_status(body) if x.source is None else counter_values(body)
+        found[nic.strip()] = xdpverdicts.filter_status(body) if x.source is None else xdpverdicts.counter_values(body)
     return found
 
 
@@ -129,14 +129,15 @@ def stop_texts(session: Session, w: XdpWatch) -> dict[str, str]:
     return out
 
 
-def finish(session: Session, w: XdpWatch) -> list[XdpRow]:
+def finish(session: Session, w: XdpWatch) -> list[xdpverdicts.XdpRow]:
     """Stop the watch's xdpdumps and read them and the counters: the rows of the step's XDP drops.
 
     :raise GuestError: when the guest cannot be reached.
     """
     texts = stop_texts(session, w)
     after = _read_counters(session, w.nics)
-    out: list[XdpRow] = []
+    out: list[xdpverdicts.XdpRow] = []
     for nic, x in w.nics.items():
-        out += rows(w.guest, nic, x.program, x.mode, parse_dump(texts[nic]), w.before.get(nic), after.get(nic))
+        out += xdpverdicts.rows(w.guest, nic, x.program, x.mode, xdpverdicts.parse_dump(texts[nic]), w.before.get(nic),
+                                after.get(nic))
     return out

@@ -2,7 +2,8 @@
 (:mod:`.yamlpos`, :mod:`.load`) checked section by section (:mod:`.checker`,
 :mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; NICs: :mod:`.nicparse`;
 addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and sysctls:
-:mod:`.netconf`; firewall and NAT (nftables): :mod:`.firewall`; network options: :mod:`.netopts`, :mod:`.impair`; host
+:mod:`.netconf`; firewall and NAT (nftables): :mod:`.firewall`; XDP and tc programs on NICs: :mod:`.xdp`,
+built from the lab's C with the host's clang (:mod:`.bpfbuild`: the one thing reading a lab runs); network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
 :mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.stepspec`, their trace section
 :mod:`.tracespec`, the packets they follow :mod:`.followspec`,
@@ -74,6 +75,7 @@ from labctl.lab.tracespec import TraceSpec, render_trace
 from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
 from labctl.lab.uri import SshHop, parse_uri, with_no_verify
 from labctl.lab.validate import BACKENDS
+from labctl.lab.xdp import Tc, Xdp, nic_tc, nic_xdp
 from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
 
 __all__ = [
@@ -117,8 +119,10 @@ __all__ = [
     "SshHop",
     "Step",
     "Sysctl",
+    "Tc",
     "TraceSpec",
     "Vlan",
+    "Xdp",
     "YamlMap",
     "YamlSeq",
     "canonical_nic_model",
@@ -140,6 +144,8 @@ __all__ = [
     "named_path_reason",
     "net_settings",
     "nic_addresses",
+    "nic_tc",
+    "nic_xdp",
     "parse_impairment",
     "parse_option",
     "parse_uri",

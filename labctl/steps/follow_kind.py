@@ -28,8 +28,7 @@ from labctl.lab import Lab, Step, render
 from labctl.paths import atomic_write
 from labctl.pktfilter import parse
 from labctl.steps.variant import StepKind, Variant
-from labctl.trace import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs
-from labctl.trace.xdphops import XDP_FILE
+from labctl.trace import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs, xdphops
 
 log = logging.getLogger(__name__)
 DROPS_TXT, DROPS_JSON = "drops.txt", "drops.json"
@@ -173,7 +172,7 @@ class FollowKind(StepKind):
                 _write(out / f"{g}.txt", text)
             for g, xw in self.xdp.items():
                 dumps = xdpwatch.stop_texts(v.sessions.ssh(g), xw)
-                _write(out / XDP_FILE.format(guest=g), json.dumps({"wall_minus_mono": f.wall_minus_mono, "nics": {
+                _write(out / xdphops.XDP_FILE.format(guest=g), json.dumps({"wall_minus_mono": f.wall_minus_mono, "nics": {
                     n: {"program": x.program, "mode": x.mode, "text": dumps.get(n, "")} for n, x in xw.nics.items()}}))
             inputs = follow_inputs(self.filter, f.guests, f.topology(), f.samples, f.wire,
                                    {g: lost for g, (_, lost) in texts.items()},

@@ -11,6 +11,8 @@
 * :mod:`.ktap`: the kernel's KTAP test output (selftests);
 * :mod:`.hops`, :mod:`.clocks`, :mod:`.journey`, :mod:`.journeyfiles`: packets followed through the lab's kernels and wires;
 * :mod:`.drops`: every skb a guest dropped, as a table; which netfilter rule dropped;
+* :mod:`.xdpverdicts`, :mod:`.xdphops`: XDP programs' verdicts (xdpdump's) and own counters, as drop rows and as
+  a followed packet's hop and end;
 * :mod:`.bpfmaps`: a bpftrace program's maps and histograms;
 * :mod:`.perfetto`, :mod:`.tracks`, :mod:`.tef`: recordings as Perfetto timelines (Trace Event Format).
 
@@ -24,7 +26,7 @@ Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labc
 
 from __future__ import annotations
 
-from labctl.trace import bpfmaps, drops, hops, journey, ktap
+from labctl.trace import bpfmaps, drops, hops, journey, ktap, xdphops, xdpverdicts
 from labctl.trace.analyze import guest_figures, step_figures
 from labctl.trace.clocks import Clock
 from labctl.trace.drops import netfilter_note
@@ -97,4 +99,6 @@ __all__ = [
     "trace_summary",
     "write_delta",
     "write_trace",
+    "xdphops",
+    "xdpverdicts",
 ]

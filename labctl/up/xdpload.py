@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from labctl.errors import GuestError, LabFileError, Problem
-from labctl.lab import Nic
-from labctl.lab.xdp import Tc, Xdp, nic_tc, nic_xdp
+from labctl.lab import Nic, Tc, Xdp, nic_tc, nic_xdp
 from labctl.ssh import Endpoint, Session
 
 DIR = "/run/labctl-xdp"
