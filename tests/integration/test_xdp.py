@@ -69,10 +69,10 @@ def test_labctls_count_of_xdp_drops_is_the_programs_own(lab: tuple[Cli, dict[str
     assert set(rows) == set(SENT), (seen, step.get("warnings"))
     for nic, sent in SENT.items():
         r = rows[nic]
-        # labctl's count is the program's; the NIC may have lost some of a's burst before the program ran (an
-        # emulated e1000's ring under TCG)
+        # labctl's count is the program's; the NIC may have lost part of a's burst before the program ran (a
+        # TCG guest busy elsewhere: 277 of 1,000 reached virtio-net's once, all of them most runs)
         assert (r["reason"], r["count"]) == ("XDP_DROP", r["xdp"]["own_count"]), (seen, step.get("warnings"))
-        assert sent // 2 < r["count"] <= sent, (seen, step.get("warnings"))
+        assert 0 < r["count"] <= sent, (seen, step.get("warnings"))
         assert r["xdp"]["missed"] == 0
     assert rows["eth1"]["where"] == "XDP xdp-drop.c (xdp_drop_icmp, native) on eth1"
     assert rows["eth2"]["where"] == "XDP xdp-drop.c (xdp_drop_icmp, generic) on eth2"
