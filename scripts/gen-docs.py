@@ -39,6 +39,7 @@ from labctl.lab import (
     stepspec,
     tracespec,
     validate,
+    xdp,
 )
 from labctl.lab.impair import IMPAIR_KEYS
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS
@@ -59,6 +60,9 @@ LAB_SECTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     ("kernel (and guests.GUEST.kernel), files", kernels.FILE_KEYS, ("image",), "../kernels.md"),
     ("guests.GUEST.nics[]", nicparse.NIC_KEYS, nicparse._NIC_REQUIRED, "../lab-files.md"),
     ("guests.GUEST.nics[].impair", IMPAIR_KEYS, (), "../networking.md#impairments"),
+    ("guests.GUEST.nics[].xdp", xdp.XDP_KEYS, (), "../xdp.md"),
+    ("guests.GUEST.nics[].xdp.filter", xdp.FILTER_KEYS, (), "../xdp.md#keys"),
+    ("guests.GUEST.nics[].tc", xdp.TC_KEYS, ("source",), "../xdp.md#tc-programs"),
     ("guests.GUEST.nics[].vlans[], bonds/bridges vlans[]", netconf._VLAN_KEYS, ("id",), "../network-config.md"),
     ("guests.GUEST.bonds.BOND", netconf._BOND_KEYS, ("mode", "members"), "../network-config.md"),
     ("guests.GUEST.bridges.BRIDGE", netconf._BRIDGE_KEYS, ("members",), "../network-config.md"),

@@ -20,7 +20,7 @@ from rich.text import Text
 from labctl.backends import get_backend
 from labctl.cli.ui import console, out, safe, warn
 from labctl.errors import UsageError
-from labctl.follow import Follower, LiveFollow, Recent, libpcap_error
+from labctl.follow import Follower, LiveFollow, Recent, XdpFollow, libpcap_error
 from labctl.lab import close_match
 from labctl.pktfilter import FilterError, parse
 from labctl.state import LabState
@@ -77,8 +77,11 @@ def cmd_follow(args: argparse.Namespace) -> int:
     f.check()
     recent = Recent(state)
     said: set[str] = set()
+    xdp = XdpFollow(f)  # XDP verdicts as hops and ends (labctl.follow.xdpfollow)
     try:
         f.start()
+        xdp.start()
+        f.warnings += xdp.warnings
         for w in f.warnings:
             warn(w)
             said.add(w)
@@ -91,6 +94,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
             return args.duration is not None and time.monotonic() - started >= args.duration
 
         def show(j: Journey) -> None:
+            xdp.fix(j)
             recent.add(j)
             if not said.intersection({"clocks"}) and not args.json:
                 said.add("clocks")
@@ -114,7 +118,8 @@ def cmd_follow(args: argparse.Namespace) -> int:
                            + (f"; stream ended on {', '.join(stats.ended)}" if stats.ended else ""), style="dim"))
     finally:
         recent.flush()
-        for w in f.stop():
+        xdp.stop()
+        for w in f.stop() + xdp.warnings:
             if w not in said:
                 warn(w)
         f.close()

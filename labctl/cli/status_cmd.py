@@ -129,6 +129,9 @@ def _net_marks(guest: str, nic: dict[str, Any], captured: set[str]) -> str:
             parts.append("impaired")
     if f"{guest}.{nic.get('name')}" in captured:
         parts.append("capturing")
+    for kind in ("xdp", "tc"):
+        if isinstance(nic.get(kind), dict):
+            parts.append(str(nic[kind].get("summary") or kind))
     return " · ".join(parts)
 
 

@@ -4,7 +4,8 @@ Owns the probes that follow packets and catch drops, as guest shell commands (:m
 instances, event probes and kprobes with the filter in the kernel; through a VXLAN tunnel: :mod:`.tunnelprobes`), a following session on some
 guests of a lab (:mod:`.follower`: checks first, clock rounds, wire captures, everything removed
 after), the live follow of ``labctl follow`` (:mod:`.livefollow`), and the drops every step records
-(:mod:`.dropwatch`), the last packets followed for the web pages (:mod:`.recent`). What the events mean, journeys and drop tables, is :mod:`labctl.trace`'s
+(:mod:`.dropwatch`) and the XDP programs' drops (:mod:`.xdpwatch`: xdpdump and their own counters), XDP verdicts in a live
+follow (:mod:`.xdpfollow`), the last packets followed for the web pages (:mod:`.recent`). What the events mean, journeys and drop tables, is :mod:`labctl.trace`'s
 (pure); the step kinds that use this are :mod:`labctl.steps`'; the filter language is
 :mod:`labctl.pktfilter`.
 
@@ -13,19 +14,22 @@ Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.up
 
 from __future__ import annotations
 
-from labctl.follow import dropwatch, probes, recent
+from labctl.follow import dropwatch, probes, recent, xdpwatch
 from labctl.follow.follower import Follower, libpcap_error, parallel
 from labctl.follow.livefollow import LiveFollow, LiveStats
 from labctl.follow.recent import Recent
+from labctl.follow.xdpfollow import XdpFollow
 
 __all__ = [
     "Follower",
     "LiveFollow",
     "LiveStats",
     "Recent",
+    "XdpFollow",
     "dropwatch",
     "libpcap_error",
     "parallel",
     "probes",
     "recent",
+    "xdpwatch",
 ]

@@ -2,7 +2,9 @@
 (:mod:`.yamlpos`, :mod:`.load`) checked section by section (:mod:`.checker`,
 :mod:`.validate`; guests, NICs and networks as read: :mod:`.specs`; NICs: :mod:`.nicparse`;
 addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and sysctls:
-:mod:`.netconf`; firewall and NAT (nftables): :mod:`.firewall`; tunnels and VRFs: :mod:`.tunnels`; network options: :mod:`.netopts`, :mod:`.impair`; host
+:mod:`.netconf`; firewall and NAT (nftables): :mod:`.firewall`; tunnels and VRFs: :mod:`.tunnels`; XDP and tc programs
+on NICs: :mod:`.xdp`, built from the lab's C with the host's clang (:mod:`.bpfbuild`: the one thing reading a lab
+runs); network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
 :mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.stepspec`, their kinds
 :mod:`.stepkinds` (each kind's keys, parser and records: :mod:`.stepgdb`, :mod:`.stepnetwork`,
@@ -86,6 +88,7 @@ from labctl.lab.tunnels.views import summary_lines as tunnel_lines
 from labctl.lab.tunnels.views import views as _tunnel_views
 from labctl.lab.uri import SshHop, parse_uri, with_no_verify
 from labctl.lab.validate import BACKENDS
+from labctl.lab.xdp import Tc, Xdp, nic_tc, nic_xdp
 from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
 
 add_views(_tunnel_views, _tunnel_settings)  # the tunnels' and VRFs' rows and lines wherever interfaces show
@@ -144,10 +147,12 @@ __all__ = [
     "Sysctl",
     "SysctlRecord",
     "SysctlValue",
+    "Tc",
     "TraceSpec",
     "Tunnel",
     "Vlan",
     "Vrf",
+    "Xdp",
     "YamlMap",
     "YamlSeq",
     "canonical_nic_model",
@@ -169,6 +174,8 @@ __all__ = [
     "named_path_reason",
     "net_settings",
     "nic_addresses",
+    "nic_tc",
+    "nic_xdp",
     "parse_impairment",
     "parse_option",
     "parse_uri",

@@ -275,6 +275,11 @@ def net_settings(guest: Mapping[str, Any]) -> dict[str, Any]:
     ifaces = {v.name: {"what": v.kind if v.kind == "nic" else f"{v.kind} {v.detail}", "addresses": list(v.addresses),
                        **({"in": v.master} if v.master else {})}
               for v in guest_interfaces(guest)}
+    for n, kind in ((n, kind) for n in _list(guest.get("nics")) for kind in ("xdp", "tc")):
+        x = _map(_map(n).get(kind))  # a NIC's XDP and tc programs: what each is, and its object's digest
+        if x and str(_map(n).get("name")) in ifaces:
+            ifaces[str(_map(n).get("name"))][kind] = str(x.get("summary")) + (
+                f" sha256 {str(x['sha256'])[:12]}" if x.get("sha256") else "")
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = {str(k): str(v) for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k}
     firewall = firewall_lines(guest, detail=True)

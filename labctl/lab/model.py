@@ -21,6 +21,7 @@ from labctl.names import LAB_IDENT, LAB_IDENT_RULE, LAB_NAME, LAB_NAME_RULE  # a
 if TYPE_CHECKING:
     from labctl.lab.firewall import Firewall
     from labctl.lab.tunnels.devices import Tunnel, Vrf
+    from labctl.lab.xdp import Tc, Xdp
 
 __all__ = [
     "DEFAULT_HOST",
@@ -76,6 +77,8 @@ class Nic:
     impair: Impairment | None = None
     vlans: tuple[Vlan, ...] = ()
     ip_line: int = 0
+    xdp: Xdp | None = None  # an XDP program attached once the guest is up (labctl.lab.xdp)
+    tc: Tc | None = None  # a tc BPF program (clsact) attached once the guest is up
 
     @property
     def ip(self) -> Address | None:
@@ -101,6 +104,8 @@ class Nic:
             "mtu": self.mtu,
             "index": self.index,
             "impair": self.impair.to_dict() if self.impair else None,
+            **({"xdp": self.xdp.to_dict()} if self.xdp else {}),
+            **({"tc": self.tc.to_dict()} if self.tc else {}),
         }
 
 

@@ -4,6 +4,7 @@ guest's other network settings (:mod:`.netconf`, :mod:`.addresses`)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from labctl.lab.addresses import parse_addresses
@@ -14,16 +15,18 @@ from labctl.lab.netconf import iface_name, parse_vlans
 from labctl.lab.netopts import nic_impairment
 from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.specs import GuestSpec, MasterSpec, NetSpec, NicSpec, VlanSpec
+from labctl.lab.xdp import parse_tc, parse_xdp
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 MAX_NICS = 16  # lab NICs per guest: PCI slots, and what a lab can use
-NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu", "impair", "vlans")
+NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu", "impair", "vlans", "xdp", "tc")
 _NIC_REQUIRED = ("name", "model", "network")
 _MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
 
 
 def parse_nics(
     check: Checker, body: YamlMap, path: str, guest: str, networks: dict[str, NetSpec],
+    trusted: tuple[Path, ...] = (),
 ) -> list[NicSpec]:
     """Check a guest's ``nics`` list, including duplicate NIC names."""
     items = check.sequence(body, "nics", path)
@@ -34,7 +37,7 @@ def parse_nics(
     first_line: dict[str, int] = {}
     result: list[NicSpec] = []
     for index in range(len(items)):
-        nic = _parse_nic(check, items, index, f"{path}.nics[{index}]", guest, networks)
+        nic = _parse_nic(check, items, index, f"{path}.nics[{index}]", guest, networks, trusted)
         if nic is None:
             continue
         if nic.name is not None and nic.name in first_line:
@@ -48,7 +51,7 @@ def parse_nics(
 
 def _parse_nic(
     check: Checker, items: YamlSeq, index: int, path: str, guest: str,
-    networks: dict[str, NetSpec],
+    networks: dict[str, NetSpec], trusted: tuple[Path, ...] = (),
 ) -> NicSpec | None:
     """Check one NIC mapping; None if it is not a mapping."""
     line = items.item_line(index)
@@ -68,6 +71,8 @@ def _parse_nic(
         mtu=check.integer(m, "mtu", path, (68, 65535)),
         impair=nic_impairment(check, m, path),
         vlans=parse_vlans(check, m, path, name),
+        xdp=parse_xdp(check, m, path, model, trusted),
+        tc=parse_tc(check, m, path, trusted),
     )
 
 
@@ -154,6 +159,7 @@ def resolve_nic(nic: NicSpec, network_mtu: int | None) -> Nic:
         name=nic.name, model=nic.model, network=nic.network, addresses=tuple(a.address for a in nic.addresses),
         mac=nic.mac, queues=nic.queues, mtu=nic.mtu if nic.mtu is not None else network_mtu, index=nic.index,
         line=nic.line, impair=nic.impair, vlans=tuple(_vlan(v) for v in nic.vlans), ip_line=nic.ip_line,
+        xdp=nic.xdp, tc=nic.tc,
     )
 
 

@@ -23,6 +23,7 @@ class NicModel:
     qemu_device: str
     drivers: tuple[str, ...]
     multiqueue: bool = False
+    native_xdp: bool = False  # its driver runs XDP programs itself (else only generic XDP, on the skb)
 
 
 NIC_MODELS: dict[str, NicModel] = {
@@ -31,7 +32,7 @@ NIC_MODELS: dict[str, NicModel] = {
         NicModel("rtl8139", "rtl8139", ("8139cp", "8139too")),
         NicModel("e1000", "e1000", ("e1000",)),
         NicModel("e1000e", "e1000e", ("e1000e",)),
-        NicModel("virtio-net-pci", "virtio-net-pci", ("virtio_net",), multiqueue=True),
+        NicModel("virtio-net-pci", "virtio-net-pci", ("virtio_net",), multiqueue=True, native_xdp=True),
         NicModel("i82559er", "i82559er", ("e100",)),
         NicModel("pcnet", "pcnet", ("pcnet32",)),
         NicModel("ne2k_pci", "ne2k_pci", ("ne2k-pci",)),

@@ -14,6 +14,7 @@ from labctl.lab.kernels import KernelSpec
 from labctl.lab.model import DEFAULT_HOST
 from labctl.lab.shares import Share
 from labctl.lab.tunnels.devices import Tunnel, Vrf
+from labctl.lab.xdp import Tc, Xdp
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class NicSpec:
     mtu: int | None
     impair: Impairment | None = None
     vlans: list[VlanSpec] = field(default_factory=list)
+    xdp: Xdp | None = None
+    tc: Tc | None = None
 
     @property
     def label(self) -> str:

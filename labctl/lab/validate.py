@@ -315,7 +315,7 @@ def _parse_guest(
         memory=DEFAULT_MEMORY if memory is None else memory,
         cpus=DEFAULT_CPUS if cpus is None else cpus,
         kernel_args=_parse_kernel_args(check, body, path),
-        nics=parse_nics(check, body, path, name, networks),
+        nics=parse_nics(check, body, path, name, networks, trusted),
         line=line,
         setup=parse_setup(check, body, path),
         shares=parse_shares(check, body, path, check_dir(check), trusted),

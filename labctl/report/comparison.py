@@ -168,6 +168,9 @@ def _net_differences(ma: Mapping[str, Any], mb: Mapping[str, Any]) -> list[tuple
             elif x.get("addresses") != y.get("addresses"):
                 out.append((f"addresses of {g}.{name}", ", ".join(x.get("addresses") or []) or "none",
                             ", ".join(y.get("addresses") or []) or "none"))
+            for kind, title in (("xdp", "XDP"), ("tc", "tc program")):
+                if x.get(kind) != y.get(kind):
+                    out.append((f"{title} of {g}.{name}", str(x.get(kind) or "none"), str(y.get(kind) or "none")))
         ra, rb = a.get("routes") or [], b.get("routes") or []
         if ra != rb:
             out.append((f"routes of {g}", "; ".join(ra) or "none", "; ".join(rb) or "none"))

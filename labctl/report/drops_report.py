@@ -19,6 +19,7 @@ from labctl.report.sections import Metric, ReportSection, StepFiles
 from labctl.trace import drops, netfilter_note, parse_text
 
 DROPS_TXT, DROPS_JSON = "drops.txt", "drops.json"
+XDP_JSON = "xdp-drops.json"
 RULESET_BEFORE, RULESET_AFTER = "drops-ruleset-before.txt", "drops-ruleset-after.txt"
 ROWS_KEPT = 100
 
@@ -33,6 +34,7 @@ def _read(path: Path) -> str:
 def summarize_drops(step_dir: Path) -> dict[str, Any] | None:
     """The step's drops from each guest's ``drops.txt`` (None when no guest recorded any)."""
     rows: list[drops.DropRow] = []
+    xdp: list[dict[str, Any]] = []  # XDP programs' drops (labctl.follow.xdpwatch), as rows
     guests: dict[str, Any] = {}
     for d in sorted(p for p in step_dir.iterdir() if (p / DROPS_TXT).is_file()) if step_dir.is_dir() else []:
         try:
@@ -49,13 +51,26 @@ def summarize_drops(step_dir: Path) -> dict[str, Any] | None:
             if r.reason == "NETFILTER_DROP" and note:
                 r.rules.append(note)
         rows += got
-        guests[d.name] = {"drops": sum(r.count for r in got), "local_frees": local,
+        here = xdp_rows(d)
+        xdp += here
+        guests[d.name] = {"drops": sum(r.count for r in got) + sum(int(x.get("count") or 0) for x in here),
+                          "local_frees": local,
                           "lost": info.get("lost", 0), "mode": info.get("mode"), "notes": info.get("notes") or []}
     if not guests:
         return None
-    rows.sort(key=lambda r: (-r.count, r.guest, r.where))
-    return {"total": sum(r.count for r in rows), "guests": guests, "rows": [r.as_dict() for r in rows[:ROWS_KEPT]],
-            "rows_left_out": max(0, len(rows) - ROWS_KEPT)}
+    every = [r.as_dict() for r in rows] + xdp
+    every.sort(key=lambda r: (-int(r.get("count") or 0), str(r.get("guest")), str(r.get("where"))))
+    return {"total": sum(int(r.get("count") or 0) for r in every), "guests": guests, "rows": every[:ROWS_KEPT],
+            "rows_left_out": max(0, len(every) - ROWS_KEPT)}
+
+
+def xdp_rows(guest_dir: Path) -> list[dict[str, Any]]:
+    """The guest's XDP drop rows of the step (``xdp-drops.json``; none without)."""
+    try:
+        got = json.loads(_read(guest_dir / XDP_JSON) or "[]")
+    except ValueError:
+        return []
+    return [r for r in got if isinstance(r, dict)] if isinstance(got, list) else []
 
 
 def drops_blocks(step: StepSummary) -> list[Block]:
@@ -70,6 +85,9 @@ def drops_blocks(step: StepSummary) -> list[Block]:
         why = str(r.get("reason") or "")
         if r.get("rules"):
             why += " by " + "; ".join(str(x) for x in as_list(r.get("rules")))
+        own = as_dict(r.get("xdp")).get("own_count")
+        if as_dict(r.get("xdp")):
+            why += f" (the program counted {own})" if own is not None else " (the program has no counters)"
         rows.append(Row((txt(r.get("guest")), txt(r.get("where"), "code"), txt(why or "–"), txt(r.get("dev") or "–"),
                          txt(r.get("protocol")), num(r.get("count")),
                          txt("; ".join(str(h) for h in as_list(r.get("headers"))) or "–"))))

@@ -48,7 +48,8 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
         nics = [{**n, "driver": state.drivers.get(name, {}).get(n["name"], ""),
                  "link": "up" if record.link_up(name, n["name"]) else "down",
                  "impair": record.impair.get(netstate.nic_key(name, n["name"])) or {},
-                 **({"vlan_offloads": offloads} if (offloads := state.offloads.get(name, {}).get(n["name"])) else {})}
+                 **({"vlan_offloads": offloads} if (offloads := state.offloads.get(name, {}).get(n["name"])) else {}),
+                 **{kind: {k: v for k, v in n[kind].items() if k != "object"} for kind in ("xdp", "tc") if n.get(kind)}}
                 for n in resolved["nics"]]
         gdb = rec.gdb
         host = state.hosts.get(name, {}).get("name")

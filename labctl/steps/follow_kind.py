@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import LabctlError
-from labctl.follow import Follower, dropwatch, parallel
+from labctl.follow import Follower, dropwatch, parallel, xdpwatch
 from labctl.lab import Lab, Step, render
 from labctl.paths import atomic_write
 from labctl.pktfilter import parse
 from labctl.steps.variant import StepKind, Variant
-from labctl.trace import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs
+from labctl.trace import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs, xdphops
 
 log = logging.getLogger(__name__)
 DROPS_TXT, DROPS_JSON = "drops.txt", "drops.json"
+XDP_JSON = "xdp-drops.json"  # the XDP programs' drops (labctl.follow.xdpwatch)
 RULESET_BEFORE, RULESET_AFTER = "drops-ruleset-before.txt", "drops-ruleset-after.txt"
 
 
@@ -48,6 +49,7 @@ class DropsKind(StepKind):
     def __init__(self, lab: Lab) -> None:
         self.lab = lab
         self.watches: dict[str, dropwatch.Watch] = {}
+        self.xdp: dict[str, xdpwatch.XdpWatch] = {}
 
     @classmethod
     def of(cls, lab: Lab) -> DropsKind | None:
@@ -69,6 +71,15 @@ class DropsKind(StepKind):
             return w
 
         self.watches = {g: w for g, w in parallel(guests, one).items() if w is not None}
+        self.xdp = {g: w for g, w in parallel(guests, lambda g: self._xdp_start(v, g)).items() if w is not None}
+
+    def _xdp_start(self, v: Variant, g: str) -> xdpwatch.XdpWatch | None:
+        nics = ((v.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
+        try:
+            return xdpwatch.start(v.sessions.ssh(g), g, nics)
+        except LabctlError as exc:
+            v.res.warnings.append(f"{g}: XDP drops not recorded: {exc.message}")
+            return None
 
     @staticmethod
     def _remove(v: Variant, g: str, w: dropwatch.Watch) -> None:
@@ -93,6 +104,15 @@ class DropsKind(StepKind):
                 _write(out / RULESET_AFTER, after)
             _write(out / DROPS_JSON, json.dumps({"mode": w.mode, "notes": w.notes, "lost": lost,
                                                   **({"reasons": w.reasons} if w.reasons else {})}) + "\n")
+            xw = self.xdp.get(g)
+            if xw is not None:
+                try:
+                    got = xdpwatch.finish(v.sessions.ssh(g), xw)
+                except LabctlError as exc:
+                    v.res.warnings.append(f"{g}: XDP drops could not be read: {exc.message}")
+                    return
+                v.res.warnings += [f"{g}: {n}" for n in xw.notes]
+                _write(out / XDP_JSON, json.dumps([r.as_dict() for r in got]) + "\n")
 
         parallel(live, one)
 
@@ -107,6 +127,7 @@ class FollowKind(StepKind):
         self.lab, self.spec, self.row = lab, step.follow, row
         self.follower: Follower | None = None
         self.filter = ""
+        self.xdp: dict[str, xdpwatch.XdpWatch] = {}  # XDP verdicts of the followed guests (labctl.trace.xdphops)
 
     @classmethod
     def of(cls, lab: Lab, step: Step, row: dict[str, str]) -> FollowKind | None:
@@ -125,6 +146,16 @@ class FollowKind(StepKind):
             return
         self.follower = f
 
+        def xdp(g: str) -> xdpwatch.XdpWatch | None:
+            nics = ((v.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
+            try:
+                return xdpwatch.start(v.sessions.ssh(g), g, nics, tag="f", counters=False)
+            except LabctlError as exc:
+                v.res.warnings.append(f"follow: {g}: XDP verdicts not followed: {exc.message}")
+                return None
+
+        self.xdp = {g: w for g, w in parallel(guests, xdp).items() if w is not None}
+
     def end(self, v: Variant) -> None:
         f = self.follower
         if f is None:
@@ -139,6 +170,10 @@ class FollowKind(StepKind):
             out = v.bundle / v.rel / FOLLOW_DIR
             for g, (text, _) in texts.items():
                 _write(out / f"{g}.txt", text)
+            for g, xw in self.xdp.items():
+                dumps = xdpwatch.stop_texts(v.sessions.ssh(g), xw)
+                _write(out / xdphops.XDP_FILE.format(guest=g), json.dumps({"wall_minus_mono": f.wall_minus_mono, "nics": {
+                    n: {"program": x.program, "mode": x.mode, "text": dumps.get(n, "")} for n, x in xw.nics.items()}}))
             inputs = follow_inputs(self.filter, f.guests, f.topology(), f.samples, f.wire,
                                    {g: lost for g, (_, lost) in texts.items()},
                                    {g: (p.ruleset, after.get(g, "")) for g, p in f.probes.items()}, f.reasons)

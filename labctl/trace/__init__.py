@@ -13,6 +13,8 @@
   :mod:`.nfhops`: their NAT rewrites, conntrack states and nftables chains and rules;
   :mod:`.encap`: through a tunnel (the inner packet followed, the outer one its wire);
 * :mod:`.drops`: every skb a guest dropped, as a table; which netfilter rule dropped;
+* :mod:`.xdpverdicts`, :mod:`.xdphops`: XDP programs' verdicts (xdpdump's) and own counters, as drop rows and as
+  a followed packet's hop and end;
 * :mod:`.bpfmaps`: a bpftrace program's maps and histograms;
 * :mod:`.perfetto`, :mod:`.tracks`, :mod:`.tef`: recordings as Perfetto timelines (Trace Event Format).
 
@@ -26,7 +28,7 @@ Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labc
 
 from __future__ import annotations
 
-from labctl.trace import bpfmaps, drops, hops, journey, ktap
+from labctl.trace import bpfmaps, drops, hops, journey, ktap, xdphops, xdpverdicts
 from labctl.trace.analyze import GuestFigures, guest_figures, step_figures
 from labctl.trace.clocks import Clock
 from labctl.trace.drops import netfilter_note
@@ -100,4 +102,6 @@ __all__ = [
     "trace_summary",
     "write_delta",
     "write_trace",
+    "xdphops",
+    "xdpverdicts",
 ]

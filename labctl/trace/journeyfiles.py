@@ -21,6 +21,7 @@ from labctl.trace.drops import netfilter_note
 from labctl.trace.hops import parse_text
 from labctl.trace.journey import Correlator, Journey, Topology, Wire, paths, totals
 from labctl.trace.tef import us, write_trace
+from labctl.trace.xdphops import apply_step as apply_xdp
 
 FOLLOW_DIR = "follow"
 FOLLOW_INPUTS = "inputs.json"
@@ -96,7 +97,9 @@ def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
     facts = {"filter": data.get("filter", ""), "guests": list(topo.guests),
              "clocks": {g: c.as_dict() for g, c in clocks.items()}, "lost_events": data.get("lost") or {},
              "warnings": data.get("warnings") or []}
-    return corr.settle(None), facts
+    js = corr.settle(None)
+    apply_xdp(d, list(topo.guests), js)  # XDP verdicts: hops and ends (labctl.trace.xdphops)
+    return js, facts
 
 
 def analyze(step_dir: Path) -> dict[str, Any] | None:

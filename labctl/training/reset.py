@@ -34,7 +34,7 @@ from labctl.image import Image
 from labctl.lab import Firewall
 from labctl.ssh import Endpoint, Session
 from labctl.state import LabState, lab_lock
-from labctl.up import agent, mounts, nftload, snapshots, tunsetup, warm
+from labctl.up import agent, mounts, nftload, snapshots, tunsetup, warm, xdpload
 
 BOOT_TIMEOUT = 180.0
 
@@ -91,6 +91,8 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                 if how == "boot":  # a snapshot holds the firewall (and tunnels); a boot loads it again
                     tunsetup.configure(state.endpoint(name), nets[name], state.source)
                     nftload.load(state.endpoint(name), firewall_of(state, name), state.source)
+                    xdpload.attach(state.endpoint(name), ((state.resolved.get("guests") or {}).get(name) or {})
+                                   .get("nics") or [], state.source)
                 tunsetup.hand_keys(Path(state.dir), nets, name, state.endpoint(name))  # no snapshot holds keys
                 mounts.mount(state.endpoint(name), name, mounts.of((state.resolved.get("guests") or {}).get(name) or {}))
                 took[name] = round(time.monotonic() - t0, 2)

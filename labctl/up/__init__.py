@@ -7,6 +7,7 @@ the pipeline's first check); one ``up`` (:mod:`.lifecycle`): its networks
 (:mod:`.planner`), the guests started on their backend and waited for
 (:mod:`.waiting`, :mod:`.console`); shares mounted in guests (:mod:`.mounts`),
 firewalls loaded in guests (:mod:`.nftload`), tunnels and VRFs made in them (:mod:`.tunsetup`),
+XDP programs attached (:mod:`.xdpload`),
 taking a lab down (:mod:`.teardown`), each guest's live status
 (:mod:`.status`), and the warm start every lab gets: post-boot snapshots
 (:mod:`.snapshots`), restoring them with the guest's own keys (:mod:`.warm`)
@@ -24,7 +25,7 @@ Imports never: labctl.training, labctl.pipeline, labctl.steps, labctl.bundle, la
 
 from __future__ import annotations
 
-from labctl.up import agent, mounts, nftload, snapshots, taps, tunsetup, warm
+from labctl.up import agent, mounts, nftload, snapshots, taps, tunsetup, warm, xdpload
 from labctl.up.capacity import QEMU_OVERHEAD_MIB, Estimate, check_capacity
 from labctl.up.lifecycle import UpOptions, dry_run, up
 from labctl.up.status import guest_statuses
@@ -48,4 +49,5 @@ __all__ = [
     "tunsetup",
     "up",
     "warm",
+    "xdpload",
 ]

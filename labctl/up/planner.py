@@ -88,7 +88,8 @@ class GuestPlanner:
         # snapshot: its sshd waits for the guest's own key (one sshd start fewer under TCG).
         # (a guest without the agent starts its sshd with the throwaway key)
         plan.config.write_text(guestconf.render(g, plan.mgmt_mac, standby_sshd=g.name in self.throwaway
-                                                and not (g.setup or g.firewall or g.tunnels or g.vrfs) and self.backend.guest_agent))
+                                                and not (g.setup or g.firewall or g.tunnels or g.vrfs or any(n.xdp or n.tc for n in g.nics))
+                                                and self.backend.guest_agent))
         return plan
 
     def _shared_state(self, plan: GuestPlan) -> GuestPlan:

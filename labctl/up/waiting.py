@@ -17,6 +17,7 @@ import labctl.up.nftload as nftload  # noqa: PLR0402 - a sibling module, not the
 import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.tunsetup as tunsetup  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.up.xdpload as xdpload  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord
 from labctl.debug import console_end, crashed
 from labctl.errors import GuestError, LabctlError, LabFileError, MachineError
@@ -128,6 +129,7 @@ class GuestWaiter:
         try:
             tunsetup.configure(ep, tunsetup.GuestNet.of(self.lab.guests[name]), self.lab.source)  # before nft: rules name them
             nftload.load(ep, self.lab.guests[name].firewall, self.lab.source)
+            xdpload.attach(ep, self.lab.guests[name].nics, self.lab.source)
             warm.run_setup(ep, self.lab.guests[name].setup, abort=lambda: self._crashed(name))
         except GuestError as exc:
             if self._crashed(name) is None:
@@ -177,7 +179,7 @@ class GuestWaiter:
         # until the snapshot is taken and it has its own.
         ep = warm.boot_endpoint(state.endpoint(name), gdir) if throwaway else state.endpoint(name)
         g = self.lab.guests[name]
-        setup = g.setup or g.firewall or g.tunnels or g.vrfs
+        setup = g.setup or g.firewall or g.tunnels or g.vrfs or any(n.xdp or n.tc for n in g.nics)
         # A guest whose boot becomes the snapshot and that has no setup commands (or firewall) is snapshotted
         # at once: its one SSH handshake is the one with its own key (this saves one under TCG).
         # A guest without the agent is saved once SSH answers.

@@ -80,6 +80,8 @@ class NicRow:
     vlans: tuple[VlanRow, ...] = ()
     master: str | None = None  # the bond or bridge it is a member of
     offloads: tuple[tuple[str, str], ...] = ()  # its VLAN offloads, as its guest said them
+    xdp: str | None = None  # its XDP program's summary (labctl.lab.xdp.Xdp.summary)
+    tc: str | None = None  # its tc program's (labctl.lab.xdp.Tc.summary)
 
     @property
     def down(self) -> bool:
@@ -100,6 +102,10 @@ class NicRow:
             parts.append(f"mtu {self.mtu}")
         if self.queues > 1:
             parts.append(f"{self.queues} queues")
+        if self.xdp:
+            parts.append(self.xdp)
+        if self.tc:
+            parts.append(self.tc)
         return " · ".join(parts)
 
 
@@ -311,6 +317,8 @@ def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: boo
         vlans=_vlan_rows(nic.get("vlans")),
         master=master,
         offloads=_offloads(facts.get("vlan_offloads")),
+        xdp=safe_line(str(nic["xdp"].get("summary") or "XDP")) if isinstance(nic.get("xdp"), Mapping) else None,
+        tc=safe_line(str(nic["tc"].get("summary") or "tc")) if isinstance(nic.get("tc"), Mapping) else None,
     )
 
 
