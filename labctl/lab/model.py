@@ -158,6 +158,7 @@ class Guest:
     routes: tuple[Route, ...] = ()  # static routes, in file order
     sysctls: tuple[Sysctl, ...] = ()  # set in file order before up returns
     firewall: Firewall | None = None  # nftables rules loaded (checked by nft -c first) before up returns
+    record: bool = False  # runs under QEMU's record/replay (labctl.replay): labctl run --record, or record: true
 
     @property
     def networked(self) -> bool:

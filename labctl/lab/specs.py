@@ -110,6 +110,7 @@ class GuestSpec:
     routes: list[RouteSpec] = field(default_factory=list)
     sysctls: list[tuple[Sysctl, str]] = field(default_factory=list)  # with each one's path
     firewall: Firewall | None = None
+    record: bool = False
 
 
 @dataclass

@@ -28,6 +28,7 @@ from labctl.live import netctl
 from labctl.net import free_port, plan_networks
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing
+from labctl.replay import record_refusals
 from labctl.state import STARTING, UP, LabState, lab_lock, remove_run_dir, run_dir
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.netsetup import LabNetworks
@@ -68,6 +69,9 @@ class LabUp:
         if shared and not self.backend.serves_shares:
             raise UsageError(f"lab {lab.ident}: guest {shared[0]} has shares, which only the qemu backend "
                              f"serves (not {self.backend.name})", hint="drop the shares, or use the qemu backend")
+        refused = [w for n, g in lab.guests.items() if g.record for w in record_refusals(lab, n, opts.accel, self.backend.name)]
+        if refused:  # a guest under record/replay (labctl.replay): what it cannot be, before anything starts
+            raise UsageError("; ".join(refused))
         self.hosts = self.backend.place(lab, opts.no_verify_host_keys)
         self.dir = run_dir(lab.ident)
         self.records: dict[str, GuestRecord] = {}

@@ -12,6 +12,7 @@ import re
 from labctl.backends.base import MGMT_NET, GuestPlan, netdev_id
 from labctl.lab import Guest, Nic, export_link, tag
 from labctl.net import Port, TapDev, UdpAddr
+from labctl.replay import RRFILE, recorded_argv
 
 # qboot, QEMU's minimal firmware, boots ~1.5 s sooner than SeaBIOS under TCG
 # (7.1 s vs 8.6 s to SSH-ready), but with acpi=noirq its MP table makes PCI
@@ -201,4 +202,6 @@ def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64", vlan_filter:
     carriers = set() if vlan_filter else vlan_carriers(plan.guest)
     for nic in plan.guest.nics:
         argv += lab_nic_args(nic, plan.ports[nic.name], nic.name not in carriers)
-    return argv + share_args(plan) + incoming_args(plan)
+    argv += share_args(plan) + incoming_args(plan)
+    # a recorded guest (labctl run --record): the same machine under QEMU's record/replay
+    return recorded_argv(argv, plan.dir / RRFILE) if plan.guest.record else argv
