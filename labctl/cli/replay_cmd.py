@@ -37,6 +37,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with Replay(recording) as replay, console.status(f"replaying guest {args.guest}"):
         replay.start()
         ended = replay.wait(args.timeout)
+        replay_log = replay.qemu_log()
     recorded = recording.console.read_bytes()
     same = ended.console == recorded
     if args.console_out:
@@ -53,6 +54,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                       f"{ended.icount} instructions; console "
                       + ("identical to the recorded one" if same else
                          f"DIFFERS from the recorded one ({len(ended.console)} vs {len(recorded)} bytes)"))
+    if ended.end == "died":
+        raise UsageError(f"the replay's QEMU ended before the recording's end: {replay_log}")
     if ended.end == "timeout":
         raise UsageError(f"the replay did not reach the recording's end within {args.timeout:g} s",
                          hint="raise --timeout")

@@ -34,7 +34,7 @@ POLL = 0.2
 @dataclass
 class Ended:
     """How a replay ended: ``end`` is ``exit`` (QEMU ended with the recording), ``stopped`` (the
-    machine stopped where the recording ends: a panic) or ``timeout``."""
+    machine stopped where the recording ends: a panic), ``died`` (QEMU ended otherwise) or ``timeout``."""
 
     end: str
     icount: int
@@ -103,8 +103,8 @@ class Replay:
         deadline = time.monotonic() + timeout
         end, icount = "timeout", 0
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                end, icount = "exit", last
+            if proc.poll() is not None:  # status 0: it replayed the recorded quit
+                end, icount = ("exit", last) if proc.returncode == 0 else ("died", icount)
                 break
             try:
                 status = qmp_execute(self.files.qmp, "query-status", timeout=5.0).get("status")
