@@ -9,7 +9,7 @@ from pathlib import Path
 
 from labctl.backends.qemu.qemu_backend import qemu_version
 from labctl.cli.ui import console, out, safe
-from labctl.errors import UsageError
+from labctl.errors import MachineError, UsageError
 from labctl.replay.keep import load
 from labctl.replay.replayer import Replay
 
@@ -54,8 +54,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
                       f"{ended.icount} instructions; console "
                       + ("identical to the recorded one" if same else
                          f"DIFFERS from the recorded one ({len(ended.console)} vs {len(recorded)} bytes)"))
+    if ended.end == "stalled":
+        raise MachineError(f"the replay stopped advancing at instruction {ended.icount} of "
+                         f"{recording.manifest.get('covers', {}).get('instructions')}: it diverged from its recording",
+                         hint="see docs/record-replay.md (what was seen on QEMU 7.2)")
     if ended.end == "died":
-        raise UsageError(f"the replay's QEMU ended before the recording's end: {replay_log}")
+        raise MachineError(f"the replay's QEMU ended before the recording's end: {replay_log}")
     if ended.end == "timeout":
         raise UsageError(f"the replay did not reach the recording's end within {args.timeout:g} s",
                          hint="raise --timeout")

@@ -29,12 +29,16 @@ from labctl.replay.rrargv import ReplayFiles, replay_argv
 from labctl.up.snapshots import new_overlay
 
 POLL = 0.2
+# A replay whose instruction count has not moved for this long while running waits for an event
+# that its recording holds for another execution (seen on QEMU 7.2: see docs/record-replay.md).
+STALL = 300.0
 
 
 @dataclass
 class Ended:
     """How a replay ended: ``end`` is ``exit`` (QEMU ended with the recording), ``stopped`` (the
-    machine stopped where the recording ends: a panic), ``died`` (QEMU ended otherwise) or ``timeout``."""
+    machine stopped where the recording ends: a panic), ``died`` (QEMU ended otherwise), ``stalled``
+    (the replay stopped advancing: it diverged from its recording) or ``timeout``."""
 
     end: str
     icount: int
@@ -83,12 +87,14 @@ class Replay:
             time.sleep(0.05)
         raise MachineError("the replay's QEMU did not answer on its monitor within 30 s")
 
-    def qemu_log(self) -> str:
+    def qemu_log(self, whole: bool = False) -> str:
+        """QEMU's last message (``whole``: all it wrote)."""
         try:
-            lines = [ln for ln in (self.dir / "qemu.log").read_text(errors="replace").splitlines() if ln.strip()]
+            text = (self.dir / "qemu.log").read_text(errors="replace")
         except OSError:
             return "no message"
-        return lines[-1] if lines else "no message"
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return text if whole else lines[-1] if lines else "no message"
 
     def icount(self) -> int:
         with contextlib.suppress(LabctlError):
@@ -102,9 +108,11 @@ class Replay:
         last = int(self.recording.manifest.get("covers", {}).get("instructions") or 0)
         deadline = time.monotonic() + timeout
         end, icount = "timeout", 0
+        seen, since = -1, time.monotonic()
         while time.monotonic() < deadline:
-            if proc.poll() is not None:  # status 0: it replayed the recorded quit
-                end, icount = ("exit", last) if proc.returncode == 0 else ("died", icount)
+            if proc.poll() is not None:  # status 0 and no signal: it replayed the recorded quit
+                killed = "terminating on signal" in self.qemu_log(whole=True)
+                end, icount = ("exit", last) if proc.returncode == 0 and not killed else ("died", icount)
                 break
             try:
                 status = qmp_execute(self.files.qmp, "query-status", timeout=5.0).get("status")
@@ -114,6 +122,11 @@ class Replay:
                 continue
             if status != "running" and (not last or icount >= last):
                 end = "stopped"
+                break
+            if icount != seen:
+                seen, since = icount, time.monotonic()
+            elif status == "running" and time.monotonic() - since > STALL:
+                end = "stalled"  # the replay waits for an input its recording does not give: it diverged
                 break
             time.sleep(POLL)
         seconds = round(time.monotonic() - self.t0, 1)
