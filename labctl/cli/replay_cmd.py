@@ -11,7 +11,7 @@ from labctl.backends.qemu.qemu_backend import qemu_version
 from labctl.cli.ui import console, out, safe
 from labctl.errors import MachineError, UsageError
 from labctl.replay.keep import load
-from labctl.replay.replayer import Replay
+from labctl.replay.replayer import STALL, Replay
 
 EXIT_DIFFERS = 1
 
@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("run", help="the run's bundle directory")
     p.add_argument("guest")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed for the replay (default 1800)")
+    p.add_argument("--stall", type=float, default=STALL, metavar="SECONDS",
+                   help=f"a replay whose instruction count stays this long has diverged (default {STALL:g})")
     p.add_argument("--console-out", metavar="FILE", help="also write the replay's console to FILE")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON (no console)")
     p.set_defaults(func=cmd_replay)
@@ -36,11 +38,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     recording = load(bundle, args.guest, qemu_version())
     with Replay(recording) as replay, console.status(f"replaying guest {args.guest}"):
         replay.start()
-        ended = replay.wait(args.timeout)
+        ended = replay.wait(args.timeout, args.stall)
         replay_log = replay.qemu_log()
     recorded = recording.console.read_bytes()
     same = ended.console == recorded
-    if args.console_out:
+    if args.console_out:  # also when it diverged: what it replayed
         Path(args.console_out).write_bytes(ended.console)
     result = {"guest": args.guest, "end": ended.end, "instructions": ended.icount, "seconds": ended.seconds,
               "console_bytes": len(ended.console), "recorded_console_bytes": len(recorded), "identical": same,

@@ -101,8 +101,9 @@ class Replay:
             return int(qmp_execute(self.files.qmp, "query-replay", timeout=5.0).get("icount", 0))
         return 0
 
-    def wait(self, timeout: float) -> Ended:
-        """Run until the recording's end (or ``timeout`` seconds)."""
+    def wait(self, timeout: float, stall: float = STALL) -> Ended:
+        """Run until the recording's end (or ``timeout`` seconds; ``stalled`` after ``stall``
+        seconds without progress)."""
         proc = self.proc
         assert proc is not None, "start() first"
         last = int(self.recording.manifest.get("covers", {}).get("instructions") or 0)
@@ -125,7 +126,7 @@ class Replay:
                 break
             if icount != seen:
                 seen, since = icount, time.monotonic()
-            elif status == "running" and time.monotonic() - since > STALL:
+            elif status == "running" and time.monotonic() - since > stall:
                 end = "stalled"  # the replay waits for an input its recording does not give: it diverged
                 break
             time.sleep(POLL)
