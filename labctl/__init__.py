@@ -4,7 +4,8 @@ The pipeline, one package per stage, each importing the others through their fac
 ``__init__``'s ``__all__``): lab files (:mod:`labctl.lab`), guest images (:mod:`labctl.image`),
 guest kernels (:mod:`labctl.kernel`), backends (:mod:`labctl.backends`), networks
 (:mod:`labctl.net`), bringing a lab up and down (:mod:`labctl.up`), a lab's state on disk
-(:mod:`labctl.state`), a running lab's links and captures (:mod:`labctl.live`), graded checks
+(:mod:`labctl.state`), a running lab's links and captures (:mod:`labctl.live`),
+a guest's execution recorded and replayed (:mod:`labctl.replay`), graded checks
 (:mod:`labctl.grading`), courses (:mod:`labctl.training`), steps (:mod:`labctl.steps`), the
 analysis of their files (:mod:`labctl.trace`), the bundle (:mod:`labctl.bundle`), the report
 (:mod:`labctl.report`), kernel debugging (:mod:`labctl.debug`), a guest's kernel seen with drgn

@@ -16,6 +16,8 @@ Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from labctl.backends import owned
 from labctl.backends.accel import AccelChoice, choose_accel, choose_accels, kvm_usable, lab_accel, probe_kvm
 from labctl.backends.base import (
@@ -45,6 +47,7 @@ from labctl.backends.monitor import (
     running_version,
     save_state,
 )
+from labctl.backends.qemu.rrargv import RRFILE, ReplayFiles, fw_cfg_files, read_only_files, recorded_argv, replay_argv
 from labctl.errors import UsageError
 from labctl.lab import BACKENDS as LAB_BACKENDS
 
@@ -54,6 +57,7 @@ __all__ = [
     "MGMT_ADDR",
     "MGMT_NET",
     "POSTBOOT",
+    "RRFILE",
     "AccelChoice",
     "Backend",
     "BackendMonitor",
@@ -63,12 +67,15 @@ __all__ = [
     "LabState",
     "Monitor",
     "NetDir",
+    "ReplayFiles",
     "SocketMonitor",
+    "agent_fifos",
     "as_monitor",
     "choose_accel",
     "choose_accels",
     "dump_guest_memory",
     "ensure_resumed",
+    "fw_cfg_files",
     "get_backend",
     "kvm_usable",
     "lab_accel",
@@ -77,8 +84,12 @@ __all__ = [
     "owned",
     "probe_kvm",
     "qemu_pid",
+    "qemu_version",
     "qmp_execute",
     "qmp_running",
+    "read_only_files",
+    "recorded_argv",
+    "replay_argv",
     "running_version",
     "save_state",
 ]
@@ -101,3 +112,17 @@ def get_backend(name: str) -> Backend:
         return LibvirtBackend()
     raise UsageError(f"backend '{name}' is not available in this version",
                      hint="use --backend qemu or --backend libvirt")
+
+
+def qemu_version() -> str:
+    """The first line of ``qemu-system-x86_64 --version`` (the QEMU backend's; loaded when asked)."""
+    from labctl.backends.qemu.qemu_backend import qemu_version as version
+
+    return version()
+
+
+def agent_fifos(channel: Path) -> None:
+    """The guest agent's FIFOs beside ``channel``, new, empty, 0600 (the QEMU backend's; loaded when asked)."""
+    from labctl.backends.qemu.qemu_backend import agent_fifos as make
+
+    make(channel)

@@ -18,6 +18,7 @@ EXAMPLES: dict[str, str] = {
     "bisect": "labctl bisect lab.yaml --tree ~/linux --good v6.1 --bad HEAD --check reaches-b",
     "oops": "labctl oops decode --kernel debian:6.1.0-56-amd64 console.log",
     "gdb": "labctl gdb quickstart a",
+    "replay": "labctl replay runs/oops-buggy-driver-20250101-120000 victim",
     "drgn": "labctl drgn quickstart a -c \"print(prog['init_net'].loopback_dev.name)\"",
     "dump": "labctl dump quickstart a -o a.vmcore",
     "doctor": "labctl doctor",

@@ -37,8 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("gdb", help="gdb attached to a guest's kernel (symbols, modules, source)",
                        description="Start gdb attached to the guest's kernel through QEMU's gdbstub. "
                                    "The guest is paused while gdb holds it; 'detach' or 'quit' leave it running.")
-    p.add_argument("lab")
+    p.add_argument("lab", help="the lab (with --replay: a run's bundle)")
     p.add_argument("guest")
+    p.add_argument("--replay", action="store_true",
+                   help="gdb on a replay of the guest's recording in the run bundle LAB (labctl run --record)")
     p.add_argument("--batch", metavar="CMD", nargs="+", action="extend",
                    help="run these gdb commands non-interactively, print their output, detach")
     p.add_argument("--no-modules", action="store_true",
@@ -61,6 +63,10 @@ def prepare(state: LabState, guest: str, modules: bool) -> tuple[GdbTarget, list
 
 
 def cmd_gdb(args: argparse.Namespace) -> int:
+    if args.replay:
+        from labctl.cli.gdb_replay import cmd_gdb_replay
+
+        return cmd_gdb_replay(args)
     state = LabState.load(args.lab)
     target, module_cmds = prepare(state, args.guest, not args.no_modules)
     with target.stub.local(target.run_dir) as local:  # a remote stub: an SSH forward for as long as gdb runs

@@ -150,6 +150,11 @@ def _restore_cmds() -> ModuleType:
     return module
 
 
+def _replay_cmd() -> ModuleType:
+    import labctl.cli.replay_cmd as module
+    return module
+
+
 def _serve_cmd() -> ModuleType:
     import labctl.cli.serve_cmd as module
     return module
@@ -177,6 +182,7 @@ MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
     _bisect_cmd: ("bisect",),
     _oops_cmd: ("oops",),
     _gdb_cmd: ("gdb",),
+    _replay_cmd: ("replay",),
     _drgn_cmd: ("drgn", "dump",),
     _doctor: ("doctor",),
     _ssh_cmd: ("ssh",),
@@ -212,6 +218,7 @@ HELP: dict[str, str] = {
     'bisect': "find the commit of a kernel tree that changed a lab's outcome",
     'oops': 'decode kernel oopses found in console logs',
     'gdb': "gdb attached to a guest's kernel (symbols, modules, source)",
+    'replay': 'replay a recorded guest of a run alone; prints its console again',
     'drgn': "drgn on a guest's running kernel (or a vmcore), with its debug info",
     'dump': 'a vmcore of a guest (drgn and crash open it)',
     'doctor': 'check the host for what the backends need',

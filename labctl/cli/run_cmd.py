@@ -8,6 +8,7 @@ from pathlib import Path
 import labctl.cli.junit_out as junit_out  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.cli.displays import StepLines, report_outcome
 from labctl.cli.lifecycle_cmds import FILE_HELP, add_up_arguments, load_source, up_options
+from labctl.cli.recording import record_run, recording_arguments
 from labctl.cli.ui import PrepareDisplay, UpDisplay
 from labctl.errors import LabctlError, UsageError
 from labctl.pipeline import prepare, run_lab
@@ -21,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     junit_out.add_argument(p, "steps' results (one case per step variant)")
+    recording_arguments(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -30,6 +32,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     lab, pinned = load_source(args)
     if not lab.steps:
         raise UsageError(f"{args.file} has no steps to run", hint=f"use: labctl up {args.file}")
+    if args.record or args.until_fail or any(g.record for g in lab.guests.values()):
+        return record_run(args, lab, pinned, junit, started)  # labctl run --record (labctl.replay)
     try:
         prepared = prepare(lab, PrepareDisplay(), overcommit=args.overcommit, pinned=pinned)
         outcome = run_lab(lab, prepared, up_options(args), Path(args.out), UpDisplay(lab.ident, list(lab.guests)),

@@ -6,7 +6,8 @@ addresses, IPv4 and IPv6: :mod:`.addresses`; VLANs, bonds, bridges, routes and s
 on NICs: :mod:`.xdp`, built from the lab's C with the host's clang (:mod:`.bpfbuild`: the one thing reading a lab
 runs); network options: :mod:`.netopts`, :mod:`.impair`; host
 directories: :mod:`.shares`; kernels: :mod:`.kernels`; setup and graded checks:
-:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; steps: :mod:`.stepspec`, their kinds
+:mod:`.checks`, a drgn check's expression language :mod:`.drgnexpr`; what QEMU's record/replay cannot
+record :mod:`.recordable`; steps: :mod:`.stepspec`, their kinds
 :mod:`.stepkinds` (each kind's keys, parser and records: :mod:`.stepgdb`, :mod:`.stepnetwork`,
 :mod:`.stepsysctl`), their trace section
 :mod:`.tracespec`, the packets they follow :mod:`.followspec`,
@@ -72,6 +73,7 @@ from labctl.lab.model import (
 )
 from labctl.lab.netopts import LinkSpec, render_impairment
 from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
+from labctl.lab.recordable import record_refusals
 from labctl.lab.shares import Share, export_link, parse_option, tag
 from labctl.lab.stepgdb import GdbRecord, GdbStep, check_location
 from labctl.lab.stepkinds import KINDS as STEP_KINDS
@@ -182,6 +184,7 @@ __all__ = [
     "parse_yaml",
     "place_guests",
     "read_capped",
+    "record_refusals",
     "recorded_keys",
     "render",
     "render_impairment",

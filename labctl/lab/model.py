@@ -156,6 +156,7 @@ class Guest:
     firewall: Firewall | None = None  # nftables rules loaded (checked by nft -c first) before up returns
     tunnels: tuple[Tunnel, ...] = ()  # tunnel devices made once it answers SSH (labctl.up.tunnels)
     vrfs: tuple[Vrf, ...] = ()  # VRF devices, their members and routes, made with the tunnels
+    record: bool = False  # runs under QEMU's record/replay (labctl.replay): labctl run --record, or record: true
 
     @property
     def networked(self) -> bool:

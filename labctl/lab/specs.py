@@ -116,6 +116,7 @@ class GuestSpec:
     firewall: Firewall | None = None
     tunnels: tuple[Tunnel, ...] = ()  # labctl.lab.tunnels
     vrfs: tuple[Vrf, ...] = ()
+    record: bool = False
 
 
 @dataclass

@@ -63,7 +63,7 @@ _TOP_KEYS = ("version", "name", "description", "image", "kernel", "backend", "ho
 _TOP_REQUIRED = ("name", "networks", "guests")
 _NETWORK_KEYS = ("mtu", "description", "capture")
 _GUEST_KEYS = ("memory", "cpus", "kernel", "kernel_args", "host", "nics", "setup", "shares", "bonds", "bridges",
-               "routes", "sysctls", "firewall", "tunnels", "vrfs")
+               "routes", "sysctls", "firewall", "tunnels", "vrfs", "record")
 _HOST_KEYS = ("uri", "address")
 _HOST_REQUIRED = ("uri",)
 _HOSTS_BACKEND = "libvirt"
@@ -308,6 +308,9 @@ def _parse_guest(
     memory = check.integer(body, "memory", path, (128, 16384), " MiB")
     cpus = check.integer(body, "cpus", path, (1, 8))
     host = check.string(body, "host", path) or DEFAULT_HOST
+    record = body.get("record", False)
+    if not isinstance(record, bool):
+        check.add(body.value_line("record"), f"{path}.record", "expected true or false")
     return GuestSpec(
         host=host, host_line=body.value_line("host"),
         kernel=parse_kernel(check, body, path, check_dir(check), trusted),
@@ -324,6 +327,7 @@ def _parse_guest(
         sysctls=parse_sysctls(check, body, path),
         firewall=parse_firewall(check, body, path, check_dir(check), trusted),
         tunnels=parse_tunnels(check, body, path), vrfs=parse_vrfs(check, body, path),
+        record=record is True,
     )
 
 
@@ -433,7 +437,7 @@ def _resolve_guests(guests: dict[str, GuestSpec], networks: dict[str, NetSpec]) 
             name=name, memory=spec.memory, cpus=spec.cpus,
             nics=tuple(resolve_nic(nic, networks[_req(nic.network)].mtu) for nic in spec.nics),
             kernel_args=spec.kernel_args, line=spec.line, host=spec.host, kernel=spec.kernel, setup=spec.setup,
-            shares=spec.shares, **resolve_settings(spec),
+            shares=spec.shares, record=spec.record, **resolve_settings(spec),
         )
         for name, spec in guests.items()
     }

@@ -24,7 +24,7 @@ from labctl.errors import LabctlError, LabFileError, LabStateError, PortTaken, U
 from labctl.events import UpEvents
 from labctl.image import Image
 from labctl.kernel import Kernel
-from labctl.lab import Lab
+from labctl.lab import Lab, record_refusals
 from labctl.live import netctl
 from labctl.net import free_port, plan_networks
 from labctl.paths import ensure_private_dir
@@ -69,6 +69,9 @@ class LabUp:
         if shared and not self.backend.serves_shares:
             raise UsageError(f"lab {lab.ident}: guest {shared[0]} has shares, which only the qemu backend "
                              f"serves (not {self.backend.name})", hint="drop the shares, or use the qemu backend")
+        refused = [w for n, g in lab.guests.items() if g.record for w in record_refusals(lab, n, opts.accel, self.backend.name)]
+        if refused:  # a guest under record/replay (labctl.replay): what it cannot be, before anything starts
+            raise UsageError("; ".join(refused))
         self.hosts = self.backend.place(lab, opts.no_verify_host_keys)
         self.dir = run_dir(lab.ident)
         self.records: dict[str, GuestRecord] = {}

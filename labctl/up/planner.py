@@ -57,7 +57,7 @@ class GuestPlanner:
     def dry_plan(self, g: Guest, accel: str, segments: dict[str, Segment]) -> GuestPlan:
         """The guest's plan as :meth:`plan` would make it, warm when its snapshot is there; nothing made."""
         plan = self.guest_plan(g, accel, segments, self.dir / "guests" / g.name)
-        if self.backend.post_boot_snapshots and self.opts.snapshots and not self.opts.cold \
+        if self.backend.post_boot_snapshots and self.opts.snapshots and not self.opts.cold and not g.record \
                 and snapshots.find(snapshots.key(plan, self.backend)) is not None:
             plan = dataclasses.replace(plan, warm=True)
         return plan
@@ -110,7 +110,7 @@ class GuestPlanner:
 
     def _snapshot_of(self, plan: GuestPlan) -> snapshots.Snapshot | None:
         """The guest's post-boot snapshot to restore (None: it boots), noting its key."""
-        if not self.opts.snapshots:
+        if not self.opts.snapshots or plan.guest.record:  # a recording starts at the machine's reset
             return None
         key = self.snaps[plan.guest.name] = snapshots.key(plan, self.backend)
         snap = None if self.opts.cold else snapshots.find(key)
