@@ -152,7 +152,7 @@ def test_run_that_never_comes_up_writes_one_error_case(tmp_path: Path, monkeypat
     from labctl.errors import ImageError
 
     monkeypatch.setattr(run_cmd, "load_source",
-                        lambda args: (SimpleNamespace(ident="lab@ci", steps=[1], image="x"), None))
+                        lambda args: (SimpleNamespace(ident="lab@ci", steps=[1], image="x", guests={}), None))
 
     def no_image(lab: object, *args: object, **kwargs: object) -> None:
         raise ImageError("the image cannot be built", hint="see setup.sh")

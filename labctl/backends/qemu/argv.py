@@ -170,8 +170,8 @@ def build_argv(plan: GuestPlan, binary: str = "qemu-system-x86_64", vlan_filter:
     carriers = set() if vlan_filter else vlan_carriers(plan.guest)
     for nic in plan.guest.nics:
         argv += lab_nic_args(nic, plan.ports[nic.name], nic.name not in carriers)
-    argv += share_args(plan) + incoming_args(plan)
     if plan.guest.record:  # labctl run --record: the same machine under QEMU's record/replay (issue 53), its RAM
-        return recorded_argv(argv, plan.dir / RRFILE)  # its own and no new generation ID (a replay must see the same)
+        # its own and no new generation ID (a replay must see the same)
+        return recorded_argv(argv + share_args(plan) + incoming_args(plan), plan.dir / RRFILE)
     # clone_args: RAM as a file, mapped privately by restored guests; a new VM generation ID (issue 52)
-    return argv + clone_args(plan)
+    return argv + share_args(plan) + clone_args(plan) + incoming_args(plan)
