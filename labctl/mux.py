@@ -97,6 +97,18 @@ def _is_master(pid: int, control: Path) -> bool:
         return False
 
 
+def _gone(pid: int, control: Path) -> bool:
+    """Whether the master ``pid`` of ``control`` has exited and been reaped: an exiting process's
+    title reads empty while it still exists, so "no longer names the socket" is not yet "gone"
+    (``down`` returning while the master lingered was seen); a title naming something else is
+    a reused pid."""
+    try:
+        title = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return bool(title) and str(control).encode() not in title
+
+
 def close(guest_dir: Path, timeout: float = 5.0) -> None:
     """Close every kept connection to the guest whose directory is ``guest_dir`` and remove its
     sockets: asked to exit (``ssh -O exit``), killed when it does not within ``timeout``. Never raises."""
@@ -110,7 +122,7 @@ def close(guest_dir: Path, timeout: float = 5.0) -> None:
             with contextlib.suppress(OSError, LabctlError):
                 run(_control_argv(sock, "exit"), timeout, check=False)
             deadline = time.monotonic() + timeout
-            while _is_master(pid, sock) and time.monotonic() < deadline:
+            while not _gone(pid, sock) and time.monotonic() < deadline:
                 time.sleep(0.02)
             if _is_master(pid, sock):
                 with contextlib.suppress(OSError):

@@ -141,7 +141,7 @@ def test_follow_shows_a_ping_hop_by_hop_on_6_12(lab: tuple[Cli, Path, dict[str, 
     hops = [(h["guest"], h["where"], h.get("dev")) for h in request["hops"]]
     assert hops == [("old", "net_dev_queue", "eth1"), ("old", "net_dev_start_xmit", "eth1"),
                     ("old", "old.eth1 → new.eth1", None), ("new", "netif_receive_skb", "eth1"),
-                    ("new", "ip_local_deliver", None)], hops
+                    ("new", "ip_local_deliver", None), ("new", "nft inet filter input", None)], hops  # the lab's chain
     back = [(h["guest"], h["where"]) for h in reply["hops"]]
     assert back[:2] == [("new", "net_dev_queue"), ("new", "net_dev_start_xmit")], back
     assert reply["end"]["kind"] == "delivered" and reply["end"]["guest"] == "old", reply
