@@ -141,7 +141,9 @@ def chains(ruleset: str) -> tuple[dict[tuple[str, str, str], list[ChainRule]], d
 
 
 def _named(family: str, table: str, chain: str, r: ChainRule) -> str:
-    return f"nft {family} {table} {chain} handle {r.handle}" + (f" (comment '{r.comment}')" if r.comment else "")
+    """The rule by its handle, and its comment, else its own text (its counter's figures left out)."""
+    text = f"comment '{r.comment}'" if r.comment else f"'{_COUNTER.sub('counter', r.text).strip()}'"
+    return f"nft {family} {table} {chain} handle {r.handle} ({text})"
 
 
 def dropping_rule(ev: Event, ruleset: str, after: str = "") -> str:

@@ -131,7 +131,7 @@ def test_the_step_follows_each_packet_to_its_end(lab: tuple[Cli, Path, dict[str,
         ("dropped", "ICMP echo-request 10.1.9.1 > 10.2.0.1"), ("dropped", "UDP 10.1.0.1")], ends
     by_reason = {p["end"].get("reason"): p["end"] for p in doc["packets"]}
     assert by_reason["IP_RPFILTER"]["guest"] == "r"
-    assert by_reason["NETFILTER_DROP"]["guest"] == "b" and "table inet filter, chain input" in by_reason[
+    assert by_reason["NETFILTER_DROP"]["guest"] == "b" and "by nft inet filter input handle 2 ('udp dport 9 counter drop')" in by_reason[
         "NETFILTER_DROP"]["text"]
     assert doc["totals"]["out_of_order_hops"] == 0
     lossy = json.loads((bundle / _step(summary, "lossy")["dir"] / "journey.json").read_text())
@@ -180,7 +180,7 @@ def test_a_ping_and_a_netfilter_drop_are_followed_live(lab: tuple[Cli, Path, dic
     (udp,) = [p for p in packets if p["packet"].startswith("UDP")]
     end = udp["end"]
     assert (end["kind"], end["guest"], end["reason"]) == ("dropped", "b", "NETFILTER_DROP")
-    assert "nftables rule 'udp dport 9 counter drop' (table inet filter, chain input" in end["text"]
+    assert end["text"].startswith("dropped on b by nft inet filter input handle 2 ('udp dport 9 counter drop') ("), end
     request, reply = sorted((p for p in packets if p is not udp), key=lambda p: "reply" in p["packet"])
     assert request["end"]["kind"] == "answered" and request["end"]["guest"] == "b"
     assert reply["end"]["text"].startswith("delivered to ping (pid ") and reply["end"]["guest"] == "a"

@@ -112,6 +112,9 @@ def test_conntrack_states_and_the_rule_by_its_counter_or_the_chains_policy() -> 
     assert nfhops.dropping_rule(chain, ruleset) == "nft inet filter forward (one of the rules with handles 7, 8)"
     later = ruleset.replace("counter packets 0 bytes 0 drop comment", "counter packets 1 bytes 60 drop comment")
     assert nfhops.dropping_rule(chain, ruleset, later) == "nft inet filter forward handle 7 (comment 'no ssh')"
+    other = ruleset.replace("udp dport 53 counter packets 0 bytes 0 drop", "udp dport 53 counter packets 2 bytes 96 drop")
+    # a rule without a comment is named by its own text, its counter's figures left out
+    assert nfhops.dropping_rule(chain, ruleset, other) == "nft inet filter forward handle 8 ('udp dport 53 counter drop')"
     chain.fields["chain"] = "input"
     assert nfhops.dropping_rule(chain, ruleset) == "nft inet filter input's policy drop"
 
