@@ -188,7 +188,8 @@ def test_a_ping_and_a_netfilter_drop_are_followed_live(lab: tuple[Cli, Path, dic
     assert hops == [("a", "net_dev_queue", "eth1"), ("a", "net_dev_start_xmit", "eth1"),
                     ("a", "a.eth1 → r.eth1", None), ("r", "netif_receive_skb", "eth1"), ("r", "ip_forward", None),
                     ("r", "net_dev_queue", "eth2"), ("r", "net_dev_start_xmit", "eth2"),
-                    ("r", "r.eth2 → b.eth1", None), ("b", "netif_receive_skb", "eth1"), ("b", "ip_local_deliver", None)]
+                    ("r", "r.eth2 → b.eth1", None), ("b", "netif_receive_skb", "eth1"), ("b", "ip_local_deliver", None),
+                    ("b", "nft inet filter input", None)]  # b's input chain (its setup's nft rules), a hop of its own
     assert request["hops"][0]["task"].startswith("ping (") and reply["hops"][-1]["where"] == "skb_copy_datagram_iovec"
     for p in packets:
         times = [h["t_us"] for h in p["hops"]]
