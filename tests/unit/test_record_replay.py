@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,19 @@ def test_a_run_without_a_recording_says_so(tmp_path: Path) -> None:
         load(tmp_path / "run", "a", "QEMU 7.2")
     assert exc.value.exit_code == 2
     assert ROOT.is_dir()
+
+
+def test_replay_of_a_missing_or_unrecorded_run_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def replay(run: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "labctl", "replay", str(run), "a"], capture_output=True,
+                              text=True, timeout=60, check=False, env={**os.environ, "COLUMNS": "200"})
+
+    missing = replay(tmp_path / "nope")
+    assert missing.returncode == 2 and f"{tmp_path / 'nope'}: no such run bundle" in missing.stderr, missing.stderr
+    (tmp_path / "run").mkdir()
+    unrecorded = replay(tmp_path / "run")
+    assert unrecorded.returncode == 2 and "Traceback" not in unrecorded.stderr, unrecorded.stderr
+    assert "no such run bundle" not in unrecorded.stderr
