@@ -211,31 +211,52 @@ class MuxSession:
         return ssh_argv(self.ep, self.control, log, command)
 
     def call(self, command: str, timeout: float, abort: Callable[[], str | None] | None = None) -> int:
-        """Run ``command`` with this process's standard input, output and error (passed to the
-        guest's command as they are: its bytes, literally); its exit status.
+        """Run ``command`` with this process's standard input, and its output and error copied to
+        this process's own (its bytes, literally); its exit status.
+
+        The output goes through pipes that labctl copies, never this process's own descriptors: ssh
+        hands a client's descriptors to the master, which keeps the error stream open until the
+        guest's command ends, so a command that outlived ``--timeout`` (or a crashed guest) held
+        whoever reads labctl's output for as long as the master lived.
 
         ``abort`` is polled about once a second; when it returns a reason the command is given
-        up on with a GuestError carrying it (so is one that outlives ``timeout``).
+        up on with a GuestError carrying it, and the kept connection is closed (its guest is gone);
+        a command that outlives ``timeout`` is given up on too.
 
         :raise GuestError: when ssh itself fails (it cannot connect, the host key does not match...).
         """
         with _ssh_log(self.guest_dir) as log:
-            proc = start_child(self.argv(command, log))
+            proc = start_child(self.argv(command, log), stdout=PIPE, stderr=PIPE)
+            assert proc.stdout is not None and proc.stderr is not None
+            relay = _Relay({proc.stdout.fileno(): 1, proc.stderr.fileno(): 2})
             try:
                 deadline = time.monotonic() + timeout
+                next_poll = time.monotonic() + 1.0
                 while True:
-                    try:
-                        status = proc.wait(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                    now = time.monotonic()
+                    if relay.open:
+                        relay.pump(min(1.0, max(0.01, min(deadline, next_poll) - now)))
+                    elif proc.poll() is None:
+                        with contextlib.suppress(TimeoutExpired):
+                            proc.wait(timeout=min(1.0, max(0.01, min(deadline, next_poll) - now)))
+                    if not relay.open and proc.poll() is not None:
+                        status = proc.returncode
                         break
-                    except TimeoutExpired:
+                    now = time.monotonic()
+                    if now >= next_poll:
+                        next_poll = now + 1.0
                         reason = abort() if abort else None
                         if reason:
-                            raise GuestError(reason) from None
-                        if time.monotonic() >= deadline:
-                            raise GuestError(f"command on guest {self.ep.guest} failed: no exit after "
-                                             f"{timeout:.0f} s") from None
+                            _stop(proc)
+                            close(self.guest_dir)  # its guest is gone: so are its sessions
+                            raise GuestError(reason)
+                    if now >= deadline:
+                        raise GuestError(f"command on guest {self.ep.guest} failed: no exit after "
+                                         f"{timeout:.0f} s")
             finally:
                 _stop(proc)
+                proc.stdout.close()
+                proc.stderr.close()
             if status == SSH_FAILED and (said := _said(log)):
                 raise _failure(self.ep, said)
             return status if status >= 0 else 128 - status  # killed by a signal: as a shell says it
@@ -319,6 +340,37 @@ def _scratch() -> IO[bytes]:
 def _tail(err: IO[bytes]) -> str:
     err.seek(0)
     return err.read().decode(errors="replace").strip()[-2000:]
+
+
+class _Relay:
+    """Copies what arrives on some pipes to this process's descriptors (``{pipe fd: own fd}``) as it
+    comes; an own descriptor whose reader went away (a closed pipe) is drained into nothing."""
+
+    def __init__(self, routes: dict[int, int]) -> None:
+        self.routes = dict(routes)
+        self.broken: set[int] = set()
+
+    @property
+    def open(self) -> bool:
+        return bool(self.routes)
+
+    def pump(self, wait: float) -> None:
+        """Copy what is ready within ``wait`` seconds; a pipe at its end is dropped."""
+        ready, _, _ = select.select(list(self.routes), [], [], wait)
+        for fd in ready:
+            data = os.read(fd, 1 << 16)
+            if not data:
+                del self.routes[fd]
+                continue
+            out = self.routes[fd]
+            if out in self.broken:
+                continue
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(out, view):]
+            except OSError:  # EPIPE and friends: nobody reads it any more
+                self.broken.add(out)
 
 
 class _Reader:

@@ -28,6 +28,7 @@ case "$1" in
   refused) echo "ssh: connect to host 127.0.0.1 port 2222: Connection refused" >> "$log"; exit 255;;
   remote255) exit 255;;
   hang) exec sleep 30;;
+  held) sleep 30 & exec sleep 30;;  # as ssh's master does: another process keeps the output open
   *) exec sh -c "$1";;
 esac
 """
@@ -92,6 +93,48 @@ def test_a_call_gives_up_when_told_or_at_its_timeout(fake_ssh: Path, tmp_path: P
         s.call("hang", timeout=60, abort=lambda: "guest crashed")
     with pytest.raises(GuestError, match="no exit after 1 s"):
         s.call("hang", timeout=1)
+
+
+HELD = """
+import sys
+from pathlib import Path
+from labctl import mux
+from labctl.endpoint import Endpoint
+from labctl.errors import GuestError
+tmp = Path(sys.argv[1])
+s = mux.MuxSession(Endpoint("g", 2222, tmp / "id_ed25519", tmp / "known hosts"), tmp / "guest")
+try:
+    s.call("held", timeout=1)
+except GuestError as exc:
+    print(exc.message)
+"""
+
+
+def test_output_held_by_another_process_never_holds_labctls_own(fake_ssh: Path, tmp_path: Path) -> None:
+    """ssh hands its client's descriptors to the master, which keeps the error stream open while the
+    guest's command runs: labctl's own output must not be those descriptors, or whoever reads it waits
+    for the guest (CI's test_security and test_web_class hung 60-120 s on a timed-out exec)."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HELD, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=15)  # EOF on both: nothing else holds them
+        assert b"no exit after 1 s" in out
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_the_output_is_copied_byte_for_byte(fake_ssh: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = HELD.replace('s.call("held", timeout=1)', 's.call("printf \'\\\\377o\'; printf e >&2; exit 4", timeout=30)')
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False, capture_output=True, timeout=30)
+    assert (res.stdout, res.stderr) == (b"\xffo", b"e")
 
 
 def test_stream_and_feed_check_the_exit_status(fake_ssh: Path, tmp_path: Path) -> None:
