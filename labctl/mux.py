@@ -251,7 +251,7 @@ class MuxSession:
                             close(self.guest_dir)  # its guest is gone: so are its sessions
                             raise GuestError(reason)
                     if now >= deadline:
-                        raise GuestError(f"command on guest {self.ep.guest} failed: no exit after "
+                        raise GuestError(f"command on guest {self.ep.guest} failed: no exit status after "
                                          f"{timeout:.0f} s")
             finally:
                 _stop(proc)

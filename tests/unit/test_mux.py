@@ -91,7 +91,7 @@ def test_a_call_gives_up_when_told_or_at_its_timeout(fake_ssh: Path, tmp_path: P
     s = mux.MuxSession(endpoint(tmp_path), fake_ssh)
     with pytest.raises(GuestError, match="guest crashed"):
         s.call("hang", timeout=60, abort=lambda: "guest crashed")
-    with pytest.raises(GuestError, match="no exit after 1 s"):
+    with pytest.raises(GuestError, match="no exit status after 1 s"):
         s.call("hang", timeout=1)
 
 
@@ -122,7 +122,7 @@ def test_output_held_by_another_process_never_holds_labctls_own(fake_ssh: Path, 
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=15)  # EOF on both: nothing else holds them
-        assert b"no exit after 1 s" in out
+        assert b"no exit status after 1 s" in out
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
