@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """What drops and following cost a TCP stream, measured side by side so that the host's load cancels out.
 
-Usage: python benchmarks/follow_cost.py [--seconds 8] [--rounds 3] [--modes drops,follow,both] [--json]
-       (boots four guests: run it under ``flock /tmp/labctl-e2e.lock`` on a shared machine)
+Usage: python benchmarks/follow_cost.py [--seconds 8] [--rounds 3] [--modes drops,follow,both]
+                                       [--path direct|vxlan-nat] [--json]
+       (boots four guests, six with vxlan-nat: run it under ``flock /tmp/labctl-e2e.lock`` on a shared machine)
 
 On a shared 2-core host a plain iperf3 run alone ranges over ±30% from one minute to the next (other
 people's guests and tests), so that runs one after the other cannot tell a 10% cost. Here two pairs of
@@ -13,6 +14,11 @@ alternates (a pair's own bias k cancels: watched 1 gives (1 - cost)·k, watched 
 cost is 1 - their geometric mean). Modes: ``drops`` (every guest's drops recorded, as each step
 does, labctl.follow.dropwatch), ``follow`` (``labctl follow LAB icmp --no-wire --guests aN,bN``
 running: its probes filter the TCP stream out in the kernel), ``both`` (the issue's target).
+
+``--path vxlan-nat`` (issue 48's target: at most 10% lower): each pair's stream goes over a VXLAN
+tunnel (aN's ``vx0`` to bN's) through a router rN that masquerades the outer packets, and the watched
+pair is aN, rN and bN: follow's outer-packet probes on every guest (the lab has a VXLAN tunnel) read
+the inner header of each of the stream's packets and filter it out in the kernel.
 """
 
 from __future__ import annotations
@@ -42,17 +48,39 @@ guests:
   a2: {nics: [{name: eth1, model: virtio-net-pci, network: l2, ip: 10.78.2.1/24}]}
   b2: {nics: [{name: eth1, model: virtio-net-pci, network: l2, ip: 10.78.2.2/24}]}
 """
+VXLAN_YAML = """name: fvx
+networks: {l1: {}, r1: {}, l2: {}, r2: {}}
+guests:
+""" + "".join(f"""  a{n}:
+    nics: [{{name: eth1, model: virtio-net-pci, network: l{n}, ip: 10.1.{n}.2/24}}]
+    routes: [{{to: 10.2.{n}.0/24, via: 10.1.{n}.1}}]
+    tunnels: {{vx0: {{type: vxlan, vni: {40 + n}, remote: 10.2.{n}.2, dev: eth1, ip: 192.168.{n}.1/24}}}}
+  r{n}:
+    nics:
+      - {{name: eth1, model: virtio-net-pci, network: l{n}, ip: 10.1.{n}.1/24}}
+      - {{name: eth2, model: virtio-net-pci, network: r{n}, ip: 10.2.{n}.1/24}}
+    sysctls: {{net.ipv4.ip_forward: 1}}
+    firewall: {{nat: {{masquerade: [{{out: eth2}}]}}}}
+  b{n}:
+    nics: [{{name: eth1, model: virtio-net-pci, network: r{n}, ip: 10.2.{n}.2/24}}]
+    routes: [{{to: 10.1.{n}.0/24, via: 10.2.{n}.1}}]
+    tunnels: {{vx0: {{type: vxlan, vni: {40 + n}, remote: 10.1.{n}.2, dev: eth1, ip: 192.168.{n}.2/24}}}}
+""" for n in (1, 2))
+PATHS = {"direct": (LAB, LAB_YAML, "10.78.{n}.2", ("a", "b")),
+         "vxlan-nat": ("fvx", VXLAN_YAML, "192.168.{n}.2", ("a", "r", "b"))}
 MODES = ("drops", "follow", "both")
 
 
-def streams(env: dict[str, str], seconds: int) -> dict[int, float]:
+def streams(env: dict[str, str], seconds: int, path: str = "direct") -> dict[int, float]:
     """Both pairs' iperf3 at once: Mbit/s of pair 1 and pair 2."""
+    lab, _, server, _ = PATHS[path]
     for n in (1, 2):
-        fb.labctl("exec", LAB, f"b{n}", "--", "iperf3 -s -1 -D", env=env)
+        fb.labctl("exec", lab, f"b{n}", "--", "iperf3 -s -1 -D", env=env)
     got: dict[int, float] = {}
 
     def client(n: int) -> None:
-        out = fb.labctl("exec", LAB, f"a{n}", "--", f"iperf3 -c 10.78.{n}.2 -t {seconds} -J", env=env, timeout=300).stdout
+        out = fb.labctl("exec", lab, f"a{n}", "--", f"iperf3 -c {server.format(n=n)} -t {seconds} -J", env=env,
+                        timeout=300).stdout
         got[n] = float(json.loads(out)["end"]["sum_received"]["bits_per_second"]) / 1e6
 
     threads = [threading.Thread(target=client, args=(n,)) for n in (1, 2)]
@@ -65,21 +93,22 @@ def streams(env: dict[str, str], seconds: int) -> dict[int, float]:
     return got
 
 
-def watched(env: dict[str, str], seconds: int, mode: str, pair: int) -> dict[int, float]:
+def watched(env: dict[str, str], seconds: int, mode: str, pair: int, path: str = "direct") -> dict[int, float]:
     """Both pairs' Mbit/s with ``pair`` watched in ``mode``."""
     from labctl.follow import dropwatch
     from labctl.ssh import Session
     from labctl.state import LabState
 
-    state = LabState.load(LAB)
-    guests = [f"a{pair}", f"b{pair}"]
+    lab, _, _, roles = PATHS[path]
+    state = LabState.load(lab)
+    guests = [f"{r}{pair}" for r in roles]
     sessions = {g: Session(state.endpoint(g)) for g in guests}
     watches = {g: dropwatch.start(state, g, s) for g, s in sessions.items()} if mode != "follow" else {}
     f = None
     if mode != "drops":
-        f = fb.Follow(env, "icmp", "--json", "--no-wire", "--guests", ",".join(guests), lab=LAB)
+        f = fb.Follow(env, "icmp", "--json", "--no-wire", "--guests", ",".join(guests), lab=lab)
     try:
-        return streams(env, seconds)
+        return streams(env, seconds, path)
     finally:
         if f is not None:
             f.stop()
@@ -95,24 +124,29 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--path", choices=sorted(PATHS), default="direct",
+                        help="each pair's stream: on one link, or over VXLAN through a masquerading router")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    lab, lab_yaml, _, _ = PATHS[args.path]
     modes = args.modes.split(",")
     raw: dict[str, list[dict[str, Any]]] = {m: [] for m in ["plain", *modes]}
     with tempfile.TemporaryDirectory(prefix="fpair-") as tmp:
         env = {**os.environ, "LABCTL_STATE_DIR": f"{tmp}/st", "PYTHONPATH": str(ROOT)}
         os.environ["LABCTL_STATE_DIR"] = env["LABCTL_STATE_DIR"]
-        (Path(tmp) / "lab.yaml").write_text(LAB_YAML)
+        (Path(tmp) / "lab.yaml").write_text(lab_yaml)
         fb.labctl("up", str(Path(tmp) / "lab.yaml"), "--accel", "tcg", env=env)
         try:
             for _ in range(args.rounds):
-                raw["plain"].append({"pairs": streams(env, args.seconds)})
+                raw["plain"].append({"pairs": streams(env, args.seconds, args.path)})
                 for mode in modes:
                     for pair in (1, 2):
-                        raw[mode].append({"watched": pair, "pairs": watched(env, args.seconds, mode, pair)})
+                        raw[mode].append({"watched": pair,
+                                          "pairs": watched(env, args.seconds, mode, pair, args.path)})
         finally:
-            fb.labctl("down", LAB, env=env, check=False)
-    result: dict[str, Any] = {"seconds": args.seconds, "rounds": args.rounds, "runs": raw, "cost_pct": {}}
+            fb.labctl("down", lab, env=env, check=False)
+    result: dict[str, Any] = {"path": args.path, "seconds": args.seconds, "rounds": args.rounds, "runs": raw,
+                              "cost_pct": {}}
     plain = [r["pairs"][1] / r["pairs"][2] for r in raw["plain"]]
     result["plain_pair1_over_pair2"] = {"mean": round(statistics.mean(plain), 3), "all": [round(x, 3) for x in plain]}
     for mode in modes:
@@ -127,7 +161,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"two pairs side by side, iperf3 {args.seconds} s, {args.rounds} rounds; plain pair 1 / pair 2: "
+        print(f"two pairs side by side ({args.path}), iperf3 {args.seconds} s, {args.rounds} rounds; plain pair 1 / pair 2: "
               f"{result['plain_pair1_over_pair2']['all']}")
         for mode, c in result["cost_pct"].items():
             print(f"  {mode:<7} the watched pair {c['mean']}% lower (± {c['sd']}; rounds {c['all']})")
