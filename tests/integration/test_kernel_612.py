@@ -206,3 +206,40 @@ def test_gdb_has_the_6_12_modules_symbols(lab: tuple[Cli, Path, dict[str, Any]])
     assert res.returncode == 0, res.stdout + res.stderr
     assert "#0  " in res.stdout and "virtnet_poll in section .text of " in res.stdout, res.stdout  # virtio_net.ko's
     assert cli("exec", LAB, "new", "--", "ping -c 1 -W 5 10.61.0.1", timeout=120).returncode == 0  # it runs on
+
+
+def test_a_6_12_crash_decoded_dumped_and_opened_by_crash_and_drgn(lab: tuple[Cli, Path, dict[str, Any]],
+                                                                   tmp_path: Path) -> None:
+    """The last of the module (the lab is not used after it): the 6.12 guest panics by sysrq; exec says
+    so at once, ``oops decode`` gives the frames' source lines from 6.12's debug info, and a vmcore of the
+    paused guest opens in crash and drgn with the panic's stack."""
+    import subprocess
+
+    from labctl.kernel.kernel_store import Kernel
+
+    cli = lab[0]
+    hit = cli("exec", LAB, "new", "--timeout", "120", "--", "echo c > /proc/sysrq-trigger", timeout=180)
+    assert hit.returncode != 0 and "guest new crashed" in hit.stderr, hit.stdout + hit.stderr
+    (status,) = json.loads(cli("status", LAB, "--json", check=True).stdout)["labs"]
+    states = {g["name"]: g["state"] for g in status["guests"]}
+    assert states == {"new": "crashed", "old": "running"}, states
+    console = cli.state_dir / "labs" / LAB / "guests" / "new" / "console.log"
+    decoded = cli("oops", "decode", "--kernel", f"debian:{K612}", str(console), "--json", timeout=300)
+    assert decoded.returncode == 0, decoded.stdout + decoded.stderr
+    oops = json.loads(decoded.stdout)
+    oops = oops["oopses"] if isinstance(oops, dict) else oops
+    frames = [f for o in oops for f in [o.get("rip"), *o["frames"]] if f]
+    assert any(f["func"] == "sysrq_handle_crash" and f["file"].endswith("drivers/tty/sysrq.c") and f["line"]
+               for f in frames), frames
+    core = tmp_path / "crashed.vmcore"
+    dumped = cli("dump", LAB, "new", "-o", str(core), "--json", timeout=600)
+    assert dumped.returncode == 0, dumped.stdout + dumped.stderr
+    summary = cli("drgn", "--core", str(core), "--summary", "--json", timeout=300)
+    assert summary.returncode == 0, summary.stdout + summary.stderr
+    crashed = [f["function"] for t in json.loads(summary.stdout)["tasks"] if t["crashed"] for f in t["frames"]]
+    assert "sysrq_handle_crash" in crashed and "write_sysrq_trigger" in crashed, summary.stdout
+    new = next(g for g in status["guests"] if g["name"] == "new")
+    vmlinux = Kernel.at(new["kernel"]["dir"]).vmlinux_debug
+    out = subprocess.run(["crash", "-s", str(vmlinux), str(core)], input="sys\nbt\nquit\n", capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert "sysrq triggered crash" in out.stdout and "sysrq_handle_crash" in out.stdout, out.stdout + out.stderr
