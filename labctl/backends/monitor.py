@@ -138,6 +138,9 @@ def dump_guest_memory(socket_path: Path | str, fd: int, fmt: str, timeout: float
     _session(socket_path, go, timeout, "dump-guest-memory")
 
 
+CONNECT_TIMEOUT = 30.0  # seconds for a monitor's greeting and capabilities
+
+
 async def _migration_done(client: QMPClient, timeout: float, doing: str) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
@@ -159,7 +162,9 @@ def _session(socket_path: Path | str, work: Callable[[QMPClient], Awaitable[T]],
     async def go() -> T:
         client = QMPClient("labctl")
         try:
-            await asyncio.wait_for(client.connect(str(socket_path)), 5.0)
+            # A QEMU just started (reset restarts several at once) can take seconds to greet under TCG on a
+            # busy host: 5 s ran out in CI with three guests reset together, and the error said nothing.
+            await asyncio.wait_for(client.connect(str(socket_path)), CONNECT_TIMEOUT)
             return await asyncio.wait_for(work(client), timeout)
         finally:
             await client.disconnect()
@@ -167,7 +172,8 @@ def _session(socket_path: Path | str, work: Callable[[QMPClient], Awaitable[T]],
     try:
         return asyncio.run(go())
     except (TimeoutError, QMPError, OSError, EOFError) as exc:
-        raise MachineError(f"QMP {what} on {socket_path} failed: {exc or type(exc).__name__}") from exc
+        why = str(exc) or ("no answer in time" if isinstance(exc, TimeoutError) else type(exc).__name__)
+        raise MachineError(f"QMP {what} on {socket_path} failed: {why}") from exc
 
 
 class Monitor(Protocol):

@@ -300,3 +300,15 @@ def test_a_dropped_ipv6_packets_header_is_found_where_ipv6_pulled_it() -> None:
     assert h is not None and h.describe() == "UDP [fd00:1::2]:40000 > [fd00:2::2]:9"
     (row,), _ = drops.table([d])
     assert row.protocol == "IPv6" and row.headers == ["UDP [fd00:1::2]:40000 > [fd00:2::2]:9"]
+
+
+def test_a_read_with_no_hop_before_it_is_no_packet() -> None:
+    """A TCP socket's copy (sshd's) read at its payload can pass the reader probe's filter by chance: a
+    "packet" of that read alone is none, while a read after the packet's own hops is its delivery."""
+    req = v4("10.1.0.1", "10.2.0.1", 64, ECHO)
+    noise = ev("a", 0.5, "raw_read", bytes.fromhex("45000f00d6560000400100000d143228e1335d6b") + ECHO, comm="sshd")
+    real = [ev("b", 0.0, "netif_rx", req, dev="eth1"), ev("b", 0.2, "ip_local", req),
+            ev("b", 0.4, "raw_read", req, comm="ping")]
+    (j,) = _run([noise, *real])
+    assert j.end.kind == "delivered" and j.end.guest == "b", j.end
+    assert [h.point for h in j.hops if h.guest == "b"][-1] == "raw_read"
