@@ -37,7 +37,7 @@ from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import Kernel, enum_names, struct_offsets
 from labctl.lab import guest_interfaces
 from labctl.live import capture
-from labctl.pktfilter import FilterError, Node, refuse_options
+from labctl.pktfilter import FilterError, Node, pcap_text, refuse_options
 from labctl.ssh import Pipe, Session
 from labctl.state import LabState, netstate
 from labctl.trace import Clock, Event, Topology, Wire, hops
@@ -332,6 +332,7 @@ class Follower:
                 topo.nets[(str(g), str(n["name"]))] = str(n.get("network"))
         for g, spec in (self.state.resolved.get("guests") or {}).items():
             topo.ifaces.update({(str(g), k): v for k, v in iface_roles(spec).items()})
+            topo.vlans.update({(str(g), k): v for k, v in vlan_ids(spec).items()})
         for key, values in netstate.load(self.state.path).impair.items():
             g, _, nic = key.partition(".")
             topo.impair[(g, nic)] = {str(k): str(v) for k, v in values.items() if v not in (None, "")}
@@ -349,6 +350,8 @@ class Follower:
                 h = hops.parse_frame(frame.data)
                 if h is not None and self.node.match(h.packet()):
                     seen.setdefault(h.key(), []).append(frame.ts_us * 1000 - self.wall_minus_mono)
+                    if vids := hops.frame_vlans(frame.data):
+                        self.wire.tags.setdefault(nic, {}).setdefault(h.key(), set()).update(vids)
 
     def ruleset(self, guest: str) -> str:
         """``nft -a list ruleset`` on the guest now ("" without nftables)."""
@@ -403,7 +406,7 @@ class Follower:
 
 def iface_roles(guest: Mapping[str, Any]) -> dict[str, str]:
     """What each of a guest's lab interfaces is to another (its ``Guest.to_dict()``): a bridge's ports, a
-    bond's members (and its mode), a VLAN on its parent."""
+    bond's members (and its mode), a VLAN on its parent (its ID: :func:`vlan_ids`)."""
     views = guest_interfaces(guest)
     kinds = {v.name: v for v in views}
     out = {}
@@ -417,6 +420,16 @@ def iface_roles(guest: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def vlan_ids(guest: Mapping[str, Any]) -> dict[str, int]:
+    """The VLAN ID of each of a guest's VLAN devices (its ``Guest.to_dict()``), by device name."""
+    out = {}
+    for v in guest_interfaces(guest):
+        words = v.detail.split()  # "vlan 10 of eth1"
+        if v.kind == "vlan" and len(words) > 1 and words[1].isdigit():
+            out[v.name] = int(words[1])
+    return out
+
+
 def _between(text: str, begin: str, end: str) -> str:
     _a, _, rest = text.partition(begin + "\n")
     return rest.partition(end)[0] if rest else ""
@@ -425,7 +438,8 @@ def _between(text: str, begin: str, end: str) -> str:
 def libpcap_error(text: str) -> str | None:
     """What libpcap says is wrong with the filter ``text`` (``tcpdump -d -- TEXT``), None when it compiles
     or tcpdump is not there to ask. A filter that starts with ``-`` never reaches tcpdump
-    (:func:`labctl.pktfilter.refuse_options`)."""
+    (:func:`labctl.pktfilter.refuse_options`); one with ``vlan`` goes there with its ``vlan`` first
+    (:func:`labctl.pktfilter.pcap_text`)."""
     from labctl.proc import run
 
     try:
@@ -433,7 +447,7 @@ def libpcap_error(text: str) -> str | None:
     except FilterError as exc:
         return str(exc)
     try:
-        res = run(["tcpdump", "-d", "--", text], timeout=20, check=False)
+        res = run(["tcpdump", "-d", "--", pcap_text(text)], timeout=20, check=False)
     except (ProcessError, LabctlError, OSError):
         return None
     if res.returncode == 0:
