@@ -144,8 +144,8 @@ def test_each_family_gets_its_own_kernel_filter_or_none() -> None:
     ("vlan 10 and icmp", Vlan(10), "vi >= 69 && vi <= 79 && proto == 1"),
     ("icmp and vlan 10", Vlan(10), "vi >= 69 && vi <= 79 && proto == 1"),  # either side of and, the same
     ("vlan and host 10.0.0.1", Vlan(), "vi >= 69 && vi <= 79 && (saddr == 0x100000a || daddr == 0x100000a)"),
-    ("(vlan 0 && icmp) and not host 10.1.0.1", Vlan(0), "vi >= 69 && vi <= 79 && (proto == 1 && "
-     "!((saddr == 0x100010a || daddr == 0x100010a)))"),
+    ("(vlan 0 && icmp) and not host 10.1.0.1", Vlan(0), ("vi >= 69 && vi <= 79 && (proto == 1 && "
+     "!((saddr == 0x100010a || daddr == 0x100010a)))")),
     ("VLAN 4095 and (icmp or udp)", Vlan(4095), "vi >= 69 && vi <= 79 && (proto == 1 || proto == 17)"),
 ])
 def test_vlan_is_a_conjunct_of_the_whole_filter_and_nothing_in_the_kernel(text: str, vlan: Vlan, rest: str) -> None:
