@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import labctl.follow.probes as pr
 import labctl.follow.tunnelprobes as tunnelprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.follow.vlanprobes as vlanprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
@@ -144,11 +145,13 @@ def _alive(pid: int) -> bool:
 
 def _definitions(f: Follower, guest: str) -> tuple[list[str], dict[str, str]]:
     """:meth:`Follower.definitions`: the follow points' probes, then the tunnels' (the outer packet,
-    encap, decap: :mod:`labctl.follow.tunnelprobes`)."""
+    encap, decap: :mod:`labctl.follow.tunnelprobes`), then those of tagged frames for a filter with
+    ``vlan`` (:mod:`labctl.follow.vlanprobes`)."""
     caps, prefix = f.caps[guest], pr.PREFIX + f.tag
     defs, filters = pr.definitions(prefix, f.node, f.offsets[guest], caps.reason, caps.symbol)
     more, more_filters = tunnelprobes.definitions(prefix, f.node, f.offsets[guest], f.state.resolved, guest)
-    return defs + more, {**filters, **more_filters}
+    tagged, tagged_filters = vlanprobes.definitions(prefix, f.node, f.offsets[guest])
+    return defs + more + tagged, {**filters, **more_filters, **tagged_filters}
 
 
 class Follower:

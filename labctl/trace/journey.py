@@ -50,7 +50,7 @@ from labctl.trace.hops import (
     reason_name,
 )
 from labctl.trace.nfhops import chain_name, continues, ct_state, dropping_rule, rewrite
-from labctl.trace.vlanhops import journey_vlans, wire_note
+from labctl.trace.vlanhops import hop_note, journey_vlans, wire_note
 
 CLUSTER_GAP_NS = 2_000_000_000  # the same identity again after this long: another packet
 DROP_TIE_NS = 2_000_000_000  # a drop belongs to the last hop of its skb in the same guest within this
@@ -410,8 +410,7 @@ class Correlator:
         end = self._ends().end(c, visits, final, copies)
         j = Journey(c.header, hops, end)
         j.out_of_order = p._out_of_order(hops)
-        j.vlans = journey_vlans(((e.guest, e.dev) for e in events), [h.key() for h in c.headers], self.topo.vlans,
-                                self.wire.tags)
+        j.vlans = journey_vlans(events, [h.key() for h in c.headers], self.topo.vlans, self.wire.tags)
         return j
 
 
@@ -466,7 +465,7 @@ class _Hops:
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
         notes = [encap.noted(note, e.point, e.fields),  # a tunnel's outer header (labctl.trace.encap)
-                 self.topo.ifaces.get((e.guest, e.dev or ""), ""), e.fields.get("nat", "")]
+                 self.topo.ifaces.get((e.guest, e.dev or ""), ""), hop_note(e), e.fields.get("nat", "")]
         state = ct_state(e)
         if state == "none":
             state = "invalid (no entry)" if e.guest in self.tracked and e.point != "nft" else None

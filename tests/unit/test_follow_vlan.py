@@ -131,3 +131,43 @@ def test_an_address_on_another_vlan_is_not_on_this_one() -> None:
     assert [j.vlans for j in _journeys(events, None, topo=topo)] == [(10,), (20,)]
     assert [str(ipaddress.IPv4Address(j.header.saddr)) for j in _journeys(events, Vlan(20), topo=topo)] == [
         "10.20.0.2"]
+
+
+OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 184, "skb_dev": 16, "dev_name": 0,
+       "skb_protocol": 180}  # Debian's 6.1.0-56
+
+
+def test_a_filter_with_vlan_reads_a_packet_inside_a_tag_in_the_frame_where_the_nic_leaves_it() -> None:
+    from labctl.follow import vlanprobes
+
+    assert vlanprobes.definitions("labctl_t", parse("icmp"), OFF) == ([], {})  # no vlan: no probe, no cost
+    defs, filters = vlanprobes.definitions("labctl_t", parse("vlan 10 and icmp"), OFF)
+    assert filters == {"netif_rx_q": "pr == 0x81 && et == 0x8 && vi >= 69 && vi <= 79 && proto == 1",
+                       "xmit_q": "pr == 0x81 && et == 0x8 && vi >= 69 && vi <= 79 && proto == 1"}
+    rx, tx = defs
+    # on receive at the tag (the header 4 bytes on), on transmit after the Ethernet header and the tag (18)
+    assert rx.startswith("e:labctl_t/netif_rx_q net.netif_receive_skb ") and "saddr=+16(+208($skbaddr)):u32" in rx
+    assert rx.endswith(" pr=+180($skbaddr):u16 et=+2(+208($skbaddr)):u16 tci=+0(+208($skbaddr)):u16")
+    assert tx.startswith("e:labctl_t/xmit_q net.net_dev_start_xmit ") and "saddr=+30(+208($skbaddr)):u32" in tx
+    assert tx.endswith(" et=+16(+208($skbaddr)):u16 tci=+14(+208($skbaddr)):u16")
+    _, filters = vlanprobes.definitions("labctl_t", parse("vlan and (icmp6 or arp host 10.10.0.1)"), OFF)
+    assert filters["xmit6_q"] == "pr == 0x81 && et == 0xdd86 && vi >= 96 && vi <= 111 && nxt == 58"
+    assert filters["netif_rx_arp_q"] == "pr == 0x81 && et == 0x608 && (spa == 0x1000a0a || tpa == 0x1000a0a)"
+    assert sorted(filters) == ["netif_rx6_q", "netif_rx_arp_q", "xmit6_q", "xmit_arp_q"]  # no IPv4 probe
+
+
+def test_a_hop_read_inside_a_tag_is_its_point_with_its_vlan() -> None:
+    raw = OVER_VLAN
+    tci = str(int.from_bytes(struct.pack(">H", 0x2000 | 10), "little"))  # priority 1, VLAN 10, read little-endian
+    rx = ev("r", 2.0, "netif_rx", raw, dev="eth1")
+    line = (f"  <idle>-0 [000] ..s1. 0.002000: netif_rx_q: (net.netif_receive_skb) skb={rx.skb} dev=\"eth1\" "
+            + " ".join(f"{k}={v}" for k, v in rx.fields.items() if k not in ("skb", "dev")) + f" pr=129 et=8 tci={tci}")
+    parsed = hops.parse_line(line, "r")
+    assert parsed is not None and parsed.point == "netif_rx" and parsed.fields["tci"] == tci
+    assert hops.identity(parsed) == hops.identity(rx)
+    events = _a_to_r(raw, ("eth1",), 0.0)  # no VLAN device known, no wire: the tag read is all there is
+    events[-2] = parsed
+    (j,) = _journeys(events, Vlan(10), topo=Topology(TOPO.nets, guests=TOPO.guests))
+    assert j.vlans == (10,)
+    assert [(h.guest, h.where, h.dev, h.note) for h in j.hops][2:4] == [
+        ("a", "a.eth1 → r.eth1", None, ""), ("r", "netif_receive_skb", "eth1", "tagged VLAN 10 in the frame")]
