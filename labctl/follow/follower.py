@@ -133,6 +133,17 @@ def stale_groups(caps: pr.Caps) -> list[str]:
     return out
 
 
+def _frame(wire: Wire, nic: tuple[str, str], node: Node, data: bytes, host_ns: int) -> None:
+    """A frame QEMU saw on ``nic``'s host side at ``host_ns`` into ``wire`` when ``node`` matches its
+    packet: when, and its VLAN tags."""
+    h = hops.parse_frame(data)
+    if h is None or not node.match(h.packet()):
+        return
+    wire.seen.setdefault(nic, {}).setdefault(h.key(), []).append(host_ns)
+    if vids := hops.frame_vlans(data):
+        wire.tags.setdefault(nic, {}).setdefault(h.key(), set()).update(vids)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -345,16 +356,12 @@ class Follower:
         """The frames the captures hold so far, by identity (:class:`labctl.trace.journey.Wire`); ``look``
         False: only read past them (nothing followed is in flight, so unrelated traffic costs no parsing)."""
         for nic, tail in self.tails.items():
-            seen = self.wire.seen.setdefault(nic, {})
+            self.wire.seen.setdefault(nic, {})
             frames = tail.read()
             if not look:
                 continue
             for frame in frames:
-                h = hops.parse_frame(frame.data)
-                if h is not None and self.node.match(h.packet()):
-                    seen.setdefault(h.key(), []).append(frame.ts_us * 1000 - self.wall_minus_mono)
-                    if vids := hops.frame_vlans(frame.data):
-                        self.wire.tags.setdefault(nic, {}).setdefault(h.key(), set()).update(vids)
+                _frame(self.wire, nic, self.node, frame.data, frame.ts_us * 1000 - self.wall_minus_mono)
 
     def ruleset(self, guest: str) -> str:
         """``nft -a list ruleset`` on the guest now ("" without nftables)."""

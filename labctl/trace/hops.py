@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import labctl.trace.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-import labctl.trace.vlanhops as vlanhops  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.pktfilter import ARP, Packet
 
 MARKER = "labctl-sync"
@@ -64,7 +63,9 @@ VARIANTS = {"dev_queue6": "dev_queue", "xmit6": "xmit", "netif_rx6": "netif_rx",
             "udp6_read": "udp_read", "dev_queue_arp": "dev_queue", "xmit_arp": "xmit", "netif_rx_arp": "netif_rx", "nft6": "nft"}
 POINTS.update({p[0]: Point(*p) for p in encap.POINTS})  # tunnels: encap and decap (labctl.trace.encap)
 VARIANTS.update(encap.VARIANTS)  # ... and the outer packet's points
-VARIANTS.update(vlanhops.VARIANTS)  # a packet inside an 802.1Q tag in the frame (labctl.trace.vlanhops)
+# a packet inside an 802.1Q tag in the frame (labctl.follow.vlanprobes; its VLAN: labctl.trace.vlanhops)
+VARIANTS.update({"netif_rx_q": "netif_rx", "xmit_q": "xmit", "netif_rx6_q": "netif_rx", "xmit6_q": "xmit",
+                 "netif_rx_arp_q": "netif_rx", "xmit_arp_q": "xmit"})
 FORWARD = ("ip_fwd", "ip6_fwd")
 LOCAL = ("ip_local", "ip6_local", "tcp_rcv", "tcp6_rcv", "arp_rcv")  # taken in by the receiving guest's stack
 

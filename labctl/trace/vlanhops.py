@@ -4,23 +4,17 @@ A packet is untagged on a VLAN device (``eth1.10``: its hops there), tagged on t
 ``skb->vlan_tci``, or in the frame when the NIC strips and inserts no tags) and tagged on the wire
 (in the frame, as QEMU saw it on the host side of the NIC). So a journey's VLANs are the IDs of the
 VLAN devices its hops are on (the topology's ``vlans``: ``(guest, device)`` → ID), of the tags its
-hops read in the frame (the events of :mod:`labctl.follow.vlanprobes`: :data:`VARIANTS`, their
-``tci``) and of those its frames on the wire carry (the wire's ``tags``: ``(guest, nic)`` → the
+hops read in the frame (the events of :mod:`labctl.follow.vlanprobes`, their ``tci``) and of those its frames on the wire carry (the wire's ``tags``: ``(guest, nic)`` → the
 packet's name → IDs, looked up by each of its names: NAT may have renamed it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from labctl.trace.hops import Event
+from labctl.trace.hops import Event
 
 Tags = Mapping[tuple[str, str], Mapping[tuple[object, ...], set[int]]]
-VARIANTS = {"netif_rx_q": "netif_rx", "xmit_q": "xmit", "netif_rx6_q": "netif_rx", "xmit6_q": "xmit",
-            "netif_rx_arp_q": "netif_rx", "xmit_arp_q": "xmit"}
-"""The events of a packet inside a tag in the frame: the points they are."""
 
 
 def tag_vlan(e: Event) -> int | None:
