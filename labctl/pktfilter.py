@@ -19,16 +19,12 @@ Supported, as pcap means them::
     primitive's qualifiers, as in pcap (``host 10.0.0.1 or 10.0.0.2``)
     vlan | vlan ID                                    (a top-level conjunct only: vlan 10 and EXPR, EXPR and vlan 10)
 
-``vlan [ID]`` selects journeys, not headers (:class:`Vlan`): the packets whose journey passes 802.1Q
-VLAN ``ID`` (any VLAN without one) at some hop, a VLAN device of that ID or a wire frame tagged with
-it, and the rest of the filter on the packet's own (inner) header as usual. A packet is tagged on
-some hops and untagged on others (the VLAN device ``eth1.10`` sees it without its tag, the parent
-NIC with the tag in ``skb->vlan_tci`` or in the frame, the wire with it in the frame), so the
-question is the journey's: it contributes nothing to the kernel's filter (the probes record what
-the rest matches) and the journeys are kept on the host by :meth:`Vlan.passes` of the VLANs they
-were seen on. pcap's ``vlan`` moves the offsets of what follows it, which has no sense for a
-journey; so ``vlan`` is taken only as a conjunct of the whole filter (either side of ``and``, the
-same), once, and refused under ``or`` or ``not`` (:func:`vlan_of`).
+``vlan [ID]`` selects journeys, not headers (:class:`Vlan`): those that pass 802.1Q VLAN ``ID`` (any
+without one) at some hop (:mod:`labctl.trace.vlanhops`: a packet is untagged on ``eth1.10``, tagged
+on its parent and the wire), the rest of the filter on the packet's own header as usual; nothing of
+it goes into the kernel's filter. pcap's ``vlan`` moves the offsets of what follows it, which has no
+sense for a journey: it is taken only as a conjunct of the whole filter, either side of ``and``,
+once (:func:`vlan_of`).
 
 Families: ``4`` (IPv4), ``6`` (IPv6), :data:`ARP`. For ARP, a packet's source and destination
 addresses are the sender's and target's protocol (IPv4) addresses, as pcap reads them.
@@ -558,7 +554,7 @@ def parse(text: str) -> Node:
         starts with ``-`` (:func:`refuse_options`), and on one no packet can match (``icmp and ip6``).
     """
     refuse_options(text)
-    tokens = [m.group(1) for m in _TOKEN.finditer(text)]
+    tokens = tokenize(text)
     if not tokens:
         return Everything()
     p = _Parser(text, tokens)
@@ -569,6 +565,11 @@ def parse(text: str) -> Node:
     if not families(node):
         raise FilterError(f"'{text}': matches no IPv4, IPv6 or ARP packet")
     return node
+
+
+def tokenize(text: str) -> list[str]:
+    """The filter's words and operators (``&&``, ``(``, ``host``, ``10.0.0.1``...)."""
+    return [m.group(1) for m in _TOKEN.finditer(text)]
 
 
 def _conjuncts(node: Node) -> list[Node]:
@@ -605,31 +606,6 @@ def vlan_of(node: Node, text: str = "") -> Vlan | None:
         raise FilterError(f"{where}labctl follow takes one 'vlan', not stacked tags "
                           f"({', '.join(v.describe() for v in found)})")
     return found[0]
-
-
-def pcap_text(text: str) -> str:
-    """The filter as libpcap should check it (``tcpdump -d``): a ``vlan [ID]`` that :func:`parse` takes
-    moved to the front, ``vlan 10 and (EXPR)``, where pcap reads EXPR inside the tag as labctl does
-    (pcap's ``EXPR and vlan 10`` would read EXPR before the tag: "rejects all packets" for ``icmp``);
-    any other filter as it is."""
-    try:
-        vlan = vlan_of(parse(text))
-    except FilterError:
-        return text
-    if vlan is None:
-        return text
-    spans = [m.span(1) for m in _TOKEN.finditer(text)]
-    toks = [text[a:b] for a, b in spans]
-    i = next(k for k, t in enumerate(toks) if t.lower() == "vlan")
-    j = i + 2 if vlan.id is not None else i + 1  # past the primitive
-    while 0 < i and j < len(toks) and toks[i - 1] == "(" and toks[j] == ")":  # (vlan 10) and ...
-        i, j = i - 1, j + 1
-    if j < len(toks) and toks[j] in ("and", "&&"):
-        j += 1
-    elif i > 0 and toks[i - 1] in ("and", "&&"):
-        i -= 1
-    rest = " ".join(toks[:i] + toks[j:])
-    return f"{vlan.describe()} and ({rest})" if rest else vlan.describe()
 
 
 def kernel_filter(node: Node, family: int = 4) -> tuple[str | None, set[str]]:

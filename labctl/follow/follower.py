@@ -38,7 +38,7 @@ from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import Kernel, enum_names, struct_offsets
 from labctl.lab import guest_interfaces
 from labctl.live import capture
-from labctl.pktfilter import FilterError, Node, pcap_text, refuse_options
+from labctl.pktfilter import FilterError, Node, parse, refuse_options, tokenize, vlan_of
 from labctl.ssh import Pipe, Session
 from labctl.state import LabState, netstate
 from labctl.trace import Clock, Event, Topology, Wire, hops
@@ -449,7 +449,7 @@ def libpcap_error(text: str) -> str | None:
     """What libpcap says is wrong with the filter ``text`` (``tcpdump -d -- TEXT``), None when it compiles
     or tcpdump is not there to ask. A filter that starts with ``-`` never reaches tcpdump
     (:func:`labctl.pktfilter.refuse_options`); one with ``vlan`` goes there with its ``vlan`` first
-    (:func:`labctl.pktfilter.pcap_text`)."""
+    (:func:`pcap_text`)."""
     from labctl.proc import run
 
     try:
@@ -464,3 +464,27 @@ def libpcap_error(text: str) -> str | None:
         return None
     lines = [ln for ln in res.stderr.decode(errors="replace").splitlines() if ln and not ln.startswith("Warning")]
     return lines[-1] if lines else f"tcpdump -d exited with status {res.returncode}"
+
+
+def pcap_text(text: str) -> str:
+    """The filter as libpcap should check it (``tcpdump -d``): a ``vlan [ID]`` that
+    :func:`labctl.pktfilter.parse` takes moved to the front, ``vlan 10 and (EXPR)``, where pcap reads
+    EXPR inside the tag as labctl does (pcap's ``EXPR and vlan 10`` would read EXPR before the tag:
+    "rejects all packets" for ``icmp``); any other filter as it is."""
+    try:
+        vlan = vlan_of(parse(text))
+    except FilterError:
+        return text
+    if vlan is None:
+        return text
+    toks = tokenize(text)
+    i = next(k for k, t in enumerate(toks) if t.lower() == "vlan")
+    j = i + 2 if vlan.id is not None else i + 1  # past the primitive
+    while 0 < i and j < len(toks) and toks[i - 1] == "(" and toks[j] == ")":  # (vlan 10) and ...
+        i, j = i - 1, j + 1
+    if j < len(toks) and toks[j] in ("and", "&&"):
+        j += 1
+    elif i > 0 and toks[i - 1] in ("and", "&&"):
+        i -= 1
+    rest = " ".join(toks[:i] + toks[j:])
+    return f"{vlan.describe()} and ({rest})" if rest else vlan.describe()

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from labctl.pktfilter import FilterError, Packet, Vlan, kernel_filter, parse, pcap_text, vlan_of
+from labctl.follow.follower import pcap_text
+from labctl.pktfilter import FilterError, Packet, Vlan, kernel_filter, parse, vlan_of
 
 
 def pkt(src: str, dst: str, proto: int, sport: int | None = None, dport: int | None = None) -> Packet:
