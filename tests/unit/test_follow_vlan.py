@@ -1,6 +1,7 @@
-"""``vlan [ID]`` in a follow (labctl.trace.vlanhops, labctl.trace.journey, labctl.trace.journeyfiles): a
-journey's VLANs from the VLAN devices of its hops and the 802.1Q tags of its wire frames, and the
-journeys a filter's ``vlan`` keeps; events as the probes of labctl.follow.probes fetch them."""
+"""``vlan [ID]`` in a follow (labctl.trace.vlanhops, labctl.trace.journey, labctl.trace.journeyfiles,
+labctl.follow.vlanprobes): a journey's VLANs from the VLAN devices of its hops, the tags its hops read in
+the frame and the 802.1Q tags of its wire frames, and the journeys a filter's ``vlan`` keeps; events as
+the probes fetch them, and a real run's recorded traces (tests/fixtures/follow55)."""
 
 from __future__ import annotations
 
@@ -171,3 +172,47 @@ def test_a_hop_read_inside_a_tag_is_its_point_with_its_vlan() -> None:
     assert j.vlans == (10,)
     assert [(h.guest, h.where, h.dev, h.note) for h in j.hops][2:4] == [
         ("a", "a.eth1 → r.eth1", None, ""), ("r", "netif_receive_skb", "eth1", "tagged VLAN 10 in the frame")]
+
+
+# Recorded on real guests (tests/fixtures/follow55/vlan: test_follow_ipv6's 'vlan' step, labs/dual-stack-router.yaml
+# on Debian's 6.1 under TCG): 'icmp and vlan 10' while a pinged r twice over VLAN 10 (10.10.0.1) and twice over the
+# untagged network (10.1.0.1); every ICMP packet was recorded (vlan puts nothing into the kernel's filter)
+FIX55 = ROOT / "tests" / "fixtures" / "follow55" / "vlan"
+REQUEST = [("a", "net_dev_queue", "br0.10", "VLAN 10 on br0"), ("a", "net_dev_start_xmit", "br0.10", "VLAN 10 on br0"),
+           ("a", "net_dev_queue", "br0", ""), ("a", "net_dev_start_xmit", "br0", ""),
+           ("a", "net_dev_queue", "eth1", "port of br0"), ("a", "net_dev_start_xmit", "eth1", "port of br0"),
+           ("a", "a.eth1 → r.eth1", None, "seen on the host side at both ends; tagged VLAN 10"),
+           ("r", "netif_receive_skb", "eth1", "tagged VLAN 10 in the frame"), ("r", "ip_local_deliver", None, "")]
+REPLY = [("r", "net_dev_queue", "eth1.10", "VLAN 10 on eth1"), ("r", "net_dev_start_xmit", "eth1.10", "VLAN 10 on eth1"),
+         ("r", "net_dev_queue", "eth1", ""), ("r", "net_dev_start_xmit", "eth1", "tagged VLAN 10 in the frame"),
+         ("r", "r.eth1 → a.eth1", None, "seen on the host side at both ends; tagged VLAN 10"),
+         ("a", "netif_receive_skb", "eth1", "port of br0"), ("a", "netif_receive_skb", "br0", ""),
+         ("a", "ip_local_deliver", None, ""), ("a", "skb_copy_datagram_iovec", None, "")]
+
+
+def test_recorded_vlan_pings_are_kept_with_every_hop_and_the_untagged_ones_are_not(tmp_path: Path) -> None:
+    got = journeys_of(FIX55)
+    assert got is not None
+    js, facts = got
+    assert facts["filter"] == "icmp and vlan 10"
+    assert [(j.id, j.header.describe().split(" id ")[0], j.vlans, j.end.kind) for j in js] == [
+        (1, "ICMP echo-request 10.10.0.2 > 10.10.0.1", (10,), "answered"),
+        (2, "ICMP echo-reply 10.10.0.1 > 10.10.0.2", (10,), "delivered"),
+        (3, "ICMP echo-request 10.10.0.2 > 10.10.0.1", (10,), "answered"),
+        (4, "ICMP echo-reply 10.10.0.1 > 10.10.0.2", (10,), "delivered")]
+    for j in js:
+        assert [(h.guest, h.where, h.dev, h.note) for h in j.hops] == (REQUEST if j.header.is_echo(1) else REPLY)
+        assert j.out_of_order == 0
+    # the same recording followed by 'icmp': the two untagged pings are there too, on no VLAN
+    (tmp_path / FOLLOW_DIR).mkdir()
+    for f in (FIX55 / FOLLOW_DIR).iterdir():
+        (tmp_path / FOLLOW_DIR / f.name).write_bytes(f.read_bytes())
+    data = json.loads((FIX55 / FOLLOW_DIR / FOLLOW_INPUTS).read_text())
+    (tmp_path / FOLLOW_DIR / FOLLOW_INPUTS).write_text(json.dumps({**data, "filter": "icmp"}))
+    every = journeys_of(tmp_path)
+    assert every is not None
+    untagged = [j for j in every[0] if not j.vlans]
+    assert [j.header.describe().split(" id ")[0] for j in untagged] == [
+        "ICMP echo-request 10.1.0.2 > 10.1.0.1", "ICMP echo-reply 10.1.0.1 > 10.1.0.2"] * 2
+    assert all("VLAN" not in h.note for j in untagged for h in j.hops)
+    assert len(every[0]) == 8
