@@ -1,4 +1,4 @@
-"""The subset of pcap-filter syntax (``tcpdump``'s) that labctl follows packets by: IPv4, IPv6 and ARP.
+"""The subset of pcap-filter syntax (``tcpdump``'s) that labctl follows packets by: IPv4, IPv6 and ARP, on a VLAN.
 
 :func:`parse` turns a filter into a small tree; the tree is evaluated on a packet's header fields on
 the host (:meth:`Node.match`) and translated, once per family, into the kernel's own event filter
@@ -17,6 +17,14 @@ Supported, as pcap means them::
     ip host ADDR, ip6 net NET, arp host ADDR ...      (a family before host, net, src, dst)
     and, or, not (also &&, ||, !), parentheses; a bare value after and/or repeats the last
     primitive's qualifiers, as in pcap (``host 10.0.0.1 or 10.0.0.2``)
+    vlan | vlan ID                                    (a top-level conjunct only: vlan 10 and EXPR, EXPR and vlan 10)
+
+``vlan [ID]`` selects journeys, not headers (:class:`Vlan`): those that pass 802.1Q VLAN ``ID`` (any
+without one) at some hop (:mod:`labctl.trace.vlanhops`: a packet is untagged on ``eth1.10``, tagged
+on its parent and the wire), the rest of the filter on the packet's own header as usual; nothing of
+it goes into the kernel's filter. pcap's ``vlan`` moves the offsets of what follows it, which has no
+sense for a journey: it is taken only as a conjunct of the whole filter, either side of ``and``,
+once (:func:`vlan_of`).
 
 Families: ``4`` (IPv4), ``6`` (IPv6), :data:`ARP`. For ARP, a packet's source and destination
 addresses are the sender's and target's protocol (IPv4) addresses, as pcap reads them.
@@ -30,14 +38,16 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 ARP = 0x806
 FAMILIES = (4, 6, ARP)
 PROTOS = {"icmp": (1, (4,)), "icmp6": (58, (6,)), "tcp": (6, (4, 6)), "udp": (17, (4, 6))}
 SUPPORTED = ("host, net, port (with src/dst, tcp/udp), icmp, icmp6, tcp, udp, ip, ip6, arp, ip/ip6 proto, "
-             "and/or/not with parentheses")
-_UNSUPPORTED = ("ether", "rarp", "vlan", "mpls", "portrange", "less", "greater", "len",
+             "and/or/not with parentheses, vlan [ID] and the rest")
+MAX_VLAN = 4095
+_UNSUPPORTED = ("ether", "rarp", "mpls", "portrange", "less", "greater", "len",
                 "gateway", "broadcast", "multicast", "sctp", "igmp", "pim", "llc", "decnet", "atalk",
                 "iso", "ppp", "wlan", "type", "subtype", "inbound", "outbound", "ifname", "on", "geneve", "pppoed",
                 "pppoes", "link", "fddi", "tr", "ah", "esp", "vrrp", "carp", "aarp", "stp", "ipx", "netbeui",
@@ -328,6 +338,27 @@ class Proto(Node):
         return f"{'proto' if family == 4 else 'nxt'} == {self.number}"
 
 
+@dataclass(frozen=True)
+class Vlan(Node):
+    """``vlan`` (``id`` None: any VLAN) or ``vlan ID``: a journey on that 802.1Q VLAN (see the module
+    docstring). No packet's own header says it: it matches every packet, here and in the kernel."""
+
+    id: int | None = None
+
+    def match(self, p: Packet) -> bool:
+        return True
+
+    def kernel(self, family: int, fields: set[str]) -> Expr:
+        return True
+
+    def passes(self, vlans: Collection[int]) -> bool:
+        """Whether a journey seen on the VLANs ``vlans`` (their IDs) is on this one."""
+        return bool(vlans) if self.id is None else self.id in vlans
+
+    def describe(self) -> str:
+        return "vlan" if self.id is None else f"vlan {self.id}"
+
+
 Qual = tuple[str, str, "int | None", "tuple[int, ...] | None"]  # kind, direction, proto, families
 
 
@@ -402,6 +433,8 @@ class _Parser:
         low = tok.lower()
         if low in _UNSUPPORTED or "[" in tok:
             raise self.refuse(tok)
+        if low == "vlan":
+            return self.vlan()
         if low in PROTOS and self.peek(1) not in _DIRS + ("port",):
             self.take()
             return Proto(*PROTOS[low])
@@ -430,6 +463,16 @@ class _Parser:
         if _is_value(tok):
             return self.value("host", "src or dst", None, None)
         raise self.refuse(tok)
+
+    def vlan(self) -> Vlan:
+        self.take()
+        tok = self.peek()
+        if tok is None or not tok.isdigit():
+            return Vlan()
+        self.take()
+        if int(tok) > MAX_VLAN:
+            raise FilterError(f"'{self.text}': VLAN ID {tok} is more than {MAX_VLAN}")
+        return Vlan(int(tok))
 
     def protocol(self) -> int:
         tok = self.take()
@@ -511,16 +554,58 @@ def parse(text: str) -> Node:
         starts with ``-`` (:func:`refuse_options`), and on one no packet can match (``icmp and ip6``).
     """
     refuse_options(text)
-    tokens = [m.group(1) for m in _TOKEN.finditer(text)]
+    tokens = tokenize(text)
     if not tokens:
         return Everything()
     p = _Parser(text, tokens)
     node = p.expr()
     if p.peek() is not None:
         raise FilterError(f"'{text}': unexpected '{p.peek()}'")
+    vlan_of(node, text)
     if not families(node):
         raise FilterError(f"'{text}': matches no IPv4, IPv6 or ARP packet")
     return node
+
+
+def tokenize(text: str) -> list[str]:
+    """The filter's words and operators (``&&``, ``(``, ``host``, ``10.0.0.1``...)."""
+    return [m.group(1) for m in _TOKEN.finditer(text)]
+
+
+def _conjuncts(node: Node) -> list[Node]:
+    """The filter's top-level conjuncts: ``a and (b and c)`` is a, b, c."""
+    return _conjuncts(node.a) + _conjuncts(node.b) if isinstance(node, And) else [node]
+
+
+def _vlans(node: Node) -> list[Vlan]:
+    """Every ``vlan`` primitive in the tree, wherever it is."""
+    if isinstance(node, Vlan):
+        return [node]
+    if isinstance(node, (And, Or)):
+        return _vlans(node.a) + _vlans(node.b)
+    return _vlans(node.a) if isinstance(node, Not) else []
+
+
+def vlan_of(node: Node, text: str = "") -> Vlan | None:
+    """The filter's ``vlan [ID]``, the journeys it keeps (None: it has none, every journey).
+
+    :raise FilterError: for a ``vlan`` that is not a conjunct of the whole filter (under ``or`` or
+        ``not``: pcap's own meaning, offsets that move, has no sense for a journey), or a second one
+        (pcap's stacked tags, not followed).
+    """
+    found = _vlans(node)
+    if not found:
+        return None
+    top = [c for c in _conjuncts(node) if isinstance(c, Vlan)]
+    where = f"'{text}': " if text else ""
+    if len(top) < len(found):
+        raise FilterError(f"{where}labctl follow takes 'vlan' only ANDed with the whole filter ('vlan 10 and "
+                          "icmp', 'icmp and vlan 10'), not under 'or' or 'not': it selects the journeys "
+                          "that pass the VLAN")
+    if len(found) > 1:
+        raise FilterError(f"{where}labctl follow takes one 'vlan', not stacked tags "
+                          f"({', '.join(v.describe() for v in found)})")
+    return found[0]
 
 
 def kernel_filter(node: Node, family: int = 4) -> tuple[str | None, set[str]]:

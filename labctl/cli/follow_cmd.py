@@ -30,12 +30,13 @@ from labctl.trace import Journey
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("follow", help="follow matching packets through every guest's kernel and wire, live",
                        description="Print each packet that matches FILTER (pcap-filter syntax: host, net, port, "
-                                   "icmp/icmp6/tcp/udp, ip/ip6/arp, IPv4 and IPv6 addresses, and/or/not) with its path hop by hop through the lab's kernels "
+                                   "icmp/icmp6/tcp/udp, ip/ip6/arp, IPv4 and IPv6 addresses, and/or/not; 'vlan [ID] and ...' "
+                                   "for the journeys on a VLAN) with its path hop by hop through the lab's kernels "
                                    "and wires, and where it ended: delivered, dropped (where, why), lost on the "
                                    "wire. Ctrl-C stops.")
     p.add_argument("lab")
     p.add_argument("filter", help="pcap-filter expression, e.g. 'icmp and host 10.0.0.2', 'icmp6 and net fd00:2::/64', "
-                        "'arp host 10.1.0.99' ('': every IPv4, IPv6 and ARP packet)")
+                        "'arp host 10.1.0.99', 'vlan 10 and icmp' ('': every IPv4, IPv6 and ARP packet)")
     p.add_argument("-c", "--count", type=int, metavar="N", help="stop after N packets")
     p.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this many seconds")
     p.add_argument("--guests", metavar="G,G...", help="follow on these guests only (default: all)")

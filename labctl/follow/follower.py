@@ -31,13 +31,14 @@ from typing import Any, TypeVar
 
 import labctl.follow.probes as pr
 import labctl.follow.tunnelprobes as tunnelprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.follow.vlanprobes as vlanprobes  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import Kernel, enum_names, struct_offsets
 from labctl.lab import guest_interfaces
 from labctl.live import capture
-from labctl.pktfilter import FilterError, Node, refuse_options
+from labctl.pktfilter import FilterError, Node, parse, refuse_options, tokenize, vlan_of
 from labctl.ssh import Pipe, Session
 from labctl.state import LabState, netstate
 from labctl.trace import Clock, Event, Topology, Wire, hops
@@ -132,6 +133,17 @@ def stale_groups(caps: pr.Caps) -> list[str]:
     return out
 
 
+def _frame(wire: Wire, nic: tuple[str, str], node: Node, data: bytes, host_ns: int) -> None:
+    """A frame QEMU saw on ``nic``'s host side at ``host_ns`` into ``wire`` when ``node`` matches its
+    packet: when, and its VLAN tags."""
+    h = hops.parse_frame(data)
+    if h is None or not node.match(h.packet()):
+        return
+    wire.seen.setdefault(nic, {}).setdefault(h.key(), []).append(host_ns)
+    if vids := hops.frame_vlans(data):
+        wire.tags.setdefault(nic, {}).setdefault(h.key(), set()).update(vids)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -144,11 +156,13 @@ def _alive(pid: int) -> bool:
 
 def _definitions(f: Follower, guest: str) -> tuple[list[str], dict[str, str]]:
     """:meth:`Follower.definitions`: the follow points' probes, then the tunnels' (the outer packet,
-    encap, decap: :mod:`labctl.follow.tunnelprobes`)."""
+    encap, decap: :mod:`labctl.follow.tunnelprobes`), then those of tagged frames for a filter with
+    ``vlan`` (:mod:`labctl.follow.vlanprobes`)."""
     caps, prefix = f.caps[guest], pr.PREFIX + f.tag
     defs, filters = pr.definitions(prefix, f.node, f.offsets[guest], caps.reason, caps.symbol)
     more, more_filters = tunnelprobes.definitions(prefix, f.node, f.offsets[guest], f.state.resolved, guest)
-    return defs + more, {**filters, **more_filters}
+    tagged, tagged_filters = vlanprobes.definitions(prefix, f.node, f.offsets[guest])
+    return defs + more + tagged, {**filters, **more_filters, **tagged_filters}
 
 
 class Follower:
@@ -332,6 +346,7 @@ class Follower:
                 topo.nets[(str(g), str(n["name"]))] = str(n.get("network"))
         for g, spec in (self.state.resolved.get("guests") or {}).items():
             topo.ifaces.update({(str(g), k): v for k, v in iface_roles(spec).items()})
+            topo.vlans.update({(str(g), k): v for k, v in vlan_ids(spec).items()})
         for key, values in netstate.load(self.state.path).impair.items():
             g, _, nic = key.partition(".")
             topo.impair[(g, nic)] = {str(k): str(v) for k, v in values.items() if v not in (None, "")}
@@ -341,14 +356,12 @@ class Follower:
         """The frames the captures hold so far, by identity (:class:`labctl.trace.journey.Wire`); ``look``
         False: only read past them (nothing followed is in flight, so unrelated traffic costs no parsing)."""
         for nic, tail in self.tails.items():
-            seen = self.wire.seen.setdefault(nic, {})
+            self.wire.seen.setdefault(nic, {})
             frames = tail.read()
             if not look:
                 continue
             for frame in frames:
-                h = hops.parse_frame(frame.data)
-                if h is not None and self.node.match(h.packet()):
-                    seen.setdefault(h.key(), []).append(frame.ts_us * 1000 - self.wall_minus_mono)
+                _frame(self.wire, nic, self.node, frame.data, frame.ts_us * 1000 - self.wall_minus_mono)
 
     def ruleset(self, guest: str) -> str:
         """``nft -a list ruleset`` on the guest now ("" without nftables)."""
@@ -403,7 +416,7 @@ class Follower:
 
 def iface_roles(guest: Mapping[str, Any]) -> dict[str, str]:
     """What each of a guest's lab interfaces is to another (its ``Guest.to_dict()``): a bridge's ports, a
-    bond's members (and its mode), a VLAN on its parent."""
+    bond's members (and its mode), a VLAN on its parent (its ID: :func:`vlan_ids`)."""
     views = guest_interfaces(guest)
     kinds = {v.name: v for v in views}
     out = {}
@@ -417,6 +430,16 @@ def iface_roles(guest: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def vlan_ids(guest: Mapping[str, Any]) -> dict[str, int]:
+    """The VLAN ID of each of a guest's VLAN devices (its ``Guest.to_dict()``), by device name."""
+    out = {}
+    for v in guest_interfaces(guest):
+        words = v.detail.split()  # "vlan 10 of eth1"
+        if v.kind == "vlan" and len(words) > 1 and words[1].isdigit():
+            out[v.name] = int(words[1])
+    return out
+
+
 def _between(text: str, begin: str, end: str) -> str:
     _a, _, rest = text.partition(begin + "\n")
     return rest.partition(end)[0] if rest else ""
@@ -425,7 +448,8 @@ def _between(text: str, begin: str, end: str) -> str:
 def libpcap_error(text: str) -> str | None:
     """What libpcap says is wrong with the filter ``text`` (``tcpdump -d -- TEXT``), None when it compiles
     or tcpdump is not there to ask. A filter that starts with ``-`` never reaches tcpdump
-    (:func:`labctl.pktfilter.refuse_options`)."""
+    (:func:`labctl.pktfilter.refuse_options`); one with ``vlan`` goes there with its ``vlan`` first
+    (:func:`pcap_text`)."""
     from labctl.proc import run
 
     try:
@@ -433,10 +457,34 @@ def libpcap_error(text: str) -> str | None:
     except FilterError as exc:
         return str(exc)
     try:
-        res = run(["tcpdump", "-d", "--", text], timeout=20, check=False)
+        res = run(["tcpdump", "-d", "--", pcap_text(text)], timeout=20, check=False)
     except (ProcessError, LabctlError, OSError):
         return None
     if res.returncode == 0:
         return None
     lines = [ln for ln in res.stderr.decode(errors="replace").splitlines() if ln and not ln.startswith("Warning")]
     return lines[-1] if lines else f"tcpdump -d exited with status {res.returncode}"
+
+
+def pcap_text(text: str) -> str:
+    """The filter as libpcap should check it (``tcpdump -d``): a ``vlan [ID]`` that
+    :func:`labctl.pktfilter.parse` takes moved to the front, ``vlan 10 and (EXPR)``, where pcap reads
+    EXPR inside the tag as labctl does (pcap's ``EXPR and vlan 10`` would read EXPR before the tag:
+    "rejects all packets" for ``icmp``); any other filter as it is."""
+    try:
+        vlan = vlan_of(parse(text))
+    except FilterError:
+        return text
+    if vlan is None:
+        return text
+    toks = tokenize(text)
+    i = next(k for k, t in enumerate(toks) if t.lower() == "vlan")
+    j = i + 2 if vlan.id is not None else i + 1  # past the primitive
+    while 0 < i and j < len(toks) and toks[i - 1] == "(" and toks[j] == ")":  # (vlan 10) and ...
+        i, j = i - 1, j + 1
+    if j < len(toks) and toks[j] in ("and", "&&"):
+        j += 1
+    elif i > 0 and toks[i - 1] in ("and", "&&"):
+        i -= 1
+    rest = " ".join(toks[:i] + toks[j:])
+    return f"{vlan.describe()} and ({rest})" if rest else vlan.describe()

@@ -3,7 +3,8 @@
 One reader thread per guest reads its instance's ``trace_pipe`` over SSH (events as they happen,
 the clock markers among them); the caller's thread turns lines into events, maps them onto the
 host's clock once the guest's first clock round is in, feeds the correlator
-(:class:`labctl.trace.journey.Correlator`) and hands each finished journey to ``on_journey``: at once
+(:class:`labctl.trace.journey.Correlator`; only the journeys on the filter's ``vlan [ID]`` when it has
+one) and hands each finished journey to ``on_journey``: at once
 when a process read the packet, else once nothing came for :data:`QUIET` (a drop, a packet lost
 on the wire, one the kernel consumed). Clock rounds are repeated every :data:`RESYNC` seconds while
 packets are followed (guest clocks drift), every :data:`IDLE_RESYNC` seconds while none is; the wire
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 
 from labctl.errors import GuestError
 from labctl.follow.follower import Follower
+from labctl.pktfilter import vlan_of
 from labctl.trace import Clock, Correlator, Event, Journey, netfilter_note, parse_line
 
 log = logging.getLogger(__name__)
@@ -123,7 +125,7 @@ class LiveFollow:
         self.marks: dict[str, int] = {}
         self.rulesets = {g: p.ruleset for g, p in follower.probes.items()}
         self.corr = Correlator(follower.topology(), self.clocks, follower.wire, reasons=follower.reasons,
-                               rulesets=dict(self.rulesets))
+                               rulesets=dict(self.rulesets), vlan=vlan_of(follower.node))
         self.stats = LiveStats(clocks=self.clocks)
         self.followed = 0  # events of followed packets seen (the clock rounds' pace)
 

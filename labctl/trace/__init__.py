@@ -12,6 +12,7 @@
 * :mod:`.hops`, :mod:`.clocks`, :mod:`.journey`, :mod:`.journeyfiles`: packets followed through the lab's kernels and wires;
   :mod:`.nfhops`: their NAT rewrites, conntrack states and nftables chains and rules;
   :mod:`.encap`: through a tunnel (the inner packet followed, the outer one its wire);
+  :mod:`.vlanhops`: the 802.1Q VLANs a packet travelled on (what a filter's ``vlan`` keeps);
 * :mod:`.drops`: every skb a guest dropped, as a table; which netfilter rule dropped;
 * :mod:`.xdpverdicts`, :mod:`.xdphops`: XDP programs' verdicts (xdpdump's) and own counters, as drop rows and as
   a followed packet's hop and end;

@@ -63,6 +63,9 @@ VARIANTS = {"dev_queue6": "dev_queue", "xmit6": "xmit", "netif_rx6": "netif_rx",
             "udp6_read": "udp_read", "dev_queue_arp": "dev_queue", "xmit_arp": "xmit", "netif_rx_arp": "netif_rx", "nft6": "nft"}
 POINTS.update({p[0]: Point(*p) for p in encap.POINTS})  # tunnels: encap and decap (labctl.trace.encap)
 VARIANTS.update(encap.VARIANTS)  # ... and the outer packet's points
+# a packet inside an 802.1Q tag in the frame (labctl.follow.vlanprobes; its VLAN: labctl.trace.vlanhops)
+VARIANTS.update({"netif_rx_q": "netif_rx", "xmit_q": "xmit", "netif_rx6_q": "netif_rx", "xmit6_q": "xmit",
+                 "netif_rx_arp_q": "netif_rx", "xmit_arp_q": "xmit"})
 FORWARD = ("ip_fwd", "ip6_fwd")
 LOCAL = ("ip_local", "ip6_local", "tcp_rcv", "tcp6_rcv", "arp_rcv")  # taken in by the receiving guest's stack
 
@@ -418,14 +421,29 @@ def parse_arp(data: bytes) -> Header | None:
 PARSERS = {0x0800: parse_ipv4, 0x86DD: parse_ipv6, 0x0806: parse_arp}
 
 
-def parse_frame(data: bytes) -> Header | None:
-    """The IPv4, IPv6 or ARP header of an Ethernet frame (VLAN tags skipped), or None."""
-    at, etype = 12, int.from_bytes(data[12:14], "big") if len(data) >= 14 else 0
-    while etype in (0x8100, 0x88A8) and len(data) >= at + 6:
+VLAN_TYPES = (0x8100, 0x88A8)  # 802.1Q's and 802.1ad's tag protocol identifiers
+
+
+def _tags(data: bytes) -> tuple[int, list[int]]:
+    """Where an Ethernet frame's EtherType is past its VLAN tags, and each tag's VLAN ID (outermost first)."""
+    at, etype, vids = 12, int.from_bytes(data[12:14], "big") if len(data) >= 14 else 0, []
+    while etype in VLAN_TYPES and len(data) >= at + 6:
+        vids.append(int.from_bytes(data[at + 2:at + 4], "big") & 0xFFF)
         at += 4
         etype = int.from_bytes(data[at:at + 2], "big")
-    parser = PARSERS.get(etype)
+    return at, vids
+
+
+def parse_frame(data: bytes) -> Header | None:
+    """The IPv4, IPv6 or ARP header of an Ethernet frame (VLAN tags skipped), or None."""
+    at, _ = _tags(data)
+    parser = PARSERS.get(int.from_bytes(data[at:at + 2], "big"))
     return parser(data[at + 2:]) if parser else None
+
+
+def frame_vlans(data: bytes) -> tuple[int, ...]:
+    """The VLAN IDs an Ethernet frame's 802.1Q (and 802.1ad) tags carry, outermost first; none untagged."""
+    return tuple(_tags(data)[1])
 
 
 def drop_header(ev: Event) -> Header | None:

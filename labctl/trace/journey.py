@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import labctl.trace.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.pktfilter import ARP
+from labctl.pktfilter import ARP, Vlan
 from labctl.trace.clocks import Alignment, Clock
 from labctl.trace.hops import (
     ECHO,
@@ -50,6 +50,7 @@ from labctl.trace.hops import (
     reason_name,
 )
 from labctl.trace.nfhops import chain_name, continues, ct_state, dropping_rule, rewrite
+from labctl.trace.vlanhops import hop_note, journey_vlans, wire_note
 
 CLUSTER_GAP_NS = 2_000_000_000  # the same identity again after this long: another packet
 DROP_TIE_NS = 2_000_000_000  # a drop belongs to the last hop of its skb in the same guest within this
@@ -66,12 +67,14 @@ class Topology:
     """Where each followed NIC is: ``nets[(guest, nic)]`` = network; ``impair[(guest, nic)]`` = the netem
     settings labctl put in force on its egress (``{"loss": "10%", ...}``); the followed guests;
     ``ifaces[(guest, dev)]``: what a lab interface is to another (``port of br0``, ``member of bond0
-    (active-backup)``, ``VLAN 10 on eth1``), said at each hop on it."""
+    (active-backup)``, ``VLAN 10 on eth1``), said at each hop on it; ``vlans[(guest, dev)]``: a VLAN
+    device's ID (:mod:`.vlanhops`)."""
 
     nets: dict[tuple[str, str], str] = field(default_factory=dict)
     impair: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     guests: tuple[str, ...] = ()
     ifaces: dict[tuple[str, str], str] = field(default_factory=dict)
+    vlans: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def peers(self, guest: str, nic: str) -> list[tuple[str, str]]:
         """The followed NICs on the same network as ``guest.nic``."""
@@ -87,10 +90,12 @@ class Topology:
 
 @dataclass
 class Wire:
-    """Frames QEMU saw on the host side of each NIC: ``seen[(guest, nic)][key]`` = host ns of each."""
+    """Frames QEMU saw on the host side of each NIC: ``seen[(guest, nic)][key]`` = host ns of each;
+    ``tags[(guest, nic)][key]``: the VLAN IDs of their 802.1Q tags (untagged frames: none)."""
 
     seen: dict[tuple[str, str], dict[tuple[object, ...], list[int]]] = field(default_factory=dict)
     captured: set[tuple[str, str]] = field(default_factory=set)
+    tags: dict[tuple[str, str], dict[tuple[object, ...], set[int]]] = field(default_factory=dict)
 
     def at(self, nic: tuple[str, str], key: tuple[object, ...]) -> int | None:
         times = self.seen.get(nic, {}).get(key)
@@ -140,6 +145,7 @@ class Journey:
     end: End
     out_of_order: int = 0
     id: int = 0
+    vlans: tuple[int, ...] = ()  # the 802.1Q VLANs it travelled on (:mod:`.vlanhops`)
 
     @property
     def start(self) -> int:
@@ -157,7 +163,8 @@ class Journey:
             prev = h.t
         return {"id": self.id, "packet": self.header.describe(), "start_ns": t0,
                 "duration_us": round((self.hops[-1].t - t0) / 1000, 1) if self.hops else 0.0,
-                "hops": hops, "end": self.end.as_dict(), "out_of_order": self.out_of_order}
+                "hops": hops, "end": self.end.as_dict(), "out_of_order": self.out_of_order,
+                **({"vlans": list(self.vlans)} if self.vlans else {})}
 
 
 @dataclass
@@ -178,7 +185,8 @@ class Correlator:
     """Events in (any order across guests), journeys out (:meth:`settle`). ``clocks`` map each guest's
     trace clock; ``netfilter`` names the rules that dropped (guest -> text, from counters); ``reasons``:
     each guest's drop reasons by number (6.1's where not given); ``rulesets``: each guest's ``nft -a list
-    ruleset`` when the follow started (which rule of a chain dropped, :func:`.nfhops.dropping_rule`)."""
+    ruleset`` when the follow started (which rule of a chain dropped, :func:`.nfhops.dropping_rule`);
+    ``vlan``: the filter's ``vlan [ID]``, the only journeys :meth:`settle` hands over are on it."""
 
     topo: Topology
     clocks: dict[str, Clock]
@@ -197,6 +205,7 @@ class Correlator:
     rulesets_after: dict[str, str] = field(default_factory=dict)  # a later listing (its counters), step mode
     skb_last: dict[tuple[str, str], tuple[Event, Header]] = field(default_factory=dict)  # each skb's last event
     tracked: set[str] = field(default_factory=set)  # guests where a followed packet had a conntrack entry
+    vlan: Vlan | None = None
 
     def __post_init__(self) -> None:
         self.path = _Hops(self.topo, self.clocks, self.wire, self.align, self.tracked)
@@ -332,6 +341,8 @@ class Correlator:
                 # and protocol once in a test run). A real packet has a hop before its read.
                 continue
             j = self.journey(c, final=horizon is None)
+            if self.vlan is not None and not self.vlan.passes(j.vlans):
+                continue
             self.count += 1
             j.id = self.count
             out.append(j)
@@ -404,6 +415,7 @@ class Correlator:
         end = self._ends().end(c, visits, final, copies)
         j = Journey(c.header, hops, end)
         j.out_of_order = p._out_of_order(hops)
+        j.vlans = journey_vlans(events, [h.key() for h in c.headers], self.topo.vlans, self.wire.tags)
         return j
 
 
@@ -458,7 +470,7 @@ class _Hops:
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
         notes = [encap.noted(note, e.point, e.fields),  # a tunnel's outer header (labctl.trace.encap)
-                 self.topo.ifaces.get((e.guest, e.dev or ""), ""), e.fields.get("nat", "")]
+                 self.topo.ifaces.get((e.guest, e.dev or ""), ""), hop_note(e), e.fields.get("nat", "")]
         state = ct_state(e)
         if state == "none":
             state = "invalid (no entry)" if e.guest in self.tracked and e.point != "nft" else None
@@ -486,11 +498,12 @@ class _Hops:
             else:
                 missing = [".".join(n) for n in looked if n not in seen]
                 notes.append(f"not seen on the host side of {', '.join(missing)}")
+            notes.append(wire_note(looked, key, self.wire.tags))
         imp = self.topo.impairment(*src) if src else None
         if imp:
             notes.append(f"{imp} in force on {'.'.join(src) if src else ''}")
         t = ((rx.host_ns if rx and rx.host_ns is not None else b[0].host_ns) or 0) + round(self.align.at(b[0].guest, at))
-        return Hop(a[0].guest, "wire", name, None, t, note="; ".join(notes))
+        return Hop(a[0].guest, "wire", name, None, t, note="; ".join(n for n in notes if n))
 
     def _causal(self, last: Hop, wire: Hop, here: list[Hop]) -> None:
         """The next guest's hops shown after the last one of the previous guest: moved later by at most

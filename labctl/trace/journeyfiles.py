@@ -2,8 +2,8 @@
 
 ``follow/inputs.json`` (:func:`follow_inputs`) keeps what the step measured besides each guest's
 events (``follow/<guest>.txt``): the filter, the followed guests, the topology and labctl's
-impairments, each guest's clock samples, the frames the wire captures matched, events lost and
-the rulesets before and after. :func:`analyze` makes the journeys from them
+impairments, the VLAN devices, each guest's clock samples, the frames the wire captures matched (and
+their VLAN tags), events lost and the rulesets before and after. :func:`analyze` makes the journeys from them
 (:mod:`labctl.trace.journey`) and writes ``journey.json`` (every packet's path, the paths grouped,
 the clocks' bounds) and ``journey-trace.json.gz`` (Perfetto: one track per guest, each hop a short
 slice, a flow arrow carrying each packet from hop to hop and kernel to kernel; the wire hops on a
@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from labctl.pktfilter import FilterError, Vlan, parse, vlan_of
 from labctl.trace.clocks import Clock
 from labctl.trace.drops import netfilter_note
 from labctl.trace.hops import parse_text
@@ -48,9 +49,11 @@ def follow_inputs(filt: str, guests: list[str], topo: Topology, samples: dict[st
             "nets": [[g, n, net] for (g, n), net in topo.nets.items()],
             "impair": [[g, n, v] for (g, n), v in topo.impair.items()],
             "ifaces": [[g, n, v] for (g, n), v in topo.ifaces.items()],
+            "vlans": [[g, n, v] for (g, n), v in topo.vlans.items()],
             "samples": {g: {m: list(v) for m, v in s.items()} for g, s in samples.items()},
             "captured": [list(k) for k in sorted(wire.captured)],
             "wire": [[g, n, [[_key_out(k), t] for k, t in seen.items()]] for (g, n), seen in wire.seen.items()],
+            "wire_tags": [[g, n, [[_key_out(k), sorted(v)] for k, v in tags.items()]] for (g, n), tags in wire.tags.items()],
             "lost": lost, "rulesets": {g: list(r) for g, r in rulesets.items()},
             **({"reasons": reasons} if reasons else {})}
 
@@ -60,10 +63,21 @@ def read_inputs(data: dict[str, Any]) -> tuple[Topology, Wire]:
     guests = tuple(str(g) for g in data.get("guests") or [])
     topo = Topology({(str(g), str(n)): str(net) for g, n, net in data.get("nets") or []},
                     {(str(g), str(n)): dict(v) for g, n, v in data.get("impair") or []}, guests,
-                    {(str(g), str(n)): str(v) for g, n, v in data.get("ifaces") or []})
+                    {(str(g), str(n)): str(v) for g, n, v in data.get("ifaces") or []},
+                    {(str(g), str(n)): int(v) for g, n, v in data.get("vlans") or []})
     wire = Wire({(str(g), str(n)): {_key_in(k): list(t) for k, t in seen} for g, n, seen in data.get("wire") or []},
-                {(str(g), str(n)) for g, n in data.get("captured") or []})
+                {(str(g), str(n)) for g, n in data.get("captured") or []},
+                {(str(g), str(n)): {_key_in(k): {int(v) for v in vids} for k, vids in tags}
+                 for g, n, tags in data.get("wire_tags") or []})
     return topo, wire
+
+
+def _vlan(filt: object) -> Vlan | None:
+    """The step's filter's ``vlan [ID]`` (the journeys kept), None without one."""
+    try:
+        return vlan_of(parse(str(filt or "")))
+    except FilterError:
+        return None
 
 
 def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
@@ -91,7 +105,7 @@ def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
                if isinstance(names, list)}
     rulesets = {str(g): (str(r[0]), str(r[1])) for g, r in (data.get("rulesets") or {}).items() if len(r) == 2}
     corr = Correlator(topo, clocks, wire, notes, reasons=reasons, rulesets={g: r[0] for g, r in rulesets.items()},
-                      rulesets_after={g: r[1] for g, r in rulesets.items()})
+                      rulesets_after={g: r[1] for g, r in rulesets.items()}, vlan=_vlan(data.get("filter")))
     for ev in sorted(events, key=lambda e: clocks[e.guest].host(e.ts) if e.guest in clocks else e.ts):
         corr.add(ev)
     facts = {"filter": data.get("filter", ""), "guests": list(topo.guests),

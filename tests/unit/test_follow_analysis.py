@@ -214,9 +214,10 @@ class _QuietFollower:
     """A follower whose guests' streams bring a clock round's markers, then ``lines`` (nothing else)."""
 
     def __init__(self, lines: list[str]) -> None:
+        from labctl.pktfilter import parse
         from labctl.trace import Topology, Wire
 
-        self.guests, self.wire = ["a"], Wire()
+        self.guests, self.wire, self.node = ["a"], Wire(), parse("icmp")
         self.probes: dict[str, object] = {}
         self.reasons: dict[str, list[str]] = {}
         self.topo = Topology(guests=("a",))

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from labctl.pktfilter import FilterError, Packet, kernel_filter, parse
+from labctl.follow.follower import pcap_text
+from labctl.pktfilter import FilterError, Packet, Vlan, kernel_filter, parse, vlan_of
 
 
 def pkt(src: str, dst: str, proto: int, sport: int | None = None, dport: int | None = None) -> Packet:
@@ -49,7 +50,7 @@ def test_filters_match_what_tcpdump_would(text: str, matches: list[Packet]) -> N
 
 
 @pytest.mark.parametrize(("text", "word"), [
-    ("rarp", "rarp"), ("portrange 1-100", "portrange"), ("vlan 10", "vlan"),
+    ("rarp", "rarp"), ("portrange 1-100", "portrange"), ("mpls 5", "mpls"),
     ("ether host 52:54:00:00:00:01", "ether"), ("tcp[13] & 2 != 0", "tcp[13]"), ("less 100", "less"),
 ])
 def test_primitives_outside_the_subset_are_refused_by_name(text: str, word: str) -> None:
@@ -136,3 +137,66 @@ def test_each_family_gets_its_own_kernel_filter_or_none() -> None:
     assert filt is not None and filt.endswith("(nxt == 17 && (sport == 0x3500 || dport == 0x3500))")
     assert kernel_filter(parse("ip6"), 6)[0] == "pr == 0xdd86 && vi >= 96 && vi <= 111"
     assert kernel_filter(parse("not ip6"), 6)[0] is None
+
+
+@pytest.mark.parametrize(("text", "vlan", "rest"), [
+    ("vlan", Vlan(), "vi >= 69 && vi <= 79"),
+    ("vlan 10", Vlan(10), "vi >= 69 && vi <= 79"),
+    ("vlan 10 and icmp", Vlan(10), "vi >= 69 && vi <= 79 && proto == 1"),
+    ("icmp and vlan 10", Vlan(10), "vi >= 69 && vi <= 79 && proto == 1"),  # either side of and, the same
+    ("vlan and host 10.0.0.1", Vlan(), "vi >= 69 && vi <= 79 && (saddr == 0x100000a || daddr == 0x100000a)"),
+    ("(vlan 0 && icmp) and not host 10.1.0.1", Vlan(0), ("vi >= 69 && vi <= 79 && (proto == 1 && "
+     "!((saddr == 0x100010a || daddr == 0x100010a)))")),
+    ("VLAN 4095 and (icmp or udp)", Vlan(4095), "vi >= 69 && vi <= 79 && (proto == 1 || proto == 17)"),
+])
+def test_vlan_is_a_conjunct_of_the_whole_filter_and_nothing_in_the_kernel(text: str, vlan: Vlan, rest: str) -> None:
+    node = parse(text)
+    assert vlan_of(node) == vlan
+    assert kernel_filter(node, 4)[0] == rest  # the probes record what the rest matches; journeys are kept by it
+
+
+def test_vlan_alone_follows_every_family_and_the_rest_keeps_its_families() -> None:
+    from labctl.pktfilter import families
+
+    assert families(parse("vlan 10")) == [4, 6, 0x806]
+    assert families(parse("vlan 10 and icmp6")) == [6]
+    assert vlan_of(parse("icmp and host 10.0.0.1")) is None
+    # on the host, a packet's header is matched by the rest (the journey's VLANs by vlan_of's Vlan)
+    assert parse("vlan 10 and icmp").match(PING) and not parse("vlan 10 and udp").match(PING)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("vlan or icmp", "only ANDed with the whole filter"),
+    ("not vlan 10", "only ANDed with the whole filter"),
+    ("icmp and (vlan 10 or arp)", "only ANDed with the whole filter"),
+    ("vlan 10 and icmp or arp", "only ANDed with the whole filter"),  # and binds first: (vlan 10 and icmp) or arp
+    ("icmp and !vlan", "only ANDed with the whole filter"),
+    ("vlan 10 and vlan 20", "one 'vlan', not stacked tags (vlan 10, vlan 20)"),
+    ("vlan 4096", "VLAN ID 4096 is more than 4095"),
+    ("vlan 10.0.0.1", "unexpected '10.0.0.1'"),
+])
+def test_vlan_elsewhere_is_refused_with_why(text: str, says: str) -> None:
+    with pytest.raises(FilterError, match=re.escape(f"'{text}': ") + ".*" + re.escape(says)):
+        parse(text)
+
+
+@pytest.mark.parametrize(("vlan", "seen", "passes"), [
+    (Vlan(), (), False), (Vlan(), (10,), True), (Vlan(10), (10,), True), (Vlan(10), (20,), False),
+    (Vlan(10), (), False), (Vlan(20), (10, 20), True), (Vlan(0), (0,), True),
+])
+def test_a_journey_passes_vlan_when_it_was_seen_on_that_vlan(vlan: Vlan, seen: tuple[int, ...], passes: bool) -> None:
+    assert vlan.passes(seen) is passes
+
+
+@pytest.mark.parametrize(("text", "checked"), [
+    ("icmp and vlan 10", "vlan 10 and (icmp)"),  # pcap itself would say "expression rejects all packets"
+    ("vlan 10 and icmp", "vlan 10 and (icmp)"),
+    ("host 10.0.0.1 && vlan", "vlan and (host 10.0.0.1)"),
+    ("(vlan 10) and icmp", "vlan 10 and (icmp)"),
+    ("host 10.0.0.1 and (icmp and vlan 7)", "vlan 7 and (host 10.0.0.1 and ( icmp ))"),
+    ("vlan 10", "vlan 10"),
+    ("icmp or host 10.0.0.1", "icmp or host 10.0.0.1"),  # no vlan: as it is
+    ("vlan or icmp", "vlan or icmp"),  # refused by parse: as it is
+])
+def test_libpcap_checks_a_vlan_filter_with_its_vlan_first(text: str, checked: str) -> None:
+    assert pcap_text(text) == checked

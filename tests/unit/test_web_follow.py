@@ -73,8 +73,10 @@ def test_a_student_follows_once_the_trainer_allows(client: TestClient, record: C
         "running": False, "ready": False, "filter": "", "error": "", "packets": []}
     assert client.get("/api/lab/exlab@ann/packets", headers=bea).status_code == 403  # never another student's
     # a bad filter is refused by name before anything starts; a good one on a lab that is not up: 404
-    r = client.post("/api/lab/exlab@ann/follow", headers=ann, json={"filter": "vlan 10"})
-    assert r.status_code == 400 and "does not follow by 'vlan'" in r.json()["error"]
+    r = client.post("/api/lab/exlab@ann/follow", headers=ann, json={"filter": "ether host 1:2:3:4:5:6"})
+    assert r.status_code == 400 and "does not follow by 'ether'" in r.json()["error"]
+    r = client.post("/api/lab/exlab@ann/follow", headers=ann, json={"filter": "icmp or vlan 10"})
+    assert r.status_code == 400 and "'vlan' only ANDed with the whole filter" in r.json()["error"]
     r = client.post("/api/lab/exlab@ann/follow", headers=ann, json={"filter": "icmp and hst 1"})
     assert r.status_code == 400 and "syntax error" in r.json()["error"]
     assert client.post("/api/lab/exlab@ann/follow", headers=ann, json={"filter": 7}).status_code == 400
