@@ -212,7 +212,8 @@ def test_a_6_12_crash_decoded_dumped_and_opened_by_crash_and_drgn(lab: tuple[Cli
                                                                    tmp_path: Path) -> None:
     """The last of the module (the lab is not used after it): the 6.12 guest panics by sysrq; exec says
     so at once, ``oops decode`` gives the frames' source lines from 6.12's debug info, and a vmcore of the
-    paused guest opens in crash and drgn with the panic's stack."""
+    paused guest opens in drgn with the panic's stack. Debian 12's crash (8.0.2) cannot read a 6.12 kernel:
+    the test pins its refusal, so that a crash that can is noticed and then held to the stack."""
     import subprocess
 
     from labctl.kernel.kernel_store import Kernel
@@ -242,4 +243,8 @@ def test_a_6_12_crash_decoded_dumped_and_opened_by_crash_and_drgn(lab: tuple[Cli
     vmlinux = Kernel.at(new["kernel"]["dir"]).vmlinux_debug
     out = subprocess.run(["crash", "-s", str(vmlinux), str(core)], input="sys\nbt\nquit\n", capture_output=True,
                          text=True, timeout=600, check=False)
-    assert "sysrq triggered crash" in out.stdout and "sysrq_handle_crash" in out.stdout, out.stdout + out.stderr
+    version = subprocess.run(["crash", "--version"], capture_output=True, text=True, timeout=60, check=False).stdout
+    if "crash 8.0.2" in version:  # Debian 12's only one: older than 6.4's module layout (docs/kernel-debugging.md)
+        assert "invalid structure member offset: module_core_size" in out.stdout + out.stderr, out.stdout + out.stderr
+    else:  # a crash that knows 6.12: the panic's stack
+        assert "sysrq triggered crash" in out.stdout and "sysrq_handle_crash" in out.stdout, out.stdout + out.stderr
