@@ -78,8 +78,7 @@ def _ident(f: Framing, fields: Mapping[str, str]) -> str:
 
 
 def _framing(fields: Mapping[str, str], key: str) -> Framing | None:
-    tag = fields.get(key)
-    return FRAMINGS.get(tag or "") or (FRAMINGS["vx"] if tag == "vxlan" else None)
+    return FRAMINGS.get(fields.get(key) or "")
 
 
 def noted(text: str, point: str, fields: Mapping[str, str]) -> str:
