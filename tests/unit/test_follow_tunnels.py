@@ -85,7 +85,7 @@ def test_ipip_probes_read_right_after_the_outer_header_and_guard_its_protocol() 
     assert "saddr=+46(+208($skbaddr)):u32" in defs["xmit_ipip"] and "ohd" not in defs["xmit_ipip"]
     assert filters["xmit_ipip"].endswith(") && opr == 4")
     assert "saddr=+12(+208(%di)):u32" in defs["encap_ipip"] and filters["encap_ipip"].endswith("&& opr == 4")
-    assert defs["decap_ipip"].startswith("p:labctl_t/decap_ipip ipip_rcv skb=%di:x64") and not defs["decap_ipip"].endswith(" ")
+    assert defs["decap_ipip"].startswith("p:labctl_t/decap_ipip ipip:ipip_rcv skb=%di:x64") and not defs["decap_ipip"].endswith(" ")
     assert "decap_ipip" in filters and "opr" not in filters["decap_ipip"]
 
 
@@ -115,7 +115,7 @@ CASES: list[tuple[str, str, str, str, str, str]] = [  # event, place, fields, po
     ("encap_gtapk", "ip_tunnel_xmit", "opr=47 ohd=1483014176 oid=83886080", "encap", "ip_tunnel_xmit", "GRE key 5"),
     ("decap_gre", "ip_gre:gre_rcv", "ohd=524288", "decap", "gre_rcv", "GRE"),
     ("encap_ipip", "ip_tunnel_xmit", "opr=4", "encap", "ip_tunnel_xmit", "IPIP"),
-    ("decap_ipip", "ipip_rcv", "", "decap", "ipip_rcv", "IPIP"),
+    ("decap_ipip", "ipip:ipip_rcv", "", "decap", "ipip_rcv", "IPIP"),
     ("decap_vx", "vxlan_rcv", "ohd=8 oid=2752512", "decap", "vxlan_rcv", "VXLAN vni 42"),
 ]
 

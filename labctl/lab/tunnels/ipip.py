@@ -17,8 +17,9 @@ from labctl.lab.yamlpos import YamlMap
 MODES = ("ip6ip6", "ipip6", "any")
 # ipip: the inner IPv4 header right after the outer one (protocol 4); ip_tunnel_xmit (at the inner
 # header; shared with GRE: its 4th argument is the outer protocol) pushes the outer header, ipip_rcv
-# (at the inner header) is handed the packet. ip6tnl: an outer IPv6 header, not followed on the wire.
-FRAMING = Framing("ipip", "IPIP", 4, 0, Site("ip_tunnel_xmit", "%di", 0, proto="%cx"), Site("ipip_rcv", "%di", 0))
+# (ipip's: sit has one too; at the inner header) is handed the packet. ip6tnl: an outer IPv6
+# header, not followed on the wire.
+FRAMING = Framing("ipip", "IPIP", 4, 0, Site("ip_tunnel_xmit", "%di", 0, proto="%cx"), Site("ipip:ipip_rcv", "%di", 0))
 
 
 class IpInIp(Kind):
