@@ -11,8 +11,9 @@ word): the router between two ends follows the inner packet with no tunnel of it
 a tunnel of the framing also gets its encapsulation and decapsulation (the framing's
 :class:`~labctl.lab.tunnels.framing.Site`\\ s: ``udp_tunnel_xmit_skb`` and ``vxlan_rcv`` or
 ``geneve_udp_encap_recv``, ``ip_tunnel_xmit`` and ``gre_rcv`` or ``ipip_rcv``), guarded the same way
-where the function is shared. Only inner IPv4 packets over outer IPv4 without options (an inner IPv6
-or ARP packet is followed on the tunnel's device, not on the wire under it).
+where the function is shared. WireGuard's framing is encrypted: its tunnels' guests get ``wg_xmit``
+(the encapsulation) and nothing else. Only inner IPv4 packets over outer IPv4 without options (an
+inner IPv6 or ARP packet is followed on the tunnel's device, not on the wire under it).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def _outer(group: str, f: Framing, ports: list[int], off: dict[str, int], filt: 
 
 def _site(group: str, point: str, f: Framing, off: dict[str, int], filt: str, extra: set[str]) -> tuple[str, str]:
     """The probe of ``f``'s encapsulation or decapsulation (``point``) and its filter."""
-    s = f.encap if point == "encap" else f.decap
+    s = f.encap if point == "encap" or f.decap is None else f.decap
     p = ProbePoint(f"{point}_{f.tag}", "p", s.function, s.skb, s.at + f.inner, dev=True)
     fetch, guard = _header(f, s.at, f"+{off['skb_data']}({s.skb})")
     if s.proto:
@@ -124,10 +125,11 @@ def definitions(group: str, node: Node, off: dict[str, int], resolved: Mapping[s
            if (f := KINDS[t.kind].framing(t)) is not None}
     defs, filters = [], {}
     for tag, (f, ports) in lab.items():
-        more, more_filters = _outer(group, f, ports, off, filt, extra)
-        defs += more
-        filters.update(more_filters)
-        for point in ("encap", "decap") if tag in own else ():
+        if not f.encrypted:
+            more, more_filters = _outer(group, f, ports, off, filt, extra)
+            defs += more
+            filters.update(more_filters)
+        for point in ("encap", "decap")[:1 if f.decap is None else 2] if tag in own else ():
             d, filters[f"{point}_{tag}"] = _site(group, point, f, off, filt, extra)
             defs.append(d)
     return defs, filters

@@ -12,7 +12,8 @@ note says (:func:`note`): ``outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42``, `
 10.2.0.2 key 5``, ``outer IPIP 10.1.0.2 > 10.2.0.2``. ``encap_TAG`` and ``decap_TAG`` are the hops
 ``encap`` and ``decap``, at their framing's functions (:func:`where`: ``udp_tunnel_xmit_skb``,
 ``vxlan_rcv``, ``geneve_udp_encap_recv``, ``ip_tunnel_xmit``, ``gre_rcv``, ``ipip_rcv``), their
-note the id (``VXLAN vni 42``, ``GRE key 5``, ``IPIP``).
+note the id (``VXLAN vni 42``, ``GRE key 5``, ``IPIP``). WireGuard has ``encap_wg`` only (``wg_xmit``:
+``WireGuard, encrypted``).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def note(point: str, fields: Mapping[str, str]) -> str:
     if f is None:  # VXLAN's events of before (no framing said): the VNI alone
         v = vni(_num(fields, "ovni"))
         return f"VXLAN vni {v}" if v is not None else ""
-    return " ".join(x for x in (f.title, _ident(f, fields)) if x)
+    return f"{f.title}, encrypted" if f.encrypted else " ".join(x for x in (f.title, _ident(f, fields)) if x)
 
 
 def where(point: str, fields: Mapping[str, str]) -> str | None:
@@ -110,4 +111,5 @@ def where(point: str, fields: Mapping[str, str]) -> str | None:
     f = _framing(fields, "tunnel")
     if f is None or point not in ("encap", "decap"):
         return None
-    return (f.encap if point == "encap" else f.decap).name
+    site = f.encap if point == "encap" else f.decap
+    return site.name if site is not None else None

@@ -5,7 +5,8 @@ one follow step (a pings b over VXLAN), its bundle written by ``up``.
   the inner packet encapsulated on a (udp_tunnel_xmit_skb), the outer one forwarded by r (its hops
   say the outer header), decapsulated on b (vxlan_rcv), answered; ``status`` shows the tunnels;
 * a second follow step pings b over Geneve, GRETAP (with a key), GRE and IP in IP: each is followed
-  the same way, at its own encap and decap functions, the outer header in r's hops;
+  the same way, at its own encap and decap functions, the outer header in r's hops; over WireGuard
+  (encrypted) the inner packet is encapsulated on a (wg_xmit) and seen again on b's wg0;
 * b's VRF blue routes 10.77.0.0/24 over WireGuard with its own table (the main table has no route);
 * the WireGuard keys are this instance's: files 0600 in its run directory, in neither the lab's
   state nor the bundle; a second instance of the lab (warm, from the same post-boot snapshot) has
@@ -39,9 +40,9 @@ steps:
     run:
       - {guest: a, command: "ping -c 2 -i 0.5 -W 3 192.168.42.2", timeout: 60}
   - name: tunnels
-    follow: {filter: "icmp and (host 192.168.7.2 or host 192.168.5.2 or host 192.168.9.2 or host 192.168.8.2)"}
+    follow: {filter: "icmp and (host 192.168.7.2 or host 192.168.5.2 or host 192.168.9.2 or host 192.168.8.2 or host 10.99.0.2)"}
     run:
-      - {guest: a, command: "for ip in 192.168.7.2 192.168.5.2 192.168.9.2 192.168.8.2; do ping -c 1 -W 3 $ip || exit 1; done",
+      - {guest: a, command: "for ip in 192.168.7.2 192.168.5.2 192.168.9.2 192.168.8.2 10.99.0.2; do ping -c 1 -W 3 $ip || exit 1; done",
          timeout: 90}
 """
 
@@ -141,6 +142,18 @@ def test_follow_goes_through_geneve_gretap_gre_and_ipip_as_through_vxlan(lab: tu
         assert [(h["guest"], h["where"]) for h in replies[0]["hops"] if h["point"] in ("encap", "decap")] == [
             ("b", enc), ("a", dec)], replies[0]["hops"]
         assert replies[0]["end"]["kind"] == "delivered", replies[0]["end"]
+
+
+def test_follow_over_wireguard_has_the_encapsulation_then_the_decrypted_packet(lab: tuple[Cli, Path]) -> None:
+    _, bundle = lab
+    packets = _packets(bundle, "tunnels")
+    (request,) = [p for p in packets if "echo-request" in p["packet"] and "> 10.99.0.2 " in p["packet"]]
+    (reply,) = [p for p in packets if "echo-reply" in p["packet"] and "10.99.0.2 >" in p["packet"]]
+    hops = [(h["guest"], h["point"], h["where"], h.get("dev"), h.get("note", "")) for h in request["hops"]]
+    assert hops[0] == ("a", "encap", "wg_xmit", "wg0", "WireGuard, encrypted"), hops
+    assert not [h for h in hops if h[0] == "r"] and ("b", "netif_rx", "netif_receive_skb", "wg0", "") in hops, hops
+    assert request["end"]["kind"] == "answered", request["end"]
+    assert [h["guest"] for h in reply["hops"] if h["point"] == "encap"] == ["b"] and reply["end"]["kind"] == "delivered"
 
 
 def test_the_vrf_routes_with_its_own_table_over_wireguard(lab: tuple[Cli, Path]) -> None:

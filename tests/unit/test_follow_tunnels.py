@@ -27,6 +27,7 @@ guests:
       gre1: {type: gre, remote: 10.2.0.2}
       tun0: {type: ipip, remote: 10.2.0.2}
       tun6: {type: ip6tnl, remote: "fd00:2::2"}
+      wg0: {type: wireguard, peer: b.wg0, remote: 10.2.0.2, ip: 10.99.0.1/24}
   r:
     nics: [{name: eth1, model: virtio, network: left, ip: 10.1.0.1/24}, {name: eth2, model: virtio, network: right, ip: 10.2.0.1/24}]
   b:
@@ -34,6 +35,7 @@ guests:
     routes: [{to: 10.1.0.0/24, via: 10.2.0.1}]
     tunnels:
       gnv0: {type: geneve, vni: 7, remote: 10.1.0.2}
+      wg0: {type: wireguard, peer: a.wg0, ip: 10.99.0.2/24}
 """
 
 
@@ -49,9 +51,12 @@ def test_each_tunnel_of_ipv4_has_a_framing_that_its_options_choose() -> None:
     assert tap.framing(keyed) is not None and tap.framing(keyed).tag == "gtapk"  # type: ignore[union-attr]
     assert tap.framing(Tunnel("t", "gretap")).inner == 4 + 14  # type: ignore[union-attr]
     assert gre.framing(Tunnel("t", "gre", options=(("key", "5"),))).inner == 8  # type: ignore[union-attr]
-    assert KINDS["ip6tnl"].framing(Tunnel("t", "ip6tnl")) is None and KINDS["wireguard"].framing(Tunnel("w", "wireguard")) is None
+    assert KINDS["ip6tnl"].framing(Tunnel("t", "ip6tnl")) is None
+    wg = KINDS["wireguard"].framing(Tunnel("w", "wireguard"))
+    assert wg is not None and wg.encrypted and wg.decap is None
     lab = tunnelprobes.framings(load_lab_text(LAB, "lab.yaml").to_dict())
-    assert {tag: ports for tag, (_, ports) in lab.items()} == {"gnv": [6081, 7000], "gre": [], "gtapk": [], "ipip": []}
+    assert {tag: ports for tag, (_, ports) in lab.items()} == {"gnv": [6081, 7000], "gre": [], "gtapk": [], "ipip": [],
+                                                               "wg": []}
 
 
 def test_geneve_probes_read_after_8_bytes_of_header_and_guard_its_ports_and_first_word() -> None:
@@ -89,10 +94,17 @@ def test_ipip_probes_read_right_after_the_outer_header_and_guard_its_protocol() 
     assert "decap_ipip" in filters and "opr" not in filters["decap_ipip"]
 
 
+def test_wireguard_has_its_encapsulation_only_at_the_inner_header() -> None:
+    defs, filters = _defs("a")
+    assert defs["encap_wg"].startswith("p:labctl_t/encap_wg wg_xmit skb=%di:x64")
+    assert "saddr=+12(+208(%di)):u32" in defs["encap_wg"] and filters["encap_wg"] == "vi >= 69 && vi <= 79 && proto == 1"
+
+
 def test_a_guest_gets_encap_and_decap_of_its_own_tunnels_only() -> None:
-    defs, _ = _defs("b")  # b has a Geneve tunnel only; its outer points follow every framing of the lab
-    assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == ["decap_gnv", "encap_gnv"]
-    assert {n.rpartition("_")[2] for n in defs} == {"gnv", "gre", "gtapk", "ipip"}
+    defs, _ = _defs("b")  # b has a Geneve and a WireGuard tunnel; its outer points follow every framing of the lab
+    assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == ["decap_gnv", "encap_gnv", "encap_wg"]
+    assert {n.rpartition("_")[2] for n in defs} == {"gnv", "gre", "gtapk", "ipip", "wg"}
+    assert [n for n in defs if n.endswith("_wg")] == ["encap_wg"]  # WireGuard's outer packet is not matched
     assert _defs("r")[0] and not any(n.startswith("encap") for n in _defs("r")[0])
 
 
@@ -117,6 +129,7 @@ CASES: list[tuple[str, str, str, str, str, str]] = [  # event, place, fields, po
     ("encap_ipip", "ip_tunnel_xmit", "opr=4", "encap", "ip_tunnel_xmit", "IPIP"),
     ("decap_ipip", "ipip:ipip_rcv", "", "decap", "ipip_rcv", "IPIP"),
     ("decap_vx", "vxlan_rcv", "ohd=8 oid=2752512", "decap", "vxlan_rcv", "VXLAN vni 42"),
+    ("encap_wg", "wg_xmit", "", "encap", "wg_xmit", "WireGuard, encrypted"),
 ]
 
 

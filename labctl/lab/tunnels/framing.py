@@ -7,7 +7,8 @@ Offsets count from the end of the outer IPv4 header (20 bytes, no options), wher
 (VXLAN, Geneve), the GRE header or the inner IPv4 header (IP in IP) starts. A framing is *exact*: its
 guards (the outer IP protocol, the UDP port, the tunnel header's first 32 bits) keep a packet whose
 header has another layout (a Geneve header with options, a GRE header with a checksum) out, as the
-offsets would be wrong for it.
+offsets would be wrong for it. An *encrypted* framing (WireGuard) has its encapsulation only: the
+outer packet cannot be matched by its inner header, nor the packet before it is decrypted.
 """
 
 from __future__ import annotations
@@ -44,17 +45,18 @@ class Framing:
     ``word``: the tunnel header's first 32 bits (network order), the same in each of its packets,
     at ``word_at``; ``ident``: what the id at ``ident_at`` is (``vni``: 24 bits then a reserved byte;
     ``key``: 32 bits); ``port_key``: the tunnel option that gives the outer UDP destination port
-    (``port``: its default)."""
+    (``port``: its default); ``encrypted``: the outer packet is not matched, and there is no ``decap``."""
 
     tag: str
     title: str
     proto: int
     inner: int
     encap: Site
-    decap: Site
+    decap: Site | None
     word: int | None = None
     word_at: int = 0
     ident: str = ""
     ident_at: int = 0
     port_key: str = ""
     port: int = 0
+    encrypted: bool = False
