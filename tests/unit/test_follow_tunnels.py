@@ -1,9 +1,11 @@
 """Following the inner packet through Geneve, GRE, GRETAP and IP in IP tunnels as through VXLAN: each
 kind's framing (labctl.lab.tunnels.framing, in the kind's module), the probes it gives
-(labctl.follow.tunnelprobes) and what their events mean (labctl.trace.encap, labctl.trace.hops)."""
+(labctl.follow.tunnelprobes) and what their events mean (labctl.trace.encap, labctl.trace.hops), on
+made-up lines of each framing and on a real run's traces (tests/fixtures/follow-tunnels)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,8 @@ from labctl.follow import tunnelprobes
 from labctl.lab import KINDS, Tunnel, load_lab_text
 from labctl.pktfilter import parse as parse_filter
 from labctl.trace import encap, hops
+from labctl.trace.journey import Journey
+from labctl.trace.journeyfiles import journeys_of
 
 OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 194, "skb_dev": 16, "dev_name": 0, "skb_protocol": 180}
 LAB = """\
@@ -150,3 +154,64 @@ def test_a_vxlan_event_of_before_still_reads() -> None:
     assert ev is not None and encap.note(ev.point, ev.fields) == "outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42"
     fields: dict[str, Any] = {"ovni": "2752512"}
     assert encap.note("encap", fields) == "VXLAN vni 42" and encap.where("encap", fields) is None
+
+
+# --------------------------------------------------------------------------- a real run's traces
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "follow-tunnels"
+"""The follow directory of the ``tunnels`` step of tests/integration/test_tunnels.py, recorded from a
+real run of labs/vxlan-router.yaml on the image's Debian 6.1 kernel: a pings b once over gnv0, tap0
+(GRETAP, key 5), gre1, tun0 (IP in IP) and wg0, followed with ``icmp and (host 192.168.7.2 or ...)``."""
+HOPS = {  # each request's inner destination: its hops (guest, function, device, note), the wire's left out
+    "192.168.7.2": [("a", "net_dev_queue", "gnv0", ""), ("a", "net_dev_start_xmit", "gnv0", ""),
+                    ("a", "udp_tunnel_xmit_skb", "gnv0", "Geneve vni 7"),
+                    *[(g, w, d, "outer Geneve 10.1.0.2 > 10.2.0.2 udp/6081 vni 7") for g, w, d in (
+                        ("a", "net_dev_queue", "eth1"), ("a", "net_dev_start_xmit", "eth1"), ("r", "netif_receive_skb", "eth1"),
+                        ("r", "ip_forward", None), ("r", "net_dev_queue", "eth2"), ("r", "net_dev_start_xmit", "eth2"),
+                        ("b", "netif_receive_skb", "eth1"), ("b", "ip_local_deliver", None))],
+                    ("b", "geneve_udp_encap_recv", "eth1", "Geneve vni 7"), ("b", "netif_receive_skb", "gnv0", ""),
+                    ("b", "ip_local_deliver", None, "")],
+    "192.168.9.2": [("a", "ip_tunnel_xmit", "gre1", "GRE"),  # an L3 device: no hop of its own before
+                    *[(g, w, d, "outer GRE 10.1.0.2 > 10.2.0.2") for g, w, d in (
+                        ("a", "net_dev_queue", "eth1"), ("a", "net_dev_start_xmit", "eth1"), ("r", "netif_receive_skb", "eth1"),
+                        ("r", "ip_forward", None), ("r", "net_dev_queue", "eth2"), ("r", "net_dev_start_xmit", "eth2"),
+                        ("b", "netif_receive_skb", "eth1"), ("b", "ip_local_deliver", None))],
+                    ("b", "gre_rcv", "eth1", "GRE"), ("b", "netif_receive_skb", "gre1", ""), ("b", "ip_local_deliver", None, "")],
+    "10.99.0.2": [("a", "wg_xmit", "wg0", "WireGuard, encrypted"), ("b", "netif_receive_skb", "wg0", ""),
+                  ("b", "ip_local_deliver", None, "")],
+}
+VIA = {"192.168.5.2": ("ip_tunnel_xmit", "GRE key 5", "outer GRE 10.1.0.2 > 10.2.0.2 key 5", "gre_rcv"),
+       "192.168.8.2": ("ip_tunnel_xmit", "IPIP", "outer IPIP 10.1.0.2 > 10.2.0.2", "ipip_rcv")}
+
+
+def _recorded() -> list[Journey]:
+    got = journeys_of(FIX / "tunnels")
+    assert got is not None
+    return got[0]
+
+
+def test_a_real_runs_pings_over_each_tunnel_are_one_journey_each_way_answered_and_delivered() -> None:
+    js = _recorded()
+    assert [j.header.describe().rsplit(" id ", 1)[0] for j in js] == [
+        f"ICMP echo-{kind} {a} > {b}" for x, y in (("192.168.7.1", "192.168.7.2"), ("192.168.5.1", "192.168.5.2"),
+                                                   ("192.168.9.1", "192.168.9.2"), ("192.168.8.1", "192.168.8.2"),
+                                                   ("10.99.0.1", "10.99.0.2"))
+        for kind, a, b in (("request", x, y), ("reply", y, x))]
+    assert [j.end.kind for j in js] == ["answered", "delivered"] * 5
+
+
+@pytest.mark.parametrize("dst", sorted(HOPS))
+def test_a_real_runs_request_has_its_tunnels_hops_in_order(dst: str) -> None:
+    (j,) = [j for j in _recorded() if j.header.describe().startswith("ICMP echo-request") and f"> {dst} " in j.header.describe()]
+    assert [(h.guest, h.where, h.dev, h.note) for h in j.hops if h.point != "wire"] == HOPS[dst]
+
+
+@pytest.mark.parametrize("dst", sorted(VIA))
+def test_a_real_runs_gretap_and_ipip_go_through_r_with_their_outer_header(dst: str) -> None:
+    enc, enc_note, outer, dec = VIA[dst]
+    (j,) = [j for j in _recorded() if j.header.describe().startswith("ICMP echo-request") and f"> {dst} " in j.header.describe()]
+    hops = [(h.guest, h.point, h.where, h.note) for h in j.hops if h.point != "wire"]
+    assert ("a", "encap", enc, enc_note) in hops and ("b", "decap", dec, enc_note) in hops
+    assert [h[3] for h in hops if h[0] == "r"] == [outer] * 4
+    assert hops.index(("a", "encap", enc, enc_note)) < hops.index(("r", "ip_fwd", "ip_forward", outer)) < hops.index(
+        ("b", "decap", dec, enc_note))
