@@ -40,7 +40,7 @@ from labctl.live import capture
 from labctl.pktfilter import FilterError, Node, refuse_options
 from labctl.ssh import Pipe, Session
 from labctl.state import LabState, netstate
-from labctl.trace import Clock, Event, Topology, Wire, hops
+from labctl.trace import Clock, Event, Topology, Wire
 
 log = logging.getLogger(__name__)
 WIRE_SNAPLEN = 96
@@ -174,6 +174,7 @@ class Follower:
         self.rounds = 0
         self.pipes_lock = threading.Lock()  # a clock round and the heartbeats share each guest's channel
         self.wire = Wire()
+        self.tunnels = tunnelprobes.framings(state.resolved)  # the wire captures read a tunnel's inner header too
         self.wall_minus_mono = time.time_ns() - time.monotonic_ns()  # captures are stamped in real time
         self._sessions: dict[str, Session] = {}
 
@@ -346,8 +347,8 @@ class Follower:
             if not look:
                 continue
             for frame in frames:
-                h = hops.parse_frame(frame.data)
-                if h is not None and self.node.match(h.packet()):
+                h = tunnelprobes.frame_header(frame.data, self.node, self.tunnels)  # a tunnel's: its inner header
+                if h is not None:
                     seen.setdefault(h.key(), []).append(frame.ts_us * 1000 - self.wall_minus_mono)
 
     def ruleset(self, guest: str) -> str:

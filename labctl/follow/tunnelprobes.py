@@ -11,7 +11,8 @@ word): the router between two ends follows the inner packet with no tunnel of it
 a tunnel of the framing also gets its encapsulation and decapsulation (the framing's
 :class:`~labctl.lab.tunnels.framing.Site`\\ s: ``udp_tunnel_xmit_skb`` and ``vxlan_rcv`` or
 ``geneve_udp_encap_recv``, ``ip_tunnel_xmit`` and ``gre_rcv`` or ``ipip_rcv``), guarded the same way
-where the function is shared. WireGuard's framing is encrypted: its tunnels' guests get ``wg_xmit``
+where the function is shared. The wire captures key a tunnel's frame by its inner header too
+(:func:`frame_header`), so that the wire hop says whether the host side saw it. WireGuard's framing is encrypted: its tunnels' guests get ``wg_xmit``
 (the encapsulation) and nothing else. Only inner IPv4 packets over outer IPv4 without options (an
 inner IPv6 or ARP packet is followed on the tunnel's device, not on the wire under it).
 """
@@ -24,8 +25,9 @@ from typing import Any
 from labctl.follow.probes import ProbePoint, ip_fields
 from labctl.lab import KINDS, Framing, Tunnel
 from labctl.pktfilter import Node, kernel_filter
+from labctl.trace import hops
 
-__all__ = ["OUTER_POINTS", "definitions", "framings"]
+__all__ = ["OUTER_POINTS", "definitions", "frame_header", "framings", "inner_header"]
 
 ETH, IP4 = 14, 20
 
@@ -56,6 +58,32 @@ def framings(resolved: Mapping[str, Any]) -> dict[str, tuple[Framing, list[int]]
                     ports.add(int(t.opt(f.port_key) or f.port))
     order = [f.tag for k in KINDS.values() for f in k.framings]  # the kinds' table's
     return {tag: (f, sorted(ports)) for tag, (f, ports) in sorted(out.items(), key=lambda x: order.index(x[0]))}
+
+
+def inner_header(frame: bytes, lab: Mapping[str, tuple[Framing, list[int]]]) -> hops.Header | None:
+    """The inner IPv4 header of an Ethernet frame that carries one of the lab's tunnels' packets (an
+    outer IPv4 header without options that passes a framing's guards: :func:`framings`' answer), or None."""
+    if len(frame) < ETH + IP4 or frame[12:14] != b"\x08\x00" or frame[ETH] != 0x45:
+        return None
+    end = ETH + IP4
+    for f, ports in lab.values():
+        if f.encrypted or frame[ETH + 9] != f.proto:
+            continue
+        if f.port_key and int.from_bytes(frame[end + 2:end + 4], "big") not in ports:
+            continue
+        if f.word is not None and frame[end + f.word_at:end + f.word_at + 4] != f.word.to_bytes(4, "big"):
+            continue
+        return hops.parse_ipv4(frame[end + f.inner:])
+    return None
+
+
+def frame_header(frame: bytes, node: Node, lab: Mapping[str, tuple[Framing, list[int]]]) -> hops.Header | None:
+    """The header of a captured Ethernet frame that the filter ``node`` matches: its own, or the inner
+    one of a tunnel's packet it carries (:func:`inner_header`); None when neither matches."""
+    for h in (hops.parse_frame(frame), inner_header(frame, lab) if lab else None):
+        if h is not None and node.match(h.packet()):
+            return h
+    return None
 
 
 def _le(value: int, size: int) -> int:

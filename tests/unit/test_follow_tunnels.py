@@ -215,3 +215,29 @@ def test_a_real_runs_gretap_and_ipip_go_through_r_with_their_outer_header(dst: s
     assert [h[3] for h in hops if h[0] == "r"] == [outer] * 4
     assert hops.index(("a", "encap", enc, enc_note)) < hops.index(("r", "ip_fwd", "ip_forward", outer)) < hops.index(
         ("b", "decap", dec, enc_note))
+
+
+def _frame(outer_proto: int, header: bytes, inner_eth: bool) -> bytes:
+    """An Ethernet frame from 10.1.0.2 to 10.2.0.2 carrying ``header`` then an ICMP echo 192.168.5.1 > 192.168.5.2."""
+    inner = bytes([0x45, 0, 0, 84, 0x12, 0x34, 0x40, 0, 64, 1, 0, 0, 192, 168, 5, 1, 192, 168, 5, 2, 8, 0, 0, 0, 1, 2, 0, 1])
+    outer = bytes([0x45, 0, 0, 0, 0, 0, 0, 0, 63, outer_proto, 0, 0, 10, 1, 0, 2, 10, 2, 0, 2])
+    return b"\x02" * 12 + b"\x08\x00" + outer + header + (b"\x04" * 12 + b"\x08\x00" if inner_eth else b"") + inner
+
+
+def test_the_wire_captures_read_a_tunnels_frame_by_its_inner_header() -> None:
+    lab = tunnelprobes.framings(load_lab_text(LAB, "lab.yaml").to_dict())
+    gretap = _frame(47, bytes.fromhex("20006558 00000005"), inner_eth=True)
+    h = tunnelprobes.inner_header(gretap, lab)
+    assert h is not None and (h.saddr, h.daddr, h.ipid) == (0xC0A80501, 0xC0A80502, 0x1234)
+    assert tunnelprobes.inner_header(_frame(47, bytes.fromhex("00006558"), inner_eth=True), lab) is None  # no key: not the lab's
+    assert tunnelprobes.inner_header(_frame(47, bytes.fromhex("00000800"), inner_eth=False), lab) is not None  # gre1's
+    assert tunnelprobes.inner_header(_frame(4, b"", inner_eth=False), lab) is not None
+    udp = bytes.fromhex("c35017c1 00000000")  # to 6081
+    assert tunnelprobes.inner_header(_frame(17, udp + bytes.fromhex("00006558 00000700"), inner_eth=True), lab) is not None
+    assert tunnelprobes.inner_header(_frame(17, bytes.fromhex("c35012b5 00000000 00006558 00000700"), inner_eth=True),
+                                     lab) is None  # to 4789: the lab has no VXLAN tunnel
+    assert tunnelprobes.inner_header(_frame(1, b"", inner_eth=False), lab) is None
+    node = parse_filter("icmp and host 192.168.5.2")
+    h = tunnelprobes.frame_header(gretap, node, lab)  # the outer header does not match: the inner one does
+    assert h is not None and h.daddr == 0xC0A80502 and tunnelprobes.frame_header(gretap, node, {}) is None
+    assert tunnelprobes.frame_header(gretap, parse_filter("host 10.2.0.2"), lab) is not None  # its own header
