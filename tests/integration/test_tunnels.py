@@ -139,6 +139,9 @@ def test_follow_goes_through_geneve_gretap_gre_and_ipip_as_through_vxlan(lab: tu
         assert [h[4] for h in hops if h[0] == "r"] == [outer] * 4, hops  # netif_rx, ip_fwd, dev_queue, xmit
         assert ("b", "netif_rx", "netif_receive_skb", dev) in [h[:4] for h in hops] and points[-1] == ("b", "ip_local"), hops
         assert requests[0]["end"]["kind"] == "answered", requests[0]["end"]
+        wires = [(h["where"], h["note"]) for h in requests[0]["hops"] if h["point"] == "wire"]  # by the inner header
+        assert wires == [("a.eth1 → r.eth1", "seen on the host side at both ends"),
+                         ("r.eth2 → b.eth1", "seen on the host side at both ends")], wires
         assert [(h["guest"], h["where"]) for h in replies[0]["hops"] if h["point"] in ("encap", "decap")] == [
             ("b", enc), ("a", dec)], replies[0]["hops"]
         assert replies[0]["end"]["kind"] == "delivered", replies[0]["end"]

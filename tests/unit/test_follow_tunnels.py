@@ -198,6 +198,8 @@ def test_a_real_runs_pings_over_each_tunnel_are_one_journey_each_way_answered_an
                                                    ("10.99.0.1", "10.99.0.2"))
         for kind, a, b in (("request", x, y), ("reply", y, x))]
     assert [j.end.kind for j in js] == ["answered", "delivered"] * 5
+    wires = [[h.note for h in j.hops if h.point == "wire"] for j in js]  # the captures keyed by the inner header
+    assert wires == [["seen on the host side at both ends"] * 2] * 8 + [[""], [""]]  # WireGuard's: not matched
 
 
 @pytest.mark.parametrize("dst", sorted(HOPS))
