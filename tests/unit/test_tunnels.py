@@ -1,5 +1,5 @@
 """Tunnels and VRFs as data (labctl.lab.tunnels), how up makes them (labctl.up.tunnels) and how
-follow reads their encapsulation (labctl.follow.encap, labctl.trace.encap); the lab file's problems
+follow reads their encapsulation (labctl.follow.tunnelprobes, labctl.trace.encap); the lab file's problems
 are golden (tests/labs/invalid/tunnel-problems)."""
 
 from __future__ import annotations
