@@ -1,7 +1,7 @@
 """Following packets through a lab that is up: probes in every guest's kernel, their clocks, the wire.
 
 Owns the probes that follow packets and catch drops, as guest shell commands (:mod:`.probes`: tracefs
-instances, event probes and kprobes with the filter in the kernel; through a VXLAN tunnel: :mod:`.tunnelprobes`; a packet inside an
+instances, event probes and kprobes with the filter in the kernel; through a tunnel: :mod:`.tunnelprobes`; a packet inside an
 802.1Q tag in the frame: :mod:`.vlanprobes`), a following session on some
 guests of a lab (:mod:`.follower`: checks first, clock rounds, wire captures, everything removed
 after), the live follow of ``labctl follow`` (:mod:`.livefollow`), and the drops every step records

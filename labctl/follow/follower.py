@@ -36,7 +36,7 @@ from labctl import paths
 from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import Kernel, enum_names, struct_offsets
-from labctl.lab import guest_interfaces
+from labctl.lab import Framing, guest_interfaces
 from labctl.live import capture
 from labctl.pktfilter import FilterError, Node, parse, refuse_options, tokenize, vlan_of
 from labctl.ssh import Pipe, Session
@@ -133,11 +133,13 @@ def stale_groups(caps: pr.Caps) -> list[str]:
     return out
 
 
-def _frame(wire: Wire, nic: tuple[str, str], node: Node, data: bytes, host_ns: int) -> None:
+def _frame(wire: Wire, nic: tuple[str, str], node: Node, tunnels: Mapping[str, tuple[Framing, list[int]]], data: bytes,
+           host_ns: int) -> None:
     """A frame QEMU saw on ``nic``'s host side at ``host_ns`` into ``wire`` when ``node`` matches its
-    packet: when, and its VLAN tags."""
-    h = hops.parse_frame(data)
-    if h is None or not node.match(h.packet()):
+    packet (its own, or the inner one of a lab tunnel's packet: :func:`tunnelprobes.frame_header`):
+    when, and its VLAN tags."""
+    h = tunnelprobes.frame_header(data, node, tunnels)
+    if h is None:
         return
     wire.seen.setdefault(nic, {}).setdefault(h.key(), []).append(host_ns)
     if vids := hops.frame_vlans(data):
@@ -188,6 +190,7 @@ class Follower:
         self.rounds = 0
         self.pipes_lock = threading.Lock()  # a clock round and the heartbeats share each guest's channel
         self.wire = Wire()
+        self.tunnels = tunnelprobes.framings(state.resolved)  # the wire captures read a tunnel's inner header too
         self.wall_minus_mono = time.time_ns() - time.monotonic_ns()  # captures are stamped in real time
         self._sessions: dict[str, Session] = {}
 
@@ -361,7 +364,7 @@ class Follower:
             if not look:
                 continue
             for frame in frames:
-                _frame(self.wire, nic, self.node, frame.data, frame.ts_us * 1000 - self.wall_minus_mono)
+                _frame(self.wire, nic, self.node, self.tunnels, frame.data, frame.ts_us * 1000 - self.wall_minus_mono)
 
     def ruleset(self, guest: str) -> str:
         """``nft -a list ruleset`` on the guest now ("" without nftables)."""

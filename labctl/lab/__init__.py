@@ -84,7 +84,7 @@ from labctl.lab.stepsysctl import StepSysctls, SysctlRecord, SysctlValue
 from labctl.lab.templates import render
 from labctl.lab.tracespec import TraceSpec, render_trace
 from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
-from labctl.lab.tunnels import KINDS, Tunnel, Vrf
+from labctl.lab.tunnels import KINDS, Framing, Tunnel, Vrf
 from labctl.lab.tunnels.views import settings_lines as _tunnel_settings
 from labctl.lab.tunnels.views import summary_lines as tunnel_lines
 from labctl.lab.tunnels.views import views as _tunnel_views
@@ -121,6 +121,7 @@ __all__ = [
     "Check",
     "Firewall",
     "FollowSpec",
+    "Framing",
     "GdbRecord",
     "GdbStep",
     "Guest",

@@ -1,13 +1,19 @@
 """Following a packet through encapsulation: the inner packet is the one followed, the outer one is
 the wire that carries it, and encapsulation and decapsulation are hops of its path. Pure: what the
-events mean (the probes are :mod:`labctl.follow.tunnelprobes`'s).
+events mean (the probes are :mod:`labctl.follow.tunnelprobes`'s, each tunnel kind's header layouts
+:class:`labctl.lab.tunnels.framing.Framing`\\ s of its module).
 
-VXLAN over IPv4 (an IPv4 packet inside): the outer packet's events are the points it passes
-(``xmit_vx`` is ``xmit``, ``netif_rx_vx`` is ``netif_rx``...: :data:`VARIANTS`), each fetching the
-*inner* packet's header, so that they join its journey, and the outer header's addresses, UDP port
-and VNI (``osa``, ``oda``, ``odp``, ``ovni``), which their hop's note says (:func:`note`):
-``outer 10.1.0.2 > 10.2.0.2 udp/4789 vni 42``. ``encap`` (``udp_tunnel_xmit_skb``, the VXLAN header
-pushed) and ``decap`` (``vxlan_rcv``) are hops of their own.
+IPv4 inside IPv4, in VXLAN, Geneve, GRE, GRETAP or IP in IP: the outer packet's events are the points
+it passes, named by the point and the framing's tag (``xmit_vx``, ``netif_rx_gnv``, ``ip_fwd_gtapk``...
+are ``xmit``, ``netif_rx``, ``ip_fwd``: :data:`VARIANTS`), each fetching the *inner* packet's header,
+so that they join its journey, and the outer header's addresses (``osa``, ``oda``), the UDP port
+(``odp``) and the VNI or GRE key (``oid``; ``ovni`` in VXLAN's events of before), which their hop's
+note says (:func:`note`): ``outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42``, ``outer GRE 10.1.0.2 >
+10.2.0.2 key 5``, ``outer IPIP 10.1.0.2 > 10.2.0.2``. ``encap_TAG`` and ``decap_TAG`` are the hops
+``encap`` and ``decap``, at their framing's functions (:func:`where`: ``udp_tunnel_xmit_skb``,
+``vxlan_rcv``, ``geneve_udp_encap_recv``, ``ip_tunnel_xmit``, ``gre_rcv``, ``ipip_rcv``), their
+note the id (``VXLAN vni 42``, ``GRE key 5``, ``IPIP``). WireGuard has ``encap_wg`` only (``wg_xmit``:
+``WireGuard, encrypted``).
 """
 
 from __future__ import annotations
@@ -15,17 +21,30 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
-__all__ = ["OUTER", "POINTS", "VARIANTS", "note", "noted"]
+from labctl.lab import KINDS, Framing
 
-POINTS = (  # (name, where, role, title), as labctl.trace.hops.Point takes them
-    ("encap", "udp_tunnel_xmit_skb", "stack", "encapsulated (VXLAN)"),
-    ("decap", "vxlan_rcv", "stack", "decapsulated (VXLAN)"),
+__all__ = ["EVENTS", "FRAMINGS", "OUTER", "OUTER_POINTS", "POINTS", "VARIANTS", "mark", "note", "noted", "where"]
+
+FRAMINGS: dict[str, Framing] = {f.tag: f for k in KINDS.values() for f in k.framings}
+OUTER_POINTS = ("dev_queue", "xmit", "netif_rx", "ip_fwd", "ip_local")
+"""The points an outer packet passes (its probes are these points' own, at the outer packet)."""
+POINTS = (  # (name, where, role, title), as labctl.trace.hops.Point takes them; where: VXLAN's (see where())
+    ("encap", "udp_tunnel_xmit_skb", "stack", "encapsulated (a tunnel's header pushed)"),
+    ("decap", "vxlan_rcv", "stack", "decapsulated (a tunnel's header taken off)"),
 )
-VARIANTS = {"dev_queue_vx": "dev_queue", "xmit_vx": "xmit", "netif_rx_vx": "netif_rx", "ip_fwd_vx": "ip_fwd",
-            "ip_local_vx": "ip_local", "encap_vx": "encap", "decap_vx": "decap"}
-OUTER = {"dev_queue_vx": "vxlan", "xmit_vx": "vxlan", "netif_rx_vx": "vxlan", "ip_fwd_vx": "vxlan",
-         "ip_local_vx": "vxlan"}
-"""The events of an outer packet, and its encapsulation."""
+EVENTS: dict[str, tuple[str, str]] = {f"{p}_{tag}": (p, tag) for tag in FRAMINGS for p in (*OUTER_POINTS, "encap", "decap")}
+"""Each tunnel probe's event name: (its point, its framing's tag)."""
+VARIANTS = {name: point for name, (point, _) in EVENTS.items()}
+OUTER = {name: tag for name, (point, tag) in EVENTS.items() if point in OUTER_POINTS}
+"""The events of an outer packet, and its framing."""
+
+
+def mark(event: str, fields: dict[str, str]) -> None:
+    """An event of a tunnel's probe (``event``, its name) says its framing: ``outer`` (the outer
+    packet's) or ``tunnel`` (encap, decap) is its tag."""
+    if event in EVENTS:
+        point, tag = EVENTS[event]
+        fields["outer" if point in OUTER_POINTS else "tunnel"] = tag
 
 
 def _num(fields: Mapping[str, str], name: str) -> int | None:
@@ -35,18 +54,32 @@ def _num(fields: Mapping[str, str], name: str) -> int | None:
         return None
 
 
+def _be(value: int, size: int) -> int:
+    """A network-order field of ``size`` bytes that the probe read little-endian, as its number."""
+    return int.from_bytes((value & (2 ** (8 * size) - 1)).to_bytes(size, "little"), "big")
+
+
 def _ip(value: int | None) -> str:
-    """An IPv4 address read little-endian from network order."""
-    return "?" if value is None else str(ipaddress.IPv4Address((value & 0xFFFFFFFF).to_bytes(4, "little")))
-
-
-def _port(value: int | None) -> str:
-    return "?" if value is None else str(int.from_bytes((value & 0xFFFF).to_bytes(2, "little"), "big"))
+    return "?" if value is None else str(ipaddress.IPv4Address(_be(value, 4)))
 
 
 def vni(value: int | None) -> int | None:
-    """A VXLAN header's second word (VNI and a reserved byte), read little-endian, as the VNI."""
-    return None if value is None else int.from_bytes((value & 0xFFFFFFFF).to_bytes(4, "little"), "big") >> 8
+    """A VXLAN or Geneve header's second word (VNI and a reserved byte), read little-endian, as the VNI."""
+    return None if value is None else _be(value, 4) >> 8
+
+
+def _ident(f: Framing, fields: Mapping[str, str]) -> str:
+    """``vni 42``, ``key 5`` (the id the event fetched), or ''."""
+    raw = _num(fields, "oid")
+    if raw is None and f.tag == "vx":
+        raw = _num(fields, "ovni")
+    if not f.ident or raw is None:
+        return ""
+    return f"{f.ident} {vni(raw) if f.ident == 'vni' else _be(raw, 4)}"
+
+
+def _framing(fields: Mapping[str, str], key: str) -> Framing | None:
+    return FRAMINGS.get(fields.get(key) or "")
 
 
 def noted(text: str, point: str, fields: Mapping[str, str]) -> str:
@@ -56,11 +89,27 @@ def noted(text: str, point: str, fields: Mapping[str, str]) -> str:
 
 def note(point: str, fields: Mapping[str, str]) -> str:
     """What a hop of ``point`` says of its encapsulation: the outer header of an outer packet's event
-    (``outer 10.1.0.2 > 10.2.0.2 udp/4789 vni 42``), the VNI at ``encap`` and ``decap``; '' else."""
-    v = vni(_num(fields, "ovni"))
-    if fields.get("outer"):
-        return (f"outer {fields['outer'].upper()} {_ip(_num(fields, 'osa'))} > {_ip(_num(fields, 'oda'))} "
-                f"udp/{_port(_num(fields, 'odp'))}" + (f" vni {v}" if v is not None else ""))
-    if point in ("encap", "decap") and v is not None:
-        return f"VXLAN vni {v}"
-    return ""
+    (``outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42``), the framing and its id at ``encap`` and
+    ``decap`` (``VXLAN vni 42``; an event of before, without its framing: VXLAN's); '' else."""
+    f = _framing(fields, "outer")
+    if f is not None:
+        port = _num(fields, "odp")
+        udp = f" udp/{'?' if port is None else _be(port, 2)}" if f.port_key else ""
+        ident = _ident(f, fields)
+        return f"outer {f.title} {_ip(_num(fields, 'osa'))} > {_ip(_num(fields, 'oda'))}{udp}" + (f" {ident}" if ident else "")
+    if point not in ("encap", "decap"):
+        return ""
+    f = _framing(fields, "tunnel")
+    if f is None:  # VXLAN's events of before (no framing said): the VNI alone
+        v = vni(_num(fields, "ovni"))
+        return f"VXLAN vni {v}" if v is not None else ""
+    return f"{f.title}, encrypted" if f.encrypted else " ".join(x for x in (f.title, _ident(f, fields)) if x)
+
+
+def where(point: str, fields: Mapping[str, str]) -> str | None:
+    """The function of an ``encap`` or ``decap`` hop (its framing's), or None (the point's own)."""
+    f = _framing(fields, "tunnel")
+    if f is None or point not in ("encap", "decap"):
+        return None
+    site = f.encap if point == "encap" else f.decap
+    return site.name if site is not None else None

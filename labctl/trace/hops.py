@@ -172,8 +172,7 @@ def parse_line(line: str, guest: str, names: dict[str, str] | None = None) -> Ev
         if point not in POINTS:
             return None
         fields = parse_fields(rest)
-        if raw in encap.OUTER:  # the outer packet of a tunnel (labctl.trace.encap)
-            fields["outer"] = encap.OUTER[raw]
+        encap.mark(raw, fields)  # a tunnel's: the outer packet, encap, decap (labctl.trace.encap)
     flags = m.group("flags") or ""
     return Event(guest, _ts_ns(m.group("ts")), point, m.group("comm").strip(), int(m.group("pid")),
                  int(m.group("cpu")), len(flags) >= 3 and flags[2] in "sShHzZ", fields)

@@ -476,7 +476,7 @@ class _Hops:
             state = "invalid (no entry)" if e.guest in self.tracked and e.point != "nft" else None
         if state:
             notes.append(f"conntrack {state}")
-        where = chain_name(e) if e.point == "nft" else p.where
+        where = chain_name(e) if e.point == "nft" else encap.where(e.point, e.fields) or p.where
         assert e.host_ns is not None
         return Hop(e.guest, e.point, where, e.dev, e.host_ns + round(self.align.at(e.guest, t)), e.comm, e.pid, e.irq,
                    "; ".join(n for n in notes if n), e.skb)
@@ -635,8 +635,9 @@ class _Ends:
                            "for the socket that sent the packet it quotes (its error queue)", where=POINTS[tail.point].where)
             return End("consumed", guest, f"delivered to {what} on {guest}; no process read it while followed",
                        where=POINTS[tail.point].where)
-        return End("open", guest, f"last seen at {POINTS[tail.point].where} on {guest}"
-                   + (" when the trace ended" if final else ""), where=POINTS[tail.point].where)
+        seen = encap.where(tail.point, tail.fields) or POINTS[tail.point].where
+        return End("open", guest, f"last seen at {seen} on {guest}" + (" when the trace ended" if final else ""),
+                   where=seen)
 
     def answered(self, h: Header) -> bool:
         """An echo reply to ``h`` (an echo request) was seen: the same id and sequence, the other way."""

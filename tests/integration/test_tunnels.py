@@ -4,6 +4,9 @@ one follow step (a pings b over VXLAN), its bundle written by ``up``.
 * a's ping over VXLAN reaches b through r, which has no tunnel of its own; the step's journeys show
   the inner packet encapsulated on a (udp_tunnel_xmit_skb), the outer one forwarded by r (its hops
   say the outer header), decapsulated on b (vxlan_rcv), answered; ``status`` shows the tunnels;
+* a second follow step pings b over Geneve, GRETAP (with a key), GRE and IP in IP: each is followed
+  the same way, at its own encap and decap functions, the outer header in r's hops; over WireGuard
+  (encrypted) the inner packet is encapsulated on a (wg_xmit) and seen again on b's wg0;
 * b's VRF blue routes 10.77.0.0/24 over WireGuard with its own table (the main table has no route);
 * the WireGuard keys are this instance's: files 0600 in its run directory, in neither the lab's
   state nor the bundle; a second instance of the lab (warm, from the same post-boot snapshot) has
@@ -36,6 +39,11 @@ steps:
     follow: {filter: "icmp and host 192.168.42.2"}
     run:
       - {guest: a, command: "ping -c 2 -i 0.5 -W 3 192.168.42.2", timeout: 60}
+  - name: tunnels
+    follow: {filter: "icmp and (host 192.168.7.2 or host 192.168.5.2 or host 192.168.9.2 or host 192.168.8.2 or host 10.99.0.2)"}
+    run:
+      - {guest: a, command: "for ip in 192.168.7.2 192.168.5.2 192.168.9.2 192.168.8.2 10.99.0.2; do ping -c 1 -W 3 $ip || exit 1; done",
+         timeout: 90}
 """
 
 
@@ -63,9 +71,9 @@ def _ok(cli: Cli, guest: str, command: str, lab: str = NAME) -> bool:
     return "ok" in _sh(cli, guest, f"{command} >/dev/null 2>&1 && echo ok || echo failed", lab).stdout.split()
 
 
-def _packets(bundle: Path) -> list[dict[str, Any]]:
+def _packets(bundle: Path, name: str = "vxlan") -> list[dict[str, Any]]:
     summary = json.loads((bundle / "summary.json").read_text())
-    step = next(s for s in summary["steps"] if s["name"] == "vxlan")
+    step = next(s for s in summary["steps"] if s["name"] == name)
     doc = json.loads((bundle / step["dir"] / "journey.json").read_text())
     assert doc["totals"]["out_of_order_hops"] == 0, doc["totals"]
     return list(doc["packets"])
@@ -78,7 +86,8 @@ def test_a_ping_over_vxlan_goes_through_the_router(lab: tuple[Cli, Path]) -> Non
     assert "vxlan" not in _sh(cli, "r", "ip -d link show").stdout  # r only forwards the outer packets
     status = json.loads(cli("status", NAME, "--json", check=True).stdout)
     (b,) = [g for g in status["labs"][0]["guests"] if g["name"] == "b"]
-    assert [(t["name"], t["type"]) for t in b["tunnels"]] == [("vx0", "vxlan"), ("wg0", "wireguard")]
+    assert [(t["name"], t["type"]) for t in b["tunnels"]] == [("vx0", "vxlan"), ("wg0", "wireguard"), ("gnv0", "geneve"),
+                                                             ("tap0", "gretap"), ("gre1", "gre"), ("tun0", "ipip")]
     assert b["vrfs"][0]["table"] == 10 and b["vrfs"][0]["members"] == ["wg0"]
     text = " ".join(cli("status", NAME, check=True).stdout.split())  # a row per tunnel and VRF (wrapped as wide as it is)
     assert "│ vx0 │ vxlan 42 to" in text and "│ blue │ vrf table 10" in text, text
@@ -104,6 +113,50 @@ def test_follow_shows_the_inner_packet_encapsulated_carried_and_decapsulated(lab
     for p in replies:
         assert [h["guest"] for h in p["hops"] if h["point"] in ("encap", "decap")] == ["b", "a"], p["hops"]
         assert p["end"]["kind"] == "delivered", p["end"]
+
+
+# each tunnel's inner destination: its device on b, the outer header r's hops say, its encap and decap functions
+OVER = {
+    "192.168.7.2": ("gnv0", "outer Geneve 10.1.0.2 > 10.2.0.2 udp/6081 vni 7", "udp_tunnel_xmit_skb", "geneve_udp_encap_recv"),
+    "192.168.5.2": ("tap0", "outer GRE 10.1.0.2 > 10.2.0.2 key 5", "ip_tunnel_xmit", "gre_rcv"),
+    "192.168.9.2": ("gre1", "outer GRE 10.1.0.2 > 10.2.0.2", "ip_tunnel_xmit", "gre_rcv"),
+    "192.168.8.2": ("tun0", "outer IPIP 10.1.0.2 > 10.2.0.2", "ip_tunnel_xmit", "ipip_rcv"),
+}
+
+
+def test_follow_goes_through_geneve_gretap_gre_and_ipip_as_through_vxlan(lab: tuple[Cli, Path]) -> None:
+    _, bundle = lab
+    packets = _packets(bundle, "tunnels")
+    for dst, (dev, outer, enc, dec) in OVER.items():
+        requests = [p for p in packets if "echo-request" in p["packet"] and f"> {dst} " in p["packet"]]
+        replies = [p for p in packets if "echo-reply" in p["packet"] and f"{dst} >" in p["packet"]]
+        assert len(requests) == 1 and len(replies) == 1, (dst, [p["packet"] for p in packets])
+        hops = [(h["guest"], h["point"], h["where"], h.get("dev"), h.get("note", "")) for h in requests[0]["hops"]
+                if h["point"] != "wire"]
+        points = [h[:2] for h in hops]
+        assert ("a", "encap", enc) in [h[:3] for h in hops] and ("b", "decap", dec) in [h[:3] for h in hops], hops
+        assert points.index(("a", "encap")) < points.index(("r", "ip_fwd")) < points.index(("b", "decap")), hops
+        assert [h[4] for h in hops if h[0] == "r"] == [outer] * 4, hops  # netif_rx, ip_fwd, dev_queue, xmit
+        assert ("b", "netif_rx", "netif_receive_skb", dev) in [h[:4] for h in hops] and points[-1] == ("b", "ip_local"), hops
+        assert requests[0]["end"]["kind"] == "answered", requests[0]["end"]
+        wires = [(h["where"], h["note"]) for h in requests[0]["hops"] if h["point"] == "wire"]  # by the inner header
+        assert wires == [("a.eth1 → r.eth1", "seen on the host side at both ends"),
+                         ("r.eth2 → b.eth1", "seen on the host side at both ends")], wires
+        assert [(h["guest"], h["where"]) for h in replies[0]["hops"] if h["point"] in ("encap", "decap")] == [
+            ("b", enc), ("a", dec)], replies[0]["hops"]
+        assert replies[0]["end"]["kind"] == "delivered", replies[0]["end"]
+
+
+def test_follow_over_wireguard_has_the_encapsulation_then_the_decrypted_packet(lab: tuple[Cli, Path]) -> None:
+    _, bundle = lab
+    packets = _packets(bundle, "tunnels")
+    (request,) = [p for p in packets if "echo-request" in p["packet"] and "> 10.99.0.2 " in p["packet"]]
+    (reply,) = [p for p in packets if "echo-reply" in p["packet"] and "10.99.0.2 >" in p["packet"]]
+    hops = [(h["guest"], h["point"], h["where"], h.get("dev"), h.get("note", "")) for h in request["hops"]]
+    assert hops[0] == ("a", "encap", "wg_xmit", "wg0", "WireGuard, encrypted"), hops
+    assert not [h for h in hops if h[0] == "r"] and ("b", "netif_rx", "netif_receive_skb", "wg0") in [h[:4] for h in hops], hops
+    assert request["end"]["kind"] == "answered", request["end"]
+    assert [h["guest"] for h in reply["hops"] if h["point"] == "encap"] == ["b"] and reply["end"]["kind"] == "delivered"
 
 
 def test_the_vrf_routes_with_its_own_table_over_wireguard(lab: tuple[Cli, Path]) -> None:

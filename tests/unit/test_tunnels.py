@@ -1,5 +1,5 @@
 """Tunnels and VRFs as data (labctl.lab.tunnels), how up makes them (labctl.up.tunnels) and how
-follow reads their encapsulation (labctl.follow.encap, labctl.trace.encap); the lab file's problems
+follow reads their encapsulation (labctl.follow.tunnelprobes, labctl.trace.encap); the lab file's problems
 are golden (tests/labs/invalid/tunnel-problems)."""
 
 from __future__ import annotations
@@ -164,23 +164,26 @@ def test_no_encap_probes_without_vxlan_or_for_a_filter_of_no_ipv4() -> None:
 
 
 def test_the_outer_packets_points_fetch_the_inner_header_and_filter_on_the_vxlan_port() -> None:
-    defs, filters = follow_encap.definitions("labctl_t", parse_filter("icmp"), OFF, _resolved(), "a")
+    all_defs, filters = follow_encap.definitions("labctl_t", parse_filter("icmp"), OFF, _resolved(), "a")
+    defs = [d for d in all_defs if d.split()[0].endswith("_vx")]
     names = [d.split()[0] for d in defs]
     assert names == ["e:labctl_t/dev_queue_vx", "e:labctl_t/xmit_vx", "e:labctl_t/netif_rx_vx", "p:labctl_t/ip_fwd_vx",
                      "p:labctl_t/ip_local_vx", "p:labctl_t/encap_vx", "p:labctl_t/decap_vx"]
     xmit = defs[1]
     assert "saddr=+76(+208($skbaddr)):u32" in xmit  # 14 + 20 + 8 + 8 + 14 + 12: the inner source
-    assert "odp=+36(+208($skbaddr)):u16 ovni=+46(+208($skbaddr)):u32" in xmit
+    assert "odp=+36(+208($skbaddr)):u16 ohd=+42(+208($skbaddr)):u32 oid=+46(+208($skbaddr)):u32" in xmit
     assert "saddr=+62(+208(%di)):u32" in defs[3]  # ip_forward: at the outer IPv4 header
-    assert "saddr=+34(+208(%dx)):u32" in defs[5] and "ovni=+4(+208(%dx)):u32" in defs[5]  # at the VXLAN header
-    assert "saddr=+42(+208(%si)):u32" in defs[6] and "ovni=+12(+208(%si)):u32" in defs[6]  # at the UDP header
-    assert filters["xmit_vx"].endswith("&& (odp == 46354)")  # 4789 in network order, read little-endian
-    assert "odp" not in filters["encap_vx"]
-    # a router with no tunnel of its own follows the outer packets, and has no encap or decap
+    assert "saddr=+34(+208(%dx)):u32" in defs[5] and "oid=+4(+208(%dx)):u32" in defs[5]  # at the VXLAN header
+    assert "saddr=+42(+208(%si)):u32" in defs[6] and "oid=+12(+208(%si)):u32" in defs[6]  # at the UDP header
+    # 4789 in network order, read little-endian; the VXLAN header's flags (0x08: a VNI) read so too
+    assert filters["xmit_vx"].endswith("&& opr == 17 && (odp == 46354) && ohd == 8")
+    assert "odp" not in filters["encap_vx"] and filters["encap_vx"].endswith("&& ohd == 8")  # Geneve's go there too
+    # a router with no tunnel of its own follows the outer packets of each framing, and has no encap or decap
     router = _resolved()
     router["guests"]["r"] = {"name": "r", "nics": []}  # type: ignore[index]
     defs, _ = follow_encap.definitions("labctl_t", parse_filter("icmp"), OFF, router, "r")
-    assert len(defs) == 5
+    assert sorted({d.split()[0].split("_", 1)[1].rpartition("_")[2] for d in defs}) == ["gnv", "grek", "gtap", "ipip", "vx"]
+    assert len(defs) == 5 * 5 and not any("encap" in d or "decap" in d for d in defs)
 
 
 LINE = ('  <idle>-0 [000] ..s2. 601.000001: xmit_vx: (net.net_dev_start_xmit) skb=0xffff888005fa4b00 dev="eth2" '
@@ -190,7 +193,7 @@ LINE = ('  <idle>-0 [000] ..s2. 601.000001: xmit_vx: (net.net_dev_start_xmit) sk
 
 def test_an_outer_event_is_its_points_with_the_outer_header_in_its_note() -> None:
     ev = hops.parse_line(LINE, "r")
-    assert ev is not None and ev.point == "xmit" and ev.fields["outer"] == "vxlan"
+    assert ev is not None and ev.point == "xmit" and ev.fields["outer"] == "vx"
     assert hops.identity(ev) is not None
     assert encap.note(ev.point, ev.fields) == "outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42"
     assert encap.note("encap", {"ovni": "2752512"}) == "VXLAN vni 42"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from labctl.lab.ifaces import Address, Route
+from labctl.lab.tunnels.framing import Framing
 
 if TYPE_CHECKING:
     from labctl.lab.checker import Checker
@@ -107,7 +108,8 @@ class Vrf:
 
 class Kind:
     """What one tunnel kind is: its lab-file keys (beyond :data:`COMMON_KEYS`), which are required,
-    how its options are checked, how it is made in a guest and described to people.
+    how its options are checked, how it is made in a guest and described to people, and how its
+    packets are carried (:attr:`framings`, for ``labctl follow``; none: followed on its device only).
 
     A kind is one module of :mod:`labctl.lab.tunnels` that defines one instance (or two, for a pair
     of kinds such as gre and gretap), listed in :data:`labctl.lab.tunnels.known.KINDS`.
@@ -118,6 +120,7 @@ class Kind:
     required: tuple[str, ...] = ()
     layer2: bool = False  # carries Ethernet frames (its device has a MAC)
     remote_keys: tuple[str, ...] = ("remote",)  # options that must be an address of another guest of the lab
+    framings: tuple[Framing, ...] = ()  # every header layout its packets can have on the wire
 
     def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
         """The kind's options of the tunnel ``m`` as text (each problem reported; a bad one left out)."""
@@ -130,6 +133,10 @@ class Kind:
     def describe(self, t: Tunnel) -> str:
         """What ``t`` is, in a few words (``vxlan 42 to 10.2.0.2:4789 via eth1``)."""
         raise NotImplementedError
+
+    def framing(self, t: Tunnel) -> Framing | None:
+        """How ``t``'s packets are carried (its options may choose the layout), or None."""
+        return self.framings[0] if self.framings else None
 
     def commands(self, t: Tunnel) -> list[list[str]]:
         """Every ``ip`` argv that makes ``t``: the link, its MTU, its addresses, up."""

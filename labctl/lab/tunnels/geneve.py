@@ -10,10 +10,18 @@ from __future__ import annotations
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker
 from labctl.lab.tunnels.devices import Kind, Tunnel
-from labctl.lab.tunnels.vxlan import MAX_VNI
+from labctl.lab.tunnels.framing import Framing, Site
+from labctl.lab.tunnels.vxlan import MAX_VNI, UDP
 from labctl.lab.yamlpos import YamlMap
 
 DSTPORT = 6081
+# the Geneve header (version and options length, flags, protocol 0x6558: Ethernet; the VNI's 24 bits,
+# a reserved byte), 8 bytes with no options (Linux's geneve device sends none), after the UDP header,
+# then the inner Ethernet one; udp_tunnel_xmit_skb pushes the UDP header, geneve_udp_encap_recv (at
+# the UDP header) takes both off. A packet with options is not matched (its first word differs).
+FRAMING = Framing("gnv", "Geneve", 17, UDP + 8 + 14, Site("udp_tunnel_xmit_skb", "%dx", -UDP),
+                  Site("geneve_udp_encap_recv", "%si", 0), word=0x00006558, word_at=UDP, ident="vni",
+                  ident_at=UDP + 4, port_key="dstport", port=DSTPORT)
 
 
 class Geneve(Kind):
@@ -21,6 +29,7 @@ class Geneve(Kind):
     keys = ("vni", "remote", "dstport", "ttl")
     required = ("vni", "remote")
     layer2 = True
+    framings = (FRAMING,)
 
     def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
         out: dict[str, str] = {}

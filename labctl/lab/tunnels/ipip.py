@@ -11,9 +11,15 @@ from __future__ import annotations
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker, did_you_mean, join
 from labctl.lab.tunnels.devices import Kind, Tunnel
+from labctl.lab.tunnels.framing import Framing, Site
 from labctl.lab.yamlpos import YamlMap
 
 MODES = ("ip6ip6", "ipip6", "any")
+# ipip: the inner IPv4 header right after the outer one (protocol 4); ip_tunnel_xmit (at the inner
+# header; shared with GRE: its 4th argument is the outer protocol) pushes the outer header, ipip_rcv
+# (ipip's: sit has one too; at the inner header) is handed the packet. ip6tnl: an outer IPv6
+# header, not followed on the wire.
+FRAMING = Framing("ipip", "IPIP", 4, 0, Site("ip_tunnel_xmit", "%di", 0, proto="%cx"), Site("ipip:ipip_rcv", "%di", 0))
 
 
 class IpInIp(Kind):
@@ -22,6 +28,7 @@ class IpInIp(Kind):
     def __init__(self, name: str, version: int) -> None:
         self.name, self.version = name, version
         self.keys = ("remote", "local", "ttl", "dev") + (("mode",) if version == 6 else ())
+        self.framings = (FRAMING,) if version == 4 else ()
 
     def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
         out: dict[str, str] = {}

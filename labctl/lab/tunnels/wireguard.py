@@ -20,9 +20,13 @@ import re
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker, describe, join
 from labctl.lab.tunnels.devices import Kind, Tunnel
+from labctl.lab.tunnels.framing import Framing, Site
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 PORT = 51820
+# handed to wg_xmit (its device's start_xmit, at the inner IPv4 header) and encrypted after: its only
+# hop of its own (the decrypted packet is seen on the receiver's device)
+FRAMING = Framing("wg", "WireGuard", 17, 0, Site("wg_xmit", "%di", 0), None, encrypted=True)
 PEER = re.compile(r"[a-z][a-z0-9-]{0,31}\.[a-zA-Z][a-zA-Z0-9_.-]{0,14}")
 
 
@@ -30,6 +34,7 @@ class Wireguard(Kind):
     name = "wireguard"
     keys = ("peer", "remote", "port", "allowed_ips")
     required = ("peer",)
+    framings = (FRAMING,)
 
     def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -1,0 +1,62 @@
+"""How a tunnel kind's packets sit in the outer packet, and where the kernel wraps and unwraps them:
+what ``labctl follow`` needs to follow the inner packet on the wire (its probes:
+:mod:`labctl.follow.tunnelprobes`; what their events mean: :mod:`labctl.trace.encap`). Pure data,
+one :class:`Framing` (or one per header layout) in each kind's module.
+
+Offsets count from the end of the outer IPv4 header (20 bytes, no options), where the UDP header
+(VXLAN, Geneve), the GRE header or the inner IPv4 header (IP in IP) starts. A framing is *exact*: its
+guards (the outer IP protocol, the UDP port, the tunnel header's first 32 bits) keep a packet whose
+header has another layout (a Geneve header with options, a GRE header with a checksum) out, as the
+offsets would be wrong for it. An *encrypted* framing (WireGuard) has its encapsulation only: the
+outer packet cannot be matched by its inner header, nor the packet before it is decrypted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Framing", "Site"]
+
+
+@dataclass(frozen=True)
+class Site:
+    """A kernel function that encapsulates or decapsulates the kind's packets, for a kprobe:
+    ``function`` (``vxlan_rcv``; ``MODULE:NAME`` when another module has a function of that name),
+    the register that holds the skb there, where the outer IPv4 header ends from ``skb->data`` there
+    (``at``: -8 when the UDP header is not pushed yet) and the register that holds the outer IP
+    protocol, when the function is shared by kinds of two protocols (``ip_tunnel_xmit``'s 4th argument)."""
+
+    function: str
+    skb: str
+    at: int
+    proto: str = ""
+
+    @property
+    def name(self) -> str:
+        """The function without its module (``gre_rcv``), as a hop shows it."""
+        return self.function.rpartition(":")[2]
+
+
+@dataclass(frozen=True)
+class Framing:
+    """One header layout of a tunnel kind: ``tag`` names its probes (``xmit_TAG``), ``title`` is what
+    the hops' notes call its outer header (``outer GRE 10.1.0.2 > 10.2.0.2 key 5``), ``proto`` the
+    outer IP protocol, ``inner`` where the inner IPv4 header is (after any inner Ethernet header);
+    ``word``: the tunnel header's first 32 bits (network order), the same in each of its packets,
+    at ``word_at``; ``ident``: what the id at ``ident_at`` is (``vni``: 24 bits then a reserved byte;
+    ``key``: 32 bits); ``port_key``: the tunnel option that gives the outer UDP destination port
+    (``port``: its default); ``encrypted``: the outer packet is not matched, and there is no ``decap``."""
+
+    tag: str
+    title: str
+    proto: int
+    inner: int
+    encap: Site
+    decap: Site | None
+    word: int | None = None
+    word_at: int = 0
+    ident: str = ""
+    ident_at: int = 0
+    port_key: str = ""
+    port: int = 0
+    encrypted: bool = False
