@@ -64,7 +64,7 @@ guests:
   b{n}:
     nics: [{{name: eth1, model: virtio-net-pci, network: r{n}, ip: 10.2.{n}.2/24}}]
     routes: [{{to: 10.1.{n}.0/24, via: 10.2.{n}.1}}]
-    tunnels: {{vx0: {{type: vxlan, vni: {40 + n}, remote: 10.1.{n}.2, dev: eth1, ip: 192.168.{n}.2/24}}}}
+    tunnels: {{vx0: {{type: vxlan, vni: {40 + n}, remote: 10.1.{n}.2, dev: eth1, learning: false, ip: 192.168.{n}.2/24}}}}
 """ for n in (1, 2))
 PATHS = {"direct": (LAB, LAB_YAML, "10.78.{n}.2", ("a", "b")),
          "vxlan-nat": ("fvx", VXLAN_YAML, "192.168.{n}.2", ("a", "r", "b"))}

@@ -235,6 +235,18 @@ def test_the_lab_page_lights_each_hop_and_marks_the_drop(lab: tuple[Cli, Path, d
             expect(svg).to_have_attribute("data-end", "dropped", timeout=30_000)  # once every hop was lit
             assert svg.get_attribute("data-played") == "a,a.eth1 → r.eth1,r"
             expect(page.locator('#topology svg g.guest.dropmark[data-guest="r"]')).to_have_count(1)
+            # Its hops, each with its note, as the API (and labctl follow --json) has them, then its end.
+            shown = json.loads(page.evaluate("fetch('/api/lab/" + LAB + "/packets').then((r) => r.text())"))
+            pkt = next(p for p in shown["packets"] if "10.1.9.1" in p["packet"])
+            rows = page.locator("#hops li.hop:not(.end)")
+            expect(rows).to_have_count(len(pkt["hops"]))
+            texts = rows.all_text_contents()
+            for hop, text in zip(pkt["hops"], texts, strict=True):
+                where = hop["where"] if hop["point"] == "wire" else f"{hop['guest']} {hop['where']}"
+                assert text.startswith(where) and (hop.get("note") or "") in text, (hop, text)
+            assert texts[0].startswith("a net_dev_queue eth1") and any("a.eth1 → r.eth1" in t for t in texts), texts
+            assert any(h.get("note") for h in pkt["hops"]), pkt  # the wire hop's, at least (the host side's captures)
+            expect(page.locator("#hops li.end.dropped")).to_contain_text("IP_RPFILTER")
             page.click("#follow-stop")
             expect(page.locator("#follow-status")).to_contain_text("not following", timeout=60_000)
             page.context.browser.close()

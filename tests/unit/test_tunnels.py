@@ -208,3 +208,16 @@ def test_the_graph_lists_a_guests_tunnels_and_vrfs() -> None:
     assert node.tunnels[0] == "tunnel vx0: vxlan 42 to 10.2.0.2:4789 via eth1"
     assert "vrf blue: table 10 of vx0; 1 route" in node.info_text
     assert "tunnel vx0: vxlan 42 to 10.2.0.2:4789 via eth1" in to_svg(topology(_lab()))
+
+
+def test_a_vxlan_tunnel_that_does_not_learn() -> None:
+    """learning: false keeps the remote the only end (a NAT between the ends would move it otherwise)."""
+    lab = _lab(GOOD.replace("dev: eth1, ip: 192.168.42.1/24, mtu: 1400}", "dev: eth1, learning: false, ip: 192.168.42.1/24}"))
+    vx0 = next(t for t in lab.guests["a"].tunnels if t.name == "vx0")
+    assert KINDS["vxlan"].link(vx0)[-1] == "nolearning" and "no learning" in KINDS["vxlan"].describe(vx0)
+    learns = next(t for t in _lab().guests["a"].tunnels if t.name == "vx0")
+    assert "nolearning" not in KINDS["vxlan"].link(learns)
+    with pytest.raises(LabFileError) as info:
+        _lab(GOOD.replace("dev: eth1, ip: 192.168.42.1/24, mtu: 1400}", "dev: eth1, learning: 'no', ip: 192.168.42.1/24}"))
+    assert any("guests.a.tunnels.vx0.learning: expected true or false, got 'no'" in str(p)
+               for p in info.value.problems), info.value.problems

@@ -25,7 +25,7 @@ FRAMING = Framing("vx", "VXLAN", 17, UDP + 8 + 14, Site("udp_tunnel_xmit_skb", "
 
 class Vxlan(Kind):
     name = "vxlan"
-    keys = ("vni", "remote", "group", "local", "dstport", "dev", "ttl")
+    keys = ("vni", "remote", "group", "local", "dstport", "dev", "ttl", "learning")
     required = ("vni",)
     layer2 = True
     framings = (FRAMING,)
@@ -41,6 +41,8 @@ class Vxlan(Kind):
         o.put(out, "dstport", o.port(check, m, "dstport", path) or DSTPORT)
         o.put(out, "dev", o.interface(check, m, "dev", path))
         o.put(out, "ttl", o.integer(check, m, "ttl", path, 1, 255))
+        if o.flag(check, m, "learning", path) is False:  # the kernel's default is to learn
+            out["learning"] = "off"
         if "group" in m and "dev" not in m:
             check.add(m.line, path, "a vxlan tunnel to a multicast group needs the device it is on (dev)")
         return out
@@ -51,12 +53,14 @@ class Vxlan(Kind):
         for key in ("remote", "group", "local", "dev", "ttl"):
             if t.opt(key) is not None:
                 argv += [key, str(t.opt(key))]
+        if t.opt("learning") == "off":  # the remote stays the only end: a NAT between the ends cannot move it
+            argv.append("nolearning")
         return argv
 
     def describe(self, t: Tunnel) -> str:
         to = f"to {t.opt('remote')}" if t.opt("remote") else f"group {t.opt('group')}"
         return (f"vxlan {t.opt('vni')} {to}:{t.opt('dstport') or DSTPORT}"
-                + (f" via {t.opt('dev')}" if t.opt("dev") else ""))
+                + (f" via {t.opt('dev')}" if t.opt("dev") else "") + (", no learning" if t.opt("learning") else ""))
 
 
 KIND = Vxlan()

@@ -365,7 +365,23 @@ function hopTargets(svg, hop) {
   return found;
 }
 
-function playPacket(box, p) {
+function hopRow(hop) {
+  // one hop as follow prints it: where (the guest's function and device, or the wire), then its note
+  // (a NAT rewrite, the nft rule, the XDP verdict, the tunnel's outer header...), all as text
+  const where = hop.point === 'wire' ? hop.where : `${hop.guest} ${hop.where}${hop.dev ? ' ' + hop.dev : ''}`;
+  return el('li', {class: 'hop'}, el('span', {class: 'where'}, where),
+    hop.note ? el('span', {class: 'note'}, '  ' + hop.note) : null);
+}
+
+function showHops(list, p) {
+  list.dataset.packet = p.id;
+  list.replaceChildren(...p.hops.map(hopRow));
+  const end = p.end || {};
+  if (end.text) list.append(el('li', {class: 'hop end ' + (end.kind || '')}, end.text));
+}
+
+function playPacket(box, p, list) {
+  if (list) showHops(list, p);
   const svg = box.querySelector('svg');
   if (!svg) return;
   clearTimeout(box.timer);
@@ -390,11 +406,12 @@ function playPacket(box, p) {
     }
     const hop = p.hops[i];
     hopTargets(svg, hop).forEach((e) => e.classList.add('lit'));
+    if (list) [...list.children].forEach((row, k) => row.classList.toggle('now', k === i));
     played.push(hop.point === 'wire' ? hop.where : hop.guest);
     svg.dataset.played = played.filter((x, k) => k === 0 || played[k - 1] !== x).join(',');
     box.timer = setTimeout(() => step(i + 1), HOP_MS);
   };
-  box.replay = () => playPacket(box, p);
+  box.replay = () => playPacket(box, p, list);
   step(0);
 }
 
@@ -407,6 +424,7 @@ function packetsPanel(ident, topoBox) {
   const stop = el('button', {id: 'follow-stop', onclick: () => post(base + '/follow/stop').then(render)
     .catch((e) => { status.textContent = e.message; })}, 'stop');
   const list = el('ol', {id: 'packets', reversed: true});
+  const hopList = el('ol', {id: 'hops'});
   let shown = '';
   function render(v) {
     // a follow being set up (probes going on, several seconds under TCG) does not see packets yet: say so
@@ -415,13 +433,13 @@ function packetsPanel(ident, topoBox) {
     start.disabled = v.running;
     stop.disabled = !v.running;
     list.replaceChildren(...v.packets.slice().reverse().map((p) => el('li', {
-      class: 'packet ' + ((p.end || {}).kind || ''), 'data-id': p.id, onclick: () => playPacket(topoBox, p),
+      class: 'packet ' + ((p.end || {}).kind || ''), 'data-id': p.id, onclick: () => playPacket(topoBox, p, hopList),
     }, el('b', {}, p.packet), ': ', (p.end || {}).text || '')));
     const newest = v.packets[v.packets.length - 1];
     const key = newest ? `${newest.id}@${newest.at}` : '';
     if (newest && key !== shown) {
       shown = key;
-      playPacket(topoBox, newest);
+      playPacket(topoBox, newest, hopList);
     }
   }
   const poll = () => fetch(base + '/packets', {credentials: 'same-origin'})
@@ -432,7 +450,9 @@ function packetsPanel(ident, topoBox) {
   return el('section', {id: 'follow'}, el('h2', {}, 'Packets'),
     el('p', {}, filter, ' ', start, ' ', stop, ' ', status),
     el('p', {class: 'dim'}, 'the last packets followed on this lab (here or with labctl follow), newest first; ' +
-      'click one to see its path again'), list);
+      'click one to see its path again'), list,
+    el('h3', {}, 'Its hops'), el('p', {class: 'dim'}, 'each hop of the packet shown on the topology, with what ' +
+      'happened to it there (an address rewritten, a rule, a verdict, a tunnel)'), hopList);
 }
 
 // ---- the class's progress over time: an inline SVG drawn here (no library) -------------------
