@@ -59,6 +59,14 @@ class Checker:
         self.add(m.value_line(key), join(path, key), f"expected a string, got {describe(value)}")
         return None
 
+    def boolean(self, m: YamlMap, key: str, path: str) -> bool | None:
+        """``m[key]`` if it is true or false; None if absent/null or of another type (reported)."""
+        value = m.get(key)
+        if value is None or isinstance(value, bool):
+            return value
+        self.add(m.value_line(key), join(path, key), f"expected true or false, got {describe(value)}")
+        return None
+
     def matching(
         self, m: YamlMap, key: str, path: str, pattern: re.Pattern[str], what: str, rule: str,
         required: bool = False,

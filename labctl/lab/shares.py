@@ -214,10 +214,10 @@ def parse_shares(check: Checker, body: YamlMap, path: str, base: Path,
             continue
         check.keys(m, at, SHARE_KEYS, ("host", "mount"))
         host, mount = check.string(m, "host", at, required=True), check.string(m, "mount", at, required=True)
-        writable = m.get("writable", False)
-        if not isinstance(writable, bool):
-            check.add(m.value_line("writable"), join(at, "writable"), f"expected true or false, got {describe(writable)}")
+        writable = check.boolean(m, "writable", at)
+        if writable is None and m.get("writable") is not None:  # reported
             continue
+        writable = bool(writable)
         if not host or not mount:
             continue
         resolved = resolve_host(host, base)

@@ -8,7 +8,7 @@ import ipaddress
 from labctl.lab.checker import Checker, describe, join
 from labctl.lab.yamlpos import YamlMap
 
-__all__ = ["address", "flag", "integer", "interface", "port", "put"]
+__all__ = ["address", "integer", "interface", "port", "put"]
 
 
 def put(out: dict[str, str], key: str, value: str | int | None) -> None:
@@ -44,17 +44,6 @@ def address(check: Checker, m: YamlMap, key: str, path: str, version: int | None
 def integer(check: Checker, m: YamlMap, key: str, path: str, low: int, high: int) -> int | None:
     """``m[key]``: an integer in ``low..high``."""
     return check.integer(m, key, path, (low, high))
-
-
-def flag(check: Checker, m: YamlMap, key: str, path: str) -> bool | None:
-    """``m[key]``: true or false (None when absent)."""
-    value = m.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        check.add(m.value_line(key), join(path, key), f"expected true or false, got {describe(value)}")
-        return None
-    return value
 
 
 def port(check: Checker, m: YamlMap, key: str, path: str) -> int | None:

@@ -41,7 +41,7 @@ class Vxlan(Kind):
         o.put(out, "dstport", o.port(check, m, "dstport", path) or DSTPORT)
         o.put(out, "dev", o.interface(check, m, "dev", path))
         o.put(out, "ttl", o.integer(check, m, "ttl", path, 1, 255))
-        if o.flag(check, m, "learning", path) is False:  # the kernel's default is to learn
+        if check.boolean(m, "learning", path) is False:  # the kernel's default is to learn
             out["learning"] = "off"
         if "group" in m and "dev" not in m:
             check.add(m.line, path, "a vxlan tunnel to a multicast group needs the device it is on (dev)")
