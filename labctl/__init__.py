@@ -20,7 +20,8 @@ started guest's record, :mod:`labctl.guestrecord`; a lab's name, :mod:`labctl.na
 console, :mod:`labctl.crashcheck`), how the
 library reports progress (:mod:`labctl.events`), paths and safe files (:mod:`labctl.paths`),
 guest text shown safely (:mod:`labctl.textsafe`), the pcap-filter subset packets are followed by
-(:mod:`labctl.pktfilter`).
+(:mod:`labctl.pktfilter`), package faces that load each name at its first use
+(:mod:`labctl.lazyface`).
 """
 
 __version__ = "0.1.0"

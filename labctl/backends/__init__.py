@@ -17,39 +17,53 @@ Imports never: labctl.up, labctl.steps, labctl.bundle, labctl.report, labctl.cli
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from labctl.backends import owned
-from labctl.backends.accel import AccelChoice, choose_accel, choose_accels, kvm_usable, lab_accel, probe_kvm
-from labctl.backends.base import (
-    GUEST_MEMORY,
-    MGMT_ADDR,
-    MGMT_NET,
-    POSTBOOT,
-    Backend,
-    GuestPlan,
-    GuestRecord,
-    HostCheck,
-    LabState,
-    NetDir,
-    netdev_id,
-)
-from labctl.backends.libvirt.api import qemu_pid
-from labctl.backends.monitor import (
-    BackendMonitor,
-    Monitor,
-    SocketMonitor,
-    as_monitor,
-    dump_guest_memory,
-    ensure_resumed,
-    load_state,
-    qmp_execute,
-    qmp_running,
-    running_version,
-    save_state,
-)
-from labctl.backends.qemu.rrargv import RRFILE, ReplayFiles, fw_cfg_files, read_only_files, recorded_argv, replay_argv
 from labctl.errors import UsageError
-from labctl.lab import BACKENDS as LAB_BACKENDS
+
+if TYPE_CHECKING:
+    from labctl.backends import owned
+    from labctl.backends.accel import AccelChoice, choose_accel, choose_accels, kvm_usable, lab_accel, probe_kvm
+    from labctl.backends.base import (
+        GUEST_MEMORY,
+        MGMT_ADDR,
+        MGMT_NET,
+        POSTBOOT,
+        Backend,
+        GuestPlan,
+        GuestRecord,
+        HostCheck,
+        LabState,
+        NetDir,
+        netdev_id,
+    )
+    from labctl.backends.libvirt.api import qemu_pid
+    from labctl.backends.monitor import (
+        BackendMonitor,
+        Monitor,
+        SocketMonitor,
+        as_monitor,
+        dump_guest_memory,
+        ensure_resumed,
+        load_state,
+        qmp_execute,
+        qmp_running,
+        running_version,
+        save_state,
+    )
+    from labctl.backends.qemu.rrargv import (
+        RRFILE,
+        ReplayFiles,
+        fw_cfg_files,
+        read_only_files,
+        recorded_argv,
+        replay_argv,
+    )
+    from labctl.lab import BACKENDS  # what a lab file's backend: may say, each mapped in get_backend
+else:  # each name loaded at its first use (labctl.lazyface)
+    from labctl.lazyface import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__, globals())
 
 __all__ = [
     "BACKENDS",
@@ -77,6 +91,7 @@ __all__ = [
     "ensure_resumed",
     "fw_cfg_files",
     "get_backend",
+    "guest_alive",
     "kvm_usable",
     "lab_accel",
     "load_state",
@@ -94,8 +109,6 @@ __all__ = [
     "save_state",
 ]
 
-BACKENDS = LAB_BACKENDS  # what a lab file's backend: may say (labctl.lab), each mapped here
-
 
 def get_backend(name: str) -> Backend:
     """The backend called ``name`` (the one place that maps a name to a backend).
@@ -112,6 +125,19 @@ def get_backend(name: str) -> Backend:
         return LibvirtBackend()
     raise UsageError(f"backend '{name}' is not available in this version",
                      hint="use --backend qemu or --backend libvirt")
+
+
+def guest_alive(backend: str, rec: GuestRecord) -> bool:
+    """Whether the machine of ``rec`` (a guest of backend ``backend``) exists: a QEMU labctl started
+    is checked from ``/proc`` without loading its backend (``status`` is a quick command).
+
+    :raise LabctlError: when its host cannot be asked (libvirt).
+    """
+    if backend == "qemu":
+        from labctl.backends.qemu.liveness import alive
+
+        return alive(rec)
+    return get_backend(backend).alive(rec)
 
 
 def qemu_version() -> str:

@@ -21,12 +21,20 @@ Imports never: labctl.up, labctl.backends, labctl.steps, labctl.bundle, labctl.r
 
 from __future__ import annotations
 
-from labctl.kernel import guest_kernels, prepare
-from labctl.kernel.guest_kernels import default_kernel
-from labctl.kernel.kernel_store import Kernel, KernelStore, kernels_root
-from labctl.kernel.offsets import enum_names, struct_offsets
-from labctl.kernel.prepare import add_source
-from labctl.kernel.requirements import config_fragment
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from labctl.kernel import guest_kernels, prepare
+    from labctl.kernel.guest_kernels import default_kernel
+    from labctl.kernel.kernel_store import Kernel, KernelStore, kernels_root
+    from labctl.kernel.offsets import enum_names, struct_offsets
+    from labctl.kernel.prepare import add_source
+    from labctl.kernel.requirements import config_fragment
+else:  # each name loaded at its first use (labctl.lazyface)
+    from labctl.lazyface import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__, globals())
+
 
 __all__ = [
     "Kernel",

@@ -14,7 +14,7 @@ record :mod:`.recordable`; steps: :mod:`.stepspec`, their kinds
 their templates :mod:`.templates`, their selftests :mod:`.kselftest`; libvirt
 URIs: :mod:`.uri`; which host paths may be used: :mod:`.trust`) into the
 resolved model (:mod:`.model`, :mod:`.nics`; a guest's network settings and their shared views:
-:mod:`.ifaces`), and where each guest runs (:mod:`.hosts`).
+:mod:`.ifaces`; with the tunnels' and VRFs', as they are shown: :mod:`.guestnet`), and where each guest runs (:mod:`.hosts`).
 
 Owns every rule of the lab file and every problem's line. Pure: reads the
 file and nothing else, starts nothing; must not import any other stage.
@@ -30,70 +30,70 @@ Typical use::
 """
 
 
-from labctl.lab import drgnexpr, kernels
-from labctl.lab.addresses import default_mac, mgmt_mac
-from labctl.lab.checker import close_match
-from labctl.lab.firewall import Firewall, ScriptLine
-from labctl.lab.followspec import FollowSpec
-from labctl.lab.hosts import HostPlace, host_place, place_guests
-from labctl.lab.ifaces import (
-    Address,
-    Bond,
-    Bridge,
-    IfaceView,
-    Route,
-    Sysctl,
-    Vlan,
-    add_views,
-    firewall_lines,
-    first_ip,
-    guest_interfaces,
-    net_settings,
-    nic_addresses,
-    settings_text,
-)
-from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
-from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
-from labctl.lab.kselftest import SELFTESTS, BuildRecord, Kselftest, SelftestEntry, SelftestRecord
-from labctl.lab.load import load_lab, load_lab_text
-from labctl.lab.model import (
-    DEFAULT_HOST,
-    DEFAULT_IMAGE,
-    LAB_IDENT,
-    LAB_IDENT_RULE,
-    LAB_NAME,
-    LAB_NAME_RULE,
-    MGMT_NIC,
-    MGMT_SUBNET,
-    Check,
-    Guest,
-    Lab,
-    Network,
-    Nic,
-)
-from labctl.lab.netopts import LinkSpec, render_impairment
-from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
-from labctl.lab.recordable import record_refusals
-from labctl.lab.shares import Share, export_link, parse_option, tag
-from labctl.lab.stepgdb import GdbRecord, GdbStep, check_location
-from labctl.lab.stepkinds import KINDS as STEP_KINDS
-from labctl.lab.stepkinds import KindDecl, StepContext, recorded_keys
-from labctl.lab.stepnetwork import CaptureRecord, NetworkRecord
-from labctl.lab.stepspec import RunSpec, Step
-from labctl.lab.stepsysctl import StepSysctls, SysctlRecord, SysctlValue
-from labctl.lab.templates import render
-from labctl.lab.tracespec import TraceSpec, render_trace
-from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
-from labctl.lab.tunnels import KINDS, Framing, Tunnel, Vrf
-from labctl.lab.tunnels.views import settings_lines as _tunnel_settings
-from labctl.lab.tunnels.views import summary_lines as tunnel_lines
-from labctl.lab.tunnels.views import views as _tunnel_views
-from labctl.lab.uri import SshHop, parse_uri, with_no_verify
-from labctl.lab.validate import BACKENDS
-from labctl.lab.xdp import Tc, Xdp, nic_tc, nic_xdp
-from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
+from typing import TYPE_CHECKING
 
-add_views(_tunnel_views, _tunnel_settings)  # the tunnels' and VRFs' rows and lines wherever interfaces show
+if TYPE_CHECKING:
+    from labctl.lab import drgnexpr, kernels
+    from labctl.lab.addresses import default_mac, mgmt_mac
+    from labctl.lab.checker import close_match
+    from labctl.lab.firewall import Firewall, ScriptLine
+    from labctl.lab.followspec import FollowSpec
+    from labctl.lab.guestnet import guest_interfaces, net_settings, settings_text
+    from labctl.lab.hosts import HostPlace, host_place, place_guests
+    from labctl.lab.ifaces import (
+        Address,
+        Bond,
+        Bridge,
+        IfaceView,
+        Route,
+        Sysctl,
+        Vlan,
+        firewall_lines,
+        first_ip,
+        nic_addresses,
+    )
+    from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
+    from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
+    from labctl.lab.kselftest import SELFTESTS, BuildRecord, Kselftest, SelftestEntry, SelftestRecord
+    from labctl.lab.load import load_lab, load_lab_text
+    from labctl.lab.model import (
+        DEFAULT_HOST,
+        DEFAULT_IMAGE,
+        LAB_IDENT,
+        LAB_IDENT_RULE,
+        LAB_NAME,
+        LAB_NAME_RULE,
+        MGMT_NIC,
+        MGMT_SUBNET,
+        Check,
+        Guest,
+        Lab,
+        Network,
+        Nic,
+    )
+    from labctl.lab.netopts import LinkSpec, render_impairment
+    from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
+    from labctl.lab.recordable import record_refusals
+    from labctl.lab.shares import Share, export_link, parse_option, tag
+    from labctl.lab.stepgdb import GdbRecord, GdbStep, check_location
+    from labctl.lab.stepkinds import KINDS as STEP_KINDS
+    from labctl.lab.stepkinds import KindDecl, StepContext, recorded_keys
+    from labctl.lab.stepnetwork import CaptureRecord, NetworkRecord
+    from labctl.lab.stepspec import RunSpec, Step
+    from labctl.lab.stepsysctl import StepSysctls, SysctlRecord, SysctlValue
+    from labctl.lab.templates import render
+    from labctl.lab.tracespec import TraceSpec, render_trace
+    from labctl.lab.trust import env_trusted, named_path_reason, read_capped, untrusted_reason
+    from labctl.lab.tunnels import KINDS, Framing, Tunnel, Vrf
+    from labctl.lab.tunnels.views import summary_lines as tunnel_lines
+    from labctl.lab.uri import SshHop, parse_uri, with_no_verify
+    from labctl.lab.validate import BACKENDS
+    from labctl.lab.xdp import Tc, Xdp, nic_tc, nic_xdp
+    from labctl.lab.yamlpos import YamlMap, YamlSeq, parse_yaml
+else:  # each name loaded at its first use (labctl.lazyface): status and exec load only what they read
+    from labctl.lazyface import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__, globals())
 
 __all__ = [
     "BACKENDS",

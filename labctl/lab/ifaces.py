@@ -9,7 +9,7 @@ older labctl wrote (a NIC's single ``ip``, no ``addresses``, no bonds).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +24,13 @@ __all__ = [
     "Route",
     "Sysctl",
     "Vlan",
-    "add_views",
     "address_keys",
     "firewall_lines",
     "first_ip",
-    "guest_interfaces",
     "net_settings",
+    "net_settings_text",
     "nic_addresses",
-    "settings_text",
+    "nic_interfaces",
     "sysctl_path",
 ]
 
@@ -218,19 +217,10 @@ def _vlan_views(parent: str, network: str, vlans: object) -> list[IfaceView]:
     return out
 
 
-_MORE: list[tuple[Callable[[Mapping[str, Any]], list[IfaceView]], Callable[[Mapping[str, Any]], list[str]]]] = []
-
-
-def add_views(views: Callable[[Mapping[str, Any]], list[IfaceView]], lines: Callable[[Mapping[str, Any]], list[str]]) -> None:
-    """A section of a guest whose interfaces :func:`guest_interfaces` shows after the others and whose
-    lines :func:`settings_text` shows after the sysctls (the tunnels' and VRFs': :mod:`labctl.lab`'s face
-    adds them, as :mod:`labctl.lab.tunnels` imports this module)."""
-    _MORE.append((views, lines))
-
-
-def guest_interfaces(guest: Mapping[str, Any]) -> list[IfaceView]:
-    """Every lab interface of a guest (``Guest.to_dict()``): each NIC followed by its VLANs, then
-    each bond and each bridge followed by theirs."""
+def nic_interfaces(guest: Mapping[str, Any]) -> list[IfaceView]:
+    """A guest's NICs, bonds and bridges (``Guest.to_dict()``): each NIC followed by its VLANs, then
+    each bond and each bridge followed by theirs (with its tunnels and VRFs:
+    :func:`labctl.lab.guestnet.guest_interfaces`)."""
     masters: dict[str, str] = {}
     for kind in ("bonds", "bridges"):
         for m in _list(guest.get(kind)):
@@ -253,7 +243,7 @@ def guest_interfaces(guest: Mapping[str, Any]) -> list[IfaceView]:
             out.append(IfaceView(name, "bond" if kind == "bonds" else "bridge", detail,
                                  tuple(nic_addresses(m)), network))
             out += _vlan_views(name, network, m.get("vlans"))
-    return out + [v for views, _ in _MORE for v in views(guest)]
+    return out
 
 
 def address_keys(guest: str, views: Iterable[tuple[str, Sequence[Address]]]) -> dict[str, str]:
@@ -269,12 +259,13 @@ def address_keys(guest: str, views: Iterable[tuple[str, Sequence[Address]]]) -> 
     return out
 
 
-def net_settings(guest: Mapping[str, Any]) -> dict[str, Any]:
-    """What a guest's network settings are, for comparing two runs: each interface's addresses and
-    what it is, its routes and its sysctls (``Guest.to_dict()`` form; empty parts left out)."""
+def net_settings(guest: Mapping[str, Any], interfaces: Iterable[IfaceView]) -> dict[str, Any]:
+    """What a guest's network settings are, for comparing two runs: each of its ``interfaces``'
+    addresses and what it is, its routes and its sysctls (``Guest.to_dict()`` form; empty parts left
+    out; :func:`labctl.lab.guestnet.net_settings` gives it every interface)."""
     ifaces = {v.name: {"what": v.kind if v.kind == "nic" else f"{v.kind} {v.detail}", "addresses": list(v.addresses),
                        **({"in": v.master} if v.master else {})}
-              for v in guest_interfaces(guest)}
+              for v in interfaces}
     for n, kind in ((n, kind) for n in _list(guest.get("nics")) for kind in ("xdp", "tc")):
         x = _map(_map(n).get(kind))  # a NIC's XDP and tc programs: what each is, and its object's digest
         if x and str(_map(n).get("name")) in ifaces:
@@ -291,11 +282,11 @@ def firewall_lines(guest: Mapping[str, Any], detail: bool = False) -> list[str]:
     """A guest's firewall (``Guest.to_dict()`` form) as short lines (:meth:`~labctl.lab.firewall.Firewall.summary`),
     or with ``detail`` each line of the nft script labctl writes (for comparing two runs); an nft
     file's line says its sha256 too, so two runs whose files differ compare different."""
-    from labctl.lab.firewall import Firewall  # here: firewall.py imports the model, which imports this module
-
     fw = guest.get("firewall")
     if not isinstance(fw, Mapping):
         return []
+    from labctl.lab.firewall import Firewall  # here: firewall.py imports the model, which imports this module
+
     parsed = Firewall.from_dict(dict(fw))
     out = parsed.summary()
     if detail:
@@ -306,14 +297,15 @@ def firewall_lines(guest: Mapping[str, Any], detail: bool = False) -> list[str]:
     return out
 
 
-def settings_text(guest: Mapping[str, Any]) -> list[str]:
+def net_settings_text(guest: Mapping[str, Any], more: Sequence[str] = ()) -> list[str]:
     """A guest's routes, sysctls and firewall (``Guest.to_dict()`` form) as lines: ``routes: default via
     10.1.0.254; fd00:9::/48 via fd00:1::2``, ``sysctls: net.ipv4.ip_forward=1, ...`` and
-    ``firewall: nat: masquerade out eth2`` (none: [])."""
+    ``firewall: nat: masquerade out eth2`` (none: []); ``more`` (the tunnels' and VRFs' lines) go
+    before the firewall's."""
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = [f"{k}={v}" for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k]
     return ((["routes: " + "; ".join(routes)] if routes else []) + (["sysctls: " + ", ".join(sysctls)] if sysctls else [])
-            + [x for _, lines in _MORE for x in lines(guest)] + [f"firewall: {line}" for line in firewall_lines(guest)])
+            + list(more) + [f"firewall: {line}" for line in firewall_lines(guest)])
 
 
 def _route_text(route: object) -> str:

@@ -1,6 +1,7 @@
 """The live status of each guest of a lab that is up (``labctl status``, the class, the web): its
 records read, its console checked for a crash, its backend asked whether the machine exists
-(imported then: ``status`` with no lab up loads no backend). :mod:`labctl.up.status` re-exports it.
+(imported then: ``status`` with no lab up loads no backend, and a QEMU guest's is read from
+``/proc`` without loading its backend). :mod:`labctl.up.status` re-exports it.
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ class GuestStatus:
 def guest_statuses(state: LabState) -> list[GuestStatus]:
     """Live status of every guest of a lab that is up (its backend says whether each machine exists:
     loaded here, when there is a lab to ask about)."""
-    from labctl.backends import get_backend
+    from labctl.backends import guest_alive
 
-    backend = get_backend(state.backend)
     record = netstate.load(state.path)
     out = []
     for name, rec in state.guests.items():
         try:
-            alive: bool | None = backend.alive(rec)
+            alive: bool | None = guest_alive(state.backend, rec)
         except LabctlError:
             alive = None  # its host is unreachable
         st = "crashed" if console_crashed(Path(rec.console)) else "unreachable" if alive is None \

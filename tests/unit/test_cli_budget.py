@@ -6,6 +6,7 @@ that report (not timed: only the names count, so machine load cannot change the 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,3 +88,49 @@ def test_an_eager_import_in_the_command_table_fails_the_budget(tmp_path: Path) -
                              text=True, cwd=tree, env=env, timeout=120, check=False)
         mods = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
         assert "labctl.cli.main" in mods and heavy(mods, HEAVY) != [], args
+
+
+def _lab_up(tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A state directory with lab ``one`` up (its state.json recorded from a real ``up`` of a one-guest
+    lab, tests/fixtures/status/), whose guest's QEMU is a process of ours that names its QMP socket,
+    as the backend checks; returned for the caller to end."""
+    state = tmp_path / "state"
+    run = state / "labs" / "one"
+    (run / "guests" / "a").mkdir(parents=True)
+    (state / "labs").chmod(0o700)
+    state.chmod(0o700)
+    run.chmod(0o700)
+    text = (ROOT / "tests" / "fixtures" / "status" / "state.json").read_text()
+    text = text.replace("@RUN@", str(run)).replace("@KERNEL@", str(tmp_path / "kernel")).replace(
+        "@IMAGE@", str(tmp_path / "image"))
+    qemu = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(run / "guests" / "a" / "qmp.sock")])
+    data = json.loads(text)
+    data["guests"]["a"]["pid"] = qemu.pid
+    data["owner_pid"] = os.getpid()
+    (run / "state.json").write_text(json.dumps(data))
+    (run / "guests" / "a" / "console.log").write_text("")
+    return qemu
+
+
+@pytest.mark.parametrize("args", [["status", "one"], ["status", "one", "--json"]])
+def test_status_of_a_lab_that_is_up_loads_no_backend_checker_or_kernel_module(args: list[str], tmp_path: Path) -> None:
+    """With a lab up, ``status`` asks whether each QEMU runs from /proc (labctl.backends.guest_alive)
+    and shows the resolved lab's interfaces (labctl.lab.ifaces): the QEMU backend, the lab file's
+    checker and the kernel's modules stay out (the lab package's face loads each name at its first
+    use: labctl.lazyface)."""
+    qemu = _lab_up(tmp_path)
+    try:
+        env = {**os.environ, "LABCTL_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+        res = subprocess.run([sys.executable, "-X", "importtime", "-m", "labctl", *args], capture_output=True,
+                             text=True, cwd=ROOT, env=env, timeout=120, check=False)
+    finally:
+        qemu.kill()
+        qemu.wait()
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "running" in res.stdout and "virtio_net" in res.stdout, res.stdout
+    mods = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert "labctl.backends.qemu.liveness" in mods and "labctl.lab.ifaces" in mods
+    assert heavy(mods, ("paramiko", "labctl.backends.qemu.qemu_backend", "labctl.backends.monitor",
+                        "labctl.backends.base", "labctl.lab.checker", "labctl.lab.validate", "labctl.lab.tunnels",
+                        "labctl.lab.firewall", "labctl.kernel.requirements", "labctl.kernel.prepare",
+                        "labctl.pipeline", "labctl.up", "labctl.live")) == []

@@ -18,6 +18,7 @@ from typing import Any
 from labctl.backends.base import GUEST_MEMORY as MEMORY
 from labctl.backends.base import Backend, GuestPlan, GuestRecord, HostCheck, NetDir, netdev_id
 from labctl.backends.monitor import qmp_execute
+from labctl.backends.qemu import liveness
 from labctl.backends.qemu.argv import build_argv, restores_vlan_filter
 from labctl.backends.qemu.clone import new_generation, shares_memory, with_share
 from labctl.backends.qemu.local_checks import host_checks
@@ -25,7 +26,7 @@ from labctl.errors import MachineError, PortTaken
 from labctl.lab import HostPlace
 from labctl.net import kind_of_option, netdev_kind, option_id
 from labctl.paths import ensure_private_dir
-from labctl.proc import pid_alive, pid_cmdline, run, spawn, stop_pid
+from labctl.proc import pid_alive, run, spawn, stop_pid
 
 QEMU = "qemu-system-x86_64"
 # What QEMU 7.2 says when a port it was told to bind (SSH's hostfwd) is taken meanwhile.
@@ -168,11 +169,7 @@ class QemuBackend(Backend):
         return rec
 
     def alive(self, rec: GuestRecord) -> bool:
-        return pid_alive(rec.pid) and self._is_ours(rec)
-
-    def _is_ours(self, rec: GuestRecord) -> bool:
-        """Guard against pid reuse: the process must be QEMU with our QMP socket."""
-        return any(rec.qmp in arg for arg in pid_cmdline(rec.pid))
+        return liveness.alive(rec)
 
     def stop(self, rec: GuestRecord, timeout: float) -> None:
         if not self.alive(rec):
