@@ -37,6 +37,7 @@ from typing import IO, BinaryIO, Self
 
 from labctl.endpoint import Endpoint, Result, config_quote
 from labctl.errors import GuestError, LabctlError
+from labctl.muxclient import open_session
 from labctl.proc import DEVNULL, PIPE, Process, TimeoutExpired, run, start_child
 
 PERSIST = 600  # seconds an idle master stays
@@ -225,6 +226,10 @@ class MuxSession:
 
         :raise GuestError: when ssh itself fails (it cannot connect, the host key does not match...).
         """
+        if self.control is not None:
+            status = self._call_on_master(command, timeout, abort)
+            if status is not None:
+                return status
         with _ssh_log(self.guest_dir) as log:
             proc = start_child(self.argv(command, log), stdout=PIPE, stderr=PIPE)
             assert proc.stdout is not None and proc.stderr is not None
@@ -260,6 +265,53 @@ class MuxSession:
             if status == SSH_FAILED and (said := _said(log)):
                 raise _failure(self.ep, said)
             return status if status >= 0 else 128 - status  # killed by a signal: as a shell says it
+
+    def _call_on_master(self, command: str, timeout: float, abort: Callable[[], str | None] | None) -> int | None:
+        """:meth:`call` over the master that answers at the socket, spoken to directly
+        (:mod:`labctl.muxclient`: no ``ssh`` started); None when none answers (then ssh makes one)."""
+        assert self.control is not None
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            session = open_session(self.control, command, 0, out_w, err_w)
+        except BaseException:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        os.close(out_w)
+        os.close(err_w)
+        if session is None:
+            os.close(out_r)
+            os.close(err_r)
+            return None
+        relay = _Relay({out_r: 1, err_r: 2})
+        try:
+            deadline = time.monotonic() + timeout
+            next_poll = time.monotonic() + 1.0
+            while relay.open or not (session.closed or session.status is not None):
+                now = time.monotonic()
+                if session.closed or session.status is not None:
+                    relay.pump(min(1.0, max(0.01, min(deadline, next_poll) - now)))
+                elif relay.pump(min(1.0, max(0.01, min(deadline, next_poll) - now)), watch=session.fileno()):
+                    session.read()
+                now = time.monotonic()
+                if now >= next_poll:
+                    next_poll = now + 1.0
+                    reason = abort() if abort else None
+                    if reason:
+                        session.close()
+                        close(self.guest_dir)  # its guest is gone: so are its sessions
+                        raise GuestError(reason)
+                if now >= deadline:
+                    raise GuestError(f"command on guest {self.ep.guest} failed: no exit status after "
+                                     f"{timeout:.0f} s")
+        finally:
+            session.close()
+            for fd in relay.fds:
+                os.close(fd)
+        # The master ended the session with no status: the command died of a signal or the
+        # connection was lost, which ssh's own client reports as 255 too.
+        return session.status if session.status is not None else SSH_FAILED
 
     def run(self, command: str, timeout: float = 60.0) -> Result:
         """Run ``command`` with no input and collect its output.
@@ -348,16 +400,20 @@ class _Relay:
 
     def __init__(self, routes: dict[int, int]) -> None:
         self.routes = dict(routes)
+        self.fds = tuple(routes)  # every pipe, open or at its end: the caller closes them
         self.broken: set[int] = set()
 
     @property
     def open(self) -> bool:
         return bool(self.routes)
 
-    def pump(self, wait: float) -> None:
-        """Copy what is ready within ``wait`` seconds; a pipe at its end is dropped."""
-        ready, _, _ = select.select(list(self.routes), [], [], wait)
+    def pump(self, wait: float, watch: int | None = None) -> bool:
+        """Copy what is ready within ``wait`` seconds; a pipe at its end is dropped. True when
+        ``watch`` (another descriptor waited on with the pipes) is readable."""
+        ready, _, _ = select.select([*self.routes, *([] if watch is None else [watch])], [], [], wait)
         for fd in ready:
+            if fd == watch:
+                continue
             data = os.read(fd, 1 << 16)
             if not data:
                 del self.routes[fd]
@@ -371,6 +427,7 @@ class _Relay:
                     view = view[os.write(out, view):]
             except OSError:  # EPIPE and friends: nobody reads it any more
                 self.broken.add(out)
+        return watch is not None and watch in ready
 
 
 class _Reader:

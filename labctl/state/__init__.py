@@ -12,22 +12,30 @@ Imports never: labctl.up, labctl.live, labctl.training, labctl.pipeline, labctl.
 
 from __future__ import annotations
 
-from labctl.state import netstate
-from labctl.state.gueststatus import GuestStatus, guest_statuses
-from labctl.state.netstate import CAPTURES, Capture
-from labctl.state.netstate import active as active_captures
-from labctl.state.runstate import (
-    STARTING,
-    UP,
-    LabState,
-    SwitchRecord,
-    check_lab_name,
-    lab_lock,
-    recorded_snapshots,
-    remove_run_dir,
-    run_dir,
-    up_labs,
-)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from labctl.state import netstate
+    from labctl.state.gueststatus import GuestStatus, guest_statuses
+    from labctl.state.netstate import CAPTURES, Capture
+    from labctl.state.netstate import active as active_captures
+    from labctl.state.runstate import (
+        STARTING,
+        UP,
+        LabState,
+        SwitchRecord,
+        check_lab_name,
+        lab_lock,
+        recorded_snapshots,
+        remove_run_dir,
+        run_dir,
+        up_labs,
+    )
+else:  # each name loaded at its first use (labctl.lazyface)
+    from labctl.lazyface import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__, globals())
+
 
 __all__ = [
     "CAPTURES",
