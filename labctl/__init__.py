@@ -15,7 +15,7 @@ a kernel (:mod:`labctl.bisect`), a lab packed with its kernels and image into on
 :mod:`labctl.pipeline` chains the stages. Beside them: every exception (:mod:`labctl.errors`),
 the one way to run a host process (:mod:`labctl.proc`), SSH (:mod:`labctl.ssh`; where a guest's
 sshd is and the OpenSSH command lines to it, :mod:`labctl.endpoint`; the kept connection of
-``exec`` and ``cp``, :mod:`labctl.mux`), leaves the quick commands read a lab's state with (a
+``exec`` and ``cp``, :mod:`labctl.mux`, spoken to by ``exec`` itself: :mod:`labctl.muxclient`), leaves the quick commands read a lab's state with (a
 started guest's record, :mod:`labctl.guestrecord`; a lab's name, :mod:`labctl.names`; a crash on a
 console, :mod:`labctl.crashcheck`), how the
 library reports progress (:mod:`labctl.events`), paths and safe files (:mod:`labctl.paths`),

@@ -38,7 +38,7 @@ from typing import IO, BinaryIO, Self
 from labctl.endpoint import Endpoint, Result, config_quote
 from labctl.errors import GuestError, LabctlError
 from labctl.muxclient import open_session
-from labctl.proc import DEVNULL, PIPE, Process, TimeoutExpired, run, start_child
+from labctl.proc import DEVNULL, PIPE, Process, TimeoutExpired, pid_alive, run, start_child
 
 PERSIST = 600  # seconds an idle master stays
 ALIVE_INTERVAL, ALIVE_COUNT = 15, 8  # a guest silent for 2 minutes loses its master (and its sessions)
@@ -99,10 +99,13 @@ def _is_master(pid: int, control: Path) -> bool:
 
 
 def _gone(pid: int, control: Path) -> bool:
-    """Whether the master ``pid`` of ``control`` has exited and been reaped: an exiting process's
-    title reads empty while it still exists, so "no longer names the socket" is not yet "gone"
-    (``down`` returning while the master lingered was seen); a title naming something else is
-    a reused pid."""
+    """Whether the master ``pid`` of ``control`` has exited: reaped, or a zombie (it holds nothing
+    any more; its parent is init, which may take seconds to reap it: 1.9 s was seen where init is
+    not systemd). An exiting process's title reads empty while it still exists, so "no longer
+    names the socket" is not yet "gone" (``down`` returning while the master lingered was seen);
+    a title naming something else is a reused pid."""
+    if not pid_alive(pid):
+        return True
     try:
         title = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:

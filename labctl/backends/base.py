@@ -212,7 +212,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, rec: GuestRecord, timeout: float) -> None:
-        """Power the guest off cleanly, hard-stop it after ``timeout`` seconds."""
+        """End the guest's machine (``down``): as cleanly as its backend needs, hard-stopped after
+        ``timeout`` seconds at most."""
 
     @abc.abstractmethod
     def kill(self, rec: GuestRecord) -> None:

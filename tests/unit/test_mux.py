@@ -163,3 +163,29 @@ def test_close_removes_a_socket_no_master_answers(tmp_path: Path) -> None:
     mux.close_lab(tmp_path / "nolab")  # no run directory: nothing happens, nothing raised
     mux.close(gdir)
     assert not sock.exists() and (gdir / "console.log").exists()
+
+
+def test_a_master_that_exited_is_gone_though_nobody_reaped_it(tmp_path: Path) -> None:
+    """A master's parent is init, which may take seconds to reap it (1.9 s was seen): its zombie
+    holds nothing, so ``close`` does not wait for it; a live process is not gone."""
+    import subprocess
+    import sys
+    import time
+
+    control = tmp_path / "mux-2222"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(control)])
+    child = subprocess.Popen(["true", str(control)])
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert mux._gone(child.pid, control)  # a zombie, not reaped yet
+        while str(control).encode() not in Path(f"/proc/{live.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline  # until it has exec'd sleep
+            time.sleep(0.01)
+        assert not mux._gone(live.pid, control)
+    finally:
+        live.kill()
+        live.wait()
+        child.wait()
