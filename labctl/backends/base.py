@@ -212,8 +212,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, rec: GuestRecord, timeout: float) -> None:
-        """End the guest's machine (``down``): as cleanly as its backend needs, hard-stopped after
-        ``timeout`` seconds at most."""
+        """Power the guest off cleanly, hard-stop it after ``timeout`` seconds."""
 
     @abc.abstractmethod
     def kill(self, rec: GuestRecord) -> None:

@@ -53,11 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="bring up N copies of the lab side by side, LAB@1 ... LAB@N")
     p.set_defaults(func=cmd_up)
 
-    d = sub.add_parser("down", help="stop a lab's guests and remove its state")
+    d = sub.add_parser("down", help="power a lab's guests off and remove its state")
     d.add_argument("lab", nargs="?")
     d.add_argument("--all", action="store_true", help="take every lab down")
-    d.add_argument("--timeout", type=float, default=10.0,
-                   help="seconds a libvirt guest gets to power off before a hard stop (a qemu guest quits at once)")
+    d.add_argument("--timeout", type=float, default=10.0, help="seconds before a hard stop")
     d.set_defaults(func=cmd_down)
 
 

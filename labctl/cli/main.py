@@ -207,7 +207,7 @@ COMMANDS: dict[str, Callable[[], ModuleType]] = {word: load for load, words in M
 HELP: dict[str, str] = {
     'validate': 'check a lab file without starting anything',
     'up': "boot a lab's guests and wait until they answer SSH",
-    'down': "stop a lab's guests and remove its state",
+    'down': "power a lab's guests off and remove its state",
     'status': 'show labs that are up',
     'run': 'bring a lab up, run its steps, write the report bundle, take it down',
     'report': 'recompute summary.json and (re)write report.md and report.html of a bundle',

@@ -189,7 +189,7 @@ RULES: dict[str, Rule] = {r.key: r for r in (
           "'labctl reset' boots the guest again", "warn"),
     _rule("kallsyms", "KALLSYMS", "kallsyms", "oops backtraces and perf name kernel functions through it", "warn"),
     _rule("power_button", "ACPI ACPI_BUTTON INPUT_EVDEV MAGIC_SYSRQ", "ACPI power button and sysrq",
-          "down presses a libvirt guest's power button, init powers off through sysrq; else a hard stop after the timeout",
+          "labctl down presses the power button, init powers off through sysrq; else a hard stop after the timeout",
           "warn"),
     # Step features (at the step's line and path).
     _rule("perf_events", "PERF_EVENTS", "perf events", "perf record and perf stat need them", "warn"),

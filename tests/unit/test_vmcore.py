@@ -323,11 +323,11 @@ def test_qemu_pauses_a_panicked_guest_and_the_snapshot_key_does_not_see_it() -> 
     assert _without_actions(argv) == ["qemu", "-m", "512"]
 
 
-@pytest.mark.parametrize("status", ["running", "guest-panicked", "paused"])
-def test_down_quits_a_qemu_at_once_whatever_its_guest_does(monkeypatch: pytest.MonkeyPatch, status: str) -> None:
-    """No power button: a poweroff saves nothing of a labctl guest (a throwaway overlay, shares
-    written through) and a paused or panicked guest would never answer it."""
-    sent = ["quit"]
+@pytest.mark.parametrize("status, sent", [("running", ["query-status", "system_powerdown", "quit"]),
+                                          ("guest-panicked", ["query-status", "quit"]),
+                                          ("paused", ["query-status", "quit"])])
+def test_down_quits_a_qemu_whose_guest_is_not_running_at_once(monkeypatch: pytest.MonkeyPatch, status: str,
+                                                              sent: list[str]) -> None:
     from labctl.backends import GuestRecord
     from labctl.backends.qemu import qemu_backend
 
