@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +46,11 @@ from labctl.trace import Clock, Event, Topology, Wire, hops
 
 log = logging.getLogger(__name__)
 WIRE_SNAPLEN = 96
+#: How long, and how many, frames read on the host side while nothing followed is in flight are kept
+#: unparsed: the guest's events for a frame reach labctl through its SSH channel later than QEMU writes
+#: the frame (up to seconds on a loaded host); then the frame is part of a journey.
+UNLOOKED_NS = 5_000_000_000
+UNLOOKED_MAX = 20_000
 SYNC_SAMPLES = (10, 40)  # a round's samples: at least, at most
 _SEQ = itertools.count(1)
 T = TypeVar("T")
@@ -192,6 +198,9 @@ class Follower:
         self.wire = Wire()
         self.tunnels = tunnelprobes.framings(state.resolved)  # the wire captures read a tunnel's inner header too
         self.wall_minus_mono = time.time_ns() - time.monotonic_ns()  # captures are stamped in real time
+        # frames read while nothing followed was in flight, kept unparsed for a while: the host side sees a
+        # frame before the guest's event for it has come through its channel (read_wire)
+        self._unlooked: deque[tuple[tuple[str, str], bytes, int]] = deque(maxlen=UNLOOKED_MAX)
         self._sessions: dict[str, Session] = {}
 
     # ------------------------------------------------------------------ set up
@@ -357,14 +366,23 @@ class Follower:
 
     def read_wire(self, look: bool = True) -> None:
         """The frames the captures hold so far, by identity (:class:`labctl.trace.journey.Wire`); ``look``
-        False: only read past them (nothing followed is in flight, so unrelated traffic costs no parsing)."""
+        False: nothing followed is in flight yet, so the frames are only kept, unparsed, for
+        :data:`UNLOOKED_NS` (unrelated traffic costs no parsing; a frame whose guest events come later
+        is still found when they do)."""
         for nic, tail in self.tails.items():
             self.wire.seen.setdefault(nic, {})
-            frames = tail.read()
-            if not look:
-                continue
-            for frame in frames:
-                _frame(self.wire, nic, self.node, self.tunnels, frame.data, frame.ts_us * 1000 - self.wall_minus_mono)
+            for frame in tail.read():
+                self._unlooked.append((nic, frame.data, frame.ts_us * 1000 - self.wall_minus_mono))
+        if look:
+            while self._unlooked:
+                nic, data, host_ns = self._unlooked.popleft()
+                _frame(self.wire, nic, self.node, self.tunnels, data, host_ns)
+            return
+        # Nothing in flight yet, as far as the guests' events have told: a frame of the last UNLOOKED_NS
+        # may still be one whose guest events are on their way; older ones are let go unparsed.
+        horizon = time.monotonic_ns() - UNLOOKED_NS
+        while self._unlooked and self._unlooked[0][2] < horizon:
+            self._unlooked.popleft()
 
     def ruleset(self, guest: str) -> str:
         """``nft -a list ruleset`` on the guest now ("" without nftables)."""

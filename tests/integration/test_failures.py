@@ -71,7 +71,11 @@ def test_qemu_dying_while_booting_is_reported(cli: Cli, image: object, tmp_path:
     proc = cli.popen("up", str(lab), "--accel", "tcg")
     qmp = cli.state_dir / "labs" / "dies" / "guests" / "d" / "qmp.sock"
     wait_for(lambda: qmp.exists(), 60, "QEMU's monitor socket")
-    time.sleep(0.5)  # past the start check: the kernel is booting
+    # Past the start check (QEMU answered its monitor): the guest's kernel prints on its console.
+    # A fixed sleep after the socket appears was too short on a loaded host.
+    console = qmp.with_name("console.log")
+    wait_for(lambda: console.is_file() and b"Linux version" in console.read_bytes(), 120, "the kernel's first line")
+    time.sleep(0.5)
     pids = wait_for(lambda: qemu_pids_under(cli.state_dir), 60, "QEMU to start")
     os.kill(pids[0], signal.SIGKILL)
     _out, err = proc.communicate(timeout=120)

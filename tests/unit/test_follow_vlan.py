@@ -8,9 +8,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import struct
+import time
 from pathlib import Path
+from typing import Any
 
-from labctl.follow.follower import vlan_ids
+from labctl.follow.follower import Follower, vlan_ids
 from labctl.pktfilter import Vlan, parse, vlan_of
 from labctl.trace import hops
 from labctl.trace.clocks import Clock
@@ -216,3 +218,49 @@ def test_recorded_vlan_pings_are_kept_with_every_hop_and_the_untagged_ones_are_n
         "ICMP echo-request 10.1.0.2 > 10.1.0.1", "ICMP echo-reply 10.1.0.1 > 10.1.0.2"] * 2
     assert all("VLAN" not in h.note for j in untagged for h in j.hops)
     assert len(every[0]) == 8
+
+
+class _Tail:
+    """A capture's tail that hands out its frames once."""
+
+    def __init__(self, *frames: bytes) -> None:
+        self.frames = list(frames)
+
+    def read(self) -> list[object]:
+        from types import SimpleNamespace
+
+        out, self.frames = [SimpleNamespace(data=f, ts_us=int(time.time() * 1e6)) for f in self.frames], []
+        return out
+
+
+def _reader(*frames: bytes) -> Any:
+    from collections import deque
+    from types import SimpleNamespace
+
+    from labctl.follow.follower import UNLOOKED_MAX
+
+    return SimpleNamespace(tails={("a", "eth1"): _Tail(*frames)}, wire=Wire(), node=parse("vlan 10 and icmp"),
+                           tunnels={}, wall_minus_mono=time.time_ns() - time.monotonic_ns(),
+                           _unlooked=deque(maxlen=UNLOOKED_MAX))
+
+
+def test_a_frame_read_before_its_guest_events_is_still_on_the_wire_once_they_come() -> None:
+    # live follow: the host side's frame is read on a tick where no journey is in flight yet (the guest's
+    # events are still on their way through SSH); the next tick, with the journey, must still see it
+    f = _reader(frame(OVER_VLAN, 10))
+    Follower.read_wire(f, look=False)
+    assert f.wire.seen[("a", "eth1")] == {}
+    Follower.read_wire(f, look=True)
+    (key,) = f.wire.seen[("a", "eth1")]
+    assert f.wire.tags[("a", "eth1")][key] == {10}
+
+
+def test_frames_nothing_was_in_flight_for_are_let_go_unparsed_after_a_while(monkeypatch: Any) -> None:
+    from labctl.follow import follower
+
+    f = _reader(frame(OVER_VLAN, 10))
+    monkeypatch.setattr(follower, "UNLOOKED_NS", 0)
+    Follower.read_wire(f, look=False)
+    assert not f._unlooked
+    Follower.read_wire(f, look=True)
+    assert f.wire.seen[("a", "eth1")] == {}
