@@ -221,3 +221,14 @@ def test_replay_of_a_missing_or_unrecorded_run_is_refused_before_anything_starts
     unrecorded = replay(tmp_path / "run")
     assert unrecorded.returncode == 2 and "Traceback" not in unrecorded.stderr, unrecorded.stderr
     assert "no such run bundle" not in unrecorded.stderr
+
+
+def test_a_recorded_guests_virtio_net_sends_on_its_timer_and_an_unrecorded_one_is_left_alone(tmp_path: Path) -> None:
+    text = LAB.replace("model: e1000, network: lan, ip: 10.9.0.1", "model: virtio-net-pci, network: lan, ip: 10.9.0.1")
+    plans = _plans(tmp_path, _lab(tmp_path, text))
+    recorded = [d for d in _pairs(build_argv(plans["a"]), "-device") if d.startswith("virtio-net-pci")]
+    assert recorded and all(d.split(",").count("tx=timer") == 1 for d in recorded), recorded
+    files = _files(tmp_path, build_argv(plans["a"]))
+    assert [d for d in _pairs(replay_argv(build_argv(plans["a"]), files, 41234), "-device")
+            if d.startswith("virtio-net-pci")] == recorded  # the replay is the same machine
+    assert not any("tx=" in d for d in _pairs(build_argv(plans["b"]), "-device"))
