@@ -188,6 +188,11 @@ def require_libvirtd(uri: str = LIBVIRT_URI) -> None:
     version = virsh("version", uri=uri)
     if version.returncode != 0:
         pytest.skip(f"libvirtd is not reachable at {uri}: {version.stderr.strip()}")
+    import importlib.util
+
+    if importlib.util.find_spec("libvirt") is None:  # libvirtd set up for another checkout's .venv
+        pytest.skip(f"libvirt-python is not installed in {sys.prefix}: run scripts/libvirt-setup.sh "
+                    "(setup.sh does when CI or LABCTL_LIBVIRT is set)")
 
 
 # --------------------------------------------------------------------------- real bundles, shared
