@@ -221,3 +221,24 @@ def test_a_vxlan_tunnel_that_does_not_learn() -> None:
         _lab(GOOD.replace("dev: eth1, ip: 192.168.42.1/24, mtu: 1400}", "dev: eth1, learning: 'no', ip: 192.168.42.1/24}"))
     assert any("guests.a.tunnels.vx0.learning: expected true or false, got 'no'" in str(p)
                for p in info.value.problems), info.value.problems
+
+
+def test_a_guest_with_a_vrf_and_no_tunnel_shows_its_vrf() -> None:
+    """labctl.lab.guestnet loads the tunnels' views for a guest with VRFs alone too (status, graph,
+    compare)."""
+    from labctl.lab.guestnet import guest_interfaces, net_settings, settings_text
+
+    text = """\
+name: vrfonly
+networks: {left: {}}
+guests:
+  a:
+    nics: [{name: eth1, model: virtio, network: left, ip: 10.1.0.2/24}]
+    vrfs:
+      blue: {table: 10, members: [eth1], routes: [{to: 10.7.0.0/24, via: 10.1.0.1}]}
+"""
+    guest = _lab(text).guests["a"].to_dict()
+    names = [v.name for v in guest_interfaces(guest)]
+    assert "blue" in names, names
+    assert any("10.7.0.0/24" in line for line in settings_text(guest)), settings_text(guest)
+    assert "blue" in json.dumps(net_settings(guest))
