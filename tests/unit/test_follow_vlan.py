@@ -161,7 +161,8 @@ def test_a_filter_with_vlan_reads_a_packet_inside_a_tag_in_the_frame_where_the_n
 
 def test_a_hop_read_inside_a_tag_is_its_point_with_its_vlan() -> None:
     raw = OVER_VLAN
-    tci = str(int.from_bytes(struct.pack(">H", 0x2000 | 10), "little"))  # priority 1, VLAN 10, read little-endian
+    # priority 7 and the drop-eligible bit set, VLAN 10, read little-endian: only the low 12 bits are the VID
+    tci = str(int.from_bytes(struct.pack(">H", 0xF000 | 10), "little"))
     rx = ev("r", 2.0, "netif_rx", raw, dev="eth1")
     line = (f"  <idle>-0 [000] ..s1. 0.002000: netif_rx_q: (net.netif_receive_skb) skb={rx.skb} dev=\"eth1\" "
             + " ".join(f"{k}={v}" for k, v in rx.fields.items() if k not in ("skb", "dev")) + f" pr=129 et=8 tci={tci}")
