@@ -237,30 +237,18 @@ class MuxSession:
             proc = start_child(self.argv(command, log), stdout=PIPE, stderr=PIPE)
             assert proc.stdout is not None and proc.stderr is not None
             relay = _Relay({proc.stdout.fileno(): 1, proc.stderr.fileno(): 2})
+            watch = _Watch(self, timeout, abort)
             try:
-                deadline = time.monotonic() + timeout
-                next_poll = time.monotonic() + 1.0
                 while True:
-                    now = time.monotonic()
                     if relay.open:
-                        relay.pump(min(1.0, max(0.01, min(deadline, next_poll) - now)))
+                        relay.pump(watch.wait())
                     elif proc.poll() is None:
                         with contextlib.suppress(TimeoutExpired):
-                            proc.wait(timeout=min(1.0, max(0.01, min(deadline, next_poll) - now)))
+                            proc.wait(timeout=watch.wait())
                     if not relay.open and proc.poll() is not None:
                         status = proc.returncode
                         break
-                    now = time.monotonic()
-                    if now >= next_poll:
-                        next_poll = now + 1.0
-                        reason = abort() if abort else None
-                        if reason:
-                            _stop(proc)
-                            close(self.guest_dir)  # its guest is gone: so are its sessions
-                            raise GuestError(reason)
-                    if now >= deadline:
-                        raise GuestError(f"command on guest {self.ep.guest} failed: no exit status after "
-                                         f"{timeout:.0f} s")
+                    watch.check(lambda: _stop(proc))
             finally:
                 _stop(proc)
                 proc.stdout.close()
@@ -288,26 +276,14 @@ class MuxSession:
             os.close(err_r)
             return None
         relay = _Relay({out_r: 1, err_r: 2})
+        watch = _Watch(self, timeout, abort)
         try:
-            deadline = time.monotonic() + timeout
-            next_poll = time.monotonic() + 1.0
             while relay.open or not (session.closed or session.status is not None):
-                now = time.monotonic()
                 if session.closed or session.status is not None:
-                    relay.pump(min(1.0, max(0.01, min(deadline, next_poll) - now)))
-                elif relay.pump(min(1.0, max(0.01, min(deadline, next_poll) - now)), watch=session.fileno()):
+                    relay.pump(watch.wait())
+                elif relay.pump(watch.wait(), watch=session.fileno()):
                     session.read()
-                now = time.monotonic()
-                if now >= next_poll:
-                    next_poll = now + 1.0
-                    reason = abort() if abort else None
-                    if reason:
-                        session.close()
-                        close(self.guest_dir)  # its guest is gone: so are its sessions
-                        raise GuestError(reason)
-                if now >= deadline:
-                    raise GuestError(f"command on guest {self.ep.guest} failed: no exit status after "
-                                     f"{timeout:.0f} s")
+                watch.check(session.close)
         finally:
             session.close()
             for fd in relay.fds:
@@ -383,6 +359,35 @@ class MuxSession:
             raise _failure(self.ep, said)
         if status != 0:
             raise GuestError(f"command on guest {self.ep.guest} exited with status {status}: {_tail(err)}")
+
+
+class _Watch:
+    """A running command's clock (:meth:`MuxSession.call`): how long to wait for its next output,
+    ``abort`` asked about once a second, and its ``timeout``."""
+
+    def __init__(self, session: MuxSession, timeout: float, abort: Callable[[], str | None] | None) -> None:
+        self.session, self.timeout, self.abort = session, timeout, abort
+        self.deadline = time.monotonic() + timeout
+        self.next_poll = time.monotonic() + 1.0
+
+    def wait(self) -> float:
+        """Seconds to wait for output before :meth:`check` is due (at least 10 ms, at most 1 s)."""
+        return min(1.0, max(0.01, min(self.deadline, self.next_poll) - time.monotonic()))
+
+    def check(self, stop: Callable[[], None]) -> None:
+        """:raise GuestError: with ``abort``'s reason (the command stopped by ``stop``, the guest's kept
+        connection closed: its guest is gone), or when the command outlived its timeout."""
+        now = time.monotonic()
+        if now >= self.next_poll:
+            self.next_poll = now + 1.0
+            reason = self.abort() if self.abort else None
+            if reason:
+                stop()
+                close(self.session.guest_dir)  # its guest is gone: so are its sessions
+                raise GuestError(reason)
+        if now >= self.deadline:
+            raise GuestError(f"command on guest {self.session.ep.guest} failed: no exit status after "
+                             f"{self.timeout:.0f} s")
 
 
 def _scratch() -> IO[bytes]:
