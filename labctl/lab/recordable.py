@@ -5,12 +5,17 @@ TCG; KVM runs the guest's instructions where QEMU cannot count them), and only t
 through QEMU's recorded paths: a virtio-9p share reads host files that the recording does not hold
 (its replay would read whatever they are then), and a guest on a remote host has its QEMU there.
 A replay keeps each netdev's kind (see ``labctl.backends.qemu.rrargv``), and a tap netdev's kind needs the lab's tap
-device: guests on tap networks are not recorded either.
+device: guests on tap networks are not recorded either. A step's ``{link: GUEST.NIC, state: ...}``
+on a recorded guest's own NIC is a monitor command (``set_link``) the recording does not hold: its
+replay would see the link up where the run saw it down.
 """
 
 from __future__ import annotations
 
+import re
+
 from labctl.lab.model import DEFAULT_HOST, Lab
+from labctl.lab.netopts import LinkSpec
 
 RECORD_BACKEND = "qemu"
 
@@ -34,4 +39,20 @@ def record_refusals(lab: Lab, name: str, accel: str, backend: str) -> list[str]:
         why.append(f"host {guest.host}: its QEMU runs on another machine")
     if taps:
         why.append(f"a tap network (the multi-queue NIC {taps[0]} needs one): its replay would need the lab's taps")
+    if linked := _links_set(lab, name):
+        why.append(f"step {linked[0]} sets the link of {linked[1]} (QMP set_link): the recording does not hold it")
     return [f"guest {guest.name} cannot be recorded: {w}" for w in why]
+
+
+def _links_set(lab: Lab, name: str) -> tuple[str, str] | None:
+    """The first step, and the NIC, whose ``link`` entry names a NIC of guest ``name`` (with each
+    matrix row's values put in its template)."""
+    for step in lab.steps:
+        for entry in step.run:
+            if not isinstance(entry, LinkSpec):
+                continue
+            for row in step.matrix or ({},):
+                nic = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m, row=row: str(row.get(m.group(1), m.group(0))), entry.nic)
+                if nic.split(".", 1)[0] == name:
+                    return step.name, nic
+    return None

@@ -232,3 +232,20 @@ def test_a_recorded_guests_virtio_net_sends_on_its_timer_and_an_unrecorded_one_i
     assert [d for d in _pairs(replay_argv(build_argv(plans["a"]), files, 41234), "-device")
             if d.startswith("virtio-net-pci")] == recorded  # the replay is the same machine
     assert not any("tx=" in d for d in _pairs(build_argv(plans["b"]), "-device"))
+
+
+def test_a_step_that_sets_a_recorded_guests_link_is_refused(tmp_path: Path) -> None:
+    # set_link is a monitor command: the recording does not hold it (its replay would keep the link up)
+    steps = """steps:
+  - name: flap
+    matrix: [{label: one, who: a}]
+    run:
+      - {guest: a, command: "true"}
+      - {link: "{{who}}.eth1", state: down}
+"""
+    lab = load_lab(_lab(tmp_path, LAB + steps))
+    (why,) = record_refusals(lab, "a", "tcg", "qemu")
+    assert why == ("guest a cannot be recorded: step flap sets the link of a.eth1 (QMP set_link): "
+                   "the recording does not hold it")
+    other = load_lab(_lab(tmp_path, LAB.replace("cpus: 2", "cpus: 1") + steps.replace("who: a", "who: b")))
+    assert record_refusals(other, "a", "tcg", "qemu") == []  # the peer's link: a receives what it receives
