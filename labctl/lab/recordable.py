@@ -12,12 +12,14 @@ replay would see the link up where the run saw it down.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from labctl.lab.model import DEFAULT_HOST, Lab
 from labctl.lab.netopts import LinkSpec
 
 RECORD_BACKEND = "qemu"
+_TEMPLATE = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
 def record_refusals(lab: Lab, name: str, accel: str, backend: str) -> list[str]:
@@ -51,8 +53,14 @@ def _links_set(lab: Lab, name: str) -> tuple[str, str] | None:
         for entry in step.run:
             if not isinstance(entry, LinkSpec):
                 continue
-            for row in step.matrix or ({},):
-                nic = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m, row=row: str(row.get(m.group(1), m.group(0))), entry.nic)
+            rows: tuple[dict[str, str], ...] = step.matrix or ({},)
+            for row in rows:
+                nic = _TEMPLATE.sub(functools.partial(_value, row), entry.nic)
                 if nic.split(".", 1)[0] == name:
                     return step.name, nic
     return None
+
+
+def _value(row: dict[str, str], m: re.Match[str]) -> str:
+    """A ``{{name}}``'s value in a matrix row (the template itself when the row has none)."""
+    return row.get(m.group(1), m.group(0))
