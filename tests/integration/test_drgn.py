@@ -31,6 +31,10 @@ from tests import harness
 from tests.conftest import ROOT, Cli, new_cli
 from tests.integration.conftest import qemu_pids_under, require_libvirtd, wait_for
 
+#: With the other files on the suite's kernel tree, on one worker: a test here boots the tree's kernel,
+#: and on a new machine the other worker would sit waiting for its build (204 s here, ~10 min on CI).
+pytestmark = pytest.mark.xdist_group("kernel-tree")
+
 OVER_3_MIN = ("two kernels (Debian's with its 1 GB -dbg, and the test tree's) each booted once; a vmcore "
               "of 512 MiB written, compressed and read by drgn and crash; a guest crashing during check")
 LAB = "drgnlab"

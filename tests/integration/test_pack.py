@@ -39,6 +39,10 @@ from tests.integration.conftest import qemu_pids_under, with_abi
 #: 3.9 min at load average 9 on the 2-core host beside other helpers' guests (3.1 of them the two runs and the
 #: pack); 8.6 min at load average 12.9. With the git lab (one guest, 26 s) and the -dbg refusal: 3.6 and 4.4 min at
 #: load average 7.
+#: With the other files on the suite's kernel tree, on one worker: a test here boots the tree's kernel,
+#: and on a new machine the other worker would sit waiting for its build (204 s here, ~10 min on CI).
+pytestmark = pytest.mark.xdist_group("kernel-tree")
+
 OVER_3_MIN = "two TCG runs of a two-guest lab (the packed run, and the pack's run from a new cache)"
 
 LAB = """\
