@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labctl.backends.monitor import dump_guest_memory
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 
 LAB = "drgnbench"
 LAB_YAML = (f"name: {LAB}\nnetworks: {{lan: {{}}}}\nguests:\n"

@@ -42,7 +42,7 @@ from labctl.debug.symbolize import SymbolTable
 from labctl.image.recipe import load_recipe
 from labctl.image.store import ImageStore
 from labctl.kernel import guest_kernels
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 
 FIXTURE = ROOT / "tests" / "fixtures" / "oops" / "synthetic-50.console.log"
 MODULE_FRAMES = [("8139cp", "cp_rx_poll"), ("8139cp", "cp_interrupt"), ("e1000", "e1000_clean"),

@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labctl.image.store import ImageStore
-from labctl.kernel.kernel_store import BOOT, MODULES_IMG, Kernel
+from labctl.kernel.cached import BOOT, MODULES_IMG, Kernel
 from labctl.lab import load_lab_text
 from labctl.pipeline import prepare_kernels
 

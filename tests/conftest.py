@@ -163,7 +163,7 @@ def cli(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 
 def fake_kernel(directory: Path, modules: bool = True) -> Any:
     """A prepared kernel's directory with stand-in files (for tests that build command lines)."""
-    from labctl.kernel.kernel_store import Kernel
+    from labctl.kernel.cached import Kernel
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "manifest.json").write_text(

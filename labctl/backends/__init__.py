@@ -116,11 +116,11 @@ def get_backend(name: str) -> Backend:
     :raise UsageError: for an unknown or unavailable backend.
     """
     if name == "qemu":
-        from labctl.backends.qemu.qemu_backend import QemuBackend
+        from labctl.backends.qemu.machines import QemuBackend
 
         return QemuBackend()
     if name == "libvirt":
-        from labctl.backends.libvirt.libvirt_backend import LibvirtBackend
+        from labctl.backends.libvirt.domains import LibvirtBackend
 
         return LibvirtBackend()
     raise UsageError(f"backend '{name}' is not available in this version",
@@ -142,13 +142,13 @@ def guest_alive(backend: str, rec: GuestRecord) -> bool:
 
 def qemu_version() -> str:
     """The first line of ``qemu-system-x86_64 --version`` (the QEMU backend's; loaded when asked)."""
-    from labctl.backends.qemu.qemu_backend import qemu_version as version
+    from labctl.backends.qemu.machines import qemu_version as version
 
     return version()
 
 
 def agent_fifos(channel: Path) -> None:
     """The guest agent's FIFOs beside ``channel``, new, empty, 0600 (the QEMU backend's; loaded when asked)."""
-    from labctl.backends.qemu.qemu_backend import agent_fifos as make
+    from labctl.backends.qemu.machines import agent_fifos as make
 
     make(channel)

@@ -7,24 +7,24 @@ user's repository that labctl keeps in its cache (:mod:`.worktree`: the user's
 checkout, branch and files are never touched; builds are incremental and
 cached by commit), the oracles that judge a run of the lab (:mod:`.oracle`:
 a graded check, a step, a panic, a command, a figure over repeats), the state
-file that makes a bisection resumable (:mod:`.bisect_state`), the loop itself
+file that makes a bisection resumable (:mod:`.statefile`), the loop itself
 (:mod:`.engine`), config bisection (one commit, a good and a bad ``.config``: :mod:`.configs` splits
 their differences as ktest.pl does, :mod:`.cfgloop` runs it on the engine's builds and runs), the runs that check it (:mod:`.verify`: ``--tries auto``'s reading of the failing
-end, the answer confirmed by reverting it on the bad end) and the bisect bundle (:mod:`.bisect_report`).
+end, the answer confirmed by reverting it on the bad end) and the bisect bundle (:mod:`.bundlepages`).
 
 Imports never: labctl.cli
 """
 
 from __future__ import annotations
 
-from labctl.bisect import bisect_report, cfgloop, configs, oracle, search, tries, worktree
-from labctl.bisect.bisect_state import State, load, save
+from labctl.bisect import bundlepages, cfgloop, configs, oracle, search, tries, worktree
 from labctl.bisect.engine import Bisector, on_tree, tree_guests
+from labctl.bisect.statefile import State, load, save
 
 __all__ = [
     "Bisector",
     "State",
-    "bisect_report",
+    "bundlepages",
     "cfgloop",
     "configs",
     "load",

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-import labctl.bisect.bisect_report as bisect_report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.bisect.bundlepages as bundlepages  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.configs as cf
-from labctl.bisect.bisect_state import NEW, OLD, SKIP, State, Step, save
+from labctl.bisect.statefile import NEW, OLD, SKIP, State, Step, save
 from labctl.bisect.worktree import Worktree
 from labctl.errors import UsageError
 from labctl.paths import atomic_write
@@ -85,7 +85,7 @@ def run(bis: Bisector) -> State:
         bis.one_step(step, config=raw)
         _move(st, step, raw)
         save(bis.bundle, st)
-        bisect_report.write(bis.bundle, st)
+        bundlepages.write(bis.bundle, st)
         bis.say(f"step {step.n}: the candidate is {st.term(step.verdict)}: {step.reason}  "
                 f"[{bis.times_text(step.times)}]")
     return st

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import labctl.bisect.bisect_report as bisect_report  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+import labctl.bisect.bundlepages as bundlepages  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.cfgloop as cfgloop  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.oracle as orc
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.verify as verify  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.bisect.bisect_state import SKIP, State, Step, save
+from labctl.bisect.statefile import SKIP, State, Step, save
 from labctl.bisect.verify import Run, TryEnv
 from labctl.bisect.worktree import OBJTOOL_NOTE, BuildCache, Worktree, config_hash, hash_bytes, objtool_relinked
 from labctl.bundle import CONSOLE, GUESTS, SUMMARY
@@ -144,13 +144,13 @@ class Bisector:
             self.one_step(step)
             st.record(step)
             save(self.bundle, st)
-            bisect_report.write(self.bundle, st)
+            bundlepages.write(self.bundle, st)
             self.say(f"step {step.n}: {step.commit[:12]} is {st.term(step.verdict)}: {step.reason}  "
                      f"[{times_text(step.times)}]")
         if st.confirm and st.result.get("first") and not st.confirmation:
             verify.confirm(self)
             save(self.bundle, st)
-            bisect_report.write(self.bundle, st)
+            bundlepages.write(self.bundle, st)
         return st
 
     def prelude(self) -> None:

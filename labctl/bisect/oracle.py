@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
-from labctl.bisect.bisect_state import NEW, OLD
+from labctl.bisect.statefile import NEW, OLD
 from labctl.bundle import BEYOND as BEYOND_NOISE
 from labctl.bundle import Spread, repeat_key, run_steps, spread, verdict
 from labctl.errors import UsageError

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import labctl.bisect.oracle as orc
 import labctl.bisect.tries as tries  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.bisect.bisect_state import OLD, SKIP, State, Step, save
+from labctl.bisect.statefile import OLD, SKIP, State, Step, save
 from labctl.errors import LabctlError
 from labctl.kernel import Kernel
 

@@ -126,9 +126,9 @@ class StepSummary(TypedDict, total=False):
     guests: dict[str, GuestFigures]  # guest -> its figures (labctl.trace.analyze.guest_figures)
     cost: dict[str, Any]  # the whole cost (labctl.report.cost)
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
-    drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.drops_report)
+    drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.droptable)
     follow: dict[str, Any]  # the packets the step followed (labctl.report.journeys)
-    bpftrace: dict[str, Any]  # each guest's bpftrace maps and histograms (labctl.report.bpftrace_report)
+    bpftrace: dict[str, Any]  # each guest's bpftrace maps and histograms (labctl.report.bpftrace)
 
 
 class Summary(TypedDict, total=False):

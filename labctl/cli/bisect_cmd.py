@@ -17,7 +17,7 @@ from rich.text import Text
 from labctl.bisect import (
     Bisector,
     State,
-    bisect_report,
+    bundlepages,
     cfgloop,
     configs,
     load,
@@ -292,30 +292,30 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
             bis.run()
         except KeyboardInterrupt:
             save(bundle, state)
-            bisect_report.write(bundle, state)
+            bundlepages.write(bundle, state)
             console.print(Text(f"bisect: interrupted; go on with: labctl bisect --continue {bundle}"))
             raise
         finally:
             save(bundle, state)
-        bisect_report.write(bundle, state)
+        bundlepages.write(bundle, state)
     return _show(bundle, state, args.json)
 
 
 def _show(bundle: Path, state: State, as_json: bool) -> int:
-    if state.done and not (bundle / bisect_report.SUMMARY).is_file():
-        bisect_report.write(bundle, state)
+    if state.done and not (bundle / bundlepages.SUMMARY).is_file():
+        bundlepages.write(bundle, state)
     if as_json:
-        print_json({"bundle": str(bundle), **bisect_report.summary(state, bundle)})
+        print_json({"bundle": str(bundle), **bundlepages.summary(state, bundle)})
     else:
         t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {orc.describe(orc.Oracle.from_dict(state.oracle))}"),
                   title_justify="left")
-        for col in bisect_report.COLUMNS:
+        for col in bundlepages.COLUMNS:
             t.add_column(col)
-        for row in bisect_report.rows(state):
+        for row in bundlepages.rows(state):
             t.add_row(*(Text(c) for c in row))
         out.print(t)
-        out.print(Text(bisect_report.answer_text(state), style="bold"), soft_wrap=True)
-        for line in bisect_report.trust_lines(state):
+        out.print(Text(bundlepages.answer_text(state), style="bold"), soft_wrap=True)
+        for line in bundlepages.trust_lines(state):
             out.print(Text(line), soft_wrap=True)
         if state.done:
             out.print(Text(f"bundle: {bundle}"), soft_wrap=True)

@@ -39,6 +39,7 @@ from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import Kernel, enum_names, struct_offsets
 from labctl.lab import Framing, guest_interfaces
 from labctl.live import capture
+from labctl.net import Frame
 from labctl.pktfilter import FilterError, Node, parse, refuse_options, tokenize, vlan_of
 from labctl.ssh import Pipe, Session
 from labctl.state import LabState, netstate
@@ -139,6 +140,31 @@ def stale_groups(caps: pr.Caps) -> list[str]:
     return out
 
 
+class Unlooked:
+    """Host-side frames read while nothing followed was in flight, kept unparsed for
+    :data:`UNLOOKED_NS` (at most :data:`UNLOOKED_MAX`): QEMU writes a frame before the guest's events
+    for it have come through its SSH channel, so a frame read on such a tick may still be part of a
+    journey once they do; unrelated traffic costs no parsing."""
+
+    def __init__(self) -> None:
+        self.frames: deque[tuple[tuple[str, str], bytes, int]] = deque(maxlen=UNLOOKED_MAX)
+
+    def add(self, nic: tuple[str, str], frames: Sequence[Frame], wall_minus_mono: int) -> None:
+        self.frames.extend((nic, f.data, f.ts_us * 1000 - wall_minus_mono) for f in frames)
+
+    def take(self) -> list[tuple[tuple[str, str], bytes, int]]:
+        """Every frame kept (NIC, bytes, host monotonic ns), oldest first; none is kept afterwards."""
+        out = list(self.frames)
+        self.frames.clear()
+        return out
+
+    def expire(self) -> None:
+        """Let go of the frames older than :data:`UNLOOKED_NS`."""
+        horizon = time.monotonic_ns() - UNLOOKED_NS
+        while self.frames and self.frames[0][2] < horizon:
+            self.frames.popleft()
+
+
 def _frame(wire: Wire, nic: tuple[str, str], node: Node, tunnels: Mapping[str, tuple[Framing, list[int]]], data: bytes,
            host_ns: int) -> None:
     """A frame QEMU saw on ``nic``'s host side at ``host_ns`` into ``wire`` when ``node`` matches its
@@ -198,9 +224,7 @@ class Follower:
         self.wire = Wire()
         self.tunnels = tunnelprobes.framings(state.resolved)  # the wire captures read a tunnel's inner header too
         self.wall_minus_mono = time.time_ns() - time.monotonic_ns()  # captures are stamped in real time
-        # frames read while nothing followed was in flight, kept unparsed for a while: the host side sees a
-        # frame before the guest's event for it has come through its channel (read_wire)
-        self._unlooked: deque[tuple[tuple[str, str], bytes, int]] = deque(maxlen=UNLOOKED_MAX)
+        self._unlooked = Unlooked()
         self._sessions: dict[str, Session] = {}
 
     # ------------------------------------------------------------------ set up
@@ -366,23 +390,15 @@ class Follower:
 
     def read_wire(self, look: bool = True) -> None:
         """The frames the captures hold so far, by identity (:class:`labctl.trace.journey.Wire`); ``look``
-        False: nothing followed is in flight yet, so the frames are only kept, unparsed, for
-        :data:`UNLOOKED_NS` (unrelated traffic costs no parsing; a frame whose guest events come later
-        is still found when they do)."""
+        False: nothing followed is in flight yet, so the frames are only kept, unparsed (:class:`Unlooked`)."""
         for nic, tail in self.tails.items():
             self.wire.seen.setdefault(nic, {})
-            for frame in tail.read():
-                self._unlooked.append((nic, frame.data, frame.ts_us * 1000 - self.wall_minus_mono))
-        if look:
-            while self._unlooked:
-                nic, data, host_ns = self._unlooked.popleft()
-                _frame(self.wire, nic, self.node, self.tunnels, data, host_ns)
+            self._unlooked.add(nic, tail.read(), self.wall_minus_mono)
+        if not look:
+            self._unlooked.expire()
             return
-        # Nothing in flight yet, as far as the guests' events have told: a frame of the last UNLOOKED_NS
-        # may still be one whose guest events are on their way; older ones are let go unparsed.
-        horizon = time.monotonic_ns() - UNLOOKED_NS
-        while self._unlooked and self._unlooked[0][2] < horizon:
-            self._unlooked.popleft()
+        for nic, data, host_ns in self._unlooked.take():
+            _frame(self.wire, nic, self.node, self.tunnels, data, host_ns)
 
     def ruleset(self, guest: str) -> str:
         """``nft -a list ruleset`` on the guest now ("" without nftables)."""

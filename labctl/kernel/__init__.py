@@ -7,7 +7,7 @@ a kernel the user built. Owns everything labctl knows about that kernel:
   file, modules disk, its share of the initramfs, debug info, config
   (:mod:`.vmlinux`, :mod:`.modules`; the cpio writer is the image's, :mod:`labctl.image.cpio`);
   out-of-tree modules built against a tree (:mod:`.modbuild`);
-* :mod:`.kernel_store` -- prepared kernels in the cache;
+* :mod:`.cached` -- prepared kernels in the cache;
 * :mod:`.kconfig` -- reading a kernel's configuration;
 * :mod:`.offsets` -- struct member offsets from its debug info, for probes (drgn, cached);
 * :mod:`.requirements` -- what a lab needs from it: preflight before any
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from labctl.kernel import guest_kernels, prepare
+    from labctl.kernel.cached import Kernel, KernelStore, kernels_root
     from labctl.kernel.guest_kernels import default_kernel
-    from labctl.kernel.kernel_store import Kernel, KernelStore, kernels_root
     from labctl.kernel.offsets import enum_names, struct_offsets
     from labctl.kernel.prepare import add_source
     from labctl.kernel.requirements import config_fragment

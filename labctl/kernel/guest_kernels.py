@@ -18,8 +18,8 @@ import labctl.kernel.prepare as prep
 from labctl.errors import ImageError, LabFileError, Problem, UsageError
 from labctl.events import NullReporter, Reporter
 from labctl.image import Image, Recipe
+from labctl.kernel.cached import Kernel, kernels_root
 from labctl.kernel.kconfig import parse_config
-from labctl.kernel.kernel_store import Kernel, kernels_root
 from labctl.kernel.requirements import Preflight, check_requirements
 from labctl.lab import KernelSpec, Lab, kernels
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from labctl.errors import TraceError
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 from labctl.paths import atomic_write
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Preparing a kernel once, keyed by its content: Debian packages, a built tree, or loose files.
 
-What depends on the kernel is made here and cached (:mod:`labctl.kernel.kernel_store`):
+What depends on the kernel is made here and cached (:mod:`labctl.kernel.cached`):
 the boot file, its modules as a read-only disk, the kernel's share of the
 initramfs, debug info, config and System.map. The root file system is the
 image's and is never rebuilt for a kernel. The key hashes what the kernel
@@ -36,8 +36,7 @@ from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
 from labctl.image import apt_download, candidate, sha256_file, versions
 from labctl.image import cpio as initramfs
-from labctl.kernel.kconfig import extract_ikconfig
-from labctl.kernel.kernel_store import (
+from labctl.kernel.cached import (
     BOOT,
     CONFIG,
     DEBUG_MODULES,
@@ -48,6 +47,7 @@ from labctl.kernel.kernel_store import (
     Kernel,
     kernels_root,
 )
+from labctl.kernel.kconfig import extract_ikconfig
 from labctl.kernel.modules import builtin_names, module_load_order, nic_driver_rules
 from labctl.kernel.vmlinux import banner, boot_image, build_id, has_dwarf, is_elf
 from labctl.lab import DEBIAN, TREE, KernelSpec
@@ -308,7 +308,7 @@ def prepare(spec: KernelSpec, opts: Options, reporter: Reporter | None = None) -
 
 
 class _Preparer:
-    """Makes one kernel directory (see :mod:`labctl.kernel.kernel_store`) in ``work``."""
+    """Makes one kernel directory (see :mod:`labctl.kernel.cached`) in ``work``."""
 
     def __init__(self, spec: KernelSpec, opts: Options, work: Path, reporter: Reporter) -> None:
         self.spec, self.opts, self.work, self.r = spec, opts, work, reporter

@@ -1,6 +1,6 @@
 """A step's ``sysctls:`` kind, its lab-file side: sysctls set in some guests for the step's duration
 and put back after (run by :mod:`labctl.steps.sysctl_kind`, shown by
-:mod:`labctl.report.sysctl_report`); the example of docs/development.md's "Adding a step kind".
+:mod:`labctl.report.sysctls`); the example of docs/development.md's "Adding a step kind".
 
 ::
 

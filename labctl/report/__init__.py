@@ -5,10 +5,10 @@ order), each owning one concern from its piece of summary.json to its part of th
 figures for ``labctl compare``: the topology and a step's network (:mod:`.network`), the transfer's
 throughput, CPU and driver share (:mod:`.throughput`), the whole cost (:mod:`.cost`), tracepoint
 counts (:mod:`.tracepoints`), flame graphs (:mod:`.flames`, drawn by :mod:`.flamegraph`),
-per-packet latency (:mod:`.latency`), the kernel's selftests (:mod:`.selftest_report`), a step's gdb
-session (:mod:`.gdb_report`) and sysctls (:mod:`.sysctl_report`), a guest's
+per-packet latency (:mod:`.latency`), the kernel's selftests (:mod:`.selftestresults`), a step's gdb
+session (:mod:`.gdbsession`) and sysctls (:mod:`.sysctls`), a guest's
 crash with drgn's view of its vmcore (:mod:`.crashes`), the packets a step followed (:mod:`.journeys`),
-every drop (:mod:`.drops_report`), bpftrace's maps (:mod:`.bpftrace_report`), and a
+every drop (:mod:`.droptable`), bpftrace's maps (:mod:`.bpftrace`), and a
 step's top symbols, softnet, trace loss and timeline (:mod:`.guest_parts`). summary.json is
 computed one way for ``run`` and ``report`` (:mod:`.run_summary`); one document model
 (:mod:`.document`) is built by the frame (:mod:`.content`) and rendered as Markdown

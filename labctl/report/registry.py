@@ -7,19 +7,19 @@ report, ``labctl compare``, the run-to-run spread and bisect's figure oracle all
 from __future__ import annotations
 
 from labctl.bundle import StepSummary
-from labctl.report.bpftrace_report import BpftraceSection
+from labctl.report.bpftrace import BpftraceSection
 from labctl.report.cost import CostSection
 from labctl.report.crashes import CrashSection
-from labctl.report.drops_report import DropsSection
+from labctl.report.droptable import DropsSection
 from labctl.report.flames import FlamesSection
-from labctl.report.gdb_report import GdbSection
+from labctl.report.gdbsession import GdbSection
 from labctl.report.guest_parts import LossSection, ProfileSection, SoftnetSection, TimelineSection
 from labctl.report.journeys import FollowSection
 from labctl.report.latency import LatencySection
 from labctl.report.network import NetworkSection, TopologySection
 from labctl.report.sections import HeadlineFigure, Metric, ReportSection
-from labctl.report.selftest_report import SelftestSection
-from labctl.report.sysctl_report import SysctlSection
+from labctl.report.selftestresults import SelftestSection
+from labctl.report.sysctls import SysctlSection
 from labctl.report.throughput import TransferSection
 from labctl.report.tracepoints import TracepointSection
 

@@ -16,7 +16,7 @@ import pytest
 
 from labctl.image.recipe import load_recipe
 from labctl.image.store import Image, ImageStore
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 from labctl.kernel.prepare import initrd as prepare_initrd
 
 

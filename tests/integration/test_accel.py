@@ -9,7 +9,7 @@ import pytest
 
 from labctl.backends import accel
 from labctl.backends.accel import choose_accel, probe_kvm
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 from tests.integration.conftest import pids_matching
 
 

@@ -26,7 +26,7 @@ from typing import Any, Self
 import pytest
 
 from labctl.backends.monitor import qmp_execute
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 from tests import harness
 from tests.conftest import ROOT, Cli, new_cli
 from tests.integration.conftest import qemu_pids_under, require_libvirtd, wait_for

@@ -216,7 +216,7 @@ def test_a_6_12_crash_decoded_dumped_and_opened_by_crash_and_drgn(lab: tuple[Cli
     the test pins its refusal, so that a crash that can is noticed and then held to the stack."""
     import subprocess
 
-    from labctl.kernel.kernel_store import Kernel
+    from labctl.kernel.cached import Kernel
 
     cli = lab[0]
     hit = cli("exec", LAB, "new", "--timeout", "120", "--", "echo c > /proc/sysrq-trigger", timeout=180)

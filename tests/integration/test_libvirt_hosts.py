@@ -20,7 +20,7 @@ import pytest
 
 from labctl.debug.gdb import GdbSpec, gdb_target, run_breakpoint_session
 from labctl.image.store import Image
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 from labctl.state.runstate import LabState
 from tests import harness
 from tests.conftest import Cli, interrupt

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from labctl.image.store import Image
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 from labctl.state.runstate import LabState
 from tests import harness
 from tests.conftest import Cli

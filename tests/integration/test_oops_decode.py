@@ -27,7 +27,7 @@ import pytest
 from labctl.debug import Symbolizer, parse_oopses
 from labctl.debug.symbolize import DecodedFrame, DecodedOops
 from labctl.image import apt
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 from labctl.paths import cache_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oops"

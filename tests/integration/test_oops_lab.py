@@ -12,7 +12,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from labctl.kernel.kernel_store import Kernel
+from labctl.kernel.cached import Kernel
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import qemu_pids_under
 

@@ -99,7 +99,7 @@ def test_a_kernel_prepared_before_outlives_its_abi_in_the_archive(monkeypatch: p
 
 def test_the_source_of_a_kernel_is_its_own_version_or_a_clear_error(monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
-    from labctl.kernel.kernel_store import Kernel
+    from labctl.kernel.cached import Kernel
 
     monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path))
     kdir = tmp_path / "k"

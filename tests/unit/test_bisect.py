@@ -11,8 +11,8 @@ import pytest
 
 from labctl.bisect import oracle as orc
 from labctl.bisect import search
-from labctl.bisect.bisect_state import NEW, OLD, SKIP, State, Step, load, save
 from labctl.bisect.engine import on_tree, tree_guests
+from labctl.bisect.statefile import NEW, OLD, SKIP, State, Step, load, save
 from labctl.errors import UsageError
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
@@ -353,7 +353,7 @@ def test_a_bundle_others_may_write_is_refused_before_its_state_is_read(tmp_path:
 def test_the_build_cache_names_only_kernels_of_labctls_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from labctl.bisect.worktree import BuildCache, checked_work
     from labctl.errors import UnsafePath
-    from labctl.kernel.kernel_store import Kernel, kernels_root
+    from labctl.kernel.cached import Kernel, kernels_root
 
     monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path / "cache"))
     ours = kernels_root() / "k1"

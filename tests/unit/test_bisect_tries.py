@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.bisect import bisect_report, engine, tries
+from labctl.bisect import bundlepages, engine, tries
 from labctl.bisect import oracle as orc
-from labctl.bisect.bisect_state import State
+from labctl.bisect.statefile import State
 from labctl.errors import LabctlError
 from labctl.lab import load_lab_text
 from tests.unit.test_bisect import history  # noqa: F401 - the fixture
@@ -123,9 +123,9 @@ def test_tries_auto_on_a_flaky_oracle_finds_and_confirms_the_commit(history: tup
             assert outcomes[-1] == FAIL and outcomes[:-1] == [PASS] * (len(outcomes) - 1) and len(outcomes) <= n
     assert st.confirmation["status"] == engine.CONFIRMED and flaky.reverted == shas[FIRST_BAD]
     assert [t["outcome"] for t in st.confirmation["tries"]] == [PASS] * n
-    conf = bisect_report.confidence(st)
+    conf = bundlepages.confidence(st)
     assert conf is not None and conf["verdict"] == est["confidence"] and conf["answer"] <= conf["verdict"]
-    bisect_report.write(tmp_path / "bundle", st)
+    bundlepages.write(tmp_path / "bundle", st)
     md = (tmp_path / "bundle" / "report.md").read_text()
     assert "--tries auto" in md and "CONFIRMED" in md and f"{n}: pass" in md
 
@@ -181,7 +181,7 @@ def test_the_command_oracle_sees_its_try() -> None:
 
 
 def test_the_first_bad_run_is_explained_by_what_changed_most() -> None:
-    from labctl.bisect.bisect_state import Step
+    from labctl.bisect.statefile import Step
 
     old = Step(n=3, commit="a" * 40, reason="check big-ping passed", run="steps/03/x")
     new = Step(n=5, commit="b" * 40, reason="check big-ping failed: 100% packet loss", run="steps/05/y")
@@ -193,9 +193,9 @@ def test_the_first_bad_run_is_explained_by_what_changed_most() -> None:
                    "change_pct": 10.0, "verdict": "beyond noise"},
                   {**metric, "key": "same", "change": 0.0, "a": {"mean": 1.0}, "b": {"mean": 1.0}, "change_pct": 0.0,
                    "verdict": "within noise"}]}]}
-    why = bisect_report.explain(old, new, result)
+    why = bundlepages.explain(old, new, result)
     assert [r["figure"] for r in why["changed"]] == ["ping.rtt", "ping.softnet_dropped"]  # beyond noise first
     st = State(lab_file="/x/b.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle={"kind": "panic"})
-    text = bisect_report.explained_text(st, why)
+    text = bundlepages.explained_text(st, why)
     assert "step 5 (bbbbbbbbbbbb): check big-ping failed: 100% packet loss" in text
     assert "- kernel of a: 6.1 (a) -> 6.1 (b)" in text and "ping.softnet_dropped (softnet drops): 0 -> 12 (+100%" in text

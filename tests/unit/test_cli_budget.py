@@ -130,7 +130,7 @@ def test_status_of_a_lab_that_is_up_loads_no_backend_checker_or_kernel_module(ar
     assert "running" in res.stdout and "virtio_net" in res.stdout, res.stdout
     mods = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
     assert "labctl.backends.qemu.liveness" in mods and "labctl.lab.ifaces" in mods
-    assert heavy(mods, ("paramiko", "labctl.backends.qemu.qemu_backend", "labctl.backends.monitor",
+    assert heavy(mods, ("paramiko", "labctl.backends.qemu.machines", "labctl.backends.monitor",
                         "labctl.backends.base", "labctl.lab.checker", "labctl.lab.validate", "labctl.lab.tunnels",
                         "labctl.lab.firewall", "labctl.kernel.requirements", "labctl.kernel.prepare",
                         "labctl.pipeline", "labctl.up", "labctl.live")) == []

@@ -14,7 +14,7 @@ import pytest
 from labctl.backends.base import GuestRecord
 from labctl.backends.qemu import clone
 from labctl.backends.qemu.argv import build_argv
-from labctl.backends.qemu.qemu_backend import QemuBackend, fresh_memory
+from labctl.backends.qemu.machines import QemuBackend, fresh_memory
 from labctl.errors import SnapshotBroken
 from labctl.up import snapshots, warm
 from tests.unit.test_qemu_argv import ROOT, _pairs, _plans

@@ -167,7 +167,7 @@ def test_two_reasons_at_one_drop_site_are_two_rows_and_a_swapped_protocol_is_rea
 
 
 def test_the_drops_summary_and_compare_keep_each_reason_of_a_site(tmp_path: Path) -> None:
-    from labctl.report.drops_report import drops_metrics, summarize_drops
+    from labctl.report.droptable import drops_metrics, summarize_drops
 
     step = tmp_path / "step"
     shutil.copytree(DROPS / "a", step / "a")

@@ -1,5 +1,5 @@
 """What labctl writes into a guest's tracefs to follow packets and catch drops (labctl.follow.probes), the
-drops section and its figures for labctl compare (labctl.report.drops_report), and labctl follow's refusals
+drops section and its figures for labctl compare (labctl.report.droptable), and labctl follow's refusals
 before anything starts."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from labctl.follow import probes
 from labctl.pktfilter import kernel_filter, parse
 from labctl.report.comparison import _metric_rows
-from labctl.report.drops_report import drops_metrics, summarize_drops
+from labctl.report.droptable import drops_metrics, summarize_drops
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "follow"
 OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 184, "skb_dev": 16, "dev_name": 0,

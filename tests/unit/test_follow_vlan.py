@@ -235,14 +235,12 @@ class _Tail:
 
 
 def _reader(*frames: bytes) -> Any:
-    from collections import deque
     from types import SimpleNamespace
 
-    from labctl.follow.follower import UNLOOKED_MAX
+    from labctl.follow.follower import Unlooked
 
     return SimpleNamespace(tails={("a", "eth1"): _Tail(*frames)}, wire=Wire(), node=parse("vlan 10 and icmp"),
-                           tunnels={}, wall_minus_mono=time.time_ns() - time.monotonic_ns(),
-                           _unlooked=deque(maxlen=UNLOOKED_MAX))
+                           tunnels={}, wall_minus_mono=time.time_ns() - time.monotonic_ns(), _unlooked=Unlooked())
 
 
 def test_a_frame_read_before_its_guest_events_is_still_on_the_wire_once_they_come() -> None:
@@ -262,6 +260,6 @@ def test_frames_nothing_was_in_flight_for_are_let_go_unparsed_after_a_while(monk
     f = _reader(frame(OVER_VLAN, 10))
     monkeypatch.setattr(follower, "UNLOOKED_NS", 0)
     Follower.read_wire(f, look=False)
-    assert not f._unlooked
+    assert not f._unlooked.frames
     Follower.read_wire(f, look=True)
     assert f.wire.seen[("a", "eth1")] == {}

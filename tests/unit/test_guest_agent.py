@@ -47,7 +47,7 @@ class FakeQemu:
         import os
         import threading
 
-        from labctl.backends.qemu.qemu_backend import agent_fifos
+        from labctl.backends.qemu.machines import agent_fifos
 
         agent_fifos(channel)
         self.fin = os.open(f"{channel}.in", os.O_RDWR)

@@ -267,7 +267,7 @@ def test_a_kernel_without_debug_info_says_what_gives_it_one(tmp_path: Path) -> N
     import json
 
     from labctl.inspect import debuginfo
-    from labctl.kernel.kernel_store import Kernel
+    from labctl.kernel.cached import Kernel
 
     for source, says in (({"kind": "debian", "release": "6.1.0-56-amd64"}, "linux-image-6.1.0-56-amd64-dbg"),
                          ({"kind": "tree", "tree": "/src/linux"}, "CONFIG_DEBUG_INFO_DWARF5"),

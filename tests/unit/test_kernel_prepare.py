@@ -12,7 +12,7 @@ import pytest
 from labctl.errors import ImageError, LabFileError, UsageError
 from labctl.kernel import guest_kernels
 from labctl.kernel import prepare as prep
-from labctl.kernel.kernel_store import KernelStore
+from labctl.kernel.cached import KernelStore
 from labctl.kernel.modules import builtin_names, module_load_order
 from labctl.lab import kernels, load_lab_text
 

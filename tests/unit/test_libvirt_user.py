@@ -25,9 +25,9 @@ import pytest
 from labctl.backends import owned
 from labctl.backends.base import GuestPlan
 from labctl.backends.libvirt import api as lvapi
+from labctl.backends.libvirt import domains as lvb
 from labctl.backends.libvirt import host as hostfs
 from labctl.backends.libvirt import host_checks, starter, storage
-from labctl.backends.libvirt import libvirt_backend as lvb
 from labctl.backends.libvirt.host import QemuUser
 from labctl.backends.libvirt.host_checks import kvm_access
 from labctl.errors import HostError, MachineError

@@ -14,7 +14,7 @@ import pytest
 
 from labctl.backends.base import GuestPlan
 from labctl.backends.qemu.argv import build_argv, restores_vlan_filter, vlan_carriers
-from labctl.backends.qemu.qemu_backend import QemuBackend
+from labctl.backends.qemu.machines import QemuBackend
 from labctl.bundle import Run
 from labctl.cli.netview import iface_rows, offload_lines, settings_lines
 from labctl.errors import LabFileError

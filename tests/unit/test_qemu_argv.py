@@ -8,7 +8,7 @@ import pytest
 
 from labctl.backends.base import GuestPlan
 from labctl.backends.qemu.argv import build_argv, opt
-from labctl.backends.qemu.qemu_backend import QemuBackend
+from labctl.backends.qemu.machines import QemuBackend
 from labctl.errors import MachineError
 from labctl.image.store import Image
 from labctl.lab import load_lab
@@ -124,7 +124,7 @@ def test_control_channels_for_warm_start_are_private_files_and_the_console_appen
 
 def test_a_restart_keeps_the_command_line_and_toggles_incoming(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from labctl.backends.base import GuestRecord
-    from labctl.backends.qemu.qemu_backend import QemuBackend
+    from labctl.backends.qemu.machines import QemuBackend
 
     launched: list[list[str]] = []
     passed: list[list[int] | None] = []

@@ -19,7 +19,7 @@ from labctl.report.document import Table
 from labctl.report.registry import SECTIONS
 from labctl.report.run_summary import RECORDED, summarize_step
 from labctl.report.sections import ReportSection
-from labctl.report.sysctl_report import SysctlSection
+from labctl.report.sysctls import SysctlSection
 from labctl.ssh import Result
 from labctl.state.runstate import LabState
 from labctl.steps.kinds import RUNS
@@ -209,7 +209,7 @@ def test_a_kinds_guests_come_after_the_known_order_not_lost() -> None:
 
 def test_the_gdb_record_is_shown_in_its_step() -> None:
     from labctl.report.document import Meta
-    from labctl.report.gdb_report import GdbSection
+    from labctl.report.gdbsession import GdbSection
 
     step: dict[str, Any] = {"gdb": {"breakpoint": {"func": "e1000_xmit_frame", "file": "e1000_main.c", "line": "3100"},
                                     "hits": 0, "timed_out": True, "message": "never hit in 60 s",
@@ -220,7 +220,7 @@ def test_the_gdb_record_is_shown_in_its_step() -> None:
     assert rows == {"breakpoint": "e1000_xmit_frame (e1000_main.c:3100)", "hits": "0 (timed out: never hit in 60 s)",
                     "transcript": "gdb-transcript.txt"}
     assert GdbSection().step_blocks(Run(Path("."), {}, {}), {}) == []
-    from labctl.report.gdb_report import _where
+    from labctl.report.gdbsession import _where
 
     assert _where({"func": "ip_rcv", "file": "ip_input.c"}) == "ip_rcv"  # no line: no place
     assert _where({"original-location": "*0xffffffff81000000"}) == "*0xffffffff81000000"

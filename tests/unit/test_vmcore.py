@@ -329,7 +329,7 @@ def test_qemu_pauses_a_panicked_guest_and_the_snapshot_key_does_not_see_it() -> 
 def test_down_quits_a_qemu_whose_guest_is_not_running_at_once(monkeypatch: pytest.MonkeyPatch, status: str,
                                                               sent: list[str]) -> None:
     from labctl.backends import GuestRecord
-    from labctl.backends.qemu import qemu_backend
+    from labctl.backends.qemu import machines as qemu_backend
 
     commands: list[str] = []
 

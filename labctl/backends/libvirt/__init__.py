@@ -1,6 +1,6 @@
 """The libvirt backend: transient domains on any libvirt URI, on this machine or remote ``qemu+ssh://`` hosts.
 
-:mod:`.libvirt_backend` (the Backend), :mod:`.starter` (a guest started: volumes,
+:mod:`.domains` (the Backend), :mod:`.starter` (a guest started: volumes,
 directory, domain, console relay), :mod:`.host_checks` (what a host needs,
 ``labctl doctor``, and its free memory), :mod:`.api` (connections and the mapping of
 libvirt's errors, hosts' facts, commands on hosts), :mod:`.binding` (the

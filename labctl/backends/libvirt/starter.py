@@ -2,7 +2,7 @@
 and security drivers learnt once), the guest's volumes and directory, its domain started (or
 restored from a class's shared post-boot state), its console relay attached.
 
-:class:`DomainStarter` is what :class:`labctl.backends.libvirt.libvirt_backend.LibvirtBackend`
+:class:`DomainStarter` is what :class:`labctl.backends.libvirt.domains.LibvirtBackend`
 starts guests with (one per backend: what it learns of each host is kept for the lab's guests).
 """
 

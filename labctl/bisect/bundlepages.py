@@ -1,7 +1,7 @@
 """The bisect bundle's pages, written after every step (and complete once the answer is known)::
 
     <bundle>/
-        state.json          the bisection (labctl.bisect.bisect_state): what was asked, every step
+        state.json          the bisection (labctl.bisect.statefile): what was asked, every step
         summary.json        what --json prints: the answer, the steps, their times
         report.md, report.html   the step table (commit, subject, build/boot times, verdict, the
                             figure with its spread) and the answer with its diffstat
@@ -25,7 +25,7 @@ from typing import Any
 import labctl.bisect.oracle as orc
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.tries as tries  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.bisect.bisect_state import NEW, OLD, State, Step
+from labctl.bisect.statefile import NEW, OLD, State, Step
 from labctl.bundle import BEYOND as BEYOND_NOISE
 from labctl.bundle import load_run
 from labctl.errors import LabctlError
