@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from labctl.errors import TraceError
 from labctl.kernel.cached import Kernel
@@ -34,18 +35,8 @@ def struct_offsets(kernel: Kernel, fields: Fields, cache_name: str, cache_dir: P
     for d in (kernel.dir, cache_dir):
         if d is not None and (cached := _read(d / cache_name, fields)) is not None:
             return cached
-    vmlinux = kernel.vmlinux_debug
-    if not vmlinux.is_file():
-        raise TraceError(f"kernel {kernel.name} has no vmlinux with debug info: its struct offsets are needed",
-                         hint="give the lab's kernel its debug file")
+    drgn, prog = _program(kernel, "its struct offsets")
     try:
-        import drgn
-    except ImportError as exc:  # pragma: no cover - a dependency
-        raise TraceError(f"drgn is not installed: {exc}") from exc
-    try:
-        prog = drgn.Program(drgn.host_platform)
-        module = prog.extra_module("vmlinux", create=True)
-        module.try_file(str(vmlinux), force=True)
         for name in modules:
             ko = kernel.debug_modules / "kernel" / name
             if not ko.is_file():
@@ -53,15 +44,8 @@ def struct_offsets(kernel: Kernel, fields: Fields, cache_name: str, cache_dir: P
             prog.extra_module(ko.stem, create=True).try_file(str(ko), force=True)
         out = {name: int(drgn.offsetof(prog.type(ctype), member)) for name, (ctype, member) in fields.items()}
     except (LookupError, ValueError, drgn.FaultError, OSError) as exc:
-        raise TraceError(f"cannot read struct offsets from {vmlinux}: {exc}") from exc
-    for d in (kernel.dir, cache_dir):
-        if d is None:
-            continue
-        try:
-            atomic_write(d / cache_name, json.dumps(out) + "\n")
-            break
-        except OSError:
-            continue
+        raise TraceError(f"cannot read struct offsets from {kernel.vmlinux_debug}: {exc}") from exc
+    _keep(kernel, cache_dir, cache_name, out)
     return out
 
 
@@ -80,9 +64,23 @@ def enum_names(kernel: Kernel, enum: str, prefix: str, cache_name: str, cache_di
                 continue
             if isinstance(data, list) and all(isinstance(n, str) for n in data):
                 return [str(n) for n in data]
+    drgn, prog = _program(kernel, f"the names of its {enum}")
+    try:
+        values = {int(e.value): e.name.removeprefix(prefix) for e in prog.type(enum).enumerators or ()}
+    except (LookupError, ValueError, drgn.FaultError, OSError) as exc:
+        raise TraceError(f"cannot read {enum} from {kernel.vmlinux_debug}: {exc}") from exc
+    out = [values.get(i, "") for i in range(max(v for v in values if v < 1 << 16) + 1)] if values else []
+    _keep(kernel, cache_dir, cache_name, out)
+    return out
+
+
+def _program(kernel: Kernel, needed: str) -> tuple[Any, Any]:
+    """drgn and a program of ``kernel``'s ``vmlinux.debug`` (``needed``: what is read from it, for the error).
+
+    :raise TraceError: without the debug file, drgn, or when drgn cannot read the file."""
     vmlinux = kernel.vmlinux_debug
     if not vmlinux.is_file():
-        raise TraceError(f"kernel {kernel.name} has no vmlinux with debug info: the names of its {enum} are needed",
+        raise TraceError(f"kernel {kernel.name} has no vmlinux with debug info: {needed} are needed",
                          hint="give the lab's kernel its debug file")
     try:
         import drgn
@@ -90,21 +88,22 @@ def enum_names(kernel: Kernel, enum: str, prefix: str, cache_name: str, cache_di
         raise TraceError(f"drgn is not installed: {exc}") from exc
     try:
         prog = drgn.Program(drgn.host_platform)
-        module = prog.extra_module("vmlinux", create=True)
-        module.try_file(str(vmlinux), force=True)
-        values = {int(e.value): e.name.removeprefix(prefix) for e in prog.type(enum).enumerators or ()}
+        prog.extra_module("vmlinux", create=True).try_file(str(vmlinux), force=True)
     except (LookupError, ValueError, drgn.FaultError, OSError) as exc:
-        raise TraceError(f"cannot read {enum} from {vmlinux}: {exc}") from exc
-    out = [values.get(i, "") for i in range(max(v for v in values if v < 1 << 16) + 1)] if values else []
+        raise TraceError(f"cannot read {vmlinux}: {exc}") from exc
+    return drgn, prog
+
+
+def _keep(kernel: Kernel, cache_dir: Path | None, cache_name: str, out: object) -> None:
+    """``out`` as JSON in ``cache_name`` beside the kernel, else in ``cache_dir`` (best effort)."""
     for d in (kernel.dir, cache_dir):
         if d is None:
             continue
         try:
             atomic_write(d / cache_name, json.dumps(out) + "\n")
-            break
+            return
         except OSError:
             continue
-    return out
 
 
 def _read(path: Path, fields: Fields) -> dict[str, int] | None:
