@@ -319,7 +319,8 @@ def follow(cap: Capture, out: BinaryIO | None, stop_when: Callable[[Written], bo
     """Copy the capture to ``out`` (None: nowhere) as QEMU writes it, each frame also to
     ``on_frame``, until ``stop_when(written)`` is true or the guest is gone (``alive``, asked
     every second). Writes are flushed batch by batch; while nothing arrives, ``reader_gone``
-    is asked whether the reader of ``out`` left. ``written`` (counted into) says how far it got
+    is asked whether the reader of ``out`` left. On Ctrl-C (KeyboardInterrupt, raised again)
+    the frames QEMU had written are copied first. ``written`` (counted into) says how far it got
     even when it ends in an exception.
 
     :raise BrokenPipeError: when the reader of ``out`` went away.
@@ -329,27 +330,38 @@ def follow(cap: Capture, out: BinaryIO | None, stop_when: Callable[[Written], bo
     if out is not None:
         out.write(writer.header(label, description))
         out.flush()
+
+    def take(chunk: bytes) -> None:
+        frames = stream.frames(chunk)
+        for frame in frames:
+            written.add(frame)
+            if out is not None:
+                out.write(writer.frame(frame))
+            if on_frame is not None:
+                on_frame(frame)
+            if stop_when(written):
+                break
+        if frames and out is not None:
+            out.flush()
+
     idle = 0
     with open(cap.path, "rb") as f:
-        while not stop_when(written):
-            chunk = f.read(CHUNK)
-            if chunk:
-                frames = stream.frames(chunk)
-                for frame in frames:
-                    written.add(frame)
-                    if out is not None:
-                        out.write(writer.frame(frame))
-                    if on_frame is not None:
-                        on_frame(frame)
-                    if stop_when(written):
-                        break
-                if frames and out is not None:
-                    out.flush()
-                continue
-            if reader_gone():
-                raise BrokenPipeError("the reader of the capture went away")
-            idle += 1
-            if idle % max(1, round(1 / poll)) == 0 and not alive():
-                break
-            time.sleep(poll)
+        try:
+            while not stop_when(written):
+                chunk = f.read(CHUNK)
+                if chunk:
+                    take(chunk)
+                    continue
+                if reader_gone():
+                    raise BrokenPipeError("the reader of the capture went away")
+                idle += 1
+                if idle % max(1, round(1 / poll)) == 0 and not alive():
+                    break
+                time.sleep(poll)
+        except KeyboardInterrupt:
+            # Ctrl-C stops the capture, not what it caught: the frames QEMU wrote before it (still
+            # unread, between two polls) are copied too, as tcpdump writes what it buffered
+            while not stop_when(written) and (chunk := f.read(CHUNK)):
+                take(chunk)
+            raise
     return written
