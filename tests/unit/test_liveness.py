@@ -17,8 +17,13 @@ def _rec(pid: int, qmp: str) -> GuestRecord:
 
 
 def _stand_in(tmp_path: Path) -> subprocess.Popen[bytes]:
-    """A process whose command line names a QMP socket, as a guest's QEMU does (-qmp unix:...)."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"unix:{tmp_path}/a/qmp.sock"])
+    """A process whose command line names a QMP socket, as a guest's QEMU does (-qmp unix:...).
+    Returned once it runs: Popen returns when exec closed its close-on-exec pipe, which the kernel
+    does before it sets up the new argv, so /proc/PID/cmdline can still be empty then (CI saw it)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                             f"unix:{tmp_path}/a/qmp.sock"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    return proc
 
 
 def test_the_guests_own_process_is_alive_and_a_reused_pid_is_not(tmp_path: Path) -> None:
