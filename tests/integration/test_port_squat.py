@@ -30,12 +30,16 @@ guests:
       - {name: eth1, model: virtio-net-pci, network: lan, ip: 10.65.0.1/24}
 """
 # Binds 127.0.0.1:PORT as soon as it can (a tight loop), listens, says so, holds it until stdin closes.
+# With SO_REUSEADDR, as a squatter would: when QEMU dies before the SSH client closed a connection to
+# the port, the kernel keeps QEMU's end in TIME_WAIT for a minute, and a plain bind() is refused all
+# that time (while QEMU's next listener, SO_REUSEADDR too, binds): CI's restore saw it.
 SQUAT = """\
 import socket, sys, time
 port = int(sys.argv[1])
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline:
     s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         s.bind(("127.0.0.1", port))
         s.listen(1)
