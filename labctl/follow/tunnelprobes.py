@@ -110,6 +110,8 @@ def _header(f: Framing, end: int, data: str) -> tuple[list[str], list[str]]:
         guard.append(f"ohd == {_le(f.word, 4)}")
     if f.ident:
         fetch.append(f"oid={_at(end + f.ident_at, data)}:u32")
+    if f.seq_at:
+        fetch.append(f"oseq={_at(end + f.seq_at, data)}:u32")
     return fetch, guard
 
 

@@ -7,9 +7,10 @@ IPv4 inside IPv4, in VXLAN, Geneve, GRE, GRETAP or IP in IP: the outer packet's 
 it passes, named by the point and the framing's tag (``xmit_vx``, ``netif_rx_gnv``, ``ip_fwd_gtapk``...
 are ``xmit``, ``netif_rx``, ``ip_fwd``: :data:`VARIANTS`), each fetching the *inner* packet's header,
 so that they join its journey, and the outer header's addresses (``osa``, ``oda``), the UDP port
-(``odp``) and the VNI or GRE key (``oid``; ``ovni`` in VXLAN's events of before), which their hop's
-note says (:func:`note`): ``outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42``, ``outer GRE 10.1.0.2 >
-10.2.0.2 key 5``, ``outer IPIP 10.1.0.2 > 10.2.0.2``. ``encap_TAG`` and ``decap_TAG`` are the hops
+(``odp``), the VNI or GRE key (``oid``; ``ovni`` in VXLAN's events of before) and a GRE sequence number
+(``oseq``), which their hop's note says (:func:`note`): ``outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni
+42``, ``outer GRE 10.1.0.2 > 10.2.0.2 key 5``, ``outer GRE 10.1.0.2 > 10.2.0.2 key 5 seq 3 csum`` (a
+tunnel with ``csum`` and ``seq``), ``outer IPIP 10.1.0.2 > 10.2.0.2``. ``encap_TAG`` and ``decap_TAG`` are the hops
 ``encap`` and ``decap``, at their framing's functions (:func:`where`: ``udp_tunnel_xmit_skb``,
 ``vxlan_rcv``, ``geneve_udp_encap_recv``, ``ip_tunnel_xmit``, ``gre_rcv``, ``ipip_rcv``), their
 note the id (``VXLAN vni 42``, ``GRE key 5``, ``IPIP``). WireGuard has ``encap_wg`` only (``wg_xmit``:
@@ -69,13 +70,16 @@ def vni(value: int | None) -> int | None:
 
 
 def _ident(f: Framing, fields: Mapping[str, str]) -> str:
-    """``vni 42``, ``key 5`` (the id the event fetched), or ''."""
+    """``vni 42``, ``key 5`` (the id the event fetched), then a GRE header's sequence number and
+    checksum (``key 5 seq 3 csum``), or ''."""
     raw = _num(fields, "oid")
     if raw is None and f.tag == "vx":
         raw = _num(fields, "ovni")
-    if not f.ident or raw is None:
-        return ""
-    return f"{f.ident} {vni(raw) if f.ident == 'vni' else _be(raw, 4)}"
+    seq = _num(fields, "oseq") if f.seq_at else None
+    return " ".join(x for x in (
+        f"{f.ident} {vni(raw) if f.ident == 'vni' else _be(raw, 4)}" if f.ident and raw is not None else "",
+        f"seq {_be(seq, 4)}" if seq is not None else "",
+        "csum" if f.csum else "") if x)
 
 
 def _framing(fields: Mapping[str, str], key: str) -> Framing | None:

@@ -4,7 +4,8 @@ one follow step (a pings b over VXLAN), its bundle written by ``up``.
 * a's ping over VXLAN reaches b through r, which has no tunnel of its own; the step's journeys show
   the inner packet encapsulated on a (udp_tunnel_xmit_skb), the outer one forwarded by r (its hops
   say the outer header), decapsulated on b (vxlan_rcv), answered; ``status`` shows the tunnels;
-* a second follow step pings b over Geneve, GRETAP (with a key), GRE and IP in IP: each is followed
+* a second follow step pings b over Geneve, GRETAP (with a key, checksums and sequence numbers), GRE
+  and IP in IP: each is followed
   the same way, at its own encap and decap functions, the outer header in r's hops; over WireGuard
   (encrypted) the inner packet is encapsulated on a (wg_xmit) and seen again on b's wg0;
 * b's VRF blue routes 10.77.0.0/24 over WireGuard with its own table (the main table has no route);
@@ -21,6 +22,7 @@ OVER_3_MIN = ("one lab of three TCG guests booted with a follow step, then a sec
               "reset of one guest: the keys of two instances and a reset are the point")
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,12 +117,14 @@ def test_follow_shows_the_inner_packet_encapsulated_carried_and_decapsulated(lab
         assert p["end"]["kind"] == "delivered", p["end"]
 
 
-# each tunnel's inner destination: its device on b, the outer header r's hops say, its encap and decap functions
+# each tunnel's inner destination: its device on b, the outer header r's hops say (a pattern), its encap and
+# decap functions; tap0 has a checksum and sequence numbers (csum, seq): their words before and after the key
 OVER = {
-    "192.168.7.2": ("gnv0", "outer Geneve 10.1.0.2 > 10.2.0.2 udp/6081 vni 7", "udp_tunnel_xmit_skb", "geneve_udp_encap_recv"),
-    "192.168.5.2": ("tap0", "outer GRE 10.1.0.2 > 10.2.0.2 key 5", "ip_tunnel_xmit", "gre_rcv"),
-    "192.168.9.2": ("gre1", "outer GRE 10.1.0.2 > 10.2.0.2", "ip_tunnel_xmit", "gre_rcv"),
-    "192.168.8.2": ("tun0", "outer IPIP 10.1.0.2 > 10.2.0.2", "ip_tunnel_xmit", "ipip_rcv"),
+    "192.168.7.2": ("gnv0", re.escape("outer Geneve 10.1.0.2 > 10.2.0.2 udp/6081 vni 7"), "udp_tunnel_xmit_skb",
+                    "geneve_udp_encap_recv"),
+    "192.168.5.2": ("tap0", re.escape("outer GRE 10.1.0.2 > 10.2.0.2 key 5") + r" seq \d+ csum", "ip_tunnel_xmit", "gre_rcv"),
+    "192.168.9.2": ("gre1", re.escape("outer GRE 10.1.0.2 > 10.2.0.2"), "ip_tunnel_xmit", "gre_rcv"),
+    "192.168.8.2": ("tun0", re.escape("outer IPIP 10.1.0.2 > 10.2.0.2"), "ip_tunnel_xmit", "ipip_rcv"),
 }
 
 
@@ -136,7 +140,12 @@ def test_follow_goes_through_geneve_gretap_gre_and_ipip_as_through_vxlan(lab: tu
         points = [h[:2] for h in hops]
         assert ("a", "encap", enc) in [h[:3] for h in hops] and ("b", "decap", dec) in [h[:3] for h in hops], hops
         assert points.index(("a", "encap")) < points.index(("r", "ip_fwd")) < points.index(("b", "decap")), hops
-        assert [h[4] for h in hops if h[0] == "r"] == [outer] * 4, hops  # netif_rx, ip_fwd, dev_queue, xmit
+        notes = [h[4] for h in hops if h[0] == "r"]  # netif_rx, ip_fwd, dev_queue, xmit: one outer packet
+        assert len(notes) == 4 and len(set(notes)) == 1 and re.fullmatch(outer, notes[0]), hops
+        if dev == "tap0":  # the one sequence number of this packet, as a pushed it and b took it off
+            (seq,) = re.findall(r" seq (\d+) ", notes[0])
+            ends = [h[4] for h in hops if h[1] in ("encap", "decap")]
+            assert ends == [f"GRE key 5 seq {seq} csum"] * 2, hops
         assert ("b", "netif_rx", "netif_receive_skb", dev) in [h[:4] for h in hops] and points[-1] == ("b", "ip_local"), hops
         assert requests[0]["end"]["kind"] == "answered", requests[0]["end"]
         wires = [(h["where"], h["note"]) for h in requests[0]["hops"] if h["point"] == "wire"]  # by the inner header

@@ -6,7 +6,8 @@ one :class:`Framing` (or one per header layout) in each kind's module.
 Offsets count from the end of the outer IPv4 header (20 bytes, no options), where the UDP header
 (VXLAN, Geneve), the GRE header or the inner IPv4 header (IP in IP) starts. A framing is *exact*: its
 guards (the outer IP protocol, the UDP port, the tunnel header's first 32 bits) keep a packet whose
-header has another layout (a Geneve header with options, a GRE header with a checksum) out, as the
+header has another layout (a Geneve header with options, a GRE header without the checksum its tunnel
+sends) out, as the
 offsets would be wrong for it. An *encrypted* framing (WireGuard) has its encapsulation only: the
 outer packet cannot be matched by its inner header, nor the packet before it is decrypted.
 """
@@ -45,7 +46,9 @@ class Framing:
     ``word``: the tunnel header's first 32 bits (network order), the same in each of its packets,
     at ``word_at``; ``ident``: what the id at ``ident_at`` is (``vni``: 24 bits then a reserved byte;
     ``key``: 32 bits); ``port_key``: the tunnel option that gives the outer UDP destination port
-    (``port``: its default); ``encrypted``: the outer packet is not matched, and there is no ``decap``."""
+    (``port``: its default); ``seq_at``: where a sequence number is (GRE's, 32 bits; 0: none);
+    ``csum``: the header carries a checksum (GRE's); ``encrypted``: the outer packet is not matched,
+    and there is no ``decap``."""
 
     tag: str
     title: str
@@ -59,4 +62,6 @@ class Framing:
     ident_at: int = 0
     port_key: str = ""
     port: int = 0
+    seq_at: int = 0
+    csum: bool = False
     encrypted: bool = False
