@@ -1,5 +1,5 @@
 """The kernel's own driver tests against emulated NICs (labs/driver-tests.yaml, trimmed to one
-test, stats.py, a model): 6.12's ``drivers/net`` in hardware mode, from the 6.12 guest's own Debian source,
+test, stats.py, a model, and to two of its five models): 6.12's ``drivers/net`` in hardware mode, from the 6.12 guest's own Debian source,
 on an e1000 and then a virtio-net-pci NIC, each with a 6.1 peer that the framework drives over
 SSH. Each model's result is in the summary, the JUnit file and the report, with the framework's
 SKIP reasons; the guest's key for its peer never reaches the bundle."""
@@ -22,6 +22,9 @@ MODELS = ("e1000", "virtio-net-pci")
 def test_drivers_net_in_hardware_mode_on_two_nic_models(cli: Cli, image: object, tmp_path: Path) -> None:
     text = (ROOT / "labs" / "driver-tests.yaml").read_text()
     lab = tmp_path / "driver-tests.yaml"
+    for model, nic in (("e1000e", "eth3"), ("rtl8139", "eth4"), ("vmxnet3", "eth5")):  # measured in docs/kselftest.md
+        text = text.replace(f"      - {{label: {model}, nic: {nic}}}\n", "")
+    assert "{label: e1000e" not in text
     lab.write_text(text.replace("tests: [stats.py, queues.py, ping.py]", "tests: [stats.py]"))
     xml = tmp_path / "results.xml"
     res = cli("run", str(lab), "--out", str(tmp_path / "runs"), "--accel", "tcg", "--json", "--junit", str(xml),
