@@ -23,7 +23,7 @@ from labctl.lab import (  # each kind's record is declared with the kind (labctl
 )
 
 if TYPE_CHECKING:  # labctl.trace is not loaded with the bundle
-    from labctl.trace import GuestFigures
+    from labctl.trace import GuestFigures, StepCost
 
 __all__ = ["BuildRecord", "CaptureRecord", "CommandRecord", "GdbRecord", "NetworkRecord", "NicRecord", "SelftestEntry",
            "SelftestRecord", "Spread", "StepSummary", "Summary", "VariantSpread", "VmcoreRecord"]
@@ -124,7 +124,7 @@ class StepSummary(TypedDict, total=False):
     kselftest: SelftestRecord | None
     kinds: list[str]
     guests: dict[str, GuestFigures]  # guest -> its figures (labctl.trace.analyze.guest_figures)
-    cost: dict[str, Any]  # the whole cost (labctl.report.cost)
+    cost: StepCost  # the whole cost (labctl.trace.hostcost, labctl.report.cost)
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
     drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.droptable)
     follow: dict[str, Any]  # the packets the step followed (labctl.report.journeys)

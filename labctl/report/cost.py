@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from labctl.bundle import (
     HOST_DIR,
@@ -34,7 +34,7 @@ from labctl.bundle import (
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Para, Row, Span, Table, num, txt
 from labctl.report.sections import HeadlineFigure, Metric, ReportSection, StepFiles, expects_transfer
-from labctl.trace import KINDS, guest_cost, nic_bytes, step_cost
+from labctl.trace import KINDS, GuestCost, guest_cost, nic_bytes, step_cost
 
 log = logging.getLogger(__name__)
 COST_FIGURES = ("host_cpu_s_per_gb", "guest_cpu_s_per_gb", "host_cpu_s", "guest_cpu_s")
@@ -247,7 +247,7 @@ class CostSection(ReportSection):
     def summarize(self, step: StepFiles) -> None:
         e = step.entry
         window = e.get("window_s") if isinstance(e.get("window_s"), int | float) else None
-        costs: dict[str, Any] = {}
+        costs: dict[str, GuestCost] = {}
         for g, gdir in step.guest_dirs():
             try:
                 costs[g] = guest_cost(gdir, step.dir / HOST_DIR / g)

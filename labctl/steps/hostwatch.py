@@ -50,7 +50,17 @@ from labctl.proc import Process, interrupt_group, run, spawn_tied
 from labctl.state import LabState
 from labctl.steps.tracers import with_build_ids
 from labctl.steps.variant import Variant
-from labctl.trace import PERF_DATA, PERF_LOG, PERF_SCRIPT, PROFILE_UNAVAILABLE, THREADS_FILE, WINDOW_END, WINDOW_START
+from labctl.trace import (
+    PERF_DATA,
+    PERF_LOG,
+    PERF_SCRIPT,
+    PROFILE_UNAVAILABLE,
+    THREADS_FILE,
+    WINDOW_END,
+    WINDOW_START,
+    TaskStats,
+    ThreadsDoc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +71,7 @@ START_ATTEMPTS = 2
 STOP_WAIT = 60.0  # s for perf to write its file out after SIGINT
 
 
-def read_task_stats(pid: int) -> dict[str, Any] | None:
+def read_task_stats(pid: int) -> TaskStats | None:
     """``/proc/PID/stat`` and every ``/proc/PID/task/TID/stat`` line, raw, with the time read; None when gone."""
     try:
         process = Path(f"/proc/{pid}/stat").read_text()
@@ -202,7 +212,7 @@ class _Watched:
     pid: int
     dir: Path
     vcpus: dict[str, int]
-    start: dict[str, Any] | None
+    start: TaskStats | None
     profiler: _Profiler | None
     note: str | None = None
 
@@ -260,9 +270,9 @@ class HostWatch:
                 self._write(w, ends.get(w.guest))
         return self.seconds
 
-    def _write(self, w: _Watched, end: dict[str, Any] | None = None) -> None:
+    def _write(self, w: _Watched, end: TaskStats | None = None) -> None:
         rec = self.state.guests.get(w.guest)
-        doc = {"guest": w.guest, "pid": w.pid or None, "accel": rec.accel if rec is not None else self.state.accel,
+        doc: ThreadsDoc = {"guest": w.guest, "pid": w.pid or None, "accel": rec.accel if rec is not None else self.state.accel,
                "clock_ticks_per_s": os.sysconf("SC_CLK_TCK"), "window_s": self.seconds,
                "vcpu_threads": w.vcpus, "start": w.start, "end": end, "note": w.note}
         atomic_write(w.dir / THREADS_FILE, json.dumps(doc, indent=1) + "\n")

@@ -36,7 +36,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 THREADS_FILE = "qemu-threads.json"
 PERF_DATA = "perf.data"
@@ -51,6 +51,120 @@ TOP_FUNCTIONS = 15
 
 KINDS = ("guest code (TCG)", "QEMU", "host kernel", "libraries", "unknown")
 ROLES = ("vCPU", "main loop", "other threads")
+
+
+class TaskStats(TypedDict):
+    """One read of a QEMU process (:func:`labctl.steps.hostwatch.read_task_stats`): its
+    ``/proc/PID/stat`` line and each thread's, raw, with the host's monotonic time."""
+
+    monotonic: float
+    process: str
+    threads: dict[str, str]  # tid -> its /proc/PID/task/TID/stat line
+
+
+class ThreadsDoc(TypedDict, total=False):
+    """``qemu-threads.json``, as :mod:`labctl.steps.hostwatch` writes it for each guest and step."""
+
+    guest: str
+    pid: int | None
+    accel: str | None
+    clock_ticks_per_s: int
+    window_s: float | None
+    vcpu_threads: dict[str, int]  # tid -> vCPU index (QMP query-cpus-fast)
+    start: TaskStats | None
+    end: TaskStats | None
+    note: str | None
+
+
+class ThreadCost(TypedDict):
+    """One QEMU thread's CPU over the window."""
+
+    tid: int | str
+    name: str
+    role: str  # one of ROLES
+    vcpu: int | None
+    cpu_s: float
+
+
+class TopFunction(TypedDict):
+    """One of the host profile's hottest named functions."""
+
+    function: str
+    object: str
+    kind: str  # one of KINDS
+    samples: int
+    pct: float
+
+
+class HostProfile(TypedDict):
+    """The host profile of one QEMU (:func:`host_profile`)."""
+
+    samples: int
+    by_role: dict[str, dict[str, int]]  # role -> kind -> samples
+    kinds: dict[str, float]  # kind -> percent of all samples
+    top: list[TopFunction]
+    unnamed_qemu_pct: float | None
+
+
+class QemuThreads(TypedDict, total=False):
+    """Host CPU of one QEMU over the window (:func:`qemu_threads`), then its profile (:func:`guest_cost`)."""
+
+    measured: bool
+    window_s: float | None
+    note: str | None
+    cpu_s: float
+    user_s: float
+    system_s: float
+    by_role: dict[str, float]  # role -> seconds
+    threads: list[ThreadCost]
+    profile: HostProfile
+    profile_note: str
+
+
+class GuestCpu(TypedDict):
+    """The guest's own CPU over the window (:func:`guest_window_cpu`)."""
+
+    cpu_s: float
+    cpus: int
+    busy_pct: float | None
+    by_mode: dict[str, float]  # /proc/stat mode -> seconds
+
+
+class GuestCost(TypedDict):
+    """One guest's cost over its step's window (:func:`guest_cost`)."""
+
+    host: QemuThreads
+    guest: GuestCpu | None
+    notes: list[str]
+
+
+class GuestStepCost(TypedDict):
+    """One guest's entry in a step's cost (:func:`step_cost`): its figures, then its :class:`GuestCost`."""
+
+    host_cpu_s: float | None
+    host_vcpu_s: float | None
+    host_main_s: float | None
+    host_other_s: float | None
+    guest_cpu_s: float | None
+    host_cpu_s_per_gb: float | None
+    guest_cpu_s_per_gb: float | None
+    host: QemuThreads
+    guest: GuestCpu | None
+    notes: list[str]
+
+
+class StepCost(TypedDict):
+    """A step's whole cost (:func:`step_cost`): summary.json's ``cost`` of each step entry."""
+
+    window_s: float | None
+    bytes: int | None
+    bytes_source: str | None
+    guests: dict[str, GuestStepCost]
+    host_measured: bool
+    host_cpu_s: float | None
+    guest_cpu_s: float | None
+    host_cpu_s_per_gb: float | None
+    guest_cpu_s_per_gb: float | None
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -76,18 +190,18 @@ def parse_stat_line(line: str) -> tuple[str, int, int] | None:
         return None
 
 
-def _role(tid: str, pid: int | None, vcpus: Mapping[str, Any], name: str) -> str:
+def _role(tid: str, pid: int | None, vcpus: Mapping[str, int], name: str) -> str:
     if tid in vcpus or re.fullmatch(r"(CPU \d+|ALL CPUs)/(TCG|KVM)", name):
         return "vCPU"
     return "main loop" if pid is not None and tid == str(pid) else "other threads"
 
 
-def _vcpus(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _vcpus(doc: ThreadsDoc) -> dict[str, int]:
     value = doc.get("vcpu_threads")
     return value if isinstance(value, dict) else {}
 
 
-def qemu_threads(doc: Mapping[str, Any]) -> dict[str, Any]:
+def qemu_threads(doc: ThreadsDoc) -> QemuThreads:
     """Host CPU seconds of one QEMU over the window, per role and per thread, from ``qemu-threads.json``.
 
     Keys: ``measured``, ``window_s``, ``cpu_s`` (the whole process), ``user_s``,
@@ -96,7 +210,7 @@ def qemu_threads(doc: Mapping[str, Any]) -> dict[str, Any]:
     ``threads`` (tid, name, role, vcpu index, cpu_s) and ``note``.
     """
     start, end = doc.get("start"), doc.get("end")
-    out: dict[str, Any] = {"measured": False, "window_s": doc.get("window_s"), "note": doc.get("note")}
+    out: QemuThreads = {"measured": False, "window_s": doc.get("window_s"), "note": doc.get("note")}
     if not isinstance(start, dict) or not isinstance(end, dict):
         out["note"] = out["note"] or "the QEMU process was not read at both ends of the window"
         return out
@@ -108,7 +222,7 @@ def qemu_threads(doc: Mapping[str, Any]) -> dict[str, Any]:
     user, system = (p1[1] - p0[1]) / tck, (p1[2] - p0[2]) / tck
     pid = doc.get("pid")
     vcpus = _vcpus(doc)
-    threads: list[dict[str, Any]] = []
+    threads: list[ThreadCost] = []
     by_role = dict.fromkeys(ROLES, 0.0)
     before = {tid: parse_stat_line(line) for tid, line in (start.get("threads") or {}).items()}
     for tid, line in sorted((end.get("threads") or {}).items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
@@ -143,7 +257,7 @@ def parse_proc_stat(text: str) -> dict[str, list[int]]:
 _MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def guest_window_cpu(start_text: str, end_text: str) -> dict[str, Any] | None:
+def guest_window_cpu(start_text: str, end_text: str) -> GuestCpu | None:
     """The guest's CPU seconds over the window from two ``/proc/stat`` reads, or None.
 
     ``cpu_s``: busy time (everything but idle and iowait, guest time being
@@ -214,7 +328,7 @@ def _kind(dso: str) -> str:
     return "unknown"
 
 
-def host_profile(text: str, pid: int | None, vcpus: Mapping[str, Any]) -> dict[str, Any]:
+def host_profile(text: str, pid: int | None, vcpus: Mapping[str, int]) -> HostProfile:
     """Samples of a host ``perf script -F tid,ip,sym,dso``: per thread role and kind of code, and the top functions.
 
     ``by_role``: {role: {kind: samples}}; ``kinds``: {kind: percent of all};
@@ -263,13 +377,13 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def guest_cost(guest_dir: Path, host_dir: Path) -> dict[str, Any]:
+def guest_cost(guest_dir: Path, host_dir: Path) -> GuestCost:
     """One guest's cost over its step's window, from its step directory and the host's record of
     its QEMU: ``host`` (:func:`qemu_threads`, plus ``profile`` or ``profile_note``) and ``guest``
     (:func:`guest_window_cpu`), with ``notes``."""
     notes: list[str] = []
     hdir = host_dir
-    doc: dict[str, Any] = {}
+    doc: ThreadsDoc = {}
     raw = _read(hdir / THREADS_FILE)
     if raw is None:
         notes.append("the host side was not measured (no _host/ record: a bundle of an older labctl?)")
@@ -278,7 +392,7 @@ def guest_cost(guest_dir: Path, host_dir: Path) -> dict[str, Any]:
             doc = json.loads(raw)
         except ValueError:
             notes.append(f"{THREADS_FILE} is not JSON")
-    host: dict[str, Any] = qemu_threads(doc) if doc else {"measured": False}
+    host: QemuThreads = qemu_threads(doc) if doc else {"measured": False}
     if doc and not host.get("measured") and host.get("note"):
         notes.append(f"host: {host['note']}")
     unavailable = _read(hdir / PROFILE_UNAVAILABLE)
@@ -297,8 +411,8 @@ def guest_cost(guest_dir: Path, host_dir: Path) -> dict[str, Any]:
     return {"host": host, "guest": gcpu, "notes": notes}
 
 
-def step_cost(costs: Mapping[str, Mapping[str, Any]], nbytes: int | None, bytes_source: str | None,
-              window_s: float | None) -> dict[str, Any]:
+def step_cost(costs: Mapping[str, GuestCost], nbytes: int | None, bytes_source: str | None,
+              window_s: float | None) -> StepCost:
     """The step's whole cost: every involved guest's host and guest CPU, their sums, and both per GB.
 
     ``costs`` are :func:`guest_cost` results by guest; each guest's entry keeps
@@ -307,16 +421,17 @@ def step_cost(costs: Mapping[str, Mapping[str, Any]], nbytes: int | None, bytes_
     ``host_measured`` is True only when every guest's QEMU was measured (the
     sums are then the whole host cost of the step).
     """
-    guests: dict[str, dict[str, Any]] = {}
+    guests: dict[str, GuestStepCost] = {}
     for g, c in costs.items():
-        host, guest = c.get("host") or {}, c.get("guest") or {}
+        host, guest = c["host"], c["guest"]
         roles = host.get("by_role") or {}
+        guest_s = guest["cpu_s"] if guest else None
         guests[g] = {"host_cpu_s": host.get("cpu_s"), "host_vcpu_s": roles.get("vCPU"),
                      "host_main_s": roles.get("main loop"), "host_other_s": roles.get("other threads"),
-                     "guest_cpu_s": guest.get("cpu_s"),
+                     "guest_cpu_s": guest_s,
                      "host_cpu_s_per_gb": per_gb(host.get("cpu_s"), nbytes),
-                     "guest_cpu_s_per_gb": per_gb(guest.get("cpu_s"), nbytes),
-                     "host": dict(host), "guest": dict(guest) if guest else None, "notes": list(c.get("notes") or [])}
+                     "guest_cpu_s_per_gb": per_gb(guest_s, nbytes),
+                     "host": host, "guest": guest, "notes": list(c["notes"])}
     hosts = [v["host_cpu_s"] for v in guests.values()]
     inside = [v["guest_cpu_s"] for v in guests.values()]
     host_all = all(h is not None for h in hosts) and bool(hosts)

@@ -17,6 +17,7 @@ from labctl.backends.base import GuestRecord
 from labctl.steps.hostwatch import HostWatch
 from labctl.trace.hostcost import (
     THREADS_FILE,
+    GuestCost,
     guest_cost,
     guest_window_cpu,
     host_profile,
@@ -133,7 +134,7 @@ def test_a_guest_on_another_host_or_gone_is_not_measured(tmp_path: Path) -> None
     for g, words in (("r", "another host"), ("g", "cannot read /proc")):
         doc = json.loads((tmp_path / g / THREADS_FILE).read_text())
         t = qemu_threads(doc)
-        assert not t["measured"] and words in t["note"]
+        assert not t["measured"] and words in (t.get("note") or "")
 
 
 def _skip_if_forbidden(why: str) -> None:
@@ -240,9 +241,11 @@ def test_proc_net_dev_and_per_gb() -> None:
 
 
 def test_step_cost_sums_the_guests_only_when_all_were_measured(tmp_path: Path) -> None:
-    full = {"host": {"measured": True, "cpu_s": 3.0, "by_role": {"vCPU": 2.5, "main loop": 0.4, "other threads": 0.1}},
-            "guest": {"cpu_s": 2.0}, "notes": []}
-    half = {"host": {"measured": False}, "guest": {"cpu_s": 1.0}, "notes": ["host: its QEMU runs on another host"]}
+    full: GuestCost = {"host": {"measured": True, "cpu_s": 3.0,
+                                "by_role": {"vCPU": 2.5, "main loop": 0.4, "other threads": 0.1}},
+                       "guest": {"cpu_s": 2.0, "cpus": 1, "busy_pct": 40.0, "by_mode": {}}, "notes": []}
+    half: GuestCost = {"host": {"measured": False}, "guest": {"cpu_s": 1.0, "cpus": 1, "busy_pct": 20.0, "by_mode": {}},
+                       "notes": ["host: its QEMU runs on another host"]}
     both = step_cost({"a": full, "b": full}, 2_000_000_000, "cmd-1.out (iperf3)", 5.0)
     assert both["host_cpu_s"] == 6.0 and both["host_cpu_s_per_gb"] == 3.0 and both["guest_cpu_s_per_gb"] == 2.0
     assert both["host_measured"] and both["guests"]["a"]["host_vcpu_s"] == 2.5
