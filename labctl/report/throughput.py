@@ -136,7 +136,8 @@ class TransferSection(ReportSection):
 
     def summarize(self, step: StepFiles) -> None:
         e = step.entry
-        e["figures"] = {**as_dict(e.get("figures")), **step_figures(as_dict(e.get("guests")), as_dict(e.get("nic")))}
+        e["figures"] = {**as_dict(e.get("figures")), **step_figures(as_dict(e.get("guests")),
+                                                                       as_dict(e.get("nic")).get("guest"))}
 
     def columns(self, steps: Sequence[StepSummary]) -> list[Column]:
         if not any(about(s) for s in steps):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from labctl.trace.netfigures import network_figures
 from labctl.trace.parsers import (
@@ -54,6 +54,9 @@ from labctl.trace.parsers import (
     perf_report_events,
 )
 from labctl.trace.stats import parse_nstat, parse_softnet_stat, softnet_delta
+
+if TYPE_CHECKING:  # tpcounts loads when a step counted tracepoints
+    from labctl.trace.tpcounts import CountSource
 
 TOP_SYMBOLS = 15
 
@@ -201,7 +204,23 @@ def _load_reports(g: _Guest) -> dict[str, PerfReport]:
     return reports
 
 
-def _recording(g: _Guest) -> dict[str, Any] | None:
+class PerfEvents(TypedDict):
+    """What perf recorded in a step: its events, sampling events and tracepoints apart."""
+
+    events: list[str]
+    sampling: list[str]
+    tracepoints: list[str]
+
+
+class TopSymbol(TypedDict):
+    """One of the hottest symbols of a guest's perf report."""
+
+    symbol: str
+    dso: str | None
+    pct: float
+
+
+def _recording(g: _Guest) -> PerfEvents | None:
     """What perf recorded: its events, split into sampling events and tracepoints (None without perf)."""
     text = g.text("perf-report-dso.txt", optional=True) or g.text("perf-report.txt", optional=True)
     if text is None:
@@ -223,10 +242,10 @@ def _samples(g: _Guest, reports: dict[str, PerfReport]) -> tuple[int | None, int
     return (exact if exact is not None else samples), lost
 
 
-def _top_symbols(report: PerfReport | None) -> list[dict[str, Any]]:
+def _top_symbols(report: PerfReport | None) -> list[TopSymbol]:
     """The TOP_SYMBOLS rows with a symbol, highest share first."""
     rows = sorted((r for r in (report.rows if report else ()) if r.symbol), key=lambda r: -r.pct)
-    return [{"symbol": r.symbol, "dso": r.dso, "pct": r.pct} for r in rows[:TOP_SYMBOLS]]
+    return [{"symbol": r.symbol or "", "dso": r.dso, "pct": r.pct} for r in rows[:TOP_SYMBOLS]]
 
 
 def _softnet(g: _Guest) -> dict[str, int] | None:
@@ -316,13 +335,13 @@ class GuestFigures(TypedDict, total=False):
     idle_pct: float | None
     samples: int | None
     lost_samples: int | None
-    top_symbols: list[dict[str, Any]]
+    top_symbols: list[TopSymbol]
     softnet: dict[str, int] | None
     snmp: dict[str, int] | None
     trace_loss: dict[str, int | None]
-    perf_events: dict[str, Any]
+    perf_events: PerfEvents
     skb_latency: dict[str, Any]
-    tracepoints: list[dict[str, Any]]
+    tracepoints: list[CountSource]
     per_cpu: list[dict[str, Any]]
     reassembly: dict[str, int] | None
     udp: dict[str, Any] | None
@@ -388,15 +407,16 @@ def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | 
     return figures
 
 
-def _derived(g: _Guest, window_s: float | None) -> list[dict[str, Any]]:
+def _derived(g: _Guest, window_s: float | None) -> list[CountSource]:
     """Tracepoint counts, where the step recorded tracepoints."""
     from labctl.trace.tpcounts import guest_tracepoints
 
     return guest_tracepoints(g.path, window_s)
 
 
-def step_figures(guests: Mapping[str, GuestFigures], nic: Mapping[str, Any] | None) -> dict[str, Any]:
+def step_figures(guests: Mapping[str, GuestFigures], nic_guest: str | None) -> dict[str, float | None]:
     """A step's headline figures: those of the NIC's guest (else the first guest)."""
-    focus = (nic or {}).get("guest") or next(iter(guests), None)
-    fig = guests.get(focus, {}) if focus else {}
-    return {k: fig.get(k) for k in ("throughput_mbit_s", "cpu_load_pct", "driver_share_pct", "driver_cpu_pct")}
+    focus = nic_guest or next(iter(guests), None)
+    fig: GuestFigures = guests.get(focus, {}) if focus else {}
+    return {"throughput_mbit_s": fig.get("throughput_mbit_s"), "cpu_load_pct": fig.get("cpu_load_pct"),
+            "driver_share_pct": fig.get("driver_share_pct"), "driver_cpu_pct": fig.get("driver_cpu_pct")}

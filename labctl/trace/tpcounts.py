@@ -26,7 +26,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from labctl.trace.parsers import is_tracepoint, parse_perf_stat_csv, parse_trace_cmd_stat
 from labctl.trace.skbevents import parse_line
@@ -39,6 +39,25 @@ MAX_COMMS = 12  # per event, the rest summed as "(other)"
 OTHER = "(other)"
 
 _COUNT_LINE = re.compile(r"^\s*(\d+)\s+(.*?)\s+\[(\d+)\]\s+(\S+?):?\s*$")
+
+
+
+class EventCount(TypedDict):
+    """One event's count over the window: its total and rate, by command and by CPU."""
+
+    total: int
+    rate_per_s: float | None
+    by_comm: dict[str, int]  # the top MAX_COMMS commands, then OTHER
+    by_cpu: dict[str, int]  # CPU number (as text) -> count
+
+
+class CountSource(TypedDict):
+    """One source of tracepoint counts in a guest's step directory (perf record, ftrace, perf stat)."""
+
+    source: str
+    file: str
+    events: dict[str, EventCount]
+    lost: NotRequired[int]  # ftrace's lost events: its counts are lower bounds
 
 
 def parse_perf_event_counts(text: str) -> Counter[tuple[str, str, int]]:
@@ -70,7 +89,7 @@ def _rate(n: int, seconds: float | None) -> float | None:
 
 
 def tabulate(counts: Mapping[tuple[str, str, int], int], seconds: float | None,
-             keep: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+             keep: Iterable[str] | None = None) -> dict[str, EventCount]:
     """{event: {total, rate_per_s, by_comm (top :data:`MAX_COMMS`, then "(other)"), by_cpu}}, events by total.
 
     ``keep`` limits the events (e.g. to tracepoints); ``seconds`` is the
@@ -84,7 +103,7 @@ def tabulate(counts: Mapping[tuple[str, str, int], int], seconds: float | None,
         e = events.setdefault(event, {"comm": Counter(), "cpu": Counter()})
         e["comm"][comm] += n
         e["cpu"][str(cpu)] += n
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, EventCount] = {}
     for event, e in sorted(events.items(), key=lambda kv: (-sum(kv[1]["comm"].values()), kv[0])):
         total = sum(e["comm"].values())
         comms = sorted(e["comm"].items(), key=lambda kv: (-kv[1], kv[0]))
@@ -110,13 +129,13 @@ def ftrace_lost(stat_text: str) -> int:
     return int(stat.get("overrun", 0)) + int(stat.get("dropped_events", 0))
 
 
-def guest_tracepoints(guest_dir: Path, seconds: float | None) -> list[dict[str, Any]]:
+def guest_tracepoints(guest_dir: Path, seconds: float | None) -> list[CountSource]:
     """Every tracepoint count source found in ``guest_dir``: [{"source", "file", "events"}]; [] if none.
 
     perf's counts keep tracepoints only (a recording that mixes ``cpu-clock``
     with tracepoints has its CPU samples in the symbol tables instead).
     """
-    out: list[dict[str, Any]] = []
+    out: list[CountSource] = []
     text = _read(guest_dir / PERF_COUNTS)
     if text is not None:
         counts = parse_perf_event_counts(text)
@@ -127,7 +146,7 @@ def guest_tracepoints(guest_dir: Path, seconds: float | None) -> list[dict[str, 
     if text is not None:
         events = tabulate(ftrace_counts(text), seconds)
         if events:
-            ftrace: dict[str, Any] = {"source": "ftrace", "file": FTRACE_REPORT, "events": events}
+            ftrace: CountSource = {"source": "ftrace", "file": FTRACE_REPORT, "events": events}
             lost = ftrace_lost(_read(guest_dir / FTRACE_STAT) or "")
             if lost:
                 ftrace["lost"] = lost  # its counts are lower bounds
