@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-from labctl.trace.netfigures import network_figures
+from labctl.trace.netfigures import NetworkFigures, network_figures
 from labctl.trace.parsers import (
     PerfReport,
     Throughput,
@@ -321,9 +321,10 @@ def _driver_figures(g: _Guest, modules: list[str], reports: dict[str, PerfReport
     return share, cpu, share_all, idle
 
 
-class GuestFigures(TypedDict, total=False):
+class GuestFigures(NetworkFigures, total=False):
     """One guest's figures of one step (:func:`guest_figures`; summary.json's ``steps[].guests.GUEST``),
-    what the report reads of them; the report's sections add ``flamegraph`` and ``trace_json``."""
+    what the report reads of them (the network ones: :class:`NetworkFigures`); the report's sections
+    add ``flamegraph`` and ``trace_json``."""
 
     throughput_mbit_s: float | None
     throughput_source: str | None
@@ -342,10 +343,6 @@ class GuestFigures(TypedDict, total=False):
     perf_events: PerfEvents
     skb_latency: dict[str, Any]
     tracepoints: list[CountSource]
-    per_cpu: list[dict[str, Any]]
-    reassembly: dict[str, int] | None
-    udp: dict[str, Any] | None
-    nic_counters: dict[str, dict[str, int]]
     warnings: list[str]
     flamegraph: dict[str, Any]  # labctl.report.flames
     trace_json: dict[str, Any]  # labctl.report.guest_parts
@@ -396,7 +393,7 @@ def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | 
     }
     if recording is not None:
         figures["perf_events"] = recording
-    figures.update(network_figures(guest_dir))  # type: ignore[typeddict-item]
+    network_figures(guest_dir, figures)
     skb = _skb_latency(g)
     if skb is not None:
         figures["skb_latency"] = skb

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 REASSEMBLY = ("ReasmReqds", "ReasmOKs", "ReasmFails", "ReasmTimeout", "FragCreates", "FragOKs", "FragFails")
 
@@ -32,11 +32,40 @@ def _json(path: Path) -> Any:
         return None
 
 
+class CpuRow(TypedDict):
+    """Receive work of one CPU over the step: softnet's packets, RPS, NET_RX softirqs, mpstat's %soft."""
+
+    cpu: str
+    processed: int | None
+    received_rps: int | None
+    net_rx: int
+    soft_pct: float | None
+
+
+class UdpLoss(TypedDict):
+    """What an iperf3 UDP test sent and lost."""
+
+    datagrams: int
+    lost: int
+    lost_pct: float
+    file: str
+
+
+class NetworkFigures(TypedDict, total=False):
+    """A guest's network figures of one step (:func:`network_figures`): those measured; the rest
+    of its figures (:class:`labctl.trace.analyze.GuestFigures`) extend them."""
+
+    per_cpu: list[CpuRow]
+    reassembly: dict[str, int] | None
+    udp: UdpLoss | None
+    nic_counters: dict[str, dict[str, int]]
+
+
 def _map(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def per_cpu(delta: Mapping[str, Any], mpstat: Any) -> list[dict[str, Any]]:
+def per_cpu(delta: Mapping[str, Any], mpstat: Any) -> list[CpuRow]:
     """Receive work per CPU (see the module docstring); [] without softnet deltas."""
     softnet = _map(_map(delta.get("softnet_stat")).get("per_cpu"))
     if not softnet:
@@ -44,7 +73,7 @@ def per_cpu(delta: Mapping[str, Any], mpstat: Any) -> list[dict[str, Any]]:
     net_rx = _map(delta.get("softirqs")).get("NET_RX") or {}
     rx_cpus = net_rx.get("cpus") if isinstance(net_rx, Mapping) else None
     soft = _mpstat_soft(mpstat)
-    rows = []
+    rows: list[CpuRow] = []
     for cpu, counters in sorted(softnet.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
         i = int(cpu) if str(cpu).isdigit() else -1
         rows.append({"cpu": str(cpu), "processed": _map(counters).get("processed"),
@@ -76,7 +105,7 @@ def reassembly(delta: Mapping[str, Any], measured: bool) -> dict[str, int] | Non
     return {k: int(ip.get(k, 0)) for k in REASSEMBLY}
 
 
-def udp_loss(guest_dir: Path) -> dict[str, Any] | None:
+def udp_loss(guest_dir: Path) -> UdpLoss | None:
     """Datagrams an iperf3 UDP test sent and lost, from the first cmd-*.out that has them."""
     for out in sorted(guest_dir.glob("cmd-*.out")):
         doc = _json(out)
@@ -94,15 +123,19 @@ def nic_counters(delta: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     return {stem[len("link-"):]: dict(_map(v)) for stem, v in delta.items() if stem.startswith("link-")}
 
 
-def network_figures(guest_dir: Path) -> dict[str, Any]:
-    """``per_cpu``, ``reassembly``, ``udp`` and ``nic_counters`` of one guest and step, those measured."""
+def network_figures(guest_dir: Path, figures: NetworkFigures) -> None:
+    """Add ``per_cpu``, ``reassembly``, ``udp`` and ``nic_counters`` of one guest and step to its
+    ``figures``, those measured."""
     delta = _map(_json(guest_dir / "stats" / "delta.json"))
     measured = "snmp" in delta or (guest_dir / "stats" / "after" / "snmp.txt").is_file()
-    figures = {"per_cpu": per_cpu(delta, _json(guest_dir / "mpstat.json")),
-               "reassembly": reassembly(delta, measured),
-               "udp": udp_loss(guest_dir),
-               "nic_counters": nic_counters(delta)}
-    return {k: v for k, v in figures.items() if v}
+    if rows := per_cpu(delta, _json(guest_dir / "mpstat.json")):
+        figures["per_cpu"] = rows
+    if counts := reassembly(delta, measured):
+        figures["reassembly"] = counts
+    if udp := udp_loss(guest_dir):
+        figures["udp"] = udp
+    if nics := nic_counters(delta):
+        figures["nic_counters"] = nics
 
 
 def capture_figures(bundle: Path, captures: list[Mapping[str, Any]], guests: Mapping[str, Mapping[str, Any]],
