@@ -14,7 +14,11 @@ network. This module:
 * lets the guest run commands on its peer by SSH (:func:`ssh_commands`): a key pair made in the guest
   for it (never on the host, never in a bundle), its public half authorised on the peer, the peer's
   host key read through labctl's own (pinned) connection to the peer and written as the only known
-  host, a ControlMaster so that the framework's many ``ssh`` calls share one connection.
+  host, a ControlMaster so that the framework's many ``ssh`` calls share one connection;
+* keeps the NIC's IPv6 addresses when a test takes its link down (:func:`keep_addresses_command`):
+  ``stats.py``'s ``check_down`` sets the NIC down and up again, and the kernel drops the static IPv6
+  addresses of a link that goes down (``keep_addr_on_down`` 0), so every later test over IPv6 (``ping.py``
+  prefers it) found no route to the guest and waited for a connection until the runner's timeout.
 """
 
 from __future__ import annotations
@@ -144,10 +148,20 @@ def checked_host_key(text: str, peer: str) -> str:
     return " ".join(parts[:2])
 
 
+def keep_addresses_command(e: Endpoints) -> str:
+    """In the guest under test: keep ``netif``'s IPv6 addresses over a down and up (nothing without IPv6).
+
+    Written to ``/proc/sys`` by path: sysctl's dotted names would read a VLAN's ``eth1.100`` as two levels.
+    """
+    if not e.local_v6:
+        return "true"
+    return f"echo 1 > {q(f'/proc/sys/net/ipv6/conf/{e.netif}/keep_addr_on_down')}"
+
+
 def client_command(e: Endpoints, host_key: str, config_path: str) -> str:
     """In the guest under test: the peer's addresses as the only known hosts with its host key, an
-    ssh config for them (the key, batch mode, a ControlMaster), ``net.config`` at ``config_path``, and
-    one ``ssh`` to the peer to prove it works."""
+    ssh config for them (the key, batch mode, a ControlMaster), ``net.config`` at ``config_path``, the
+    NIC's IPv6 addresses kept over a down and up, and one ``ssh`` to the peer to prove it works."""
     known = "".join(f"{a} {host_key}\n" for a in e.remotes)
     hosts = " ".join(e.remotes)
     block = (f"# labctl: the driver tests' peer\nHost {hosts}\n  User root\n  IdentityFile {KEY}\n"
@@ -157,7 +171,7 @@ def client_command(e: Endpoints, host_key: str, config_path: str) -> str:
     strip = f"sed -i '/^# labctl: the driver tests/,/^# labctl: end$/d' {CONFIG}"
     return (f"printf %s {q(known)} > {KNOWN} && chmod 600 {KNOWN} && touch {CONFIG} && chmod 600 {CONFIG} && "
             f"{strip} && printf %s {q(block)} >> {CONFIG} && printf %s {q(e.config())} > {q(config_path)} && "
-            f"ssh {q(e.remotes[0])} true")
+            f"{keep_addresses_command(e)} && ssh {q(e.remotes[0])} true")
 
 
 def config_path(install_root: str, target: str) -> str:

@@ -109,3 +109,17 @@ def test_drivers_net_brings_the_net_library_the_specs_and_ynl(tmp_path: Path) ->
         selftests._copy_plain(tree / rel, root / into)
     got = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert got == ["net/lib.sh", "net/lib/py/ksft.py", "net/lib/specs/ethtool.yaml", "net/lib/ynl/lib/ynl.py"]
+
+
+def test_the_nic_under_test_keeps_its_ipv6_addresses_over_a_down_and_up() -> None:
+    # stats.py's check_down sets the NIC down and up: without keep_addr_on_down the kernel drops its
+    # static IPv6 addresses and ping.py's TCP test (over IPv6) waits for a connection until the timeout
+    lab = load_lab_text(LAB, "lab.yaml")
+    both = drivertests.endpoints(lab, "dut", "eth1", "peer")
+    cmd = drivertests.client_command(both, KEY.rsplit(" ", 1)[0], "/tmp/k/drivers/net/net.config")
+    keep = "echo 1 > /proc/sys/net/ipv6/conf/eth1/keep_addr_on_down"
+    assert keep in cmd and cmd.index(keep) < cmd.index("ssh 10.71.0.2 true")
+    vlan = drivertests.Endpoints("eth1.100", "peer", local_v6="fd71::1", remote_v6="fd71::2")
+    assert drivertests.keep_addresses_command(vlan) == "echo 1 > /proc/sys/net/ipv6/conf/eth1.100/keep_addr_on_down"
+    v4 = drivertests.Endpoints("eth2", "peer", "10.72.0.1", "10.72.0.2")
+    assert "keep_addr_on_down" not in drivertests.client_command(v4, KEY.rsplit(" ", 1)[0], "/tmp/net.config")
