@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from labctl.errors import GuestError
+from labctl.muxclient import command_line as command_line  # noqa: PLC0414 - labctl.ssh's and exec's name
 
 if TYPE_CHECKING:
     from labctl.lab import SshHop
@@ -74,12 +75,6 @@ def hop_forward_argv(hop: SshHop, local_socket: str, remote_socket: str) -> list
     (made 0600 by ssh) to ``remote_socket`` on the libvirt host ``hop``, until killed."""
     return [*_hop_login(hop), "-N", "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
             "-L", f"{local_socket}:{remote_socket}", "--", hop.host]
-
-
-def command_line(argv: Sequence[str]) -> str:
-    """A remote command from argv: one argument is taken as a shell command
-    line as the user typed it; several are quoted word by word."""
-    return argv[0] if len(argv) == 1 else shlex.join(argv)
 
 
 @dataclass(frozen=True)

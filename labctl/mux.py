@@ -33,28 +33,23 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, BinaryIO, Self
+from typing import IO, TYPE_CHECKING, BinaryIO, Self
 
 from labctl.endpoint import Endpoint, Result, config_quote
 from labctl.errors import GuestError, LabctlError
-from labctl.muxclient import open_session
-from labctl.proc import DEVNULL, PIPE, Process, TimeoutExpired, pid_alive, run, start_child
+from labctl.muxclient import SOCKET_PREFIX, Started, control_path, start_on_master
+
+if TYPE_CHECKING:
+    from labctl.proc import Process
+
+# labctl.proc (and the logging and subprocess it brings, 6 ms of every command) is imported where a
+# process is started: exec and cp over a live master start none (labctl.muxclient speaks to it).
 
 PERSIST = 600  # seconds an idle master stays
 ALIVE_INTERVAL, ALIVE_COUNT = 15, 8  # a guest silent for 2 minutes loses its master (and its sessions)
 CONNECT_TIMEOUT = 10  # seconds for a new connection's TCP connect (the banner and login: ALIVE_*)
-SOCKET_PREFIX = "mux-"
-# sun_path is 108 bytes; ssh binds a temporary name (the path and ".XXXXXXXXXXXXXXXX") first.
-MAX_SOCKET_PATH = 107 - 17
 READ_TIMEOUT = 30.0  # one read from (or write to) a guest's stream, as labctl.ssh's
 SSH_FAILED = 255  # ssh's own failure, or the remote command's 255: the log says which
-
-
-def control_path(guest_dir: Path, port: int) -> Path | None:
-    """The master's socket for the guest whose directory is ``guest_dir`` on SSH port ``port``; None
-    when the path is too long for a unix socket (then no kept connection)."""
-    path = guest_dir / f"{SOCKET_PREFIX}{port}"
-    return path if len(os.fsencode(path)) <= MAX_SOCKET_PATH else None
 
 
 def ssh_argv(ep: Endpoint, control: Path | None, log: Path | None, command: str | None,
@@ -82,6 +77,8 @@ def _control_argv(control: Path, op: str) -> list[str]:
 
 def master_pid(control: Path, timeout: float = 5.0) -> int | None:
     """The pid of the master listening at ``control`` (None: none answers)."""
+    from labctl.proc import run
+
     try:
         res = run(_control_argv(control, "check"), timeout, check=False)
     except (OSError, LabctlError):
@@ -104,6 +101,8 @@ def _gone(pid: int, control: Path) -> bool:
     not systemd). An exiting process's title reads empty while it still exists, so "no longer
     names the socket" is not yet "gone" (``down`` returning while the master lingered was seen);
     a title naming something else is a reused pid."""
+    from labctl.proc import pid_alive
+
     if not pid_alive(pid):
         return True
     try:
@@ -116,6 +115,8 @@ def _gone(pid: int, control: Path) -> bool:
 def close(guest_dir: Path, timeout: float = 5.0) -> None:
     """Close every kept connection to the guest whose directory is ``guest_dir`` and remove its
     sockets: asked to exit (``ssh -O exit``), killed when it does not within ``timeout``. Never raises."""
+    from labctl.proc import run
+
     try:
         sockets = [p for p in guest_dir.iterdir() if p.name.startswith(SOCKET_PREFIX)]
     except OSError:
@@ -188,6 +189,8 @@ def _failure(ep: Endpoint, said: str) -> GuestError:
 
 def _stop(proc: Process[bytes]) -> None:
     """End an ssh client (the master, if any, stays for the next call)."""
+    from labctl.proc import TimeoutExpired
+
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -233,6 +236,8 @@ class MuxSession:
             status = self._call_on_master(command, timeout, abort)
             if status is not None:
                 return status
+        from labctl.proc import PIPE, TimeoutExpired, start_child
+
         with _ssh_log(self.guest_dir) as log:
             proc = start_child(self.argv(command, log), stdout=PIPE, stderr=PIPE)
             assert proc.stdout is not None and proc.stderr is not None
@@ -261,20 +266,13 @@ class MuxSession:
         """:meth:`call` over the master that answers at the socket, spoken to directly
         (:mod:`labctl.muxclient`: no ``ssh`` started); None when none answers (then ssh makes one)."""
         assert self.control is not None
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            session = open_session(self.control, command, 0, out_w, err_w)
-        except BaseException:
-            for fd in (out_r, out_w, err_r, err_w):
-                os.close(fd)
-            raise
-        os.close(out_w)
-        os.close(err_w)
-        if session is None:
-            os.close(out_r)
-            os.close(err_r)
-            return None
+        started = start_on_master(self.control, command)
+        return None if started is None else self.relay(started, timeout, abort)
+
+    def relay(self, started: Started, timeout: float, abort: Callable[[], str | None] | None) -> int:
+        """The output of a command :func:`start_on_master` started on this guest's master, copied to this
+        process's own, until it ends; its exit status (see :meth:`call`)."""
+        session, out_r, err_r = started
         relay = _Relay({out_r: 1, err_r: 2})
         watch = _Watch(self, timeout, abort)
         try:
@@ -297,6 +295,8 @@ class MuxSession:
 
         :raise GuestError: when ssh fails or ``timeout`` passes.
         """
+        from labctl.proc import run
+
         t0 = time.monotonic()
         with _ssh_log(self.guest_dir) as log:
             try:
@@ -315,6 +315,8 @@ class MuxSession:
 
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status.
         """
+        from labctl.proc import DEVNULL, PIPE, start_child
+
         with _ssh_log(self.guest_dir) as log, _scratch() as err:
             proc = start_child(self.argv(command, log), stdin=DEVNULL, stdout=PIPE, stderr=err)
             assert proc.stdout is not None
@@ -334,6 +336,8 @@ class MuxSession:
 
         :raise GuestError: on a timeout, a lost connection or a non-zero exit status (with its stderr).
         """
+        from labctl.proc import DEVNULL, PIPE, start_child
+
         with _ssh_log(self.guest_dir) as log, _scratch() as err:
             proc = start_child(self.argv(command, log), stdin=PIPE, stdout=DEVNULL, stderr=err)
             assert proc.stdin is not None
@@ -351,6 +355,8 @@ class MuxSession:
                 _stop(proc)
 
     def _check(self, proc: Process[bytes], deadline: float, log: Path, err: IO[bytes]) -> None:
+        from labctl.proc import TimeoutExpired
+
         try:
             status = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except TimeoutExpired as exc:

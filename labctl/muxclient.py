@@ -20,8 +20,11 @@ from __future__ import annotations
 import _socket  # socket.py's own import costs 15 ms (its enums): as much again as the rest of exec's
 import contextlib
 import os
+import shlex
 import struct
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from labctl.errors import GuestError
 
@@ -36,6 +39,22 @@ VERSION = 4
 NO_ESCAPE = 0xFFFFFFFF
 MAX_PACKET = 256 * 1024  # a master's packets are small; a bigger length is not a master speaking
 HELLO_TIMEOUT = 5.0  # seconds for the master to greet and open the session
+SOCKET_PREFIX = "mux-"
+# sun_path is 108 bytes; ssh binds a temporary name (the path and ".XXXXXXXXXXXXXXXX") first.
+MAX_SOCKET_PATH = 107 - 17
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """A remote command from argv: one argument is taken as a shell command
+    line as the user typed it; several are quoted word by word."""
+    return argv[0] if len(argv) == 1 else shlex.join(argv)
+
+
+def control_path(guest_dir: Path, port: int) -> Path | None:
+    """The master's socket for the guest whose directory is ``guest_dir`` on SSH port ``port``; None
+    when the path is too long for a unix socket (then no kept connection)."""
+    path = guest_dir / f"{SOCKET_PREFIX}{port}"
+    return path if len(os.fsencode(path)) <= MAX_SOCKET_PATH else None
 
 
 def _string(data: bytes) -> bytes:
@@ -173,3 +192,35 @@ def open_session(control: Path, command: str, stdin: int, stdout: int, stderr: i
     except BaseException:
         sock.close()
         raise
+
+
+class Started(NamedTuple):
+    """A command started on a master: its session and the read ends of its output and error pipes."""
+
+    session: Session
+    stdout: int
+    stderr: int
+
+
+def start_on_master(control: Path, command: str) -> Started | None:
+    """``command`` started on the master at ``control`` with this process's standard input and two new
+    pipes for its output and error (the master writes into them; their read ends are the caller's to
+    close); None when no master answers there.
+
+    :raise GuestError: when the master refuses the session.
+    """
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        session = open_session(control, command, 0, out_w, err_w)
+    except BaseException:
+        for fd in (out_r, out_w, err_r, err_w):
+            os.close(fd)
+        raise
+    os.close(out_w)
+    os.close(err_w)
+    if session is None:
+        os.close(out_r)
+        os.close(err_r)
+        return None
+    return Started(session, out_r, err_r)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
 
 EXAMPLES: dict[str, str] = {
     "validate": "labctl validate labs/quickstart.yaml",

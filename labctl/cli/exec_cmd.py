@@ -5,18 +5,30 @@ it is the user's own command's output, not text labctl prints (which is
 escaped, see :mod:`labctl.textsafe`). It goes over the guest's kept connection
 (OpenSSH's ControlMaster, :mod:`labctl.mux`), and imports neither paramiko nor the
 backends (tests/unit/test_cli_budget.py): a command of the quick loop.
+
+When the guest's kept connection is up, ``labctl exec LAB GUEST [--timeout S] [--] CMD`` sends the
+command before the rest of labctl is loaded (:func:`started`, which :mod:`.main` asks first, before
+its parser): the lab's run directory checked, its ``state.json`` read, the command handed to the
+guest's master. What watches the command (the lab's state, a crash on the console, the timeout) and
+copies its output loads while the guest runs it. Any other shape of the command line, or no master
+answering, goes the usual way.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from labctl.crashcheck import console_crashed
-from labctl.endpoint import command_line
-from labctl.errors import UsageError
-from labctl.mux import MuxSession
-from labctl.state import LabState
+from labctl.errors import LabctlError, UsageError
+from labctl.muxclient import Started, command_line, control_path, start_on_master
+from labctl.state import STATE, run_dir  # labctl.state.rundir alone (the face loads names when used)
+
+if TYPE_CHECKING:
+    import argparse
+
+    from labctl.state import LabState
 
 USAGE = "labctl exec LAB GUEST [--timeout S] [--] COMMAND [ARG...]"
 DEFAULT_TIMEOUT = 3600.0
@@ -32,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help=f"seconds before the command is given up on (default {DEFAULT_TIMEOUT:.0f})")
     # LAB GUEST and the command as typed: argparse would drop a '--' that follows GUEST
     # (so that `exec L G -- --timeout 5` lost its meaning); split_exec reads them instead.
-    e.add_argument("words", nargs=argparse.REMAINDER, metavar="LAB GUEST [--timeout S] [--] COMMAND [ARG...]")
+    e.add_argument("words", nargs="...", metavar="LAB GUEST [--timeout S] [--] COMMAND [ARG...]")
     e.set_defaults(func=cmd_exec)
 
 
@@ -77,12 +89,46 @@ def split_exec(words: list[str], timeout: float) -> tuple[str, str, float, list[
 
 
 
-def cmd_exec(args: argparse.Namespace) -> int:
-    lab, guest, timeout, cmd = split_exec(args.words, args.timeout)
-    state = LabState.load(lab)
-    ep = state.endpoint(guest)
-    rec = state.guests[guest]
-    console = Path(rec.console)
+def started(argv: Sequence[str]) -> Callable[[], int] | None:
+    """``labctl exec LAB GUEST ...`` (``argv``: the words after ``labctl``) started on the guest's
+    kept connection, and what finishes it (copies its output, returns its status); None when the
+    words are not that (exec's options before LAB, a mistake), the lab or guest is not up, or no
+    master answers: then the parser and :func:`cmd_exec` take it, and say what is wrong.
+
+    Trusts what :class:`labctl.state.LabState` does: the run directory checked (this user's, nobody
+    else's to write), the guest's directory and port from its ``state.json``.
+    """
+    if len(argv) < 4 or argv[0] != "exec" or argv[1].startswith("-"):
+        return None
+    try:
+        lab, guest, timeout, cmd = split_exec(list(argv[1:]), DEFAULT_TIMEOUT)
+        rec = json.loads((run_dir(lab) / STATE).read_text())["guests"][guest]
+        control = control_path(Path(rec["dir"]), int(rec["ssh_port"]))
+        begun = start_on_master(control, command_line(cmd)) if control is not None else None
+    except (LabctlError, OSError, ValueError, KeyError, TypeError):
+        return None
+    if begun is None:
+        return None
+    return lambda: _finish(lab, guest, timeout, begun)
+
+
+def _finish(lab: str, guest: str, timeout: float, begun: Started) -> int:
+    from labctl.mux import MuxSession
+    from labctl.state import LabState
+
+    try:
+        state = LabState.load(lab)
+        session = MuxSession(state.endpoint(guest), Path(state.guests[guest].dir))
+    except BaseException:
+        begun.session.close()  # the master ends the command's channel, as when an ssh client dies
+        raise
+    return session.relay(begun, timeout, _crash_watch(state, lab, guest))
+
+
+def _crash_watch(state: LabState, lab: str, guest: str) -> Callable[[], str | None]:
+    from labctl.crashcheck import console_crashed
+
+    console = Path(state.guests[guest].console)
 
     def crashed() -> str | None:
         # A kernel that panics pauses its QEMU (the vmcore's -action panic=pause): the SSH session
@@ -92,5 +138,17 @@ def cmd_exec(args: argparse.Namespace) -> int:
         return (f"guest {guest} crashed (its console shows the crash): 'labctl status {lab}' says so, "
                 f"'labctl dump {lab} {guest}' keeps its memory, 'labctl reset {lab} {guest}' brings it back")
 
+    return crashed
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from labctl.mux import MuxSession
+    from labctl.state import LabState
+
+    lab, guest, timeout, cmd = split_exec(args.words, args.timeout)
+    state = LabState.load(lab)
+    ep = state.endpoint(guest)
+    rec = state.guests[guest]
     # The command's own input and output, byte for byte, like ssh: the user asked for it (not escaped).
-    return MuxSession(ep, Path(rec.dir)).call(command_line(cmd), timeout=timeout, abort=crashed)
+    return MuxSession(ep, Path(rec.dir)).call(command_line(cmd), timeout=timeout,
+                                              abort=_crash_watch(state, lab, guest))

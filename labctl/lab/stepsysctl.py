@@ -15,7 +15,6 @@ Names and values are checked as a guest's own ``sysctls`` are (:func:`labctl.lab
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypedDict
@@ -69,7 +68,7 @@ def parse_sysctls(c: Checker, m: YamlMap, path: str, guests: Mapping[str, GuestS
         gpath, before = f"{where}.{guest}", len(c.problems)
         found = parse_guest_sysctls(c, one, gpath)
         # its problems read at the step's path (GUEST.NAME), not at a guest's own (GUEST.sysctls.NAME)
-        c.problems[before:] = [dataclasses.replace(p, path=p.path.replace(f"{gpath}.sysctls", gpath, 1))
+        c.problems[before:] = [p._replace(path=p.path.replace(f"{gpath}.sysctls", gpath, 1))
                                for p in c.problems[before:]]
         ok = ok and len(c.problems) == before
         out.append((guest, tuple(s for s, _ in found)))

@@ -225,7 +225,7 @@ def git_lab(checkout: Checkout) -> Lab:
     try:
         lab = load_lab(checkout.file, remote=label, remote_root=checkout.root)
     except LabFileError as exc:
-        raise LabFileError([dataclasses.replace(p, file=label) if p.file == str(checkout.file) else p
+        raise LabFileError([p._replace(file=label) if p.file == str(checkout.file) else p
                             for p in exc.problems]) from None
     check_foreign(lab, label, checkout.root)
     return dataclasses.replace(lab, source=label)

@@ -1,5 +1,6 @@
 """A lab's state on disk, shared by every stage that acts on a lab that is up:
-its run directory, lock and recorded guests (:mod:`.runstate`), what is in
+where its run directory is (:mod:`.rundir`, a leaf that ``exec`` reads before anything else), its
+lock and recorded guests (:mod:`.runstate`), what is in
 force on its links, impairments, links down and live captures' records
 (:mod:`.netstate`), and each guest's live status (:mod:`.gueststatus`: the one
 place that asks a backend, imported when asked). Leaves only at import:
@@ -19,16 +20,15 @@ if TYPE_CHECKING:
     from labctl.state.gueststatus import GuestStatus, guest_statuses
     from labctl.state.netstate import CAPTURES, Capture
     from labctl.state.netstate import active as active_captures
+    from labctl.state.rundir import STATE, check_lab_name, run_dir
     from labctl.state.runstate import (
         STARTING,
         UP,
         LabState,
         SwitchRecord,
-        check_lab_name,
         lab_lock,
         recorded_snapshots,
         remove_run_dir,
-        run_dir,
         up_labs,
     )
 else:  # each name loaded at its first use (labctl.lazyface)
@@ -40,6 +40,7 @@ else:  # each name loaded at its first use (labctl.lazyface)
 __all__ = [
     "CAPTURES",
     "STARTING",
+    "STATE",
     "UP",
     "Capture",
     "GuestStatus",

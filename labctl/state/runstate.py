@@ -28,45 +28,17 @@ from typing import TYPE_CHECKING, Any
 # Leaves only: status and exec read a lab's state without the backends, the kernels, the lab-file
 # package or paramiko (tests/unit/test_cli_budget.py).
 from labctl.endpoint import Endpoint
-from labctl.errors import LabctlError, LabStateError, UsageError
+from labctl.errors import LabctlError, LabStateError
 from labctl.guestrecord import GuestRecord
-from labctl.names import LAB_IDENT, LAB_IDENT_RULE
-from labctl.paths import atomic_write, checked_dir, ensure_private_dir, remove_tree, state_dir
+from labctl.names import LAB_IDENT
+from labctl.paths import atomic_write, checked_dir, ensure_private_dir, remove_tree
+from labctl.state.rundir import STATE, check_lab_name, labs_root, run_dir
 
 if TYPE_CHECKING:
     from labctl.kernel import Kernel
 
-STATE = "state.json"
 STARTING = "starting"
 UP = "up"
-
-
-def labs_root() -> Path:
-    """``<state dir>/labs``, once it (as far as it exists) is safe to trust.
-
-    :raise UnsafePath: when it, or a directory above it, is another user's or writable by others.
-    """
-    root = state_dir() / "labs"
-    checked_dir(root, missing_ok=True)
-    return root
-
-
-def check_lab_name(lab: str) -> str:
-    """``lab`` when it is a valid lab name (the lab file rule): it names a directory under the labs root.
-
-    :raise UsageError: for anything else (``/tmp``, ``..``, ``.``, ``a/b``...), exit status 2.
-    """
-    if not isinstance(lab, str) or not LAB_IDENT.fullmatch(lab):
-        raise UsageError(f"invalid lab name {lab!r} ({LAB_IDENT_RULE})", hint="see 'labctl status' for the labs that are up")
-    return lab
-
-
-def run_dir(lab: str) -> Path:
-    """The run directory of lab ``lab`` (the name is checked first).
-
-    :raise UsageError: for an invalid lab name.
-    """
-    return labs_root() / check_lab_name(lab)
 
 
 _HELD: dict[str, int] = {}  # labs whose lock this process holds, and how deep

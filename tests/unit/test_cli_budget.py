@@ -44,7 +44,7 @@ def test_exec_loads_neither_paramiko_nor_the_backends_nor_rich(tmp_path: Path) -
     """``exec`` runs OpenSSH over the guest's kept connection (labctl.mux): no paramiko, no backend,
     no lab-file package, no rich (its output is the guest command's own)."""
     mods = imported(["exec", "--help"], tmp_path)
-    assert "labctl.cli.exec_cmd" in mods and "labctl.mux" in mods
+    assert "labctl.cli.exec_cmd" in mods and "labctl.muxclient" in mods  # labctl.mux: when a command runs
     assert heavy(mods, (*HEAVY, "labctl.lab", "labctl.up", "labctl.live", "labctl.debug", "labctl.ssh",
                         "labctl.kernel", "labctl.image", "labctl.steps")) == []
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from labctl.cli import exec_cmd
+from labctl import mux
 from labctl.cli import main as cli_main
 from labctl.cli.exec_cmd import DEFAULT_TIMEOUT, split_exec
 from labctl.errors import UsageError
+from labctl.state import runstate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,8 +56,9 @@ def sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Sent:
             record.abort = abort
             return 0
 
-    monkeypatch.setattr(exec_cmd.LabState, "load", staticmethod(State))
-    monkeypatch.setattr(exec_cmd, "MuxSession", MuxSession)
+    # exec_cmd imports them when it runs (its command line is read before them: exec_cmd.started)
+    monkeypatch.setattr(runstate.LabState, "load", staticmethod(State))
+    monkeypatch.setattr(mux, "MuxSession", MuxSession)
     return record
 
 

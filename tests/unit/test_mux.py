@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl import mux
+from labctl import mux, muxclient
 from labctl.endpoint import Endpoint
 from labctl.errors import GuestError
 
@@ -53,7 +53,7 @@ def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_the_socket_is_in_the_guests_directory_named_by_its_port(tmp_path: Path) -> None:
     assert mux.control_path(tmp_path, 2222) == tmp_path / "mux-2222"
-    deep = tmp_path / ("d" * (mux.MAX_SOCKET_PATH - len(str(tmp_path))))
+    deep = tmp_path / ("d" * (muxclient.MAX_SOCKET_PATH - len(str(tmp_path))))
     assert mux.control_path(deep, 2222) is None  # too long for a unix socket: no kept connection
 
 
