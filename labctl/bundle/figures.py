@@ -67,7 +67,7 @@ def run_steps(summary: Mapping[str, Any]) -> list[StepSummary]:
     return [as_step(s) for s in as_list(summary.get("steps")) if isinstance(s, dict)]
 
 
-def step_guests(step: StepSummary | Mapping[str, Any]) -> list[tuple[str, GuestFigures]]:
+def step_guests(step: StepSummary) -> list[tuple[str, GuestFigures]]:
     """A step's guests with their measurements, in summary order."""
     return [(str(name), cast("GuestFigures", g)) for name, g in as_dict(step.get("guests")).items()
             if isinstance(g, dict)]
@@ -78,13 +78,13 @@ def is_failed(status: object) -> bool:
     return status not in (None, "ok", "skipped")
 
 
-def nic_model(step: Mapping[str, Any]) -> str | None:
+def nic_model(step: StepSummary) -> str | None:
     """The step's variant, else its NIC model: what a comparison calls it."""
     variant = step.get("variant") or as_dict(step.get("nic")).get("model")
     return str(variant) if variant else None
 
 
-def variant_text(step: Mapping[str, Any]) -> str:
+def variant_text(step: StepSummary) -> str:
     """Variant and NIC model for the results table."""
     variant, model = step.get("variant"), as_dict(step.get("nic")).get("model")
     if variant and model and variant != model:
@@ -92,7 +92,7 @@ def variant_text(step: Mapping[str, Any]) -> str:
     return str(variant or model or "–")
 
 
-def primary_guest(step: Mapping[str, Any]) -> tuple[str, GuestFigures] | None:
+def primary_guest(step: StepSummary) -> tuple[str, GuestFigures] | None:
     """The guest the step's figures are about: the NIC's guest, else the first one."""
     guests = step_guests(step)
     nic_guest = as_dict(step.get("nic")).get("guest")
@@ -102,7 +102,7 @@ def primary_guest(step: Mapping[str, Any]) -> tuple[str, GuestFigures] | None:
     return guests[0] if guests else None
 
 
-def figure(step: Mapping[str, Any], key: str) -> Any:
+def figure(step: StepSummary, key: str) -> Any:
     """A step figure from ``figures``, else from its primary guest; None if not measured."""
     figures = as_dict(step.get("figures"))
     if key in figures:
@@ -111,13 +111,13 @@ def figure(step: Mapping[str, Any], key: str) -> Any:
     return primary[1].get(key) if primary else None
 
 
-def full_label(step: Mapping[str, Any]) -> str:
+def full_label(step: StepSummary) -> str:
     """``name / variant`` (or just the name)."""
     model, name = nic_model(step), str(step.get("name") or "?")
     return f"{name} / {model}" if model else name
 
 
-def step_labels(steps: Sequence[Mapping[str, Any]]) -> list[str]:
+def step_labels(steps: Sequence[StepSummary]) -> list[str]:
     """Short unique labels, one per step: the variant alone when all steps share a name."""
     one_name = len({s.get("name") for s in steps}) == 1
     labels: list[str] = []
@@ -161,6 +161,6 @@ def spread(values: Sequence[float]) -> Spread:
     return {"n": n, "mean": round(mean, 4), "min": min(values), "max": max(values), "sd": round(sd, 4)}
 
 
-def repeat_key(step: Mapping[str, Any]) -> tuple[str, str | None]:
+def repeat_key(step: StepSummary) -> tuple[str, str | None]:
     """What repeated runs of one variant share: (step name, variant)."""
     return str(step.get("name") or "?"), (str(step["variant"]) if step.get("variant") else None)

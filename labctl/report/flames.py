@@ -93,7 +93,7 @@ def _variant_graph(run: Run, step: StepSummary, guest: str, fg: Mapping[str, Any
                    href, script=True)
 
 
-def _diff_graph(run: Run, step: StepSummary, base: Mapping[str, Any], guest: str,
+def _diff_graph(run: Run, step: StepSummary, base: StepSummary, guest: str,
                 before: dict[Stack, int], after: dict[Stack, int], n: int) -> Graphic:
     a, b = nic_model(base) or "first", nic_model(step) or "second"
     title = f"Differential flame graph: {b} against {a}"
@@ -116,7 +116,7 @@ def flame_blocks(run: Run) -> list[Block]:
         "Every sample of the guest's perf recording with its call stack, the widest frames the most sampled. "
         "Colours: kernel core orange, each kernel module its own hue, user space green, the process sand."),
         "muted")]
-    first: dict[tuple[str, str], tuple[Mapping[str, Any], dict[Stack, int]]] = {}
+    first: dict[tuple[str, str], tuple[StepSummary, dict[Stack, int]]] = {}
     n = 0
     for step, guest, fg, gdir in graphs:
         try:
