@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from labctl.inspect import VmcoreRecord  # declared where a crash is captured
 from labctl.lab import (  # each kind's record is declared with the kind (labctl.lab.stepkinds)
     BuildRecord,
     CaptureRecord,
@@ -72,28 +73,6 @@ class Spread(TypedDict):
     min: float
     max: float
     sd: float
-
-
-class VmcoreRecord(TypedDict, total=False):
-    """A guest's crash during the run (:mod:`labctl.inspect.crashwatch`): its vmcore and drgn's summary
-    of it, paths relative to the bundle; ``error`` says why either is missing."""
-
-    guest: str
-    cause: str  # panic, oops
-    when: str  # what ran: up, step NAME (VARIANT), check NAME
-    title: str  # the oops's title
-    seen_at: str
-    file: str | None  # guests/<guest>/vmcore: kdump, 0600
-    summary_file: str | None  # guests/<guest>/vmcore.json: labctl.inspect.digest's summary
-    error: str | None
-    format: str
-    size: int
-    release: str
-    build_id: str
-    dump_s: float
-    paused_s: float
-    summary_s: float
-    ready_after_s: float  # from the crash seen on the console to the summary written
 
 
 class VariantSpread(TypedDict):

@@ -19,7 +19,7 @@ from typing import Any
 
 from labctl import __version__
 from labctl.bundle.layout import CONSOLE, LAB_FILE, MANIFEST, OOPS_JSON, OOPS_TXT, guest_dir
-from labctl.bundle.records import VmcoreRecord
+from labctl.bundle.records import CommandRecord, VmcoreRecord
 from labctl.errors import UsageError
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.kernel import Kernel
@@ -63,8 +63,8 @@ def host_info() -> dict[str, Any]:
 
 
 def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finished: str,
-                   commands: Sequence[Mapping[str, Any]], status: str, reason: str | None,
-                   vmcores: Sequence[Mapping[str, Any]] = ()) -> None:
+                   commands: Sequence[CommandRecord], status: str, reason: str | None,
+                   vmcores: Sequence[VmcoreRecord] = ()) -> None:
     """manifest.json: what ran, on what, how it ended, and the guests' vmcores it holds
     (:func:`vmcores_note`); all of it from what the run recorded (the state, the commands), nothing
     asked of a guest or its QEMU here."""
@@ -104,17 +104,18 @@ def write_manifest(bundle: Path, lab: Lab, state: LabState, started: str, finish
     atomic_write(bundle / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n", 0o600)
 
 
-def vmcore_record(bundle: Path, rec: Mapping[str, Any]) -> VmcoreRecord:
+def vmcore_record(bundle: Path, rec: VmcoreRecord) -> VmcoreRecord:
     """A crash's record (:func:`labctl.inspect.capture_crash`) as summary.json keeps it: its files'
     paths relative to the bundle."""
-    out = dict(rec)
-    for key in ("file", "summary_file"):
-        if out.get(key):
-            out[key] = Path(out[key]).relative_to(bundle).as_posix()
-    return out  # type: ignore[return-value]
+    out = rec.copy()
+    if file := rec.get("file"):
+        out["file"] = Path(file).relative_to(bundle).as_posix()
+    if summary := rec.get("summary_file"):
+        out["summary_file"] = Path(summary).relative_to(bundle).as_posix()
+    return out
 
 
-def vmcores_note(vmcores: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def vmcores_note(vmcores: Sequence[VmcoreRecord]) -> dict[str, Any]:
     """What the manifest says of the guests' vmcores in the bundle (nothing when there is none)."""
     files = [str(v["file"]) for v in vmcores if v.get("file")]
     if not files:
@@ -174,7 +175,7 @@ def lab_section(lab: Lab) -> dict[str, Any]:
 
 
 def write_crash_manifest(bundle: Path, lab: Mapping[str, Any], started: str, finished: str, reason: str,
-                         kernels: Mapping[str, Kernel], vmcores: Sequence[Mapping[str, Any]] = (),
+                         kernels: Mapping[str, Kernel], vmcores: Sequence[VmcoreRecord] = (),
                          lab_text: str | None = None) -> None:
     """manifest.json of a bundle made for guests' crashes outside a run's steps (while the lab came
     up, during ``labctl check``): the lab (:func:`lab_section`), its kernels, why it failed, and the

@@ -27,7 +27,7 @@ Imports never: labctl.cli, labctl.steps, labctl.bundle, labctl.report, labctl.up
 from __future__ import annotations
 
 from labctl.inspect.attach import KernelView, open_core, open_live
-from labctl.inspect.crashwatch import CrashWatch, capture_crash
+from labctl.inspect.crashwatch import CrashWatch, VmcoreRecord, capture_crash
 from labctl.inspect.drgn_session import Outcome, Pause, interactive, paused, run_code, run_script
 from labctl.inspect.dump import FORMATS, Vmcore, take_guest_vmcore, take_vmcore
 from labctl.inspect.evaluate import ExprError, evaluate, left_side
@@ -41,6 +41,7 @@ __all__ = [
     "Outcome",
     "Pause",
     "Vmcore",
+    "VmcoreRecord",
     "capture_crash",
     "evaluate",
     "format_summary",

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from labctl.backends import LabState
 from labctl.debug import CRASH_MARKERS, oops_titles
@@ -61,9 +61,32 @@ def core_names(n: int) -> tuple[str, str]:
     return base, f"{base}.json"
 
 
+class VmcoreRecord(TypedDict, total=False):
+    """A guest's crash during the run (:func:`capture_crash`): its vmcore and drgn's summary of it
+    (the paths where they were written; the bundle's record has them relative to the bundle,
+    :func:`labctl.bundle.write.vmcore_record`); ``error`` says why either is missing."""
+
+    guest: str
+    cause: str  # panic, oops
+    when: str  # what ran: up, step NAME (VARIANT), check NAME
+    title: str  # the oops's title
+    seen_at: str
+    file: str | None  # guests/<guest>/vmcore: kdump, 0600
+    summary_file: str | None  # guests/<guest>/vmcore.json: labctl.inspect.digest's summary
+    error: str | None
+    format: str
+    size: int
+    release: str
+    build_id: str
+    dump_s: float
+    paused_s: float
+    summary_s: float
+    ready_after_s: float  # from the crash seen on the console to the summary written
+
+
 def capture_crash(state: LabState, guest: str, where: Path, n: int = 1, *, when: str, cause: str | None = None,
                   nics: Sequence[str] | None = None, title: str | None = None, seen: float | None = None
-                  ) -> dict[str, Any]:
+                  ) -> VmcoreRecord:
     """The guest's ``n``-th vmcore and drgn's summary of it, written into ``where`` (made when missing);
     its record (``error`` says what failed: a vmcore without a summary is still a vmcore).
 
@@ -79,17 +102,17 @@ def capture_crash(state: LabState, guest: str, where: Path, n: int = 1, *, when:
             if Path(state.guests[guest].console).is_file() else []
         title = titles[-1] if titles else ""
     core_name, summary_name = core_names(n)
-    rec: dict[str, Any] = {"guest": guest, "cause": cause, "when": when, "title": title, "seen_at": _now(),
+    rec: VmcoreRecord = {"guest": guest, "cause": cause, "when": when, "title": title, "seen_at": _now(),
                            "file": str(where / core_name), "summary_file": None, "error": None}
     try:
         target = guest_target(state, guest)
         where.mkdir(parents=True, exist_ok=True)
         core = take_vmcore(target, where / core_name)
     except LabctlError as exc:
-        rec.update(file=None, error=f"no vmcore: {exc.message}")
+        rec["file"], rec["error"] = None, f"no vmcore: {exc.message}"
         return rec
-    rec.update(format=core.format, size=core.size, release=core.release, build_id=core.build_id,
-               dump_s=round(core.seconds, 3), paused_s=round(core.paused_seconds, 3))
+    rec["format"], rec["size"], rec["release"], rec["build_id"] = core.format, core.size, core.release, core.build_id
+    rec["dump_s"], rec["paused_s"] = round(core.seconds, 3), round(core.paused_seconds, 3)
     t1 = time.monotonic()
     try:
         digest = vmcore_summary(where / core_name, nics)
@@ -98,7 +121,7 @@ def capture_crash(state: LabState, guest: str, where: Path, n: int = 1, *, when:
         rec["summary_file"] = str(where / summary_name)
     except LabctlError as exc:
         rec["error"] = f"no summary: {exc.message}"
-    rec.update(summary_s=round(time.monotonic() - t1, 3), ready_after_s=round(time.monotonic() - t0, 3))
+    rec["summary_s"], rec["ready_after_s"] = round(time.monotonic() - t1, 3), round(time.monotonic() - t0, 3)
     return rec
 
 
@@ -128,10 +151,10 @@ class CrashWatch:
     state: LabState
     where: Callable[[str], Path]
     nics: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    on_taken: Callable[[dict[str, Any]], None] | None = None
+    on_taken: Callable[[VmcoreRecord], None] | None = None
     stop_panicked: bool = True
     when: str = ""
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[VmcoreRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._consoles = {g: _Console(Path(rec.console), _size(Path(rec.console)))
@@ -144,7 +167,7 @@ class CrashWatch:
         self._thread.start()
         return self
 
-    def stop(self) -> list[dict[str, Any]]:
+    def stop(self) -> list[VmcoreRecord]:
         """One last look (a crash seen now is still captured), then the watch ends; every record."""
         self._stop.set()
         if self._thread.is_alive():
@@ -209,6 +232,7 @@ class CrashWatch:
         seen = con.marker_at
         titles = oops_titles(con.text.decode(errors="replace"))
         title = titles[-1] if titles else ""
+        rec: VmcoreRecord
         if cause == "gone":
             con.done = True
             rec = {"guest": guest, "cause": "panic", "when": self.when, "title": title, "seen_at": _now(),

@@ -173,7 +173,7 @@ class Runner:
         self.crashes.settle()
         for rec in self.crashes.records[seen:]:
             what = "panicked" if rec.get("cause") == "panic" else "oopsed"
-            core = f"vmcore {Path(rec['file']).relative_to(self.dir).as_posix()}" if rec.get("file") else rec.get("error")
+            core = f"vmcore {Path(file).relative_to(self.dir).as_posix()}" if (file := rec.get("file")) else rec.get("error")
             res.warnings.append(f"guest {rec['guest']} {what}: {rec.get('title') or 'see its console'}; {core}")
 
     def _phases(self, v: Variant) -> None:
