@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -84,13 +85,18 @@ def offsets_of(state: LabState, guest: str) -> dict[str, int]:
     :raise TraceError: when its kernel has no debug info. :raise LabStateError: no record of its kernel.
     """
     kernel = state.kernel(guest)
-    cache = paths.cache_dir() / "struct-offsets" / kernel.key
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
+    cache = _offsets_cache(kernel)
     out = struct_offsets(kernel, pr.OFFSET_FIELDS, pr.OFFSETS_FILE, cache)
     return {**out, **_optional_offsets(kernel, cache)}
+
+
+def _offsets_cache(kernel: Kernel) -> Path:
+    """Where what was read of ``kernel``'s debug info is kept (made when it can be: a read-only
+    cache only costs the reads again)."""
+    cache = paths.cache_dir() / "struct-offsets" / kernel.key
+    with contextlib.suppress(OSError):
+        cache.mkdir(parents=True, exist_ok=True)
+    return cache
 
 
 def _optional_offsets(kernel: Kernel, cache: Path) -> dict[str, int]:
@@ -114,12 +120,7 @@ def drop_reasons_of(state: LabState, guest: str) -> list[str]:
     :raise TraceError: when its kernel has no debug info. :raise LabStateError: no record of its kernel.
     """
     kernel = state.kernel(guest)
-    cache = paths.cache_dir() / "struct-offsets" / kernel.key
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
-    return enum_names(kernel, "enum skb_drop_reason", "SKB_DROP_REASON_", pr.REASONS_FILE, cache)
+    return enum_names(kernel, "enum skb_drop_reason", "SKB_DROP_REASON_", pr.REASONS_FILE, _offsets_cache(kernel))
 
 
 def _drop_reasons(state: LabState, guest: str) -> list[str]:

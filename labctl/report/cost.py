@@ -261,11 +261,7 @@ class CostSection(ReportSection):
         return cost_blocks(run)
 
     def metrics(self, step: StepSummary) -> dict[str, Metric]:
-        out: dict[str, Metric] = {}
-        for key, label, unit, better in self.headline:
-            value = usable(figure(step, key))
-            if value is not None:
-                out[key] = (value, label, unit, better)
+        out = super().metrics(step)
         for guest, c in as_dict(as_dict(step.get("cost")).get("guests")).items():
             for key, label in (("host_cpu_s_per_gb", "host CPU per GB (its QEMU)"),
                                ("guest_cpu_s_per_gb", "guest CPU per GB")):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from labctl.bundle import Run, StepSummary, as_dict, as_list
+from labctl.bundle import Run, StepSummary, as_dict, as_list, figure, usable
 from labctl.report.document import Block, Inline
 
 Metric = tuple[float, str, str, int]
@@ -108,5 +108,11 @@ class ReportSection:
         return []
 
     def metrics(self, step: StepSummary) -> dict[str, Metric]:
-        """Its figures of one step entry worth comparing, flat: key -> metric (unmeasured ones left out)."""
-        return {}
+        """Its figures of one step entry worth comparing, flat: key -> metric (unmeasured ones left out);
+        by default its ``headline`` figures that the step measured."""
+        out: dict[str, Metric] = {}
+        for key, label, unit, better in self.headline:
+            value = usable(figure(step, key))
+            if value is not None:
+                out[key] = (value, label, unit, better)
+        return out

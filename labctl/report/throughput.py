@@ -30,7 +30,7 @@ from labctl.bundle import (
 from labctl.report.charts import bar_chart_svg
 from labctl.report.cost import cost_sentence
 from labctl.report.document import Block, Heading, Row, Table, num, txt
-from labctl.report.sections import Column, HeadlineFigure, Metric, ReportSection, StepFiles, expects_transfer
+from labctl.report.sections import Column, HeadlineFigure, ReportSection, StepFiles, expects_transfer
 from labctl.trace import GuestFigures, step_figures
 
 # (summary key, chart title, unit, results-table header)
@@ -168,10 +168,3 @@ class TransferSection(ReportSection):
             return []
         return [Heading(4, "Guests"), guests_table(guests)]
 
-    def metrics(self, step: StepSummary) -> dict[str, Metric]:
-        out: dict[str, Metric] = {}
-        for key, label, unit, better in self.headline:
-            value = usable(figure(step, key))
-            if value is not None:
-                out[key] = (value, label, unit, better)
-        return out
