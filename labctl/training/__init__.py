@@ -12,25 +12,35 @@ Imports never: labctl.pipeline, labctl.steps, labctl.bundle, labctl.report, labc
 
 from __future__ import annotations
 
-from labctl.training import checkpoints
-from labctl.training.classroom import (
-    DOWN,
-    UP,
-    ClassRecord,
-    check_student,
-    class_names,
-    classes_root,
-    find_class,
-    for_students,
-    is_up,
-    read_roster,
-    refuse_up_instances,
-    student_status,
-)
-from labctl.training.handout import README, check_alias_prefix, check_handout_dirs, ssh_config
-from labctl.training.placement import place
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from labctl.training import checkpoints
+    from labctl.training.classroom import (
+        DOWN,
+        UP,
+        ClassRecord,
+        check_student,
+        class_names,
+        classes_root,
+        find_class,
+        for_students,
+        is_up,
+        read_roster,
+        refuse_up_instances,
+        student_status,
+    )
+    from labctl.training.handout import README, check_alias_prefix, check_handout_dirs, ssh_config
+    from labctl.training.placement import place
+    from labctl.training.roomup import Arrival, RoomEvents, bring_up
+else:  # each name loaded at its first use (labctl.lazyface): reset and checkpoint load no paramiko
+    from labctl.lazyface import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__, globals())
+
+# Loaded now: the function has its module's name, and a lazy name loses to the submodule that
+# importing labctl.training.reset sets on the package (reset found the module, not the function).
 from labctl.training.reset import reset
-from labctl.training.roomup import Arrival, RoomEvents, bring_up
 
 __all__ = [
     "DOWN",

@@ -29,10 +29,10 @@ from pathlib import Path
 import labctl.training.sshport as sshport  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import mux
 from labctl.backends import POSTBOOT, Backend, GuestRecord, get_backend
+from labctl.endpoint import Endpoint
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image import Image
 from labctl.lab import Firewall
-from labctl.ssh import Endpoint, Session
 from labctl.state import LabState, lab_lock
 from labctl.up import agent, mounts, nftload, snapshots, tunsetup, warm, xdpload
 
@@ -234,6 +234,8 @@ def wait_ssh(ep: Endpoint, timeout: float, set_clock: bool = False) -> None:
 
     :raise GuestError: when it does not answer within ``timeout``, or its clock cannot be set.
     """
+    from labctl.ssh import Session  # paramiko: a reset from the snapshot waits for sshd's banner only
+
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -25,12 +25,20 @@ Imports never: labctl.training, labctl.pipeline, labctl.steps, labctl.bundle, la
 
 from __future__ import annotations
 
-from labctl.up import agent, mounts, nftload, snapshots, taps, tunsetup, warm, xdpload
-from labctl.up.capacity import QEMU_OVERHEAD_MIB, Estimate, check_capacity
-from labctl.up.lifecycle import UpOptions, dry_run, up
-from labctl.up.status import guest_statuses
-from labctl.up.teardown import down
-from labctl.up.warm import shared_templates
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from labctl.up import agent, mounts, nftload, snapshots, taps, tunsetup, warm, xdpload
+    from labctl.up.capacity import QEMU_OVERHEAD_MIB, Estimate, check_capacity
+    from labctl.up.lifecycle import UpOptions, dry_run, up
+    from labctl.up.status import guest_statuses
+    from labctl.up.teardown import down
+    from labctl.up.warm import shared_templates
+else:  # each name loaded at its first use (labctl.lazyface): reset and checkpoint load no paramiko
+    from labctl.lazyface import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__, globals())
+
 
 __all__ = [
     "QEMU_OVERHEAD_MIB",

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from labctl.endpoint import Endpoint
 from labctl.errors import GuestError, HostError
 from labctl.lab import Share, export_link, tag
 from labctl.paths import checked_dir
-from labctl.ssh import Endpoint, Session
 
 MOUNT_TIMEOUT = 60.0
 MSIZE = 512 * 1024  # bytes per 9p message: 8 KiB (the default) makes large reads slow
@@ -87,6 +87,8 @@ def umount_script(shares: Sequence[Share]) -> str:
 
 
 def _run(endpoint: Endpoint, guest: str, script: str, what: str) -> None:
+    from labctl.ssh import Session  # paramiko: when a lab has shares to mount (reset loads none otherwise)
+
     with Session(endpoint) as s:
         res = s.run(script, timeout=MOUNT_TIMEOUT)
     if res.status != 0:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import base64
 import re
 
+from labctl.endpoint import Endpoint
 from labctl.errors import GuestError, LabFileError, Problem
 from labctl.lab import Firewall, ScriptLine
-from labctl.ssh import Endpoint, Session
 
 DIR = "/run/labctl-fw"
 MAIN, FILE = f"{DIR}/main.nft", f"{DIR}/lab-file.nft"
@@ -64,6 +64,8 @@ def load(ep: Endpoint, fw: Firewall | None, source: str, timeout: float = TIMEOU
     if fw is None:
         return
     cmd, lines = command(fw)
+    from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
+
     with Session(ep) as s:
         res = s.run(cmd, timeout=timeout)
     if res.status == 0:

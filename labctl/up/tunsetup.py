@@ -30,9 +30,9 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from labctl.endpoint import Endpoint
 from labctl.errors import GuestError, LabFileError, Problem
 from labctl.lab import KINDS, Address, Guest, Tunnel, Vrf, guest_interfaces
-from labctl.ssh import Endpoint, Session
 
 TIMEOUT = 120.0
 KEY_DIR = "wireguard"
@@ -123,6 +123,8 @@ def configure(ep: Endpoint, guest: GuestNet, source: str, timeout: float = TIMEO
     items = steps(guest)
     if not items:
         return
+    from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
+
     with Session(ep) as s:
         res = s.run(command(items), timeout=timeout)
     if res.status == 0:
@@ -203,6 +205,8 @@ def hand_keys(run_dir: Path, lab: Nets, guest: str, ep: Endpoint, timeout: float
     jobs = key_jobs(run_dir, lab, guest)
     if not jobs:
         return
+    from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
+
     with Session(ep) as s:
         for cmd, key in jobs:
             with s.feed(cmd, timeout) as w:

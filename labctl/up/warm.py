@@ -35,10 +35,10 @@ from typing import Any
 import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import GUEST_MEMORY, get_backend, load_state, qmp_execute
+from labctl.endpoint import Endpoint
 from labctl.errors import GuestError, LabctlError, SnapshotBroken
 from labctl.image import AGENT_BUILTINS
 from labctl.paths import atomic_write
-from labctl.ssh import Endpoint, Session
 from labctl.state import LabState, recorded_snapshots
 from labctl.up.keys import known_hosts_line, new_keypair
 from labctl.up.snapshots import Snapshot
@@ -61,6 +61,8 @@ def run_setup(ep: Endpoint, commands: tuple[str, ...], timeout: float = 300.0,
     """
     if not commands:
         return
+    from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
+
     with Session(ep) as s:
         for i, command in enumerate(commands):
             res = s.run(command, timeout=timeout, abort=abort)
@@ -184,6 +186,8 @@ def start_standby(boot_ep: Endpoint, timeout: float = 30.0) -> str | None:
     (over SSH, the throwaway keys pinned); None, or why there is none (a warning: each restore
     then has sshd re-execute itself to read its key, slower)."""
     try:
+        from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
+
         with Session(boot_ep, timeout=timeout) as s:
             res = s.run(_STANDBY_SCRIPT, timeout=timeout)
     except GuestError as exc:
@@ -300,6 +304,8 @@ def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = F
     _, kind, blob, pem = keys.split(" ")
     host_key = " ".join(shlex.quote(x) for x in
                         ["-----BEGIN OPENSSH PRIVATE KEY-----", *pem.split(","), "-----END OPENSSH PRIVATE KEY-----"])
+    from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
+
     with Session(boot_ep, timeout=timeout) as s:
         script = _KEYS_SCRIPT.replace("@LINE@", shlex.quote(kind + " " + blob)).replace("@KEY@", host_key)
         res = s.run(" && ".join([_BUILTINS, *([_set_clock()] if clock else []), script]), timeout=timeout)
@@ -311,6 +317,8 @@ def _keys_over_ssh(boot_ep: Endpoint, keys: str, timeout: float, clock: bool = F
 def set_clock_over_ssh(ep: Endpoint, timeout: float = 30.0) -> None:
     """The guest's wall clock set to the host's over SSH (a libvirt guest just saved and restored:
     libvirt gives it back the clock it was saved with). :raise GuestError: when that fails."""
+    from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
+
     with Session(ep, timeout=timeout) as s:
         res = s.run(clock_command(), timeout=timeout)
     if res.status != 0:

@@ -15,9 +15,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from labctl.endpoint import Endpoint
 from labctl.errors import GuestError, LabFileError, Problem
 from labctl.lab import Nic, Tc, Xdp, nic_tc, nic_xdp
-from labctl.ssh import Endpoint, Session
 
 DIR = "/run/labctl-xdp"
 TIMEOUT = 120.0
@@ -74,6 +74,8 @@ def attach(ep: Endpoint, nics: Sequence[Nic] | Sequence[Mapping[str, Any]], sour
             todo += [(str(n.get("name")), p) for p in (nic_xdp(dict(n)), nic_tc(dict(n))) if p is not None]
     if not todo:
         return
+    from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
+
     with Session(ep) as s:
         for name, x in todo:
             res = s.run(command(name, x) if isinstance(x, Xdp) else tc_command(name, x), timeout=timeout)

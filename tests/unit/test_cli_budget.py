@@ -134,3 +134,13 @@ def test_status_of_a_lab_that_is_up_loads_no_backend_checker_or_kernel_module(ar
                         "labctl.backends.base", "labctl.lab.checker", "labctl.lab.validate", "labctl.lab.tunnels",
                         "labctl.lab.firewall", "labctl.kernel.requirements", "labctl.kernel.prepare",
                         "labctl.pipeline", "labctl.up", "labctl.live")) == []
+
+
+@pytest.mark.parametrize("args", [["reset", "--help"], ["checkpoint", "--help"]])
+def test_reset_and_checkpoint_load_no_paramiko(args: list[str], tmp_path: Path) -> None:
+    """A guest restored from its snapshot is waited for by sshd's banner (the agent installed its
+    keys): paramiko loads only where a guest is logged in to (shares to mount, a libvirt guest's
+    clock), not with the commands' modules (the up and training faces load names when used)."""
+    mods = imported(args, tmp_path)
+    assert "labctl.cli.restore_cmds" in mods
+    assert heavy(mods, ("paramiko", "labctl.ssh", "labctl.up.lifecycle", "labctl.pipeline")) == []

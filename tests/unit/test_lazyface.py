@@ -40,13 +40,18 @@ def test_a_star_import_is_refused() -> None:
 
 def test_every_lazy_face_hands_on_the_objects_its_modules_define() -> None:
     """Each name of each lazy face, looked up through the face, is its module's own object, and a
-    name the face does not list is an AttributeError (never a module of the same name by chance)."""
+    name the face does not list is an AttributeError (never a module of the same name by chance).
+    No lazy name is also a submodule's: importing that submodule sets it on the package, and the
+    name would then be the module (``labctl.training``'s ``reset`` was, for a while)."""
     code = (
-        "import importlib, labctl.lazyface as lf, pathlib\n"
-        "for face in ('labctl.lab', 'labctl.backends', 'labctl.kernel'):\n"
+        "import importlib, labctl.lazyface as lf, pathlib, pkgutil\n"
+        "for face in ('labctl.lab', 'labctl.backends', 'labctl.kernel', 'labctl.state', 'labctl.up', 'labctl.training'):\n"
         "    pkg = importlib.import_module(face)\n"
         "    names = lf.lazy_names(pathlib.Path(pkg.__file__).read_text(), face)\n"
         "    assert names, face\n"
+        "    subs = {m.name for m in pkgutil.iter_modules(pkg.__path__)}\n"
+        "    clash = sorted(n for n, (mod, attr) in names.items() if mod != face and n in subs)\n"
+        "    assert not clash, (face, clash)\n"
         "    assert set(names) <= set(pkg.__all__), (face, set(names) - set(pkg.__all__))\n"
         "    for name, (mod, attr) in names.items():\n"
         "        want = importlib.import_module(mod + '.' + attr) if mod == face else getattr(importlib.import_module(mod), attr)\n"

@@ -14,6 +14,7 @@ from typing import ClassVar, Self
 
 import pytest
 
+from labctl import ssh
 from labctl.errors import GuestError, LabFileError
 from labctl.lab import Firewall, load_lab
 from labctl.ssh import Endpoint, Result
@@ -80,7 +81,7 @@ class _Session:
 def session(monkeypatch: pytest.MonkeyPatch) -> type[_Session]:
     _Session.commands = []
     _Session.answer = Result(0, b"", b"", 0.1)
-    monkeypatch.setattr(nftload, "Session", _Session)
+    monkeypatch.setattr(ssh, "Session", _Session)  # nftload imports it when it loads a firewall
     return _Session
 
 
