@@ -259,8 +259,7 @@ def _softnet(g: _Guest) -> dict[str, int] | None:
     if not rows_before or not rows_after:
         g.warnings.append("stats/*/softnet_stat.txt: no softnet rows found")
         return None
-    total: dict[str, int] = softnet_delta(rows_before, rows_after)["total"]
-    return total
+    return softnet_delta(rows_before, rows_after)["total"]
 
 
 def _snmp(g: _Guest) -> dict[str, int] | None:

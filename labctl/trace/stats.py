@@ -21,7 +21,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 SNAPSHOTS: dict[str, str] = {
     # -a: absolute values (ignore nstat's history file), -s: leave the
@@ -227,7 +227,29 @@ def parse_ethtool_info(text: str) -> dict[str, str]:
     return out
 
 
-def parse_interrupts(text: str) -> dict[str, dict[str, Any]]:
+class IrqCounts(TypedDict):
+    """One ``/proc/interrupts`` row (or its delta): a count per CPU, their total, the row's name."""
+
+    cpus: list[int]
+    total: int
+    name: str
+
+
+class SoftirqDelta(TypedDict):
+    """One softirq's change over a step: per CPU and in all."""
+
+    cpus: list[int]
+    total: int
+
+
+class SoftnetDelta(TypedDict):
+    """``/proc/net/softnet_stat``'s change over a step (:func:`softnet_delta`)."""
+
+    per_cpu: dict[str, dict[str, int]]  # CPU -> every SOFTNET_COUNTERS counter's change
+    total: dict[str, int]  # SOFTNET_SUMMED, summed over the CPUs
+
+
+def parse_interrupts(text: str) -> dict[str, IrqCounts]:
     """``/proc/interrupts`` as ``{"11": {"cpus": [n0, n1], "total": n, "name": "IO-APIC 11-fasteoi eth1"}}``.
 
     The first line names the CPUs; each row has one count per CPU (rows
@@ -239,7 +261,7 @@ def parse_interrupts(text: str) -> dict[str, dict[str, Any]]:
     ncpu = len([f for f in lines[0].split() if f.startswith("CPU")]) if lines else 0
     if ncpu == 0:
         return {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, IrqCounts] = {}
     for line in lines[1:]:
         irq, sep, rest = line.partition(":")
         if not sep or not irq.strip():
@@ -280,9 +302,9 @@ def _delta_nested(before: dict[str, dict[str, int]], after: dict[str, dict[str, 
     return {t: d for t, d in out.items() if d}
 
 
-def _delta_interrupts(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _delta_interrupts(before: dict[str, IrqCounts], after: dict[str, IrqCounts]) -> dict[str, IrqCounts]:
     """Per IRQ: per-CPU and total deltas, name; only IRQs whose total changed."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, IrqCounts] = {}
     for irq, row in after.items():
         old = before.get(irq)
         if old is None or old["total"] == row["total"]:
@@ -292,9 +314,9 @@ def _delta_interrupts(before: dict[str, dict[str, Any]], after: dict[str, dict[s
     return out
 
 
-def _delta_softirqs(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+def _delta_softirqs(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, SoftirqDelta]:
     """Per softirq: per-CPU and total deltas; only softirqs that changed."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, SoftirqDelta] = {}
     for name, counts in after.items():
         cpus = [a - b for a, b in zip(counts, before.get(name, []))]
         if name in before and any(cpus):
@@ -302,7 +324,7 @@ def _delta_softirqs(before: dict[str, list[int]], after: dict[str, list[int]]) -
     return out
 
 
-def softnet_delta(before: list[dict[str, int]], after: list[dict[str, int]]) -> dict[str, Any]:
+def softnet_delta(before: list[dict[str, int]], after: list[dict[str, int]]) -> SoftnetDelta:
     """Per-CPU deltas of the softnet counters and sums of :data:`SOFTNET_SUMMED`.
 
     Returns ``{"per_cpu": {"0": {"processed": 5, ...}, ...}, "total":
