@@ -56,6 +56,7 @@ from labctl.trace.parsers import (
 from labctl.trace.stats import parse_nstat, parse_softnet_stat, softnet_delta
 
 if TYPE_CHECKING:  # tpcounts loads when a step counted tracepoints
+    from labctl.trace.skblatency import SkbLatency
     from labctl.trace.tpcounts import CountSource
 
 TOP_SYMBOLS = 15
@@ -286,7 +287,7 @@ def _trace_loss(g: _Guest, lost_samples: int | None) -> dict[str, int | None]:
     return {"perf_lost": lost_samples, "ftrace_overruns": overruns, "kprobe_misses": misses}
 
 
-def _skb_latency(g: _Guest) -> dict[str, Any] | None:
+def _skb_latency(g: _Guest) -> SkbLatency | None:
     """Per-packet stage latency (labctl.trace.skblatency) when the step traced it; writes its CSV files."""
     from labctl.trace.skblatency import REPORT, analyze_dir
 
@@ -340,7 +341,7 @@ class GuestFigures(NetworkFigures, total=False):
     snmp: dict[str, int] | None
     trace_loss: dict[str, int | None]
     perf_events: PerfEvents
-    skb_latency: dict[str, Any]
+    skb_latency: SkbLatency
     tracepoints: list[CountSource]
     warnings: list[str]
     flamegraph: dict[str, Any]  # labctl.report.flames

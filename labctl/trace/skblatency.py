@@ -29,7 +29,7 @@ import itertools
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from labctl.trace.skbevents import TraceLog, parse_report
 from labctl.trace.skbpath import (
@@ -59,7 +59,78 @@ def _us(ns: int) -> float:
     return round(ns / 1000, 3)
 
 
-def describe(values_ns: list[int]) -> dict[str, Any]:
+class Latency(TypedDict):
+    """How many, and their percentiles, max and mean in microseconds (None when there are none)."""
+
+    count: int
+    p50_us: float | None
+    p90_us: float | None
+    p99_us: float | None
+    max_us: float | None
+    mean_us: float | None
+
+
+class Bin(TypedDict):
+    """One bin of a latency histogram (``to_us`` None: the last, open one)."""
+
+    from_us: float
+    to_us: float | None
+    count: int
+
+
+class GroupFigures(TypedDict):
+    """The data segments of one group of packets (a direction, a NIC, a process) and their latency."""
+
+    data_segments: int
+    followed: int
+    followed_pct: float | None
+    not_followed: dict[str, int]  # reason -> packets
+    stages: dict[str, Latency]
+    end_to_end: Latency
+
+
+class DirectionFigures(GroupFigures, total=False):
+    """One direction's figures (:func:`summarize`'s ``rx`` and ``tx``)."""
+
+    packets: int
+    fragments: int
+    not_data: int
+    unknown_kind: int
+    histograms: dict[str, list[Bin]]
+    by_nic: dict[str, GroupFigures]
+    by_process: dict[str, GroupFigures]
+    gro_merged: int  # rx
+    coalesced: int  # rx
+    retransmits: int  # tx
+    gso_skbs: int  # tx
+    segmented_in_software: int  # tx
+
+
+class Lost(TypedDict):
+    """What the trace lost or could not place."""
+
+    dropped_events: int
+    drop_markers: int
+    drop_count_unknown: bool
+    packets_in_flight_at_drops: int
+    kprobe_misses: dict[str, int]
+    unparsed_lines: int
+    events_without_packet: dict[str, int]
+    gro_merges_unattributed: int
+
+
+class SkbLatency(TypedDict):
+    """One guest's per-packet stage latency (:func:`summarize`; its figures' ``skb_latency``)."""
+
+    rx: DirectionFigures
+    tx: DirectionFigures
+    stage_titles: dict[str, str]
+    lost: Lost
+    events: int
+    files: NotRequired[list[str]]  # the derived files analyze_dir wrote beside the trace
+
+
+def describe(values_ns: list[int]) -> Latency:
     """count, p50/p90/p99/max/mean in microseconds (None when empty)."""
     if not values_ns:
         return {"count": 0, "p50_us": None, "p90_us": None, "p99_us": None, "max_us": None, "mean_us": None}
@@ -68,7 +139,7 @@ def describe(values_ns: list[int]) -> dict[str, Any]:
             "p99_us": _us(percentile(v, 99)), "max_us": _us(v[-1]), "mean_us": _us(round(sum(v) / len(v)))}
 
 
-def histogram(values_ns: list[int]) -> list[dict[str, Any]]:
+def histogram(values_ns: list[int]) -> list[Bin]:
     """Counts per microsecond bin (edges in :data:`HIST_BINS_US`, the last bin open)."""
     edges = list(HIST_BINS_US)
     counts = [0] * len(edges)
@@ -78,7 +149,7 @@ def histogram(values_ns: list[int]) -> list[dict[str, Any]]:
         while i > 0 and us < edges[i]:
             i -= 1
         counts[i] += 1
-    out = []
+    out: list[Bin] = []
     for i, c in enumerate(counts):
         hi = edges[i + 1] if i + 1 < len(edges) else None
         out.append({"from_us": edges[i], "to_us": hi, "count": c})
@@ -120,7 +191,7 @@ def end_to_end(p: Packet) -> int:
     return p.point(pts[-1]) - p.point(pts[0])  # type: ignore[operator]
 
 
-def _group_figures(packets: list[Packet], direction: str) -> dict[str, Any]:
+def _group_figures(packets: list[Packet], direction: str) -> GroupFigures:
     stages = RX_STAGES if direction == "rx" else TX_STAGES
     data = [p for p in packets if p.is_data() and not _fragment(p)]
     followed = [p for p in data if why_not_followed(p) is None]
@@ -131,7 +202,7 @@ def _group_figures(packets: list[Packet], direction: str) -> dict[str, Any]:
         "data_segments": len(data),
         "followed": len(followed),
         "followed_pct": round(100 * len(followed) / len(data), 1) if data else None,
-        "not_followed": dict(reasons.most_common()),
+        "not_followed": {str(why): n for why, n in reasons.most_common()},
         "stages": per_stage,
         "end_to_end": describe([end_to_end(p) for p in followed]),
     }
@@ -144,9 +215,9 @@ def _fragment(p: Packet) -> bool:
     return p.point(first) is None or p.truncated
 
 
-def _direction(packets: list[Packet], direction: str) -> dict[str, Any]:
+def _direction(packets: list[Packet], direction: str) -> DirectionFigures:
     lab = [p for p in packets if p.dev != MGMT_NIC]
-    out = _group_figures(lab, direction)
+    out = cast("DirectionFigures", _group_figures(lab, direction))  # its keys, then a direction's own
     out["packets"] = len(lab)
     out["fragments"] = sum(1 for p in lab if _fragment(p))
     out["not_data"] = sum(1 for p in lab if p.is_data() is False)
@@ -175,7 +246,7 @@ def _direction(packets: list[Packet], direction: str) -> dict[str, Any]:
     return out
 
 
-def summarize(log: TraceLog, corr: Correlation, kprobe_misses: dict[str, int] | None = None) -> dict[str, Any]:
+def summarize(log: TraceLog, corr: Correlation, kprobe_misses: dict[str, int] | None = None) -> SkbLatency:
     """The JSON-able figures of one guest's trace."""
     return {
         "rx": _direction(corr.rx, "rx"),
@@ -272,7 +343,7 @@ def _packet_timeline(p: Packet) -> list[str]:
     return lines
 
 
-def analyze_text(text: str, kprobe_misses: dict[str, int] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+def analyze_text(text: str, kprobe_misses: dict[str, int] | None = None) -> tuple[SkbLatency, dict[str, str]]:
     """The summary and the derived files (name -> text) for one trace report."""
     log = parse_report(text)
     corr = follow(log)
@@ -283,7 +354,7 @@ def analyze_text(text: str, kprobe_misses: dict[str, int] | None = None) -> tupl
     return summarize(log, corr, kprobe_misses), files
 
 
-def analyze_dir(guest_dir: Path) -> dict[str, Any] | None:
+def analyze_dir(guest_dir: Path) -> SkbLatency | None:
     """Analyse ``skb-report.txt`` in ``guest_dir`` (None when absent); writes the derived files there."""
     from labctl.trace.parsers import parse_kprobe_profile
 
