@@ -24,7 +24,7 @@ from labctl.lab import (  # each kind's record is declared with the kind (labctl
 )
 
 if TYPE_CHECKING:  # labctl.trace is not loaded with the bundle
-    from labctl.trace import GuestFigures, StepCost
+    from labctl.trace import FollowSummary, GuestFigures, StepCost
 
 __all__ = ["BuildRecord", "CaptureRecord", "CommandRecord", "GdbRecord", "NetworkRecord", "NicRecord", "SelftestEntry",
            "SelftestRecord", "Spread", "StepSummary", "Summary", "VariantSpread", "VmcoreRecord"]
@@ -106,7 +106,7 @@ class StepSummary(TypedDict, total=False):
     cost: StepCost  # the whole cost (labctl.trace.hostcost, labctl.report.cost)
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
     drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.droptable)
-    follow: dict[str, Any]  # the packets the step followed (labctl.report.journeys)
+    follow: FollowSummary  # the packets the step followed (labctl.trace.journeyfiles, labctl.report.journeys)
     bpftrace: dict[str, Any]  # each guest's bpftrace maps and histograms (labctl.report.bpftrace)
 
 

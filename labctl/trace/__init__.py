@@ -53,7 +53,14 @@ from labctl.trace.hostcost import (
     step_cost,
 )
 from labctl.trace.journey import Correlator, Journey, Topology, Wire
-from labctl.trace.journeyfiles import FOLLOW_DIR, FOLLOW_INPUTS, JOURNEY_JSON, JOURNEY_TRACE, follow_inputs
+from labctl.trace.journeyfiles import (
+    FOLLOW_DIR,
+    FOLLOW_INPUTS,
+    JOURNEY_JSON,
+    JOURNEY_TRACE,
+    FollowSummary,
+    follow_inputs,
+)
 from labctl.trace.journeyfiles import analyze as analyze_follow
 from labctl.trace.netfigures import capture_figures
 from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
@@ -77,6 +84,7 @@ __all__ = [
     "Clock",
     "Correlator",
     "Event",
+    "FollowSummary",
     "Frame",
     "GuestCost",
     "GuestFigures",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from labctl.pktfilter import FilterError, Vlan, parse, vlan_of
 from labctl.trace.clocks import Clock
@@ -80,7 +80,27 @@ def _vlan(filt: object) -> Vlan | None:
         return None
 
 
-def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
+class Facts(TypedDict):
+    """What surrounds a step's journeys: its filter, guests, clocks, lost events and warnings."""
+
+    filter: str
+    guests: list[str]
+    clocks: dict[str, dict[str, Any]]  # guest -> its clock's fit (labctl.trace.clocks.Clock.as_dict)
+    lost_events: dict[str, int]
+    warnings: list[str]
+
+
+class FollowSummary(Facts):
+    """A step's follow in summary.json (:func:`analyze`): the facts, totals, the first paths, and
+    the two files written beside them."""
+
+    totals: dict[str, Any]
+    paths: list[dict[str, Any]]
+    journey: str
+    timeline: str
+
+
+def journeys_of(step_dir: Path) -> tuple[list[Journey], Facts] | None:
     """The journeys of a step's follow (None when it has none), and the facts around them."""
     d = step_dir / FOLLOW_DIR
     try:
@@ -108,7 +128,7 @@ def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
                       rulesets_after={g: r[1] for g, r in rulesets.items()}, vlan=_vlan(data.get("filter")))
     for ev in sorted(events, key=lambda e: clocks[e.guest].host(e.ts) if e.guest in clocks else e.ts):
         corr.add(ev)
-    facts = {"filter": data.get("filter", ""), "guests": list(topo.guests),
+    facts: Facts = {"filter": str(data.get("filter") or ""), "guests": list(topo.guests),
              "clocks": {g: c.as_dict() for g, c in clocks.items()}, "lost_events": data.get("lost") or {},
              "warnings": data.get("warnings") or []}
     js = corr.settle(None)
@@ -116,21 +136,21 @@ def journeys_of(step_dir: Path) -> tuple[list[Journey], dict[str, Any]] | None:
     return js, facts
 
 
-def analyze(step_dir: Path) -> dict[str, Any] | None:
+def analyze(step_dir: Path) -> FollowSummary | None:
     """``journey.json`` and the timeline written into ``step_dir``; the summary piece (None: no follow)."""
     got = journeys_of(step_dir)
     if got is None:
         return None
     js, facts = got
-    grouped = paths(js)
-    doc = {**facts, "totals": totals(js), "paths": grouped, "packets": [j.as_dict() for j in js[:PACKETS_KEPT]]}
+    grouped, counted = paths(js), totals(js)
+    doc = {**facts, "totals": counted, "paths": grouped, "packets": [j.as_dict() for j in js[:PACKETS_KEPT]]}
     (step_dir / JOURNEY_JSON).write_text(json.dumps(doc, indent=1) + "\n")
     write_trace(timeline(js, facts), step_dir / JOURNEY_TRACE)
-    return {**facts, "totals": doc["totals"], "paths": grouped[:PATHS_IN_SUMMARY],
+    return {**facts, "totals": counted, "paths": grouped[:PATHS_IN_SUMMARY],
             "journey": str(JOURNEY_JSON), "timeline": str(JOURNEY_TRACE)}
 
 
-def timeline(js: list[Journey], facts: dict[str, Any]) -> dict[str, Any]:
+def timeline(js: list[Journey], facts: Facts) -> dict[str, Any]:
     """The journeys in Trace Event Format: a process per guest (its kernel's hops), one for the wire,
     a flow per packet through all its hops."""
     guests = list(facts.get("guests") or [])
