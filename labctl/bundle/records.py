@@ -25,6 +25,7 @@ from labctl.lab import (  # each kind's record is declared with the kind (labctl
 
 if TYPE_CHECKING:  # labctl.trace is not loaded with the bundle
     from labctl.trace import FollowSummary, GuestFigures, StepCost
+    from labctl.trace.bpfmaps import Summary as BpftraceSummary
 
 __all__ = ["BuildRecord", "CaptureRecord", "CommandRecord", "GdbRecord", "NetworkRecord", "NicRecord", "SelftestEntry",
            "SelftestRecord", "Spread", "StepSummary", "Summary", "VariantSpread", "VmcoreRecord"]
@@ -107,7 +108,7 @@ class StepSummary(TypedDict, total=False):
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
     drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.droptable)
     follow: FollowSummary  # the packets the step followed (labctl.trace.journeyfiles, labctl.report.journeys)
-    bpftrace: dict[str, Any]  # each guest's bpftrace maps and histograms (labctl.report.bpftrace)
+    bpftrace: dict[str, BpftraceSummary]  # each guest's bpftrace maps and histograms (labctl.report.bpftrace)
 
 
 class Summary(TypedDict, total=False):

@@ -8,7 +8,6 @@ biggest entries), histograms and stats, from ``bpftrace.json`` in the guest's st
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num
 from labctl.report.charts import bar_chart_svg
@@ -19,8 +18,8 @@ from labctl.trace import bpfmaps
 ENTRIES_SHOWN = 10
 
 
-def summarize_bpftrace(step_dir: Path, guests: list[str]) -> dict[str, Any] | None:
-    out = {}
+def summarize_bpftrace(step_dir: Path, guests: list[str]) -> dict[str, bpfmaps.Summary] | None:
+    out: dict[str, bpfmaps.Summary] = {}
     for g in guests:
         try:
             text = (step_dir / g / bpfmaps.BPFTRACE_JSON).read_text(errors="replace")

@@ -11,29 +11,57 @@ there were), each histogram's buckets, and counts the rest.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 TOP = 20
 BPFTRACE_JSON = "bpftrace.json"
+
+
+class Bucket(TypedDict):
+    """One bucket of a ``hist()``/``lhist()`` (``min`` or ``max`` None: an open end)."""
+
+    min: float | None
+    max: float | None
+    count: int
+
+
+class MapValue(TypedDict, total=False):
+    """A map's last value: a number, a text, or a keyed map's biggest entries and how many it had."""
+
+    value: float
+    text: str
+    entries: list[list[Any]]  # [key, number], the TOP biggest
+    count: int
+
+
+class Summary(TypedDict):
+    """What a bpftrace program left (:func:`summary`; summary.json's ``bpftrace.GUEST``)."""
+
+    probes: int
+    maps: dict[str, MapValue]
+    hists: dict[str, dict[str, list[Bucket]]]  # histogram -> key ('' for an unkeyed one) -> buckets
+    stats: dict[str, dict[str, Any]]  # {"count", "average", "total"}
+    printf_lines: int
+    lost: int
 
 
 def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _bins(raw: Any) -> list[dict[str, Any]]:
-    out = []
+def _bins(raw: Any) -> list[Bucket]:
+    out: list[Bucket] = []
     for b in raw if isinstance(raw, list) else []:
         if isinstance(b, dict) and _number(b.get("count")) is not None:
             out.append({"min": b.get("min"), "max": b.get("max"), "count": int(b["count"])})
     return out
 
 
-def summary(text: str) -> dict[str, Any]:
+def summary(text: str) -> Summary:
     """Maps, histograms and stats of bpftrace's JSON output (later values of a map replace earlier ones)."""
-    maps: dict[str, Any] = {}
-    hists: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    stats: dict[str, Any] = {}
+    maps: dict[str, MapValue] = {}
+    hists: dict[str, dict[str, list[Bucket]]] = {}
+    stats: dict[str, dict[str, Any]] = {}
     printed = lost = probes = 0
     for line in text.splitlines():
         try:
@@ -62,7 +90,7 @@ def summary(text: str) -> dict[str, Any]:
     return {"probes": probes, "maps": maps, "hists": hists, "stats": stats, "printf_lines": printed, "lost": lost}
 
 
-def _map(value: Any) -> dict[str, Any]:
+def _map(value: Any) -> MapValue:
     if isinstance(value, dict):
         entries = [(str(k), v) for k, v in value.items()]
         nums = sorted(((k, n) for k, v in entries if (n := _number(v)) is not None), key=lambda e: -e[1])
@@ -71,7 +99,7 @@ def _map(value: Any) -> dict[str, Any]:
     return {"value": n} if n is not None else {"text": str(value)[:200]}
 
 
-def bucket_label(b: dict[str, Any]) -> str:
+def bucket_label(b: Bucket | dict[str, Any]) -> str:
     lo, hi = b.get("min"), b.get("max")
     if lo is None:
         return f"< {hi}" if hi is not None else "?"
