@@ -26,6 +26,7 @@ from labctl.lab import (  # each kind's record is declared with the kind (labctl
 if TYPE_CHECKING:  # labctl.trace is not loaded with the bundle
     from labctl.trace import FollowSummary, GuestFigures, StepCost
     from labctl.trace.bpfmaps import Summary as BpftraceSummary
+    from labctl.trace.drops import DropSummary
 
 __all__ = ["BuildRecord", "CaptureRecord", "CommandRecord", "GdbRecord", "NetworkRecord", "NicRecord", "SelftestEntry",
            "SelftestRecord", "Spread", "StepSummary", "Summary", "VariantSpread", "VmcoreRecord"]
@@ -106,7 +107,7 @@ class StepSummary(TypedDict, total=False):
     guests: dict[str, GuestFigures]  # guest -> its figures (labctl.trace.analyze.guest_figures)
     cost: StepCost  # the whole cost (labctl.trace.hostcost, labctl.report.cost)
     figures: dict[str, Any]  # the step's headline figures (labctl.report.throughput, cost)
-    drops: dict[str, Any]  # every skb dropped, per guest (labctl.report.droptable)
+    drops: DropSummary  # every skb dropped, per guest (labctl.trace.drops, labctl.report.droptable)
     follow: FollowSummary  # the packets the step followed (labctl.trace.journeyfiles, labctl.report.journeys)
     bpftrace: dict[str, BpftraceSummary]  # each guest's bpftrace maps and histograms (labctl.report.bpftrace)
 

@@ -31,11 +31,11 @@ def _read(path: Path) -> str:
         return ""
 
 
-def summarize_drops(step_dir: Path) -> dict[str, Any] | None:
+def summarize_drops(step_dir: Path) -> drops.DropSummary | None:
     """The step's drops from each guest's ``drops.txt`` (None when no guest recorded any)."""
     rows: list[drops.DropRow] = []
     xdp: list[dict[str, Any]] = []  # XDP programs' drops (labctl.follow.xdpwatch), as rows
-    guests: dict[str, Any] = {}
+    guests: dict[str, drops.GuestDrops] = {}
     for d in sorted(p for p in step_dir.iterdir() if (p / DROPS_TXT).is_file()) if step_dir.is_dir() else []:
         try:
             info = json.loads(_read(d / DROPS_JSON) or "{}")
@@ -55,7 +55,8 @@ def summarize_drops(step_dir: Path) -> dict[str, Any] | None:
         xdp += here
         guests[d.name] = {"drops": sum(r.count for r in got) + sum(int(x.get("count") or 0) for x in here),
                           "local_frees": local,
-                          "lost": info.get("lost", 0), "mode": info.get("mode"), "notes": info.get("notes") or []}
+                          "lost": int(info.get("lost") or 0), "mode": info.get("mode"),
+                          "notes": [str(n) for n in info.get("notes") or []]}
     if not guests:
         return None
     every = [r.as_dict() for r in rows] + xdp

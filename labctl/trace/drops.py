@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from labctl.trace.hops import Event, drop_header, reason_name
 
@@ -133,6 +133,26 @@ def parse_ruleset(text: str) -> tuple[dict[tuple[str, str, str, str], Rule], dic
             rules[(family, tbl, chain, h.group(1))] = Rule(family, tbl, chain, h.group(1), text_,
                                                            int(c.group(1)), verdict)
     return rules, policies
+
+
+class GuestDrops(TypedDict):
+    """One guest's drops over a step: how many (the kernel's and its XDP programs'), the skbs freed
+    locally (not drops), the trace's lost events, how it traced, its notes."""
+
+    drops: int
+    local_frees: int
+    lost: int
+    mode: str | None
+    notes: list[str]
+
+
+class DropSummary(TypedDict):
+    """A step's drops (summary.json's ``drops``): the total, each guest's, the biggest rows."""
+
+    total: int
+    guests: dict[str, GuestDrops]
+    rows: list[dict[str, Any]]  # labctl.trace.drops.DropRow.as_dict, and XDP's rows
+    rows_left_out: int
 
 
 def moved_rules(before: str, after: str) -> list[tuple[Rule, int]]:
