@@ -28,7 +28,7 @@ import itertools
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import labctl.trace.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.pktfilter import ARP, Vlan
@@ -771,7 +771,18 @@ def paths(journeys: list[Journey]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda p: (rank.get(p["end"]["kind"], 9), -p["count"]))
 
 
-def totals(journeys: list[Journey]) -> dict[str, Any]:
+class Totals(TypedDict):
+    """How a step's followed packets ended (:func:`totals`)."""
+
+    packets: int
+    by_end: dict[str, int]  # end kind -> packets
+    out_of_order_hops: int
+    packets_out_of_order: int
+    nat_rewritten: int
+    dropped_by_rule: NotRequired[dict[str, int]]  # "GUEST: nft rule" -> packets it dropped
+
+
+def totals(journeys: list[Journey]) -> Totals:
     by_end: dict[str, int] = {}
     for j in journeys:
         by_end[j.end.kind] = by_end.get(j.end.kind, 0) + 1
@@ -780,8 +791,10 @@ def totals(journeys: list[Journey]) -> dict[str, Any]:
         if j.end.kind == "dropped" and j.end.text.startswith(f"dropped on {j.end.guest} by nft "):
             rule = j.end.text.removeprefix(f"dropped on {j.end.guest} by ").rsplit(" (NETFILTER_DROP", 1)[0]
             rules[f"{j.end.guest}: {rule}"] = rules.get(f"{j.end.guest}: {rule}", 0) + 1
-    return {"packets": len(journeys), "by_end": by_end,
-            "out_of_order_hops": sum(j.out_of_order for j in journeys),
-            "packets_out_of_order": sum(1 for j in journeys if j.out_of_order),
-            "nat_rewritten": sum(1 for j in journeys if any("NAT " in h.note for h in j.hops)),
-            **({"dropped_by_rule": rules} if rules else {})}
+    out: Totals = {"packets": len(journeys), "by_end": by_end,
+                   "out_of_order_hops": sum(j.out_of_order for j in journeys),
+                   "packets_out_of_order": sum(1 for j in journeys if j.out_of_order),
+                   "nat_rewritten": sum(1 for j in journeys if any("NAT " in h.note for h in j.hops))}
+    if rules:
+        out["dropped_by_rule"] = rules
+    return out

@@ -20,7 +20,7 @@ from labctl.pktfilter import FilterError, Vlan, parse, vlan_of
 from labctl.trace.clocks import Clock
 from labctl.trace.drops import netfilter_note
 from labctl.trace.hops import parse_text
-from labctl.trace.journey import Correlator, Journey, Topology, Wire, paths, totals
+from labctl.trace.journey import Correlator, Journey, Topology, Totals, Wire, paths, totals
 from labctl.trace.tef import us, write_trace
 from labctl.trace.xdphops import apply_step as apply_xdp
 
@@ -94,7 +94,7 @@ class FollowSummary(Facts):
     """A step's follow in summary.json (:func:`analyze`): the facts, totals, the first paths, and
     the two files written beside them."""
 
-    totals: dict[str, Any]
+    totals: Totals
     paths: list[dict[str, Any]]
     journey: str
     timeline: str
