@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from labctl.inspect.program import require_drgn
 
@@ -113,8 +113,64 @@ def describe(obj: drgn.Object) -> str:
         return f"<fault: {_short(str(exc))}>"
 
 
-def _frames(trace: drgn.StackTrace) -> list[dict[str, Any]]:
-    frames = []
+class FrameState(TypedDict):
+    """One frame of a task's stack: its function, its source line, its locals described."""
+
+    function: str
+    source: str
+    locals: dict[str, str]
+
+
+class TaskState(TypedDict, total=False):
+    """The crashing task (a panic), or the task one CPU ran."""
+
+    crashed: bool
+    cpu: int
+    pid: int
+    comm: str
+    frames: list[FrameState]
+    error: str
+
+
+class QdiscState(TypedDict):
+    kind: str
+    qlen: int
+    drops: int
+
+
+class NetdevState(TypedDict, total=False):
+    """One network device as the kernel holds it (``error`` alone when it could not be read)."""
+
+    name: str
+    ifindex: int
+    mtu: int
+    flags: int
+    up: bool
+    running: bool
+    carrier: bool
+    stats: dict[str, int]  # dev->stats: STATS
+    qdisc: QdiscState
+    error: str
+
+
+class KernelSummary(TypedDict):
+    """A kernel's state as data (:func:`summarize`)."""
+
+    tasks: list[TaskState]
+    netdevs: list[NetdevState]
+    dmesg: str
+
+
+class VmcoreSummary(KernelSummary):
+    """:class:`KernelSummary` of a vmcore, with its file, release and debug info (``vmcore.json``)."""
+
+    vmcore: str
+    release: str
+    debug_info: dict[str, Any]
+
+
+def _frames(trace: drgn.StackTrace) -> list[FrameState]:
+    frames: list[FrameState] = []
     for frame in trace:
         try:
             file, line, _col = frame.source()
@@ -135,11 +191,11 @@ def _frames(trace: drgn.StackTrace) -> list[dict[str, Any]]:
     return frames
 
 
-def _task(task: drgn.Object) -> dict[str, Any]:
+def _task(task: drgn.Object) -> TaskState:
     return {"pid": int(task.pid), "comm": _string(task.comm)}
 
 
-def tasks(prog: drgn.Program) -> list[dict[str, Any]]:
+def tasks(prog: drgn.Program) -> list[TaskState]:
     """The crashing task's stack (a panic), else the task running on each CPU."""
     d = require_drgn()
     from drgn.helpers.linux.cpumask import for_each_online_cpu
@@ -150,9 +206,9 @@ def tasks(prog: drgn.Program) -> list[dict[str, Any]]:
         return [{"crashed": True, **_task(thread.object), "frames": _frames(thread.stack_trace())}]
     except (LookupError, ValueError, d.FaultError):
         pass
-    out: list[dict[str, Any]] = []
+    out: list[TaskState] = []
     for cpu in for_each_online_cpu(prog):
-        entry: dict[str, Any] = {"crashed": False, "cpu": cpu, "frames": []}
+        entry: TaskState = {"crashed": False, "cpu": cpu, "frames": []}
         out.append(entry)
         try:
             task = cpu_curr(prog, cpu)
@@ -163,20 +219,20 @@ def tasks(prog: drgn.Program) -> list[dict[str, Any]]:
     return out
 
 
-def netdev_state(prog: drgn.Program, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def netdev_state(prog: drgn.Program, names: Sequence[str] | None = None) -> list[NetdevState]:
     """Each network device of the initial namespace (or those called ``names``): MTU, flags,
     carrier, counters and its root qdisc."""
     d = require_drgn()
     from drgn.helpers.linux.net import for_each_netdev
 
-    out = []
+    out: list[NetdevState] = []
     for dev in for_each_netdev(prog):
         try:
             name = _string(dev.name)
             if names is not None and name not in names:
                 continue
             flags = int(dev.flags)
-            state: dict[str, Any] = {
+            state: NetdevState = {
                 "name": name, "ifindex": int(dev.ifindex), "mtu": int(dev.mtu), "flags": flags,
                 "up": bool(flags & IFF_UP), "running": bool((int(dev.state) >> START_BIT) & 1),
                 "carrier": not (int(dev.state) >> NOCARRIER_BIT) & 1,
@@ -203,12 +259,12 @@ def dmesg(prog: drgn.Program, lines: int = 200) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def summarize(prog: drgn.Program, nics: Sequence[str] | None = None, log_lines: int = 200) -> dict[str, Any]:
+def summarize(prog: drgn.Program, nics: Sequence[str] | None = None, log_lines: int = 200) -> KernelSummary:
     """The summary of a kernel (a vmcore's, usually) as data: ``tasks``, ``netdevs``, ``dmesg``."""
     return {"tasks": tasks(prog), "netdevs": netdev_state(prog, nics), "dmesg": dmesg(prog, log_lines)}
 
 
-def vmcore_summary(path: Path, nics: Sequence[str] | None = None, vmlinux: Path | None = None) -> dict[str, Any]:
+def vmcore_summary(path: Path, nics: Sequence[str] | None = None, vmlinux: Path | None = None) -> VmcoreSummary:
     """:func:`summarize` of the vmcore at ``path``, with its kernel's release and debug info.
 
     :raise DebugError: when it cannot be read or its debug info is not found.
