@@ -24,9 +24,7 @@ from labctl.lab import (  # each kind's record is declared with the kind (labctl
 )
 
 if TYPE_CHECKING:  # labctl.trace is not loaded with the bundle
-    from labctl.trace import FollowSummary, GuestFigures, StepCost
-    from labctl.trace.bpfmaps import Summary as BpftraceSummary
-    from labctl.trace.drops import DropSummary
+    from labctl.trace import BpftraceSummary, DropSummary, FollowSummary, GuestFigures, StepCost
 
 __all__ = ["BuildRecord", "CaptureRecord", "CommandRecord", "GdbRecord", "NetworkRecord", "NicRecord", "SelftestEntry",
            "SelftestRecord", "Spread", "StepSummary", "Summary", "VariantSpread", "VmcoreRecord"]

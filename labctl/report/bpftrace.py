@@ -18,8 +18,8 @@ from labctl.trace import bpfmaps
 ENTRIES_SHOWN = 10
 
 
-def summarize_bpftrace(step_dir: Path, guests: list[str]) -> dict[str, bpfmaps.Summary] | None:
-    out: dict[str, bpfmaps.Summary] = {}
+def summarize_bpftrace(step_dir: Path, guests: list[str]) -> dict[str, bpfmaps.BpftraceSummary] | None:
+    out: dict[str, bpfmaps.BpftraceSummary] = {}
     for g in guests:
         try:
             text = (step_dir / g / bpfmaps.BPFTRACE_JSON).read_text(errors="replace")

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from labctl.trace import bpfmaps, drops, hops, journey, ktap, xdphops, xdpverdicts
 from labctl.trace.analyze import GuestFigures, guest_figures, step_figures
+from labctl.trace.bpfmaps import BpftraceSummary
 from labctl.trace.clocks import Clock
-from labctl.trace.drops import netfilter_note
+from labctl.trace.drops import DropSummary, netfilter_note
 from labctl.trace.flamefold import Frame, Stack, guest_flamegraph, read_folded
 from labctl.trace.hops import Event, parse_ipv4, parse_line, parse_text
 from labctl.trace.hostcost import (
@@ -81,8 +82,10 @@ __all__ = [
     "TRACE_JSON",
     "WINDOW_END",
     "WINDOW_START",
+    "BpftraceSummary",
     "Clock",
     "Correlator",
+    "DropSummary",
     "Event",
     "FollowSummary",
     "Frame",

@@ -34,7 +34,7 @@ class MapValue(TypedDict, total=False):
     count: int
 
 
-class Summary(TypedDict):
+class BpftraceSummary(TypedDict):
     """What a bpftrace program left (:func:`summary`; summary.json's ``bpftrace.GUEST``)."""
 
     probes: int
@@ -57,7 +57,7 @@ def _bins(raw: Any) -> list[Bucket]:
     return out
 
 
-def summary(text: str) -> Summary:
+def summary(text: str) -> BpftraceSummary:
     """Maps, histograms and stats of bpftrace's JSON output (later values of a map replace earlier ones)."""
     maps: dict[str, MapValue] = {}
     hists: dict[str, dict[str, list[Bucket]]] = {}
