@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The kernel the test suite builds from source: Debian's linux-source-6.1,
-# allnoconfig + kvm_guest.config + the fragment `labctl kernel config`
-# prints for tests/labs/valid/tree-kernel.yaml + what its tests use, built
-# once and cached in the suite's cache (tests/isolation.py:
-# ~/.cache/labctl-test/test-kernel/<key>/; the key hashes the source package's
-# version, the fragment and this script). Prints the tree's path.
+# A kernel the test suite builds from source: Debian's linux-source-SERIES (SERIES=6.1, the
+# default, or SERIES=6.12), allnoconfig + kvm_guest.config + the fragment `labctl kernel config`
+# prints for tests/labs/valid/tree-kernel.yaml + what its tests use, built once and cached in the
+# suite's cache (tests/isolation.py: ~/.cache/labctl-test/test-kernel/<key>/ for 6.1,
+# test-kernel-6.12/<key>/ for 6.12; the key hashes the source package's version, the fragment and
+# the build's recipe). Prints the tree's path.
 #
-# A fresh machine pays the build once (see .build-seconds in the tree for
-# how long it took); later runs find the tree.
+# A fresh machine pays each build once (see .build-seconds in the tree for how long it took);
+# later runs find the tree.
 # Run as root (installs the build's Debian packages). PYTHON=the python that
 # has labctl (default .venv/bin/python).
 set -euo pipefail
@@ -15,8 +15,17 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 PYTHON="${PYTHON:-.venv/bin/python}"
+SERIES="${SERIES:-6.1}"
+# The 6.12 tree is of the 6.12 Debian kernel the suite boots (tests/integration/test_kernel_612.py's
+# K612): same code, same line numbers.
+K612_UPSTREAM=6.12.117
+case "$SERIES" in
+    6.1) suffix= ;;
+    6.12) suffix=-6.12 ;;
+    *) echo "test-kernel.sh: SERIES is 6.1 or 6.12, not '$SERIES'" >&2; exit 2 ;;
+esac
 LAB=tests/labs/valid/tree-kernel.yaml
-CACHE="${LABCTL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/labctl}/test-kernel"
+CACHE="${LABCTL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/labctl}/test-kernel$suffix"
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 PACKAGES=(build-essential flex bison bc libelf-dev libssl-dev xz-utils)
@@ -30,17 +39,22 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 fragment=$("$PYTHON" -m labctl kernel config "$LAB")
-# The source: linux-source-6.1 at the version of the image's own kernel (the tests compare the tree's
-# kernel with Debian's: same code, same line numbers), while the archive carries it; else the newest
-# it has (the archive moved on: the build must work from whatever it serves that day). Downloaded by
-# exact version into labctl's cache, never installed over the host's own.
-read -r _krel kver < <("$PYTHON" scripts/default-kernel.py)
+# The source: linux-source-SERIES at the version of the Debian kernel the tests compare the tree's
+# kernel with (6.1: the image's own kernel; 6.12: K612_UPSTREAM) while the archive carries it; else the
+# newest it has (the archive moved on: the build must work from whatever it serves that day).
+# Downloaded by exact version into labctl's cache, never installed over the host's own.
 mapfile -t have < <("$PYTHON" -c 'import sys; from labctl.image import versions; print(*versions(sys.argv[1]), sep="\n")' \
-    linux-source-6.1)
-[ ${#have[@]} -gt 0 ] || { echo "test-kernel.sh: the archive has no linux-source-6.1: run apt-get update" >&2; exit 3; }
+    "linux-source-$SERIES")
+[ ${#have[@]} -gt 0 ] || { echo "test-kernel.sh: the archive has no linux-source-$SERIES: run apt-get update" >&2; exit 3; }
 version=${have[0]}
-for v in "${have[@]}"; do [ "$v" = "$kver" ] && version=$kver; done
-[ "$version" = "$kver" ] || say "linux-source-6.1 $kver (the image's kernel) is gone from the archive: building $version"
+if [ "$SERIES" = 6.1 ]; then
+    read -r _krel kver < <("$PYTHON" scripts/default-kernel.py)
+    for v in "${have[@]}"; do [ "$v" = "$kver" ] && version=$v; done
+else
+    kver="$K612_UPSTREAM-*"
+    for v in "${have[@]}"; do [[ "$v" == $K612_UPSTREAM-* ]] && version=$v; done
+fi
+[[ "$version" == $kver ]] || say "linux-source-$SERIES $kver (the tests' kernel) is gone from the archive: building $version"
 # The key: what decides the tree (the source, the configuration, how it is built), not this
 # script's other lines, so that a comment or the locking never costs a build.
 BUILD="allnoconfig+kvm_guest+labctl+test-kernel.config; make vmlinux modules"
@@ -55,13 +69,13 @@ if [ -f "$tree/vmlinux" ] && [ -f "$tree/.built" ]; then
     exit 0
 fi
 
-say "building the test kernel (linux-source $version, a few minutes on 2 cores) in $tree"
+say "building the test kernel (linux-source-$SERIES $version, a few minutes on 2 cores) in $tree"
 rm -rf "$CACHE/$key.tmp"
 mkdir -p "$CACHE/$key.tmp"
 deb=$("$PYTHON" -c 'import sys; from labctl.image import apt_download; print(apt_download(*sys.argv[1:]))' \
-    linux-source-6.1 "$version")
-dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/src/linux-source-6.1.tar.xz | tar -xJ -C "$CACHE/$key.tmp"
-mv "$CACHE/$key.tmp"/linux-source-6.1 "$CACHE/$key.tmp/linux"
+    "linux-source-$SERIES" "$version")
+dpkg-deb --fsys-tarfile "$deb" | tar -xO "./usr/src/linux-source-$SERIES.tar.xz" | tar -xJ -C "$CACHE/$key.tmp"
+mv "$CACHE/$key.tmp/linux-source-$SERIES" "$CACHE/$key.tmp/linux"
 cd "$CACHE/$key.tmp/linux"
 printf '%s\n' "$fragment" > labctl.config
 # Only what the suite boots on it, on top of allnoconfig: what `labctl kernel config` asks for

@@ -83,23 +83,36 @@ def with_abi(text: str, abi: str) -> str:
     return text.replace("6.1.0-56", abi)
 
 
+def _built_tree(series: str) -> Path:
+    """The suite's kernel tree of ``series`` (scripts/test-kernel.sh), built in the suite's store,
+    which outlives the run (tests/isolation.py)."""
+    from tests import isolation
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHON": sys.executable, "LABCTL_CACHE_DIR": os.environ[isolation.SUITE_CACHE_ENV],
+           "SERIES": series}
+    res = subprocess.run(["bash", str(root / "scripts" / "test-kernel.sh")], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=3 * 3600, check=False)
+    if res.returncode != 0:
+        pytest.fail(f"SERIES={series} scripts/test-kernel.sh failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    tree = Path(res.stdout.strip().splitlines()[-1])
+    assert (tree / "vmlinux").is_file(), res.stdout
+    return tree
+
+
 @pytest.fixture(scope="session")
 def tree_kernel() -> Path:
     """A kernel tree built from Debian's linux-source-6.1 with the fragment of
     tests/labs/valid/tree-kernel.yaml (scripts/test-kernel.sh): a few minutes the first time
     on a 2-core machine, then found in the suite's store (~/.cache/labctl-test/test-kernel)."""
-    from tests import isolation
+    return _built_tree("6.1")
 
-    root = Path(__file__).resolve().parents[2]
-    # Built in the suite's store, which outlives the run (tests/isolation.py).
-    env = {**os.environ, "PYTHON": sys.executable, "LABCTL_CACHE_DIR": os.environ[isolation.SUITE_CACHE_ENV]}
-    res = subprocess.run(["bash", str(root / "scripts" / "test-kernel.sh")], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=3 * 3600, check=False)
-    if res.returncode != 0:
-        pytest.fail(f"scripts/test-kernel.sh failed ({res.returncode}):\n{res.stderr[-4000:]}")
-    tree = Path(res.stdout.strip().splitlines()[-1])
-    assert (tree / "vmlinux").is_file(), res.stdout
-    return tree
+
+@pytest.fixture(scope="session")
+def tree_kernel_612() -> Path:
+    """The same from Debian's linux-source-6.12 (6.12.117, the 6.12 kernel the suite boots, while the
+    archive carries it): ~/.cache/labctl-test/test-kernel-6.12."""
+    return _built_tree("6.12")
 
 
 def pids_matching(pattern: str) -> list[int]:

@@ -107,12 +107,23 @@ def histories(tree_kernel: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     """The repository and the bisections' worktree (a 2 GB copy), removed after the run."""
     root = tmp_path_factory.mktemp("bisect")
     try:
-        yield _make_histories(tree_kernel, root)
+        yield _make_histories(tree_kernel, root, "6.1")
     finally:
         shutil.rmtree(root, ignore_errors=True)  # the repository's files are links: the cached tree stays
 
 
-def _make_histories(tree_kernel: Path, root: Path) -> Histories:
+@pytest.fixture(scope="session")
+def histories_612(tree_kernel_612: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Histories]:
+    """The same on the suite's 6.12 tree, with only the history that drgn and a panic bisect (the
+    others exercise the search, not the kernel: once, on 6.1, is enough)."""
+    root = tmp_path_factory.mktemp("bisect612")
+    try:
+        yield _make_histories(tree_kernel_612, root, "6.12", only_mtu=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _make_histories(tree_kernel: Path, root: Path, series: str, only_mtu: bool = False) -> Histories:
     repo = root / "linux"
     subprocess.run(["cp", "-al", str(tree_kernel), str(repo)], check=True, timeout=600)
     original = (repo / MAIN).read_text()
@@ -120,14 +131,17 @@ def _make_histories(tree_kernel: Path, root: Path) -> Histories:
     _git(repo, "init", "-q", "-b", "main")
     tracked = [str(p.relative_to(repo)) for p in (repo / E1000).iterdir() if p.suffix in (".c", ".h")]
     _git(repo, "add", "-f", "Makefile", f"{E1000}/Makefile", *tracked)
-    _git(repo, "commit", "-q", "-m", "linux-source-6.1 as built")
+    _git(repo, "commit", "-q", "-m", f"linux-source-{series} as built")
     base = _git(repo, "rev-parse", "HEAD")
-    drop = "\tif (skb->len > 1000) {\n\t\tdev_kfree_skb_any(skb);\n\t\treturn NETDEV_TX_OK;\n\t}\n"
-    net = _history(repo, base, "net-bug", original, 16, {BREAKS: drop}, no_build=NO_BUILD)
-    delay = "\tudelay(skb->len * 2);\n"  # at most 4 Mbit/s through it
-    # commit SLOW_TOO rewrites the delay: reverting SLOW on the newest commit does not apply
-    slow = _history(repo, base, "slow-tx", original, 8, {SLOW: delay},
-                    rewrite={SLOW_TOO: (delay, "\tudelay(skb->len * 2 + 1);\n")})
+    net: list[str] = []
+    slow: list[str] = []
+    if not only_mtu:
+        drop = "\tif (skb->len > 1000) {\n\t\tdev_kfree_skb_any(skb);\n\t\treturn NETDEV_TX_OK;\n\t}\n"
+        net = _history(repo, base, "net-bug", original, 16, {BREAKS: drop}, no_build=NO_BUILD)
+        delay = "\tudelay(skb->len * 2);\n"  # at most 4 Mbit/s through it
+        # commit SLOW_TOO rewrites the delay: reverting SLOW on the newest commit does not apply
+        slow = _history(repo, base, "slow-tx", original, 8, {SLOW: delay},
+                        rewrite={SLOW_TOO: (delay, "\tudelay(skb->len * 2 + 1);\n")})
     # a change only the kernel's state shows: e1000 NICs accept an MTU of at most 9000 (16110 before)
     mtu = _history(repo, base, "max-mtu", original, 2, {}, rewrite={1: (MAX_MTU, "netdev->max_mtu = 9000;")})
     _git(repo, "checkout", "-q", "main")  # the user's checkout: bisect never moves it
@@ -411,13 +425,15 @@ CRASH_UNLESS_JUMBO = "ip -d link show eth1 | grep -q 'maxmtu 16110' || echo c > 
 
 
 @pytest.mark.timeout(2400)
+@pytest.mark.parametrize("series", ["6.1", "6.12"])
 def test_bisect_by_kernel_state_with_drgn_and_a_crashing_runs_vmcore(
-        cli: Cli, histories: Histories, tmp_path: Path) -> None:
+        cli: Cli, series: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Two bisections of the history whose commit 1 lowers e1000's max_mtu (one build, cached for
     the second): one judged by a drgn expression on the running kernel (--drgn) names it; the other,
     whose step panics the guest on that commit (--panic), names it too, and the crashing run's bundle
-    holds the guest's vmcore (0600, in the manifest and the summary) with drgn's summary of it."""
-    h = histories
+    holds the guest's vmcore (0600, in the manifest and the summary) with drgn's summary of it.
+    On the 6.1 tree and on the 6.12 tree (drgn reads each kernel's own types, live and in the vmcore)."""
+    h: Histories = request.getfixturevalue("histories" if series == "6.1" else "histories_612")
     lab = tmp_path / "bisect-mtu.yaml"
     lab.write_text(f"""name: bisect-mtu
 networks:

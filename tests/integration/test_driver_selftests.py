@@ -1,7 +1,7 @@
 """The kernel's own driver tests against emulated NICs (labs/driver-tests.yaml, trimmed to one
 test, stats.py, a model, and to two of its five models): 6.12's ``drivers/net`` in hardware mode, from the 6.12 guest's own Debian source,
 on an e1000 and then a virtio-net-pci NIC, each with a 6.1 peer that the framework drives over
-SSH. Each model's result is in the summary, the JUnit file and the report, with the framework's
+SSH; then queues.py from a 6.12 tree the lab names (the suite's, scripts/test-kernel.sh). Each model's result is in the summary, the JUnit file and the report, with the framework's
 SKIP reasons; the guest's key for its peer never reaches the bundle."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ OVER_3_MIN = ("a 6.12 and a 6.1 guest; the 6.12 source unpacked (linux-source, 1
 MODELS = ("e1000", "virtio-net-pci")
 
 
-def test_drivers_net_in_hardware_mode_on_two_nic_models(cli: Cli, image: object, tmp_path: Path) -> None:
+def test_drivers_net_in_hardware_mode_on_two_nic_models(cli: Cli, image: object, tree_kernel_612: Path,
+                                                        tmp_path: Path) -> None:
     text = (ROOT / "labs" / "driver-tests.yaml").read_text()
     lab = tmp_path / "driver-tests.yaml"
     for model, nic in (("e1000e", "eth3"), ("rtl8139", "eth4"), ("vmxnet3", "eth5")):  # measured in docs/kselftest.md
@@ -28,6 +29,10 @@ def test_drivers_net_in_hardware_mode_on_two_nic_models(cli: Cli, image: object,
     text = text.replace("tests: [stats.py, queues.py, ping.py]", "tests: [stats.py]")
     # stats.py's check_down took virtio's link down and up (e1000 has no queue statistics: skipped);
     # the dut's IPv6 address on it must have stayed, or ping.py's TCP test over IPv6 waits forever
+    # and from a tree the lab names: the suite's 6.12 tree (the same source, built): its own queues.py
+    text += ("  - name: from-tree\n    kselftest:\n      guest: dut\n"
+             f"      tree: {tree_kernel_612}\n      target: drivers/net\n      tests: [queues.py]\n"
+             "      netif: eth2\n      peer: peer\n      timeout: 180\n")
     lab.write_text(text + "  - name: after\n    run:\n"
                    "      - {guest: peer, command: \"ping -6 -c 2 -W 3 fd72::1 && ping -6 -c 2 -W 3 fd71::1\", timeout: 60}\n")
     xml = tmp_path / "results.xml"
@@ -38,6 +43,14 @@ def test_drivers_net_in_hardware_mode_on_two_nic_models(cli: Cli, image: object,
     summary = json.loads((bundle / "summary.json").read_text())
     steps = {s["variant"]: s for s in summary["steps"] if s["name"] == "drivers-net"}
     assert list(steps) == list(MODELS)
+    (tree_step,) = (s for s in summary["steps"] if s["name"] == "from-tree")
+    k = tree_step["kselftest"]
+    assert k["target"] == "drivers/net" and k["tree"] == str(tree_kernel_612), k
+    assert k["hardware"]["netif"] == "eth2" and k["hardware"]["peer"] == "peer", k
+    (queues,) = k["tests"]
+    queues_log = (bundle / queues["log"]).read_text()
+    assert queues["name"] == "queues.py" and queues["result"] == "pass", (queues, queues_log[-3000:])
+    assert "cannot decrement queue: already at 1" in queues_log  # its SKIP reason, kept
     (after,) = (s for s in summary["steps"] if s["name"] == "after")
     assert after["status"] == "ok", after  # the NIC's IPv6 address outlived the tests' down and up
     for model, step in steps.items():

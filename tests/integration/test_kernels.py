@@ -1,6 +1,6 @@
 """Bring your own kernel, for real: Debian kernels side by side, a full run on the RT kernel,
-the cloud kernel refused before boot, and a kernel built from source (scripts/test-kernel.sh)
-with gdb, module symbols, tracing and oops decoding following it."""
+the cloud kernel refused before boot, and a kernel built from source (scripts/test-kernel.sh: a 6.1
+tree and a 6.12 tree) with gdb, module symbols, tracing and oops decoding following it."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from labctl.image import apt
 from tests.conftest import ROOT, Cli
 from tests.integration.conftest import another_abi, qemu_pids_under, with_abi
 
-OVER_3_MIN = ("four kernels booted for real: a second Debian ABI and the RT kernel (each downloaded with its "
-              "~1 GB -dbg and prepared on a new machine), a full nic-driver-cost run on RT, and the test tree's "
-              "kernel with gdb and oops decoding (313 s on a fresh machine, 2026-11-30)")
+OVER_3_MIN = ("five kernels booted for real: a second Debian ABI and the RT kernel (each downloaded with its "
+              "~1 GB -dbg and prepared on a new machine), a full nic-driver-cost run on RT, and the test trees' "
+              "kernels (6.1 and 6.12) with gdb and oops decoding (313 s on a fresh machine with the 6.1 tree alone, "
+              "2026-11-30)")
 
 #: Files on the suite's kernel tree share one worker: on a new machine its build is waited for once.
 pytestmark = pytest.mark.xdist_group("kernel-tree")
@@ -165,9 +166,13 @@ def _tree_lab(tmp_path: Path, tree: Path) -> Path:
 
 @pytest.mark.timeout(3 * 3600)  # a fresh machine downloads (or builds) the kernel first
 @pytest.mark.alone("its ftrace recording on the quiet tree kernel came back empty once beside another worker's guests")
-def test_a_kernel_built_from_source(cli: Cli, image: object, tree_kernel: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("series", ["6.1", "6.12"])
+def test_a_kernel_built_from_source(cli: Cli, image: object, series: str, tmp_path: Path,
+                                    request: pytest.FixtureRequest) -> None:
+    """The suite's tree of each line (linux-source-6.1 and -6.12, scripts/test-kernel.sh) as a lab's kernel."""
+    tree_kernel: Path = request.getfixturevalue("tree_kernel" if series == "6.1" else "tree_kernel_612")
     release = (tree_kernel / "include" / "config" / "kernel.release").read_text().strip()
-    assert release.endswith("-labctl-test")
+    assert release.startswith(f"{series}.") and release.endswith("-labctl-test"), release
     lab = _tree_lab(tmp_path, tree_kernel)
     res = cli("up", str(lab), "--accel", "tcg", "--out", str(tmp_path / "runs"), "--json", timeout=1800)
     try:
