@@ -38,8 +38,9 @@ PACKAGES=(
 # labctl serve ships xterm.js, fetched from npm here (never by the browser); a Node.js of another
 # origin (nodesource) brings its own npm, else Debian's.
 command -v npm >/dev/null || PACKAGES+=(npm)
-# CI: what scripts/test-kernel.sh builds with, installed here, as it builds in the background below
-[ -z "${CI:-}" ] || PACKAGES+=(build-essential flex bison bc libelf-dev libssl-dev)
+# CI: what scripts/test-kernel.sh and scripts/crash-build.sh build with, installed here, as they build in the
+# background below
+[ -z "${CI:-}" ] || PACKAGES+=(build-essential flex bison bc libelf-dev libssl-dev texinfo zlib1g-dev libncurses-dev)
 missing=()
 for p in "${PACKAGES[@]%%#*}"; do
     [[ "$(dpkg-query -W -f '${Status}' "$p" 2>/dev/null)" == *"ok installed"* ]] || missing+=("$p")
@@ -112,15 +113,16 @@ if [ "$(dpkg-query -W -f '${Version}' "linux-headers-$KREL" 2>/dev/null)" != "$K
     fi
 fi
 
-# CI: the test suite's kernel trees (scripts/test-kernel.sh, 6.1 then 6.12: ~11 and ~14 CPU-minutes on a new machine) build
-# in the background while the image, libvirt and the lint are done; the suite's tree_kernel and
-# tree_kernel_612 fixtures wait for them (the script's lock), and build one themselves should this build have failed.
+# CI: the test suite's kernel trees (scripts/test-kernel.sh, 6.1 then 6.12: ~11 and ~14 CPU-minutes on a new
+# machine) and a crash that reads 6.12 (scripts/crash-build.sh, ~5) build in the background while the image,
+# libvirt and the lint are done; the suite's tree_kernel, tree_kernel_612 and crash_tool fixtures wait for
+# them (the scripts' locks), and build one themselves should this build have failed.
 if [ -n "${CI:-}" ]; then
     STORE="${LABCTL_TEST_CACHE:-$HOME/.cache/labctl-test}"
     mkdir -p "$STORE/test-kernel"
     say "the suite's test kernel builds in the background (log: $STORE/test-kernel/early.log)"
     LABCTL_CACHE_DIR="$STORE" PYTHON=.venv/bin/python setsid bash -c \
-        'bash scripts/test-kernel.sh; SERIES=6.12 bash scripts/test-kernel.sh' \
+        'bash scripts/test-kernel.sh; SERIES=6.12 bash scripts/test-kernel.sh; bash scripts/crash-build.sh' \
         > "$STORE/test-kernel/early.log" 2>&1 < /dev/null &
 fi
 

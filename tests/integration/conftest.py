@@ -115,6 +115,23 @@ def tree_kernel_612() -> Path:
     return _built_tree("6.12")
 
 
+@pytest.fixture(scope="session")
+def crash_tool() -> Path:
+    """A crash(8) that reads 6.12's vmcores (scripts/crash-build.sh): the host's when it is 8.0.3 or
+    newer, else one built once from Debian 13's source into the suite's store (~/.cache/labctl-test/tools)."""
+    from tests import isolation
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "LABCTL_CACHE_DIR": os.environ[isolation.SUITE_CACHE_ENV]}
+    res = subprocess.run(["bash", str(root / "scripts" / "crash-build.sh")], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=3600, check=False)
+    if res.returncode != 0:
+        pytest.fail(f"scripts/crash-build.sh failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    tool = Path(res.stdout.strip().splitlines()[-1])
+    assert os.access(tool, os.X_OK), res.stdout
+    return tool
+
+
 def pids_matching(pattern: str) -> list[int]:
     """PIDs of processes whose command line matches ``pattern`` (pgrep -f)."""
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False)

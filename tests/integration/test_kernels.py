@@ -173,6 +173,18 @@ def test_a_kernel_built_from_source(cli: Cli, image: object, series: str, tmp_pa
     tree_kernel: Path = request.getfixturevalue("tree_kernel" if series == "6.1" else "tree_kernel_612")
     release = (tree_kernel / "include" / "config" / "kernel.release").read_text().strip()
     assert release.startswith(f"{series}.") and release.endswith("-labctl-test"), release
+    # `labctl kernel config`'s fragment for the lab (scripts/test-kernel.sh merged it) holds on each line
+    # of the tree's own Kconfig: nothing it asks for was dropped on 6.1 or on 6.12
+    config = dict(line.split("=", 1) for line in (tree_kernel / ".config").read_text().splitlines()
+                  if line.startswith("CONFIG_"))
+    fragment = (tree_kernel / "labctl.config").read_text().splitlines()
+    assert any(line.startswith("CONFIG_E1000=") for line in fragment), fragment
+    for line in fragment:
+        if line.startswith("CONFIG_"):
+            option, value = line.split("=", 1)
+            assert config.get(option) == value, (series, line, config.get(option))
+        elif line.startswith("# CONFIG_") and line.endswith(" is not set"):
+            assert line.split()[1] not in config, (series, line)
     lab = _tree_lab(tmp_path, tree_kernel)
     res = cli("up", str(lab), "--accel", "tcg", "--out", str(tmp_path / "runs"), "--json", timeout=1800)
     try:
