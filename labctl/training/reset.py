@@ -161,7 +161,7 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
                 hand_over_shared(Path(rec.dir), state.endpoint(name), time.monotonic() + 30.0)
             wait_ssh(state.endpoint(name), 30.0, set_clock=not shared)
             hand_tunnel_keys(Path(state.dir), lab_nets(state.resolved.get("guests") or {}), name,
-                              state.endpoint(name))
+                             state.endpoint(name))
             took[name] = round(time.monotonic() - t0, 2)
             if on_guest:
                 on_guest(name, took[name], "saved state")
