@@ -44,7 +44,7 @@ from labctl.pipeline import prepare_kernels
 from labctl.ssh import Session
 from labctl.state.runstate import LabState
 from labctl.training.reset import reset
-from labctl.up import snapshots
+from labctl.up import find_snapshot, remove_lab_snapshots
 from labctl.up.lifecycle import UpOptions, up
 from labctl.up.teardown import down
 
@@ -84,7 +84,7 @@ def one_run(n: int, accel: str, cold: bool, idle: bool = False) -> dict[str, obj
             out["idle"] = idle_cost(state)
         # Every reset installs the guest's own keys again (sshd reloads): a snapshot holds none.
         # Timed apart in the cold lab that took the snapshot, as before.
-        own = cold and snapshots.find(state.snapshots.get("g0")) is not None
+        own = cold and find_snapshot(state.snapshots.get("g0")) is not None
         if not cold or own:
             t1 = time.monotonic()
             reset(lab.name, ["g0"])
@@ -193,7 +193,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lb-") as state_dir:
         os.environ["LABCTL_STATE_DIR"] = state_dir
         for n in (1, 3):
-            snapshots.remove_lab(f"bench-boot-{n}")  # its first cold up takes them anew
+            remove_lab_snapshots(f"bench-boot-{n}")  # its first cold up takes them anew
             cold = [one_run(n, args.accel, cold=True, idle=(i == 0)) for i in range(args.runs)]
             warm = [one_run(n, args.accel, cold=False, idle=(i == 0)) for i in range(args.runs)]
             results.append({"guests": n, "accel": cold[0]["accel"], "runs": args.runs,

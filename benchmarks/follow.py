@@ -158,7 +158,7 @@ MODES = ("plain", "drops", "follow", "both", "wire")
 
 def watched_stream(env: dict[str, str], seconds: int, mode: str) -> tuple[tuple[float, float], float, dict[str, int]]:
     """((Mbit/s, CPU s per GB), labctl follow's CPU s, drops recorded) in one of :data:`MODES`."""
-    from labctl.follow import dropwatch
+    from labctl.follow import finish_dropwatch, start_dropwatch
     from labctl.ssh import Session
     from labctl.state import LabState
 
@@ -166,7 +166,7 @@ def watched_stream(env: dict[str, str], seconds: int, mode: str) -> tuple[tuple[
         return stream(env, seconds), 0.0, {}
     state = LabState.load(LAB)
     sessions = {g: Session(state.endpoint(g)) for g in ("a", "b")}
-    watches = {g: dropwatch.start(state, g, s) for g, s in sessions.items()} if mode != "follow" else {}
+    watches = {g: start_dropwatch(state, g, s) for g, s in sessions.items()} if mode != "follow" else {}
     f = Follow(env, "icmp", "--json", *(() if mode == "wire" else ("--no-wire",))) if mode != "drops" else None
     try:
         mbit = stream(env, seconds)
@@ -175,7 +175,7 @@ def watched_stream(env: dict[str, str], seconds: int, mode: str) -> tuple[tuple[
         drops: dict[str, int] = {}
         for g, w in watches.items():
             if w is not None:
-                text, _, _ = dropwatch.finish(w, sessions[g])
+                text, _, _ = finish_dropwatch(w, sessions[g])
                 for line in text.splitlines():
                     if " drop: " in line:
                         where = line.split(" loc=", 1)[-1].split("+")[0] + " reason " + (

@@ -95,7 +95,7 @@ def streams(env: dict[str, str], seconds: int, path: str = "direct") -> dict[int
 
 def watched(env: dict[str, str], seconds: int, mode: str, pair: int, path: str = "direct") -> dict[int, float]:
     """Both pairs' Mbit/s with ``pair`` watched in ``mode``."""
-    from labctl.follow import dropwatch
+    from labctl.follow import finish_dropwatch, start_dropwatch
     from labctl.ssh import Session
     from labctl.state import LabState
 
@@ -103,7 +103,7 @@ def watched(env: dict[str, str], seconds: int, mode: str, pair: int, path: str =
     state = LabState.load(lab)
     guests = [f"{r}{pair}" for r in roles]
     sessions = {g: Session(state.endpoint(g)) for g in guests}
-    watches = {g: dropwatch.start(state, g, s) for g, s in sessions.items()} if mode != "follow" else {}
+    watches = {g: start_dropwatch(state, g, s) for g, s in sessions.items()} if mode != "follow" else {}
     f = None
     if mode != "drops":
         f = fb.Follow(env, "icmp", "--json", "--no-wire", "--guests", ",".join(guests), lab=lab)
@@ -114,7 +114,7 @@ def watched(env: dict[str, str], seconds: int, mode: str, pair: int, path: str =
             f.stop()
         for g, w in watches.items():
             if w is not None:
-                dropwatch.finish(w, sessions[g])
+                finish_dropwatch(w, sessions[g])
         for s in sessions.values():
             s.close()
 

@@ -39,11 +39,10 @@ from labctl.events import NullReporter
 from labctl.image.apt import apt_download, downloads_dir
 from labctl.image.recipe import load_recipe
 from labctl.image.store import ImageStore
-from labctl.kernel import guest_kernels
-from labctl.kernel import prepare as prep
-from labctl.lab import kernels, load_lab_text
+from labctl.kernel import debian_packages, kernel_options, prepare_kernel
+from labctl.lab import TREE, KernelSpec, debian_kernel, load_lab_text
 from labctl.paths import cache_dir
-from labctl.up import snapshots
+from labctl.up import remove_lab_snapshots
 from labctl.up.lifecycle import UpOptions, up
 from labctl.up.teardown import down
 
@@ -75,7 +74,7 @@ def make(tree: Path) -> float:
     return time.monotonic() - t0
 
 
-def bring_up(spec: kernels.KernelSpec, accel: str, cold: bool = False) -> dict[str, float | str]:
+def bring_up(spec: KernelSpec, accel: str, cold: bool = False) -> dict[str, float | str]:
     """Prepare ``spec`` (timed), then up a one-guest lab on it to SSH-ready (timed), then down.
 
     As ``labctl up`` does by default: a kernel no snapshot was taken on boots
@@ -85,7 +84,7 @@ def bring_up(spec: kernels.KernelSpec, accel: str, cold: bool = False) -> dict[s
     recipe = load_recipe("debian-12")
     reporter = NullReporter()
     t0 = time.monotonic()
-    kernel = prep.prepare(spec, guest_kernels.options(recipe), reporter)
+    kernel = prepare_kernel(spec, kernel_options(recipe), reporter)
     prepared = time.monotonic() - t0
     lab = load_lab_text(LAB, "bench-kernel.yaml")
     t1 = time.monotonic()
@@ -98,7 +97,7 @@ def bring_up(spec: kernels.KernelSpec, accel: str, cold: bool = False) -> dict[s
 
 
 def tree_loop(tree: Path, accel: str) -> dict[str, object]:
-    spec = kernels.KernelSpec(kernels.TREE, tree=tree)
+    spec = KernelSpec(TREE, tree=tree)
     result: dict[str, object] = {"tree": str(tree)}
     # Bring the tree up to date first, so that the figures below are the edits' own: an update
     # of the host's headers (libelf-dev, linux-libc-dev) rebuilds objtool, and with it every
@@ -123,8 +122,8 @@ def tree_loop(tree: Path, accel: str) -> dict[str, object]:
 
 
 def debian_first_use(spec_text: str, accel: str) -> dict[str, object]:
-    spec = kernels.debian(spec_text)
-    package, dbg = prep.debian_packages(spec)
+    spec = debian_kernel(spec_text)
+    package, dbg = debian_packages(spec)
     real_downloads = downloads_dir()
     cached = {p: any(real_downloads.glob(f"{p}_*.deb")) for p in (package, dbg)}
     real_cache = cache_dir()
@@ -158,7 +157,7 @@ def main() -> int:
     report: dict[str, object] = {"host_cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="lb-") as state_dir:
         os.environ["LABCTL_STATE_DIR"] = state_dir
-        snapshots.remove_lab("bench-kernel")  # one per kernel it booted, ~90 MB each
+        remove_lab_snapshots("bench-kernel")  # one per kernel it booted, ~90 MB each
         try:
             if not args.skip_tree:
                 tree = args.tree or default_tree()
@@ -169,7 +168,7 @@ def main() -> int:
             if not args.skip_debian:
                 report["debian"] = debian_first_use(args.debian, args.accel)
         finally:
-            snapshots.remove_lab("bench-kernel")
+            remove_lab_snapshots("bench-kernel")
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

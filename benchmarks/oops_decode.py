@@ -41,7 +41,7 @@ from labctl.debug import Symbolizer, parse_oopses
 from labctl.debug.symbolize import SymbolTable
 from labctl.image.recipe import load_recipe
 from labctl.image.store import ImageStore
-from labctl.kernel import guest_kernels
+from labctl.kernel import default_kernel
 from labctl.kernel.cached import Kernel
 
 FIXTURE = ROOT / "tests" / "fixtures" / "oops" / "synthetic-50.console.log"
@@ -140,7 +140,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     image = ImageStore().require("debian-12")
-    img = guest_kernels.default_kernel(image, load_recipe(image.name))  # the kernel whose debug files decode
+    img = default_kernel(image, load_recipe(image.name))  # the kernel whose debug files decode
     if args.regenerate or not FIXTURE.exists():
         FIXTURE.write_text(synthetic_oops(Symbolizer(img.vmlinux_debug, img.debug_modules)))
     r = measure(img, args.runs, args.drop_page_cache)

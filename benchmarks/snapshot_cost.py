@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from labctl.lab import load_lab_text
 from labctl.pipeline import prepare
-from labctl.up import snapshots
+from labctl.up import find_snapshot, remove_lab_snapshots
 from labctl.up.lifecycle import UpOptions, up
 from labctl.up.teardown import down
 
@@ -44,15 +44,15 @@ def lab_text(n: int) -> str:
 
 def _one(lab: object, prepared: object, accel: str, snap: bool) -> float:
     name = lab.name  # type: ignore[attr-defined]
-    snapshots.remove_lab(name)
+    remove_lab_snapshots(name)
     t0 = time.monotonic()
     state = up(lab, prepared.image, prepared.kernels,  # type: ignore[attr-defined,arg-type]
                UpOptions(accel=accel, cold=True, snapshots=snap), _Quiet())  # type: ignore[arg-type]
     took = time.monotonic() - t0
     if snap:
-        assert all(snapshots.find(k) is not None for k in state.snapshots.values()), "no snapshot was taken"
+        assert all(find_snapshot(k) is not None for k in state.snapshots.values()), "no snapshot was taken"
     down(state.lab)
-    snapshots.remove_lab(name)
+    remove_lab_snapshots(name)
     return took
 
 

@@ -1,3 +1,3 @@
 from labctl.cli import main
 
-raise SystemExit(main.main())
+raise SystemExit(main())

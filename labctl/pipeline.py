@@ -21,13 +21,32 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from labctl.bundle import VmcoreRecord, guest_dir, write
+from labctl.bundle import (
+    VmcoreRecord,
+    copy_console,
+    copy_inputs,
+    guest_dir,
+    lab_section,
+    new_bundle_dir,
+    vmcore_record,
+    write_crash_manifest,
+    write_manifest,
+)
 from labctl.errors import LabctlError, UsageError
 from labctl.events import PrepareEvents, UpEvents
 from labctl.grading import ERROR, CheckResult, run_checks
 from labctl.image import Image, ImageStore, build_image, load_recipe
 from labctl.inspect import CrashWatch, capture_crash
-from labctl.kernel import Kernel, guest_kernels
+from labctl.kernel import (
+    Kernel,
+    all_prepared,
+    check_guest_kernels,
+    kernel_specs,
+    kernel_warning_lines,
+    preflight_kernels,
+    prepare_guest_kernels,
+    refuse_kernels,
+)
 from labctl.lab import Check, KernelSpec, Lab, load_lab_text
 from labctl.pack import PackResult, Pinned, check_archive, check_image, check_kernels, run_inputs
 from labctl.pack import pack_lab as write_pack
@@ -140,13 +159,13 @@ def prepare_kernels(lab: Lab, image: Image, events: PrepareEvents | None = None)
     :raise ImageError: when preparing one fails.
     """
     events = events or PrepareEvents()
-    by_guest = guest_kernels.specs(lab, image)  # once: each step below reads it
+    by_guest = kernel_specs(lab, image)  # once: each step below reads it
     _kernel_checks(lab, image, events, by_guest)
     recipe = load_recipe(image.name)
-    if guest_kernels.all_prepared(by_guest, recipe):
-        return guest_kernels.prepare(by_guest, recipe)
+    if all_prepared(by_guest, recipe):
+        return prepare_guest_kernels(by_guest, recipe)
     with events.slow(f"preparing kernels for {lab.name} (first use of each; cached afterwards)") as rep:
-        return guest_kernels.prepare(by_guest, recipe, rep)
+        return prepare_guest_kernels(by_guest, recipe, rep)
 
 
 def _kernel_checks(lab: Lab, image: Image, events: PrepareEvents | None = None,
@@ -157,11 +176,11 @@ def _kernel_checks(lab: Lab, image: Image, events: PrepareEvents | None = None,
     :raise LabFileError: for refusals (exit 2); warnings and notes go to ``events``.
     """
     events = events or PrepareEvents()
-    by_guest = guest_kernels.specs(lab, image) if by_guest is None else by_guest
-    guest_kernels.check(lab, by_guest)
-    report = guest_kernels.preflight(lab, by_guest)
-    guest_kernels.refuse(report)
-    for line in guest_kernels.warning_lines(report):
+    by_guest = kernel_specs(lab, image) if by_guest is None else by_guest
+    check_guest_kernels(lab, by_guest)
+    report = preflight_kernels(lab, by_guest)
+    refuse_kernels(report)
+    for line in kernel_warning_lines(report):
         events.warn(line)
 
 
@@ -194,9 +213,9 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
         status, reason = "failed", f"step {failed[0].name}" + (
             f" ({failed[0].variant})" if failed[0].variant else "") + f": {failed[0].reason}"
     finished = now()
-    write.copy_inputs(bundle, lab, state)
-    write.write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason,
-                         vmcores=runner.vmcores)
+    copy_inputs(bundle, lab, state)
+    write_manifest(bundle, lab, state, started, finished, runner.commands, status, reason,
+                   vmcores=runner.vmcores)
     header = {"lab": lab.name, "status": status, "reason": reason, "started_at": started, "finished_at": finished,
               "accel": state.accel, "vmcores": runner.vmcores}
     write_summary(bundle, summarize(bundle, header, (r.entry() for r in runner.results)))
@@ -220,16 +239,16 @@ class BootCrashes:
         """The guest's vmcore, summary and console into the bundle; the line that ends up's error."""
         where = self.bundle / guest_dir(guest)
         rec = capture_crash(state, guest, where, when="up", nics=[n.name for n in self.lab.guests[guest].nics])
-        write.copy_console(self.bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
-        self.records.append(write.vmcore_record(self.bundle, rec))
+        copy_console(self.bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
+        self.records.append(vmcore_record(self.bundle, rec))
         return f"its vmcore: {where / 'vmcore'}" if rec.get("file") else str(rec.get("error") or "")
 
     def write_bundle(self, started: str, reason: str, kernels: dict[str, Kernel]) -> None:
         """The bundle of a lab that did not come up, when a guest's crash is in it (else nothing)."""
         if not self.records:
             return
-        write.write_crash_manifest(self.bundle, write.lab_section(self.lab), started, now(), f"up: {reason}", kernels,
-                                   self.records, self.lab.text)
+        write_crash_manifest(self.bundle, lab_section(self.lab), started, now(), f"up: {reason}", kernels,
+                             self.records, self.lab.text)
         header = {"lab": self.lab.name, "status": "failed", "reason": f"up: {reason}", "started_at": started,
                   "finished_at": now(), "accel": None, "vmcores": self.records}
         write_summary(self.bundle, summarize(self.bundle, header, []))
@@ -245,7 +264,7 @@ def run_lab(lab: Lab, prepared: Prepared, opts: UpOptions, out_root: Path, up_ev
     lock is held throughout: no other labctl takes the lab meanwhile.
     """
     with lab_lock(lab.ident):
-        bundle = write.new_bundle_dir(out_root, lab.ident)
+        bundle = new_bundle_dir(out_root, lab.ident)
         started, crashes = now(), BootCrashes(lab, bundle)
         try:
             state = up(lab, prepared.image, prepared.kernels, dataclasses.replace(opts, on_boot_crash=crashes.keep),
@@ -281,7 +300,7 @@ def check_lab(state: LabState, checks: Sequence[Check] | None = None, out_root: 
 
     def where(guest: str) -> Path:
         if not made:
-            made.append(write.new_bundle_dir(out_root, f"{state.lab}-check"))
+            made.append(new_bundle_dir(out_root, f"{state.lab}-check"))
         return made[0] / guest_dir(guest)
 
     started = now()
@@ -293,8 +312,8 @@ def check_lab(state: LabState, checks: Sequence[Check] | None = None, out_root: 
         taken = watch.stop()
     if not taken:
         return CheckedLab(results)
-    bundle = made[0] if made else write.new_bundle_dir(out_root, f"{state.lab}-check")
-    crashed = _check_crash_bundle(state, bundle, [write.vmcore_record(bundle, r) for r in taken], started)
+    bundle = made[0] if made else new_bundle_dir(out_root, f"{state.lab}-check")
+    crashed = _check_crash_bundle(state, bundle, [vmcore_record(bundle, r) for r in taken], started)
     results = [r if r.passed or r.guest not in crashed else
                dataclasses.replace(r, status=ERROR, detail=f"guest {r.guest} crashed: {crashed[r.guest]}; bundle {bundle}")
                for r in results]
@@ -306,10 +325,10 @@ def _check_crash_bundle(state: LabState, bundle: Path, records: list[VmcoreRecor
     (there already), manifest, summary and report; guest -> its crash's title."""
     crashed = {r["guest"]: r.get("title") or "see its console" for r in records}
     for guest in crashed:
-        write.copy_console(bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
+        copy_console(bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
     why = "; ".join(f"guest {g} crashed during the checks: {title}" for g, title in crashed.items())
-    write.write_crash_manifest(bundle, {"name": state.lab, "source": state.source, "resolved": state.resolved},
-                               started, now(), why, {g: state.kernel(g) for g in state.guests}, records)
+    write_crash_manifest(bundle, {"name": state.lab, "source": state.source, "resolved": state.resolved},
+                         started, now(), why, {g: state.kernel(g) for g in state.guests}, records)
     header = {"lab": state.lab, "status": "failed", "reason": why, "started_at": started, "finished_at": now(),
               "accel": state.accel, "vmcores": records}
     write_summary(bundle, summarize(bundle, header, []))

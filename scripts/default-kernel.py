@@ -11,15 +11,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's labctl, whatever is installed
 
 from labctl.image import ImageStore, load_recipe
-from labctl.kernel import prepare
-from labctl.lab import kernels
+from labctl.kernel import debian_version
+from labctl.lab import debian_kernel
 
 
 def main() -> None:
     recipe = load_recipe("debian-12")
     image = ImageStore().get(recipe.name, recipe.key())
     release = image.default_kernel.removeprefix("debian:") if image else recipe.kernel_today()[0]
-    version = prepare.debian_version(kernels.debian(f"debian:{release}"))
+    version = debian_version(debian_kernel(f"debian:{release}"))
     print(release, version or "-")
 
 

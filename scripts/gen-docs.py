@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 from labctl.cli.main import build_parser
 from labctl.lab import (
+    KERNEL_FILE_KEYS,
     checks,
     firewall,
     followspec,
-    kernels,
     kselftest,
     netconf,
     nicparse,
@@ -57,7 +57,7 @@ LAB_SECTIONS: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     ("networks.NET", validate._NETWORK_KEYS, (), "../lab-files.md"),
     ("guests.GUEST", validate._GUEST_KEYS, (), "../lab-files.md"),
     ("kernel (and guests.GUEST.kernel), a tree", ("tree",), ("tree",), "../kernels.md"),
-    ("kernel (and guests.GUEST.kernel), files", kernels.FILE_KEYS, ("image",), "../kernels.md"),
+    ("kernel (and guests.GUEST.kernel), files", KERNEL_FILE_KEYS, ("image",), "../kernels.md"),
     ("guests.GUEST.nics[]", nicparse.NIC_KEYS, nicparse._NIC_REQUIRED, "../lab-files.md"),
     ("guests.GUEST.nics[].impair", IMPAIR_KEYS, (), "../networking.md#impairments"),
     ("guests.GUEST.nics[].xdp", xdp.XDP_KEYS, (), "../xdp.md"),

@@ -262,7 +262,7 @@ def teardown(t: Tracked, say: Callable[[str], None] = lambda _: None) -> None:
     if t.torn_down:
         return
     t.torn_down = True
-    from labctl.up import taps
+    from labctl.up.taps import netns_name
 
     names = t.lab_names()
     labs_root = t.state_dir / "labs"
@@ -279,7 +279,7 @@ def teardown(t: Tracked, say: Callable[[str], None] = lambda _: None) -> None:
         kill(pids)
     for name in names:
         with contextlib.suppress(OSError, ValueError):
-            ns = taps.netns_name(labs_root / name)
+            ns = netns_name(labs_root / name)
             if (NETNS_DIR / ns).exists():
                 subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30, check=False)
     if labs_root.is_dir():
@@ -389,12 +389,12 @@ def leftovers(base: Baseline) -> list[Leftover]:
 
 
 def _netns_owner(name: str) -> str:
-    from labctl.up import taps
+    from labctl.up.taps import netns_name
 
     for t in _TRACKED:
         for lab in t.lab_names():
             with contextlib.suppress(OSError, ValueError):
-                if taps.netns_name(t.state_dir / "labs" / lab) == name:
+                if netns_name(t.state_dir / "labs" / lab) == name:
                     return t.test
     return "?"
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from labctl.errors import UsageError
 
 if TYPE_CHECKING:
-    from labctl.backends import owned
     from labctl.backends.accel import AccelChoice, choose_accel, choose_accels, kvm_usable, lab_accel, probe_kvm
     from labctl.backends.base import (
         GUEST_MEMORY,
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
         running_version,
         save_state,
     )
+    from labctl.backends.owned import backends as owned_backends
     from labctl.backends.qemu.rrargv import (
         RRFILE,
         ReplayFiles,
@@ -96,7 +96,7 @@ __all__ = [
     "lab_accel",
     "load_state",
     "netdev_id",
-    "owned",
+    "owned_backends",
     "probe_kvm",
     "qemu_pid",
     "qemu_version",

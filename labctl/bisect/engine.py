@@ -30,10 +30,8 @@ from labctl.errors import LabctlError
 from labctl.events import NullReporter
 from labctl.grading import checks_of, run_checks
 from labctl.image import Image, Recipe
-from labctl.kernel import Kernel, guest_kernels
-from labctl.kernel import prepare as prep
-from labctl.lab import Check, KernelSpec, Lab
-from labctl.lab import kernels as lab_kernels
+from labctl.kernel import Kernel, kernel_options, kernel_specs, prepare_kernel
+from labctl.lab import TREE, Check, KernelSpec, Lab
 from labctl.pipeline import Prepared, run_lab
 from labctl.state import LabState, up_labs
 from labctl.up import UpOptions, down
@@ -48,7 +46,7 @@ COMMAND_TIMEOUT = 120.0
 def tree_guests(lab: Lab, tree: Path) -> list[str]:
     """The guests that boot ``tree`` (all of them when no guest names it: the tree is then every guest's)."""
     want = tree.resolve()
-    named = [g for g in lab.guests if (s := lab.kernel_of(g)) is not None and s.kind == lab_kernels.TREE
+    named = [g for g in lab.guests if (s := lab.kernel_of(g)) is not None and s.kind == TREE
              and s.tree is not None and Path(s.tree).resolve() == want]
     return named or list(lab.guests)
 
@@ -58,7 +56,7 @@ def on_tree(lab: Lab, tree: Path, other: Path) -> Lab:
     want = tree.resolve()
 
     def moved(spec: KernelSpec | None) -> KernelSpec | None:
-        if spec is not None and spec.kind == lab_kernels.TREE and spec.tree is not None \
+        if spec is not None and spec.kind == TREE and spec.tree is not None \
                 and Path(spec.tree).resolve() == want:
             return dataclasses.replace(spec, tree=other)
         return spec
@@ -66,7 +64,7 @@ def on_tree(lab: Lab, tree: Path, other: Path) -> Lab:
     guests = {n: dataclasses.replace(g, kernel=moved(g.kernel)) for n, g in lab.guests.items()}
     changed = dataclasses.replace(lab, kernel=moved(lab.kernel), guests=guests)
     if changed == lab:  # no guest names the tree: every guest boots it
-        return lab.with_kernel(KernelSpec(kind=lab_kernels.TREE, tree=other, path="--kernel"))
+        return lab.with_kernel(KernelSpec(kind=TREE, tree=other, path="--kernel"))
     return changed
 
 
@@ -247,9 +245,9 @@ class Bisector:
             return None, False, f"does not build: {res.reason}"
         self.say(f"  {commit[:12]}: built in {res.seconds:.0f} s; preparing the kernel")
         t1 = time.monotonic()
-        spec = KernelSpec(kind=lab_kernels.TREE, tree=self.wt.path, path="--kernel")
+        spec = KernelSpec(kind=TREE, tree=self.wt.path, path="--kernel")
         try:
-            kernel = prep.prepare(spec, guest_kernels.options(self.recipe), NullReporter())
+            kernel = prepare_kernel(spec, kernel_options(self.recipe), NullReporter())
         except LabctlError as exc:
             return None, True, f"its kernel cannot be prepared: {exc.message}"
         step.times["prepare"] = round(time.monotonic() - t1, 2)
@@ -267,10 +265,10 @@ class Bisector:
 
     def _kernels(self, tree_kernel: Kernel) -> dict[str, Kernel]:
         guests = set(tree_guests(self.lab, self.wt.path))
-        opts = guest_kernels.options(self.recipe)
+        opts = kernel_options(self.recipe)
         out: dict[str, Kernel] = {}
-        for g, spec in guest_kernels.specs(self.lab, self.image).items():
-            out[g] = tree_kernel if g in guests else prep.prepare(spec, opts, NullReporter())
+        for g, spec in kernel_specs(self.lab, self.image).items():
+            out[g] = tree_kernel if g in guests else prepare_kernel(spec, opts, NullReporter())
         return out
 
     def run_lab(self, kernel: Kernel, out_root: Path, env: TryEnv | None = None) -> Run:

@@ -111,10 +111,10 @@ def make(kind: str, **kw: Any) -> Oracle:
     if kind == "command" and not kw.get("command"):
         raise UsageError("--command needs a command")
     if kind == "drgn":
-        from labctl.lab import drgnexpr
+        from labctl.lab import parse_drgn
 
         try:
-            drgnexpr.parse(str(kw.get("command") or ""))
+            parse_drgn(str(kw.get("command") or ""))
         except ValueError as exc:
             raise UsageError(f"--drgn: {exc}") from None
     if kind == "figure":

@@ -14,7 +14,6 @@ Imports never: labctl.report, labctl.cli, labctl.steps, labctl.backends
 
 from __future__ import annotations
 
-from labctl.bundle import junit, write
 from labctl.bundle.archive import pack, vmcores_of
 from labctl.bundle.figures import (
     BEYOND,
@@ -39,6 +38,13 @@ from labctl.bundle.figures import (
     variant_text,
     verdict,
 )
+from labctl.bundle.junit import ERROR as JUNIT_ERROR
+from labctl.bundle.junit import FAILED as JUNIT_FAILED
+from labctl.bundle.junit import PASSED as JUNIT_PASSED
+from labctl.bundle.junit import Case as JunitCase
+from labctl.bundle.junit import Suite as JunitSuite
+from labctl.bundle.junit import selftest_cases, step_cases
+from labctl.bundle.junit import write as write_junit
 from labctl.bundle.layout import (
     CONSOLE,
     FLAMEGRAPH_FOLDED,
@@ -73,6 +79,15 @@ from labctl.bundle.records import (
     VariantSpread,
     VmcoreRecord,
 )
+from labctl.bundle.write import (
+    copy_console,
+    copy_inputs,
+    lab_section,
+    new_bundle_dir,
+    vmcore_record,
+    write_crash_manifest,
+    write_manifest,
+)
 
 __all__ = [
     "BEYOND",
@@ -81,6 +96,9 @@ __all__ = [
     "FLAMEGRAPH_SVG",
     "GUESTS",
     "HOST_DIR",
+    "JUNIT_ERROR",
+    "JUNIT_FAILED",
+    "JUNIT_PASSED",
     "MANIFEST",
     "NO_REPEATS",
     "OOPS_TXT",
@@ -92,6 +110,8 @@ __all__ = [
     "CaptureRecord",
     "CommandRecord",
     "GdbRecord",
+    "JunitCase",
+    "JunitSuite",
     "NetworkRecord",
     "NicRecord",
     "Run",
@@ -107,6 +127,8 @@ __all__ = [
     "as_step",
     "capture_file",
     "check_bundle_dir",
+    "copy_console",
+    "copy_inputs",
     "diff_flamegraph",
     "figure",
     "fmt_num",
@@ -114,21 +136,27 @@ __all__ = [
     "guest_dir",
     "is_failed",
     "is_vmcore",
-    "junit",
     "kind_record",
+    "lab_section",
     "load_run",
+    "new_bundle_dir",
     "nic_model",
     "pack",
     "primary_guest",
     "repeat_key",
     "run_steps",
+    "selftest_cases",
     "spread",
+    "step_cases",
     "step_dir",
     "step_guests",
     "step_labels",
     "usable",
     "variant_text",
     "verdict",
+    "vmcore_record",
     "vmcores_of",
-    "write",
+    "write_crash_manifest",
+    "write_junit",
+    "write_manifest",
 ]

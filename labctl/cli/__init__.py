@@ -18,7 +18,7 @@ guest's interfaces, routes and sysctls as status shows them: :mod:`.netview`),
 
 from __future__ import annotations
 
-from labctl.cli import main
+from labctl.cli.main import main
 
 __all__ = [
     "main",

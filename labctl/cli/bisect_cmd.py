@@ -15,20 +15,34 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.bisect import (
+    BISECT_SUMMARY,
+    ESTIMATE_RUNS,
+    LOG_COLUMNS,
+    MAX_TRIES,
     Bisector,
+    Oracle,
     State,
-    bundlepages,
-    cfgloop,
-    configs,
+    answer_text,
+    bisect_summary,
+    check_config_pair,
+    checked_work,
+    config_start_files,
+    default_work,
+    describe_oracle,
+    is_ancestor,
     load,
+    log_rows,
+    make_oracle,
+    makefile_version,
     on_tree,
+    parse_config,
+    resolve_rev,
     save,
-    search,
     tree_guests,
-    tries,
+    trust_lines,
+    work_locked,
+    write_bundle,
 )
-from labctl.bisect import oracle as orc
-from labctl.bisect import worktree as bbuild
 from labctl.cli.lifecycle_cmds import load_with_kernel
 from labctl.cli.ui import PrepareDisplay, console, out, print_json
 from labctl.errors import UsageError
@@ -72,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="run the oracle up to N times a commit: bad when any try fails, good when all pass; auto: "
                         "N from the failing end's failure rate, for 95%% confidence (default 1)")
     t.add_argument("--estimate-runs", type=int, default=None, metavar="K",
-                   help=f"--tries auto: run the failing end K times for its failure rate (default {tries.ESTIMATE_RUNS})")
+                   help=f"--tries auto: run the failing end K times for its failure rate (default {ESTIMATE_RUNS})")
     t.add_argument("--no-confirm", action="store_true",
                    help="do not confirm the answer by reverting it on the bad end and running that")
     p.add_argument("--term-old", default=None, metavar="TERM", help="git bisect's old term (default: good)")
@@ -107,7 +121,7 @@ def _bundle_arg(value: str) -> Path:
         raise UsageError("no bisection was started here", hint="name its bundle: labctl bisect --continue DIR") from exc
 
 
-def _oracle(args: argparse.Namespace) -> orc.Oracle:
+def _oracle(args: argparse.Namespace) -> Oracle:
     chosen = [k for k, v in (("check", args.check), ("step", args.step), ("panic", args.panic or None),
                              ("command", args.command), ("drgn", args.drgn), ("figure", args.figure)) if v]
     if len(chosen) != 1:
@@ -123,21 +137,21 @@ def _oracle(args: argparse.Namespace) -> orc.Oracle:
         kw.update(command=args.command or args.drgn, guest=args.on)
     elif kind == "figure":
         kw.update(figure=args.figure, below=args.below, above=args.above, worse_than_good=args.worse_than_good)
-    return orc.make(kind, **kw)
+    return make_oracle(kind, **kw)
 
 
 def _tries(args: argparse.Namespace) -> tuple[int, int]:
     """--tries N|auto and --estimate-runs K: (N, K), N 0 for auto."""
     value = str(args.tries).strip().lower()
     if value == "auto":
-        k = tries.ESTIMATE_RUNS if args.estimate_runs is None else args.estimate_runs
+        k = ESTIMATE_RUNS if args.estimate_runs is None else args.estimate_runs
         if not 1 <= k <= 100:
             raise UsageError(f"--estimate-runs {k}: give 1 to 100 runs")
         return 0, k
     if args.estimate_runs is not None:
         raise UsageError("--estimate-runs goes with --tries auto")
-    if not value.isdigit() or not 1 <= int(value) <= tries.MAX_TRIES * 5:
-        raise UsageError(f"--tries {args.tries}: give a number of tries (1 to {tries.MAX_TRIES * 5}) or 'auto'")
+    if not value.isdigit() or not 1 <= int(value) <= MAX_TRIES * 5:
+        raise UsageError(f"--tries {args.tries}: give a number of tries (1 to {MAX_TRIES * 5}) or 'auto'")
     return int(value), 0
 
 
@@ -200,11 +214,11 @@ def _configs(args: argparse.Namespace, tree: Path) -> tuple[bytes, bytes]:
     """The two configs, checked against the tree (its architecture and version) and each other."""
     good = _read_config(args.good_config, "--good-config", args.trust_dir)
     bad = _read_config(args.bad_config, "--bad-config", args.trust_dir)
-    tree_cfg = configs.parse((tree / ".config").read_text(errors="replace"))
-    version = configs.makefile_version((tree / "Makefile").read_text(errors="replace"))
-    configs.check_pair(good.decode(errors="replace"), bad.decode(errors="replace"), tree_cfg, version,
-                       (f"--good-config {args.good_config}", f"--bad-config {args.bad_config}"),
-                       PurePosixPath(tree))
+    tree_cfg = parse_config((tree / ".config").read_text(errors="replace"))
+    version = makefile_version((tree / "Makefile").read_text(errors="replace"))
+    check_config_pair(good.decode(errors="replace"), bad.decode(errors="replace"), tree_cfg, version,
+                      (f"--good-config {args.good_config}", f"--bad-config {args.bad_config}"),
+                      PurePosixPath(tree))
     return good, bad
 
 
@@ -223,10 +237,10 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
     texts: tuple[bytes, bytes] | None = None
     if config_mode:
         texts = _configs(args, tree)
-        good = bad = search.resolve(tree, args.commit or "HEAD")
+        good = bad = resolve_rev(tree, args.commit or "HEAD")
     else:
-        good, bad = search.resolve(tree, args.good), search.resolve(tree, args.bad)
-        if good == bad or not search.is_ancestor(tree, good, bad):
+        good, bad = resolve_rev(tree, args.good), resolve_rev(tree, args.bad)
+        if good == bad or not is_ancestor(tree, good, bad):
             raise UsageError(f"--good {args.good} must be an ancestor of --bad {args.bad}")
     lab = load_with_kernel(args.file, None, args.trust_dir)
     if oracle.kind == "check" and oracle.name not in {c.name for c in lab.checks}:
@@ -243,7 +257,7 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
     bundle = (args.out or Path("runs") / f"bisect-{lab.name}-{stamp}").resolve()
     if (bundle / "state.json").exists():
         raise UsageError(f"{bundle} already holds a bisection", hint=f"go on with it: labctl bisect --continue {bundle}")
-    work = bbuild.checked_work((args.work or bbuild.default_work(tree)).resolve())
+    work = checked_work((args.work or default_work(tree)).resolve())
     bundle = checked_dir(bundle, create=True)
     state = State(lab_file=str(Path(args.file).resolve()), tree=str(tree), good=good, bad=bad, oracle=oracle.to_dict(),
                   term_old=term_old, term_new=term_new, work=str(work), tries=tries, estimate_runs=estimate_runs,
@@ -251,14 +265,14 @@ def _start(args: argparse.Namespace) -> tuple[Path, State]:
                   up={"accel": args.accel, "boot_timeout": args.boot_timeout, "jobs": args.jobs},
                   trust_dirs=[str(Path(d).resolve()) for d in args.trust_dir])
     if texts is not None:
-        state.configs = {**cfgloop.start_files(bundle, *texts), "given_good": str(args.good_config.resolve()),
+        state.configs = {**config_start_files(bundle, *texts), "given_good": str(args.good_config.resolve()),
                          "given_bad": str(args.bad_config.resolve())}
     save(bundle, state)
     return bundle, state
 
 
 def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
-    work = bbuild.checked_work(Path(state.work))
+    work = checked_work(Path(state.work))
     lab = load_with_kernel(state.lab_file, None, args.trust_dir)  # never the state's: it cannot widen trust
     _last_file().parent.mkdir(parents=True, exist_ok=True)
     atomic_write(_last_file(), str(bundle) + "\n")
@@ -283,39 +297,39 @@ def _go(bundle: Path, state: State, args: argparse.Namespace) -> int:
             f"config {state.configs.get('given_bad')}" if state.configs else
             f"{state.term_old} {state.good[:12]}, {state.term_new} {state.bad[:12]}")
     say(f"{Path(state.lab_file).name}: guests {', '.join(tree_guests(lab, tree))} boot {tree}; {ends}; "
-        f"oracle: {orc.describe(orc.Oracle.from_dict(state.oracle))}")
+        f"oracle: {describe_oracle(Oracle.from_dict(state.oracle))}")
     say(f"bundle {bundle}")
     jobs = state.up.get("jobs") or args.jobs or os.cpu_count()
-    with bbuild.locked(work):
+    with work_locked(work):
         bis = Bisector(bundle, state, lab, image, recipe, opts, say, build_line, int(jobs or 1))
         try:
             bis.run()
         except KeyboardInterrupt:
             save(bundle, state)
-            bundlepages.write(bundle, state)
+            write_bundle(bundle, state)
             console.print(Text(f"bisect: interrupted; go on with: labctl bisect --continue {bundle}"))
             raise
         finally:
             save(bundle, state)
-        bundlepages.write(bundle, state)
+        write_bundle(bundle, state)
     return _show(bundle, state, args.json)
 
 
 def _show(bundle: Path, state: State, as_json: bool) -> int:
-    if state.done and not (bundle / bundlepages.SUMMARY).is_file():
-        bundlepages.write(bundle, state)
+    if state.done and not (bundle / BISECT_SUMMARY).is_file():
+        write_bundle(bundle, state)
     if as_json:
-        print_json({"bundle": str(bundle), **bundlepages.summary(state, bundle)})
+        print_json({"bundle": str(bundle), **bisect_summary(state, bundle)})
     else:
-        t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {orc.describe(orc.Oracle.from_dict(state.oracle))}"),
+        t = Table(title=Text(f"bisect {Path(state.lab_file).name}: {describe_oracle(Oracle.from_dict(state.oracle))}"),
                   title_justify="left")
-        for col in bundlepages.COLUMNS:
+        for col in LOG_COLUMNS:
             t.add_column(col)
-        for row in bundlepages.rows(state):
+        for row in log_rows(state):
             t.add_row(*(Text(c) for c in row))
         out.print(t)
-        out.print(Text(bundlepages.answer_text(state), style="bold"), soft_wrap=True)
-        for line in bundlepages.trust_lines(state):
+        out.print(Text(answer_text(state), style="bold"), soft_wrap=True)
+        for line in trust_lines(state):
             out.print(Text(line), soft_wrap=True)
         if state.done:
             out.print(Text(f"bundle: {bundle}"), soft_wrap=True)

@@ -23,7 +23,15 @@ from rich.text import Text
 from labctl.backends import get_backend
 from labctl.cli.ui import console, warn
 from labctl.errors import LabctlError, UsageError
-from labctl.live import capture, netctl
+from labctl.live import (
+    CaptureWritten,
+    capture_description,
+    discard_capture,
+    follow_capture,
+    lab_nic,
+    start_capture,
+    stop_capture,
+)
 from labctl.net import FORMATS, Frame, summary_line
 from labctl.paths import create_new
 from labctl.state import LabState
@@ -69,23 +77,23 @@ def _reader_gone(out: BinaryIO) -> Callable[[], bool]:
 def cmd_capture(args: argparse.Namespace) -> int:
     _check(args)
     state = LabState.load(args.lab)
-    netctl.lab_nic(state, args.guest, args.nic)
+    lab_nic(state, args.guest, args.nic)
     backend = get_backend(state.backend)
     rec = state.guests[args.guest]
     started = time.monotonic()
 
-    def done(written: capture.Written) -> bool:
+    def done(written: CaptureWritten) -> bool:
         return ((args.count is not None and written.frames >= args.count)
                 or (args.duration is not None and time.monotonic() - started >= args.duration))
 
     out, close = _output(args)
-    cap = capture.start(state, backend, args.guest, args.nic, "live")
+    cap = start_capture(state, backend, args.guest, args.nic, "live")
     console.print(Text(f"capturing {cap.label} of lab {state.lab}; Ctrl-C stops", style="dim"))
-    written = capture.Written()
+    written = CaptureWritten()
     how = "stopped"
     try:
-        capture.follow(cap, out, done, label=cap.label, written=written,
-                                 description=capture.description(state, args.guest, args.nic), fmt=args.format,
+        follow_capture(cap, out, done, label=cap.label, written=written,
+                                 description=capture_description(state, args.guest, args.nic), fmt=args.format,
                                  alive=lambda: _alive(backend, rec),
                                  reader_gone=_reader_gone(out) if out is not None else lambda: False,
                                  on_frame=_printer() if args.write is None else None)
@@ -97,9 +105,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
         how = "the reader went away"
         _silence_stdout()
     finally:
-        for w in capture.stop(state, backend, cap):
+        for w in stop_capture(state, backend, cap):
             warn(w)
-        capture.discard(state, cap)
+        discard_capture(state, cap)
         close()
     console.print(Text(f"{written.frames} frames ({written.bytes} bytes) from {cap.label}; {how}"))
     return 0

@@ -19,7 +19,16 @@ from labctl.cli.ui import console, out, print_json, safe, warn
 from labctl.errors import UsageError
 from labctl.mux import MuxSession
 from labctl.state import LabState, check_lab_name
-from labctl.steps import transfer
+from labctl.steps import (
+    TRANSFER_TIMEOUT,
+    TransferProgress,
+    copy_from_guest,
+    copy_to_guest,
+    human_size,
+    local_size,
+    parse_size,
+    plan_transfer,
+)
 
 PROGRESS_FROM = 32 << 20  # bytes: smaller copies get no progress bar
 
@@ -40,14 +49,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("dest", metavar="DEST")
     c.add_argument("--max-size", default="4G", metavar="SIZE",
                    help="the most bytes to copy: file data, and 512 for each entry (default 4G; K, M, G, T)")
-    c.add_argument("--timeout", type=float, default=transfer.DEFAULT_TIMEOUT, metavar="S",
-                   help=f"seconds the whole copy may take (default {transfer.DEFAULT_TIMEOUT:.0f})")
+    c.add_argument("--timeout", type=float, default=TRANSFER_TIMEOUT, metavar="S",
+                   help=f"seconds the whole copy may take (default {TRANSFER_TIMEOUT:.0f})")
     c.add_argument("--json", action="store_true", help="print what was copied and skipped as JSON")
     c.set_defaults(func=cmd_cp)
 
 
 @contextlib.contextmanager
-def _progress(show: bool, label: str, total: int | None) -> Iterator[transfer.Progress | None]:
+def _progress(show: bool, label: str, total: int | None) -> Iterator[TransferProgress | None]:
     if not show:
         yield None
         return
@@ -59,8 +68,8 @@ def _progress(show: bool, label: str, total: int | None) -> Iterator[transfer.Pr
 
 
 def cmd_cp(args: argparse.Namespace) -> int:
-    p = transfer.plan(args.src, args.dest)
-    budget = transfer.parse_size(args.max_size)
+    p = plan_transfer(args.src, args.dest)
+    budget = parse_size(args.max_size)
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout:g}: give a positive number of seconds")
     state = LabState.load(check_lab_name(args.lab))
@@ -68,12 +77,12 @@ def cmd_cp(args: argparse.Namespace) -> int:
     interactive = not args.json and sys.stderr.isatty()
     with MuxSession(ep, Path(state.guests[p.guest].dir)) as s:  # the guest's kept connection (labctl.mux)
         if p.to_guest:
-            total = transfer.local_size(p.local) if interactive else 0
+            total = local_size(p.local) if interactive else 0
             with _progress(interactive and total >= PROGRESS_FROM, f"to {p.guest}", total) as progress:
-                got = transfer.to_guest(s, p.local, p.remote, budget, args.timeout, progress)
+                got = copy_to_guest(s, p.local, p.remote, budget, args.timeout, progress)
         else:
             with _progress(interactive, f"from {p.guest}", None) as progress:
-                got = transfer.from_guest(s, p.remote, p.local, budget, args.timeout, progress)
+                got = copy_from_guest(s, p.remote, p.local, budget, args.timeout, progress)
     source = p.local if p.to_guest else f"{p.guest}:{p.remote}"
     if args.json:
         print_json({"lab": state.lab, "guest": p.guest, "direction": "to-guest" if p.to_guest else "from-guest",
@@ -82,6 +91,6 @@ def cmd_cp(args: argparse.Namespace) -> int:
         for path, why in got.skipped:
             warn(f"not copied: {path}: {why}")
         where = f"{p.guest}:{got.target}" if p.to_guest else got.target
-        out.print(Text.assemble(f"copied {got.files} file(s), {transfer.human(got.bytes)}", " to ", safe(where))
+        out.print(Text.assemble(f"copied {got.files} file(s), {human_size(got.bytes)}", " to ", safe(where))
                   if got.target else Text("nothing copied"))
     return 1 if got.skipped or not got.target else 0

@@ -15,10 +15,10 @@ from typing import Any
 
 from labctl.errors import UsageError
 from labctl.lab import load_lab
-from labctl.live import capture
+from labctl.live import active_captures
 from labctl.net import runtime_from_state, to_dot, to_mermaid, to_svg, topology
 from labctl.paths import atomic_write
-from labctl.state import LabState, check_lab_name, netstate
+from labctl.state import LabState, check_lab_name, load_netstate
 from labctl.up import guest_statuses
 
 FORMATS = {"svg": to_svg, "dot": to_dot, "mermaid": to_mermaid}
@@ -46,10 +46,10 @@ def lab_picture(source: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     if _is_file(source):
         return load_lab(source).to_dict(), None
     state = LabState.load(check_lab_name(source))
-    record = netstate.load(state.path)
+    record = load_netstate(state.path)
     runtime = runtime_from_state(state.drivers, state.networks, state.hosts,
                                  {g.name: g.state for g in guest_statuses(state)},
-                                 record.impair, record.links, [c.label for c in capture.active(state)],
+                                 record.impair, record.links, [c.label for c in active_captures(state)],
                                  state.offloads)
     return state.resolved, runtime
 

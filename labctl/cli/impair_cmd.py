@@ -15,8 +15,8 @@ from rich.text import Text
 from labctl.cli.ui import out, print_json
 from labctl.errors import UsageError
 from labctl.lab import IMPAIR_KEYS, Impairment, parse_impairment
-from labctl.live import netctl
-from labctl.state import LabState, netstate
+from labctl.live import apply_impairment, lab_nic
+from labctl.state import LabState, load_netstate
 
 HELP = {"delay": "added delay, e.g. 50ms", "jitter": "delay variation (needs --delay), e.g. 5ms",
         "loss": "share of frames dropped, e.g. 2%%", "duplicate": "share of frames sent twice, e.g. 0.1%%",
@@ -62,10 +62,10 @@ def _requested(args: argparse.Namespace) -> Impairment | None:
 def cmd_impair(args: argparse.Namespace) -> int:
     wanted = _requested(args)
     state = LabState.load(args.lab)
-    netctl.lab_nic(state, args.guest, args.nic)
+    lab_nic(state, args.guest, args.nic)
     if wanted is not None:
-        netctl.apply_impairment(state, args.guest, args.nic, wanted)
-    now = netstate.load(state.path).impairment(args.guest, args.nic)
+        apply_impairment(state, args.guest, args.nic, wanted)
+    now = load_netstate(state.path).impairment(args.guest, args.nic)
     if args.json:
         print_json({"lab": state.lab, "guest": args.guest, "nic": args.nic, "impair": now.to_dict() if now else {}})
     else:

@@ -9,7 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from labctl import paths
-from labctl.bundle import junit
+from labctl.bundle import (
+    JUNIT_ERROR,
+    JUNIT_FAILED,
+    JUNIT_PASSED,
+    JunitCase,
+    JunitSuite,
+    selftest_cases,
+    step_cases,
+    write_junit,
+)
 from labctl.errors import LabctlError, UsageError
 from labctl.grading import ERROR, FAIL, PASS, TIMEOUT, CheckResult
 from labctl.pipeline import RunOutcome
@@ -43,30 +52,30 @@ def check_path(path: str | None) -> Path | None:
 
 def write_run(path: Path, lab: str, outcome: RunOutcome, started: str) -> None:
 
-    cases = junit.step_cases(lab, (r.entry() for r in outcome.results), outcome.bundle)
-    cases += junit.selftest_cases(lab, (r.entry() for r in outcome.results), outcome.bundle)
+    cases = step_cases(lab, (r.entry() for r in outcome.results), outcome.bundle)
+    cases += selftest_cases(lab, (r.entry() for r in outcome.results), outcome.bundle)
     if not cases and outcome.status != "ok":  # failed before any step ran (Ctrl-C...)
-        cases = [junit.Case("run", f"{lab}.steps", junit.ERROR, message=outcome.reason or "failed",
-                            details=f"{outcome.reason}\nbundle: {outcome.bundle}")]
+        cases = [JunitCase("run", f"{lab}.steps", JUNIT_ERROR, message=outcome.reason or "failed",
+                           details=f"{outcome.reason}\nbundle: {outcome.bundle}")]
     props = {"bundle": str(outcome.bundle), "status": outcome.status}
-    junit.write(path, [junit.Suite(lab, cases, started, props)])
+    write_junit(path, [JunitSuite(lab, cases, started, props)])
 
 
 def write_error(path: Path, lab: str, stage: str, exc: LabctlError, started: str) -> None:
     """A suite with one ``error`` case: the lab never got as far as its steps or checks (it did not come up...)."""
     text = exc.message + (f"\nhint: {exc.hint}" if exc.hint else "")
-    junit.write(path, [junit.Suite(lab, [junit.Case(stage, f"{lab}.{stage}", junit.ERROR, message=exc.message,
-                                                    details=text)], started)])
+    write_junit(path, [JunitSuite(lab, [JunitCase(stage, f"{lab}.{stage}", JUNIT_ERROR, message=exc.message,
+                                                  details=text)], started)])
 
 
-def check_case(lab: str, r: CheckResult) -> junit.Case:
-    status = {PASS: junit.PASSED, FAIL: junit.FAILED, TIMEOUT: junit.FAILED}.get(r.status, junit.ERROR)
+def check_case(lab: str, r: CheckResult) -> JunitCase:
+    status = {PASS: JUNIT_PASSED, FAIL: JUNIT_FAILED, TIMEOUT: JUNIT_FAILED}.get(r.status, JUNIT_ERROR)
     details = "\n".join(x for x in (r.summary(), f"hint: {r.hint}" if r.hint and not r.passed else "",
                                     r.detail if r.status == ERROR else "") if x)
-    return junit.Case(name=r.name, classname=f"{lab}.{r.guest}", status=status, time=r.seconds,
-                      message="" if r.passed else r.summary(), details=details,
-                      output=r.detail if r.status != ERROR else "")
+    return JunitCase(name=r.name, classname=f"{lab}.{r.guest}", status=status, time=r.seconds,
+                     message="" if r.passed else r.summary(), details=details,
+                     output=r.detail if r.status != ERROR else "")
 
 
 def write_checks(path: Path, lab: str, results: Sequence[CheckResult], started: str) -> None:
-    junit.write(path, [junit.Suite(lab, [check_case(lab, r) for r in results], started)])
+    write_junit(path, [JunitSuite(lab, [check_case(lab, r) for r in results], started)])

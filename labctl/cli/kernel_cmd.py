@@ -20,8 +20,7 @@ from labctl.cli.images import default_lab
 from labctl.cli.ui import out, print_json
 from labctl.errors import LabStateError
 from labctl.image import ImageStore, load_recipe
-from labctl.kernel import KernelStore, config_fragment, guest_kernels, kernels_root
-from labctl.kernel import prepare as prep
+from labctl.kernel import KernelStore, config_fragment, content_key, kernel_options, kernel_specs, kernels_root
 from labctl.lab import DEFAULT_IMAGE, load_lab
 from labctl.state import LabState, up_labs
 
@@ -63,8 +62,8 @@ def _default_kernel_dir() -> Path | None:
     image = ImageStore().get(DEFAULT_IMAGE, recipe.key())
     if image is None:
         return None
-    spec = guest_kernels.specs(default_lab(), image)["g"]
-    return kernels_root() / prep.content_key(spec, guest_kernels.options(recipe))
+    spec = kernel_specs(default_lab(), image)["g"]
+    return kernels_root() / content_key(spec, kernel_options(recipe))
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from labctl.cli.displays import StepLines, report_outcome
 from labctl.cli.status_cmd import network_lines, print_lab, status_data
 from labctl.cli.ui import PrepareDisplay, UpDisplay, console, out, print_json
 from labctl.errors import LabStateError, UsageError
-from labctl.lab import Lab, env_trusted, kernels, load_lab
+from labctl.lab import Lab, env_trusted, kernel_from_command_line, load_lab
 from labctl.lab import parse_option as parse_share_option
 from labctl.pack import (
     Checkout,
@@ -99,7 +99,7 @@ def load_with_kernel(file: str, kernel: str | None, trusted: Sequence[str] = ())
     lab = load_lab(file, trusted)
     if kernel:
         try:
-            lab = lab.with_kernel(kernels.from_command_line(kernel, Path.cwd()))
+            lab = lab.with_kernel(kernel_from_command_line(kernel, Path.cwd()))
         except ValueError as exc:
             raise UsageError(f"--kernel: {exc}") from exc
     return lab
@@ -164,7 +164,7 @@ def load_source(args: argparse.Namespace) -> tuple[Lab, Pinned | None]:
 
 def load_with_kernel_spec(lab: Lab, kernel: str | None) -> Lab:
     try:
-        return lab.with_kernel(kernels.from_command_line(kernel, Path.cwd())) if kernel else lab
+        return lab.with_kernel(kernel_from_command_line(kernel, Path.cwd())) if kernel else lab
     except ValueError as exc:
         raise UsageError(f"--kernel: {exc}") from exc
 

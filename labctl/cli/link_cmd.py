@@ -13,8 +13,8 @@ import argparse
 from rich.text import Text
 
 from labctl.cli.ui import out, print_json
-from labctl.live import netctl
-from labctl.state import LabState, netstate
+from labctl.live import lab_nic, set_link
+from labctl.state import LabState, load_netstate
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -29,10 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def cmd_link(args: argparse.Namespace) -> int:
     state = LabState.load(args.lab)
-    netctl.lab_nic(state, args.guest, args.nic)
+    lab_nic(state, args.guest, args.nic)
     if args.state is not None:
-        netctl.set_link(state, args.guest, args.nic, args.state == "up")
-    up = netstate.load(state.path).link_up(args.guest, args.nic)
+        set_link(state, args.guest, args.nic, args.state == "up")
+    up = load_netstate(state.path).link_up(args.guest, args.nic)
     if args.json:
         print_json({"lab": state.lab, "guest": args.guest, "nic": args.nic, "link": "up" if up else "down"})
     else:

@@ -13,7 +13,7 @@ from labctl.debug import Symbolizer, parse_oopses, render_oops
 from labctl.errors import ImageError, UsageError
 from labctl.image import ImageStore
 from labctl.kernel import Kernel
-from labctl.lab import DEFAULT_IMAGE, kernels, load_lab_text
+from labctl.lab import DEFAULT_IMAGE, kernel_from_command_line, load_lab_text
 from labctl.pipeline import prepare_kernels
 
 INDENT = "  "
@@ -70,7 +70,7 @@ def log_kernel(args: argparse.Namespace) -> Kernel:
     the image's default kernel (prepared from the cache)."""
     image = ImageStore().require(args.image)
     if args.kernel:
-        spec = kernels.from_command_line(args.kernel, Path.cwd())
+        spec = kernel_from_command_line(args.kernel, Path.cwd())
         lab = load_lab_text("name: decode\nnetworks: {}\nguests: {g: {}}\n", "decode").with_kernel(spec)
     else:
         recorded = bundle_kernel(Path(args.file)) if args.file != "-" else None

@@ -11,8 +11,8 @@ from rich.text import Text
 
 from labctl.cli.ui import console, out, print_json, warn
 from labctl.state import LabState, check_lab_name, recorded_snapshots
-from labctl.training import checkpoints, reset
-from labctl.up import snapshots
+from labctl.training import delete_checkpoint, list_checkpoints, reset, restore_checkpoint, save_checkpoint
+from labctl.up import list_snapshots, prune_snapshots, snapshots_in_use, snapshots_root
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -74,7 +74,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     lab = check_lab_name(args.lab)
     if args.action == "save":
         with console.status(Text(f"saving checkpoint {args.name} of {lab}")):
-            ckpt = checkpoints.save(lab, args.name)
+            ckpt = save_checkpoint(lab, args.name)
         data = ckpt.to_dict()
         if args.json:
             print_json({"lab": lab, **data})
@@ -83,17 +83,17 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
                            f"{data['save_seconds']} s ({data['bytes'] / 2**20:.0f} MiB)"))
     elif args.action == "restore":
         with console.status(Text(f"restoring checkpoint {args.name} of {lab}")):
-            seconds = checkpoints.restore(lab, args.name, warn)
+            seconds = restore_checkpoint(lab, args.name, warn)
         if args.json:
             print_json({"lab": lab, "name": args.name, "seconds": seconds})
         else:
             out.print(Text(f"lab {lab} is back at checkpoint {args.name} ({seconds:.2f} s)"))
     elif args.action == "delete":
-        checkpoints.delete(lab, args.name)
+        delete_checkpoint(lab, args.name)
         if not args.json:
             out.print(Text(f"checkpoint {args.name} of {lab} removed"))
     else:
-        items = [c.to_dict() for c in checkpoints.list_all(LabState.load(lab))]
+        items = [c.to_dict() for c in list_checkpoints(LabState.load(lab))]
         if args.json:
             print_json({"lab": lab, "checkpoints": items})
         elif not items:
@@ -111,25 +111,25 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.action == "prune":
-        gone = snapshots.prune(recorded_snapshots())
+        gone = prune_snapshots(recorded_snapshots())
         if args.json:
             print_json({"removed": [s.key for s in gone]})
         else:
             out.print(Text(f"removed {len(gone)} snapshot{'s' if len(gone) != 1 else ''}" if gone
                            else "nothing to prune"))
         return 0
-    used = snapshots.in_use(recorded_snapshots())
+    used = snapshots_in_use(recorded_snapshots())
     rows = [{"key": s.key, "lab": s.meta.get("lab"), "guest": s.meta.get("guest"), "created_at": s.meta.get("created_at"),
              # allocated bytes: the memory file is sparse (its holes take no room)
              "bytes": sum(f.stat().st_blocks * 512 for f in s.dir.iterdir() if f.is_file()), "in_use": s.key in used}
-            for s in snapshots.list_all() if s.complete()]
+            for s in list_snapshots() if s.complete()]
     if args.json:
         print_json({"snapshots": rows})
         return 0
     if not rows:
         out.print("no post-boot snapshots")
         return 0
-    t = Table(title=Text(f"post-boot snapshots in {snapshots.snapshots_root()}"), title_justify="left")
+    t = Table(title=Text(f"post-boot snapshots in {snapshots_root()}"), title_justify="left")
     for col in ("key", "lab", "guest", "created", "size", "in use"):
         t.add_column(col)
     for r in rows:

@@ -106,13 +106,13 @@ def _exported(state: LabState, guest: str) -> list[tuple[Share, Path]]:
     """The guest's shares, each with the directory it exports (a writable one's of this up)."""
     if not ((state.resolved.get("guests") or {}).get(guest) or {}).get("shares"):
         return []  # no share: the lab-file package and the up stage stay unloaded
-    from labctl.up import mounts as guest_shares
+    from labctl.up import share_directories, shares_of
 
-    shares = guest_shares.of((state.resolved.get("guests") or {}).get(guest) or {})
+    shares = shares_of((state.resolved.get("guests") or {}).get(guest) or {})
     rec = state.guests.get(guest)
     if rec is None:
         return [(sh, sh.host) for sh in shares]
-    return list(zip(shares, guest_shares.directories(Path(rec.dir), shares)))
+    return list(zip(shares, share_directories(Path(rec.dir), shares)))
 
 
 def _net_marks(guest: str, nic: dict[str, Any], captured: set[str]) -> str:

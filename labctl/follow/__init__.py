@@ -15,22 +15,35 @@ Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.cli, labctl.up
 
 from __future__ import annotations
 
-from labctl.follow import dropwatch, probes, recent, xdpwatch
+from labctl.follow.dropwatch import Watch as DropWatch
+from labctl.follow.dropwatch import finish as finish_dropwatch
+from labctl.follow.dropwatch import remove as remove_dropwatch
+from labctl.follow.dropwatch import start as start_dropwatch
 from labctl.follow.follower import Follower, libpcap_error, parallel
 from labctl.follow.livefollow import LiveFollow, LiveStats
 from labctl.follow.recent import Recent
+from labctl.follow.recent import read as read_recent
 from labctl.follow.xdpfollow import XdpFollow
+from labctl.follow.xdpwatch import XdpWatch
+from labctl.follow.xdpwatch import finish as finish_xdpwatch
+from labctl.follow.xdpwatch import start as start_xdpwatch
+from labctl.follow.xdpwatch import stop_texts as xdpwatch_stop_texts
 
 __all__ = [
+    "DropWatch",
     "Follower",
     "LiveFollow",
     "LiveStats",
     "Recent",
     "XdpFollow",
-    "dropwatch",
+    "XdpWatch",
+    "finish_dropwatch",
+    "finish_xdpwatch",
     "libpcap_error",
     "parallel",
-    "probes",
-    "recent",
-    "xdpwatch",
+    "read_recent",
+    "remove_dropwatch",
+    "start_dropwatch",
+    "start_xdpwatch",
+    "xdpwatch_stop_texts",
 ]

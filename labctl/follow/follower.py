@@ -39,12 +39,12 @@ from labctl.backends import Backend
 from labctl.errors import GuestError, LabctlError, ProcessError, TraceError
 from labctl.kernel import Kernel, enum_names, struct_offsets
 from labctl.lab import Framing, guest_interfaces
-from labctl.live import capture
+from labctl.live import Capture, CaptureTail, discard_capture, start_capture, stop_capture
 from labctl.net import Frame
 from labctl.pktfilter import FilterError, Node, parse, refuse_options, tokenize, vlan_of
 from labctl.ssh import Pipe, Session
-from labctl.state import LabState, netstate
-from labctl.trace import Clock, Event, Topology, Wire, hops
+from labctl.state import LabState, load_netstate
+from labctl.trace import Clock, Event, Topology, Wire, frame_vlans
 
 log = logging.getLogger(__name__)
 WIRE_SNAPLEN = 96
@@ -175,7 +175,7 @@ def _frame(wire: Wire, nic: tuple[str, str], node: Node, tunnels: Mapping[str, t
     if h is None:
         return
     wire.seen.setdefault(nic, {}).setdefault(h.key(), []).append(host_ns)
-    if vids := hops.frame_vlans(data):
+    if vids := frame_vlans(data):
         wire.tags.setdefault(nic, {}).setdefault(h.key(), set()).update(vids)
 
 
@@ -217,8 +217,8 @@ class Follower:
         self.reasons: dict[str, list[str]] = {}  # each kernel's drop reasons by number
         self.samples: dict[str, dict[str, tuple[int, int]]] = {g: {} for g in self.guests}
         self.sync_pipes: dict[str, Pipe] = {}
-        self.captures: list[capture.Capture] = []
-        self.tails: dict[tuple[str, str], capture.Tail] = {}
+        self.captures: list[Capture] = []
+        self.tails: dict[tuple[str, str], CaptureTail] = {}
         self.warnings: list[str] = []
         self.rounds = 0
         self.pipes_lock = threading.Lock()  # a clock round and the heartbeats share each guest's channel
@@ -304,12 +304,12 @@ class Follower:
         for g in self.guests:
             for nic in self._nics(g):
                 try:
-                    cap = capture.start(self.state, self.backend, g, nic, purpose=self.purpose, maxlen=WIRE_SNAPLEN)
+                    cap = start_capture(self.state, self.backend, g, nic, purpose=self.purpose, maxlen=WIRE_SNAPLEN)
                 except LabctlError as exc:
                     self.warnings.append(f"{g}.{nic}: no wire capture: {exc.message}")
                     continue
                 self.captures.append(cap)
-                self.tails[(g, nic)] = capture.Tail(cap)
+                self.tails[(g, nic)] = CaptureTail(cap)
                 self.wire.captured.add((g, nic))
 
     def _nics(self, guest: str) -> list[str]:
@@ -384,7 +384,7 @@ class Follower:
         for g, spec in (self.state.resolved.get("guests") or {}).items():
             topo.ifaces.update({(str(g), k): v for k, v in iface_roles(spec).items()})
             topo.vlans.update({(str(g), k): v for k, v in vlan_ids(spec).items()})
-        for key, values in netstate.load(self.state.path).impair.items():
+        for key, values in load_netstate(self.state.path).impair.items():
             g, _, nic = key.partition(".")
             topo.impair[(g, nic)] = {str(k): str(v) for k, v in values.items() if v not in (None, "")}
         return topo
@@ -430,10 +430,10 @@ class Follower:
             self.sync_pipes.clear()
         for cap in self.captures:
             try:
-                self.warnings += capture.stop(self.state, self.backend, cap)
+                self.warnings += stop_capture(self.state, self.backend, cap)
             except LabctlError as exc:
                 self.warnings.append(f"{cap.label}: {exc.message}")
-            capture.discard(self.state, cap)
+            discard_capture(self.state, cap)
         self.captures.clear()
 
         def remove(g: str) -> None:

@@ -34,7 +34,7 @@ import shlex
 from dataclasses import dataclass
 
 from labctl.pktfilter import ARP, Node, kernel_filter
-from labctl.trace import hops
+from labctl.trace import window_words
 
 q = shlex.quote
 TRACEFS = "/sys/kernel/tracing"
@@ -174,7 +174,7 @@ def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol
         s, d = "$skbaddr", f"+{off['skb_data']}($skbaddr)"
         parts.append(f"dev=+{off['dev_name']}(+{off['skb_dev']}({s})):string head=+{off['skb_head']}({s}):x64 "
                      f"data={d}:x64 nh=+{off['skb_nh']}({s}):u16")
-        parts += [f"{name}={_at(at, d)}:x64" for name, at in hops.window_words()]
+        parts += [f"{name}={_at(at, d)}:x64" for name, at in window_words()]
     if extra:
         parts.append(extra)
     parts.append(f"loc=$location:{'symbol' if symbol else 'x64'}")  # last: a symbol has spaces

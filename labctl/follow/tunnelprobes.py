@@ -25,7 +25,7 @@ from typing import Any
 from labctl.follow.probes import ProbePoint, ip_fields
 from labctl.lab import KINDS, Framing, Tunnel
 from labctl.pktfilter import Node, kernel_filter
-from labctl.trace import hops
+from labctl.trace import PacketHeader, parse_frame, parse_ipv4
 
 __all__ = ["OUTER_POINTS", "definitions", "frame_header", "framings", "inner_header"]
 
@@ -60,7 +60,7 @@ def framings(resolved: Mapping[str, Any]) -> dict[str, tuple[Framing, list[int]]
     return {tag: (f, sorted(ports)) for tag, (f, ports) in sorted(out.items(), key=lambda x: order.index(x[0]))}
 
 
-def inner_header(frame: bytes, lab: Mapping[str, tuple[Framing, list[int]]]) -> hops.Header | None:
+def inner_header(frame: bytes, lab: Mapping[str, tuple[Framing, list[int]]]) -> PacketHeader | None:
     """The inner IPv4 header of an Ethernet frame that carries one of the lab's tunnels' packets (an
     outer IPv4 header without options that passes a framing's guards: :func:`framings`' answer), or None."""
     if len(frame) < ETH + IP4 or frame[12:14] != b"\x08\x00" or frame[ETH] != 0x45:
@@ -73,14 +73,14 @@ def inner_header(frame: bytes, lab: Mapping[str, tuple[Framing, list[int]]]) -> 
             continue
         if f.word is not None and frame[end + f.word_at:end + f.word_at + 4] != f.word.to_bytes(4, "big"):
             continue
-        return hops.parse_ipv4(frame[end + f.inner:])
+        return parse_ipv4(frame[end + f.inner:])
     return None
 
 
-def frame_header(frame: bytes, node: Node, lab: Mapping[str, tuple[Framing, list[int]]]) -> hops.Header | None:
+def frame_header(frame: bytes, node: Node, lab: Mapping[str, tuple[Framing, list[int]]]) -> PacketHeader | None:
     """The header of a captured Ethernet frame that the filter ``node`` matches: its own, or the inner
     one of a tunnel's packet it carries (:func:`inner_header`); None when neither matches."""
-    for h in (hops.parse_frame(frame), inner_header(frame, lab) if lab else None):
+    for h in (parse_frame(frame), inner_header(frame, lab) if lab else None):
         if h is not None and node.match(h.packet()):
             return h
     return None

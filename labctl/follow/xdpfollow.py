@@ -16,7 +16,7 @@ import time
 from labctl.errors import LabctlError
 from labctl.follow.follower import Follower
 from labctl.follow.xdpwatch import DIR, XdpWatch, start
-from labctl.trace import Journey, xdphops, xdpverdicts
+from labctl.trace import XDP_CANDIDATE_ENDS, Journey, XdpVerdicts, parse_xdpdump
 
 log = logging.getLogger(__name__)
 RETRIES = 3  # reads (0.2 s apart) for a candidate journey: xdpdump's line may come after the journey ends
@@ -29,7 +29,7 @@ class XdpFollow:
         self.f = follower
         self.watches: dict[str, XdpWatch] = {}
         self.offsets: dict[tuple[str, str], int] = {}
-        self.verdicts = xdphops.XdpVerdicts()
+        self.verdicts = XdpVerdicts()
         self.warnings: list[str] = []
 
     def start(self) -> None:
@@ -62,11 +62,11 @@ class XdpFollow:
                     continue
                 whole = body[:body.rfind(b"\n") + 1] if b"\n" in body else b""  # whole lines only
                 self.offsets[(g, nic)] = self.offsets.get((g, nic), 0) + len(whole)
-                self.verdicts.add(g, nic, x.program, x.mode, xdpverdicts.parse_dump(whole.decode(errors="replace")).verdicts)
+                self.verdicts.add(g, nic, x.program, x.mode, parse_xdpdump(whole.decode(errors="replace")).verdicts)
 
     def fix(self, j: Journey) -> None:
         """Put the XDP verdict on ``j``'s packet into its path, when one of the followed NICs saw it."""
-        if not self.watches or j.end.kind not in xdphops.CANDIDATE_ENDS:
+        if not self.watches or j.end.kind not in XDP_CANDIDATE_ENDS:
             return
         for i in range(RETRIES):
             if self.verdicts.has(j):

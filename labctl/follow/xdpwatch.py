@@ -19,7 +19,7 @@ from typing import Any
 
 from labctl.lab import Xdp, nic_xdp
 from labctl.ssh import Session
-from labctl.trace import xdpverdicts
+from labctl.trace import XdpRow, parse_xdpdump, xdp_counter_values, xdp_filter_status, xdp_rows
 
 DIR = "/run/labctl-xdp"
 START_TIMEOUT = 90.0
@@ -72,7 +72,7 @@ def _counters(out: str, nics: Mapping[str, Xdp]) -> dict[str, dict[str, int] | N
         x = nics.get(nic.strip())
         if x is None:
             continue
-        found[nic.strip()] = xdpverdicts.filter_status(body) if x.source is None else xdpverdicts.counter_values(body)
+        found[nic.strip()] = xdp_filter_status(body) if x.source is None else xdp_counter_values(body)
     return found
 
 
@@ -129,15 +129,15 @@ def stop_texts(session: Session, w: XdpWatch) -> dict[str, str]:
     return out
 
 
-def finish(session: Session, w: XdpWatch) -> list[xdpverdicts.XdpRow]:
+def finish(session: Session, w: XdpWatch) -> list[XdpRow]:
     """Stop the watch's xdpdumps and read them and the counters: the rows of the step's XDP drops.
 
     :raise GuestError: when the guest cannot be reached.
     """
     texts = stop_texts(session, w)
     after = _read_counters(session, w.nics)
-    out: list[xdpverdicts.XdpRow] = []
+    out: list[XdpRow] = []
     for nic, x in w.nics.items():
-        out += xdpverdicts.rows(w.guest, nic, x.program, x.mode, xdpverdicts.parse_dump(texts[nic]), w.before.get(nic),
-                                after.get(nic))
+        out += xdp_rows(w.guest, nic, x.program, x.mode, parse_xdpdump(texts[nic]), w.before.get(nic),
+                        after.get(nic))
     return out

@@ -11,9 +11,11 @@ Imports never: labctl.kernel, labctl.up, labctl.backends, labctl.steps, labctl.b
 """
 
 
-from labctl.image import cpio
 from labctl.image.apt import apt_download, candidate, newest_abi, require, sha256_file, versions
 from labctl.image.build import build_image
+from labctl.image.cpio import directory as cpio_directory
+from labctl.image.cpio import file as cpio_file
+from labctl.image.cpio import write_cpio
 from labctl.image.recipe import Recipe, load_recipe, recipe_names
 from labctl.image.store import AGENT_BUILTINS, MANIFEST, ROOTFS, Image, ImageStore
 
@@ -27,11 +29,13 @@ __all__ = [
     "apt_download",
     "build_image",
     "candidate",
-    "cpio",
+    "cpio_directory",
+    "cpio_file",
     "load_recipe",
     "newest_abi",
     "recipe_names",
     "require",
     "sha256_file",
     "versions",
+    "write_cpio",
 ]

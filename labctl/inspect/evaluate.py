@@ -22,7 +22,17 @@ from typing import Any
 
 from labctl.errors import DebugError
 from labctl.inspect.program import require_drgn
-from labctl.lab import drgnexpr
+from labctl.lab import (
+    DRGN_BUILTINS,
+    DRGN_FUNCTIONS,
+    DRGN_OBJECT_ATTRIBUTES,
+    DRGN_OBJECT_METHODS,
+    DRGN_PROGRAM_METHODS,
+    DRGN_TEXT_METHODS,
+    DRGN_TYPE_ATTRIBUTES,
+    drgn_helper_names,
+    parse_drgn,
+)
 
 MAX_STEPS = 2_000_000
 MAX_BYTES = 64 << 20  # text and memory an expression may hold in all (prog.read's sizes counted before reading)
@@ -56,10 +66,10 @@ def names(prog: Any) -> dict[str, Any]:
     import drgn
     from drgn.helpers import linux
 
-    out: dict[str, Any] = {n: getattr(linux, n) for n in (drgnexpr.drgn_helper_names() or ())
+    out: dict[str, Any] = {n: getattr(linux, n) for n in (drgn_helper_names() or ())
                            if not n.startswith("print_")}  # they write to labctl's own output
-    out.update({n: getattr(drgn, n) for n in drgnexpr.DRGN_FUNCTIONS})
-    out.update({n: getattr(builtins, n) for n in drgnexpr.BUILTINS})
+    out.update({n: getattr(drgn, n) for n in DRGN_FUNCTIONS})
+    out.update({n: getattr(builtins, n) for n in DRGN_BUILTINS})
     out["prog"] = prog
     return out
 
@@ -84,7 +94,7 @@ def left_side(prog: Any, text: str, deadline: float | None = None) -> tuple[str,
 
 def _evaluate(prog: Any, text: str, deadline: float | None, left: bool) -> Any:
     try:
-        tree = drgnexpr.parse(text)
+        tree = parse_drgn(text)
     except ValueError as exc:
         raise ExprError(f"drgn expression: {exc}") from None
     walker = _Walker(prog, names(prog), deadline)
@@ -193,14 +203,14 @@ class _Walker:
     def _attribute(self, obj: Any, attr: str) -> Any:
         d = self.d
         if isinstance(obj, d.Object):
-            if attr in drgnexpr.OBJECT_ATTRIBUTES or attr in drgnexpr.OBJECT_METHODS:
+            if attr in DRGN_OBJECT_ATTRIBUTES or attr in DRGN_OBJECT_METHODS:
                 return getattr(obj, attr)
             return obj.member_(attr)
-        if isinstance(obj, d.Program) and attr in drgnexpr.PROGRAM_METHODS:
+        if isinstance(obj, d.Program) and attr in DRGN_PROGRAM_METHODS:
             return getattr(obj, attr)
-        if isinstance(obj, d.Type) and attr in drgnexpr.TYPE_ATTRIBUTES:
+        if isinstance(obj, d.Type) and attr in DRGN_TYPE_ATTRIBUTES:
             return getattr(obj, attr)
-        if isinstance(obj, str | bytes) and attr in drgnexpr.TEXT_METHODS:
+        if isinstance(obj, str | bytes) and attr in DRGN_TEXT_METHODS:
             return getattr(obj, attr)
         raise ExprError(f"'{attr}' of a {type(obj).__name__} is not allowed in a drgn check")
 

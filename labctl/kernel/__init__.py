@@ -24,11 +24,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from labctl.kernel import guest_kernels, prepare
     from labctl.kernel.cached import Kernel, KernelStore, kernels_root
-    from labctl.kernel.guest_kernels import default_kernel
+    from labctl.kernel.guest_kernels import all_prepared, default_kernel
+    from labctl.kernel.guest_kernels import check as check_guest_kernels
+    from labctl.kernel.guest_kernels import options as kernel_options
+    from labctl.kernel.guest_kernels import preflight as preflight_kernels
+    from labctl.kernel.guest_kernels import prepare as prepare_guest_kernels
+    from labctl.kernel.guest_kernels import refuse as refuse_kernels
+    from labctl.kernel.guest_kernels import specs as kernel_specs
+    from labctl.kernel.guest_kernels import warning_lines as kernel_warning_lines
     from labctl.kernel.offsets import enum_names, struct_offsets
-    from labctl.kernel.prepare import add_source
+    from labctl.kernel.prepare import add_source, content_key, debian_packages, debian_version
+    from labctl.kernel.prepare import initrd as kernel_initrd
+    from labctl.kernel.prepare import prepare as prepare_kernel
     from labctl.kernel.requirements import config_fragment
 else:  # each name loaded at its first use (labctl.lazyface)
     from labctl.lazyface import attach
@@ -40,11 +48,22 @@ __all__ = [
     "Kernel",
     "KernelStore",
     "add_source",
+    "all_prepared",
+    "check_guest_kernels",
     "config_fragment",
+    "content_key",
+    "debian_packages",
+    "debian_version",
     "default_kernel",
     "enum_names",
-    "guest_kernels",
+    "kernel_initrd",
+    "kernel_options",
+    "kernel_specs",
+    "kernel_warning_lines",
     "kernels_root",
-    "prepare",
+    "preflight_kernels",
+    "prepare_guest_kernels",
+    "prepare_kernel",
+    "refuse_kernels",
     "struct_offsets",
 ]

@@ -21,7 +21,7 @@ from labctl.image import Image, Recipe
 from labctl.kernel.cached import Kernel, kernels_root
 from labctl.kernel.kconfig import parse_config
 from labctl.kernel.requirements import Preflight, check_requirements
-from labctl.lab import KernelSpec, Lab, kernels
+from labctl.lab import DEBIAN, KernelSpec, Lab, debian_kernel
 
 
 def options(recipe: Recipe) -> prep.Options:
@@ -36,7 +36,7 @@ def default_spec(image: Image) -> KernelSpec:
     :raise ImageError: when its manifest names none (a damaged or foreign image: exit 3, no traceback).
     """
     try:
-        return kernels.debian(image.default_kernel, path="image")
+        return debian_kernel(image.default_kernel, path="image")
     except ValueError as exc:
         raise ImageError(f"image {image.name} ({image.dir}): its manifest names no default kernel ({exc})") from None
 
@@ -115,7 +115,7 @@ def preflight(lab: Lab, by_guest: Mapping[str, KernelSpec]) -> Preflight:
 
 def _name(spec: KernelSpec) -> str:
     """A kernel's name in preflight messages: its Debian release, or its tree or image."""
-    return str(spec.release) if spec.kind == kernels.DEBIAN else str(spec.tree or spec.image)
+    return str(spec.release) if spec.kind == DEBIAN else str(spec.tree or spec.image)
 
 
 def refuse(report: Preflight) -> None:

@@ -34,8 +34,7 @@ import labctl.kernel.modbuild as modbuild  # noqa: PLR0402 - a sibling module, n
 from labctl import __version__
 from labctl.errors import ImageError, LabctlError
 from labctl.events import NullReporter, Reporter
-from labctl.image import apt_download, candidate, sha256_file, versions
-from labctl.image import cpio as initramfs
+from labctl.image import apt_download, candidate, cpio_directory, cpio_file, sha256_file, versions, write_cpio
 from labctl.kernel.cached import (
     BOOT,
     CONFIG,
@@ -520,12 +519,12 @@ class _Preparer:
         order = module_load_order(dep, list(self.opts.initramfs_modules), builtin)
         alias = (mods / "modules.alias").read_text() if (mods / "modules.alias").is_file() else ""
         nic_rules, nic_mods = nic_driver_rules(dep, alias)
-        entries = [initramfs.directory("modules")]
+        entries = [cpio_directory("modules")]
         for rel in dict.fromkeys([*order, *nic_mods]):
-            entries.append(initramfs.file(f"modules/{Path(rel).name}", (mods / rel).read_bytes()))
-        entries.append(initramfs.file("modules/order", "".join(f"{Path(r).name}\n" for r in order).encode()))
-        entries.append(initramfs.file("modules/nics", nic_rules.encode()))
-        initramfs.write_cpio(entries, self.work / KERNEL_CPIO)
+            entries.append(cpio_file(f"modules/{Path(rel).name}", (mods / rel).read_bytes()))
+        entries.append(cpio_file("modules/order", "".join(f"{Path(r).name}\n" for r in order).encode()))
+        entries.append(cpio_file("modules/nics", nic_rules.encode()))
+        write_cpio(entries, self.work / KERNEL_CPIO)
 
     def _write_manifest(self) -> None:
         debug = self.work / VMLINUX_DEBUG

@@ -33,9 +33,16 @@ Typical use::
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from labctl.lab import drgnexpr, kernels
     from labctl.lab.addresses import default_mac, mgmt_mac
     from labctl.lab.checker import close_match
+    from labctl.lab.drgnexpr import BUILTINS as DRGN_BUILTINS
+    from labctl.lab.drgnexpr import DRGN_FUNCTIONS, drgn_helper_names
+    from labctl.lab.drgnexpr import OBJECT_ATTRIBUTES as DRGN_OBJECT_ATTRIBUTES
+    from labctl.lab.drgnexpr import OBJECT_METHODS as DRGN_OBJECT_METHODS
+    from labctl.lab.drgnexpr import PROGRAM_METHODS as DRGN_PROGRAM_METHODS
+    from labctl.lab.drgnexpr import TEXT_METHODS as DRGN_TEXT_METHODS
+    from labctl.lab.drgnexpr import TYPE_ATTRIBUTES as DRGN_TYPE_ATTRIBUTES
+    from labctl.lab.drgnexpr import parse as parse_drgn
     from labctl.lab.firewall import Firewall, ScriptLine
     from labctl.lab.followspec import FollowSpec
     from labctl.lab.guestnet import guest_interfaces, net_settings, settings_text
@@ -54,6 +61,10 @@ if TYPE_CHECKING:
     )
     from labctl.lab.impair import IMPAIR_KEYS, Impairment, parse_impairment
     from labctl.lab.kernels import DEBIAN, TREE, KernelSpec
+    from labctl.lab.kernels import FILE_KEYS as KERNEL_FILE_KEYS
+    from labctl.lab.kernels import FILES as KERNEL_FILES
+    from labctl.lab.kernels import debian as debian_kernel
+    from labctl.lab.kernels import from_command_line as kernel_from_command_line
     from labctl.lab.kselftest import SELFTESTS, BuildRecord, Kselftest, SelftestEntry, SelftestRecord
     from labctl.lab.load import load_lab, load_lab_text
     from labctl.lab.model import (
@@ -100,7 +111,16 @@ __all__ = [
     "DEBIAN",
     "DEFAULT_HOST",
     "DEFAULT_IMAGE",
+    "DRGN_BUILTINS",
+    "DRGN_FUNCTIONS",
+    "DRGN_OBJECT_ATTRIBUTES",
+    "DRGN_OBJECT_METHODS",
+    "DRGN_PROGRAM_METHODS",
+    "DRGN_TEXT_METHODS",
+    "DRGN_TYPE_ATTRIBUTES",
     "IMPAIR_KEYS",
+    "KERNEL_FILES",
+    "KERNEL_FILE_KEYS",
     "KINDS",
     "LAB_IDENT",
     "LAB_IDENT_RULE",
@@ -161,8 +181,9 @@ __all__ = [
     "canonical_nic_model",
     "check_location",
     "close_match",
+    "debian_kernel",
     "default_mac",
-    "drgnexpr",
+    "drgn_helper_names",
     "env_trusted",
     "export_link",
     "firewall_lines",
@@ -170,7 +191,7 @@ __all__ = [
     "get_nic_model",
     "guest_interfaces",
     "host_place",
-    "kernels",
+    "kernel_from_command_line",
     "load_lab",
     "load_lab_text",
     "mgmt_mac",
@@ -179,6 +200,7 @@ __all__ = [
     "nic_addresses",
     "nic_tc",
     "nic_xdp",
+    "parse_drgn",
     "parse_impairment",
     "parse_option",
     "parse_uri",

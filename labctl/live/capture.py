@@ -41,7 +41,7 @@ import labctl.live.netctl as netctl  # noqa: PLR0402 - a sibling module, not the
 from labctl.backends import Backend, GuestRecord
 from labctl.errors import LabctlError, MachineError
 from labctl.lab import nic_addresses
-from labctl.net import SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, vmclock
+from labctl.net import SNAPLEN, Frame, PcapError, PcapReader, Retimer, VmClockError, Writer, sample_vmclock
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.proc import pid_alive
 from labctl.state import CAPTURES, LabState, active_captures
@@ -119,8 +119,8 @@ def start(state: LabState, backend: Backend, guest: str, nic: str, purpose: str 
 def _calibrate(backend: Backend, rec: GuestRecord, second: int) -> tuple[int | None, str | None]:
     """QEMU's timestamp minus the real time, for a filter added in wall-clock second ``second``."""
     try:
-        clock = vmclock.sample(_hmp(backend, rec))
-    except (vmclock.VmClockError, MachineError) as exc:
+        clock = sample_vmclock(_hmp(backend, rec))
+    except (VmClockError, MachineError) as exc:
         return None, (f"timestamps are QEMU's own (the filter's start second plus the guest's uptime): "
                       f"its virtual clock could not be read ({getattr(exc, 'message', exc)})")
     return round((_qemu_start_second(second) - clock.origin) * 1e6), None

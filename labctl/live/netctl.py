@@ -14,7 +14,7 @@ from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.lab import Impairment, Nic, close_match
 from labctl.net import apply_command
 from labctl.ssh import Session
-from labctl.state import LabState, netstate
+from labctl.state import LabState, update_netstate
 
 APPLY_TIMEOUT = 60.0
 
@@ -61,7 +61,7 @@ def apply_impairment(state: LabState, guest: str, nic: str, imp: Impairment | No
         why = (res.stderr or res.stdout).decode(errors="replace").strip().splitlines()
         raise GuestError(f"guest {guest} refused the impairment of {nic} ({imp.describe() if imp else 'none'}): "
                          f"{why[-1] if why else f'tc exited with status {res.status}'}")
-    with netstate.update(state.path) as record:
+    with update_netstate(state.path) as record:
         record.set_impairment(guest, nic, imp)
 
 
@@ -75,7 +75,7 @@ def set_link(state: LabState, guest: str, nic: str, up: bool, backend: Backend |
     if rec is None:
         raise LabStateError(f"lab '{state.lab}' has no running guest '{guest}'")
     (backend or get_backend(state.backend)).qmp(rec, "set_link", {"name": name, "up": up})
-    with netstate.update(state.path) as record:
+    with update_netstate(state.path) as record:
         record.set_link(guest, nic, up)
 
 

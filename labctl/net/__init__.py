@@ -12,13 +12,14 @@ Imports never: labctl.backends, labctl.up, labctl.steps, labctl.cli, labctl.stat
 
 from __future__ import annotations
 
-from labctl.net import vmclock
 from labctl.net.graph import runtime_from_state, to_dot, to_mermaid, to_svg, topology
 from labctl.net.netdevs import NETDEVS, NetdevKind, kind_of_option, netdev_kind, option_id
 from labctl.net.netem import apply_command
 from labctl.net.pcap import FORMATS, SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, read_pcapng, summary_line
 from labctl.net.plan import SWITCH, TAP, UDP, Port, Segment, TapDev, UdpAddr, plan_networks
 from labctl.net.ports import free_port
+from labctl.net.vmclock import VmClockError
+from labctl.net.vmclock import sample as sample_vmclock
 
 __all__ = [
     "FORMATS",
@@ -36,6 +37,7 @@ __all__ = [
     "Segment",
     "TapDev",
     "UdpAddr",
+    "VmClockError",
     "Writer",
     "apply_command",
     "free_port",
@@ -45,10 +47,10 @@ __all__ = [
     "plan_networks",
     "read_pcapng",
     "runtime_from_state",
+    "sample_vmclock",
     "summary_line",
     "to_dot",
     "to_mermaid",
     "to_svg",
     "topology",
-    "vmclock",
 ]

@@ -25,7 +25,7 @@ from labctl.errors import LabctlError, UsageError
 from labctl.events import NullReporter, Reporter
 from labctl.image import MANIFEST as IMAGE_MANIFEST
 from labctl.image import Image, ImageStore, sha256_file
-from labctl.lab import KernelSpec, Lab, kernels, load_lab_text
+from labctl.lab import KERNEL_FILES, KernelSpec, Lab, debian_kernel, load_lab_text
 from labctl.pack.cache import pin
 from labctl.pack.fetch import check_foreign
 from labctl.pack.identity import Pinned, check_host
@@ -79,11 +79,11 @@ class Opened:
             raise UsageError(f"{self.pinned.source}: its index has no kernel for guest {guest}")
         where = f"guests.{guest}.kernel"
         if rec.get("kind") == "debian":
-            return kernels.debian(f"debian:{rec.get('release')}", path=where)
+            return debian_kernel(f"debian:{rec.get('release')}", path=where)
         d = self.dir / "kernels" / str(rec.get("key"))
         mods = d / "modules"
         debug = d / "vmlinux.debug" if (d / "vmlinux.debug").is_file() else d / "boot" if rec.get("debug") else None
-        return KernelSpec(kernels.FILES, image=d / "boot", modules=mods if mods.is_dir() else None, debug=debug,
+        return KernelSpec(KERNEL_FILES, image=d / "boot", modules=mods if mods.is_dir() else None, debug=debug,
                           config=d / "config" if (d / "config").is_file() else None, path=where)
 
 
@@ -233,7 +233,7 @@ def _install_image(pinned: Pinned, name: str) -> Image:
     if not image.manifest:
         raise LabctlError(f"{pinned.source}: its image has no readable manifest")
     try:
-        kernels.debian(image.default_kernel, path="image")
+        debian_kernel(image.default_kernel, path="image")
     except ValueError as exc:
         raise pinned.refuse(f"its image's manifest names no default kernel ({exc})") from None
     return dataclasses.replace(image, name=name, key=key)

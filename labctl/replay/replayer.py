@@ -23,7 +23,7 @@ from labctl.errors import LabctlError, MachineError
 from labctl.net import free_port
 from labctl.proc import Process, TimeoutExpired, kill_group, spawn_tied
 from labctl.replay.keep import Recording
-from labctl.up import snapshots
+from labctl.up import new_overlay
 
 POLL = 0.2
 # A replay whose instruction count has not moved for this long while running waits for an event
@@ -65,7 +65,7 @@ class Replay:
 
         :raise MachineError: when QEMU exits at start.
         """
-        snapshots.new_overlay(self.recording.image, self.files.disk, "raw")
+        new_overlay(self.recording.image, self.files.disk, "raw")
         agent_fifos(self.dir / "agent")
         old = os.umask(0o077)
         try:

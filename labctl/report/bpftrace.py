@@ -13,19 +13,19 @@ from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles
-from labctl.trace import bpfmaps
+from labctl.trace import BPFTRACE_JSON, BpftraceSummary, bpftrace_summary, bucket_label
 
 ENTRIES_SHOWN = 10
 
 
-def summarize_bpftrace(step_dir: Path, guests: list[str]) -> dict[str, bpfmaps.BpftraceSummary] | None:
-    out: dict[str, bpfmaps.BpftraceSummary] = {}
+def summarize_bpftrace(step_dir: Path, guests: list[str]) -> dict[str, BpftraceSummary] | None:
+    out: dict[str, BpftraceSummary] = {}
     for g in guests:
         try:
-            text = (step_dir / g / bpfmaps.BPFTRACE_JSON).read_text(errors="replace")
+            text = (step_dir / g / BPFTRACE_JSON).read_text(errors="replace")
         except OSError:
             continue
-        out[g] = bpfmaps.summary(text)
+        out[g] = bpftrace_summary(text)
     return out or None
 
 
@@ -60,7 +60,7 @@ def bpftrace_blocks(step: StepSummary) -> list[Block]:
                 bins = [as_dict(b) for b in as_list(bins)]
                 if bins:
                     title = f"{g} {name}" + (f"[{key}]" if key else "")
-                    svgs.append(bar_chart_svg(title, [bpfmaps.bucket_label(b) for b in bins],
+                    svgs.append(bar_chart_svg(title, [bucket_label(b) for b in bins],
                                               [b.get("count") for b in bins], "count"))
         if svgs:
             blocks.append(Charts(tuple(svgs)))

@@ -16,7 +16,7 @@ from typing import Any
 from labctl.bundle import Run, StepSummary, as_dict, as_list
 from labctl.report.document import Block, Heading, Para, Row, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles
-from labctl.trace import drops, netfilter_note, parse_text
+from labctl.trace import DropRow, DropSummary, GuestDrops, drop_table, netfilter_note, parse_text
 
 DROPS_TXT, DROPS_JSON = "drops.txt", "drops.json"
 XDP_JSON = "xdp-drops.json"
@@ -31,11 +31,11 @@ def _read(path: Path) -> str:
         return ""
 
 
-def summarize_drops(step_dir: Path) -> drops.DropSummary | None:
+def summarize_drops(step_dir: Path) -> DropSummary | None:
     """The step's drops from each guest's ``drops.txt`` (None when no guest recorded any)."""
-    rows: list[drops.DropRow] = []
+    rows: list[DropRow] = []
     xdp: list[dict[str, Any]] = []  # XDP programs' drops (labctl.follow.xdpwatch), as rows
-    guests: dict[str, drops.GuestDrops] = {}
+    guests: dict[str, GuestDrops] = {}
     for d in sorted(p for p in step_dir.iterdir() if (p / DROPS_TXT).is_file()) if step_dir.is_dir() else []:
         try:
             info = json.loads(_read(d / DROPS_JSON) or "{}")
@@ -45,7 +45,7 @@ def summarize_drops(step_dir: Path) -> drops.DropSummary | None:
         names = info.get("reasons")
         reasons = [str(n) for n in names] if isinstance(names, list) else None  # None: 6.1's, as before
         events, _ = parse_text(_read(d / DROPS_TXT), d.name)
-        got, local = drops.table(events, reasons)
+        got, local = drop_table(events, reasons)
         note = netfilter_note(_read(d / RULESET_BEFORE), _read(d / RULESET_AFTER))
         for r in got:
             if r.reason == "NETFILTER_DROP" and note:

@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from labctl.state import netstate
     from labctl.state.gueststatus import GuestStatus, guest_statuses
     from labctl.state.netstate import CAPTURES, Capture
     from labctl.state.netstate import active as active_captures
+    from labctl.state.netstate import load as load_netstate
+    from labctl.state.netstate import update as update_netstate
     from labctl.state.rundir import STATE, check_lab_name, run_dir
     from labctl.state.runstate import (
         STARTING,
@@ -50,9 +51,10 @@ __all__ = [
     "check_lab_name",
     "guest_statuses",
     "lab_lock",
-    "netstate",
+    "load_netstate",
     "recorded_snapshots",
     "remove_run_dir",
     "run_dir",
     "up_labs",
+    "update_netstate",
 ]

@@ -19,14 +19,27 @@ Imports never: labctl.cli, labctl.report, labctl.backends.qemu, labctl.backends.
 
 from __future__ import annotations
 
-from labctl.steps import transfer
 from labctl.steps.result import StepResult
 from labctl.steps.runner import Runner, StepEvents, now
+from labctl.steps.transfer import DEFAULT_TIMEOUT as TRANSFER_TIMEOUT
+from labctl.steps.transfer import Progress as TransferProgress
+from labctl.steps.transfer import from_guest as copy_from_guest
+from labctl.steps.transfer import human as human_size
+from labctl.steps.transfer import local_size, parse_size
+from labctl.steps.transfer import plan as plan_transfer
+from labctl.steps.transfer import to_guest as copy_to_guest
 
 __all__ = [
+    "TRANSFER_TIMEOUT",
     "Runner",
     "StepEvents",
     "StepResult",
+    "TransferProgress",
+    "copy_from_guest",
+    "copy_to_guest",
+    "human_size",
+    "local_size",
     "now",
-    "transfer",
+    "parse_size",
+    "plan_transfer",
 ]

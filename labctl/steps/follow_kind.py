@@ -23,12 +23,23 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import LabctlError
-from labctl.follow import Follower, dropwatch, parallel, xdpwatch
+from labctl.follow import (
+    DropWatch,
+    Follower,
+    XdpWatch,
+    finish_dropwatch,
+    finish_xdpwatch,
+    parallel,
+    remove_dropwatch,
+    start_dropwatch,
+    start_xdpwatch,
+    xdpwatch_stop_texts,
+)
 from labctl.lab import Lab, Step, render
 from labctl.paths import atomic_write
 from labctl.pktfilter import parse
 from labctl.steps.variant import StepKind, Variant
-from labctl.trace import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs, xdphops
+from labctl.trace import FOLLOW_DIR, FOLLOW_INPUTS, XDP_FILE, follow_inputs
 
 log = logging.getLogger(__name__)
 DROPS_TXT, DROPS_JSON = "drops.txt", "drops.json"
@@ -48,8 +59,8 @@ class DropsKind(StepKind):
 
     def __init__(self, lab: Lab) -> None:
         self.lab = lab
-        self.watches: dict[str, dropwatch.Watch] = {}
-        self.xdp: dict[str, xdpwatch.XdpWatch] = {}
+        self.watches: dict[str, DropWatch] = {}
+        self.xdp: dict[str, XdpWatch] = {}
 
     @classmethod
     def of(cls, lab: Lab) -> DropsKind | None:
@@ -58,10 +69,10 @@ class DropsKind(StepKind):
     def begin(self, v: Variant) -> None:
         guests = [g for g in self.lab.guests if g in v.state.guests and v.sessions.alive(g)]
 
-        def one(g: str) -> dropwatch.Watch | None:
+        def one(g: str) -> DropWatch | None:
             kept = v.sessions.kept.get((self.name, g))
             try:
-                w = dropwatch.start(v.state, g, v.sessions.ssh(g), kept if isinstance(kept, dropwatch.Watch) else None)
+                w = start_dropwatch(v.state, g, v.sessions.ssh(g), kept if isinstance(kept, DropWatch) else None)
             except LabctlError as exc:
                 v.res.warnings.append(f"{g}: drops not recorded: {exc.message}")
                 return None
@@ -73,19 +84,19 @@ class DropsKind(StepKind):
         self.watches = {g: w for g, w in parallel(guests, one).items() if w is not None}
         self.xdp = {g: w for g, w in parallel(guests, lambda g: self._xdp_start(v, g)).items() if w is not None}
 
-    def _xdp_start(self, v: Variant, g: str) -> xdpwatch.XdpWatch | None:
+    def _xdp_start(self, v: Variant, g: str) -> XdpWatch | None:
         nics = ((v.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
         try:
-            return xdpwatch.start(v.sessions.ssh(g), g, nics)
+            return start_xdpwatch(v.sessions.ssh(g), g, nics)
         except LabctlError as exc:
             v.res.warnings.append(f"{g}: XDP drops not recorded: {exc.message}")
             return None
 
     @staticmethod
-    def _remove(v: Variant, g: str, w: dropwatch.Watch) -> None:
+    def _remove(v: Variant, g: str, w: DropWatch) -> None:
         """The run is over: the guest's instance and probe go (not from a guest that is gone)."""
         if v.sessions.alive(g):
-            dropwatch.remove(w, v.sessions.ssh(g))
+            remove_dropwatch(w, v.sessions.ssh(g))
 
     def end(self, v: Variant) -> None:
         live = [g for g in self.watches if v.sessions.alive(g)]
@@ -93,7 +104,7 @@ class DropsKind(StepKind):
         def one(g: str) -> None:
             w = self.watches[g]
             try:
-                text, lost, after = dropwatch.finish(w, v.sessions.ssh(g))
+                text, lost, after = finish_dropwatch(w, v.sessions.ssh(g))
             except LabctlError as exc:
                 v.res.warnings.append(f"{g}: drops could not be read: {exc.message}")
                 return
@@ -107,7 +118,7 @@ class DropsKind(StepKind):
             xw = self.xdp.get(g)
             if xw is not None:
                 try:
-                    got = xdpwatch.finish(v.sessions.ssh(g), xw)
+                    got = finish_xdpwatch(v.sessions.ssh(g), xw)
                 except LabctlError as exc:
                     v.res.warnings.append(f"{g}: XDP drops could not be read: {exc.message}")
                     return
@@ -127,7 +138,7 @@ class FollowKind(StepKind):
         self.lab, self.spec, self.row = lab, step.follow, row
         self.follower: Follower | None = None
         self.filter = ""
-        self.xdp: dict[str, xdpwatch.XdpWatch] = {}  # XDP verdicts of the followed guests (labctl.trace.xdphops)
+        self.xdp: dict[str, XdpWatch] = {}  # XDP verdicts of the followed guests (labctl.trace.xdphops)
 
     @classmethod
     def of(cls, lab: Lab, step: Step, row: dict[str, str]) -> FollowKind | None:
@@ -146,10 +157,10 @@ class FollowKind(StepKind):
             return
         self.follower = f
 
-        def xdp(g: str) -> xdpwatch.XdpWatch | None:
+        def xdp(g: str) -> XdpWatch | None:
             nics = ((v.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
             try:
-                return xdpwatch.start(v.sessions.ssh(g), g, nics, tag="f", counters=False)
+                return start_xdpwatch(v.sessions.ssh(g), g, nics, tag="f", counters=False)
             except LabctlError as exc:
                 v.res.warnings.append(f"follow: {g}: XDP verdicts not followed: {exc.message}")
                 return None
@@ -171,8 +182,8 @@ class FollowKind(StepKind):
             for g, (text, _) in texts.items():
                 _write(out / f"{g}.txt", text)
             for g, xw in self.xdp.items():
-                dumps = xdpwatch.stop_texts(v.sessions.ssh(g), xw)
-                _write(out / xdphops.XDP_FILE.format(guest=g), json.dumps({"wall_minus_mono": f.wall_minus_mono, "nics": {
+                dumps = xdpwatch_stop_texts(v.sessions.ssh(g), xw)
+                _write(out / XDP_FILE.format(guest=g), json.dumps({"wall_minus_mono": f.wall_minus_mono, "nics": {
                     n: {"program": x.program, "mode": x.mode, "text": dumps.get(n, "")} for n, x in xw.nics.items()}}))
             inputs = follow_inputs(self.filter, f.guests, f.topology(), f.samples, f.wire,
                                    {g: lost for g, (_, lost) in texts.items()},

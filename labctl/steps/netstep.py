@@ -19,8 +19,17 @@ from collections.abc import Callable
 from labctl.bundle import CaptureRecord, NetworkRecord, capture_file
 from labctl.errors import LabctlError
 from labctl.lab import Impairment, Lab, LinkSpec, Step, render, render_impairment
-from labctl.live import capture, netctl
-from labctl.state import netstate
+from labctl.live import (
+    Capture,
+    apply_impairment,
+    discard_capture,
+    reap_captures,
+    save_capture,
+    set_link,
+    start_capture,
+    stop_capture,
+)
+from labctl.state import load_netstate
 from labctl.steps.result import StepResult
 from labctl.steps.variant import StepKind, Variant
 
@@ -46,7 +55,7 @@ class NetworkKind(StepKind):
 
     def __init__(self, lab: Lab, step: Step, row: dict[str, str]) -> None:
         self.lab, self.step, self.row = lab, step, row
-        self.captures: list[capture.Capture] = []
+        self.captures: list[Capture] = []
         self.impaired: dict[tuple[str, str], Impairment | None] = {}  # NIC -> what was in force before
         self.links: dict[tuple[str, str], bool] = {}  # NIC -> link up before the step
         self.network: NetworkRecord = {"impair": {}, "links": {}}  # the step's records: network, captures
@@ -65,9 +74,9 @@ class NetworkKind(StepKind):
         :raise LabctlError: when a NIC refuses its impairment or its capture (the step fails).
         """
         state, backend, res, row = v.state, v.backend, v.res, self.row
-        for label in capture.reap(state, backend):
+        for label in reap_captures(state, backend):
             res.warnings.append(f"removed a capture of {label} left by a labctl that was killed")
-        before = netstate.load(state.path)
+        before = load_netstate(state.path)
         network = self.network
         res.records["network"], res.records["captures"] = network, self.saved
         for spec in self.step.impair:
@@ -77,10 +86,10 @@ class NetworkKind(StepKind):
             except ValueError as exc:
                 raise LabctlError(f"impair {guest}.{nic}: {exc}") from exc
             self.impaired.setdefault((guest, nic), before.impairment(guest, nic))
-            netctl.apply_impairment(state, guest, nic, imp, v.sessions.ssh(guest))
-        network["impair"] = dict(netstate.load(state.path).impair.items())
+            apply_impairment(state, guest, nic, imp, v.sessions.ssh(guest))
+        network["impair"] = dict(load_netstate(state.path).impair.items())
         for guest, nic in captured_nics(self.lab, self.step):
-            self.captures.append(capture.start(state, backend, guest, nic, "step"))
+            self.captures.append(start_capture(state, backend, guest, nic, "step"))
 
     def link(self, v: Variant, spec: LinkSpec) -> str:
         """Run a step's link entry; the command line it stands for (for the manifest).
@@ -88,8 +97,8 @@ class NetworkKind(StepKind):
         :raise LabctlError: when QEMU refuses it.
         """
         guest, _, nic = render(spec.nic, self.row, {}, quote=False).partition(".")
-        self.links.setdefault((guest, nic), netstate.load(v.state.path).link_up(guest, nic))
-        netctl.set_link(v.state, guest, nic, spec.up, v.backend)
+        self.links.setdefault((guest, nic), load_netstate(v.state.path).link_up(guest, nic))
+        set_link(v.state, guest, nic, spec.up, v.backend)
         self.network["links"][f"{guest}.{nic}"] = "up" if spec.up else "down"
         return f"labctl link {v.state.lab} {guest} {nic} {'up' if spec.up else 'down'}"
 
@@ -101,24 +110,24 @@ class NetworkKind(StepKind):
         self.captures = []
         for (guest, nic), up in self.links.items():
             self._best_effort(res, f"could not bring {guest}.{nic} back {'up' if up else 'down'}",
-                              functools.partial(netctl.set_link, v.state, guest, nic, up, v.backend))
+                              functools.partial(set_link, v.state, guest, nic, up, v.backend))
         self.links = {}
         for (guest, nic), imp in self.impaired.items():
             self._best_effort(res, f"could not put back the impairment of {guest}.{nic}",
                               self._impairer(v, guest, nic, imp))
         self.impaired = {}
 
-    def _save(self, v: Variant, cap: capture.Capture) -> None:
+    def _save(self, v: Variant, cap: Capture) -> None:
         res = v.res
-        warnings = capture.stop(v.state, v.backend, cap)
+        warnings = stop_capture(v.state, v.backend, cap)
         dest = v.bundle / v.rel / capture_file(cap.guest, cap.nic)
         entry: CaptureRecord = {"guest": cap.guest, "nic": cap.nic, "file": str(dest.relative_to(v.bundle)),
                                 "calibrated": cap.shift_us is not None}
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            written, more = capture.save(v.state, cap, dest)
+            written, more = save_capture(v.state, cap, dest)
         except OSError as exc:
-            capture.discard(v.state, cap)
+            discard_capture(v.state, cap)
             res.warnings.append(f"{cap.label}: the capture could not be written: {exc.strerror or exc}")
             entry["file"] = None
         else:
@@ -132,7 +141,7 @@ class NetworkKind(StepKind):
     @staticmethod
     def _impairer(v: Variant, guest: str, nic: str, imp: Impairment | None) -> Callable[[], None]:
         """Putting ``imp`` back on ``guest``'s ``nic``, for :meth:`_best_effort` (its SSH session too)."""
-        return lambda: netctl.apply_impairment(v.state, guest, nic, imp, v.sessions.ssh(guest))
+        return lambda: apply_impairment(v.state, guest, nic, imp, v.sessions.ssh(guest))
 
     @staticmethod
     def _best_effort(res: StepResult, what: str, action: Callable[[], None]) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from labctl.backends import Backend, get_backend
-from labctl.bundle import CommandRecord, NicRecord, VmcoreRecord, guest_dir, step_dir, write
+from labctl.bundle import CommandRecord, NicRecord, VmcoreRecord, guest_dir, step_dir, vmcore_record
 from labctl.errors import LabctlError
 from labctl.follow import parallel
 from labctl.inspect import CrashWatch
@@ -99,7 +99,7 @@ class Runner:
         """The watch's last look; its records, paths relative to the bundle."""
         if self.crashes is None:
             return
-        self.vmcores += [write.vmcore_record(self.dir, rec) for rec in self.crashes.stop()]
+        self.vmcores += [vmcore_record(self.dir, rec) for rec in self.crashes.stop()]
 
     def _variant(self, step: Step, row: dict[str, str], repeat: int) -> Variant | StepResult:
         """The variant to run, or its result when the row's values do not fit the step."""

@@ -55,7 +55,7 @@ from labctl.lab import SELFTESTS, Kselftest, Step, render
 from labctl.steps.result import StepResult
 from labctl.steps.transfer import to_guest
 from labctl.steps.variant import GUEST_ROOT, StepKind, Variant, now
-from labctl.trace import ktap
+from labctl.trace import KTAP_FAIL, KTAP_SKIP, kselftest_name, ktap_counts, parse_ktap, walk_ktap
 
 RECIPE = "2"  # bump when the way labctl builds changes
 BUILD_TIMEOUT = 3600.0
@@ -353,31 +353,31 @@ def results(guest_dir: Path, rel_guest: str, spec_target: str) -> SelftestRecord
     try:
         text = (guest_dir / TAP).read_text(errors="replace")
     except OSError:
-        return {"tests": [], "counts": ktap.counts([]), "missing": 0, "error": f"no {TAP}: the runner did not run"}
-    doc = ktap.parse_text(text)
+        return {"tests": [], "counts": ktap_counts([]), "missing": 0, "error": f"no {TAP}: the runner did not run"}
+    doc = parse_ktap(text)
     times = _times(guest_dir / TIMES)
     logs = guest_dir / LOGS
     logs.mkdir(exist_ok=True)
     tests: list[SelftestEntry] = []
     for r in doc.results:
-        collection, name = ktap.kselftest_name(r.name)
+        collection, name = kselftest_name(r.name)
         logname = _SAFE_NAME.sub("_", name) + ".log"
         with contextlib.suppress(OSError):
             paths.atomic_write(logs / logname, _unprefixed(r.log))
-        sub = ktap.counts(ktap.walk(r.subtests)) if r.subtests else None
+        sub = ktap_counts(walk_ktap(r.subtests)) if r.subtests else None
         tests.append({"name": name, "collection": collection or spec_target, "number": r.number,
                       "result": r.result, "directive": r.directive,
-                      "reason": r.skip_reason() if r.result == ktap.SKIP else r.reason,
+                      "reason": r.skip_reason() if r.result == KTAP_SKIP else r.reason,
                       "time_s": times.get(r.number) if r.number is not None else None,
                       "log": f"{rel_guest}/{LOGS}/{logname}", "subtests": sub,
-                      "failed_subtests": [s.name for s in ktap.walk(r.subtests) if s.result == ktap.FAIL][:50]})
-    return {"tests": tests, "counts": ktap.counts(doc.results), "missing": doc.missing, "plan": doc.plan,
+                      "failed_subtests": [s.name for s in walk_ktap(r.subtests) if s.result == KTAP_FAIL][:50]})
+    return {"tests": tests, "counts": ktap_counts(doc.results), "missing": doc.missing, "plan": doc.plan,
             "bailed": doc.bailed}
 
 
 def verdict(record: SelftestRecord) -> str | None:
     """Why the step failed (selftests that failed or never reported), or None."""
-    failed = [t["name"] for t in record.get("tests", []) if t["result"] == ktap.FAIL]
+    failed = [t["name"] for t in record.get("tests", []) if t["result"] == KTAP_FAIL]
     parts = []
     if failed:
         parts.append(f"{len(failed)} of {len(record['tests'])} selftests failed: {', '.join(failed)}")

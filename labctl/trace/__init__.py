@@ -29,13 +29,15 @@ Imports never: labctl.steps, labctl.bundle, labctl.report, labctl.backends, labc
 
 from __future__ import annotations
 
-from labctl.trace import bpfmaps, drops, hops, journey, ktap, xdphops, xdpverdicts
 from labctl.trace.analyze import GuestFigures, guest_figures, step_figures
-from labctl.trace.bpfmaps import BpftraceSummary
+from labctl.trace.bpfmaps import BPFTRACE_JSON, BpftraceSummary, bucket_label
+from labctl.trace.bpfmaps import summary as bpftrace_summary
 from labctl.trace.clocks import Clock
-from labctl.trace.drops import DropSummary, netfilter_note
+from labctl.trace.drops import DropRow, DropSummary, GuestDrops, netfilter_note
+from labctl.trace.drops import table as drop_table
 from labctl.trace.flamefold import Frame, Stack, guest_flamegraph, read_folded
-from labctl.trace.hops import Event, parse_ipv4, parse_line, parse_text
+from labctl.trace.hops import Event, frame_vlans, parse_frame, parse_ipv4, parse_line, parse_text, window_words
+from labctl.trace.hops import Header as PacketHeader
 from labctl.trace.hostcost import (
     KINDS,
     PERF_DATA,
@@ -63,17 +65,33 @@ from labctl.trace.journeyfiles import (
     follow_inputs,
 )
 from labctl.trace.journeyfiles import analyze as analyze_follow
+from labctl.trace.ktap import FAIL as KTAP_FAIL
+from labctl.trace.ktap import SKIP as KTAP_SKIP
+from labctl.trace.ktap import counts as ktap_counts
+from labctl.trace.ktap import kselftest_name
+from labctl.trace.ktap import parse_text as parse_ktap
+from labctl.trace.ktap import walk as walk_ktap
 from labctl.trace.netfigures import capture_figures
 from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
 from labctl.trace.stats import snapshot_commands, write_delta
 from labctl.trace.tef import write_trace
+from labctl.trace.xdphops import CANDIDATE_ENDS as XDP_CANDIDATE_ENDS
+from labctl.trace.xdphops import XDP_FILE, XdpVerdicts
+from labctl.trace.xdpverdicts import XdpRow
+from labctl.trace.xdpverdicts import counter_values as xdp_counter_values
+from labctl.trace.xdpverdicts import filter_status as xdp_filter_status
+from labctl.trace.xdpverdicts import parse_dump as parse_xdpdump
+from labctl.trace.xdpverdicts import rows as xdp_rows
 
 __all__ = [
+    "BPFTRACE_JSON",
     "FOLLOW_DIR",
     "FOLLOW_INPUTS",
     "JOURNEY_JSON",
     "JOURNEY_TRACE",
     "KINDS",
+    "KTAP_FAIL",
+    "KTAP_SKIP",
     "PERF_DATA",
     "PERF_LOG",
     "PERF_SCRIPT",
@@ -82,46 +100,60 @@ __all__ = [
     "TRACE_JSON",
     "WINDOW_END",
     "WINDOW_START",
+    "XDP_CANDIDATE_ENDS",
+    "XDP_FILE",
     "BpftraceSummary",
     "Clock",
     "Correlator",
+    "DropRow",
     "DropSummary",
     "Event",
     "FollowSummary",
     "Frame",
     "GuestCost",
+    "GuestDrops",
     "GuestFigures",
     "Journey",
+    "PacketHeader",
     "Stack",
     "StepCost",
     "TaskStats",
     "ThreadsDoc",
     "Topology",
     "Wire",
+    "XdpRow",
+    "XdpVerdicts",
     "analyze_follow",
-    "bpfmaps",
+    "bpftrace_summary",
+    "bucket_label",
     "capture_figures",
-    "drops",
+    "drop_table",
     "follow_inputs",
+    "frame_vlans",
     "guest_cost",
     "guest_figures",
     "guest_flamegraph",
     "guest_trace",
-    "hops",
-    "journey",
-    "ktap",
+    "kselftest_name",
+    "ktap_counts",
     "netfilter_note",
     "nic_bytes",
+    "parse_frame",
     "parse_ipv4",
+    "parse_ktap",
     "parse_line",
     "parse_text",
+    "parse_xdpdump",
     "read_folded",
     "snapshot_commands",
     "step_cost",
     "step_figures",
     "trace_summary",
+    "walk_ktap",
+    "window_words",
     "write_delta",
     "write_trace",
-    "xdphops",
-    "xdpverdicts",
+    "xdp_counter_values",
+    "xdp_filter_status",
+    "xdp_rows",
 ]

@@ -15,7 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from labctl.training import checkpoints
+    from labctl.training.checkpoints import delete as delete_checkpoint
+    from labctl.training.checkpoints import list_all as list_checkpoints
+    from labctl.training.checkpoints import restore as restore_checkpoint
+    from labctl.training.checkpoints import save as save_checkpoint
     from labctl.training.classroom import (
         DOWN,
         UP,
@@ -53,16 +56,19 @@ __all__ = [
     "check_alias_prefix",
     "check_handout_dirs",
     "check_student",
-    "checkpoints",
     "class_names",
     "classes_root",
+    "delete_checkpoint",
     "find_class",
     "for_students",
     "is_up",
+    "list_checkpoints",
     "place",
     "read_roster",
     "refuse_up_instances",
     "reset",
+    "restore_checkpoint",
+    "save_checkpoint",
     "ssh_config",
     "student_status",
 ]

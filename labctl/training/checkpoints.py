@@ -43,7 +43,7 @@ from labctl.training.reset import (
     tell_moves,
     wait_ssh,
 )
-from labctl.up import mounts, warm
+from labctl.up import load_saved_state, mount_shares, shares_of, umount_shares
 
 META = "meta.json"
 
@@ -93,7 +93,7 @@ def save(lab: str, name: str) -> Checkpoint:
         names = list(state.guests)
         t0 = time.monotonic()
         # QEMU cannot save a guest with a 9p share mounted: unmounted around the save
-        _map(lambda g: mounts.umount(state.endpoint(g), g, _shares(state, g)), names)
+        _map(lambda g: umount_shares(state.endpoint(g), g, _shares(state, g)), names)
         try:
             with build_into(final) as work:
                 _map(lambda g: backend.suspend(state.guests[g]), names)  # one instant for all
@@ -114,12 +114,12 @@ def save(lab: str, name: str) -> Checkpoint:
             for g in names:
                 with contextlib.suppress(LabctlError):
                     backend.resume(state.guests[g])
-            _map(lambda g: mounts.mount(state.endpoint(g), g, _shares(state, g)), names)
+            _map(lambda g: mount_shares(state.endpoint(g), g, _shares(state, g)), names)
         return _load(final)
 
 
 def _shares(state: LabState, guest: str) -> tuple[Share, ...]:
-    return mounts.of((state.resolved.get("guests") or {}).get(guest) or {})
+    return shares_of((state.resolved.get("guests") or {}).get(guest) or {})
 
 
 def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) -> float:
@@ -153,7 +153,7 @@ def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) 
                 moves.append(sshport.repin(state.path, g, port, rec.ssh_port))
             with open(rec.console, "a") as f:
                 f.write(f"labctl: restored checkpoint {name}\n")
-            warm.load(Path(rec.qmp), ckpt.dir / f"{g}.state", paused=True)
+            load_saved_state(Path(rec.qmp), ckpt.dir / f"{g}.state", paused=True)
 
         try:
             _map(one, names)
@@ -163,7 +163,7 @@ def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) 
         _map(lambda g: backend.resume(state.guests[g]), names)  # together, as they were saved
         set_clocks(state, names)
         _map(lambda g: wait_ssh(state.endpoint(g), 30.0), names)
-        _map(lambda g: mounts.mount(state.endpoint(g), g, _shares(state, g)), names)
+        _map(lambda g: mount_shares(state.endpoint(g), g, _shares(state, g)), names)
         return round(time.monotonic() - t0, 2)
 
 

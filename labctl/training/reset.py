@@ -34,7 +34,26 @@ from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image import Image
 from labctl.lab import Firewall
 from labctl.state import LabState, lab_lock
-from labctl.up import agent, mounts, nftload, snapshots, tunsetup, warm, xdpload
+from labctl.up import (
+    adopt_restored,
+    agent_channel,
+    attach_xdp,
+    check_snapshot_memory,
+    clock_command,
+    configure_tunnels,
+    find_restorable,
+    hand_over_shared,
+    hand_tunnel_keys,
+    lab_nets,
+    load_firewall,
+    load_saved_state,
+    mount_shares,
+    new_overlay,
+    record_clone,
+    restore_disk,
+    set_guest_clock,
+    shares_of,
+)
 
 BOOT_TIMEOUT = 180.0
 
@@ -64,19 +83,19 @@ def reset(lab: str, guests: Sequence[str] | None = None,
         def one(name: str) -> None:
             t0 = time.monotonic()
             try:
-                snap = snapshots.find_restorable(state.snapshots.get(name))
+                snap = find_restorable(state.snapshots.get(name))
                 rec = state.guests[name]
                 port = rec.ssh_port
                 disk = Path(rec.dir) / "disk.qcow2"
                 if snap is not None:
-                    warm.check_memory(snap)  # before its QEMU is stopped: a broken snapshot changes nothing
-                    rec = restart(backend, rec, lambda: warm.restore_disk(snap, disk, Path(rec.console)))
-                    warm.load(Path(rec.qmp), snap.state, snapshot=True)
-                    warm.adopt(Path(rec.dir))  # its own keys: the snapshot holds none
+                    check_snapshot_memory(snap)  # before its QEMU is stopped: a broken snapshot changes nothing
+                    rec = restart(backend, rec, lambda: restore_disk(snap, disk, Path(rec.console)))
+                    load_saved_state(Path(rec.qmp), snap.state, snapshot=True)
+                    adopt_restored(Path(rec.dir))  # its own keys: the snapshot holds none
                     how = "snapshot"
                 else:
                     image = Image.at(Path(str(state.image["dir"])))
-                    rec = restart(backend, rec, lambda: snapshots.new_overlay(image.rootfs, disk, "raw"),
+                    rec = restart(backend, rec, lambda: new_overlay(image.rootfs, disk, "raw"),
                                   incoming=False)
                     how = "boot"
                 state.guests[name] = rec
@@ -87,17 +106,17 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                     wait_ssh(state.endpoint(name), BOOT_TIMEOUT)
                 else:  # the agent saw sshd listen with the guest's own keys: its banner is proof enough
                     wait_banner(state.endpoint(name), 30.0)
-                nets = tunsetup.lab_nets(state.resolved.get("guests") or {})
+                nets = lab_nets(state.resolved.get("guests") or {})
                 if how == "boot":  # a snapshot holds the firewall (and tunnels); a boot loads it again
-                    tunsetup.configure(state.endpoint(name), nets[name], state.source)
-                    nftload.load(state.endpoint(name), firewall_of(state, name), state.source)
-                    xdpload.attach(state.endpoint(name), ((state.resolved.get("guests") or {}).get(name) or {})
-                                   .get("nics") or [], state.source)
-                tunsetup.hand_keys(Path(state.dir), nets, name, state.endpoint(name))  # no snapshot holds keys
-                mounts.mount(state.endpoint(name), name, mounts.of((state.resolved.get("guests") or {}).get(name) or {}))
+                    configure_tunnels(state.endpoint(name), nets[name], state.source)
+                    load_firewall(state.endpoint(name), firewall_of(state, name), state.source)
+                    attach_xdp(state.endpoint(name), ((state.resolved.get("guests") or {}).get(name) or {})
+                               .get("nics") or [], state.source)
+                hand_tunnel_keys(Path(state.dir), nets, name, state.endpoint(name))  # no snapshot holds keys
+                mount_shares(state.endpoint(name), name, shares_of((state.resolved.get("guests") or {}).get(name) or {}))
                 took[name] = round(time.monotonic() - t0, 2)
                 if snap is not None:
-                    snapshots.record_clone(snap, rec.pid)  # what a clone holds (labctl.up.capacity)
+                    record_clone(snap, rec.pid)  # what a clone holds (labctl.up.capacity)
                 if on_guest:
                     on_guest(name, took[name], how)
             except BaseException as exc:  # noqa: BLE001 - reported after the others are back
@@ -139,10 +158,10 @@ def _reset_saved(state: LabState, names: list[str], on_guest: Callable[[str, flo
             rec = state.guests[name] = backend.restore_state(state.guests[name], POSTBOOT)
             shared = rec.extra.get("throwaway_state") == POSTBOOT
             if shared:  # a class's shared state holds throwaway keys: the guest's own again, and the clock
-                warm.hand_over_shared(Path(rec.dir), state.endpoint(name), time.monotonic() + 30.0)
+                hand_over_shared(Path(rec.dir), state.endpoint(name), time.monotonic() + 30.0)
             wait_ssh(state.endpoint(name), 30.0, set_clock=not shared)
-            tunsetup.hand_keys(Path(state.dir), tunsetup.lab_nets(state.resolved.get("guests") or {}), name,
-                              state.endpoint(name))
+            hand_tunnel_keys(Path(state.dir), lab_nets(state.resolved.get("guests") or {}), name,
+                             state.endpoint(name))
             took[name] = round(time.monotonic() - t0, 2)
             if on_guest:
                 on_guest(name, took[name], "saved state")
@@ -247,7 +266,7 @@ def wait_ssh(ep: Endpoint, timeout: float, set_clock: bool = False) -> None:
             time.sleep(0.1)
     with session:
         if set_clock:
-            res = session.run(warm.clock_command(), timeout=20.0)
+            res = session.run(clock_command(), timeout=20.0)
             if res.status != 0:
                 raise GuestError(f"guest {ep.guest}: its clock could not be set (date exited {res.status})")
 
@@ -289,4 +308,4 @@ def wait_banner(ep: Endpoint, timeout: float) -> None:
 def set_clocks(state: LabState, names: Sequence[str]) -> None:
     """Every named guest's wall clock to the host's (after a restore)."""
     for name in names:
-        agent.set_clock(agent.channel_of(Path(state.guests[name].dir)))
+        set_guest_clock(agent_channel(Path(state.guests[name].dir)))

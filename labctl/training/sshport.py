@@ -24,7 +24,7 @@ from labctl.backends import Backend, GuestRecord
 from labctl.errors import LabctlError, PortTaken
 from labctl.net import free_port
 from labctl.paths import atomic_write
-from labctl.up import taps
+from labctl.up import close_taps, reopen_taps
 
 ATTEMPTS = 3
 _LOCK = threading.Lock()  # guests of one lab restart in parallel; they share its known_hosts
@@ -64,7 +64,7 @@ def restart(backend: Backend, rec: GuestRecord, incoming: bool,
     """
     first = rec.ssh_port
     # a guest on tap networks gets its taps again (QEMU took its queues with it when it stopped)
-    opened = taps.reopen(rec.extra, Path(rec.dir).parent.parent)
+    opened = reopen_taps(rec.extra, Path(rec.dir).parent.parent)
     try:
         for attempt in range(ATTEMPTS):
             try:
@@ -76,7 +76,7 @@ def restart(backend: Backend, rec: GuestRecord, incoming: bool,
                 rec = with_port(rec, pick())
     finally:
         for fds in opened.values():
-            taps.close(fds)  # QEMU holds them now (or failed)
+            close_taps(fds)  # QEMU holds them now (or failed)
     raise AssertionError("unreachable")
 
 

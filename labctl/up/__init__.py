@@ -28,12 +28,33 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from labctl.up import agent, mounts, nftload, snapshots, taps, tunsetup, warm, xdpload
+    from labctl.up.agent import channel_of as agent_channel
+    from labctl.up.agent import set_clock as set_guest_clock
     from labctl.up.capacity import QEMU_OVERHEAD_MIB, Estimate, check_capacity
     from labctl.up.lifecycle import UpOptions, dry_run, up
+    from labctl.up.mounts import directories as share_directories
+    from labctl.up.mounts import mount as mount_shares
+    from labctl.up.mounts import of as shares_of
+    from labctl.up.mounts import umount as umount_shares
+    from labctl.up.nftload import load as load_firewall
+    from labctl.up.snapshots import find as find_snapshot
+    from labctl.up.snapshots import find_restorable, new_overlay, record_clone, snapshots_root
+    from labctl.up.snapshots import in_use as snapshots_in_use
+    from labctl.up.snapshots import list_all as list_snapshots
+    from labctl.up.snapshots import prune as prune_snapshots
+    from labctl.up.snapshots import remove_lab as remove_lab_snapshots
     from labctl.up.status import guest_statuses
+    from labctl.up.taps import close as close_taps
+    from labctl.up.taps import reopen as reopen_taps
     from labctl.up.teardown import down
-    from labctl.up.warm import shared_templates
+    from labctl.up.tunsetup import configure as configure_tunnels
+    from labctl.up.tunsetup import hand_keys as hand_tunnel_keys
+    from labctl.up.tunsetup import lab_nets
+    from labctl.up.warm import adopt as adopt_restored
+    from labctl.up.warm import check_memory as check_snapshot_memory
+    from labctl.up.warm import clock_command, hand_over_shared, restore_disk, shared_templates
+    from labctl.up.warm import load as load_saved_state
+    from labctl.up.xdpload import attach as attach_xdp
 else:  # each name loaded at its first use (labctl.lazyface): reset and checkpoint load no paramiko
     from labctl.lazyface import attach
 
@@ -44,18 +65,38 @@ __all__ = [
     "QEMU_OVERHEAD_MIB",
     "Estimate",
     "UpOptions",
-    "agent",
+    "adopt_restored",
+    "agent_channel",
+    "attach_xdp",
     "check_capacity",
+    "check_snapshot_memory",
+    "clock_command",
+    "close_taps",
+    "configure_tunnels",
     "down",
     "dry_run",
+    "find_restorable",
+    "find_snapshot",
     "guest_statuses",
-    "mounts",
-    "nftload",
+    "hand_over_shared",
+    "hand_tunnel_keys",
+    "lab_nets",
+    "list_snapshots",
+    "load_firewall",
+    "load_saved_state",
+    "mount_shares",
+    "new_overlay",
+    "prune_snapshots",
+    "record_clone",
+    "remove_lab_snapshots",
+    "reopen_taps",
+    "restore_disk",
+    "set_guest_clock",
+    "share_directories",
     "shared_templates",
-    "snapshots",
-    "taps",
-    "tunsetup",
+    "shares_of",
+    "snapshots_in_use",
+    "snapshots_root",
+    "umount_shares",
     "up",
-    "warm",
-    "xdpload",
 ]

@@ -25,7 +25,7 @@ from labctl.events import UpEvents
 from labctl.image import Image
 from labctl.kernel import Kernel
 from labctl.lab import Lab, record_refusals
-from labctl.live import netctl
+from labctl.live import apply_impairment, lab_impairments
 from labctl.net import free_port, plan_networks
 from labctl.paths import ensure_private_dir
 from labctl.proc import kill_pids, pids_referencing
@@ -187,8 +187,8 @@ class LabUp:
             tunsetup.hand_keys(self.dir, nets, name, state.endpoint(name))
         for g in self.lab.guests.values():  # after the post-boot snapshot: QEMU cannot save a mounted 9p
             mounts.mount(state.endpoint(g.name), g.name, g.shares)
-        for (guest, nic), imp in netctl.lab_impairments(state).items():  # netem, once SSH answers
-            netctl.apply_impairment(state, guest, nic, imp)
+        for (guest, nic), imp in lab_impairments(state).items():  # netem, once SSH answers
+            apply_impairment(state, guest, nic, imp)
         # what a run's manifest says of the QEMUs: recorded here, never asked by the bundle
         state.emulators = {g: running_version(self.backend, rec) for g, rec in self.records.items()}
         state.emulator = self.backend.emulator_version()

@@ -18,8 +18,7 @@ import labctl.up.snapshots as snapshots  # noqa: PLR0402 - a sibling module, not
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import Backend, GuestPlan
 from labctl.image import Image
-from labctl.kernel import Kernel
-from labctl.kernel import prepare as kernel_prep
+from labctl.kernel import Kernel, kernel_initrd
 from labctl.lab import Guest, HostPlace, Lab, mgmt_mac
 from labctl.net import Segment, free_port
 from labctl.paths import ensure_private_dir
@@ -49,7 +48,7 @@ class GuestPlanner:
         host = self.hosts[g.name] if self.hosts else None
         tsc_khz = host_tsc_khz() if accel == "tcg" and self.backend.pins_tsc else None
         args = kernel_args(self.image, g, kernel, self.opts.extra_kernel_args, tsc_khz)
-        initrd = kernel_prep.initrd(kernel, self.image.initramfs_cpio, self.image.key)
+        initrd = kernel_initrd(kernel, self.image.initramfs_cpio, self.image.key)
         return GuestPlan(lab=self.lab.ident, guest=g, dir=gdir, image=self.image, accel=accel,
                          ssh_port=free_port(), mgmt_mac=mgmt_mac(self.lab.name, g.name),
                          ports=ports, kernel_args=args, kernel=kernel, initrd=initrd, host=host)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import mux
-from labctl.backends import GuestRecord, get_backend, owned
+from labctl.backends import GuestRecord, get_backend, owned_backends
 from labctl.errors import LabctlError, LabStateError
 from labctl.proc import kill_pids, pids_referencing, stop_pid
 from labctl.state import LabState, SwitchRecord, lab_lock, remove_run_dir, run_dir
@@ -23,7 +23,7 @@ def release_owned(directory: Path) -> list[LabctlError]:
     Returns the failures (every journal is tried).
     """
     failures: list[LabctlError] = []
-    for backend, guest_dirs in owned.backends(directory).items():
+    for backend, guest_dirs in owned_backends(directory).items():
         for gdir in guest_dirs:
             try:
                 get_backend(backend).cleanup(gdir)

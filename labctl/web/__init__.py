@@ -18,10 +18,19 @@ Imports never: labctl.cli, labctl.pipeline, labctl.bisect, labctl.steps, labctl.
 
 from __future__ import annotations
 
-from labctl.web import server
 from labctl.web.access import revoke
+from labctl.web.server import DEFAULT_PORT, own_certificate, parse_listen, self_signed
+from labctl.web.server import bind as bind_socket
+from labctl.web.server import links as serve_links
+from labctl.web.server import run as run_server
 
 __all__ = [
+    "DEFAULT_PORT",
+    "bind_socket",
+    "own_certificate",
+    "parse_listen",
     "revoke",
-    "server",
+    "run_server",
+    "self_signed",
+    "serve_links",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 
 from labctl.backends import get_backend
 from labctl.errors import LabctlError, UsageError
-from labctl.follow import Follower, LiveFollow, Recent, libpcap_error, recent
+from labctl.follow import Follower, LiveFollow, Recent, libpcap_error, read_recent
 from labctl.pktfilter import FilterError, parse
 from labctl.state import LabState, run_dir
 
@@ -141,7 +141,7 @@ class Follows:
             run = self.running.get(ident)
             error = self.last_error.get(ident, "")
         try:
-            packets = recent.read(run_dir(ident))[-SHOWN:]
+            packets = read_recent(run_dir(ident))[-SHOWN:]
         except LabctlError:
             packets = []
         return {"running": run is not None, "ready": run is not None and run.ready, "filter": run.filter if run else "",

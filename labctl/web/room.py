@@ -20,9 +20,9 @@ from typing import Any
 from labctl.debug import CRASH_MARKERS, PANIC, console_end
 from labctl.errors import LabctlError
 from labctl.grading import CheckResult, checks_of, run_checks, summary
-from labctl.live import capture
+from labctl.live import active_captures
 from labctl.net import runtime_from_state, to_svg, topology
-from labctl.state import LabState, netstate, run_dir, up_labs
+from labctl.state import LabState, load_netstate, run_dir, up_labs
 from labctl.textsafe import safe_text
 from labctl.training import README, ClassRecord, class_names, reset
 from labctl.up import guest_statuses
@@ -64,10 +64,10 @@ def guests_of(ident: str) -> list[dict[str, Any]]:
 def topology_svg(ident: str) -> str:
     """The instance's topology picture with its live state (SVG: no scripts, no URLs)."""
     state = LabState.load(ident)
-    record = netstate.load(state.path)
+    record = load_netstate(state.path)
     runtime = runtime_from_state(state.drivers, state.networks, state.hosts,
                                  {g.name: g.state for g in guest_statuses(state)},
-                                 record.impair, record.links, [c.label for c in capture.active(state)],
+                                 record.impair, record.links, [c.label for c in active_captures(state)],
                                  state.offloads)
     return to_svg(topology(state.resolved, runtime))
 

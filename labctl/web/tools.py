@@ -25,9 +25,9 @@ from typing import Any
 from labctl.backends import get_backend
 from labctl.errors import LabctlError, UsageError
 from labctl.lab import IMPAIR_KEYS, Impairment, nic_addresses, parse_impairment
-from labctl.live import capture, netctl
+from labctl.live import Capture, apply_impairment, lab_nic, save_capture, set_link, start_capture, stop_capture
 from labctl.paths import atomic_write, ensure_private_dir
-from labctl.state import LabState, netstate
+from labctl.state import LabState, load_netstate
 from labctl.textsafe import safe_text
 
 SAVED = "web-captures"
@@ -60,7 +60,7 @@ def nic_of(state: LabState, guest: object, nic: object) -> tuple[str, str]:
     """``(guest, nic)`` from a page's JSON once the lab has them. :raise UsageError: otherwise."""
     if not isinstance(guest, str) or not isinstance(nic, str) or not NAME.fullmatch(guest) or not NAME.fullmatch(nic):
         raise UsageError("say which NIC: {\"guest\": NAME, \"nic\": NAME}")
-    netctl.lab_nic(state, guest, nic)
+    lab_nic(state, guest, nic)
     return guest, nic
 
 
@@ -103,7 +103,7 @@ class ConsoleTail:
 @dataclass
 class Running:
     ident: str
-    cap: capture.Capture
+    cap: Capture
     started: float = field(default_factory=time.time)
 
 
@@ -124,7 +124,7 @@ class Tools:
         with self.lock:
             if any(r.ident == ident and r.cap.guest == g and r.cap.nic == n for r in self.running.values()):
                 raise UsageError(f"{g}.{n} is being captured already")
-        cap = capture.start(state, get_backend(state.backend), g, n, "web")
+        cap = start_capture(state, get_backend(state.backend), g, n, "web")
         with self.lock:
             self.running[cap.id] = Running(ident, cap)
         return {"id": cap.id, "label": cap.label}
@@ -144,9 +144,9 @@ class Tools:
     def _save(self, run: Running) -> dict[str, Any]:
         state = LabState.load(run.ident)
         cap = run.cap
-        warnings = capture.stop(state, get_backend(state.backend), cap)
+        warnings = stop_capture(state, get_backend(state.backend), cap)
         d = ensure_private_dir(state.path / SAVED)
-        written, more = capture.save(state, cap, d / f"{cap.id}.pcapng")
+        written, more = save_capture(state, cap, d / f"{cap.id}.pcapng")
         meta = {"id": cap.id, "label": cap.label, "guest": cap.guest, "nic": cap.nic, "started": run.started,
                 "stopped": time.time(), "frames": written.frames, "bytes": written.bytes,
                 "warnings": [safe_text(w) for w in dict.fromkeys(warnings + more)]}
@@ -197,7 +197,7 @@ class Tools:
         imp = parse_impair_request(values)
         state = LabState.load(ident)
         g, n = nic_of(state, guest, nic)
-        netctl.apply_impairment(state, g, n, imp)
+        apply_impairment(state, g, n, imp)
         return imp
 
     @staticmethod
@@ -207,7 +207,7 @@ class Tools:
             raise UsageError("say {\"up\": true} or {\"up\": false}")
         state = LabState.load(ident)
         g, n = nic_of(state, guest, nic)
-        netctl.set_link(state, g, n, up)
+        set_link(state, g, n, up)
 
     # -- the view ------------------------------------------------------------------------------
 
@@ -217,7 +217,7 @@ class Tools:
             state = LabState.load(ident)
         except LabctlError:
             return {"nics": [], "captures": []}
-        record = netstate.load(state.path)
+        record = load_netstate(state.path)
         with self.lock:
             running = {(r.cap.guest, r.cap.nic): (cid, r.started) for cid, r in self.running.items()
                        if r.ident == ident}

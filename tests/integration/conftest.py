@@ -46,9 +46,9 @@ def image() -> Image:
 @pytest.fixture(scope="session")
 def kernel(image: Image) -> Kernel:
     """The image's default kernel, prepared by setup.sh (``labctl image build``)."""
-    from labctl.kernel import guest_kernels
+    from labctl.kernel.guest_kernels import default_kernel
 
-    return guest_kernels.default_kernel(image, load_recipe(image.name))
+    return default_kernel(image, load_recipe(image.name))
 
 
 @pytest.fixture(scope="session")

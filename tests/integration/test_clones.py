@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from labctl.backends import qmp_execute
-from labctl.up import snapshots
+from labctl.up.snapshots import Snapshot, private_kib, recorded_clone_kib, snapshots_root
 from tests import harness
 from tests.conftest import Cli, new_cli
 
@@ -70,7 +70,7 @@ def room(tmp_path_factory: pytest.TempPathFactory, image: object) -> Iterator[Cl
                 keys |= set(_state(cli, lab_name).get("snapshots", {}).values())
         harness.teardown(cli.tracked)
         for key in keys:  # the last test breaks them: the next run boots cold and saves new ones
-            shutil.rmtree(snapshots.snapshots_root() / key, ignore_errors=True)
+            shutil.rmtree(snapshots_root() / key, ignore_errors=True)
 
 
 def _sh(cli: Cli, lab: str, guest: str, command: str) -> str:
@@ -86,7 +86,7 @@ def test_a_clones_writes_stay_its_own(room: Cli) -> None:
         assert "a" in st["warm"], st["warm"]
         link = Path(st["guests"]["a"]["dir"]) / "memory"
         key = st["snapshots"]["a"]
-        assert link.is_symlink() and link.resolve() == (snapshots.snapshots_root() / key / "memory").resolve()
+        assert link.is_symlink() and link.resolve() == (snapshots_root() / key / "memory").resolve()
         assert any("share=off" in arg for arg in st["guests"]["a"]["argv"])
     assert _state(cli, ONE)["snapshots"]["a"] == _state(cli, TWO)["snapshots"]["a"]  # one snapshot, two clones
     _sh(cli, ONE, "a", "echo mine > /dev/shm/clone-mark && sync")
@@ -119,17 +119,17 @@ def test_a_reset_clone_answers_and_its_network_works(room: Cli) -> None:
     assert reset.returncode == 0 and "from its post-boot snapshot" in reset.stdout, reset.stdout + reset.stderr
     assert "ok" in _sh(cli, TWO, "b", "ping -c 1 -W 3 10.152.0.1 >/dev/null && echo ok").split()
     assert "ok" in _sh(cli, TWO, "a", "ping -c 1 -W 3 10.152.0.2 >/dev/null && echo ok").split()
-    snap = snapshots.Snapshot(snapshots.snapshots_root() / _state(cli, TWO)["snapshots"]["b"])
-    assert snapshots.recorded_clone_kib(snap) > 0  # what a clone holds, for the capacity estimate
+    snap = Snapshot(snapshots_root() / _state(cli, TWO)["snapshots"]["b"])
+    assert recorded_clone_kib(snap) > 0  # what a clone holds, for the capacity estimate
     # a clone's own memory is far below its guest's: the snapshot's pages are the file's, shared
     pid = _state(cli, TWO)["guests"]["b"]["pid"]
-    assert 0 < snapshots.private_kib(pid) < 192 * 1024 + 64 * 1024
+    assert 0 < private_kib(pid) < 192 * 1024 + 64 * 1024
 
 
 def test_a_truncated_snapshot_is_refused_at_the_next_restore(room: Cli) -> None:
     cli = room
     st = _state(cli, ONE)
-    memory = snapshots.snapshots_root() / st["snapshots"]["b"] / "memory"
+    memory = snapshots_root() / st["snapshots"]["b"] / "memory"
     pid = st["guests"]["b"]["pid"]  # instance 1's b booted cold: it maps a RAM file of its own
     os.truncate(memory, 4096)
     reset = cli("reset", ONE, "b")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.up import agent, warm
+from labctl.up.agent import channel_of, set_clock
+from labctl.up.warm import adopt
 from tests.conftest import Cli
 from tests.integration.conftest import qemu_pids_under, reset_while_pinging
 
@@ -137,12 +138,12 @@ def test_a_warm_up_is_indistinguishable_from_a_cold_one(cli: Cli, image: object,
         far = cli("exec", "warm", "a", "--", "enable -f /usr/lib/labctl/builtins.so labctl_clock && "
                   "labctl_clock 2000000000.250000000 && date +%s.%N", check=True).stdout
         assert 2000000000.25 <= float(far) < 2000000005, far
-        agent.set_clock(agent.channel_of(gdir))  # the agent's "clock": back to the host's
+        set_clock(channel_of(gdir))  # the agent's "clock": back to the host's
         guest_now = float(cli("exec", "warm", "a", "--", "date +%s.%N", check=True).stdout)
         assert abs(guest_now - time.time()) < 1.0, guest_now - time.time()
         # Without a standby (it took over already), keys are installed again by reloading sshd,
         # and SSH still answers with the pinned key.
-        warm.adopt(gdir)
+        adopt(gdir)
         assert STANDBY in _listener(cli, "warm", "a")
         assert cli("exec", "warm", "a", "--", "true").returncode == 0
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+import labctl.kernel.prepare as prep
 from labctl.errors import ImageError
 from labctl.image import apt
 from labctl.image.recipe import load_recipe
-from labctl.kernel import prepare
-from labctl.lab import kernels
+from labctl.lab.kernels import debian
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "apt"
 
@@ -85,16 +85,16 @@ def test_the_default_image_follows_its_line_once_the_pinned_abi_is_gone(monkeypa
 def test_a_kernel_prepared_before_outlives_its_abi_in_the_archive(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
     monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path))
-    spec = kernels.debian("debian:6.1.0-56-amd64")
-    package, _dbg = prepare.debian_packages(spec)
-    monkeypatch.setattr(prepare, "candidate", lambda p: None)
-    assert prepare.debian_version(spec) is None and prepare.check(spec) is not None
-    done = prepare.kernels_root() / "0123456789abcdef"
+    spec = debian("debian:6.1.0-56-amd64")
+    package, _dbg = prep.debian_packages(spec)
+    monkeypatch.setattr(prep, "candidate", lambda p: None)
+    assert prep.debian_version(spec) is None and prep.check(spec) is not None
+    done = prep.kernels_root() / "0123456789abcdef"
     done.mkdir(parents=True)
     (done / "manifest.json").write_text(json.dumps({"debian": {"package": package, "version": "6.1.192-2"}}))
-    assert prepare.debian_version(spec) == "6.1.192-2" and prepare.check(spec) is None
-    monkeypatch.setattr(prepare, "candidate", lambda p: "6.1.192-3")  # the archive's own wins while it has one
-    assert prepare.debian_version(spec) == "6.1.192-3"
+    assert prep.debian_version(spec) == "6.1.192-2" and prep.check(spec) is None
+    monkeypatch.setattr(prep, "candidate", lambda p: "6.1.192-3")  # the archive's own wins while it has one
+    assert prep.debian_version(spec) == "6.1.192-3"
 
 
 def test_the_source_of_a_kernel_is_its_own_version_or_a_clear_error(monkeypatch: pytest.MonkeyPatch,
@@ -112,7 +112,7 @@ def test_the_source_of_a_kernel_is_its_own_version_or_a_clear_error(monkeypatch:
         asked.append((package, version))
         raise ImageError(f"the archive no longer carries {package} {version} (it has 6.1.192-3)")
 
-    monkeypatch.setattr(prepare, "apt_download", download)
+    monkeypatch.setattr(prep, "apt_download", download)
     with pytest.raises(ImageError, match="no longer carries linux-source-6.1 6.1.192-2") as err:
-        prepare.add_source(kernel)
+        prep.add_source(kernel)
     assert asked == [("linux-source-6.1", "6.1.192-2")] and err.value.exit_code == 3

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.bisect import oracle as orc
-from labctl.bisect import search
+import labctl.bisect.oracle as orc
 from labctl.bisect.engine import on_tree, tree_guests
+from labctl.bisect.search import Next, next_step, resolve
 from labctl.bisect.statefile import NEW, OLD, SKIP, State, Step, load, save
 from labctl.errors import UsageError
 
@@ -40,11 +40,11 @@ def history(tmp_path: Path) -> tuple[Path, list[str]]:
     return repo, shas
 
 
-def _bisect(repo: Path, shas: list[str], first_bad: int, skip: set[int] = frozenset()) -> tuple[search.Next, int]:
+def _bisect(repo: Path, shas: list[str], first_bad: int, skip: set[int] = frozenset()) -> tuple[Next, int]:
     olds, new, skips = [shas[0]], shas[-1], []
     steps = 0
     while True:
-        nxt = search.next_step(repo, new, olds, skips)
+        nxt = next_step(repo, new, olds, skips)
         if nxt.commit is None:
             return nxt, steps
         steps += 1
@@ -67,7 +67,7 @@ def test_search_finds_the_first_bad_commit(history: tuple[Path, list[str]], firs
 
 def test_search_goes_around_skipped_commits(history: tuple[Path, list[str]]) -> None:
     repo, shas = history
-    first_try = search.next_step(repo, shas[-1], [shas[0]], []).commit
+    first_try = next_step(repo, shas[-1], [shas[0]], []).commit
     assert first_try is not None
     nxt, _ = _bisect(repo, shas, 11, skip={shas.index(first_try)})
     assert nxt.first == shas[11]
@@ -82,11 +82,11 @@ def test_search_with_only_skipped_commits_left_names_the_candidates(history: tup
 
 def test_resolve_refuses_what_is_not_a_commit(history: tuple[Path, list[str]]) -> None:
     repo, shas = history
-    assert search.resolve(repo, "main") == shas[-1]
+    assert resolve(repo, "main") == shas[-1]
     with pytest.raises(UsageError):
-        search.resolve(repo, "no-such-branch")
+        resolve(repo, "no-such-branch")
     with pytest.raises(UsageError):
-        search.resolve(repo, "--all")
+        resolve(repo, "--all")
 
 
 def test_state_round_trips_and_counts_verdicts(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from labctl.bisect import configs as cf
+import labctl.bisect.configs as cf
 from labctl.errors import UsageError
 
 HEAD = "#\n# Automatically generated file; DO NOT EDIT.\n# Linux/x86 6.1.192 Kernel Configuration\n#\n"

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl.bisect import bundlepages, engine, tries
-from labctl.bisect import oracle as orc
+import labctl.bisect.oracle as orc
+import labctl.bisect.tries as tr
+from labctl.bisect import engine
+from labctl.bisect.bundlepages import confidence, explain, explained_text, write
 from labctl.bisect.statefile import State
 from labctl.errors import LabctlError
 from labctl.lab import load_lab_text
@@ -21,31 +23,31 @@ FAIL, PASS, UNDECIDED = orc.FAIL, orc.PASS, orc.UNDECIDED
 
 
 def test_the_first_fail_decides_and_a_pass_needs_every_try() -> None:
-    assert tries.combine([PASS, PASS, FAIL]) == FAIL
-    assert tries.combine([PASS, PASS]) == PASS
-    assert tries.combine([PASS, UNDECIDED]) == UNDECIDED
-    assert tries.combine([]) == UNDECIDED
-    assert not tries.should_stop([PASS, PASS], 3) and tries.should_stop([PASS, PASS, PASS], 3)
-    assert tries.should_stop([PASS, FAIL], 3) and tries.should_stop([UNDECIDED], 3)
+    assert tr.combine([PASS, PASS, FAIL]) == FAIL
+    assert tr.combine([PASS, PASS]) == PASS
+    assert tr.combine([PASS, UNDECIDED]) == UNDECIDED
+    assert tr.combine([]) == UNDECIDED
+    assert not tr.should_stop([PASS, PASS], 3) and tr.should_stop([PASS, PASS, PASS], 3)
+    assert tr.should_stop([PASS, FAIL], 3) and tr.should_stop([UNDECIDED], 3)
 
 
-@pytest.mark.parametrize("p, n", [(0.5, 5), (1 / 3, 8), (2 / 3, 3), (0.9, 2), (1.0, 1), (0.01, tries.MAX_TRIES)])
+@pytest.mark.parametrize("p, n", [(0.5, 5), (1 / 3, 8), (2 / 3, 3), (0.9, 2), (1.0, 1), (0.01, tr.MAX_TRIES)])
 def test_tries_for_a_rate_keep_a_miss_under_five_percent(p: float, n: int) -> None:
-    assert tries.tries_for(p) == n
-    if n < tries.MAX_TRIES:
-        assert (1 - p) ** n < tries.MISS <= (1 - p) ** (n - 1) or n == 1
-        assert tries.confidence(p, n) > 0.95
+    assert tr.tries_for(p) == n
+    if n < tr.MAX_TRIES:
+        assert (1 - p) ** n < tr.MISS <= (1 - p) ** (n - 1) or n == 1
+        assert tr.confidence(p, n) > 0.95
 
 
 def test_the_estimate_never_reads_every_run_failing_as_always() -> None:
-    est = tries.estimate("c" * 40, [FAIL, FAIL, FAIL])
+    est = tr.estimate("c" * 40, [FAIL, FAIL, FAIL])
     assert est.fails == 3 and est.rate == pytest.approx(5 / 6, abs=1e-3) and est.tries == 2
-    est = tries.estimate("c" * 40, [PASS, FAIL, FAIL, UNDECIDED])  # undecided runs are not counted
+    est = tr.estimate("c" * 40, [PASS, FAIL, FAIL, UNDECIDED])  # undecided runs are not counted
     assert (est.runs, est.fails, est.tries) == (3, 2, 3) and est.confidence == pytest.approx(1 - (1 / 3) ** 3, abs=1e-3)
-    low = tries.estimate("c" * 40, [FAIL] + [PASS] * 49)  # 2%: 20 tries are not enough
-    assert low.tries == tries.MAX_TRIES and low.confidence < 0.95
-    assert "BELOW 95%: the rate is too low for 20 tries" in tries.confidence_text(low.to_dict())
-    assert "BELOW" not in tries.confidence_text(est.to_dict())
+    low = tr.estimate("c" * 40, [FAIL] + [PASS] * 49)  # 2%: 20 tries are not enough
+    assert low.tries == tr.MAX_TRIES and low.confidence < 0.95
+    assert "BELOW 95%: the rate is too low for 20 tries" in tr.confidence_text(low.to_dict())
+    assert "BELOW" not in tr.confidence_text(est.to_dict())
 
 
 class Flaky:
@@ -112,7 +114,7 @@ def test_tries_auto_on_a_flaky_oracle_finds_and_confirms_the_commit(history: tup
     st = _bisector(tmp_path, repo, shas, flaky, tries=0, estimate_runs=12).run()
     est = st.estimate
     assert est["commit"] == shas[-1] and est["runs"] == 12 and 0 < est["fails"] <= 12
-    assert est["tries"] == tries.tries_for(est["rate"]) and [r for r in flaky.runs[:12]] == [(shas[-1], i) for i in range(1, 13)]
+    assert est["tries"] == tr.tries_for(est["rate"]) and [r for r in flaky.runs[:12]] == [(shas[-1], i) for i in range(1, 13)]
     assert st.result["first"] == shas[FIRST_BAD]
     n = est["tries"]
     for step in st.steps:  # a good step passed every try; a bad one stopped at its first fail
@@ -123,9 +125,9 @@ def test_tries_auto_on_a_flaky_oracle_finds_and_confirms_the_commit(history: tup
             assert outcomes[-1] == FAIL and outcomes[:-1] == [PASS] * (len(outcomes) - 1) and len(outcomes) <= n
     assert st.confirmation["status"] == engine.CONFIRMED and flaky.reverted == shas[FIRST_BAD]
     assert [t["outcome"] for t in st.confirmation["tries"]] == [PASS] * n
-    conf = bundlepages.confidence(st)
+    conf = confidence(st)
     assert conf is not None and conf["verdict"] == est["confidence"] and conf["answer"] <= conf["verdict"]
-    bundlepages.write(tmp_path / "bundle", st)
+    write(tmp_path / "bundle", st)
     md = (tmp_path / "bundle" / "report.md").read_text()
     assert "--tries auto" in md and "CONFIRMED" in md and f"{n}: pass" in md
 
@@ -193,9 +195,9 @@ def test_the_first_bad_run_is_explained_by_what_changed_most() -> None:
                    "change_pct": 10.0, "verdict": "beyond noise"},
                   {**metric, "key": "same", "change": 0.0, "a": {"mean": 1.0}, "b": {"mean": 1.0}, "change_pct": 0.0,
                    "verdict": "within noise"}]}]}
-    why = bundlepages.explain(old, new, result)
+    why = explain(old, new, result)
     assert [r["figure"] for r in why["changed"]] == ["ping.rtt", "ping.softnet_dropped"]  # beyond noise first
     st = State(lab_file="/x/b.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle={"kind": "panic"})
-    text = bundlepages.explained_text(st, why)
+    text = explained_text(st, why)
     assert "step 5 (bbbbbbbbbbbb): check big-ping failed: 100% packet loss" in text
     assert "- kernel of a: 6.1 (a) -> 6.1 (b)" in text and "ping.softnet_dropped (softnet drops): 0 -> 12 (+100%" in text

@@ -86,23 +86,34 @@ def test_a_guest_up_is_kept_room_to_grow_by_what_it_holds() -> None:
 def test_clone_costs_come_from_the_snapshot_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from labctl.up import snapshots
+    from labctl.up.snapshots import (
+        CLONES,
+        DISK,
+        MEMORY,
+        META,
+        STATE,
+        Snapshot,
+        private_kib,
+        record_clone,
+        recorded_clone_kib,
+        snapshots_root,
+    )
 
     monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path / "cache"))
-    d = snapshots.snapshots_root() / "k1"
+    d = snapshots_root() / "k1"
     d.mkdir(parents=True)
-    for name in (snapshots.STATE, snapshots.DISK):
+    for name in (STATE, DISK):
         (d / name).write_bytes(b"x" * 3000)
-    with open(d / snapshots.MEMORY, "wb") as f:
+    with open(d / MEMORY, "wb") as f:
         f.truncate(256 << 20)
         f.write(b"\1" * (3 << 20))  # 3 MiB of RAM not zero: 3 MiB to map
-    (d / snapshots.META).write_text(json.dumps({"lab": "room", "guest": "a", "state_bytes": 3000}))
-    snap = snapshots.Snapshot(d)
+    (d / META).write_text(json.dumps({"lab": "room", "guest": "a", "state_bytes": 3000}))
+    snap = Snapshot(d)
     guess = capacity.clone_costs(running={})[("room", "a")]
     assert guess == _clone("k1", capacity.QEMU_OVERHEAD_MIB + 1, 3, measured=False)
-    (d / snapshots.CLONES).write_text(json.dumps({"private_kib": 50 * 1024}))
+    (d / CLONES).write_text(json.dumps({"private_kib": 50 * 1024}))
     assert capacity.clone_costs(running={})[("room", "a")] == _clone("k1", 50, 3)
     assert capacity.clone_costs(running={"k1": 70})[("room", "a")] == _clone("k1", 70, 3)  # one up now
-    (d / snapshots.CLONES).write_text(json.dumps({"private_kib": 1024}))
-    snapshots.record_clone(snap, os.getpid())  # this process holds more than 1 MiB: recorded
-    assert 1024 < snapshots.recorded_clone_kib(snap) <= snapshots.private_kib(os.getpid())
+    (d / CLONES).write_text(json.dumps({"private_kib": 1024}))
+    record_clone(snap, os.getpid())  # this process holds more than 1 MiB: recorded
+    assert 1024 < recorded_clone_kib(snap) <= private_kib(os.getpid())

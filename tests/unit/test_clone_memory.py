@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import labctl.up.snapshots as snaps
 from labctl.backends.base import GuestRecord
 from labctl.backends.qemu import clone
 from labctl.backends.qemu.argv import build_argv
 from labctl.backends.qemu.machines import QemuBackend, fresh_memory
 from labctl.errors import SnapshotBroken
-from labctl.up import snapshots, warm
+from labctl.up.warm import link_memory
 from tests.unit.test_qemu_argv import ROOT, _pairs, _plans
 
 
@@ -46,7 +47,7 @@ def test_every_start_gets_a_new_generation_id_and_the_snapshot_key_ignores_it(tm
     assert guid1 and guid2 and guid1 != guid2
     assert f"vmgenid,guid={guid2}" in _pairs(second, "-device") and len(second) == len(argv)
     assert clone.new_generation(["qemu"]) == (["qemu"], None)
-    assert snapshots.key(plan, QemuBackend()) == snapshots.key(plan, QemuBackend())
+    assert snaps.key(plan, QemuBackend()) == snaps.key(plan, QemuBackend())
 
 
 def test_a_restart_maps_the_ram_privately_to_restore_and_shared_to_boot(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -72,43 +73,43 @@ def test_a_boot_never_writes_through_a_link_to_a_snapshot(tmp_path: Path) -> Non
 
 def test_copy_sparse_keeps_the_data_and_leaves_zero_pages_as_holes(tmp_path: Path) -> None:
     src, dest = tmp_path / "ram", tmp_path / "copy"
-    page = snapshots.PAGE
+    page = snaps.PAGE
     with open(src, "wb") as f:
         f.truncate(64 * page)
         f.seek(3 * page)
         f.write(b"\1" * page + bytes(page) * 8 + b"\2" * 10)  # a zero run written out, inside data
         f.seek(40 * page)
         f.write(b"\3" * page)
-    snapshots.copy_sparse(src, dest)
+    snaps.copy_sparse(src, dest)
     assert dest.read_bytes() == src.read_bytes()
     assert (dest.stat().st_mode & 0o777) == 0o600
     assert dest.stat().st_blocks * 512 <= 3 * page < src.stat().st_blocks * 512
 
 
-def _snapshot(root: Path, size: int = 1 << 20) -> snapshots.Snapshot:
+def _snapshot(root: Path, size: int = 1 << 20) -> snaps.Snapshot:
     d = root / "k"
     d.mkdir(parents=True)
-    for name in (snapshots.STATE, snapshots.DISK):
+    for name in (snaps.STATE, snaps.DISK):
         (d / name).write_bytes(b"x")
-    mem = d / snapshots.MEMORY
+    mem = d / snaps.MEMORY
     with open(mem, "wb") as f:
         f.truncate(size)
     mem.chmod(0o600)
-    (d / snapshots.META).write_text(json.dumps({"memory": snapshots._identity(mem, mem)}))
-    return snapshots.Snapshot(d)
+    (d / snaps.META).write_text(json.dumps({"memory": snaps._identity(mem, mem)}))
+    return snaps.Snapshot(d)
 
 
 def test_a_truncated_or_replaced_memory_file_is_refused_with_the_reason(tmp_path: Path) -> None:
     snap = _snapshot(tmp_path)
     assert snap.complete() and snap.memory_problem() is None
     dest = tmp_path / "guest-memory"
-    warm.link_memory(snap, dest)
+    link_memory(snap, dest)
     assert dest.resolve() == snap.memory.resolve()
     os.truncate(snap.memory, 4096)
     assert "is 4096 bytes, but it was saved with 1048576: it was truncated" in (snap.memory_problem() or "")
     dest.unlink()
     with pytest.raises(SnapshotBroken, match="cannot be restored: its memory file .* truncated") as exc:
-        warm.link_memory(snap, dest)
+        link_memory(snap, dest)
     assert exc.value.exit_code == 4 and not dest.exists()
 
     other = _snapshot(tmp_path / "o")
@@ -129,17 +130,17 @@ def test_a_restored_overlay_is_a_copy_of_one_empty_overlay_on_the_snapshots_disk
 
     d = tmp_path / "snap"
     d.mkdir()
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(d / snapshots.DISK), "16M"], check=True)
-    snap = snapshots.Snapshot(d)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(d / snaps.DISK), "16M"], check=True)
+    snap = snaps.Snapshot(d)
     first, second = tmp_path / "a.qcow2", tmp_path / "b.qcow2"
-    snapshots.restored_overlay(snap, first)
-    made = (d / snapshots.EMPTY_OVERLAY).stat()
-    snapshots.restored_overlay(snap, second)
-    assert (d / snapshots.EMPTY_OVERLAY).stat().st_ino == made.st_ino  # made once, then copied
+    snaps.restored_overlay(snap, first)
+    made = (d / snaps.EMPTY_OVERLAY).stat()
+    snaps.restored_overlay(snap, second)
+    assert (d / snaps.EMPTY_OVERLAY).stat().st_ino == made.st_ino  # made once, then copied
     assert first.read_bytes() == second.read_bytes() and (second.stat().st_mode & 0o777) == 0o600
     info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(second)], check=True,
                                      capture_output=True, text=True).stdout)
-    assert info["backing-filename"] == str(d / snapshots.DISK) and info["virtual-size"] == 16 << 20
+    assert info["backing-filename"] == str(d / snaps.DISK) and info["virtual-size"] == 16 << 20
 
 
 def test_a_reset_waits_for_sshds_banner_through_the_port(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import labctl.steps.transfer as xfer
 from labctl.cli.main import build_parser
 from labctl.errors import UnsafePath, UsageError
-from labctl.steps import transfer
 from labctl.steps.transfer import Copied, guest_spec, parse_size, plan
 
 
@@ -28,8 +28,8 @@ def test_guest_spec(word: str, spec: tuple[str, str] | None) -> None:
 
 
 def test_the_guest_side_gives_the_direction() -> None:
-    assert plan("a:/var/log", "logs") == transfer.Plan("a", "/var/log", "logs", to_guest=False)
-    assert plan("./tests", "b:/root/") == transfer.Plan("b", "/root/", "./tests", to_guest=True)
+    assert plan("a:/var/log", "logs") == xfer.Plan("a", "/var/log", "logs", to_guest=False)
+    assert plan("./tests", "b:/root/") == xfer.Plan("b", "/root/", "./tests", to_guest=True)
 
 
 @pytest.mark.parametrize("src, dest, what", [
@@ -56,7 +56,7 @@ def test_bad_sizes(text: str) -> None:
 def test_the_command_line() -> None:
     args = build_parser().parse_args(["cp", "lab@bob", "a:/x", "out", "--max-size", "1G", "--json"])
     assert (args.lab, args.src, args.dest, args.max_size, args.json) == ("lab@bob", "a:/x", "out", "1G", True)
-    assert args.timeout == transfer.DEFAULT_TIMEOUT
+    assert args.timeout == xfer.DEFAULT_TIMEOUT
     with pytest.raises(SystemExit):
         build_parser().parse_args(["cp", "lab", "a:/x"])
 
@@ -75,17 +75,17 @@ def test_cmd_cp_checks_its_words_before_the_lab(monkeypatch: pytest.MonkeyPatch)
 def test_host_target_into_a_directory_or_as_a_new_path(tmp_path: Path) -> None:
     d = tmp_path / "d"
     d.mkdir()
-    assert transfer._host_target(str(d), "/var/log/", "/var/log") == (d, "log")
-    assert transfer._host_target(str(d / "new"), "/var/log", "/var/log") == (d, "new")
-    assert transfer._host_target(str(d), "/root/link", "/etc/real") == (d, "link")
+    assert xfer._host_target(str(d), "/var/log/", "/var/log") == (d, "log")
+    assert xfer._host_target(str(d / "new"), "/var/log", "/var/log") == (d, "new")
+    assert xfer._host_target(str(d), "/root/link", "/etc/real") == (d, "link")
     (d / "log").mkdir()
     with pytest.raises(UsageError, match="never overwrites"):
-        transfer._host_target(str(d), "/var/log", "/var/log")
+        xfer._host_target(str(d), "/var/log", "/var/log")
     (d / "dangling").symlink_to("/nonexistent")
     with pytest.raises(UsageError, match="never overwrites"):
-        transfer._host_target(str(d / "dangling"), "/x", "/x")
+        xfer._host_target(str(d / "dangling"), "/x", "/x")
     with pytest.raises(UsageError, match="no such directory"):
-        transfer._host_target(str(tmp_path / "missing" / "x"), "/x", "/x")
+        xfer._host_target(str(tmp_path / "missing" / "x"), "/x", "/x")
 
 
 def test_host_target_refuses_a_directory_others_can_write(tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ def test_host_target_refuses_a_directory_others_can_write(tmp_path: Path) -> Non
     d.mkdir()
     d.chmod(0o777)
     with pytest.raises(UnsafePath, match="writable by other users"):
-        transfer._host_target(str(d), "/x", "/x")
+        xfer._host_target(str(d), "/x", "/x")
 
 
 def test_a_host_tree_sends_links_as_links_and_skips_fifos(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_a_host_tree_sends_links_as_links_and_skips_fifos(tmp_path: Path) -> Non
     (src / "dirlink").symlink_to("/etc")
     os.mkfifo(src / "p")
     copied = Copied()
-    entries, total = transfer._walk_local(str(src), "src", copied)
+    entries, total = xfer._walk_local(str(src), "src", copied)
     assert total == 5
     assert sorted(e.arcname for e in entries) == ["src", "src/d", "src/d/f", "src/dirlink", "src/ln"]
     assert copied.skipped == [("src/p", "a FIFO")]
@@ -141,7 +141,7 @@ def test_to_guest_streams_a_tar_that_follows_no_link(tmp_path: Path) -> None:
     (src / "d" / "f").write_bytes(b"data")
     (src / "ln").symlink_to("/etc/passwd")
     s = _FakeSession("d")
-    got = transfer.to_guest(s, str(src), "/root")  # type: ignore[arg-type]
+    got = xfer.to_guest(s, str(src), "/root")  # type: ignore[arg-type]
     assert (got.target, got.files, got.bytes, got.skipped) == ("/root/src", 1, 4, [])
     assert s.command.startswith("tar -x --no-same-owner") and "-C /root" in s.command
     with tarfile.open(fileobj=io.BytesIO(s.fed.getvalue())) as tar:
@@ -155,17 +155,17 @@ def test_to_guest_as_a_new_name_and_its_refusals(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_bytes(b"x" * 2048)
     s = _FakeSession("p")
-    assert transfer.to_guest(s, str(f), "/root/renamed").target == "/root/renamed"  # type: ignore[arg-type]
+    assert xfer.to_guest(s, str(f), "/root/renamed").target == "/root/renamed"  # type: ignore[arg-type]
     with tarfile.open(fileobj=io.BytesIO(s.fed.getvalue())) as tar:
         assert tar.getnames() == ["renamed"]
     with pytest.raises(UsageError, match="no such directory"):
-        transfer.to_guest(_FakeSession("n"), str(f), "/nope/x")  # type: ignore[arg-type]
+        xfer.to_guest(_FakeSession("n"), str(f), "/nope/x")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="not a directory"):
-        transfer.to_guest(_FakeSession("f"), str(tmp_path), "/etc/passwd")  # type: ignore[arg-type]
+        xfer.to_guest(_FakeSession("f"), str(tmp_path), "/etc/passwd")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="over the copy budget"):
-        transfer.to_guest(_FakeSession("d"), str(f), "/root", budget=1024)  # type: ignore[arg-type]
+        xfer.to_guest(_FakeSession("d"), str(f), "/root", budget=1024)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="No such file"):
-        transfer.to_guest(_FakeSession("d"), str(tmp_path / "missing"), "/root")  # type: ignore[arg-type]
+        xfer.to_guest(_FakeSession("d"), str(tmp_path / "missing"), "/root")  # type: ignore[arg-type]
 
 
 def test_the_progress_display_counts_what_goes_through() -> None:
@@ -178,7 +178,7 @@ def test_the_progress_display_counts_what_goes_through() -> None:
         advance(60)
         advance(40)
     seen: list[int] = []
-    counted = transfer._Counted(io.BytesIO(b"abcdef"), seen.append)
+    counted = xfer._Counted(io.BytesIO(b"abcdef"), seen.append)
     assert counted.read(4) == b"abcd" and counted.read() == b"ef" and counted.read() == b""
     assert seen == [4, 2] and counted.count == 6
 
@@ -186,9 +186,9 @@ def test_the_progress_display_counts_what_goes_through() -> None:
 def test_a_stream_far_over_the_budget_fails_the_copy() -> None:
     from labctl.errors import GuestError
 
-    limit = transfer.stream_limit(1 << 20)
+    limit = xfer.stream_limit(1 << 20)
     assert limit == (2 << 20) + (64 << 20)
-    counted = transfer._Counted(io.BytesIO(b"x" * (limit + 1)), None, limit)
+    counted = xfer._Counted(io.BytesIO(b"x" * (limit + 1)), None, limit)
     counted.read(limit)
     with pytest.raises(GuestError, match="nothing was copied"):
         counted.read(1)

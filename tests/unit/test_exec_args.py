@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from labctl import mux
-from labctl.cli import main as cli_main
+from labctl.cli import main
 from labctl.cli.exec_cmd import DEFAULT_TIMEOUT, split_exec
 from labctl.errors import UsageError
 from labctl.state import runstate
@@ -63,7 +63,7 @@ def sent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Sent:
 
 
 def labctl_exec(*words: str) -> int:
-    return cli_main.main(["exec", *words])
+    return main(["exec", *words])
 
 
 def test_timeout_then_double_dash_sends_only_the_command(sent: Sent) -> None:
@@ -138,7 +138,7 @@ def test_ssh_puts_openssh_in_labctls_place() -> None:
 def test_exec_gives_up_when_its_guest_crashes(sent: Sent) -> None:
     """A panicked guest's QEMU stays paused (-action panic=pause): the session would wait for it
     forever, so exec watches the guest's console and ends with the reason once it shows a crash."""
-    assert cli_main.main(["exec", "lab", "g", "--", "echo c > /proc/sysrq-trigger"]) == 0
+    assert main(["exec", "lab", "g", "--", "echo c > /proc/sysrq-trigger"]) == 0
     assert sent.abort is not None and sent.abort() is None  # no console yet, no crash
     sent.console.write_text("[    5.1] eth1: link up\n")
     assert sent.abort() is None

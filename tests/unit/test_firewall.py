@@ -12,7 +12,7 @@ import pytest
 from labctl.errors import LabFileError
 from labctl.lab import Firewall, load_lab, load_lab_text, settings_text
 from labctl.lab.firewall import file_problem, rule_problem
-from labctl.up import nftload
+from labctl.up.nftload import FILE, command, problems
 
 LAB = """\
 name: fw
@@ -115,10 +115,10 @@ def test_nft_errors_name_the_lab_line_and_the_nft_file_line(tmp_path: Path) -> N
         "            - tcp dport 22 dropp\n            - meta foo bar\n")
     fw = load_lab(str(tmp_path / "lab.yaml")).guests["r"].firewall
     assert fw is not None and fw.file is not None
-    cmd, lines = nftload.command(fw)
+    cmd, lines = command(fw)
     assert cmd.endswith("nft -c -f /run/labctl-fw/main.nft && nft -f /run/labctl-fw/main.nft")
-    assert fw.script(nftload.FILE)[0].splitlines()[0] == 'include "/run/labctl-fw/lab-file.nft"'
-    got = [str(p) for p in nftload.problems(NFT_OUTPUT, "r", fw, lines, "lab.yaml")]
+    assert fw.script(FILE)[0].splitlines()[0] == 'include "/run/labctl-fw/lab-file.nft"'
+    got = [str(p) for p in problems(NFT_OUTPUT, "r", fw, lines, "lab.yaml")]
     assert got == [
         ("lab.yaml:11: guests.r.firewall.filter.input.rules[0]: guest r: nft refused rule 'tcp dport 22 dropp': "
          "syntax error, unexpected newline"),
@@ -127,7 +127,7 @@ def test_nft_errors_name_the_lab_line_and_the_nft_file_line(tmp_path: Path) -> N
         (f"{tmp_path / 'r.nft'}:2: guests.r.firewall.file: guest r: nft refused line 2 of r.nft: "
          "Could not process rule: Operation not supported"),
     ]
-    assert nftload.problems("nft: command not found", "r", fw, lines, "lab.yaml") == []
+    assert problems("nft: command not found", "r", fw, lines, "lab.yaml") == []
 
 
 def test_the_nft_file_is_read_with_the_lab_and_is_in_its_dict(tmp_path: Path) -> None:

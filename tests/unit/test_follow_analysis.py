@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.trace import drops, hops
 from labctl.trace.clocks import Alignment, Clock
+from labctl.trace.drops import netfilter_note, protocol_name, table
+from labctl.trace.hops import DROP_REASONS, Event, drop_header, identity, parse_line, parse_text, reason_name
 from labctl.trace.journey import Correlator
 from labctl.trace.journeyfiles import JOURNEY_JSON, JOURNEY_TRACE, analyze, journeys_of, read_inputs, timeline
 from labctl.trace.tef import validate_trace
@@ -23,38 +24,38 @@ DEV_QUEUE = next(line for line in (FIX / "paths" / "follow" / "a.txt").read_text
 
 
 def test_a_probe_line_gives_the_packet_it_saw() -> None:
-    ev = hops.parse_line(DEV_QUEUE, "a")
+    ev = parse_line(DEV_QUEUE, "a")
     assert ev is not None and (ev.point, ev.comm, ev.pid, ev.irq, ev.dev) == ("dev_queue", "ping", 200, False, "eth1")
     assert ev.ts == 25_451_420_000
-    h = hops.identity(ev)
+    h = identity(ev)
     assert h is not None and h.describe() == "ICMP echo-request 10.1.0.1 > 10.2.0.1 id 200 seq 2"
     assert h.key() == (0x0A010001, 0x0A020001, 1, 0x7AA8, 0, (8, 200, 2))  # id=43130 as read little-endian
 
 
 def test_drop_lines_symbol_with_module_and_the_plain_tracepoint() -> None:
     line = (FIX / "paths" / "b" / "drops.txt").read_text().splitlines()
-    ev = next(e for e in (hops.parse_line(x, "b") for x in line) if e is not None)
-    assert ev.fields["loc"] == "nft_do_chain+0x47f/0x5e0 [nf_tables]" and hops.reason_name(ev) == "NETFILTER_DROP"
-    assert str(hops.drop_header(ev).describe()).startswith("UDP 10.1.0.1:")  # type: ignore[union-attr]
+    ev = next(e for e in (parse_line(x, "b") for x in line) if e is not None)
+    assert ev.fields["loc"] == "nft_do_chain+0x47f/0x5e0 [nf_tables]" and reason_name(ev) == "NETFILTER_DROP"
+    assert str(drop_header(ev).describe()).startswith("UDP 10.1.0.1:")  # type: ignore[union-attr]
     # a kernel without event probes records the tracepoint itself (6.1's format)
-    tp = hops.parse_line("  <idle>-0 [000] ..s1. 12.000001: kfree_skb: skbaddr=0xffff888005fa4d00 protocol=2048 "
-                         "location=0xffffffff817c0afe reason: QDISC_DROP", "a")
+    tp = parse_line("  <idle>-0 [000] ..s1. 12.000001: kfree_skb: skbaddr=0xffff888005fa4d00 protocol=2048 "
+                    "location=0xffffffff817c0afe reason: QDISC_DROP", "a")
     assert tp is not None and tp.point == "drop" and tp.fields["loc"] == "0xffffffff817c0afe"
-    assert hops.reason_name(tp) == "QDISC_DROP" and tp.irq
+    assert reason_name(tp) == "QDISC_DROP" and tp.irq
 
 
 def test_marker_lines_and_lost_events_are_counted() -> None:
-    events, lost = hops.parse_text("bash-245 [000] ..... 601.104503: tracing_mark_write: labctl-sync 0.3\n"
-                                   "CPU:0 [LOST 17 EVENTS]\n", "a")
+    events, lost = parse_text("bash-245 [000] ..... 601.104503: tracing_mark_write: labctl-sync 0.3\n"
+                              "CPU:0 [LOST 17 EVENTS]\n", "a")
     assert [(e.point, e.fields["marker"]) for e in events] == [("marker", "0.3")] and lost == 17
 
 
 def test_a_clock_round_intersects_its_samples() -> None:
-    mk = [hops.Event("a", ts, "marker", "bash", 1, 0, False, {"marker": m}) for ts, m in ((100, "0.0"), (200, "0.1"))]
+    mk = [Event("a", ts, "marker", "bash", 1, 0, False, {"marker": m}) for ts, m in ((100, "0.0"), (200, "0.1"))]
     # sample 0.0 bounds host - guest within [950, 1080], sample 0.1 within [950, 1030]: the round, [950, 1030]
     clock = Clock.from_samples({"0.0": (1050, 1180), "0.1": (1150, 1230)}, mk)
     assert clock.rounds[0].offset == 990 and clock.bound_ns == 40 and clock.host(300) == 1290
-    later = [*mk, hops.Event("a", 10_100, "marker", "bash", 1, 0, False, {"marker": "1.0"})]
+    later = [*mk, Event("a", 10_100, "marker", "bash", 1, 0, False, {"marker": "1.0"})]
     drifting = Clock.from_samples({"0.0": (1050, 1180), "0.1": (1150, 1230), "1.0": (11_180, 11_200)}, later)
     assert [r.offset for r in drifting.rounds] == [990, 1090]
     assert drifting.host(5_125) == 5_125 + 990 + 50  # interpolated between the rounds
@@ -113,7 +114,7 @@ def test_a_slower_guest_stream_does_not_split_a_packet() -> None:
     """Live, r's events may arrive before a's: nothing is judged until every guest's stream is past it."""
     data = json.loads((FIX / "paths" / "follow" / "inputs.json").read_text())
     topo, wire = read_inputs(data)
-    by_guest = {g: hops.parse_text((FIX / "paths" / "follow" / f"{g}.txt").read_text(), g)[0] for g in data["guests"]}
+    by_guest = {g: parse_text((FIX / "paths" / "follow" / f"{g}.txt").read_text(), g)[0] for g in data["guests"]}
     clocks = {g: Clock.from_samples({m: (v[0], v[1]) for m, v in data["samples"][g].items()},
                                     [e for e in evs if e.point == "marker"]) for g, evs in by_guest.items()}
     corr = Correlator(topo, clocks, wire)
@@ -144,8 +145,8 @@ def test_analyze_writes_journey_json_and_a_valid_timeline(tmp_path: Path) -> Non
 def test_the_drops_table_counts_network_drops_and_leaves_local_frees_out() -> None:
     events = []
     for g in ("a", "r", "b"):
-        events += hops.parse_text((FIX / "paths" / g / "drops.txt").read_text(), g)[0]
-    rows, local = drops.table(events)
+        events += parse_text((FIX / "paths" / g / "drops.txt").read_text(), g)[0]
+    rows, local = table(events)
     assert [(r.guest, r.function, r.reason, r.count) for r in rows] == [
         ("a", "icmp_rcv", "NO_SOCKET", 3), ("b", "nft_do_chain", "NETFILTER_DROP", 1),
         ("r", "ip_rcv_finish_core.constprop.0", "IP_RPFILTER", 1)]
@@ -156,8 +157,8 @@ DROPS = Path(__file__).resolve().parents[1] / "fixtures" / "drops"  # one 6.1 gu
 
 
 def test_two_reasons_at_one_drop_site_are_two_rows_and_a_swapped_protocol_is_read() -> None:
-    events, _ = hops.parse_text((DROPS / "a" / "drops.txt").read_text(), "a")
-    rows, local = drops.table(events)
+    events, _ = parse_text((DROPS / "a" / "drops.txt").read_text(), "a")
+    rows, local = table(events)
     assert [(r.where, r.reason, r.dev, r.protocol, r.count) for r in rows] == [
         ("ip_rcv_core+0x236/0x310", "IP_CSUM", "lo", "IPv4", 3),
         ("ip_rcv_core+0x236/0x310", "IP_INHDR", "lo", "IPv4", 3),
@@ -187,8 +188,8 @@ def test_the_drops_summary_and_compare_keep_each_reason_of_a_site(tmp_path: Path
 def test_a_drops_protocol_is_named_in_either_byte_order(proto: str, name: str) -> None:
     line = ("  python3-174 [000] b..1.  47.554116: drop: (skb.kfree_skb) skb=0xffff888017132300 "
             f"proto={proto} reason=45 dev=\"dummy9\" loc=kfree_skb_list_reason+0x1e/0x30")
-    ev = hops.parse_line(line, "a")
-    assert ev is not None and drops.protocol_name(ev) == name
+    ev = parse_line(line, "a")
+    assert ev is not None and protocol_name(ev) == name
 
 
 RULESET_IPT = """table ip filter { # handle 3
@@ -203,11 +204,11 @@ RULESET_IPT = """table ip filter { # handle 3
 
 def test_netfilter_rules_are_named_by_the_counter_that_moved() -> None:
     before = RULESET_IPT.replace("packets 4", "packets 1").replace("packets 9", "packets 2")
-    assert drops.netfilter_note(before, RULESET_IPT) == (
+    assert netfilter_note(before, RULESET_IPT) == (
         "nftables rule 'udp dport 9 counter drop' (table ip filter, chain INPUT, handle 2)")
     policy = RULESET_IPT.replace("policy accept", "policy drop")
-    assert drops.netfilter_note(policy, policy) == "the policy of table ip filter chain INPUT (no rule's counter moved)"
-    assert drops.netfilter_note("", "") is None
+    assert netfilter_note(policy, policy) == "the policy of table ip filter chain INPUT (no rule's counter moved)"
+    assert netfilter_note("", "") is None
 
 
 class _QuietFollower:
@@ -244,7 +245,7 @@ class _QuietFollower:
 
         return Pipe()
 
-    def clock(self, guest: str, markers: list[hops.Event]) -> Clock:
+    def clock(self, guest: str, markers: list[Event]) -> Clock:
         return Clock.from_samples(self.samples[guest], markers)
 
     def heartbeat(self) -> None:
@@ -285,14 +286,14 @@ def test_a_drop_reason_is_named_by_its_own_kernels_enum() -> None:
     """6.12's numbers are not 6.1's: 11 is NETFILTER_DROP on 6.12, IP_RPFILTER on 6.1."""
     line = ("  <idle>-0 [000] ..s2. 9.5: drop: (skb.kfree_skb) skb=0xffff888005e85b00 reason=11 proto=2048 "
             'dev="eth1" loc=nft_do_chain+0x47f/0x5e0 [nf_tables]')
-    ev = hops.parse_line(line, "new")
+    ev = parse_line(line, "new")
     assert ev is not None
-    assert hops.reason_name(ev, REASONS_612) == "NETFILTER_DROP"
-    assert hops.reason_name(ev) == hops.DROP_REASONS[11] == "IP_RPFILTER"  # 6.1's table: a bundle of before
+    assert reason_name(ev, REASONS_612) == "NETFILTER_DROP"
+    assert reason_name(ev) == DROP_REASONS[11] == "IP_RPFILTER"  # 6.1's table: a bundle of before
     ev.fields["reason"] = "99"
-    assert hops.reason_name(ev, REASONS_612) == "reason 99"
+    assert reason_name(ev, REASONS_612) == "reason 99"
     ev.fields["reason"] = "7"  # a value the kernel's enum leaves unnamed is shown by number
-    assert hops.reason_name(ev, [*REASONS_612[:7], "", *REASONS_612[8:]]) == "reason 7"
+    assert reason_name(ev, [*REASONS_612[:7], "", *REASONS_612[8:]]) == "reason 7"
     ev.fields["reason"] = "11"
-    rows, _ = drops.table([ev], REASONS_612)
+    rows, _ = table([ev], REASONS_612)
     assert [(r.guest, r.function, r.reason) for r in rows] == [("new", "nft_do_chain", "NETFILTER_DROP")]

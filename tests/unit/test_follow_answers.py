@@ -7,9 +7,10 @@ import ipaddress
 import struct
 from pathlib import Path
 
-from labctl.follow import probes
-from labctl.trace import drops, hops
+from labctl.follow.probes import BASE, FIELDS
 from labctl.trace.clocks import Clock
+from labctl.trace.drops import table
+from labctl.trace.hops import Event, drop_header, identity, parse_frame, window_words
 from labctl.trace.journey import Correlator, Journey, Topology
 from labctl.trace.journeyfiles import journeys_of
 
@@ -17,8 +18,8 @@ from labctl.trace.journeyfiles import journeys_of
 def _fields(raw: bytes, family: int, at: int = 0) -> dict[str, str]:
     """What a probe of ``family`` fetches from the header bytes ``raw`` (little-endian reads)."""
     out = {}
-    for name in probes.BASE[family]:
-        off, t = probes.FIELDS[family][name]
+    for name in BASE[family]:
+        off, t = FIELDS[family][name]
         size = {"u8": 1, "u16": 2, "u32": 4}[t]
         out[name] = str(int.from_bytes(raw[at + off:at + off + size].ljust(size, b"\0"), "little"))
     if family != 4:
@@ -46,31 +47,31 @@ ERROR = struct.pack(">BBHI", 11, 0, 0x1234, 0)
 
 
 def ev(guest: str, ms: float, point: str, raw: bytes, family: int = 4, dev: str | None = None, comm: str = "",
-       at: int = 0) -> hops.Event:
+       at: int = 0) -> Event:
     f = _fields(raw, family, at)
     if dev:
         f["dev"] = dev
     f["skb"] = f"0x{abs(hash((guest, raw))) & 0xffffff:x}"
-    return hops.Event(guest, int(ms * 1e6), point, comm or "<idle>", 0 if not comm else 301, 0, not comm, f)
+    return Event(guest, int(ms * 1e6), point, comm or "<idle>", 0 if not comm else 301, 0, not comm, f)
 
 
-def drop(guest: str, ms: float, skb: str, reason: int, loc: str) -> hops.Event:
-    return hops.Event(guest, int(ms * 1e6), "drop", "<idle>", 0, 0, True,
-                      {"skb": skb, "proto": "2048", "reason": str(reason), "loc": loc})
+def drop(guest: str, ms: float, skb: str, reason: int, loc: str) -> Event:
+    return Event(guest, int(ms * 1e6), "drop", "<idle>", 0, 0, True,
+                 {"skb": skb, "proto": "2048", "reason": str(reason), "loc": loc})
 
 
 TOPO = Topology({("a", "eth1"): "n1", ("r", "eth1"): "n1", ("r", "eth2"): "n2", ("b", "eth1"): "n2"},
                 guests=("a", "r", "b"))
 
 
-def _run(events: list[hops.Event]) -> list[Journey]:
+def _run(events: list[Event]) -> list[Journey]:
     corr = Correlator(TOPO, {g: Clock() for g in TOPO.guests})
     for e in sorted(events, key=lambda e: e.ts):
         corr.add(e)
     return corr.settle(None)
 
 
-def _ttl_events(quoted_copy: bool, error: bool) -> list[hops.Event]:
+def _ttl_events(quoted_copy: bool, error: bool) -> list[Event]:
     req = v4("10.1.0.1", "10.2.0.1", 1, ECHO)
     err = v4("10.1.0.254", "10.1.0.1", 64, ERROR + req[:28], ipid=99)
     fwd = ev("r", 2.0, "ip_fwd", req)
@@ -118,18 +119,18 @@ def test_a_read_after_receiving_is_a_delivery() -> None:
 def test_ipv6_identity_and_its_hop_limit() -> None:
     req = v6("fd00:1::2", "fd00:2::2", 1, struct.pack(">BBHHH", 128, 0, 0xabcd, 5, 1))
     e = ev("r", 1.0, "ip6_fwd", req, family=6)
-    h = hops.identity(e)
+    h = identity(e)
     assert h is not None and h.describe() == "ICMPv6 echo-request fd00:1::2 > fd00:2::2 id 5 seq 1"
     assert h.ttl == 1 and h.family == 6 and h.key()[-1] == 6 and h.is_echo(1)
-    assert hops.parse_frame(b"\0" * 12 + b"\x86\xdd" + req) == h
+    assert parse_frame(b"\0" * 12 + b"\x86\xdd" + req) == h
     err = v6("fd00:1::1", "fd00:1::2", 64, struct.pack(">BBHI", 3, 0, 0x55, 0) + req[:40])
-    got = hops.identity(ev("r", 1.1, "dev_queue", b"\0" * 14 + err, family=6, at=14))
+    got = identity(ev("r", 1.1, "dev_queue", b"\0" * 14 + err, family=6, at=14))
     assert got is not None and got.is_error() and got.describe() == "ICMPv6 time-exceeded fd00:1::1 > fd00:1::2"
 
 
 def test_repeated_arp_requests_are_three_packets_each_unanswered() -> None:
     who = arp(1, "10.1.0.1", "10.1.0.99")
-    h = hops.identity(ev("a", 0, "dev_queue", b"\0" * 14 + who, family=0x806, at=14))
+    h = identity(ev("a", 0, "dev_queue", b"\0" * 14 + who, family=0x806, at=14))
     assert h is not None and h.describe() == "ARP who-has 10.1.0.99 tell 10.1.0.1" and h.repeats()
     events = []
     for k in range(3):
@@ -164,9 +165,9 @@ def test_a_drop_before_any_follow_point_is_a_packet_of_its_own() -> None:
     host-unreachable the kernel sends back answers it."""
     req = v4("10.1.0.1", "10.1.0.99", 64, ECHO)
     window = b"\0" * 24 + req + b"\0" * (96 - 24 - len(req))
-    d = hops.Event("a", 3_000_000_000, "drop", "<idle>", 0, 0, True,
-                   {"skb": "0x1", "proto": "2048", "reason": "41", "loc": "arp_error_report+0x2e/0x50",
-                    **{f"w{i}": str(int.from_bytes(window[8 * i:8 * i + 8], "little")) for i in range(12)}})
+    d = Event("a", 3_000_000_000, "drop", "<idle>", 0, 0, True,
+              {"skb": "0x1", "proto": "2048", "reason": "41", "loc": "arp_error_report+0x2e/0x50",
+               **{f"w{i}": str(int.from_bytes(window[8 * i:8 * i + 8], "little")) for i in range(12)}})
     err = v4("10.1.0.1", "10.1.0.1", 64, struct.pack(">BBHI", 3, 1, 0x77, 0) + req[:28], ipid=5)
     js = {j.header.describe().split(" id ")[0]: j for j in _run(
         [d, ev("a", 2999.9, "dev_queue", b"\0" * 14 + err, dev="lo", at=14)])}
@@ -218,9 +219,9 @@ def test_a_copy_read_after_the_packets_own_drop_is_not_its_delivery() -> None:
     dropped (NEIGH_FAILED) on the same guest without any other hop."""
     req = v4("10.1.0.1", "10.1.0.99", 64, ECHO)
     window = b"\0" * 24 + req + b"\0" * (96 - 24 - len(req))
-    d = hops.Event("a", 3_000_000_000, "drop", "<idle>", 0, 0, True,
-                   {"skb": "0x1", "proto": "2048", "reason": "41", "loc": "arp_error_report+0x2e/0x50",
-                    **{f"w{i}": str(int.from_bytes(window[8 * i:8 * i + 8], "little")) for i in range(12)}})
+    d = Event("a", 3_000_000_000, "drop", "<idle>", 0, 0, True,
+              {"skb": "0x1", "proto": "2048", "reason": "41", "loc": "arp_error_report+0x2e/0x50",
+               **{f"w{i}": str(int.from_bytes(window[8 * i:8 * i + 8], "little")) for i in range(12)}})
     (j,) = _run([d, ev("a", 3001.0, "raw_read", req, comm="ping")])
     assert j.end.kind == "dropped" and j.end.text.endswith(
         "for NEIGH_FAILED; an ICMP error quoting it reached ping (pid 301) on a")
@@ -292,13 +293,13 @@ def test_a_dropped_ipv6_packets_header_is_found_where_ipv6_pulled_it() -> None:
     pkt = v6("fd00:1::2", "fd00:2::2", 63, struct.pack(">HHHH", 40000, 9, 16, 0x1234))
     pkt = pkt[:6] + b"\x11" + pkt[7:]  # next header UDP
     window = pkt + b"\0" * (112 - len(pkt))  # from skb->data - 40: skb->data at the UDP header
-    names = hops.window_words()
+    names = window_words()
     fields = {n: str(int.from_bytes(window[8 * i:8 * i + 8], "little")) for i, (n, _) in enumerate(names)}
-    d = hops.Event("b", 1, "drop", "<idle>", 0, 0, True,
-                   {"skb": "0x1", "proto": str(0x86DD), "reason": "2", "loc": "udpv6_rcv+0x1/0x2", **fields})
-    h = hops.drop_header(d)
+    d = Event("b", 1, "drop", "<idle>", 0, 0, True,
+              {"skb": "0x1", "proto": str(0x86DD), "reason": "2", "loc": "udpv6_rcv+0x1/0x2", **fields})
+    h = drop_header(d)
     assert h is not None and h.describe() == "UDP [fd00:1::2]:40000 > [fd00:2::2]:9"
-    (row,), _ = drops.table([d])
+    (row,), _ = table([d])
     assert row.protocol == "IPv6" and row.headers == ["UDP [fd00:1::2]:40000 > [fd00:2::2]:9"]
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from labctl.follow import probes
+from labctl.follow.probes import definitions
 from labctl.pktfilter import parse
-from labctl.trace import hops, nfhops
+from labctl.trace import nfhops
 from labctl.trace.clocks import BUCKET_NS, Alignment, Clock, Round
+from labctl.trace.hops import Event, parse_ipv4
 from labctl.trace.journey import Correlator, Journey, Topology
 from labctl.trace.journeyfiles import journeys_of
 from tests.unit.test_follow_answers import ECHO, TOPO, ev, v4
@@ -79,26 +80,26 @@ def _tcp(src: str, dst: str, sport: int, dport: int, seq: int = 1000, ipid: int 
 
 
 def test_the_rewrite_is_named_with_its_ports_and_only_what_nat_leaves_alone_ties_it() -> None:
-    before, after = hops.parse_ipv4(_tcp("10.0.1.1", "192.0.2.9", 40000, 80)), hops.parse_ipv4(
+    before, after = parse_ipv4(_tcp("10.0.1.1", "192.0.2.9", 40000, 80)), parse_ipv4(
         _tcp("192.0.2.1", "192.0.2.9", 61000, 80))
     assert before is not None and after is not None
     assert nfhops.rewrite(before, after) == "SNAT 10.0.1.1:40000 → 192.0.2.1:61000"
-    dnat = hops.parse_ipv4(_tcp("192.0.2.9", "10.0.1.5", 5555, 80))
-    pre = hops.parse_ipv4(_tcp("192.0.2.9", "192.0.2.1", 5555, 8080))
+    dnat = parse_ipv4(_tcp("192.0.2.9", "10.0.1.5", 5555, 80))
+    pre = parse_ipv4(_tcp("192.0.2.9", "192.0.2.1", 5555, 8080))
     assert pre is not None and dnat is not None
     assert nfhops.rewrite(pre, dnat) == "DNAT 192.0.2.1:8080 → 10.0.1.5:80"
     fwd = ev("r", 1.0, "ip_fwd", _tcp("10.0.1.1", "192.0.2.9", 40000, 80))
     out = ev("r", 1.1, "dev_queue", _tcp("192.0.2.1", "192.0.2.9", 61000, 80))
     assert nfhops.continues(fwd, out, before, after)
-    other = hops.parse_ipv4(_tcp("192.0.2.1", "192.0.2.9", 61000, 80, ipid=8))  # another packet, the skb reused
+    other = parse_ipv4(_tcp("192.0.2.1", "192.0.2.9", 61000, 80, ipid=8))  # another packet, the skb reused
     assert other is not None and not nfhops.continues(fwd, out, before, other)
     rx = ev("r", 0.9, "netif_rx", _tcp("10.0.1.1", "192.0.2.9", 40000, 80), dev="eth1")
     assert not nfhops.continues(out, rx, after, before)  # a receive is a new skb, never a rewrite
 
 
 def test_conntrack_states_and_the_rule_by_its_counter_or_the_chains_policy() -> None:
-    def at(ct: int) -> hops.Event:
-        return hops.Event("r", 0, "nft", "", 0, 0, True, {"ct": hex(ct)})
+    def at(ct: int) -> Event:
+        return Event("r", 0, "nft", "", 0, 0, True, {"ct": hex(ct)})
 
     assert [nfhops.ct_state(at(x)) for x in (0xFFFF888006AEBD02, 0xFFFF888006AEBD00, 0xFFFF888006AEBD03, 7, 0)] == [
         "new", "established", "established, reply", "untracked", "none"]
@@ -108,7 +109,7 @@ def test_conntrack_states_and_the_rule_by_its_counter_or_the_chains_policy() -> 
                "\t\tudp dport 53 counter packets 0 bytes 0 drop # handle 8\n\t}\n"
                "\tchain input { # handle 2\n\t\ttype filter hook input priority filter; policy drop;\n"
                "\t\tct state established accept # handle 9\n\t}\n}\n")
-    chain = hops.Event("r", 0, "nft", "", 0, 0, True, {"tfam": "1", "table": "filter", "chain": "forward"})
+    chain = Event("r", 0, "nft", "", 0, 0, True, {"tfam": "1", "table": "filter", "chain": "forward"})
     assert nfhops.dropping_rule(chain, ruleset) == "nft inet filter forward (one of the rules with handles 7, 8)"
     later = ruleset.replace("counter packets 0 bytes 0 drop comment", "counter packets 1 bytes 60 drop comment")
     assert nfhops.dropping_rule(chain, ruleset, later) == "nft inet filter forward handle 7 (comment 'no ssh')"
@@ -121,10 +122,10 @@ def test_conntrack_states_and_the_rule_by_its_counter_or_the_chains_policy() -> 
 
 def test_the_nft_probe_comes_only_with_the_modules_offsets() -> None:
     off = {"skb_data": 208, "skb_head": 200, "skb_nh": 184, "skb_dev": 16, "dev_name": 304, "skb_protocol": 180}
-    defs, _ = probes.definitions("labctl_t", parse("icmp"), off, True, True)
+    defs, _ = definitions("labctl_t", parse("icmp"), off, True, True)
     assert not [d for d in defs if "nft_do_chain" in d] and not [d for d in defs if " ct=" in d]
     nft = {"skb_nfct": 104, "chain_table": 64, "chain_name": 88, "table_name": 384, "table_family": 372}
-    defs, filters = probes.definitions("labctl_t", parse("icmp"), {**off, **nft}, True, True)
+    defs, filters = definitions("labctl_t", parse("icmp"), {**off, **nft}, True, True)
     (d,) = [d for d in defs if "nft_do_chain" in d]  # ICMP is IPv4 only: no nft6
     assert d.startswith("p:labctl_t/nft nft_do_chain skb=+0(%di):x64 ct=+104(+0(%di)):x64 "
                         "chain=+0(+88(%si)):string table=+0(+384(+64(%si))):string tfam=+372(+64(%si)):u8 "

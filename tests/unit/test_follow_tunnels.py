@@ -13,7 +13,8 @@ import pytest
 from labctl.follow import tunnelprobes
 from labctl.lab import KINDS, Tunnel, load_lab_text
 from labctl.pktfilter import parse as parse_filter
-from labctl.trace import encap, hops
+from labctl.trace import encap
+from labctl.trace.hops import POINTS, identity, parse_line
 from labctl.trace.journey import Journey
 from labctl.trace.journeyfiles import journeys_of
 
@@ -140,17 +141,17 @@ CASES: list[tuple[str, str, str, str, str, str]] = [  # event, place, fields, po
 @pytest.mark.parametrize(("event", "place", "fields", "point", "where", "note"), CASES, ids=[c[0] for c in CASES])
 def test_a_tunnel_event_is_its_point_at_its_function_with_the_tunnel_in_its_note(
         event: str, place: str, fields: str, point: str, where: str, note: str) -> None:
-    ev = hops.parse_line(_line(event, place, fields), "r")
+    ev = parse_line(_line(event, place, fields), "r")
     assert ev is not None and ev.point == point
-    assert hops.identity(ev) is not None  # the inner packet's: it joins its journey
-    assert (encap.where(ev.point, ev.fields) or hops.POINTS[ev.point].where) == where
+    assert identity(ev) is not None  # the inner packet's: it joins its journey
+    assert (encap.where(ev.point, ev.fields) or POINTS[ev.point].where) == where
     assert encap.note(ev.point, ev.fields) == note
 
 
 def test_a_vxlan_event_of_before_still_reads() -> None:
     """A bundle's trace of before: VXLAN's VNI was ``ovni``, and encap and decap said no framing."""
     line = _line("xmit_vx", "net.net_dev_start_xmit", f"{OUTER} odp=46354 ovni=2752512")
-    ev = hops.parse_line(line, "a")
+    ev = parse_line(line, "a")
     assert ev is not None and encap.note(ev.point, ev.fields) == "outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42"
     fields: dict[str, Any] = {"ovni": "2752512"}
     assert encap.note("encap", fields) == "VXLAN vni 42" and encap.where("encap", fields) is None

@@ -14,8 +14,8 @@ from typing import Any
 
 from labctl.follow.follower import Follower, vlan_ids
 from labctl.pktfilter import Vlan, parse, vlan_of
-from labctl.trace import hops
 from labctl.trace.clocks import Clock
+from labctl.trace.hops import Event, frame_vlans, identity, parse_frame, parse_line
 from labctl.trace.journey import Correlator, Journey, Topology, Wire
 from labctl.trace.journeyfiles import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs, journeys_of, read_inputs
 from tests.unit.test_follow_answers import ECHO, ev, v4
@@ -34,7 +34,7 @@ def frame(ip: bytes, *vids: int) -> bytes:
     return b"\x52\x54\0\0\0\2\x52\x54\0\0\0\1" + tags + b"\x08\x00" + ip
 
 
-def _a_to_r(raw: bytes, devs: tuple[str, ...], t0: float) -> list[hops.Event]:
+def _a_to_r(raw: bytes, devs: tuple[str, ...], t0: float) -> list[Event]:
     """``raw`` sent by a through each of ``devs`` (its VLAN device, the bridge, the NIC), taken in by r."""
     out = []
     for i, d in enumerate(devs):
@@ -43,7 +43,7 @@ def _a_to_r(raw: bytes, devs: tuple[str, ...], t0: float) -> list[hops.Event]:
     return [*out, ev("r", t0 + 2.0, "netif_rx", raw, dev="eth1"), ev("r", t0 + 2.1, "ip_local", raw)]
 
 
-def _journeys(events: list[hops.Event], vlan: Vlan | None, wire: Wire | None = None,
+def _journeys(events: list[Event], vlan: Vlan | None, wire: Wire | None = None,
               topo: Topology = TOPO) -> list[Journey]:
     corr = Correlator(topo, {g: Clock() for g in topo.guests}, wire or Wire(), vlan=vlan)
     for e in sorted(events, key=lambda e: e.ts):
@@ -51,7 +51,7 @@ def _journeys(events: list[hops.Event], vlan: Vlan | None, wire: Wire | None = N
     return corr.settle(None)
 
 
-def _pings() -> list[hops.Event]:
+def _pings() -> list[Event]:
     return _a_to_r(OVER_VLAN, ("br0.10", "br0", "eth1"), 0.0) + _a_to_r(UNTAGGED, ("br0", "eth1"), 10.0)
 
 
@@ -73,12 +73,12 @@ def test_a_journey_on_a_vlan_device_is_on_its_vlan_and_vlan_keeps_only_those() -
 def test_a_tagged_wire_frame_puts_a_journey_on_its_vlan_and_its_wire_hop_says_the_tag() -> None:
     # the VLAN devices not followed (no topology of them): only the frames QEMU saw on the wire tell
     bare = Topology(TOPO.nets, guests=TOPO.guests)
-    req, plain = hops.parse_frame(frame(OVER_VLAN, 10)), hops.parse_frame(frame(UNTAGGED))
+    req, plain = parse_frame(frame(OVER_VLAN, 10)), parse_frame(frame(UNTAGGED))
     assert req is not None and plain is not None
     wire = Wire(captured={("a", "eth1"), ("r", "eth1")})
     for nic in wire.captured:
         wire.seen[nic] = {req.key(): [1_000_000], plain.key(): [11_000_000]}
-        wire.tags[nic] = {req.key(): set(hops.frame_vlans(frame(OVER_VLAN, 10)))}
+        wire.tags[nic] = {req.key(): set(frame_vlans(frame(OVER_VLAN, 10)))}
     every = _journeys(_pings(), None, wire, bare)
     assert [j.vlans for j in every] == [(10,), ()]
     hop = next(h for h in every[0].hops if h.point == "wire")
@@ -89,13 +89,13 @@ def test_a_tagged_wire_frame_puts_a_journey_on_its_vlan_and_its_wire_hop_says_th
 
 
 def test_a_frames_tags_are_read_outermost_first_and_skipped_for_its_header() -> None:
-    assert hops.frame_vlans(frame(OVER_VLAN)) == ()
-    assert hops.frame_vlans(frame(OVER_VLAN, 10)) == (10,)
-    assert hops.frame_vlans(frame(OVER_VLAN, 100, 4095)) == (100, 4095)
+    assert frame_vlans(frame(OVER_VLAN)) == ()
+    assert frame_vlans(frame(OVER_VLAN, 10)) == (10,)
+    assert frame_vlans(frame(OVER_VLAN, 100, 4095)) == (100, 4095)
     for f in (frame(OVER_VLAN), frame(OVER_VLAN, 10), frame(OVER_VLAN, 100, 4095)):
-        h = hops.parse_frame(f)
+        h = parse_frame(f)
         assert h is not None and h.describe() == "ICMP echo-request 10.10.0.2 > 10.10.0.1 id 301 seq 1"
-    assert hops.frame_vlans(frame(OVER_VLAN, 10)[:16]) == ()  # cut inside the tag: none read
+    assert frame_vlans(frame(OVER_VLAN, 10)[:16]) == ()  # cut inside the tag: none read
 
 
 def test_the_vlan_devices_of_a_lab_by_name_and_id() -> None:
@@ -107,7 +107,7 @@ def test_the_vlan_devices_of_a_lab_by_name_and_id() -> None:
 
 
 def test_a_steps_inputs_keep_the_vlan_devices_and_the_tags_and_its_filter_keeps_the_journeys(tmp_path: Path) -> None:
-    req = hops.parse_frame(frame(OVER_VLAN, 10))
+    req = parse_frame(frame(OVER_VLAN, 10))
     assert req is not None
     wire = Wire({("a", "eth1"): {req.key(): [1]}}, {("a", "eth1")}, {("a", "eth1"): {req.key(): {10}}})
     data = json.loads(json.dumps(follow_inputs("icmp and vlan 10", ["a", "r"], TOPO, {}, wire, {}, {})))
@@ -166,9 +166,9 @@ def test_a_hop_read_inside_a_tag_is_its_point_with_its_vlan() -> None:
     rx = ev("r", 2.0, "netif_rx", raw, dev="eth1")
     line = (f"  <idle>-0 [000] ..s1. 0.002000: netif_rx_q: (net.netif_receive_skb) skb={rx.skb} dev=\"eth1\" "
             + " ".join(f"{k}={v}" for k, v in rx.fields.items() if k not in ("skb", "dev")) + f" pr=129 et=8 tci={tci}")
-    parsed = hops.parse_line(line, "r")
+    parsed = parse_line(line, "r")
     assert parsed is not None and parsed.point == "netif_rx" and parsed.fields["tci"] == tci
-    assert hops.identity(parsed) == hops.identity(rx)
+    assert identity(parsed) == identity(rx)
     events = _a_to_r(raw, ("eth1",), 0.0)  # no VLAN device known, no wire: the tag read is all there is
     events[-2] = parsed
     (j,) = _journeys(events, Vlan(10), topo=Topology(TOPO.nets, guests=TOPO.guests))

@@ -13,7 +13,8 @@ from labctl.follow import tunnelprobes
 from labctl.lab import KINDS, Tunnel, load_lab_text, tunnel_lines
 from labctl.lab.tunnels.framing import Framing
 from labctl.pktfilter import parse as parse_filter
-from labctl.trace import encap, hops
+from labctl.trace import encap
+from labctl.trace.hops import identity, parse_line
 from tests.unit.test_follow_tunnels import OFF, OUTER, _frame, _line
 
 LAB = """\
@@ -86,11 +87,11 @@ def test_the_probes_read_the_key_and_the_sequence_number_where_the_checksum_puts
 
 def test_an_event_says_the_sequence_number_and_the_checksum() -> None:
     seq3 = int.from_bytes((3).to_bytes(4, "big"), "little")
-    ev = hops.parse_line(_line("ip_fwd_gtapcks", "ip_forward",
-                               f"{OUTER} opr=47 ohd=1483014320 oid=83886080 oseq={seq3}"), "r")
-    assert ev is not None and ev.point == "ip_fwd" and hops.identity(ev) is not None
+    ev = parse_line(_line("ip_fwd_gtapcks", "ip_forward",
+                          f"{OUTER} opr=47 ohd=1483014320 oid=83886080 oseq={seq3}"), "r")
+    assert ev is not None and ev.point == "ip_fwd" and identity(ev) is not None
     assert encap.note(ev.point, ev.fields) == "outer GRE 10.1.0.2 > 10.2.0.2 key 5 seq 3 csum"
-    ev = hops.parse_line(_line("decap_gres", "ip_gre:gre_rcv", f"ohd=524304 oseq={seq3}"), "b")
+    ev = parse_line(_line("decap_gres", "ip_gre:gre_rcv", f"ohd=524304 oseq={seq3}"), "b")
     assert ev is not None and encap.note(ev.point, ev.fields) == "GRE seq 3"
     assert encap.where(ev.point, ev.fields) == "gre_rcv"
 

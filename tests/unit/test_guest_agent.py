@@ -94,42 +94,42 @@ class FakeQemu:
 def test_an_exchange_over_the_fifos_skips_stale_replies_and_waits_for_each_answer(tmp_path: Path) -> None:
     import os
 
-    from labctl.up import agent
+    from labctl.up.agent import exchange, wait_ready
 
     channel = tmp_path / "agent"
     qemu = FakeQemu(channel, lambda line: f"ok {line.split(' ', 1)[0]}")
     try:
         os.write(qemu.fout, b"ok keys\nok ping\n")  # left over from an abandoned exchange
-        agent.exchange(channel, ["clock 1.000000000", "ping"], timeout=5)
+        exchange(channel, ["clock 1.000000000", "ping"], timeout=5)
         assert qemu.seen == ["clock 1.000000000", "ping"]
-        assert agent.wait_ready(channel, 2.0)
+        assert wait_ready(channel, 2.0)
     finally:
         qemu.close()
 
 
 def test_a_refusal_an_unanswered_command_and_no_qemu_are_errors(tmp_path: Path) -> None:
-    from labctl.up import agent
+    from labctl.up.agent import exchange, wait_ready
 
     channel = tmp_path / "agent"
     qemu = FakeQemu(channel, lambda line: "err keys" if line.startswith("keys") else None)
     try:
         with pytest.raises(GuestError, match="refused 'keys'"):
-            agent.exchange(channel, ["keys a b c"], timeout=5)
+            exchange(channel, ["keys a b c"], timeout=5)
         with pytest.raises(GuestError, match="did not answer 'ping' within"):
-            agent.exchange(channel, ["ping"], timeout=0.3)
+            exchange(channel, ["ping"], timeout=0.3)
     finally:
         qemu.close()
     with pytest.raises(GuestError, match="did not answer"):  # the FIFOs are there, nobody holds them
-        agent.exchange(channel, ["ping"], timeout=0.3)
-    assert not agent.wait_ready(tmp_path / "nothing", 0.2)
+        exchange(channel, ["ping"], timeout=0.3)
+    assert not wait_ready(tmp_path / "nothing", 0.2)
 
 
 def test_the_channel_is_only_ever_a_fifo(tmp_path: Path) -> None:
-    from labctl.up import agent
+    from labctl.up.agent import exchange
 
     (tmp_path / "elsewhere").write_text("")
     (tmp_path / "agent.out").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "agent.in").write_text("")
     with pytest.raises(GuestError):
-        agent.exchange(tmp_path / "agent", ["ping"], timeout=0.3)
+        exchange(tmp_path / "agent", ["ping"], timeout=0.3)
     assert (tmp_path / "elsewhere").read_text() == "" and (tmp_path / "agent.in").read_text() == ""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.image import cpio as initramfs
+import labctl.image.cpio as initramfs
 from labctl.kernel.modules import module_load_order, nic_driver_rules
 from labctl.lab import load_lab
 from labctl.up import guestconf

@@ -505,7 +505,7 @@ def stage_packages() -> list[str]:
 
 def past_faces(src: Source) -> list[str]:
     """Where ``src`` reaches into another package instead of importing its face (``from labctl.x import
-    name``, the name in labctl.x's ``__all__``; the face may offer a module of verbs by name)."""
+    name``, the name in labctl.x's ``__all__``; a face hands on names, not modules)."""
     me = stage_of(src.module)
     found = []
     for imp in src.imports():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from junitparser import Error, Failure, JUnitXml, Skipped
 
-from labctl.bundle import junit
+from labctl.bundle.junit import step_cases
 from labctl.cli import junit_out
 from labctl.cli.main import build_parser
 from labctl.errors import GuestError, UsageError
@@ -110,7 +110,7 @@ def test_a_run_that_failed_before_any_step(tmp_path: Path) -> None:
 
 
 def test_step_cases_from_summary_dicts() -> None:
-    cases = junit.step_cases("l", (r.entry() for r in _results()), None)
+    cases = step_cases("l", (r.entry() for r in _results()), None)
     assert [c.status for c in cases] == ["passed", "failed", "skipped", "passed", "passed"]
     assert cases[1].message == "a: command 1 exited with status 1"
 

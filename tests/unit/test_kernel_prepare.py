@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+import labctl.kernel.guest_kernels as gk
+import labctl.kernel.prepare as prep
 from labctl.errors import ImageError, LabFileError, UsageError
-from labctl.kernel import guest_kernels
-from labctl.kernel import prepare as prep
 from labctl.kernel.cached import KernelStore
 from labctl.kernel.modules import builtin_names, module_load_order
-from labctl.lab import kernels, load_lab_text
+from labctl.lab import load_lab_text
+from labctl.lab.kernels import FILES, TREE, KernelSpec, debian, from_command_line
 
 OPTS = prep.Options(initramfs_modules=("virtio_blk",))
 
@@ -47,22 +48,22 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_command_line_forms(tmp_path: Path) -> None:
     tree = fake_tree(tmp_path)
     (tmp_path / "bzImage").write_bytes(b"MZ")
-    assert kernels.from_command_line("debian:6.1.0-53-rt-amd64", tmp_path).release == "6.1.0-53-rt-amd64"
-    assert kernels.from_command_line("tree:linux", tmp_path).tree == tree
-    assert kernels.from_command_line("linux", tmp_path).tree == tree  # a directory is a tree
-    spec = kernels.from_command_line("bzImage", tmp_path)
-    assert (spec.kind, spec.image) == (kernels.FILES, tmp_path / "bzImage")
-    assert kernels.from_command_line("image:bzImage", tmp_path).image == tmp_path / "bzImage"
-    k612 = kernels.from_command_line("debian:6.12.117+deb12-cloud-amd64", tmp_path)
+    assert from_command_line("debian:6.1.0-53-rt-amd64", tmp_path).release == "6.1.0-53-rt-amd64"
+    assert from_command_line("tree:linux", tmp_path).tree == tree
+    assert from_command_line("linux", tmp_path).tree == tree  # a directory is a tree
+    spec = from_command_line("bzImage", tmp_path)
+    assert (spec.kind, spec.image) == (FILES, tmp_path / "bzImage")
+    assert from_command_line("image:bzImage", tmp_path).image == tmp_path / "bzImage"
+    k612 = from_command_line("debian:6.12.117+deb12-cloud-amd64", tmp_path)
     assert (k612.abi, k612.flavour, k612.series, k612.release) == (
         "6.12.117+deb12", "cloud-amd64", "6.12", "6.12.117+deb12-cloud-amd64")
     assert prep.debian_packages(k612) == ("linux-image-6.12.117+deb12-cloud-amd64-unsigned",
                                           "linux-image-6.12.117+deb12-cloud-amd64-dbg")
-    assert kernels.debian("debian:6.1.0-56-amd64").series == "6.1"
+    assert debian("debian:6.1.0-56-amd64").series == "6.1"
     for bad in ("debian:6.1.0-53-arm64", "debian:latest", "", "debian:6.12.117+deb12-arm64",
                 "debian:6.12.117-amd64", "debian:6.12.117+deb-amd64", "debian:6.12+deb12-amd64"):
         with pytest.raises(ValueError):
-            kernels.from_command_line(bad, tmp_path)
+            from_command_line(bad, tmp_path)
 
 
 def test_lab_file_paths_are_relative_to_the_lab_file(tmp_path: Path) -> None:
@@ -78,21 +79,21 @@ def test_lab_file_paths_are_relative_to_the_lab_file(tmp_path: Path) -> None:
     assert a is not None and a.tree == tmp_path / "src" / "linux" and a.line == 2
     assert b is not None and b.release == "6.1.0-53-amd64" and b.path == "guests.b.kernel"
     # --kernel replaces every guest's choice
-    forced = lab.with_kernel(kernels.debian("debian:6.1.0-56-rt-amd64", path="--kernel"))
-    assert {g: (forced.kernel_of(g) or kernels.debian("debian:0.0.0-0-amd64")).release for g in "ab"} \
+    forced = lab.with_kernel(debian("debian:6.1.0-56-rt-amd64", path="--kernel"))
+    assert {g: (forced.kernel_of(g) or debian("debian:0.0.0-0-amd64")).release for g in "ab"} \
         == {"a": "6.1.0-56-rt-amd64", "b": "6.1.0-56-rt-amd64"}
 
 
 # -- checks ---------------------------------------------------------------------------------------
 
 def test_check_names_what_is_missing(tmp_path: Path) -> None:
-    assert "no kernel tree at" in str(prep.check(kernels.KernelSpec(kernels.TREE, tree=tmp_path / "none")))
+    assert "no kernel tree at" in str(prep.check(KernelSpec(TREE, tree=tmp_path / "none")))
     unbuilt = tmp_path / "unbuilt"
     unbuilt.mkdir()
     (unbuilt / "Makefile").write_text("")
-    assert "was not built" in str(prep.check(kernels.KernelSpec(kernels.TREE, tree=unbuilt)))
-    assert prep.check(kernels.KernelSpec(kernels.TREE, tree=fake_tree(tmp_path))) is None
-    why = prep.check(kernels.KernelSpec(kernels.FILES, image=tmp_path / "bz", modules=tmp_path / "m"))
+    assert "was not built" in str(prep.check(KernelSpec(TREE, tree=unbuilt)))
+    assert prep.check(KernelSpec(TREE, tree=fake_tree(tmp_path))) is None
+    why = prep.check(KernelSpec(FILES, image=tmp_path / "bz", modules=tmp_path / "m"))
     assert why is not None and "image" in why and str(tmp_path / "bz") in why
 
 
@@ -123,7 +124,7 @@ def test_an_unknown_6_12_kernel_is_refused_at_its_line_with_what_the_archive_has
                         "  c:\n    kernel: debian:6.12.117+deb12-cloud-amd64\n  d:\n"
                         "    kernel: debian:6.12.117+deb12-amd64\n", str(tmp_path / "l.yaml"))
     with pytest.raises(LabFileError) as exc:
-        guest_kernels.check(lab, guest_kernels.specs(lab, image_stub))  # type: ignore[arg-type]
+        gk.check(lab, gk.specs(lab, image_stub))  # type: ignore[arg-type]
     assert [str(p) for p in exc.value.problems] == [
         (f"{tmp_path}/l.yaml:6: guests.b.kernel: Debian has no kernel 6.12.118+deb12-amd64 "
         "(linux-image-6.12.118+deb12-amd64-unsigned is not in the archive); the archive has 6.12 amd64 kernels "
@@ -134,21 +135,21 @@ def test_an_unknown_6_12_kernel_is_refused_at_its_line_with_what_the_archive_has
     ]  # a and d (6.1's default, 6.12.117) are there
     known.discard("linux-image-6.12.117+deb12-amd64-dbg")
     with pytest.raises(LabFileError, match="6.12.117[+]deb12-amd64-dbg is not in the archive"):
-        other = lab.with_kernel(kernels.debian("debian:6.12.117+deb12-amd64", 10))
-        guest_kernels.check(other, guest_kernels.specs(other, image_stub))  # type: ignore[arg-type]
+        other = lab.with_kernel(debian("debian:6.12.117+deb12-amd64", 10))
+        gk.check(other, gk.specs(other, image_stub))  # type: ignore[arg-type]
 
 
 def test_a_missing_tree_is_a_lab_file_error_at_its_line(tmp_path: Path, image_stub: object) -> None:
     lab = load_lab_text("name: l\nnetworks: {}\nguests:\n  a:\n    kernel: {tree: /nonexistent/linux}\n",
                         str(tmp_path / "l.yaml"))
     with pytest.raises(LabFileError) as exc:
-        guest_kernels.check(lab, guest_kernels.specs(lab, image_stub))  # type: ignore[arg-type]
+        gk.check(lab, gk.specs(lab, image_stub))  # type: ignore[arg-type]
     [problem] = exc.value.problems
     assert (problem.line, problem.path) == (5, "guests.a.kernel")
     assert "no kernel tree at /nonexistent/linux" in problem.message
-    forced = lab.with_kernel(kernels.KernelSpec(kernels.TREE, tree=tmp_path / "gone", path="--kernel"))
+    forced = lab.with_kernel(KernelSpec(TREE, tree=tmp_path / "gone", path="--kernel"))
     with pytest.raises(UsageError, match="--kernel: no kernel tree at"):
-        guest_kernels.check(forced, guest_kernels.specs(forced, image_stub))  # type: ignore[arg-type]
+        gk.check(forced, gk.specs(forced, image_stub))  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -163,7 +164,7 @@ def image_stub(tmp_path: Path) -> object:
 
 def test_tree_key_follows_its_content(tmp_path: Path) -> None:
     tree = fake_tree(tmp_path)
-    spec = kernels.KernelSpec(kernels.TREE, tree=tree)
+    spec = KernelSpec(TREE, tree=tree)
     key = prep.content_key(spec, OPTS)
     assert prep.content_key(spec, OPTS) == key  # unchanged tree: the same kernel
     ko = tree / "drivers" / "net" / "ethernet" / "intel" / "e1000" / "e1000.ko"
@@ -178,7 +179,7 @@ def test_tree_key_follows_its_content(tmp_path: Path) -> None:
 
 def test_preparing_a_tree_once_then_from_the_cache(tmp_path: Path, cache: Path) -> None:
     tree = fake_tree(tmp_path)
-    spec = kernels.KernelSpec(kernels.TREE, tree=tree)
+    spec = KernelSpec(TREE, tree=tree)
     k = prep.prepare(spec, OPTS)  # depmod (kmod) and mke2fs (e2fsprogs) are setup.sh's packages
     assert k.dir.parent == cache / "kernels" and k.release == "6.1.192-labctl-test"
     assert k.manifest["source"] == {"kind": "tree", "tree": str(tree)}
@@ -278,18 +279,18 @@ def test_preflight_reads_each_guests_own_kernel_config(tmp_path: Path, image_stu
                         str(tmp_path / "l.yaml"))
     seen: list[str] = []
 
-    def config_text(spec: kernels.KernelSpec) -> str | None:
+    def config_text(spec: KernelSpec) -> str | None:
         seen.append(spec.describe())
-        return (tree / ".config").read_text() if spec.kind == kernels.TREE else "CONFIG_E1000=m\n" + bootable_config()
+        return (tree / ".config").read_text() if spec.kind == TREE else "CONFIG_E1000=m\n" + bootable_config()
 
     monkeypatch.setattr(prep, "config_text", config_text)
-    report = guest_kernels.preflight(lab, guest_kernels.specs(lab, image_stub))  # type: ignore[arg-type]
+    report = gk.preflight(lab, gk.specs(lab, image_stub))  # type: ignore[arg-type]
     assert sorted(seen) == sorted([f"tree {tree}", "debian:6.1.0-56-amd64"])
     [refusal] = report.refusals
     assert (refusal.line, refusal.path) == (6, "guests.a.nics[0].model")  # b's kernel has the driver
     assert "CONFIG_E1000" in refusal.message and str(tree) in refusal.message
     with pytest.raises(LabFileError):
-        guest_kernels.refuse(report)
+        gk.refuse(report)
 
 
 def test_kernel_list_json_names_the_prepared_kernels(tmp_path: Path, cache: Path,
@@ -324,19 +325,19 @@ def test_prepare_kernels_works_out_each_guests_kernel_once(tmp_path: Path, monke
         name, default_kernel = "debian-12", "debian:6.1.0-56-amd64"
 
     calls: list[str] = []
-    real_specs = guest_kernels.specs
+    real_specs = gk.specs
 
-    def specs(lab_: object, image: object) -> dict[str, kernels.KernelSpec]:
+    def specs(lab_: object, image: object) -> dict[str, KernelSpec]:
         calls.append("specs")
         return real_specs(lab_, image)  # type: ignore[arg-type]
 
     prepared: list[str] = []
 
-    def prepare(spec: kernels.KernelSpec, options: object, reporter: object = None) -> str:
+    def prepare(spec: KernelSpec, options: object, reporter: object = None) -> str:
         prepared.append(spec.describe())
         return f"kernel {spec.describe()}"
 
-    monkeypatch.setattr(guest_kernels, "specs", specs)
+    monkeypatch.setattr(pipeline, "kernel_specs", specs)  # where prepare_kernels looks it up
     monkeypatch.setattr(prep, "check", lambda spec: None)
     monkeypatch.setattr(prep, "config_text", lambda spec: bootable_config())
     monkeypatch.setattr(prep, "prepare", prepare)

@@ -3,7 +3,7 @@ nesting with a kselftest_harness program inside, KUnit's indented KTAP v1, direc
 
 from __future__ import annotations
 
-from labctl.trace import ktap
+from labctl.trace.ktap import counts, kselftest_name, parse, parse_text, walk
 
 # run_kselftest.sh -t net:reuseport_bpf -t net:tun -t net:drop_monitor_tests.sh -t net:icmp.sh (6.1), shortened
 KSELFTEST = """\
@@ -62,9 +62,9 @@ not ok 2 broken
 
 
 def test_kselftest_runner_output_nested() -> None:
-    doc = ktap.parse_text(KSELFTEST)
+    doc = parse_text(KSELFTEST)
     assert (doc.version, doc.plan, doc.missing) == ("TAP version 13", 4, 0)
-    names = [ktap.kselftest_name(r.name) for r in doc.results]
+    names = [kselftest_name(r.name) for r in doc.results]
     assert names == [("net", "reuseport_bpf"), ("net", "tun"), ("net", "drop_monitor_tests.sh"), ("net", "icmp.sh")]
     assert [r.result for r in doc.results] == ["pass", "fail", "skip", "fail"]
     bpf, tun, drop, icmp = doc.results
@@ -74,15 +74,15 @@ def test_kselftest_runner_output_nested() -> None:
         (1, "tun.delete_detach_close", "pass"), (2, "tun.reattach_close", "fail"), (3, "tun.detach_close", "skip")]
     assert tun.subtests[2].skip_reason() == "needs CAP_NET_ADMIN twice"
     assert any("Expected 0 (0) == ret (-1)" in ln for ln in tun.subtests[1].log)
-    assert ktap.counts(ktap.walk(tun.subtests)) == {"pass": 1, "fail": 1, "skip": 1, "xfail": 0}
+    assert counts(walk(tun.subtests)) == {"pass": 1, "fail": 1, "skip": 1, "xfail": 0}
     # a skip without a reason on its line: the test's own words
     assert drop.directive == "SKIP" and drop.skip_reason() == "SKIP: Could not run test without tshark tool"
     assert icmp.directive == "TIMEOUT" and icmp.reason == "TIMEOUT 45 seconds"
-    assert ktap.counts(doc.results) == {"pass": 1, "fail": 2, "skip": 1, "xfail": 0}
+    assert counts(doc.results) == {"pass": 1, "fail": 2, "skip": 1, "xfail": 0}
 
 
 def test_kunit_indented_ktap_to_any_depth_and_bail_out() -> None:
-    doc = ktap.parse_text(KUNIT)
+    doc = parse_text(KUNIT)
     assert doc.version == "KTAP version 1" and doc.plan == 2
     example, broken = doc.results
     assert example.result == "pass" and example.plan == 3
@@ -93,14 +93,14 @@ def test_kunit_indented_ktap_to_any_depth_and_bail_out() -> None:
         ("param-0", "pass", ""), ("param-1", "xfail", "known quirk")]
     # the bail out ends the nested document: one of its two tests never reported
     assert broken.result == "fail" and [s.result for s in broken.subtests] == ["fail"]
-    inner = ktap.parse(["1..2", "not ok 1 broken_one", "Bail out! the machine fell over", "ok 2 never"])
+    inner = parse(["1..2", "not ok 1 broken_one", "Bail out! the machine fell over", "ok 2 never"])
     assert inner.bailed == "the machine fell over" and inner.missing == 1
 
 
 def test_plain_output_is_not_taken_for_results() -> None:
     # a script's own "ok" lines without a number, and "[ OK ]" verdicts, are diagnostics
-    doc = ktap.parse_text("TAP version 13\n1..1\n# selftests: net: x.sh\n# ok\n#     TEST: a    [ OK ]\n"
-                          "ok 1 selftests: net: x.sh\n")
+    doc = parse_text("TAP version 13\n1..1\n# selftests: net: x.sh\n# ok\n#     TEST: a    [ OK ]\n"
+                     "ok 1 selftests: net: x.sh\n")
     (x,) = doc.results
     assert x.subtests == [] and x.result == "pass"
-    assert ktap.parse_text("1..2\nok 1 a\n").missing == 1
+    assert parse_text("1..2\nok 1 a\n").missing == 1

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import labctl.kernel.prepare as prep
 from labctl.errors import LabFileError
-from labctl.kernel import prepare as prep
 from labctl.lab import load_lab
 from tests.unit.test_kernel_prepare import fake_tree
 
@@ -209,14 +209,14 @@ def test_validate_and_up_refuse_it_with_the_line_and_the_owner(tmp_path: Path, o
 def test_loose_modules_must_look_like_a_kernels_modules(tmp_path: Path, cache: Path) -> None:
     """Even a directory of your own (or root's, /root or /etc) never goes onto the guests' disk
     unless it is a kernel's modules: lib/modules/RELEASE/ below it, or modules.dep/modules.order."""
-    from labctl.lab import kernels
+    from labctl.lab.kernels import FILES, KernelSpec
 
     image = tmp_path / "vmlinux"
     image.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 57 + b"Linux version 6.1.0-labctl-t\0")
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "id_rsa").write_text("PRIVATE")
-    spec = kernels.KernelSpec(kernels.FILES, image=image, modules=secrets)
+    spec = KernelSpec(FILES, image=image, modules=secrets)
     assert "holds neither lib/modules/RELEASE/ nor modules.dep" in str(prep.check(spec))
     with pytest.raises(Exception, match="no release directory"):
         prep.prepare(spec, prep.Options(initramfs_modules=()))
@@ -229,5 +229,5 @@ def test_loose_modules_must_look_like_a_kernels_modules(tmp_path: Path, cache: P
         prep.prepare(spec, prep.Options(initramfs_modules=()))
     (secrets / "lib" / "modules" / "6.1.0-labctl-t").mkdir()
     (secrets / "lib" / "modules" / "6.1.0-labctl-t" / "modules.order").write_text("")
-    assert prep.check(kernels.KernelSpec(kernels.FILES, image=image,
-                                         modules=secrets / "lib" / "modules" / "6.1.0-labctl-t")) is None
+    assert prep.check(KernelSpec(FILES, image=image,
+                                 modules=secrets / "lib" / "modules" / "6.1.0-labctl-t")) is None

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from labctl.backends import owned
 from labctl.backends.base import GuestPlan
 from labctl.backends.libvirt import storage
 from labctl.backends.libvirt.host import QemuUser
 from labctl.backends.libvirt.xml import FW_CFG_NAMES, QEMU_NS, DomainFiles, build_domain, planned_files
+from labctl.backends.owned import backends, entries, record
 from labctl.backends.qemu.argv import lab_nic_args
 from labctl.errors import LabFileError, UsageError
 from labctl.image.store import Image
@@ -246,12 +246,12 @@ def test_ownership_journal_lists_each_thing_once(tmp_path: Path) -> None:
     gdir = tmp_path / "guests" / "b"
     gdir.mkdir(parents=True)
     vol = {"backend": "libvirt", "kind": "volume", "name": "v"}
-    owned.record(gdir, vol)
-    owned.record(gdir, vol)
-    owned.record(gdir, {"backend": "libvirt", "kind": "domain", "name": "d"})
-    assert [e["kind"] for e in owned.entries(gdir)] == ["volume", "domain"]
-    assert owned.backends(tmp_path) == {"libvirt": [gdir]}
-    assert owned.entries(tmp_path / "nowhere") == []
+    record(gdir, vol)
+    record(gdir, vol)
+    record(gdir, {"backend": "libvirt", "kind": "domain", "name": "d"})
+    assert [e["kind"] for e in entries(gdir)] == ["volume", "domain"]
+    assert backends(tmp_path) == {"libvirt": [gdir]}
+    assert entries(tmp_path / "nowhere") == []
 
 
 class _Vol:

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from labctl.backends import owned
 from labctl.backends.base import GuestPlan
 from labctl.backends.libvirt import api as lvapi
 from labctl.backends.libvirt import domains as lvb
@@ -30,6 +29,7 @@ from labctl.backends.libvirt import host as hostfs
 from labctl.backends.libvirt import host_checks, starter, storage
 from labctl.backends.libvirt.host import QemuUser
 from labctl.backends.libvirt.host_checks import kvm_access
+from labctl.backends.owned import backends, entries, record
 from labctl.errors import HostError, MachineError
 from labctl.image.store import Image
 from labctl.lab import load_lab_text
@@ -193,7 +193,7 @@ def _backend(monkeypatch: pytest.MonkeyPatch, status: int) -> tuple[lvb.LibvirtB
     calls: list[Any] = []
 
     def fake_run(host: Any, argv: list[str], timeout: float = 30.0) -> tuple[int, str]:
-        calls.append((host.uri, argv, owned.entries(journal[0])))
+        calls.append((host.uri, argv, entries(journal[0])))
         return (status, "") if "sh" in argv[:1] else (0, "")
 
     journal: list[Path] = []
@@ -216,7 +216,7 @@ def test_the_labs_socket_directory_is_journaled_before_it_is_made(tmp_path: Path
     ((uri, argv, journal_then),) = calls
     assert uri == "qemu:///system" and argv == hostfs.mkdir_argv(str(net.path), USER, replace=False)
     assert journal_then == [entry]  # written before the directory was made
-    assert owned.backends(tmp_path) == {"libvirt": [tmp_path]}  # the lab's own journal is released too
+    assert backends(tmp_path) == {"libvirt": [tmp_path]}  # the lab's own journal is released too
     backend.cleanup(tmp_path)
     assert calls[-1][1] == ["rm", "-rf", "--", "/var/lib/libvirt/labctl-run/q.net"]
 
@@ -228,7 +228,7 @@ def test_a_socket_directory_of_another_lab_is_refused_and_never_removed(tmp_path
     with pytest.raises(HostError, match="q.net already exists on host local") as info:
         backend.network_dir(tmp_path, "q", {"a": host_place("local", "qemu:///system")})
     assert info.value.hint and "remove /var/lib/libvirt/labctl-run/q.net" in info.value.hint
-    assert owned.entries(tmp_path) == []  # not ours: cleanup must not remove it
+    assert entries(tmp_path) == []  # not ours: cleanup must not remove it
     backend.cleanup(tmp_path)
     assert len(calls) == 1
 
@@ -246,9 +246,9 @@ def test_only_directories_below_the_run_root_are_ever_removed(tmp_path: Path,
     backend, (calls, journal) = _backend(monkeypatch, 0)
     journal.append(tmp_path)
     for path in ("/var/lib/libvirt/labctl-run/labctl-q-a", "/", "/var/lib/libvirt/labctl-run/../x"):
-        owned.record(tmp_path, {"backend": "libvirt", "kind": "host-dir", "uri": "qemu:///system", "path": path})
-    owned.record(tmp_path, {"backend": "libvirt", "kind": "remote-dir", "uri": "qemu+ssh://lab2/system",
-                            "host": "h2", "path": "/var/lib/libvirt/labctl-run/labctl-q-b"})  # an older journal
+        record(tmp_path, {"backend": "libvirt", "kind": "host-dir", "uri": "qemu:///system", "path": path})
+    record(tmp_path, {"backend": "libvirt", "kind": "remote-dir", "uri": "qemu+ssh://lab2/system",
+                      "host": "h2", "path": "/var/lib/libvirt/labctl-run/labctl-q-b"})  # an older journal
     backend.cleanup(tmp_path)
     assert [(c[0], c[1][-1]) for c in calls] == [
         ("qemu+ssh://lab2/system", "/var/lib/libvirt/labctl-run/labctl-q-b"),

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from labctl.backends import GuestRecord, running_version
-from labctl.bundle import write
+from labctl.bundle.write import write_manifest
 from labctl.errors import MachineError
 from labctl.lab import load_lab_text
 from labctl.state.runstate import LabState
@@ -37,7 +37,7 @@ def _state(tmp_path: Path, **recorded: Any) -> LabState:
 def test_the_manifest_says_the_qemu_versions_up_recorded(tmp_path: Path, recorded: dict[str, Any], version: str,
                                                          guests: dict[str, str]) -> None:
     lab = load_lab_text(LAB, str(tmp_path / "m.yaml"))
-    write.write_manifest(tmp_path, lab, _state(tmp_path, **recorded), "s", "f", [], "ok", None)
+    write_manifest(tmp_path, lab, _state(tmp_path, **recorded), "s", "f", [], "ok", None)
     qemu = json.loads((tmp_path / "manifest.json").read_text())["qemu"]
     assert qemu == {"version": version, "guests": guests,
                     "argv": {g: ["qemu-system-x86_64", "-name", g] for g in "ab"}}

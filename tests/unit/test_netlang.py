@@ -300,11 +300,11 @@ def test_a_handout_lists_every_interface_and_the_routes(tmp_path: Path) -> None:
 def test_once_its_own_key_is_handed_over_a_guest_boots_with_a_listening_sshd(tmp_path: Path) -> None:
     """A boot that became the post-boot snapshot ran only a standby sshd; a later boot of that QEMU
     (a reset whose snapshot was pruned meanwhile) must not wait for a key nobody hands it."""
-    from labctl.up import warm
+    from labctl.up.warm import BOOT_KEY, CONFIG, HOST_KEY, boot_with_own_key
 
-    (tmp_path / warm.HOST_KEY).write_text("OWN KEY\n")
-    conf = tmp_path / warm.CONFIG
+    (tmp_path / HOST_KEY).write_text("OWN KEY\n")
+    conf = tmp_path / CONFIG
     conf.write_text("hostname a\nnic 52:55:00:00:00:01 mgmt0 10.0.2.15/24\nsshd standby\nnic 52:54:00:00:00:02 eth1 -\n")
-    warm.boot_with_own_key(tmp_path)
+    boot_with_own_key(tmp_path)
     assert conf.read_text() == "hostname a\nnic 52:55:00:00:00:01 mgmt0 10.0.2.15/24\nnic 52:54:00:00:00:02 eth1 -\n"
-    assert (tmp_path / warm.BOOT_KEY).read_text() == "OWN KEY\n"
+    assert (tmp_path / BOOT_KEY).read_text() == "OWN KEY\n"

@@ -14,11 +14,11 @@ from typing import ClassVar, Self
 
 import pytest
 
+import labctl.up.nftload as nft
 from labctl import ssh
 from labctl.errors import GuestError, LabFileError
 from labctl.lab import Firewall, load_lab
 from labctl.ssh import Endpoint, Result
-from labctl.up import nftload
 from tests.unit.test_firewall import NFT_OUTPUT
 
 # nft 1.0.6's own answer in a Debian 12 guest to `nft -c -f` of the script of _fw's lab (its rules misspelt)
@@ -44,15 +44,15 @@ def _written(cmd: str) -> dict[str, str]:
 
 def test_the_command_writes_the_script_and_the_file_then_checks_before_it_loads(tmp_path: Path) -> None:
     fw = _fw(tmp_path)
-    cmd, lines = nftload.command(fw)
+    cmd, lines = nft.command(fw)
     steps = cmd.split(" && ")
-    assert steps[:3] == ["umask 077", f"rm -rf {nftload.DIR}", f"mkdir -p {nftload.DIR}"]  # 0600, nothing stale
-    assert steps[-2:] == [f"nft -c -f {nftload.MAIN}", f"nft -f {nftload.MAIN}"]  # all checked, then all loaded
+    assert steps[:3] == ["umask 077", f"rm -rf {nft.DIR}", f"mkdir -p {nft.DIR}"]  # 0600, nothing stale
+    assert steps[-2:] == [f"nft -c -f {nft.MAIN}", f"nft -f {nft.MAIN}"]  # all checked, then all loaded
     written = _written(cmd)
-    assert written == {nftload.MAIN: fw.script(nftload.FILE)[0], nftload.FILE: fw.file.text if fw.file else ""}
-    assert written[nftload.MAIN].startswith(f'include "{nftload.FILE}"')
+    assert written == {nft.MAIN: fw.script(nft.FILE)[0], nft.FILE: fw.file.text if fw.file else ""}
+    assert written[nft.MAIN].startswith(f'include "{nft.FILE}"')
     assert all(shlex.split(s) for s in steps)  # each step one well-formed shell word list
-    script = written[nftload.MAIN].splitlines()
+    script = written[nft.MAIN].splitlines()
     assert [script[n - 1].strip() for n, ref in lines.items() if ref.what.startswith("rule")] == [
         "tcp dport 22 dropp", "meta foo bar"]
 
@@ -91,11 +91,11 @@ def _ep(tmp_path: Path) -> Endpoint:
 
 def test_load_runs_the_command_once_and_a_refused_rule_is_its_lab_line(tmp_path: Path, session: type[_Session]) -> None:
     fw = _fw(tmp_path)
-    nftload.load(_ep(tmp_path), fw, "lab.yaml")
-    assert session.commands == [nftload.command(fw)[0]]
+    nft.load(_ep(tmp_path), fw, "lab.yaml")
+    assert session.commands == [nft.command(fw)[0]]
     session.answer = Result(1, b"", REFUSED, 0.1)
     with pytest.raises(LabFileError) as exc:
-        nftload.load(_ep(tmp_path), fw, "lab.yaml")
+        nft.load(_ep(tmp_path), fw, "lab.yaml")
     assert [str(p) for p in exc.value.problems] == [
         ("lab.yaml:11: guests.r.firewall.filter.input.rules[0]: guest r: nft refused rule 'tcp dport 22 dropp': "
          "syntax error, unexpected newline"),
@@ -107,9 +107,9 @@ def test_load_runs_the_command_once_and_a_refused_rule_is_its_lab_line(tmp_path:
 
 def test_load_without_a_firewall_does_nothing_and_other_failures_are_the_guests(tmp_path: Path,
                                                                                session: type[_Session]) -> None:
-    nftload.load(_ep(tmp_path), None, "lab.yaml")
+    nft.load(_ep(tmp_path), None, "lab.yaml")
     assert session.commands == []
     session.answer = Result(127, b"", b"sh: 1: nft: not found\n", 0.1)
     with pytest.raises(GuestError) as exc:
-        nftload.load(_ep(tmp_path), _fw(tmp_path), "lab.yaml")
+        nft.load(_ep(tmp_path), _fw(tmp_path), "lab.yaml")
     assert exc.value.message == "guest r: its firewall could not be loaded (status 127): sh: 1: nft: not found"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_oops_symbolize import LOG, FakeKernel, fake  # noqa: F401  (fixture)
 
-from labctl.cli import main as cli_main
+from labctl.cli import main
 from labctl.debug.oops import Frame
 from labctl.debug.oops_text import render_frame
 from labctl.debug.symbolize import DecodedFrame, SourceLocation
@@ -22,7 +22,7 @@ def labctl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.Captu
     monkeypatch.setenv("LABCTL_CACHE_DIR", str(tmp_path / "labctl-cache"))
 
     def run(*argv: str) -> tuple[int, str, str]:
-        rc = cli_main.main(list(argv))
+        rc = main(list(argv))
         out, err = capsys.readouterr()
         return rc, out, err
 

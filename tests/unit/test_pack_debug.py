@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+import labctl.kernel.prepare as prep
 from labctl.errors import UsageError
 from labctl.image import sha256_file
 from labctl.kernel import Kernel
-from labctl.kernel import prepare as prep
 from labctl.kernel.vmlinux import has_dwarf
-from labctl.lab import kernels
+from labctl.lab.kernels import FILES, KernelSpec
 from labctl.pack import check_archive, check_kernels, identity
 from labctl.pack.packfile import PackIndex
 
@@ -63,11 +63,11 @@ def test_a_loose_kernel_with_its_debug_file_keeps_its_modules_with_dwarf(tmp_pat
     (mods / "extra" / "stripped.ko").write_bytes(elf([".text"]))
     (mods / "modules.order").write_text("kernel/e1000/e1000.ko\nextra/stripped.ko\n")
     opts = prep.Options(initramfs_modules=())
-    spec = kernels.KernelSpec(kernels.FILES, image=vmlinux, modules=tmp_path / "modules", debug=vmlinux)
+    spec = KernelSpec(FILES, image=vmlinux, modules=tmp_path / "modules", debug=vmlinux)
     k = prep.prepare(spec, opts)
     assert sorted(p.relative_to(k.debug_modules).as_posix() for p in k.debug_modules.rglob("*.ko")) == [
         "kernel/e1000/e1000.ko"]
-    without = prep.prepare(kernels.KernelSpec(kernels.FILES, image=vmlinux, modules=tmp_path / "modules"), opts)
+    without = prep.prepare(KernelSpec(FILES, image=vmlinux, modules=tmp_path / "modules"), opts)
     assert without.dir != k.dir and not without.debug_modules.exists()
 
 

@@ -308,7 +308,7 @@ class FakeQemu(FakeBackend):
 
 def test_a_step_impairs_captures_and_takes_a_link_down_then_puts_everything_back(tmp_path: Path) -> None:
     from labctl.net.pcap import read_pcapng
-    from labctl.state import netstate
+    from labctl.state.netstate import load, update
 
     lab = load_lab_text(NET_LAB, "unet.yaml")
     run_dir = tmp_path / "run"
@@ -319,7 +319,7 @@ def test_a_step_impairs_captures_and_takes_a_link_down_then_puts_everything_back
         (run_dir / g / "c").write_text("")
     state = LabState(lab="unet", source="unet.yaml", dir=str(run_dir), backend="qemu", accel="tcg", image={},
                      started_at="now", guests=guests, resolved=lab.to_dict())
-    with netstate.update(run_dir) as record:  # what up put in force: the lab file's delay
+    with update(run_dir) as record:  # what up put in force: the lab file's delay
         record.set_impairment("a", "eth1", lab.guests["a"].nic("eth1").impair)
     backend = FakeQemu(tmp_path / "qemu")
     backend.dir.mkdir()
@@ -337,7 +337,7 @@ def test_a_step_impairs_captures_and_takes_a_link_down_then_puts_everything_back
     assert links == [("a", {"name": "lab0", "up": False}), ("a", {"name": "lab0", "up": True})]
     assert [c["command"] for c in runner.commands] == ["ping -c 1 10.5.0.2", "labctl link unet a eth1 down", "true"]
     assert result.records["network"] == {"impair": {"a.eth1": {"loss": "10%"}}, "links": {"a.eth1": "down"}}
-    after = netstate.load(run_dir)
+    after = load(run_dir)
     assert after.impair == {"a.eth1": {"delay": "5ms"}} and after.links == {}
 
     # b.eth1 was captured (the network's capture), its frames moved to real time; QEMU's filter removed.
@@ -356,7 +356,7 @@ def test_a_filter_that_always_straddles_a_second_is_kept_and_said(tmp_path: Path
     """A busy host where adding the filter always crosses a wall-clock second: the fifth filter stays."""
     import time
 
-    from labctl.live import capture
+    import labctl.live.capture as livecap
 
     lab = load_lab_text(NET_LAB, "unet.yaml")
     run_dir = tmp_path / "run"
@@ -369,12 +369,12 @@ def test_a_filter_that_always_straddles_a_second_is_kept_and_said(tmp_path: Path
     backend.dir.mkdir()
     clock = iter(float(1_700_000_000 + i) + 0.9 for i in range(100))  # every call a second later
     monkeypatch.setattr(time, "time", lambda: next(clock))
-    cap = capture.start(state, backend, "b", "eth1", purpose="step")
+    cap = livecap.start(state, backend, "b", "eth1", purpose="step")
     calls = [c for _, c, _ in backend.calls if c.startswith("object")]
     assert calls == ["object-add", "object-del"] * 4 + ["object-add"]  # the last one is in place
     assert any("may be off" in n for n in cap.notes)
     monkeypatch.undo()
-    assert any("may be off" in w for w in capture.stop(state, backend, cap))
+    assert any("may be off" in w for w in livecap.stop(state, backend, cap))
     assert [c for _, c, _ in backend.calls][-1] == "object-del"
 
 

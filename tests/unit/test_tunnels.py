@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
+import labctl.up.tunsetup as tunnels
 from labctl.errors import LabFileError
 from labctl.follow import tunnelprobes as follow_encap
 from labctl.lab import guest_interfaces, load_lab_text, settings_text, tunnel_lines
 from labctl.lab.tunnels import KINDS
 from labctl.pktfilter import parse as parse_filter
-from labctl.trace import encap, hops
-from labctl.up import tunsetup as tunnels
+from labctl.trace import encap
+from labctl.trace.hops import POINTS, identity, parse_line
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = """\
@@ -192,13 +193,13 @@ LINE = ('  <idle>-0 [000] ..s2. 601.000001: xmit_vx: (net.net_dev_start_xmit) sk
 
 
 def test_an_outer_event_is_its_points_with_the_outer_header_in_its_note() -> None:
-    ev = hops.parse_line(LINE, "r")
+    ev = parse_line(LINE, "r")
     assert ev is not None and ev.point == "xmit" and ev.fields["outer"] == "vx"
-    assert hops.identity(ev) is not None
+    assert identity(ev) is not None
     assert encap.note(ev.point, ev.fields) == "outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42"
     assert encap.note("encap", {"ovni": "2752512"}) == "VXLAN vni 42"
     assert encap.note("xmit", {}) == ""
-    assert hops.POINTS["decap"].where == "vxlan_rcv" and hops.POINTS["encap"].where == "udp_tunnel_xmit_skb"
+    assert POINTS["decap"].where == "vxlan_rcv" and POINTS["encap"].where == "udp_tunnel_xmit_skb"
 
 
 def test_the_graph_lists_a_guests_tunnels_and_vrfs() -> None:

@@ -148,7 +148,7 @@ def test_the_drgn_kind_judges_the_value(text: str, status: str, detail: str) -> 
 
 
 def test_bisects_drgn_oracle() -> None:
-    from labctl.bisect import oracle as orc
+    import labctl.bisect.oracle as orc
 
     with pytest.raises(UsageError, match="--drgn: column 1: the attribute '__class__'"):
         orc.make("drgn", command="prog.__class__")

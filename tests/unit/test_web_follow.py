@@ -103,7 +103,8 @@ def test_a_packet_that_follows_another_closely_is_written_by_the_next_tick(tmp_p
     from types import SimpleNamespace
     from typing import Any, cast
 
-    from labctl.follow import Recent, recent
+    from labctl.follow import Recent
+    from labctl.follow.recent import EVERY, read
 
     class J:
         def __init__(self, i: int) -> None:
@@ -115,7 +116,7 @@ def test_a_packet_that_follows_another_closely_is_written_by_the_next_tick(tmp_p
     keep = Recent(cast(Any, SimpleNamespace(path=tmp_path)))
     keep.add(cast(Any, J(1)))
     keep.add(cast(Any, J(2)))
-    assert [p["id"] for p in recent.read(tmp_path)] == [1]  # written at most every EVERY s
-    keep.written -= recent.EVERY
+    assert [p["id"] for p in read(tmp_path)] == [1]  # written at most every EVERY s
+    keep.written -= EVERY
     keep.tick()
-    assert [p["id"] for p in recent.read(tmp_path)] == [1, 2]
+    assert [p["id"] for p in read(tmp_path)] == [1, 2]

@@ -15,7 +15,7 @@ from labctl.lab import load_lab
 from labctl.lab.bpfbuild import include_problem
 from labctl.lab.xdp import Xdp
 from labctl.trace.xdpverdicts import counter_values, filter_status, parse_dump, rows
-from labctl.up import xdpload
+from labctl.up.xdpload import command, tc_command
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_clang = pytest.mark.skipif(shutil.which("clang") is None, reason="no clang on this host")
@@ -80,11 +80,11 @@ def test_includes_of_the_labs_files_and_the_allowed_headers_pass(tmp_path: Path)
 
 
 def test_attach_commands_per_mode_and_kind() -> None:
-    src = xdpload.command("eth1", Xdp("native", source="drop.c", object=b"\x7fELF"))
+    src = command("eth1", Xdp("native", source="drop.c", object=b"\x7fELF"))
     assert "ip link set dev eth1 xdpdrv obj /run/labctl-xdp/eth1.o sec xdp" in src
-    gen = xdpload.command("eth2", Xdp("generic", source="drop.c", object=b"\x7fELF"))
+    gen = command("eth2", Xdp("generic", source="drop.c", object=b"\x7fELF"))
     assert "xdpgeneric obj" in gen
-    flt = xdpload.command("eth3", Xdp("generic", ports=(9, 53), ips=("10.0.0.1",)))
+    flt = command("eth3", Xdp("generic", ports=(9, 53), ips=("10.0.0.1",)))
     assert "xdp-filter load -m skb -p allow eth3" in flt
     assert "xdp-filter port 9 && xdp-filter port 53 && xdp-filter ip -m src 10.0.0.1" in flt
 
@@ -207,6 +207,6 @@ def test_a_tc_program_is_built_checked_and_attached_on_clsact(tmp_path: Path) ->
     tc = load_lab(lab).guests["g"].nics[0].tc
     assert tc is not None and tc.object.startswith(b"\x7fELF") and tc.summary() == "tc tc-drop.c (egress)"
     assert Tc.from_dict(tc.to_dict()).object == tc.object
-    cmd = xdpload.tc_command("eth1", tc)
+    cmd = tc_command("eth1", tc)
     assert "tc qdisc replace dev eth1 clsact" in cmd
     assert "tc filter replace dev eth1 egress pref 49152 handle 1 bpf direct-action obj /run/labctl-xdp/eth1-tc.o sec tc" in cmd
