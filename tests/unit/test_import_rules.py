@@ -548,6 +548,39 @@ def test_an_import_past_a_face_is_caught(line: str) -> None:
     assert past_faces(src)
 
 
+def modules_handed_on(package: str, exported: list[str]) -> list[str]:
+    """The names of ``exported`` (a face's ``__all__``) that ``package`` hands on as modules, even once
+    a submodule of the same name is loaded (``labctl.training.reset``, the function, beside its module)."""
+    import importlib
+    import types
+
+    face = importlib.import_module(package)
+    here = ROOT.parent / Path(*package.split("."))
+    found = []
+    for n in exported:
+        if (here / f"{n}.py").is_file() or (here / n / "__init__.py").is_file():
+            importlib.import_module(f"{package}.{n}")
+        if isinstance(getattr(face, n), types.ModuleType):
+            found.append(n)
+    return found
+
+
+def test_no_face_hands_on_a_module() -> None:
+    """A face hands on names (``from labctl.bisect import make_oracle``), never a module to reach
+    through (``oracle.make``): what a package offers is what its face lists."""
+    found = {p: m for p in packages() if p != "labctl" and (m := modules_handed_on(p, face_all(p) or []))}
+    assert not found, found
+
+
+def test_a_module_handed_on_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    import labctl.bisect
+    import labctl.bisect.oracle
+
+    monkeypatch.setattr(labctl.bisect, "oracle", labctl.bisect.oracle, raising=False)
+    assert modules_handed_on("labctl.bisect", ["Bisector", "oracle"]) == ["oracle"]
+    assert modules_handed_on("labctl.bisect", ["Bisector"]) == []
+
+
 def name_clashes(modules: list[str], package_names: list[str]) -> dict[str, list[str]]:
     """Names that lead a reader to two places: a module name (``labctl/x/name.py``) used twice, or a
     module named like a package (``labctl/kernel/lab.py`` beside ``labctl/lab/``), whatever their level."""
