@@ -104,7 +104,7 @@ def _packed_digest(pinned: Pinned, image: Image) -> str | None:
     return str(entry.get("sha256") if entry else None) if same else None
 
 
-def package_differences(packed: Mapping[str, object], here: Mapping[str, object]) -> list[str]:
+def package_differences(packed: Mapping[str, str], here: Mapping[str, str]) -> list[str]:
     """What differs between two images' package lists, one line each."""
     out = []
     for name in sorted(set(packed) | set(here)):
