@@ -9,6 +9,7 @@ that later commands (``down``, ``status``, ``gdb``) can find the guest again.
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -223,7 +224,7 @@ class Backend(abc.ABC):
         """Why a dead guest's machine stopped, as far as it is known."""
 
     @abc.abstractmethod
-    def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
+    def qmp(self, rec: GuestRecord, command: str, args: Mapping[str, object] | None = None) -> Any:
         """Run one QMP command on the guest's QEMU; return its ``return`` value.
 
         :raise MachineError: when the machine is gone or the command fails.

@@ -11,10 +11,10 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar, cast
 
 from qemu.qmp import QMPClient, QMPError
 
@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# QEMU's ``query-migrate`` answer: the keys labctl reads (QEMU's others pass through).
+MigrationInfo = TypedDict("MigrationInfo", {"status": str, "error-desc": str, "total-time": int}, total=False)
 
-def qmp_execute(socket_path: Path | str, command: str, args: dict[str, Any] | None = None,
+
+def qmp_execute(socket_path: Path | str, command: str, args: Mapping[str, object] | None = None,
                 timeout: float = 5.0) -> Any:
     """Connect to a QEMU monitor socket, run one command, disconnect.
 
@@ -62,7 +65,7 @@ def _ignore_shared(client: QMPClient, on: bool) -> Awaitable[object]:
 
 
 def save_state(socket_path: Path | str, dest: Path, timeout: float = 300.0,
-               ignore_shared: bool = False) -> dict[str, Any]:
+               ignore_shared: bool = False) -> MigrationInfo:
     """Write the guest's RAM and device state to ``dest`` (a QMP ``migrate`` to a file
     descriptor passed over the monitor socket: QEMU's sandbox forbids ``exec:``, and
     QEMU 7.2 has no ``file:``). The guest is paused first and stays paused; the
@@ -73,7 +76,7 @@ def save_state(socket_path: Path | str, dest: Path, timeout: float = 300.0,
     :raise MachineError: when QEMU cannot save it, or not within ``timeout``.
     """
 
-    async def go(client: QMPClient) -> dict[str, Any]:
+    async def go(client: QMPClient) -> MigrationInfo:
         await client.execute("stop")
         await client.execute("migrate-set-parameters", {"max-bandwidth": 1 << 40})
         await _ignore_shared(client, ignore_shared)
@@ -90,7 +93,7 @@ def save_state(socket_path: Path | str, dest: Path, timeout: float = 300.0,
 
 
 def load_state(socket_path: Path | str, src: Path, timeout: float = 300.0,
-               ignore_shared: bool = False) -> dict[str, Any]:
+               ignore_shared: bool = False) -> MigrationInfo:
     """Load RAM and device state saved by :func:`save_state` into a QEMU started with
     ``-incoming defer`` (``migrate-incoming`` from a descriptor of ``src``). The guest
     runs afterwards unless QEMU was started with ``-S``. With ``ignore_shared``, ``src`` was
@@ -99,7 +102,7 @@ def load_state(socket_path: Path | str, src: Path, timeout: float = 300.0,
     :raise MachineError: when QEMU cannot load it, or not within ``timeout``.
     """
 
-    async def go(client: QMPClient) -> dict[str, Any]:
+    async def go(client: QMPClient) -> MigrationInfo:
         fd = os.open(src, os.O_RDONLY)
         try:
             client.send_fd_scm(fd)
@@ -141,11 +144,11 @@ def dump_guest_memory(socket_path: Path | str, fd: int, fmt: str, timeout: float
 CONNECT_TIMEOUT = 30.0  # seconds for a monitor's greeting and capabilities
 
 
-async def _migration_done(client: QMPClient, timeout: float, doing: str) -> dict[str, Any]:
+async def _migration_done(client: QMPClient, timeout: float, doing: str) -> MigrationInfo:
     deadline = time.monotonic() + timeout
     while True:
         reply = await client.execute("query-migrate")
-        info: dict[str, Any] = reply if isinstance(reply, dict) else {}
+        info = cast(MigrationInfo, reply) if isinstance(reply, dict) else MigrationInfo()  # QEMU's JSON object
         status = info.get("status")
         if status == _DONE:
             return info

@@ -13,14 +13,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from labctl.paths import atomic_write
 
 JOURNAL = "owned.json"
 
 
-def record(guest_dir: Path, entry: dict[str, Any]) -> None:
+class OwnedEntry(TypedDict):
+    """One thing the journal lists: its backend and kind, and what finds it again."""
+
+    backend: str
+    kind: str  # domain, volume, host-dir (remote-dir: an older labctl's), process
+    uri: NotRequired[str]  # the host's libvirt URI and name (domain, volume, host-dir)
+    host: NotRequired[str]
+    name: NotRequired[str]  # the domain's or the volume's
+    run_dir: NotRequired[str]  # a domain's guest directory
+    pool: NotRequired[str]  # a volume's storage pool
+    path: NotRequired[str]  # a host-dir's path
+    pid: NotRequired[int]  # a process's, and its command line's marker
+    marker: NotRequired[str]
+
+
+def record(guest_dir: Path, entry: OwnedEntry) -> None:
     """Add ``entry`` (a JSON object with at least ``backend`` and ``kind``) to the journal."""
     items = entries(guest_dir)
     if entry not in items:
@@ -28,23 +43,24 @@ def record(guest_dir: Path, entry: dict[str, Any]) -> None:
     _write(guest_dir, items)
 
 
-def _write(guest_dir: Path, items: list[dict[str, Any]]) -> None:
+def _write(guest_dir: Path, items: list[OwnedEntry]) -> None:
     atomic_write(guest_dir / JOURNAL, json.dumps(items, indent=1) + "\n", 0o600)
 
 
-def forget(guest_dir: Path, entry: dict[str, Any]) -> None:
+def forget(guest_dir: Path, entry: OwnedEntry) -> None:
     """Take ``entry`` out of the journal: its creation was refused because the thing
     already existed, so it is someone else's and must not be removed."""
     _write(guest_dir, [e for e in entries(guest_dir) if e != entry])
 
 
-def entries(guest_dir: Path) -> list[dict[str, Any]]:
+def entries(guest_dir: Path) -> list[OwnedEntry]:
     """The journal's entries, oldest first ([] when there is none)."""
     try:
         data = json.loads((guest_dir / JOURNAL).read_text())
     except (OSError, ValueError):
         return []
-    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+    # the journal's JSON objects, as this labctl (or an older one) wrote them
+    return [cast(OwnedEntry, e) for e in data if isinstance(e, dict)] if isinstance(data, list) else []
 
 
 def backends(run_dir: Path) -> dict[str, list[Path]]:

@@ -16,7 +16,7 @@ from typing import Any
 from labctl.errors import UsageError
 from labctl.lab import load_lab
 from labctl.live import active_captures
-from labctl.net import runtime_from_state, to_dot, to_mermaid, to_svg, topology
+from labctl.net import Runtime, runtime_from_state, to_dot, to_mermaid, to_svg, topology
 from labctl.paths import atomic_write
 from labctl.state import LabState, check_lab_name, load_netstate
 from labctl.up import guest_statuses
@@ -38,7 +38,7 @@ def _is_file(source: str) -> bool:
     return Path(source).exists() or source.endswith((".yaml", ".yml")) or "/" in source
 
 
-def lab_picture(source: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def lab_picture(source: str) -> tuple[dict[str, Any], Runtime | None]:
     """The resolved lab and runtime facts (None for a file) of ``source``.
 
     :raise LabFileError: for a bad lab file. :raise UsageError, LabStateError: for a bad or absent lab.

@@ -66,7 +66,7 @@ def _print(result: PackResult) -> None:
     index = result.index.data if result.index else {}
     for guest, rec in dict(index.get("guests") or {}).items():
         how = (f"Debian {rec.get('package')} {rec.get('version')} (sha256 {str(rec.get('sha256'))[:16]})"
-               if rec.get("kind") == "debian" else f"packed files{', commit ' + rec['commit'] if rec.get('commit') else ''}")
+               if rec.get("kind") == "debian" else f"packed files{', commit ' + str(rec['commit']) if rec.get('commit') else ''}")
         out.print(Text(f"guest {guest}: {rec.get('release')} build id {rec.get('build_id')}: {how}"), soft_wrap=True)
     img = dict(index.get("image") or {})
     out.print(Text(f"image {img.get('name')}: {'packed' if img.get('packed') else 'package list only'}, "

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from labctl import proc
 from labctl.debug.elf import Symbol, SymbolTable, is_real_system_map, read_elf
@@ -240,6 +240,47 @@ def normalize_path(path: str, base: str | None = None) -> str:
 
 # -- decoded frames ------------------------------------------------------------------
 
+class InlinedJson(TypedDict):
+    func: str | None
+    file: str | None
+    line: int | None
+
+
+class DecodedFrameJson(TypedDict):
+    """A :class:`DecodedFrame` as ``oops --json`` and ``oops-decoded.json`` give it."""
+
+    func: str
+    offset: int
+    size: int
+    module: str | None
+    reliable: bool
+    kind: str
+    context: str | None
+    stack: str | None
+    address: str | None  # 0x...
+    section: str | None
+    file: str | None
+    line: int | None
+    source_func: str | None
+    inlined: list[InlinedJson]
+    note: str | None
+
+
+class DecodedOopsJson(TypedDict):
+    """A :class:`DecodedOops` as ``oops --json`` and ``oops-decoded.json`` give it."""
+
+    title: str
+    kind: str
+    headline: str
+    line: int
+    panic: str | None
+    cpu: int | None
+    pid: int | None
+    comm: str | None
+    rip: DecodedFrameJson | None
+    frames: list[DecodedFrameJson]
+
+
 @dataclass
 class DecodedFrame:
     """A parsed frame with its address and source locations (innermost first)."""
@@ -276,7 +317,7 @@ class DecodedFrame:
         """The callers the innermost location was inlined into, innermost first."""
         return self.locations[1:]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DecodedFrameJson:
         f = self.frame
         return {
             "func": f.func, "offset": f.offset, "size": f.size, "module": f.module, "reliable": f.reliable,
@@ -296,7 +337,7 @@ class DecodedOops:
     rip: DecodedFrame | None
     frames: list[DecodedFrame] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DecodedOopsJson:
         o = self.oops
         return {
             "title": o.title, "kind": o.kind, "headline": o.headline, "line": o.line_no, "panic": o.panic,

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from labctl.lab.firewall import Firewall, ScriptLine
     from labctl.lab.followspec import FollowSpec
     from labctl.lab.guestnet import guest_interfaces, net_settings, settings_text
-    from labctl.lab.hosts import HostPlace, host_place, place_guests
+    from labctl.lab.hosts import HostPlace, HostRecord, host_place, place_guests
     from labctl.lab.ifaces import (
         Address,
         Bond,
@@ -146,6 +146,7 @@ __all__ = [
     "GdbStep",
     "Guest",
     "HostPlace",
+    "HostRecord",
     "IfaceView",
     "Impairment",
     "KernelSpec",

@@ -8,9 +8,19 @@ the same URI are the same machine (their guests can share unix sockets).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from labctl.lab.model import DEFAULT_HOST, Lab
 from labctl.lab.uri import SshHop, parse_uri, with_no_verify
+
+
+class HostRecord(TypedDict):
+    """:meth:`HostPlace.to_dict`: a guest's host as ``state.json`` (``hosts``) keeps it."""
+
+    name: str
+    uri: str
+    address: str
+    remote: bool
 
 
 @dataclass(frozen=True)
@@ -27,7 +37,7 @@ class HostPlace:
         """The SSH account of a remote host (None when local)."""
         return parse_uri(self.uri).ssh_hop()
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> HostRecord:
         return {"name": self.name, "uri": self.uri, "address": self.address, "remote": self.remote}
 
 

@@ -12,11 +12,11 @@ Imports never: labctl.backends, labctl.up, labctl.steps, labctl.cli, labctl.stat
 
 from __future__ import annotations
 
-from labctl.net.graph import runtime_from_state, to_dot, to_mermaid, to_svg, topology
+from labctl.net.graph import Runtime, runtime_from_state, to_dot, to_mermaid, to_svg, topology
 from labctl.net.netdevs import NETDEVS, NetdevKind, kind_of_option, netdev_kind, option_id
 from labctl.net.netem import apply_command
 from labctl.net.pcap import FORMATS, SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, read_pcapng, summary_line
-from labctl.net.plan import SWITCH, TAP, UDP, Port, Segment, TapDev, UdpAddr, plan_networks
+from labctl.net.plan import SWITCH, TAP, UDP, Port, PortRecord, Segment, SegmentRecord, TapDev, UdpAddr, plan_networks
 from labctl.net.ports import free_port
 from labctl.net.vmclock import VmClockError
 from labctl.net.vmclock import sample as sample_vmclock
@@ -33,8 +33,11 @@ __all__ = [
     "PcapError",
     "PcapReader",
     "Port",
+    "PortRecord",
     "Retimer",
+    "Runtime",
     "Segment",
+    "SegmentRecord",
     "TapDev",
     "UdpAddr",
     "VmClockError",

@@ -33,6 +33,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from labctl.errors import UsageError
 from labctl.lab import HostPlace, Lab
@@ -81,6 +82,25 @@ class Port:
     remote: Path | UdpAddr | None
 
 
+class PortRecord(TypedDict):
+    """A network member's endpoints in :class:`SegmentRecord`."""
+
+    guest: str
+    nic: str
+    host: str | None
+    local: str
+    remote: str | None
+
+
+class SegmentRecord(TypedDict):
+    """:meth:`Segment.to_dict`: a network's plan as ``state.json`` (``networks``) and the bundle keep it."""
+
+    network: str
+    mechanism: str
+    switch: str | None
+    ports: list[PortRecord]
+
+
 @dataclass(frozen=True)
 class Segment:
     """One lab network: its mechanism and, for a switch, the switch socket."""
@@ -90,7 +110,7 @@ class Segment:
     ports: tuple[Port, ...]
     switch_socket: Path | None
 
-    def to_dict(self, hosts: dict[str, HostPlace] | None = None) -> dict[str, object]:
+    def to_dict(self, hosts: dict[str, HostPlace] | None = None) -> SegmentRecord:
         """JSON view: the mechanism and each member's endpoints (and host)."""
         return {"network": self.network, "mechanism": self.mechanism,
                 "switch": str(self.switch_socket) if self.switch_socket else None,

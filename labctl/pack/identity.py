@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from labctl.errors import UsageError
 from labctl.image import ROOTFS, Image, apt_download, sha256_file, versions
 from labctl.kernel import Kernel
-from labctl.pack.packfile import UNPACKED, PackIndex
+from labctl.pack.packfile import UNPACKED, ImageRecord, KernelRecord, PackIndex
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class Pinned:
 
 def check_host(pinned: Pinned) -> None:
     """The pack was made for this architecture. :raise UsageError: when it was not."""
-    arch = str((pinned.index.data.get("host") or {}).get("arch", ""))
+    host = pinned.index.data.get("host")
+    arch = str(host.get("arch", "")) if host else ""
     if arch and arch != platform.machine():
         raise pinned.refuse(f"packed on {arch}, this host is {platform.machine()}")
 
@@ -60,7 +61,7 @@ def check_archive(pinned: Pinned) -> None:
     for guest, rec in sorted(pinned.index.guests.items()):
         if rec.get("kind") != "debian":
             continue
-        packages = [(rec["package"], rec.get("version"))]
+        packages: list[tuple[str | None, str | None]] = [(rec["package"], rec.get("version"))]
         if rec.get("debug_sha256"):
             packages.append((rec.get("debug_package"), rec.get("debug_version")))
         for package, version in packages:
@@ -99,10 +100,11 @@ def _packed_digest(pinned: Pinned, image: Image) -> str | None:
                 and os.stat(image.rootfs).st_mtime_ns <= os.stat(pinned.dir / UNPACKED).st_mtime_ns)
     except OSError:
         return None
-    return str(pinned.index.files.get(f"image/{ROOTFS}", {}).get("sha256")) if same else None
+    entry = pinned.index.files.get(f"image/{ROOTFS}")
+    return str(entry.get("sha256") if entry else None) if same else None
 
 
-def package_differences(packed: dict[str, Any], here: dict[str, Any]) -> list[str]:
+def package_differences(packed: Mapping[str, str], here: Mapping[str, str]) -> list[str]:
     """What differs between two images' package lists, one line each."""
     out = []
     for name in sorted(set(packed) | set(here)):
@@ -127,38 +129,42 @@ def check_kernels(pinned: Pinned, kernels: dict[str, Kernel]) -> None:
             _check_debian(pinned, guest, rec, kernel)
 
 
-def _check_debian(pinned: Pinned, guest: str, rec: dict[str, Any], kernel: Kernel) -> None:
+def _check_debian(pinned: Pinned, guest: str, rec: KernelRecord, kernel: Kernel) -> None:
     deb = dict(kernel.manifest.get("debian") or {})
     if deb.get("version") != rec.get("version"):
         raise pinned.refuse(f"guest {guest}: {rec['package']} {deb.get('version')} here, packed {rec.get('version')}")
-    checked = [("package", "version", "sha256")] + ([("debug_package", "debug_version", "debug_sha256")]
-                                                    if rec.get("debug_sha256") else [])
-    for package, version, sha in checked:
-        digest = sha256_file(apt_download(str(rec[package]), str(rec.get(version))))
-        if digest != rec.get(sha):
-            raise pinned.refuse(f"guest {guest}: {rec[package]} {rec.get(version)} from the archive has sha256 "
-                                f"{digest[:16]}, packed {str(rec.get(sha))[:16]}",
-                                hint="its debug info would not be the packed kernel's" if sha == "debug_sha256" else None)
+    # (package, version, its packed digest, whether it is the -dbg package)
+    checked = [(rec["package"], rec.get("version"), rec.get("sha256"), False)] + (
+        [(rec["debug_package"], rec.get("debug_version"), rec.get("debug_sha256"), True)]
+        if rec.get("debug_sha256") else [])
+    for package, version, packed, dbg in checked:
+        digest = sha256_file(apt_download(str(package), str(version)))
+        if digest != packed:
+            raise pinned.refuse(f"guest {guest}: {package} {version} from the archive has sha256 "
+                                f"{digest[:16]}, packed {str(packed)[:16]}",
+                                hint="its debug info would not be the packed kernel's" if dbg else None)
 
 
-def kernel_record(kernel: Kernel, *, commit: str | None = None, debug: bool = False) -> dict[str, Any]:
+def kernel_record(kernel: Kernel, *, commit: str | None = None, debug: bool = False) -> KernelRecord:
     """What the pack records of a prepared kernel (see the module's docstring)."""
     src = kernel.source
-    base = {"release": kernel.release, "build_id": kernel.manifest.get("build_id"),
-            "banner": kernel.manifest.get("banner")}
+    release, build_id, banner = kernel.release, kernel.manifest.get("build_id"), kernel.manifest.get("banner")
     if src.get("kind") == "debian":
         deb = dict(kernel.manifest.get("debian") or {})
         package = str(deb.get("package"))
         dbg = deb.get("debug_package")
-        return {"kind": "debian", **base, "package": package, "version": deb.get("version"),
-                "sha256": sha256_file(apt_download(package, str(deb.get("version")))), "debug_package": dbg,
-                "debug_version": deb.get("debug_version"),
-                **({"debug_sha256": sha256_file(apt_download(str(dbg), str(deb.get("debug_version"))))}
-                   if debug and dbg else {})}
-    return {"kind": "files", **base, "key": kernel.key, "source": src, "commit": commit, "debug": debug}
+        rec: KernelRecord = {"kind": "debian", "release": release, "build_id": build_id, "banner": banner,
+                             "package": package, "version": deb.get("version"),
+                             "sha256": sha256_file(apt_download(package, str(deb.get("version")))),
+                             "debug_package": dbg, "debug_version": deb.get("debug_version")}
+        if debug and dbg:
+            rec["debug_sha256"] = sha256_file(apt_download(str(dbg), str(deb.get("debug_version"))))
+        return rec
+    return {"kind": "files", "release": release, "build_id": build_id, "banner": banner, "key": kernel.key,
+            "source": src, "commit": commit, "debug": debug}
 
 
-def image_record(image: Image, packed: bool) -> dict[str, Any]:
+def image_record(image: Image, packed: bool) -> ImageRecord:
     """What the pack records of the image."""
     files = dict(image.manifest.get("files") or {})
     return {"name": image.name, "key": image.key, "packed": packed,

@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from labctl.errors import UsageError
 
@@ -70,29 +70,100 @@ def member_ok(name: str, directory: bool = False) -> bool:
     return name == INDEX or (pattern.fullmatch(name) is not None and ".." not in name.split("/"))
 
 
+class FileEntry(TypedDict):
+    """A member of the pack, in the index's ``files``."""
+
+    size: int
+    sha256: str
+
+
+class KernelRecord(TypedDict, total=False):
+    """A guest's kernel in the index's ``guests`` (:func:`labctl.pack.identity.kernel_record`): the keys of
+    both kinds, ``debian`` (a Debian package) and ``files`` (the pack's own files)."""
+
+    kind: str  # debian | files
+    release: str
+    build_id: str | None
+    banner: str | None
+    package: str  # debian
+    version: str | None
+    sha256: str
+    debug_package: str | None
+    debug_version: str | None
+    debug_sha256: str  # packed --with-debug
+    key: str  # files
+    source: dict[str, object]  # the prepared kernel's source record, carried unread
+    commit: str | None
+    debug: bool
+
+
+class ImageRecord(TypedDict, total=False):
+    """The index's ``image`` (:func:`labctl.pack.identity.image_record` writes every key)."""
+
+    name: str
+    key: str
+    packed: bool
+    rootfs_sha256: str | None
+    packages: dict[str, str]  # package -> version
+    default_kernel: str | None
+
+
+class PackHost(TypedDict):
+    arch: str
+    name: str
+
+
+class PackLab(TypedDict):
+    name: str
+    file: str
+    source: str
+    sha256: str
+
+
+class PackRun(TypedDict):
+    dir: str
+
+
+class PackIndexData(TypedDict, total=False):
+    """``pack.json`` (:func:`labctl.pack.packing.pack_lab` writes every key; :meth:`PackIndex.parse`
+    checks the shape of what it reads)."""
+
+    format: str
+    version: int
+    labctl_version: str
+    made_at: str
+    host: PackHost
+    lab: PackLab
+    guests: dict[str, KernelRecord]
+    image: ImageRecord
+    run: PackRun | None
+    files: dict[str, FileEntry]
+
+
 @dataclass(frozen=True)
 class PackIndex:
     """``pack.json``: what the file promises."""
 
-    data: dict[str, Any]
+    data: PackIndexData
 
     @property
-    def files(self) -> dict[str, dict[str, Any]]:
+    def files(self) -> dict[str, FileEntry]:
         """member -> {size, sha256}: every member but the index and directories."""
         return dict(self.data.get("files") or {})
 
     @property
     def lab_name(self) -> str:
-        return str((self.data.get("lab") or {}).get("name", "?"))
+        lab = self.data.get("lab")
+        return str(lab.get("name", "?")) if lab else "?"
 
     @property
-    def guests(self) -> dict[str, dict[str, Any]]:
+    def guests(self) -> dict[str, KernelRecord]:
         """guest -> its kernel's identity (see :mod:`labctl.pack.identity`)."""
         return dict(self.data.get("guests") or {})
 
     @property
-    def image(self) -> dict[str, Any]:
-        return dict(self.data.get("image") or {})
+    def image(self) -> ImageRecord:
+        return (self.data.get("image") or ImageRecord()).copy()
 
     @property
     def has_image(self) -> bool:
@@ -124,7 +195,7 @@ class PackIndex:
         if problems:
             shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
             raise UsageError(f"{source}: its {INDEX} is not a valid index ({shown}); nothing started")
-        return cls(data)
+        return cls(cast(PackIndexData, data))  # its shape checked just above
 
 
 def _bad(value: Any, pattern: re.Pattern[str], optional: bool = False) -> bool:
@@ -133,7 +204,7 @@ def _bad(value: Any, pattern: re.Pattern[str], optional: bool = False) -> bool:
     return not isinstance(value, str) or pattern.fullmatch(value) is None
 
 
-def index_problems(data: dict[str, Any]) -> list[str]:
+def index_problems(data: dict[str, object]) -> list[str]:
     """Every value of an index (``pack.json``) that is not of its known shape, one line each: member
     sizes and digests, each guest's kernel record (a Debian package by name, version and digest;
     a pack's kernel by its key, a digest), the image's record and the host's architecture. A name,
@@ -207,7 +278,7 @@ def _kernel_problems(guest: Any, rec: Any) -> list[str]:
     return out
 
 
-def _image_problems(image: Any, files: dict[str, Any]) -> list[str]:
+def _image_problems(image: object, files: dict[str, object]) -> list[str]:
     if not isinstance(image, dict):
         return [": not a mapping"]
     out = []

@@ -29,7 +29,7 @@ from labctl.image import ROOTFS, Image, sha256_file
 from labctl.kernel import Kernel, kernels_root
 from labctl.lab import Lab, untrusted_reason
 from labctl.pack.identity import image_record, kernel_record
-from labctl.pack.packfile import FORMAT, INDEX, LAB, VERSION, PackIndex
+from labctl.pack.packfile import FORMAT, INDEX, LAB, VERSION, FileEntry, KernelRecord, PackIndex, PackIndexData
 from labctl.paths import atomic_file, cache_dir
 from labctl.proc import run, run_pipeline
 
@@ -114,10 +114,10 @@ def pack_lab(lab: Lab, image: Image, kernels: Mapping[str, Kernel], out: Path, *
 
 
 def _stage(stage: Path, lab: Lab, image: Image, kernels: Mapping[str, Kernel], *, with_image: bool, debug: bool,
-           run_dir: Path | None, contents: dict[str, int]) -> dict[str, Any]:
+           run_dir: Path | None, contents: dict[str, int]) -> PackIndexData:
     _put_text(stage / LAB, lab.text)
     contents["lab file"] = len(lab.text.encode())
-    guests: dict[str, dict[str, Any]] = {}
+    guests: dict[str, KernelRecord] = {}
     for guest in lab.guests:
         kernel = kernels[guest]
         if kernel.source.get("kind") == "debian":
@@ -191,8 +191,8 @@ def _write(stage: Path, out: Path, with_image: bool) -> None:
                 raise
 
 
-def _index_files(stage: Path) -> dict[str, dict[str, Any]]:
-    files: dict[str, dict[str, Any]] = {}
+def _index_files(stage: Path) -> dict[str, FileEntry]:
+    files: dict[str, FileEntry] = {}
     for dirpath, _dirs, names in os.walk(stage):
         for name in names:
             p = Path(dirpath, name)

@@ -52,7 +52,7 @@ def guest_statuses(state: LabState) -> list[GuestStatus]:
                  **{kind: {k: v for k, v in n[kind].items() if k != "object"} for kind in ("xdp", "tc") if n.get(kind)}}
                 for n in resolved["nics"]]
         gdb = rec.gdb
-        host = state.hosts.get(name, {}).get("name")
+        host = h.get("name") if (h := state.hosts.get(name)) is not None else None
         settings: dict[str, object] = {k: resolved.get(k) or [] for k in ("bonds", "bridges", "routes", "sysctls")}
         settings["firewall"] = resolved.get("firewall")
         settings.update({k: resolved[k] for k in ("tunnels", "vrfs") if resolved.get(k)})  # labctl.lab.tunnels

@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from labctl.paths import atomic_write, exclusive
 
@@ -38,11 +38,18 @@ def nic_key(guest: str, nic: str) -> str:
     return f"{guest}.{nic}"
 
 
+class NetworkFile(TypedDict):
+    """``network.json``."""
+
+    impair: dict[str, dict[str, str | int]]  # guest.nic -> Impairment.to_dict()
+    links: dict[str, str]  # guest.nic -> "down"
+
+
 @dataclass
 class NetRuntime:
     """Impairments in force (``guest.nic`` -> values) and links that are down (``guest.nic`` -> ``down``)."""
 
-    impair: dict[str, dict[str, Any]] = field(default_factory=dict)
+    impair: dict[str, dict[str, str | int]] = field(default_factory=dict)
     links: dict[str, str] = field(default_factory=dict)
 
     def impairment(self, guest: str, nic: str) -> Impairment | None:
@@ -70,7 +77,7 @@ class NetRuntime:
         else:
             self.links[nic_key(guest, nic)] = "down"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NetworkFile:
         return {"impair": self.impair, "links": self.links}
 
 

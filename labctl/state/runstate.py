@@ -36,6 +36,8 @@ from labctl.state.rundir import STATE, check_lab_name, labs_root, run_dir
 
 if TYPE_CHECKING:
     from labctl.kernel import Kernel
+    from labctl.lab import HostRecord
+    from labctl.net import SegmentRecord
 
 STARTING = "starting"
 UP = "up"
@@ -94,7 +96,7 @@ class LabState:
     dir: str
     backend: str
     accel: str
-    image: dict[str, Any]
+    image: dict[str, str]  # name, key, dir
     started_at: str
     guests: dict[str, GuestRecord] = field(default_factory=dict)
     switches: list[SwitchRecord] = field(default_factory=list)
@@ -103,8 +105,8 @@ class LabState:
     offloads: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # guest -> VLAN NIC -> features
     ready_seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # guest -> its host (libvirt)
-    networks: dict[str, dict[str, Any]] = field(default_factory=dict)  # network -> mechanism, endpoints
+    hosts: dict[str, HostRecord] = field(default_factory=dict)  # guest -> its host (libvirt)
+    networks: dict[str, SegmentRecord] = field(default_factory=dict)  # network -> mechanism, endpoints
     uploads: list[str] = field(default_factory=list)  # what up sent to hosts (images)
     kernels: dict[str, str] = field(default_factory=dict)  # guest -> its prepared kernel's directory
     snapshots: dict[str, str] = field(default_factory=dict)  # guest -> its post-boot snapshot's key (qemu)

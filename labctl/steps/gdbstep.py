@@ -91,6 +91,6 @@ class GdbKind(StepKind):
         elif t is not None:
             if t.timed_out:
                 res.warnings.append(t.message or "the gdb breakpoint was never hit")
-            record: GdbRecord = {"breakpoint": t.breakpoint, "hits": t.hits, "timed_out": t.timed_out,
+            record: GdbRecord = {"breakpoint": dict(t.breakpoint), "hits": t.hits, "timed_out": t.timed_out,
                                  "message": t.message, "transcript": "gdb-transcript.txt"}
             res.records["gdb"] = record

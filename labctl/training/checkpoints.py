@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import labctl.training.sshport as sshport  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl import mux
@@ -48,13 +48,34 @@ from labctl.up import load_saved_state, mount_shares, shares_of, umount_shares
 META = "meta.json"
 
 
+class CheckpointMeta(TypedDict, total=False):
+    """A checkpoint's ``meta.json`` (both kinds write every key but ``on_hosts``; one unreadable is {})."""
+
+    lab: str
+    name: str
+    guests: list[str]
+    on_hosts: bool  # saved by the backend on the guests' hosts (libvirt)
+    created_at: str
+    save_seconds: float
+
+
+class CheckpointView(TypedDict):
+    """A checkpoint as ``checkpoint list`` shows it."""
+
+    name: str
+    created_at: str | None
+    guests: list[str]
+    bytes: int
+    save_seconds: float | None
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     name: str
     dir: Path
-    meta: dict[str, Any]
+    meta: CheckpointMeta
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CheckpointView:
         return {"name": self.name, "created_at": self.meta.get("created_at"), "guests": self.meta.get("guests", []),
                 "bytes": sum(f.stat().st_size for f in self.dir.iterdir() if f.is_file()),
                 "save_seconds": self.meta.get("save_seconds")}
@@ -230,7 +251,7 @@ def _load(d: Path) -> Checkpoint:
         meta = json.loads((d / META).read_text())
     except (OSError, ValueError):
         meta = {}
-    return Checkpoint(d.name, d, meta if isinstance(meta, dict) else {})
+    return Checkpoint(d.name, d, cast(CheckpointMeta, meta) if isinstance(meta, dict) else {})  # as written above
 
 
 def find(state: LabState, name: str) -> Checkpoint:

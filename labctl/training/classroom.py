@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import NotRequired, TypedDict, TypeVar
 
 from labctl.errors import GuestError, LabFileError, LabStateError, Problem, UsageError
 from labctl.lab import LAB_NAME, LAB_NAME_RULE
@@ -76,6 +76,33 @@ def classes_root() -> Path:
     return state_dir() / "classes"
 
 
+class ClassOptions(TypedDict, total=False):
+    """How ``class up`` was asked to bring the instances up (it writes every key; an older record may have none)."""
+
+    accel: str
+    cold: bool
+    kernel: str | None
+
+
+class ClassCheck(TypedDict):
+    """One of the lab's checks as the class record keeps it."""
+
+    name: str
+    guest: str
+    hint: str
+
+
+class StudentStatus(TypedDict):
+    """:func:`student_status`: a student's instance, each guest's state and why it is not up."""
+
+    student: str
+    lab: str
+    guests: dict[str, str]  # guest -> up, crashed, starting
+    reasons: dict[str, str]  # guest (``*``: the instance) -> why
+    state: NotRequired[str]
+    host: NotRequired[str | None]  # the libvirt host (class status adds it)
+
+
 @dataclass
 class ClassRecord:
     """What ``class up`` leaves for the other class commands."""
@@ -85,8 +112,8 @@ class ClassRecord:
     students: list[str]
     out: str  # the handouts' directory, absolute
     created_at: str = ""
-    options: dict[str, Any] = field(default_factory=dict)  # accel, cold... as given to class up
-    checks: list[dict[str, Any]] = field(default_factory=list)  # the lab's checks: name, guest, hint
+    options: ClassOptions = field(default_factory=lambda: ClassOptions())  # as given to class up
+    checks: list[ClassCheck] = field(default_factory=list)  # the lab's checks
     placement: dict[str, str] = field(default_factory=dict)  # student -> libvirt host (a class spread over hosts)
 
     def ident(self, student: str) -> str:
@@ -182,11 +209,11 @@ def _probe_ssh(state: LabState, guest: str) -> str | None:
         return exc.message
 
 
-def student_status(record: ClassRecord, student: str) -> dict[str, Any]:
+def student_status(record: ClassRecord, student: str) -> StudentStatus:
     """Per guest: up (QEMU runs and the guest answers SSH), crashed (QEMU gone, a panic on its
     console, or no SSH answer) or down (the instance is not up)."""
     ident = record.ident(student)
-    row: dict[str, Any] = {"student": student, "lab": ident, "guests": {}, "reasons": {}}
+    row: StudentStatus = {"student": student, "lab": ident, "guests": {}, "reasons": {}}
     try:
         state = LabState.load(ident)
     except LabStateError as exc:

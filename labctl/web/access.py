@@ -28,7 +28,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from labctl.errors import LabctlError, LabStateError, UsageError
 from labctl.lab import LAB_IDENT
@@ -76,6 +76,15 @@ class Principal:
         return {OWNER: "lab owner", TRAINER: f"trainer of {self.lab}"}.get(self.kind, f"{self.student} ({self.lab})")
 
 
+class TokensFile(TypedDict):
+    """``class-<lab>.json``: :class:`ClassTokens` as saved."""
+
+    lab: str
+    created_at: str
+    trainer: str
+    students: dict[str, str]  # student -> token
+
+
 @dataclass
 class ClassTokens:
     """A class's tokens, tied to the class record they were made for."""
@@ -96,7 +105,7 @@ class ClassTokens:
     @classmethod
     def read(cls, lab: str) -> ClassTokens | None:
         try:
-            data: dict[str, Any] = json.loads(cls.path_of(lab).read_text())
+            data: TokensFile = json.loads(cls.path_of(lab).read_text())  # checked below
             return cls(str(data["lab"]), str(data["created_at"]), str(data["trainer"]),
                        {str(k): str(v) for k, v in dict(data["students"]).items()})
         except (OSError, ValueError, KeyError, TypeError):

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from labctl.backends import get_backend
 from labctl.errors import LabctlError, UsageError
@@ -28,6 +28,16 @@ log = logging.getLogger(__name__)
 MAX_SECONDS = 600.0
 MAX_FILTER = 200
 SHOWN = 10
+
+
+class FollowView(TypedDict):
+    """What a page shows of an instance's follow."""
+
+    running: bool
+    ready: bool
+    filter: str
+    error: str
+    packets: list[dict[str, Any]]  # labctl.follow.recent's records
 
 
 @dataclass
@@ -50,7 +60,7 @@ class Follows:
         self.running: dict[str, Following] = {}
         self.last_error: dict[str, str] = {}
 
-    def start(self, ident: str, text: object) -> dict[str, Any]:
+    def start(self, ident: str, text: object) -> FollowView:
         """Follow ``text`` on ``ident``: checked (libpcap, the subset), the guests checked, the probes on.
 
         :raise UsageError: for a bad filter, or a follow running already. :raise LabctlError: when a
@@ -114,7 +124,7 @@ class Follows:
                     if run.error:
                         self.last_error[run.ident] = run.error
 
-    def stop(self, ident: str) -> dict[str, Any]:
+    def stop(self, ident: str) -> FollowView:
         """:raise UsageError: when no follow runs on ``ident``."""
         with self.lock:
             run = self.running.get(ident)
@@ -134,7 +144,7 @@ class Follows:
             if run.thread is not None:
                 run.thread.join(timeout=30)
 
-    def view(self, ident: str) -> dict[str, Any]:
+    def view(self, ident: str) -> FollowView:
         """What a page shows: whether a follow runs (its filter) and is ``ready`` (its probes on: until then
         a packet sent is not followed, and the page says so), the last packets of the instance."""
         with self.lock:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -39,8 +39,8 @@ from labctl.web.authz import (
     requires,
 )
 from labctl.web.http import not_found, token_of
-from labctl.web.room import handout_text, topology_svg
-from labctl.web.serverstate import ServeState, class_of
+from labctl.web.room import ClassView, LabView, handout_text, topology_svg
+from labctl.web.serverstate import OwnerView, ServeState, class_of
 
 EVENT_PERIOD = 1.0
 KEEPALIVE = 15.0
@@ -145,6 +145,7 @@ class LabApi(Guarded):
             assert refused is not None
             return refused
         serve = self.serve
+        fn: Callable[[], ClassView | OwnerView | LabView]
         if klass is not None:
             key, fn = f"class:{klass}", lambda: serve.room.class_view(klass)
         elif self.policy.authorize(resolve(token), LAB_TOOLS, instance) is None:  # the owner: the tools too

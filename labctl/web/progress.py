@@ -21,13 +21,32 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write, ensure_private_dir
 from labctl.web.access import web_dir
 
 MAX_SAMPLES = 500
+
+
+class ProgressFile(TypedDict):
+    """``progress-<lab>.json``."""
+
+    lab: str
+    created_at: str
+    checks: list[str]
+    latest: dict[str, list[str]]
+    samples: list[list[float]]
+
+
+class ProgressView(TypedDict):
+    """What the trainer's page draws: [all, each check] counts now and in each sample."""
+
+    checks: list[str]
+    students: int
+    samples: list[list[float]]
+    now: list[int]
 
 
 @dataclass
@@ -68,12 +87,12 @@ class History:
         del self.samples[:-MAX_SAMPLES]
         return True
 
-    def view(self, students: list[str]) -> dict[str, Any]:
+    def view(self, students: list[str]) -> ProgressView:
         """What the trainer's page draws."""
         return {"checks": list(self.checks), "students": len(students),
                 "samples": [list(s) for s in self.samples], "now": self.counts(students)}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ProgressFile:
         return {"lab": self.lab, "created_at": self.created_at, "checks": self.checks,
                 "latest": self.latest, "samples": self.samples}
 

@@ -15,23 +15,93 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from labctl.debug import CRASH_MARKERS, PANIC, console_end
 from labctl.errors import LabctlError
-from labctl.grading import CheckResult, checks_of, run_checks, summary
+from labctl.grading import CheckResult, Tally, checks_of, run_checks, summary
 from labctl.live import active_captures
 from labctl.net import runtime_from_state, to_svg, topology
 from labctl.state import LabState, load_netstate, run_dir, up_labs
 from labctl.textsafe import safe_text
 from labctl.training import README, ClassRecord, class_names, reset
 from labctl.up import guest_statuses
-from labctl.web.progress import Progress
+from labctl.web.progress import Progress, ProgressView
 
 VIEW_TTL = 0.8  # seconds a look at a lab's state serves every page that asks
 
 RUNNING, CRASHED, DOWN, STARTING = "running", "crashed", "down", "starting"
 HANDOUT_LIMIT = 64 * 1024
+
+
+class GuestRow(TypedDict):
+    """A guest as the pages show it (``panic``: a crashed one's panic line)."""
+
+    name: str
+    state: str  # running, crashed, down, starting
+    detail: str
+    panic: str
+    ssh: str
+
+
+class PendingCheck(TypedDict):
+    """A check of the lab not run yet."""
+
+    name: str
+    guest: str
+    hint: str
+    status: str  # "not run"
+
+
+class CheckRow(TypedDict):
+    """A check's last result as the pages show it: its CheckRecord without the detail (it may show
+    the check's command; hints are what students get)."""
+
+    name: str
+    guest: str
+    status: str
+    passed: bool
+    exit_status: int | None
+    seconds: float
+    hint: str
+
+
+class ChecksView(Tally):
+    """The lab's checks: the last results (or the checks not run yet), when they ran."""
+
+    checks: list[CheckRow] | list[PendingCheck]
+    ran_at: float
+    running: bool
+    error: str
+
+
+class LabView(TypedDict):
+    """A lab instance's state for its pages."""
+
+    lab: str
+    up: bool
+    guests: list[GuestRow]
+    checks: ChecksView
+    last_input: float
+    resetting: list[str]
+    allow_reset: bool
+    allow_follow: bool
+
+
+class StudentRow(LabView):
+    """A student's row on the trainer's page."""
+
+    student: str
+
+
+ClassView = TypedDict("ClassView", {"class": str, "allow_reset": bool, "allow_follow": bool,
+                                    "students": list[StudentRow], "progress": ProgressView})
+
+
+def check_row(result: CheckResult) -> CheckRow:
+    r = result.to_dict()
+    return {"name": r["name"], "guest": r["guest"], "status": r["status"], "passed": r["passed"],
+            "exit_status": r["exit_status"], "seconds": r["seconds"], "hint": r["hint"]}
 
 
 def panic_line(console: Path) -> str:
@@ -45,14 +115,14 @@ def panic_line(console: Path) -> str:
     return ""
 
 
-def guests_of(ident: str) -> list[dict[str, Any]]:
+def guests_of(ident: str) -> list[GuestRow]:
     """Every guest of the instance ``ident``: name, state (running, crashed, down, starting) and
     the panic line of a crashed one; [] when it is not up."""
     try:
         state = LabState.load(ident)
     except LabctlError:
         return []
-    out = []
+    out: list[GuestRow] = []
     for g in guest_statuses(state):
         st = {"running": RUNNING, "crashed": CRASHED, "starting": STARTING}.get(g.state, DOWN)
         rec = state.guests[g.name]
@@ -118,7 +188,7 @@ class Room:
         self.allow_follow: dict[str, bool] = {}  # class lab -> students may follow packets on their lab
         self.resetting: dict[str, set[str]] = {}
         self.progress = Progress()
-        self.views: dict[str, tuple[float, dict[str, Any]]] = {}  # lab_view's last looks
+        self.views: dict[str, tuple[float, LabView]] = {}  # lab_view's last looks
 
     def typed(self, ident: str) -> None:
         self.last_input[ident] = time.time()
@@ -165,24 +235,22 @@ class Room:
             with self.lock:
                 self.resetting[ident].discard(guest)
 
-    def checks_view(self, ident: str) -> dict[str, Any]:
+    def checks_view(self, ident: str) -> ChecksView:
         run = self.checks.get(ident)
-        names: list[dict[str, Any]] = []
+        names: list[PendingCheck] = []
         if run is None or not run.results:
             try:
                 names = [{"name": c.name, "guest": c.guest, "hint": c.hint, "status": "not run"}
                          for c in checks_of(LabState.load(ident))]
             except LabctlError:
                 names = []
-        # a check's output may show its command; hints are what students get
-        results = ([{k: v for k, v in r.to_dict().items() if k != "detail"} for r in run.results]
-                   if run and run.results else names)
-        passed = summary(run.results) if run and run.results else {"passed": 0, "total": len(names),
+        results = [check_row(r) for r in run.results] if run and run.results else names
+        passed: Tally = summary(run.results) if run and run.results else {"passed": 0, "total": len(names),
                                                                        "failing": [n["name"] for n in names]}
         return {"checks": results, "ran_at": run.at if run else 0, "running": bool(run and run.running),
                 "error": run.error if run else "", **passed}
 
-    def lab_view(self, ident: str, class_lab: str = "") -> dict[str, Any]:
+    def lab_view(self, ident: str, class_lab: str = "") -> LabView:
         """The lab's state for its pages, looked at once in ``VIEW_TTL`` seconds: the student's own
         pages and the trainer's row of the student share one look."""
         key = f"{ident}\0{class_lab}"
@@ -197,7 +265,7 @@ class Room:
         """After an action (reset, checks): the next look is a fresh one."""
         self.views.clear()
 
-    def _lab_view(self, ident: str, class_lab: str) -> dict[str, Any]:
+    def _lab_view(self, ident: str, class_lab: str) -> LabView:
         up = run_dir(ident).is_dir()
         return {"lab": ident, "up": up, "guests": guests_of(ident) if up else [],
                 "checks": self.checks_view(ident) if up else {"checks": [], "passed": 0, "total": 0,
@@ -208,7 +276,7 @@ class Room:
                 "allow_reset": self.allow_reset.get(class_lab, False) if class_lab else True,
                 "allow_follow": self.allow_follow.get(class_lab, False) if class_lab else True}
 
-    def class_view(self, lab: str) -> dict[str, Any]:
+    def class_view(self, lab: str) -> ClassView:
         record = ClassRecord.load(lab)
         students = list(record.students)
         return {"class": lab, "allow_reset": self.allow_reset.get(lab, False),

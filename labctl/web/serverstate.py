@@ -12,11 +12,17 @@ from labctl.errors import LabctlError
 from labctl.training import ClassRecord
 from labctl.web.authz import Policy
 from labctl.web.follows import Follows
-from labctl.web.room import Room
+from labctl.web.room import LabView, Room
 from labctl.web.terminal import Terminals
-from labctl.web.tools import Tools
+from labctl.web.tools import Tools, ToolsView
 
 VIEW_TTL = 0.8
+
+
+class OwnerView(LabView):
+    """The lab view with the engineer's tools."""
+
+    tools: ToolsView
 
 
 def class_of(ident: str) -> str:
@@ -56,9 +62,9 @@ class ServeState:
         self.cache[key] = (time.monotonic(), value)
         return value
 
-    def lab_view(self, ident: str) -> dict[str, Any]:
+    def lab_view(self, ident: str) -> LabView:
         return self.room.lab_view(ident, class_of(ident))
 
-    def owner_view(self, ident: str) -> dict[str, Any]:
+    def owner_view(self, ident: str) -> OwnerView:
         """The lab view with the engineer's tools: NICs (link, impairment, capture), saved captures."""
         return {**self.lab_view(ident), "tools": self.tools.view(ident)}

@@ -43,7 +43,8 @@ def failed(exc: LabctlError) -> JSONResponse:
     return JSONResponse({"error": exc.message}, status_code=status)
 
 
-async def json_object(request: Request) -> dict[str, Any] | None:
+async def json_object(request: Request) -> dict[str, object] | None:
+    """The request's body when it is a JSON object (the user's: every value is checked where it is used)."""
     try:
         body = await request.json()
     except ValueError:
@@ -101,8 +102,8 @@ class ToolApi(Guarded):
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    async def _post(self, request: Request, act: Callable[[str, dict[str, Any]], Any],
-                    answer: Callable[[Any, dict[str, Any]], Any]) -> Response:
+    async def _post(self, request: Request, act: Callable[[str, dict[str, object]], Any],
+                    answer: Callable[[Any, dict[str, object]], Any]) -> Response:
         """An action on the lab: ``act(ident, body)`` in a thread, then ``answer(result, body)`` as JSON;
         a body that is not a JSON object is 400."""
         ident = request.path_params["ident"]

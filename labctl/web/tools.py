@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from labctl.backends import get_backend
 from labctl.errors import LabctlError, UsageError
@@ -100,6 +100,44 @@ class ConsoleTail:
         return restarted, safe_text(text)
 
 
+class CaptureStarted(TypedDict):
+    """A capture the page started: its id and ``guest.nic``."""
+
+    id: str
+    label: str
+
+
+class CaptureMeta(CaptureStarted):
+    """A saved capture: ``saved/<id>.json`` beside its ``<id>.pcapng``."""
+
+    guest: str
+    nic: str
+    started: float
+    stopped: float
+    frames: int
+    bytes: int
+    warnings: list[str]
+
+
+class NicTools(TypedDict):
+    """A lab NIC as the engineer's tools show it."""
+
+    guest: str
+    nic: str
+    network: str
+    ip: str
+    link: str  # up | down
+    impair: dict[str, str | int]  # Impairment.to_dict() ({} when none)
+    impair_text: str
+    capture: str  # the running capture's id ('' when none) and when it started
+    capture_started: float
+
+
+class ToolsView(TypedDict):
+    nics: list[NicTools]
+    captures: list[CaptureMeta]
+
+
 @dataclass
 class Running:
     ident: str
@@ -116,7 +154,7 @@ class Tools:
 
     # -- captures ------------------------------------------------------------------------------
 
-    def start_capture(self, ident: str, guest: object, nic: object) -> dict[str, Any]:
+    def start_capture(self, ident: str, guest: object, nic: object) -> CaptureStarted:
         """Start capturing a NIC of lab ``ident``. :raise UsageError: for an unknown NIC, or
         one this server captures already. :raise LabctlError: when QEMU refuses."""
         state = LabState.load(ident)
@@ -129,7 +167,7 @@ class Tools:
             self.running[cap.id] = Running(ident, cap)
         return {"id": cap.id, "label": cap.label}
 
-    def stop_capture(self, ident: str, cid: str) -> dict[str, Any]:
+    def stop_capture(self, ident: str, cid: str) -> CaptureMeta:
         """Stop a capture this server runs on ``ident`` and save it as pcapng in the run directory.
 
         :raise UsageError: when there is no such capture.
@@ -141,15 +179,15 @@ class Tools:
             del self.running[cid]
         return self._save(run)
 
-    def _save(self, run: Running) -> dict[str, Any]:
+    def _save(self, run: Running) -> CaptureMeta:
         state = LabState.load(run.ident)
         cap = run.cap
         warnings = stop_capture(state, get_backend(state.backend), cap)
         d = ensure_private_dir(state.path / SAVED)
         written, more = save_capture(state, cap, d / f"{cap.id}.pcapng")
-        meta = {"id": cap.id, "label": cap.label, "guest": cap.guest, "nic": cap.nic, "started": run.started,
-                "stopped": time.time(), "frames": written.frames, "bytes": written.bytes,
-                "warnings": [safe_text(w) for w in dict.fromkeys(warnings + more)]}
+        meta: CaptureMeta = {"id": cap.id, "label": cap.label, "guest": cap.guest, "nic": cap.nic,
+                             "started": run.started, "stopped": time.time(), "frames": written.frames,
+                             "bytes": written.bytes, "warnings": [safe_text(w) for w in dict.fromkeys(warnings + more)]}
         atomic_write(d / f"{cap.id}.json", json.dumps(meta) + "\n", 0o600)
         return meta
 
@@ -164,7 +202,7 @@ class Tools:
             except (LabctlError, OSError):
                 pass
 
-    def saved(self, ident: str) -> list[dict[str, Any]]:
+    def saved(self, ident: str) -> list[CaptureMeta]:
         """The captures saved in lab ``ident``'s run directory, newest first."""
         try:
             d = LabState.load(ident).path / SAVED
@@ -177,10 +215,10 @@ class Tools:
             except (OSError, ValueError):
                 continue
             if isinstance(meta, dict) and CAPTURE_ID.fullmatch(str(meta.get("id"))) and (d / f"{meta['id']}.pcapng").is_file():
-                out.append(meta)
+                out.append(cast(CaptureMeta, meta))  # as _save wrote it
         return sorted(out, key=lambda m: -float(m.get("stopped", 0)))
 
-    def capture_file(self, ident: str, cid: str) -> tuple[Path, dict[str, Any]]:
+    def capture_file(self, ident: str, cid: str) -> tuple[Path, CaptureMeta]:
         """A saved capture's file and what it holds. :raise UsageError: when there is none."""
         if not CAPTURE_ID.fullmatch(cid):
             raise UsageError(f"no capture {cid!r}")
@@ -211,7 +249,7 @@ class Tools:
 
     # -- the view ------------------------------------------------------------------------------
 
-    def view(self, ident: str) -> dict[str, Any]:
+    def view(self, ident: str) -> ToolsView:
         """Every lab NIC with its link, impairment and running capture; the saved captures."""
         try:
             state = LabState.load(ident)
@@ -221,7 +259,7 @@ class Tools:
         with self.lock:
             running = {(r.cap.guest, r.cap.nic): (cid, r.started) for cid, r in self.running.items()
                        if r.ident == ident}
-        nics = []
+        nics: list[NicTools] = []
         for gname, g in (state.resolved.get("guests") or {}).items():
             for n in g.get("nics") or []:
                 imp = record.impairment(gname, n["name"])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from labctl.backends.libvirt.api import (
 )
 from labctl.backends.libvirt.binding import binding
 from labctl.backends.libvirt.starter import DomainStarter
+from labctl.backends.owned import OwnedEntry
 from labctl.backends.owned import entries as owned_entries
 from labctl.errors import HostError, LabctlError, MachineError, UsageError
 from labctl.lab import HostPlace, Lab, host_place, place_guests
@@ -171,7 +173,7 @@ class LibvirtBackend(Backend):
         if failures:
             raise failures[0]
 
-    def _release(self, entry: dict[str, Any], guest_dir: Path) -> None:
+    def _release(self, entry: OwnedEntry, guest_dir: Path) -> None:
         """Remove one journaled thing."""
         kind = entry.get("kind")
         if kind == "process":
@@ -226,7 +228,7 @@ class LibvirtBackend(Backend):
             return f"no log from libvirt ({path} is not readable)"
         return log_reason(lines) or "no message from QEMU"
 
-    def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
+    def qmp(self, rec: GuestRecord, command: str, args: Mapping[str, object] | None = None) -> Any:
         """Run one QMP command through libvirt's monitor passthrough; return its ``return``.
 
         :raise MachineError: when the domain is gone or the command fails.

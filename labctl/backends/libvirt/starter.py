@@ -44,6 +44,7 @@ from labctl.backends.libvirt.xml import (
     gdb_socket,
     planned_files,
 )
+from labctl.backends.owned import OwnedEntry
 from labctl.backends.owned import forget as forget_owned
 from labctl.backends.owned import record as record_owned
 from labctl.errors import HostError, MachineError
@@ -257,7 +258,7 @@ class DomainStarter:
 
         :raise HostError: when the host cannot make it, or it exists and may not be replaced.
         """
-        entry = {"backend": self.name, "kind": "host-dir", "uri": host.uri, "host": host.name, "path": path}
+        entry: OwnedEntry = {"backend": self.name, "kind": "host-dir", "uri": host.uri, "host": host.name, "path": path}
         record_owned(journal_dir, entry)
         status, err = host_run(host, hostfs.mkdir_argv(path, user, replace))
         if status == hostfs.EXISTS_STATUS and not replace:

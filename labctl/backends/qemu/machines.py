@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +202,7 @@ class QemuBackend(Backend):
             time.sleep(0.05)
         return not pid_alive(rec.pid)
 
-    def qmp(self, rec: GuestRecord, command: str, args: dict[str, Any] | None = None) -> Any:
+    def qmp(self, rec: GuestRecord, command: str, args: Mapping[str, object] | None = None) -> Any:
         """One QMP command on the guest's monitor socket.
 
         :raise MachineError: when the monitor is unreachable or the command fails.

@@ -7,12 +7,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from pygdbmi import gdbmiparser
 
 from labctl import proc
-from labctl.debug.gdb.transcript import mi_quote
+from labctl.debug.gdb.transcript import MiPayload, MiRecord, mi_quote
 from labctl.errors import DebugError, LabctlError, MiTimeout
 
 CMD_TIMEOUT = 30.0  # one MI command; TCG makes gdbstub round trips slow
@@ -26,7 +26,7 @@ class MiResult:
     """A command's result record with the console output that came before it."""
 
     message: str
-    payload: dict[str, Any]
+    payload: MiPayload
     console: str
 
 
@@ -37,7 +37,7 @@ class MiSession:
     reach it (gdb would interrupt the target behind our back).
     """
 
-    def __init__(self, gdb: str = "gdb", log: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, gdb: str = "gdb", log: list[MiRecord] | None = None) -> None:
         try:
             self.proc = proc.start_piped([gdb, "--nx", "-q", "--interpreter=mi3"])
         except (OSError, LabctlError) as exc:
@@ -47,8 +47,8 @@ class MiSession:
         self.t0 = time.monotonic()
         self.running = False
         self._token = 0
-        self._records: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._stops: deque[dict[str, Any]] = deque()
+        self._records: queue.Queue[MiRecord | None] = queue.Queue()
+        self._stops: deque[MiPayload] = deque()
         self._stderr: deque[str] = deque(maxlen=20)
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
@@ -60,7 +60,7 @@ class MiSession:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if not line or gdbmiparser.response_is_finished(line):
                 continue
-            self._records.put(gdbmiparser.parse_response(line))
+            self._records.put(cast(MiRecord, gdbmiparser.parse_response(line)))  # pygdbmi's is an untyped dict
         self._records.put(None)
 
     def _read_stderr(self) -> None:
@@ -76,7 +76,7 @@ class MiSession:
         tail = "; ".join(self._stderr) or f"exit status {self.proc.poll()}"
         return DebugError(f"gdb exited unexpectedly: {tail}")
 
-    def _next(self, deadline: float) -> dict[str, Any] | None:
+    def _next(self, deadline: float) -> MiRecord | None:
         """The next record before ``deadline`` (None when none came)."""
         try:
             rec = self._records.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
@@ -91,7 +91,8 @@ class MiSession:
             self.running = True
         elif rec.get("type") == "notify" and rec.get("message") == "stopped":
             self.running = False
-            self._stops.append(rec.get("payload") or {})
+            payload = rec.get("payload")
+            self._stops.append(payload if isinstance(payload, dict) else MiPayload())
         return rec
 
     def send(self, command: str) -> int:
@@ -120,7 +121,7 @@ class MiSession:
             if rec.get("type") == "console" and rec.get("payload"):
                 console.append(str(rec["payload"]))
             if rec.get("type") == "result" and rec.get("token") == token:
-                payload = rec.get("payload") or {}
+                payload = rec["payload"] if isinstance(rec["payload"], dict) else MiPayload()
                 if rec.get("message") == "error":
                     raise DebugError(f"gdb: {payload.get('msg', 'error')} (in {command.split(' ', 1)[0]})")
                 if rec.get("message") == "running":
@@ -132,11 +133,11 @@ class MiSession:
         """Run a CLI command through MI; return its console output."""
         return self.command(f"-interpreter-exec console {mi_quote(command)}", timeout).console
 
-    def take_stop(self) -> dict[str, Any] | None:
+    def take_stop(self) -> MiPayload | None:
         """A ``*stopped`` payload already received and not yet handled."""
         return self._stops.popleft() if self._stops else None
 
-    def wait_stopped(self, timeout: float, stop: threading.Event | None = None) -> dict[str, Any] | None:
+    def wait_stopped(self, timeout: float, stop: threading.Event | None = None) -> MiPayload | None:
         """The next ``*stopped`` payload, or None when ``timeout`` passes or ``stop`` is set."""
         deadline = time.monotonic() + timeout
         while True:

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from labctl.backends import Monitor, as_monitor, ensure_resumed, qmp_running
 from labctl.debug.gdb.mi import CMD_TIMEOUT, MiSession
@@ -16,6 +15,8 @@ from labctl.debug.gdb.transcript import (
     ArgValue,
     FrameInfo,
     GdbSpec,
+    MiBreakpoint,
+    MiPayload,
     StopRecord,
     Transcript,
     is_breakpoint_hit,
@@ -64,7 +65,7 @@ def attach(mi: MiSession, stub: GdbStub, local: str, timeout: float = CMD_TIMEOU
     mi.take_stop()  # the stop that attaching reports
 
 
-def insert_breakpoint(mi: MiSession, spec: GdbSpec) -> dict[str, Any]:
+def insert_breakpoint(mi: MiSession, spec: GdbSpec) -> MiBreakpoint:
     """Insert the session's breakpoint (hardware unless ``spec.hardware`` is off).
 
     :raise DebugError: when gdb cannot resolve the location.
@@ -78,7 +79,7 @@ def insert_breakpoint(mi: MiSession, spec: GdbSpec) -> dict[str, Any]:
         else:
             raise DebugError(f"cannot set a breakpoint at {spec.location}: {exc.message}",
                              hint="is the function in vmlinux or in a loaded module with debug info?") from exc
-    bkpt = dict(res.payload.get("bkpt") or {})
+    bkpt = (res.payload.get("bkpt") or MiBreakpoint()).copy()
     where = parse_frame(bkpt) if bkpt.get("func") or bkpt.get("file") else None
     if where is not None:
         bkpt["where"] = where.where()
@@ -94,7 +95,7 @@ class _Recorder:
         self.t0 = t0
         self._regnums: dict[str, int] | None = None
 
-    def record(self, kind: str, hit: int, step: int, stopped: dict[str, Any], details: bool) -> StopRecord:
+    def record(self, kind: str, hit: int, step: int, stopped: MiPayload, details: bool) -> StopRecord:
         rec = StopRecord(kind=kind, hit=hit, step=step, reason=stop_reason(stopped),
                          frame=parse_frame(stopped.get("frame")), elapsed=round(time.monotonic() - self.t0, 3),
                          raw=stopped)
@@ -104,7 +105,7 @@ class _Recorder:
             rec.backtrace = self.backtrace() if self.spec.backtrace > 0 else []
         return rec
 
-    def args(self, stopped: Mapping[str, Any]) -> list[ArgValue]:
+    def args(self, stopped: MiPayload) -> list[ArgValue]:
         """The arguments the ``*stopped`` frame carries (scalars with values), else
         asked for. ``-stack-list-arguments --simple-values`` (which adds types)
         costs ~10 s on the first stop under a 600 MB vmlinux, so it is avoided."""
@@ -135,10 +136,10 @@ class _Recorder:
 _STEP_COMMANDS = {"line": "-exec-next", "into": "-exec-step", "instruction": "-exec-next-instruction"}
 
 
-def _interrupt(mi: MiSession) -> dict[str, Any] | None:
+def _interrupt(mi: MiSession) -> MiPayload | None:
     """Stop a running target; the ``*stopped`` payload or None."""
     if not mi.running:
-        return mi.take_stop() or {}
+        return mi.take_stop() or MiPayload()
     mi.command("-exec-interrupt")
     return mi.wait_stopped(CMD_TIMEOUT)
 
@@ -152,8 +153,8 @@ def _steps(mi: MiSession, spec: GdbSpec, rec: _Recorder, hit: int, t: Transcript
         mi.command(_STEP_COMMANDS[spec.step_mode])
         stopped = mi.wait_stopped(STEP_TIMEOUT)
         if stopped is None:  # stepping over something that never returns
-            stopped = _interrupt(mi) or {}
-            t.stops.append(rec.record("step", hit, i, {**stopped, "reason": "step-timeout"}, False))
+            timed_out: MiPayload = {**(_interrupt(mi) or MiPayload()), "reason": "step-timeout"}
+            t.stops.append(rec.record("step", hit, i, timed_out, False))
             return
         t.stops.append(rec.record("step", hit, i, stopped, False))
         t.timings.setdefault("step_total", 0.0)

@@ -5,15 +5,130 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from copy import deepcopy
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from labctl.debug.symbolize import normalize_path
 from labctl.errors import UsageError
 
 TRANSCRIPT_JSON = "gdb-transcript.json"
 TRANSCRIPT_TXT = "gdb-transcript.txt"
+
+# -- the MI records, as pygdbmi parses them ------------------------------------------
+# The keys labctl reads; gdb's others (thread-id, core, thread-groups...) pass through.
+
+
+class MiArg(TypedDict, total=False):
+    """A function argument in a frame: ``{name=..., value=..., type=...}``."""
+
+    name: str
+    value: str
+    type: str
+
+
+class MiFrame(TypedDict, total=False):
+    """An MI ``frame={...}`` tuple (all its values are MI strings)."""
+
+    level: str
+    addr: str
+    func: str
+    file: str
+    fullname: str
+    line: str
+    args: list[MiArg]
+
+
+class MiStackItem(MiFrame, total=False):
+    """An item of ``stack=[...]``/``stack-args=[...]``: a frame, or ``{frame={...}}``."""
+
+    frame: MiFrame
+
+
+class MiBreakpoint(MiFrame, total=False):
+    """``-break-insert``'s ``bkpt={...}``, with the ``where`` labctl adds."""
+
+    number: str
+    type: str
+    disp: str
+    enabled: str
+    times: str
+    where: str
+
+
+class MiRegister(TypedDict, total=False):
+    """An item of ``register-values=[...]``."""
+
+    number: str
+    value: str
+
+
+# A result or ``*stopped`` record's payload (the keys of both).
+MiPayload = TypedDict("MiPayload", {
+    "reason": str, "bkptno": str, "signal-name": str, "frame": MiFrame,  # *stopped
+    "msg": str, "bkpt": MiBreakpoint, "stack": list[MiStackItem], "stack-args": list[MiStackItem],
+    "register-names": list[str], "register-values": list[MiRegister],
+}, total=False)
+
+
+class MiRecord(TypedDict):
+    """One MI output record (:func:`pygdbmi.gdbmiparser.parse_response`), timed by :class:`MiSession`."""
+
+    type: str  # result, notify, console, log, target, output
+    message: str | None
+    payload: MiPayload | str | None  # a str for the stream records
+    token: int | None
+    stream: str
+    t: NotRequired[float]
+
+
+class FrameJson(TypedDict):
+    """A :class:`FrameInfo` in ``gdb-transcript.json``."""
+
+    func: str | None
+    file: str | None
+    line: int | None
+    addr: str | None
+    level: int | None
+
+
+class ArgJson(TypedDict):
+    """An :class:`ArgValue` in ``gdb-transcript.json``."""
+
+    name: str
+    value: str | None
+    type: str | None
+
+
+class StopJson(TypedDict):
+    """A :class:`StopRecord` in ``gdb-transcript.json``."""
+
+    kind: str
+    hit: int
+    step: int
+    reason: str
+    frame: FrameJson
+    elapsed: float
+    args: list[ArgJson]
+    registers: dict[str, str]
+    backtrace: list[FrameJson]
+    raw: MiPayload
+
+
+class TranscriptJson(TypedDict):
+    """``gdb-transcript.json``."""
+
+    location: str
+    hits: int
+    timed_out: bool
+    interrupted: bool
+    message: str
+    error: str | None
+    breakpoint: MiBreakpoint
+    timings: dict[str, float]
+    guest_resumed: bool
+    stops: list[StopJson]
 
 # -- what to do and what happened ----------------------------------------------------
 
@@ -75,6 +190,9 @@ class FrameInfo:
             return f"{name} ({self.file}:{self.line})" if self.line else f"{name} ({self.file})"
         return name
 
+    def to_json(self) -> FrameJson:
+        return {"func": self.func, "file": self.file, "line": self.line, "addr": self.addr, "level": self.level}
+
 
 @dataclass(frozen=True)
 class ArgValue:
@@ -83,6 +201,9 @@ class ArgValue:
     name: str
     value: str | None
     type: str | None = None
+
+    def to_json(self) -> ArgJson:
+        return {"name": self.name, "value": self.value, "type": self.type}
 
 
 @dataclass
@@ -102,10 +223,13 @@ class StopRecord:
     args: list[ArgValue] = field(default_factory=list)
     registers: dict[str, str] = field(default_factory=dict)
     backtrace: list[FrameInfo] = field(default_factory=list)
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: MiPayload = field(default_factory=lambda: MiPayload())
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> StopJson:
+        return {"kind": self.kind, "hit": self.hit, "step": self.step, "reason": self.reason,
+                "frame": self.frame.to_json(), "elapsed": self.elapsed, "args": [a.to_json() for a in self.args],
+                "registers": dict(self.registers), "backtrace": [f.to_json() for f in self.backtrace],
+                "raw": deepcopy(self.raw)}
 
 
 @dataclass
@@ -119,7 +243,7 @@ class Transcript:
     interrupted: bool = False
     message: str = ""
     error: str | None = None
-    breakpoint: dict[str, Any] = field(default_factory=dict)
+    breakpoint: MiBreakpoint = field(default_factory=lambda: MiBreakpoint())
     timings: dict[str, float] = field(default_factory=dict)
     guest_resumed: bool = False
 
@@ -127,7 +251,7 @@ class Transcript:
     def hit_stops(self) -> list[StopRecord]:
         return [s for s in self.stops if s.kind == "hit"]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TranscriptJson:
         return {"location": self.location, "hits": self.hits, "timed_out": self.timed_out,
                 "interrupted": self.interrupted, "message": self.message, "error": self.error,
                 "breakpoint": self.breakpoint, "timings": self.timings, "guest_resumed": self.guest_resumed,
@@ -146,7 +270,7 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def parse_frame(frame: Mapping[str, Any] | None) -> FrameInfo:
+def parse_frame(frame: MiFrame | None) -> FrameInfo:
     """A :class:`FrameInfo` from an MI ``frame={...}`` tuple (stop or stack frame)."""
     frame = frame or {}
     file = frame.get("file") or frame.get("fullname")
@@ -154,7 +278,7 @@ def parse_frame(frame: Mapping[str, Any] | None) -> FrameInfo:
                      line=_int(frame.get("line")), addr=frame.get("addr"), level=_int(frame.get("level")))
 
 
-def parse_stack(payload: Mapping[str, Any]) -> list[FrameInfo]:
+def parse_stack(payload: MiPayload) -> list[FrameInfo]:
     """Frames from ``-stack-list-frames``' ``stack=[frame={...},...]``."""
     frames = []
     for item in payload.get("stack") or []:
@@ -163,7 +287,7 @@ def parse_stack(payload: Mapping[str, Any]) -> list[FrameInfo]:
     return frames
 
 
-def parse_stack_args(payload: Mapping[str, Any]) -> list[ArgValue]:
+def parse_stack_args(payload: MiPayload) -> list[ArgValue]:
     """Frame 0's arguments from ``-stack-list-arguments --simple-values 0 0``."""
     frames = payload.get("stack-args") or []
     if not frames:
@@ -172,16 +296,16 @@ def parse_stack_args(payload: Mapping[str, Any]) -> list[ArgValue]:
     return [parse_arg(a) for a in frame.get("args") or [] if isinstance(a, Mapping)]
 
 
-def parse_arg(arg: Mapping[str, Any]) -> ArgValue:
+def parse_arg(arg: MiArg) -> ArgValue:
     return ArgValue(name=str(arg.get("name", "?")), value=arg.get("value"), type=arg.get("type"))
 
 
-def parse_register_names(payload: Mapping[str, Any]) -> dict[str, int]:
+def parse_register_names(payload: MiPayload) -> dict[str, int]:
     """``{name: number}`` from ``-data-list-register-names`` (empty names are gaps)."""
     return {name: i for i, name in enumerate(payload.get("register-names") or []) if name}
 
 
-def parse_register_values(payload: Mapping[str, Any], numbers: Mapping[str, int]) -> dict[str, str]:
+def parse_register_values(payload: MiPayload, numbers: Mapping[str, int]) -> dict[str, str]:
     """``{name: value}`` from ``-data-list-register-values``, named through ``numbers``."""
     by_number = {n: name for name, n in numbers.items()}
     values = {}
@@ -192,7 +316,7 @@ def parse_register_values(payload: Mapping[str, Any], numbers: Mapping[str, int]
     return values
 
 
-def stop_reason(stopped: Mapping[str, Any]) -> str:
+def stop_reason(stopped: MiPayload) -> str:
     """The reason of a ``*stopped`` record (``signal-received SIGINT`` for signals)."""
     reason = str(stopped.get("reason") or "unknown")
     if reason == "signal-received" and stopped.get("signal-name"):
@@ -200,7 +324,7 @@ def stop_reason(stopped: Mapping[str, Any]) -> str:
     return reason
 
 
-def is_breakpoint_hit(stopped: Mapping[str, Any], number: str) -> bool:
+def is_breakpoint_hit(stopped: MiPayload, number: str) -> bool:
     """True when a ``*stopped`` record is a hit of breakpoint ``number``."""
     return stopped.get("reason") == "breakpoint-hit" and str(stopped.get("bkptno")) == str(number)
 

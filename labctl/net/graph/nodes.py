@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from labctl.lab import DEFAULT_HOST, firewall_lines, nic_addresses, tunnel_lines
 from labctl.net.plan import ALONE, DIRECT, SWITCH, UDP
 from labctl.textsafe import safe_line
+
+if TYPE_CHECKING:
+    from labctl.lab import HostRecord, Lab
+    from labctl.net.plan import SegmentRecord
 
 MECHANISM_TEXT = {
     DIRECT: "direct link (unix-dgram)",
@@ -21,6 +25,43 @@ MECHANISM_TEXT = {
 }
 # impairments in this order first, any others after them by name
 IMPAIRMENT_ORDER = ("delay", "jitter", "loss", "duplicate", "corrupt", "reorder", "rate", "limit")
+
+
+# -- the runtime facts (see labctl.net.graph): every key optional; read tolerantly all the same ------
+
+class NicFacts(TypedDict, total=False):
+    """What runtime knows of one NIC."""
+
+    driver: str
+    link: str | bool  # "up" | "down" (also True/False)
+    impairments: Mapping[str, str | int | bool | None] | str  # Impairment.to_dict() values, or one string
+    capture: bool
+    captured: bool  # capture's older spelling
+    vlan_offloads: Mapping[str, str]
+
+
+class GuestFacts(TypedDict):
+    """What runtime knows of one guest: its state, host and NICs."""
+
+    nics: dict[str, NicFacts]
+    state: NotRequired[str]
+    host: NotRequired[str]
+
+
+class NetworkFacts(TypedDict, total=False):
+    """What runtime knows of one network."""
+
+    mechanism: str
+    capture: bool
+    captured: bool
+
+
+class Runtime(TypedDict, total=False):
+    """The runtime facts :func:`topology` draws (:func:`runtime_from_state` builds them)."""
+
+    guests: dict[str, GuestFacts]
+    networks: dict[str, NetworkFacts]
+
 
 @dataclass(frozen=True)
 class VlanRow:
@@ -218,8 +259,15 @@ class Topology:
                 or any(n.captured or n.impairments or n.down for n in nics))
 
 
-def _map(value: object) -> Mapping[str, Any]:
+# The lab side is ``Lab.to_dict()`` as any labctl wrote it (a state file, a bundle's manifest): read as
+# plain JSON, every value checked before it is used.
+
+def _map(value: object) -> Mapping[str, object]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _seq(value: object) -> Sequence[object]:
+    return value if isinstance(value, Sequence) and not isinstance(value, str) else ()
 
 
 def _str(value: object) -> str | None:
@@ -273,22 +321,20 @@ def _impairments(value: object) -> tuple[tuple[str, str], ...]:
 
 def _vlan_rows(value: object) -> tuple[VlanRow, ...]:
     out = []
-    for v in value if isinstance(value, Sequence) and not isinstance(value, str) else ():
-        v = _map(v)
+    for item in _seq(value):
+        v = _map(item)
         vid = _int(v.get("id"))
         if vid is not None:
             out.append(VlanRow(vid, _str(v.get("name")) or "?", tuple(nic_addresses(v))))
     return tuple(out)
 
 
-def _master_rows(guest: Mapping[str, Any]) -> tuple[MasterRow, ...]:
+def _master_rows(guest: Mapping[str, object]) -> tuple[MasterRow, ...]:
     out = []
     for kind in ("bonds", "bridges"):
-        value = guest.get(kind)
-        for m in value if isinstance(value, Sequence) and not isinstance(value, str) else ():
-            m = _map(m)
-            members = m.get("members")
-            names = tuple(str(x) for x in members) if isinstance(members, Sequence) and not isinstance(members, str) else ()
+        for item in _seq(guest.get(kind)):
+            m = _map(item)
+            names = tuple(str(x) for x in _seq(m.get("members")))
             out.append(MasterRow(_str(m.get("name")) or "?", "bond" if kind == "bonds" else "bridge", names,
                                  _str(m.get("mode")) or "", tuple(nic_addresses(m)), _vlan_rows(m.get("vlans"))))
     return tuple(out)
@@ -298,9 +344,10 @@ def _offloads(value: object) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), _guest_str(v) or "") for k, v in _map(value).items())
 
 
-def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: bool = False,
+def _nic_row(nic: Mapping[str, object], facts: NicFacts, lab_captured: bool = False,
              master: str | None = None) -> NicRow:
     """A NIC row: runtime facts first, else what the lab file says (its ``impair``, its network's ``capture``)."""
+    xdp, tc = nic.get("xdp"), nic.get("tc")
     return NicRow(
         name=_str(nic.get("name")) or "?",
         model=_str(nic.get("model")) or "?",
@@ -317,26 +364,32 @@ def _nic_row(nic: Mapping[str, Any], facts: Mapping[str, Any], lab_captured: boo
         vlans=_vlan_rows(nic.get("vlans")),
         master=master,
         offloads=_offloads(facts.get("vlan_offloads")),
-        xdp=safe_line(str(nic["xdp"].get("summary") or "XDP")) if isinstance(nic.get("xdp"), Mapping) else None,
-        tc=safe_line(str(nic["tc"].get("summary") or "tc")) if isinstance(nic.get("tc"), Mapping) else None,
+        xdp=safe_line(str(xdp.get("summary") or "XDP")) if isinstance(xdp, Mapping) else None,
+        tc=safe_line(str(tc.get("summary") or "tc")) if isinstance(tc, Mapping) else None,
     )
 
 
-def _guest_node(name: str, guest: Mapping[str, Any], facts: Mapping[str, Any], show_host: bool,
+def _nic_facts(facts: GuestFacts, nic: str) -> NicFacts:
+    """Runtime's facts of a guest's NIC, when they are a mapping at all."""
+    nics = facts.get("nics")
+    found = nics.get(nic) if isinstance(nics, dict) else None
+    return found if isinstance(found, dict) else NicFacts()
+
+
+def _guest_node(name: str, guest: Mapping[str, object], facts: GuestFacts, show_host: bool,
                 captured: frozenset[tuple[str, str]] = frozenset()) -> GuestNode:
     """A guest; its lab host is shown only when the lab places guests on hosts (runtime's always)."""
-    nic_facts = _map(facts.get("nics"))
-    nics = [n for n in guest.get("nics") or () if isinstance(n, Mapping)]
+    nics = [n for n in _seq(guest.get("nics")) if isinstance(n, Mapping)]
     masters = _master_rows(guest)
     master_of = {member: m.name for m in masters for member in m.members}
-    rows = tuple(_nic_row(n, _map(nic_facts.get(str(n.get("name")))), (name, str(n.get("name"))) in captured,
+    rows = tuple(_nic_row(n, _nic_facts(facts, str(n.get("name"))), (name, str(n.get("name"))) in captured,
                           master_of.get(str(n.get("name"))))
                  for n in nics)
     return GuestNode(name=name, nics=rows, masters=masters, memory=_int(guest.get("memory")), cpus=_int(guest.get("cpus")),
                      host=_str(facts.get("host")) or (_str(guest.get("host")) if show_host else None),
                      state=_str(facts.get("state")),
                      shares=tuple(f"{sh.get('mount')} ({'rw' if sh.get('writable') is True else 'ro'})"
-                                  for sh in guest.get("shares") or () if isinstance(sh, Mapping)),
+                                  for sh in _seq(guest.get("shares")) if isinstance(sh, Mapping)),
                      firewall=tuple(safe_line(x) for x in firewall_lines(guest)),
                      tunnels=tuple(safe_line(x) for x in tunnel_lines(guest)))
 
@@ -366,7 +419,7 @@ def planned_mechanism(members: Sequence[tuple[str, str]], guest_hosts: Mapping[s
     return DIRECT if len(members) == 2 else SWITCH
 
 
-def _members(name: str, net: Mapping[str, Any], guests: Sequence[GuestNode]) -> tuple[tuple[str, str], ...]:
+def _members(name: str, net: Mapping[str, object], guests: Sequence[GuestNode]) -> tuple[tuple[str, str], ...]:
     listed = net.get("members")
     if isinstance(listed, Sequence) and not isinstance(listed, str):
         pairs = [tuple(m) for m in listed if isinstance(m, Sequence) and not isinstance(m, str) and len(m) == 2]
@@ -374,23 +427,22 @@ def _members(name: str, net: Mapping[str, Any], guests: Sequence[GuestNode]) -> 
     return tuple((g.name, nic.name) for g in guests for nic in g.nics if nic.network == name)
 
 
-def topology(lab: Mapping[str, Any] | Any, runtime: Mapping[str, Any] | None = None) -> Topology:
+def topology(lab: Mapping[str, object] | Lab, runtime: Runtime | None = None) -> Topology:
     """The topology of ``lab`` (``Lab.to_dict()``, or a Lab), with ``runtime`` facts if given.
 
     Guests show their host only when the lab uses hosts (or runtime names
     one). Tolerates missing keys in both. A network a NIC names but the lab does
     not define is added after the lab's networks.
     """
-    data: Mapping[str, Any] = lab.to_dict() if hasattr(lab, "to_dict") else _map(lab)
-    rt = _map(runtime)
-    rt_guests, rt_nets = _map(rt.get("guests")), _map(rt.get("networks"))
+    data: Mapping[str, object] = _map(lab) if isinstance(lab, Mapping) or not hasattr(lab, "to_dict") else lab.to_dict()
+    rt: Runtime = runtime if isinstance(runtime, dict) else {}
     lab_guests = _map(data.get("guests"))
     lab_hosts = {str(k): _str(_map(v).get("host")) for k, v in lab_guests.items()}
     host_uris = {str(k): str(_map(v).get("uri", "")) for k, v in _map(data.get("hosts")).items()}
     shown = bool(host_uris) or any(h not in (None, DEFAULT_HOST) for h in lab_hosts.values())
     nets = {str(k): _map(v) for k, v in _map(data.get("networks")).items()}
     captured = frozenset(_lab_captured(nets))
-    guests = tuple(_guest_node(str(name), _map(g), _map(rt_guests.get(str(name))), shown, captured)
+    guests = tuple(_guest_node(str(name), _map(g), _guest_facts(rt, str(name)), shown, captured)
                    for name, g in lab_guests.items())
     for g in guests:
         for nic in g.nics:
@@ -398,7 +450,7 @@ def topology(lab: Mapping[str, Any] | Any, runtime: Mapping[str, Any] | None = N
     networks = []
     for name, net in nets.items():
         members = _members(name, net, guests)
-        facts = _map(rt_nets.get(name))
+        facts = _network_facts(rt, name)
         mechanism = _str(facts.get("mechanism")) or planned_mechanism(members, lab_hosts, host_uris)
         whole = bool(members) and all(m in captured for m in members)
         tags = sorted({v.id for g in guests for n in g.nics if n.network == name
@@ -411,24 +463,38 @@ def topology(lab: Mapping[str, Any] | Any, runtime: Mapping[str, Any] | None = N
                     description=_str(data.get("description")) or "")
 
 
-def _lab_captured(nets: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+def _guest_facts(rt: Runtime, guest: str) -> GuestFacts:
+    """Runtime's facts of a guest, when they are a mapping at all."""
+    guests = rt.get("guests")
+    found = guests.get(guest) if isinstance(guests, dict) else None
+    return found if isinstance(found, dict) else {"nics": {}}
+
+
+def _network_facts(rt: Runtime, network: str) -> NetworkFacts:
+    """Runtime's facts of a network, when they are a mapping at all."""
+    networks = rt.get("networks")
+    found = networks.get(network) if isinstance(networks, dict) else None
+    return found if isinstance(found, dict) else NetworkFacts()
+
+
+def _lab_captured(nets: Mapping[str, Mapping[str, object]]) -> list[tuple[str, str]]:
     """The (guest, nic) members the lab's networks capture (``Network.to_dict()['capture']``)."""
     out = []
     for net in nets.values():
-        for m in net.get("capture") or ():
+        for m in _seq(net.get("capture")):
             if isinstance(m, Sequence) and not isinstance(m, str) and len(m) == 2:
                 out.append((str(m[0]), str(m[1])))
     return out
 
 
 def runtime_from_state(drivers: Mapping[str, Mapping[str, str]] | None = None,
-                       networks: Mapping[str, Mapping[str, Any]] | None = None,
-                       hosts: Mapping[str, Mapping[str, Any]] | None = None,
+                       networks: Mapping[str, SegmentRecord] | None = None,
+                       hosts: Mapping[str, HostRecord] | None = None,
                        states: Mapping[str, str] | None = None,
-                       impair: Mapping[str, Mapping[str, Any]] | None = None,
+                       impair: Mapping[str, Mapping[str, str | int]] | None = None,
                        links: Mapping[str, str] | None = None,
                        captures: Sequence[str] = (),
-                       offloads: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None) -> dict[str, Any]:
+                       offloads: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None) -> Runtime:
     """The runtime dict from what ``labctl up`` records.
 
     :param drivers: ``LabState.drivers`` (guest -> NIC -> driver; '' = unknown).
@@ -441,7 +507,7 @@ def runtime_from_state(drivers: Mapping[str, Mapping[str, str]] | None = None,
     :param captures: ``guest.nic`` of every capture running.
     :param offloads: ``LabState.offloads`` (guest -> NIC -> its VLAN offloads).
     """
-    guests: dict[str, dict[str, Any]] = {}
+    guests: dict[str, GuestFacts] = {}
     for guest, nics in _map(drivers).items():
         entry = guests.setdefault(str(guest), {"nics": {}})
         for nic, driver in _map(nics).items():
@@ -450,22 +516,23 @@ def runtime_from_state(drivers: Mapping[str, Mapping[str, str]] | None = None,
     for guest, nics in _map(offloads).items():
         entry = guests.setdefault(str(guest), {"nics": {}})
         for nic, features in _map(nics).items():
-            entry["nics"].setdefault(str(nic), {})["vlan_offloads"] = dict(_map(features))
+            entry["nics"].setdefault(str(nic), {})["vlan_offloads"] = dict(features) if isinstance(features, Mapping) else {}
     for guest, host in _map(hosts).items():
         if _str(_map(host).get("name")):
             guests.setdefault(str(guest), {"nics": {}})["host"] = str(_map(host)["name"])
     for guest, state in _map(states).items():
         if state:
             guests.setdefault(str(guest), {"nics": {}})["state"] = str(state)
-    nets = {str(n): {"mechanism": str(_map(seg)["mechanism"])}
-            for n, seg in _map(networks).items() if _str(_map(seg).get("mechanism"))}
+    nets: dict[str, NetworkFacts] = {str(n): {"mechanism": str(_map(seg)["mechanism"])}
+                                     for n, seg in _map(networks).items() if _str(_map(seg).get("mechanism"))}
     known = {f"{g}.{n}" for g, e in guests.items() for n in e["nics"]}
     named = set(_map(impair)) | set(_map(links)) | set(captures) | known
     for key in named:
         guest, _, nic = key.partition(".")
         facts = guests.setdefault(guest, {"nics": {}})["nics"].setdefault(nic, {})
         if impair is not None:
-            facts["impairments"] = dict(_map(_map(impair).get(key)))
+            values = _map(impair).get(key)
+            facts["impairments"] = dict(values) if isinstance(values, Mapping) else {}
         if key in _map(links):
             facts["link"] = str(_map(links)[key])
         if key in captures:
