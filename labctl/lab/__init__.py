@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from labctl.lab import drgnexpr, kernels
     from labctl.lab.addresses import default_mac, mgmt_mac
     from labctl.lab.checker import close_match
-    from labctl.lab.firewall import Firewall, ScriptLine
+    from labctl.lab.firewall import Firewall, FirewallRecord, ScriptLine
     from labctl.lab.followspec import FollowSpec
     from labctl.lab.guestnet import guest_interfaces, net_settings, settings_text
     from labctl.lab.hosts import HostPlace, host_place, place_guests
@@ -67,9 +67,12 @@ if TYPE_CHECKING:
         MGMT_SUBNET,
         Check,
         Guest,
+        GuestRecord,
         Lab,
+        LabRecord,
         Network,
         Nic,
+        NicRecord,
     )
     from labctl.lab.netopts import LinkSpec, render_impairment
     from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
@@ -120,11 +123,13 @@ __all__ = [
     "CaptureRecord",
     "Check",
     "Firewall",
+    "FirewallRecord",
     "FollowSpec",
     "Framing",
     "GdbRecord",
     "GdbStep",
     "Guest",
+    "GuestRecord",
     "HostPlace",
     "IfaceView",
     "Impairment",
@@ -132,11 +137,13 @@ __all__ = [
     "KindDecl",
     "Kselftest",
     "Lab",
+    "LabRecord",
     "LinkSpec",
     "Network",
     "NetworkRecord",
     "Nic",
     "NicModel",
+    "NicRecord",
     "Route",
     "RunSpec",
     "ScriptLine",

@@ -11,7 +11,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from labctl.lab.firewall import FirewallRecord
 
 __all__ = [
     "BOND_MODES",
@@ -19,11 +22,16 @@ __all__ = [
     "PRIMARY_MODES",
     "Address",
     "Bond",
+    "BondRecord",
     "Bridge",
+    "BridgeRecord",
+    "GuestSysctlRecord",
     "IfaceView",
     "Route",
+    "RouteRecord",
     "Sysctl",
     "Vlan",
+    "VlanRecord",
     "address_keys",
     "firewall_lines",
     "first_ip",
@@ -56,6 +64,52 @@ def _texts(addresses: Iterable[Address]) -> list[str]:
     return [str(a) for a in addresses]
 
 
+class VlanRecord(TypedDict):
+    """:meth:`Vlan.to_dict`: a VLAN in a lab's recorded state."""
+
+    id: int
+    name: str
+    addresses: list[str]
+
+
+class BondRecord(TypedDict):
+    """:meth:`Bond.to_dict`."""
+
+    name: str
+    mode: str
+    members: list[str]
+    addresses: list[str]
+    vlans: list[VlanRecord]
+    miimon: int
+    primary: str | None
+
+
+class BridgeRecord(TypedDict):
+    """:meth:`Bridge.to_dict`."""
+
+    name: str
+    members: list[str]
+    addresses: list[str]
+    vlans: list[VlanRecord]
+
+
+class RouteRecord(TypedDict):
+    """:meth:`Route.to_dict`: ``to`` is ``default`` or the prefix; ``family`` ``ipv4`` or ``ipv6``."""
+
+    to: str
+    via: str | None
+    dev: str | None
+    metric: int | None
+    family: str
+
+
+class GuestSysctlRecord(TypedDict):
+    """A sysctl in ``Guest.to_dict()``'s ``sysctls``."""
+
+    name: str
+    value: str
+
+
 @dataclass(frozen=True)
 class Vlan:
     """An 802.1Q sub-interface (``name``, default ``PARENT.ID``) of a NIC, bond or bridge."""
@@ -65,7 +119,7 @@ class Vlan:
     addresses: tuple[Address, ...] = ()
     line: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VlanRecord:
         return {"id": self.id, "name": self.name, "addresses": _texts(self.addresses)}
 
 
@@ -82,7 +136,7 @@ class Bond:
     primary: str | None = None
     line: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BondRecord:
         return {"name": self.name, "mode": self.mode, "members": list(self.members),
                 "addresses": _texts(self.addresses), "vlans": [v.to_dict() for v in self.vlans],
                 "miimon": self.miimon, "primary": self.primary}
@@ -98,7 +152,7 @@ class Bridge:
     vlans: tuple[Vlan, ...] = ()
     line: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BridgeRecord:
         return {"name": self.name, "members": list(self.members), "addresses": _texts(self.addresses),
                 "vlans": [v.to_dict() for v in self.vlans]}
 
@@ -134,7 +188,7 @@ class Route:
             parts += ["metric", str(self.metric)]
         return " ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RouteRecord:
         return {"to": self.destination, "via": str(self.via) if self.via is not None else None, "dev": self.dev,
                 "metric": self.metric, "family": f"ipv{self.version}"}
 
@@ -282,12 +336,12 @@ def firewall_lines(guest: Mapping[str, Any], detail: bool = False) -> list[str]:
     """A guest's firewall (``Guest.to_dict()`` form) as short lines (:meth:`~labctl.lab.firewall.Firewall.summary`),
     or with ``detail`` each line of the nft script labctl writes (for comparing two runs); an nft
     file's line says its sha256 too, so two runs whose files differ compare different."""
-    fw = guest.get("firewall")
+    fw: FirewallRecord | None = guest.get("firewall")
     if not isinstance(fw, Mapping):
         return []
     from labctl.lab.firewall import Firewall  # here: firewall.py imports the model, which imports this module
 
-    parsed = Firewall.from_dict(dict(fw))
+    parsed = Firewall.from_dict(fw)
     out = parsed.summary()
     if detail:
         out = [ln.strip() for ln in parsed.script()[0].splitlines()] + [ln for ln in out if ln.startswith("nft file ")]
