@@ -27,7 +27,7 @@ import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not t
 import labctl.bisect.tries as tries  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.bisect.statefile import NEW, OLD, State, Step
 from labctl.bundle import BEYOND as BEYOND_NOISE
-from labctl.bundle import load_run
+from labctl.bundle import Spread, load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
 from labctl.report import Comparison, compare_blocks, compare_runs, to_html
@@ -47,7 +47,7 @@ def _fig(step: Step) -> str:
     f = step.figure
     if not f:
         return ""
-    sp = f.get("spread") or {}
+    sp: Spread | dict[str, float] = f.get("spread") or {}  # {}: a record without it
     unit = f" {f.get('unit')}" if f.get("unit") else ""
     if len(f.get("values") or []) > 1:
         return f"{sp.get('mean', 0):.4g}{unit} ({sp.get('min', 0):.4g}..{sp.get('max', 0):.4g}, n={sp.get('n')})"
