@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 if TYPE_CHECKING:
     from labctl.lab.firewall import FirewallRecord
@@ -26,7 +26,9 @@ __all__ = [
     "Bridge",
     "BridgeRecord",
     "GuestSysctlRecord",
+    "IfaceSettings",
     "IfaceView",
+    "NetSettings",
     "Route",
     "RouteRecord",
     "Sysctl",
@@ -313,23 +315,56 @@ def address_keys(guest: str, views: Iterable[tuple[str, Sequence[Address]]]) -> 
     return out
 
 
-def net_settings(guest: Mapping[str, Any], interfaces: Iterable[IfaceView]) -> dict[str, Any]:
+IfaceSettings = TypedDict("IfaceSettings", {
+    "what": str,  # nic, or the kind and what it is (vlan 10 of eth1, bond active-backup bond of eth2, eth3)
+    "addresses": list[str],
+    "in": NotRequired[str],  # the bond or bridge it is a member of
+    "xdp": NotRequired[str],  # a NIC's XDP program: what it is, and its object's digest
+    "tc": NotRequired[str],  # its tc program
+})
+""":class:`NetSettings`' view of one interface."""
+
+
+class NetSettings(TypedDict):
+    """:func:`net_settings`: a guest's network settings, for comparing two runs (empty parts left out)."""
+
+    interfaces: dict[str, IfaceSettings]
+    routes: NotRequired[list[str]]
+    sysctls: NotRequired[dict[str, str]]
+    firewall: NotRequired[list[str]]  # each line of the nft script labctl writes
+
+
+def _program_text(x: Mapping[str, Any]) -> str:
+    return str(x.get("summary")) + (f" sha256 {str(x['sha256'])[:12]}" if x.get("sha256") else "")
+
+
+def net_settings(guest: Mapping[str, Any], interfaces: Iterable[IfaceView]) -> NetSettings:
     """What a guest's network settings are, for comparing two runs: each of its ``interfaces``'
     addresses and what it is, its routes and its sysctls (``Guest.to_dict()`` form; empty parts left
     out; :func:`labctl.lab.guestnet.net_settings` gives it every interface)."""
-    ifaces = {v.name: {"what": v.kind if v.kind == "nic" else f"{v.kind} {v.detail}", "addresses": list(v.addresses),
-                       **({"in": v.master} if v.master else {})}
-              for v in interfaces}
-    for n, kind in ((n, kind) for n in _list(guest.get("nics")) for kind in ("xdp", "tc")):
-        x = _map(_map(n).get(kind))  # a NIC's XDP and tc programs: what each is, and its object's digest
-        if x and str(_map(n).get("name")) in ifaces:
-            ifaces[str(_map(n).get("name"))][kind] = str(x.get("summary")) + (
-                f" sha256 {str(x['sha256'])[:12]}" if x.get("sha256") else "")
+    ifaces: dict[str, IfaceSettings] = {}
+    for v in interfaces:
+        ifaces[v.name] = {"what": v.kind if v.kind == "nic" else f"{v.kind} {v.detail}", "addresses": list(v.addresses)}
+        if v.master:
+            ifaces[v.name]["in"] = v.master
+    for n in _list(guest.get("nics")):  # a NIC's XDP and tc programs: what each is, and its object's digest
+        name = str(_map(n).get("name"))
+        xdp, tc = _map(_map(n).get("xdp")), _map(_map(n).get("tc"))
+        if xdp and name in ifaces:
+            ifaces[name]["xdp"] = _program_text(xdp)
+        if tc and name in ifaces:
+            ifaces[name]["tc"] = _program_text(tc)
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = {str(k): str(v) for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k}
     firewall = firewall_lines(guest, detail=True)
-    return {"interfaces": ifaces, **({"routes": routes} if routes else {}), **({"sysctls": sysctls} if sysctls else {}),
-            **({"firewall": firewall} if firewall else {})}
+    out: NetSettings = {"interfaces": ifaces}
+    if routes:
+        out["routes"] = routes
+    if sysctls:
+        out["sysctls"] = sysctls
+    if firewall:
+        out["firewall"] = firewall
+    return out
 
 
 def firewall_lines(guest: Mapping[str, Any], detail: bool = False) -> list[str]:
