@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 if TYPE_CHECKING:
     from labctl.lab.firewall import FirewallRecord
+    from labctl.lab.xdp import TcRecord, XdpRecord
 
 __all__ = [
     "BOND_MODES",
@@ -334,7 +335,7 @@ class NetSettings(TypedDict):
     firewall: NotRequired[list[str]]  # each line of the nft script labctl writes
 
 
-def _program_text(x: Mapping[str, Any]) -> str:
+def _program_text(x: XdpRecord | TcRecord) -> str:
     return str(x.get("summary")) + (f" sha256 {str(x['sha256'])[:12]}" if x.get("sha256") else "")
 
 
@@ -349,10 +350,11 @@ def net_settings(guest: Mapping[str, Any], interfaces: Iterable[IfaceView]) -> N
             ifaces[v.name]["in"] = v.master
     for n in _list(guest.get("nics")):  # a NIC's XDP and tc programs: what each is, and its object's digest
         name = str(_map(n).get("name"))
-        xdp, tc = _map(_map(n).get("xdp")), _map(_map(n).get("tc"))
-        if xdp and name in ifaces:
+        xdp: XdpRecord | None = _map(n).get("xdp")
+        tc: TcRecord | None = _map(n).get("tc")
+        if isinstance(xdp, Mapping) and xdp and name in ifaces:
             ifaces[name]["xdp"] = _program_text(xdp)
-        if tc and name in ifaces:
+        if isinstance(tc, Mapping) and tc and name in ifaces:
             ifaces[name]["tc"] = _program_text(tc)
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = {str(k): str(v) for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k}
