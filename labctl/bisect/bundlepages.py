@@ -20,17 +20,30 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import labctl.bisect.oracle as orc
 import labctl.bisect.search as search  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.tries as tries  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.bisect.statefile import NEW, OLD, State, Step
+from labctl.bisect.statefile import (
+    NEW,
+    OLD,
+    CandidateRecord,
+    ConfigsRecord,
+    ConfirmationRecord,
+    EstimateRecord,
+    FigureRecord,
+    OracleRecord,
+    ResultRecord,
+    State,
+    Step,
+    TryRecord,
+)
 from labctl.bundle import BEYOND as BEYOND_NOISE
-from labctl.bundle import load_run
+from labctl.bundle import Spread, load_run
 from labctl.errors import LabctlError
 from labctl.paths import atomic_write
-from labctl.report import Comparison, compare_blocks, compare_runs, to_html
+from labctl.report import Comparison, Difference, compare_blocks, compare_runs, to_html
 
 SUMMARY = "summary.json"
 REPORT_MD = "report.md"
@@ -43,11 +56,92 @@ COLUMNS = ("#", "commit", "subject", "build s", "prepare s", "boot s", "steps s"
            "figure", "why")
 
 
+class Confidence(TypedDict):
+    """--tries auto's confidence (:func:`confidence`): of each passing verdict, and a lower bound of the answer's."""
+
+    verdict: float | None
+    answer: float | None
+    passing_verdicts: int
+    below_95: bool
+
+
+class ExplainedSide(TypedDict):
+    """A step of :class:`Explained`: its number, commit, run bundle and the oracle's words."""
+
+    step: int
+    commit: str
+    run: str
+    reason: str
+
+
+class ChangedFigure(TypedDict):
+    """A figure that changed between the two runs of :class:`Explained` (``a``, ``b``: the means)."""
+
+    figure: str  # STEP[.VARIANT].KEY
+    label: str
+    unit: str
+    a: float | None
+    b: float | None
+    change_pct: float
+    verdict: str
+
+
+class Explained(TypedDict):
+    """explained.json (:func:`explain`): the first bad run against the last good one."""
+
+    last_good: ExplainedSide
+    first_bad: ExplainedSide
+    differences: list[Difference]
+    changed: list[ChangedFigure]
+
+
+class SummaryStep(TypedDict):
+    """A step of :class:`BisectSummary` (its verdict in the user's terms; None while it runs)."""
+
+    n: int
+    commit: str
+    subject: str
+    verdict: str | None
+    outcome: str
+    reason: str
+    figure: FigureRecord | None
+    run: str
+    attempts: int
+    tries: list[TryRecord]
+    cached_build: bool
+    times: dict[str, float]
+    options: CandidateRecord | None
+    notes: list[str]
+
+
+class BisectSummary(TypedDict):
+    """summary.json, and what ``labctl bisect --json`` prints (with ``bundle``): :func:`summary`."""
+
+    lab: str
+    tree: str
+    oracle: OracleRecord
+    oracle_text: str
+    terms: list[str]
+    good: str
+    bad: str
+    done: bool
+    result: ResultRecord
+    tries: int | str  # "auto" before --tries auto's estimate
+    tries_auto: bool
+    estimate: EstimateRecord | None
+    confidence: Confidence | None
+    confirmation: ConfirmationRecord | None
+    trust: list[str]
+    configs: ConfigsRecord | None
+    explained: Explained | None
+    steps: list[SummaryStep]
+
+
 def _fig(step: Step) -> str:
     f = step.figure
     if not f:
         return ""
-    sp = f.get("spread") or {}
+    sp: Spread | dict[str, float] = f.get("spread") or {}  # {}: a record without it
     unit = f" {f.get('unit')}" if f.get("unit") else ""
     if len(f.get("values") or []) > 1:
         return f"{sp.get('mean', 0):.4g}{unit} ({sp.get('min', 0):.4g}..{sp.get('max', 0):.4g}, n={sp.get('n')})"
@@ -110,7 +204,7 @@ def config_lines(state: State) -> list[str]:
     return lines
 
 
-def confidence(state: State) -> dict[str, Any] | None:
+def confidence(state: State) -> Confidence | None:
     """--tries auto's confidence: of each passing verdict, and (a lower bound) of the answer."""
     if not state.estimate:
         return None
@@ -129,10 +223,10 @@ def trust_lines(state: State) -> list[str]:
                      "when any try fails, else when all pass")
     if state.estimate:
         lines.append(tries.confidence_text(state.estimate))
-        c = confidence(state) or {}
-        if state.done and c.get("answer") is not None:
+        c = confidence(state)
+        if state.done and c is not None and c["answer"] is not None:
             lines.append(f"the answer rests on {c['passing_verdicts']} passing verdicts: at least "
-                         f"{float(c['answer']):.1%} sure" + (" (BELOW 95%)" if c.get("below_95") else ""))
+                         f"{float(c['answer']):.1%} sure" + (" (BELOW 95%)" if c["below_95"] else ""))
     conf = state.confirmation
     if conf:
         lines.append(f"{str(conf.get('status', '')).upper()}: {conf.get('reason', '')}")
@@ -141,10 +235,10 @@ def trust_lines(state: State) -> list[str]:
     return lines
 
 
-def explain(old: Step, new: Step, result: Comparison) -> dict[str, Any]:
+def explain(old: Step, new: Step, result: Comparison) -> Explained:
     """The first bad run against the last good one: what the oracle said of each, how the setups differ, and the
     figures that changed most (those beyond noise first, then by the size of the change)."""
-    rows = []
+    rows: list[ChangedFigure] = []
     for pair in result["pairs"]:
         where = pair["step"] + (f".{pair['variant']}" if pair["variant"] else "")
         for m in pair["metrics"]:
@@ -156,14 +250,14 @@ def explain(old: Step, new: Step, result: Comparison) -> dict[str, Any]:
                          "change_pct": m["change_pct"], "verdict": m["verdict"]})
     rows.sort(key=lambda r: (r["verdict"] != BEYOND_NOISE, -abs(float(r["change_pct"] or 0))))
 
-    def side(s: Step) -> dict[str, Any]:
+    def side(s: Step) -> ExplainedSide:
         return {"step": s.n, "commit": s.commit, "run": s.run, "reason": s.reason}
 
     return {"last_good": side(old), "first_bad": side(new), "differences": result["differences"],
             "changed": rows[:MAX_CHANGED]}
 
 
-def explained_text(state: State, why: dict[str, Any]) -> str:
+def explained_text(state: State, why: Explained) -> str:
     good, bad = why["last_good"], why["first_bad"]
     lines = [(f"The first {state.term_new} run explained: step {bad['step']} ({bad['commit'][:12]}): {bad['reason']}; "
               f"step {good['step']} ({good['commit'][:12]}, {state.term_old}): {good['reason']}")]
@@ -174,16 +268,16 @@ def explained_text(state: State, why: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def explained(bundle: Path) -> dict[str, Any] | None:
+def explained(bundle: Path) -> Explained | None:
     """The bundle's explanation of the first bad run (None before the answer, or without a good run to compare)."""
     try:
-        data = json.loads((bundle / EXPLAINED).read_text())
+        data: Explained | None = json.loads((bundle / EXPLAINED).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def summary(state: State, bundle: Path | None = None) -> dict[str, Any]:
+def summary(state: State, bundle: Path | None = None) -> BisectSummary:
     return {"lab": state.lab_file, "tree": state.tree, "oracle": state.oracle,
             "oracle_text": orc.describe(orc.Oracle.from_dict(state.oracle)), "terms": [state.term_old, state.term_new],
             "good": state.good, "bad": state.bad, "done": state.done, "result": state.result,

@@ -17,11 +17,11 @@ import hashlib
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import labctl.bisect.bundlepages as bundlepages  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.configs as cf
-from labctl.bisect.statefile import NEW, OLD, SKIP, State, Step, save
+from labctl.bisect.statefile import NEW, OLD, SKIP, ConfigsRecord, State, Step, save
 from labctl.bisect.worktree import Worktree
 from labctl.errors import UsageError
 from labctl.paths import atomic_write
@@ -51,12 +51,12 @@ def fingerprint(cfg: cf.Config) -> str:
     return hashlib.sha256(cf.render(cfg).encode()).hexdigest()[:16]
 
 
-def end_bytes(bundle: Path, state: State, which: str) -> bytes:
+def end_bytes(bundle: Path, state: State, which: Literal["good", "bad"]) -> bytes:
     """The current good or bad end's ``.config`` (after olddefconfig)."""
     return (bundle / str(state.configs[which])).read_bytes()
 
 
-def _end(bis: Bisector, which: str) -> cf.Config:
+def _end(bis: Bisector, which: Literal["good", "bad"]) -> cf.Config:
     return cf.parse(end_bytes(bis.bundle, bis.state, which).decode(errors="replace"))
 
 
@@ -172,7 +172,7 @@ def _finish(bis: Bisector, opts: dict[str, list[str]], why: str) -> None:
     bis.say(st.result["text"])
 
 
-def start_files(bundle: Path, good: bytes, bad: bytes) -> dict[str, object]:
+def start_files(bundle: Path, good: bytes, bad: bytes) -> ConfigsRecord:
     """The given configs copied into the bundle (the state's ``configs`` before the ends are resolved)."""
     (bundle / DIR).mkdir(parents=True, exist_ok=True)
     atomic_write(bundle / GIVEN["good"], good)

@@ -14,7 +14,6 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import labctl.bisect.bundlepages as bundlepages  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.bisect.cfgloop as cfgloop  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
@@ -24,7 +23,7 @@ import labctl.bisect.verify as verify  # noqa: PLR0402 - a sibling module, not t
 from labctl.bisect.statefile import SKIP, State, Step, save
 from labctl.bisect.verify import Run, TryEnv
 from labctl.bisect.worktree import OBJTOOL_NOTE, BuildCache, Worktree, config_hash, hash_bytes, objtool_relinked
-from labctl.bundle import CONSOLE, GUESTS, SUMMARY
+from labctl.bundle import CONSOLE, GUESTS, SUMMARY, Summary
 from labctl.debug import make_title, parse_oopses
 from labctl.errors import LabctlError
 from labctl.events import NullReporter
@@ -203,10 +202,10 @@ class Bisector:
     def verdict(self, outcome: str) -> str:
         return orc.term_of(outcome, self.oracle.fixed)
 
-    def reference_summary(self) -> dict[str, Any] | None:
+    def reference_summary(self) -> Summary | None:
         if not self.state.reference:
             return None
-        return dict(evidence(self.bundle / self.state.reference).summary)
+        return evidence(self.bundle / self.state.reference).summary.copy()
 
     def kernel(self, commit: str, step: Step, revert_of: str = "",
                config: bytes | None = None) -> tuple[Kernel | None, bool, str]:

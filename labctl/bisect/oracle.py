@@ -23,12 +23,12 @@ Pure functions of what a run left (its summary.json, consoles, check results): n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypedDict
+from dataclasses import dataclass, field
+from typing import Any
 
-from labctl.bisect.statefile import NEW, OLD
+from labctl.bisect.statefile import NEW, OLD, FigureRecord, OracleRecord
 from labctl.bundle import BEYOND as BEYOND_NOISE
-from labctl.bundle import Spread, repeat_key, run_steps, spread, verdict
+from labctl.bundle import Summary, repeat_key, run_steps, spread, verdict
 from labctl.errors import UsageError
 from labctl.grading import CheckRecord
 from labctl.report import step_metrics
@@ -54,32 +54,38 @@ class Oracle:
     worse_than_good: float | None = None
     fixed: bool = False  # look for the commit that made it pass
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, **{k: v for k, v in asdict(self).items()
-                                      if k != "kind" and v is not None and v is not False}}
+    def to_dict(self) -> OracleRecord:
+        out: OracleRecord = {"kind": self.kind}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.command is not None:
+            out["command"] = self.command
+        if self.guest is not None:
+            out["guest"] = self.guest
+        if self.timeout is not None:
+            out["timeout"] = self.timeout
+        if self.figure is not None:
+            out["figure"] = self.figure
+        if self.below is not None:
+            out["below"] = self.below
+        if self.above is not None:
+            out["above"] = self.above
+        if self.worse_than_good is not None:
+            out["worse_than_good"] = self.worse_than_good
+        if self.fixed:
+            out["fixed"] = True
+        return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Oracle:
+    def from_dict(cls, d: OracleRecord) -> Oracle:
         """An oracle from the state file (unknown keys ignored).
 
         :raise UsageError: when it has no kind.
         """
         if not isinstance(d.get("kind"), str):
             raise UsageError("the bisection's oracle has no kind: its state file is damaged")
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-
-
-class FigureRecord(TypedDict, total=False):
-    """What the figure oracle saw: the values over the step's runs and how they were judged."""
-
-    name: str
-    unit: str
-    values: list[float]
-    spread: Spread
-    bound: float
-    reference: list[float]
-    change_pct: float
-    noise: str
+        return cls(d["kind"], d.get("name"), d.get("command"), d.get("guest"), d.get("timeout"), d.get("figure"),
+                   d.get("below"), d.get("above"), d.get("worse_than_good"), d.get("fixed", False))
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class Judgement:
 class Evidence:
     """What one run of the lab left, for the oracles."""
 
-    summary: Mapping[str, Any] = field(default_factory=dict)  # the run bundle's summary.json
+    summary: Summary = field(default_factory=Summary)  # the run bundle's summary.json
     oopses: Mapping[str, Sequence[str]] = field(default_factory=dict)  # guest -> titles of its oopses/panics
     checks: Sequence[CheckRecord] = ()  # the checks run after the steps
     command: CheckRecord | None = None  # the command oracle's
@@ -162,7 +168,7 @@ def term_of(outcome: str, fixed: bool) -> str:
     return OLD if fixed else NEW
 
 
-def judge(oracle: Oracle, ev: Evidence, reference: Mapping[str, Any] | None = None) -> Judgement:
+def judge(oracle: Oracle, ev: Evidence, reference: Summary | None = None) -> Judgement:
     """The oracle's verdict on one run; ``reference`` is the good end's summary (worse_than_good)."""
     kind = oracle.kind
     if kind == "check":
@@ -236,7 +242,7 @@ def _command(ev: Evidence, what: str = "the command") -> Judgement:
     return Judgement(UNDECIDED, f"{what} could not run: {c.get('detail') or status}")
 
 
-def figure_values(summary: Mapping[str, Any], name: str) -> tuple[list[float], str] | None:
+def figure_values(summary: Summary, name: str) -> tuple[list[float], str] | None:
     """The values of figure ``STEP[.VARIANT].KEY`` over the step's runs (repeats), and its unit;
     None when no run of the step has it. A variant name is taken when the step has one of that name."""
     step, _, rest = name.partition(".")
@@ -263,7 +269,7 @@ def figure_values(summary: Mapping[str, Any], name: str) -> tuple[list[float], s
     return (values, unit) if values else None
 
 
-def _figure(oracle: Oracle, ev: Evidence, reference: Mapping[str, Any] | None) -> Judgement:
+def _figure(oracle: Oracle, ev: Evidence, reference: Summary | None) -> Judgement:
     name = str(oracle.figure)
     got = figure_values(ev.summary, name)
     if got is None:
@@ -305,7 +311,7 @@ def _figure(oracle: Oracle, ev: Evidence, reference: Mapping[str, Any] | None) -
     return Judgement(UNDECIDED, f"{name} {shown}: {change:+.1f}% against the good end but {noise}", fig)
 
 
-def _better(summary: Mapping[str, Any], name: str) -> int:
+def _better(summary: Summary, name: str) -> int:
     """+1 when more is better for the figure, -1 when less is, 0 when neither."""
     step, _, rest = name.partition(".")
     rest = ".".join(ALIASES.get(p, p) for p in rest.split("."))

@@ -9,15 +9,19 @@ trusts (its ``trust_dirs`` are a record of the first command line, never read ba
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import stat
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from labctl.errors import UnsafePath, UsageError
 from labctl.paths import atomic_write, checked_dir
+
+if TYPE_CHECKING:  # the bundle is not loaded with the state
+    from labctl.bundle import Spread
 
 STATE = "state.json"
 VERSION = 1
@@ -25,6 +29,176 @@ MAX_STATE = 16 << 20
 
 # A step's verdict, in git bisect's words (the old/new terms are the user's).
 OLD, NEW, SKIP = "old", "new", "skip"
+
+
+class OracleRecord(TypedDict):
+    """:meth:`labctl.bisect.oracle.Oracle.to_dict`, the state file's ``oracle``: its kind and the fields given (``fixed`` only when
+    true)."""
+
+    kind: str
+    name: NotRequired[str]
+    command: NotRequired[str]
+    guest: NotRequired[str]
+    timeout: NotRequired[float]
+    figure: NotRequired[str]
+    below: NotRequired[float]
+    above: NotRequired[float]
+    worse_than_good: NotRequired[float]
+    fixed: NotRequired[bool]
+
+
+class FigureRecord(TypedDict, total=False):
+    """What the figure oracle saw (:attr:`Step.figure`): the values over the step's runs and how they were judged."""
+
+    name: str
+    unit: str
+    values: list[float]
+    spread: Spread
+    bound: float
+    reference: list[float]
+    change_pct: float
+    noise: str
+
+
+class TryRecord(TypedDict):
+    """One try of a commit (:attr:`Step.tries`, a confirmation's ``tries``) or one run of the failing end
+    (``--tries auto``'s ``log``, without ``attempts``); ``outcome`` is ``error`` when the lab did not run."""
+
+    n: int
+    outcome: str
+    reason: str
+    run: str
+    warm: bool
+    attempts: NotRequired[int]
+    boot: float
+    seconds: float
+
+
+class CandidateRecord(TypedDict, total=False):
+    """A config bisection's candidate (:attr:`Step.options`; empty when commits are bisected): its ``file``
+    (relative to the bundle), the options ``set`` to the bad values (``[good, bad]``), those olddefconfig kept
+    otherwise (``missing``), the options ``left`` to each end (``[good, bad]``), the parts ``not_tried``."""
+
+    file: str
+    set: dict[str, list[str]]
+    missing: list[str]
+    left: list[int]
+    not_tried: list[str]
+    fingerprint: str
+
+
+class UpRecord(TypedDict, total=False):
+    """How the lab is brought up (:attr:`State.up`), as the first command line asked."""
+
+    accel: str | None
+    boot_timeout: float | None
+    jobs: int | None
+
+
+class EstimateRecord(TypedDict, total=False):
+    """``--tries auto``'s reading of the failing end (:attr:`State.estimate`, empty before it is made):
+    :class:`labctl.bisect.tries.Estimate`'s fields, each run (``log``) and their times."""
+
+    commit: str
+    outcomes: list[str]
+    runs: int
+    fails: int
+    rate: float
+    tries: int
+    confidence: float
+    log: list[TryRecord]
+    times: dict[str, float]
+
+
+class ConfirmationRecord(TypedDict, total=False):
+    """The answer reverted on the new end and run (:attr:`State.confirmation`, empty before)."""
+
+    reverted: str
+    on: str
+    tries: list[TryRecord]
+    times: dict[str, float]
+    status: str  # confirmed, not confirmed
+    reason: str
+    run: str
+
+
+class ConfigsRecord(TypedDict, total=False):
+    """A config bisection's files (:attr:`State.configs`; empty: commits are bisected): the configs
+    ``given`` (copied into the bundle) and where from, the ends (``good``, ``bad``) as they move, what
+    olddefconfig changed of the given ones (``{good|bad: {option: [given, got]}}``), how many options
+    ``differ`` after it, whether the ends were ``resolved``, the candidates found ``unusable``."""
+
+    given: dict[str, str]
+    given_good: str
+    given_bad: str
+    good: str
+    bad: str
+    olddefconfig: dict[str, dict[str, list[str]]]
+    differ: int
+    resolved: bool
+    unusable: list[str]
+
+
+class ResultRecord(TypedDict, total=False):
+    """The answer (:attr:`State.result`, empty before): the ``first`` new commit and its ``subject``, or
+    the ``candidates`` left (some skipped); a config bisection's ``options`` (``[good, bad]``), its
+    ``text`` and ``why`` it stopped early."""
+
+    first: str
+    subject: str
+    candidates: list[str]
+    options: dict[str, list[str]]
+    text: str
+    why: str
+
+
+class StepRecord(TypedDict):
+    """:meth:`Step.to_dict`: a step in ``state.json``."""
+
+    n: int
+    commit: str
+    subject: str
+    verdict: str
+    reason: str
+    outcome: str
+    figure: FigureRecord | None
+    run: str
+    attempts: int
+    tries: list[TryRecord]
+    cached_build: bool
+    times: dict[str, float]
+    options: CandidateRecord
+    notes: list[str]
+
+
+class StateRecord(TypedDict):
+    """:meth:`State.to_dict`: ``state.json``."""
+
+    lab_file: str
+    tree: str
+    good: str
+    bad: str
+    oracle: OracleRecord
+    term_old: str
+    term_new: str
+    work: str
+    up: UpRecord
+    trust_dirs: list[str]
+    olds: list[str]
+    news: list[str]
+    skips: list[str]
+    steps: list[StepRecord]
+    reference: str
+    tries: int
+    estimate_runs: int
+    estimate: EstimateRecord
+    confirm: bool
+    confirmation: ConfirmationRecord
+    configs: ConfigsRecord
+    lab_up: bool
+    done: bool
+    result: ResultRecord
+    version: int
 
 
 @dataclass
@@ -37,19 +211,28 @@ class Step:
     verdict: str = ""  # OLD, NEW, SKIP; "" while it runs (or when it was interrupted)
     reason: str = ""  # why: the oracle's words, or why the commit was skipped
     outcome: str = ""  # the oracle's: pass, fail, undecided ("" when it never ran)
-    figure: dict[str, Any] | None = None  # the figure oracle's values and spread
+    figure: FigureRecord | None = None  # the figure oracle's values and spread
     run: str = ""  # the run bundle, relative to the bisect bundle
     attempts: int = 0
-    tries: list[dict[str, Any]] = field(default_factory=list)  # each try's outcome, reason, run, warm
+    tries: list[TryRecord] = field(default_factory=list)  # each try's outcome, reason, run, warm
     cached_build: bool = False
     times: dict[str, float] = field(default_factory=dict)  # build, prepare, boot, steps, oracle, down, total, labctl
-    # config bisection: the candidate (file, relative to the bundle; options set to the bad values, as
-    # [good, bad]; those olddefconfig kept otherwise; options left to each end)
-    options: dict[str, Any] = field(default_factory=dict)
+    options: CandidateRecord = field(default_factory=CandidateRecord)  # config bisection: the candidate
     notes: list[str] = field(default_factory=list)  # what the progress said of it (e.g. objtool rebuilt)
 
+    def to_dict(self) -> StepRecord:
+        return {"n": self.n, "commit": self.commit, "subject": self.subject, "verdict": self.verdict,
+                "reason": self.reason, "outcome": self.outcome, "figure": copy.deepcopy(self.figure), "run": self.run,
+                "attempts": self.attempts, "tries": copy.deepcopy(self.tries), "cached_build": self.cached_build,
+                "times": dict(self.times), "options": copy.deepcopy(self.options), "notes": list(self.notes)}
+
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Step:
+    def from_dict(cls, d: object) -> Step:
+        """From ``state.json``'s form (what it lacks left to the defaults, unknown keys ignored).
+
+        :raise TypeError: when it is not an object, or lacks ``n`` or ``commit``."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a step is a {type(d).__name__}, not an object")
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
 
@@ -62,11 +245,11 @@ class State:
     tree: str
     good: str  # full sha of the old end
     bad: str  # full sha of the new end
-    oracle: dict[str, Any]
+    oracle: OracleRecord
     term_old: str = "good"
     term_new: str = "bad"
     work: str = ""  # the worktree's directory and build cache
-    up: dict[str, Any] = field(default_factory=dict)  # accel, boot_timeout, ...
+    up: UpRecord = field(default_factory=UpRecord)  # accel, boot_timeout, jobs
     trust_dirs: list[str] = field(default_factory=list)  # the first command line's; --continue takes its own
     olds: list[str] = field(default_factory=list)  # commits judged old (the good end first)
     news: list[str] = field(default_factory=list)  # commits judged new (the bad end first)
@@ -75,22 +258,29 @@ class State:
     reference: str = ""  # the old end's run bundle, for --worse-than-good
     tries: int = 1  # the oracle's runs a commit (--tries N); 0: auto, read from ``estimate`` once made
     estimate_runs: int = 0  # --tries auto: runs of the failing end (K)
-    estimate: dict[str, Any] = field(default_factory=dict)  # --tries auto's (labctl.bisect.tries.Estimate)
+    estimate: EstimateRecord = field(default_factory=EstimateRecord)  # --tries auto's (labctl.bisect.tries.Estimate)
     confirm: bool = True  # revert the first new commit on the new end and run it (--no-confirm: not)
-    confirmation: dict[str, Any] = field(default_factory=dict)  # status, reason, tries, run, times
+    confirmation: ConfirmationRecord = field(default_factory=ConfirmationRecord)  # status, reason, tries, run, times
     # config bisection (labctl.bisect.cfgloop): the ends' files (relative to the bundle) as they move, what
     # olddefconfig changed of the given ones, the candidates that could not be judged; empty: commits
-    configs: dict[str, Any] = field(default_factory=dict)
+    configs: ConfigsRecord = field(default_factory=ConfigsRecord)
     lab_up: bool = False  # the lab was brought up by a step that has not taken it down yet
     done: bool = False
-    result: dict[str, Any] = field(default_factory=dict)  # first new commit, or the candidates left
+    result: ResultRecord = field(default_factory=ResultRecord)  # first new commit, or the candidates left
     version: int = VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> StateRecord:
+        return {"lab_file": self.lab_file, "tree": self.tree, "good": self.good, "bad": self.bad,
+                "oracle": copy.deepcopy(self.oracle), "term_old": self.term_old, "term_new": self.term_new,
+                "work": self.work, "up": copy.deepcopy(self.up), "trust_dirs": list(self.trust_dirs),
+                "olds": list(self.olds), "news": list(self.news), "skips": list(self.skips),
+                "steps": [s.to_dict() for s in self.steps], "reference": self.reference, "tries": self.tries,
+                "estimate_runs": self.estimate_runs, "estimate": copy.deepcopy(self.estimate), "confirm": self.confirm,
+                "confirmation": copy.deepcopy(self.confirmation), "configs": copy.deepcopy(self.configs),
+                "lab_up": self.lab_up, "done": self.done, "result": copy.deepcopy(self.result), "version": self.version}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> State:
+    def from_dict(cls, d: object) -> State:
         if not isinstance(d, dict) or d.get("version") != VERSION:
             raise ValueError(f"not a labctl bisect state (version {d.get('version') if isinstance(d, dict) else '?'})")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "steps"}

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from labctl.bisect.oracle import FAIL, PASS, UNDECIDED
+from labctl.bisect.statefile import EstimateRecord
 
 MISS = 0.05  # the chance of a passing verdict on a commit that has the bug, at most
 MAX_TRIES = 20
@@ -78,8 +78,9 @@ class Estimate:
     tries: int = 1
     confidence: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> EstimateRecord:
+        return {"commit": self.commit, "outcomes": list(self.outcomes), "runs": self.runs, "fails": self.fails,
+                "rate": self.rate, "tries": self.tries, "confidence": self.confidence}
 
 
 def estimate(commit: str, outcomes: Sequence[str], miss: float = MISS, cap: int = MAX_TRIES) -> Estimate:
@@ -91,7 +92,7 @@ def estimate(commit: str, outcomes: Sequence[str], miss: float = MISS, cap: int 
     return Estimate(commit, list(outcomes), len(decided), fails, round(p, 4), n, round(confidence(p, n), 4))
 
 
-def answer_confidence(est: dict[str, Any] | None, passes: int) -> float | None:
+def answer_confidence(est: EstimateRecord | None, passes: int) -> float | None:
     """A lower bound on the chance the answer is right: every one of its ``passes`` passing verdicts
     right (None without an estimate). A failing verdict is always right: a fail that shows once is real."""
     if not est:
@@ -106,7 +107,7 @@ def tries_text(outcomes: Sequence[str]) -> str:
     return f"{len(outcomes)}: " + " ".join(o.upper() if o == FAIL else o for o in outcomes)
 
 
-def confidence_text(est: dict[str, Any] | None) -> str:
+def confidence_text(est: EstimateRecord | None) -> str:
     """What the summary and the report say of --tries auto's estimate ("" when there was none)."""
     if not est:
         return ""

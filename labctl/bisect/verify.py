@@ -15,11 +15,12 @@ import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import labctl.bisect.oracle as orc
 import labctl.bisect.tries as tries  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
-from labctl.bisect.statefile import OLD, SKIP, State, Step, save
+from labctl.bisect.statefile import OLD, SKIP, ConfirmationRecord, FigureRecord, State, Step, TryRecord, save
+from labctl.bundle import Summary
 from labctl.errors import LabctlError
 from labctl.kernel import Kernel
 
@@ -45,7 +46,7 @@ class Tried:
 
     outcome: str = ""
     reason: str = ""
-    figure: dict[str, Any] | None = None
+    figure: FigureRecord | None = None
     run: str = ""  # the run bundle, relative to the bisect bundle
     attempts: int = 0
     warm: bool = False  # a guest of it was restored from its post-boot snapshot
@@ -79,7 +80,7 @@ class Runner(Protocol):
 
     def run_lab(self, kernel: Kernel, out_root: Path, env: TryEnv | None = None) -> Run: ...
 
-    def reference_summary(self) -> dict[str, Any] | None: ...
+    def reference_summary(self) -> Summary | None: ...
 
     def verdict(self, outcome: str) -> str: ...
 
@@ -87,7 +88,7 @@ class Runner(Protocol):
 
 
 def run_tries(bis: Runner, kernel: Kernel, commit: str, out: Path, n: int, times: dict[str, float],
-          log: list[dict[str, Any]]) -> Tried:
+          log: list[TryRecord]) -> Tried:
     """Up to ``n`` runs of the lab on ``kernel`` (the first fail decides), each in ``log``; the commit's outcome
     ("" when the lab did not run)."""
     outcomes: list[str] = []
@@ -122,7 +123,7 @@ def one_try(bis: Runner, kernel: Kernel, commit: str, out: Path, n: int, times: 
         tried.seconds = round(time.monotonic() - t0, 2)
 
 def _attempts(bis: Runner, kernel: Kernel, commit: str, out: Path, n: int, times: dict[str, float],
-          reference: dict[str, Any] | None, tried: Tried) -> Tried:
+          reference: Summary | None, tried: Tried) -> Tried:
     for attempt in (1, 2):
         tried.attempts = attempt
         run = bis.run_lab(kernel, out, TryEnv(n, commit))
@@ -142,7 +143,7 @@ def _attempts(bis: Runner, kernel: Kernel, commit: str, out: Path, n: int, times
         j = orc.judge(bis.oracle, run.evidence, reference)
         times["oracle"] = round(times.get("oracle", 0.0) + time.monotonic() - t1, 2)
         tried.outcome, tried.reason = j.outcome, j.reason
-        tried.figure = dict(j.figure) if j.figure is not None else None
+        tried.figure = j.figure.copy() if j.figure is not None else None
         if j.outcome != orc.UNDECIDED:
             return tried
         if attempt == 1:
@@ -162,7 +163,7 @@ def estimate(bis: Runner) -> None:
     if kernel is None:
         raise LabctlError(f"--tries auto: the failing end {end[:12]} cannot be built: {why}")
     times: dict[str, float] = {}
-    log: list[dict[str, Any]] = []
+    log: list[TryRecord] = []
     for i in range(1, k + 1):
         t = one_try(bis, kernel, end, bis.bundle / ESTIMATE_DIR, i, times)
         log.append({"n": i, "outcome": t.outcome or "error", "reason": t.reason, "run": t.run, "warm": t.warm,
@@ -184,24 +185,24 @@ def confirm(bis: Runner) -> None:
     first, on, n = str(st.result["first"]), st.bad, st.tries_wanted()
     bis.say(f"confirming: {first[:12]} reverted on the {st.term_new} end {on[:12]}, {n} tries")
     t0 = time.monotonic()
-    conf: dict[str, Any] = {"reverted": first, "on": on, "tries": [], "times": {}}
+    conf: ConfirmationRecord = {"reverted": first, "on": on, "tries": [], "times": {}}
     step = Step(n=0, commit=on)
     kernel, _, why = bis.kernel(on, step, revert_of=first)
     conf["times"].update(step.times)
     if kernel is None:
-        conf.update(status=NOT_CONFIRMED, reason=f"with {first[:12]} reverted, {on[:12]} {why}")
+        conf["status"], conf["reason"] = NOT_CONFIRMED, f"with {first[:12]} reverted, {on[:12]} {why}"
     else:
         j = run_tries(bis, kernel, on, bis.bundle / CONFIRM_DIR, n, conf["times"], conf["tries"])
         conf["run"] = j.run
         verdict = bis.verdict(j.outcome) if j.outcome in (orc.PASS, orc.FAIL) else SKIP
         if verdict == OLD:
-            conf.update(status=CONFIRMED, reason=f"with {first[:12]} reverted, {on[:12]} is {st.term_old}: {j.reason}")
+            conf["status"], conf["reason"] = CONFIRMED, f"with {first[:12]} reverted, {on[:12]} is {st.term_old}: {j.reason}"
         elif verdict == SKIP:
-            conf.update(status=NOT_CONFIRMED, reason=f"with {first[:12]} reverted, {on[:12]} gave no verdict: "
-                                                     f"{j.reason}")
+            conf["status"] = NOT_CONFIRMED
+            conf["reason"] = f"with {first[:12]} reverted, {on[:12]} gave no verdict: {j.reason}"
         else:
-            conf.update(status=NOT_CONFIRMED,
-                        reason=f"with {first[:12]} reverted, {on[:12]} is still {st.term_new}: {j.reason}")
+            conf["status"] = NOT_CONFIRMED
+            conf["reason"] = f"with {first[:12]} reverted, {on[:12]} is still {st.term_new}: {j.reason}"
     own_share(conf["times"], t0)
     st.confirmation = conf
     bis.say(f"{conf['status']}: {conf['reason']}")

@@ -166,11 +166,11 @@ def _shell(k: KernelView, pause: bool) -> int:
 
 
 def _summary(k: KernelView, args: argparse.Namespace) -> int:
-    data = {"where": k.where, "release": k.release, **summarize(k.prog, args.nic)}
+    summary = summarize(k.prog, args.nic)
     if args.json:
-        print_json(data)
+        print_json({"where": k.where, "release": k.release, **summary})
     else:
-        out.print(safe(format_summary(data)), soft_wrap=True)
+        out.print(safe(format_summary(summary)), soft_wrap=True)
     return 0
 
 

@@ -44,7 +44,7 @@ def lab_picture(source: str) -> tuple[dict[str, Any], Runtime | None]:
     :raise LabFileError: for a bad lab file. :raise UsageError, LabStateError: for a bad or absent lab.
     """
     if _is_file(source):
-        return load_lab(source).to_dict(), None
+        return dict(load_lab(source).to_dict()), None
     state = LabState.load(check_lab_name(source))
     record = load_netstate(state.path)
     runtime = runtime_from_state(state.drivers, state.networks, state.hosts,

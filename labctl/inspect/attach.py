@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import labctl.inspect.debuginfo as debuginfo  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.inspect.vmcoreinfo as vmcoreinfo  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
@@ -34,6 +34,7 @@ from labctl.errors import DebugError, GuestError, HostError, LabctlError
 from labctl.inspect.guest_target import GuestTarget, guest_target
 from labctl.inspect.memory import GuestMemory, map_ranges
 from labctl.inspect.program import (
+    DebugInfoRecord,
     DebugReport,
     check_build_id,
     core_program,
@@ -45,6 +46,18 @@ from labctl.paths import atomic_write
 
 if TYPE_CHECKING:
     import drgn
+
+
+class SessionFacts(TypedDict):
+    """:meth:`KernelView.facts`: where the session is, its kernel, its debug info, how long each part took."""
+
+    where: str
+    live: bool
+    release: str
+    build_id: str
+    debug_info: DebugInfoRecord
+    seconds: dict[str, float]
+    vmcoreinfo_from: NotRequired[str]  # live: ssh or cache
 
 
 @dataclass
@@ -61,11 +74,14 @@ class KernelView:
     timings: dict[str, float] = field(default_factory=dict)
     note_from: str = ""  # live: where the VMCOREINFO note's location came from (ssh, cache)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> SessionFacts:
         """What ``labctl drgn --json`` says about the session."""
-        return {"where": self.where, "live": self.live, "release": self.release, "build_id": self.build_id,
-                "debug_info": self.debug.to_dict(), "seconds": {k: round(v, 3) for k, v in self.timings.items()},
-                **({"vmcoreinfo_from": self.note_from} if self.note_from else {})}
+        out: SessionFacts = {"where": self.where, "live": self.live, "release": self.release,
+                             "build_id": self.build_id, "debug_info": self.debug.to_dict(),
+                             "seconds": {k: round(v, 3) for k, v in self.timings.items()}}
+        if self.note_from:
+            out["vmcoreinfo_from"] = self.note_from
+        return out
 
 
 NOTE_CACHE = "vmcoreinfo.json"  # in the guest's private directory: where its note was, for which QEMU

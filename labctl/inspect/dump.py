@@ -27,9 +27,9 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import labctl.inspect.kdump as kdump  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.inspect.vmcoreinfo as vmcoreinfo  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
@@ -40,6 +40,20 @@ from labctl.paths import atomic_file
 
 FORMATS = {"kdump": "kdump-zlib", "elf": "elf"}
 MODE = 0o600
+
+
+class VmcoreFacts(TypedDict):
+    """:meth:`Vmcore.to_dict` (``labctl vmcore --json``)."""
+
+    path: str
+    format: str
+    size: int
+    seconds: float
+    paused_seconds: float
+    release: str
+    build_id: str
+    guest: str
+    lab: str
 
 
 @dataclass
@@ -56,10 +70,10 @@ class Vmcore:
     guest: str = ""
     lab: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(path=str(self.path), seconds=round(self.seconds, 3), paused_seconds=round(self.paused_seconds, 3))
-        return d
+    def to_dict(self) -> VmcoreFacts:
+        return {"path": str(self.path), "format": self.format, "size": self.size, "seconds": round(self.seconds, 3),
+                "paused_seconds": round(self.paused_seconds, 3), "release": self.release, "build_id": self.build_id,
+                "guest": self.guest, "lab": self.lab}
 
 
 def take_guest_vmcore(state: LabState, guest: str, dest: Path, fmt: str = "kdump",

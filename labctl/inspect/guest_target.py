@@ -46,7 +46,7 @@ class GuestTarget:
         value = self.record.extra.get("domain")
         return str(value) if value else None
 
-    def qmp(self, command: str, args: dict[str, Any] | None = None) -> Any:
+    def qmp(self, command: str, args: dict[str, object] | None = None) -> Any:  # args: QMP's JSON, passed on
         """One QMP command. :raise MachineError: when it fails or the monitor is gone."""
         return self.backend.qmp(self.record, command, args)
 

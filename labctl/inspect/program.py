@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import labctl.inspect.vmcoreinfo as vmci
 from labctl.errors import DebugError, HostError, UsageError
@@ -36,6 +36,15 @@ def require_drgn() -> Any:
     return drgn
 
 
+class DebugInfoRecord(TypedDict):
+    """:meth:`DebugReport.to_dict` (``labctl drgn --json``'s and a vmcore summary's ``debug_info``)."""
+
+    vmlinux: str
+    modules: list[str]
+    missing: list[str]
+    seconds: float
+
+
 @dataclass
 class DebugReport:
     """Whose debug info was loaded: the kernel, the modules that have it, those that have none."""
@@ -45,7 +54,7 @@ class DebugReport:
     missing: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> DebugInfoRecord:
         return {"vmlinux": self.vmlinux, "modules": self.modules, "missing": self.missing,
                 "seconds": round(self.seconds, 3)}
 

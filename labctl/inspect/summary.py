@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
-from labctl.inspect.program import require_drgn
+from labctl.inspect.program import DebugInfoRecord, require_drgn
 
 if TYPE_CHECKING:
     import drgn
@@ -166,7 +166,7 @@ class VmcoreSummary(KernelSummary):
 
     vmcore: str
     release: str
-    debug_info: dict[str, Any]
+    debug_info: DebugInfoRecord
 
 
 def _frames(trace: drgn.StackTrace) -> list[FrameState]:
@@ -276,7 +276,7 @@ def vmcore_summary(path: Path, nics: Sequence[str] | None = None, vmlinux: Path 
                 **summarize(k.prog, nics)}
 
 
-def format_summary(s: dict[str, Any]) -> str:
+def format_summary(s: KernelSummary) -> str:
     """The summary as text (guest text: print it through labctl.textsafe)."""
     lines = []
     for t in s.get("tasks", []):
@@ -291,7 +291,7 @@ def format_summary(s: dict[str, Any]) -> str:
         if "error" in n:
             lines.append(f"  {n['name']}: {n['error']}")
             continue
-        q, st = n.get("qdisc") or {}, n["stats"]
+        q, st = n.get("qdisc"), n["stats"]
         lines.append(f"  {n['name']}: mtu {n['mtu']} {'UP' if n['up'] else 'DOWN'}"
                      f"{' RUNNING' if n['running'] else ''} carrier {'on' if n['carrier'] else 'off'}"
                      + (f" qdisc {q['kind']} qlen {q['qlen']} drops {q['drops']}" if q else "")

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from labctl.lab.drgnexpr import TEXT_METHODS as DRGN_TEXT_METHODS
     from labctl.lab.drgnexpr import TYPE_ATTRIBUTES as DRGN_TYPE_ATTRIBUTES
     from labctl.lab.drgnexpr import parse as parse_drgn
-    from labctl.lab.firewall import Firewall, ScriptLine
+    from labctl.lab.firewall import Firewall, FirewallRecord, ScriptLine
     from labctl.lab.followspec import FollowSpec
     from labctl.lab.guestnet import guest_interfaces, net_settings, settings_text
     from labctl.lab.hosts import HostPlace, HostRecord, host_place, place_guests
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         Bond,
         Bridge,
         IfaceView,
+        NetSettings,
         Route,
         Sysctl,
         Vlan,
@@ -78,9 +79,12 @@ if TYPE_CHECKING:
         MGMT_SUBNET,
         Check,
         Guest,
+        GuestRecord,
         Lab,
+        LabRecord,
         Network,
         Nic,
+        NicRecord,
     )
     from labctl.lab.netopts import LinkSpec, render_impairment
     from labctl.lab.nics import NIC_ALIASES, NIC_MODELS, NicModel, canonical_nic_model, get_nic_model
@@ -140,11 +144,13 @@ __all__ = [
     "CaptureRecord",
     "Check",
     "Firewall",
+    "FirewallRecord",
     "FollowSpec",
     "Framing",
     "GdbRecord",
     "GdbStep",
     "Guest",
+    "GuestRecord",
     "HostPlace",
     "HostRecord",
     "IfaceView",
@@ -153,11 +159,14 @@ __all__ = [
     "KindDecl",
     "Kselftest",
     "Lab",
+    "LabRecord",
     "LinkSpec",
+    "NetSettings",
     "Network",
     "NetworkRecord",
     "Nic",
     "NicModel",
+    "NicRecord",
     "Route",
     "RunSpec",
     "ScriptLine",

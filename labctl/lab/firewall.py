@@ -40,14 +40,14 @@ import shlex
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from labctl.lab.checker import Checker, close_match, describe, did_you_mean, join
 from labctl.lab.trust import TRUST_ENV, owner_name, untrusted_reason
 from labctl.lab.yamlpos import YamlMap
 
-__all__ = ["FIREWALL_KEYS", "HOOKS", "TABLE", "Chain", "Firewall", "NatRule", "NftFile", "Rule", "ScriptLine",
-           "check_interfaces", "parse_firewall"]
+__all__ = ["FIREWALL_KEYS", "HOOKS", "TABLE", "Chain", "ChainRecord", "Firewall", "FirewallRecord", "NatRule",
+           "NatRuleRecord", "NftFile", "NftFileRecord", "Rule", "ScriptLine", "check_interfaces", "parse_firewall"]
 
 FIREWALL_KEYS = ("filter", "nat", "file")
 CHAIN_KEYS = ("policy", "rules")
@@ -63,6 +63,44 @@ MAX_RULES = 256
 MAX_RULE = 1000
 MAX_FILE = 64 * 1024  # its text travels in one SSH command line (the guest's bash -c: 128 KiB at most)
 _PORTS = re.compile(r"(\d{1,5})(?:-(\d{1,5}))?")
+
+
+class ChainRecord(TypedDict):
+    """:meth:`Chain.to_dict` (its hook is its key in :class:`FirewallRecord`'s ``filter``)."""
+
+    policy: str
+    rules: list[str]
+
+
+NatRuleRecord = TypedDict("NatRuleRecord", {
+    "type": str,  # masquerade, snat, dnat
+    "in": NotRequired[str],  # a DNAT's interface
+    "out": NotRequired[str],  # a masquerade's or SNAT's
+    "src": NotRequired[str],
+    "dst": NotRequired[str],
+    "proto": NotRequired[str],
+    "port": NotRequired[str],
+    "to": NotRequired[str],
+})
+""":meth:`NatRule.to_dict`: the keys left out are the rule's Nones."""
+
+
+class NftFileRecord(TypedDict):
+    """:meth:`NftFile.to_dict`."""
+
+    name: str
+    sha256: str
+    text: str
+    source: str
+
+
+class FirewallRecord(TypedDict):
+    """:meth:`Firewall.to_dict`: a guest's firewall in a lab's recorded state."""
+
+    table: str
+    filter: dict[str, ChainRecord]
+    nat: list[NatRuleRecord]
+    file: NftFileRecord | None
 
 
 @dataclass(frozen=True)
@@ -84,7 +122,7 @@ class Chain:
     line: int = 0
     path: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ChainRecord:
         return {"policy": self.policy, "rules": [r.text for r in self.rules]}
 
 
@@ -136,20 +174,33 @@ class NatRule:
         what = [f"{self.kind} out {self.iface}"] + ([f"from {self.src}"] if self.src else [])
         return " ".join(what + ([f"to {self.to}"] if self.to else []))
 
-    def to_dict(self) -> dict[str, Any]:
-        key = "in" if self.kind == "dnat" else "out"
-        return {"type": self.kind, key: self.iface, **{k: v for k, v in (("src", self.src), ("dst", self.dst),
-                ("proto", self.proto), ("port", self.port), ("to", self.to)) if v is not None}}
+    def to_dict(self) -> NatRuleRecord:
+        out: NatRuleRecord = {"type": self.kind}
+        if self.kind == "dnat":
+            out["in"] = self.iface
+        else:
+            out["out"] = self.iface
+        if self.src is not None:
+            out["src"] = self.src
+        if self.dst is not None:
+            out["dst"] = self.dst
+        if self.proto is not None:
+            out["proto"] = self.proto
+        if self.port is not None:
+            out["port"] = self.port
+        if self.to is not None:
+            out["to"] = self.to
+        return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NatRule:
+    def from_dict(cls, d: NatRuleRecord) -> NatRule:
         kind = str(d.get("type"))
 
-        def opt(k: str) -> str | None:
-            return str(d[k]) if d.get(k) is not None else None
+        def opt(v: object) -> str | None:
+            return str(v) if v is not None else None
 
-        return cls(kind, str(d.get("in" if kind == "dnat" else "out")), opt("src"), opt("dst"), opt("proto"),
-                   opt("port"), opt("to"))
+        return cls(kind, str(d.get("in") if kind == "dnat" else d.get("out")), opt(d.get("src")), opt(d.get("dst")),
+                   opt(d.get("proto")), opt(d.get("port")), opt(d.get("to")))
 
 
 @dataclass(frozen=True)
@@ -166,7 +217,7 @@ class NftFile:
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NftFileRecord:
         return {"name": self.name, "sha256": self.sha256, "text": self.text, "source": self.source}
 
 
@@ -190,15 +241,15 @@ class Firewall:
     path: str = ""
     lines: dict[int, ScriptLine] = field(default_factory=dict, compare=False, repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FirewallRecord:
         return {"table": TABLE, "filter": {c.hook: c.to_dict() for c in self.chains},
                 "nat": [n.to_dict() for n in self.nat], "file": self.file.to_dict() if self.file else None}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Firewall:
+    def from_dict(cls, d: FirewallRecord) -> Firewall:
         """From :meth:`to_dict`'s form (a lab's recorded state); lines are 0."""
-        chains = tuple(Chain(str(h), str((c or {}).get("policy") or "accept"),
-                             tuple(Rule(str(r)) for r in (c or {}).get("rules") or ()))
+        chains = tuple(Chain(str(h), str((c.get("policy") if c else None) or "accept"),
+                             tuple(Rule(str(r)) for r in (c.get("rules") if c else None) or ()))
                        for h, c in (d.get("filter") or {}).items())
         nat = tuple(NatRule.from_dict(n) for n in d.get("nat") or () if isinstance(n, dict))
         f = d.get("file")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from labctl.lab.ifaces import IfaceView, net_settings_text, nic_interfaces
+from labctl.lab.ifaces import IfaceView, NetSettings, net_settings_text, nic_interfaces
 from labctl.lab.ifaces import net_settings as _settings_of
 
 
@@ -37,7 +37,7 @@ def settings_text(guest: Mapping[str, Any]) -> list[str]:
     return net_settings_text(guest, more)
 
 
-def net_settings(guest: Mapping[str, Any]) -> dict[str, Any]:
+def net_settings(guest: Mapping[str, Any]) -> NetSettings:
     """What a guest's network settings are, for comparing two runs (:func:`.ifaces.net_settings` of
     every interface)."""
     return _settings_of(guest, guest_interfaces(guest))

@@ -11,7 +11,11 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from labctl.lab.firewall import FirewallRecord
+    from labctl.lab.xdp import TcRecord, XdpRecord
 
 __all__ = [
     "BOND_MODES",
@@ -19,11 +23,18 @@ __all__ = [
     "PRIMARY_MODES",
     "Address",
     "Bond",
+    "BondRecord",
     "Bridge",
+    "BridgeRecord",
+    "GuestSysctlRecord",
+    "IfaceSettings",
     "IfaceView",
+    "NetSettings",
     "Route",
+    "RouteRecord",
     "Sysctl",
     "Vlan",
+    "VlanRecord",
     "address_keys",
     "firewall_lines",
     "first_ip",
@@ -56,6 +67,52 @@ def _texts(addresses: Iterable[Address]) -> list[str]:
     return [str(a) for a in addresses]
 
 
+class VlanRecord(TypedDict):
+    """:meth:`Vlan.to_dict`: a VLAN in a lab's recorded state."""
+
+    id: int
+    name: str
+    addresses: list[str]
+
+
+class BondRecord(TypedDict):
+    """:meth:`Bond.to_dict`."""
+
+    name: str
+    mode: str
+    members: list[str]
+    addresses: list[str]
+    vlans: list[VlanRecord]
+    miimon: int
+    primary: str | None
+
+
+class BridgeRecord(TypedDict):
+    """:meth:`Bridge.to_dict`."""
+
+    name: str
+    members: list[str]
+    addresses: list[str]
+    vlans: list[VlanRecord]
+
+
+class RouteRecord(TypedDict):
+    """:meth:`Route.to_dict`: ``to`` is ``default`` or the prefix; ``family`` ``ipv4`` or ``ipv6``."""
+
+    to: str
+    via: str | None
+    dev: str | None
+    metric: int | None
+    family: str
+
+
+class GuestSysctlRecord(TypedDict):
+    """A sysctl in ``Guest.to_dict()``'s ``sysctls``."""
+
+    name: str
+    value: str
+
+
 @dataclass(frozen=True)
 class Vlan:
     """An 802.1Q sub-interface (``name``, default ``PARENT.ID``) of a NIC, bond or bridge."""
@@ -65,7 +122,7 @@ class Vlan:
     addresses: tuple[Address, ...] = ()
     line: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VlanRecord:
         return {"id": self.id, "name": self.name, "addresses": _texts(self.addresses)}
 
 
@@ -82,7 +139,7 @@ class Bond:
     primary: str | None = None
     line: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BondRecord:
         return {"name": self.name, "mode": self.mode, "members": list(self.members),
                 "addresses": _texts(self.addresses), "vlans": [v.to_dict() for v in self.vlans],
                 "miimon": self.miimon, "primary": self.primary}
@@ -98,7 +155,7 @@ class Bridge:
     vlans: tuple[Vlan, ...] = ()
     line: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BridgeRecord:
         return {"name": self.name, "members": list(self.members), "addresses": _texts(self.addresses),
                 "vlans": [v.to_dict() for v in self.vlans]}
 
@@ -134,7 +191,7 @@ class Route:
             parts += ["metric", str(self.metric)]
         return " ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RouteRecord:
         return {"to": self.destination, "via": str(self.via) if self.via is not None else None, "dev": self.dev,
                 "metric": self.metric, "family": f"ipv{self.version}"}
 
@@ -259,35 +316,69 @@ def address_keys(guest: str, views: Iterable[tuple[str, Sequence[Address]]]) -> 
     return out
 
 
-def net_settings(guest: Mapping[str, Any], interfaces: Iterable[IfaceView]) -> dict[str, Any]:
+IfaceSettings = TypedDict("IfaceSettings", {
+    "what": str,  # nic, or the kind and what it is (vlan 10 of eth1, bond active-backup bond of eth2, eth3)
+    "addresses": list[str],
+    "in": NotRequired[str],  # the bond or bridge it is a member of
+    "xdp": NotRequired[str],  # a NIC's XDP program: what it is, and its object's digest
+    "tc": NotRequired[str],  # its tc program
+})
+""":class:`NetSettings`' view of one interface."""
+
+
+class NetSettings(TypedDict):
+    """:func:`net_settings`: a guest's network settings, for comparing two runs (empty parts left out)."""
+
+    interfaces: dict[str, IfaceSettings]
+    routes: NotRequired[list[str]]
+    sysctls: NotRequired[dict[str, str]]
+    firewall: NotRequired[list[str]]  # each line of the nft script labctl writes
+
+
+def _program_text(x: XdpRecord | TcRecord) -> str:
+    return str(x.get("summary")) + (f" sha256 {str(x['sha256'])[:12]}" if x.get("sha256") else "")
+
+
+def net_settings(guest: Mapping[str, Any], interfaces: Iterable[IfaceView]) -> NetSettings:
     """What a guest's network settings are, for comparing two runs: each of its ``interfaces``'
     addresses and what it is, its routes and its sysctls (``Guest.to_dict()`` form; empty parts left
     out; :func:`labctl.lab.guestnet.net_settings` gives it every interface)."""
-    ifaces = {v.name: {"what": v.kind if v.kind == "nic" else f"{v.kind} {v.detail}", "addresses": list(v.addresses),
-                       **({"in": v.master} if v.master else {})}
-              for v in interfaces}
-    for n, kind in ((n, kind) for n in _list(guest.get("nics")) for kind in ("xdp", "tc")):
-        x = _map(_map(n).get(kind))  # a NIC's XDP and tc programs: what each is, and its object's digest
-        if x and str(_map(n).get("name")) in ifaces:
-            ifaces[str(_map(n).get("name"))][kind] = str(x.get("summary")) + (
-                f" sha256 {str(x['sha256'])[:12]}" if x.get("sha256") else "")
+    ifaces: dict[str, IfaceSettings] = {}
+    for v in interfaces:
+        ifaces[v.name] = {"what": v.kind if v.kind == "nic" else f"{v.kind} {v.detail}", "addresses": list(v.addresses)}
+        if v.master:
+            ifaces[v.name]["in"] = v.master
+    for n in _list(guest.get("nics")):  # a NIC's XDP and tc programs: what each is, and its object's digest
+        name = str(_map(n).get("name"))
+        xdp: XdpRecord | None = _map(n).get("xdp")
+        tc: TcRecord | None = _map(n).get("tc")
+        if isinstance(xdp, Mapping) and xdp and name in ifaces:
+            ifaces[name]["xdp"] = _program_text(xdp)
+        if isinstance(tc, Mapping) and tc and name in ifaces:
+            ifaces[name]["tc"] = _program_text(tc)
     routes = [_route_text(r) for r in _list(guest.get("routes"))]
     sysctls = {str(k): str(v) for k, v in (_sysctl_item(s) for s in _list(guest.get("sysctls"))) if k}
     firewall = firewall_lines(guest, detail=True)
-    return {"interfaces": ifaces, **({"routes": routes} if routes else {}), **({"sysctls": sysctls} if sysctls else {}),
-            **({"firewall": firewall} if firewall else {})}
+    out: NetSettings = {"interfaces": ifaces}
+    if routes:
+        out["routes"] = routes
+    if sysctls:
+        out["sysctls"] = sysctls
+    if firewall:
+        out["firewall"] = firewall
+    return out
 
 
 def firewall_lines(guest: Mapping[str, Any], detail: bool = False) -> list[str]:
     """A guest's firewall (``Guest.to_dict()`` form) as short lines (:meth:`~labctl.lab.firewall.Firewall.summary`),
     or with ``detail`` each line of the nft script labctl writes (for comparing two runs); an nft
     file's line says its sha256 too, so two runs whose files differ compare different."""
-    fw = guest.get("firewall")
+    fw: FirewallRecord | None = guest.get("firewall")
     if not isinstance(fw, Mapping):
         return []
     from labctl.lab.firewall import Firewall  # here: firewall.py imports the model, which imports this module
 
-    parsed = Firewall.from_dict(dict(fw))
+    parsed = Firewall.from_dict(fw)
     out = parsed.summary()
     if detail:
         out = [ln.strip() for ln in parsed.script()[0].splitlines()] + [ln for ln in out if ln.startswith("nft file ")]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 DEBIAN = "debian"
 TREE = "tree"
@@ -72,7 +71,7 @@ class KernelSpec:
             return f"tree {self.tree}"
         return f"image {self.image}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str]:
         """JSON-serialisable view."""
         return {"kind": self.kind, **({"release": self.release} if self.release else {}),
                 **{k: str(v) for k, v in (("tree", self.tree), ("image", self.image), ("modules", self.modules),

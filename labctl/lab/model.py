@@ -9,19 +9,33 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from labctl.lab.ifaces import Address, Bond, Bridge, Route, Sysctl, Vlan, address_keys, first_ip
+from labctl.lab.ifaces import (
+    Address,
+    Bond,
+    BondRecord,
+    Bridge,
+    BridgeRecord,
+    GuestSysctlRecord,
+    Route,
+    RouteRecord,
+    Sysctl,
+    Vlan,
+    VlanRecord,
+    address_keys,
+    first_ip,
+)
 from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
-from labctl.lab.shares import Share
+from labctl.lab.shares import Share, ShareRecord
 from labctl.names import LAB_IDENT, LAB_IDENT_RULE, LAB_NAME, LAB_NAME_RULE  # a leaf (the state reads it)
 
 if TYPE_CHECKING:
-    from labctl.lab.firewall import Firewall
-    from labctl.lab.tunnels.devices import Tunnel, Vrf
-    from labctl.lab.xdp import Tc, Xdp
+    from labctl.lab.firewall import Firewall, FirewallRecord
+    from labctl.lab.tunnels.devices import Tunnel, TunnelRecord, Vrf, VrfRecord
+    from labctl.lab.xdp import Tc, TcRecord, Xdp, XdpRecord
 
 __all__ = [
     "DEFAULT_HOST",
@@ -33,11 +47,17 @@ __all__ = [
     "MGMT_NIC",
     "MGMT_SUBNET",
     "Check",
+    "CheckRecord",
     "Guest",
+    "GuestRecord",
     "Host",
+    "HostRecord",
     "Lab",
+    "LabNetworkRecord",
+    "LabRecord",
     "Network",
     "Nic",
+    "NicRecord",
 ]
 
 DEFAULT_IMAGE = "debian-12"
@@ -51,6 +71,94 @@ MGMT_NIC = "mgmt0"
 
 MGMT_SUBNET = ipaddress.IPv4Network("10.0.2.0/24")
 """Subnet of labctl's management network (lab NICs may not use it)."""
+
+
+class NicRecord(TypedDict):
+    """:meth:`Nic.to_dict`: a NIC in a lab's recorded state (an older labctl's has no ``addresses``,
+    ``vlans``, ``xdp`` or ``tc``: :mod:`labctl.lab.ifaces`' views tolerate it)."""
+
+    name: str
+    model: str
+    network: str
+    ip: str | None
+    addresses: list[str]
+    vlans: list[VlanRecord]
+    mac: str
+    queues: int
+    mtu: int | None
+    index: int
+    impair: dict[str, str | int] | None
+    xdp: NotRequired[XdpRecord]
+    tc: NotRequired[TcRecord]
+
+
+class LabNetworkRecord(TypedDict):
+    """:meth:`Network.to_dict`: ``members`` and ``capture`` as ``[guest, nic]`` pairs."""
+
+    name: str
+    mtu: int | None
+    description: str
+    members: list[list[str]]
+    capture: list[list[str]]
+
+
+class GuestRecord(TypedDict):
+    """:meth:`Guest.to_dict`: a guest in a lab's recorded state (``Lab.to_dict()['guests']``)."""
+
+    name: str
+    memory: int
+    cpus: int
+    kernel_args: list[str]
+    host: str
+    kernel: dict[str, str] | None
+    setup: list[str]
+    shares: list[ShareRecord]
+    nics: list[NicRecord]
+    bonds: list[BondRecord]
+    bridges: list[BridgeRecord]
+    routes: list[RouteRecord]
+    sysctls: list[GuestSysctlRecord]
+    firewall: FirewallRecord | None
+    tunnels: NotRequired[list[TunnelRecord]]
+    vrfs: NotRequired[list[VrfRecord]]
+
+
+class HostRecord(TypedDict):
+    """:meth:`Host.to_dict`."""
+
+    name: str
+    uri: str
+    address: str | None
+
+
+class CheckRecord(TypedDict):
+    """:meth:`Check.to_dict` (``kind`` only when not ``shell``)."""
+
+    name: str
+    guest: str
+    command: str
+    hint: str
+    timeout: float
+    kind: NotRequired[str]
+
+
+class LabRecord(TypedDict):
+    """:meth:`Lab.to_dict`: the resolved lab as a lab's state and a bundle's manifest record it."""
+
+    name: str
+    source: str
+    sha256: str
+    image: str
+    kernel: dict[str, str] | None
+    backend: str
+    description: str
+    networks: dict[str, LabNetworkRecord]
+    hosts: dict[str, HostRecord]
+    guests: dict[str, GuestRecord]
+    steps: list[dict[str, object]]  # dataclasses.asdict of each labctl.lab.stepspec.Step, recorded as it is
+    checks: list[CheckRecord]
+    instance: str | None
+    drops: bool
 
 
 @dataclass(frozen=True)
@@ -90,9 +198,9 @@ class Nic:
         """The registry entry for this NIC's model."""
         return NIC_MODELS[self.model]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NicRecord:
         """JSON-serialisable view (``ip``: :attr:`ip` as ``"a.b.c.d/len"`` or None; ``addresses``: all)."""
-        return {
+        out: NicRecord = {
             "name": self.name,
             "model": self.model,
             "network": self.network,
@@ -104,9 +212,12 @@ class Nic:
             "mtu": self.mtu,
             "index": self.index,
             "impair": self.impair.to_dict() if self.impair else None,
-            **({"xdp": self.xdp.to_dict()} if self.xdp else {}),
-            **({"tc": self.tc.to_dict()} if self.tc else {}),
         }
+        if self.xdp:
+            out["xdp"] = self.xdp.to_dict()
+        if self.tc:
+            out["tc"] = self.tc.to_dict()
+        return out
 
 
 @dataclass(frozen=True)
@@ -124,7 +235,7 @@ class Network:
     line: int = 0
     capture: tuple[tuple[str, str], ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LabNetworkRecord:
         """JSON-serialisable view."""
         return {
             "name": self.name,
@@ -192,9 +303,9 @@ class Guest:
                 return nic
         raise KeyError(name)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GuestRecord:
         """JSON-serialisable view."""
-        return {
+        out: GuestRecord = {
             "name": self.name,
             "memory": self.memory,
             "cpus": self.cpus,
@@ -209,9 +320,12 @@ class Guest:
             "routes": [r.to_dict() for r in self.routes],
             "sysctls": [{"name": s.name, "value": s.value} for s in self.sysctls],
             "firewall": self.firewall.to_dict() if self.firewall else None,
-            **({"tunnels": [t.to_dict() for t in self.tunnels]} if self.tunnels else {}),
-            **({"vrfs": [v.to_dict() for v in self.vrfs]} if self.vrfs else {}),
         }
+        if self.tunnels:
+            out["tunnels"] = [t.to_dict() for t in self.tunnels]
+        if self.vrfs:
+            out["vrfs"] = [v.to_dict() for v in self.vrfs]
+        return out
 
 
 @dataclass(frozen=True)
@@ -227,7 +341,7 @@ class Host:
     address: str | None = None
     line: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> HostRecord:
         """JSON-serialisable view."""
         return {"name": self.name, "uri": self.uri, "address": self.address}
 
@@ -246,9 +360,12 @@ class Check:
     line: int = 0
     kind: str = "shell"  # shell, drgn
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "guest": self.guest, "command": self.command, "hint": self.hint,
-                "timeout": self.timeout, **({"kind": self.kind} if self.kind != "shell" else {})}
+    def to_dict(self) -> CheckRecord:
+        out: CheckRecord = {"name": self.name, "guest": self.guest, "command": self.command, "hint": self.hint,
+                            "timeout": self.timeout}
+        if self.kind != "shell":
+            out["kind"] = self.kind
+        return out
 
 
 @dataclass(frozen=True)
@@ -329,7 +446,7 @@ class Lab:
         """True when the lab places guests on named libvirt hosts."""
         return bool(self.hosts) or any(g.host != DEFAULT_HOST for g in self.guests.values())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LabRecord:
         """JSON-serialisable resolved view (no raw text; ips as strings)."""
         return {
             "name": self.name,

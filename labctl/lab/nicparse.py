@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from labctl.lab.addresses import parse_addresses
 from labctl.lab.checker import Checker, describe, did_you_mean
-from labctl.lab.ifaces import Bond, Bridge, Vlan
+from labctl.lab.ifaces import Bond, Bridge, Route, Sysctl, Vlan
 from labctl.lab.model import Nic
 from labctl.lab.netconf import iface_name, parse_vlans
 from labctl.lab.netopts import nic_impairment
@@ -17,6 +17,10 @@ from labctl.lab.nics import NIC_MODELS, canonical_nic_model, suggest_nic_model
 from labctl.lab.specs import GuestSpec, MasterSpec, NetSpec, NicSpec, VlanSpec
 from labctl.lab.xdp import parse_tc, parse_xdp
 from labctl.lab.yamlpos import YamlMap, YamlSeq
+
+if TYPE_CHECKING:
+    from labctl.lab.firewall import Firewall
+    from labctl.lab.tunnels.devices import Tunnel, Vrf
 
 MAX_NICS = 16  # lab NICs per guest: PCI slots, and what a lab can use
 NIC_KEYS = ("name", "model", "network", "ip", "mac", "queues", "mtu", "impair", "vlans", "xdp", "tc")
@@ -171,7 +175,19 @@ def _master(m: MasterSpec) -> Bond | Bridge:
     return Bridge(m.name, m.members, addresses, vlans, m.line)
 
 
-def resolve_settings(g: GuestSpec) -> dict[str, Any]:
+class GuestSettings(TypedDict):
+    """:func:`resolve_settings`: a guest's network settings, the :class:`~labctl.lab.model.Guest` keywords."""
+
+    bonds: tuple[Bond, ...]
+    bridges: tuple[Bridge, ...]
+    routes: tuple[Route, ...]
+    sysctls: tuple[Sysctl, ...]
+    firewall: Firewall | None
+    tunnels: tuple[Tunnel, ...]
+    vrfs: tuple[Vrf, ...]
+
+
+def resolve_settings(g: GuestSpec) -> GuestSettings:
     """The guest's bonds, bridges, routes and sysctls as the model's keyword arguments."""
     masters = [_master(m) for m in g.masters]
     return {"bonds": tuple(m for m in masters if isinstance(m, Bond)),

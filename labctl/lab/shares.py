@@ -38,7 +38,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from labctl.errors import LabctlError
 from labctl.lab.checker import Checker, describe, join
@@ -59,6 +59,14 @@ SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/opt", "/proc", "/run", "/sbin"
 COMMON_DIRS = ("/", "/home", "/media", "/mnt", "/tmp")
 
 
+class ShareRecord(TypedDict):
+    """:meth:`Share.to_dict`: a share in a lab's recorded state (``host`` absolute)."""
+
+    host: str
+    mount: str
+    writable: bool
+
+
 @dataclass(frozen=True)
 class Share:
     """One host directory shared into a guest."""
@@ -68,11 +76,11 @@ class Share:
     writable: bool = False
     line: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ShareRecord:
         return {"host": str(self.host), "mount": self.mount, "writable": self.writable}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Share:
+    def from_dict(cls, d: ShareRecord) -> Share:
         return cls(Path(str(d["host"])), str(d["mount"]), bool(d.get("writable")))
 
     def describe(self, exported: Path | None = None) -> str:

@@ -4,7 +4,7 @@ the links it changed, and one record per NIC it captured. Its lab-file keys are 
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 
 class CaptureRecord(TypedDict, total=False):
@@ -24,5 +24,5 @@ class CaptureRecord(TypedDict, total=False):
 class NetworkRecord(TypedDict):
     """Impairments in force during the step, and links it changed (``GUEST.NIC`` -> up/down)."""
 
-    impair: dict[str, Any]
+    impair: dict[str, dict[str, str | int]]  # GUEST.NIC -> its impairment (labctl.lab.impair.Impairment.to_dict)
     links: dict[str, str]

@@ -36,7 +36,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from labctl.lab.bpfbuild import MAX_SOURCE, build, include_problem
 from labctl.lab.checker import Checker, describe, did_you_mean, join
@@ -44,7 +44,8 @@ from labctl.lab.nics import NIC_MODELS
 from labctl.lab.trust import TRUST_ENV, named_path_reason, read_capped
 from labctl.lab.yamlpos import YamlMap
 
-__all__ = ["ACTIONS", "DIRECTIONS", "FILTER_KEYS", "MODES", "TC_KEYS", "XDP_KEYS", "Tc", "Xdp", "parse_tc", "parse_xdp"]
+__all__ = ["ACTIONS", "DIRECTIONS", "FILTER_KEYS", "MODES", "TC_KEYS", "XDP_KEYS", "Tc", "TcRecord", "Xdp", "XdpFilterRecord",
+           "XdpRecord", "parse_tc", "parse_xdp"]
 
 XDP_KEYS = ("source", "section", "mode", "counters", "filter")
 TC_KEYS = ("source", "section", "direction")
@@ -55,6 +56,40 @@ POLICIES = ("allow", "deny")
 ACTIONS = ("ABORTED", "DROP", "PASS", "TX", "REDIRECT")  # the XDP action numbers' names
 MAX_RULES = 64
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}")
+
+
+class XdpFilterRecord(TypedDict):
+    """xdp-filter's rules in :class:`XdpRecord`."""
+
+    ports: list[int]
+    ips: list[str]
+    policy: str
+
+
+class XdpRecord(TypedDict):
+    """:meth:`Xdp.to_dict`: a NIC's XDP program in a lab's recorded state; a source's (``source``,
+    ``section``, ``sha256``, ``object`` in base64, ``counters``) or xdp-filter's (``filter``)."""
+
+    mode: str
+    program: str
+    summary: str
+    source: NotRequired[str]
+    section: NotRequired[str]
+    sha256: NotRequired[str]
+    object: NotRequired[str]
+    counters: NotRequired[str | None]
+    filter: NotRequired[XdpFilterRecord]
+
+
+class TcRecord(TypedDict):
+    """:meth:`Tc.to_dict` (``object`` in base64)."""
+
+    source: str
+    section: str
+    direction: str
+    summary: str
+    sha256: str
+    object: str
 
 
 @dataclass(frozen=True)
@@ -90,17 +125,17 @@ class Xdp:
             [f"ips {','.join(self.ips)}"] if self.ips else [])
         return " ".join(["XDP xdp-filter", self.policy, *rules]) + f" ({self.mode})"
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"mode": self.mode, "program": self.program, "summary": self.summary()}
+    def to_dict(self) -> XdpRecord:
+        d: XdpRecord = {"mode": self.mode, "program": self.program, "summary": self.summary()}
         if self.source is not None:
-            d.update(source=self.source, section=self.section, sha256=self.sha256,
-                     object=base64.b64encode(self.object).decode(), counters=self.counters)
+            d["source"], d["section"], d["sha256"] = self.source, self.section, self.sha256
+            d["object"], d["counters"] = base64.b64encode(self.object).decode(), self.counters
         else:
-            d.update(filter={"ports": list(self.ports), "ips": list(self.ips), "policy": self.policy})
+            d["filter"] = {"ports": list(self.ports), "ips": list(self.ips), "policy": self.policy}
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Xdp:
+    def from_dict(cls, d: XdpRecord) -> Xdp:
         """From :meth:`to_dict`'s form (a lab's recorded state); lines are 0."""
         f = d.get("filter") if isinstance(d.get("filter"), dict) else None
         if f is not None:
@@ -129,25 +164,25 @@ class Tc:
     def summary(self) -> str:
         return f"tc {self.source} ({self.direction})"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TcRecord:
         return {"source": self.source, "section": self.section, "direction": self.direction, "summary": self.summary(),
                 "sha256": self.sha256, "object": base64.b64encode(self.object).decode()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Tc:
+    def from_dict(cls, d: TcRecord) -> Tc:
         return cls(str(d.get("source")), base64.b64decode(str(d.get("object") or "")), str(d.get("section") or "tc"),
                    str(d.get("direction") or "ingress"))
 
 
 def nic_tc(nic: dict[str, Any]) -> Tc | None:
     """A NIC's tc program from its ``to_dict()`` form (None: it has none)."""
-    x = nic.get("tc")
+    x: TcRecord | None = nic.get("tc")
     return Tc.from_dict(x) if isinstance(x, dict) else None
 
 
 def nic_xdp(nic: dict[str, Any]) -> Xdp | None:
     """A NIC's XDP program from its ``to_dict()`` form (None: it has none)."""
-    x = nic.get("xdp")
+    x: XdpRecord | None = nic.get("xdp")
     return Xdp.from_dict(x) if isinstance(x, dict) else None
 
 

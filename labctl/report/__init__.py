@@ -29,6 +29,7 @@ from labctl.paths import atomic_write
 from labctl.report.comparison import (
     GROUPS,
     Comparison,
+    Difference,
     compare_blocks,
     compare_runs,
     fmt_change,
@@ -45,6 +46,7 @@ from labctl.report.run_summary import resummarize, summarize, write_summary
 __all__ = [
     "GROUPS",
     "Comparison",
+    "Difference",
     "compare_blocks",
     "compare_runs",
     "fmt_change",

@@ -44,7 +44,7 @@ from labctl.bundle import (
     verdict,
 )
 from labctl.errors import UsageError
-from labctl.lab import net_settings
+from labctl.lab import NetSettings, net_settings
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Bullets, Charts, Heading, Inline, Meta, Para, Row, Span, Table, txt
 from labctl.report.registry import compare_groups, headline, step_metrics, zero_when_absent
@@ -148,7 +148,7 @@ def _nics(manifest: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _net_settings(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def _net_settings(manifest: Mapping[str, Any]) -> dict[str, NetSettings]:
     guests = as_dict(as_dict(as_dict(manifest.get("lab")).get("resolved")).get("guests"))
     return {str(g): net_settings(as_dict(spec)) for g, spec in guests.items()}
 

@@ -32,7 +32,7 @@ from labctl.backends import POSTBOOT, Backend, GuestRecord, get_backend
 from labctl.endpoint import Endpoint
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.image import Image
-from labctl.lab import Firewall
+from labctl.lab import Firewall, FirewallRecord
 from labctl.state import LabState, lab_lock
 from labctl.up import (
     adopt_restored,
@@ -134,7 +134,7 @@ def reset(lab: str, guests: Sequence[str] | None = None,
 
 def firewall_of(state: LabState, name: str) -> Firewall | None:
     """The firewall of guest ``name`` as the lab's recorded state has it (None: it has none)."""
-    fw = ((state.resolved.get("guests") or {}).get(name) or {}).get("firewall")
+    fw: FirewallRecord | None = ((state.resolved.get("guests") or {}).get(name) or {}).get("firewall")
     return Firewall.from_dict(fw) if isinstance(fw, dict) else None
 
 

@@ -104,6 +104,43 @@ def test_state_round_trips_and_counts_verdicts(tmp_path: Path) -> None:
     assert back.oracle == {"kind": "check", "name": "ping"} and orc.Oracle.from_dict(back.oracle) == oracle
 
 
+def test_state_records_are_every_field_as_the_file_has_them(tmp_path: Path) -> None:
+    """The typed records (StateRecord, StepRecord) write what dataclasses.asdict wrote, key for key and in
+    order, so that a state file written before them still loads and is written back unchanged."""
+    import dataclasses
+
+    tr = {"n": 1, "outcome": "fail", "reason": "r", "run": "steps/01/x", "warm": True, "attempts": 2, "boot": 1.5,
+          "seconds": 9.0}
+    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40,
+               oracle=orc.make("figure", figure="s.k", worse_than_good=5.0, fixed=True).to_dict(), work="/w",
+               up={"accel": "tcg", "boot_timeout": 90.0, "jobs": None}, trust_dirs=["/d"], olds=["a" * 40],
+               news=["b" * 40], skips=["s"], reference="reference/r", tries=0, estimate_runs=3,
+               estimate={"commit": "b" * 40, "outcomes": ["fail"], "runs": 1, "fails": 1, "rate": 0.5, "tries": 5,
+                         "confidence": 0.97, "log": [tr], "times": {"boot": 1.0}},
+               confirmation={"reverted": "c" * 40, "on": "b" * 40, "tries": [tr], "times": {}, "status": "confirmed",
+                             "reason": "r", "run": "confirm/x"},
+               configs={"given": {"good": "configs/good-given.config"}, "good": "configs/good.config",
+                        "olddefconfig": {"good": {"CONFIG_X": ["y", "n"]}}, "differ": 2, "resolved": True},
+               lab_up=True, done=True, result={"first": "c" * 40, "subject": "net: x"})
+    st.steps += [Step(n=1, commit="c" * 40, subject="s", verdict=NEW, reason="r", outcome="fail",
+                      figure={"name": "s.k", "values": [1.0], "spread": {"n": 1, "mean": 1.0, "min": 1.0, "max": 1.0,
+                                                                          "sd": 0.0}},
+                      run="steps/01/x", attempts=2, tries=[tr], cached_build=True, times={"build": 1.0},
+                      options={"file": "configs/01.config", "set": {"CONFIG_X": ["n", "y"]}, "left": [1, 1]},
+                      notes=["objtool rebuilt"]),
+                 Step(n=2, commit="d" * 40)]
+    assert st.to_dict() == dataclasses.asdict(st)
+    assert list(st.to_dict()) == [f.name for f in dataclasses.fields(State)]
+    assert list(st.steps[0].to_dict()) == [f.name for f in dataclasses.fields(Step)]
+    save(tmp_path, st)
+    text = (tmp_path / "state.json").read_text()
+    assert text == json.dumps(dataclasses.asdict(st), indent=2) + "\n"
+    back = load(tmp_path)
+    assert back == st
+    save(tmp_path, back)
+    assert (tmp_path / "state.json").read_text() == text
+
+
 def test_state_that_is_not_one_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a bisection"):
         load(tmp_path)
@@ -329,7 +366,7 @@ def test_a_steps_verdict_follows_the_oracle(tmp_path: Path, fixed: bool, outcome
 def test_a_bundle_others_may_write_is_refused_before_its_state_is_read(tmp_path: Path) -> None:
     from labctl.errors import UnsafePath
 
-    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle=orc.make("panic"))
+    st = State(lab_file="/x/lab.yaml", tree="/t", good="a" * 40, bad="b" * 40, oracle=orc.make("panic").to_dict())
     save(tmp_path, st)
     os.chmod(tmp_path, 0o777)  # anyone could have put that state there
     with pytest.raises(UnsafePath, match="writable by other users"):

@@ -11,19 +11,38 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
-from labctl.lab.ifaces import Address, Route
+from labctl.lab.ifaces import Address, Route, RouteRecord
 from labctl.lab.tunnels.framing import Framing
 
 if TYPE_CHECKING:
     from labctl.lab.checker import Checker
     from labctl.lab.yamlpos import YamlMap
 
-__all__ = ["COMMON_KEYS", "Kind", "Tunnel", "Vrf"]
+__all__ = ["COMMON_KEYS", "Kind", "Tunnel", "TunnelRecord", "Vrf", "VrfRecord"]
 
 COMMON_KEYS = ("type", "ip", "mtu")
 """The keys every tunnel takes; a kind adds its own (:attr:`Kind.keys`)."""
+
+
+class TunnelRecord(TypedDict):
+    """:meth:`Tunnel.to_dict`: a tunnel in a lab's recorded state (``type``: its kind)."""
+
+    name: str
+    type: str
+    addresses: list[str]
+    mtu: int | None
+    options: dict[str, str]
+
+
+class VrfRecord(TypedDict):
+    """:meth:`Vrf.to_dict`."""
+
+    name: str
+    table: int
+    members: list[str]
+    routes: list[RouteRecord]
 
 
 @dataclass(frozen=True)
@@ -43,19 +62,19 @@ class Tunnel:
         """The option ``key`` as text, or None when not given."""
         return dict(self.options).get(key)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TunnelRecord:
         return {"name": self.name, "type": self.kind, "addresses": [str(a) for a in self.addresses],
                 "mtu": self.mtu, "options": dict(self.options)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Tunnel:
+    def from_dict(cls, d: TunnelRecord) -> Tunnel:
         """From :meth:`to_dict`'s form (a lab's recorded state)."""
         given = d.get("options")
-        options: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+        options: Mapping[str, str] = given if isinstance(given, Mapping) else {}
         return cls(str(d.get("name")), str(d.get("type")),
                    tuple(ipaddress.ip_interface(str(a)) for a in d.get("addresses") or ()),
                    tuple((str(k), str(v)) for k, v in options.items()),
-                   int(d["mtu"]) if d.get("mtu") is not None else None)
+                   int(mtu) if (mtu := d.get("mtu")) is not None else None)
 
 
 @dataclass(frozen=True)
@@ -88,19 +107,20 @@ class Vrf:
         return (f"table {self.table} of {', '.join(self.members) or 'no interface'}"
                 + (f"; {n} route{'s' if n != 1 else ''}" if n else ""))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VrfRecord:
         return {"name": self.name, "table": self.table, "members": list(self.members),
                 "routes": [r.to_dict() for r in self.routes]}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Vrf:
+    def from_dict(cls, d: VrfRecord) -> Vrf:
         """From :meth:`to_dict`'s form (a lab's recorded state)."""
         routes = []
         for r in d.get("routes") or ():
             to = str(r.get("to"))
             if to == "default":
                 to = "::/0" if r.get("family") == "ipv6" else "0.0.0.0/0"
-            routes.append(Route(ipaddress.ip_network(to), ipaddress.ip_address(r["via"]) if r.get("via") else None,
+            via = r.get("via")
+            routes.append(Route(ipaddress.ip_network(to), ipaddress.ip_address(via) if via else None,
                                 r.get("dev"), r.get("metric")))
         return cls(str(d.get("name")), int(d.get("table") or 0), tuple(str(m) for m in d.get("members") or ()),
                    tuple(routes))

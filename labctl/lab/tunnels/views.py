@@ -7,18 +7,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from labctl.lab.ifaces import IfaceView, Route
-from labctl.lab.tunnels.devices import Tunnel, Vrf
+from labctl.lab.tunnels.devices import Tunnel, TunnelRecord, Vrf, VrfRecord
 from labctl.lab.tunnels.known import KINDS
 
 __all__ = ["settings_lines", "summary_lines", "views"]
 
 
 def _tunnels(guest: Mapping[str, Any]) -> list[Tunnel]:
-    return [Tunnel.from_dict(t) for t in guest.get("tunnels") or () if isinstance(t, Mapping) and t.get("type") in KINDS]
+    recorded: list[TunnelRecord] = guest.get("tunnels") or []
+    return [Tunnel.from_dict(t) for t in recorded if isinstance(t, Mapping) and t.get("type") in KINDS]
 
 
 def _vrfs(guest: Mapping[str, Any]) -> list[Vrf]:
-    return [Vrf.from_dict(v) for v in guest.get("vrfs") or () if isinstance(v, Mapping)]
+    recorded: list[VrfRecord] = guest.get("vrfs") or []
+    return [Vrf.from_dict(v) for v in recorded if isinstance(v, Mapping)]
 
 
 def views(guest: Mapping[str, Any]) -> list[IfaceView]:
