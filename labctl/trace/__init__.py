@@ -53,7 +53,7 @@ from labctl.trace.hostcost import (
     nic_bytes,
     step_cost,
 )
-from labctl.trace.journey import Correlator, Journey, Topology, Wire
+from labctl.trace.journey import Correlator, Journey, PathHop, Topology, Wire
 from labctl.trace.journeyfiles import (
     FOLLOW_DIR,
     FOLLOW_INPUTS,
@@ -93,6 +93,7 @@ __all__ = [
     "GuestCost",
     "GuestFigures",
     "Journey",
+    "PathHop",
     "Stack",
     "StepCost",
     "TaskStats",
