@@ -20,7 +20,7 @@ from labctl.report.document import Block, Charts, Heading, Para, Row, Span, Tabl
 from labctl.report.sections import Metric, ReportSection
 
 if TYPE_CHECKING:
-    from labctl.trace.skblatency import DirectionFigures, GroupFigures, Latency, Lost, SkbLatency
+    from labctl.trace import DirectionFigures, GroupFigures, Latency, Lost, SkbLatency
 
 DIRECTIONS = (("rx", "Receive: driver → app"), ("tx", "Transmit: app → driver"))
 LATENCY_PCTS = ("p50", "p90", "p99")

@@ -21,7 +21,7 @@ from labctl.report.sections import Metric, ReportSection
 from labctl.trace import GuestFigures
 
 if TYPE_CHECKING:
-    from labctl.trace.tpcounts import CountSource, EventCount
+    from labctl.trace import CountSource, EventCount
 
 MAX_COLUMNS = 6  # commands shown as columns; the rest are summed in "other"
 

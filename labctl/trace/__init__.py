@@ -65,8 +65,10 @@ from labctl.trace.journeyfiles import (
 from labctl.trace.journeyfiles import analyze as analyze_follow
 from labctl.trace.netfigures import capture_figures
 from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
+from labctl.trace.skblatency import DirectionFigures, GroupFigures, Latency, Lost, SkbLatency
 from labctl.trace.stats import snapshot_commands, write_delta
 from labctl.trace.tef import write_trace
+from labctl.trace.tpcounts import CountSource, EventCount
 
 __all__ = [
     "FOLLOW_DIR",
@@ -85,15 +87,22 @@ __all__ = [
     "BpftraceSummary",
     "Clock",
     "Correlator",
+    "CountSource",
+    "DirectionFigures",
     "DropSummary",
     "Event",
+    "EventCount",
     "FlameFigures",
     "FollowSummary",
     "Frame",
+    "GroupFigures",
     "GuestCost",
     "GuestFigures",
     "Journey",
+    "Latency",
+    "Lost",
     "PathHop",
+    "SkbLatency",
     "Stack",
     "StepCost",
     "TaskStats",
