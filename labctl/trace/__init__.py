@@ -33,7 +33,7 @@ from labctl.trace import bpfmaps, drops, hops, journey, ktap, xdphops, xdpverdic
 from labctl.trace.analyze import GuestFigures, guest_figures, step_figures
 from labctl.trace.bpfmaps import BpftraceSummary
 from labctl.trace.clocks import Clock
-from labctl.trace.drops import DropSummary, netfilter_note
+from labctl.trace.drops import DropRecord, DropSummary, netfilter_note
 from labctl.trace.flamefold import FlameFigures, Frame, Stack, guest_flamegraph, read_folded
 from labctl.trace.hops import Event, parse_ipv4, parse_line, parse_text
 from labctl.trace.hostcost import (
@@ -89,6 +89,7 @@ __all__ = [
     "Correlator",
     "CountSource",
     "DirectionFigures",
+    "DropRecord",
     "DropSummary",
     "Event",
     "EventCount",
