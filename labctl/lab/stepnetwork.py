@@ -19,6 +19,9 @@ class CaptureRecord(TypedDict, total=False):
     first_us: int | None
     last_us: int | None
     warnings: list[str]
+    nic_frames: int  # what its NIC sent and received over the window (labctl.trace.netfigures.capture_figures)
+    missing: int  # frames the NIC counted that the capture lacks
+    link_down: bool  # the step took the NIC's link down
 
 
 class NetworkRecord(TypedDict):

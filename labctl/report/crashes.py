@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from labctl.bundle import Run, as_dict, as_list
+from labctl.bundle import Run, VmcoreRecord, as_dict, as_list
 from labctl.report.document import Block, Heading, Meta, Para, Pre, Row, Span, Table, txt
 from labctl.report.sections import ReportSection
 from labctl.textsafe import safe_text
@@ -45,7 +45,7 @@ def _size(n: object) -> str:
     return f"{int(n) / (1 << 20):.1f} MiB" if isinstance(n, int | float) else "?"
 
 
-def _meta(root: Path, rec: Mapping[str, Any]) -> Meta:
+def _meta(root: Path, rec: VmcoreRecord) -> Meta:
     rows: list[tuple[str, tuple[Span, ...]]] = []
     if rec.get("file"):
         core = str(rec["file"])
@@ -117,7 +117,7 @@ def _dmesg(digest: Mapping[str, Any]) -> list[Block]:
             Pre(safe_text("\n".join(log[-LOG_LINES:])))]
 
 
-def crash_blocks(root: Path, rec: Mapping[str, Any]) -> list[Block]:
+def crash_blocks(root: Path, rec: VmcoreRecord) -> list[Block]:
     """One crash: what, when, its vmcore, and drgn's view of it."""
     what = "panicked" if rec.get("cause") == "panic" else "oopsed"
     title = safe_text(f"Guest {rec.get('guest')} {what} during {rec.get('when') or 'the run'}", False)
@@ -136,7 +136,7 @@ class CrashSection(ReportSection):
     placement = "lead"
 
     def blocks(self, run: Run) -> list[Block]:
-        records = [as_dict(r) for r in as_list(run.summary.get("vmcores"))]
+        records = [cast("VmcoreRecord", as_dict(r)) for r in as_list(run.summary.get("vmcores"))]
         if not records:
             return []
         out: list[Block] = [Heading(2, "Crashes")]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from labctl.bundle import Run, StepSummary, as_dict, as_list
 from labctl.report.document import Block, Heading, Para, Row, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles
-from labctl.trace import DropRow, DropSummary, GuestDrops, drop_table, netfilter_note, parse_text
+from labctl.trace import DropRecord, DropRow, DropSummary, GuestDrops, drop_table, netfilter_note, parse_text
 
 DROPS_TXT, DROPS_JSON = "drops.txt", "drops.json"
 XDP_JSON = "xdp-drops.json"
@@ -34,7 +34,7 @@ def _read(path: Path) -> str:
 def summarize_drops(step_dir: Path) -> DropSummary | None:
     """The step's drops from each guest's ``drops.txt`` (None when no guest recorded any)."""
     rows: list[DropRow] = []
-    xdp: list[dict[str, Any]] = []  # XDP programs' drops (labctl.follow.xdpwatch), as rows
+    xdp: list[DropRecord] = []  # XDP programs' drops (labctl.follow.xdpwatch), as rows
     guests: dict[str, GuestDrops] = {}
     for d in sorted(p for p in step_dir.iterdir() if (p / DROPS_TXT).is_file()) if step_dir.is_dir() else []:
         try:
@@ -65,13 +65,14 @@ def summarize_drops(step_dir: Path) -> DropSummary | None:
             "rows_left_out": max(0, len(every) - ROWS_KEPT)}
 
 
-def xdp_rows(guest_dir: Path) -> list[dict[str, Any]]:
-    """The guest's XDP drop rows of the step (``xdp-drops.json``; none without)."""
+def xdp_rows(guest_dir: Path) -> list[DropRecord]:
+    """The guest's XDP drop rows of the step (``xdp-drops.json``, :meth:`labctl.trace.xdpverdicts.XdpRow.as_dict`
+    read back: each read with ``get``; none without)."""
     try:
         got = json.loads(_read(guest_dir / XDP_JSON) or "[]")
     except ValueError:
         return []
-    return [r for r in got if isinstance(r, dict)] if isinstance(got, list) else []
+    return [cast("DropRecord", r) for r in got if isinstance(r, dict)] if isinstance(got, list) else []
 
 
 def drops_blocks(step: StepSummary) -> list[Block]:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from labctl.bundle import (
     FLAMEGRAPH_FOLDED,
@@ -37,7 +35,7 @@ from labctl.paths import atomic_write
 from labctl.report.document import Block, Graphic, Heading, Para, Span, txt
 from labctl.report.flamegraph import render_diff_svg, render_svg
 from labctl.report.sections import ReportSection, StepFiles
-from labctl.trace import Stack, guest_flamegraph, read_folded
+from labctl.trace import FlameFigures, Stack, guest_flamegraph, read_folded
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +47,23 @@ def _id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.:-]", "-", text)
 
 
-def _graphs(run: Run) -> list[tuple[StepSummary, str, dict[str, Any], Path]]:
+def _graphs(run: Run) -> list[tuple[StepSummary, str, FlameFigures, Path]]:
     """(step, guest, flame figures, guest directory) of every guest with folded stacks."""
-    out: list[tuple[StepSummary, str, dict[str, Any], Path]] = []
+    out: list[tuple[StepSummary, str, FlameFigures, Path]] = []
     for step in run_steps(run.summary):
         for guest, figs in step_guests(step):
-            fg = as_dict(figs.get("flamegraph"))
-            if fg.get("folded") and step.get("dir"):
+            fg = figs.get("flamegraph")
+            if isinstance(fg, dict) and fg.get("folded") and step.get("dir"):
                 gdir = run.dir / str(step["dir"]) / guest
                 if (gdir / str(fg["folded"])).is_file():
                     out.append((step, guest, fg, gdir))
     return out
 
 
-def _subtitle(step: StepSummary, guest: str, fg: Mapping[str, Any]) -> str:
-    driver = as_dict(fg.get("driver"))
+def _subtitle(step: StepSummary, guest: str, fg: FlameFigures) -> str:
+    driver = fg.get("driver")
+    if not isinstance(driver, dict):
+        return f"{guest}, {fg.get('event')}"
     mods = ", ".join(driver.get("modules") or [])
     share = f"; driver {mods}: {fmt_num(driver.get('pct'))}% of samples" if mods and driver.get("pct") else ""
     return f"{guest}, {fg.get('event')}{share}"
@@ -78,7 +78,7 @@ def _write(path: Path, text: str) -> bool:
         return False
 
 
-def _variant_graph(run: Run, step: StepSummary, guest: str, fg: Mapping[str, Any], gdir: Path,
+def _variant_graph(run: Run, step: StepSummary, guest: str, fg: FlameFigures, gdir: Path,
                    stacks: dict[Stack, int], n: int) -> Graphic:
     label = f"{step.get('name')} / {nic_model(step) or '–'}" + (f" (run {step['repeat']})"
                                                                 if (step.get("repeat") or 1) > 1 else "")

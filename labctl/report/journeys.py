@@ -8,36 +8,39 @@ in ``<step>/follow/`` by ``labctl run`` and again by ``labctl report``; every pa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num
 from labctl.report.document import Block, Heading, Para, Row, Span, Table, num, txt
 from labctl.report.sections import Metric, ReportSection, StepFiles
-from labctl.trace import analyze_follow
+from labctl.trace import FollowSummary, PathHop, analyze_follow
 
 PATHS_SHOWN = 8
 
 
-def _hop_name(h: Mapping[str, Any]) -> str:
+def _hop_name(h: PathHop) -> str:
     if h.get("point") == "wire":
         return f"wire {h.get('where')}"
     return (f"{h.get('guest')} {h.get('where')}" + (f" {h.get('dev')}" if h.get("dev") else "")
             + (f" · {h.get('note')}" if h.get("note") else ""))
 
 
-def _clocks(f: Mapping[str, Any]) -> str:
+def _hops(value: object) -> list[PathHop]:
+    """A path's hops as summary.json has them (read back from JSON: each read with ``get``)."""
+    return [cast("PathHop", as_dict(h)) for h in as_list(value)]
+
+
+def _clocks(f: FollowSummary) -> str:
     parts = []
-    for g, c in as_dict(f.get("clocks")).items():
-        c = as_dict(c)
-        bound = c.get("bound_us")
+    for g, c in (f.get("clocks") or {}).items():
+        bound = c.get("bound_us") if isinstance(c, dict) else None
         parts.append(f"{g} ±{fmt_num(bound)} µs" if bound is not None else f"{g} unknown")
     return ", ".join(parts)
 
 
 def follow_blocks(step: StepSummary, step_dir: str) -> list[Block]:
-    f = as_dict(step.get("follow"))
-    if not f:
+    f = step.get("follow")
+    if not isinstance(f, dict) or not f:
         return []
     t = as_dict(f.get("totals"))
     by_end = ", ".join(f"{n} {k}" for k, n in as_dict(t.get("by_end")).items())
@@ -54,7 +57,7 @@ def follow_blocks(step: StepSummary, step_dir: str) -> list[Block]:
         blocks.append(Para((Span(f"{p.get('count')} × ", "b"), Span(str(p.get("example")), "code"),
                             Span(f": {end.get('text')}", "bad" if bad else ""))))
         rows = [Row((txt(_hop_name(h), "code"), num(h.get("p50_us")), num(h.get("p90_us")), num(h.get("p99_us")),
-                     num(h.get("max_us")))) for h in (as_dict(x) for x in as_list(p.get("hops")))]
+                     num(h.get("max_us")))) for h in _hops(p.get("hops"))]
         total = as_dict(p.get("total"))
         rows.append(Row((txt("first hop → last", "b"), num(total.get("p50_us")), num(total.get("p90_us")),
                          num(total.get("p99_us")), num(total.get("max_us")))))

@@ -11,69 +11,101 @@ step names one, else from the guest's totals.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from labctl.bundle import Run, StepSummary, as_dict, fmt_num, full_label, run_steps, step_guests, usable
 from labctl.report.charts import bar_chart_svg
 from labctl.report.document import Block, Charts, Heading, Para, Row, Span, Table, num, txt
 from labctl.report.sections import Metric, ReportSection
 
+if TYPE_CHECKING:
+    from labctl.trace import DirectionFigures, GroupFigures, Latency, Lost, SkbLatency
+
 DIRECTIONS = (("rx", "Receive: driver → app"), ("tx", "Transmit: app → driver"))
 LATENCY_PCTS = ("p50", "p90", "p99")
 
 
-def _focus(step: StepSummary, direction: str) -> list[tuple[str, str, dict[str, Any]]]:
-    """(column label, guest, figures) of the step's guest with the most data segments in ``direction``
+@dataclass(frozen=True)
+class Column:
+    """A variant's column: its label, the guest, its figures (of the NIC under test when it has any,
+    else the direction's) and the direction's."""
+
+    label: str
+    guest: str
+    figs: GroupFigures
+    totals: DirectionFigures
+
+
+def _skb(value: object) -> SkbLatency:
+    """A guest's ``skb_latency`` as summary.json has it (read back from JSON: each key read with ``get``)."""
+    return cast("SkbLatency", as_dict(value))
+
+
+def _direction(skb: SkbLatency, direction: str) -> DirectionFigures:
+    return cast("DirectionFigures", as_dict(as_dict(skb).get(direction)))
+
+
+def _latency(value: object) -> Latency:
+    return cast("Latency", as_dict(value))
+
+
+def _focus(step: StepSummary, direction: str) -> list[Column]:
+    """The column of the step's guest with the most data segments in ``direction``
     (the receiver for rx, the sender for tx); figures of the NIC under test when it has any."""
     nic = as_dict(step.get("nic")).get("name")
-    best: tuple[int, str, str, dict[str, Any]] | None = None
+    best: tuple[int, Column] | None = None
     for guest, figs in step_guests(step):
-        skb = as_dict(as_dict(figs.get("skb_latency")).get(direction))
-        part = as_dict(as_dict(skb.get("by_nic")).get(nic)) if nic else {}
-        chosen = part if part.get("data_segments") else skb
+        skb = _direction(_skb(figs.get("skb_latency")), direction)
+        part = cast("GroupFigures", as_dict(as_dict(skb.get("by_nic")).get(nic)) if nic else {})
+        chosen: GroupFigures = part if part.get("data_segments") else skb
         count = chosen.get("data_segments") or 0
         if count and (best is None or count > best[0]):
             label = f"{full_label(step)} · {guest}" + (f" {nic}" if part.get("data_segments") else "")
-            best = (count, label, guest, {**chosen, "totals": skb})
-    return [] if best is None else [best[1:]]
+            best = (count, Column(label, guest, chosen, skb))
+    return [] if best is None else [best[1]]
 
 
-def _columns(steps: Sequence[StepSummary], direction: str) -> list[tuple[str, str, dict[str, Any]]]:
+def _columns(steps: Sequence[StepSummary], direction: str) -> list[Column]:
     return [c for s in steps for c in _focus(s, direction)]
 
 
-def _cell(stats: Mapping[str, Any]) -> tuple[Span, ...]:
+def _stages(figs: GroupFigures) -> dict[str, Latency]:
+    return {str(k): _latency(v) for k, v in as_dict(figs.get("stages")).items()}
+
+
+def _cell(stats: Latency) -> tuple[Span, ...]:
     if not stats or not stats.get("count"):
         return (Span("n/a", "muted"),)
     return (Span(f"{fmt_num(stats.get('p50_us'))} / {fmt_num(stats.get('p90_us'))} / "
                  f"{fmt_num(stats.get('p99_us'))} / {fmt_num(stats.get('max_us'))}"),)
 
 
-def stage_table(columns: list[tuple[str, str, dict[str, Any]]], titles: Mapping[str, str]) -> Table:
+def stage_table(columns: list[Column], titles: Mapping[str, str]) -> Table:
     """Rows: stages and end to end; columns: variants; cells p50 / p90 / p99 / max in µs."""
-    stages = list(as_dict(columns[0][2].get("stages")))
+    stages = list(_stages(columns[0].figs))
     rows = []
     for stage in [*stages, "end_to_end"]:
         title = "end to end" if stage == "end_to_end" else titles.get(stage, stage)
         cells = [txt(title, "b" if stage == "end_to_end" else "")]
-        for _, _, figs in columns:
-            stats = figs.get("end_to_end") if stage == "end_to_end" else as_dict(figs.get("stages")).get(stage)
-            cells.append(_cell(as_dict(stats)))
+        for c in columns:
+            stats = c.figs.get("end_to_end") if stage == "end_to_end" else _stages(c.figs).get(stage)
+            cells.append(_cell(_latency(stats)))
         rows.append(Row(tuple(cells)))
-    headers = ("stage (µs: p50 / p90 / p99 / max)", *(label for label, _, _ in columns))
+    headers = ("stage (µs: p50 / p90 / p99 / max)", *(c.label for c in columns))
     return Table(headers, tuple(rows), frozenset(range(1, len(columns) + 1)), "skb-stages")
 
 
-def _reasons(figs: Mapping[str, Any]) -> str:
+def _reasons(figs: GroupFigures) -> str:
     reasons = as_dict(figs.get("not_followed"))
     return "; ".join(f"{n} {why}" for why, n in list(reasons.items())[:3]) or "–"
 
 
-def coverage_table(columns: list[tuple[str, str, dict[str, Any]]], lost: Mapping[str, dict[str, Any]]) -> Table:
+def coverage_table(columns: list[Column], lost: Mapping[str, Lost]) -> Table:
     rows = []
-    for label, guest, figs in columns:
-        totals = as_dict(figs.get("totals"))
-        g_lost = as_dict(lost.get(label))
+    for c in columns:
+        label, figs, totals = c.label, c.figs, c.totals
+        g_lost = cast("Lost", as_dict(lost.get(label)))
         misses = sum(v for v in as_dict(g_lost.get("kprobe_misses")).values() if isinstance(v, int))
         pct = figs.get("followed_pct")
         rows.append(Row((txt(label), num(figs.get("data_segments")), num(figs.get("followed")),
@@ -85,14 +117,15 @@ def coverage_table(columns: list[tuple[str, str, dict[str, Any]]], lost: Mapping
                  frozenset({1, 2, 3, 4, 6, 7}), "skb-coverage")
 
 
-def _charts(columns: list[tuple[str, str, dict[str, Any]]], titles: Mapping[str, str], direction: str) -> Charts:
-    labels = [label for label, _, _ in columns]
-    stages = list(as_dict(columns[0][2].get("stages")))
+def _charts(columns: list[Column], titles: Mapping[str, str], direction: str) -> Charts:
+    labels = [c.label for c in columns]
+    stages = list(_stages(columns[0].figs))
     svgs = [bar_chart_svg(f"{direction.upper()} median: {titles.get(s, s)}", labels,
-                          [as_dict(as_dict(f.get("stages")).get(s)).get("p50_us") for _, _, f in columns], "µs")
+                          [_latency(_stages(c.figs).get(s)).get("p50_us") for c in columns], "µs")
             for s in stages]
-    for label, _, figs in columns:
-        hist = as_dict(as_dict(figs.get("totals")).get("histograms")).get("end_to_end") or []
+    for c in columns:
+        label = c.label
+        hist = as_dict(c.totals.get("histograms")).get("end_to_end") or []
         bins = [h for h in hist if isinstance(h, dict)]
         if bins:
             names = [f"{fmt_num(h.get('from_us'))}–{fmt_num(h.get('to_us'))} µs" if h.get("to_us") is not None
@@ -106,15 +139,15 @@ def latency_blocks(run: Run) -> list[Block]:
     """The per-packet latency section; empty when no step traced skb latency."""
     steps = run_steps(run.summary)
     titles: dict[str, str] = {}
-    lost: dict[str, dict[str, Any]] = {}
+    lost: dict[str, Lost] = {}
     for s in steps:
         for guest, figs in step_guests(s):
-            skb = as_dict(figs.get("skb_latency"))
+            skb = _skb(figs.get("skb_latency"))
             titles.update({k: str(v) for k, v in as_dict(skb.get("stage_titles")).items()})
             for direction, _ in DIRECTIONS:
-                for label, g, _ in _focus(s, direction):
-                    if g == guest:
-                        lost[label] = as_dict(skb.get("lost"))
+                for c in _focus(s, direction):
+                    if c.guest == guest:
+                        lost[c.label] = cast("Lost", as_dict(skb.get("lost")))
     blocks: list[Block] = []
     for direction, heading in DIRECTIONS:
         columns = _columns(steps, direction)

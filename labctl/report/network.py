@@ -179,7 +179,7 @@ class NetworkSection(ReportSection):
         e = step.entry
         links = as_dict(e.get("network")).get("links") or {}
         e["captures"] = capture_figures(step.bundle, list(as_list(e.get("captures"))), as_dict(e.get("guests")),
-                                        frozenset(links))  # type: ignore[typeddict-item]
+                                        frozenset(links))
         for cap in e["captures"]:
             if cap.get("missing") and (warning := _capture_warning(cap)) not in e["warnings"]:
                 e["warnings"].append(warning)

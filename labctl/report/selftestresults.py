@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from labctl.bundle import Run, StepSummary, as_dict
+from labctl.bundle import BuildRecord, Run, StepSummary, as_dict
 from labctl.report.document import Block, Heading, Inline, Para, Row, Span, Table, txt
 from labctl.report.sections import Column, ReportSection, kinds_of
 
@@ -30,12 +29,12 @@ def kselftest_blocks(root: Path, step: StepSummary) -> list[Block]:
     if not isinstance(record, Mapping) or not record.get("tests"):
         return []
     counts = record.get("counts") or {}
-    build: Mapping[str, Any] = record.get("build") or {}
+    build: BuildRecord | dict[str, None] = record.get("build") or {}
     blocks: list[Block] = [
         Heading(4, f"Kernel selftests ({record.get('target')}, on {record.get('guest')})"),
         Para(txt(", ".join(f"{v} {k}" for k, v in counts.items()) + f"; built from {record.get('tree')}"
                  + (" (cached build)" if build.get("cached") else f" in {build.get('seconds')} s")
-                 + (f"; not built: {', '.join(build['not_built'])}" if build.get("not_built") else ""))),
+                 + (f"; not built: {', '.join(build.get('not_built') or [])}" if build.get("not_built") else ""))),
     ]
     rows = []
     for t in record["tests"]:

@@ -12,7 +12,7 @@ has more than one CPU; a chart of the totals.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from labctl.bundle import Run, StepSummary, as_dict, as_list, fmt_num, full_label, run_steps, step_guests, usable
 from labctl.report.charts import bar_chart_svg
@@ -20,30 +20,38 @@ from labctl.report.document import Block, Charts, Heading, Para, Row, Table, num
 from labctl.report.sections import Metric, ReportSection
 from labctl.trace import GuestFigures
 
+if TYPE_CHECKING:
+    from labctl.trace import CountSource, EventCount
+
 MAX_COLUMNS = 6  # commands shown as columns; the rest are summed in "other"
 
 
-def _columns(events: Mapping[str, Any]) -> list[str]:
+def _counts(value: object) -> dict[str, EventCount]:
+    """A recording's ``events`` as summary.json has them (read back from JSON: each count read with ``get``,
+    one that is not an object as an empty one)."""
+    return {str(k): cast("EventCount", as_dict(v)) for k, v in as_dict(value).items()}
+
+
+def _columns(events: Mapping[str, EventCount]) -> list[str]:
     """The commands with the most events over all the recording's events."""
     totals: dict[str, int] = {}
     for e in events.values():
-        for comm, n in as_dict(as_dict(e).get("by_comm")).items():
+        for comm, n in as_dict(e.get("by_comm")).items():
             if isinstance(n, int):
                 totals[comm] = totals.get(comm, 0) + n
     return [c for c, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_COLUMNS]]
 
 
-def events_table(events: Mapping[str, Any]) -> Table:
+def events_table(events: Mapping[str, EventCount]) -> Table:
     """Rows: events; columns: the busiest commands, the rest, the total and the rate per second."""
     comms = _columns(events)
 
-    def rest(e: Mapping[str, Any]) -> int:
+    def rest(e: EventCount) -> int:
         return sum(n for c, n in as_dict(e.get("by_comm")).items() if c not in comms and isinstance(n, int))
 
-    others = any(rest(as_dict(e)) for e in events.values())
+    others = any(rest(e) for e in events.values())
     rows = []
     for event, e in events.items():
-        e = as_dict(e)
         by_comm = as_dict(e.get("by_comm"))
         cells = [txt(event, "code"), *(num(by_comm.get(c, 0)) for c in comms)]
         if others:
@@ -53,18 +61,18 @@ def events_table(events: Mapping[str, Any]) -> Table:
     return Table(headers, tuple(rows), frozenset(range(1, len(headers))), "tracepoints")
 
 
-def cpu_table(events: Mapping[str, Any]) -> Table | None:
+def cpu_table(events: Mapping[str, EventCount]) -> Table | None:
     """Rows: events; columns: CPUs; None when every event was seen on one CPU only."""
-    cpus = sorted({cpu for e in events.values() for cpu in as_dict(as_dict(e).get("by_cpu"))}, key=int)
+    cpus = sorted({cpu for e in events.values() for cpu in as_dict(e.get("by_cpu"))}, key=int)
     if len(cpus) < 2:
         return None
-    rows = tuple(Row((txt(event, "code"), *(num(as_dict(as_dict(e).get("by_cpu")).get(c, 0)) for c in cpus)))
+    rows = tuple(Row((txt(event, "code"), *(num(as_dict(e.get("by_cpu")).get(c, 0)) for c in cpus)))
                  for event, e in events.items())
     return Table(("event", *(f"CPU {c}" for c in cpus)), rows, frozenset(range(1, len(cpus) + 1)), "tracepoints-cpu")
 
 
-def _recording_blocks(title: str, source: Mapping[str, Any]) -> list[Block]:
-    events = as_dict(source.get("events"))
+def _recording_blocks(title: str, source: CountSource) -> list[Block]:
+    events = _counts(source.get("events"))
     if not events:
         return []
     blocks: list[Block] = [Heading(4, f"{title} · {source.get('source')} ({source.get('file')})"),
@@ -79,7 +87,7 @@ def _recording_blocks(title: str, source: Mapping[str, Any]) -> list[Block]:
         blocks.append(per_cpu)
     names = list(events)
     blocks.append(Charts((bar_chart_svg(f"{title}: {source.get('source')}", names,
-                                        [as_dict(events[n]).get("total") for n in names], "events",
+                                        [events[n].get("total") for n in names], "events",
                                         axis_label="events counted"),)))
     return blocks
 
@@ -91,7 +99,7 @@ def tracepoint_blocks(run: Run) -> list[Block]:
         for guest, figs in step_guests(step):
             for source in as_list(figs.get("tracepoints")):
                 if isinstance(source, dict):
-                    blocks += _recording_blocks(f"{full_label(step)} · {guest}", source)
+                    blocks += _recording_blocks(f"{full_label(step)} · {guest}", cast("CountSource", source))
     if not blocks:
         return []
     intro = Para(txt("perf records every hit of a tracepoint (and of a probe): these are counts of events, by the "

@@ -33,9 +33,9 @@ from labctl.trace.analyze import GuestFigures, guest_figures, step_figures
 from labctl.trace.bpfmaps import BPFTRACE_JSON, BpftraceSummary, bucket_label
 from labctl.trace.bpfmaps import summary as bpftrace_summary
 from labctl.trace.clocks import Clock
-from labctl.trace.drops import DropRow, DropSummary, GuestDrops, netfilter_note
+from labctl.trace.drops import DropRecord, DropRow, DropSummary, GuestDrops, netfilter_note
 from labctl.trace.drops import table as drop_table
-from labctl.trace.flamefold import Frame, Stack, guest_flamegraph, read_folded
+from labctl.trace.flamefold import FlameFigures, Frame, Stack, guest_flamegraph, read_folded
 from labctl.trace.hops import Event, frame_vlans, parse_frame, parse_ipv4, parse_line, parse_text, window_words
 from labctl.trace.hops import Header as PacketHeader
 from labctl.trace.hostcost import (
@@ -55,7 +55,7 @@ from labctl.trace.hostcost import (
     nic_bytes,
     step_cost,
 )
-from labctl.trace.journey import Correlator, Journey, Topology, Wire
+from labctl.trace.journey import Correlator, Journey, PathHop, Topology, Wire
 from labctl.trace.journeyfiles import (
     FOLLOW_DIR,
     FOLLOW_INPUTS,
@@ -73,8 +73,10 @@ from labctl.trace.ktap import parse_text as parse_ktap
 from labctl.trace.ktap import walk as walk_ktap
 from labctl.trace.netfigures import capture_figures
 from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
+from labctl.trace.skblatency import DirectionFigures, GroupFigures, Latency, Lost, SkbLatency
 from labctl.trace.stats import snapshot_commands, write_delta
 from labctl.trace.tef import write_trace
+from labctl.trace.tpcounts import CountSource, EventCount
 from labctl.trace.xdphops import CANDIDATE_ENDS as XDP_CANDIDATE_ENDS
 from labctl.trace.xdphops import XDP_FILE, XdpVerdicts
 from labctl.trace.xdpverdicts import XdpRow
@@ -105,16 +107,26 @@ __all__ = [
     "BpftraceSummary",
     "Clock",
     "Correlator",
+    "CountSource",
+    "DirectionFigures",
+    "DropRecord",
     "DropRow",
     "DropSummary",
     "Event",
+    "EventCount",
+    "FlameFigures",
     "FollowSummary",
     "Frame",
+    "GroupFigures",
     "GuestCost",
     "GuestDrops",
     "GuestFigures",
     "Journey",
+    "Latency",
+    "Lost",
     "PacketHeader",
+    "PathHop",
+    "SkbLatency",
     "Stack",
     "StepCost",
     "TaskStats",

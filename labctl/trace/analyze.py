@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from labctl.trace.netfigures import NetworkFigures, network_figures
 from labctl.trace.parsers import (
@@ -56,6 +56,8 @@ from labctl.trace.parsers import (
 from labctl.trace.stats import parse_nstat, parse_softnet_stat, softnet_delta
 
 if TYPE_CHECKING:  # tpcounts loads when a step counted tracepoints
+    from labctl.trace.flamefold import FlameFigures
+    from labctl.trace.perfetto import TraceSummary
     from labctl.trace.skblatency import SkbLatency
     from labctl.trace.tpcounts import CountSource
 
@@ -344,8 +346,8 @@ class GuestFigures(NetworkFigures, total=False):
     skb_latency: SkbLatency
     tracepoints: list[CountSource]
     warnings: list[str]
-    flamegraph: dict[str, Any]  # labctl.report.flames
-    trace_json: dict[str, Any]  # labctl.report.guest_parts
+    flamegraph: FlameFigures  # labctl.report.flames
+    trace_json: TraceSummary  # labctl.report.guest_parts
 
 
 def guest_figures(guest_dir: Path, driver_modules: list[str], window_s: float | None = None, *,

@@ -40,7 +40,7 @@ class BpftraceSummary(TypedDict):
     probes: int
     maps: dict[str, MapValue]
     hists: dict[str, dict[str, list[Bucket]]]  # histogram -> key ('' for an unkeyed one) -> buckets
-    stats: dict[str, dict[str, Any]]  # {"count", "average", "total"}
+    stats: dict[str, dict[str, object]]  # bpftrace's own: {"count", "average", "total"}, or those per key
     printf_lines: int
     lost: int
 
@@ -61,7 +61,7 @@ def summary(text: str) -> BpftraceSummary:
     """Maps, histograms and stats of bpftrace's JSON output (later values of a map replace earlier ones)."""
     maps: dict[str, MapValue] = {}
     hists: dict[str, dict[str, list[Bucket]]] = {}
-    stats: dict[str, dict[str, Any]] = {}
+    stats: dict[str, dict[str, object]] = {}
     printed = lost = probes = 0
     for line in text.splitlines():
         try:
@@ -99,7 +99,7 @@ def _map(value: Any) -> MapValue:
     return {"value": n} if n is not None else {"text": str(value)[:200]}
 
 
-def bucket_label(b: Bucket | dict[str, Any]) -> str:
+def bucket_label(b: Bucket) -> str:
     lo, hi = b.get("min"), b.get("max")
     if lo is None:
         return f"< {hi}" if hi is not None else "?"

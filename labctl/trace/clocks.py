@@ -30,7 +30,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from labctl.trace.hops import Event
 
@@ -62,6 +62,14 @@ def _round(items: list[tuple[int, int, int]]) -> Round:
             best, lo = depth, x
             hi = next(y for y, k in edges[i + 1:] if k == 1)
     return Round(round(statistics.fmean(i[0] for i in items)), (lo + hi) / 2, (hi - lo) / 2)
+
+
+class ClockFit(TypedDict):
+    """A guest clock's fit as a step's follow reports it (:meth:`Clock.as_dict`)."""
+
+    rounds: int  # the sync rounds
+    bound_us: float | None  # how far a mapped time may be off (None: no rounds)
+    drift_ppm: float | None
 
 
 @dataclass
@@ -139,7 +147,7 @@ class Clock:
         off = a.offset + (b.offset - a.offset) * (guest_ns - a.at) / (b.at - a.at)
         return round(guest_ns + off)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ClockFit:
         return {"rounds": len(self.rounds), "bound_us": round(self.bound_ns / 1000, 1) if self.rounds else None,
                 "drift_ppm": self.drift_ppm()}
 
@@ -196,7 +204,8 @@ class Alignment:
         if shift:
             self.shift = shift
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, float]:
+        """Each guest's shift in µs."""
         return {g: round(s / 1000, 1) for g, s in self.shift.items()}
 
 

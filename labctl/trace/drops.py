@@ -18,12 +18,36 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import NotRequired, TypedDict
 
 from labctl.trace.hops import Event, drop_header, reason_name
 
 HEADERS_KEPT = 3
 ETHERTYPES = {0x0800: "IPv4", 0x86DD: "IPv6", 0x0806: "ARP", 0x8100: "802.1Q", 0x88CC: "LLDP"}
+
+
+class XdpDrop(TypedDict):
+    """An XDP drop row's program (:class:`labctl.trace.xdpverdicts.XdpRow`): its own count, what xdpdump missed."""
+
+    program: str
+    mode: str
+    own_count: int | None
+    missed: int
+
+
+class DropRecord(TypedDict):
+    """One row of a step's drops (:meth:`DropRow.as_dict`, and XDP's :meth:`~labctl.trace.xdpverdicts.XdpRow.as_dict`)."""
+
+    guest: str
+    where: str
+    function: str
+    reason: str | None
+    dev: str | None
+    protocol: str
+    count: int
+    headers: list[str]
+    rules: NotRequired[list[str]]  # the netfilter rules that dropped
+    xdp: NotRequired[XdpDrop]
 
 
 @dataclass
@@ -42,10 +66,13 @@ class DropRow:
         """``nft_do_chain`` of ``nft_do_chain+0x47f/0x5e0 [nf_tables]`` (what compare pairs by)."""
         return re.split(r"[+ ]", self.where, maxsplit=1)[0]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"guest": self.guest, "where": self.where, "function": self.function, "reason": self.reason,
-                "dev": self.dev, "protocol": self.protocol, "count": self.count, "headers": self.headers,
-                **({"rules": self.rules} if self.rules else {})}
+    def as_dict(self) -> DropRecord:
+        out: DropRecord = {"guest": self.guest, "where": self.where, "function": self.function,
+                           "reason": self.reason, "dev": self.dev, "protocol": self.protocol, "count": self.count,
+                           "headers": self.headers}
+        if self.rules:
+            out["rules"] = self.rules
+        return out
 
 
 def protocol_name(ev: Event) -> str:
@@ -151,7 +178,7 @@ class DropSummary(TypedDict):
 
     total: int
     guests: dict[str, GuestDrops]
-    rows: list[dict[str, Any]]  # labctl.trace.drops.DropRow.as_dict, and XDP's rows
+    rows: list[DropRecord]  # labctl.trace.drops.DropRow.as_dict, and XDP's rows
     rows_left_out: int
 
 

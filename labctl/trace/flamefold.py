@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from labctl.trace.parsers import is_tracepoint
 
@@ -314,7 +314,45 @@ def _inclusive(stacks: Mapping[Stack, int]) -> tuple[Counter[str], Counter[tuple
     return modules, functions
 
 
-def summarize_stacks(stacks: Mapping[Stack, int], driver_modules: list[str]) -> dict[str, Any]:
+class DriverFunction(TypedDict):
+    """One of the driver's most sampled functions (inclusive)."""
+
+    function: str
+    module: str
+    samples: int
+    pct: float | None
+
+
+class DriverSamples(TypedDict):
+    """The samples whose stacks pass through the driver's modules."""
+
+    modules: list[str]
+    samples: int
+    pct: float | None
+    functions: list[DriverFunction]
+
+
+class StackFigures(TypedDict):
+    """What :func:`summarize_stacks` says of a recording's stacks."""
+
+    samples: int
+    modules: dict[str, int]  # module -> samples, the most sampled first
+    driver: DriverSamples
+
+
+class FlameFigures(TypedDict, total=False):
+    """A guest's ``flamegraph`` in summary.json (:func:`guest_flamegraph`; the report adds ``folded``)."""
+
+    event: str | None
+    skipped_samples: int
+    samples: int
+    modules: dict[str, int]
+    driver: DriverSamples
+    other_events: dict[str, int]  # event -> samples
+    folded: str | None  # the folded stacks' file beside the recording (labctl.report.flames)
+
+
+def summarize_stacks(stacks: Mapping[Stack, int], driver_modules: list[str]) -> StackFigures:
     """Samples, per-module samples and the driver's functions (inclusive: a stack counts once per frame kind)."""
     total = sum(stacks.values())
     modules, functions = _inclusive(stacks)
@@ -333,7 +371,7 @@ def summarize_stacks(stacks: Mapping[Stack, int], driver_modules: list[str]) -> 
     }
 
 
-def guest_flamegraph(guest_dir: Path, driver_modules: list[str]) -> tuple[dict[str, Any], str] | None:
+def guest_flamegraph(guest_dir: Path, driver_modules: list[str]) -> tuple[FlameFigures, str] | None:
     """Fold the guest's call-graph recording: (what the summary keeps, the folded text); None without one.
 
     The summary keeps ``event`` (None when the recording has no sampling
@@ -359,7 +397,8 @@ def guest_flamegraph(guest_dir: Path, driver_modules: list[str]) -> tuple[dict[s
                 "other_events": {e: folded.total(e) for e in folded.events}}, ""
     event = max(sampling, key=folded.total)
     stacks = folded.events[event]
-    info = {"event": event, "skipped_samples": folded.skipped_samples,
-            **summarize_stacks(stacks, driver_modules),
-            "other_events": {e: folded.total(e) for e in folded.events if e != event}}
+    fig = summarize_stacks(stacks, driver_modules)
+    info: FlameFigures = {"event": event, "skipped_samples": folded.skipped_samples, "samples": fig["samples"],
+                          "modules": fig["modules"], "driver": fig["driver"],
+                          "other_events": {e: folded.total(e) for e in folded.events if e != event}}
     return info, write_folded(stacks)

@@ -28,7 +28,7 @@ import itertools
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 import labctl.trace.encap as encap  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.pktfilter import ARP, Vlan
@@ -102,6 +102,76 @@ class Wire:
         return times[0] if times else None
 
 
+class HopRecord(TypedDict):
+    """A hop of a packet in ``journey.json`` (:meth:`Hop.as_dict`)."""
+
+    guest: str
+    point: str
+    where: str
+    dev: str | None
+    t_us: float  # since the packet's first hop
+    delta_us: float | None  # since the previous hop (None: the first)
+    task: NotRequired[str]  # "comm (pid)", unless on the wire or in an IRQ
+    note: NotRequired[str]
+
+
+class EndRecord(TypedDict):
+    """How a packet ended (:meth:`End.as_dict`)."""
+
+    kind: str
+    guest: str
+    text: str
+    where: NotRequired[str]
+    reason: NotRequired[str]
+
+
+class JourneyRecord(TypedDict):
+    """One packet of ``journey.json`` (:meth:`Journey.as_dict`)."""
+
+    id: int
+    packet: str
+    start_ns: int
+    duration_us: float
+    hops: list[HopRecord]
+    end: EndRecord
+    out_of_order: int
+    vlans: NotRequired[list[int]]
+
+
+class Percentiles(TypedDict):
+    """Latency percentiles and max in µs (:func:`paths`)."""
+
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    max_us: float
+
+
+class PathHop(TypedDict):
+    """A hop of a path (:func:`paths`): where it is and, after the first, its delta's percentiles."""
+
+    guest: str
+    where: str
+    dev: str | None
+    point: str
+    note: NotRequired[str]  # the example packet's
+    p50_us: NotRequired[float]
+    p90_us: NotRequired[float]
+    p99_us: NotRequired[float]
+    max_us: NotRequired[float]
+
+
+class PathRecord(TypedDict):
+    """Packets that took one path, with the same end (:func:`paths`)."""
+
+    count: int
+    end: EndRecord
+    hops: list[PathHop]
+    total: Percentiles | dict[str, float]  # first hop to last ({}: no hops)
+    example: str  # the first packet
+    packets: list[int]  # the first 20 packets' ids
+
+
 @dataclass
 class Hop:
     guest: str
@@ -115,8 +185,8 @@ class Hop:
     note: str = ""
     skb: str = ""
 
-    def as_dict(self, t0: int, prev: int | None) -> dict[str, Any]:
-        d: dict[str, Any] = {"guest": self.guest, "point": self.point, "where": self.where, "dev": self.dev,
+    def as_dict(self, t0: int, prev: int | None) -> HopRecord:
+        d: HopRecord = {"guest": self.guest, "point": self.point, "where": self.where, "dev": self.dev,
                              "t_us": round((self.t - t0) / 1000, 1),
                              "delta_us": None if prev is None else round((self.t - prev) / 1000, 1)}
         if self.point != "wire" and not self.irq:
@@ -134,8 +204,13 @@ class End:
     where: str | None = None
     reason: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if v is not None}
+    def as_dict(self) -> EndRecord:
+        out: EndRecord = {"kind": self.kind, "guest": self.guest, "text": self.text}
+        if self.where is not None:
+            out["where"] = self.where
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
 
 
 @dataclass
@@ -155,16 +230,19 @@ class Journey:
         return (tuple((h.guest, h.where, h.dev) for h in self.hops), self.end.kind, self.end.guest,
                 self.end.where, self.end.reason)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JourneyRecord:
         t0 = self.start
-        hops, prev = [], None
+        hops: list[HopRecord] = []
+        prev = None
         for h in self.hops:
             hops.append(h.as_dict(t0, prev))
             prev = h.t
-        return {"id": self.id, "packet": self.header.describe(), "start_ns": t0,
-                "duration_us": round((self.hops[-1].t - t0) / 1000, 1) if self.hops else 0.0,
-                "hops": hops, "end": self.end.as_dict(), "out_of_order": self.out_of_order,
-                **({"vlans": list(self.vlans)} if self.vlans else {})}
+        out: JourneyRecord = {"id": self.id, "packet": self.header.describe(), "start_ns": t0,
+                              "duration_us": round((self.hops[-1].t - t0) / 1000, 1) if self.hops else 0.0,
+                              "hops": hops, "end": self.end.as_dict(), "out_of_order": self.out_of_order}
+        if self.vlans:
+            out["vlans"] = list(self.vlans)
+        return out
 
 
 @dataclass
@@ -728,7 +806,7 @@ class _Ends:
 # ---------------------------------------------------------------------- paths, figures
 
 
-def _pcts(values: list[float]) -> dict[str, float]:
+def _pcts(values: list[float]) -> Percentiles:
     s = sorted(values)
 
     def at(q: float) -> float:
@@ -748,21 +826,26 @@ def error_name(h: Header) -> str:
     return ICMP_UNREACH.get(code, "unreachable") if kind == 3 else ICMP_NAMES.get(kind, f"ICMP type {kind}")
 
 
-def paths(journeys: list[Journey]) -> list[dict[str, Any]]:
+def paths(journeys: list[Journey]) -> list[PathRecord]:
     """Packets grouped by path (the same hops, the same end): count and each hop's delta percentiles;
     dropped and lost ones first, then by count."""
     groups: dict[tuple[object, ...], list[Journey]] = {}
     for j in journeys:
         groups.setdefault(j.signature(), []).append(j)
-    out = []
+    out: list[PathRecord] = []
     for group in groups.values():
         first = group[0]
-        hops = []
+        hops: list[PathHop] = []
         for i, h in enumerate(first.hops):
             deltas = [(j.hops[i].t - j.hops[i - 1].t) / 1000 for j in group if i]
-            hops.append({"guest": h.guest, "where": h.where, "dev": h.dev, "point": h.point,
-                         **({"note": h.note} if h.note and h.point != "wire" else {}),  # the example's
-                         **(_pcts(deltas) if deltas else {})})
+            hop: PathHop = {"guest": h.guest, "where": h.where, "dev": h.dev, "point": h.point}
+            if h.note and h.point != "wire":
+                hop["note"] = h.note  # the example's
+            if deltas:
+                pcts = _pcts(deltas)
+                hop["p50_us"], hop["p90_us"], hop["p99_us"] = pcts["p50_us"], pcts["p90_us"], pcts["p99_us"]
+                hop["max_us"] = pcts["max_us"]
+            hops.append(hop)
         total = [(j.hops[-1].t - j.hops[0].t) / 1000 for j in group if j.hops]
         out.append({"count": len(group), "end": first.end.as_dict(), "hops": hops,
                     "total": _pcts(total) if total else {}, "example": first.header.describe(),

@@ -17,11 +17,21 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from labctl.pktfilter import FilterError, Vlan, parse, vlan_of
-from labctl.trace.clocks import Clock
+from labctl.trace.clocks import Clock, ClockFit
 from labctl.trace.drops import netfilter_note
 from labctl.trace.hops import parse_text
-from labctl.trace.journey import Correlator, Journey, Topology, Totals, Wire, paths, totals
-from labctl.trace.tef import us, write_trace
+from labctl.trace.journey import (
+    Correlator,
+    Journey,
+    JourneyRecord,
+    PathRecord,
+    Topology,
+    Totals,
+    Wire,
+    paths,
+    totals,
+)
+from labctl.trace.tef import TraceArg, TraceEvent, us, write_trace
 from labctl.trace.xdphops import apply_step as apply_xdp
 
 FOLLOW_DIR = "follow"
@@ -85,7 +95,7 @@ class Facts(TypedDict):
 
     filter: str
     guests: list[str]
-    clocks: dict[str, dict[str, Any]]  # guest -> its clock's fit (labctl.trace.clocks.Clock.as_dict)
+    clocks: dict[str, ClockFit]  # guest -> its clock's fit (labctl.trace.clocks.Clock.as_dict)
     lost_events: dict[str, int]
     warnings: list[str]
 
@@ -95,9 +105,33 @@ class FollowSummary(Facts):
     the two files written beside them."""
 
     totals: Totals
-    paths: list[dict[str, Any]]
+    paths: list[PathRecord]
     journey: str
     timeline: str
+
+
+class JourneyFile(Facts):
+    """``journey.json``: the facts, totals, every path and the first :data:`PACKETS_KEPT` packets."""
+
+    totals: Totals
+    paths: list[PathRecord]
+    packets: list[JourneyRecord]
+
+
+class TimelineOther(TypedDict):
+    """The timeline's ``otherData``."""
+
+    source: str
+    filter: str
+    packets: int
+
+
+class TimelineDoc(TypedDict):
+    """``journey-trace.json.gz``, in Trace Event Format (:func:`timeline`)."""
+
+    traceEvents: list[TraceEvent]
+    displayTimeUnit: str
+    otherData: TimelineOther
 
 
 def journeys_of(step_dir: Path) -> tuple[list[Journey], Facts] | None:
@@ -143,20 +177,23 @@ def analyze(step_dir: Path) -> FollowSummary | None:
         return None
     js, facts = got
     grouped, counted = paths(js), totals(js)
-    doc = {**facts, "totals": counted, "paths": grouped, "packets": [j.as_dict() for j in js[:PACKETS_KEPT]]}
+    doc: JourneyFile = {"filter": facts["filter"], "guests": facts["guests"], "clocks": facts["clocks"],
+                        "lost_events": facts["lost_events"], "warnings": facts["warnings"], "totals": counted,
+                        "paths": grouped, "packets": [j.as_dict() for j in js[:PACKETS_KEPT]]}
     (step_dir / JOURNEY_JSON).write_text(json.dumps(doc, indent=1) + "\n")
     write_trace(timeline(js, facts), step_dir / JOURNEY_TRACE)
-    return {**facts, "totals": counted, "paths": grouped[:PATHS_IN_SUMMARY],
-            "journey": str(JOURNEY_JSON), "timeline": str(JOURNEY_TRACE)}
+    return {"filter": facts["filter"], "guests": facts["guests"], "clocks": facts["clocks"],
+            "lost_events": facts["lost_events"], "warnings": facts["warnings"], "totals": counted,
+            "paths": grouped[:PATHS_IN_SUMMARY], "journey": str(JOURNEY_JSON), "timeline": str(JOURNEY_TRACE)}
 
 
-def timeline(js: list[Journey], facts: Facts) -> dict[str, Any]:
+def timeline(js: list[Journey], facts: Facts) -> TimelineDoc:
     """The journeys in Trace Event Format: a process per guest (its kernel's hops), one for the wire,
     a flow per packet through all its hops."""
     guests = list(facts.get("guests") or [])
     pids = {g: i + 1 for i, g in enumerate(guests)}
     wire_pid = len(guests) + 1
-    meta: list[dict[str, Any]] = []
+    meta: list[TraceEvent] = []
     for g, pid in pids.items():
         meta += [{"ph": "M", "pid": pid, "tid": 1, "name": "process_name", "args": {"name": f"{g} kernel"}},
                  {"ph": "M", "pid": pid, "tid": 1, "name": "thread_name", "args": {"name": "hops"}},
@@ -164,8 +201,8 @@ def timeline(js: list[Journey], facts: Facts) -> dict[str, Any]:
     meta += [{"ph": "M", "pid": wire_pid, "tid": 1, "name": "process_name", "args": {"name": "wire"}},
              {"ph": "M", "pid": wire_pid, "tid": 1, "name": "process_sort_index", "args": {"sort_index": wire_pid}}]
     t0 = min((j.start for j in js if j.hops), default=0)
-    slices: list[dict[str, Any]] = []
-    flows: list[dict[str, Any]] = []
+    slices: list[TraceEvent] = []
+    flows: list[TraceEvent] = []
     taken: set[tuple[int, int]] = set()
     for j in js:
         points = []
@@ -175,7 +212,8 @@ def timeline(js: list[Journey], facts: Facts) -> dict[str, Any]:
             if (pid, ts) in taken:  # another hop at the same nanosecond on this track: no flow through it
                 continue
             taken.add((pid, ts))
-            args = {"packet": j.header.describe(), "id": j.id, "dev": h.dev, "note": h.note or None}
+            args: dict[str, TraceArg | None] = {"packet": j.header.describe(), "id": j.id, "dev": h.dev,
+                                                "note": h.note or None}
             if i == len(j.hops) - 1:
                 args["end"] = j.end.text
             slices.append({"ph": "X", "pid": pid, "tid": 1, "ts": us(ts), "dur": us(HOP_NS), "cat": "hop",
@@ -184,7 +222,7 @@ def timeline(js: list[Journey], facts: Facts) -> dict[str, Any]:
             points.append((pid, ts))
         for i, (pid, ts) in enumerate(points if len(points) > 1 else []):
             ph = "s" if i == 0 else "f" if i == len(points) - 1 else "t"
-            ev = {"ph": ph, "pid": pid, "tid": 1, "ts": us(ts), "id": j.id, "cat": "packet", "name": "packet"}
+            ev: TraceEvent = {"ph": ph, "pid": pid, "tid": 1, "ts": us(ts), "id": j.id, "cat": "packet", "name": "packet"}
             if ph == "f":
                 ev["bp"] = "e"
             flows.append(ev)

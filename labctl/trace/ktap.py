@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 PASS, FAIL, SKIP, XFAIL = "pass", "fail", "skip", "xfail"
 RESULTS = (PASS, FAIL, SKIP, XFAIL)
@@ -67,9 +67,20 @@ class TapResult:
         lines = said or own
         return lines[-1].lstrip("# ").strip() if lines else ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TapRecord:
         return {"number": self.number, "name": self.name, "result": self.result, "directive": self.directive,
                 "reason": self.reason, "subtests": [s.to_dict() for s in self.subtests]}
+
+
+class TapRecord(TypedDict):
+    """A result as JSON (:meth:`TapResult.to_dict`), its subtests nested."""
+
+    number: int | None
+    name: str
+    result: str  # pass, fail, skip or xfail
+    directive: str
+    reason: str
+    subtests: list[TapRecord]
 
 
 @dataclass

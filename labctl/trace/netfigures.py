@@ -20,7 +20,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from labctl.trace.stats import StatDelta
+
+if TYPE_CHECKING:
+    from labctl.lab import CaptureRecord
 
 REASSEMBLY = ("ReasmReqds", "ReasmOKs", "ReasmFails", "ReasmTimeout", "FragCreates", "FragOKs", "FragFails")
 
@@ -65,7 +70,7 @@ def _map(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def per_cpu(delta: Mapping[str, Any], mpstat: Any) -> list[CpuRow]:
+def per_cpu(delta: Mapping[str, StatDelta], mpstat: Any) -> list[CpuRow]:
     """Receive work per CPU (see the module docstring); [] without softnet deltas."""
     softnet = _map(_map(delta.get("softnet_stat")).get("per_cpu"))
     if not softnet:
@@ -97,7 +102,7 @@ def _mpstat_soft(doc: Any) -> dict[str, float]:
     return {cpu: round(sum(v) / len(v), 2) for cpu, v in sums.items() if v}
 
 
-def reassembly(delta: Mapping[str, Any], measured: bool) -> dict[str, int] | None:
+def reassembly(delta: Mapping[str, StatDelta], measured: bool) -> dict[str, int] | None:
     """IP fragmentation and reassembly counter deltas (0 when unchanged); None when not measured."""
     if not measured:
         return None
@@ -118,7 +123,7 @@ def udp_loss(guest_dir: Path) -> UdpLoss | None:
     return None
 
 
-def nic_counters(delta: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+def nic_counters(delta: Mapping[str, StatDelta]) -> dict[str, dict[str, int]]:
     """Each lab NIC's ``ip -s link`` deltas that changed (``link-<nic>`` snapshots)."""
     return {stem[len("link-"):]: dict(_map(v)) for stem, v in delta.items() if stem.startswith("link-")}
 
@@ -138,8 +143,8 @@ def network_figures(guest_dir: Path, figures: NetworkFigures) -> None:
         figures["nic_counters"] = nics
 
 
-def capture_figures(bundle: Path, captures: list[Mapping[str, Any]], guests: Mapping[str, Mapping[str, Any]],
-                    links_down: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+def capture_figures(bundle: Path, captures: list[CaptureRecord], guests: Mapping[str, NetworkFigures],
+                    links_down: frozenset[str] = frozenset()) -> list[CaptureRecord]:
     """Each capture of a step as recorded, its file read back, and what its NIC counted.
 
     ``missing`` is how many frames the NIC counted (sent and received) more
@@ -151,16 +156,16 @@ def capture_figures(bundle: Path, captures: list[Mapping[str, Any]], guests: Map
     """
     from labctl.net import PcapError, read_pcapng
 
-    out = []
+    out: list[CaptureRecord] = []
     for cap in captures:
-        entry = dict(cap)
+        entry = cap.copy()
         path = bundle / str(cap.get("file") or "")
         if cap.get("file") and path.is_file():
             try:
                 frames = list(read_pcapng(path))
-                entry.update(frames=len(frames), bytes=sum(f.length for f in frames),
-                             first_us=frames[0].ts_us if frames else None,
-                             last_us=frames[-1].ts_us if frames else None)
+                entry["frames"], entry["bytes"] = len(frames), sum(f.length for f in frames)
+                entry["first_us"] = frames[0].ts_us if frames else None
+                entry["last_us"] = frames[-1].ts_us if frames else None
             except (OSError, PcapError) as exc:
                 entry.setdefault("warnings", []).append(f"{path.name}: {exc}")
         measured = _map(_map(guests.get(str(cap.get("guest")))).get("nic_counters"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 # --------------------------------------------------------------------------- perf report
 
@@ -366,7 +366,19 @@ def parse_wget(stderr_text: str) -> Throughput | None:
 _STAT_KEYS = {"entries", "overrun", "commit overrun", "bytes", "dropped events", "read events"}
 
 
-def parse_trace_cmd_stat(text: str) -> dict[str, Any]:
+class TraceCmdStat(TypedDict):
+    """``trace-cmd report --stat``'s ring buffers (:func:`parse_trace_cmd_stat`): per CPU and in all."""
+
+    per_cpu: dict[str, dict[str, int]]  # CPU -> entries, overrun, commit_overrun, bytes, dropped_events, read_events
+    commit_overrun: int
+    dropped_events: int
+    entries: int
+    overrun: int
+    read_events: int
+    cpus: NotRequired[int]  # the cpus=N line's
+
+
+def parse_trace_cmd_stat(text: str) -> TraceCmdStat:
     """Per-CPU ring-buffer statistics from ``trace-cmd report --stat`` (or ``record``'s output).
 
     Returns ``{"per_cpu": {"0": {"entries": 0, "overrun": 17414, "commit_overrun": 0,
@@ -388,9 +400,12 @@ def parse_trace_cmd_stat(text: str) -> dict[str, Any]:
             current = per_cpu.setdefault(value, {})
         elif sep and current is not None and key in _STAT_KEYS and value.isdigit():
             current[key.replace(" ", "_")] = int(value)
-    totals = {k.replace(" ", "_"): sum(c.get(k.replace(" ", "_"), 0) for c in per_cpu.values())
-              for k in sorted(_STAT_KEYS - {"bytes"})}
-    out: dict[str, Any] = {"per_cpu": per_cpu, **totals}
+    def total(key: str) -> int:
+        return sum(c.get(key, 0) for c in per_cpu.values())
+
+    out: TraceCmdStat = {"per_cpu": per_cpu, "commit_overrun": total("commit_overrun"),
+                         "dropped_events": total("dropped_events"), "entries": total("entries"),
+                         "overrun": total("overrun"), "read_events": total("read_events")}
     if cpus is not None:
         out["cpus"] = cpus
     return out

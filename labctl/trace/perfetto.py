@@ -76,11 +76,12 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict
 
 from labctl.trace.skbevents import parse_report
 from labctl.trace.skblatency import MGMT_NIC, REPORT, why_not_followed
 from labctl.trace.skbpath import RX_POINTS, RX_STAGES, RX_START, STAGE_TITLES, TX_POINTS, TX_STAGES, Packet, follow
+from labctl.trace.tef import TraceArg
 from labctl.trace.tracks import (
     FLOW_CAT,
     FLOW_NAME,
@@ -93,11 +94,12 @@ from labctl.trace.tracks import (
     Flow,
     PairKind,
     Slice,
+    TraceDoc,
     slice_order,
 )
 
-__all__ = ["FLOW_CAT", "FLOW_NAME", "FTRACE_REPORT", "PID", "POINT_MAX_NS", "TID_BASE", "TRACE_JSON",
-           "ftrace_trace", "guest_trace", "skb_trace", "trace_summary"]
+__all__ = ["FLOW_CAT", "FLOW_NAME", "FTRACE_REPORT", "PID", "POINT_MAX_NS", "TID_BASE", "TRACE_JSON", "TraceDoc",
+           "TraceSummary", "ftrace_trace", "guest_trace", "skb_trace", "trace_summary"]
 
 FTRACE_REPORT = "trace-report.txt"
 TRACE_JSON = "trace.json.gz"  # gzipped: ui.perfetto.dev opens it as it is
@@ -216,8 +218,8 @@ def _points(p: Packet) -> tuple[str, ...]:
     return RX_POINTS if p.dir == "rx" else TX_POINTS
 
 
-def _packet_args(p: Packet, point: str) -> dict[str, Any]:
-    args: dict[str, Any] = {"packet": p.id, "dir": p.dir, "point": point}
+def _packet_args(p: Packet, point: str) -> dict[str, TraceArg]:
+    args: dict[str, TraceArg] = {"packet": p.id, "dir": p.dir, "point": point}
     if p.dev is not None:
         args["nic"] = p.dev
     reason = why_not_followed(p)
@@ -242,7 +244,7 @@ def _packet_args(p: Packet, point: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- public API
 
 
-def skb_trace(text: str, *, guest: str, nic: str | None = None, source: str = REPORT) -> dict[str, Any]:
+def skb_trace(text: str, *, guest: str, nic: str | None = None, source: str = REPORT) -> TraceDoc:
     """The ``skb_latency`` recording (``trace-cmd report -t`` text) as a Trace Event Format document.
 
     See the module docstring for what is drawn. ``nic`` picks the packets drawn
@@ -280,7 +282,7 @@ def skb_trace(text: str, *, guest: str, nic: str | None = None, source: str = RE
     return b.document(guest, other)
 
 
-def ftrace_trace(text: str, *, guest: str, source: str = FTRACE_REPORT, clock: str = FTRACE_CLOCK) -> dict[str, Any]:
+def ftrace_trace(text: str, *, guest: str, source: str = FTRACE_REPORT, clock: str = FTRACE_CLOCK) -> TraceDoc:
     """A generic ``trace-cmd report`` as a Trace Event Format document.
 
     IRQ and softirq slices per CPU, and every other event as an instant on its CPU
@@ -298,7 +300,7 @@ def ftrace_trace(text: str, *, guest: str, source: str = FTRACE_REPORT, clock: s
     return b.document(guest, b.other_data(text, source, guest, clock))
 
 
-def guest_trace(guest_dir: Path, nic: str | None = None) -> dict[str, Any] | None:
+def guest_trace(guest_dir: Path, nic: str | None = None) -> TraceDoc | None:
     """The Trace Event Format document of a guest's step directory: its skb_latency recording, else its
     ftrace report; None when it has neither (the summary writes it to :data:`TRACE_JSON`).
 
@@ -312,9 +314,34 @@ def guest_trace(guest_dir: Path, nic: str | None = None) -> dict[str, Any] | Non
     return None
 
 
-def trace_summary(doc: dict[str, Any]) -> dict[str, Any]:
+class TraceSummary(TypedDict, total=False):
+    """What a guest's figures keep of its trace document (``trace_json``; :func:`trace_summary`)."""
+
+    file: Required[str]  # TRACE_JSON, beside the recording
+    source: str
+    clock: str
+    cpus: int
+    events: int
+    slices: dict[str, int]
+    instants: int
+    flows: int
+    dropped_events: int
+    packets: dict[str, int]  # skb_latency's
+    followed: dict[str, int]
+    flows_not_drawn: dict[str, int]
+
+
+def trace_summary(doc: TraceDoc) -> TraceSummary:
     """What the summary keeps of a trace document: the file, its source and counts from ``otherData``."""
-    other = doc.get("otherData") or {}
-    keep = ("source", "clock", "cpus", "events", "slices", "instants", "flows", "dropped_events",
-            "packets", "followed", "flows_not_drawn")
-    return {"file": TRACE_JSON, **{k: other[k] for k in keep if k in other}}
+    other = doc["otherData"]
+    out: TraceSummary = {"file": TRACE_JSON, "source": other["source"], "clock": other["clock"],
+                         "cpus": other["cpus"], "events": other["events"], "slices": other["slices"],
+                         "instants": other["instants"], "flows": other["flows"],
+                         "dropped_events": other["dropped_events"]}
+    if "packets" in other:
+        out["packets"] = other["packets"]
+    if "followed" in other:
+        out["followed"] = other["followed"]
+    if "flows_not_drawn" in other:
+        out["flows_not_drawn"] = other["flows_not_drawn"]
+    return out

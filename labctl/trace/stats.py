@@ -21,7 +21,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 SNAPSHOTS: dict[str, str] = {
     # -a: absolute values (ignore nstat's history file), -s: leave the
@@ -343,7 +343,11 @@ def softnet_delta(before: list[dict[str, int]], after: list[dict[str, int]]) -> 
     return {"per_cpu": per_cpu, "total": total}
 
 
-_Delta = Callable[[str, str], Any]
+KindDelta = dict[str, int] | dict[str, dict[str, int]] | SoftnetDelta | dict[str, IrqCounts] | dict[str, SoftirqDelta]
+"""One snapshot's delta: counters (nstat, ethtool -S, link), tables of counters (snmp, netstat), softnet's,
+interrupts', softirqs'."""
+StatDelta = KindDelta | list[str]  # a value of delta.json: a snapshot's delta, or the stems missing
+_Delta = Callable[[str, str], KindDelta]
 
 _KINDS: dict[str, _Delta] = {
     "nstat": lambda b, a: _changed(parse_nstat(b), parse_nstat(a)),
@@ -383,7 +387,7 @@ def _stems(directory: Path) -> Iterable[str]:
         return []
 
 
-def snapshot_delta(before_dir: Path, after_dir: Path) -> dict[str, Any]:
+def snapshot_delta(before_dir: Path, after_dir: Path) -> dict[str, StatDelta]:
     """Counter deltas between two snapshot directories, JSON-able.
 
     Keys are snapshot stems with a delta kind (``nstat``, ``snmp``,
@@ -394,7 +398,7 @@ def snapshot_delta(before_dir: Path, after_dir: Path) -> dict[str, Any]:
     parses to nothing on both sides gives an empty dict (e.g. ``ethtool -S``
     on a NIC without statistics). Raises nothing.
     """
-    out: dict[str, Any] = {}
+    out: dict[str, StatDelta] = {}
     missing: list[str] = []
     for stem in sorted(set(_stems(before_dir)) | set(_stems(after_dir))):
         func = _KINDS.get(_kind(stem))

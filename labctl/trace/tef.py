@@ -49,14 +49,33 @@ import json
 import math
 import os
 from bisect import bisect_left, bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict
 
 from labctl.errors import LabctlError
 
 MAX_PROBLEMS = 200
+
+TraceArg = str | int | float | bool | list[int]  # a value of an event's ``args``
+
+
+class TraceEvent(TypedDict, total=False):
+    """One event of ``traceEvents`` as the exporters write it (the rules below say which keys a phase needs)."""
+
+    name: Required[str]
+    ph: Required[str]
+    pid: Required[int]
+    tid: int
+    ts: int | float  # µs (:func:`us`)
+    dur: int | float
+    cat: str
+    s: str  # an instant's scope
+    id: int  # a flow's
+    bp: str  # a flow end's binding point
+    args: dict[str, TraceArg]
 
 
 def us(ns: int) -> int | float:
@@ -75,7 +94,7 @@ def us(ns: int) -> int | float:
     return us
 
 
-def read_ns(value: Any) -> int | None:
+def read_ns(value: object) -> int | None:
     """A ``ts``/``dur`` as Perfetto's importer reads it, in integer ns (None: not a finite number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -87,8 +106,8 @@ def read_ns(value: Any) -> int | None:
 
 
 
-def write_trace(doc: dict[str, Any], path: Path) -> Path:
-    """Write ``doc`` as compact JSON to ``path`` atomically (temporary file + rename); returns ``path``.
+def write_trace(doc: Mapping[str, object], path: Path) -> Path:
+    """Write ``doc`` (any Trace Event Format document) as compact JSON to ``path`` atomically (temporary file + rename); returns ``path``.
 
     A path ending in ``.gz`` is gzipped (ui.perfetto.dev and chrome://tracing
     open such files as they are; a trace of a few seconds of packets is tens
@@ -119,7 +138,7 @@ def write_trace(doc: dict[str, Any], path: Path) -> Path:
 _PHASES = frozenset("BEXiICbneSTpFstfPNODMVvRc()")
 _META_ARGS = {"process_name": ("name", str), "process_labels": ("labels", str), "thread_name": ("name", str),
               "process_sort_index": ("sort_index", int), "thread_sort_index": ("sort_index", int)}
-_Track = tuple[Any, Any]
+_Track = tuple[object, object]  # (pid, tid)
 
 
 @dataclass
@@ -132,7 +151,7 @@ class _Checked:
     track: _Track
     ts: int
     dur: int = 0
-    ev: dict[str, Any] = field(default_factory=dict)
+    ev: Mapping[str, object] = field(default_factory=dict)  # as read: any JSON object
 
     @property
     def label(self) -> str:
@@ -143,7 +162,7 @@ def _where(track: _Track) -> str:
     return f"pid {track[0]} tid {track[1]}"
 
 
-def _event_problems(idx: int, ev: Any) -> tuple[list[str], _Checked | None]:
+def _event_problems(idx: int, ev: object) -> tuple[list[str], _Checked | None]:
     """The problems of one event on its own, and the event when it can take part in the track checks."""
     if not isinstance(ev, dict):
         return [f"traceEvents[{idx}] is not a JSON object"], None
@@ -187,7 +206,7 @@ def _event_problems(idx: int, ev: Any) -> tuple[list[str], _Checked | None]:
     return out, _Checked(idx, ph, str(name) if name is not None else "", (ev["pid"], ev["tid"]), ts, dur, ev)
 
 
-def _meta_problems(label: str, ev: dict[str, Any]) -> list[str]:
+def _meta_problems(label: str, ev: Mapping[str, object]) -> list[str]:
     name = ev.get("name")
     if name not in _META_ARGS:
         return [f"{label}: unknown metadata event (known: {', '.join(sorted(_META_ARGS))})"]
@@ -254,7 +273,7 @@ class _Enclosing:
         return bisect_left(self.starts, ts) < len(self.starts)
 
 
-def _flow_problems(flows: dict[tuple[str, Any], list[_Checked]],
+def _flow_problems(flows: dict[tuple[object, object], list[_Checked]],
                    enclosing: dict[_Track, _Enclosing]) -> list[str]:
     out: list[str] = []
     for (cat, fid), evs in sorted(flows.items(), key=lambda kv: kv[1][0].idx):
@@ -286,7 +305,7 @@ def _flow_problems(flows: dict[tuple[str, Any], list[_Checked]],
     return out
 
 
-def validate_trace(doc: dict[str, Any]) -> list[str]:
+def validate_trace(doc: object) -> list[str]:
     """Problems of ``doc`` against the Trace Event Format rules in the module docstring ([] when valid).
 
     Checks the document's shape and that it serialises to JSON (no NaN); per
@@ -313,7 +332,7 @@ def validate_trace(doc: dict[str, Any]) -> list[str]:
         out.append("otherData is not an object")
     slices: dict[_Track, list[tuple[int, int, str]]] = {}
     begin_end: dict[_Track, list[_Checked]] = {}
-    flows: dict[tuple[str, Any], list[_Checked]] = {}
+    flows: dict[tuple[object, object], list[_Checked]] = {}
     for idx, ev in enumerate(events):
         problems, e = _event_problems(idx, ev)
         out += problems

@@ -17,10 +17,11 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from labctl.trace.skbevents import Event, TraceLog
 from labctl.trace.skbpath import Packet
+from labctl.trace.tef import TraceArg, TraceEvent
 from labctl.trace.tef import us as _us
 
 PID = 1  # the guest's "<guest> CPUs" process
@@ -37,6 +38,39 @@ _CPUS = re.compile(r"^\s*cpus=(\d+)\s*$", re.MULTILINE)
 _DROP_LINE = re.compile(r"^\s*CPU:\s*\d+\s+\[(?:\d+\s+)?EVENTS DROPPED\]")
 _TS_DIGITS = re.compile(r"\[\d+\]\s+(?:\S+\s+)?\d+\.(\d+):")
 _DECIMAL = re.compile(r"-?\d+")
+
+
+class TraceOther(TypedDict):
+    """A per-CPU trace's ``otherData`` (:meth:`Builder.other_data`; the ``skb_latency`` one adds the rest)."""
+
+    generator: str
+    source: str
+    guest: str
+    clock: str
+    timestamps: str  # "us", "ns", "N decimals" or "unknown"
+    cpus: int
+    events: int
+    lines_skipped: int
+    unparsed_event_lines: int
+    dropped_events: int
+    drop_markers: int
+    slices: dict[str, int]  # category -> slices
+    instants: int
+    unmatched_entry_exit: int
+    overlapping_slices_dropped: int
+    flows: int
+    nic: NotRequired[str]  # skb_latency: the NIC whose packets are flows, or "all but mgmt0"
+    packets: NotRequired[dict[str, int]]  # skb_latency: "rx"/"tx" -> packets
+    followed: NotRequired[dict[str, int]]  # skb_latency: "rx"/"tx" -> packets followed end to end
+    flows_not_drawn: NotRequired[dict[str, int]]  # skb_latency: reason -> flows
+
+
+class TraceDoc(TypedDict):
+    """A recording's Trace Event Format document (:meth:`Builder.document`)."""
+
+    traceEvents: list[TraceEvent]
+    displayTimeUnit: str
+    otherData: TraceOther
 
 
 @dataclass(frozen=True)
@@ -61,7 +95,7 @@ class Slice:
     dur: int  # ns
     name: str
     cat: str
-    args: dict[str, Any]
+    args: dict[str, TraceArg]
     seq: int
 
     @property
@@ -75,7 +109,7 @@ class Instant:
     ts: int
     name: str
     cat: str
-    args: dict[str, Any]
+    args: dict[str, TraceArg]
     seq: int
 
 
@@ -90,8 +124,8 @@ def field_value(text: str) -> str | int:
     return int(text) if _DECIMAL.fullmatch(text) and len(text) < 16 else text
 
 
-def event_args(ev: Event) -> dict[str, Any]:
-    args: dict[str, Any] = {k: field_value(v) for k, v in ev.fields.items()}
+def event_args(ev: Event) -> dict[str, TraceArg]:
+    args: dict[str, TraceArg] = {k: field_value(v) for k, v in ev.fields.items()}
     args["task"] = f"{ev.comm}-{ev.pid}"
     return args
 
@@ -122,7 +156,7 @@ class Builder:
         self._seq += 1
         return self._seq
 
-    def slice(self, cpu: int, ts: int, dur: int, name: str, cat: str, args: dict[str, Any],
+    def slice(self, cpu: int, ts: int, dur: int, name: str, cat: str, args: dict[str, TraceArg],
               event: int | None = None) -> Slice:
         s = Slice(cpu, ts, dur, name, cat, args, self._next_seq())
         self.slices.append(s)
@@ -247,7 +281,7 @@ class Builder:
 
     def drop_markers(self) -> None:
         for d in sorted(self.log.drops, key=lambda d: (d.ts, d.cpu)):
-            args: dict[str, Any] = {"count": d.count if d.count is not None else "unknown"}
+            args: dict[str, TraceArg] = {"count": d.count if d.count is not None else "unknown"}
             self.instants.append(Instant(d.cpu, d.ts, "events lost", "ftrace.loss", args, self._next_seq()))
 
     # -- nesting -------------------------------------------------------------------
@@ -269,8 +303,8 @@ class Builder:
         self.of_event = {i: s for i, s in self.of_event.items() if id(s) in alive}
 
     # -- the document ------------------------------------------------------------
-    def document(self, guest: str, other: dict[str, Any]) -> dict[str, Any]:
-        meta: list[dict[str, Any]] = [
+    def document(self, guest: str, other: TraceOther) -> TraceDoc:
+        meta: list[TraceEvent] = [
             {"name": "process_name", "ph": "M", "pid": PID, "args": {"name": f"{guest} CPUs"}},
             {"name": "process_sort_index", "ph": "M", "pid": PID, "args": {"sort_index": 0}},
         ]
@@ -279,7 +313,7 @@ class Builder:
                          "args": {"name": f"CPU {cpu}"}})
             meta.append({"name": "thread_sort_index", "ph": "M", "pid": PID, "tid": TID_BASE + cpu,
                          "args": {"sort_index": cpu}})
-        timed: list[tuple[tuple[int, int, int, int], dict[str, Any]]] = []
+        timed: list[tuple[tuple[int, int, int, int], TraceEvent]] = []
         for s in self.slices:
             timed.append(((s.ts, 0, -s.dur, s.seq), {
                 "name": s.name, "cat": s.cat, "ph": "X", "ts": _us(s.ts), "dur": _us(s.dur),
@@ -289,7 +323,7 @@ class Builder:
             last = len(flow.steps) - 1
             for k, step in enumerate(flow.steps):
                 seq += 1
-                ev: dict[str, Any] = {"name": FLOW_NAME, "cat": FLOW_CAT, "ph": "s" if k == 0 else "f" if k == last
+                ev: TraceEvent = {"name": FLOW_NAME, "cat": FLOW_CAT, "ph": "s" if k == 0 else "f" if k == last
                                       else "t", "id": flow.packet.id, "ts": _us(step.ts), "pid": PID,
                                       "tid": TID_BASE + step.cpu}
                 if k == last:
@@ -302,7 +336,7 @@ class Builder:
         timed.sort(key=lambda t: t[0])
         return {"traceEvents": meta + [ev for _, ev in timed], "displayTimeUnit": "ns", "otherData": other}
 
-    def other_data(self, text: str, source: str, guest: str, clock: str) -> dict[str, Any]:
+    def other_data(self, text: str, source: str, guest: str, clock: str) -> TraceOther:
         slices = Counter(s.cat for s in self.slices)
         return {
             "generator": "labctl.trace.perfetto",

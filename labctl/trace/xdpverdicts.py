@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+
+from labctl.trace.drops import DropRecord
 
 __all__ = ["ACTIONS", "DumpResult", "XdpRow", "counter_values", "filter_status", "parse_dump", "rows"]
 
@@ -58,19 +59,18 @@ class DumpResult:
 def parse_dump(text: str) -> DumpResult:
     """xdpdump's text output (with ``-x``: each packet's bytes after its line)."""
     out = DumpResult()
-    cur: dict[str, Any] | None = None
+    cur: Verdict | None = None  # its bytes come with the lines after it
     chunks: list[bytes] = []
 
     def close() -> None:
         if cur is not None:
-            out.verdicts.append(Verdict(**cur, data=b"".join(chunks)))
+            out.verdicts.append(replace(cur, data=b"".join(chunks)))
 
     for line in text.splitlines():
         m = _VERDICT.match(line)
         if m is not None:
             close()
-            cur = {"ts": float(m["ts"]), "func": m["func"], "action": m["action"], "ifindex": int(m["ifindex"]),
-                   "size": int(m["size"])}
+            cur = Verdict(float(m["ts"]), m["func"], m["action"], int(m["ifindex"]), int(m["size"]))
             chunks = []
             continue
         h = _HEX.match(line)
@@ -134,7 +134,7 @@ class XdpRow:
     def where(self) -> str:
         return f"XDP {self.program} ({self.func}, {self.mode}) on {self.nic}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> DropRecord:
         return {"guest": self.guest, "where": self.where, "function": f"xdp:{self.func}", "reason": f"XDP_{self.action}",
                 "dev": self.nic, "protocol": "?", "count": self.count, "headers": [],
                 "xdp": {"program": self.program, "mode": self.mode, "own_count": self.own, "missed": self.lost}}
