@@ -12,7 +12,7 @@ Imports never: labctl.training, labctl.bisect, labctl.web, labctl.cli, labctl.pi
 
 
 
-from labctl.grading.check_result import ERROR, FAIL, PASS, TIMEOUT, CheckRecord, CheckResult, Tally
+from labctl.grading.check_result import ERROR, FAIL, PASS, TIMEOUT, CheckRecord, CheckResult, CheckRow, Tally
 from labctl.grading.checking import (
     KINDS,
     CheckKind,
@@ -35,6 +35,7 @@ __all__ = [
     "CheckKind",
     "CheckRecord",
     "CheckResult",
+    "CheckRow",
     "DrgnCheck",
     "GuestChecks",
     "ShellCheck",

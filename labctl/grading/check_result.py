@@ -9,8 +9,9 @@ from typing import TypedDict
 PASS, FAIL, TIMEOUT, ERROR = "pass", "fail", "timeout", "error"
 
 
-class CheckRecord(TypedDict):
-    """A check's result as ``--json``, bisect's oracle and the web page keep it."""
+class CheckRow(TypedDict):
+    """A check's last result as the web pages show it: its :class:`CheckRecord` without the detail
+    (it may show the check's command; hints are what students get)."""
 
     name: str
     guest: str
@@ -19,6 +20,11 @@ class CheckRecord(TypedDict):
     exit_status: int | None
     seconds: float
     hint: str
+
+
+class CheckRecord(CheckRow):
+    """A check's result as ``--json``, bisect's oracle and the web page keep it."""
+
     detail: str
 
 

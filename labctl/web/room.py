@@ -19,7 +19,7 @@ from typing import TypedDict
 
 from labctl.debug import CRASH_MARKERS, PANIC, console_end
 from labctl.errors import LabctlError
-from labctl.grading import CheckResult, Tally, checks_of, run_checks, summary
+from labctl.grading import CheckResult, CheckRow, Tally, checks_of, run_checks, summary
 from labctl.live import active_captures
 from labctl.net import runtime_from_state, to_svg, topology
 from labctl.state import LabState, load_netstate, run_dir, up_labs
@@ -51,19 +51,6 @@ class PendingCheck(TypedDict):
     guest: str
     hint: str
     status: str  # "not run"
-
-
-class CheckRow(TypedDict):
-    """A check's last result as the pages show it: its CheckRecord without the detail (it may show
-    the check's command; hints are what students get)."""
-
-    name: str
-    guest: str
-    status: str
-    passed: bool
-    exit_status: int | None
-    seconds: float
-    hint: str
 
 
 class ChecksView(Tally):
