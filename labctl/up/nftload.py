@@ -31,7 +31,7 @@ def command(fw: Firewall) -> tuple[str, dict[int, ScriptLine]]:
     def put(text: str, path: str) -> str:
         return f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > {path}"
 
-    parts = ["umask 077", f"rm -rf {DIR}", f"mkdir -p {DIR}", put(script, MAIN)]
+    parts = ["exec 2>&1", "umask 077", f"rm -rf {DIR}", f"mkdir -p {DIR}", put(script, MAIN)]
     if fw.file is not None:
         parts.append(put(fw.file.text, FILE))
     parts += [f"nft -c -f {MAIN}", f"nft -f {MAIN}"]
@@ -68,6 +68,11 @@ def load(ep: Endpoint, fw: Firewall | None, source: str, timeout: float = TIMEOU
 
     with Session(ep) as s:
         res = s.run(cmd, timeout=timeout)
+        if res.status != 0 and not (res.stdout + res.stderr).strip():
+            # Once in a CI run (a fresh machine, a cold boot) the command ended with status 1
+            # and said nothing at all; the command is idempotent (nft -f is atomic), so it is
+            # asked once more, and what it says the second time is what is reported.
+            res = s.run(cmd, timeout=timeout)
     if res.status == 0:
         return
     output = (res.stderr + b"\n" + res.stdout).decode(errors="replace")

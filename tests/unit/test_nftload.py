@@ -46,7 +46,7 @@ def test_the_command_writes_the_script_and_the_file_then_checks_before_it_loads(
     fw = _fw(tmp_path)
     cmd, lines = nft.command(fw)
     steps = cmd.split(" && ")
-    assert steps[:3] == ["umask 077", f"rm -rf {nft.DIR}", f"mkdir -p {nft.DIR}"]  # 0600, nothing stale
+    assert steps[:4] == ["exec 2>&1", "umask 077", f"rm -rf {nft.DIR}", f"mkdir -p {nft.DIR}"]  # one stream, 0600, nothing stale
     assert steps[-2:] == [f"nft -c -f {nft.MAIN}", f"nft -f {nft.MAIN}"]  # all checked, then all loaded
     written = _written(cmd)
     assert written == {nft.MAIN: fw.script(nft.FILE)[0], nft.FILE: fw.file.text if fw.file else ""}
@@ -113,3 +113,22 @@ def test_load_without_a_firewall_does_nothing_and_other_failures_are_the_guests(
     with pytest.raises(GuestError) as exc:
         nft.load(_ep(tmp_path), _fw(tmp_path), "lab.yaml")
     assert exc.value.message == "guest r: its firewall could not be loaded (status 127): sh: 1: nft: not found"
+
+
+def test_a_failure_that_says_nothing_is_asked_once_more(tmp_path: Path, session: type[_Session],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = [Result(1, b"", b"", 0.1), Result(1, REFUSED, b"", 0.1)]
+    monkeypatch.setattr(_Session, "run", lambda self, command, timeout=60.0: (
+        session.commands.append(command), answers.pop(0))[1])
+    fw = _fw(tmp_path)
+    with pytest.raises(LabFileError) as exc:
+        nft.load(_ep(tmp_path), fw, "lab.yaml")
+    assert session.commands == [nft.command(fw)[0]] * 2 and answers == []
+    assert len(exc.value.problems) == 3  # the second answer's lines (its stdout: exec 2>&1 merged them)
+    session.answer = Result(1, b"", b"", 0.1)
+    monkeypatch.undo()
+    monkeypatch.setattr(ssh, "Session", _Session)
+    session.commands = []
+    with pytest.raises(GuestError):
+        nft.load(_ep(tmp_path), fw, "lab.yaml")
+    assert len(session.commands) == 2  # asked twice, never more
