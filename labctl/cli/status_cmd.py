@@ -4,17 +4,17 @@ loaded: a command of the quick loop, like exec); ``up`` prints a lab the same wa
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-from rich.text import Text
-
+from labctl.cli import plaintable
+from labctl.cli.jsonout import print_json
 from labctl.cli.netview import iface_rows, offload_lines, settings_lines
-from labctl.cli.ui import out, print_json, safe
 from labctl.errors import LabStateError
 from labctl.proc import pid_alive
 from labctl.state import UP, LabState, active_captures, check_lab_name, guest_statuses, run_dir, up_labs
+from labctl.textsafe import safe_text
 
 if TYPE_CHECKING:
     from labctl.lab import Share
@@ -73,15 +73,14 @@ def print_lab(state: LabState) -> None:
     several = len(set(releases.values())) > 1
     if not several and releases:
         title += f" · kernel {next(iter(releases.values())) or '?'}"
-    t = Table(title=Text(title), title_justify="left")
     placed = any(h.get("name") != "local" for h in state.hosts.values())
     captured = {c.label for c in active_captures(state) if pid_alive(c.owner)}
     statuses = guest_statuses(state)
     marks = {(g.name, str(n.get("name"))): _net_marks(g.name, n, captured) for g in statuses for n in g.nics}
     shown = any(marks.values())
-    for col in ("guest", *(["host"] if placed else []), *(["kernel"] if several else []), "state", "ssh", "gdb",
-                "nic", "model", "driver", "address", "network", *(["link / impairment"] if shown else [])):
-        t.add_column(col)
+    columns = ["guest", *(["host"] if placed else []), *(["kernel"] if several else []), "state", "ssh", "gdb",
+               "nic", "model", "driver", "address", "network", *(["link / impairment"] if shown else [])]
+    rows: list[list[str]] = []
     for g in statuses:
         first = True
         resolved = (state.resolved.get("guests") or {}).get(g.name) or {}
@@ -91,15 +90,51 @@ def print_lab(state: LabState) -> None:
             cells = [g.name if first else "", *host, *kernel, g.state if first else "", g.ssh if first else "",
                      (g.gdb or "") if first else "", name, model, driver, address, network,
                      *([marks.get((g.name, nic), "")] if shown else [])]
-            t.add_row(*(safe(c) for c in cells))  # guest text (drivers from READY): never markup, controls escaped
+            rows.append([safe_text(c) for c in cells])  # guest text (drivers from READY): controls escaped
             first = False
+    lines = [f"{g.name}: {sh.describe(d)}" for g in statuses for sh, d in _exported(state, g.name)]
+    lines += [line for g in statuses for line in [
+        *offload_lines(g.name, g.nics), *settings_lines(g.name, (state.resolved.get("guests") or {}).get(g.name) or {})]]
+    _print_table(title, columns, rows, lines)
+
+
+def _print_table(title: str, columns: list[str], rows: list[list[str]], lines: list[str]) -> None:
+    """The table and the lines after it: drawn here for a pipe or a file when it can be (the text rich
+    would print, without loading rich: :mod:`.plaintable`), else by rich."""
+    plain = plaintable.plain_stdout()
+    table = plaintable.render(safe_text(title), columns, rows) if plain else None
+    after = [plaintable.line(safe_text(ln)) for ln in lines] if table is not None else []
+    if table is not None and all(a is not None for a in after):
+        sys.stdout.write(table + "".join(a for a in after if a is not None))
+        sys.stdout.flush()
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    from labctl.cli.ui import out, safe
+
+    t = Table(title=Text(safe_text(title)), title_justify="left")
+    for col in columns:
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*(safe(c) for c in r))  # never markup
     out.print(t)
-    for g in statuses:
-        for sh, d in _exported(state, g.name):
-            out.print(Text(f"{g.name}: {sh.describe(d)}"))
-        for line in [*offload_lines(g.name, g.nics),
-                     *settings_lines(g.name, (state.resolved.get("guests") or {}).get(g.name) or {})]:
-            out.print(Text(line))
+    for ln in lines:
+        out.print(Text(ln))
+
+
+def _say(text: str) -> None:
+    """One line of ``status``'s own (no lab, a lab whose state is broken), as rich would print it."""
+    plain = plaintable.line(safe_text(text)) if plaintable.plain_stdout() else None
+    if plain is not None:
+        sys.stdout.write(plain)
+        sys.stdout.flush()
+        return
+    from rich.text import Text
+
+    from labctl.cli.ui import out
+
+    out.print(Text(text))
 
 
 def _exported(state: LabState, guest: str) -> list[tuple[Share, Path]]:
@@ -151,9 +186,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                     + [{"lab": n, "state": "incomplete", "reason": why} for n, why in broken.items()]})
         return 0
     if not states and not broken:
-        out.print("no labs are up")
+        _say("no labs are up")
     for s in states:
         print_lab(s)
     for name, why in broken.items():
-        out.print(Text(f"lab {name}: incomplete ({why}); 'labctl down {name}' removes it"))
+        _say(f"lab {name}: incomplete ({why}); 'labctl down {name}' removes it")
     return 0

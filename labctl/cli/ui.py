@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import threading
@@ -18,6 +17,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from labctl.cli.jsonout import print_json as print_json  # noqa: PLC0414  (every command's --json)
 from labctl.events import PrepareEvents, Reporter, UpEvents
 from labctl.textsafe import safe_line, safe_text
 
@@ -63,11 +63,6 @@ class SafeFormatter(logging.Formatter):
 def safe(s: str, style: str = "", multiline: bool = True) -> Text:
     """Outside text (guest, console, file) as a rich Text, control characters shown escaped."""
     return Text(safe_text(s) if multiline else safe_line(s), style=style)
-
-
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-    sys.stdout.flush()
 
 
 # Warnings, errors and hints are one line each whatever the terminal's width (soft_wrap: a terminal

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,8 +67,7 @@ def test_status_loads_neither_paramiko_nor_the_pipeline_nor_a_pack_nor_the_repor
     its backend, which says whether each machine exists: labctl.state.status)."""
     mods = imported(["status", "--json"], tmp_path)
     assert "labctl.cli.status_cmd" in mods and "labctl.cli.lifecycle_cmds" not in mods
-    allowed = ("rich",)  # its tables and JSON are status's output
-    assert heavy(mods, (*(b for b in HEAVY if b not in allowed), "labctl.pack", "labctl.up", "labctl.live",
+    assert heavy(mods, (*HEAVY, "labctl.pack", "labctl.up", "labctl.live",
                         "labctl.debug", "labctl.ssh", "labctl.cli.displays")) == []
 
 
@@ -112,15 +112,27 @@ def _lab_up(tmp_path: Path) -> subprocess.Popen[bytes]:
     return qemu
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory with a short path (pytest's are long): the lab's table then fits 160 columns, as a
+    user's does under ~/.local/state, and is drawn without rich."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="lb", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.parametrize("args", [["status", "one"], ["status", "one", "--json"]])
-def test_status_of_a_lab_that_is_up_loads_no_backend_checker_or_kernel_module(args: list[str], tmp_path: Path) -> None:
+def test_status_of_a_lab_that_is_up_loads_no_backend_checker_or_kernel_module(args: list[str], short_tmp: Path) -> None:
     """With a lab up, ``status`` asks whether each QEMU runs from /proc (labctl.backends.guest_alive)
     and shows the resolved lab's interfaces (labctl.lab.ifaces): the QEMU backend, the lab file's
     checker and the kernel's modules stay out (the lab package's face loads each name at its first
     use: labctl.lazyface)."""
-    qemu = _lab_up(tmp_path)
+    qemu = _lab_up(short_tmp)
     try:
-        env = {**os.environ, "LABCTL_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+        env = {**os.environ, "LABCTL_STATE_DIR": str(short_tmp / "state"), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
         res = subprocess.run([sys.executable, "-X", "importtime", "-m", "labctl", *args], capture_output=True,
                              text=True, cwd=ROOT, env=env, timeout=120, check=False)
     finally:
@@ -130,10 +142,33 @@ def test_status_of_a_lab_that_is_up_loads_no_backend_checker_or_kernel_module(ar
     assert "running" in res.stdout and "virtio_net" in res.stdout, res.stdout
     mods = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
     assert "labctl.backends.qemu.liveness" in mods and "labctl.lab.ifaces" in mods
-    assert heavy(mods, ("paramiko", "labctl.backends.qemu.machines", "labctl.backends.monitor",
+    assert heavy(mods, ("paramiko", "rich", "labctl.backends.qemu.machines", "labctl.backends.monitor",
                         "labctl.backends.base", "labctl.lab.checker", "labctl.lab.validate", "labctl.lab.tunnels",
                         "labctl.lab.firewall", "labctl.kernel.requirements", "labctl.kernel.prepare",
                         "labctl.pipeline", "labctl.up", "labctl.live")) == []
+
+
+def test_status_drawn_for_a_terminal_is_richs(short_tmp: Path) -> None:
+    """Where rich is told stdout is a terminal (FORCE_COLOR), status draws with rich, and the same
+    characters come out as from the plain table (labctl.cli.plaintable), styles aside."""
+    qemu = _lab_up(short_tmp)
+    try:
+        env = {**os.environ, "LABCTL_STATE_DIR": str(short_tmp / "state"), "PYTHONPATH": str(ROOT)}
+        env.pop("FORCE_COLOR", None)
+        runs = [subprocess.run([sys.executable, "-X", "importtime", "-m", "labctl", "status", "one"], capture_output=True,
+                               text=True, cwd=ROOT, env={**env, **extra}, timeout=120, check=False)
+                for extra in ({}, {"FORCE_COLOR": "1", "COLUMNS": "160"})]
+    finally:
+        qemu.kill()
+        qemu.wait()
+    plain, drawn = runs
+    assert plain.returncode == drawn.returncode == 0, plain.stderr[-2000:] + drawn.stderr[-2000:]
+    loaded = [{ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")} for r in runs]
+    assert "rich" not in loaded[0] and "rich.table" in loaded[1]
+    import re
+
+    unstyled = re.sub(r"\x1b\[[0-9;]*m", "", drawn.stdout)
+    assert "\x1b[" in drawn.stdout and unstyled == plain.stdout and "virtio_net" in plain.stdout
 
 
 @pytest.mark.parametrize("args", [["reset", "--help"], ["checkpoint", "--help"]])
