@@ -1,6 +1,7 @@
 """The command line: one thin module per command (argument parsing, output with rich, ``--json``),
 the one place that prints (:mod:`.ui`; :mod:`.displays` for the commands that run steps or a class;
-:mod:`.junit_out` for ``--junit``; :mod:`.examples`, each command's example line), and :mod:`.main`, the
+:mod:`.junit_out` for ``--junit``; :mod:`.jsonout` for ``--json``; :mod:`.plaintable`, the quick
+commands' tables for a pipe without rich; :mod:`.examples`, each command's example line), and :mod:`.main`, the
 one place that turns labctl's errors into messages and exit codes. Everything else is the
 library's; nothing in the library imports the CLI.
 
