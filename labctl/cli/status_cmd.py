@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.cli import plaintable
 from labctl.cli.jsonout import print_json
 from labctl.cli.netview import iface_rows, offload_lines, settings_lines
+from labctl.cli.plaintable import line as plain_line
+from labctl.cli.plaintable import plain_stdout, render
 from labctl.errors import LabStateError
 from labctl.proc import pid_alive
 from labctl.state import UP, LabState, active_captures, check_lab_name, guest_statuses, run_dir, up_labs
@@ -101,9 +102,9 @@ def print_lab(state: LabState) -> None:
 def _print_table(title: str, columns: list[str], rows: list[list[str]], lines: list[str]) -> None:
     """The table and the lines after it: drawn here for a pipe or a file when it can be (the text rich
     would print, without loading rich: :mod:`.plaintable`), else by rich."""
-    plain = plaintable.plain_stdout()
-    table = plaintable.render(safe_text(title), columns, rows) if plain else None
-    after = [plaintable.line(safe_text(ln)) for ln in lines] if table is not None else []
+    plain = plain_stdout()
+    table = render(safe_text(title), columns, rows) if plain else None
+    after = [plain_line(safe_text(ln)) for ln in lines] if table is not None else []
     if table is not None and all(a is not None for a in after):
         sys.stdout.write(table + "".join(a for a in after if a is not None))
         sys.stdout.flush()
@@ -125,7 +126,7 @@ def _print_table(title: str, columns: list[str], rows: list[list[str]], lines: l
 
 def _say(text: str) -> None:
     """One line of ``status``'s own (no lab, a lab whose state is broken), as rich would print it."""
-    plain = plaintable.line(safe_text(text)) if plaintable.plain_stdout() else None
+    plain = plain_line(safe_text(text)) if plain_stdout() else None
     if plain is not None:
         sys.stdout.write(plain)
         sys.stdout.flush()
