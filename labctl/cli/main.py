@@ -303,6 +303,17 @@ def _log_handler() -> logging.Handler:
     return handler
 
 
+def _logging(debug: bool) -> None:
+    import logging
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[_log_handler()])
+    if not debug:  # refused connections while sshd starts are expected
+        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+        # qemu.qmp logs each refused connection while labctl waits for a starting QEMU's monitor
+        # (labctl retries and reports what matters itself).
+        logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
+
+
 def _sigterm_as_interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
@@ -332,18 +343,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "wants_parser", False):  # labctl completion describes the whole parser
             args.wants_parser = build_parser()
         debug, func = args.debug, lambda: args.func(args)
-    import logging
     import signal
 
     from labctl.errors import LabctlError, LabFileError
     from labctl.textsafe import safe_text
 
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[_log_handler()])
-    if not debug:  # refused connections while sshd starts are expected
-        logging.getLogger("paramiko").setLevel(logging.CRITICAL)
-        # qemu.qmp logs each refused connection while labctl waits for a starting QEMU's monitor
-        # (labctl retries and reports what matters itself).
-        logging.getLogger("qemu.qmp").setLevel(logging.CRITICAL)
+    if quick is None:  # a started exec logs nothing (its relay and the lab's state): no logging to set up
+        _logging(debug)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         status = int(func() or 0)
