@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,22 @@ class Checker:
             return YamlMap(line)
         self.add(line, path, f"expected a mapping, got {describe(value)}")
         return None
+
+    def section(self, m: YamlMap, key: str, path: str) -> YamlMap | None:
+        """``m[key]``, a mapping that may be left out: None when it is absent or null, or when it is
+        not a mapping (reported at ``path.key``)."""
+        if m.get(key) is None:
+            return None
+        return self.mapping(m[key], m.value_line(key), join(path, key), allow_null=False)
+
+    def mappings(self, items: YamlSeq, path: str) -> Iterator[tuple[YamlMap, str, int]]:
+        """Each item of the list ``items`` (at ``path``) that is a mapping, with its path ``path[i]``
+        and its line; an item that is not a mapping is reported and skipped."""
+        for i, item in enumerate(items):
+            where, line = f"{path}[{i}]", items.item_line(i)
+            m = self.mapping(item, line, where, allow_null=False)
+            if m is not None:
+                yield m, where, line
 
     def sequence(self, m: YamlMap, key: str, path: str) -> YamlSeq:
         """``m[key]`` as a YamlSeq (absent/null gives an empty one; wrong type reported)."""
