@@ -8,6 +8,7 @@ carries on, so a file gets all its problems at once.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -129,6 +130,21 @@ class Checker:
             self.add(m.value_line(key), join(path, key), f"expected a list, got {describe(value)}")
         return YamlSeq(m.value_line(key))
 
+
+def host_address(check: Checker, text: str, line: int, where: str, invalid: str,
+                 role: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``text`` as one host's address (not multicast, unspecified or loopback): a gateway, a NAT
+    target. None when it is not (reported: ``invalid`` says what a wrong text should be, ``role``
+    what a reserved address cannot be)."""
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        check.add(line, where, invalid)
+        return None
+    if ip.is_multicast or ip.is_unspecified or ip.is_loopback:
+        check.add(line, where, f"{ip} cannot be {role}")
+        return None
+    return ip
 
 
 def close_match(word: str, choices: Iterable[str]) -> str:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-from labctl.lab.checker import Checker, close_match, describe, did_you_mean, join
+from labctl.lab.checker import Checker, close_match, describe, did_you_mean, host_address, join
 from labctl.lab.trust import TRUST_ENV, owner_name, untrusted_reason
 from labctl.lab.yamlpos import YamlMap
 
@@ -483,13 +483,9 @@ def _target(check: Checker, n: YamlMap, path: str, kind: str, mapped: bool) -> s
             return None
     elif text.count(":") == 1:
         address, ports = text.split(":")
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        check.add(line, where, f"invalid target '{text}' (an address, ADDRESS:PORT, or [IPv6]:PORT)")
-        return None
-    if ip.is_multicast or ip.is_unspecified or ip.is_loopback:
-        check.add(line, where, f"{ip} cannot be a NAT target")
+    ip = host_address(check, address, line, where,
+                      f"invalid target '{text}' (an address, ADDRESS:PORT, or [IPv6]:PORT)", "a NAT target")
+    if ip is None:
         return None
     if ports is not None:
         why = ports_problem(ports)

@@ -40,7 +40,7 @@ import ipaddress
 import re
 
 from labctl.lab.addresses import parse_addresses
-from labctl.lab.checker import Checker, close_match, describe, did_you_mean, join
+from labctl.lab.checker import Checker, close_match, describe, did_you_mean, host_address, join
 from labctl.lab.firewall import check_interfaces
 from labctl.lab.ifaces import BOND_MODES, DEFAULT_MIIMON, PRIMARY_MODES, Address, Route, Sysctl
 from labctl.lab.model import MGMT_NIC, MGMT_SUBNET
@@ -220,15 +220,8 @@ def _gateway(check: Checker, r: YamlMap, path: str,
     if text is None:
         return None
     line, where = r.value_line("via"), join(path, "via")
-    try:
-        via = ipaddress.ip_address(text)
-    except ValueError:
-        check.add(line, where, f"invalid gateway address '{text}' (an IPv4 or IPv6 address, no prefix length)")
-        return None
-    if via.is_multicast or via.is_unspecified or via.is_loopback:
-        check.add(line, where, f"{via} cannot be a gateway")
-        return None
-    return via
+    return host_address(check, text, line, where,
+                        f"invalid gateway address '{text}' (an IPv4 or IPv6 address, no prefix length)", "a gateway")
 
 
 def _destination(check: Checker, r: YamlMap, path: str, text: str,
