@@ -19,11 +19,38 @@ import pwd
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol, overload
 
 from labctl.errors import UnsafePath
 
 _MAX_LINKS = 40
+
+
+class _HasDir(Protocol):
+    @property
+    def dir(self) -> Path: ...
+
+
+class InDir:
+    """A read-only attribute of a record of one directory (a guest's, a kernel's, a snapshot's):
+    the file ``name`` in the record's ``dir``. ``console = InDir("console.log")`` in the class body
+    reads as the property ``return self.dir / "console.log"``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> InDir: ...
+    @overload
+    def __get__(self, obj: _HasDir, owner: type | None = None) -> Path: ...
+    def __get__(self, obj: _HasDir | None, owner: type | None = None) -> Path | InDir:
+        return self if obj is None else obj.dir / self.name
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(f"{self.attr}: the file {self.name!r} of the record's directory cannot be set")
 
 
 def _user(uid: int) -> str:

@@ -21,6 +21,7 @@ labctl imports ``subprocess``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -29,7 +30,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -96,14 +97,8 @@ def run(
     pipe = subprocess.PIPE if capture else None
     proc = _popen(argv, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                   stdout=pipe, stderr=pipe, cwd=cwd, env=env)
-    try:
+    with _stopped_on_error(proc, argv, timeout):
         out, err = proc.communicate(input=input, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        kill_group(proc)
-        raise _timed_out(argv, timeout) from exc
-    except BaseException:
-        kill_group(proc)
-        raise
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out or b"", err or b"")
     if check and proc.returncode != 0:
         tail = (err or out or b"").decode(errors="replace").strip().splitlines()[-15:]
@@ -118,6 +113,21 @@ def _timed_out(argv: Sequence[str | os.PathLike[str]], timeout: float) -> Proces
     return ProcessError(f"{Path(os.fspath(argv[0])).name} timed out after {timeout:.0f} s")
 
 
+@contextlib.contextmanager
+def _stopped_on_error(proc: subprocess.Popen[Any], argv: Sequence[str | os.PathLike[str]],
+                      timeout: float) -> Iterator[None]:
+    """``proc``'s group stopped (:func:`kill_group`) when the block raises anything (Ctrl-C too); a
+    wait that timed out goes on as the ProcessError of a timeout."""
+    try:
+        yield
+    except subprocess.TimeoutExpired as exc:
+        kill_group(proc)
+        raise _timed_out(argv, timeout) from exc
+    except BaseException:
+        kill_group(proc)
+        raise
+
+
 def run_lines(argv: Sequence[str | os.PathLike[str]], on_line: Callable[[str], None], timeout: float, *,
               cwd: Path | None = None, env: dict[str, str] | None = None) -> int:
     """Run ``argv`` (a build: make and its compilers) in a session of its own, every line of its
@@ -130,17 +140,12 @@ def run_lines(argv: Sequence[str | os.PathLike[str]], on_line: Callable[[str], N
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     try:
-        for raw in proc.stdout:
-            on_line(raw.decode(errors="replace").rstrip("\n"))
-            if time.monotonic() > deadline:
-                raise _timed_out(argv, timeout)
-        return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired as exc:
-        kill_group(proc)
-        raise _timed_out(argv, timeout) from exc
-    except BaseException:
-        kill_group(proc)
-        raise
+        with _stopped_on_error(proc, argv, timeout):
+            for raw in proc.stdout:
+                on_line(raw.decode(errors="replace").rstrip("\n"))
+                if time.monotonic() > deadline:
+                    raise _timed_out(argv, timeout)
+            return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         proc.stdout.close()
 

@@ -20,6 +20,7 @@ from labctl.image import Image
 from labctl.kernel import Kernel
 from labctl.lab import Guest, HostPlace, Lab, Nic
 from labctl.net import Port
+from labctl.paths import InDir
 
 if TYPE_CHECKING:
     from labctl.ssh import Endpoint
@@ -49,58 +50,26 @@ class GuestPlan:
     boot_keys: bool = False
     template: Any = None  # libvirt: the shared post-boot state it starts from (saved.Template), not a boot
 
-    @property
-    def overlay(self) -> Path:
-        return self.dir / "disk.qcow2"
-
-    @property
-    def console(self) -> Path:
-        return self.dir / "console.log"
-
-    @property
-    def qmp_socket(self) -> Path:
-        return self.dir / "qmp.sock"
-
-    @property
-    def gdb_socket(self) -> Path:
-        """QEMU's gdbstub: a unix socket in the guest's 0700 directory (never a TCP port)."""
-        return self.dir / "gdb.sock"
-
-    @property
-    def agent_channel(self) -> Path:
-        """labctl's channel to the guest's agent (virtio-serial; see guest/init): the FIFOs
-        ``agent.in`` and ``agent.out`` in the guest's 0700 directory, owner only."""
-        return self.dir / "agent"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.dir / "qemu.pid"
-
-    @property
-    def config(self) -> Path:
-        return self.dir / "guest.conf"
-
-    @property
-    def host_key(self) -> Path:
-        """The guest's own host key (private; pinned in the lab's known_hosts)."""
-        return self.dir / "ssh_host_ed25519_key"
-
-    @property
-    def boot_host_key(self) -> Path:
-        """The host key a booting guest reads from fw_cfg (qemu backend): a throwaway key while
-        its boot is to be the post-boot snapshot (which must hold no guest's own key), else a
-        copy of :attr:`host_key`. See :mod:`labctl.up.warm`."""
-        return self.dir / "boot_host_key"
-
-    @property
-    def authorized_keys(self) -> Path:
-        return self.dir / "authorized_keys"
-
-    @property
-    def boot_authorized_keys(self) -> Path:
-        """The throwaway client key's line a libvirt guest boots with when its post-boot state is
-        to be shared (``boot_keys``); labctl holds its private half (``boot_client_key``)."""
-        return self.dir / "boot_authorized_keys"
+    overlay = InDir("disk.qcow2")
+    console = InDir("console.log")
+    qmp_socket = InDir("qmp.sock")
+    # QEMU's gdbstub: a unix socket in the guest's 0700 directory (never a TCP port).
+    gdb_socket = InDir("gdb.sock")
+    # labctl's channel to the guest's agent (virtio-serial; see guest/init): the FIFOs
+    # ``agent.in`` and ``agent.out`` in the guest's 0700 directory, owner only.
+    agent_channel = InDir("agent")
+    pidfile = InDir("qemu.pid")
+    config = InDir("guest.conf")
+    # The guest's own host key (private; pinned in the lab's known_hosts).
+    host_key = InDir("ssh_host_ed25519_key")
+    # The host key a booting guest reads from fw_cfg (qemu backend): a throwaway key while
+    # its boot is to be the post-boot snapshot (which must hold no guest's own key), else a
+    # copy of :attr:`host_key`. See :mod:`labctl.up.warm`.
+    boot_host_key = InDir("boot_host_key")
+    authorized_keys = InDir("authorized_keys")
+    # The throwaway client key's line a libvirt guest boots with when its post-boot state is
+    # to be shared (``boot_keys``); labctl holds its private half (``boot_client_key``).
+    boot_authorized_keys = InDir("boot_authorized_keys")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.errors import ImageError
-from labctl.paths import cache_dir
+from labctl.paths import InDir, cache_dir
 
 # An image directory's files: every name once.
 MANIFEST = "manifest.json"
@@ -30,14 +30,9 @@ class Image:
     dir: Path
     manifest: dict[str, Any]
 
-    @property
-    def rootfs(self) -> Path:
-        """Raw ext4 root file system; guests boot from qcow2 overlays on it."""
-        return self.dir / ROOTFS
-
-    @property
-    def initramfs_cpio(self) -> Path:
-        return self.dir / INITRAMFS_CPIO
+    # Raw ext4 root file system; guests boot from qcow2 overlays on it.
+    rootfs = InDir(ROOTFS)
+    initramfs_cpio = InDir(INITRAMFS_CPIO)
 
     @property
     def default_kernel(self) -> str:

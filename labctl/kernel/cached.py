@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl.paths import cache_dir
+from labctl.paths import InDir, cache_dir
 
 MANIFEST = "manifest.json"
 BOOT = "boot"
@@ -83,17 +83,9 @@ class Kernel:
         where = src.get("tree") or src.get("image") or "?"
         return f"{self.release} ({where})"
 
-    @property
-    def boot(self) -> Path:
-        return self.dir / BOOT
-
-    @property
-    def config(self) -> Path:
-        return self.dir / CONFIG
-
-    @property
-    def system_map(self) -> Path:
-        return self.dir / SYSTEM_MAP
+    boot = InDir(BOOT)
+    config = InDir(CONFIG)
+    system_map = InDir(SYSTEM_MAP)
 
     @property
     def modules_img(self) -> Path | None:
@@ -105,13 +97,8 @@ class Kernel:
         except OSError:
             return None
 
-    @property
-    def vmlinux_debug(self) -> Path:
-        return self.dir / VMLINUX_DEBUG
-
-    @property
-    def debug_modules(self) -> Path:
-        return self.dir / DEBUG_MODULES
+    vmlinux_debug = InDir(VMLINUX_DEBUG)
+    debug_modules = InDir(DEBUG_MODULES)
 
     @property
     def has_debug(self) -> bool:

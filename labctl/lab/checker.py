@@ -8,8 +8,9 @@ carries on, so a file gets all its problems at once.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,22 @@ class Checker:
         self.add(line, path, f"expected a mapping, got {describe(value)}")
         return None
 
+    def section(self, m: YamlMap, key: str, path: str) -> YamlMap | None:
+        """``m[key]``, a mapping that may be left out: None when it is absent or null, or when it is
+        not a mapping (reported at ``path.key``)."""
+        if m.get(key) is None:
+            return None
+        return self.mapping(m[key], m.value_line(key), join(path, key), allow_null=False)
+
+    def mappings(self, items: YamlSeq, path: str) -> Iterator[tuple[YamlMap, str, int]]:
+        """Each item of the list ``items`` (at ``path``) that is a mapping, with its path ``path[i]``
+        and its line; an item that is not a mapping is reported and skipped."""
+        for i, item in enumerate(items):
+            where, line = f"{path}[{i}]", items.item_line(i)
+            m = self.mapping(item, line, where, allow_null=False)
+            if m is not None:
+                yield m, where, line
+
     def sequence(self, m: YamlMap, key: str, path: str) -> YamlSeq:
         """``m[key]`` as a YamlSeq (absent/null gives an empty one; wrong type reported)."""
         value = m.get(key)
@@ -113,6 +130,21 @@ class Checker:
             self.add(m.value_line(key), join(path, key), f"expected a list, got {describe(value)}")
         return YamlSeq(m.value_line(key))
 
+
+def host_address(check: Checker, text: str, line: int, where: str, invalid: str,
+                 role: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``text`` as one host's address (not multicast, unspecified or loopback): a gateway, a NAT
+    target. None when it is not (reported: ``invalid`` says what a wrong text should be, ``role``
+    what a reserved address cannot be)."""
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        check.add(line, where, invalid)
+        return None
+    if ip.is_multicast or ip.is_unspecified or ip.is_loopback:
+        check.add(line, where, f"{ip} cannot be {role}")
+        return None
+    return ip
 
 
 def close_match(word: str, choices: Iterable[str]) -> str:

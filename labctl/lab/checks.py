@@ -81,11 +81,7 @@ def parse_checks(check: Checker, data: YamlMap, guests: set[str]) -> tuple[Check
         return ()
     out: list[Check] = []
     seen: dict[str, int] = {}
-    for i, item in enumerate(seq):
-        path, line = f"checks[{i}]", seq.item_line(i)
-        m = check.mapping(item, line, path, allow_null=False)
-        if m is None:
-            continue
+    for m, path, line in check.mappings(seq, "checks"):
         check.keys(m, path, CHECK_KEYS, ("name", "guest"))
         name = check.matching(m, "name", path, CHECK_NAME, "check name", CHECK_NAME_RULE, True)
         if name is not None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-from labctl.lab.checker import Checker, close_match, describe, did_you_mean, join
+from labctl.lab.checker import Checker, close_match, describe, did_you_mean, host_address, join
 from labctl.lab.trust import TRUST_ENV, owner_name, untrusted_reason
 from labctl.lab.yamlpos import YamlMap
 
@@ -310,12 +310,10 @@ def parse_firewall(check: Checker, body: YamlMap, path: str, base: Path,
                    trusted: tuple[Path, ...] = ()) -> Firewall | None:
     """A guest's ``firewall`` (see the module's docstring); None when it has none or it is invalid
     (reported). Interfaces named by NAT rules are checked by :func:`check_interfaces`."""
-    if body.get("firewall") is None:
-        return None
-    where, line = join(path, "firewall"), body.value_line("firewall")
-    m = check.mapping(body["firewall"], line, where, allow_null=False)
+    m = check.section(body, "firewall", path)
     if m is None:
         return None
+    where, line = join(path, "firewall"), body.value_line("firewall")
     before = len(check.problems)
     check.keys(m, where, FIREWALL_KEYS)
     if not any(k in m for k in FIREWALL_KEYS):
@@ -329,12 +327,10 @@ def parse_firewall(check: Checker, body: YamlMap, path: str, base: Path,
 
 
 def _chains(check: Checker, m: YamlMap, path: str) -> tuple[Chain, ...]:
-    if m.get("filter") is None:
-        return ()
-    where = join(path, "filter")
-    chains = check.mapping(m["filter"], m.value_line("filter"), where, allow_null=False)
+    chains = check.section(m, "filter", path)
     if chains is None:
         return ()
+    where = join(path, "filter")
     out = []
     for hook, value in chains.items():
         cpath, line = f"{where}.{hook}", chains.key_line(hook)
@@ -394,21 +390,15 @@ def rule_problem(text: str) -> str | None:
 
 
 def _nat(check: Checker, m: YamlMap, path: str) -> tuple[NatRule, ...]:
-    if m.get("nat") is None:
-        return ()
-    where = join(path, "nat")
-    nat = check.mapping(m["nat"], m.value_line("nat"), where, allow_null=False)
+    nat = check.section(m, "nat", path)
     if nat is None:
         return ()
+    where = join(path, "nat")
     check.keys(nat, where, NAT_KEYS)
     out: list[NatRule] = []
     for kind, keys in (("masquerade", MASQUERADE_KEYS), ("snat", SNAT_KEYS), ("dnat", DNAT_KEYS)):
         items = check.sequence(nat, kind, where)
-        for i, value in enumerate(items):
-            npath, line = f"{where}.{kind}[{i}]", items.item_line(i)
-            n = check.mapping(value, line, npath, allow_null=False)
-            if n is None:
-                continue
+        for n, npath, line in check.mappings(items, f"{where}.{kind}"):
             iface_key = "in" if kind == "dnat" else "out"
             required = (iface_key,) + (("to",) if kind != "masquerade" else ())
             check.keys(n, npath, keys, required, line)
@@ -493,13 +483,9 @@ def _target(check: Checker, n: YamlMap, path: str, kind: str, mapped: bool) -> s
             return None
     elif text.count(":") == 1:
         address, ports = text.split(":")
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        check.add(line, where, f"invalid target '{text}' (an address, ADDRESS:PORT, or [IPv6]:PORT)")
-        return None
-    if ip.is_multicast or ip.is_unspecified or ip.is_loopback:
-        check.add(line, where, f"{ip} cannot be a NAT target")
+    ip = host_address(check, address, line, where,
+                      f"invalid target '{text}' (an address, ADDRESS:PORT, or [IPv6]:PORT)", "a NAT target")
+    if ip is None:
         return None
     if ports is not None:
         why = ports_problem(ports)

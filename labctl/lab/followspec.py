@@ -49,12 +49,10 @@ def parse_follow(check: Checker, m: YamlMap, path: str, guests: dict[str, GuestS
                  templates: Callable[[str, int, str], None], each_row: Callable[[str, Any, int, str], bool]
                  ) -> FollowSpec | None:
     """The step's ``follow`` (None when it has none or it is wrong; problems reported with their lines)."""
-    if m.get("follow") is None:
-        return None
-    fpath = f"{path}.follow"
-    f = check.mapping(m["follow"], m.value_line("follow"), fpath, allow_null=False)
+    f = check.section(m, "follow", path)
     if f is None:
         return None
+    fpath = f"{path}.follow"
     check.keys(f, fpath, _KEYS)
     filt = check.string(f, "filter", fpath) or ""
     ok = True

@@ -40,7 +40,7 @@ import ipaddress
 import re
 
 from labctl.lab.addresses import parse_addresses
-from labctl.lab.checker import Checker, close_match, describe, did_you_mean, join
+from labctl.lab.checker import Checker, close_match, describe, did_you_mean, host_address, join
 from labctl.lab.firewall import check_interfaces
 from labctl.lab.ifaces import BOND_MODES, DEFAULT_MIIMON, PRIMARY_MODES, Address, Route, Sysctl
 from labctl.lab.model import MGMT_NIC, MGMT_SUBNET
@@ -81,11 +81,7 @@ def parse_vlans(check: Checker, m: YamlMap, path: str, parent: str | None) -> li
     items = check.sequence(m, "vlans", path)
     seen: dict[int, int] = {}
     out: list[VlanSpec] = []
-    for i in range(len(items)):
-        vpath, line = f"{path}.vlans[{i}]", items.item_line(i)
-        v = check.mapping(items[i], line, vpath, allow_null=False)
-        if v is None:
-            continue
+    for v, vpath, line in check.mappings(items, f"{path}.vlans"):
         check.keys(v, vpath, _VLAN_KEYS, ("id",), line)
         vid = check.integer(v, "id", vpath, (1, 4094))
         if vid is None:
@@ -112,12 +108,10 @@ def parse_vlans(check: Checker, m: YamlMap, path: str, parent: str | None) -> li
 def parse_masters(check: Checker, body: YamlMap, path: str, kind: str) -> list[MasterSpec]:
     """A guest's ``bonds`` or ``bridges`` (``kind``): name -> members, addresses, VLANs (and a bond's
     mode, miimon and primary). Members are checked against the guest's NICs by :func:`check_guest`."""
-    if body.get(kind) is None:
-        return []
-    where = join(path, kind)
-    masters = check.mapping(body[kind], body.value_line(kind), where, allow_null=False)
+    masters = check.section(body, kind, path)
     if masters is None:
         return []
+    where = join(path, kind)
     out = []
     for raw_name, value in masters.items():
         mpath, line = f"{where}.{raw_name}", masters.key_line(raw_name)
@@ -183,11 +177,7 @@ def parse_routes(check: Checker, body: YamlMap, path: str) -> list[RouteSpec]:
     items = check.sequence(body, "routes", path)
     seen: dict[tuple[str, int], int] = {}
     out = []
-    for i in range(len(items)):
-        rpath, line = f"{path}.routes[{i}]", items.item_line(i)
-        r = check.mapping(items[i], line, rpath, allow_null=False)
-        if r is None:
-            continue
+    for r, rpath, line in check.mappings(items, f"{path}.routes"):
         check.keys(r, rpath, _ROUTE_KEYS, ("to",), line)
         route = _route(check, r, rpath, line)
         if route is None:
@@ -230,15 +220,8 @@ def _gateway(check: Checker, r: YamlMap, path: str,
     if text is None:
         return None
     line, where = r.value_line("via"), join(path, "via")
-    try:
-        via = ipaddress.ip_address(text)
-    except ValueError:
-        check.add(line, where, f"invalid gateway address '{text}' (an IPv4 or IPv6 address, no prefix length)")
-        return None
-    if via.is_multicast or via.is_unspecified or via.is_loopback:
-        check.add(line, where, f"{via} cannot be a gateway")
-        return None
-    return via
+    return host_address(check, text, line, where,
+                        f"invalid gateway address '{text}' (an IPv4 or IPv6 address, no prefix length)", "a gateway")
 
 
 def _destination(check: Checker, r: YamlMap, path: str, text: str,
@@ -269,12 +252,10 @@ def _destination(check: Checker, r: YamlMap, path: str, text: str,
 def parse_sysctls(check: Checker, body: YamlMap, path: str) -> list[tuple[Sysctl, str]]:
     """A guest's ``sysctls``: name -> value, each name well formed and starting at a part of
     ``/proc/sys``; values are numbers or one line of text."""
-    if body.get("sysctls") is None:
-        return []
-    where = join(path, "sysctls")
-    items = check.mapping(body["sysctls"], body.value_line("sysctls"), where, allow_null=False)
+    items = check.section(body, "sysctls", path)
     if items is None:
         return []
+    where = join(path, "sysctls")
     out = []
     for name, value in items.items():
         spath, line = f"{where}.{name}", items.key_line(name)

@@ -58,12 +58,10 @@ class LinkSpec:
 
 def nic_impairment(check: Checker, m: YamlMap, path: str) -> Impairment | None:
     """A NIC's ``impair`` mapping, checked (None when absent or empty)."""
-    if m.get("impair") is None:
-        return None
-    where = join(path, "impair")
-    body = check.mapping(m["impair"], m.value_line("impair"), where, allow_null=False)
+    body = check.section(m, "impair", path)
     if body is None:
         return None
+    where = join(path, "impair")
     check.keys(body, where, IMPAIR_KEYS)
     imp, problems = parse_impairment(body)
     for key, message in problems:
@@ -135,12 +133,10 @@ def step_impairs(check: Checker, m: YamlMap, path: str, templates: Callable[[str
     """A step's ``impair`` mapping: GUEST.NIC -> impairment values ({} or null: none), templates
     checked by ``templates`` (unknown variables), ``each_row`` (every matrix row's value) and
     ``nic_ok`` (the NIC exists for every row)."""
-    if m.get("impair") is None:
-        return ()
-    where = join(path, "impair")
-    body = check.mapping(m["impair"], m.value_line("impair"), where, allow_null=False)
+    body = check.section(m, "impair", path)
     if body is None:
         return ()
+    where = join(path, "impair")
     out = []
     for nic, value in body.items():
         npath = f"{where}.{nic}"

@@ -215,11 +215,7 @@ def parse_shares(check: Checker, body: YamlMap, path: str, base: Path,
         check.add(body.value_line("shares"), where, f"{len(value)} shares: at most {MAX_SHARES}")
         return ()
     out: list[Share] = []
-    for i in range(len(value)):
-        at, line = f"{where}[{i}]", value.item_line(i)
-        m = check.mapping(value[i], line, at, allow_null=False)
-        if m is None:
-            continue
+    for m, at, line in check.mappings(value, where):
         check.keys(m, at, SHARE_KEYS, ("host", "mount"))
         host, mount = check.string(m, "host", at, required=True), check.string(m, "mount", at, required=True)
         writable = check.boolean(m, "writable", at)

@@ -63,12 +63,10 @@ def parse_gdb(c: Checker, m: YamlMap, path: str, templates: Callable[[str, int, 
               each_row: Callable[[str, Callable[[str], object], int, str], bool],
               guest_of: Callable[[YamlMap, str, str], str | None]) -> GdbStep | None:
     """The step's ``gdb`` (None when it has none or it is wrong; problems reported with their lines)."""
-    if m.get("gdb") is None:
-        return None
-    gpath = f"{path}.gdb"
-    g = c.mapping(m["gdb"], m.value_line("gdb"), gpath, allow_null=False)
+    g = c.section(m, "gdb", path)
     if g is None:
         return None
+    gpath = f"{path}.gdb"
     c.keys(g, gpath, _GDB_KEYS, ("guest", "break"))
     guest = guest_of(g, "guest", gpath)
     loc = c.string(g, "break", gpath, required=True)

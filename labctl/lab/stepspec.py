@@ -138,11 +138,7 @@ class StepParser:
             return ()
         seq = self.check.sequence(data, "steps", "")
         names: dict[str, int] = {}
-        for i, item in enumerate(seq):
-            path = f"steps[{i}]"
-            m = self.check.mapping(item, seq.item_line(i), path, allow_null=False)
-            if m is None:
-                continue
+        for m, path, _ in self.check.mappings(seq, "steps"):
             step = self._step(m, path)
             if step is None:
                 continue
@@ -226,11 +222,7 @@ class StepParser:
         rows: list[dict[str, str]] = []
         seq = c.sequence(m, "matrix", path)
         labels: set[str] = set()
-        for i, item in enumerate(seq):
-            rpath = f"{path}.matrix[{i}]"
-            row = c.mapping(item, seq.item_line(i), rpath, allow_null=False)
-            if row is None:
-                continue
+        for row, rpath, _ in c.mappings(seq, f"{path}.matrix"):
             values: dict[str, str] = {}
             for key, value in row.items():
                 if not _VAR.fullmatch(str(key)):
@@ -277,11 +269,7 @@ class StepParser:
         seq = c.sequence(m, "run", path)
         if "run" in m and not seq:
             c.add(m.value_line("run"), f"{path}.run", "a step needs at least one command")
-        for i, item in enumerate(seq):
-            rpath = f"{path}.run[{i}]"
-            r = c.mapping(item, seq.item_line(i), rpath, allow_null=False)
-            if r is None:
-                continue
+        for r, rpath, _ in c.mappings(seq, f"{path}.run"):
             if "link" in r:
                 link = link_spec(c, r, rpath, lambda text, line, where: self._templates(text, known, line, where),
                                  lambda nic, line, where: self._check_nic(nic, matrix, line, where))

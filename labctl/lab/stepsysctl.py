@@ -49,12 +49,10 @@ class SysctlRecord(TypedDict):
 
 def parse_sysctls(c: Checker, m: YamlMap, path: str, guests: Mapping[str, GuestSpec]) -> StepSysctls | None:
     """The step's ``sysctls`` (None when it has none or it is wrong; problems reported with their lines)."""
-    if m.get("sysctls") is None:
-        return None
-    where = join(path, "sysctls")
-    body = c.mapping(m["sysctls"], m.value_line("sysctls"), where, allow_null=False)
+    body = c.section(m, "sysctls", path)
     if body is None:
         return None
+    where = join(path, "sysctls")
     out: list[tuple[str, tuple[Sysctl, ...]]] = []
     ok = True
     for guest in body:

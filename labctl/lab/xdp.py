@@ -191,12 +191,10 @@ def nic_xdp(nic: dict[str, Any]) -> Xdp | None:
 
 def parse_xdp(check: Checker, m: YamlMap, path: str, model: str | None, trusted: tuple[Path, ...] = ()) -> Xdp | None:
     """A NIC's ``xdp`` (see the module's docstring); None when it has none or it is invalid (reported)."""
-    if m.get("xdp") is None:
-        return None
-    where, line = join(path, "xdp"), m.value_line("xdp")
-    x = check.mapping(m["xdp"], line, where, allow_null=False)
+    x = check.section(m, "xdp", path)
     if x is None:
         return None
+    where, line = join(path, "xdp"), m.value_line("xdp")
     before = len(check.problems)
     check.keys(x, where, XDP_KEYS)
     if ("source" in x) == ("filter" in x):
@@ -229,12 +227,10 @@ def parse_xdp(check: Checker, m: YamlMap, path: str, model: str | None, trusted:
 def parse_tc(check: Checker, m: YamlMap, path: str, trusted: tuple[Path, ...] = ()) -> Tc | None:
     """A NIC's ``tc``: ``{source: C of the lab's directory, section: tc, direction: ingress|egress}``, built
     as an XDP source is; None when it has none or it is invalid (reported)."""
-    if m.get("tc") is None:
-        return None
-    where, line = join(path, "tc"), m.value_line("tc")
-    x = check.mapping(m["tc"], line, where, allow_null=False)
+    x = check.section(m, "tc", path)
     if x is None:
         return None
+    where, line = join(path, "tc"), m.value_line("tc")
     before = len(check.problems)
     check.keys(x, where, TC_KEYS, ("source",), line)
     section = check.string(x, "section", where) or "tc"

@@ -58,10 +58,7 @@ def parse_port(text: str) -> int:
 
     :raise VmClockError: for anything else.
     """
-    m = _PORT.search(text)
-    if m is None:
-        raise VmClockError(f"unexpected answer to '{PM_COMMAND}': {text.strip()[:80]!r}")
-    return int(m[1], 16)
+    return _hex_answer(_PORT, PM_COMMAND, text)
 
 
 def parse_xp(text: str) -> int:
@@ -69,9 +66,14 @@ def parse_xp(text: str) -> int:
 
     :raise VmClockError: for anything else.
     """
-    m = _XP.search(text)
+    return _hex_answer(_XP, HPET_COMMAND, text)
+
+
+def _hex_answer(pattern: re.Pattern[str], command: str, text: str) -> int:
+    """The hex number ``pattern``'s group 1 finds in the monitor's answer ``text`` to ``command``."""
+    m = pattern.search(text)
     if m is None:
-        raise VmClockError(f"unexpected answer to '{HPET_COMMAND}': {text.strip()[:80]!r}")
+        raise VmClockError(f"unexpected answer to '{command}': {text.strip()[:80]!r}")
     return int(m[1], 16)
 
 

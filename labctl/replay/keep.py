@@ -26,7 +26,7 @@ from typing import Any
 
 from labctl.backends import RRFILE, GuestRecord, fw_cfg_files, qmp_execute, read_only_files
 from labctl.errors import LabctlError, UsageError
-from labctl.paths import atomic_write
+from labctl.paths import InDir, atomic_write
 from labctl.proc import pid_alive, run
 
 RECORDING = "recording"
@@ -128,13 +128,8 @@ class Recording:
     dir: Path
     manifest: dict[str, Any]
 
-    @property
-    def rrfile(self) -> Path:
-        return self.dir / RRFILE
-
-    @property
-    def console(self) -> Path:
-        return self.dir / CONSOLE
+    rrfile = InDir(RRFILE)
+    console = InDir(CONSOLE)
 
     @property
     def argv(self) -> list[str]:

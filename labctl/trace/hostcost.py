@@ -38,6 +38,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
+from labctl.trace.parsers import read_or_none
+
 THREADS_FILE = "qemu-threads.json"
 PERF_DATA = "perf.data"
 PERF_LOG = "perf-record.log"
@@ -370,13 +372,6 @@ def host_profile(text: str, pid: int | None, vcpus: Mapping[str, int]) -> HostPr
 # --------------------------------------------------------------------------- per guest, per step
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
 def guest_cost(guest_dir: Path, host_dir: Path) -> GuestCost:
     """One guest's cost over its step's window, from its step directory and the host's record of
     its QEMU: ``host`` (:func:`qemu_threads`, plus ``profile`` or ``profile_note``) and ``guest``
@@ -384,7 +379,7 @@ def guest_cost(guest_dir: Path, host_dir: Path) -> GuestCost:
     notes: list[str] = []
     hdir = host_dir
     doc: ThreadsDoc = {}
-    raw = _read(hdir / THREADS_FILE)
+    raw = read_or_none(hdir / THREADS_FILE)
     if raw is None:
         notes.append("the host side was not measured (no _host/ record: a bundle of an older labctl?)")
     else:
@@ -395,7 +390,7 @@ def guest_cost(guest_dir: Path, host_dir: Path) -> GuestCost:
     host: QemuThreads = qemu_threads(doc) if doc else {"measured": False}
     if doc and not host.get("measured") and host.get("note"):
         notes.append(f"host: {host['note']}")
-    unavailable = _read(hdir / PROFILE_UNAVAILABLE)
+    unavailable = read_or_none(hdir / PROFILE_UNAVAILABLE)
     if unavailable is not None:
         host["profile_note"] = unavailable.strip()
     elif (hdir / PERF_SCRIPT).is_file():
@@ -404,7 +399,7 @@ def guest_cost(guest_dir: Path, host_dir: Path) -> GuestCost:
                 host["profile"] = host_profile(f.read(), doc.get("pid"), _vcpus(doc))
         except (OSError, EOFError) as exc:
             host["profile_note"] = f"{PERF_SCRIPT} unreadable: {exc}"
-    start, end = _read(guest_dir / WINDOW_START), _read(guest_dir / WINDOW_END)
+    start, end = read_or_none(guest_dir / WINDOW_START), read_or_none(guest_dir / WINDOW_END)
     gcpu = guest_window_cpu(start, end) if start is not None and end is not None else None
     if gcpu is None:
         notes.append("the guest's /proc/stat was not read at both ends of the window")

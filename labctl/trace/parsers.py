@@ -12,7 +12,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NotRequired, TypedDict
+
+
+def read_or_none(path: Path) -> str | None:
+    """A guest directory's file's text (undecodable bytes replaced), or None if it cannot be read."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
 
 # --------------------------------------------------------------------------- perf report
 

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypedDict
 
+from labctl.trace.parsers import read_or_none
+
 SNAPSHOTS: dict[str, str] = {
     # -a: absolute values (ignore nstat's history file), -s: leave the
     # history alone, -z: zero counters too; so every run prints the same set.
@@ -371,14 +373,6 @@ def _kind(stem: str) -> str:
     return stem
 
 
-def _read(path: Path) -> str | None:
-    """The file's text (undecodable bytes replaced) or None if it cannot be read."""
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
 def _stems(directory: Path) -> Iterable[str]:
     """Sorted stems of the ``*.txt`` files in ``directory`` (none if it is missing)."""
     try:
@@ -404,7 +398,7 @@ def snapshot_delta(before_dir: Path, after_dir: Path) -> dict[str, StatDelta]:
         func = _KINDS.get(_kind(stem))
         if func is None:
             continue
-        before, after = _read(before_dir / f"{stem}.txt"), _read(after_dir / f"{stem}.txt")
+        before, after = read_or_none(before_dir / f"{stem}.txt"), read_or_none(after_dir / f"{stem}.txt")
         if before is None or after is None:
             missing.append(stem)
             continue

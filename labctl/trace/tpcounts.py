@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
-from labctl.trace.parsers import is_tracepoint, parse_perf_stat_csv, parse_trace_cmd_stat
+from labctl.trace.parsers import is_tracepoint, parse_perf_stat_csv, parse_trace_cmd_stat, read_or_none
 from labctl.trace.skbevents import parse_line
 
 PERF_COUNTS = "perf-event-counts.txt"
@@ -115,13 +115,6 @@ def tabulate(counts: Mapping[tuple[str, str, int], int], seconds: float | None,
     return out
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
 def ftrace_lost(stat_text: str) -> int:
     """Events ftrace's ring buffer lost (overwritten before trace-cmd read them, or refused when full),
     from ``trace-cmd report --stat``; 0 when it says nothing."""
@@ -136,22 +129,22 @@ def guest_tracepoints(guest_dir: Path, seconds: float | None) -> list[CountSourc
     with tracepoints has its CPU samples in the symbol tables instead).
     """
     out: list[CountSource] = []
-    text = _read(guest_dir / PERF_COUNTS)
+    text = read_or_none(guest_dir / PERF_COUNTS)
     if text is not None:
         counts = parse_perf_event_counts(text)
         events = tabulate(counts, seconds, keep={e for e, _, _ in counts if is_tracepoint(e)})
         if events:
             out.append({"source": "perf record", "file": PERF_COUNTS, "events": events})
-    text = _read(guest_dir / FTRACE_REPORT)
+    text = read_or_none(guest_dir / FTRACE_REPORT)
     if text is not None:
         events = tabulate(ftrace_counts(text), seconds)
         if events:
             ftrace: CountSource = {"source": "ftrace", "file": FTRACE_REPORT, "events": events}
-            lost = ftrace_lost(_read(guest_dir / FTRACE_STAT) or "")
+            lost = ftrace_lost(read_or_none(guest_dir / FTRACE_STAT) or "")
             if lost:
                 ftrace["lost"] = lost  # its counts are lower bounds
             out.append(ftrace)
-    text = _read(guest_dir / PERF_STAT)
+    text = read_or_none(guest_dir / PERF_STAT)
     if text is not None:
         stat = {ev: int(v) for ev, v in parse_perf_stat_csv(text).items() if is_tracepoint(ev)}
         if stat:

@@ -48,7 +48,7 @@ from typing import Any
 from labctl import __version__
 from labctl.backends import GUEST_MEMORY, Backend, GuestPlan, qmp_execute, save_state
 from labctl.errors import LabctlError, MachineError
-from labctl.paths import atomic_write, build_into, cache_dir, exclusive
+from labctl.paths import InDir, atomic_write, build_into, cache_dir, exclusive
 from labctl.proc import run
 
 FORMAT = "4"  # bump when what a snapshot holds changes (2: booted with a throwaway host key; 3: a standby sshd;
@@ -71,21 +71,10 @@ class Snapshot:
     def key(self) -> str:
         return self.dir.name
 
-    @property
-    def state(self) -> Path:
-        return self.dir / STATE
-
-    @property
-    def disk(self) -> Path:
-        return self.dir / DISK
-
-    @property
-    def console(self) -> Path:
-        return self.dir / CONSOLE
-
-    @property
-    def memory(self) -> Path:
-        return self.dir / MEMORY
+    state = InDir(STATE)
+    disk = InDir(DISK)
+    console = InDir(CONSOLE)
+    memory = InDir(MEMORY)
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -521,3 +521,19 @@ def test_build_into_replaces_the_directory_whole_or_not_at_all(tmp_path: Path) -
         (work / "new").write_text("2")
     assert [p.name for p in final.iterdir()] == ["new"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thing"]
+
+
+def test_in_dir_names_a_file_of_the_record_directory_and_cannot_be_set(tmp_path: Path) -> None:
+    from dataclasses import dataclass
+
+    @dataclass
+    class Rec:
+        dir: Path
+        console = paths.InDir("console.log")
+
+    rec = Rec(tmp_path)
+    assert rec.console == tmp_path / "console.log"
+    assert isinstance(Rec.console, paths.InDir)
+    with pytest.raises(AttributeError):
+        rec.console = tmp_path / "other"
+    assert rec.console == tmp_path / "console.log"

@@ -32,6 +32,7 @@ import os
 import stat
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,13 +124,7 @@ def image_volume_name(image: Image, file: str, sha256: str) -> str:
 
 def lookup_pool(conn: Any, name: str = POOL) -> Any | None:
     """The storage pool ``name``, or None when it does not exist."""
-    lv = _lv()
-    try:
-        return conn.storagePoolLookupByName(name)
-    except lv.libvirtError as exc:
-        if exc.get_error_code() == lv.VIR_ERR_NO_STORAGE_POOL:
-            return None
-        raise
+    return _lookup(conn.storagePoolLookupByName, name, "VIR_ERR_NO_STORAGE_POOL")
 
 
 def ensure_pool(conn: Any) -> Any:
@@ -167,11 +162,16 @@ def refresh(pool: Any) -> None:
 
 def lookup_volume(pool: Any, name: str) -> Any | None:
     """The volume called ``name`` in ``pool``, or None."""
+    return _lookup(pool.storageVolLookupByName, name, "VIR_ERR_NO_STORAGE_VOL")
+
+
+def _lookup(find: Callable[[str], Any], name: str, missing: str) -> Any | None:
+    """``find(name)``, or None when libvirt answers with the error code ``missing`` (its name)."""
     lv = _lv()
     try:
-        return pool.storageVolLookupByName(name)
+        return find(name)
     except lv.libvirtError as exc:
-        if exc.get_error_code() == lv.VIR_ERR_NO_STORAGE_VOL:
+        if exc.get_error_code() == getattr(lv, missing):
             return None
         raise
 

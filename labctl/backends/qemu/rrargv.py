@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from labctl.paths import InDir
+
 RRFILE = "replay.bin"  # the recording, in the guest's directory (then in the bundle)
 
 
@@ -118,21 +120,10 @@ class ReplayFiles:
     disk: Path
     fw_cfg: dict[str, Path]  # fw_cfg name -> the bundle's copy
 
-    @property
-    def console(self) -> Path:
-        return self.dir / "console.log"
-
-    @property
-    def qmp(self) -> Path:
-        return self.dir / "qmp.sock"
-
-    @property
-    def gdb(self) -> Path:
-        return self.dir / "gdb.sock"
-
-    @property
-    def pidfile(self) -> Path:
-        return self.dir / "qemu.pid"
+    console = InDir("console.log")
+    qmp = InDir("qmp.sock")
+    gdb = InDir("gdb.sock")
+    pidfile = InDir("qemu.pid")
 
 
 def replay_argv(recorded: list[str], files: ReplayFiles, ssh_port: int, paused: bool = False) -> list[str]:

@@ -40,12 +40,10 @@ MAX_TUNNELS = 16
 
 def parse_tunnels(check: Checker, body: YamlMap, path: str) -> tuple[Tunnel, ...]:
     """A guest's ``tunnels``: name -> a tunnel of one kind (see the module's docstring)."""
-    if body.get("tunnels") is None:
-        return ()
-    where = join(path, "tunnels")
-    items = check.mapping(body["tunnels"], body.value_line("tunnels"), where, allow_null=False)
+    items = check.section(body, "tunnels", path)
     if items is None:
         return ()
+    where = join(path, "tunnels")
     if len(items) > MAX_TUNNELS:
         check.add(body.value_line("tunnels"), where, f"{len(items)} tunnels: a guest has at most {MAX_TUNNELS}")
         return ()
@@ -86,12 +84,10 @@ def _tunnel(check: Checker, value: object, vline: int, path: str, name: str, lin
 
 def parse_vrfs(check: Checker, body: YamlMap, path: str) -> tuple[Vrf, ...]:
     """A guest's ``vrfs``: name -> its table, members and routes; tables unique and not the kernel's."""
-    if body.get("vrfs") is None:
-        return ()
-    where = join(path, "vrfs")
-    items = check.mapping(body["vrfs"], body.value_line("vrfs"), where, allow_null=False)
+    items = check.section(body, "vrfs", path)
     if items is None:
         return ()
+    where = join(path, "vrfs")
     out: list[Vrf] = []
     tables: dict[int, tuple[str, int]] = {}
     for raw, value in items.items():
