@@ -13,7 +13,7 @@ from labctl.cli.jsonout import print_json
 
 
 def test_a_document_with_paths_and_times_is_printed_whole(capsys: pytest.CaptureFixture[str]) -> None:
-    when = datetime.datetime(2026, 12, 3, 20, 40, tzinfo=datetime.timezone.utc)
+    when = datetime.datetime(2026, 12, 3, 20, 40, tzinfo=datetime.UTC)
     print_json({"dir": Path("/run/x"), "at": when, "n": [1, 2]})
     out = capsys.readouterr().out
     assert out.endswith("}\n") and out.count("\n") > 3  # indented, one trailing newline
