@@ -20,23 +20,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from labctl.bundle import (
-    VmcoreRecord,
-    copy_console,
-    copy_inputs,
-    guest_dir,
-    lab_section,
-    new_bundle_dir,
-    vmcore_record,
-    write_crash_manifest,
-    write_manifest,
-)
 from labctl.errors import LabctlError, UsageError
 from labctl.events import PrepareEvents, UpEvents
-from labctl.grading import ERROR, CheckResult, run_checks
 from labctl.image import Image, ImageStore, build_image, load_recipe
-from labctl.inspect import CrashWatch, capture_crash
 from labctl.kernel import (
     Kernel,
     all_prepared,
@@ -50,10 +38,13 @@ from labctl.kernel import (
 from labctl.lab import Check, KernelSpec, Lab, load_lab_text
 from labctl.pack import PackResult, Pinned, check_archive, check_image, check_kernels, run_inputs
 from labctl.pack import pack_lab as write_pack
-from labctl.report import render_run, summarize, write_summary
 from labctl.state import LabState, lab_lock
-from labctl.steps import Runner, StepEvents, StepResult, now
 from labctl.up import Estimate, UpOptions, check_capacity, down, up
+
+if TYPE_CHECKING:  # what running steps and checks needs loads when they run: ``labctl up`` of a lab without steps never does
+    from labctl.bundle import VmcoreRecord
+    from labctl.grading import CheckResult
+    from labctl.steps import Runner, StepEvents, StepResult
 
 
 @dataclass(frozen=True)
@@ -199,6 +190,10 @@ def run_steps(lab: Lab, state: LabState, bundle: Path, events: StepEvents | None
     :func:`labctl.bundle.write.new_bundle_dir`), whatever happens (Ctrl-C
     re-raised after). ``runner`` is the lab's :class:`Runner` (tests inject one
     with their own sessions and backend)."""
+    from labctl.bundle import copy_inputs, write_manifest
+    from labctl.report import render_run, summarize, write_summary
+    from labctl.steps import Runner, now
+
     started = now()
     runner = runner or Runner(lab, state, bundle, events)
     status, reason = "ok", None
@@ -237,6 +232,9 @@ class BootCrashes:
 
     def keep(self, state: LabState, guest: str) -> str:
         """The guest's vmcore, summary and console into the bundle; the line that ends up's error."""
+        from labctl.bundle import copy_console, guest_dir, vmcore_record
+        from labctl.inspect import capture_crash
+
         where = self.bundle / guest_dir(guest)
         rec = capture_crash(state, guest, where, when="up", nics=[n.name for n in self.lab.guests[guest].nics])
         copy_console(self.bundle, guest, Path(state.guests[guest].console), state.kernel(guest))
@@ -247,6 +245,10 @@ class BootCrashes:
         """The bundle of a lab that did not come up, when a guest's crash is in it (else nothing)."""
         if not self.records:
             return
+        from labctl.bundle import lab_section, write_crash_manifest
+        from labctl.report import render_run, summarize, write_summary
+        from labctl.steps import now
+
         write_crash_manifest(self.bundle, lab_section(self.lab), started, now(), f"up: {reason}", kernels,
                              self.records, self.lab.text)
         header = {"lab": self.lab.name, "status": "failed", "reason": f"up: {reason}", "started_at": started,
@@ -263,6 +265,9 @@ def run_lab(lab: Lab, prepared: Prepared, opts: UpOptions, out_root: Path, up_ev
     ``on_up(state)``, steps, bundle, report, and down unless ``keep``. The lab's
     lock is held throughout: no other labctl takes the lab meanwhile.
     """
+    from labctl.bundle import new_bundle_dir
+    from labctl.steps import now
+
     with lab_lock(lab.ident):
         bundle = new_bundle_dir(out_root, lab.ident)
         started, crashes = now(), BootCrashes(lab, bundle)
@@ -294,6 +299,11 @@ def check_lab(state: LabState, checks: Sequence[Check] | None = None, out_root: 
     a guest that panics or oopses meanwhile leaves a bundle under ``out_root`` (its console, oopses,
     vmcore, drgn's summary and a report), and its checks that did not pass say so. No ``out_root``:
     the checks alone."""
+    from labctl.bundle import guest_dir, new_bundle_dir, vmcore_record
+    from labctl.grading import ERROR, run_checks
+    from labctl.inspect import CrashWatch
+    from labctl.steps import now
+
     if out_root is None:
         return CheckedLab(run_checks(state, checks))
     made: list[Path] = []
@@ -323,6 +333,10 @@ def check_lab(state: LabState, checks: Sequence[Check] | None = None, out_root: 
 def _check_crash_bundle(state: LabState, bundle: Path, records: list[VmcoreRecord], started: str) -> dict[str, str]:
     """The bundle of the guests that crashed during a lab's checks: their consoles, the vmcores
     (there already), manifest, summary and report; guest -> its crash's title."""
+    from labctl.bundle import copy_console, write_crash_manifest
+    from labctl.report import render_run, summarize, write_summary
+    from labctl.steps import now
+
     crashed = {r["guest"]: r.get("title") or "see its console" for r in records}
     for guest in crashed:
         copy_console(bundle, guest, Path(state.guests[guest].console), state.kernel(guest))

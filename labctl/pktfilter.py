@@ -119,6 +119,12 @@ class Node:
         probe fields it reads beyond each family's own are added to ``fields``."""
         raise NotImplementedError
 
+    def protocols(self, family: int) -> frozenset[int] | None:
+        """The IP protocols (IPv6: next headers) a packet of ``family`` this node matches can carry;
+        None: any (the node does not say). The follow points of one protocol (``tcp_v4_rcv``) are
+        probed only for a filter that can match it: each probe costs every packet at its point."""
+        return None
+
 
 @dataclass(frozen=True)
 class And(Node):
@@ -132,6 +138,10 @@ class And(Node):
         a = self.a.kernel(family, fields)
         return False if a is False else _and(a, self.b.kernel(family, fields))
 
+    def protocols(self, family: int) -> frozenset[int] | None:
+        a, b = self.a.protocols(family), self.b.protocols(family)
+        return b if a is None else a if b is None else a & b
+
 
 @dataclass(frozen=True)
 class Or(Node):
@@ -143,6 +153,10 @@ class Or(Node):
 
     def kernel(self, family: int, fields: set[str]) -> Expr:
         return _or(self.a.kernel(family, fields), self.b.kernel(family, fields))
+
+    def protocols(self, family: int) -> frozenset[int] | None:
+        a, b = self.a.protocols(family), self.b.protocols(family)
+        return None if a is None or b is None else a | b
 
 
 @dataclass(frozen=True)
@@ -323,6 +337,9 @@ class Port(Node):
         # the first fragment only (pcap's rule: a later fragment has no ports); ihl 5: ports where fetched
         return f"({proto} && vi == 69 && !(fo & 0xff1f) && {ports})"
 
+    def protocols(self, family: int) -> frozenset[int] | None:
+        return frozenset((self.proto,) if self.proto else (6, 17))
+
 
 @dataclass(frozen=True)
 class Proto(Node):
@@ -336,6 +353,9 @@ class Proto(Node):
         if family not in self.families:
             return False
         return f"{'proto' if family == 4 else 'nxt'} == {self.number}"
+
+    def protocols(self, family: int) -> frozenset[int] | None:
+        return frozenset((self.number,)) if family in self.families else frozenset()
 
 
 @dataclass(frozen=True)

@@ -32,12 +32,11 @@ from labctl.bisect.statefile import (
     ConfigsRecord,
     ConfirmationRecord,
     EstimateRecord,
-    FigureRecord,
     OracleRecord,
     ResultRecord,
     State,
     Step,
-    TryRecord,
+    StepFields,
 )
 from labctl.bundle import BEYOND as BEYOND_NOISE
 from labctl.bundle import Spread, load_run
@@ -95,23 +94,11 @@ class Explained(TypedDict):
     changed: list[ChangedFigure]
 
 
-class SummaryStep(TypedDict):
+class SummaryStep(StepFields):
     """A step of :class:`BisectSummary` (its verdict in the user's terms; None while it runs)."""
 
-    n: int
-    commit: str
-    subject: str
     verdict: str | None
-    outcome: str
-    reason: str
-    figure: FigureRecord | None
-    run: str
-    attempts: int
-    tries: list[TryRecord]
-    cached_build: bool
-    times: dict[str, float]
     options: CandidateRecord | None
-    notes: list[str]
 
 
 class BisectSummary(TypedDict):

@@ -152,13 +152,13 @@ class ResultRecord(TypedDict, total=False):
     why: str
 
 
-class StepRecord(TypedDict):
-    """:meth:`Step.to_dict`: a step in ``state.json``."""
+class StepFields(TypedDict):
+    """What a step's record in ``state.json`` (:class:`StepRecord`) and in ``summary.json``
+    (:class:`labctl.bisect.bundlepages.SummaryStep`) share: all but its verdict and options."""
 
     n: int
     commit: str
     subject: str
-    verdict: str
     reason: str
     outcome: str
     figure: FigureRecord | None
@@ -167,8 +167,14 @@ class StepRecord(TypedDict):
     tries: list[TryRecord]
     cached_build: bool
     times: dict[str, float]
-    options: CandidateRecord
     notes: list[str]
+
+
+class StepRecord(StepFields):
+    """:meth:`Step.to_dict`: a step in ``state.json``."""
+
+    verdict: str
+    options: CandidateRecord
 
 
 class StateRecord(TypedDict):

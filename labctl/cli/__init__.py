@@ -5,7 +5,7 @@ commands' tables for a pipe without rich; :mod:`.examples`, each command's examp
 one place that turns labctl's errors into messages and exit codes. Everything else is the
 library's; nothing in the library imports the CLI.
 
-Commands: :mod:`.validate_cmd` (validate), :mod:`.lifecycle_cmds` (up, down), :mod:`.status_cmd` (status; a
+Commands: :mod:`.validate_cmd` (validate), :mod:`.lifecycle_cmds` (up), :mod:`.down_cmd` (down), :mod:`.status_cmd` (status; a
 guest's interfaces, routes and sysctls as status shows them: :mod:`.netview`),
 :mod:`.run_cmd` (run; its recorded runs :mod:`.recording`), :mod:`.replay_cmd` (replay), :mod:`.gdb_replay` (gdb --replay), :mod:`.report_cmds` (report, archive), :mod:`.compare_cmd` (compare), :mod:`.pack_cmd` (pack), :mod:`.cache_cmd` (cache),
 :mod:`.bisect_cmd` (bisect), :mod:`.oops_cmd` (oops), :mod:`.gdb_cmd` (gdb), :mod:`.drgn_cmd`

@@ -9,6 +9,7 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
+from labctl.cli.jsonout import json_subcommand
 from labctl.cli.ui import out, print_json
 from labctl.pack import CacheEntry, cache_entries, prune_cache
 from labctl.state import run_dir, up_labs
@@ -19,9 +20,7 @@ STATE_FILE = "state.json"
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("cache", help="list or prune the unpacked packs and fetched lab files in labctl's cache")
     csub = p.add_subparsers(dest="action", required=True, metavar="list|prune")
-    ls = csub.add_parser("list", help="unpacked packs, their images, fetched files and git commits, largest first")
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=cmd_list)
+    json_subcommand(csub, "list", "unpacked packs, their images, fetched files and git commits, largest first", cmd_list)
     pr = csub.add_parser("prune", help="remove those that no lab that is up and no running labctl uses")
     pr.add_argument("--json", action="store_true", help="print what was removed and kept as JSON")
     pr.set_defaults(func=cmd_prune)

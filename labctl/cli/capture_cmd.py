@@ -21,6 +21,7 @@ from typing import BinaryIO
 from rich.text import Text
 
 from labctl.backends import get_backend
+from labctl.cli.link_cmd import add_nic_arguments, nic_lab
 from labctl.cli.ui import console, warn
 from labctl.errors import LabctlError, UsageError
 from labctl.live import (
@@ -28,22 +29,18 @@ from labctl.live import (
     capture_description,
     discard_capture,
     follow_capture,
-    lab_nic,
     start_capture,
     stop_capture,
 )
 from labctl.net import FORMATS, Frame, summary_line
 from labctl.paths import create_new
-from labctl.state import LabState
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("capture", help="capture a lab NIC's traffic live (pcapng to a file or to stdout)",
                        description="Capture the frames a lab NIC sends and receives, as QEMU sees them. "
                                    "Ends on Ctrl-C, when the reader of -w - goes away, or after -c/--duration.")
-    p.add_argument("lab")
-    p.add_argument("guest")
-    p.add_argument("nic")
+    add_nic_arguments(p)
     p.add_argument("-w", "--write", metavar="FILE", help="write the capture to FILE ('-': standard output)")
     p.add_argument("-c", "--count", type=int, metavar="N", help="stop after N frames")
     p.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this many seconds")
@@ -76,8 +73,7 @@ def _reader_gone(out: BinaryIO) -> Callable[[], bool]:
 
 def cmd_capture(args: argparse.Namespace) -> int:
     _check(args)
-    state = LabState.load(args.lab)
-    lab_nic(state, args.guest, args.nic)
+    state = nic_lab(args)
     backend = get_backend(state.backend)
     rec = state.guests[args.guest]
     started = time.monotonic()

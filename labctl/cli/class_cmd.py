@@ -11,8 +11,9 @@ from rich.text import Text
 
 from labctl.backends import get_backend
 from labctl.cli.displays import ClassUpDisplay
-from labctl.cli.lifecycle_cmds import load_with_kernel
+from labctl.cli.lifecycle_cmds import add_remote_arguments, load_with_kernel
 from labctl.cli.ui import PrepareDisplay, console, out, print_json, safe, warn
+from labctl.cli.validate_cmd import add_trust_dir
 from labctl.errors import EXIT_CHECKS_FAILED, LabctlError, LabStateError, UsageError
 from labctl.grading import summary
 from labctl.pipeline import check_lab, prepare
@@ -53,14 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     u.add_argument("--cold", action="store_true", help="boot every guest, even where a post-boot snapshot exists")
     u.add_argument("--overcommit", action="store_true",
                    help="start even when the guests may need more memory than the host has available")
-    u.add_argument("--no-verify-host-keys", action="store_true",
-                   help="do not check the SSH host keys of the lab's remote libvirt hosts")
-    u.add_argument("--unencrypted-links", action="store_true",
-                   help="accept links across hosts as plain UDP tunnels (neither encrypted nor authenticated)")
+    add_remote_arguments(u)
     u.add_argument("--json", action="store_true")
-    u.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
-                   help="use kernel paths the lab file names under DIR even if another user could change them "
-                        "(repeatable)")
+    add_trust_dir(u)
     u.set_defaults(func=cmd_up)
 
     s = csub.add_parser("status", help="per student and guest: up, crashed or down")

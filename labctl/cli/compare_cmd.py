@@ -10,20 +10,8 @@ from rich.text import Text
 
 from labctl.bundle import BEYOND, load_run
 from labctl.cli.ui import PrepareDisplay, out, print_json
-from labctl.errors import LabctlError
 from labctl.pack import is_pack, open_pack, packed_run
-from labctl.paths import atomic_write
-from labctl.report import (
-    GROUPS,
-    Comparison,
-    compare_blocks,
-    compare_runs,
-    fmt_change,
-    fmt_side,
-    group_of,
-    judgement,
-    to_html,
-)
+from labctl.report import GROUPS, Comparison, compare_runs, fmt_change, fmt_side, group_of, judgement, write_comparison
 
 QUIET = ("snmp.", "tracepoints.")
 STYLES = {"good": "green", "bad": "bold red", "b": "bold", "muted": "dim"}
@@ -49,10 +37,7 @@ def _run_dir(path: Path) -> Path:
 def cmd_compare(args: argparse.Namespace) -> int:
     result = compare_runs(load_run(_run_dir(args.run_a)), load_run(_run_dir(args.run_b)))
     if args.html is not None:
-        try:
-            atomic_write(args.html, to_html(compare_blocks(result), f"labctl compare: {result['lab']}"))
-        except OSError as exc:
-            raise LabctlError(f"cannot write {args.html}: {exc.strerror or exc}") from exc
+        write_comparison(args.html, result, f"labctl compare: {result['lab']}")
     if args.json:
         print_json(result)
     else:

@@ -51,7 +51,7 @@ def lab_picture(source: str) -> tuple[dict[str, Any], Runtime | None]:
                                  {g.name: g.state for g in guest_statuses(state)},
                                  record.impair, record.links, [c.label for c in active_captures(state)],
                                  state.offloads)
-    return state.resolved, runtime
+    return dict(state.resolved), runtime
 
 
 def cmd_graph(args: argparse.Namespace) -> int:

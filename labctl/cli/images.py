@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from labctl.cli.jsonout import json_subcommand
 from labctl.cli.ui import PrepareDisplay, StepsReporter, out, print_json
 from labctl.image import ImageStore, load_recipe, recipe_names
 from labctl.kernel import add_source
@@ -28,9 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pr.add_argument("name", nargs="?", default=DEFAULT_IMAGE)
     pr.add_argument("--keep", type=int, default=1, help="how many recent builds to keep (default 1)")
     pr.set_defaults(func=prune)
-    ls = isub.add_parser("list", help="list built images and known recipes")
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=list_images)
+    json_subcommand(isub, "list", "list built images and known recipes", list_images)
 
 
 def build(args: argparse.Namespace) -> int:

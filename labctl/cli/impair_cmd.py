@@ -12,11 +12,12 @@ import argparse
 
 from rich.text import Text
 
+from labctl.cli.link_cmd import add_nic_arguments, nic_lab
 from labctl.cli.ui import out, print_json
 from labctl.errors import UsageError
 from labctl.lab import IMPAIR_KEYS, Impairment, parse_impairment
-from labctl.live import apply_impairment, lab_nic
-from labctl.state import LabState, load_netstate
+from labctl.live import apply_impairment
+from labctl.state import load_netstate
 
 HELP = {"delay": "added delay, e.g. 50ms", "jitter": "delay variation (needs --delay), e.g. 5ms",
         "loss": "share of frames dropped, e.g. 2%%", "duplicate": "share of frames sent twice, e.g. 0.1%%",
@@ -29,9 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("impair", help="impair a lab NIC's egress (netem in the guest), or show or clear it",
                        description="Set what netem does to the frames a lab NIC sends. The options given "
                                    "replace the NIC's impairment; --clear removes it; none shows it.")
-    p.add_argument("lab")
-    p.add_argument("guest")
-    p.add_argument("nic")
+    add_nic_arguments(p)
     for key in IMPAIR_KEYS:
         p.add_argument(f"--{key}", metavar="N" if key == "limit" else "VALUE", help=HELP[key],
                        type=int if key == "limit" else str)
@@ -61,8 +60,7 @@ def _requested(args: argparse.Namespace) -> Impairment | None:
 
 def cmd_impair(args: argparse.Namespace) -> int:
     wanted = _requested(args)
-    state = LabState.load(args.lab)
-    lab_nic(state, args.guest, args.nic)
+    state = nic_lab(args)
     if wanted is not None:
         apply_impairment(state, args.guest, args.nic, wanted)
     now = load_netstate(state.path).impairment(args.guest, args.nic)

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labctl.cli.images import default_lab
+from labctl.cli.jsonout import json_subcommand
 from labctl.cli.ui import out, print_json
 from labctl.errors import LabStateError
 from labctl.image import ImageStore, load_recipe
@@ -31,9 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c = ksub.add_parser("config", help="print the kernel config fragment a lab needs (for merge_config.sh)")
     c.add_argument("file", metavar="LAB_FILE")
     c.set_defaults(func=cmd_config)
-    ls = ksub.add_parser("list", help="list prepared kernels")
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=cmd_list)
+    json_subcommand(ksub, "list", "list prepared kernels", cmd_list)
     pr = ksub.add_parser("prune", help="remove prepared kernels that no lab that is up uses")
     pr.set_defaults(func=cmd_prune)
 

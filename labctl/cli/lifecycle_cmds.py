@@ -1,4 +1,4 @@
-"""``labctl up`` and ``down`` (``status``, which up prints when a lab is up: :mod:`.status_cmd`)."""
+"""``labctl up`` (``down``: :mod:`.down_cmd`; ``status``, which up prints when a lab is up: :mod:`.status_cmd`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 from rich.text import Text
 
 from labctl.backends import BACKENDS
-from labctl.cli.displays import StepLines, report_outcome
 from labctl.cli.status_cmd import network_lines, print_lab, status_data
 from labctl.cli.ui import PrepareDisplay, UpDisplay, console, out, print_json
-from labctl.errors import LabStateError, UsageError
+from labctl.cli.validate_cmd import add_trust_dir
+from labctl.errors import UsageError
 from labctl.lab import Lab, env_trusted, kernel_from_command_line, load_lab
 from labctl.lab import parse_option as parse_share_option
 from labctl.pack import (
@@ -31,11 +31,19 @@ from labctl.pack import (
     url_lab,
 )
 from labctl.pipeline import Prepared, prepare, run_lab
-from labctl.state import LabState, check_lab_name, up_labs
-from labctl.up import UpOptions, down, dry_run, up
+from labctl.state import LabState
+from labctl.up import UpOptions, dry_run, up
 
 FILE_HELP = ("a lab file or a packed file (labctl pack), or either from an http(s) URL or a git repository: "
              "git+https://HOST/REPO.git[@REV]#PATH")
+
+#: The switches of ``up`` that ``run`` shares, in their --help order.
+UP_SWITCHES = (
+    ("--cold", "boot every guest, even where a post-boot snapshot would restore it (warm start)"),
+    ("--save-state", "libvirt: save each guest's post-boot state on its host, for reset (class up always does)"),
+    ("--no-drops", "steps do not record the packets each guest's kernel drops (as drops: false in the lab file)"),
+    ("--overcommit", "start even when the guests may need more memory than the host has available"),
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -53,12 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="bring up N copies of the lab side by side, LAB@1 ... LAB@N")
     p.set_defaults(func=cmd_up)
 
-    d = sub.add_parser("down", help="power a lab's guests off and remove its state")
-    d.add_argument("lab", nargs="?")
-    d.add_argument("--all", action="store_true", help="take every lab down")
-    d.add_argument("--timeout", type=float, default=10.0, help="seconds before a hard stop")
-    d.set_defaults(func=cmd_down)
-
 
 def add_up_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``up`` that ``run`` shares."""
@@ -66,28 +68,25 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="accelerator (auto: KVM if a probe boot works, else TCG)")
     p.add_argument("--backend", choices=list(BACKENDS), help="override the lab's backend")
     p.add_argument("--boot-timeout", type=float, default=180.0, metavar="SECONDS")
-    p.add_argument("--no-verify-host-keys", action="store_true",
-                   help="do not check the SSH host keys of the lab's remote libvirt hosts")
-    p.add_argument("--unencrypted-links", action="store_true",
-                   help="accept links across hosts as plain UDP tunnels (neither encrypted nor authenticated)")
+    add_remote_arguments(p)
     p.add_argument("--kernel", metavar="SPEC",
                    help="boot every guest on this kernel: debian:ABI-FLAVOUR, tree:PATH, image:PATH (or a path)")
     p.add_argument("--instance", metavar="NAME",
                    help="one of several copies of the lab on this host, addressed as LAB@NAME")
-    p.add_argument("--cold", action="store_true",
-                   help="boot every guest, even where a post-boot snapshot would restore it (warm start)")
-    p.add_argument("--save-state", action="store_true",
-                   help="libvirt: save each guest's post-boot state on its host, for reset (class up always does)")
-    p.add_argument("--no-drops", action="store_true",
-                   help="steps do not record the packets each guest's kernel drops (as drops: false in the lab file)")
-    p.add_argument("--overcommit", action="store_true",
-                   help="start even when the guests may need more memory than the host has available")
-    p.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
-                   help="use kernel paths the lab file names under DIR even if another user could change them "
-                        "(repeatable)")
+    for flag, text in UP_SWITCHES:
+        p.add_argument(flag, action="store_true", help=text)
+    add_trust_dir(p)
     p.add_argument("--share", action="append", default=[], metavar="GUEST:HOST:MOUNT[:rw]",
                    help="share a host directory into a guest (read-only unless :rw), as the lab file's "
                         "shares: (repeatable)")
+
+
+def add_remote_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``up`` and ``class up`` for a lab's remote libvirt hosts."""
+    p.add_argument("--no-verify-host-keys", action="store_true",
+                   help="do not check the SSH host keys of the lab's remote libvirt hosts")
+    p.add_argument("--unencrypted-links", action="store_true",
+                   help="accept links across hosts as plain UDP tunnels (neither encrypted nor authenticated)")
 
 
 def load_with_kernel(file: str, kernel: str | None, trusted: Sequence[str] = ()) -> Lab:
@@ -270,22 +269,9 @@ def _up_one(args: argparse.Namespace, lab: Lab, prepared: Prepared, quiet_json: 
                                     (f"labctl down {lab.ident}", "cyan")))
 
     if lab.steps and not args.no_steps:  # the whole pipeline; the lab stays up afterwards
+        from labctl.cli.displays import StepLines, report_outcome  # the steps' displays: a lab with steps
+
         outcome = run_lab(lab, prepared, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show)
         return report_outcome(outcome, args.json)
     show(up(lab, prepared.image, prepared.kernels, up_options(args), display))
-    return 0
-
-
-def cmd_down(args: argparse.Namespace) -> int:
-    if args.all:
-        names = up_labs()
-    elif args.lab:
-        names = [args.lab]
-    else:
-        raise LabStateError("say which lab to take down, or --all", hint=f"labs up: {', '.join(up_labs()) or 'none'}")
-    for name in names:
-        check_lab_name(name)
-        with console.status(Text(f"taking {name} down")):
-            down(name, timeout=args.timeout)
-        out.print(Text(f"lab {name} is down"))
     return 0

@@ -19,17 +19,31 @@ from labctl.state import LabState, load_netstate
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("link", help="take a lab NIC's link down or up (the guest sees carrier loss)")
-    p.add_argument("lab")
-    p.add_argument("guest")
-    p.add_argument("nic")
+    add_nic_arguments(p)
     p.add_argument("state", nargs="?", choices=("down", "up"), help="omit to show the link's state")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_link)
 
 
-def cmd_link(args: argparse.Namespace) -> int:
+def add_nic_arguments(p: argparse.ArgumentParser) -> None:
+    """``LAB GUEST NIC``: the lab NIC that link, capture and impair act on."""
+    p.add_argument("lab")
+    p.add_argument("guest")
+    p.add_argument("nic")
+
+
+def nic_lab(args: argparse.Namespace) -> LabState:
+    """The lab of ``LAB GUEST NIC`` (:func:`add_nic_arguments`), once its guest is known to have that lab NIC.
+
+    :raise LabStateError: when the lab is not up. :raise UsageError: for an unknown guest or NIC.
+    """
     state = LabState.load(args.lab)
     lab_nic(state, args.guest, args.nic)
+    return state
+
+
+def cmd_link(args: argparse.Namespace) -> int:
+    state = nic_lab(args)
     if args.state is not None:
         set_link(state, args.guest, args.nic, args.state == "up")
     up = load_netstate(state.path).link_up(args.guest, args.nic)

@@ -35,6 +35,11 @@ def _lifecycle_cmds() -> ModuleType:
     return module
 
 
+def _down_cmd() -> ModuleType:
+    import labctl.cli.down_cmd as module
+    return module
+
+
 def _status_cmd() -> ModuleType:
     import labctl.cli.status_cmd as module
     return module
@@ -172,7 +177,8 @@ def _completion_cmd() -> ModuleType:
 
 MODULES: dict[Callable[[], ModuleType], tuple[str, ...]] = {
     _validate_cmd: ("validate",),
-    _lifecycle_cmds: ("up", "down",),
+    _lifecycle_cmds: ("up",),
+    _down_cmd: ("down",),
     _status_cmd: ("status",),
     _run_cmd: ("run",),
     _report_cmds: ("report", "bundle",),

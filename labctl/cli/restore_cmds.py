@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from labctl.cli.jsonout import json_subcommand
 from labctl.cli.ui import console, out, print_json, warn
 from labctl.state import LabState, check_lab_name, recorded_snapshots
 from labctl.training import delete_checkpoint, list_checkpoints, reset, restore_checkpoint, save_checkpoint
@@ -39,12 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     s = sub.add_parser("snapshot", help="post-boot snapshots (warm start, reset)")
     ssub = s.add_subparsers(dest="action", required=True, metavar="ACTION")
-    sl = ssub.add_parser("list", help="the post-boot snapshots kept")
-    sl.add_argument("--json", action="store_true")
-    sl.set_defaults(func=cmd_snapshot)
-    sp = ssub.add_parser("prune", help="remove the snapshots no lab that is up uses")
-    sp.add_argument("--json", action="store_true")
-    sp.set_defaults(func=cmd_snapshot)
+    json_subcommand(ssub, "list", "the post-boot snapshots kept", cmd_snapshot)
+    json_subcommand(ssub, "prune", "remove the snapshots no lab that is up uses", cmd_snapshot)
 
 
 def cmd_reset(args: argparse.Namespace) -> int:

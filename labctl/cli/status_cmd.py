@@ -18,6 +18,8 @@ from labctl.state import UP, LabState, active_captures, check_lab_name, guest_st
 from labctl.textsafe import safe_text
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from labctl.lab import Share
 
 
@@ -84,7 +86,7 @@ def print_lab(state: LabState) -> None:
     rows: list[list[str]] = []
     for g in statuses:
         first = True
-        resolved = (state.resolved.get("guests") or {}).get(g.name) or {}
+        resolved: Mapping[str, Any] = state.guest_spec(g.name) or {}
         for name, model, driver, address, network, nic in iface_rows(resolved, g.nics) or [("",) * 6]:
             host = [(g.host or "") if first else ""] if placed else []
             kernel = [releases.get(g.name, "") if first else ""] if several else []
@@ -95,7 +97,7 @@ def print_lab(state: LabState) -> None:
             first = False
     lines = [f"{g.name}: {sh.describe(d)}" for g in statuses for sh, d in _exported(state, g.name)]
     lines += [line for g in statuses for line in [
-        *offload_lines(g.name, g.nics), *settings_lines(g.name, (state.resolved.get("guests") or {}).get(g.name) or {})]]
+        *offload_lines(g.name, g.nics), *settings_lines(g.name, state.guest_spec(g.name) or {})]]
     _print_table(title, columns, rows, lines)
 
 
@@ -140,11 +142,12 @@ def _say(text: str) -> None:
 
 def _exported(state: LabState, guest: str) -> list[tuple[Share, Path]]:
     """The guest's shares, each with the directory it exports (a writable one's of this up)."""
-    if not ((state.resolved.get("guests") or {}).get(guest) or {}).get("shares"):
+    spec = state.guest_spec(guest)
+    if not (spec and spec["shares"]):
         return []  # no share: the lab-file package and the up stage stay unloaded
     from labctl.up import share_directories, shares_of
 
-    shares = shares_of((state.resolved.get("guests") or {}).get(guest) or {})
+    shares = shares_of(state.guest_spec(guest))
     rec = state.guests.get(guest)
     if rec is None:
         return [(sh, sh.host) for sh in shares]

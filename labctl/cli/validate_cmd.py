@@ -12,10 +12,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("validate", help="check a lab file without starting anything")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print the resolved lab as JSON")
+    add_trust_dir(p)
+    p.set_defaults(func=run)
+
+
+def add_trust_dir(p: argparse.ArgumentParser) -> None:
+    """``--trust-dir``, of every command that loads a lab file and may use its kernel paths."""
     p.add_argument("--trust-dir", action="append", default=[], metavar="DIR",
                    help="use kernel paths the lab file names under DIR even if another user could change them "
                         "(repeatable)")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

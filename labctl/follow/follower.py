@@ -47,7 +47,9 @@ from labctl.state import LabState, load_netstate
 from labctl.trace import Clock, Event, Topology, Wire, frame_vlans
 
 log = logging.getLogger(__name__)
-WIRE_SNAPLEN = 96
+WIRE_SNAPLEN = 128
+"""Enough for a tunnel's frame to its inner IPv6 header and the 8 bytes after it: 14 + 20 + 8 + 8 + 14
+(VXLAN, Geneve; GRETAP's 16-byte header with a checksum, a key and sequence numbers the same) + 40 + 8."""
 #: How long, and how many, frames read on the host side while nothing followed is in flight are kept
 #: unparsed: the guest's events for a frame reach labctl through its SSH channel later than QEMU writes
 #: the frame (up to seconds on a loaded host); then the frame is part of a journey.
@@ -195,7 +197,8 @@ def _definitions(f: Follower, guest: str) -> tuple[list[str], dict[str, str]]:
     ``vlan`` (:mod:`labctl.follow.vlanprobes`)."""
     caps, prefix = f.caps[guest], pr.PREFIX + f.tag
     defs, filters = pr.definitions(prefix, f.node, f.offsets[guest], caps.reason, caps.symbol)
-    more, more_filters = tunnelprobes.definitions(prefix, f.node, f.offsets[guest], f.state.resolved, guest)
+    more, more_filters = tunnelprobes.definitions(prefix, f.node, f.offsets[guest], f.state.resolved, guest,
+                                                  caps.reason, caps.symbol)
     tagged, tagged_filters = vlanprobes.definitions(prefix, f.node, f.offsets[guest])
     return defs + more + tagged, {**filters, **more_filters, **tagged_filters}
 
@@ -313,8 +316,8 @@ class Follower:
                 self.wire.captured.add((g, nic))
 
     def _nics(self, guest: str) -> list[str]:
-        guests = self.state.resolved.get("guests") or {}
-        return [str(n["name"]) for n in (guests.get(guest) or {}).get("nics") or []]
+        spec = self.state.guest_spec(guest)
+        return [str(n["name"]) for n in spec["nics"]] if spec else []
 
     # ------------------------------------------------------------------ clocks
 

@@ -78,6 +78,7 @@ class ProbePoint:
     family: int = 4
     ct: bool = False  # fetches the skb's conntrack entry (``ct``: its address, the state in the low 3 bits)
     nft: bool = False  # nft_do_chain: the chain and table (``%si``: the chain) too
+    l4: tuple[int, ...] = ()  # the one protocol's packets it sees (tcp_v4_rcv: TCP's), probed only for a filter that can match one
 
 
 POINTS = (
@@ -86,20 +87,20 @@ POINTS = (
     ProbePoint("netif_rx", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True),  # eth_type_trans pulled L2
     ProbePoint("ip_fwd", "p", "ip_forward", "%di", 0, ct=True),
     ProbePoint("ip_local", "p", "ip_local_deliver", "%di", 0, ct=True),
-    ProbePoint("tcp_rcv", "p", "tcp_v4_rcv", "%di", -20),  # IP's header pulled (no options)
+    ProbePoint("tcp_rcv", "p", "tcp_v4_rcv", "%di", -20, l4=(6,)),  # IP's header pulled (no options)
     # the reader's copy, in its context: a raw socket keeps the IP header, a ping socket is at the ICMP header
     ProbePoint("raw_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", 0),
     ProbePoint("sock_read", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", -20),
-    ProbePoint("udp_read", "p", "skb_consume_udp", "%si", -20),
+    ProbePoint("udp_read", "p", "skb_consume_udp", "%si", -20, l4=(17,)),
     # IPv6: no header options assumed past the fixed 40 bytes; a raw ICMPv6 socket is at the ICMPv6 header too
     ProbePoint("dev_queue6", "e", "net.net_dev_queue", "$skbaddr", 14, dev=True, family=6),
     ProbePoint("xmit6", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True, family=6),
     ProbePoint("netif_rx6", "e", "net.netif_receive_skb", "$skbaddr", 0, dev=True, family=6),
     ProbePoint("ip6_fwd", "p", "ip6_forward", "%di", 0, family=6, ct=True),
     ProbePoint("ip6_local", "p", "ip6_input", "%di", 0, family=6, ct=True),
-    ProbePoint("tcp6_rcv", "p", "tcp_v6_rcv", "%di", -40, family=6),
+    ProbePoint("tcp6_rcv", "p", "tcp_v6_rcv", "%di", -40, family=6, l4=(6,)),
     ProbePoint("read6", "e", "skb.skb_copy_datagram_iovec", "$skbaddr", -40, family=6),
-    ProbePoint("udp6_read", "p", "skb_consume_udp", "%si", -40, family=6),
+    ProbePoint("udp6_read", "p", "skb_consume_udp", "%si", -40, family=6, l4=(17,)),
     # ARP: on the wire and into arp_rcv (what the kernel then does with it: a reply, or nothing)
     ProbePoint("dev_queue_arp", "e", "net.net_dev_queue", "$skbaddr", 14, dev=True, family=ARP),
     ProbePoint("xmit_arp", "e", "net.net_dev_start_xmit", "$skbaddr", 14, dev=True, family=ARP),
@@ -223,14 +224,17 @@ def drop_filter(off: dict[str, int], filt: str | dict[int, str]) -> tuple[str, s
 
 def definitions(group: str, node: Node, off: dict[str, int], reason: bool, symbol: bool) -> tuple[list[str], dict[str, str]]:
     """A followed guest's ``dynamic_events`` lines for the filter ``node`` and each event's filter: the
-    points of each family the filter can match (none for another), then the drop event."""
+    points of each family the filter can match (none for another; a point of one protocol, ``l4``, only
+    for a filter that can match it: :meth:`labctl.pktfilter.Node.protocols`), then the drop event."""
     defs, filters, by_family = [], {}, {}
     for family in sorted({p.family for p in POINTS}):
         filt, extra = kernel_filter(node, family)
         if filt is None:  # the filter matches nothing of this family: no probes for it
             continue
         by_family[family] = filt
-        for p in (p for p in POINTS if p.family == family and (not p.nft or "chain_name" in off)):
+        protos = node.protocols(family)
+        for p in (p for p in POINTS if p.family == family and (not p.nft or "chain_name" in off)
+                  and (not p.l4 or protos is None or protos & set(p.l4))):
             defs.append(point_definition(group, p, off, extra))
             filters[p.name] = filt
     drop_args, drop_filt = drop_filter(off, by_family)

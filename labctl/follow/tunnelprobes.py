@@ -1,20 +1,28 @@
 """The probes that follow a packet through a tunnel (what their events mean: :mod:`labctl.trace.encap`).
 
-Each tunnel of the lab that carries IPv4 in IPv4 (VXLAN, Geneve, GRE, GRETAP, IP in IP) has a
-:class:`~labctl.lab.tunnels.framing.Framing`: where the inner IPv4 header sits in the outer packet
-and the guards that make sure it is there. Every followed guest gets, for each framing of the lab's
-tunnels, a probe on each point the *outer* packet passes (``net_dev_queue``, ``net_dev_start_xmit``,
-``netif_receive_skb``, ``ip_forward``, ``ip_local_deliver``) that fetches the inner IPv4 header where
-it sits, with the follow filter on those fields and the framing's guards on the outer packet (its IP
-protocol; the UDP destination port one of the lab's tunnels' of that kind; the tunnel header's first
-word): the router between two ends follows the inner packet with no tunnel of its own. A guest with
-a tunnel of the framing also gets its encapsulation and decapsulation (the framing's
+Each tunnel of the lab over outer IPv4 (VXLAN, Geneve, GRE, GRETAP, IP in IP) has a
+:class:`~labctl.lab.tunnels.framing.Framing`: where the inner header sits in the outer packet, the
+families of inner packets it carries (IPv4, IPv6 and ARP inside Ethernet; IPv4 and IPv6 in GRE;
+IPv4 in IP in IP) and the guards that make sure it is there. Every followed guest gets, for each
+framing of the lab's tunnels and each of its families the follow filter can match, a probe on each
+point the *outer* packet passes (``net_dev_queue``, ``net_dev_start_xmit``, ``netif_receive_skb``,
+``ip_forward``, ``ip_local_deliver``; ``xmit_vx``, ``xmit6_vx``, ``xmit_arp_vx``...) that fetches the
+inner packet's header where it sits (:func:`labctl.follow.probes.ip_fields` of its family), with the
+family's follow filter on those fields and the framing's guards on the outer packet (its IP protocol;
+the UDP destination port one of the lab's tunnels' of that kind; the tunnel header's first word).
+An inner IPv6 or ARP packet's EtherType (the inner Ethernet header's; GRE's protocol field, in its
+first word too: :meth:`~labctl.lab.tunnels.framing.Framing.word_for`) is fetched as ``pr``, the field
+the family's filter guards (``skb->protocol`` at :mod:`labctl.follow.probes`' own points, the outer
+packet's here): the router between two ends follows the inner packet with no tunnel of its own. A guest with
+a tunnel of the framing gets the outer packet at fewer points (:data:`TRANSIT`: the wire's ends and
+``ip_forward``) and its encapsulation and decapsulation (the framing's
 :class:`~labctl.lab.tunnels.framing.Site`\\ s: ``udp_tunnel_xmit_skb`` and ``vxlan_rcv`` or
 ``geneve_udp_encap_recv``, ``ip_tunnel_xmit`` and ``gre_rcv`` or ``ipip_rcv``), guarded the same way
 where the function is shared. The wire captures key a tunnel's frame by its inner header too
 (:func:`frame_header`), so that the wire hop says whether the host side saw it. WireGuard's framing is encrypted: its tunnels' guests get ``wg_xmit``
-(the encapsulation) and nothing else. Only inner IPv4 packets over outer IPv4 without options (an
-inner IPv6 or ARP packet is followed on the tunnel's device, not on the wire under it).
+(the encapsulation, of an inner IPv4 or IPv6 packet: ``pr`` is the skb's protocol there) and
+``wg_allowedips_lookup_src`` (the decrypted packet, before it is handed to the device) and no outer probe. Only outer IPv4 without options (``ip6tnl`` is followed on the tunnel's device alone), an inner
+IPv6 packet without extension headers, an inner frame without a VLAN tag.
 """
 
 from __future__ import annotations
@@ -23,13 +31,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from labctl.follow.probes import ProbePoint, ip_fields
-from labctl.lab import KINDS, Framing, Tunnel
-from labctl.pktfilter import Node, kernel_filter
-from labctl.trace import PacketHeader, parse_frame, parse_ipv4
+from labctl.lab import ETHERTYPES, KINDS, Framing, Tunnel
+from labctl.pktfilter import ARP, Node, kernel_filter
+from labctl.trace import PARSERS, PacketHeader, parse_frame
 
-__all__ = ["OUTER_POINTS", "definitions", "frame_header", "framings", "inner_header"]
+__all__ = ["DROP_POINTS", "OUTER_POINTS", "definitions", "frame_header", "framings", "inner_header"]
 
 ETH, IP4 = 14, 20
+FAMILY = {etype: family for family, etype in ETHERTYPES.items()}
+NAMED = {4: "", 6: "6", ARP: "_arp"}
+"""What a probe's name has after its point for an inner packet of each family (``xmit6_vx``, ``encap_arp_gtap``),
+as :mod:`labctl.follow.probes`' own points (``xmit6``, ``xmit_arp``)."""
 
 # (point, probe kind, place, skb, where the outer IPv4 header is from skb->data there, fetches the device)
 OUTER_POINTS = (
@@ -39,6 +51,23 @@ OUTER_POINTS = (
     ("ip_fwd", "p", "ip_forward", "%di", 0, False),
     ("ip_local", "p", "ip_local_deliver", "%di", 0, False),
 )
+DROP_POINTS = (  # the outer packet freed as a drop (skb:kfree_skb), where its IPv4 header is from skb->data then
+    ("drop", "e", "skb.kfree_skb", "$skbaddr", 0, True),  # received, forwarded, filtered (netfilter's hooks)
+    ("drop_tx", "e", "skb.kfree_skb", "$skbaddr", ETH, True),  # on its way out: a qdisc, netem, the driver
+    ("drop_pulled", "e", "skb.kfree_skb", "$skbaddr", -IP4, True),  # delivered: UDP's, the tunnel's own receive
+)
+"""Where a lab tunnel's outer packet may be dropped, each an event probe that fetches the inner header
+there (:func:`definitions`): the drop joins the inner packet's journey, its note the outer header."""
+
+
+ALL = tuple(p[0] for p in OUTER_POINTS)
+TRANSIT = ("xmit", "netif_rx", "ip_fwd")
+"""The outer points a guest with a tunnel of the framing gets: the wire's two ends (the NIC that
+sent or received the outer packet: :mod:`labctl.trace.journey` names the wire, orders the guests'
+visits and aligns their clocks by them) and ``ip_forward`` (the framing's packets it forwards for
+others). Not ``net_dev_queue`` and ``ip_local_deliver``: each probe costs every packet that passes
+its point, followed or not, and for its own tunnels' outer packets these two say nothing its
+encapsulation and decapsulation hops do not."""
 
 
 def _tunnels(guest: Mapping[str, Any]) -> list[Tunnel]:
@@ -61,8 +90,9 @@ def framings(resolved: Mapping[str, Any]) -> dict[str, tuple[Framing, list[int]]
 
 
 def inner_header(frame: bytes, lab: Mapping[str, tuple[Framing, list[int]]]) -> PacketHeader | None:
-    """The inner IPv4 header of an Ethernet frame that carries one of the lab's tunnels' packets (an
-    outer IPv4 header without options that passes a framing's guards: :func:`framings`' answer), or None."""
+    """The inner IPv4, IPv6 or ARP header of an Ethernet frame that carries one of the lab's tunnels'
+    packets (an outer IPv4 header without options that passes a framing's guards: :func:`framings`'
+    answer; the inner packet's EtherType one of the framing's families), or None."""
     if len(frame) < ETH + IP4 or frame[12:14] != b"\x08\x00" or frame[ETH] != 0x45:
         return None
     end = ETH + IP4
@@ -71,9 +101,14 @@ def inner_header(frame: bytes, lab: Mapping[str, tuple[Framing, list[int]]]) -> 
             continue
         if f.port_key and int.from_bytes(frame[end + 2:end + 4], "big") not in ports:
             continue
-        if f.word is not None and frame[end + f.word_at:end + f.word_at + 4] != f.word.to_bytes(4, "big"):
+        etype = ETHERTYPES[4] if f.proto_at is None else int.from_bytes(frame[end + f.proto_at:end + f.proto_at + 2], "big")
+        family = FAMILY.get(etype)
+        if family not in f.families:
             continue
-        return parse_ipv4(frame[end + f.inner:])
+        word = f.word_for(etype)
+        if word is not None and frame[end + f.word_at:end + f.word_at + 4] != word.to_bytes(4, "big"):
+            continue
+        return PARSERS[etype](frame[end + f.inner:])
     return None
 
 
@@ -98,16 +133,21 @@ def _at(offset: int, data: str) -> str:
 def _definition(group: str, p: ProbePoint, off: dict[str, int], extra: set[str], fetch: str) -> str:
     data = f"+{off['skb_data']}({p.skb})"
     dev = f" dev=+{off['dev_name']}(+{off['skb_dev']}({p.skb})):string" if p.dev else ""
-    return " ".join(x for x in (f"{p.kind}:{group}/{p.name} {p.place} skb={p.skb}:x64{dev}", ip_fields(data, p.ip_at, extra),
-                                fetch) if x)
+    return " ".join(x for x in (f"{p.kind}:{group}/{p.name} {p.place} skb={p.skb}:x64{dev}",
+                                ip_fields(data, p.ip_at, extra, p.family), fetch) if x)
 
 
-def _header(f: Framing, end: int, data: str) -> tuple[list[str], list[str]]:
-    """The fetches and guards of the tunnel header, the outer IPv4 header ending at ``end``."""
+def _header(f: Framing, family: int, end: int, data: str) -> tuple[list[str], list[str]]:
+    """The fetches and guards of the tunnel header, the outer IPv4 header ending at ``end``; an inner
+    IPv6 or ARP packet's EtherType (``proto_at``) is fetched as ``pr``, which its family's filter guards
+    (``skb->protocol`` elsewhere: :func:`labctl.pktfilter.kernel_filter`)."""
     fetch, guard = [], []
-    if f.word is not None:
+    word = f.word_for(ETHERTYPES[family])
+    if family != 4 and f.proto_at is not None:
+        fetch.append(f"pr={_at(end + f.proto_at, data)}:u16")
+    if word is not None:
         fetch.append(f"ohd={_at(end + f.word_at, data)}:u32")
-        guard.append(f"ohd == {_le(f.word, 4)}")
+        guard.append(f"ohd == {_le(word, 4)}")
     if f.ident:
         fetch.append(f"oid={_at(end + f.ident_at, data)}:u32")
     if f.seq_at:
@@ -115,51 +155,72 @@ def _header(f: Framing, end: int, data: str) -> tuple[list[str], list[str]]:
     return fetch, guard
 
 
-def _outer(group: str, f: Framing, ports: list[int], off: dict[str, int], filt: str, extra: set[str]
-           ) -> tuple[list[str], dict[str, str]]:
+def _outer(group: str, f: Framing, family: int, ports: list[int], off: dict[str, int], filt: str, extra: set[str],
+           points: tuple[str, ...] = ALL, drop: str = "") -> tuple[list[str], dict[str, str]]:
+    """The outer packet's probes at ``points`` and, with ``drop`` (the drop event's reason and location
+    fetches, :func:`labctl.follow.probes.drop_definition`'s), at :data:`DROP_POINTS`."""
     defs, filters = [], {}
-    for point, kind, place, skb, outer, dev in OUTER_POINTS:
-        p = ProbePoint(f"{point}_{f.tag}", kind, place, skb, outer + IP4 + f.inner, dev=dev)
+    for point, kind, place, skb, outer, dev in OUTER_POINTS + (DROP_POINTS if drop else ()):
+        if point not in points and not point.startswith("drop"):
+            continue
+        p = ProbePoint(f"{point}{NAMED[family]}_{f.tag}", kind, place, skb, outer + IP4 + f.inner, dev=dev, family=family)
         data = f"+{off['skb_data']}({skb})"
         fetch = [f"osa={_at(outer + 12, data)}:u32", f"oda={_at(outer + 16, data)}:u32", f"opr={_at(outer + 9, data)}:u8"]
         guard = [f"opr == {f.proto}"]
         if f.port_key:
             fetch.append(f"odp={_at(outer + IP4 + 2, data)}:u16")
             guard.append("(" + " || ".join(f"odp == {_le(port, 2)}" for port in ports) + ")")
-        more, checks = _header(f, outer + IP4, data)
-        defs.append(_definition(group, p, off, extra, " ".join(fetch + more)))
+        more, checks = _header(f, family, outer + IP4, data)
+        defs.append(_definition(group, p, off, extra, " ".join(fetch + more + ([drop] if point.startswith("drop") else []))))
         filters[p.name] = f"({filt}) && " + " && ".join(guard + checks)
     return defs, filters
 
 
-def _site(group: str, point: str, f: Framing, off: dict[str, int], filt: str, extra: set[str]) -> tuple[str, str]:
-    """The probe of ``f``'s encapsulation or decapsulation (``point``) and its filter."""
+def _drop_fetch(reason: bool, symbol: bool) -> str:
+    """A drop probe's reason and location, the location last (a symbol has spaces)."""
+    return ("reason=$reason:u32 " if reason else "") + f"loc=$location:{'symbol' if symbol else 'x64'}"
+
+
+def _site(group: str, point: str, f: Framing, family: int, off: dict[str, int], filt: str, extra: set[str]
+          ) -> tuple[str, str, str]:
+    """The probe of ``f``'s encapsulation or decapsulation (``point``) of an inner packet of ``family``:
+    its name, its definition and its filter."""
     s = f.encap if point == "encap" or f.decap is None else f.decap
-    p = ProbePoint(f"{point}_{f.tag}", "p", s.function, s.skb, s.at + f.inner, dev=True)
-    fetch, guard = _header(f, s.at, f"+{off['skb_data']}({s.skb})")
+    p = ProbePoint(f"{point}{NAMED[family]}_{f.tag}", "p", s.function, s.skb, s.at + f.inner, dev=True, family=family)
+    fetch, guard = _header(f, family, s.at, f"+{off['skb_data']}({s.skb})")
+    if family != 4 and f.proto_at is None:  # WireGuard's: the inner packet is the skb's
+        fetch.insert(0, f"pr=+{off['skb_protocol']}({s.skb}):u16")
     if s.proto:
         fetch.insert(0, f"opr={s.proto}:u8")
         guard.insert(0, f"opr == {f.proto}")
-    return _definition(group, p, off, extra, " ".join(fetch)), " && ".join([f"({filt})", *guard]) if guard else filt
+    return p.name, _definition(group, p, off, extra, " ".join(fetch)), " && ".join([f"({filt})", *guard]) if guard else filt
 
 
-def definitions(group: str, node: Node, off: dict[str, int], resolved: Mapping[str, Any], guest: str
-                ) -> tuple[list[str], dict[str, str]]:
-    """The guest's tunnel probes (``dynamic_events`` lines) and their filters: none when the lab has
-    no tunnel followed on the wire or the filter matches no IPv4 packet."""
+def definitions(group: str, node: Node, off: dict[str, int], resolved: Mapping[str, Any], guest: str,
+                reason: bool = True, symbol: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The guest's tunnel probes (``dynamic_events`` lines) and their filters, for each family of inner
+    packets the filter can match that a framing carries: none when the lab has no tunnel followed on
+    the wire or the filter matches none of them. ``reason``, ``symbol``: the guest's ``skb:kfree_skb``
+    has its reason, its tracefs the ``symbol`` type (:class:`labctl.follow.probes.Caps`)."""
     lab = framings(resolved)
-    filt, extra = kernel_filter(node, 4)
-    if not lab or filt is None:
+    if not lab:
         return [], {}
     own = {f.tag for t in _tunnels((resolved.get("guests") or {}).get(guest) or {})
            if (f := KINDS[t.kind].framing(t)) is not None}
     defs, filters = [], {}
-    for tag, (f, ports) in lab.items():
-        if not f.encrypted:
-            more, more_filters = _outer(group, f, ports, off, filt, extra)
-            defs += more
-            filters.update(more_filters)
-        for point in ("encap", "decap")[:1 if f.decap is None else 2] if tag in own else ():
-            d, filters[f"{point}_{tag}"] = _site(group, point, f, off, filt, extra)
-            defs.append(d)
+    for family in NAMED:
+        filt, extra = kernel_filter(node, family)
+        if filt is None:
+            continue
+        for tag, (f, ports) in lab.items():
+            if family not in f.families:
+                continue
+            if not f.encrypted:
+                more, more_filters = _outer(group, f, family, ports, off, filt, extra, TRANSIT if tag in own else ALL,
+                                            _drop_fetch(reason, symbol))
+                defs += more
+                filters.update(more_filters)
+            for point in ("encap", "decap")[:1 if f.decap is None else 2] if tag in own else ():
+                name, d, filters[name] = _site(group, point, f, family, off, filt, extra)
+                defs.append(d)
     return defs, filters

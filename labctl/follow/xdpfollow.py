@@ -35,7 +35,8 @@ class XdpFollow:
     def start(self) -> None:
         """xdpdump on every followed guest's XDP NICs (none: nothing to do)."""
         for g in self.f.guests:
-            nics = ((self.f.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
+            spec = self.f.state.guest_spec(g)
+            nics = spec["nics"] if spec else []
             try:
                 w = start(self.f.session(g), g, nics, tag="f", counters=False)
             except LabctlError as exc:

@@ -20,22 +20,7 @@ from labctl.image.recipe import Recipe, load_recipe, recipe_names
 from labctl.image.store import AGENT_BUILTINS, MANIFEST, ROOTFS, Image, ImageStore
 
 __all__ = [
-    "AGENT_BUILTINS",
-    "MANIFEST",
-    "ROOTFS",
-    "Image",
-    "ImageStore",
-    "Recipe",
-    "apt_download",
-    "build_image",
-    "candidate",
-    "cpio_directory",
-    "cpio_file",
-    "load_recipe",
-    "newest_abi",
-    "recipe_names",
-    "require",
-    "sha256_file",
-    "versions",
-    "write_cpio",
+    "AGENT_BUILTINS", "MANIFEST", "ROOTFS", "Image", "ImageStore", "Recipe", "apt_download", "build_image",
+    "candidate", "cpio_directory", "cpio_file", "load_recipe", "newest_abi", "recipe_names", "require",
+    "sha256_file", "versions", "write_cpio",
 ]

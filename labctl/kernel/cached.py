@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl.paths import InDir, cache_dir
+from labctl.paths import InDir, atomic_write, cache_dir
 
 MANIFEST = "manifest.json"
 BOOT = "boot"
@@ -103,6 +103,18 @@ class Kernel:
     @property
     def has_debug(self) -> bool:
         return self.vmlinux_debug.is_file()
+
+    def keep_json(self, name: str, data: object, cache_dir: Path | None = None) -> None:
+        """``data`` as JSON in the file ``name`` beside the kernel, else (its directory read-only)
+        in ``cache_dir``; best effort: nothing when neither can be written."""
+        for d in (self.dir, cache_dir):
+            if d is None:
+                continue
+            try:
+                atomic_write(d / name, json.dumps(data) + "\n")
+                return
+            except OSError:
+                continue
 
     def initrd(self, image_key: str) -> Path:
         """Where this kernel's initramfs for the root file system ``image_key`` goes."""

@@ -16,7 +16,6 @@ from typing import Any
 
 from labctl.errors import TraceError
 from labctl.kernel.cached import Kernel
-from labctl.paths import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ def struct_offsets(kernel: Kernel, fields: Fields, cache_name: str, cache_dir: P
         out = {name: int(drgn.offsetof(prog.type(ctype), member)) for name, (ctype, member) in fields.items()}
     except (LookupError, ValueError, drgn.FaultError, OSError) as exc:
         raise TraceError(f"cannot read struct offsets from {kernel.vmlinux_debug}: {exc}") from exc
-    _keep(kernel, cache_dir, cache_name, out)
+    kernel.keep_json(cache_name, out, cache_dir)
     return out
 
 
@@ -70,7 +69,7 @@ def enum_names(kernel: Kernel, enum: str, prefix: str, cache_name: str, cache_di
     except (LookupError, ValueError, drgn.FaultError, OSError) as exc:
         raise TraceError(f"cannot read {enum} from {kernel.vmlinux_debug}: {exc}") from exc
     out = [values.get(i, "") for i in range(max(v for v in values if v < 1 << 16) + 1)] if values else []
-    _keep(kernel, cache_dir, cache_name, out)
+    kernel.keep_json(cache_name, out, cache_dir)
     return out
 
 
@@ -92,18 +91,6 @@ def _program(kernel: Kernel, needed: str) -> tuple[Any, Any]:
     except (LookupError, ValueError, drgn.FaultError, OSError) as exc:
         raise TraceError(f"cannot read {vmlinux}: {exc}") from exc
     return drgn, prog
-
-
-def _keep(kernel: Kernel, cache_dir: Path | None, cache_name: str, out: object) -> None:
-    """``out`` as JSON in ``cache_name`` beside the kernel, else in ``cache_dir`` (best effort)."""
-    for d in (kernel.dir, cache_dir):
-        if d is None:
-            continue
-        try:
-            atomic_write(d / cache_name, json.dumps(out) + "\n")
-            return
-        except OSError:
-            continue
 
 
 def _read(path: Path, fields: Fields) -> dict[str, int] | None:

@@ -112,6 +112,16 @@ class Checker:
             return None
         return self.mapping(m[key], m.value_line(key), join(path, key), allow_null=False)
 
+    def entries(self, m: YamlMap, key: str, path: str) -> Iterator[tuple[str, Any, str, int, int]]:
+        """Each entry of ``m[key]``, a mapping that may be left out (:meth:`section`): its key, its
+        value, its path (``path.key.k``), the key's line and the value's line."""
+        items = self.section(m, key, path)
+        if items is None:
+            return
+        where = join(path, key)
+        for k, value in items.items():
+            yield k, value, f"{where}.{k}", items.key_line(k), items.value_line(k)
+
     def mappings(self, items: YamlSeq, path: str) -> Iterator[tuple[YamlMap, str, int]]:
         """Each item of the list ``items`` (at ``path``) that is a mapping, with its path ``path[i]``
         and its line; an item that is not a mapping is reported and skipped."""

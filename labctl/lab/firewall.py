@@ -327,17 +327,12 @@ def parse_firewall(check: Checker, body: YamlMap, path: str, base: Path,
 
 
 def _chains(check: Checker, m: YamlMap, path: str) -> tuple[Chain, ...]:
-    chains = check.section(m, "filter", path)
-    if chains is None:
-        return ()
-    where = join(path, "filter")
     out = []
-    for hook, value in chains.items():
-        cpath, line = f"{where}.{hook}", chains.key_line(hook)
+    for hook, value, cpath, line, vline in check.entries(m, "filter", path):
         if hook not in HOOKS:
             check.add(line, cpath, f"unknown hook '{hook}'{did_you_mean(hook, HOOKS, 'a chain per hook')}")
             continue
-        c = check.mapping(value, chains.value_line(hook), cpath, allow_null=False)
+        c = check.mapping(value, vline, cpath, allow_null=False)
         if c is None:
             continue
         check.keys(c, cpath, CHAIN_KEYS)

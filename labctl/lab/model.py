@@ -30,7 +30,7 @@ from labctl.lab.impair import Impairment
 from labctl.lab.kernels import KernelSpec
 from labctl.lab.nics import NIC_MODELS, NicModel
 from labctl.lab.shares import Share, ShareRecord
-from labctl.names import LAB_IDENT, LAB_IDENT_RULE, LAB_NAME, LAB_NAME_RULE  # a leaf (the state reads it)
+from labctl.names import LAB_NAME, LAB_NAME_RULE  # a leaf (the state reads it)
 
 if TYPE_CHECKING:
     from labctl.lab.firewall import Firewall, FirewallRecord
@@ -40,10 +40,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_IMAGE",
-    "LAB_IDENT",
-    "LAB_IDENT_RULE",
-    "LAB_NAME",
-    "LAB_NAME_RULE",
     "MGMT_NIC",
     "MGMT_SUBNET",
     "Check",

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterator
 
 from labctl.lab.addresses import parse_addresses
 from labctl.lab.checker import Checker, close_match, describe, did_you_mean, host_address, join
@@ -105,20 +106,23 @@ def parse_vlans(check: Checker, m: YamlMap, path: str, parent: str | None) -> li
     return out
 
 
+def named_interfaces(check: Checker, body: YamlMap, path: str,
+                     key: str) -> Iterator[tuple[str, str | None, YamlMap, str, int]]:
+    """Each entry of a guest's mapping ``key`` (``bonds``, ``bridges``, ``vrfs``: an interface's name
+    -> its mapping): the key, the key as an interface name (None when it is not one, reported), the
+    entry's mapping, path and line. An entry that is not a mapping is reported and left out."""
+    for raw, value, ipath, line, vline in check.entries(body, key, path):
+        name = iface_name(check, raw, line, ipath)
+        m = check.mapping(value, vline, ipath, allow_null=False)
+        if m is not None:
+            yield raw, name, m, ipath, line
+
+
 def parse_masters(check: Checker, body: YamlMap, path: str, kind: str) -> list[MasterSpec]:
     """A guest's ``bonds`` or ``bridges`` (``kind``): name -> members, addresses, VLANs (and a bond's
     mode, miimon and primary). Members are checked against the guest's NICs by :func:`check_guest`."""
-    masters = check.section(body, kind, path)
-    if masters is None:
-        return []
-    where = join(path, kind)
     out = []
-    for raw_name, value in masters.items():
-        mpath, line = f"{where}.{raw_name}", masters.key_line(raw_name)
-        name = iface_name(check, raw_name, line, mpath)
-        m = check.mapping(value, masters.value_line(raw_name), mpath, allow_null=False)
-        if m is None:
-            continue
+    for _, name, m, mpath, line in named_interfaces(check, body, path, kind):
         bond = kind == "bonds"
         check.keys(m, mpath, _BOND_KEYS if bond else _BRIDGE_KEYS, ("mode", "members") if bond else ("members",), line)
         members = _members(check, m, mpath)
@@ -252,13 +256,8 @@ def _destination(check: Checker, r: YamlMap, path: str, text: str,
 def parse_sysctls(check: Checker, body: YamlMap, path: str) -> list[tuple[Sysctl, str]]:
     """A guest's ``sysctls``: name -> value, each name well formed and starting at a part of
     ``/proc/sys``; values are numbers or one line of text."""
-    items = check.section(body, "sysctls", path)
-    if items is None:
-        return []
-    where = join(path, "sysctls")
     out = []
-    for name, value in items.items():
-        spath, line = f"{where}.{name}", items.key_line(name)
+    for name, value, spath, line, vline in check.entries(body, "sysctls", path):
         if not _SYSCTL.fullmatch(name) or len(name) > 255:
             check.add(line, spath, f"invalid sysctl name '{name}' (parts separated by dots, as sysctl(8) writes "
                                    "them; a dot inside an interface name is written /)")
@@ -268,7 +267,7 @@ def parse_sysctls(check: Checker, body: YamlMap, path: str) -> list[tuple[Sysctl
             check.add(line, spath, f"'{name}' is not a sysctl: /proc/sys has no '{root}'"
                                    + did_you_mean(root, _SYSCTL_ROOTS, "its parts"))
             continue
-        text = _sysctl_value(check, value, items.value_line(name), spath)
+        text = _sysctl_value(check, value, vline, spath)
         if text is not None:
             out.append((Sysctl(name, text, line), spath))
     return out

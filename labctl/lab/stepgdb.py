@@ -1,6 +1,6 @@
 """A step's ``gdb:`` kind, its lab-file side: a scripted breakpoint session that runs alongside the
-step's commands (run by :mod:`labctl.steps.gdbstep`, shown by :mod:`labctl.report.content`'s step
-table), and its record in the step's result.
+step's commands (run by :mod:`labctl.steps.gdbstep`, shown by :mod:`labctl.report.gdbsession` in each step's
+section), and its record in the step's result.
 
 ::
 

@@ -12,10 +12,13 @@ the report (each :class:`labctl.report.sections.ReportSection` names the kinds i
 ``tests/unit/test_step_kinds.py`` fails when a kind declared here lacks its run, its record's type
 or a report section that shows it.
 
-Adding a kind (docs/development.md, "Adding a step kind"): its declaration module in ``labctl/lab/``
-and its line in :data:`KINDS`; its run in ``labctl/steps/`` and its line in
-:data:`labctl.steps.kinds.KINDS`; its report section in ``labctl/report/`` and its line in
-:data:`labctl.report.registry.SECTIONS`.
+Adding a kind (docs/development.md, "Adding a step kind") touches three files besides its own
+modules and tests: its line in :data:`KINDS` here; its run's in :data:`labctl.steps.kinds.RUNS`; its
+report section's in :data:`labctl.report.registry.SECTIONS`. Its lab module (its keys' parser, its
+spec and its record's types) is named here, not in the package's docstring, and its run and its
+section import its types from it directly, not through the face (the module of a declared record
+type is the kind's own: ``tests/unit/test_import_rules.py``). The kinds' lab modules named here:
+:mod:`.stepsysctl` (``sysctls``).
 """
 
 from __future__ import annotations

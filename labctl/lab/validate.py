@@ -22,8 +22,6 @@ from labctl.lab.kernels import FILE_KEYS, FILES, TREE, KernelSpec, debian
 from labctl.lab.model import (
     DEFAULT_HOST,
     DEFAULT_IMAGE,
-    LAB_NAME,
-    LAB_NAME_RULE,
     Guest,
     Host,
     Lab,
@@ -41,6 +39,7 @@ from labctl.lab.tunnels.parse import check_lab as check_tunnels
 from labctl.lab.tunnels.parse import parse_tunnels, parse_vrfs
 from labctl.lab.uri import parse_uri, valid_address
 from labctl.lab.yamlpos import YamlMap, YamlSeq
+from labctl.names import LAB_NAME, LAB_NAME_RULE
 
 __all__ = [
     "BACKENDS",
@@ -165,14 +164,20 @@ def _mentions_hosts(data: YamlMap) -> bool:
     return "hosts" in data or placed
 
 
+def _top(check: Checker, data: YamlMap, key: str) -> YamlMap | None:
+    """The lab file's top-level mapping ``key`` (null: an empty one); None when it is left out or is
+    not a mapping (reported)."""
+    if key not in data:
+        return None
+    return check.mapping(data[key], data.value_line(key), key)
+
+
 def _parse_hosts(check: Checker, data: YamlMap) -> dict[str, Host]:
     """Check the ``hosts`` mapping: name -> {uri, address}."""
-    if "hosts" not in data:
-        return {}
-    hosts = check.mapping(data["hosts"], data.value_line("hosts"), "hosts")
-    result: dict[str, Host] = {}
+    hosts = _top(check, data, "hosts")
     if hosts is None:
-        return result
+        return {}
+    result: dict[str, Host] = {}
     for name, value in hosts.items():
         path, line = f"hosts.{name}", hosts.key_line(name)
         if not _GUEST_NAME.fullmatch(name):
@@ -251,12 +256,10 @@ def _check_spans(check: Checker, hosts: dict[str, Host], guests: dict[str, Guest
 
 def _parse_networks(check: Checker, data: YamlMap) -> dict[str, NetSpec]:
     """Check the ``networks`` mapping; every network is kept, even a badly named one."""
-    if "networks" not in data:
-        return {}
-    nets = check.mapping(data["networks"], data.value_line("networks"), "networks")
-    result: dict[str, NetSpec] = {}
+    nets = _top(check, data, "networks")
     if nets is None:
-        return result
+        return {}
+    result: dict[str, NetSpec] = {}
     if len(nets) > MAX_NETWORKS:
         check.add(data.value_line("networks"), "networks", f"{len(nets)} networks: a lab has at most {MAX_NETWORKS}")
         return result
@@ -276,9 +279,7 @@ def _parse_networks(check: Checker, data: YamlMap) -> dict[str, NetSpec]:
 def _parse_guests(check: Checker, data: YamlMap, networks: dict[str, NetSpec],
                   trusted: tuple[Path, ...] = ()) -> dict[str, GuestSpec]:
     """Check the ``guests`` mapping (at least one guest) and each guest in it."""
-    if "guests" not in data:
-        return {}
-    guests = check.mapping(data["guests"], data.value_line("guests"), "guests")
+    guests = _top(check, data, "guests")
     if guests is None:
         return {}
     if not guests:

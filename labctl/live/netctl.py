@@ -7,33 +7,35 @@ and the steps runner; every change is recorded in ``network.json``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from labctl.backends import Backend, get_backend, netdev_id
 from labctl.errors import GuestError, LabStateError, UsageError
 from labctl.lab import Impairment, Nic, close_match
 from labctl.net import apply_command
-from labctl.ssh import Session
+
+if TYPE_CHECKING:
+    from labctl.lab import NicRecord
+    from labctl.ssh import Session
 from labctl.state import LabState, update_netstate
 
 APPLY_TIMEOUT = 60.0
 
 
-def lab_nic(state: LabState, guest: str, nic: str) -> dict[str, Any]:
+def lab_nic(state: LabState, guest: str, nic: str) -> NicRecord:
     """The resolved lab NIC ``guest.nic`` of a lab that is up (its ``index`` names its netdev).
 
     :raise UsageError: for a guest or NIC the lab does not have (exit 2).
     """
-    guests = state.resolved.get("guests") or {}
+    guests = state.guest_specs()
     if guest not in guests:
         raise UsageError(f"lab '{state.lab}' has no guest '{guest}'{close_match(guest, guests)}",
                          hint=f"its guests: {', '.join(guests) or 'none'}")
-    nics = {n["name"]: n for n in guests[guest].get("nics") or []}
+    nics = {n["name"]: n for n in guests[guest]["nics"]}
     if nic not in nics:
         raise UsageError(f"guest {guest} of lab '{state.lab}' has no lab NIC '{nic}'{close_match(nic, nics)}",
                          hint=f"its lab NICs: {', '.join(nics) or 'none'} (mgmt0 is labctl's own)")
-    found: dict[str, Any] = nics[nic]
-    return found
+    return nics[nic]
 
 
 def netdev(state: LabState, guest: str, nic: str) -> str:
@@ -49,6 +51,8 @@ def apply_impairment(state: LabState, guest: str, nic: str, imp: Impairment | No
 
     :raise UsageError: for an unknown NIC. :raise GuestError: when the guest refuses it.
     """
+    from labctl.ssh import Session  # paramiko: when a guest is spoken to
+
     lab_nic(state, guest, nic)
     own = session is None
     s = session or Session(state.endpoint(guest))
@@ -82,8 +86,8 @@ def set_link(state: LabState, guest: str, nic: str, up: bool, backend: Backend |
 def lab_impairments(state: LabState) -> dict[tuple[str, str], Impairment]:
     """The impairments the lab file sets on its NICs, by (guest, nic)."""
     out = {}
-    for gname, g in (state.resolved.get("guests") or {}).items():
-        for n in g.get("nics") or []:
-            if n.get("impair"):
-                out[(gname, n["name"])] = Impairment.from_dict(n["impair"])
+    for gname, g in state.guest_specs().items():
+        for n in g["nics"]:
+            if imp := n.get("impair"):
+                out[(gname, n["name"])] = Impairment.from_dict(imp)
     return out

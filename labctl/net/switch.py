@@ -114,8 +114,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
+    # a SIGTERM between the bind and the try below would leave the socket behind: it waits until then
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     sw = Switch(args.socket)
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         sw.serve(wake_r)
     except KeyboardInterrupt:
         pass

@@ -6,12 +6,14 @@ figures for ``labctl compare``: the topology and a step's network (:mod:`.networ
 throughput, CPU and driver share (:mod:`.throughput`), the whole cost (:mod:`.cost`), tracepoint
 counts (:mod:`.tracepoints`), flame graphs (:mod:`.flames`, drawn by :mod:`.flamegraph`),
 per-packet latency (:mod:`.latency`), the kernel's selftests (:mod:`.selftestresults`), a step's gdb
-session (:mod:`.gdbsession`) and sysctls (:mod:`.sysctls`), a guest's
+session (:mod:`.gdbsession`), a guest's
 crash with drgn's view of its vmcore (:mod:`.crashes`), the packets a step followed (:mod:`.journeys`),
 every drop (:mod:`.droptable`), bpftrace's maps (:mod:`.bpftrace`), and a
-step's top symbols, softnet, trace loss and timeline (:mod:`.guest_parts`). summary.json is
+step's top symbols, softnet, trace loss and timeline (:mod:`.guest_parts`), and the sections of
+the step kinds :mod:`.registry` names. summary.json is
 computed one way for ``run`` and ``report`` (:mod:`.run_summary`); one document model
-(:mod:`.document`) is built by the frame (:mod:`.content`) and rendered as Markdown
+(:mod:`.document`) is built by the frame (:mod:`.content`: the header, :mod:`.header`; the
+results table, :mod:`.results`; each step's section, the commands and the run's files, :mod:`.stepblocks`) and rendered as Markdown
 (:mod:`.markdown`) and as one self-contained HTML page (:mod:`.html`, charts from
 :mod:`.charts`); two runs side by side are :mod:`.comparison`. Reads bundles through
 :mod:`labctl.bundle`; must not import the steps runner, the backends or the CLI.
@@ -37,7 +39,8 @@ from labctl.report.comparison import (
     group_of,
     judgement,
 )
-from labctl.report.content import build_document, lab_name
+from labctl.report.content import build_document
+from labctl.report.header import lab_name
 from labctl.report.html import to_html
 from labctl.report.markdown import to_markdown
 from labctl.report.registry import step_metrics
@@ -58,6 +61,7 @@ __all__ = [
     "step_metrics",
     "summarize",
     "to_html",
+    "write_comparison",
     "write_summary",
 ]
 
@@ -80,3 +84,11 @@ def render_run(run_dir: Path) -> tuple[Path, Path]:
     _write(md_path, to_markdown(blocks))
     _write(html_path, to_html(blocks, f"labctl report: {lab_name(run)}"))
     return md_path, html_path
+
+
+def write_comparison(path: Path, result: Comparison, title: str) -> None:
+    """Write ``result`` (two runs compared) to ``path`` as one HTML page titled ``title``.
+
+    :raise LabctlError: when it cannot be written.
+    """
+    _write(path, to_html(compare_blocks(result), title))

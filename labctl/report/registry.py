@@ -2,6 +2,8 @@
 
 A new section is a :class:`~labctl.report.sections.ReportSection` added here: the summary, the
 report, ``labctl compare``, the run-to-run spread and bisect's figure oracle all ask every section.
+A step kind's section (:mod:`labctl.lab.stepkinds`) is named here, not in the package's docstring:
+the step's sysctls (:mod:`.sysctls`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import cast
 
 from labctl.bundle import Run, StepSummary, kind_record
-from labctl.lab import SysctlRecord
+from labctl.lab.stepsysctl import SysctlRecord
 from labctl.report.document import Block, Heading, Row, Table, txt
 from labctl.report.sections import ReportSection
 

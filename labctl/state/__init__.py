@@ -39,22 +39,7 @@ else:  # each name loaded at its first use (labctl.lazyface)
 
 
 __all__ = [
-    "CAPTURES",
-    "STARTING",
-    "STATE",
-    "UP",
-    "Capture",
-    "GuestStatus",
-    "LabState",
-    "SwitchRecord",
-    "active_captures",
-    "check_lab_name",
-    "guest_statuses",
-    "lab_lock",
-    "load_netstate",
-    "recorded_snapshots",
-    "remove_run_dir",
-    "run_dir",
-    "up_labs",
-    "update_netstate",
+    "CAPTURES", "STARTING", "STATE", "UP", "Capture", "GuestStatus", "LabState", "SwitchRecord", "active_captures",
+    "check_lab_name", "guest_statuses", "lab_lock", "load_netstate", "recorded_snapshots", "remove_run_dir",
+    "run_dir", "up_labs", "update_netstate",
 ]

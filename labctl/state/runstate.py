@@ -23,7 +23,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 # Leaves only: status and exec read a lab's state without the backends, the kernels, the lab-file
 # package or paramiko (tests/unit/test_cli_budget.py).
@@ -36,7 +36,8 @@ from labctl.state.rundir import STATE, check_lab_name, labs_root, run_dir
 
 if TYPE_CHECKING:
     from labctl.kernel import Kernel
-    from labctl.lab import HostRecord
+    from labctl.lab import GuestRecord as GuestSpec
+    from labctl.lab import HostRecord, LabRecord
     from labctl.net import SegmentRecord
 
 STARTING = "starting"
@@ -100,7 +101,7 @@ class LabState:
     started_at: str
     guests: dict[str, GuestRecord] = field(default_factory=dict)
     switches: list[SwitchRecord] = field(default_factory=list)
-    resolved: dict[str, Any] = field(default_factory=dict)
+    resolved: LabRecord = field(default_factory=lambda: cast("LabRecord", {}))  # the lab file, resolved (Lab.to_dict)
     drivers: dict[str, dict[str, str]] = field(default_factory=dict)
     offloads: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # guest -> VLAN NIC -> features
     ready_seconds: dict[str, float] = field(default_factory=dict)
@@ -127,6 +128,15 @@ class LabState:
     @property
     def path(self) -> Path:
         return Path(self.dir)
+
+    def guest_specs(self) -> dict[str, GuestSpec]:
+        """The lab file's guests as ``up`` resolved them (``resolved['guests']``, typed; none in a state
+        written before they were recorded)."""
+        return self.resolved.get("guests") or {}
+
+    def guest_spec(self, name: str) -> GuestSpec | None:
+        """One guest of :meth:`guest_specs`, or None."""
+        return self.guest_specs().get(name)
 
     def kernel(self, guest: str) -> Kernel:
         """The prepared kernel ``guest`` runs (gdb, oops decoding and struct offsets read it).

@@ -6,7 +6,7 @@ an object owning its part of the run and its record in the step's result, :mod:`
 commands (:mod:`.commands`), the kernel's selftests (:mod:`.selftests`; the driver tests' hardware mode, :mod:`.drivertests`), the network's changes
 and captures (:mod:`.netstep`), the statistics and tracers (:mod:`.tracing`, their guest commands
 in :mod:`.tracers` and :mod:`.skbprobes`), every drop and the packets a step follows
-(:mod:`.follow_kind`, through :mod:`labctl.follow`), the scripted gdb session (:mod:`.gdbstep`), the sysctls set for the step (:mod:`.sysctl_kind`); the
+(:mod:`.follow_kind`, through :mod:`labctl.follow`), the scripted gdb session (:mod:`.gdbstep`), and the others :mod:`.kinds` names; the
 step's window and its QEMUs on the host (:mod:`.hostwatch`); the guests' SSH sessions
 (:mod:`.sessions`); copying a guest's files back without trusting it (:mod:`.copyback`) and
 ``labctl cp`` (:mod:`.transfer`). The analysis of what the tracers leave is

@@ -85,7 +85,8 @@ class DropsKind(StepKind):
         self.xdp = {g: w for g, w in parallel(guests, lambda g: self._xdp_start(v, g)).items() if w is not None}
 
     def _xdp_start(self, v: Variant, g: str) -> XdpWatch | None:
-        nics = ((v.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
+        spec = v.state.guest_spec(g)
+        nics = spec["nics"] if spec else []
         try:
             return start_xdpwatch(v.sessions.ssh(g), g, nics)
         except LabctlError as exc:
@@ -158,7 +159,8 @@ class FollowKind(StepKind):
         self.follower = f
 
         def xdp(g: str) -> XdpWatch | None:
-            nics = ((v.state.resolved.get("guests") or {}).get(g) or {}).get("nics") or []
+            spec = v.state.guest_spec(g)
+            nics = spec["nics"] if spec else []
             try:
                 return start_xdpwatch(v.sessions.ssh(g), g, nics, tag="f", counters=False)
             except LabctlError as exc:

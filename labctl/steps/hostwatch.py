@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labctl import trace
 from labctl.backends import Backend
 from labctl.bundle import HOST_DIR
 from labctl.errors import GuestError, LabctlError
@@ -50,17 +51,6 @@ from labctl.proc import Process, interrupt_group, run, spawn_tied
 from labctl.state import LabState
 from labctl.steps.tracers import with_build_ids
 from labctl.steps.variant import Variant
-from labctl.trace import (
-    PERF_DATA,
-    PERF_LOG,
-    PERF_SCRIPT,
-    PROFILE_UNAVAILABLE,
-    THREADS_FILE,
-    WINDOW_END,
-    WINDOW_START,
-    TaskStats,
-    ThreadsDoc,
-)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +61,7 @@ START_ATTEMPTS = 2
 STOP_WAIT = 60.0  # s for perf to write its file out after SIGINT
 
 
-def read_task_stats(pid: int) -> TaskStats | None:
+def read_task_stats(pid: int) -> trace.TaskStats | None:
     """``/proc/PID/stat`` and every ``/proc/PID/task/TID/stat`` line, raw, with the time read; None when gone."""
     try:
         process = Path(f"/proc/{pid}/stat").read_text()
@@ -116,15 +106,15 @@ class _Profiler:
             return
         ctl, ack = self.dir / "perf.ctl", self.dir / "perf.ack"
         argv = with_build_ids([perf, "record", "-e", "cpu-clock", "-F", str(PROFILE_FREQUENCY), "-p", str(pid),
-                               "-o", str(self.dir / PERF_DATA), "-D", "-1", "--control", f"fifo:{ctl},{ack}"],
+                               "-o", str(self.dir / trace.PERF_DATA), "-D", "-1", "--control", f"fifo:{ctl},{ack}"],
                               os.uname().release)
         for attempt in range(START_ATTEMPTS):  # a second perf when the first one exits while attaching
-            (self.dir / PERF_DATA).unlink(missing_ok=True)  # else perf keeps it as perf.data.old
+            (self.dir / trace.PERF_DATA).unlink(missing_ok=True)  # else perf keeps it as perf.data.old
             for fifo in (ctl, ack):
                 fifo.unlink(missing_ok=True)
                 os.mkfifo(fifo, 0o600)
             self.fifos = [ctl, ack]
-            self.proc = spawn_tied(argv, self.dir / PERF_LOG)
+            self.proc = spawn_tied(argv, self.dir / trace.PERF_LOG)
             try:
                 self._enable(ctl, ack)
                 return
@@ -135,13 +125,13 @@ class _Profiler:
                 log.debug("host perf for %d, attempt %d: %s", pid, attempt + 1, why)
                 if not exited or attempt + 1 == START_ATTEMPTS:
                     self.error = (f"the host's perf did not start recording: {why}"
-                                  f"{self._log_tail()}; see {PERF_LOG}")
+                                  f"{self._log_tail()}; see {trace.PERF_LOG}")
                     return
 
     def _log_tail(self) -> str:
         """perf's own last line(s), for the reason a bundle gives."""
         try:
-            lines = (self.dir / PERF_LOG).read_text(errors="replace").strip().splitlines()
+            lines = (self.dir / trace.PERF_LOG).read_text(errors="replace").strip().splitlines()
         except OSError:
             return ""
         tail = " / ".join(ln.strip() for ln in lines[-2:] if ln.strip())
@@ -183,15 +173,16 @@ class _Profiler:
             # perf ends by raising the SIGINT it got once its file is written: -SIGINT is a clean end
             if status not in (0, -signal.SIGINT, 128 + signal.SIGINT) and self.error is None:
                 what = f"did not exit within {STOP_WAIT:.0f} s of SIGINT" if status is None else f"exited with status {status}"
-                self.error = f"the host's perf {what}{self._log_tail()}; see {PERF_LOG}"
+                self.error = f"the host's perf {what}{self._log_tail()}; see {trace.PERF_LOG}"
         for fifo in self.fifos:
             fifo.unlink(missing_ok=True)
 
     def script(self) -> None:
         """``perf script`` of the recording, gzipped (symbols resolve here, on the host that recorded)."""
-        data = self.dir / PERF_DATA
+        data = self.dir / trace.PERF_DATA
         if self.error is not None or not data.is_file() or data.stat().st_size == 0:
-            self.error = self.error or f"the host's perf wrote no {PERF_DATA}{self._log_tail()}; see {PERF_LOG}"
+            self.error = self.error or (f"the host's perf wrote no {trace.PERF_DATA}{self._log_tail()}; "
+                                        f"see {trace.PERF_LOG}")
             return
         try:
             res = run(["perf", "script", "-i", str(data), "-F", "tid,ip,sym,dso"], timeout=SCRIPT_TIMEOUT,
@@ -199,7 +190,7 @@ class _Profiler:
         except LabctlError as exc:
             self.error = f"perf script failed: {exc.message}"
             return
-        with gzip.open(self.dir / PERF_SCRIPT, "wb", compresslevel=6) as f:
+        with gzip.open(self.dir / trace.PERF_SCRIPT, "wb", compresslevel=6) as f:
             f.write(res.stdout)
         if res.returncode != 0:
             self.error = f"perf script exited with status {res.returncode}: " + res.stderr.decode(
@@ -212,7 +203,7 @@ class _Watched:
     pid: int
     dir: Path
     vcpus: dict[str, int]
-    start: TaskStats | None
+    start: trace.TaskStats | None
     profiler: _Profiler | None
     note: str | None = None
 
@@ -270,16 +261,17 @@ class HostWatch:
                 self._write(w, ends.get(w.guest))
         return self.seconds
 
-    def _write(self, w: _Watched, end: TaskStats | None = None) -> None:
+    def _write(self, w: _Watched, end: trace.TaskStats | None = None) -> None:
         rec = self.state.guests.get(w.guest)
-        doc: ThreadsDoc = {"guest": w.guest, "pid": w.pid or None, "accel": rec.accel if rec is not None else self.state.accel,
-               "clock_ticks_per_s": os.sysconf("SC_CLK_TCK"), "window_s": self.seconds,
-               "vcpu_threads": w.vcpus, "start": w.start, "end": end, "note": w.note}
-        atomic_write(w.dir / THREADS_FILE, json.dumps(doc, indent=1) + "\n")
+        doc: trace.ThreadsDoc = {"guest": w.guest, "pid": w.pid or None,
+                                 "accel": rec.accel if rec is not None else self.state.accel,
+                                 "clock_ticks_per_s": os.sysconf("SC_CLK_TCK"), "window_s": self.seconds,
+                                 "vcpu_threads": w.vcpus, "start": w.start, "end": end, "note": w.note}
+        atomic_write(w.dir / trace.THREADS_FILE, json.dumps(doc, indent=1) + "\n")
         if w.profiler is not None and w.profiler.error:
-            atomic_write(w.dir / PROFILE_UNAVAILABLE, w.profiler.error + "\n")
+            atomic_write(w.dir / trace.PROFILE_UNAVAILABLE, w.profiler.error + "\n")
         elif w.profiler is None and w.start is not None and not self.profile:
-            atomic_write(w.dir / PROFILE_UNAVAILABLE, "the host profile was turned off for this run\n")
+            atomic_write(w.dir / trace.PROFILE_UNAVAILABLE, "the host profile was turned off for this run\n")
 
 
 class Window:
@@ -291,7 +283,7 @@ class Window:
         self.watch: HostWatch | None = None
 
     def open(self, v: Variant) -> None:
-        parallel(v.involved, lambda g: v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{WINDOW_START}"))
+        parallel(v.involved, lambda g: v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{trace.WINDOW_START}"))
         self.watch = HostWatch(v.state, v.backend, v.involved if self.watch_host else [], v.bundle / v.rel / HOST_DIR,
                                profile=self.host_profile)
         self.watch.start()
@@ -304,7 +296,7 @@ class Window:
         def one(g: str) -> None:
             try:
                 if v.sessions.alive(g):
-                    v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{WINDOW_END}")
+                    v.sh(g, f"cat /proc/stat > {shlex.quote(v.workdir)}/{trace.WINDOW_END}")
             except GuestError as exc:
                 v.res.warnings.append(f"{g}: /proc/stat not read at the end of the step: {exc.message}")
 

@@ -29,7 +29,6 @@ from pathlib import Path
 
 from labctl.errors import TraceError
 from labctl.kernel import Kernel
-from labctl.paths import atomic_write
 
 log = logging.getLogger(__name__)
 q = shlex.quote
@@ -131,14 +130,7 @@ def kernel_offsets(kernel: Kernel, cache_dir: Path | None = None) -> dict[str, i
         err = res.stderr.decode(errors="replace").strip()[-300:]
         raise TraceError(f"gdb could not read struct offsets from {vmlinux}: {err}")
     off = dict(zip(FIELDS, values))
-    for target in (kernel.dir, cache_dir):
-        if target is None:
-            continue
-        try:
-            atomic_write(target / OFFSETS_FILE, json.dumps(off) + "\n")
-            break
-        except OSError:
-            continue
+    kernel.keep_json(OFFSETS_FILE, off, cache_dir)
     return off
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import shlex
 
 from labctl.errors import GuestError, LabctlError
-from labctl.lab import Step, StepSysctls, Sysctl, SysctlRecord, SysctlValue
+from labctl.lab import Step, Sysctl
+from labctl.lab.stepsysctl import StepSysctls, SysctlRecord, SysctlValue
 from labctl.steps.variant import StepKind, Variant
 from labctl.textsafe import safe_line
 

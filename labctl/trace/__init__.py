@@ -36,7 +36,7 @@ from labctl.trace.clocks import Clock
 from labctl.trace.drops import DropRecord, DropRow, DropSummary, GuestDrops, netfilter_note
 from labctl.trace.drops import table as drop_table
 from labctl.trace.flamefold import FlameFigures, Frame, Stack, guest_flamegraph, read_folded
-from labctl.trace.hops import Event, frame_vlans, parse_frame, parse_ipv4, parse_line, parse_text, window_words
+from labctl.trace.hops import PARSERS, Event, frame_vlans, parse_frame, parse_ipv4, parse_line, parse_text, window_words
 from labctl.trace.hops import Header as PacketHeader
 from labctl.trace.hostcost import (
     KINDS,
@@ -94,6 +94,7 @@ __all__ = [
     "KINDS",
     "KTAP_FAIL",
     "KTAP_SKIP",
+    "PARSERS",
     "PERF_DATA",
     "PERF_LOG",
     "PERF_SCRIPT",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
 from labctl.trace.hops import Event, drop_header, reason_name
+from labctl.trace.nfhops import nft_chains
 
 HEADERS_KEPT = 3
 ETHERTYPES = {0x0800: "IPv4", 0x86DD: "IPv6", 0x0806: "ARP", 0x8100: "802.1Q", 0x88CC: "LLDP"}
@@ -133,32 +134,22 @@ class Rule:
         return f"nftables rule '{self.text}' (table {self.family} {self.table}, chain {self.chain}, handle {self.handle})"
 
 
-_TABLE = re.compile(r"^table (\S+) (\S+) \{")
-_CHAIN = re.compile(r"^chain (\S+) \{")
 _COUNTER = re.compile(r"\bcounter packets (\d+) bytes \d+\s*")
 _HANDLE = re.compile(r"\s*# handle (\d+)\s*$")
-_POLICY = re.compile(r"\bhook (\S+) .*policy (\w+);")
 
 
 def parse_ruleset(text: str) -> tuple[dict[tuple[str, str, str, str], Rule], dict[tuple[str, str, str], str]]:
     """``nft -a list ruleset``: rules with counters by (family, table, chain, handle), and each base
     chain's policy by (family, table, chain)."""
     rules: dict[tuple[str, str, str, str], Rule] = {}
-    policies: dict[tuple[str, str, str], str] = {}
-    family = tbl = chain = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if m := _TABLE.match(line):
-            family, tbl, chain = m.group(1), m.group(2), ""
-        elif m := _CHAIN.match(line):
-            chain = m.group(1)
-        elif chain and (m := _POLICY.search(line)):
-            policies[(family, tbl, chain)] = m.group(2)
-        elif chain and (c := _COUNTER.search(line)) and (h := _HANDLE.search(line)):
-            text_ = _HANDLE.sub("", _COUNTER.sub("counter ", line)).strip()
-            verdict = next((v for v in ("drop", "reject") if re.search(rf"\b{v}\b", line)), "")
-            rules[(family, tbl, chain, h.group(1))] = Rule(family, tbl, chain, h.group(1), text_,
-                                                           int(c.group(1)), verdict)
+    lines, policies = nft_chains(text)
+    for (family, tbl, chain), body in lines.items():
+        for line in body:
+            if (c := _COUNTER.search(line)) and (h := _HANDLE.search(line)):
+                text_ = _HANDLE.sub("", _COUNTER.sub("counter ", line)).strip()
+                verdict = next((v for v in ("drop", "reject") if re.search(rf"\b{v}\b", line)), "")
+                rules[(family, tbl, chain, h.group(1))] = Rule(family, tbl, chain, h.group(1), text_,
+                                                               int(c.group(1)), verdict)
     return rules, policies
 
 

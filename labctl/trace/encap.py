@@ -3,18 +3,20 @@ the wire that carries it, and encapsulation and decapsulation are hops of its pa
 events mean (the probes are :mod:`labctl.follow.tunnelprobes`'s, each tunnel kind's header layouts
 :class:`labctl.lab.tunnels.framing.Framing`\\ s of its module).
 
-IPv4 inside IPv4, in VXLAN, Geneve, GRE, GRETAP or IP in IP: the outer packet's events are the points
-it passes, named by the point and the framing's tag (``xmit_vx``, ``netif_rx_gnv``, ``ip_fwd_gtapk``...
-are ``xmit``, ``netif_rx``, ``ip_fwd``: :data:`VARIANTS`), each fetching the *inner* packet's header,
-so that they join its journey, and the outer header's addresses (``osa``, ``oda``), the UDP port
+IPv4, IPv6 or ARP inside IPv4, in VXLAN, Geneve, GRE, GRETAP or IP in IP (IPv4 only): the outer
+packet's events are the points it passes, named by the point, the inner packet's family
+(:data:`FAMILIES`) and the framing's tag (``xmit_vx``, ``netif_rx6_gnv``, ``ip_fwd_arp_gtapk``...
+are ``xmit``, ``netif_rx``, ``ip_fwd``: :data:`VARIANTS`), each fetching the *inner* packet's header
+(its family's fields: :func:`labctl.trace.hops.identity` tells which), so that they join its journey, and the outer header's addresses (``osa``, ``oda``), the UDP port
 (``odp``), the VNI or GRE key (``oid``; ``ovni`` in VXLAN's events of before) and a GRE sequence number
 (``oseq``), which their hop's note says (:func:`note`): ``outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni
 42``, ``outer GRE 10.1.0.2 > 10.2.0.2 key 5``, ``outer GRE 10.1.0.2 > 10.2.0.2 key 5 seq 3 csum`` (a
-tunnel with ``csum`` and ``seq``), ``outer IPIP 10.1.0.2 > 10.2.0.2``. ``encap_TAG`` and ``decap_TAG`` are the hops
+tunnel with ``csum`` and ``seq``), ``outer IPIP 10.1.0.2 > 10.2.0.2``. ``encap_TAG`` and ``decap_TAG`` (``encap6_TAG``, ``decap_arp_TAG``) are the hops
 ``encap`` and ``decap``, at their framing's functions (:func:`where`: ``udp_tunnel_xmit_skb``,
 ``vxlan_rcv``, ``geneve_udp_encap_recv``, ``ip_tunnel_xmit``, ``gre_rcv``, ``ipip_rcv``), their
-note the id (``VXLAN vni 42``, ``GRE key 5``, ``IPIP``). WireGuard has ``encap_wg`` only (``wg_xmit``:
-``WireGuard, encrypted``).
+note the id (``VXLAN vni 42``, ``GRE key 5``, ``IPIP``). WireGuard has no outer packet's events (it is
+encrypted), its ``encap_wg`` (``wg_xmit``: ``WireGuard, encrypted``) and ``decap_wg``
+(``wg_allowedips_lookup_src``: ``WireGuard, decrypted``).
 """
 
 from __future__ import annotations
@@ -24,19 +26,27 @@ from collections.abc import Mapping
 
 from labctl.lab import KINDS, Framing
 
-__all__ = ["EVENTS", "FRAMINGS", "OUTER", "OUTER_POINTS", "POINTS", "VARIANTS", "mark", "note", "noted", "where"]
+__all__ = ["EVENTS", "FAMILIES", "FRAMINGS", "OUTER", "OUTER_POINTS", "POINTS", "VARIANTS", "mark", "note", "noted", "where"]
 
 FRAMINGS: dict[str, Framing] = {f.tag: f for k in KINDS.values() for f in k.framings}
 OUTER_POINTS = ("dev_queue", "xmit", "netif_rx", "ip_fwd", "ip_local")
 """The points an outer packet passes (its probes are these points' own, at the outer packet)."""
+DROPS = ("drop", "drop_tx", "drop_pulled")
+"""The outer packet's drop events (``drop_vx``, ``drop_tx6_gnv``...): the point ``drop``, wherever its
+header was (received; on its way out; delivered, its IPv4 header pulled)."""
 POINTS = (  # (name, where, role, title), as labctl.trace.hops.Point takes them; where: VXLAN's (see where())
     ("encap", "udp_tunnel_xmit_skb", "stack", "encapsulated (a tunnel's header pushed)"),
     ("decap", "vxlan_rcv", "stack", "decapsulated (a tunnel's header taken off)"),
 )
-EVENTS: dict[str, tuple[str, str]] = {f"{p}_{tag}": (p, tag) for tag in FRAMINGS for p in (*OUTER_POINTS, "encap", "decap")}
-"""Each tunnel probe's event name: (its point, its framing's tag)."""
+FAMILIES = ("", "6", "_arp")
+"""What an event's name has after its point for an inner IPv4, IPv6 or ARP packet (``xmit6_vx``)."""
+EVENTS: dict[str, tuple[str, str]] = {
+    **{f"{p}{fam}_{tag}": (p, tag) for tag in FRAMINGS for p in (*OUTER_POINTS, "encap", "decap") for fam in FAMILIES},
+    **{f"{d}{fam}_{tag}": ("drop", tag) for tag in FRAMINGS for d in DROPS for fam in FAMILIES}}
+"""Each tunnel probe's event name: (its point, its framing's tag); the inner packet's family is its
+fields' (:func:`labctl.trace.hops.identity`)."""
 VARIANTS = {name: point for name, (point, _) in EVENTS.items()}
-OUTER = {name: tag for name, (point, tag) in EVENTS.items() if point in OUTER_POINTS}
+OUTER = {name: tag for name, (point, tag) in EVENTS.items() if point in (*OUTER_POINTS, "drop")}
 """The events of an outer packet, and its framing."""
 
 
@@ -44,8 +54,7 @@ def mark(event: str, fields: dict[str, str]) -> None:
     """An event of a tunnel's probe (``event``, its name) says its framing: ``outer`` (the outer
     packet's) or ``tunnel`` (encap, decap) is its tag."""
     if event in EVENTS:
-        point, tag = EVENTS[event]
-        fields["outer" if point in OUTER_POINTS else "tunnel"] = tag
+        fields["outer" if event in OUTER else "tunnel"] = EVENTS[event][1]
 
 
 def _num(fields: Mapping[str, str], name: str) -> int | None:
@@ -107,7 +116,9 @@ def note(point: str, fields: Mapping[str, str]) -> str:
     if f is None:  # VXLAN's events of before (no framing said): the VNI alone
         v = vni(_num(fields, "ovni"))
         return f"VXLAN vni {v}" if v is not None else ""
-    return f"{f.title}, encrypted" if f.encrypted else " ".join(x for x in (f.title, _ident(f, fields)) if x)
+    if f.encrypted:
+        return f"{f.title}, {'encrypted' if point == 'encap' else 'decrypted'}"
+    return " ".join(x for x in (f.title, _ident(f, fields)) if x)
 
 
 def where(point: str, fields: Mapping[str, str]) -> str | None:

@@ -307,7 +307,8 @@ class Correlator:
             tie = self.last_by_skb.get((ev.guest, ev.skb))
             if tie is not None and 0 <= ev.ts - tie[0] <= DROP_TIE_NS and not tie[1].done:
                 return tie[1]
-            header = drop_header(ev)
+            # a tunnel's outer packet: its inner header (labctl.follow.tunnelprobes' DROP_POINTS); else the window's
+            header = identity(ev) if "outer" in ev.fields else drop_header(ev)
             if header is None:
                 return None
             found = self.clusters.get(header.key())
@@ -541,9 +542,10 @@ class _Hops:
     def _hop(self, e: Event, t: int | None = None) -> Hop:
         p = POINTS[e.point]
         note = ""
-        if e.point == "drop":
+        if e.point == "drop":  # a tunnel's outer packet's: its outer header in the note
             return Hop(e.guest, e.point, (e.fields.get("loc") or p.where).split("+")[0], e.dev,
-                       (e.host_ns or 0) + round(self.align.at(e.guest, t)), e.comm, e.pid, e.irq, note, e.skb)
+                       (e.host_ns or 0) + round(self.align.at(e.guest, t)), e.comm, e.pid, e.irq, encap.note(e.point, e.fields),
+                       e.skb)
         if e.point == "xmit":
             imp = self.topo.impairment(e.guest, e.dev)
             note = f"after the qdisc ({imp}, labctl's impairment)" if imp else ""
@@ -691,6 +693,8 @@ class _Ends:
             drop = None  # ICMPv6 frees an error it handed to the socket, or an ND message ndisc took, with kfree_skb
         if drop is not None:
             end = self._drop_end(drop, last)
+            if "outer" in drop.fields:  # a tunnel's outer packet was dropped (labctl.follow.tunnelprobes' DROP_POINTS)
+                end.text += f" (its outer packet, {encap.note(drop.point, drop.fields).removeprefix('outer ')})"
             if end.kind == "dropped" and not h.is_error():  # no error is sent about an error
                 end.text += self._answer(h, drop, last, visits[0][0].guest, copies or [])
             return end

@@ -115,29 +115,45 @@ _COUNTER = re.compile(r"\bcounter packets (\d+) bytes \d+")
 _POLICY = re.compile(r"\bpolicy (\w+);")
 
 
-def chains(ruleset: str) -> tuple[dict[tuple[str, str, str], list[ChainRule]], dict[tuple[str, str, str], str]]:
-    """``nft -a list ruleset``: each chain's rules by (family, table, chain), and each base chain's policy."""
-    rules: dict[tuple[str, str, str], list[ChainRule]] = {}
+def nft_chains(ruleset: str) -> tuple[dict[tuple[str, str, str], list[str]], dict[tuple[str, str, str], str]]:
+    """``nft -a list ruleset``, chain by chain: the lines after each chain's opening line (stripped; a
+    base chain's ``type ... hook ... policy`` line left out) by (family, table, chain), and each base
+    chain's policy."""
+    lines: dict[tuple[str, str, str], list[str]] = {}
     policies: dict[tuple[str, str, str], str] = {}
-    family = table = chain = ""
+    family = table = ""
+    key: tuple[str, str, str] | None = None
     for raw in ruleset.splitlines():
         line = raw.strip()
         if m := _TABLE.match(line):
-            family, table, chain = m.group(1), m.group(2), ""
+            family, table, key = m.group(1), m.group(2), None
         elif m := _CHAIN.match(line):
-            chain = m.group(1)
-            rules.setdefault((family, table, chain), [])
-        elif chain and line.startswith("type ") and (p := _POLICY.search(line)):
-            policies[(family, table, chain)] = p.group(1)
-        elif chain and (h := _HANDLE.search(line)):
-            body = _HANDLE.sub("", line)
-            comment = _COMMENT.search(body)
-            counter = _COUNTER.search(body)
-            verdict = next((v for v in ("drop", "reject", "accept", "jump", "goto")
-                            if re.search(rf"(^|\s){v}(\s|$)", _COMMENT.sub("", body))), "")
-            rules[(family, table, chain)].append(ChainRule(h.group(1), body, verdict, comment.group(1) if comment else "",
-                                                           int(counter.group(1)) if counter else None))
-    return rules, policies
+            key = (family, table, m.group(1))
+            lines.setdefault(key, [])
+        elif key is None:
+            continue
+        elif line.startswith("type ") and (p := _POLICY.search(line)):
+            policies[key] = p.group(1)
+        else:
+            lines[key].append(line)
+    return lines, policies
+
+
+def chains(ruleset: str) -> tuple[dict[tuple[str, str, str], list[ChainRule]], dict[tuple[str, str, str], str]]:
+    """``nft -a list ruleset``: each chain's rules by (family, table, chain), and each base chain's policy."""
+    lines, policies = nft_chains(ruleset)
+    return {key: [_chain_rule(h.group(1), line) for line in body if (h := _HANDLE.search(line))]
+            for key, body in lines.items()}, policies
+
+
+def _chain_rule(handle: str, line: str) -> ChainRule:
+    body = _HANDLE.sub("", line)
+    comment = _COMMENT.search(body)
+    counter = _COUNTER.search(body)
+    verdict = next((v for v in ("drop", "reject", "accept", "jump", "goto")
+                    if re.search(rf"(^|\s){v}(\s|$)", _COMMENT.sub("", body))), "")
+    return ChainRule(handle, body, verdict, comment.group(1) if comment else "",
+                     int(counter.group(1)) if counter else None)
 
 
 def _named(family: str, table: str, chain: str, r: ChainRule) -> str:

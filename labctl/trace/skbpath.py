@@ -162,8 +162,12 @@ class _State:
     def _orphan(self, ev: Event) -> None:
         self.out.orphan_events[ev.name] = self.out.orphan_events.get(ev.name, 0) + 1
 
-    def _rx_at(self, ev: Event, addr: int, point: str) -> Packet:
-        """The live rx packet at ``addr`` for a non-start event; a repeated point means a new packet."""
+    def _rx_at(self, ev: Event, key: str, point: str) -> Packet | None:
+        """The live rx packet at the skb address of ``ev``'s field ``key``, for a non-start event (None
+        when the event has no address); a repeated point means a new packet."""
+        addr = ev.addr(key)
+        if addr is None:
+            return None
         p = self.rx_live.get(addr)
         if p is not None and point in p.t:
             p.problem = p.problem or "its skb address was reused before it was delivered"
@@ -236,19 +240,17 @@ class _Receive(_State):
             p.problem = "GRO consumed it"
 
     def netif(self, ev: Event) -> None:
-        addr = ev.addr("skbaddr")
-        if addr is None:
+        p = self._rx_at(ev, "skbaddr", "netif")
+        if p is None:
             return
-        p = self._rx_at(ev, addr, "netif")
         p.netif_len = ev.int("len")
         if p.dev is None:
             p.dev = ev.fields.get("dev")
 
     def ip(self, ev: Event) -> None:
-        addr = ev.addr("skb")
-        if addr is None:
+        p = self._rx_at(ev, "skb", "ip")
+        if p is None:
             return
-        p = self._rx_at(ev, addr, "ip")
         p.proto = ev.int("proto")
         ihl, doff, tot = ev.int("ihl"), ev.int("tcpoff"), ev.int("tot_len")
         if p.proto == IPPROTO_TCP and ihl is not None and doff is not None and (ihl & 0xF) == 5:
@@ -281,10 +283,9 @@ class _Receive(_State):
             self.out.gro_ambiguous += len(head.members)
 
     def tcp(self, ev: Event) -> None:
-        addr = ev.addr("skb")
-        if addr is None:
+        p = self._rx_at(ev, "skb", "tcp")
+        if p is None:
             return
-        p = self._rx_at(ev, addr, "tcp")
         length, doff = ev.int("len"), ev.int("doff")
         if p.payload is None and length is not None and doff is not None and not p.members:
             p.payload = max(0, length - (doff >> 4) * 4)

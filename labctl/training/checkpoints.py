@@ -140,7 +140,7 @@ def save(lab: str, name: str) -> Checkpoint:
 
 
 def _shares(state: LabState, guest: str) -> tuple[Share, ...]:
-    return shares_of((state.resolved.get("guests") or {}).get(guest) or {})
+    return shares_of(state.guest_spec(guest))
 
 
 def restore(lab: str, name: str, on_moved: Callable[[str], None] | None = None) -> float:

@@ -16,7 +16,7 @@ import os
 import re
 import shlex
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,7 @@ def ssh_config(state: LabState, prefix: str = "") -> str:
 
 
 def _readme(state: LabState, student: str, directory: Path, checks: Sequence[Check]) -> str:
-    resolved: dict[str, Any] = state.resolved
+    resolved: Mapping[str, Any] = state.resolved
     name = resolved.get("name", state.lab)
     lines = [f"# {name}: your lab, {student}", ""]
     if resolved.get("description"):

@@ -20,7 +20,6 @@ restores the state saved once the guest was up (``class up`` saves one per guest
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +52,7 @@ from labctl.up import (
     restore_disk,
     set_guest_clock,
     shares_of,
+    wait_banner,
 )
 
 BOOT_TIMEOUT = 180.0
@@ -110,10 +110,10 @@ def reset(lab: str, guests: Sequence[str] | None = None,
                 if how == "boot":  # a snapshot holds the firewall (and tunnels); a boot loads it again
                     configure_tunnels(state.endpoint(name), nets[name], state.source)
                     load_firewall(state.endpoint(name), firewall_of(state, name), state.source)
-                    attach_xdp(state.endpoint(name), ((state.resolved.get("guests") or {}).get(name) or {})
-                               .get("nics") or [], state.source)
+                    spec = state.guest_spec(name)
+                    attach_xdp(state.endpoint(name), spec["nics"] if spec else [], state.source)
                 hand_tunnel_keys(Path(state.dir), nets, name, state.endpoint(name))  # no snapshot holds keys
-                mount_shares(state.endpoint(name), name, shares_of((state.resolved.get("guests") or {}).get(name) or {}))
+                mount_shares(state.endpoint(name), name, shares_of(state.guest_spec(name)))
                 took[name] = round(time.monotonic() - t0, 2)
                 if snap is not None:
                     record_clone(snap, rec.pid)  # what a clone holds (labctl.up.capacity)
@@ -134,7 +134,8 @@ def reset(lab: str, guests: Sequence[str] | None = None,
 
 def firewall_of(state: LabState, name: str) -> Firewall | None:
     """The firewall of guest ``name`` as the lab's recorded state has it (None: it has none)."""
-    fw: FirewallRecord | None = ((state.resolved.get("guests") or {}).get(name) or {}).get("firewall")
+    spec = state.guest_spec(name)
+    fw: FirewallRecord | None = spec.get("firewall") if spec else None
     return Firewall.from_dict(fw) if isinstance(fw, dict) else None
 
 
@@ -269,40 +270,6 @@ def wait_ssh(ep: Endpoint, timeout: float, set_clock: bool = False) -> None:
             res = session.run(clock_command(), timeout=20.0)
             if res.status != 0:
                 raise GuestError(f"guest {ep.guest}: its clock could not be set (date exited {res.status})")
-
-
-def wait_banner(ep: Endpoint, timeout: float) -> None:
-    """Until the guest's sshd sends its identification line (``SSH-2.0-...``) on the guest's SSH port.
-
-    For a guest just restored from its snapshot: the agent installed the lab's key and the guest's own
-    host key and waited for sshd to listen with them, so a whole handshake (key exchange and login,
-    0.1-0.3 s of a TCG guest's time just after a restore) would prove nothing more than that the port
-    reaches sshd. A guest reached through another host (``via``) gets the whole handshake.
-
-    :raise GuestError: when no banner comes within ``timeout``.
-    """
-    if ep.via is not None:
-        wait_ssh(ep, timeout)
-        return
-    deadline = time.monotonic() + timeout
-    last = ""
-    while True:
-        try:
-            with socket.create_connection((ep.host, ep.port), timeout=max(0.5, min(5.0, deadline - time.monotonic()))) as s:
-                got = b""
-                while b"\n" not in got and len(got) < 256:
-                    chunk = s.recv(256)
-                    if not chunk:
-                        break
-                    got += chunk
-            if got.startswith(b"SSH-2.0-"):
-                return
-            last = f"no SSH banner ({len(got)} bytes)"
-        except OSError as exc:
-            last = str(exc)
-        if time.monotonic() > deadline:
-            raise GuestError(f"guest {ep.guest}: sshd did not answer on {ep.host}:{ep.port} after its restore: {last}")
-        time.sleep(0.02)
 
 
 def set_clocks(state: LabState, names: Sequence[str]) -> None:

@@ -5,7 +5,7 @@ command line (:mod:`.bootargs`), the checks made before anything starts
 the pipeline's first check); one ``up`` (:mod:`.lifecycle`): its networks
 (:mod:`.netsetup`, tap networks in :mod:`.taps`), each guest's plan
 (:mod:`.planner`), the guests started on their backend and waited for
-(:mod:`.waiting`, :mod:`.console`); shares mounted in guests (:mod:`.mounts`),
+(:mod:`.waiting`, :mod:`.console`; a restored guest's sshd, :mod:`.banner`); shares mounted in guests (:mod:`.mounts`),
 firewalls loaded in guests (:mod:`.nftload`), tunnels and VRFs made in them (:mod:`.tunsetup`),
 XDP programs attached (:mod:`.xdpload`),
 taking a lab down (:mod:`.teardown`), each guest's live status
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from labctl.up.agent import channel_of as agent_channel
     from labctl.up.agent import set_clock as set_guest_clock
+    from labctl.up.banner import wait_banner
     from labctl.up.capacity import QEMU_OVERHEAD_MIB, Estimate, check_capacity
     from labctl.up.lifecycle import UpOptions, dry_run, up
     from labctl.up.mounts import directories as share_directories
@@ -62,41 +63,10 @@ else:  # each name loaded at its first use (labctl.lazyface): reset and checkpoi
 
 
 __all__ = [
-    "QEMU_OVERHEAD_MIB",
-    "Estimate",
-    "UpOptions",
-    "adopt_restored",
-    "agent_channel",
-    "attach_xdp",
-    "check_capacity",
-    "check_snapshot_memory",
-    "clock_command",
-    "close_taps",
-    "configure_tunnels",
-    "down",
-    "dry_run",
-    "find_restorable",
-    "find_snapshot",
-    "guest_statuses",
-    "hand_over_shared",
-    "hand_tunnel_keys",
-    "lab_nets",
-    "list_snapshots",
-    "load_firewall",
-    "load_saved_state",
-    "mount_shares",
-    "new_overlay",
-    "prune_snapshots",
-    "record_clone",
-    "remove_lab_snapshots",
-    "reopen_taps",
-    "restore_disk",
-    "set_guest_clock",
-    "share_directories",
-    "shared_templates",
-    "shares_of",
-    "snapshots_in_use",
-    "snapshots_root",
-    "umount_shares",
-    "up",
+    "QEMU_OVERHEAD_MIB", "Estimate", "UpOptions", "adopt_restored", "agent_channel", "attach_xdp", "check_capacity",
+    "check_snapshot_memory", "clock_command", "close_taps", "configure_tunnels", "down", "dry_run",
+    "find_restorable", "find_snapshot", "guest_statuses", "hand_over_shared", "hand_tunnel_keys", "lab_nets",
+    "list_snapshots", "load_firewall", "load_saved_state", "mount_shares", "new_overlay", "prune_snapshots",
+    "record_clone", "remove_lab_snapshots", "reopen_taps", "restore_disk", "set_guest_clock", "share_directories",
+    "shared_templates", "shares_of", "snapshots_in_use", "snapshots_root", "umount_shares", "up", "wait_banner",
 ]

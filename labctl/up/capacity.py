@@ -179,7 +179,8 @@ def estimate(labs: Sequence[Lab], meminfo_kib: dict[str, int] | None = None,
         if not get_backend(state.backend).runs_here:
             continue
         for guest, rec in state.guests.items():
-            memory = int(state.resolved.get("guests", {}).get(guest, {}).get("memory", 0))
+            spec = state.guest_spec(guest)
+            memory = int(spec["memory"]) if spec else 0
             growth = CLONE_GROWTH if guest in state.warm else GROWTH
             reserved += reserve_mib(memory, _private_mib(rec.pid), growth)
             running += 1

@@ -151,7 +151,7 @@ class LabUp:
                          backend=self.backend.name, accel=accel,
                          image={"name": self.image.name, "key": self.image.key, "dir": str(self.image.dir)},
                          started_at=started, guests=self.records, switches=self.networks.switches,
-                         resolved=dict(self.lab.to_dict()), warnings=self.warnings,
+                         resolved=self.lab.to_dict(), warnings=self.warnings,
                          hosts={g: h.to_dict() for g, h in (self.hosts or {}).items()},
                          kernels={g: str(k.dir) for g, k in self.kernels.items()},
                          snapshots=self.planner.snaps, phase=STARTING, owner_pid=os.getpid())

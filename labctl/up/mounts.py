@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,9 @@ MOUNT_TIMEOUT = 60.0
 MSIZE = 512 * 1024  # bytes per 9p message: 8 KiB (the default) makes large reads slow
 
 
-def of(resolved_guest: dict[str, Any]) -> tuple[Share, ...]:
-    """The shares of a guest as a lab's recorded (resolved) state has them."""
-    return tuple(Share.from_dict(d) for d in resolved_guest.get("shares") or [])
+def of(resolved_guest: Mapping[str, Any] | None) -> tuple[Share, ...]:
+    """The shares of a guest as a lab's recorded (resolved) state has them (None: no such guest)."""
+    return tuple(Share.from_dict(d) for d in (resolved_guest or {}).get("shares") or [])
 
 
 def make_directories(guest_dir: Path, ident: str, guest: str, shares: Sequence[Share]) -> None:

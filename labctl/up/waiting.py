@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import labctl.up.agent as agent  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.guestconf as guestconf  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
@@ -20,14 +21,18 @@ import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the packa
 import labctl.up.xdpload as xdpload  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import POSTBOOT, Backend, GuestRecord
 from labctl.debug import console_end, crashed
+from labctl.endpoint import Endpoint
 from labctl.errors import GuestError, LabctlError, LabFileError, MachineError
 from labctl.events import UpEvents
 from labctl.lab import Lab
-from labctl.ssh import Endpoint, Session
 from labctl.state import LabState
+from labctl.up.banner import wait_banner
 from labctl.up.console import FAILED, READY, console_tail, ready_drivers
 from labctl.up.options import UpOptions
 from labctl.up.planner import GuestPlanner
+
+if TYPE_CHECKING:
+    from labctl.ssh import Session
 
 
 def _read(path: Path) -> bytes:
@@ -42,6 +47,8 @@ def ssh_retry(ep: Endpoint, deadline: float, stop: threading.Event) -> Session:
 
     :raise GuestError: when the guest does not answer in time.
     """
+    from labctl.ssh import Session  # paramiko: a cold boot's wait (a warm guest's answers through its agent)
+
     while True:
         try:
             return Session(ep, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
@@ -247,8 +254,7 @@ class GuestWaiter:
         warm.adopt(gdir)
         state.drivers[name] = snap.drivers
         state.offloads[name] = guestconf.offloads(_read(snap.console))
-        with ssh_retry(state.endpoint(name), deadline, self.stop):
-            pass
+        wait_banner(state.endpoint(name), max(1.0, deadline - time.monotonic()))  # the agent saw sshd listen
         state.ready_seconds[name] = round(time.monotonic() - t0, 2)
         snapshots.record_clone(snap, rec.pid)  # what a clone holds, for the next capacity estimate
         self.events.guest_phase(name, "ready")

@@ -17,14 +17,9 @@ JSON and events::
     POST /api/lab/IDENT/reset/GUEST       reset one guest (a student only when the trainer allows)
     GET  /api/events?class=LAB|lab=IDENT  server-sent events: the view each time it changes
 
-The engineer's tools (the owner's token only; a class's tokens get 403)::
-
-    GET  /api/lab/IDENT/console/GUEST     server-sent events: the console's tail, then what it adds
-    POST /api/lab/IDENT/captures          {"guest": G, "nic": N}: start capturing that NIC
-    POST /api/lab/IDENT/captures/ID/stop  stop it; saved as pcapng in the lab's run directory
-    GET  /api/lab/IDENT/captures/ID.pcapng  the saved capture, as an attachment
-    POST /api/lab/IDENT/impair            {"guest": G, "nic": N, "impair": {"delay": "20ms"}|null}
-    POST /api/lab/IDENT/link              {"guest": G, "nic": N, "up": true|false}
+The engineer's tools (the owner's token only; a class's tokens get 403): a guest's console as
+server-sent events, captures, impairments and links, under ``/api/lab/IDENT/``; their routes are
+listed in :mod:`.tool_api`.
 
 Following packets (the owner, a class's trainer, a student when the trainer allows)::
 

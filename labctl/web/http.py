@@ -1,15 +1,17 @@
 """What every request and response of ``labctl serve`` shares: the security headers, where a
-request's token is, the same-origin check, error responses and the page shell."""
+request's token is, the same-origin check, error responses, the page shell and server-sent events."""
 
 from __future__ import annotations
 
+import asyncio
 import html
+import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from starlette.requests import HTTPConnection
-from starlette.responses import JSONResponse
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, StreamingResponse
 
 COOKIE = "labctl_token"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self'; "
@@ -107,3 +109,28 @@ def page(title: str, kind: str, **data: str) -> str:
 <body data-page="{html.escape(kind)}" {attrs}><header><h1 id="title">{html.escape(title)}</h1>
 <span id="who"></span><span id="live" class="live">connecting…</span></header><main id="main"></main></body></html>
 """
+
+
+def event_stream(request: Request, revoked: Callable[[], bool], poll: Callable[[], Awaitable[str | None]],
+                 period: float, keepalive: float) -> StreamingResponse:
+    """Server-sent events: every ``period`` seconds, ``poll``'s data when it has some (None: nothing
+    new), else a keepalive comment once ``keepalive`` seconds have passed without data; until the
+    client goes, or ``revoked()`` (asked before every poll) ends it with ``event: revoked``."""
+
+    async def stream() -> AsyncIterator[str]:
+        yield "retry: 2000\n\n"
+        sent_at = time.monotonic()
+        while not await request.is_disconnected():
+            if revoked():
+                yield "event: revoked\ndata: {}\n\n"
+                return
+            data = await poll()
+            if data is not None:
+                sent_at = time.monotonic()
+                yield f"data: {data}\n\n"
+            elif time.monotonic() - sent_at > keepalive:
+                sent_at = time.monotonic()
+                yield ": keepalive\n\n"
+            await asyncio.sleep(period)
+
+    return StreamingResponse(stream(), media_type="text/event-stream")

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from labctl.errors import LabctlError
 from labctl.state import LabState, run_dir
@@ -38,7 +37,7 @@ from labctl.web.authz import (
     refuse,
     requires,
 )
-from labctl.web.http import not_found, token_of
+from labctl.web.http import event_stream, not_found, token_of
 from labctl.web.room import ClassView, LabView, handout_text, topology_svg
 from labctl.web.serverstate import OwnerView, ServeState, class_of
 
@@ -153,23 +152,18 @@ class LabApi(Guarded):
         else:
             key, fn = f"lab:{instance}", lambda: serve.lab_view(instance)
 
-        async def stream() -> AsyncIterator[str]:
-            last, sent_at = "", time.monotonic()
-            yield "retry: 2000\n\n"
-            while not await request.is_disconnected():
-                if self.policy.authorize(resolve(token), action, instance) is not None:
-                    yield "event: revoked\ndata: {}\n\n"
-                    return
-                try:
-                    data = json.dumps(await serve.view(key, fn), sort_keys=True)
-                except LabctlError as exc:
-                    data = json.dumps({"error": exc.message})
-                if data != last:
-                    last, sent_at = data, time.monotonic()
-                    yield f"data: {data}\n\n"
-                elif time.monotonic() - sent_at > KEEPALIVE:
-                    sent_at = time.monotonic()
-                    yield ": keepalive\n\n"
-                await asyncio.sleep(EVENT_PERIOD)
+        last = ""
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        async def poll() -> str | None:
+            nonlocal last
+            try:
+                data = json.dumps(await serve.view(key, fn), sort_keys=True)
+            except LabctlError as exc:
+                data = json.dumps({"error": exc.message})
+            if data == last:
+                return None
+            last = data
+            return data
+
+        return event_stream(request, lambda: self.policy.authorize(resolve(token), action, instance) is not None,
+                            poll, EVENT_PERIOD, KEEPALIVE)

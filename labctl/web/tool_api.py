@@ -29,7 +29,7 @@ from labctl.errors import LabctlError, LabStateError, UsageError
 from labctl.state import LabState
 from labctl.web.access import resolve
 from labctl.web.authz import LAB_TOOLS, Guarded, requires
-from labctl.web.http import not_found, token_of
+from labctl.web.http import event_stream, not_found, token_of
 from labctl.web.serverstate import ServeState
 from labctl.web.tools import ConsoleTail
 
@@ -77,30 +77,22 @@ class ToolApi(Guarded):
             return not_found(f"lab {ident} has no guest {guest!r}")
         tail = ConsoleTail(Path(rec.console))
 
-        async def stream() -> AsyncIterator[str]:
-            yield "retry: 2000\n\n"
-            sent_at, failed_read = time.monotonic(), ""
-            while not await request.is_disconnected():
-                if self.policy.authorize(resolve(token), LAB_TOOLS, ident) is not None:
-                    yield "event: revoked\ndata: {}\n\n"
-                    return
-                try:
-                    restarted, text = await asyncio.to_thread(tail.read)
-                    failed_read = ""
-                except OSError as exc:
-                    if not failed_read:
-                        failed_read = f"cannot read the console: {exc.strerror or exc}"
-                        yield f"data: {json.dumps({'error': failed_read})}\n\n"
-                    restarted, text = False, ""
-                if text or restarted:
-                    sent_at = time.monotonic()
-                    yield f"data: {json.dumps({'restart': restarted, 'text': text})}\n\n"
-                elif time.monotonic() - sent_at > KEEPALIVE:
-                    sent_at = time.monotonic()
-                    yield ": keepalive\n\n"
-                await asyncio.sleep(CONSOLE_PERIOD)
+        failed_read = ""
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        async def poll() -> str | None:
+            nonlocal failed_read
+            try:
+                restarted, text = await asyncio.to_thread(tail.read)
+                failed_read = ""
+            except OSError as exc:
+                if failed_read:
+                    return None
+                failed_read = f"cannot read the console: {exc.strerror or exc}"
+                return json.dumps({"error": failed_read})
+            return json.dumps({"restart": restarted, "text": text}) if text or restarted else None
+
+        return event_stream(request, lambda: self.policy.authorize(resolve(token), LAB_TOOLS, ident) is not None,
+                            poll, CONSOLE_PERIOD, KEEPALIVE)
 
     async def _post(self, request: Request, act: Callable[[str, dict[str, object]], Any],
                     answer: Callable[[Any, dict[str, object]], Any]) -> Response:

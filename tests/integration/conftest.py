@@ -19,6 +19,8 @@ from labctl.image.store import Image, ImageStore
 from labctl.kernel.cached import Kernel
 from labctl.kernel.prepare import initrd as prepare_initrd
 
+TREE_WAIT = 2400  # seconds a test that needs a kernel tree may wait for its build, beside its own timeout
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -30,6 +32,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
             if item.get_closest_marker("xdist_group") is None:
                 item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).name))
+            # A test that needs a kernel tree may wait for its build first (a new machine: setup.sh builds
+            # the 6.1 and then the 6.12 tree beside the tests, 20-35 min on a busy 2-core one): the wait is
+            # not the test's own time (seen: test_driver_selftests' setup over 900 s at the 6.12 tree's lock).
+            trees = {"tree_kernel", "tree_kernel_612"} & set(getattr(item, "fixturenames", ()))
+            mark = item.get_closest_marker("timeout")
+            if trees and (mark is None or (mark.args and mark.args[0] < TREE_WAIT)):
+                item.add_marker(pytest.mark.timeout(TREE_WAIT + (mark.args[0] if mark and mark.args else 900)), append=False)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ one follow step (a pings b over VXLAN), its bundle written by ``up``.
   and IP in IP: each is followed
   the same way, at its own encap and decap functions, the outer header in r's hops; over WireGuard
   (encrypted) the inner packet is encapsulated on a (wg_xmit) and seen again on b's wg0;
+* a third pings b over VXLAN and GRE with IPv6 inside, and asks for b's vx0 address by ARP over
+  VXLAN: followed the same way (encap, r, decap, the wire);
 * b's VRF blue routes 10.77.0.0/24 over WireGuard with its own table (the main table has no route);
 * the WireGuard keys are this instance's: files 0600 in its run directory, in neither the lab's
   state nor the bundle; a second instance of the lab (warm, from the same post-boot snapshot) has
@@ -46,6 +48,19 @@ steps:
     run:
       - {guest: a, command: "for ip in 192.168.7.2 192.168.5.2 192.168.9.2 192.168.8.2 10.99.0.2; do ping -c 1 -W 3 $ip || exit 1; done",
          timeout: 90}
+  - name: v6
+    follow: {filter: "(icmp6 and (host fd00:42::2 or host fd00:9::2)) or (arp and host 192.168.42.2)"}
+    run:
+      - {guest: b, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done", timeout: 60}
+      - {guest: a, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done; ping -c 2 -i 0.5 -W 3 fd00:42::2; ping -c 1 -W 3 fd00:9::2; ip -4 neigh flush dev vx0; ping -c 1 -W 3 192.168.42.2; true",
+         timeout: 90}
+  - name: outer-drop
+    follow: {filter: "icmp and host 192.168.42.2"}
+    run:
+      - {guest: r, command: "nft add table ip t; nft add chain ip t f '{ type filter hook forward priority 0; }'; nft add rule ip t f udp dport 4789 drop",
+         timeout: 30}
+      - {guest: a, command: "ping -c 1 -W 2 192.168.42.2; true", timeout: 30}
+      - {guest: r, command: "nft delete table ip t", timeout: 30}
 """
 
 
@@ -110,11 +125,64 @@ def test_follow_shows_the_inner_packet_encapsulated_carried_and_decapsulated(lab
         (fwd,) = [h for h in hops if h[:2] == ("r", "ip_fwd")]
         assert fwd[3] == "outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42", hops
         assert ("b", "netif_rx", "vx0", "") in hops and ("a", "xmit", "vx0", "") in hops, hops  # the inner one
+        # the ends have their own framing's outer packet only where it leaves and arrives: encap, the wire, decap say the rest
+        assert [h[:2] for h in hops if h[0] != "r" and h[3].startswith("outer ")] == [("a", "xmit"), ("b", "netif_rx")], hops
         assert [h["where"] for h in p["hops"] if h["point"] == "wire"] == ["a.eth1 → r.eth1", "r.eth2 → b.eth1"]
         assert p["end"]["kind"] == "answered", p["end"]
     for p in replies:
         assert [h["guest"] for h in p["hops"] if h["point"] in ("encap", "decap")] == ["b", "a"], p["hops"]
         assert p["end"]["kind"] == "delivered", p["end"]
+
+
+def test_follow_shows_an_inner_ipv6_packet_encapsulated_carried_and_decapsulated(lab: tuple[Cli, Path]) -> None:
+    """The same for IPv6 inside VXLAN (the inner frame's EtherType, 0x86DD, says the family)."""
+    _, bundle = lab
+    packets = _packets(bundle, "v6")
+    requests = [p for p in packets if "echo-request" in p["packet"] and "> fd00:42::2 " in p["packet"]]
+    replies = [p for p in packets if "echo-reply" in p["packet"] and "fd00:42::2 >" in p["packet"]]
+    assert len(requests) == 2 and len(replies) == 2, [p["packet"] for p in packets]
+    for p in requests:
+        hops = [(h["guest"], h["point"], h.get("dev"), h.get("note", "")) for h in p["hops"] if h["point"] != "wire"]
+        points = [(g, pt) for g, pt, _, _ in hops]
+        assert ("a", "encap") in points and ("r", "ip_fwd") in points and ("b", "decap") in points, hops
+        assert points.index(("a", "encap")) < points.index(("r", "ip_fwd")) < points.index(("b", "decap")), hops
+        notes = [h[3] for h in hops if h[0] == "r"]  # netif_rx, ip_fwd, dev_queue, xmit: one outer packet
+        assert notes == ["outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42"] * 4, hops
+        assert [h[3] for h in hops if h[1] in ("encap", "decap")] == ["VXLAN vni 42"] * 2, hops
+        assert ("b", "netif_rx", "vx0", "") in hops and ("a", "xmit", "vx0", "") in hops, hops  # the inner one
+        wires = [(h["where"], h["note"]) for h in p["hops"] if h["point"] == "wire"]  # by the inner IPv6 header
+        assert wires == [("a.eth1 → r.eth1", "seen on the host side at both ends"),
+                         ("r.eth2 → b.eth1", "seen on the host side at both ends")], wires
+        assert p["end"]["kind"] == "answered", p["end"]
+    for p in replies:
+        assert [h["guest"] for h in p["hops"] if h["point"] in ("encap", "decap")] == ["b", "a"], p["hops"]
+        assert p["end"]["kind"] == "delivered", p["end"]
+
+
+def test_follow_shows_an_inner_ipv6_packet_through_gre(lab: tuple[Cli, Path]) -> None:
+    """IPv6 inside GRE: the GRE header's protocol (0x86DD) says the family."""
+    _, bundle = lab
+    packets = _packets(bundle, "v6")
+    (request,) = [p for p in packets if "echo-request" in p["packet"] and "> fd00:9::2 " in p["packet"]]
+    hops = [(h["guest"], h["point"], h["where"], h.get("note", "")) for h in request["hops"] if h["point"] != "wire"]
+    assert ("a", "encap", "ip_tunnel_xmit", "GRE") in hops and ("b", "decap", "gre_rcv", "GRE") in hops, hops
+    assert [h[3] for h in hops if h[0] == "r"] == ["outer GRE 10.1.0.2 > 10.2.0.2"] * 4, hops
+    assert request["end"]["kind"] == "answered", request["end"]
+
+
+def test_follow_shows_an_inner_arp_request_carried_by_vxlan(lab: tuple[Cli, Path]) -> None:
+    """An ARP request inside VXLAN (the inner frame's EtherType 0x0806): encapsulated, through r, decapsulated."""
+    _, bundle = lab
+    packets = _packets(bundle, "v6")
+    asks = [p for p in packets if p["packet"].startswith("ARP who-has 192.168.42.2 tell 192.168.42.1")]
+    assert asks, [p["packet"] for p in packets]
+    hops = [(h["guest"], h["point"], h.get("note", "")) for h in asks[0]["hops"] if h["point"] != "wire"]
+    points = [h[:2] for h in hops]
+    assert points.index(("a", "encap")) < points.index(("r", "ip_fwd")) < points.index(("b", "decap")), hops
+    assert [h[2] for h in hops if h[0] == "r"] == ["outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42"] * 4, hops
+    assert ("b", "arp_rcv") in points, hops
+    wires = [h["note"] for h in asks[0]["hops"] if h["point"] == "wire"]
+    assert wires == ["seen on the host side at both ends"] * 2, asks[0]["hops"]
 
 
 # each tunnel's inner destination: its device on b, the outer header r's hops say (a pattern), its encap and
@@ -164,8 +232,24 @@ def test_follow_over_wireguard_has_the_encapsulation_then_the_decrypted_packet(l
     hops = [(h["guest"], h["point"], h["where"], h.get("dev"), h.get("note", "")) for h in request["hops"]]
     assert hops[0] == ("a", "encap", "wg_xmit", "wg0", "WireGuard, encrypted"), hops
     assert not [h for h in hops if h[0] == "r"] and ("b", "netif_rx", "netif_receive_skb", "wg0") in [h[:4] for h in hops], hops
+    decrypted = ("b", "decap", "wg_allowedips_lookup_src", "wg0", "WireGuard, decrypted")  # before it reaches wg0
+    assert decrypted in hops and hops.index(decrypted) < [h[:4] for h in hops].index(("b", "netif_rx", "netif_receive_skb", "wg0"))
     assert request["end"]["kind"] == "answered", request["end"]
-    assert [h["guest"] for h in reply["hops"] if h["point"] == "encap"] == ["b"] and reply["end"]["kind"] == "delivered"
+    assert [(h["guest"], h["point"]) for h in reply["hops"] if h["point"] in ("encap", "decap")] == [("b", "encap"), ("a", "decap")]
+    assert reply["end"]["kind"] == "delivered", reply["end"]
+
+
+def test_follow_says_the_router_dropped_the_outer_packet_of_a_tunnelled_ping(lab: tuple[Cli, Path]) -> None:
+    """r's nft rule drops the VXLAN packets it forwards: the ping's journey ends there, the drop its own
+    (the outer packet's, read by its inner header), said with the outer header."""
+    _, bundle = lab
+    (request,) = [p for p in _packets(bundle, "outer-drop") if "echo-request" in p["packet"]]
+    end = request["end"]
+    assert end["kind"] == "dropped" and end["guest"] == "r" and end.get("reason") == "NETFILTER_DROP", end
+    assert end["text"].startswith("dropped on r ") and end["text"].endswith(
+        "(its outer packet, VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42)"), end
+    points = [(h["guest"], h["point"]) for h in request["hops"] if h["point"] != "wire"]
+    assert ("a", "encap") in points and points[-1] == ("r", "ip_fwd") and not [p for p in points if p[0] == "b"], points
 
 
 def test_the_vrf_routes_with_its_own_table_over_wireguard(lab: tuple[Cli, Path]) -> None:

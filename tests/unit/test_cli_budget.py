@@ -71,6 +71,29 @@ def test_status_loads_neither_paramiko_nor_the_pipeline_nor_a_pack_nor_the_repor
                         "labctl.debug", "labctl.ssh", "labctl.cli.displays")) == []
 
 
+def test_down_loads_neither_paramiko_nor_the_pipeline_nor_a_pack(tmp_path: Path) -> None:
+    """``down`` of a lab that is not up (its parser and command: the same imports up to the state's
+    answer): not up's module, whose parser needs the pipeline, packs and the steps' displays."""
+    env = {**os.environ, "LABCTL_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "labctl", "down", "nolab"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
+    assert res.returncode != 0 and "nolab" in res.stderr, res.stderr[-2000:]
+    mods = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert "labctl.cli.down_cmd" in mods and "labctl.cli.lifecycle_cmds" not in mods
+    assert heavy(mods, ("paramiko", "labctl.pipeline", "labctl.report", "labctl.web", "labctl.bisect",
+                        "labctl.pack", "labctl.ssh", "labctl.steps", "labctl.cli.displays")) == []
+
+
+def test_up_loads_what_bringing_a_lab_up_needs_and_no_more(tmp_path: Path) -> None:
+    """``up``'s module and the pipeline's front: not paramiko (a warm guest answers through its agent
+    and its sshd's banner; a cold one's wait loads it), nor what running steps, checks and the report
+    need (loaded by a lab with steps: labctl.pipeline.run_steps)."""
+    mods = imported(["up", "--help"], tmp_path)
+    assert "labctl.cli.lifecycle_cmds" in mods and "labctl.pipeline" in mods and "labctl.up.lifecycle" in mods
+    assert heavy(mods, ("paramiko", "labctl.ssh", "labctl.report", "labctl.steps", "labctl.bundle",
+                        "labctl.grading", "labctl.inspect", "labctl.cli.displays", "labctl.web", "labctl.bisect")) == []
+
+
 def test_an_eager_import_in_the_command_table_fails_the_budget(tmp_path: Path) -> None:
     """The budget catches what it is for: a copy of the tree whose command table imports paramiko
     eagerly (one line) loads it for every command."""

@@ -149,7 +149,7 @@ def test_a_reset_waits_for_sshds_banner_through_the_port(tmp_path: Path) -> None
 
     from labctl.errors import GuestError
     from labctl.ssh import Endpoint
-    from labctl.training.reset import wait_banner
+    from labctl.up.banner import wait_banner
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from labctl.follow.probes import (
     POINTS,
     Caps,
+    definitions,
     drop_definition,
     drop_filter,
     point_definition,
@@ -41,6 +44,18 @@ def test_follow_points_fetch_the_ip_header_where_it_is_at_each_point() -> None:
     assert fwd.startswith("p:labctl_t/ip_fwd ip_forward skb=%di:x64") and "saddr=+12(+208(%di)):u32" in fwd
     tcp = point_definition("labctl_t", by["tcp_rcv"], OFF, set())
     assert "vi=-20(+208(%di)):u8" in tcp  # IP's header already pulled
+
+
+@pytest.mark.parametrize(("text", "tcp", "udp"), [
+    ("icmp", False, False), ("tcp port 5201", True, False), ("port 53", True, True), ("udp or icmp", False, True),
+    ("host 10.0.0.1", True, True), ("icmp or host 10.0.0.1", True, True), ("not icmp", True, True),
+    ("icmp6", False, False), ("tcp and (icmp or udp)", False, False)])
+def test_a_protocols_own_points_are_probed_only_for_a_filter_that_can_match_it(text: str, tcp: bool, udp: bool) -> None:
+    """tcp_v4_rcv sees every TCP segment a guest takes in, skb_consume_udp every UDP datagram read:
+    for ``icmp`` they would cost a stream's every packet and never record one."""
+    names = {d.split()[0].split("/")[1] for d in definitions("labctl_t", parse(text), OFF, True, True)[0]}
+    assert ({"tcp_rcv", "tcp6_rcv"} & names != set()) is tcp and ({"udp_read", "udp6_read"} & names != set()) is udp, names
+    assert {"raw_read", "sock_read"} <= names or "icmp6" in text or text.startswith("tcp and")  # a raw socket reads any protocol
 
 
 def test_the_drop_probe_has_a_window_around_data_and_the_symbol_last() -> None:

@@ -5,17 +5,21 @@ made-up lines of each framing and on a real run's traces (tests/fixtures/follow-
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from labctl.follow import tunnelprobes
+from labctl.follow.follower import WIRE_SNAPLEN
 from labctl.lab import KINDS, Tunnel, load_lab_text
 from labctl.pktfilter import parse as parse_filter
 from labctl.trace import encap
+from labctl.trace.clocks import Clock
 from labctl.trace.hops import POINTS, identity, parse_line
-from labctl.trace.journey import Journey
+from labctl.trace.journey import Correlator, Journey, Topology
 from labctl.trace.journeyfiles import journeys_of
 
 OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 194, "skb_dev": 16, "dev_name": 0, "skb_protocol": 180}
@@ -50,6 +54,12 @@ def _defs(guest: str) -> tuple[dict[str, str], dict[str, str]]:
     return {d.split()[0].split("/")[1]: d for d in defs}, filters
 
 
+def _router_and_a(flt: str = "icmp") -> tuple[dict[str, str], dict[str, str]]:
+    """r's outer probes (it forwards every framing's packets) with a's encapsulation and decapsulation."""
+    (rd, rf), (ad, af) = (_defs_of(LAB, flt, g) for g in ("r", "a"))
+    return {**rd, **ad}, {**rf, **af}
+
+
 def test_each_tunnel_of_ipv4_has_a_framing_that_its_options_choose() -> None:
     gre, tap = KINDS["gre"], KINDS["gretap"]
     keyed = Tunnel("t", "gretap", options=(("remote", "10.2.0.2"), ("key", "0")))  # key 0 is a key
@@ -58,14 +68,14 @@ def test_each_tunnel_of_ipv4_has_a_framing_that_its_options_choose() -> None:
     assert gre.framing(Tunnel("t", "gre", options=(("key", "5"),))).inner == 8  # type: ignore[union-attr]
     assert KINDS["ip6tnl"].framing(Tunnel("t", "ip6tnl")) is None
     wg = KINDS["wireguard"].framing(Tunnel("w", "wireguard"))
-    assert wg is not None and wg.encrypted and wg.decap is None
+    assert wg is not None and wg.encrypted and wg.decap is not None and wg.decap.function == "wg_allowedips_lookup_src"
     lab = tunnelprobes.framings(load_lab_text(LAB, "lab.yaml").to_dict())
     assert {tag: ports for tag, (_, ports) in lab.items()} == {"gnv": [6081, 7000], "gre": [], "gtapk": [], "ipip": [],
                                                                "wg": []}
 
 
 def test_geneve_probes_read_after_8_bytes_of_header_and_guard_its_ports_and_first_word() -> None:
-    defs, filters = _defs("a")
+    defs, filters = _router_and_a()
     xmit = defs["xmit_gnv"]
     assert "saddr=+76(+208($skbaddr)):u32" in xmit  # 14 + 20 + 8 (UDP) + 8 (Geneve) + 14 + 12: the inner source
     assert "odp=+36(+208($skbaddr)):u16 ohd=+42(+208($skbaddr)):u32 oid=+46(+208($skbaddr)):u32" in xmit
@@ -78,7 +88,7 @@ def test_geneve_probes_read_after_8_bytes_of_header_and_guard_its_ports_and_firs
 
 
 def test_gre_probes_read_after_its_header_of_4_or_8_bytes_as_the_key_makes_it() -> None:
-    defs, filters = _defs("a")
+    defs, filters = _router_and_a()
     assert "saddr=+68(+208($skbaddr)):u32" in defs["xmit_gtapk"]  # 14 + 20 + 8 (GRE, key) + 14 + 12
     assert "oid=+38(+208($skbaddr)):u32" in defs["xmit_gtapk"]  # the key after flags and protocol
     assert "saddr=+50(+208($skbaddr)):u32" in defs["xmit_gre"] and "oid" not in defs["xmit_gre"]  # 14 + 20 + 4 + 12
@@ -91,7 +101,7 @@ def test_gre_probes_read_after_its_header_of_4_or_8_bytes_as_the_key_makes_it() 
 
 
 def test_ipip_probes_read_right_after_the_outer_header_and_guard_its_protocol() -> None:
-    defs, filters = _defs("a")
+    defs, filters = _router_and_a()
     assert "saddr=+46(+208($skbaddr)):u32" in defs["xmit_ipip"] and "ohd" not in defs["xmit_ipip"]
     assert filters["xmit_ipip"].endswith(") && opr == 4")
     assert "saddr=+12(+208(%di)):u32" in defs["encap_ipip"] and filters["encap_ipip"].endswith("&& opr == 4")
@@ -99,17 +109,34 @@ def test_ipip_probes_read_right_after_the_outer_header_and_guard_its_protocol() 
     assert "decap_ipip" in filters and "opr" not in filters["decap_ipip"]
 
 
-def test_wireguard_has_its_encapsulation_only_at_the_inner_header() -> None:
+def test_wireguard_has_its_encapsulation_and_decapsulation_at_the_inner_header() -> None:
     defs, filters = _defs("a")
     assert defs["encap_wg"].startswith("p:labctl_t/encap_wg wg_xmit skb=%di:x64")
     assert "saddr=+12(+208(%di)):u32" in defs["encap_wg"] and filters["encap_wg"] == "vi >= 69 && vi <= 79 && proto == 1"
+    # decrypted: the skb (the 2nd argument) at the inner header, on the tunnel's device
+    assert defs["decap_wg"].startswith("p:labctl_t/decap_wg wg_allowedips_lookup_src skb=%si:x64 dev=+0(+16(%si)):string")
+    assert "saddr=+12(+208(%si)):u32" in defs["decap_wg"] and filters["decap_wg"] == "vi >= 69 && vi <= 79 && proto == 1"
+    ev = parse_line("  <idle>-0 [000] ..s2. 601.000001: decap_wg: (wg_allowedips_lookup_src) skb=0xffff888005fa4b00 "
+                    'dev="wg0" vi=69 tl=84 id=21400 fo=64 ttl=64 proto=1 saddr=16820416 daddr=33597632 l4a=8 l4b=0', "b")
+    assert ev is not None and ev.point == "decap" and encap.note(ev.point, ev.fields) == "WireGuard, decrypted"
+    assert encap.where(ev.point, ev.fields) == "wg_allowedips_lookup_src"
 
 
 def test_a_guest_gets_encap_and_decap_of_its_own_tunnels_only() -> None:
     defs, _ = _defs("b")  # b has a Geneve and a WireGuard tunnel; its outer points follow every framing of the lab
-    assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == ["decap_gnv", "encap_gnv", "encap_wg"]
+    assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == ["decap_gnv", "decap_wg", "encap_gnv", "encap_wg"]
     assert {n.rpartition("_")[2] for n in defs} == {"gnv", "gre", "gtapk", "ipip", "wg"}
-    assert [n for n in defs if n.endswith("_wg")] == ["encap_wg"]  # WireGuard's outer packet is not matched
+    # its own framing's outer packet only where it forwards one for others; every point for the others
+    assert sorted(n for n in defs if n.endswith("_gnv") and not n.startswith(("encap", "decap", "drop"))) == [
+        "ip_fwd_gnv", "netif_rx_gnv", "xmit_gnv"]  # the wire's ends and what it forwards for others
+    assert sorted(n for n in defs if n.endswith("_gre") and not n.startswith("drop")) == [
+        f"{p}_gre" for p in sorted(tunnelprobes.ALL)]
+    assert sorted(n for n in _defs("r")[0] if n.endswith("_gnv") and not n.startswith("drop")) == [
+        f"{p}_gnv" for p in sorted(tunnelprobes.ALL)]
+    # wherever the outer packet is dropped, every guest: received (at its IPv4 header), on its way out, delivered
+    assert {n for n in _defs("r")[0] if n.startswith("drop")} == {f"{d}_{t}" for d in ("drop", "drop_tx", "drop_pulled")
+                                                                  for t in ("gnv", "gtapk", "gre", "ipip")}
+    assert [n for n in defs if n.endswith("_wg")] == ["encap_wg", "decap_wg"]  # WireGuard's outer packet is not matched
     assert _defs("r")[0] and not any(n.startswith("encap") for n in _defs("r")[0])
 
 
@@ -244,3 +271,184 @@ def test_the_wire_captures_read_a_tunnels_frame_by_its_inner_header() -> None:
     h = tunnelprobes.frame_header(gretap, node, lab)  # the outer header does not match: the inner one does
     assert h is not None and h.daddr == 0xC0A80502 and tunnelprobes.frame_header(gretap, node, {}) is None
     assert tunnelprobes.frame_header(gretap, parse_filter("host 10.2.0.2"), lab) is not None  # its own header
+
+
+# --------------------------------------------------------------------------- an inner IPv6 or ARP packet
+
+VX_LAB = """\
+name: vx6
+networks: {left: {}, right: {}}
+guests:
+  a:
+    nics: [{name: eth1, model: virtio, network: left, ip: 10.1.0.2/24}]
+    routes: [{to: 10.2.0.0/24, via: 10.1.0.1}]
+    tunnels:
+      vx0: {type: vxlan, vni: 42, remote: 10.2.0.2, dev: eth1, ip: [192.168.42.1/24, "fd00:42::1/64"]}
+  r:
+    nics: [{name: eth1, model: virtio, network: left, ip: 10.1.0.1/24}, {name: eth2, model: virtio, network: right, ip: 10.2.0.1/24}]
+  b:
+    nics: [{name: eth1, model: virtio, network: right, ip: 10.2.0.2/24}]
+    routes: [{to: 10.1.0.0/24, via: 10.2.0.1}]
+    tunnels:
+      vx0: {type: vxlan, vni: 42, remote: 10.1.0.2, dev: eth1, ip: [192.168.42.2/24, "fd00:42::2/64"]}
+"""
+FETCH = re.compile(r"(\w+)=\+(\d+)\(\+208\(\$skbaddr\)\):u(8|16|32)\b")
+
+
+def _checksum(data: bytes) -> int:
+    total = sum(int.from_bytes(data[i:i + 2].ljust(2, b"\0"), "big") for i in range(0, len(data), 2))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _vxlan_frame(etype: int = 0x86DD) -> bytes:
+    """What a's eth1 sends for ``ping fd00:42::2`` over vx0: Ethernet, IPv4 10.1.0.2 > 10.2.0.2 (DF, its
+    checksum), UDP to 4789, VXLAN (VNI 42), the inner Ethernet header (``etype``), IPv6 fd00:42::1 >
+    fd00:42::2, an ICMPv6 echo request id 7 seq 1 (56 bytes of data) with its checksum."""
+    src, dst = ipaddress.IPv6Address("fd00:42::1").packed, ipaddress.IPv6Address("fd00:42::2").packed
+    echo = bytes([128, 0, 0, 0, 0, 7, 0, 1]) + b"labctl6!" * 7  # ping's 56 bytes
+    pseudo = src + dst + len(echo).to_bytes(4, "big") + bytes([0, 0, 0, 58])
+    echo = echo[:2] + _checksum(pseudo + echo).to_bytes(2, "big") + echo[4:]
+    ipv6 = bytes([0x60, 0, 0, 0]) + len(echo).to_bytes(2, "big") + bytes([58, 64]) + src + dst + echo
+    inner = bytes.fromhex("be5e00000002 be5e00000001") + etype.to_bytes(2, "big") + ipv6
+    vxlan = bytes.fromhex("08000000 00002a00")
+    udp = (54321).to_bytes(2, "big") + (4789).to_bytes(2, "big") + (8 + len(vxlan) + len(inner)).to_bytes(2, "big") + b"\0\0"
+    outer = bytearray(bytes([0x45, 0]) + (20 + len(udp) + len(vxlan) + len(inner)).to_bytes(2, "big")
+                      + bytes.fromhex("1c46 4000 40 11 0000 0a010002 0a020002"))
+    outer[10:12] = _checksum(bytes(outer)).to_bytes(2, "big")
+    return bytes.fromhex("525400000101 525400000102 0800") + bytes(outer) + udp + vxlan + inner
+
+
+def _fires(definition: str, filt: str, frame: bytes) -> bool:
+    """Whether a probe at ``skb->data`` at the frame's Ethernet header (``net_dev_start_xmit`` on r's
+    eth2) records the frame: its fetches read as the kernel reads them (little-endian), its filter so
+    evaluated (a field the probe does not fetch is a NameError: the kernel would refuse the filter)."""
+    fields = {n: int.from_bytes(frame[int(at):int(at) + int(bits) // 8], "little") for n, at, bits in FETCH.findall(definition)}
+    expr = filt.replace("&&", " and ").replace("||", " or ").replace("!(", " not (")
+    return bool(eval(expr, {"__builtins__": {}}, fields))  # our own filter: numbers and names
+
+
+def _vx(flt: str, guest: str = "r") -> tuple[dict[str, str], dict[str, str]]:
+    defs, filters = tunnelprobes.definitions("labctl_t", parse_filter(flt), OFF, load_lab_text(VX_LAB, "lab.yaml").to_dict(),
+                                             guest)
+    return {d.split()[0].split("/")[1]: d for d in defs}, filters
+
+
+def test_an_ipv6_filter_gets_each_framings_inner_ipv6_probes_guarded_by_the_inner_ethertype() -> None:
+    defs, filters = _router_and_a("icmp6")
+    assert sorted(n for n in defs if n.startswith("xmit")) == ["xmit6_gnv", "xmit6_gre", "xmit6_gtapk"]  # not IP in IP's
+    assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == [
+        "decap6_gnv", "decap6_gre", "decap6_gtapk", "decap6_wg", "encap6_gnv", "encap6_gre", "encap6_gtapk", "encap6_wg"]
+    # Geneve: the inner IPv6 header after 14 + 20 + 8 + 8 + 14 bytes, its EtherType 2 bytes before, fetched as pr
+    assert "vi=+64(+208($skbaddr)):u8" in defs["xmit6_gnv"] and "s6a=+72(+208($skbaddr)):u32" in defs["xmit6_gnv"]
+    assert "pr=+62(+208($skbaddr)):u16" in defs["xmit6_gnv"] and filters["xmit6_gnv"].startswith("(pr == 0xdd86 && vi >= 96")
+    assert filters["xmit6_gnv"].endswith("&& opr == 17 && (odp == 49431 || odp == 22555) && ohd == 1483014144")
+    assert "pr=+54(+208($skbaddr)):u16" in defs["xmit6_gtapk"]  # GRETAP: 14 + 20 + 8 (GRE, key) + 12
+    # GRE: the protocol field is the EtherType, in the header's first word (00 00 86 dd)
+    assert "pr=+36(+208($skbaddr)):u16" in defs["xmit6_gre"] and filters["xmit6_gre"].endswith("&& opr == 47 && ohd == 3716546560")
+    assert "pr=+2(+208(%di)):u16" in defs["decap6_gre"] and filters["decap6_gre"].endswith("&& ohd == 3716546560")
+    assert "pr=+180(%di):u16" in defs["encap6_wg"]  # WireGuard: the skb's own protocol, at the inner header
+    assert all("pr == 0xdd86" in filters[n] for n in defs)
+    arp, arp_filters = _router_and_a("arp")  # ARP inside the Ethernet-carrying framings only
+    assert sorted(n for n in arp if n.startswith("xmit")) == ["xmit_arp_gnv", "xmit_arp_gtapk"]
+    assert "op=+70(+208($skbaddr)):u16" in arp["xmit_arp_gnv"] and "pr=+62(+208($skbaddr)):u16" in arp["xmit_arp_gnv"]
+    assert arp_filters["xmit_arp_gnv"].startswith("(pr == 0x608) && opr == 17")
+    assert {n for n in _router_and_a()[0] if n.startswith("xmit")} == {
+        "xmit_gnv", "xmit_gre", "xmit_gtapk", "xmit_ipip"}  # IPv4's as before: no IPv6 or ARP probe
+
+
+def _defs_of(text: str, flt: str, guest: str) -> tuple[dict[str, str], dict[str, str]]:
+    defs, filters = tunnelprobes.definitions("labctl_t", parse_filter(flt), OFF, load_lab_text(text, "lab.yaml").to_dict(),
+                                             guest)
+    return {d.split()[0].split("/")[1]: d for d in defs}, filters
+
+
+def test_an_inner_ipv6_event_is_its_point_with_the_outer_header_in_its_note() -> None:
+    six = ("vi=96 plen=4096 nxt=58 hl=64 s6a=1107296509 s6b=0 s6c=0 s6d=16777216 d6a=1107296509 d6b=0 d6c=0 d6d=33554432 "
+           "l4a=128 l4b=16779008")
+    line = (f"  <idle>-0 [000] ..s2. 601.000001: ip_fwd6_vx: (ip_forward) skb=0xffff888005fa4b00 {six} {OUTER} opr=17 "
+            "odp=46354 pr=56710 ohd=8 oid=2752512")
+    ev = parse_line(line, "r")
+    assert ev is not None and ev.point == "ip_fwd" and ev.fields["outer"] == "vx"
+    h = identity(ev)
+    assert h is not None and h.describe() == "ICMPv6 echo-request fd00:42::1 > fd00:42::2 id 7 seq 1"
+    assert encap.note(ev.point, ev.fields) == "outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42"
+    dec = parse_line(f"  <idle>-0 [000] ..s2. 601.000002: decap6_vx: (vxlan_rcv) skb=0xffff888005fa4b00 dev=\"eth1\" {six} "
+                     "pr=56710 ohd=8 oid=2752512", "b")
+    assert dec is not None and dec.point == "decap" and encap.note(dec.point, dec.fields) == "VXLAN vni 42"
+    assert encap.where(dec.point, dec.fields) == "vxlan_rcv" and identity(dec) is not None
+    arp = parse_line("  <idle>-0 [000] ..s2. 601.000003: xmit_arp_gtapk: (net.net_dev_start_xmit) skb=0xffff888005fa4b00 "
+                     f"dev=\"eth1\" op=256 sha=0 shb=0 spa=16820416 tha=0 thb=0 tpa=33597632 {OUTER} opr=47 pr=1544 "
+                     "ohd=1483014176 oid=83886080", "a")
+    assert arp is not None and arp.point == "xmit" and identity(arp) is not None
+    assert encap.note(arp.point, arp.fields) == "outer GRE 10.1.0.2 > 10.2.0.2 key 5"
+
+
+def test_the_wire_captures_read_a_vxlan_frames_inner_ipv6_packet() -> None:
+    lab = tunnelprobes.framings(load_lab_text(VX_LAB, "lab.yaml").to_dict())
+    frame = _vxlan_frame()
+    h = tunnelprobes.inner_header(frame, lab)
+    assert h is not None and h.family == 6
+    assert h.describe() == "ICMPv6 echo-request fd00:42::1 > fd00:42::2 id 7 seq 1" and h.ttl == 64
+    assert tunnelprobes.frame_header(frame, parse_filter("icmp6 and host fd00:42::2"), lab) == h
+    assert tunnelprobes.frame_header(frame, parse_filter("udp and host 10.2.0.2"), lab) is not None  # its own header
+    assert tunnelprobes.frame_header(frame, parse_filter("icmp6 and host fd00:42::9"), lab) is None
+    assert len(frame) > WIRE_SNAPLEN and tunnelprobes.inner_header(frame[:WIRE_SNAPLEN], lab) == h  # as captured
+
+
+def test_the_probes_record_a_vxlan_frames_inner_ipv6_packet_and_only_as_ipv6() -> None:
+    defs, filters = _vx("icmp6 and host fd00:42::2")
+    frame = _vxlan_frame()
+    assert _fires(defs["xmit6_vx"], filters["xmit6_vx"], frame)
+    other_port = frame[:36] + (8472).to_bytes(2, "big") + frame[38:]  # not the lab's VXLAN port
+    assert not _fires(defs["xmit6_vx"], filters["xmit6_vx"], other_port)
+    v4, v4_filters = _vx("icmp or arp")
+    assert not _fires(v4["xmit_vx"], v4_filters["xmit_vx"], frame) and not _fires(v4["xmit_arp_vx"], v4_filters["xmit_arp_vx"], frame)
+
+
+def test_an_inner_frame_of_another_ethertype_is_not_read_as_ipv6() -> None:
+    """The inner frame's EtherType is the guard, not the bytes after it: an IPv6-looking packet in a
+    frame of another EtherType (0x88B5, for experiments) is neither recorded nor keyed on the wire."""
+    lab = tunnelprobes.framings(load_lab_text(VX_LAB, "lab.yaml").to_dict())
+    defs, filters = _vx("icmp6 and host fd00:42::2")
+    other = _vxlan_frame(etype=0x88B5)
+    assert tunnelprobes.inner_header(other, lab) is None
+    assert tunnelprobes.frame_header(other, parse_filter("icmp6"), lab) is None
+    for name in ("dev_queue6_vx", "xmit6_vx"):
+        assert not _fires(defs[name], filters[name], other)
+        assert _fires(defs[name], filters[name], _vxlan_frame())
+
+
+def test_a_dropped_outer_packet_is_the_inner_packets_drop_with_the_outer_header_in_its_note() -> None:
+    """An nft rule on r drops the VXLAN packet it forwards: the drop probe reads the inner header past
+    the outer one (at skb->data there), so the drop joins the ping's journey, its end said with the outer header."""
+    defs, filters = _vx("icmp", "r")
+    drop = defs["drop_vx"]
+    assert drop.startswith("e:labctl_t/drop_vx skb.kfree_skb skb=$skbaddr:x64 dev=")
+    assert "saddr=+62(+208($skbaddr)):u32" in drop and drop.endswith("reason=$reason:u32 loc=$location:symbol")
+    assert "saddr=+76(+208($skbaddr)):u32" in defs["drop_tx_vx"] and "saddr=+42(+208($skbaddr)):u32" in defs["drop_pulled_vx"]
+    assert filters["drop_vx"].endswith("&& opr == 17 && (odp == 46354) && ohd == 8")
+    inner = "vi=69 tl=84 id=21400 fo=64 ttl=63 proto=1 saddr=19572928 daddr=36350144 l4a=8 l4b=16777216"  # .42.1 > .42.2
+    lines = [(f"  <idle>-0 [000] ..s2. 601.000001: netif_rx_vx: (net.netif_receive_skb) skb=0xffff888005fa4b00 "
+              f'dev="eth1" {inner} {OUTER} opr=17 odp=46354 ohd=8 oid=2752512'),
+             (f"  <idle>-0 [000] ..s2. 601.000101: ip_fwd_vx: (ip_forward) skb=0xffff888005fa4b00 {inner} {OUTER} "
+              "opr=17 odp=46354 ohd=8 oid=2752512"),
+             (f"  <idle>-0 [000] ..s2. 601.000201: drop_vx: (skb.kfree_skb) skb=0xffff888005fa4b00 dev=\"eth1\" {inner} "
+              f"{OUTER} opr=17 odp=46354 ohd=8 oid=2752512 reason=7 loc=nft_do_chain+0x3c/0x420 [nf_tables]")]
+    events = [parse_line(x, "r") for x in lines]
+    assert all(e is not None for e in events)
+    ev = events[2]
+    assert ev is not None and ev.point == "drop" and ev.fields["outer"] == "vx"
+    h = identity(ev)
+    assert h is not None and h.describe().startswith("ICMP echo-request 192.168.42.1 > 192.168.42.2")
+    assert encap.note(ev.point, ev.fields) == "outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42"
+    corr = Correlator(Topology(guests=("r",)), {"r": Clock()})
+    for e in events:
+        assert e is not None
+        corr.add(e)
+    (j,) = corr.settle()
+    assert j.end.kind == "dropped" and j.end.guest == "r" and j.end.text == (
+        "dropped on r at nft_do_chain+0x3c/0x420 [nf_tables] for NETFILTER_DROP "
+        "(its outer packet, VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42)"), j.end
+    assert [x.point for x in j.hops] == ["netif_rx", "ip_fwd"]

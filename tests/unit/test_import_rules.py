@@ -503,16 +503,30 @@ def stage_packages() -> list[str]:
     return [n for n in packages() if n.count(".") == 1]
 
 
+@functools.cache
+def kind_lab_modules() -> frozenset[str]:
+    """The lab modules of the step kinds (docs/development.md, "Adding a step kind"): where a kind's
+    declared record types live. A kind is one place: its run (``labctl/steps/``) and its report section
+    (``labctl/report/``) import its types from there, with no line in the lab's face."""
+    import typing
+
+    from labctl.lab import STEP_KINDS
+
+    types = [t for d in STEP_KINDS for _, rec in d.records for t in (rec, *typing.get_args(rec))]
+    return frozenset(m for t in types if (m := getattr(t, "__module__", "")).startswith("labctl.lab."))
+
+
 def past_faces(src: Source) -> list[str]:
     """Where ``src`` reaches into another package instead of importing its face (``from labctl.x import
-    name``, the name in labctl.x's ``__all__``; a face hands on names, not modules)."""
+    name``, the name in labctl.x's ``__all__``; a face hands on names, not modules). A step kind's lab
+    module (:func:`kind_lab_modules`) is the kind's own: its run and its section import it directly."""
     me = stage_of(src.module)
     found = []
     for imp in src.imports():
         if imp.dynamic or not imp.names or not imp.target.startswith("labctl."):
             continue
         face = stage_of(imp.target)
-        if face == me or face not in stage_packages():
+        if face == me or face not in stage_packages() or imp.target in kind_lab_modules():
             continue
         if imp.target != face:
             found.append(f"{src.rel}:{imp.line}: imports {imp.target} (past the face of {face})")
@@ -540,8 +554,15 @@ def test_other_packages_import_only_the_face() -> None:
     assert not found, "\n".join(found)
 
 
+def test_a_step_kinds_run_imports_its_lab_module_directly() -> None:
+    src = Source(ROOT / "steps" / "planted.py", "labctl.steps.planted",
+                 ast.parse("from labctl.lab.stepsysctl import SysctlRecord\n"))
+    assert "labctl.lab.stepsysctl" in kind_lab_modules() and not past_faces(src)
+
+
 @pytest.mark.parametrize("line", ["from labctl.report.run_summary import summarize", "import labctl.up.lifecycle",
                                   "from labctl.report import not_exported",
+                                  "from labctl.lab.followspec import FollowSpec",  # a lab module no kind declares records in
                                   "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from labctl.up.options import UpOptions"])
 def test_an_import_past_a_face_is_caught(line: str) -> None:
     src = Source(ROOT / "steps" / "planted.py", "labctl.steps.planted", ast.parse(line + "\n"))
@@ -611,10 +632,18 @@ def test_a_module_named_like_a_package_or_another_module_is_caught(planted: str)
     assert planted in [rel for rels in clashes.values() for rel in rels], clashes
 
 
+#: The registries that name a step kind's modules, by package (a kind's three modules are named where
+#: its three lines are, not in the packages' docstrings: docs/development.md, "Adding a step kind").
+KIND_REGISTRIES = {"labctl.lab": "stepkinds.py", "labctl.steps": "kinds.py", "labctl.report": "registry.py"}
+
+
 def test_every_module_is_named_in_its_package_docstring() -> None:
+    """In the package's docstring, or (a step kind's module) in its package's kind registry's."""
     missing = []
     for pkg, init in packages().items():
         doc = docstring(init)
+        if pkg in KIND_REGISTRIES:
+            doc += "\n" + docstring(init.parent / KIND_REGISTRIES[pkg])
         for child in sorted(init.parent.iterdir()):
             name = child.stem if child.suffix == ".py" else child.name if (child / "__init__.py").is_file() else None
             if name in (None, "__init__", "__main__"):

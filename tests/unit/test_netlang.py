@@ -24,8 +24,8 @@ from labctl.lab import Bond, Route, guest_interfaces, load_lab, load_lab_text, m
 from labctl.net import to_mermaid, to_svg, topology
 from labctl.net.plan import plan_networks
 from labctl.report.comparison import differences
-from labctl.report.content import header_blocks
 from labctl.report.document import Meta
+from labctl.report.header import header_blocks
 from labctl.up import guestconf
 from labctl.up.bootargs import kernel_args
 from labctl.up.snapshots import key as snapshot_key

@@ -200,3 +200,11 @@ def test_a_journey_passes_vlan_when_it_was_seen_on_that_vlan(vlan: Vlan, seen: t
 ])
 def test_libpcap_checks_a_vlan_filter_with_its_vlan_first(text: str, checked: str) -> None:
     assert pcap_text(text) == checked
+
+
+@pytest.mark.parametrize(("text", "family", "expected"), [
+    ("icmp", 4, {1}), ("tcp port 80", 4, {6}), ("port 53", 6, {6, 17}), ("udp or icmp", 4, {1, 17}),
+    ("host 10.0.0.1", 4, None), ("icmp or host 10.0.0.1", 4, None), ("not tcp", 4, None),
+    ("icmp6", 6, {58}), ("icmp6", 4, set()), ("tcp and host 10.0.0.1", 4, {6}), ("tcp and udp", 4, set())])
+def test_a_filter_says_which_protocols_its_packets_can_carry(text: str, family: int, expected: set[int] | None) -> None:
+    assert parse(text).protocols(family) == (None if expected is None else frozenset(expected))

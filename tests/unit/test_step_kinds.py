@@ -14,7 +14,8 @@ import pytest
 from labctl.backends.base import GuestRecord
 from labctl.bundle import Run
 from labctl.errors import LabFileError
-from labctl.lab import STEP_KINDS, GdbRecord, KindDecl, StepSysctls, load_lab_text
+from labctl.lab import STEP_KINDS, GdbRecord, KindDecl, load_lab_text
+from labctl.lab.stepsysctl import StepSysctls
 from labctl.report.document import Table
 from labctl.report.registry import SECTIONS
 from labctl.report.run_summary import RECORDED, summarize_step

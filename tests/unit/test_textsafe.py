@@ -159,7 +159,7 @@ def test_status_table_shows_guest_drivers_escaped(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(lifecycle_cmds, "_kernel_of", lambda state, guest: {"release": "6.1.0-x"})
     monkeypatch.setattr(lifecycle_cmds, "active_captures", lambda state: [])
     state = SimpleNamespace(lab="evil", resolved={}, incomplete=False, phase=lifecycle_cmds.UP, guests={"a": None},
-                            hosts={})
+                            hosts={}, guest_spec=lambda name: None)
     lifecycle_cmds.print_lab(state)  # type: ignore[arg-type]
     got = capsys.readouterr().out
     assert_no_controls(got)

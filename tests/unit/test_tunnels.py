@@ -156,33 +156,41 @@ def _resolved() -> dict[str, object]:
 OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 194, "skb_dev": 16, "dev_name": 0, "skb_protocol": 180}
 
 
-def test_no_encap_probes_without_vxlan_or_for_a_filter_of_no_ipv4() -> None:
+def test_no_encap_probes_without_a_tunnel_and_ipv6_ones_for_a_filter_of_ipv6() -> None:
     node = parse_filter("icmp")
     plain = load_lab_text(GOOD.split("    tunnels:")[0] + "\n  b:\n    nics: [{name: eth1, model: virtio, network: right}]\n",
                           "lab.yaml").to_dict()
     assert follow_encap.definitions("labctl_t", node, OFF, plain, "a") == ([], {})
-    assert follow_encap.definitions("labctl_t", parse_filter("icmp6"), OFF, _resolved(), "a") == ([], {})
+    defs, filters = follow_encap.definitions("labctl_t", parse_filter("icmp6"), OFF, _resolved(), "a")
+    names = [d.split()[0].split("/")[1] for d in defs]
+    assert names and sorted(names) == sorted(filters)  # each with its filter: no IPv4 one, none of IP in IP's
+    assert all(n.rpartition("_")[0].endswith("6") for n in names) and not any(n.endswith("_ipip") for n in names)
+    assert "encap6_wg" in names and all("pr == 0xdd86" in f for f in filters.values())
 
 
 def test_the_outer_packets_points_fetch_the_inner_header_and_filter_on_the_vxlan_port() -> None:
     all_defs, filters = follow_encap.definitions("labctl_t", parse_filter("icmp"), OFF, _resolved(), "a")
-    defs = [d for d in all_defs if d.split()[0].endswith("_vx")]
-    names = [d.split()[0] for d in defs]
-    assert names == ["e:labctl_t/dev_queue_vx", "e:labctl_t/xmit_vx", "e:labctl_t/netif_rx_vx", "p:labctl_t/ip_fwd_vx",
-                     "p:labctl_t/ip_local_vx", "p:labctl_t/encap_vx", "p:labctl_t/decap_vx"]
-    xmit = defs[1]
-    assert "saddr=+76(+208($skbaddr)):u32" in xmit  # 14 + 20 + 8 + 8 + 14 + 12: the inner source
-    assert "odp=+36(+208($skbaddr)):u16 ohd=+42(+208($skbaddr)):u32 oid=+46(+208($skbaddr)):u32" in xmit
-    assert "saddr=+62(+208(%di)):u32" in defs[3]  # ip_forward: at the outer IPv4 header
-    assert "saddr=+34(+208(%dx)):u32" in defs[5] and "oid=+4(+208(%dx)):u32" in defs[5]  # at the VXLAN header
-    assert "saddr=+42(+208(%si)):u32" in defs[6] and "oid=+12(+208(%si)):u32" in defs[6]  # at the UDP header
-    # 4789 in network order, read little-endian; the VXLAN header's flags (0x08: a VNI) read so too
-    assert filters["xmit_vx"].endswith("&& opr == 17 && (odp == 46354) && ohd == 8")
+    ends = [d for d in all_defs if d.split()[0].endswith("_vx") and "/drop" not in d.split()[0]]
+    # a ends the tunnel: its encapsulation and decapsulation, the outer packet at the wire's ends and where it forwards one
+    assert [d.split()[0] for d in ends] == ["e:labctl_t/xmit_vx", "e:labctl_t/netif_rx_vx", "p:labctl_t/ip_fwd_vx",
+                                            "p:labctl_t/encap_vx", "p:labctl_t/decap_vx"]
+    assert "saddr=+34(+208(%dx)):u32" in ends[3] and "oid=+4(+208(%dx)):u32" in ends[3]  # at the VXLAN header
+    assert "saddr=+42(+208(%si)):u32" in ends[4] and "oid=+12(+208(%si)):u32" in ends[4]  # at the UDP header
     assert "odp" not in filters["encap_vx"] and filters["encap_vx"].endswith("&& ohd == 8")  # Geneve's go there too
-    # a router with no tunnel of its own follows the outer packets of each framing, and has no encap or decap
+    # a router with no tunnel of its own follows the outer packets of each framing at every point, and has no encap or decap
     router = _resolved()
     router["guests"]["r"] = {"name": "r", "nics": []}  # type: ignore[index]
-    defs, _ = follow_encap.definitions("labctl_t", parse_filter("icmp"), OFF, router, "r")
+    defs, filters = follow_encap.definitions("labctl_t", parse_filter("icmp"), OFF, router, "r")
+    defs = [d for d in defs if "/drop" not in d.split()[0]]  # the outer packet's drops: test_follow_tunnels
+    vx = [d for d in defs if d.split()[0].endswith("_vx")]
+    assert [d.split()[0] for d in vx] == ["e:labctl_t/dev_queue_vx", "e:labctl_t/xmit_vx", "e:labctl_t/netif_rx_vx",
+                                          "p:labctl_t/ip_fwd_vx", "p:labctl_t/ip_local_vx"]
+    xmit = vx[1]
+    assert "saddr=+76(+208($skbaddr)):u32" in xmit  # 14 + 20 + 8 + 8 + 14 + 12: the inner source
+    assert "odp=+36(+208($skbaddr)):u16 ohd=+42(+208($skbaddr)):u32 oid=+46(+208($skbaddr)):u32" in xmit
+    assert "saddr=+62(+208(%di)):u32" in vx[3]  # ip_forward: at the outer IPv4 header
+    # 4789 in network order, read little-endian; the VXLAN header's flags (0x08: a VNI) read so too
+    assert filters["xmit_vx"].endswith("&& opr == 17 && (odp == 46354) && ohd == 8")
     assert sorted({d.split()[0].split("_", 1)[1].rpartition("_")[2] for d in defs}) == ["gnv", "grek", "gtap", "ipip", "vx"]
     assert len(defs) == 5 * 5 and not any("encap" in d or "decap" in d for d in defs)
 

@@ -323,11 +323,14 @@ def test_qemu_pauses_a_panicked_guest_and_the_snapshot_key_does_not_see_it() -> 
     assert _without_actions(argv) == ["qemu", "-m", "512"]
 
 
-@pytest.mark.parametrize("status, sent", [("running", ["query-status", "system_powerdown", "quit"]),
-                                          ("guest-panicked", ["query-status", "quit"]),
-                                          ("paused", ["query-status", "quit"])])
-def test_down_quits_a_qemu_whose_guest_is_not_running_at_once(monkeypatch: pytest.MonkeyPatch, status: str,
-                                                              sent: list[str]) -> None:
+@pytest.mark.parametrize("status, share, sent", [
+    ("running", False, ["quit"]),  # nothing of it outlives down: no power button (0.3 s under TCG)
+    ("running", True, ["query-status", "system_powerdown", "quit"]),  # its last writes to the share land
+    ("guest-panicked", True, ["query-status", "quit"]), ("paused", True, ["query-status", "quit"])])
+def test_down_powers_off_only_a_running_guest_with_a_writable_share(monkeypatch: pytest.MonkeyPatch, status: str,
+                                                                    share: bool, sent: list[str]) -> None:
+    """A panicked or paused guest would never answer the power button; one without a writable share
+    leaves nothing on the host for a clean shutdown to save."""
     from labctl.backends import GuestRecord
     from labctl.backends.qemu import machines as qemu_backend
 
@@ -342,8 +345,10 @@ def test_down_quits_a_qemu_whose_guest_is_not_running_at_once(monkeypatch: pytes
     monkeypatch.setattr(b, "alive", lambda rec: True)
     monkeypatch.setattr(b, "_wait_gone", lambda rec, timeout: command_quit(commands))
     monkeypatch.setattr(b, "kill", lambda rec: None)
+    argv = ["qemu", "-fsdev", "local,id=share0,path=/x/share0,security_model=mapped-xattr"] if share else [
+        "qemu", "-fsdev", "local,id=share0,path=/srv,security_model=none,readonly=on"]
     b.stop(GuestRecord(name="a", backend="qemu", pid=1, dir="/x", console="", qmp="/x/qmp", ssh_port=1,
-                       accel="tcg"), 10.0)
+                       accel="tcg", argv=argv), 10.0)
     assert commands == sent
 
 

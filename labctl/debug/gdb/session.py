@@ -8,28 +8,10 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import labctl.debug.gdb.transcript as transcript  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 from labctl.backends import Monitor, as_monitor, ensure_resumed, qmp_running
 from labctl.debug.gdb.mi import CMD_TIMEOUT, MiSession
 from labctl.debug.gdb.stub import GdbStub, ensure_gdbstub_free, target_remote
-from labctl.debug.gdb.transcript import (
-    ArgValue,
-    FrameInfo,
-    GdbSpec,
-    MiBreakpoint,
-    MiPayload,
-    StopRecord,
-    Transcript,
-    is_breakpoint_hit,
-    mi_quote,
-    parse_arg,
-    parse_frame,
-    parse_register_names,
-    parse_register_values,
-    parse_stack,
-    parse_stack_args,
-    stop_reason,
-    write_transcript,
-)
 from labctl.errors import DebugError
 
 LOAD_TIMEOUT = 120.0  # reading vmlinux.debug's symbols (~3 s normally)
@@ -50,7 +32,7 @@ def load_symbols(mi: MiSession, vmlinux: Path, module_cmds: Iterable[str]) -> No
     if not vmlinux.is_file():
         raise DebugError(f"no kernel with debug info at {vmlinux}",
                          hint="rebuild the image: labctl image build --force")
-    mi.command(f"-file-exec-and-symbols {mi_quote(str(vmlinux))}", timeout=LOAD_TIMEOUT)
+    mi.command(f"-file-exec-and-symbols {transcript.mi_quote(str(vmlinux))}", timeout=LOAD_TIMEOUT)
     for cmd in module_cmds:
         mi.console(cmd, timeout=LOAD_TIMEOUT)
 
@@ -65,22 +47,22 @@ def attach(mi: MiSession, stub: GdbStub, local: str, timeout: float = CMD_TIMEOU
     mi.take_stop()  # the stop that attaching reports
 
 
-def insert_breakpoint(mi: MiSession, spec: GdbSpec) -> MiBreakpoint:
+def insert_breakpoint(mi: MiSession, spec: transcript.GdbSpec) -> transcript.MiBreakpoint:
     """Insert the session's breakpoint (hardware unless ``spec.hardware`` is off).
 
     :raise DebugError: when gdb cannot resolve the location.
     """
     flags = "-h " if spec.hardware else ""
     try:
-        res = mi.command(f"-break-insert {flags}{mi_quote(spec.location)}")
+        res = mi.command(f"-break-insert {flags}{transcript.mi_quote(spec.location)}")
     except DebugError as exc:
         if spec.hardware and "hardware" in exc.message.lower():
-            res = mi.command(f"-break-insert {mi_quote(spec.location)}")
+            res = mi.command(f"-break-insert {transcript.mi_quote(spec.location)}")
         else:
             raise DebugError(f"cannot set a breakpoint at {spec.location}: {exc.message}",
                              hint="is the function in vmlinux or in a loaded module with debug info?") from exc
-    bkpt = (res.payload.get("bkpt") or MiBreakpoint()).copy()
-    where = parse_frame(bkpt) if bkpt.get("func") or bkpt.get("file") else None
+    bkpt = (res.payload.get("bkpt") or transcript.MiBreakpoint()).copy()
+    where = transcript.parse_frame(bkpt) if bkpt.get("func") or bkpt.get("file") else None
     if where is not None:
         bkpt["where"] = where.where()
     return bkpt
@@ -89,46 +71,48 @@ def insert_breakpoint(mi: MiSession, spec: GdbSpec) -> MiBreakpoint:
 class _Recorder:
     """Collects the details of one stop (args, registers, backtrace)."""
 
-    def __init__(self, mi: MiSession, spec: GdbSpec, t0: float) -> None:
+    def __init__(self, mi: MiSession, spec: transcript.GdbSpec, t0: float) -> None:
         self.mi = mi
         self.spec = spec
         self.t0 = t0
         self._regnums: dict[str, int] | None = None
 
-    def record(self, kind: str, hit: int, step: int, stopped: MiPayload, details: bool) -> StopRecord:
-        rec = StopRecord(kind=kind, hit=hit, step=step, reason=stop_reason(stopped),
-                         frame=parse_frame(stopped.get("frame")), elapsed=round(time.monotonic() - self.t0, 3),
-                         raw=stopped)
+    def record(self, kind: str, hit: int, step: int, stopped: transcript.MiPayload,
+               details: bool) -> transcript.StopRecord:
+        rec = transcript.StopRecord(kind=kind, hit=hit, step=step, reason=transcript.stop_reason(stopped),
+                                    frame=transcript.parse_frame(stopped.get("frame")),
+                                    elapsed=round(time.monotonic() - self.t0, 3), raw=stopped)
         if details:
             rec.args = self.args(stopped) if self.spec.args else []
             rec.registers = self.registers() if self.spec.registers else {}
             rec.backtrace = self.backtrace() if self.spec.backtrace > 0 else []
         return rec
 
-    def args(self, stopped: MiPayload) -> list[ArgValue]:
+    def args(self, stopped: transcript.MiPayload) -> list[transcript.ArgValue]:
         """The arguments the ``*stopped`` frame carries (scalars with values), else
         asked for. ``-stack-list-arguments --simple-values`` (which adds types)
         costs ~10 s on the first stop under a 600 MB vmlinux, so it is avoided."""
         frame = stopped.get("frame") or {}
         if "args" in frame:
-            return [parse_arg(a) for a in frame.get("args") or [] if isinstance(a, Mapping)]
+            return [transcript.parse_arg(a) for a in frame.get("args") or [] if isinstance(a, Mapping)]
         try:
-            return parse_stack_args(self.mi.command("-stack-list-arguments 1 0 0").payload)
+            return transcript.parse_stack_args(self.mi.command("-stack-list-arguments 1 0 0").payload)
         except DebugError as exc:
-            return [ArgValue("error", exc.message)]
+            return [transcript.ArgValue("error", exc.message)]
 
     def registers(self) -> dict[str, str]:
         if self._regnums is None:
-            self._regnums = parse_register_names(self.mi.command("-data-list-register-names").payload)
+            self._regnums = transcript.parse_register_names(self.mi.command("-data-list-register-names").payload)
         wanted = {r: self._regnums[r] for r in self.spec.registers if r in self._regnums}
         if not wanted:
             return {}
         nums = " ".join(str(n) for n in wanted.values())
-        return parse_register_values(self.mi.command(f"-data-list-register-values x {nums}").payload, wanted)
+        values = self.mi.command(f"-data-list-register-values x {nums}").payload
+        return transcript.parse_register_values(values, wanted)
 
-    def backtrace(self) -> list[FrameInfo]:
+    def backtrace(self) -> list[transcript.FrameInfo]:
         try:
-            return parse_stack(self.mi.command(f"-stack-list-frames 0 {self.spec.backtrace - 1}").payload)
+            return transcript.parse_stack(self.mi.command(f"-stack-list-frames 0 {self.spec.backtrace - 1}").payload)
         except DebugError:
             return []
 
@@ -136,15 +120,15 @@ class _Recorder:
 _STEP_COMMANDS = {"line": "-exec-next", "into": "-exec-step", "instruction": "-exec-next-instruction"}
 
 
-def _interrupt(mi: MiSession) -> MiPayload | None:
+def _interrupt(mi: MiSession) -> transcript.MiPayload | None:
     """Stop a running target; the ``*stopped`` payload or None."""
     if not mi.running:
-        return mi.take_stop() or MiPayload()
+        return mi.take_stop() or transcript.MiPayload()
     mi.command("-exec-interrupt")
     return mi.wait_stopped(CMD_TIMEOUT)
 
 
-def _steps(mi: MiSession, spec: GdbSpec, rec: _Recorder, hit: int, t: Transcript,
+def _steps(mi: MiSession, spec: transcript.GdbSpec, rec: _Recorder, hit: int, t: transcript.Transcript,
            stop: threading.Event | None) -> None:
     for i in range(1, spec.step + 1):
         if stop is not None and stop.is_set():
@@ -153,7 +137,7 @@ def _steps(mi: MiSession, spec: GdbSpec, rec: _Recorder, hit: int, t: Transcript
         mi.command(_STEP_COMMANDS[spec.step_mode])
         stopped = mi.wait_stopped(STEP_TIMEOUT)
         if stopped is None:  # stepping over something that never returns
-            timed_out: MiPayload = {**(_interrupt(mi) or MiPayload()), "reason": "step-timeout"}
+            timed_out: transcript.MiPayload = {**(_interrupt(mi) or transcript.MiPayload()), "reason": "step-timeout"}
             t.stops.append(rec.record("step", hit, i, timed_out, False))
             return
         t.stops.append(rec.record("step", hit, i, stopped, False))
@@ -163,7 +147,8 @@ def _steps(mi: MiSession, spec: GdbSpec, rec: _Recorder, hit: int, t: Transcript
             raise DebugError("the target went away while stepping")
 
 
-def _collect_hits(mi: MiSession, spec: GdbSpec, bp: str, t: Transcript, stop: threading.Event | None) -> None:
+def _collect_hits(mi: MiSession, spec: transcript.GdbSpec, bp: str, t: transcript.Transcript,
+                  stop: threading.Event | None) -> None:
     rec = _Recorder(mi, spec, time.monotonic())
     t0 = time.monotonic()
     deadline = t0 + spec.timeout
@@ -174,10 +159,10 @@ def _collect_hits(mi: MiSession, spec: GdbSpec, bp: str, t: Transcript, stop: th
         if stopped is None:
             _give_up(mi, spec, rec, t, stop)
             return
-        if not is_breakpoint_hit(stopped, bp):
+        if not transcript.is_breakpoint_hit(stopped, bp):
             t.stops.append(rec.record("other", t.hits, 0, stopped, False))
             if stopped.get("reason") in ("exited", "exited-normally", "exited-signalled"):
-                raise DebugError(f"the target went away ({stop_reason(stopped)})")
+                raise DebugError(f"the target went away ({transcript.stop_reason(stopped)})")
             continue
         t.hits += 1
         t1 = time.monotonic()
@@ -189,7 +174,8 @@ def _collect_hits(mi: MiSession, spec: GdbSpec, bp: str, t: Transcript, stop: th
     t.message = f"breakpoint at {spec.location} hit {t.hits} time{'s' if t.hits != 1 else ''}"
 
 
-def _give_up(mi: MiSession, spec: GdbSpec, rec: _Recorder, t: Transcript, stop: threading.Event | None) -> None:
+def _give_up(mi: MiSession, spec: transcript.GdbSpec, rec: _Recorder, t: transcript.Transcript,
+             stop: threading.Event | None) -> None:
     """Waiting ended without the hits: interrupt the target and say why."""
     stopped = _interrupt(mi)
     if stopped is not None:
@@ -226,9 +212,9 @@ def leave_running(mi: MiSession, connected: bool) -> bool:
     return detached
 
 
-def run_breakpoint_session(stub: GdbStub | str | Path, vmlinux: Path, module_cmds: list[str], spec: GdbSpec, out_dir: Path,
-                           stop: threading.Event | None = None, *, monitor: Monitor | Path | None = None,
-                           gdb: str = "gdb") -> Transcript:
+def run_breakpoint_session(stub: GdbStub | str | Path, vmlinux: Path, module_cmds: list[str],
+                           spec: transcript.GdbSpec, out_dir: Path, stop: threading.Event | None = None, *,
+                           monitor: Monitor | Path | None = None, gdb: str = "gdb") -> transcript.Transcript:
     """Attach to the gdbstub ``stub`` (a :class:`GdbStub`, or a socket path on
     this machine), break at ``spec.location``,
     record ``spec.hits`` hits with ``spec.step`` single-steps each, and leave
@@ -246,7 +232,7 @@ def run_breakpoint_session(stub: GdbStub | str | Path, vmlinux: Path, module_cmd
     :raise DebugError: when gdb cannot load symbols, attach, or resolve the
         location (after leaving the guest running and writing the transcript).
     """
-    t = Transcript(location=spec.location)
+    t = transcript.Transcript(location=spec.location)
     stub = GdbStub.of(stub)
     mon = as_monitor(monitor)
     was_running = qmp_running(mon)
@@ -281,7 +267,7 @@ def run_breakpoint_session(stub: GdbStub | str | Path, vmlinux: Path, module_cmd
             detached = leave_running(mi, connected)
             t.guest_resumed = ensure_resumed(mon, was_running, detached) if connected else True
             _timed(t.timings, "detach", t1)
-            write_transcript(t, out_dir)
+            transcript.write_transcript(t, out_dir)
     return t
 
 

@@ -11,7 +11,7 @@ Imports never: labctl.up, labctl.follow, labctl.trace, labctl.cli
 from __future__ import annotations
 
 from labctl.lab.tunnels.devices import COMMON_KEYS, Kind, Tunnel, Vrf
-from labctl.lab.tunnels.framing import Framing, Site
+from labctl.lab.tunnels.framing import ETHERTYPES, Framing, Site
 from labctl.lab.tunnels.known import KINDS
 
-__all__ = ["COMMON_KEYS", "KINDS", "Framing", "Kind", "Site", "Tunnel", "Vrf"]
+__all__ = ["COMMON_KEYS", "ETHERTYPES", "KINDS", "Framing", "Kind", "Site", "Tunnel", "Vrf"]

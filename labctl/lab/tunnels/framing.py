@@ -4,7 +4,9 @@ what ``labctl follow`` needs to follow the inner packet on the wire (its probes:
 one :class:`Framing` (or one per header layout) in each kind's module.
 
 Offsets count from the end of the outer IPv4 header (20 bytes, no options), where the UDP header
-(VXLAN, Geneve), the GRE header or the inner IPv4 header (IP in IP) starts. A framing is *exact*: its
+(VXLAN, Geneve), the GRE header or the inner IPv4 header (IP in IP) starts. The inner packet is
+IPv4, IPv6 or ARP (a framing's ``families``), the same offsets for each: the inner Ethernet
+header's EtherType or GRE's protocol field (``proto_at``) says which. A framing is *exact*: its
 guards (the outer IP protocol, the UDP port, the tunnel header's first 32 bits) keep a packet whose
 header has another layout (a Geneve header with options, a GRE header without the checksum its tunnel
 sends) out, as the
@@ -16,7 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Framing", "Site"]
+__all__ = ["ARP", "ETHERTYPES", "LAYER2", "LAYER3", "Framing", "Site"]
+
+ARP = 0x806  # the follow filter's family of ARP messages (labctl.pktfilter's ARP: its EtherType)
+ETHERTYPES = {4: 0x0800, 6: 0x86DD, ARP: ARP}
+"""Each family's EtherType (an inner Ethernet header's, or GRE's protocol field)."""
+LAYER2 = (4, 6, ARP)
+"""The families an Ethernet-carrying framing carries (VXLAN, Geneve, GRETAP)."""
+LAYER3 = (4, 6)
+"""The families GRE and WireGuard carry."""
 
 
 @dataclass(frozen=True)
@@ -42,13 +52,15 @@ class Site:
 class Framing:
     """One header layout of a tunnel kind: ``tag`` names its probes (``xmit_TAG``), ``title`` is what
     the hops' notes call its outer header (``outer GRE 10.1.0.2 > 10.2.0.2 key 5``), ``proto`` the
-    outer IP protocol, ``inner`` where the inner IPv4 header is (after any inner Ethernet header);
+    outer IP protocol, ``inner`` where the inner packet's header is (after any inner Ethernet header);
     ``word``: the tunnel header's first 32 bits (network order), the same in each of its packets,
     at ``word_at``; ``ident``: what the id at ``ident_at`` is (``vni``: 24 bits then a reserved byte;
     ``key``: 32 bits); ``port_key``: the tunnel option that gives the outer UDP destination port
     (``port``: its default); ``seq_at``: where a sequence number is (GRE's, 32 bits; 0: none);
     ``csum``: the header carries a checksum (GRE's); ``encrypted``: the outer packet is not matched,
-    and there is no ``decap``."""
+    and there is no ``decap``; ``families``: the inner packets it carries (4, 6, :data:`ARP`), told
+    apart by the EtherType at ``proto_at`` (the inner Ethernet header's, GRE's protocol field; None:
+    IPv4 only, or WireGuard's, whose encapsulation has the inner packet's ``skb->protocol``)."""
 
     tag: str
     title: str
@@ -65,3 +77,13 @@ class Framing:
     seq_at: int = 0
     csum: bool = False
     encrypted: bool = False
+    proto_at: int | None = None
+    families: tuple[int, ...] = (4,)
+
+    def word_for(self, ethertype: int) -> int | None:
+        """The tunnel header's first 32 bits for an inner packet of ``ethertype`` (:data:`ETHERTYPES`):
+        GRE's protocol field is in them (``proto_at``), another framing's are the same for each."""
+        if self.word is None or self.proto_at is None or not self.word_at <= self.proto_at <= self.word_at + 2:
+            return self.word
+        shift = 8 * (self.word_at + 2 - self.proto_at)
+        return self.word & ~(0xFFFF << shift) | ethertype << shift

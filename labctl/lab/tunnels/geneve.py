@@ -10,7 +10,7 @@ from __future__ import annotations
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker
 from labctl.lab.tunnels.devices import Kind, Tunnel
-from labctl.lab.tunnels.framing import Framing, Site
+from labctl.lab.tunnels.framing import LAYER2, Framing, Site
 from labctl.lab.tunnels.vxlan import MAX_VNI, UDP
 from labctl.lab.yamlpos import YamlMap
 
@@ -18,10 +18,11 @@ DSTPORT = 6081
 # the Geneve header (version and options length, flags, protocol 0x6558: Ethernet; the VNI's 24 bits,
 # a reserved byte), 8 bytes with no options (Linux's geneve device sends none), after the UDP header,
 # then the inner Ethernet one; udp_tunnel_xmit_skb pushes the UDP header, geneve_udp_encap_recv (at
-# the UDP header) takes both off. A packet with options is not matched (its first word differs).
+# the UDP header) takes both off. A packet with options is not matched (its first word differs); the inner frame's
+# EtherType says its packet's family.
 FRAMING = Framing("gnv", "Geneve", 17, UDP + 8 + 14, Site("udp_tunnel_xmit_skb", "%dx", -UDP),
                   Site("geneve_udp_encap_recv", "%si", 0), word=0x00006558, word_at=UDP, ident="vni",
-                  ident_at=UDP + 4, port_key="dstport", port=DSTPORT)
+                  ident_at=UDP + 4, port_key="dstport", port=DSTPORT, proto_at=UDP + 8 + 12, families=LAYER2)
 
 
 class Geneve(Kind):

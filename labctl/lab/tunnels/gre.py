@@ -11,10 +11,11 @@ from __future__ import annotations
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker
 from labctl.lab.tunnels.devices import Kind, Tunnel
-from labctl.lab.tunnels.framing import Framing, Site
+from labctl.lab.tunnels.framing import ETHERTYPES, LAYER2, LAYER3, Framing, Site
 from labctl.lab.yamlpos import YamlMap
 
-# the GRE header (RFC 2890): flags and version, the protocol (0x0800: IPv4, 0x6558: Ethernet), then
+# the GRE header (RFC 2890): flags and version, the protocol (0x0800: IPv4, 0x86DD: IPv6, 0x6558:
+# Ethernet, then the inner frame's EtherType says its family), then
 # a word for each flag set, in this order: the checksum (C, ``csum``), the key (K, ``key``) and the
 # sequence number (S, ``seq``); both ends of a lab's tunnel send and expect the same ones. Pushed
 # before ip_tunnel_xmit (shared with ipip: its 4th argument is the outer protocol, 47), taken off
@@ -28,11 +29,11 @@ LAYOUTS = [(c, k, s) for c in (False, True) for k in (False, True) for s in (Fal
 
 def _framing(tag: str, layer2: bool, csum: bool, key: bool, seq: bool) -> Framing:
     flags = (CSUM_FLAG if csum else 0) | (KEY_FLAG if key else 0) | (SEQ_FLAG if seq else 0)
-    word = flags << 16 | (0x6558 if layer2 else 0x0800)
+    word = flags << 16 | (0x6558 if layer2 else ETHERTYPES[4])  # an inner IPv6 packet's: Framing.word_for
     header = 4 * (1 + csum + key + seq)
     return Framing(tag + "c" * csum + "k" * key + "s" * seq, "GRE", 47, header + (14 if layer2 else 0), ENCAP, DECAP,
                    word=word, ident="key" if key else "", ident_at=4 + 4 * csum, seq_at=header - 4 if seq else 0,
-                   csum=csum)
+                   csum=csum, proto_at=header + 12 if layer2 else 2, families=LAYER2 if layer2 else LAYER3)
 
 
 class Gre(Kind):

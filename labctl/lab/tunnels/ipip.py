@@ -15,7 +15,7 @@ from labctl.lab.tunnels.framing import Framing, Site
 from labctl.lab.yamlpos import YamlMap
 
 MODES = ("ip6ip6", "ipip6", "any")
-# ipip: the inner IPv4 header right after the outer one (protocol 4); ip_tunnel_xmit (at the inner
+# ipip: the inner IPv4 header right after the outer one (protocol 4; IPv4 only, no IPv6 inside); ip_tunnel_xmit (at the inner
 # header; shared with GRE: its 4th argument is the outer protocol) pushes the outer header, ipip_rcv
 # (ipip's: sit has one too; at the inner header) is handed the packet. ip6tnl: an outer IPv6
 # header, not followed on the wire.

@@ -25,7 +25,7 @@ import ipaddress
 from labctl.lab.addresses import parse_addresses
 from labctl.lab.checker import Checker, close_match, describe, did_you_mean, join
 from labctl.lab.ifaces import Address
-from labctl.lab.netconf import connected, iface_name, parse_routes
+from labctl.lab.netconf import connected, iface_name, named_interfaces, parse_routes
 from labctl.lab.specs import GuestSpec
 from labctl.lab.tunnels.devices import COMMON_KEYS, Tunnel, Vrf
 from labctl.lab.tunnels.known import KINDS
@@ -84,18 +84,9 @@ def _tunnel(check: Checker, value: object, vline: int, path: str, name: str, lin
 
 def parse_vrfs(check: Checker, body: YamlMap, path: str) -> tuple[Vrf, ...]:
     """A guest's ``vrfs``: name -> its table, members and routes; tables unique and not the kernel's."""
-    items = check.section(body, "vrfs", path)
-    if items is None:
-        return ()
-    where = join(path, "vrfs")
     out: list[Vrf] = []
     tables: dict[int, tuple[str, int]] = {}
-    for raw, value in items.items():
-        vpath, line = f"{where}.{raw}", items.key_line(raw)
-        name = iface_name(check, raw, line, vpath)
-        m = check.mapping(value, items.value_line(raw), vpath, allow_null=False)
-        if m is None:
-            continue
+    for raw, name, m, vpath, line in named_interfaces(check, body, path, "vrfs"):
         before = len(check.problems)
         check.keys(m, vpath, VRF_KEYS, ("table",), line)
         table = check.integer(m, "table", vpath, (1, 2**32 - 1))

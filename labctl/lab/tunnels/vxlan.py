@@ -10,7 +10,7 @@ from __future__ import annotations
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker
 from labctl.lab.tunnels.devices import Kind, Tunnel
-from labctl.lab.tunnels.framing import Framing, Site
+from labctl.lab.tunnels.framing import LAYER2, Framing, Site
 from labctl.lab.yamlpos import YamlMap
 
 MAX_VNI = 2**24 - 1
@@ -18,9 +18,10 @@ DSTPORT = 4789  # IANA's; the kernel's default is 8472 (Linux's before IANA's)
 UDP = 8
 # the 8-byte VXLAN header (flags 0x08: a VNI; the VNI's 24 bits, a reserved byte) after the UDP one,
 # then the inner Ethernet header; pushed before udp_tunnel_xmit_skb pushes the UDP header (the skb its
-# 3rd argument), taken off by vxlan_rcv (at the UDP header)
+# 3rd argument), taken off by vxlan_rcv (at the UDP header); the inner frame's EtherType says its packet's family
 FRAMING = Framing("vx", "VXLAN", 17, UDP + 8 + 14, Site("udp_tunnel_xmit_skb", "%dx", -UDP), Site("vxlan_rcv", "%si", 0),
-                  word=0x08000000, word_at=UDP, ident="vni", ident_at=UDP + 4, port_key="dstport", port=DSTPORT)
+                  word=0x08000000, word_at=UDP, ident="vni", ident_at=UDP + 4, port_key="dstport", port=DSTPORT,
+                  proto_at=UDP + 8 + 12, families=LAYER2)
 
 
 class Vxlan(Kind):

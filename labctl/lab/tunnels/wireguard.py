@@ -20,13 +20,17 @@ import re
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker, describe, join
 from labctl.lab.tunnels.devices import Kind, Tunnel
-from labctl.lab.tunnels.framing import Framing, Site
+from labctl.lab.tunnels.framing import LAYER3, Framing, Site
 from labctl.lab.yamlpos import YamlMap, YamlSeq
 
 PORT = 51820
-# handed to wg_xmit (its device's start_xmit, at the inner IPv4 header) and encrypted after: its only
-# hop of its own (the decrypted packet is seen on the receiver's device)
-FRAMING = Framing("wg", "WireGuard", 17, 0, Site("wg_xmit", "%di", 0), None, encrypted=True)
+# handed to wg_xmit (its device's start_xmit, at the inner IPv4 or IPv6 header: skb->protocol says
+# which) and encrypted after; decrypted, its source checked against the peer's allowed IPs
+# (wg_allowedips_lookup_src, the receive path's one call out of receive.c: skb->data at the inner
+# header, skb->dev the tunnel's device, skb->protocol set) before it is handed to the device. The
+# outer packet, encrypted, is never matched.
+FRAMING = Framing("wg", "WireGuard", 17, 0, Site("wg_xmit", "%di", 0), Site("wg_allowedips_lookup_src", "%si", 0),
+                  encrypted=True, families=LAYER3)
 PEER = re.compile(r"[a-z][a-z0-9-]{0,31}\.[a-zA-Z][a-zA-Z0-9_.-]{0,14}")
 
 

@@ -40,10 +40,7 @@ more ``switch``, one ``alone``, members on a remote host or on different
 hosts ``udp-tunnel``. :func:`runtime_from_state` builds the runtime dict from
 what ``labctl up`` records (drivers, network plan, hosts, guest states).
 
-The SVG layout is deliberately simple: networks in a middle column, guests
-stacked in columns on both sides with their NIC rows facing the networks,
-guests and networks ordered by a few rounds of barycentre sorting so that
-links cross little. The canvas grows with the lab.
+The SVG layout is deliberately simple (:mod:`.svg` says how); the canvas grows with the lab.
 """
 
 from labctl.net.graph.nodes import (
