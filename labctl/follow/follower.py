@@ -47,9 +47,10 @@ from labctl.state import LabState, load_netstate
 from labctl.trace import Clock, Event, Topology, Wire, frame_vlans
 
 log = logging.getLogger(__name__)
-WIRE_SNAPLEN = 128
-"""Enough for a tunnel's frame to its inner IPv6 header and the 8 bytes after it: 14 + 20 + 8 + 8 + 14
-(VXLAN, Geneve; GRETAP's 16-byte header with a checksum, a key and sequence numbers the same) + 40 + 8."""
+WIRE_SNAPLEN = 160
+"""Enough for a tunnel's frame to its inner IPv6 header and the 8 bytes after it, behind an outer IPv6
+header: 14 + 40 + 8 + 8 + 14 (VXLAN, Geneve; GRETAP's 16-byte header with a checksum, a key and
+sequence numbers, behind an outer IPv4 one, less) + 40 + 8."""
 #: How long, and how many, frames read on the host side while nothing followed is in flight are kept
 #: unparsed: the guest's events for a frame reach labctl through its SSH channel later than QEMU writes
 #: the frame (up to seconds on a loaded host); then the frame is part of a journey.

@@ -1,6 +1,8 @@
 """The probes that follow a packet through a tunnel (what their events mean: :mod:`labctl.trace.encap`).
 
-Each tunnel of the lab over outer IPv4 (VXLAN, Geneve, GRE, GRETAP, IP in IP) has a
+Each tunnel of the lab over outer IPv4 (VXLAN, Geneve, GRE, GRETAP, IP in IP) or IPv6 (VXLAN and
+Geneve to an IPv6 remote: their ``vx6`` and ``gnv6`` framings, at IPv6's ``ip6_forward`` and
+``ip6_input`` instead of IPv4's ``ip_forward`` and ``ip_local_deliver``) has a
 :class:`~labctl.lab.tunnels.framing.Framing`: where the inner header sits in the outer packet, the
 families of inner packets it carries (IPv4, IPv6 and ARP inside Ethernet; IPv4 and IPv6 in GRE;
 IPv4 in IP in IP) and the guards that make sure it is there. Every followed guest gets, for each
@@ -21,8 +23,10 @@ a tunnel of the framing gets the outer packet at fewer points (:data:`TRANSIT`: 
 where the function is shared. The wire captures key a tunnel's frame by its inner header too
 (:func:`frame_header`), so that the wire hop says whether the host side saw it. WireGuard's framing is encrypted: its tunnels' guests get ``wg_xmit``
 (the encapsulation, of an inner IPv4 or IPv6 packet: ``pr`` is the skb's protocol there) and
-``wg_allowedips_lookup_src`` (the decrypted packet, before it is handed to the device) and no outer probe. Only outer IPv4 without options (``ip6tnl`` is followed on the tunnel's device alone), an inner
-IPv6 packet without extension headers, an inner frame without a VLAN tag.
+``wg_allowedips_lookup_src`` (the decrypted packet, before it is handed to the device) and no outer probe. Only
+outer IPv4 without options and outer IPv6 without extension headers (``ip6tnl`` is followed on
+its device alone), an inner IPv6 packet without extension headers, an
+inner frame without a VLAN tag.
 """
 
 from __future__ import annotations
@@ -35,15 +39,15 @@ from labctl.lab import ETHERTYPES, KINDS, Framing, Tunnel
 from labctl.pktfilter import ARP, Node, kernel_filter
 from labctl.trace import PARSERS, PacketHeader, parse_frame
 
-__all__ = ["DROP_POINTS", "OUTER_POINTS", "definitions", "frame_header", "framings", "inner_header"]
+__all__ = ["DROP_POINTS", "OUTER6_POINTS", "OUTER_POINTS", "definitions", "frame_header", "framings", "inner_header"]
 
-ETH, IP4 = 14, 20
+ETH, IP4, IP6 = 14, 20, 40
 FAMILY = {etype: family for family, etype in ETHERTYPES.items()}
 NAMED = {4: "", 6: "6", ARP: "_arp"}
 """What a probe's name has after its point for an inner packet of each family (``xmit6_vx``, ``encap_arp_gtap``),
 as :mod:`labctl.follow.probes`' own points (``xmit6``, ``xmit_arp``)."""
 
-# (point, probe kind, place, skb, where the outer IPv4 header is from skb->data there, fetches the device)
+# (point, probe kind, place, skb, where the outer IP header is from skb->data there, fetches the device)
 OUTER_POINTS = (
     ("dev_queue", "e", "net.net_dev_queue", "$skbaddr", ETH, True),
     ("xmit", "e", "net.net_dev_start_xmit", "$skbaddr", ETH, True),
@@ -51,21 +55,26 @@ OUTER_POINTS = (
     ("ip_fwd", "p", "ip_forward", "%di", 0, False),
     ("ip_local", "p", "ip_local_deliver", "%di", 0, False),
 )
-DROP_POINTS = (  # the outer packet freed as a drop (skb:kfree_skb), where its IPv4 header is from skb->data then
+OUTER6_POINTS = OUTER_POINTS[:3] + (  # an outer IPv6 header's: IPv6's own forward and input
+    ("ip6_fwd", "p", "ip6_forward", "%di", 0, False),
+    ("ip6_local", "p", "ip6_input", "%di", 0, False),
+)
+DROP_POINTS = (  # the outer packet freed as a drop (skb:kfree_skb), where its IP header is from skb->data then
     ("drop", "e", "skb.kfree_skb", "$skbaddr", 0, True),  # received, forwarded, filtered (netfilter's hooks)
     ("drop_tx", "e", "skb.kfree_skb", "$skbaddr", ETH, True),  # on its way out: a qdisc, netem, the driver
-    ("drop_pulled", "e", "skb.kfree_skb", "$skbaddr", -IP4, True),  # delivered: UDP's, the tunnel's own receive
+    ("drop_pulled", "e", "skb.kfree_skb", "$skbaddr", None, True),  # delivered (its IP header pulled): UDP's, the tunnel's own receive
 )
 """Where a lab tunnel's outer packet may be dropped, each an event probe that fetches the inner header
 there (:func:`definitions`): the drop joins the inner packet's journey, its note the outer header."""
 
 
 ALL = tuple(p[0] for p in OUTER_POINTS)
-TRANSIT = ("xmit", "netif_rx", "ip_fwd")
+ALL6 = tuple(p[0] for p in OUTER6_POINTS)
+TRANSIT = ("xmit", "netif_rx", "ip_fwd", "ip6_fwd")
 """The outer points a guest with a tunnel of the framing gets: the wire's two ends (the NIC that
 sent or received the outer packet: :mod:`labctl.trace.journey` names the wire, orders the guests'
-visits and aligns their clocks by them) and ``ip_forward`` (the framing's packets it forwards for
-others). Not ``net_dev_queue`` and ``ip_local_deliver``: each probe costs every packet that passes
+visits and aligns their clocks by them) and ``ip_forward`` (``ip6_forward``: the framing's packets it
+forwards for others). Not ``net_dev_queue`` and ``ip_local_deliver``: each probe costs every packet that passes
 its point, followed or not, and for its own tunnels' outer packets these two say nothing its
 encapsulation and decapsulation hops do not."""
 
@@ -91,13 +100,20 @@ def framings(resolved: Mapping[str, Any]) -> dict[str, tuple[Framing, list[int]]
 
 def inner_header(frame: bytes, lab: Mapping[str, tuple[Framing, list[int]]]) -> PacketHeader | None:
     """The inner IPv4, IPv6 or ARP header of an Ethernet frame that carries one of the lab's tunnels'
-    packets (an outer IPv4 header without options that passes a framing's guards: :func:`framings`'
-    answer; the inner packet's EtherType one of the framing's families), or None."""
-    if len(frame) < ETH + IP4 or frame[12:14] != b"\x08\x00" or frame[ETH] != 0x45:
+    packets (an outer IPv4 header without options, or an IPv6 one without extension headers, that
+    passes a framing's guards: :func:`framings`' answer; the inner packet's EtherType one of the
+    framing's families), or None."""
+    if len(frame) < ETH + IP4:
         return None
-    end = ETH + IP4
+    if frame[12:14] == b"\x08\x00" and frame[ETH] == 0x45:
+        outer, proto = 4, frame[ETH + 9]
+    elif frame[12:14] == b"\x86\xdd" and frame[ETH] >> 4 == 6 and len(frame) >= ETH + IP6:
+        outer, proto = 6, frame[ETH + 6]
+    else:
+        return None
     for f, ports in lab.values():
-        if f.encrypted or frame[ETH + 9] != f.proto:
+        end = ETH + f.outer_len
+        if f.encrypted or f.outer != outer or proto != f.proto:
             continue
         if f.port_key and int.from_bytes(frame[end + 2:end + 4], "big") not in ports:
             continue
@@ -138,7 +154,7 @@ def _definition(group: str, p: ProbePoint, off: dict[str, int], extra: set[str],
 
 
 def _header(f: Framing, family: int, end: int, data: str) -> tuple[list[str], list[str]]:
-    """The fetches and guards of the tunnel header, the outer IPv4 header ending at ``end``; an inner
+    """The fetches and guards of the tunnel header, the outer IP header ending at ``end``; an inner
     IPv6 or ARP packet's EtherType (``proto_at``) is fetched as ``pr``, which its family's filter guards
     (``skb->protocol`` elsewhere: :func:`labctl.pktfilter.kernel_filter`)."""
     fetch, guard = [], []
@@ -155,22 +171,35 @@ def _header(f: Framing, family: int, end: int, data: str) -> tuple[list[str], li
     return fetch, guard
 
 
+def _outer_fetch(f: Framing, outer: int, data: str) -> tuple[list[str], list[str]]:
+    """The outer header's addresses and protocol (IPv4's ``osa``, ``oda``; IPv6's ``os6a``-``os6d``,
+    ``od6a``-``od6d``; ``opr``: the protocol or next header), at ``outer`` from ``data``, and its guard."""
+    if f.outer == 4:
+        fetch = [f"osa={_at(outer + 12, data)}:u32", f"oda={_at(outer + 16, data)}:u32", f"opr={_at(outer + 9, data)}:u8"]
+    else:
+        fetch = [f"o{side}6{c}={_at(outer + at + 4 * i, data)}:u32" for side, at in (("s", 8), ("d", 24))
+                 for i, c in enumerate("abcd")] + [f"opr={_at(outer + 6, data)}:u8"]
+    return fetch, [f"opr == {f.proto}"]
+
+
 def _outer(group: str, f: Framing, family: int, ports: list[int], off: dict[str, int], filt: str, extra: set[str],
-           points: tuple[str, ...] = ALL, drop: str = "") -> tuple[list[str], dict[str, str]]:
-    """The outer packet's probes at ``points`` and, with ``drop`` (the drop event's reason and location
+           points: tuple[str, ...] | None = None, drop: str = "") -> tuple[list[str], dict[str, str]]:
+    """The outer packet's probes at ``points`` (None: every point of the framing's outer family) and, with ``drop`` (the drop event's reason and location
     fetches, :func:`labctl.follow.probes.drop_definition`'s), at :data:`DROP_POINTS`."""
     defs, filters = [], {}
-    for point, kind, place, skb, outer, dev in OUTER_POINTS + (DROP_POINTS if drop else ()):
-        if point not in points and not point.startswith("drop"):
+    iph = f.outer_len
+    table = OUTER_POINTS if f.outer == 4 else OUTER6_POINTS
+    for point, kind, place, skb, at, dev in table + (DROP_POINTS if drop else ()):
+        if points is not None and point not in points and not point.startswith("drop"):
             continue
-        p = ProbePoint(f"{point}{NAMED[family]}_{f.tag}", kind, place, skb, outer + IP4 + f.inner, dev=dev, family=family)
+        outer = -iph if at is None else at
+        p = ProbePoint(f"{point}{NAMED[family]}_{f.tag}", kind, place, skb, outer + iph + f.inner, dev=dev, family=family)
         data = f"+{off['skb_data']}({skb})"
-        fetch = [f"osa={_at(outer + 12, data)}:u32", f"oda={_at(outer + 16, data)}:u32", f"opr={_at(outer + 9, data)}:u8"]
-        guard = [f"opr == {f.proto}"]
+        fetch, guard = _outer_fetch(f, outer, data)
         if f.port_key:
-            fetch.append(f"odp={_at(outer + IP4 + 2, data)}:u16")
+            fetch.append(f"odp={_at(outer + iph + 2, data)}:u16")
             guard.append("(" + " || ".join(f"odp == {_le(port, 2)}" for port in ports) + ")")
-        more, checks = _header(f, family, outer + IP4, data)
+        more, checks = _header(f, family, outer + iph, data)
         defs.append(_definition(group, p, off, extra, " ".join(fetch + more + ([drop] if point.startswith("drop") else []))))
         filters[p.name] = f"({filt}) && " + " && ".join(guard + checks)
     return defs, filters
@@ -208,6 +237,7 @@ def definitions(group: str, node: Node, off: dict[str, int], resolved: Mapping[s
     own = {f.tag for t in _tunnels((resolved.get("guests") or {}).get(guest) or {})
            if (f := KINDS[t.kind].framing(t)) is not None}
     defs, filters = [], {}
+    sites: set[tuple[str, str]] = set()
     for family in NAMED:
         filt, extra = kernel_filter(node, family)
         if filt is None:
@@ -216,11 +246,15 @@ def definitions(group: str, node: Node, off: dict[str, int], resolved: Mapping[s
             if family not in f.families:
                 continue
             if not f.encrypted:
-                more, more_filters = _outer(group, f, family, ports, off, filt, extra, TRANSIT if tag in own else ALL,
+                more, more_filters = _outer(group, f, family, ports, off, filt, extra, TRANSIT if tag in own else None,
                                             _drop_fetch(reason, symbol))
                 defs += more
                 filters.update(more_filters)
             for point in ("encap", "decap")[:1 if f.decap is None else 2] if tag in own else ():
-                name, d, filters[name] = _site(group, point, f, family, off, filt, extra)
-                defs.append(d)
+                name, d, flt = _site(group, point, f, family, off, filt, extra)
+                same = (d.replace(name, "", 1), flt)  # VXLAN's vxlan_rcv decapsulates over IPv4 and IPv6 alike: once
+                if same not in sites:
+                    sites.add(same)
+                    defs.append(d)
+                    filters[name] = flt
     return defs, filters

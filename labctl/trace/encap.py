@@ -3,11 +3,13 @@ the wire that carries it, and encapsulation and decapsulation are hops of its pa
 events mean (the probes are :mod:`labctl.follow.tunnelprobes`'s, each tunnel kind's header layouts
 :class:`labctl.lab.tunnels.framing.Framing`\\ s of its module).
 
-IPv4, IPv6 or ARP inside IPv4, in VXLAN, Geneve, GRE, GRETAP or IP in IP (IPv4 only): the outer
+IPv4, IPv6 or ARP inside IPv4 (inside IPv6 too for VXLAN and Geneve to an IPv6 remote), in VXLAN,
+Geneve, GRE, GRETAP or IP in IP (IPv4 only): the outer
 packet's events are the points it passes, named by the point, the inner packet's family
 (:data:`FAMILIES`) and the framing's tag (``xmit_vx``, ``netif_rx6_gnv``, ``ip_fwd_arp_gtapk``...
 are ``xmit``, ``netif_rx``, ``ip_fwd``: :data:`VARIANTS`), each fetching the *inner* packet's header
-(its family's fields: :func:`labctl.trace.hops.identity` tells which), so that they join its journey, and the outer header's addresses (``osa``, ``oda``), the UDP port
+(its family's fields: :func:`labctl.trace.hops.identity` tells which), so that they join its journey, and the outer header's addresses (``osa``, ``oda``; an
+IPv6 one's ``os6a``-``os6d``, ``od6a``-``od6d``), the UDP port
 (``odp``), the VNI or GRE key (``oid``; ``ovni`` in VXLAN's events of before) and a GRE sequence number
 (``oseq``), which their hop's note says (:func:`note`): ``outer VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni
 42``, ``outer GRE 10.1.0.2 > 10.2.0.2 key 5``, ``outer GRE 10.1.0.2 > 10.2.0.2 key 5 seq 3 csum`` (a
@@ -29,8 +31,9 @@ from labctl.lab import KINDS, Framing
 __all__ = ["EVENTS", "FAMILIES", "FRAMINGS", "OUTER", "OUTER_POINTS", "POINTS", "VARIANTS", "mark", "note", "noted", "where"]
 
 FRAMINGS: dict[str, Framing] = {f.tag: f for k in KINDS.values() for f in k.framings}
-OUTER_POINTS = ("dev_queue", "xmit", "netif_rx", "ip_fwd", "ip_local")
-"""The points an outer packet passes (its probes are these points' own, at the outer packet)."""
+OUTER_POINTS = ("dev_queue", "xmit", "netif_rx", "ip_fwd", "ip_local", "ip6_fwd", "ip6_local")
+"""The points an outer packet passes (its probes are these points' own, at the outer packet; an outer
+IPv6 header's are IPv6's forward and input)."""
 DROPS = ("drop", "drop_tx", "drop_pulled")
 """The outer packet's drop events (``drop_vx``, ``drop_tx6_gnv``...): the point ``drop``, wherever its
 header was (received; on its way out; delivered, its IPv4 header pulled)."""
@@ -73,6 +76,15 @@ def _ip(value: int | None) -> str:
     return "?" if value is None else str(ipaddress.IPv4Address(_be(value, 4)))
 
 
+def _outer_ip(fields: Mapping[str, str], side: str) -> str:
+    """The outer header's source (``side`` "s") or destination address: IPv4's (``osa``), or IPv6's
+    four words (``os6a``...``os6d``), each read little-endian."""
+    words = [_num(fields, f"o{side}6{c}") for c in "abcd"]
+    if any(w is None for w in words):
+        return _ip(_num(fields, f"o{side}a"))
+    return str(ipaddress.IPv6Address(b"".join((w or 0).to_bytes(4, "little") for w in words)))
+
+
 def vni(value: int | None) -> int | None:
     """A VXLAN or Geneve header's second word (VNI and a reserved byte), read little-endian, as the VNI."""
     return None if value is None else _be(value, 4) >> 8
@@ -109,7 +121,7 @@ def note(point: str, fields: Mapping[str, str]) -> str:
         port = _num(fields, "odp")
         udp = f" udp/{'?' if port is None else _be(port, 2)}" if f.port_key else ""
         ident = _ident(f, fields)
-        return f"outer {f.title} {_ip(_num(fields, 'osa'))} > {_ip(_num(fields, 'oda'))}{udp}" + (f" {ident}" if ident else "")
+        return f"outer {f.title} {_outer_ip(fields, 's')} > {_outer_ip(fields, 'd')}{udp}" + (f" {ident}" if ident else "")
     if point not in ("encap", "decap"):
         return ""
     f = _framing(fields, "tunnel")

@@ -10,6 +10,8 @@ one follow step (a pings b over VXLAN), its bundle written by ``up``.
   (encrypted) the inner packet is encapsulated on a (wg_xmit) and seen again on b's wg0;
 * a third pings b over VXLAN and GRE with IPv6 inside, and asks for b's vx0 address by ARP over
   VXLAN: followed the same way (encap, r, decap, the wire);
+* a fourth pings b over vx6, VXLAN to b's IPv6 address: the outer IPv6 packet forwarded by r's
+  ip6_forward, said in its hops, encapsulated by udp_tunnel6_xmit_skb;
 * b's VRF blue routes 10.77.0.0/24 over WireGuard with its own table (the main table has no route);
 * the WireGuard keys are this instance's: files 0600 in its run directory, in neither the lab's
   state nor the bundle; a second instance of the lab (warm, from the same post-boot snapshot) has
@@ -61,6 +63,12 @@ steps:
          timeout: 30}
       - {guest: a, command: "ping -c 1 -W 2 192.168.42.2; true", timeout: 30}
       - {guest: r, command: "nft delete table ip t", timeout: 30}
+  - name: vx6
+    follow: {filter: "icmp and host 192.168.46.2"}
+    run:
+      - {guest: b, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done", timeout: 60}
+      - {guest: a, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done; ping -c 2 -i 0.5 -W 3 192.168.46.2",
+         timeout: 60}
 """
 
 
@@ -104,7 +112,8 @@ def test_a_ping_over_vxlan_goes_through_the_router(lab: tuple[Cli, Path]) -> Non
     status = json.loads(cli("status", NAME, "--json", check=True).stdout)
     (b,) = [g for g in status["labs"][0]["guests"] if g["name"] == "b"]
     assert [(t["name"], t["type"]) for t in b["tunnels"]] == [("vx0", "vxlan"), ("wg0", "wireguard"), ("gnv0", "geneve"),
-                                                             ("tap0", "gretap"), ("gre1", "gre"), ("tun0", "ipip")]
+                                                             ("tap0", "gretap"), ("gre1", "gre"), ("tun0", "ipip"),
+                                                             ("vx6", "vxlan")]
     assert b["vrfs"][0]["table"] == 10 and b["vrfs"][0]["members"] == ["wg0"]
     text = " ".join(cli("status", NAME, check=True).stdout.split())  # a row per tunnel and VRF (wrapped as wide as it is)
     assert "│ vx0 │ vxlan 42 to" in text and "│ blue │ vrf table 10" in text, text
@@ -156,6 +165,34 @@ def test_follow_shows_an_inner_ipv6_packet_encapsulated_carried_and_decapsulated
         assert p["end"]["kind"] == "answered", p["end"]
     for p in replies:
         assert [h["guest"] for h in p["hops"] if h["point"] in ("encap", "decap")] == ["b", "a"], p["hops"]
+        assert p["end"]["kind"] == "delivered", p["end"]
+
+
+def test_follow_goes_through_vxlan_over_ipv6_with_the_outer_ipv6_header_in_the_routers_hops(lab: tuple[Cli, Path]) -> None:
+    """vx6 is VXLAN to b's IPv6 address: encapsulated by udp_tunnel6_xmit_skb, the outer IPv6 packet
+    forwarded by r's ip6_forward (its hops say the outer header), decapsulated by vxlan_rcv."""
+    _, bundle = lab
+    packets = _packets(bundle, "vx6")
+    requests = [p for p in packets if "echo-request" in p["packet"] and "> 192.168.46.2 " in p["packet"]]
+    replies = [p for p in packets if "echo-reply" in p["packet"] and "192.168.46.2 >" in p["packet"]]
+    assert len(requests) == 2 and len(replies) == 2, [p["packet"] for p in packets]
+    for p in requests:
+        hops = [(h["guest"], h["point"], h["where"], h.get("note", "")) for h in p["hops"] if h["point"] != "wire"]
+        assert ("a", "encap", "udp_tunnel6_xmit_skb", "VXLAN vni 46") in hops, hops
+        assert ("b", "decap", "vxlan_rcv", "VXLAN vni 46") in hops, hops
+        points = [h[:2] for h in hops]
+        assert points.index(("a", "encap")) < points.index(("r", "ip6_fwd")) < points.index(("b", "decap")), hops
+        assert [h[1:] for h in hops if h[0] == "r"] == [  # one outer IPv6 packet through r
+            (pt, where, "outer VXLAN fd00:1::2 > fd00:2::2 udp/4789 vni 46") for pt, where in (
+                ("netif_rx", "netif_receive_skb"), ("ip6_fwd", "ip6_forward"), ("dev_queue", "net_dev_queue"),
+                ("xmit", "net_dev_start_xmit"))], hops
+        wires = [(h["where"], h["note"]) for h in p["hops"] if h["point"] == "wire"]  # by the inner header
+        assert wires == [("a.eth1 → r.eth1", "seen on the host side at both ends"),
+                         ("r.eth2 → b.eth1", "seen on the host side at both ends")], wires
+        assert p["end"]["kind"] == "answered", p["end"]
+    for p in replies:
+        assert [(h["guest"], h["where"]) for h in p["hops"] if h["point"] in ("encap", "decap")] == [
+            ("b", "udp_tunnel6_xmit_skb"), ("a", "vxlan_rcv")], p["hops"]
         assert p["end"]["kind"] == "delivered", p["end"]
 
 

@@ -452,3 +452,123 @@ def test_a_dropped_outer_packet_is_the_inner_packets_drop_with_the_outer_header_
         "dropped on r at nft_do_chain+0x3c/0x420 [nf_tables] for NETFILTER_DROP "
         "(its outer packet, VXLAN 10.1.0.2 > 10.2.0.2 udp/4789 vni 42)"), j.end
     assert [x.point for x in j.hops] == ["netif_rx", "ip_fwd"]
+
+
+# --------------------------------------------------------------------------- an outer IPv6 header
+
+VX6_LAB = """\
+name: vx6u
+networks: {left: {}, right: {}}
+guests:
+  a:
+    nics: [{name: eth1, model: virtio, network: left, ip: [10.1.0.2/24, "fd00:1::2/64"]}]
+    routes: [{to: "fd00:2::/64", via: "fd00:1::1"}]
+    tunnels:
+      vx6: {type: vxlan, vni: 46, remote: "fd00:2::2", ip: 192.168.46.1/24}
+      gnv6: {type: geneve, vni: 8, remote: "fd00:2::2", ip: 192.168.48.1/24}
+  r:
+    nics: [{name: eth1, model: virtio, network: left, ip: [10.1.0.1/24, "fd00:1::1/64"]},
+           {name: eth2, model: virtio, network: right, ip: [10.2.0.1/24, "fd00:2::1/64"]}]
+  b:
+    nics: [{name: eth1, model: virtio, network: right, ip: [10.2.0.2/24, "fd00:2::2/64"]}]
+    routes: [{to: "fd00:1::/64", via: "fd00:2::1"}]
+    tunnels:
+      vx6: {type: vxlan, vni: 46, remote: "fd00:1::2", ip: 192.168.46.2/24}
+      gnv6: {type: geneve, vni: 8, remote: "fd00:1::2", ip: 192.168.48.2/24}
+"""
+
+
+def _vxlan6_frame(vni: int = 46, port: int = 4789) -> bytes:
+    """What a's eth1 sends for ``ping 192.168.46.2`` over vx6: Ethernet, IPv6 fd00:1::2 > fd00:2::2
+    (next header UDP), UDP to ``port``, VXLAN (``vni``), the inner Ethernet header, IPv4 192.168.46.1 >
+    192.168.46.2, an ICMP echo request id 7 seq 1."""
+    echo = bytes([8, 0, 0, 0, 0, 7, 0, 1]) + b"labctl4!" * 7
+    echo = echo[:2] + _checksum(echo).to_bytes(2, "big") + echo[4:]
+    ip = bytearray(bytes([0x45, 0]) + (20 + len(echo)).to_bytes(2, "big") + bytes.fromhex("1234 4000 40 01 0000 c0a82e01 c0a82e02"))
+    ip[10:12] = _checksum(bytes(ip)).to_bytes(2, "big")
+    inner = bytes.fromhex("be5e00000002 be5e00000001 0800") + bytes(ip) + echo
+    vxlan = bytes.fromhex("08000000") + (vni << 8).to_bytes(4, "big")
+    udp = (54321).to_bytes(2, "big") + port.to_bytes(2, "big") + (8 + len(vxlan) + len(inner)).to_bytes(2, "big") + b"\0\0"
+    payload = udp + vxlan + inner
+    outer = (bytes([0x60, 0, 0, 0]) + len(payload).to_bytes(2, "big") + bytes([17, 64])
+             + ipaddress.IPv6Address("fd00:1::2").packed + ipaddress.IPv6Address("fd00:2::2").packed)
+    return bytes.fromhex("525400000101 525400000102 86dd") + outer + payload
+
+
+def test_a_vxlan_or_geneve_tunnel_to_an_ipv6_remote_has_the_outer_ipv6_framing() -> None:
+    vx, gnv = KINDS["vxlan"], KINDS["geneve"]
+    six = vx.framing(Tunnel("t", "vxlan", options=(("vni", "1"), ("remote", "fd00:2::2"))))
+    assert six is not None and (six.tag, six.outer, six.outer_len, six.encap.function) == ("vx6", 6, 40, "udp_tunnel6_xmit_skb")
+    assert vx.framing(Tunnel("t", "vxlan", options=(("vni", "1"), ("group", "ff05::42")))).tag == "vx6"  # type: ignore[union-attr]
+    assert vx.framing(Tunnel("t", "vxlan", options=(("vni", "1"), ("remote", "10.2.0.2")))).tag == "vx"  # type: ignore[union-attr]
+    g6 = gnv.framing(Tunnel("t", "geneve", options=(("vni", "1"), ("remote", "fd00:2::2"))))
+    assert g6 is not None and g6.tag == "gnv6" and g6.decap is not None and g6.decap.function == "geneve_udp_encap_recv"
+    assert gnv.framing(Tunnel("t", "geneve", options=(("vni", "1"), ("remote", "10.2.0.2")))).tag == "gnv"  # type: ignore[union-attr]
+    lab = tunnelprobes.framings(load_lab_text(VX6_LAB, "lab.yaml").to_dict())
+    assert {tag: ports for tag, (_, ports) in lab.items()} == {"vx6": [4789], "gnv6": [6081]}
+
+
+def test_the_probes_of_an_outer_ipv6_header_read_past_its_40_bytes_at_ipv6s_own_points() -> None:
+    defs, filters = _defs_of(VX6_LAB, "icmp", "r")
+    assert sorted(n for n in defs if n.endswith("_vx6")) == sorted(
+        [f"{p}_vx6" for p in tunnelprobes.ALL6] + ["drop_vx6", "drop_tx_vx6", "drop_pulled_vx6"])
+    xmit = defs["xmit_vx6"]
+    assert "saddr=+96(+208($skbaddr)):u32" in xmit  # 14 + 40 + 8 (UDP) + 8 (VXLAN) + 14 + 12: the inner source
+    assert "os6a=+22(+208($skbaddr)):u32" in xmit and "od6d=+50(+208($skbaddr)):u32" in xmit
+    assert "opr=+20(+208($skbaddr)):u8" in xmit and "odp=+56(+208($skbaddr)):u16" in xmit  # next header; UDP's port
+    assert filters["xmit_vx6"].endswith("&& opr == 17 && (odp == 46354) && ohd == 8")
+    assert defs["ip6_fwd_vx6"].startswith("p:labctl_t/ip6_fwd_vx6 ip6_forward skb=%di:x64")
+    assert "saddr=+82(+208(%di)):u32" in defs["ip6_fwd_vx6"]
+    assert "saddr=+42(+208($skbaddr)):u32" in defs["drop_pulled_vx6"]  # delivered: its 40 bytes pulled
+    frame = _vxlan6_frame()
+    for name in ("xmit_vx6", "dev_queue_vx6"):
+        assert _fires(defs[name], filters[name], frame)
+        assert not _fires(defs[name], filters[name], _vxlan6_frame(port=4790))  # not the lab's port
+    assert not _fires(defs["xmit_gnv6"], filters["xmit_gnv6"], frame)  # VXLAN's header is not Geneve's
+    own, _ = _defs_of(VX6_LAB, "icmp", "a")  # a's own: the wire's ends and IPv6's forward, its encap and decap
+    assert sorted(n for n in own if n.endswith("_vx6") and not n.startswith("drop")) == [
+        "decap_vx6", "encap_vx6", "ip6_fwd_vx6", "netif_rx_vx6", "xmit_vx6"]
+    assert own["encap_vx6"].startswith("p:labctl_t/encap_vx6 udp_tunnel6_xmit_skb skb=%dx:x64")
+
+
+def test_the_wire_captures_read_a_frame_of_an_outer_ipv6_header_by_its_inner_one() -> None:
+    lab = tunnelprobes.framings(load_lab_text(VX6_LAB, "lab.yaml").to_dict())
+    h = tunnelprobes.inner_header(_vxlan6_frame(), lab)
+    assert h is not None and h.describe() == "ICMP echo-request 192.168.46.1 > 192.168.46.2 id 7 seq 1"
+    assert tunnelprobes.inner_header(_vxlan6_frame(port=4790), lab) is None
+    assert tunnelprobes.inner_header(_vxlan_frame(), lab) is None  # over IPv4: the lab has no such tunnel
+    assert tunnelprobes.frame_header(_vxlan6_frame(), parse_filter("icmp and host 192.168.46.2"), lab) == h
+
+
+OUTER6 = ("os6a=16777469 os6b=0 os6c=0 os6d=33554432 od6a=33554685 od6b=0 od6c=0 od6d=33554432")  # fd00:1::2 > fd00:2::2
+
+
+def test_an_outer_ipv6_packets_events_are_one_journey_at_ipv6s_points_with_the_outer_header_in_the_notes() -> None:
+    inner = "vi=69 tl=21504 id=13330 fo=64 ttl=64 proto=1 saddr=19835072 daddr=36612288 l4a=8 l4b=16779008"  # .46.1 > .46.2, read little-endian
+    tail = f"{OUTER6} opr=17 odp=46354 ohd=8 oid=3014656"
+    lines = [f'  <idle>-0 [000] ..s2. 601.000001: netif_rx_vx6: (net.netif_receive_skb) skb=0xffff888005fa4b00 dev="eth1" {inner} {tail}',
+             f"  <idle>-0 [000] ..s2. 601.000101: ip6_fwd_vx6: (ip6_forward) skb=0xffff888005fa4b00 {inner} {tail}",
+             f'  <idle>-0 [000] ..s2. 601.000201: xmit_vx6: (net.net_dev_start_xmit) skb=0xffff888005fa4b00 dev="eth2" {inner} {tail}']
+    events = [parse_line(x, "r") for x in lines]
+    fwd = events[1]
+    assert fwd is not None and fwd.point == "ip6_fwd" and fwd.fields["outer"] == "vx6"
+    assert encap.note(fwd.point, fwd.fields) == "outer VXLAN fd00:1::2 > fd00:2::2 udp/4789 vni 46"
+    h = identity(fwd)
+    assert h is not None and h.describe().startswith("ICMP echo-request 192.168.46.1 > 192.168.46.2")
+    corr = Correlator(Topology(guests=("r",)), {"r": Clock()})
+    for e in events:
+        assert e is not None
+        corr.add(e)
+    (j,) = corr.settle()
+    assert [(x.point, x.where) for x in j.hops] == [("netif_rx", "netif_receive_skb"), ("ip6_fwd", "ip6_forward"),
+                                                    ("xmit", "net_dev_start_xmit")], j.hops
+
+
+def test_a_guest_with_vxlan_over_ipv4_and_ipv6_decapsulates_both_at_one_probe() -> None:
+    """vxlan_rcv takes both framings' packets off: one probe there (two would make each decap a hop twice)."""
+    both = VX6_LAB.replace('      gnv6: {type: geneve, vni: 8, remote: "fd00:2::2", ip: 192.168.48.1/24}\n',
+                           '      vx0: {type: vxlan, vni: 42, remote: 10.2.0.2, ip: 192.168.42.1/24}\n')
+    defs, _ = _defs_of(both, "icmp or icmp6", "a")
+    assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == [
+        "decap6_vx", "decap_vx", "encap6_vx", "encap6_vx6", "encap_vx", "encap_vx6"]
+    assert all(defs[n].split()[1] == "vxlan_rcv" for n in defs if n.startswith("decap"))

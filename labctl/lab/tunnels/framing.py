@@ -3,8 +3,9 @@ what ``labctl follow`` needs to follow the inner packet on the wire (its probes:
 :mod:`labctl.follow.tunnelprobes`; what their events mean: :mod:`labctl.trace.encap`). Pure data,
 one :class:`Framing` (or one per header layout) in each kind's module.
 
-Offsets count from the end of the outer IPv4 header (20 bytes, no options), where the UDP header
-(VXLAN, Geneve), the GRE header or the inner IPv4 header (IP in IP) starts. The inner packet is
+Offsets count from the end of the outer IP header (IPv4's 20 bytes without options, or IPv6's 40
+without extension headers: a framing's ``outer``), where the UDP header (VXLAN, Geneve), the GRE
+header or the inner IPv4 header (IP in IP) starts. The inner packet is
 IPv4, IPv6 or ARP (a framing's ``families``), the same offsets for each: the inner Ethernet
 header's EtherType or GRE's protocol field (``proto_at``) says which. A framing is *exact*: its
 guards (the outer IP protocol, the UDP port, the tunnel header's first 32 bits) keep a packet whose
@@ -60,7 +61,8 @@ class Framing:
     ``csum``: the header carries a checksum (GRE's); ``encrypted``: the outer packet is not matched,
     and there is no ``decap``; ``families``: the inner packets it carries (4, 6, :data:`ARP`), told
     apart by the EtherType at ``proto_at`` (the inner Ethernet header's, GRE's protocol field; None:
-    IPv4 only, or WireGuard's, whose encapsulation has the inner packet's ``skb->protocol``)."""
+    IPv4 only, or WireGuard's, whose encapsulation has the inner packet's ``skb->protocol``); ``outer``:
+    the outer header's family (4; 6: a tunnel to an IPv6 remote, its IP protocol the next header)."""
 
     tag: str
     title: str
@@ -79,6 +81,12 @@ class Framing:
     encrypted: bool = False
     proto_at: int | None = None
     families: tuple[int, ...] = (4,)
+    outer: int = 4
+
+    @property
+    def outer_len(self) -> int:
+        """The outer IP header's length: IPv4's without options, IPv6's without extension headers."""
+        return 20 if self.outer == 4 else 40
 
     def word_for(self, ethertype: int) -> int | None:
         """The tunnel header's first 32 bits for an inner packet of ``ethertype`` (:data:`ETHERTYPES`):

@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker
 from labctl.lab.tunnels.devices import Kind, Tunnel
 from labctl.lab.tunnels.framing import LAYER2, Framing, Site
-from labctl.lab.tunnels.vxlan import MAX_VNI, UDP
+from labctl.lab.tunnels.vxlan import MAX_VNI, UDP, outer_family
 from labctl.lab.yamlpos import YamlMap
 
 DSTPORT = 6081
@@ -23,6 +25,7 @@ DSTPORT = 6081
 FRAMING = Framing("gnv", "Geneve", 17, UDP + 8 + 14, Site("udp_tunnel_xmit_skb", "%dx", -UDP),
                   Site("geneve_udp_encap_recv", "%si", 0), word=0x00006558, word_at=UDP, ident="vni",
                   ident_at=UDP + 4, port_key="dstport", port=DSTPORT, proto_at=UDP + 8 + 12, families=LAYER2)
+FRAMING6 = dataclasses.replace(FRAMING, tag="gnv6", encap=Site("udp_tunnel6_xmit_skb", "%dx", -UDP), outer=6)  # to an IPv6 remote
 
 
 class Geneve(Kind):
@@ -30,7 +33,10 @@ class Geneve(Kind):
     keys = ("vni", "remote", "dstport", "ttl")
     required = ("vni", "remote")
     layer2 = True
-    framings = (FRAMING,)
+    framings = (FRAMING, FRAMING6)
+
+    def framing(self, t: Tunnel) -> Framing:
+        return FRAMING6 if outer_family(t, "remote") == 6 else FRAMING
 
     def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import labctl.lab.tunnels.fields as o
 from labctl.lab.checker import Checker
 from labctl.lab.tunnels.devices import Kind, Tunnel
@@ -22,6 +24,14 @@ UDP = 8
 FRAMING = Framing("vx", "VXLAN", 17, UDP + 8 + 14, Site("udp_tunnel_xmit_skb", "%dx", -UDP), Site("vxlan_rcv", "%si", 0),
                   word=0x08000000, word_at=UDP, ident="vni", ident_at=UDP + 4, port_key="dstport", port=DSTPORT,
                   proto_at=UDP + 8 + 12, families=LAYER2)
+# over IPv6 (a remote or group of IPv6): the same headers after an outer IPv6 one, pushed by udp_tunnel6_xmit_skb
+FRAMING6 = dataclasses.replace(FRAMING, tag="vx6", encap=Site("udp_tunnel6_xmit_skb", "%dx", -UDP), outer=6)
+
+
+def outer_family(t: Tunnel, *keys: str) -> int:
+    """6 when the first of ``t``'s options ``keys`` that it has is an IPv6 address, else 4."""
+    addr = next((str(t.opt(k)) for k in keys if t.opt(k) is not None), "")
+    return 6 if ":" in addr else 4
 
 
 class Vxlan(Kind):
@@ -29,7 +39,10 @@ class Vxlan(Kind):
     keys = ("vni", "remote", "group", "local", "dstport", "dev", "ttl", "learning")
     required = ("vni",)
     layer2 = True
-    framings = (FRAMING,)
+    framings = (FRAMING, FRAMING6)
+
+    def framing(self, t: Tunnel) -> Framing:
+        return FRAMING6 if outer_family(t, "remote", "group", "local") == 6 else FRAMING
 
     def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
         out: dict[str, str] = {}
