@@ -37,7 +37,15 @@ from typing import IO, TYPE_CHECKING, BinaryIO, Self
 
 from labctl.endpoint import Endpoint, Result, config_quote
 from labctl.errors import GuestError, LabctlError
-from labctl.muxclient import SOCKET_PREFIX, Started, control_path, start_on_master
+from labctl.muxclient import (
+    SOCKET_PREFIX,
+    Started,
+    await_master,
+    control_path,
+    start_on_master,
+    starting_marker,
+    starting_pid,
+)
 
 if TYPE_CHECKING:
     from labctl.proc import Process
@@ -112,15 +120,67 @@ def _gone(pid: int, control: Path) -> bool:
     return bool(title) and str(control).encode() not in title
 
 
+def prewarm(ep: Endpoint, guest_dir: Path) -> bool:
+    """Start making the kept connection to ``ep``'s guest in the background, and return at once:
+    ``up`` does, so that the first ``exec`` or ``cp`` finds its login done (or waits for it,
+    :func:`labctl.muxclient.await_master`, instead of making a second one). The ``ssh`` is the
+    caller's, in a session of its own; it goes to the background once logged in (``-f``), which is
+    when the master answers; its pid is noted beside the socket while it logs in. Whether one was
+    started (not: no socket path, a master answers already, or ssh could not start). Never raises."""
+    from labctl.proc import start_detached
+
+    control = control_path(guest_dir, ep.port)
+    if control is None or start_on_master_alive(control) or starting_pid(control) is not None:
+        return False
+    try:
+        pid = start_detached(ssh_argv(ep, control, None, None, ["-f", "-N", "-n"]))
+        marker = starting_marker(control)
+        tmp = marker.with_name(f"{marker.name}.{pid}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(pid))
+        os.replace(tmp, marker)
+    except (OSError, LabctlError):
+        return False
+    return True
+
+
+def start_on_master_alive(control: Path) -> bool:
+    """Whether a master answers at ``control`` (its socket there and listening)."""
+    import _socket
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(os.fspath(control))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 def close(guest_dir: Path, timeout: float = 5.0) -> None:
     """Close every kept connection to the guest whose directory is ``guest_dir`` and remove its
-    sockets: asked to exit (``ssh -O exit``), killed when it does not within ``timeout``. Never raises."""
+    sockets: asked to exit (``ssh -O exit``), killed when it does not within ``timeout``; an ``ssh``
+    still making one in the background (:func:`prewarm`) is stopped first. Never raises."""
     from labctl.proc import run
 
     try:
         sockets = [p for p in guest_dir.iterdir() if p.name.startswith(SOCKET_PREFIX)]
+        markers = [p for p in guest_dir.iterdir() if p.name.startswith("." + SOCKET_PREFIX) and p.name.endswith(".starting")]
     except OSError:
         return
+    for marker in markers:
+        control = marker.with_name(marker.name[1:].removesuffix(".starting"))
+        pid = starting_pid(control)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            marker.unlink()
+        if control not in sockets and control.exists():
+            sockets.append(control)
     for sock in sockets:
         pid = master_pid(sock, timeout)
         if pid is not None:
@@ -215,6 +275,8 @@ class MuxSession:
         pass  # the connection is kept
 
     def argv(self, command: str, log: Path | None) -> list[str]:
+        if self.control is not None:
+            await_master(self.control)  # up's background login: one login, not two at once
         return ssh_argv(self.ep, self.control, log, command)
 
     def call(self, command: str, timeout: float, abort: Callable[[], str | None] | None = None) -> int:

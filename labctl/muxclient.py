@@ -39,6 +39,7 @@ VERSION = 4
 NO_ESCAPE = 0xFFFFFFFF
 MAX_PACKET = 256 * 1024  # a master's packets are small; a bigger length is not a master speaking
 HELLO_TIMEOUT = 5.0  # seconds for the master to greet and open the session
+PREWARM_WAIT = 30.0  # seconds a call waits for the master ``up`` is making in the background (a login under TCG: 0.3-2 s)
 SOCKET_PREFIX = "mux-"
 # sun_path is 108 bytes; ssh binds a temporary name (the path and ".XXXXXXXXXXXXXXXX") first.
 MAX_SOCKET_PATH = 107 - 17
@@ -202,13 +203,51 @@ class Started(NamedTuple):
     stderr: int
 
 
+def starting_marker(control: Path) -> Path:
+    """Where ``labctl up`` notes the pid of the ``ssh`` that is making the master at ``control`` in
+    the background (:func:`labctl.mux.prewarm`): ``.mux-PORT.starting`` beside the socket."""
+    return control.with_name(f".{control.name}.starting")
+
+
+def starting_pid(control: Path) -> int | None:
+    """The pid of the ``ssh`` still making the master at ``control`` (its title names the socket: not
+    a reused pid), or None: none was started, or it is done (the master answers, or it failed)."""
+    try:
+        pid = int(starting_marker(control).read_text())
+        title = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if os.fsencode(control) in title else None
+
+
+def await_master(control: Path, timeout: float = PREWARM_WAIT) -> bool:
+    """Wait (at most ``timeout`` seconds) while the master at ``control`` is being made in the
+    background; whether one was (then the caller asks it again)."""
+    import time
+
+    if starting_pid(control) is None:
+        return False
+    deadline = time.monotonic() + timeout
+    while starting_pid(control) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return True
+
+
 def start_on_master(control: Path, command: str) -> Started | None:
     """``command`` started on the master at ``control`` with this process's standard input and two new
     pipes for its output and error (the master writes into them; their read ends are the caller's to
-    close); None when no master answers there.
+    close); None when no master answers there, once a master being made there is done
+    (:func:`await_master`).
 
     :raise GuestError: when the master refuses the session.
     """
+    got = _start_on_master(control, command)
+    if got is None and await_master(control):
+        got = _start_on_master(control, command)
+    return got
+
+
+def _start_on_master(control: Path, command: str) -> Started | None:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:

@@ -255,6 +255,16 @@ def start_piped(argv: Sequence[str | os.PathLike[str]]) -> subprocess.Popen[byte
     return _popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def start_detached(argv: Sequence[str | os.PathLike[str]]) -> int:
+    """A child left to run by itself, in its own session, its standard streams on /dev/null
+    (``up``'s background login to a guest, :func:`labctl.mux.prewarm`); its pid. Nobody waits for it:
+    it goes to the background itself, and init reaps what is left once labctl exits.
+
+    :raise HostError: when the program does not exist.
+    """
+    return _popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
+
+
 def start_child(argv: Sequence[str | os.PathLike[str]], *, stdin: int | IO[bytes] | None = None,
                 stdout: int | IO[bytes] | None = None, stderr: int | IO[bytes] | None = None
                 ) -> subprocess.Popen[bytes]:

@@ -273,5 +273,21 @@ def _up_one(args: argparse.Namespace, lab: Lab, prepared: Prepared, quiet_json: 
 
         outcome = run_lab(lab, prepared, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show)
         return report_outcome(outcome, args.json)
-    show(up(lab, prepared.image, prepared.kernels, up_options(args), display))
+    state = up(lab, prepared.image, prepared.kernels, up_options(args), display)
+    if not quiet_json and len(state.guests) <= PREWARM_GUESTS:
+        _prewarm(state)
+    show(state)
     return 0
+
+
+PREWARM_GUESTS = 4
+"""A lab of at most this many guests gets its kept connections made as ``up`` ends (a room's do not)."""
+
+
+def _prewarm(state: LabState) -> None:
+    """Each guest's kept connection (labctl.mux) made in the background while ``up`` prints: the first
+    ``exec`` or ``cp`` then finds its login done, or waits for it, instead of logging in itself."""
+    from labctl import mux
+
+    for name, rec in state.guests.items():
+        mux.prewarm(state.endpoint(name), Path(rec.dir))

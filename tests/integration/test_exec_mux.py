@@ -1,5 +1,5 @@
 """``exec`` and ``cp`` over the guest's kept connection (labctl.mux: OpenSSH's ControlMaster), with a
-real guest: one master per guest, its socket 0600 and the user's; the exit status, input and output
+real guest: the master ``up`` made in the background, then one per guest, its socket 0600 and the user's; the exit status, input and output
 the guest command's own; a ``reset`` between two execs (the second reaches the reset guest over a new
 connection); sshd killed in the guest (a clear error, no hang); ``down`` leaves no socket nor master.
 
@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,8 +67,23 @@ def master(sock: Path) -> int | None:
 
 
 def masters_naming(path: Path) -> list[int]:
-    """ssh masters whose title names a file under ``path`` (``ssh: PATH [mux]``)."""
-    return [pid for pid, cmd in harness.processes().items() if "[mux]" in cmd and str(path) in cmd]
+    """ssh masters whose title names a file under ``path``: ``ssh: PATH [mux]`` (made by a call), or the
+    command line of the ``ssh -f -N`` that ``up`` started (its ControlPath)."""
+    return [pid for pid, cmd in harness.processes().items()
+            if str(path) in cmd and ("[mux]" in cmd or (cmd.startswith("ssh ") and " -N " in cmd))]
+
+
+def test_up_leaves_the_kept_connection_made_for_the_first_exec(lab: Cli) -> None:
+    """``up`` logs in in the background as it ends (labctl.mux.prewarm): a master answers before any
+    exec, and the first exec runs on it rather than logging in again."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (sockets(lab) and master(sockets(lab)[0])):
+        time.sleep(0.5)
+    (sock,) = sockets(lab)
+    pid = master(sock)
+    assert pid is not None and masters_naming(lab.state_dir) == [pid]
+    assert lab("exec", LAB, "a", "--", "true").returncode == 0
+    assert master(sock) == pid and masters_naming(lab.state_dir) == [pid]
 
 
 def test_one_kept_connection_0600_status_and_bytes_as_the_guests(lab: Cli) -> None:

@@ -8,7 +8,10 @@ import array
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +151,85 @@ def test_a_packet_length_no_master_sends_is_refused(tmp_path: Path) -> None:
         packets = muxclient.Packets(a)  # type: ignore[arg-type]
         with pytest.raises(GuestError, match="packet of"):
             packets.wait()
+
+
+# --------------------------------------------------------------------------- up's background login (mux.prewarm)
+
+def _logging_in(control: Path, seconds: float) -> subprocess.Popen[bytes]:
+    """A stand-in for the ssh that ``up`` left logging in: a process whose title names the socket,
+    its pid in the marker beside it."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", str(control)])
+    muxclient.starting_marker(control).write_text(str(proc.pid))
+    return proc
+
+
+def test_a_call_while_up_still_logs_in_waits_for_that_master_instead_of_making_one(
+        tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+    """The master answers only once the background login is done: the call waits for it and runs on
+    it (without the wait it would find no master, and log in a second time)."""
+    gdir = tmp_path / "guest"
+    gdir.mkdir(mode=0o700)
+    control = gdir / "mux-2222"
+    proc = _logging_in(control, 0.6)
+    masters: list[Master] = []
+    timer = threading.Timer(0.5, lambda: masters.append(Master(control, b"on it\n", b"", 0)))
+    timer.start()
+    try:
+        started = muxclient.start_on_master(control, "true")
+        assert started is not None and proc.poll() is not None  # it waited until the login was done
+        assert mux.MuxSession(Endpoint("g", 2222, tmp_path / "key", tmp_path / "kh"), gdir).relay(started, 5, None) == 0
+    finally:
+        timer.join()
+        for m in masters:
+            m.done.set()
+        proc.kill()
+    assert capfdbinary.readouterr().out == b"on it\n"
+
+
+def test_no_login_under_way_is_no_wait_and_a_stale_marker_neither(tmp_path: Path) -> None:
+    """A marker whose process is gone (or is another program now) means nobody is logging in."""
+    gdir = tmp_path / "guest"
+    gdir.mkdir(mode=0o700)
+    control = gdir / "mux-2222"
+    assert muxclient.await_master(control) is False
+    muxclient.starting_marker(control).write_text(str(os.getpid()))  # alive, but not naming the socket
+    assert muxclient.starting_pid(control) is None and muxclient.await_master(control) is False
+    assert muxclient.start_on_master(control, "true") is None
+
+
+def test_close_stops_a_login_still_under_way_and_removes_its_marker(tmp_path: Path) -> None:
+    gdir = tmp_path / "guest"
+    gdir.mkdir(mode=0o700)
+    control = gdir / "mux-2222"
+    proc = _logging_in(control, 30)
+    assert muxclient.starting_pid(control) == proc.pid
+    mux.close(gdir)
+    assert proc.wait(5) == -9 and not muxclient.starting_marker(control).exists()
+
+
+def test_prewarm_starts_ssh_in_the_background_with_the_marker_0600(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``up``'s call: ssh started (its own session, to the background once logged in: -f -N), its pid
+    noted beside the socket 0600, and not a second time while it logs in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/argv\nsleep 30\n')
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    gdir = tmp_path / "guest"
+    gdir.mkdir(mode=0o700)
+    ep = Endpoint("g", 2222, tmp_path / "key", tmp_path / "kh")
+    assert mux.prewarm(ep, gdir) is True
+    marker = muxclient.starting_marker(gdir / "mux-2222")
+    pid = int(marker.read_text())
+    try:
+        assert marker.stat().st_mode & 0o777 == 0o600 and os.getsid(pid) == pid
+        for _ in range(100):
+            if (tmp_path / "argv").exists() and muxclient.starting_pid(gdir / "mux-2222") == pid:
+                break
+            time.sleep(0.05)
+        argv = (tmp_path / "argv").read_text().split()
+        assert "-f" in argv and "-N" in argv and f'ControlPath="{gdir / "mux-2222"}"' in argv
+        assert mux.prewarm(ep, gdir) is False  # one login at a time
+    finally:
+        mux.close(gdir)
+    assert not marker.exists()
