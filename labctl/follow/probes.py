@@ -169,8 +169,6 @@ def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol
     ``skb->data`` with where the network header is (:func:`labctl.trace.hops.drop_header`); ``extra``:
     more fetch arguments (:func:`drop_filter`'s)."""
     parts = [f"e:{group}/drop skb.kfree_skb skb=$skbaddr:x64 proto=$protocol:u16"]
-    if reason:
-        parts.append("reason=$reason:u32")
     if off is not None:
         s, d = "$skbaddr", f"+{off['skb_data']}($skbaddr)"
         parts.append(f"dev=+{off['dev_name']}(+{off['skb_dev']}({s})):string head=+{off['skb_head']}({s}):x64 "
@@ -178,8 +176,14 @@ def drop_definition(group: str, off: dict[str, int] | None, reason: bool, symbol
         parts += [f"{name}={_at(at, d)}:x64" for name, at in window_words()]
     if extra:
         parts.append(extra)
-    parts.append(f"loc=$location:{'symbol' if symbol else 'x64'}")  # last: a symbol has spaces
+    parts.append(drop_fetch(reason, symbol))
     return " ".join(parts)
+
+
+def drop_fetch(reason: bool, symbol: bool) -> str:
+    """A drop event's reason (where ``skb:kfree_skb`` has one) and location, the location last (a
+    symbol has spaces): the end of every drop probe's definition."""
+    return ("reason=$reason:u32 " if reason else "") + f"loc=$location:{'symbol' if symbol else 'x64'}"
 
 
 # where a dropped skb's network header is from skb->data: the network layer's, after an Ethernet header,

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from labctl.follow.probes import ProbePoint, ip_fields
+from labctl.follow.probes import ProbePoint, drop_fetch, ip_fields
 from labctl.lab import ETHERTYPES, KINDS, Framing, Tunnel
 from labctl.pktfilter import ARP, Node, kernel_filter
 from labctl.trace import PARSERS, PacketHeader, parse_frame
@@ -205,11 +205,6 @@ def _outer(group: str, f: Framing, family: int, ports: list[int], off: dict[str,
     return defs, filters
 
 
-def _drop_fetch(reason: bool, symbol: bool) -> str:
-    """A drop probe's reason and location, the location last (a symbol has spaces)."""
-    return ("reason=$reason:u32 " if reason else "") + f"loc=$location:{'symbol' if symbol else 'x64'}"
-
-
 def _site(group: str, point: str, f: Framing, family: int, off: dict[str, int], filt: str, extra: set[str]
           ) -> tuple[str, str, str]:
     """The probe of ``f``'s encapsulation or decapsulation (``point``) of an inner packet of ``family``:
@@ -247,7 +242,7 @@ def definitions(group: str, node: Node, off: dict[str, int], resolved: Mapping[s
                 continue
             if not f.encrypted:
                 more, more_filters = _outer(group, f, family, ports, off, filt, extra, TRANSIT if tag in own else None,
-                                            _drop_fetch(reason, symbol))
+                                            drop_fetch(reason, symbol))
                 defs += more
                 filters.update(more_filters)
             for point in ("encap", "decap")[:1 if f.decap is None else 2] if tag in own else ():

@@ -60,9 +60,9 @@ def test_a_protocols_own_points_are_probed_only_for_a_filter_that_can_match_it(t
 
 def test_the_drop_probe_has_a_window_around_data_and_the_symbol_last() -> None:
     d = drop_definition("labctl_d", OFF, reason=True, symbol=True)
-    assert d.startswith("e:labctl_d/drop skb.kfree_skb skb=$skbaddr:x64 proto=$protocol:u16 reason=$reason:u32 ")
+    assert d.startswith("e:labctl_d/drop skb.kfree_skb skb=$skbaddr:x64 proto=$protocol:u16 ")
     assert "w0=-24(+208($skbaddr)):x64" in d and "w8=+40(+208($skbaddr)):x64" in d
-    assert d.endswith(" loc=$location:symbol")
+    assert d.endswith(" reason=$reason:u32 loc=$location:symbol")  # the location last: a symbol has spaces
     old = drop_definition("labctl_d", None, reason=False, symbol=False)
     assert "reason" not in old and "dev=" not in old and old.endswith("loc=$location:x64")
 
