@@ -273,21 +273,12 @@ def _up_one(args: argparse.Namespace, lab: Lab, prepared: Prepared, quiet_json: 
 
         outcome = run_lab(lab, prepared, up_options(args), Path(args.out), display, StepLines(), keep=True, on_up=show)
         return report_outcome(outcome, args.json)
-    state = up(lab, prepared.image, prepared.kernels, up_options(args), display)
-    if not quiet_json and len(state.guests) <= PREWARM_GUESTS:
-        _prewarm(state)
-    show(state)
+    # A lab of a few guests, one instance: each guest's kept connection is made in the background as
+    # soon as the guest is ready, so that the first exec or cp finds its login done (or under way).
+    opts = dataclasses.replace(up_options(args), prewarm=not quiet_json and len(lab.guests) <= PREWARM_GUESTS)
+    show(up(lab, prepared.image, prepared.kernels, opts, display))
     return 0
 
 
 PREWARM_GUESTS = 4
-"""A lab of at most this many guests gets its kept connections made as ``up`` ends (a room's do not)."""
-
-
-def _prewarm(state: LabState) -> None:
-    """Each guest's kept connection (labctl.mux) made in the background while ``up`` prints: the first
-    ``exec`` or ``cp`` then finds its login done, or waits for it, instead of logging in itself."""
-    from labctl import mux
-
-    for name, rec in state.guests.items():
-        mux.prewarm(state.endpoint(name), Path(rec.dir))
+"""A lab of at most this many guests gets its kept connections made by ``up`` (a room's do not)."""

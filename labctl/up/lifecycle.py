@@ -19,6 +19,7 @@ import labctl.up.mounts as mounts  # noqa: PLR0402 - a sibling module, not the p
 import labctl.up.taps as taps  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.tunsetup as tunsetup  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
 import labctl.up.warm as warm  # noqa: PLR0402 - a sibling module, not the package's face (no import cycle)
+from labctl import mux
 from labctl.backends import GuestPlan, GuestRecord, choose_accels, get_backend, lab_accel, running_version
 from labctl.errors import LabctlError, LabFileError, LabStateError, PortTaken, UsageError
 from labctl.events import UpEvents
@@ -189,6 +190,9 @@ class LabUp:
             mounts.mount(state.endpoint(g.name), g.name, g.shares)
         for (guest, nic), imp in lab_impairments(state).items():  # netem, once SSH answers
             apply_impairment(state, guest, nic, imp)
+        if self.opts.prewarm:  # the last of up's own SSH done: each guest's kept connection, in the background
+            for name, rec in self.records.items():
+                mux.prewarm(state.endpoint(name), Path(rec.dir))
         # what a run's manifest says of the QEMUs: recorded here, never asked by the bundle
         state.emulators = {g: running_version(self.backend, rec) for g, rec in self.records.items()}
         state.emulator = self.backend.emulator_version()

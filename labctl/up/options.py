@@ -21,6 +21,7 @@ class UpOptions:
     no_verify_host_keys: bool = False  # --no-verify-host-keys: remote hosts' SSH keys are not checked
     unencrypted_links: bool = False  # --unencrypted-links: UDP tunnels across hosts are accepted
     cold: bool = False  # --cold: boot every guest, even where a post-boot snapshot exists
+    prewarm: bool = False  # each guest's kept connection (labctl.mux) made in the background once it is ready
     snapshots: bool = True  # take post-boot snapshots of cold-booted guests (backends that keep them)
     saved_states: bool = False  # save each guest once up, for reset (class up; backends that save on hosts)
     # class up on a backend that saves states on its hosts: one post-boot state per host and guest,
