@@ -18,6 +18,9 @@ from tests import harness
 from tests.conftest import Cli, new_cli
 from tests.integration.conftest import qemu_pids_under
 
+OVER_3_MIN = ("one guest recorded through a run (under single-threaded TCG), its replay to the recording's end "
+              "(about as long as the recording, a minute here) and two gdb sessions on replays")
+
 NAME = "rr-int"
 MARK = "labctl-rr-mark"
 LAB = f"""\
