@@ -130,7 +130,7 @@ def prewarm(ep: Endpoint, guest_dir: Path) -> bool:
     from labctl.proc import start_detached
 
     control = control_path(guest_dir, ep.port)
-    if control is None or start_on_master_alive(control) or starting_pid(control) is not None:
+    if control is None or _master_answers(control) or starting_pid(control) is not None:
         return False
     try:
         pid = start_detached(ssh_argv(ep, control, None, None, ["-f", "-N", "-n"]))
@@ -145,7 +145,7 @@ def prewarm(ep: Endpoint, guest_dir: Path) -> bool:
     return True
 
 
-def start_on_master_alive(control: Path) -> bool:
+def _master_answers(control: Path) -> bool:
     """Whether a master answers at ``control`` (its socket there and listening)."""
     import _socket
 

@@ -175,3 +175,36 @@ def test_a_reset_waits_for_sshds_banner_through_the_port(tmp_path: Path) -> None
     srv.close()
     with pytest.raises(GuestError, match=f"sshd did not answer on 127.0.0.1:{port} after its restore"):
         wait_banner(ep, 0.3)
+
+
+def test_the_banner_may_come_in_pieces_and_must_be_ssh_2(tmp_path: Path) -> None:
+    """A banner split over two reads is still sshd's; a server of SSH 1 is not the guest's sshd."""
+    import socket
+    import threading
+    import time
+
+    from labctl.ssh import Endpoint
+    from labctl.up.banner import wait_banner
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+    answers = [[b"SSH-1.5-old\r\n"], [b"SSH-2.", b"0-OpenSSH_9.2p1\r\n"]]
+    served: list[list[bytes]] = []
+
+    def serve() -> None:
+        for parts in answers:
+            conn, _ = srv.accept()
+            for part in parts:
+                conn.sendall(part)
+                time.sleep(0.05)
+            conn.close()
+            served.append(parts)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    wait_banner(Endpoint("g", port, tmp_path / "key", tmp_path / "known_hosts"), 10.0)
+    t.join(5)
+    srv.close()
+    assert served == answers  # the SSH 1 server's line was not taken, the split banner was
