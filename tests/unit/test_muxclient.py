@@ -160,6 +160,10 @@ def _logging_in(control: Path, seconds: float) -> subprocess.Popen[bytes]:
     its pid in the marker beside it."""
     proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", str(control)])
     muxclient.starting_marker(control).write_text(str(proc.pid))
+    for _ in range(500):  # until its title is its own (a moment after the start, /proc shows it)
+        if muxclient.starting_pid(control) == proc.pid:
+            break
+        time.sleep(0.01)
     return proc
 
 
