@@ -98,12 +98,18 @@ def vng_once(vng: str, kernel: Kernel, tcg: bool) -> float:
     return took
 
 
+PHASES: dict[str, list[float]] = {"up": [], "exec": [], "down": []}  # the warm runs' commands, each
+
+
 def labctl_once(lab: Path, accel: str, cold: bool) -> float:
     labctl = [sys.executable, "-m", "labctl"]
     t0 = time.monotonic()
-    timed([*labctl, "up", str(lab), "--accel", accel, *(["--cold"] if cold else [])])
-    timed([*labctl, "exec", "bench-vng", "g0", "--", "true"])
-    timed([*labctl, "down", "bench-vng"])
+    took = {"up": timed([*labctl, "up", str(lab), "--accel", accel, *(["--cold"] if cold else [])]),
+            "exec": timed([*labctl, "exec", "bench-vng", "g0", "--", "true"]),
+            "down": timed([*labctl, "down", "bench-vng"])}
+    if not cold:
+        for k, v in took.items():
+            PHASES[k].append(v)
     return time.monotonic() - t0
 
 
@@ -134,6 +140,8 @@ def main() -> int:
         with host_modules(kernel):
             vng_once(args.vng, kernel, tcg)  # page cache warm for both
             labctl_once(lab_file, args.accel, cold=False)  # the lab's post-boot snapshot exists
+            for v in PHASES.values():
+                v.clear()
             for _ in range(args.pairs):
                 runs["vng"].append(vng_once(args.vng, kernel, tcg))
                 runs["labctl_warm"].append(labctl_once(lab_file, args.accel, cold=False))
@@ -143,6 +151,7 @@ def main() -> int:
                               **{k: summary(v) for k, v in runs.items() if v}}
     base = statistics.median(runs["vng"])
     out["ratio"] = {k: round(statistics.median(v) / base, 2) for k, v in runs.items() if v and k != "vng"}
+    out["labctl_warm_commands"] = {k: summary(v) for k, v in PHASES.items()}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -153,6 +162,8 @@ def main() -> int:
             s = summary(runs[k])
             ratio = "" if k == "vng" else f"  {s['median'] / base:.2f}x virtme-ng's"
             print(f"  {label:40s} {s['median']:.2f} s ({s['min']:.2f}-{s['max']:.2f}){ratio}")
+    print("  the warm runs' commands: " + ", ".join(
+        f"{k} {summary(v)['median']:.2f} s" for k, v in PHASES.items()))
     return 0
 
 

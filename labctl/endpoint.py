@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from labctl.lab import SshHop
 
 
+#: The key exchanges OpenSSH is offered for a guest. Its default since 9.0, sntrup761x25519, costs
+#: about 0.14 s of each login under TCG (0.46 s against 0.32 s, measured): this X25519 one, the
+#: default before it, is as strong but for the post-quantum half, which a loopback connection to a
+#: lab guest has no use for (a remote guest's hop to its libvirt host keeps the user's defaults).
+GUEST_KEX = "curve25519-sha256,curve25519-sha256@libssh.org"
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where and how to reach one guest's sshd."""
@@ -37,7 +44,8 @@ class Endpoint:
         """An ``ssh`` command line reaching this guest (for interactive use)."""
         return ["ssh", "-i", str(self.key), "-p", str(self.port),
                 "-o", f"UserKnownHostsFile={config_quote(str(self.known_hosts))}", "-o", "StrictHostKeyChecking=yes",
-                "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", *self._proxy_options(), *extra,
+                "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", "-o", f"KexAlgorithms={GUEST_KEX}",
+                *self._proxy_options(), *extra,
                 f"{self.user}@{self.host}"]
 
     def _proxy_options(self) -> list[str]:

@@ -19,6 +19,8 @@ from typing import Any, BinaryIO, Self
 
 import paramiko
 
+from labctl.endpoint import GUEST_KEX as GUEST_KEX  # noqa: PLC0414
+
 # Endpoints and the OpenSSH command lines that reach them: a leaf (exec and status read them without paramiko).
 from labctl.endpoint import Endpoint as Endpoint  # noqa: PLC0414
 from labctl.endpoint import Result as Result  # noqa: PLC0414

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from labctl.errors import UsageError
 from labctl.guestrecord import GuestRecord as GuestRecord  # noqa: PLC0414 - re-exported; a leaf the state reads without this package
-from labctl.image import Image
-from labctl.kernel import Kernel
-from labctl.lab import Guest, HostPlace, Lab, Nic
-from labctl.net import Port
 from labctl.paths import InDir
 
 if TYPE_CHECKING:
+    from labctl.image import Image
+    from labctl.kernel import Kernel
+    from labctl.lab import Guest, HostPlace, Lab, Nic
+    from labctl.net import Port
     from labctl.ssh import Endpoint
 
 MGMT_NET = "10.0.2.0/24"

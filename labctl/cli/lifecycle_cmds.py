@@ -7,6 +7,7 @@ import dataclasses
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 
@@ -17,22 +18,13 @@ from labctl.cli.validate_cmd import add_trust_dir
 from labctl.errors import UsageError
 from labctl.lab import Lab, env_trusted, kernel_from_command_line, load_lab
 from labctl.lab import parse_option as parse_share_option
-from labctl.pack import (
-    Checkout,
-    Pinned,
-    fetch_git,
-    fetch_url,
-    git_lab,
-    is_git_url,
-    is_pack,
-    is_url,
-    open_pack,
-    parse_git_url,
-    url_lab,
-)
+from labctl.pack import is_git_url, is_pack, is_url
 from labctl.pipeline import Prepared, prepare, run_lab
 from labctl.state import LabState
 from labctl.up import UpOptions, dry_run, up
+
+if TYPE_CHECKING:
+    from labctl.pack import Checkout, Pinned
 
 FILE_HELP = ("a lab file or a packed file (labctl pack), or either from an http(s) URL or a git repository: "
              "git+https://HOST/REPO.git[@REV]#PATH")
@@ -135,6 +127,8 @@ def load_source(args: argparse.Namespace) -> tuple[Lab, Pinned | None]:
     url, git = is_url(args.file), is_git_url(args.file)
     if not url and not git and not is_pack(args.file):
         return load_for_up(args), None
+    from labctl.pack import fetch_git, fetch_url, git_lab, open_pack, parse_git_url, url_lab
+
     checkout = None
     if git:
         with PrepareDisplay().slow(f"fetching {args.file}"):

@@ -12,14 +12,42 @@ Imports never: labctl.backends, labctl.up, labctl.steps, labctl.cli, labctl.stat
 
 from __future__ import annotations
 
-from labctl.net.graph import Runtime, runtime_from_state, to_dot, to_mermaid, to_svg, topology
-from labctl.net.netdevs import NETDEVS, NetdevKind, kind_of_option, netdev_kind, option_id
-from labctl.net.netem import apply_command
-from labctl.net.pcap import FORMATS, SNAPLEN, Frame, PcapError, PcapReader, Retimer, Writer, read_pcapng, summary_line
-from labctl.net.plan import SWITCH, TAP, UDP, Port, PortRecord, Segment, SegmentRecord, TapDev, UdpAddr, plan_networks
-from labctl.net.ports import free_port
-from labctl.net.vmclock import VmClockError
-from labctl.net.vmclock import sample as sample_vmclock
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from labctl.net.graph import Runtime, runtime_from_state, to_dot, to_mermaid, to_svg, topology
+    from labctl.net.netdevs import NETDEVS, NetdevKind, kind_of_option, netdev_kind, option_id
+    from labctl.net.netem import apply_command
+    from labctl.net.pcap import (
+        FORMATS,
+        SNAPLEN,
+        Frame,
+        PcapError,
+        PcapReader,
+        Retimer,
+        Writer,
+        read_pcapng,
+        summary_line,
+    )
+    from labctl.net.plan import (
+        SWITCH,
+        TAP,
+        UDP,
+        Port,
+        PortRecord,
+        Segment,
+        SegmentRecord,
+        TapDev,
+        UdpAddr,
+        plan_networks,
+    )
+    from labctl.net.ports import free_port
+    from labctl.net.vmclock import VmClockError
+    from labctl.net.vmclock import sample as sample_vmclock
+else:  # each name loaded at its first use (labctl.lazyface): exec and down load no topology pictures
+    from labctl.lazyface import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__, globals())
 
 __all__ = [
     "FORMATS",

@@ -33,11 +33,13 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from labctl.errors import UsageError
-from labctl.lab import HostPlace, Lab
 from labctl.net.ports import free_port
+
+if TYPE_CHECKING:
+    from labctl.lab import HostPlace, Lab
 
 DIRECT = "unix-dgram"
 SWITCH = "switch"

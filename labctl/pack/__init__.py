@@ -17,15 +17,22 @@ Imports never: labctl.cli, labctl.pipeline, labctl.up, labctl.backends, labctl.s
 
 from __future__ import annotations
 
-from labctl.pack.cache import Entry as CacheEntry
-from labctl.pack.cache import entries as cache_entries
-from labctl.pack.cache import prune as prune_cache
-from labctl.pack.fetch import fetch_url, is_url, url_lab
-from labctl.pack.gitfetch import Checkout, fetch_git, git_lab, is_git_url, parse_git_url
-from labctl.pack.identity import Pinned, check_archive, check_image, check_kernels
-from labctl.pack.packfile import PackIndex, is_pack
-from labctl.pack.packing import PackResult, pack_lab, run_inputs
-from labctl.pack.unpack import Opened, open_pack, packed_run
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from labctl.pack.cache import Entry as CacheEntry
+    from labctl.pack.cache import entries as cache_entries
+    from labctl.pack.cache import prune as prune_cache
+    from labctl.pack.fetch import fetch_url, is_url, url_lab
+    from labctl.pack.gitfetch import Checkout, fetch_git, git_lab, is_git_url, parse_git_url
+    from labctl.pack.identity import Pinned, check_archive, check_image, check_kernels
+    from labctl.pack.packfile import PackIndex, is_pack
+    from labctl.pack.packing import PackResult, pack_lab, run_inputs
+    from labctl.pack.unpack import Opened, open_pack, packed_run
+else:  # each name loaded at its first use (labctl.lazyface): up of a lab file loads no HTTP client
+    from labctl.lazyface import attach
+
+    __getattr__, __dir__ = attach(__name__, __file__, globals())
 
 __all__ = [
     "CacheEntry", "Checkout", "Opened", "PackIndex", "PackResult", "Pinned", "cache_entries", "check_archive",

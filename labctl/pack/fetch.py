@@ -8,9 +8,8 @@ Only ``http://`` and ``https://``; redirects only to those; at most :data:`MAX_B
 from __future__ import annotations
 
 import hashlib
-import urllib.error
-import urllib.request
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from labctl.errors import UsageError
@@ -27,11 +26,18 @@ def is_url(text: str) -> bool:
     return urlsplit(text).scheme in ("http", "https")
 
 
-class _Redirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
-        if not is_url(newurl):
-            raise UsageError(f"{req.full_url}: redirected to {newurl}, which is not http(s)")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+def _opener() -> Any:
+    """urllib's opener that follows only http(s) redirects (urllib loaded here: ``up`` of a
+    local lab file never needs it)."""
+    import urllib.request
+
+    class Redirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+            if not is_url(newurl):
+                raise UsageError(f"{req.full_url}: redirected to {newurl}, which is not http(s)")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    return urllib.request.build_opener(Redirects)
 
 
 def fetch_url(url: str) -> Path:
@@ -44,7 +50,9 @@ def fetch_url(url: str) -> Path:
     out = cache_dir() / "fetched" / hashlib.sha256(url.encode()).hexdigest()[:16]
     out.parent.mkdir(parents=True, exist_ok=True)
     pin(out)
-    opener = urllib.request.build_opener(_Redirects)
+    import urllib.error
+
+    opener = _opener()
     try:
         with opener.open(url, timeout=TIMEOUT_S) as resp, atomic_file(out, 0o600) as f:
             size = 0

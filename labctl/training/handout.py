@@ -24,7 +24,7 @@ from typing import Any
 from labctl.errors import UnsafePath, UsageError
 from labctl.lab import Check, IfaceView, guest_interfaces, settings_text
 from labctl.paths import atomic_write, checked_dir, ensure_private_dir
-from labctl.ssh import Endpoint, config_quote, hop_stdio_argv
+from labctl.ssh import GUEST_KEX, Endpoint, config_quote, hop_stdio_argv
 from labctl.state import LabState
 
 ALIAS_PREFIX = re.compile(r"[A-Za-z0-9._-]{0,32}")
@@ -74,6 +74,7 @@ def render(entries: Sequence[HostEntry], title: str, key: Path | None = None,
                   "    GlobalKnownHostsFile /dev/null",
                   "    StrictHostKeyChecking yes",
                   "    PasswordAuthentication no",
+                  f"    KexAlgorithms {GUEST_KEX}",
                   "    LogLevel ERROR"]
         if ep.via is not None:  # a guest on a remote libvirt host: through that host's sshd
             proxy = shlex.join(hop_stdio_argv(ep.via, ep.host, ep.port)).replace("%", "%%")

@@ -183,6 +183,10 @@ class LabUp:
         for p in plans:
             if p.guest.name in self.planner.throwaway:
                 warm.write_boot_known_hosts(p.dir, self.records[p.guest.name].ssh_port)
+        if self.opts.prewarm:
+            keyed = {n for n, _ in tunsetup.wireguard(nets)} | {g for g, _ in lab_impairments(state)}
+            self.waiter.prewarm_early = {g.name for g in self.lab.guests.values()
+                                         if not g.shares and g.name not in keyed}
         self.waiter.wait_all(state)
         for name in sorted({n for n, _ in tunsetup.wireguard(nets)}):  # after the post-boot snapshot: it holds no key
             tunsetup.hand_keys(self.dir, nets, name, state.endpoint(name))

@@ -124,9 +124,9 @@ class LabApi(Guarded):
         if guest not in state.guests:
             return not_found(f"lab {ident} has no guest {guest!r}")
         self.serve.forget()
-        self.serve.terminals.close_where(lambda i, g: i == ident and g == guest, 4001, "the guest is being reset")
         try:
-            took = await asyncio.to_thread(self.serve.room.reset, ident, guest)
+            async with self.serve.terminals.resetting(ident, guest, 4001, "the guest is being reset"):
+                took = await asyncio.to_thread(self.serve.room.reset, ident, guest)
         except LabctlError as exc:
             return JSONResponse({"error": exc.message}, status_code=409)
         finally:

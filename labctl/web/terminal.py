@@ -8,7 +8,10 @@ or reconnects. Each page's pending output is bounded (:class:`Output`, :data:`PE
 a page that stops reading (its websocket stalled) loses its oldest output and is told so,
 while the shell and the other pages go on. A hub nobody watches for :data:`IDLE_CLOSE`
 seconds is closed, as is one whose channel ends (the shell exited, the guest went down or was
-reset): the pages then reconnect to a new one.
+reset): the pages then reconnect to a new one. While a guest is being reset
+(:meth:`Terminals.resetting`) its hubs are closed and no new one is opened: a page that
+reconnects meanwhile waits, so that its shell is never a login to the guest on its way out (one
+whose channel would take its keystrokes and answer nothing).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import collections
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import paramiko
@@ -30,6 +33,7 @@ BACKLOG = 64 * 1024
 PENDING_LIMIT = 1 << 20  # bytes of output waiting for one page
 IDLE_CLOSE = 120.0
 CONNECT_TIMEOUT = 10.0
+RESET_WAIT = 300.0  # how long a page's login waits for its guest's reset to end
 MIN_SIZE, MAX_COLS, MAX_ROWS = 2, 500, 200
 
 
@@ -232,12 +236,43 @@ class Hub:
                 session.close()
 
 
+@dataclass
+class _Held:
+    """A guest's resets under way: how many, and set when the last has ended."""
+    count: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class Terminals:
     """Every open hub, by (instance, guest)."""
 
     def __init__(self) -> None:
         self.hubs: dict[tuple[str, str], Hub] = {}
         self.locks: dict[tuple[str, str], asyncio.Lock] = {}  # one login at a time per guest, never across
+        self.resets: dict[tuple[str, str], _Held] = {}  # guests being reset
+
+    @contextlib.asynccontextmanager
+    async def resetting(self, ident: str, guest: str, code: int, reason: str) -> AsyncIterator[None]:
+        """While ``ident``'s ``guest`` is reset: its hubs closed (``code``, ``reason``) and no new
+        login until the block ends, however it ends (two at once: until both have ended)."""
+        key = (ident, guest)
+        held = self.resets.setdefault(key, _Held())
+        held.count += 1
+        self.close_where(lambda i, g: (i, g) == key, code, reason)
+        try:
+            yield
+        finally:
+            held.count -= 1
+            if not held.count:
+                del self.resets[key]
+                held.done.set()
+
+    async def _reset_done(self, key: tuple[str, str]) -> None:
+        while (held := self.resets.get(key)) is not None:
+            try:
+                await asyncio.wait_for(held.done.wait(), RESET_WAIT)
+            except TimeoutError:
+                raise GuestError(f"{key[1]} is still being reset") from None
 
     async def attach(self, ident: str, guest: str, ep: Endpoint, cols: int, rows: int) -> Hub:
         """The open hub of ``ident``'s ``guest``, opened now if there is none. Pages of the same
@@ -249,6 +284,7 @@ class Terminals:
         key = (ident, guest)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
+            await self._reset_done(key)
             hub = self.hubs.get(key)
             if hub is not None and not hub.closed:
                 return hub

@@ -235,6 +235,47 @@ def test_one_guests_login_never_holds_up_anothers() -> None:
     asyncio.run(go())
 
 
+def test_no_login_to_a_guest_while_it_is_being_reset() -> None:
+    """A page that reconnects during its guest's reset is logged in only once the reset has
+    ended (before, it could get a shell on the guest on its way out, which took its keystrokes and
+    answered nothing: seen once in CI); the hubs open then are closed; two resets at once hold
+    logins until both end; another guest is not held up."""
+    import asyncio
+    from unittest import mock
+
+    from labctl.web.terminal import Hub, Terminals
+
+    opened: list[str] = []
+
+    def fake_open(hub: Hub, ep: object, cols: int, rows: int) -> None:
+        opened.append(hub.ident)
+        hub.chan = mock.MagicMock()
+
+    async def go() -> None:
+        terms = Terminals()
+        with mock.patch.object(Hub, "open", fake_open), mock.patch.object(Hub, "start_reading", lambda hub: None):
+            old = await terms.attach("lab@ann", "a", mock.MagicMock(), 80, 24)
+            first = terms.resetting("lab@ann", "a", 4001, "the guest is being reset")
+            second = terms.resetting("lab@ann", "a", 4001, "the guest is being reset")
+            await first.__aenter__()
+            assert old.closed
+            await second.__aenter__()
+            page = asyncio.create_task(terms.attach("lab@ann", "a", mock.MagicMock(), 80, 24))
+            other = await asyncio.wait_for(terms.attach("lab@bea", "a", mock.MagicMock(), 80, 24), 10)
+            await asyncio.sleep(0.05)
+            assert not page.done() and opened == ["lab@ann", "lab@bea"]
+            await second.__aexit__(None, None, None)  # the second reset (refused, say) ends first
+            await asyncio.sleep(0.05)
+            assert not page.done()
+            await first.__aexit__(None, None, None)
+            hub = await asyncio.wait_for(page, 10)
+            assert hub is not old and not hub.closed and opened == ["lab@ann", "lab@bea", "lab@ann"]
+            hub.close()
+            other.close()
+
+    asyncio.run(go())
+
+
 def test_a_student_reaches_only_their_own_instance(client: TestClient, record: ClassRecord) -> None:
     tokens = class_tokens(record)
     ann = bearer(tokens.students["ann"])

@@ -1,18 +1,15 @@
 """What the qemu backend needs on this machine (``labctl doctor``): QEMU and qemu-img, whether KVM is
 usable (the real probe boot of the image's default kernel, :mod:`labctl.backends.accel`), and the
-default image built."""
+default image built. What they read (the image store, the kernels) is loaded when a check runs:
+the backend's module imports this one, and ``down`` or ``exec`` runs none of them."""
 
 from __future__ import annotations
 
 import os
 import shutil
 
-from labctl.backends.accel import kvm_usable
 from labctl.backends.base import HostCheck
 from labctl.errors import LabctlError
-from labctl.image import ImageStore, load_recipe
-from labctl.kernel import default_kernel
-from labctl.lab import DEFAULT_IMAGE
 
 
 def check_binary(name: str) -> HostCheck:
@@ -22,6 +19,11 @@ def check_binary(name: str) -> HostCheck:
 
 def check_kvm() -> HostCheck:
     """KVM is optional: without a usable one guests run under TCG. Decided by the real probe boot."""
+    from labctl.backends.accel import kvm_usable
+    from labctl.image import ImageStore, load_recipe
+    from labctl.kernel import default_kernel
+    from labctl.lab import DEFAULT_IMAGE
+
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return HostCheck("KVM", True, "no usable /dev/kvm: guests run under TCG (slower)")
     img = ImageStore().get(DEFAULT_IMAGE, load_recipe(DEFAULT_IMAGE).key())
@@ -37,6 +39,9 @@ def check_kvm() -> HostCheck:
 
 
 def check_image() -> HostCheck:
+    from labctl.image import ImageStore, load_recipe
+    from labctl.lab import DEFAULT_IMAGE
+
     key = load_recipe(DEFAULT_IMAGE).key()
     img = ImageStore().get(DEFAULT_IMAGE, key)
     if img is None:

@@ -84,11 +84,18 @@ function openTerminal(box, ident, guest, mode) {
     let opened = false;
     ws = new WebSocket(url);
     ws.binaryType = 'arraybuffer';
-    ws.onopen = () => { opened = true; delay = 500; term.reset(); say(`${guest}: connected (${mode === 'rw' ? 'read-write' : 'read-only'})`, 'ok'); };
+    // "connected" once the server says the shell is open (its first text frame), not when the
+    // socket opens: a guest being reset is logged into only after the reset has ended.
+    ws.onopen = () => { opened = true; say(`${guest}: logging in…`, ''); };
     ws.onmessage = (ev) => {
       if (typeof ev.data === 'string') {
         const m = JSON.parse(ev.data);
         if (m.error) say(`${guest}: ${m.error}`, 'bad');
+        if (m.mode) {
+          delay = 500;
+          term.reset();
+          say(`${guest}: connected (${m.mode === 'rw' ? 'read-write' : 'read-only'})`, 'ok');
+        }
         return;
       }
       term.write(new Uint8Array(ev.data));
