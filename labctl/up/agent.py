@@ -69,10 +69,10 @@ def _opened(channel: Path, deadline: float) -> Iterator[tuple[int, int]]:
         os.close(rfd)
 
 
-def exchange(channel: Path, commands: Sequence[str], timeout: float = 10.0) -> list[float]:
+def exchange(channel: Path, commands: Sequence[str], timeout: float = 10.0) -> None:
     """Send command lines at once and wait for each one's ``ok <verb>`` reply in turn (the
-    agent answers them in order): the seconds from the sending to each reply. Lines left from
-    an earlier, abandoned exchange are read away first and skipped.
+    agent answers them in order). Lines left from an earlier, abandoned exchange are read
+    away first and skipped.
 
     :raise GuestError: on ``err``, no reply within ``timeout``, or no agent (no QEMU).
     """
@@ -84,7 +84,6 @@ def exchange(channel: Path, commands: Sequence[str], timeout: float = 10.0) -> l
                 while os.read(rfd, 4096):  # stale replies; b"" once drained or with no writer
                     pass
             os.write(wfd, b"".join(c.encode() + b"\n" for c in commands))
-            sent, answered = time.monotonic(), []
             buf = b""
             while verbs and time.monotonic() < deadline:
                 ready, _, _ = select.select([rfd], [], [], max(0.0, deadline - time.monotonic()))
@@ -104,11 +103,10 @@ def exchange(channel: Path, commands: Sequence[str], timeout: float = 10.0) -> l
                     reply = line.decode(errors="replace").strip()
                     if reply == f"ok {verbs[0]}":
                         verbs.pop(0)
-                        answered.append(time.monotonic() - sent)
                     elif reply == f"err {verbs[0]}":
                         raise GuestError(f"the guest's agent refused '{verbs[0]}'")
             if not verbs:
-                return answered
+                return
     except OSError as exc:
         raise GuestError(f"the guest's agent on {channel}.in/.out did not answer '{verbs[0]}': {exc}") from exc
     raise GuestError(f"the guest's agent on {channel}.in/.out did not answer '{verbs[0]}' within {timeout:.0f} s")
@@ -159,14 +157,13 @@ def adopt(channel: Path, keys: tuple[bytes, bytes] | None, timeout: float = 20.0
 
     :raise GuestError: when the agent does not do it.
     """
-    # One exchange for both lines: the keys line waits in the guest's channel while the clock is set
-    # (a round trip through a just-restored guest's console port saved, about 0.1 s under TCG).
-    took = exchange(channel, [clock_command()] + ([keys_command(*keys)] if keys else []), timeout)[0]
-    for _ in range(CLOCK_TRIES - 1):
-        if took <= CLOCK_SLACK:  # answered at once: the time it set was the host's
-            break
-        # else the agent answered late (a busy host): its time was stale by then, send it again
-        took = exchange(channel, [clock_command()], timeout)[0]
+    for _ in range(CLOCK_TRIES):
+        t0 = time.monotonic()
+        call(channel, clock_command(), timeout)
+        if time.monotonic() - t0 <= CLOCK_SLACK:  # answered at once: the time it set was the host's
+            break  # else the agent answered late (a busy host): its time was stale by then, send it again
+    if keys:
+        call(channel, keys_command(*keys), timeout)
 
 
 def clock_command() -> str:

@@ -138,25 +138,28 @@ def test_the_channel_is_only_ever_a_fifo(tmp_path: Path) -> None:
 
 def test_a_clock_line_answered_late_is_sent_again_until_one_is_answered_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A restored guest busy for a while answers its first clock lines late, each setting a time stale by
-    then: the lines go again until one is answered within CLOCK_SLACK (at most CLOCK_TRIES). The keys go
-    with the first clock line, in one exchange (answered after it)."""
-    sent: list[list[str]] = []
+    then: the lines go again until one is answered within CLOCK_SLACK (at most CLOCK_TRIES), then the keys."""
+    sent: list[str] = []
+    clock = [0.0]
 
-    def exchange(channel: Path, lines: list[str], timeout: float) -> list[float]:
-        sent.append([line.split()[0] for line in lines])
-        late = sum(1 for batch in sent for verb in batch if verb == "clock") <= 3
-        return [1.0 if late else 0.01] + [2.0] * (len(lines) - 1)
+    def call(channel: Path, line: str, timeout: float) -> str:
+        sent.append(line.split()[0])
+        clock[0] += 1.0 if len([s for s in sent if s == "clock"]) <= 3 and line.startswith("clock") else 0.01
+        return "ok"
 
-    monkeypatch.setattr(agent, "exchange", exchange)
+    monkeypatch.setattr(agent, "call", call)
+    monkeypatch.setattr(agent.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(agent, "keys_command", lambda *_: "keys x y z")
     agent.adopt(Path("/nonexistent"), (b"a", b"b"))
-    assert sent == [["clock", "keys"], ["clock"], ["clock"], ["clock"]]
+    assert sent == ["clock", "clock", "clock", "clock", "keys"]
     sent.clear()
+    clock[0] = 100.0
 
-    def slow(channel: Path, lines: list[str], timeout: float) -> list[float]:
-        sent.append([line.split()[0] for line in lines])
-        return [1.0] * len(lines)
+    def slow(channel: Path, line: str, timeout: float) -> str:
+        sent.append(line.split()[0])
+        clock[0] += 1.0
+        return "ok"
 
-    monkeypatch.setattr(agent, "exchange", slow)
+    monkeypatch.setattr(agent, "call", slow)
     agent.adopt(Path("/nonexistent"), None)
-    assert sent == [["clock"]] * agent.CLOCK_TRIES  # a guest that stays slow: not for ever
+    assert sent == ["clock"] * agent.CLOCK_TRIES  # a guest that stays slow: not for ever
