@@ -171,6 +171,26 @@ def test_status_of_a_lab_that_is_up_loads_no_backend_checker_or_kernel_module(ar
                         "labctl.pipeline", "labctl.up", "labctl.live")) == []
 
 
+def test_down_of_a_lab_that_is_up_loads_no_qmp_client_nor_the_lab_model(short_tmp: Path) -> None:
+    """``down`` of a lab that is up stops its QEMU (SIGTERM: it has no writable share) and removes its
+    state, without QMP's client (asyncio), the lab file's model or checker, the kernels or the image."""
+    qemu = _lab_up(short_tmp)
+    try:
+        env = {**os.environ, "LABCTL_STATE_DIR": str(short_tmp / "state"), "PYTHONPATH": str(ROOT)}
+        res = subprocess.run([sys.executable, "-X", "importtime", "-m", "labctl", "down", "one"], capture_output=True,
+                             text=True, cwd=ROOT, env=env, timeout=120, check=False)
+        assert qemu.wait(timeout=10) is not None
+    finally:
+        qemu.kill()
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "lab one is down" in res.stdout and not (short_tmp / "state" / "labs" / "one").exists()
+    mods = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert "labctl.up.teardown" in mods and "labctl.backends.qemu.machines" in mods
+    assert heavy(mods, ("paramiko", "asyncio", "qemu.qmp", "labctl.backends.monitor", "labctl.backends.qemu.argv",
+                        "labctl.lab.model", "labctl.lab.checker", "labctl.kernel", "labctl.image",
+                        "labctl.net.graph", "labctl.pipeline", "labctl.pack")) == []
+
+
 def test_status_drawn_for_a_terminal_is_richs(short_tmp: Path) -> None:
     """Where rich is told stdout is a terminal (FORCE_COLOR), status draws with rich, and the same
     characters come out as from the plain table (labctl.cli.plaintable), styles aside."""

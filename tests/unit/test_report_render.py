@@ -268,3 +268,17 @@ def test_header_names_each_guests_kernel(tmp_path: Path) -> None:
     md = render_run(run)[0].read_text()
     assert "client: 6.1.0-56-rt-amd64 (Debian, build id 0123456789ab); server: 6.1.192-labctl-test (tree /src/linux)" \
         in md
+
+
+def test_a_failed_steps_cell_and_row_are_marked_bad_and_an_ok_ones_are_not() -> None:
+    """The results table: a failed step's status in capitals, marked bad, its row 'failed'; an ok or
+    skipped one as written and unmarked."""
+    from labctl.report.document import Span
+    from labctl.report.results import results_table, status_cell
+
+    assert status_cell("failed") == (Span("FAILED", "bad"),)
+    assert status_cell("timeout") == (Span("TIMEOUT", "bad"),)
+    assert status_cell("ok") == (Span("ok", ""),) and status_cell("skipped") == (Span("skipped", ""),)
+    assert status_cell(None) == (Span("unknown", ""),)
+    table = results_table([{"name": "a", "status": "ok"}, {"name": "b", "status": "failed"}])
+    assert [r.cls for r in table.rows] == ["", "failed"]

@@ -65,7 +65,8 @@ def test_ssh_config_blocks_quote_paths_and_escape_tokens(tmp_path: Path) -> None
     assert "    HostName 127.0.0.1\n    Port 40001\n    User root\n" in block
     assert f'    IdentityFile "{tmp_path}/my handouts/100%%/id_ed25519"\n' in block
     assert f'    UserKnownHostsFile "{tmp_path}/my handouts/100%%/known_hosts"\n' in block
-    for line in ("IdentitiesOnly yes", "StrictHostKeyChecking yes", "LogLevel ERROR"):
+    for line in ("IdentitiesOnly yes", "StrictHostKeyChecking yes", "LogLevel ERROR",
+                 "KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org"):
         assert f"    {line}\n" in block
 
 
