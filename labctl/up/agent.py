@@ -157,11 +157,7 @@ def adopt(channel: Path, keys: tuple[bytes, bytes] | None, timeout: float = 20.0
 
     :raise GuestError: when the agent does not do it.
     """
-    for _ in range(CLOCK_TRIES):
-        t0 = time.monotonic()
-        call(channel, clock_command(), timeout)
-        if time.monotonic() - t0 <= CLOCK_SLACK:  # answered at once: the time it set was the host's
-            break  # else the agent answered late (a busy host): its time was stale by then, send it again
+    set_clock(channel, timeout)
     if keys:
         call(channel, keys_command(*keys), timeout)
 
@@ -173,5 +169,10 @@ def clock_command() -> str:
 
 
 def set_clock(channel: Path, timeout: float = 20.0) -> None:
-    """The guest's wall clock to the host's (a restored guest's clock stopped when it was saved)."""
-    call(channel, clock_command(), timeout)
+    """The guest's wall clock to the host's (a restored guest's clock stopped when it was saved),
+    sent again while the agent answers late (see :func:`adopt`)."""
+    for _ in range(CLOCK_TRIES):
+        t0 = time.monotonic()
+        call(channel, clock_command(), timeout)
+        if time.monotonic() - t0 <= CLOCK_SLACK:  # answered at once: the time it set was the host's
+            return  # else the agent answered late (a busy host): its time was stale by then, send it again

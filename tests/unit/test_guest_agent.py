@@ -4,6 +4,7 @@ tests/integration/test_warm_reset.py restores guests whose SSH then works with t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -163,3 +164,54 @@ def test_a_clock_line_answered_late_is_sent_again_until_one_is_answered_at_once(
     monkeypatch.setattr(agent, "call", slow)
     agent.adopt(Path("/nonexistent"), None)
     assert sent == ["clock"] * agent.CLOCK_TRIES  # a guest that stays slow: not for ever
+
+
+def test_a_clock_set_over_ssh_that_took_long_is_set_again_in_the_same_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a post-boot save, the clock goes over SSH: a command that took longer than SSH_CLOCK_SLACK (a
+    loaded host: a cold guest was then 2.4 s behind) set a stale time and is sent again, each with the
+    host's time at its sending; a guest that stays slow is not tried for ever; a failure is an error."""
+    from labctl import ssh
+    from labctl.endpoint import Endpoint
+    from labctl.up import warm
+
+    clock = [0.0]
+    sent: list[str] = []
+    status = [0]
+    slow_ones = [2]
+
+    class Res:
+        def __init__(self) -> None:
+            self.status = status[0]
+
+    class Session:
+        sessions = 0
+
+        def __init__(self, ep: Endpoint, timeout: float) -> None:
+            Session.sessions += 1
+
+        def __enter__(self) -> Self:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def run(self, command: str, timeout: float) -> Res:
+            sent.append(command.rsplit("labctl_clock ", 1)[1])
+            clock[0] += 2.0 if len(sent) <= slow_ones[0] else 0.1
+            return Res()
+
+    monkeypatch.setattr(ssh, "Session", Session)
+    monkeypatch.setattr(warm.time, "monotonic", lambda: clock[0])
+    ticks = iter(range(10**9, 10**10, 10**9))
+    monkeypatch.setattr(warm.time, "time_ns", lambda: next(ticks))
+    ep = Endpoint("g", 2222, Path("/nonexistent"), Path("/nonexistent"))
+    warm.set_clock_over_ssh(ep)
+    assert sent == ["1.000000000", "2.000000000", "3.000000000"] and Session.sessions == 1
+    sent.clear()
+    slow_ones[0] = 10**6
+    warm.set_clock_over_ssh(ep)
+    assert len(sent) == agent.CLOCK_TRIES
+    sent.clear()
+    status[0] = 1
+    with pytest.raises(GuestError, match="its clock could not be set"):
+        warm.set_clock_over_ssh(ep)
