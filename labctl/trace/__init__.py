@@ -10,6 +10,8 @@
 * :mod:`.flamefold`: perf script folded into flame graph stacks;
 * :mod:`.ktap`: the kernel's KTAP test output (selftests);
 * :mod:`.hops`, :mod:`.clocks`, :mod:`.journey`, :mod:`.journeyfiles`: packets followed through the lab's kernels and wires;
+  :mod:`.pathmodel`: a followed packet's path as data, grouped by path; :mod:`.hoporder`: its hops in the wire's order;
+  :mod:`.ends`: how its path ended;
   :mod:`.nfhops`: their NAT rewrites, conntrack states and nftables chains and rules;
   :mod:`.encap`: through a tunnel (the inner packet followed, the outer one its wire);
   :mod:`.vlanhops`: the 802.1Q VLANs a packet travelled on (what a filter's ``vlan`` keeps);
@@ -55,7 +57,7 @@ from labctl.trace.hostcost import (
     nic_bytes,
     step_cost,
 )
-from labctl.trace.journey import Correlator, Journey, PathHop, Topology, Wire
+from labctl.trace.journey import Correlator
 from labctl.trace.journeyfiles import (
     FOLLOW_DIR,
     FOLLOW_INPUTS,
@@ -72,6 +74,7 @@ from labctl.trace.ktap import kselftest_name
 from labctl.trace.ktap import parse_text as parse_ktap
 from labctl.trace.ktap import walk as walk_ktap
 from labctl.trace.netfigures import capture_figures
+from labctl.trace.pathmodel import Journey, PathHop, Topology, Wire
 from labctl.trace.perfetto import TRACE_JSON, guest_trace, trace_summary
 from labctl.trace.skblatency import DirectionFigures, GroupFigures, Latency, Lost, SkbLatency
 from labctl.trace.stats import snapshot_commands, write_delta

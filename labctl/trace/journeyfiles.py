@@ -20,17 +20,8 @@ from labctl.pktfilter import FilterError, Vlan, parse, vlan_of
 from labctl.trace.clocks import Clock, ClockFit
 from labctl.trace.drops import netfilter_note
 from labctl.trace.hops import parse_text
-from labctl.trace.journey import (
-    Correlator,
-    Journey,
-    JourneyRecord,
-    PathRecord,
-    Topology,
-    Totals,
-    Wire,
-    paths,
-    totals,
-)
+from labctl.trace.journey import Correlator
+from labctl.trace.pathmodel import Journey, JourneyRecord, PathRecord, Topology, Totals, Wire, paths, totals
 from labctl.trace.tef import TraceArg, TraceEvent, us, write_trace
 from labctl.trace.xdphops import apply_step as apply_xdp
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.trace.hops import parse_frame
-from labctl.trace.journey import End, Hop, Journey
+from labctl.trace.pathmodel import End, Hop, Journey
 from labctl.trace.xdpverdicts import DROPPING, Verdict, parse_dump
 
 __all__ = ["XDP_FILE", "XDP_POINT", "XdpVerdicts", "apply_step", "step_verdicts"]

@@ -11,8 +11,9 @@ from labctl.follow.probes import BASE, FIELDS
 from labctl.trace.clocks import Clock
 from labctl.trace.drops import table
 from labctl.trace.hops import Event, drop_header, identity, parse_frame, window_words
-from labctl.trace.journey import Correlator, Journey, Topology
+from labctl.trace.journey import Correlator
 from labctl.trace.journeyfiles import journeys_of
+from labctl.trace.pathmodel import Journey, Topology
 
 
 def _fields(raw: bytes, family: int, at: int = 0) -> dict[str, str]:

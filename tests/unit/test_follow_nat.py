@@ -18,8 +18,9 @@ from labctl.pktfilter import parse
 from labctl.trace import nfhops
 from labctl.trace.clocks import BUCKET_NS, Alignment, Clock, Round
 from labctl.trace.hops import Event, parse_ipv4
-from labctl.trace.journey import Correlator, Journey, Topology
+from labctl.trace.journey import Correlator
 from labctl.trace.journeyfiles import journeys_of
+from labctl.trace.pathmodel import Journey, Topology
 from tests.unit.test_follow_answers import ECHO, TOPO, ev, v4
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "follow48"
@@ -214,7 +215,7 @@ def test_a_hop_on_a_bridge_port_a_bond_member_or_a_vlan_says_so() -> None:
 
 def test_the_totals_compare_counts_and_the_reports_paths_carry_the_rewrites_and_the_rules() -> None:
     from labctl.report.journeys import _hop_name, follow_metrics
-    from labctl.trace.journey import paths, totals
+    from labctl.trace.pathmodel import paths, totals
 
     masq, drop6 = _recorded("masq"), _recorded("drop6")
     assert totals(masq)["nat_rewritten"] == 4 and "dropped_by_rule" not in totals(masq)

@@ -19,8 +19,9 @@ from labctl.pktfilter import parse as parse_filter
 from labctl.trace import encap
 from labctl.trace.clocks import Clock
 from labctl.trace.hops import POINTS, identity, parse_line
-from labctl.trace.journey import Correlator, Journey, Topology
+from labctl.trace.journey import Correlator
 from labctl.trace.journeyfiles import journeys_of
+from labctl.trace.pathmodel import Journey, Topology
 
 OFF = {"skb_data": 208, "skb_head": 200, "skb_nh": 194, "skb_dev": 16, "dev_name": 0, "skb_protocol": 180}
 LAB = """\

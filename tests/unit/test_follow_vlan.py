@@ -16,8 +16,9 @@ from labctl.follow.follower import Follower, vlan_ids
 from labctl.pktfilter import Vlan, parse, vlan_of
 from labctl.trace.clocks import Clock
 from labctl.trace.hops import Event, frame_vlans, identity, parse_frame, parse_line
-from labctl.trace.journey import Correlator, Journey, Topology, Wire
+from labctl.trace.journey import Correlator
 from labctl.trace.journeyfiles import FOLLOW_DIR, FOLLOW_INPUTS, follow_inputs, journeys_of, read_inputs
+from labctl.trace.pathmodel import Journey, Topology, Wire
 from tests.unit.test_follow_answers import ECHO, ev, v4
 
 ROOT = Path(__file__).resolve().parents[2]

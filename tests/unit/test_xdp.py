@@ -128,7 +128,7 @@ def test_a_journey_lost_at_an_xdp_nic_ends_at_the_programs_verdict(tmp_path: Pat
     import json
 
     from labctl.trace.hops import parse_frame
-    from labctl.trace.journey import End, Hop, Journey
+    from labctl.trace.pathmodel import End, Hop, Journey
     from labctl.trace.xdphops import XDP_FILE, apply_step
 
     header = parse_frame(_frame())
