@@ -249,3 +249,56 @@ def test_a_step_that_sets_a_recorded_guests_link_is_refused(tmp_path: Path) -> N
                    "the recording does not hold it")
     other = load_lab(_lab(tmp_path, LAB.replace("cpus: 2", "cpus: 1") + steps.replace("who: a", "who: b")))
     assert record_refusals(other, "a", "tcg", "qemu") == []  # the peer's link: a receives what it receives
+
+
+def test_until_fail_repeats_until_a_run_fails_and_keeps_only_that_bundle(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--until-fail N``: runs one after another, stopping at the first that fails; the passing runs'
+    bundles removed, the failing one kept and reported; N passing runs keep the last one; N out of range
+    or without a recording is a usage error before anything is prepared."""
+    import argparse
+    import itertools
+
+    from labctl.cli import recording
+    from labctl.pipeline import RunOutcome
+    from labctl.up import UpOptions
+
+    lab = load_lab(_lab(tmp_path))
+    plan: list[str] = []
+    made: list[Path] = []
+    reported: list[RunOutcome] = []
+    numbers = itertools.count(1)
+
+    def one_run(args: object, lab: object, prepared: object, opts: object) -> RunOutcome:
+        b = tmp_path / "runs" / f"run-{next(numbers)}"
+        b.mkdir(parents=True)
+        made.append(b)
+        return RunOutcome(b, plan[len(made) - 1], None, [], [])
+
+    prepared: list[object] = []
+    monkeypatch.setattr(recording, "_one_run", one_run)
+    monkeypatch.setattr(recording, "prepare", lambda *a, **k: prepared.append(a) or object())
+    monkeypatch.setattr(recording, "check", lambda lab, accel, backend: "tcg")
+    monkeypatch.setattr(recording, "up_options", lambda args: UpOptions())
+    monkeypatch.setattr(recording, "report_outcome", lambda outcome, as_json: reported.append(outcome) or 6)
+
+    def run(until: int | None, record: bool = True) -> int:
+        args = argparse.Namespace(until_fail=until, record=record, overcommit=False, json=False)
+        return recording.record_run(args, lab, None, None, "now")
+
+    plan[:] = ["ok", "ok", "failed", "ok"]
+    assert run(5) == 6
+    assert len(made) == 3 and [b.exists() for b in made] == [False, False, True] and reported[-1].bundle == made[2]
+    made.clear()
+    plan[:] = ["ok"] * 3
+    run(3)
+    assert [b.exists() for b in made] == [False, False, True] and reported[-1].status == "ok"
+    made.clear()
+    prepared.clear()
+    for bad in (0, 101):
+        with pytest.raises(UsageError, match=f"--until-fail {bad}: give 1 to 100"):
+            run(bad)
+    bare = load_lab(_lab(tmp_path, LAB.replace("    record: true\n", "")))
+    with pytest.raises(UsageError, match="add --record"):
+        recording.record_run(argparse.Namespace(until_fail=3, record=False), bare, None, None, "now")
+    assert made == [] and prepared == []
