@@ -134,3 +134,27 @@ def test_a_run_without_a_recording_is_refused(recorded: tuple[Cli, Path], tmp_pa
     cli, bundle = recorded
     res = cli("replay", str(bundle), "nosuch", timeout=60)
     assert res.returncode == 2 and "no recording of guest nosuch" in res.stderr
+
+
+def test_until_fail_repeats_the_recorded_run_until_one_fails_and_keeps_that_one(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, image: object) -> None:
+    """A step that fails one run in two (its guest's own random byte): ``--until-fail 12`` runs until one
+    fails (all 12 pass one time in 4,096), keeps that run's bundle with its recording and removes the
+    passing runs' (tests/unit/test_record_replay.py has the loop with a planned order)."""
+    cli = new_cli(tmp_path_factory, "rruntil")
+    flaky = ("b=$(od -An -N1 -tu1 /dev/urandom); echo \"<2>labctl-rr-byte $b\" > /dev/kmsg; "
+             "[ $((b % 2)) = 0 ]")
+    text = LAB.replace(NAME, "rr-until").replace(f"echo '<2>{MARK}' > /dev/kmsg; false", flaky.replace('"', '\\"'))
+    (tmp_path / "until.yaml").write_text(text)
+    res = cli("run", str(tmp_path / "until.yaml"), "--record", "--until-fail", "12", "--out", str(tmp_path / "runs"),
+              timeout=1800)
+    said = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 6, said
+    tries = [int(n) for n in re.findall(r"run (\d+) of at most 12", said)]
+    assert tries == list(range(1, len(tries) + 1)) and tries, said
+    (bundle,) = [d for d in (tmp_path / "runs").iterdir() if d.is_dir()]  # the passing runs' are gone
+    rec = bundle / "guests" / "a" / "recording"
+    assert (rec / "replay.bin").stat().st_size > 0
+    byte = re.findall(r"labctl-rr-byte +(\d+)", (rec / "console.log").read_text())
+    assert byte and int(byte[-1]) % 2 == 1, byte  # the kept run is the one whose byte was odd
+    assert qemu_pids_under(cli.state_dir) == []
