@@ -294,8 +294,13 @@ class Follower:
         extra = (f"echo labctl-ruleset-begin; {pr.RULESET}; echo labctl-ruleset-end",)
         cmd = (stale + "; " if stale else "") + pr.setup_command(self.tag, defs, filters, pr.FOLLOW_BUFFER_KB, extra)
         self.probes[g] = gp = GuestProbes(g, self.tag)
-        out = self.session(g).run(cmd, timeout=120).stdout.decode(errors="replace")
+        res = self.session(g).run(cmd, timeout=120)
+        out = res.stdout.decode(errors="replace")
         gp.enabled, gp.refused = pr.results(out)
+        if not gp.enabled and not gp.refused:  # the setup did not run at all
+            why = res.stderr.decode(errors="replace").strip()[-300:]
+            raise TraceError(f"{g}: the follow probes' setup did not run (exit status {res.status})"
+                             + (f": {why}" if why else ""))
         gp.ruleset = _between(out, "labctl-ruleset-begin", "labctl-ruleset-end")
         if not gp.ruleset.strip():  # nf_tables not loaded (no ruleset): nothing for its chains' probes to see
             gp.refused = [r for r in gp.refused if r.split()[-1] not in pr.NFT_POINTS]

@@ -24,8 +24,8 @@ where the function is shared. The wire captures key a tunnel's frame by its inne
 (:func:`frame_header`), so that the wire hop says whether the host side saw it. WireGuard's framing is encrypted: its tunnels' guests get ``wg_xmit``
 (the encapsulation, of an inner IPv4 or IPv6 packet: ``pr`` is the skb's protocol there) and
 ``wg_allowedips_lookup_src`` (the decrypted packet, before it is handed to the device) and no outer probe. Only
-outer IPv4 without options and outer IPv6 without extension headers (``ip6tnl`` is followed on
-its device alone), an inner IPv6 packet without extension headers, an
+outer IPv4 without options and outer IPv6 without extension headers (but ``ip6tnl``'s tunnel
+encapsulation limit: :mod:`labctl.lab.tunnels.ipip`), an inner IPv6 packet without extension headers, an
 inner frame without a VLAN tag.
 """
 
@@ -89,8 +89,7 @@ def framings(resolved: Mapping[str, Any]) -> dict[str, tuple[Framing, list[int]]
     out: dict[str, tuple[Framing, set[int]]] = {}
     for g in (resolved.get("guests") or {}).values():
         for t in _tunnels(g):
-            f = KINDS[t.kind].framing(t)
-            if f is not None:
+            for f in KINDS[t.kind].framings_of(t):
                 ports = out.setdefault(f.tag, (f, set()))[1]
                 if f.port_key:
                     ports.add(int(t.opt(f.port_key) or f.port))
@@ -117,7 +116,7 @@ def inner_header(frame: bytes, lab: Mapping[str, tuple[Framing, list[int]]]) -> 
             continue
         if f.port_key and int.from_bytes(frame[end + 2:end + 4], "big") not in ports:
             continue
-        etype = ETHERTYPES[4] if f.proto_at is None else int.from_bytes(frame[end + f.proto_at:end + f.proto_at + 2], "big")
+        etype = ETHERTYPES[f.families[0]] if f.proto_at is None else int.from_bytes(frame[end + f.proto_at:end + f.proto_at + 2], "big")
         family = FAMILY.get(etype)
         if family not in f.families:
             continue
@@ -200,6 +199,8 @@ def _outer(group: str, f: Framing, family: int, ports: list[int], off: dict[str,
             fetch.append(f"odp={_at(outer + iph + 2, data)}:u16")
             guard.append("(" + " || ".join(f"odp == {_le(port, 2)}" for port in ports) + ")")
         more, checks = _header(f, family, outer + iph, data)
+        if family != 4 and f.proto_at is None:  # IPv6 in IPv6 (ip6tnl): the outer packet's skb->protocol is IPv6's too
+            more.insert(0, f"pr=+{off['skb_protocol']}({skb}):u16")
         defs.append(_definition(group, p, off, extra, " ".join(fetch + more + ([drop] if point.startswith("drop") else []))))
         filters[p.name] = f"({filt}) && " + " && ".join(guard + checks)
     return defs, filters
@@ -229,8 +230,7 @@ def definitions(group: str, node: Node, off: dict[str, int], resolved: Mapping[s
     lab = framings(resolved)
     if not lab:
         return [], {}
-    own = {f.tag for t in _tunnels((resolved.get("guests") or {}).get(guest) or {})
-           if (f := KINDS[t.kind].framing(t)) is not None}
+    own = {f.tag for t in _tunnels((resolved.get("guests") or {}).get(guest) or {}) for f in KINDS[t.kind].framings_of(t)}
     defs, filters = [], {}
     sites: set[tuple[str, str]] = set()
     for family in NAMED:

@@ -46,15 +46,16 @@ steps:
     run:
       - {guest: a, command: "ping -c 2 -i 0.5 -W 3 192.168.42.2", timeout: 60}
   - name: tunnels
-    follow: {filter: "icmp and (host 192.168.7.2 or host 192.168.5.2 or host 192.168.9.2 or host 192.168.8.2 or host 10.99.0.2)"}
-    run:
-      - {guest: a, command: "for ip in 192.168.7.2 192.168.5.2 192.168.9.2 192.168.8.2 10.99.0.2; do ping -c 1 -W 3 $ip || exit 1; done",
-         timeout: 90}
-  - name: v6
-    follow: {filter: "(icmp6 and (host fd00:42::2 or host fd00:9::2)) or (arp and host 192.168.42.2)"}
+    follow: {filter: "icmp and (host 192.168.7.2 or host 192.168.5.2 or host 192.168.9.2 or host 192.168.8.2 or host 10.99.0.2 or host 192.168.6.2)"}
     run:
       - {guest: b, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done", timeout: 60}
-      - {guest: a, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done; ping -c 2 -i 0.5 -W 3 fd00:42::2; ping -c 1 -W 3 fd00:9::2; ip -4 neigh flush dev vx0; ping -c 1 -W 3 192.168.42.2; true",
+      - {guest: a, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done; for ip in 192.168.7.2 192.168.5.2 192.168.9.2 192.168.8.2 10.99.0.2 192.168.6.2; do ping -c 1 -W 3 $ip || exit 1; done",
+         timeout: 90}
+  - name: v6
+    follow: {filter: "(icmp6 and (host fd00:42::2 or host fd00:9::2 or host fd00:66::2)) or (arp and host 192.168.42.2)"}
+    run:
+      - {guest: b, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done", timeout: 60}
+      - {guest: a, command: "for i in $(seq 60); do ip -6 addr show tentative | grep -q . || break; sleep 0.5; done; ping -c 2 -i 0.5 -W 3 fd00:42::2; ping -c 1 -W 3 fd00:9::2; ping -c 1 -W 3 fd00:66::2; ip -4 neigh flush dev vx0; ping -c 1 -W 3 192.168.42.2; true",
          timeout: 90}
   - name: outer-drop
     follow: {filter: "icmp and host 192.168.42.2"}
@@ -113,7 +114,7 @@ def test_a_ping_over_vxlan_goes_through_the_router(lab: tuple[Cli, Path]) -> Non
     (b,) = [g for g in status["labs"][0]["guests"] if g["name"] == "b"]
     assert [(t["name"], t["type"]) for t in b["tunnels"]] == [("vx0", "vxlan"), ("wg0", "wireguard"), ("gnv0", "geneve"),
                                                              ("tap0", "gretap"), ("gre1", "gre"), ("tun0", "ipip"),
-                                                             ("vx6", "vxlan")]
+                                                             ("vx6", "vxlan"), ("tun6", "ip6tnl")]
     assert b["vrfs"][0]["table"] == 10 and b["vrfs"][0]["members"] == ["wg0"]
     text = " ".join(cli("status", NAME, check=True).stdout.split())  # a row per tunnel and VRF (wrapped as wide as it is)
     assert "│ vx0 │ vxlan 42 to" in text and "│ blue │ vrf table 10" in text, text
@@ -194,6 +195,34 @@ def test_follow_goes_through_vxlan_over_ipv6_with_the_outer_ipv6_header_in_the_r
         assert [(h["guest"], h["where"]) for h in p["hops"] if h["point"] in ("encap", "decap")] == [
             ("b", "udp_tunnel6_xmit_skb"), ("a", "vxlan_rcv")], p["hops"]
         assert p["end"]["kind"] == "delivered", p["end"]
+
+
+@pytest.mark.parametrize(("step", "dst", "title", "decap"), [("tunnels", "192.168.6.2", "IPIP6", "ip4ip6_rcv"),
+                                                          ("v6", "fd00:66::2", "IP6IP6", "ip6ip6_rcv")])
+def test_follow_goes_through_ip6tnl_past_its_encapsulation_limit_for_ipv4_and_ipv6_inside(
+        lab: tuple[Cli, Path], step: str, dst: str, title: str, decap: str) -> None:
+    """tun6 is ip6tnl (mode any) over r: the outer IPv6 packet carries the kernel's tunnel encapsulation
+    limit (a destination options header) before the inner IPv4 or IPv6 one; ip6_local_out has the
+    headers on, r forwards it (its hops say the outer header), ip4ip6_rcv or ip6ip6_rcv has them off."""
+    _, bundle = lab
+    packets = _packets(bundle, step)
+    requests = [p for p in packets if "echo-request" in p["packet"] and f"> {dst} " in p["packet"]]
+    replies = [p for p in packets if "echo-reply" in p["packet"] and f"{dst} >" in p["packet"]]
+    assert len(requests) == 1 and len(replies) == 1, [p["packet"] for p in packets]
+    hops = [(h["guest"], h["point"], h["where"], h.get("note", "")) for h in requests[0]["hops"] if h["point"] != "wire"]
+    assert ("a", "encap", "ip6_local_out", title) in hops and ("b", "decap", decap, title) in hops, hops
+    points = [h[:2] for h in hops]
+    assert points.index(("a", "encap")) < points.index(("r", "ip6_fwd")) < points.index(("b", "decap")), hops
+    assert [h[1:] for h in hops if h[0] == "r"] == [(pt, where, f"outer {title} fd00:1::2 > fd00:2::2") for pt, where in (
+        ("netif_rx", "netif_receive_skb"), ("ip6_fwd", "ip6_forward"), ("dev_queue", "net_dev_queue"),
+        ("xmit", "net_dev_start_xmit"))], hops
+    wires = [(h["where"], h["note"]) for h in requests[0]["hops"] if h["point"] == "wire"]  # by the inner header
+    assert wires == [("a.eth1 → r.eth1", "seen on the host side at both ends"),
+                     ("r.eth2 → b.eth1", "seen on the host side at both ends")], wires
+    assert requests[0]["end"]["kind"] == "answered", requests[0]["end"]
+    assert [(h["guest"], h["where"]) for h in replies[0]["hops"] if h["point"] in ("encap", "decap")] == [
+        ("b", "ip6_local_out"), ("a", decap)], replies[0]["hops"]
+    assert replies[0]["end"]["kind"] == "delivered", replies[0]["end"]
 
 
 def test_follow_shows_an_inner_ipv6_packet_through_gre(lab: tuple[Cli, Path]) -> None:

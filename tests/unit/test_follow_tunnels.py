@@ -29,14 +29,14 @@ name: tun
 networks: {left: {}, right: {}}
 guests:
   a:
-    nics: [{name: eth1, model: virtio, network: left, ip: 10.1.0.2/24}]
+    nics: [{name: eth1, model: virtio, network: left, ip: [10.1.0.2/24, "fd00:1::2/64"]}]
     routes: [{to: 10.2.0.0/24, via: 10.1.0.1}]
     tunnels:
       gnv0: {type: geneve, vni: 7, remote: 10.2.0.2, dstport: 7000}
       tap0: {type: gretap, remote: 10.2.0.2, key: 5}
       gre1: {type: gre, remote: 10.2.0.2}
       tun0: {type: ipip, remote: 10.2.0.2}
-      tun6: {type: ip6tnl, remote: "fd00:2::2"}
+      tun6: {type: ip6tnl, remote: "fd00:2::2", local: "fd00:1::2"}
       wg0: {type: wireguard, peer: b.wg0, remote: 10.2.0.2, ip: 10.99.0.1/24}
   r:
     nics: [{name: eth1, model: virtio, network: left, ip: 10.1.0.1/24}, {name: eth2, model: virtio, network: right, ip: 10.2.0.1/24}]
@@ -67,12 +67,15 @@ def test_each_tunnel_of_ipv4_has_a_framing_that_its_options_choose() -> None:
     assert tap.framing(keyed) is not None and tap.framing(keyed).tag == "gtapk"  # type: ignore[union-attr]
     assert tap.framing(Tunnel("t", "gretap")).inner == 4 + 14  # type: ignore[union-attr]
     assert gre.framing(Tunnel("t", "gre", options=(("key", "5"),))).inner == 8  # type: ignore[union-attr]
-    assert KINDS["ip6tnl"].framing(Tunnel("t", "ip6tnl")) is None
+    six = KINDS["ip6tnl"]  # its mode says what it carries: both in the kernel's default, any
+    assert [f.tag for f in six.framings_of(Tunnel("t", "ip6tnl"))] == ["ip4in6", "ip6in6"]
+    assert [f.tag for f in six.framings_of(Tunnel("t", "ip6tnl", options=(("mode", "ipip6"),)))] == ["ip4in6"]
+    assert [f.tag for f in six.framings_of(Tunnel("t", "ip6tnl", options=(("mode", "ip6ip6"),)))] == ["ip6in6"]
     wg = KINDS["wireguard"].framing(Tunnel("w", "wireguard"))
     assert wg is not None and wg.encrypted and wg.decap is not None and wg.decap.function == "wg_allowedips_lookup_src"
     lab = tunnelprobes.framings(load_lab_text(LAB, "lab.yaml").to_dict())
     assert {tag: ports for tag, (_, ports) in lab.items()} == {"gnv": [6081, 7000], "gre": [], "gtapk": [], "ipip": [],
-                                                               "wg": []}
+                                                               "ip4in6": [], "ip6in6": [], "wg": []}
 
 
 def test_geneve_probes_read_after_8_bytes_of_header_and_guard_its_ports_and_first_word() -> None:
@@ -126,7 +129,7 @@ def test_wireguard_has_its_encapsulation_and_decapsulation_at_the_inner_header()
 def test_a_guest_gets_encap_and_decap_of_its_own_tunnels_only() -> None:
     defs, _ = _defs("b")  # b has a Geneve and a WireGuard tunnel; its outer points follow every framing of the lab
     assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == ["decap_gnv", "decap_wg", "encap_gnv", "encap_wg"]
-    assert {n.rpartition("_")[2] for n in defs} == {"gnv", "gre", "gtapk", "ipip", "wg"}
+    assert {n.rpartition("_")[2] for n in defs} == {"gnv", "gre", "gtapk", "ipip", "ip4in6", "wg"}  # IPv4 inside
     # its own framing's outer packet only where it forwards one for others; every point for the others
     assert sorted(n for n in defs if n.endswith("_gnv") and not n.startswith(("encap", "decap", "drop"))) == [
         "ip_fwd_gnv", "netif_rx_gnv", "xmit_gnv"]  # the wire's ends and what it forwards for others
@@ -136,7 +139,7 @@ def test_a_guest_gets_encap_and_decap_of_its_own_tunnels_only() -> None:
         f"{p}_gnv" for p in sorted(tunnelprobes.ALL)]
     # wherever the outer packet is dropped, every guest: received (at its IPv4 header), on its way out, delivered
     assert {n for n in _defs("r")[0] if n.startswith("drop")} == {f"{d}_{t}" for d in ("drop", "drop_tx", "drop_pulled")
-                                                                  for t in ("gnv", "gtapk", "gre", "ipip")}
+                                                                  for t in ("gnv", "gtapk", "gre", "ipip", "ip4in6")}
     assert [n for n in defs if n.endswith("_wg")] == ["encap_wg", "decap_wg"]  # WireGuard's outer packet is not matched
     assert _defs("r")[0] and not any(n.startswith("encap") for n in _defs("r")[0])
 
@@ -338,9 +341,11 @@ def _vx(flt: str, guest: str = "r") -> tuple[dict[str, str], dict[str, str]]:
 
 def test_an_ipv6_filter_gets_each_framings_inner_ipv6_probes_guarded_by_the_inner_ethertype() -> None:
     defs, filters = _router_and_a("icmp6")
-    assert sorted(n for n in defs if n.startswith("xmit")) == ["xmit6_gnv", "xmit6_gre", "xmit6_gtapk"]  # not IP in IP's
+    assert sorted(n for n in defs if n.startswith("xmit")) == ["xmit6_gnv", "xmit6_gre", "xmit6_gtapk",
+                                                               "xmit6_ip6in6"]  # not IPv4's IP in IP
     assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == [
-        "decap6_gnv", "decap6_gre", "decap6_gtapk", "decap6_wg", "encap6_gnv", "encap6_gre", "encap6_gtapk", "encap6_wg"]
+        "decap6_gnv", "decap6_gre", "decap6_gtapk", "decap6_ip6in6", "decap6_wg", "encap6_gnv", "encap6_gre",
+        "encap6_gtapk", "encap6_ip6in6", "encap6_wg"]
     # Geneve: the inner IPv6 header after 14 + 20 + 8 + 8 + 14 bytes, its EtherType 2 bytes before, fetched as pr
     assert "vi=+64(+208($skbaddr)):u8" in defs["xmit6_gnv"] and "s6a=+72(+208($skbaddr)):u32" in defs["xmit6_gnv"]
     assert "pr=+62(+208($skbaddr)):u16" in defs["xmit6_gnv"] and filters["xmit6_gnv"].startswith("(pr == 0xdd86 && vi >= 96")
@@ -356,7 +361,7 @@ def test_an_ipv6_filter_gets_each_framings_inner_ipv6_probes_guarded_by_the_inne
     assert "op=+70(+208($skbaddr)):u16" in arp["xmit_arp_gnv"] and "pr=+62(+208($skbaddr)):u16" in arp["xmit_arp_gnv"]
     assert arp_filters["xmit_arp_gnv"].startswith("(pr == 0x608) && opr == 17")
     assert {n for n in _router_and_a()[0] if n.startswith("xmit")} == {
-        "xmit_gnv", "xmit_gre", "xmit_gtapk", "xmit_ipip"}  # IPv4's as before: no IPv6 or ARP probe
+        "xmit_gnv", "xmit_gre", "xmit_gtapk", "xmit_ipip", "xmit_ip4in6"}  # IPv4's as before: no IPv6 or ARP probe
 
 
 def _defs_of(text: str, flt: str, guest: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -573,3 +578,59 @@ def test_a_guest_with_vxlan_over_ipv4_and_ipv6_decapsulates_both_at_one_probe() 
     assert sorted(n for n in defs if n.startswith(("encap", "decap"))) == [
         "decap6_vx", "decap_vx", "encap6_vx", "encap6_vx6", "encap_vx", "encap_vx6"]
     assert all(defs[n].split()[1] == "vxlan_rcv" for n in defs if n.startswith("decap"))
+
+
+# --------------------------------------------------------------------------- IP in IPv6 (ip6tnl)
+
+SIX_LAB = """\
+name: six
+networks: {left: {}, right: {}}
+guests:
+  a:
+    nics: [{name: eth1, model: virtio, network: left, ip: "fd00:1::2/64"}]
+    tunnels:
+      tun6: {type: ip6tnl, local: "fd00:1::2", remote: "fd00:2::2", ip: [192.168.6.1/30, "fd00:66::1/64"]}
+  r:
+    nics: [{name: eth1, model: virtio, network: left, ip: "fd00:1::1/64"}, {name: eth2, model: virtio, network: right, ip: "fd00:2::1/64"}]
+  b:
+    nics: [{name: eth1, model: virtio, network: right, ip: "fd00:2::2/64"}]
+    tunnels:
+      tun6: {type: ip6tnl, local: "fd00:2::2", remote: "fd00:1::2", ip: [192.168.6.2/30, "fd00:66::2/64"]}
+"""
+
+
+def test_ip6tnl_is_followed_past_its_encapsulation_limit_option_for_either_inner_family() -> None:
+    """ip6tnl's outer packet: an IPv6 header (next header 60), the kernel's 8-byte destination options
+    with the tunnel encapsulation limit (their first word: the inner protocol, 4 or 41, then 00 04 01),
+    then the inner header; ip6_local_out is where the headers are on (IPv6's), ip4ip6_rcv and ip6ip6_rcv
+    where they are off (8 bytes back). Every offset and guard here breaks the probe on a real kernel."""
+    rd, rf = _defs_of(SIX_LAB, "icmp", "r")
+    assert "saddr=+60(+208($skbaddr)):u32" in rd["netif_rx_ip4in6"]  # 40 + 8 + 12: the inner IPv4 source
+    assert "ohd=+40(+208($skbaddr)):u32" in rd["netif_rx_ip4in6"] and "opr=+6(+208($skbaddr)):u8" in rd["netif_rx_ip4in6"]
+    assert rf["netif_rx_ip4in6"].endswith("&& opr == 60 && ohd == 17039364")  # 04 00 04 01 read little-endian
+    assert "saddr=+74(+208($skbaddr)):u32" in rd["xmit_ip4in6"]  # past the Ethernet header
+    assert "p:labctl_t/ip6_fwd_ip4in6 ip6_forward" in rd["ip6_fwd_ip4in6"] and not any("ip6in6" in n for n in rd)
+    ad, af = _defs_of(SIX_LAB, "icmp", "a")
+    assert ad["encap_ip4in6"].startswith("p:labctl_t/encap_ip4in6 ip6_local_out skb=%dx:x64")
+    assert "saddr=+60(+208(%dx)):u32" in ad["encap_ip4in6"] and af["encap_ip4in6"].endswith("&& ohd == 17039364")
+    assert ad["decap_ip4in6"].startswith("p:labctl_t/decap_ip4in6 ip6_tunnel:ip4ip6_rcv skb=%di:x64")
+    assert "saddr=+12(+208(%di)):u32" in ad["decap_ip4in6"] and "ohd=-8(+208(%di)):u32" in ad["decap_ip4in6"]
+    r6, f6 = _defs_of(SIX_LAB, "icmp6", "r")  # IPv6 inside: its family guard reads the outer skb's protocol
+    assert "pr=+180($skbaddr):u16" in r6["netif_rx6_ip6in6"] and "s6a=+56(+208($skbaddr)):u32" in r6["netif_rx6_ip6in6"]
+    assert f6["netif_rx6_ip6in6"].startswith("(pr == 0xdd86 && vi >= 96") and f6["netif_rx6_ip6in6"].endswith("ohd == 17039401")
+    a6, _ = _defs_of(SIX_LAB, "icmp6", "a")
+    assert "ip6_tunnel:ip6ip6_rcv" in a6["decap6_ip6in6"] and "pr=+180(%di):u16" in a6["decap6_ip6in6"]
+    lab = tunnelprobes.framings(load_lab_text(SIX_LAB, "lab.yaml").to_dict())
+    icmp = bytes([0x45, 0, 0, 84, 0x12, 0x34, 0x40, 0, 64, 1, 0, 0, 192, 168, 6, 1, 192, 168, 6, 2, 8, 0, 0, 0, 1, 2, 0, 1])
+    outer = bytes.fromhex("60000000 00543c3f") + ipaddress.IPv6Address("fd00:1::2").packed + \
+        ipaddress.IPv6Address("fd00:2::2").packed
+    frame = b"\x02" * 12 + b"\x86\xdd" + outer + bytes.fromhex("04000401 04010100") + icmp
+    h = tunnelprobes.inner_header(frame, lab)
+    assert h is not None and (h.family, h.saddr, h.daddr) == (4, 0xC0A80601, 0xC0A80602)
+    assert tunnelprobes.inner_header(frame.replace(bytes.fromhex("04000401"), bytes.fromhex("29000401")), lab) is None
+    no_limit = b"\x02" * 12 + b"\x86\xdd" + outer.replace(b"\x3c\x3f", b"\x04\x3f", 1) + icmp  # encaplimit none
+    assert tunnelprobes.inner_header(no_limit, lab) is None
+    words = {f"o{side}6{c}": str(int.from_bytes(ipaddress.IPv6Address(addr).packed[4 * i:4 * i + 4], "little"))
+             for side, addr in (("s", "fd00:1::2"), ("d", "fd00:2::2")) for i, c in enumerate("abcd")}
+    assert encap.note("netif_rx", {"outer": "ip4in6", **words}) == "outer IPIP6 fd00:1::2 > fd00:2::2"
+    assert encap.where("decap", {"tunnel": "ip6in6"}) == "ip6ip6_rcv" and encap.note("encap", {"tunnel": "ip6in6"}) == "IP6IP6"

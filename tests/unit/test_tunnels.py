@@ -34,7 +34,7 @@ guests:
       gre1: {type: gre, remote: 10.2.0.2, local: 10.1.0.2, key: 5}
       tap1: {type: gretap, remote: 10.2.0.2}
       tun0: {type: ipip, remote: 10.2.0.2}
-      tun6: {type: ip6tnl, remote: "fd00:2::2", mode: ipip6}
+      tun6: {type: ip6tnl, remote: "fd00:2::2", local: "fd00:1::2", mode: ipip6}
       wg0: {type: wireguard, peer: b.wg0, remote: 10.2.0.2, ip: 10.99.0.1/24}
     vrfs:
       blue: {table: 10, members: [eth2x, vx0], routes: [{to: 10.7.0.0/24, via: 192.168.42.2}]}
@@ -61,7 +61,7 @@ def test_each_kind_is_made_by_its_own_ip_link_argv() -> None:
         "gre1": ["ip", "link", "add", "gre1", "type", "gre", "remote", "10.2.0.2", "local", "10.1.0.2", "key", "5"],
         "tap1": ["ip", "link", "add", "tap1", "type", "gretap", "remote", "10.2.0.2"],
         "tun0": ["ip", "link", "add", "tun0", "type", "ipip", "remote", "10.2.0.2"],
-        "tun6": ["ip", "link", "add", "tun6", "type", "ip6tnl", "mode", "ipip6", "remote", "fd00:2::2"],
+        "tun6": ["ip", "link", "add", "tun6", "type", "ip6tnl", "mode", "ipip6", "remote", "fd00:2::2", "local", "fd00:1::2"],
         "wg0": ["ip", "link", "add", "wg0", "type", "wireguard"],
     }
     assert sorted(KINDS) == ["geneve", "gre", "gretap", "ip6tnl", "ipip", "vxlan", "wireguard"]
@@ -191,8 +191,9 @@ def test_the_outer_packets_points_fetch_the_inner_header_and_filter_on_the_vxlan
     assert "saddr=+62(+208(%di)):u32" in vx[3]  # ip_forward: at the outer IPv4 header
     # 4789 in network order, read little-endian; the VXLAN header's flags (0x08: a VNI) read so too
     assert filters["xmit_vx"].endswith("&& opr == 17 && (odp == 46354) && ohd == 8")
-    assert sorted({d.split()[0].split("_", 1)[1].rpartition("_")[2] for d in defs}) == ["gnv", "grek", "gtap", "ipip", "vx"]
-    assert len(defs) == 5 * 5 and not any("encap" in d or "decap" in d for d in defs)
+    assert sorted({d.split()[0].split("_", 1)[1].rpartition("_")[2] for d in defs}) == [
+        "gnv", "grek", "gtap", "ip4in6", "ipip", "vx"]  # ip6tnl's mode ipip6: IPv4 inside IPv6
+    assert len(defs) == 6 * 5 and not any("encap" in d or "decap" in d for d in defs)
 
 
 LINE = ('  <idle>-0 [000] ..s2. 601.000001: xmit_vx: (net.net_dev_start_xmit) skb=0xffff888005fa4b00 dev="eth2" '

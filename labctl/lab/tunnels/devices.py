@@ -158,6 +158,12 @@ class Kind:
         """How ``t``'s packets are carried (its options may choose the layout), or None."""
         return self.framings[0] if self.framings else None
 
+    def framings_of(self, t: Tunnel) -> tuple[Framing, ...]:
+        """Every layout ``t``'s packets can have on the wire (a tunnel that carries IPv4 and IPv6 in
+        two layouts has both: ``ip6tnl`` of mode ``any``); none: followed on its device only."""
+        f = self.framing(t)
+        return () if f is None else (f,)
+
     def commands(self, t: Tunnel) -> list[list[str]]:
         """Every ``ip`` argv that makes ``t``: the link, its MTU, its addresses, up."""
         out = [self.link(t)]
