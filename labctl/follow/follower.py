@@ -42,7 +42,7 @@ from labctl.lab import Framing, guest_interfaces
 from labctl.live import Capture, CaptureTail, discard_capture, start_capture, stop_capture
 from labctl.net import Frame
 from labctl.pktfilter import FilterError, Node, parse, refuse_options, tokenize, vlan_of
-from labctl.ssh import Pipe, Session
+from labctl.ssh import Pipe, Result, Session
 from labctl.state import LabState, load_netstate
 from labctl.trace import Clock, Event, Topology, Wire, frame_vlans
 
@@ -204,6 +204,19 @@ def _definitions(f: Follower, guest: str) -> tuple[list[str], dict[str, str]]:
     return defs + more + tagged, {**filters, **more_filters, **tagged_filters}
 
 
+def _setup_output(guest: str, res: Result) -> str:
+    """What the probes' setup printed (``labctl-ok`` and ``labctl-fail`` lines).
+
+    :raise TraceError: when it printed neither: it did not run at all.
+    """
+    out = res.stdout.decode(errors="replace")
+    if "labctl-ok " not in out and "labctl-fail " not in out:
+        why = res.stderr.decode(errors="replace").strip()[-300:]
+        raise TraceError(f"{guest}: the follow probes' setup did not run (exit status {res.status})"
+                         + (f": {why}" if why else ""))
+    return out
+
+
 class Follower:
     """Probes for one filter on ``guests`` of the lab in ``state`` (see the module docstring).
     ``connect`` opens a guest's SSH session (the steps runner passes its own)."""
@@ -294,13 +307,8 @@ class Follower:
         extra = (f"echo labctl-ruleset-begin; {pr.RULESET}; echo labctl-ruleset-end",)
         cmd = (stale + "; " if stale else "") + pr.setup_command(self.tag, defs, filters, pr.FOLLOW_BUFFER_KB, extra)
         self.probes[g] = gp = GuestProbes(g, self.tag)
-        res = self.session(g).run(cmd, timeout=120)
-        out = res.stdout.decode(errors="replace")
+        out = _setup_output(g, self.session(g).run(cmd, timeout=120))
         gp.enabled, gp.refused = pr.results(out)
-        if not gp.enabled and not gp.refused:  # the setup did not run at all
-            why = res.stderr.decode(errors="replace").strip()[-300:]
-            raise TraceError(f"{g}: the follow probes' setup did not run (exit status {res.status})"
-                             + (f": {why}" if why else ""))
         gp.ruleset = _between(out, "labctl-ruleset-begin", "labctl-ruleset-end")
         if not gp.ruleset.strip():  # nf_tables not loaded (no ruleset): nothing for its chains' probes to see
             gp.refused = [r for r in gp.refused if r.split()[-1] not in pr.NFT_POINTS]

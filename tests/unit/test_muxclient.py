@@ -174,9 +174,9 @@ def test_a_call_while_up_still_logs_in_waits_for_that_master_instead_of_making_o
     gdir = tmp_path / "guest"
     gdir.mkdir(mode=0o700)
     control = gdir / "mux-2222"
-    proc = _logging_in(control, 0.6)
+    proc = _logging_in(control, 1.2)  # the master answers 0.4 s in, the login ends 0.8 s later (room for a loaded host)
     masters: list[Master] = []
-    timer = threading.Timer(0.5, lambda: masters.append(Master(control, b"on it\n", b"", 0)))
+    timer = threading.Timer(0.4, lambda: masters.append(Master(control, b"on it\n", b"", 0)))
     timer.start()
     try:
         started = muxclient.start_on_master(control, "true")
