@@ -37,20 +37,17 @@ BY_MODE = {"ipip6": (FRAMING_4IN6,), "ip6ip6": (FRAMING_6IN6,), "any": (FRAMING_
 
 
 class IpInIp(Kind):
-    required = ("remote",)
-
     def __init__(self, name: str, version: int) -> None:
         self.name, self.version = name, version
         self.keys = ("remote", "local", "ttl", "dev") + (("mode",) if version == 6 else ())
+        # ip6tnl's local too: without a local address the kernel's has no transmit capability (ip6_tnl_get_cap)
+        self.required = ("remote", "local") if version == 6 else ("remote",)
         self.framings = (FRAMING,) if version == 4 else (FRAMING_4IN6, FRAMING_6IN6)
 
     def options(self, check: Checker, m: YamlMap, path: str) -> dict[str, str]:
         out: dict[str, str] = {}
         o.put(out, "remote", o.address(check, m, "remote", path, self.version))
         o.put(out, "local", o.address(check, m, "local", path, self.version))
-        if self.version == 6 and "local" not in m:  # ip6_tnl_get_cap: no local address, no transmit capability
-            check.add(m.line, path, "an ip6tnl tunnel needs its local address (local: one of the guest's IPv6 "
-                                    "addresses): without one the kernel's ip6tnl sends nothing")
         o.put(out, "ttl", o.integer(check, m, "ttl", path, 1, 255))
         o.put(out, "dev", o.interface(check, m, "dev", path))
         mode = check.string(m, "mode", path) if self.version == 6 else None
