@@ -225,3 +225,20 @@ def test_the_totals_compare_counts_and_the_reports_paths_carry_the_rewrites_and_
     assert metrics[f"follow.rule.{rule}"][0] == 1.0 and metrics["follow.nat"][0] == 0.0
     names = [_hop_name(h) for p in paths(masq) for h in p["hops"]]
     assert any(n.startswith("r net_dev_queue eth2 · SNAT 10.1.0.2 id ") for n in names), names
+
+
+def test_paths_put_dropped_and_lost_first_then_the_most_taken() -> None:
+    """paths(): a group per path and end; dropped and lost ones first, then by how many packets took it."""
+    from labctl.trace.hops import Header
+    from labctl.trace.pathmodel import End, Hop, Journey, paths
+
+    def journey(i: int, guest: str, kind: str) -> Journey:
+        hops = [Hop("a", "xmit", "net_dev_start_xmit", "eth1", 1000 * i), Hop(guest, "netif_rx", "netif_receive_skb", "eth1",
+                                                                          1000 * i + 500)]
+        return Journey(Header(0, 0, 0, 0, 0, None, b""), hops, End(kind, guest, kind), id=i)
+
+    js = [journey(1, "b", "delivered"), journey(2, "c", "delivered"), journey(3, "c", "delivered"),
+          journey(4, "b", "dropped")]
+    out = paths(js)
+    assert [(p["end"]["kind"], p["count"]) for p in out] == [("dropped", 1), ("delivered", 2), ("delivered", 1)]
+    assert out[1]["packets"] == [2, 3] and out[1]["hops"][1]["p50_us"] == 0.5
