@@ -18,7 +18,7 @@ import os
 import select
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from labctl.errors import GuestError
@@ -171,8 +171,14 @@ def clock_command() -> str:
 def set_clock(channel: Path, timeout: float = 20.0) -> None:
     """The guest's wall clock to the host's (a restored guest's clock stopped when it was saved),
     sent again while the agent answers late (see :func:`adopt`)."""
+    sent_promptly(lambda: call(channel, clock_command(), timeout), CLOCK_SLACK)
+
+
+def sent_promptly(send: Callable[[], object], slack: float) -> None:
+    """``send`` (a clock set to the host's time as it is sent) again while it took longer than ``slack``
+    seconds: the time it set was stale by then (a busy host). At most :data:`CLOCK_TRIES` times."""
     for _ in range(CLOCK_TRIES):
         t0 = time.monotonic()
-        call(channel, clock_command(), timeout)
-        if time.monotonic() - t0 <= CLOCK_SLACK:  # answered at once: the time it set was the host's
-            return  # else the agent answered late (a busy host): its time was stale by then, send it again
+        send()
+        if time.monotonic() - t0 <= slack:  # answered at once: the time it set was the host's
+            return

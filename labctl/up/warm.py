@@ -328,13 +328,12 @@ def set_clock_over_ssh(ep: Endpoint, timeout: float = 30.0) -> None:
     from labctl.ssh import Session  # paramiko: loaded when a guest is spoken to
 
     with Session(ep, timeout=timeout) as s:
-        for _ in range(agent.CLOCK_TRIES):
-            t0 = time.monotonic()
+        def send() -> None:
             res = s.run(clock_command(), timeout=timeout)
             if res.status != 0:
                 raise GuestError(f"guest {ep.guest}: its clock could not be set (date exited {res.status})")
-            if time.monotonic() - t0 <= SSH_CLOCK_SLACK:
-                return  # the time it set was the host's; else it was stale by then (a busy host): again
+
+        agent.sent_promptly(send, SSH_CLOCK_SLACK)
 
 
 def adopt(guest_dir: Path) -> None:
